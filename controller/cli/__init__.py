@@ -1,0 +1,1 @@
+"""The ``slotctl`` command line: argument parsing, commands and output formatting."""

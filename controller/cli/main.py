@@ -1,0 +1,74 @@
+"""``slotctl`` entry point: parses arguments, runs a command, maps failures to exit codes.
+
+Exit codes: 0 success, 1 the command's "negative" answer (invalid stack, drift), 2 usage
+or any error, an unexpected exception included (never a bare traceback; ``--debug``
+prints it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from controller import __version__
+from controller.cli import stack
+from controller.errors import SlotctlError
+from controller.paths import default_config_dir, default_state_dir
+
+__all__ = ["EXIT_ERROR", "build_parser", "main"]
+
+EXIT_ERROR = 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="slotctl",
+        description="Declarative lifecycle controller for local model-serving slots.",
+    )
+    parser.add_argument("--version", action="version", version=f"slotctl {__version__}")
+    parser.add_argument(
+        "--config-dir",
+        type=Path,
+        default=None,
+        help="live desired state (default: $SLOTCTL_CONFIG_DIR, $XDG_CONFIG_HOME/slotctl)",
+    )
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        help="observed state (default: $SLOTCTL_STATE_DIR, $XDG_STATE_HOME/slotctl)",
+    )
+    parser.add_argument("--debug", action="store_true", help="print tracebacks on errors")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    stack.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.config_dir = args.config_dir or default_config_dir()
+    args.state_dir = args.state_dir or default_state_dir()
+    try:
+        code: int = args.func(args)
+    except SlotctlError as exc:
+        print(f"slotctl: error [{exc.code}]: {exc.message}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("slotctl: interrupted", file=sys.stderr)
+        return EXIT_ERROR
+    except BrokenPipeError:
+        return EXIT_ERROR
+    except Exception as exc:  # every failure exits 2, never 1 (CI drift checks rely on it)
+        if args.debug:
+            raise SystemExit(EXIT_ERROR) from exc
+        print(f"slotctl: internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print("slotctl: run with --debug for the traceback", file=sys.stderr)
+        return EXIT_ERROR
+    return code
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

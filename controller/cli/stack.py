@@ -1,0 +1,111 @@
+"""``slotctl stack ...``: validate and show stack files (apply/diff/export come later)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from controller.cli.output import Style, print_json, render_problems
+from controller.spec.configdir import read_settings
+from controller.spec.loader import LoadReport, load_stacks
+from controller.spec.render import model_effective, render_stack, slot_effective
+
+__all__ = ["register"]
+
+EXIT_OK, EXIT_INVALID = 0, 1
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    stack = sub.add_parser("stack", help="work with stack files (desired state)")
+    cmds = stack.add_subparsers(dest="stack_cmd", required=True, metavar="COMMAND")
+
+    validate = cmds.add_parser(
+        "validate",
+        help="check stack files; exit 0 valid, 1 invalid, 2 usage or internal error",
+    )
+    validate.add_argument("paths", nargs="+", type=Path, metavar="PATH")
+    validate.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    validate.set_defaults(func=cmd_validate)
+
+    show = cmds.add_parser(
+        "show", help="print the effective desired state (defaults and migrations applied)"
+    )
+    show.add_argument("paths", nargs="+", type=Path, metavar="PATH")
+    show.add_argument("-o", "--output", choices=["toml", "json"], default="toml")
+    show.set_defaults(func=cmd_show)
+
+
+def _load(args: argparse.Namespace) -> LoadReport:
+    settings, problems = read_settings(args.config_dir)
+    report = load_stacks(args.paths, settings)
+    report.errors[:0] = problems
+    return report
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    report = _load(args)
+    if args.output == "json":
+        print_json(
+            {
+                "valid": report.ok,
+                "files": report.files,
+                "errors": [p.to_dict() for p in report.errors],
+                "warnings": [p.to_dict() for p in report.warnings],
+            }
+        )
+        return EXIT_OK if report.ok else EXIT_INVALID
+    style = Style(sys.stdout)
+    for line in render_problems([*report.errors, *report.warnings], style):
+        print(line)
+    if report.ok and report.state is not None:
+        state = report.state
+        summary = (
+            f"{len(report.files)} file(s) valid: stack {', '.join(state.stacks) or '-'}, "
+            f"{len(state.models)} model(s), {len(state.slots)} slot(s)"
+        )
+        if report.warnings:
+            summary += f", {len(report.warnings)} warning(s)"
+        print(style.green("ok") + " " + summary)
+        return EXIT_OK
+    print(
+        style.red("invalid") + f" {len(report.errors)} error(s), {len(report.warnings)} warning(s) "
+        f"in {len(report.files)} file(s)"
+    )
+    return EXIT_INVALID
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    report = _load(args)
+    style = Style(sys.stderr)
+    for line in render_problems([*report.errors, *report.warnings], style):
+        print(line, file=sys.stderr)
+    if not report.ok or report.state is None:
+        return EXIT_INVALID
+    state = report.state
+    if args.output == "json":
+        slots: list[dict[str, Any]] = [
+            {**slot_effective(s.spec), "stack": s.stack, "file": s.file, "line": s.line}
+            for s in state.slots.values()
+        ]
+        print_json(
+            {
+                "stacks": list(state.stacks),
+                "models": [model_effective(m) for m in state.models.values()],
+                "slots": slots,
+            }
+        )
+        return EXIT_OK
+    documents = []
+    for stack in state.stacks:
+        members = [s for s in state.slots.values() if s.stack == stack]
+        used = {s.spec.model_id for s in members}
+        models = [m for m in state.models.values() if m.id in used]
+        if stack == state.stacks[0]:  # unreferenced models go with the first stack
+            referenced = {s.spec.model_id for s in state.slots.values()}
+            models += [m for m in state.models.values() if m.id not in referenced]
+        header = f"# stack {stack}: effective desired state (defaults and migrations applied)\n"
+        documents.append(header + render_stack(stack, models, members))
+    sys.stdout.write("\n".join(documents))
+    return EXIT_OK

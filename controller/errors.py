@@ -1,0 +1,166 @@
+"""The typed error tree: every failure a user can see has a stable code and HTTP status.
+
+Pure module (imports nothing from the package). The API and the CLI render these errors
+through :meth:`SlotctlError.to_dict`; nothing renders a bare traceback.
+
+::
+
+    SlotctlError                      internal                      500
+    ├── SlotNotFound                  slot.not_found                404
+    ├── IllegalSlotTransition         slot.illegal_transition       409
+    ├── SlotNotReady                  slot.not_ready                503
+    ├── SlotSpawnFailed               slot.spawn_failed             500
+    ├── SlotHealthFailed              slot.health_failed            503
+    ├── SlotCrashLooping              slot.crash_looping            503  (+ retry_after_s)
+    ├── SlotTerminateTimeout          slot.terminate_timeout        504
+    ├── SlotConfigError               slot.config_error             400  (+ keys, problems)
+    │   └── NpuExclusivityViolation   slot.npu_exclusive            409
+    ├── SlotPinned                    slot.pinned                   409
+    ├── InsufficientMemory            model.insufficient_memory     409  (+ needed_bytes...)
+    └── ModelNotFound                 model.not_found               404
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+__all__ = [
+    "IllegalSlotTransition",
+    "InsufficientMemory",
+    "ModelNotFound",
+    "NpuExclusivityViolation",
+    "SlotConfigError",
+    "SlotCrashLooping",
+    "SlotHealthFailed",
+    "SlotNotFound",
+    "SlotNotReady",
+    "SlotPinned",
+    "SlotSpawnFailed",
+    "SlotTerminateTimeout",
+    "SlotctlError",
+]
+
+
+class SlotctlError(Exception):
+    """Base of every typed error: a stable ``code``, an ``http_status`` and details."""
+
+    code: ClassVar[str] = "internal"
+    http_status: ClassVar[int] = 500
+
+    def __init__(self, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details: dict[str, Any] = details
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON body every renderer uses: ``{"error": {"code", "message", ...}}``."""
+        return {"error": {"code": self.code, "message": self.message, **self.details}}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.message!r})"
+
+
+class SlotNotFound(SlotctlError):
+    code = "slot.not_found"
+    http_status = 404
+
+    def __init__(self, slot: str) -> None:
+        super().__init__(f"slot {slot!r} does not exist", slot=slot)
+
+
+class IllegalSlotTransition(SlotctlError):
+    code = "slot.illegal_transition"
+    http_status = 409
+
+
+class SlotNotReady(SlotctlError):
+    code = "slot.not_ready"
+    http_status = 503
+
+
+class SlotSpawnFailed(SlotctlError):
+    code = "slot.spawn_failed"
+    http_status = 500
+
+
+class SlotHealthFailed(SlotctlError):
+    code = "slot.health_failed"
+    http_status = 503
+
+
+class SlotCrashLooping(SlotctlError):
+    code = "slot.crash_looping"
+    http_status = 503
+
+    def __init__(self, message: str, *, retry_after_s: float, **details: Any) -> None:
+        super().__init__(message, retry_after_s=retry_after_s, **details)
+        self.retry_after_s = retry_after_s
+
+
+class SlotTerminateTimeout(SlotctlError):
+    code = "slot.terminate_timeout"
+    http_status = 504
+
+
+class SlotConfigError(SlotctlError):
+    """Bad desired state. ``problems`` lists every located problem (see ``spec.problems``)."""
+
+    code = "slot.config_error"
+    http_status = 400
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        keys: list[str] | None = None,
+        problems: list[dict[str, Any]] | None = None,
+        **details: Any,
+    ) -> None:
+        super().__init__(message, keys=keys or [], problems=problems or [], **details)
+        self.keys = keys or []
+        self.problems = problems or []
+
+
+class NpuExclusivityViolation(SlotConfigError):
+    code = "slot.npu_exclusive"
+    http_status = 409
+
+
+class SlotPinned(SlotctlError):
+    code = "slot.pinned"
+    http_status = 409
+
+    def __init__(self, slot: str, action: str) -> None:
+        super().__init__(
+            f"slot {slot!r} is pinned: {action} needs force=true", slot=slot, action=action
+        )
+
+
+class InsufficientMemory(SlotctlError):
+    code = "model.insufficient_memory"
+    http_status = 409
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        needed_bytes: int,
+        free_bytes: int,
+        evictable_bytes: int,
+        **details: Any,
+    ) -> None:
+        super().__init__(
+            message,
+            needed_bytes=needed_bytes,
+            free_bytes=free_bytes,
+            evictable_bytes=evictable_bytes,
+            **details,
+        )
+
+
+class ModelNotFound(SlotctlError):
+    code = "model.not_found"
+    http_status = 404
+
+    def __init__(self, model_id: str) -> None:
+        super().__init__(f"model {model_id!r} is not in the catalogue", model=model_id)

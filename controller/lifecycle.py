@@ -1,0 +1,135 @@
+"""The slot lifecycle: states, the legal-transition table, dispatchability and ranking.
+
+Pure module: the single definition every other layer (slot manager, router, admission,
+metrics, views) uses. Only the slot manager *applies* transitions; it calls
+:func:`check_transition` before every change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from types import MappingProxyType
+from typing import Final
+
+from controller.errors import IllegalSlotTransition
+
+__all__ = [
+    "DISPATCHABLE_STATES",
+    "LEGAL_TRANSITIONS",
+    "Candidate",
+    "IdleReason",
+    "SlotState",
+    "can_dispatch",
+    "check_transition",
+    "is_legal",
+    "rank_candidates",
+    "selection_rank",
+]
+
+
+class SlotState(StrEnum):
+    OFFLINE = "offline"
+    PULLING = "pulling"
+    STARTING = "starting"
+    WARMING = "warming"
+    READY = "ready"
+    SERVING = "serving"
+    IDLE = "idle"
+    UNLOADING = "unloading"
+    ERROR = "error"
+
+
+class IdleReason(StrEnum):
+    """Why a slot is ``idle``: both render as ``idle``; the record's ``extra`` says which."""
+
+    NO_MODEL = "no_model"  # warming -> idle: server up, /v1/models empty. Not dispatchable.
+    TIMEOUT = "timeout"  # ready -> idle: no request for idle_timeout_s. Dispatchable.
+
+
+S = SlotState
+
+LEGAL_TRANSITIONS: Final[Mapping[SlotState, frozenset[SlotState]]] = MappingProxyType(
+    {
+        S.OFFLINE: frozenset({S.PULLING, S.STARTING}),
+        S.PULLING: frozenset({S.STARTING, S.ERROR, S.OFFLINE}),
+        S.STARTING: frozenset({S.WARMING, S.ERROR, S.OFFLINE}),
+        S.WARMING: frozenset({S.READY, S.IDLE, S.ERROR, S.OFFLINE}),
+        S.READY: frozenset({S.SERVING, S.IDLE, S.UNLOADING, S.ERROR}),
+        S.SERVING: frozenset({S.READY, S.IDLE, S.ERROR}),
+        S.IDLE: frozenset({S.SERVING, S.UNLOADING, S.READY}),
+        S.UNLOADING: frozenset({S.OFFLINE, S.ERROR}),
+        # Re-loadable from error, subject to the crash-loop breaker (enforced by the manager).
+        S.ERROR: frozenset({S.OFFLINE, S.PULLING, S.STARTING}),
+    }
+)
+
+DISPATCHABLE_STATES: Final[frozenset[SlotState]] = frozenset({S.READY, S.SERVING, S.IDLE})
+
+# Selection ranking tiers, best first. Anything not listed (unknown) ranks with ERROR.
+_TIERS: Final[tuple[frozenset[SlotState], ...]] = (
+    DISPATCHABLE_STATES,
+    frozenset({S.WARMING, S.STARTING, S.PULLING}),
+    frozenset({S.OFFLINE, S.UNLOADING}),
+    frozenset({S.ERROR}),
+)
+
+
+def is_legal(current: SlotState, target: SlotState) -> bool:
+    return target in LEGAL_TRANSITIONS[current]
+
+
+def check_transition(current: SlotState, target: SlotState) -> None:
+    """Raise :class:`IllegalSlotTransition` unless ``current -> target`` is in the table."""
+    if is_legal(current, target):
+        return
+    legal = sorted(s.value for s in LEGAL_TRANSITIONS[current])
+    raise IllegalSlotTransition(
+        f"illegal slot transition {current.value} -> {target.value}; "
+        f"from {current.value} the legal next states are: {', '.join(legal)}",
+        from_state=current.value,
+        to_state=target.value,
+        legal=legal,
+    )
+
+
+def can_dispatch(state: SlotState | str, idle_reason: str | None = None) -> bool:
+    """True when a request can be sent to the slot now.
+
+    The one place the ``idle(no_model)`` exception lives: an idle slot whose server came
+    up without a model is not dispatchable, an idle slot that merely timed out is.
+    """
+    if state not in DISPATCHABLE_STATES:
+        return False
+    return not (state == S.IDLE and idle_reason == IdleReason.NO_MODEL)
+
+
+def selection_rank(state: SlotState | str, idle_reason: str | None = None) -> int:
+    """Tier of a state in the selection ranking: 0 is best; unknown states rank as error."""
+    if state in DISPATCHABLE_STATES and not can_dispatch(state, idle_reason):
+        # Up, but without a model: as good as a slot that still has to load.
+        return 1
+    for tier, members in enumerate(_TIERS):
+        if state in members:
+            return tier
+    return len(_TIERS) - 1
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """What ranking needs to know about one slot bound to the requested model."""
+
+    name: str
+    state: SlotState | str
+    priority: int = 50
+    last_used: float = 0.0  # monotonic or wall time; larger is more recent
+    idle_reason: str | None = None
+
+
+def rank_candidates(candidates: Iterable[Candidate]) -> Sequence[Candidate]:
+    """Best first: state tier, then higher priority, then most recently used, then name."""
+    return sorted(
+        candidates,
+        key=lambda c: (selection_rank(c.state, c.idle_reason), -c.priority, -c.last_used, c.name),
+    )

@@ -1,0 +1,157 @@
+"""Reads the live desired state from the config dir (never writes: that is the guard's).
+
+Layout::
+
+    <config_dir>/controller.toml     controller settings (optional)
+    <config_dir>/models.toml         the model catalogue ([[model]] tables)
+    <config_dir>/slots/<name>.toml   one slot: [origin] stack = "...", then [slot]
+    <config_dir>/residency.json      runtime residency wishes (controller.store)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from controller.names import is_valid_slot_name
+from controller.spec.guard import (
+    CATALOGUE_FILE,
+    SLOTS_SUBDIR,
+    Origin,
+    SlotEntry,
+    check_slot_payload,
+    cross_slot_problems,
+)
+from controller.spec.loader import DesiredSlot, DesiredState, normalise, parse_toml_file
+from controller.spec.problems import Problem, problems_from_validation
+from controller.spec.schema import ControllerSettings, ModelSpec
+
+__all__ = ["SETTINGS_FILE", "ConfigSnapshot", "read_config_dir", "read_settings"]
+
+SETTINGS_FILE = "controller.toml"
+
+
+@dataclass(slots=True)
+class ConfigSnapshot:
+    settings: ControllerSettings
+    models: dict[str, ModelSpec] = field(default_factory=dict)
+    slots: dict[str, DesiredSlot] = field(default_factory=dict)
+    errors: list[Problem] = field(default_factory=list)
+    warnings: list[Problem] = field(default_factory=list)
+
+    def owner(self, name: str) -> str | None:
+        slot = self.slots.get(name)
+        return slot.stack or None if slot else None
+
+    def desired(self) -> DesiredState:
+        stacks = tuple(sorted({s.stack for s in self.slots.values() if s.stack}))
+        return DesiredState(stacks=stacks, models=self.models, slots=self.slots)
+
+
+def _located(
+    problems: list[tuple[Problem, tuple[str | int, ...]]], origin: Origin
+) -> list[Problem]:
+    return [
+        Problem(
+            **{**p.to_dict(), "file": origin.file, "line": origin.line(loc)}, severity=p.severity
+        )
+        for p, loc in problems
+    ]
+
+
+def read_settings(config_dir: Path) -> tuple[ControllerSettings, list[Problem]]:
+    path = Path(config_dir) / SETTINGS_FILE
+    if not path.exists():
+        return ControllerSettings(), []
+    data, index, problems = parse_toml_file(path)
+    if data is None:
+        return ControllerSettings(), problems
+    try:
+        return ControllerSettings.model_validate(data), []
+    except ValidationError as exc:
+        located = problems_from_validation(
+            exc, scope="settings", fields=ControllerSettings.model_fields
+        )
+        return ControllerSettings(), _located(located, Origin(file=str(path), index=index))
+
+
+def _read_catalogue(config_dir: Path, snap: ConfigSnapshot) -> None:
+    path = config_dir / CATALOGUE_FILE
+    if not path.exists():
+        return
+    data, index, problems = parse_toml_file(path)
+    snap.errors.extend(problems)
+    if data is None:
+        return
+    raw_models = data.get("model", [])
+    for i, raw in enumerate(raw_models if isinstance(raw_models, list) else []):
+        try:
+            model = ModelSpec.model_validate(raw)
+        except ValidationError as exc:
+            located = problems_from_validation(
+                exc, scope="model", fields=ModelSpec.model_fields, prefix=("model", i)
+            )
+            snap.errors.extend(_located(located, Origin(file=str(path), index=index)))
+            continue
+        snap.models[model.id] = model
+
+
+def _read_slot_file(path: Path) -> tuple[SlotEntry | None, str, list[Problem], list[Problem]]:
+    data, index, problems = parse_toml_file(path)
+    if data is None:
+        return None, "", problems, []
+    origin = Origin(file=str(path), base=("slot",), index=index)
+    check = check_slot_payload(data.get("slot"))
+    errors = _located(check.errors, origin)
+    warnings = _located(check.warnings, origin)
+    stack = ""
+    meta: Any = data.get("origin", {})
+    if isinstance(meta, Mapping) and isinstance(meta.get("stack"), str):
+        stack = meta["stack"]
+    if check.spec is not None and check.spec.name != path.stem:
+        errors.append(
+            Problem(
+                code="slot.invalid_value",
+                message=f"file {path.name} declares slot {check.spec.name!r}",
+                file=str(path),
+                slot=check.spec.name,
+                key="name",
+                line=origin.line(("name",)),
+                hint=f"rename the file to {check.spec.name}.toml",
+            )
+        )
+    entry = SlotEntry(spec=check.spec, origin=origin) if check.spec and not errors else None
+    return entry, stack, errors, warnings
+
+
+def read_config_dir(config_dir: Path) -> ConfigSnapshot:
+    """The live desired state; invalid files are reported and left out, never fatal."""
+    config_dir = Path(config_dir)
+    settings, problems = read_settings(config_dir)
+    snap = ConfigSnapshot(settings=settings, errors=list(problems))
+    _read_catalogue(config_dir, snap)
+    slots_dir = config_dir / SLOTS_SUBDIR
+    entries: list[tuple[SlotEntry, str]] = []
+    if slots_dir.is_dir():
+        for path in sorted(slots_dir.glob("*.toml")):
+            if not is_valid_slot_name(path.stem):
+                continue
+            entry, stack, errors, warnings = _read_slot_file(path)
+            snap.errors.extend(errors)
+            snap.warnings.extend(warnings)
+            if entry is not None:
+                entries.append((entry, stack))
+    # Cross-slot rules are enforced at write time; report (not drop) anything hand-edited.
+    snap.errors.extend(cross_slot_problems([e for e, _ in entries], snap.models))
+    for entry, stack in entries:
+        snap.slots[entry.spec.name] = DesiredSlot(
+            spec=normalise(entry.spec, settings),
+            stack=stack,
+            file=entry.origin.file,
+            line=entry.origin.line(),
+        )
+    return snap

@@ -1,0 +1,276 @@
+"""Stack files -> desired state, with every problem located (file, line, slot, key).
+
+Reads TOML with tomlkit, validates through the same per-slot checks the guard uses,
+merges a directory of stack files in name order, applies migrations (``autoload``,
+default-pinned anchors) and resolves model references. Reads only; never writes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import tomlkit
+from pydantic import ValidationError
+
+from controller.spec.guard import Origin, SlotEntry, check_slot_payload, cross_slot_problems
+from controller.spec.locate import LineIndex
+from controller.spec.problems import Problem, problems_from_validation
+from controller.spec.schema import ControllerSettings, ModelSpec, SlotSpec, StackMeta
+
+__all__ = [
+    "DesiredSlot",
+    "DesiredState",
+    "LoadReport",
+    "expand_paths",
+    "load_stacks",
+    "normalise",
+    "parse_toml_file",
+]
+
+_TOP_LEVEL = ("stack", "model", "slot")
+
+
+@dataclass(frozen=True, slots=True)
+class DesiredSlot:
+    """A normalised slot (``autoload`` and ``pinned`` resolved) and where it came from."""
+
+    spec: SlotSpec
+    stack: str = ""
+    file: str | None = None
+    line: int | None = None
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def autoload(self) -> bool:
+        return bool(self.spec.autoload)
+
+    @property
+    def pinned(self) -> bool:
+        return bool(self.spec.pinned)
+
+
+@dataclass(frozen=True, slots=True)
+class DesiredState:
+    stacks: tuple[str, ...]
+    models: Mapping[str, ModelSpec]
+    slots: Mapping[str, DesiredSlot]
+
+
+@dataclass(slots=True)
+class LoadReport:
+    state: DesiredState | None
+    errors: list[Problem] = field(default_factory=list)
+    warnings: list[Problem] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors and self.state is not None
+
+
+def normalise(spec: SlotSpec, settings: ControllerSettings) -> SlotSpec:
+    """Apply migrations: ``autoload`` absent -> bound model?; ``pinned`` absent -> anchors."""
+    updates: dict[str, Any] = {}
+    if spec.autoload is None:
+        updates["autoload"] = bool(spec.model_id)
+    if spec.pinned is None:
+        updates["pinned"] = spec.name in settings.default_pinned
+    return spec.model_copy(update=updates) if updates else spec
+
+
+def expand_paths(paths: Iterable[Path]) -> tuple[list[Path], list[Problem]]:
+    """Files as given; directories contribute their ``*.toml`` files in name order."""
+    files: list[Path] = []
+    problems: list[Problem] = []
+    for path in paths:
+        if path.is_dir():
+            found = sorted(p for p in path.glob("*.toml") if not p.name.startswith("."))
+            if not found:
+                problems.append(
+                    Problem(code="stack.empty_dir", message="no *.toml files", file=str(path))
+                )
+            files.extend(found)
+        elif path.exists():
+            files.append(path)
+        else:
+            problems.append(
+                Problem(
+                    code="stack.unreadable", message="no such file or directory", file=str(path)
+                )
+            )
+    return files, problems
+
+
+def parse_toml_file(path: Path) -> tuple[dict[str, Any] | None, LineIndex | None, list[Problem]]:
+    name = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        return None, None, [Problem(code="stack.unreadable", message=str(exc), file=name)]
+    try:
+        doc = tomlkit.parse(text)
+    except tomlkit.exceptions.ParseError as exc:
+        problem = Problem(
+            code="stack.toml_syntax",
+            message=f"TOML syntax error: {exc}",
+            file=name,
+            line=exc.line,
+            hint="fix the TOML syntax at the line shown",
+        )
+        return None, None, [problem]
+    return doc.unwrap(), LineIndex(text), []
+
+
+@dataclass(slots=True)
+class _FileResult:
+    stack: str | None = None
+    models: list[tuple[ModelSpec, Origin]] = field(default_factory=list)
+    slots: list[SlotEntry] = field(default_factory=list)
+    errors: list[Problem] = field(default_factory=list)
+    warnings: list[Problem] = field(default_factory=list)
+
+
+def _locate(problem: Problem, file: str, index: LineIndex, loc: Sequence[str | int]) -> Problem:
+    return replace(problem, file=file, line=problem.line or index.line_of(loc))
+
+
+def _table_list(
+    data: Mapping[str, Any], key: str, res: _FileResult, file: str, index: LineIndex
+) -> list[Any]:
+    value = data.get(key, [])
+    if isinstance(value, list):
+        return value
+    res.errors.append(
+        Problem(
+            code="stack.invalid_value",
+            message=f"`{key}` must be an array of tables",
+            file=file,
+            key=key,
+            line=index.line_of((key,)),
+            hint=f"write [[{key}]] (double brackets), one per {key}",
+        )
+    )
+    return []
+
+
+def _load_file(path: Path) -> _FileResult:
+    res = _FileResult()
+    file = str(path)
+    data, index, problems = parse_toml_file(path)
+    if data is None or index is None:
+        res.errors.extend(problems)
+        return res
+    for key in data:
+        if key not in _TOP_LEVEL:
+            res.errors.append(
+                Problem(
+                    code="stack.unknown_key",
+                    message=f"unknown top-level key {key!r}",
+                    file=file,
+                    key=key,
+                    line=index.line_of((key,)),
+                    hint="a stack file has [stack], [[model]] and [[slot]] tables",
+                )
+            )
+    _load_meta(data, res, file, index)
+    for i, raw in enumerate(_table_list(data, "model", res, file, index)):
+        try:
+            model = ModelSpec.model_validate(raw)
+        except ValidationError as exc:
+            for problem, loc in problems_from_validation(
+                exc, scope="model", fields=ModelSpec.model_fields, prefix=("model", i)
+            ):
+                res.errors.append(_locate(problem, file, index, loc))
+            continue
+        res.models.append((model, Origin(file=file, base=("model", i), index=index)))
+    for i, raw in enumerate(_table_list(data, "slot", res, file, index)):
+        check = check_slot_payload(raw)
+        base = ("slot", i)
+        res.errors.extend(_locate(p, file, index, (*base, *loc)) for p, loc in check.errors)
+        res.warnings.extend(_locate(p, file, index, (*base, *loc)) for p, loc in check.warnings)
+        if check.spec is not None:
+            origin = Origin(file=file, base=base, index=index)
+            res.slots.append(SlotEntry(spec=check.spec, origin=origin))
+    return res
+
+
+def _load_meta(data: Mapping[str, Any], res: _FileResult, file: str, index: LineIndex) -> None:
+    raw = data.get("stack")
+    if raw is None:
+        res.errors.append(
+            Problem(
+                code="stack.missing_key",
+                message="missing [stack] table with the stack's name",
+                file=file,
+                key="stack.name",
+                line=1,
+                hint='add:  [stack]\n        name = "my-stack"',
+            )
+        )
+        return
+    try:
+        res.stack = StackMeta.model_validate(raw).name
+    except ValidationError as exc:
+        for problem, loc in problems_from_validation(
+            exc, scope="stack", fields=StackMeta.model_fields, prefix=("stack",)
+        ):
+            res.errors.append(_locate(problem, file, index, loc))
+
+
+def load_stacks(
+    paths: Sequence[Path | str], settings: ControllerSettings | None = None
+) -> LoadReport:
+    """Load and merge stack files/directories into one normalised desired state."""
+    settings = settings or ControllerSettings()
+    files, problems = expand_paths(Path(p) for p in paths)
+    report = LoadReport(state=None, errors=list(problems), files=[str(f) for f in files])
+    models: dict[str, ModelSpec] = {}
+    model_where: dict[str, str] = {}
+    entries: list[SlotEntry] = []
+    owners: dict[int, str] = {}
+    stacks: list[str] = []
+    for path in files:
+        res = _load_file(path)
+        report.errors.extend(res.errors)
+        report.warnings.extend(res.warnings)
+        if res.stack and res.stack not in stacks:
+            stacks.append(res.stack)
+        for model, where in res.models:
+            if model.id in models:
+                report.errors.append(
+                    Problem(
+                        code="model.duplicate_id",
+                        message=f"model {model.id!r} is declared twice "
+                        f"(first at {model_where[model.id]})",
+                        file=where.file,
+                        key="id",
+                        line=where.line(("id",)),
+                        hint="model ids are unique across every stack file",
+                    )
+                )
+                continue
+            models[model.id] = model
+            model_where[model.id] = where.where(("id",))
+        for entry in res.slots:
+            owners[id(entry)] = res.stack or ""
+            entries.append(entry)
+    report.errors.extend(cross_slot_problems(entries, models))
+    if report.errors:
+        return report
+    slots = {
+        e.spec.name: DesiredSlot(
+            spec=normalise(e.spec, settings),
+            stack=owners[id(e)],
+            file=e.origin.file,
+            line=e.origin.line(),
+        )
+        for e in entries
+    }
+    report.state = DesiredState(stacks=tuple(stacks), models=models, slots=slots)
+    return report

@@ -1,0 +1,285 @@
+"""Desired-state schema: the pydantic models for stacks, catalogue models and slots.
+
+Pure (no I/O). The loader (``spec.loader``) turns TOML into these models and the guard
+(``spec.guard``) is the only code that writes them to the config dir. Models are strict:
+TOML and JSON carry real types, so ``port = "8081"`` is an error, not a silent cast.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Final, Literal, get_args
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from controller.names import (
+    MODEL_ID_PATTERN,
+    SLOT_NAME_PATTERN,
+    ModelId,
+    SlotName,
+    is_valid_slot_name,
+)
+
+__all__ = [
+    "DEVICES",
+    "HARDWARE_ENV_VARS",
+    "HARDWARE_FLAGS",
+    "KINDS",
+    "MODEL_OWNED_KEYS",
+    "PROVIDERS",
+    "SELF_MANAGED_PROVIDERS",
+    "SLOT_NAME_PATTERN",
+    "ControllerSettings",
+    "ModelId",
+    "ModelSpec",
+    "ServerSpec",
+    "SlotModelRef",
+    "SlotName",
+    "SlotSpec",
+    "StackMeta",
+    "is_valid_slot_name",
+    "provider_requires_model",
+]
+
+_ENV_NAME_RE: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+Provider = Literal[
+    "llamacpp",
+    "llama-cpp-python",
+    "vllm",
+    "openai-compatible",
+    "demo",
+    "kokoro",
+    "qwen3tts",
+    "moonshine",
+    "vibevoice",
+]
+PROVIDERS: Final[tuple[str, ...]] = get_args(Provider)
+# These serve a baked-in model: no model.default is needed to dispatch to them.
+SELF_MANAGED_PROVIDERS: Final[frozenset[str]] = frozenset(
+    {"kokoro", "qwen3tts", "moonshine", "vibevoice"}
+)
+
+Device = Literal["gpu", "npu", "cpu"]
+DEVICES: Final[tuple[str, ...]] = get_args(Device)
+Kind = Literal["llm", "embedding", "tts", "stt", "image"]
+KINDS: Final[tuple[str, ...]] = get_args(Kind)
+
+# Keys a model owns: a slot write that sets them is refused (the guard says which model
+# owns them). Sampling defaults are model-owned too.
+SAMPLING_KEYS: Final[frozenset[str]] = frozenset(
+    {
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "repeat_penalty",
+        "presence_penalty",
+        "frequency_penalty",
+        "max_tokens",
+        "seed",
+        "stop",
+        "system_prompt",
+    }
+)
+MODEL_OWNED_KEYS: Final[frozenset[str]] = frozenset(
+    {"context_length", "chat_template", "mmproj", *SAMPLING_KEYS}
+)
+
+# Hardware/placement flags owned by the slot's `device` field and the controller. Long
+# options are compared with "_" folded to "-", so `--n_gpu_layers` is caught too.
+HARDWARE_FLAGS: Final[frozenset[str]] = frozenset(
+    {
+        "--device",
+        "-dev",
+        "--n-gpu-layers",
+        "--gpu-layers",
+        "-ngl",
+        "--main-gpu",
+        "-mg",
+        "--tensor-split",
+        "-ts",
+        "--split-mode",
+        "-sm",
+        "--gpu-memory-utilization",
+        "--tensor-parallel-size",
+        "-tp",
+        "--port",
+        "--host",
+    }
+)
+HARDWARE_ENV_VARS: Final[frozenset[str]] = frozenset(
+    {
+        "CUDA_VISIBLE_DEVICES",
+        "HIP_VISIBLE_DEVICES",
+        "ROCR_VISIBLE_DEVICES",
+        "NVIDIA_VISIBLE_DEVICES",
+        "GPU_DEVICE_ORDINAL",
+    }
+)
+# Server flags that set what a model owns: refused in extra_args, naming the model key.
+MODEL_OWNED_FLAGS: Final[dict[str, str]] = {
+    "--ctx-size": "context_length",
+    "--n-ctx": "context_length",
+    "--max-model-len": "context_length",
+    "--chat-template": "chat_template",
+    "--mmproj": "mmproj",
+}
+
+_SOURCE_SCHEMES: Final = frozenset({"file", "hf", "demo"})
+
+NonNegFloat = Annotated[float, Field(ge=0)]
+PosFloat = Annotated[float, Field(gt=0)]
+
+
+def provider_requires_model(provider: str) -> bool:
+    """Self-managed providers serve a baked-in model; every other provider needs one."""
+    return provider not in SELF_MANAGED_PROVIDERS
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+
+class StackMeta(_Strict):
+    """``[stack]``: who owns the slots a file declares (prune only touches its own)."""
+
+    name: Annotated[str, Field(pattern=SLOT_NAME_PATTERN)]
+    description: str | None = None
+
+
+class ModelSpec(_Strict):
+    """One ``[[model]]`` catalogue entry."""
+
+    id: Annotated[str, Field(pattern=MODEL_ID_PATTERN)]
+    source: str | None = None  # path, file://, hf://org/repo/file, demo://name
+    kind: Kind = "llm"
+    memory_gb: NonNegFloat = 0.0  # admission estimate (device memory); 0 = not counted
+    exclusive_group: Annotated[str, Field(min_length=1, max_length=63)] | None = None
+    context_length: Annotated[int, Field(gt=0)] | None = None
+    chat_template: str | None = None
+    mmproj: str | None = None
+    temperature: NonNegFloat | None = None
+    top_p: Annotated[float, Field(ge=0, le=1)] | None = None
+    top_k: Annotated[int, Field(ge=0)] | None = None
+    min_p: Annotated[float, Field(ge=0, le=1)] | None = None
+    repeat_penalty: NonNegFloat | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    max_tokens: Annotated[int, Field(gt=0)] | None = None
+    seed: int | None = None
+    stop: list[str] | None = None
+    system_prompt: str | None = None
+
+    @field_validator("source")
+    @classmethod
+    def _check_source(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if not value.strip() or "\x00" in value:
+            raise ValueError("source must be a non-empty path or URL")
+        if "://" in value:
+            parts = urlsplit(value)
+            if parts.scheme not in _SOURCE_SCHEMES:
+                raise ValueError(
+                    f"unsupported source scheme {parts.scheme!r}: use a path, file://, "
+                    "hf://org/repo/file or demo://name"
+                )
+            if parts.scheme == "hf" and len([p for p in value[5:].split("/") if p]) < 3:
+                raise ValueError("hf:// sources name org/repo/file")
+        return value
+
+    @property
+    def memory_bytes(self) -> int:
+        return int(self.memory_gb * 1024**3)
+
+
+class SlotModelRef(_Strict):
+    """``model.default``: the bound model. Non-empty means the slot is activated."""
+
+    default: str = ""
+
+
+class ServerSpec(_Strict):
+    """``[slot.server]``: how the runtime starts the server."""
+
+    image: Annotated[str, Field(min_length=1)] | None = None  # docker runtime
+    binary: Annotated[str, Field(min_length=1)] | None = None  # process runtime executable
+    cmd: list[str] | None = None  # openai-compatible: the whole argv template
+    extra_args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("extra_args", "cmd")
+    @classmethod
+    def _no_nul(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and any("\x00" in arg for arg in value):
+            raise ValueError("arguments must not contain NUL bytes")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for key, val in value.items():
+            if not _ENV_NAME_RE.fullmatch(key):
+                raise ValueError(f"invalid environment variable name {key!r}")
+            if "\x00" in val:
+                raise ValueError(f"environment variable {key} contains a NUL byte")
+        return value
+
+
+class SlotSpec(_Strict):
+    """One ``[[slot]]``: a serving position on the host."""
+
+    name: Annotated[str, Field(pattern=SLOT_NAME_PATTERN)]
+    provider: Provider
+    model: SlotModelRef = Field(default_factory=SlotModelRef)
+    device: Device = "gpu"
+    type: Kind = "llm"
+    port: Annotated[int, Field(ge=1, le=65535)]
+    autoload: bool | None = None  # None only before migration (see loader)
+    priority: Annotated[int, Field(ge=0, le=100)] = 50
+    pinned: bool | None = None  # None: pinned when named in settings.default_pinned
+    idle_timeout_s: NonNegFloat = 300.0
+    ttl_s: NonNegFloat = 0.0
+    warmup_timeout_s: PosFloat = 600.0
+    drain_timeout_s: NonNegFloat = 30.0
+    liveness_interval_s: PosFloat = 15.0
+    liveness_failures: Annotated[int, Field(ge=1)] = 3
+    max_consecutive_failures: Annotated[int, Field(ge=1)] = 5
+    max_queue: Annotated[int, Field(ge=0)] = 64
+    memory_gb: NonNegFloat | None = None  # admission estimate override (self-managed)
+    server: ServerSpec = Field(default_factory=ServerSpec)
+
+    @property
+    def model_id(self) -> str:
+        return self.model.default
+
+    @property
+    def activated(self) -> bool:
+        """A non-empty model.default (or a self-managed provider) activates a slot."""
+        return bool(self.model.default) or not provider_requires_model(self.provider)
+
+
+class ControllerSettings(_Strict):
+    """Controller-wide settings (``<config_dir>/controller.toml``, all optional)."""
+
+    default_pinned: list[str] = Field(default_factory=lambda: ["agent"])
+    memory_budget_gb: dict[str, NonNegFloat] = Field(default_factory=dict)
+    safety_margin_gb: NonNegFloat = 0.5
+
+    @field_validator("memory_budget_gb")
+    @classmethod
+    def _devices(cls, value: dict[str, float]) -> dict[str, float]:
+        unknown = sorted(set(value) - set(DEVICES))
+        if unknown:
+            raise ValueError(f"unknown device(s) {unknown}; devices are {list(DEVICES)}")
+        return value
+
+
+def field_names(model: type[BaseModel]) -> list[str]:
+    return list(model.model_fields)
+
+
+def jsonable(spec: BaseModel) -> dict[str, Any]:
+    return spec.model_dump(mode="json")

@@ -1,0 +1,209 @@
+"""Observed-state persistence: atomic files under the state dir (and residency.json).
+
+The only module that writes state files. Every write goes through :func:`atomic_write_bytes`:
+a temp file in the same directory, fsync, ``os.replace``, then fsync of the directory, so
+a reader (or a controller restarted after SIGKILL) sees the old file or the new one, never
+a torn one. Slot names are validated before they become part of a path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator, Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from controller.errors import SlotConfigError, SlotctlError
+from controller.lifecycle import SlotState
+from controller.names import SLOT_NAME_PATTERN, is_valid_slot_name
+
+__all__ = [
+    "ResidencyEntry",
+    "ResidencyStore",
+    "SlotStateRecord",
+    "StateStore",
+    "atomic_write_bytes",
+    "atomic_write_json",
+    "check_slot_name",
+    "utcnow",
+]
+
+_TMP_SUFFIX = ".tmp"
+
+
+def utcnow() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def check_slot_name(name: str) -> str:
+    """Refuse anything that is not a DNS-1123 label before it touches a path."""
+    if not is_valid_slot_name(name):
+        raise SlotConfigError(
+            f"invalid slot name {name!r}: must match {SLOT_NAME_PATTERN}",
+            keys=["name"],
+        )
+    return name
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: Path, data: bytes, *, mode: int = 0o644) -> None:
+    """Replace ``path`` with ``data`` atomically and durably."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=_TMP_SUFFIX)
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        tmp.chmod(mode)
+        tmp.replace(path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        raise
+    _fsync_dir(path.parent)
+
+
+def atomic_write_json(path: Path, data: Any, *, mode: int = 0o644) -> None:
+    text = json.dumps(data, indent=2, sort_keys=True) + "\n"
+    atomic_write_bytes(path, text.encode(), mode=mode)
+
+
+def sweep_temp_files(directory: Path) -> int:
+    """Remove temp files a killed writer left behind; returns how many."""
+    removed = 0
+    if not directory.is_dir():
+        return 0
+    for tmp in directory.rglob(f".*{_TMP_SUFFIX}"):
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+            removed += 1
+    return removed
+
+
+class SlotStateRecord(BaseModel):
+    """``slots/<name>/state.json``: the persisted observed state of one slot."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    name: str
+    state: SlotState
+    model_id: str = ""
+    port: int | None = None
+    updated_at: str = Field(default_factory=utcnow)
+    message: str = ""
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+
+class StateStore:
+    """Reads and atomically writes ``<state_dir>/slots/<name>/state.json``."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.state_dir = Path(state_dir)
+        self.slots_dir = self.state_dir / "slots"
+
+    def path_for(self, name: str) -> Path:
+        return self.slots_dir / check_slot_name(name) / "state.json"
+
+    def write(self, record: SlotStateRecord) -> None:
+        atomic_write_json(self.path_for(record.name), record.model_dump(mode="json"))
+
+    def read(self, name: str) -> SlotStateRecord | None:
+        path = self.path_for(name)
+        try:
+            data = json.loads(path.read_bytes())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            raise SlotctlError(f"unreadable state file {path}: {exc}", path=str(path)) from exc
+        try:
+            return SlotStateRecord.model_validate(data)
+        except ValidationError as exc:
+            raise SlotctlError(f"invalid state file {path}: {exc}", path=str(path)) from exc
+
+    def names(self) -> list[str]:
+        if not self.slots_dir.is_dir():
+            return []
+        return sorted(
+            p.name for p in self.slots_dir.iterdir() if is_valid_slot_name(p.name) and p.is_dir()
+        )
+
+    def read_all(self) -> Iterator[SlotStateRecord]:
+        for name in self.names():
+            record = self.read(name)
+            if record is not None:
+                yield record
+
+    def delete(self, name: str) -> None:
+        path = self.path_for(name)
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        with contextlib.suppress(OSError):
+            path.parent.rmdir()
+
+    def sweep(self) -> int:
+        return sweep_temp_files(self.slots_dir)
+
+
+class ResidencyEntry(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    model_id: str
+    since: str = Field(default_factory=utcnow)
+
+
+class ResidencyStore:
+    """``<config_dir>/residency.json``: runtime wishes to keep a slot's model loaded.
+
+    Separate from the stack-derived config so a re-apply never changes it.
+    """
+
+    FILE = "residency.json"
+
+    def __init__(self, config_dir: Path) -> None:
+        self.path = Path(config_dir) / self.FILE
+
+    def read(self) -> dict[str, ResidencyEntry]:
+        try:
+            data = json.loads(self.path.read_bytes())
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as exc:
+            raise SlotctlError(f"unreadable residency file {self.path}: {exc}") from exc
+        slots = data.get("slots", {}) if isinstance(data, Mapping) else {}
+        out: dict[str, ResidencyEntry] = {}
+        for name, entry in slots.items():
+            if is_valid_slot_name(name):
+                with contextlib.suppress(ValidationError):
+                    out[name] = ResidencyEntry.model_validate(entry)
+        return out
+
+    def _write(self, entries: Mapping[str, ResidencyEntry]) -> None:
+        payload = {"slots": {k: v.model_dump(mode="json") for k, v in sorted(entries.items())}}
+        atomic_write_json(self.path, payload)
+
+    def set(self, slot: str, model_id: str) -> None:
+        entries = self.read()
+        entries[check_slot_name(slot)] = ResidencyEntry(model_id=model_id)
+        self._write(entries)
+
+    def clear(self, slot: str) -> bool:
+        entries = self.read()
+        if entries.pop(check_slot_name(slot), None) is None:
+            return False
+        self._write(entries)
+        return True
