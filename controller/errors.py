@@ -53,8 +53,14 @@ class SlotctlError(Exception):
         self.details: dict[str, Any] = details
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON body every renderer uses: ``{"error": {"code", "message", ...}}``."""
-        return {"error": {"code": self.code, "message": self.message, **self.details}}
+        """The JSON body every renderer uses: ``{"error": {"code", "message", ...}}``.
+
+        ``code`` and ``message`` always win over a detail of the same name (an exit
+        ``code``, say), so the stable code can not be replaced by accident.
+        """
+        body: dict[str, Any] = {"code": self.code, "message": self.message}
+        body.update((k, v) for k, v in self.details.items() if k not in body)
+        return {"error": body}
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.message!r})"

@@ -128,7 +128,7 @@ class StateStore:
             data = json.loads(path.read_bytes())
         except FileNotFoundError:
             return None
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, RecursionError) as exc:  # RecursionError: absurd nesting
             raise SlotctlError(f"unreadable state file {path}: {exc}", path=str(path)) from exc
         try:
             return SlotStateRecord.model_validate(data)
@@ -158,6 +158,35 @@ class StateStore:
     def sweep(self) -> int:
         return sweep_temp_files(self.slots_dir)
 
+    # Runtime records (e.g. the process runtime's ``process.json``) live beside state.json
+    # so one slot's observed state stays in one directory.
+
+    def slot_dir(self, name: str) -> Path:
+        return self.slots_dir / check_slot_name(name)
+
+    def write_aux(self, name: str, filename: str, data: Mapping[str, Any]) -> None:
+        atomic_write_json(self.slot_dir(name) / _aux_name(filename), dict(data))
+
+    def read_aux(self, name: str, filename: str) -> dict[str, Any] | None:
+        path = self.slot_dir(name) / _aux_name(filename)
+        try:
+            data = json.loads(path.read_bytes())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, RecursionError):
+            return None  # a torn aux file cannot exist (atomic writes); treat as absent
+        return data if isinstance(data, dict) else None
+
+    def delete_aux(self, name: str, filename: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            (self.slot_dir(name) / _aux_name(filename)).unlink()
+
+
+def _aux_name(filename: str) -> str:
+    if not filename or "/" in filename or filename.startswith(".") or filename == "state.json":
+        raise ValueError(f"invalid aux file name {filename!r}")
+    return filename
+
 
 class ResidencyEntry(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
@@ -182,9 +211,11 @@ class ResidencyStore:
             data = json.loads(self.path.read_bytes())
         except FileNotFoundError:
             return {}
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, RecursionError) as exc:
             raise SlotctlError(f"unreadable residency file {self.path}: {exc}") from exc
-        slots = data.get("slots", {}) if isinstance(data, Mapping) else {}
+        slots = data.get("slots") if isinstance(data, Mapping) else None
+        if not isinstance(slots, Mapping):
+            slots = {}
         out: dict[str, ResidencyEntry] = {}
         for name, entry in slots.items():
             if is_valid_slot_name(name):

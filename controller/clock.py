@@ -1,0 +1,60 @@
+"""The time seam: everything that waits or times out asks a :class:`Clock`.
+
+``SYSTEM_CLOCK`` is real time. :class:`FakeClock` is for tests: ``sleep`` advances the
+clock at once (yielding to the loop), so backoffs and timeouts run without sleeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Final, Protocol
+
+__all__ = ["SYSTEM_CLOCK", "Clock", "FakeClock"]
+
+
+class Clock(Protocol):
+    def monotonic(self) -> float: ...
+
+    def time(self) -> float: ...
+
+    async def sleep(self, seconds: float) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _SystemClock:
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def time(self) -> float:
+        return time.time()
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+
+SYSTEM_CLOCK: Final[Clock] = _SystemClock()
+
+
+class FakeClock:
+    """Deterministic time: starts at ``start``; ``sleep`` and ``advance`` move it."""
+
+    def __init__(self, start: float = 1000.0, wall_offset: float = 1.7e9) -> None:
+        self.now = start
+        self.wall_offset = wall_offset
+        self.sleeps: list[float] = []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def time(self) -> float:
+        return self.now + self.wall_offset
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+    async def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += max(0.0, seconds)
+        await asyncio.sleep(0)

@@ -1,0 +1,194 @@
+"""Health probes: readiness (models list + one sentinel request) and liveness.
+
+Called by the slot manager while a slot is ``warming`` and, once ``ready``, periodically.
+Outcomes never say "error" for an ambiguous answer: a refused connection, a timeout or a
+5xx while the weights load all read as ``still_warming``; only the server exiting, or
+``warmup_timeout_s`` passing, ends warming without success (SPEC §1, §5).
+
+The schedule is proportional to how long the server has been loading: the next attempt
+comes after ``clamp(elapsed * 5%, 20 ms, 1 s)``. A server that is up after 400 ms is
+seen within ~20 ms; one that needs a minute costs about two requests a second at first and
+one a second later, never more than 1 s late (peers poll once a second from the start).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Final
+
+import aiohttp
+
+from controller.clock import SYSTEM_CLOCK, Clock
+
+__all__ = [
+    "ProbeOutcome",
+    "ProbeResult",
+    "ProbeSpec",
+    "SentinelRequest",
+    "check_liveness",
+    "next_delay",
+    "probe_once",
+    "wait_ready",
+]
+
+BASE_DELAY_S: Final = 0.02
+PROPORTION: Final = 0.05
+CAP_S: Final = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class SentinelRequest:
+    """The one request that proves a listed model really answers."""
+
+    method: str
+    path: str
+    body: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeSpec:
+    models_path: str = "/v1/models"
+    sentinel: SentinelRequest | None = None
+
+
+class ProbeOutcome(StrEnum):
+    READY = "ready"  # models listed and the sentinel answered
+    NO_MODEL = "no_model"  # server up, models list empty -> idle(no_model)
+    STILL_WARMING = "still_warming"  # refused / timeout / 5xx: still loading
+    EXITED = "exited"  # the server process/container is gone
+    TIMED_OUT = "timed_out"  # still warming after warmup_timeout_s -> error
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeResult:
+    outcome: ProbeOutcome
+    message: str = ""
+    models: tuple[str, ...] = ()
+    attempts: int = 1
+    elapsed_s: float = 0.0
+
+
+def next_delay(elapsed_s: float) -> float:
+    """Delay before the next readiness attempt, given time spent warming so far."""
+    return max(BASE_DELAY_S, min(CAP_S, elapsed_s * PROPORTION))
+
+
+@dataclass(slots=True)
+class _Response:
+    status: int
+    body: Any = None
+    error: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+async def _request(
+    session: aiohttp.ClientSession,
+    method: str,
+    url: str,
+    body: Any,
+    timeout_s: float,
+) -> _Response:
+    try:
+        async with session.request(
+            method, url, json=body, timeout=aiohttp.ClientTimeout(total=timeout_s)
+        ) as resp:
+            try:
+                data = await resp.json(content_type=None)
+            except ValueError:
+                data = None
+            return _Response(status=resp.status, body=data)
+    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        return _Response(status=0, error=f"{type(exc).__name__}: {exc}".rstrip(": "))
+
+
+def _model_ids(body: Any) -> tuple[str, ...]:
+    if isinstance(body, dict) and isinstance(body.get("data"), list):
+        return tuple(str(m.get("id")) for m in body["data"] if isinstance(m, dict))
+    return ()
+
+
+async def probe_once(
+    session: aiohttp.ClientSession,
+    endpoint: str,
+    spec: ProbeSpec,
+    *,
+    timeout_s: float = 5.0,
+) -> ProbeResult:
+    """One readiness attempt: models list, then the sentinel. Never raises."""
+    listed = await _request(session, "GET", endpoint + spec.models_path, None, timeout_s)
+    if listed.status == 0:
+        return ProbeResult(ProbeOutcome.STILL_WARMING, f"models list: {listed.error}")
+    if listed.status >= 300:
+        return ProbeResult(ProbeOutcome.STILL_WARMING, f"models list: HTTP {listed.status}")
+    models = _model_ids(listed.body)
+    if not models:
+        return ProbeResult(ProbeOutcome.NO_MODEL, "server is up but lists no model")
+    if spec.sentinel is None:
+        return ProbeResult(ProbeOutcome.READY, "models listed", models)
+    sentinel = spec.sentinel
+    answer = await _request(
+        session, sentinel.method, endpoint + sentinel.path, sentinel.body, timeout_s
+    )
+    if 200 <= answer.status < 300:
+        return ProbeResult(ProbeOutcome.READY, f"{sentinel.path} answered", models)
+    detail = answer.error or f"HTTP {answer.status}"
+    return ProbeResult(ProbeOutcome.STILL_WARMING, f"sentinel {sentinel.path}: {detail}", models)
+
+
+Attempt = Callable[[], Awaitable[ProbeResult]]
+
+
+async def wait_ready(
+    attempt: Attempt,
+    *,
+    alive: Callable[[], Awaitable[bool]],
+    warmup_timeout_s: float,
+    clock: Clock = SYSTEM_CLOCK,
+) -> ProbeResult:
+    """Probe on the proportional schedule until ready, no_model, exited or timed out."""
+    start = clock.monotonic()
+    attempts = 0
+    last = ProbeResult(ProbeOutcome.STILL_WARMING, "not probed yet", attempts=0)
+    while True:
+        if not await alive():
+            return _final(
+                ProbeOutcome.EXITED, "the server exited while warming", attempts, start, clock
+            )
+        attempts += 1
+        last = await attempt()
+        if last.outcome in (ProbeOutcome.READY, ProbeOutcome.NO_MODEL):
+            return ProbeResult(
+                last.outcome, last.message, last.models, attempts, clock.monotonic() - start
+            )
+        elapsed = clock.monotonic() - start
+        if elapsed >= warmup_timeout_s:
+            return _final(
+                ProbeOutcome.TIMED_OUT,
+                f"still warming after {warmup_timeout_s:g}s ({last.message})",
+                attempts,
+                start,
+                clock,
+            )
+        await clock.sleep(min(next_delay(elapsed), max(0.0, warmup_timeout_s - elapsed)))
+
+
+def _final(
+    outcome: ProbeOutcome, message: str, attempts: int, start: float, clock: Clock
+) -> ProbeResult:
+    return ProbeResult(outcome, message, (), attempts, clock.monotonic() - start)
+
+
+async def check_liveness(
+    session: aiohttp.ClientSession, endpoint: str, spec: ProbeSpec, *, timeout_s: float = 5.0
+) -> ProbeResult:
+    """Liveness for a ready slot: the models list still answers and is non-empty."""
+    listed = await _request(session, "GET", endpoint + spec.models_path, None, timeout_s)
+    if listed.status == 0 or listed.status >= 300:
+        reason = listed.error or f"HTTP {listed.status}"
+        return ProbeResult(ProbeOutcome.STILL_WARMING, f"liveness: {reason}")
+    models = _model_ids(listed.body)
+    if not models:
+        return ProbeResult(ProbeOutcome.NO_MODEL, "liveness: models list is empty")
+    return ProbeResult(ProbeOutcome.READY, "alive", models)

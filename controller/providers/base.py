@@ -1,0 +1,91 @@
+"""What every provider template shares: the build context, model paths and probes.
+
+Pure: builds :class:`~controller.runtime.base.LaunchSpec` values from a slot and its model.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+from urllib.parse import urlsplit
+
+from controller.errors import SlotConfigError
+from controller.probe import ProbeSpec, SentinelRequest
+from controller.runtime.base import LaunchSpec
+from controller.spec.schema import ModelSpec, SlotSpec
+
+__all__ = [
+    "BuildContext",
+    "Provider",
+    "default_probe",
+    "device_env",
+    "model_path",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class BuildContext:
+    runtime: str = "process"  # process | docker | kubernetes
+    stack: str = ""
+    models_dir: Path = field(
+        default_factory=lambda: Path(os.environ.get("SLOTCTL_MODELS_DIR", "/models"))
+    )
+    host: str = "127.0.0.1"
+
+
+class Provider(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    def build(self, slot: SlotSpec, model: ModelSpec | None, ctx: BuildContext) -> LaunchSpec:
+        """The effective runtime config for ``slot`` serving ``model``."""
+        ...
+
+
+def model_path(model: ModelSpec | None, ctx: BuildContext) -> str | None:
+    """Local file a server reads for ``model`` (None for demo:// and no source).
+
+    ``hf://org/repo/file`` resolves into the models dir (``<models_dir>/org/repo/file``);
+    relative paths are relative to the models dir too.
+    """
+    if model is None or not model.source:
+        return None
+    source = model.source
+    if source.startswith("demo://"):
+        return None
+    if source.startswith("file://"):
+        return urlsplit(source).path
+    if source.startswith("hf://"):
+        return str(ctx.models_dir / source.removeprefix("hf://"))
+    path = Path(source)
+    return str(path if path.is_absolute() else ctx.models_dir / path)
+
+
+def require_model(slot: SlotSpec, model: ModelSpec | None) -> ModelSpec:
+    if model is None:
+        raise SlotConfigError(
+            f"slot {slot.name!r} (provider {slot.provider}) needs a model: set model.default",
+            keys=["model.default"],
+        )
+    return model
+
+
+def device_env(slot: SlotSpec) -> dict[str, str]:
+    """Device visibility is the controller's: a cpu slot sees no GPU."""
+    if slot.device == "cpu":
+        return {"CUDA_VISIBLE_DEVICES": "", "HIP_VISIBLE_DEVICES": ""}
+    return {}
+
+
+def default_probe(slot: SlotSpec, model_id: str) -> ProbeSpec:
+    """Models list, then one sentinel request matching the slot type (SPEC §5)."""
+    sentinel: SentinelRequest | None = None
+    if slot.type == "llm":
+        sentinel = SentinelRequest(
+            "POST", "/v1/completions", {"model": model_id, "prompt": "ping", "max_tokens": 1}
+        )
+    elif slot.type == "embedding":
+        sentinel = SentinelRequest("POST", "/v1/embeddings", {"model": model_id, "input": "ping"})
+    return ProbeSpec(sentinel=sentinel)

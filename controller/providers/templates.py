@@ -1,0 +1,232 @@
+"""Provider templates: how each server kind is started and probed.
+
+One small class per provider; each builds argv/image/env for a slot and its model and
+says which sentinel request proves readiness. The controller owns placement flags
+(``--host``, ``--port``, GPU layers, device visibility); the guard refuses them in
+``server.extra_args`` so they can only come from here.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import controller
+from controller.errors import SlotConfigError
+from controller.probe import ProbeSpec
+from controller.providers.base import (
+    BuildContext,
+    default_probe,
+    device_env,
+    model_path,
+    require_model,
+)
+from controller.runtime.base import LaunchSpec, Mount
+from controller.spec.schema import ModelSpec, SlotSpec
+
+__all__ = [
+    "DemoProvider",
+    "GenericProvider",
+    "LlamaCppProvider",
+    "LlamaCppPythonProvider",
+    "VllmProvider",
+]
+
+# The package root (parent of ``controller/``), mounted into demo containers.
+PACKAGE_ROOT = str(Path(controller.__file__).resolve().parent.parent)
+
+
+def _launch(
+    slot: SlotSpec,
+    model: ModelSpec | None,
+    ctx: BuildContext,
+    argv: list[str],
+    *,
+    image: str | None = None,
+    path: str | None = None,
+    mounts: tuple[Mount, ...] = (),
+    probe: ProbeSpec | None = None,
+    env: dict[str, str] | None = None,
+) -> LaunchSpec:
+    model_id = model.id if model else slot.model_id
+    merged_env = {**device_env(slot), **(env or {}), **slot.server.env}
+    if path and ctx.runtime == "docker":
+        mounts = (*mounts, Mount(path, path, read_only=True))
+    return LaunchSpec(
+        slot=slot.name,
+        stack=ctx.stack,
+        provider=slot.provider,
+        port=slot.port,
+        device=slot.device,
+        model_id=model_id,
+        argv=tuple(argv),
+        image=image,
+        env=merged_env,
+        host=ctx.host,
+        model_source=model.source if model else None,
+        model_path=path,
+        mounts=mounts,
+        probe=probe or default_probe(slot, model_id),
+    )
+
+
+def _docker_image(slot: SlotSpec, ctx: BuildContext, default: str | None) -> str | None:
+    if ctx.runtime != "docker":
+        return None
+    image = slot.server.image or default
+    if not image:
+        raise SlotConfigError(
+            f"slot {slot.name!r}: the docker runtime needs server.image", keys=["server.image"]
+        )
+    return image
+
+
+@dataclass(frozen=True, slots=True)
+class DemoProvider:
+    """slotctl's own OpenAI-compatible demo server (``python -m controller.demo``)."""
+
+    name: str = "demo"
+
+    def build(self, slot: SlotSpec, model: ModelSpec | None, ctx: BuildContext) -> LaunchSpec:
+        model_id = model.id if model else slot.model_id
+        args = ["--host", ctx.host, "--port", str(slot.port)]
+        if model_id:
+            args += ["--model", model_id]
+        args += slot.server.extra_args
+        python = slot.server.binary or sys.executable
+        argv = [python, "-m", "controller.demo", *args]
+        mounts: tuple[Mount, ...] = ()
+        image = _docker_image(slot, ctx, None)
+        env: dict[str, str] = {}
+        if image:
+            # The container runs the host's interpreter and this package, read-only.
+            roots = sorted({sys.prefix, sys.base_prefix, PACKAGE_ROOT})
+            mounts = tuple(Mount(r, r) for r in roots)
+            env["PYTHONPATH"] = PACKAGE_ROOT
+        probe = default_probe(slot, model_id)
+        return _launch(slot, model, ctx, argv, image=image, mounts=mounts, probe=probe, env=env)
+
+
+@dataclass(frozen=True, slots=True)
+class LlamaCppProvider:
+    """llama.cpp's ``llama-server`` (binary for the process runtime, image for docker)."""
+
+    name: str = "llamacpp"
+    image: str = "ghcr.io/ggml-org/llama.cpp:server"
+
+    def build(self, slot: SlotSpec, model: ModelSpec | None, ctx: BuildContext) -> LaunchSpec:
+        model = require_model(slot, model)
+        path = model_path(model, ctx)
+        args = ["--model", str(path), "--host", ctx.host, "--port", str(slot.port)]
+        args += ["--alias", model.id]
+        if model.context_length:
+            args += ["--ctx-size", str(model.context_length)]
+        args += ["--n-gpu-layers", "0" if slot.device == "cpu" else "999"]
+        if model.mmproj:
+            args += ["--mmproj", model.mmproj]
+        if model.chat_template:
+            args += ["--chat-template", model.chat_template]
+        if slot.type == "embedding":
+            args += ["--embeddings"]
+        args += slot.server.extra_args
+        image = _docker_image(slot, ctx, self.image)
+        argv = args if image else [slot.server.binary or "llama-server", *args]
+        probe = default_probe(slot, model.id)
+        return _launch(slot, model, ctx, argv, image=image, path=path, probe=probe)
+
+
+@dataclass(frozen=True, slots=True)
+class LlamaCppPythonProvider:
+    """llama-cpp-python's OpenAI server (``python -m llama_cpp.server``)."""
+
+    name: str = "llama-cpp-python"
+
+    def build(self, slot: SlotSpec, model: ModelSpec | None, ctx: BuildContext) -> LaunchSpec:
+        model = require_model(slot, model)
+        path = model_path(model, ctx)
+        args = ["-m", "llama_cpp.server", "--model", str(path)]
+        args += ["--host", ctx.host, "--port", str(slot.port), "--model_alias", model.id]
+        if model.context_length:
+            args += ["--n_ctx", str(model.context_length)]
+        args += ["--n_gpu_layers", "0" if slot.device == "cpu" else "-1"]
+        if slot.type == "embedding":
+            args += ["--embedding", "true"]
+        if model.chat_template:
+            args += ["--chat_format", model.chat_template]
+        args += slot.server.extra_args
+        image = _docker_image(slot, ctx, None)
+        python = slot.server.binary or ("python3" if image else sys.executable)
+        probe = default_probe(slot, model.id)
+        return _launch(slot, model, ctx, [python, *args], image=image, path=path, probe=probe)
+
+
+@dataclass(frozen=True, slots=True)
+class VllmProvider:
+    """vLLM's OpenAI server (``vllm serve`` or the vllm-openai image)."""
+
+    name: str = "vllm"
+    image: str = "vllm/vllm-openai:latest"
+
+    def build(self, slot: SlotSpec, model: ModelSpec | None, ctx: BuildContext) -> LaunchSpec:
+        model = require_model(slot, model)
+        path = model_path(model, ctx)
+        args = ["--host", ctx.host, "--port", str(slot.port), "--served-model-name", model.id]
+        if model.context_length:
+            args += ["--max-model-len", str(model.context_length)]
+        if slot.type == "embedding":
+            args += ["--task", "embed"]
+        args += slot.server.extra_args
+        image = _docker_image(slot, ctx, self.image)
+        argv = (
+            ["--model", str(path), *args]
+            if image
+            else [slot.server.binary or "vllm", "serve", str(path), *args]
+        )
+        probe = default_probe(slot, model.id)
+        return _launch(slot, model, ctx, argv, image=image, path=path, probe=probe)
+
+
+@dataclass(frozen=True, slots=True)
+class GenericProvider:
+    """Any OpenAI-compatible server from a command template (also the self-managed ones).
+
+    ``server.cmd`` is the argv template; ``{host}``, ``{port}``, ``{model_id}`` and
+    ``{model_path}`` are substituted. Self-managed providers (kokoro, qwen3tts,
+    moonshine, vibevoice) serve a baked-in model and are probed by their models list.
+    """
+
+    name: str
+    self_managed: bool = False
+
+    def build(self, slot: SlotSpec, model: ModelSpec | None, ctx: BuildContext) -> LaunchSpec:
+        if not self.self_managed:
+            model = require_model(slot, model)
+        path = model_path(model, ctx)
+        image = _docker_image(slot, ctx, None)
+        template = list(slot.server.cmd or [])
+        if not template and not image:
+            raise SlotConfigError(
+                f"slot {slot.name!r} (provider {self.name}) needs server.cmd "
+                "(the server's argv, with {host}, {port}, {model_id}, {model_path})",
+                keys=["server.cmd"],
+            )
+        values = {
+            "host": ctx.host,
+            "port": str(slot.port),
+            "model_id": model.id if model else slot.model_id,
+            "model_path": path or "",
+        }
+        argv = [_substitute(arg, values) for arg in template] + list(slot.server.extra_args)
+        probe = (
+            ProbeSpec()
+            if self.self_managed or slot.type not in ("llm", "embedding")
+            else default_probe(slot, values["model_id"])
+        )
+        return _launch(slot, model, ctx, argv, image=image, path=path, probe=probe)
+
+
+def _substitute(arg: str, values: dict[str, str]) -> str:
+    for key, value in values.items():
+        arg = arg.replace("{" + key + "}", value)
+    return arg

@@ -1,0 +1,167 @@
+"""The runtime seam: one protocol for starting, stopping and observing slot servers.
+
+Sits below the slot manager (which is the only caller that starts or stops anything) and
+above the OS / Docker engine / Kubernetes API. Implementations: ``process`` (default),
+``docker``, ``kubernetes`` (operator), and :class:`controller.runtime.fake.FakeRuntime`
+for unit tests of the layers above.
+
+A provider (``controller.providers``) turns a slot and its model into a
+:class:`LaunchSpec`: the *effective runtime config*. Its :meth:`LaunchSpec.config_hash`
+is what the reconciler compares to tell "same" from "needs recreate"; scheduling knobs
+(priority, pinned, timeouts) are not part of it, so changing them never restarts a server.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Final, Protocol, runtime_checkable
+
+from controller.probe import ProbeSpec
+
+__all__ = [
+    "HASH_LABEL",
+    "MANAGED_LABEL",
+    "SLOT_LABEL",
+    "STACK_LABEL",
+    "LaunchSpec",
+    "Mount",
+    "Observed",
+    "ProgressCallback",
+    "RunStatus",
+    "Runtime",
+]
+
+MANAGED_LABEL: Final = "slotctl.managed"
+SLOT_LABEL: Final = "slotctl.slot"
+STACK_LABEL: Final = "slotctl.stack"
+HASH_LABEL: Final = "slotctl.config-hash"
+
+ProgressCallback = Callable[[dict[str, Any]], Awaitable[None] | None]
+
+
+class RunStatus(StrEnum):
+    RUNNING = "running"
+    EXITED = "exited"
+    MISSING = "missing"
+
+
+@dataclass(frozen=True, slots=True)
+class Mount:
+    source: str
+    target: str
+    read_only: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchSpec:
+    """Everything a runtime needs to start one slot's server. Immutable, hashable."""
+
+    slot: str
+    stack: str
+    provider: str
+    port: int
+    device: str
+    model_id: str
+    argv: tuple[str, ...]  # full argv for the process runtime; container args for docker
+    image: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    host: str = "127.0.0.1"
+    model_source: str | None = None
+    model_path: str | None = None  # local file the server reads (mounted read-only)
+    mounts: tuple[Mount, ...] = ()
+    probe: ProbeSpec = field(default_factory=ProbeSpec)
+
+    @property
+    def endpoint(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host  # noqa: S104
+        return f"http://{host}:{self.port}"
+
+    def hash_input(self) -> dict[str, Any]:
+        return {
+            "provider": self.provider,
+            "image": self.image,
+            "argv": list(self.argv),
+            "env": dict(sorted(self.env.items())),
+            "model_source": self.model_source,
+            "model_path": self.model_path,
+            "port": self.port,
+            "host": self.host,
+            "device": self.device,
+            "mounts": [[m.source, m.target, m.read_only] for m in self.mounts],
+        }
+
+    def config_hash(self) -> str:
+        """Stable hash of the effective runtime config (12 hex chars, label-safe)."""
+        canonical = json.dumps(self.hash_input(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()[:12]
+
+    def labels(self) -> dict[str, str]:
+        return {
+            MANAGED_LABEL: "true",
+            SLOT_LABEL: self.slot,
+            STACK_LABEL: self.stack,
+            HASH_LABEL: self.config_hash(),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Observed:
+    """What a runtime sees of one slot's server right now."""
+
+    slot: str
+    status: RunStatus
+    ident: str | None = None  # pid or container id
+    exit_code: int | None = None
+    started_at: float | None = None  # wall-clock seconds
+    config_hash: str | None = None
+    endpoint: str | None = None
+    stack: str | None = None
+    message: str = ""
+    managed: bool = True  # False: an object with the slot's name we do not own
+
+    @property
+    def running(self) -> bool:
+        return self.status is RunStatus.RUNNING
+
+
+@runtime_checkable
+class Runtime(Protocol):
+    """One interface, several implementations. All methods are coroutines."""
+
+    kind: str
+
+    async def prepare(self, launch: LaunchSpec, progress: ProgressCallback | None = None) -> None:
+        """Fetch what start needs (e.g. pull the image); no-op when present."""
+        ...
+
+    async def needs_prepare(self, launch: LaunchSpec) -> bool:
+        """True when :meth:`prepare` has work to do (the slot shows ``pulling``)."""
+        ...
+
+    async def start(self, launch: LaunchSpec) -> Observed:
+        """Start the server; raises ``SlotSpawnFailed`` with the reason."""
+        ...
+
+    async def stop(self, slot: str, timeout: float) -> Observed:
+        """Graceful stop, forced after ``timeout`` s; cleans up an exited object too.
+
+        Raises ``SlotTerminateTimeout`` if even the forced stop did not end it.
+        Never touches an object the controller does not own.
+        """
+        ...
+
+    async def inspect(self, slot: str) -> Observed:
+        """Running, exited (with exit code when known) or missing."""
+        ...
+
+    async def list_managed(self) -> list[Observed]:
+        """Every object carrying the controller's labels (for adoption and orphans)."""
+        ...
+
+    async def logs(self, slot: str, tail: int = 100) -> list[str]:
+        """The last ``tail`` lines the server wrote."""
+        ...

@@ -1,0 +1,416 @@
+"""The process runtime (the default): each slot's server is a child process.
+
+The server runs in its own session/process group (so a stop reaches every process it
+spawned), from an argv list (never a shell), with stdout/stderr in a per-slot log file
+under the state dir (rotated at each start and capped in size). Each start records
+``pid`` + the process start time in ``slots/<name>/process.json`` (through the store), so a
+restarted controller **adopts** a live server instead of starting a duplicate, and a
+recycled pid (same number, different start time) is never mistaken for ours.
+
+Processes are also *labelled* through their environment (``SLOTCTL_MANAGED``,
+``SLOTCTL_SLOT``, ``SLOTCTL_OWNER``...), the process analogue of container labels: a
+server whose record was lost (controller killed between spawn and record) is still found
+and adopted. Nothing without our labels is ever signalled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Final
+
+import psutil
+
+from controller.errors import SlotSpawnFailed, SlotTerminateTimeout
+from controller.runtime.base import LaunchSpec, Observed, ProgressCallback, RunStatus
+from controller.store import StateStore
+
+__all__ = ["ProcessRuntime"]
+
+RECORD: Final = "process.json"
+LOG: Final = "server.log"
+ENV_MANAGED: Final = "SLOTCTL_MANAGED"
+ENV_SLOT: Final = "SLOTCTL_SLOT"
+ENV_STACK: Final = "SLOTCTL_STACK"
+ENV_HASH: Final = "SLOTCTL_CONFIG_HASH"
+ENV_OWNER: Final = "SLOTCTL_OWNER"
+ENV_PORT: Final = "SLOTCTL_PORT"
+# Never leak the controller's secrets into a model server's environment.
+_SCRUBBED_ENV: Final = frozenset({"SLOTCTL_TOKEN"})
+_POLL_S: Final = 0.02
+_CTIME_TOLERANCE_S: Final = 0.05
+
+
+class ProcessRuntime:
+    """Runtime for servers started as local child processes."""
+
+    kind = "process"
+
+    def __init__(
+        self,
+        state_dir: Path,
+        *,
+        log_max_bytes: int = 20 * 1024 * 1024,
+        log_backups: int = 3,
+        kill_grace_s: float = 5.0,
+    ) -> None:
+        self.store = StateStore(state_dir)
+        self.owner = str(Path(state_dir).resolve())
+        self.log_max_bytes = log_max_bytes
+        self.log_backups = log_backups
+        self.kill_grace_s = kill_grace_s
+        self._children: dict[str, subprocess.Popen[bytes]] = {}
+
+    # ------------------------------------------------------------------ protocol
+
+    async def needs_prepare(self, launch: LaunchSpec) -> bool:
+        return False  # model files are the manager's concern; no image to pull
+
+    async def prepare(self, launch: LaunchSpec, progress: ProgressCallback | None = None) -> None:
+        return None
+
+    async def start(self, launch: LaunchSpec) -> Observed:
+        current = await self.inspect(launch.slot)
+        if current.running:
+            if current.config_hash == launch.config_hash():
+                return current  # adopt: never a duplicate
+            raise SlotSpawnFailed(
+                f"slot {launch.slot!r} already runs a server (pid {current.ident}) with another "
+                f"config ({current.config_hash} != {launch.config_hash()}); stop it first",
+                slot=launch.slot,
+            )
+        if current.status is RunStatus.EXITED:
+            self._forget(launch.slot)
+        holder = port_holder(launch.host, launch.port)
+        if holder is not None:
+            raise SlotSpawnFailed(
+                f"cannot start slot {launch.slot!r}: port {launch.port} is in use by {holder}",
+                slot=launch.slot,
+                port=launch.port,
+                holder=holder,
+            )
+        return await asyncio.to_thread(self._spawn, launch)
+
+    async def stop(self, slot: str, timeout: float) -> Observed:
+        proc = self._live_process(slot)
+        if proc is None:
+            observed = await self.inspect(slot)
+            self._forget(slot)
+            return observed
+        self._signal_group(proc, signal.SIGTERM)
+        if not await self._wait_gone(slot, proc, timeout):
+            self._signal_group(proc, signal.SIGKILL)
+            if not await self._wait_gone(slot, proc, self.kill_grace_s):
+                raise SlotTerminateTimeout(
+                    f"slot {slot!r}: pid {proc.pid} survived SIGKILL for {self.kill_grace_s}s",
+                    slot=slot,
+                )
+        observed = await self.inspect(slot)
+        self._forget(slot)
+        return observed
+
+    async def inspect(self, slot: str) -> Observed:
+        record = self.store.read_aux(slot, RECORD)
+        if record is None:
+            found = await asyncio.to_thread(self._scan, slot)
+            if found is None:
+                return Observed(slot=slot, status=RunStatus.MISSING)
+            record = self._record_from_labels(slot, found)
+            self.store.write_aux(slot, RECORD, record)
+        self._cap_log(slot)
+        return self._observe(slot, record)
+
+    async def list_managed(self) -> list[Observed]:
+        names = set(await asyncio.to_thread(self._scan_all))
+        names.update(n for n in self.store.names() if self.store.read_aux(n, RECORD))
+        return [await self.inspect(name) for name in sorted(names)]
+
+    async def logs(self, slot: str, tail: int = 100) -> list[str]:
+        return await asyncio.to_thread(self._tail, slot, tail)
+
+    # ------------------------------------------------------------------ spawning
+
+    def log_path(self, slot: str) -> Path:
+        return self.store.slot_dir(slot) / LOG
+
+    def _env(self, launch: LaunchSpec) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k not in _SCRUBBED_ENV}
+        env.update(launch.env)
+        env.update(
+            {
+                ENV_MANAGED: "true",
+                ENV_SLOT: launch.slot,
+                ENV_STACK: launch.stack,
+                ENV_HASH: launch.config_hash(),
+                ENV_OWNER: self.owner,
+                ENV_PORT: str(launch.port),
+            }
+        )
+        return env
+
+    def _spawn(self, launch: LaunchSpec) -> Observed:
+        log_path = self.log_path(launch.slot)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._rotate(log_path)
+        with log_path.open("ab") as log:
+            log.write(f"--- slotctl: starting {' '.join(launch.argv)}\n".encode())
+            log.flush()
+            try:
+                popen = subprocess.Popen(
+                    list(launch.argv),
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=self._env(launch),
+                    start_new_session=True,
+                    close_fds=True,
+                )
+            except OSError as exc:
+                raise SlotSpawnFailed(
+                    f"cannot start slot {launch.slot!r}: {launch.argv[0]}: {exc.strerror or exc}",
+                    slot=launch.slot,
+                    argv=list(launch.argv),
+                ) from exc
+        self._children[launch.slot] = popen
+        try:
+            create_time = psutil.Process(popen.pid).create_time()
+        except psutil.NoSuchProcess:
+            create_time = time.time()
+        record: dict[str, Any] = {
+            "pid": popen.pid,
+            "create_time": create_time,
+            "started_at": time.time(),
+            "argv": list(launch.argv),
+            "config_hash": launch.config_hash(),
+            "endpoint": launch.endpoint,
+            "port": launch.port,
+            "stack": launch.stack,
+        }
+        self.store.write_aux(launch.slot, RECORD, record)
+        return self._observe(launch.slot, record)
+
+    # ------------------------------------------------------------------ observing
+
+    def _observe(self, slot: str, record: Mapping[str, Any]) -> Observed:
+        pid = int(record["pid"])
+        running = Observed(
+            slot=slot,
+            status=RunStatus.RUNNING,
+            ident=str(pid),
+            started_at=record.get("started_at"),
+            config_hash=record.get("config_hash"),
+            endpoint=record.get("endpoint"),
+            stack=record.get("stack"),
+        )
+        popen = self._children.get(slot)
+        if popen is not None and popen.pid == pid:
+            code = popen.poll()
+            return running if code is None else _exited(running, code)
+        proc = self._verified(pid, float(record.get("create_time", 0.0)))
+        if proc is None:
+            return _exited(running, None)
+        if _is_zombie(proc):
+            return _exited(running, _reap(pid))
+        return running
+
+    @staticmethod
+    def _verified(pid: int, create_time: float) -> psutil.Process | None:
+        """The process with this pid *and* start time, or None (gone or pid recycled)."""
+        try:
+            proc = psutil.Process(pid)
+            if abs(proc.create_time() - create_time) > _CTIME_TOLERANCE_S:
+                return None
+            return proc
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            return None
+
+    def _live_process(self, slot: str) -> psutil.Process | None:
+        record = self.store.read_aux(slot, RECORD)
+        if record is None:
+            return self._scan(slot)
+        proc = self._verified(int(record["pid"]), float(record.get("create_time", 0.0)))
+        if proc is None or _is_zombie(proc):
+            return None
+        return proc
+
+    def _labels_of(self, proc: psutil.Process) -> dict[str, str] | None:
+        try:
+            env = proc.environ()
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+            return None
+        if env.get(ENV_MANAGED) != "true" or env.get(ENV_OWNER) != self.owner:
+            return None
+        return env
+
+    def _scan(self, slot: str) -> psutil.Process | None:
+        for proc in psutil.process_iter():
+            labels = self._labels_of(proc)
+            if labels is None or labels.get(ENV_SLOT) != slot:
+                continue
+            with contextlib.suppress(psutil.NoSuchProcess):
+                # The group leader is the server; children of it carry the same labels.
+                if os.getpgid(proc.pid) == proc.pid and not _is_zombie(proc):
+                    return proc
+        return None
+
+    def _scan_all(self) -> list[str]:
+        names = []
+        for proc in psutil.process_iter():
+            labels = self._labels_of(proc)
+            if labels is not None and labels.get(ENV_SLOT):
+                names.append(labels[ENV_SLOT])
+        return names
+
+    def _record_from_labels(self, slot: str, proc: psutil.Process) -> dict[str, Any]:
+        labels = self._labels_of(proc) or {}
+        port = int(labels.get(ENV_PORT, "0") or 0)
+        return {
+            "pid": proc.pid,
+            "create_time": proc.create_time(),
+            "started_at": proc.create_time(),
+            "argv": proc.cmdline(),
+            "config_hash": labels.get(ENV_HASH),
+            "endpoint": f"http://127.0.0.1:{port}" if port else None,
+            "port": port,
+            "stack": labels.get(ENV_STACK, ""),
+            "adopted": True,
+        }
+
+    # ------------------------------------------------------------------ stopping
+
+    @staticmethod
+    def _signal_group(proc: psutil.Process, sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if os.getpgid(proc.pid) == proc.pid:
+                os.killpg(proc.pid, sig)
+            else:
+                os.kill(proc.pid, sig)
+
+    async def _wait_gone(self, slot: str, proc: psutil.Process, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        popen = self._children.get(slot)
+        while True:
+            if popen is not None and popen.pid == proc.pid:
+                if popen.poll() is not None:
+                    return True
+            elif not proc.is_running() or _is_zombie(proc):
+                _reap(proc.pid)
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(_POLL_S)
+
+    def _forget(self, slot: str) -> None:
+        popen = self._children.pop(slot, None)
+        if popen is not None:
+            popen.poll()
+        self.store.delete_aux(slot, RECORD)
+
+    # ------------------------------------------------------------------ logs
+
+    def _rotate(self, path: Path) -> None:
+        """Keep the previous runs' logs as ``server.log.1`` .. ``.N`` (crash loops!)."""
+        if not path.exists() or path.stat().st_size == 0:
+            return
+        for index in range(self.log_backups - 1, 0, -1):
+            older = path.with_name(f"{path.name}.{index}")
+            if older.exists():
+                older.replace(path.with_name(f"{path.name}.{index + 1}"))
+        path.replace(path.with_name(f"{path.name}.1"))
+
+    def _cap_log(self, slot: str) -> None:
+        """Copy-truncate a running server's log once it passes the size cap."""
+        path = self.log_path(slot)
+        try:
+            if path.stat().st_size <= self.log_max_bytes:
+                return
+        except FileNotFoundError:
+            return
+        self._rotate_copy(path)
+
+    def _rotate_copy(self, path: Path) -> None:
+        for index in range(self.log_backups - 1, 0, -1):
+            older = path.with_name(f"{path.name}.{index}")
+            if older.exists():
+                older.replace(path.with_name(f"{path.name}.{index + 1}"))
+        shutil.copyfile(path, path.with_name(f"{path.name}.1"))
+        with path.open("r+b") as handle:  # the server writes with O_APPEND: safe to truncate
+            handle.truncate(0)
+
+    def _tail(self, slot: str, tail: int) -> list[str]:
+        path = self.log_path(slot)
+        try:
+            with path.open("rb") as handle:
+                handle.seek(0, os.SEEK_END)
+                size = handle.tell()
+                handle.seek(max(0, size - 256 * 1024))
+                data = handle.read()
+        except FileNotFoundError:
+            return []
+        lines = data.decode(errors="replace").splitlines()
+        return lines[-tail:] if tail > 0 else lines
+
+
+def _is_zombie(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _reap(pid: int) -> int | None:
+    """Collect a zombie child's exit status (only works for our own children)."""
+    try:
+        done, status = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return None
+    if done == 0:
+        return None
+    return os.waitstatus_to_exitcode(status)
+
+
+def _exited(observed: Observed, code: int | None) -> Observed:
+    return replace(observed, status=RunStatus.EXITED, exit_code=code, message=_exit_text(code))
+
+
+def _exit_text(code: int | None) -> str:
+    if code is None:
+        return "exited (exit code unknown)"
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-code).name}"
+    return f"exited with code {code}"
+
+
+def port_holder(host: str, port: int) -> str | None:
+    """None when ``host:port`` can be bound; else who holds it (pid and command if known)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host if host not in ("", "localhost") else "127.0.0.1", port))
+        except OSError as exc:
+            if exc.errno not in (errno.EADDRINUSE, errno.EACCES):
+                return f"an error binding it ({exc.strerror})"
+        else:
+            return None
+    try:
+        for conn in psutil.net_connections(kind="tcp"):
+            listening = conn.laddr and conn.laddr.port == port and conn.status == "LISTEN"
+            if listening and conn.pid:
+                with contextlib.suppress(psutil.Error):
+                    proc = psutil.Process(conn.pid)
+                    return f"pid {conn.pid} ({' '.join(proc.cmdline())[:80]})"
+                return f"pid {conn.pid}"
+    except psutil.AccessDenied:
+        pass
+    return "another process"

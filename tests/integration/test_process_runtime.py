@@ -1,0 +1,224 @@
+"""The process runtime against the real demo server: start, probe, adopt, stop, faults."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import psutil
+import pytest
+
+from controller.errors import SlotSpawnFailed
+from controller.probe import ProbeOutcome
+from controller.runtime.base import RunStatus
+from controller.runtime.process import RECORD, ProcessRuntime
+from controller.store import StateStore
+from tests.integration.helpers import demo_launch, free_port, probe_until_settled
+
+
+@pytest.fixture
+async def runtime(tmp_path: Path) -> AsyncIterator[ProcessRuntime]:
+    rt = ProcessRuntime(tmp_path / "state", kill_grace_s=5.0)
+    yield rt
+    for observed in await rt.list_managed():
+        await rt.stop(observed.slot, timeout=0.5)
+
+
+def _labelled(owner: str, slot: str) -> list[int]:
+    pids = []
+    for proc in psutil.process_iter():
+        try:
+            env = proc.environ()
+        except (psutil.Error, OSError):
+            continue
+        ours = env.get("SLOTCTL_OWNER") == owner and env.get("SLOTCTL_SLOT") == slot
+        if ours and proc.status() != psutil.STATUS_ZOMBIE:
+            pids.append(proc.pid)
+    return pids
+
+
+async def test_start_probe_ready_and_stop(runtime: ProcessRuntime) -> None:
+    launch = demo_launch("chat", ["--load-seconds", "0.3"])
+    observed = await runtime.start(launch)
+    assert observed.status is RunStatus.RUNNING
+    assert observed.config_hash == launch.config_hash()
+    assert observed.endpoint == launch.endpoint
+    result = await probe_until_settled(runtime, launch)
+    assert result.outcome is ProbeOutcome.READY, result
+    assert result.models == ("chat-model",)
+    record = runtime.store.read_aux("chat", RECORD)
+    assert record is not None and record["pid"] == int(observed.ident or 0)
+    logs = await runtime.logs("chat")
+    assert any("slotctl-demo ready" in line for line in logs), logs
+    stopped = await runtime.stop("chat", timeout=5)
+    assert stopped.status is RunStatus.EXITED
+    assert (await runtime.inspect("chat")).status is RunStatus.MISSING
+    assert runtime.store.read_aux("chat", RECORD) is None
+
+
+async def test_adoption_by_a_new_runtime_object(runtime: ProcessRuntime, tmp_path: Path) -> None:
+    launch = demo_launch("adopt")
+    first = await runtime.start(launch)
+    assert (await probe_until_settled(runtime, launch)).outcome is ProbeOutcome.READY
+    second_rt = ProcessRuntime(tmp_path / "state")
+    seen = await second_rt.inspect("adopt")
+    assert seen.running and seen.ident == first.ident
+    again = await second_rt.start(launch)
+    assert again.ident == first.ident
+    assert _labelled(second_rt.owner, "adopt") == [int(first.ident or 0)]
+    # The record is lost (controller killed between spawn and record): labels still find it.
+    StateStore(tmp_path / "state").delete_aux("adopt", RECORD)
+    third_rt = ProcessRuntime(tmp_path / "state")
+    found = await third_rt.inspect("adopt")
+    assert found.running and found.ident == first.ident
+    assert found.config_hash == launch.config_hash()
+    assert [o.slot for o in await third_rt.list_managed()] == ["adopt"]
+    stopped = await third_rt.stop("adopt", timeout=5)
+    assert stopped.status is RunStatus.EXITED
+    assert _labelled(second_rt.owner, "adopt") == []
+
+
+async def test_start_with_other_config_refuses_while_running(runtime: ProcessRuntime) -> None:
+    port = free_port()
+    await runtime.start(demo_launch("busy", port=port))
+    with pytest.raises(SlotSpawnFailed, match="another config"):
+        await runtime.start(demo_launch("busy", ["--tokens-per-second", "5"], port=port))
+
+
+async def test_recycled_pid_is_not_ours(runtime: ProcessRuntime) -> None:
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        runtime.store.write_aux(
+            "ghost",
+            RECORD,
+            {"pid": stranger.pid, "create_time": 12345.0, "config_hash": "x", "started_at": 1.0},
+        )
+        observed = await runtime.inspect("ghost")
+        assert observed.status is RunStatus.EXITED
+        await runtime.stop("ghost", timeout=0.5)
+        assert stranger.poll() is None, "a process that is not ours was signalled"
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
+async def test_slow_stop_escalates_to_sigkill(runtime: ProcessRuntime) -> None:
+    launch = demo_launch("slow", ["--slow-stop", "30"])
+    await runtime.start(launch)
+    assert (await probe_until_settled(runtime, launch)).outcome is ProbeOutcome.READY
+    began = time.monotonic()
+    stopped = await runtime.stop("slow", timeout=0.5)
+    elapsed = time.monotonic() - began
+    assert stopped.status is RunStatus.EXITED
+    assert stopped.exit_code == -signal.SIGKILL
+    assert elapsed < 5, elapsed
+
+
+async def test_fail_on_load_exits(runtime: ProcessRuntime) -> None:
+    launch = demo_launch("fail", ["--fail-on-load", "--load-seconds", "0.2"])
+    await runtime.start(launch)
+    result = await probe_until_settled(runtime, launch)
+    assert result.outcome is ProbeOutcome.EXITED
+    observed = await runtime.inspect("fail")
+    assert observed.status is RunStatus.EXITED and observed.exit_code == 1
+    assert any("injected failure" in line for line in await runtime.logs("fail"))
+
+
+async def test_hang_on_load_stays_warming_until_timeout(runtime: ProcessRuntime) -> None:
+    launch = demo_launch("hang", ["--hang-on-load"])
+    await runtime.start(launch)
+    result = await probe_until_settled(runtime, launch, warmup_timeout_s=1.0)
+    assert result.outcome is ProbeOutcome.TIMED_OUT, result
+    assert result.attempts > 3
+    assert (await runtime.inspect("hang")).running
+
+
+async def test_empty_models_reads_as_no_model(runtime: ProcessRuntime) -> None:
+    launch = demo_launch("empty", ["--empty-models"])
+    await runtime.start(launch)
+    result = await probe_until_settled(runtime, launch)
+    assert result.outcome is ProbeOutcome.NO_MODEL
+
+
+async def test_crash_after_exits_while_serving(runtime: ProcessRuntime) -> None:
+    launch = demo_launch("crash", ["--crash-after", "2"])
+    await runtime.start(launch)
+    # The readiness sentinel is inference request 1.
+    assert (await probe_until_settled(runtime, launch)).outcome is ProbeOutcome.READY
+    body = {"model": "crash-model", "prompt": "hi", "max_tokens": 2}
+    async with aiohttp.ClientSession() as session:
+        async with session.post(launch.endpoint + "/v1/completions", json=body) as resp:
+            assert resp.status == 200
+        with pytest.raises(aiohttp.ClientError):
+            async with session.post(launch.endpoint + "/v1/completions", json=body) as resp:
+                await resp.read()
+    for _ in range(100):
+        observed = await runtime.inspect("crash")
+        if not observed.running:
+            break
+        await asyncio.sleep(0.02)
+    assert observed.status is RunStatus.EXITED and observed.exit_code == 3
+
+
+async def test_port_conflict_names_the_holder(runtime: ProcessRuntime) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        with pytest.raises(SlotSpawnFailed) as caught:
+            await runtime.start(demo_launch("conflict", port=port))
+    assert f"port {port} is in use by pid {os.getpid()}" in caught.value.message
+    assert (await runtime.inspect("conflict")).status is RunStatus.MISSING
+
+
+async def test_missing_binary_is_a_typed_error(runtime: ProcessRuntime) -> None:
+    from dataclasses import replace
+
+    launch = replace(demo_launch("nobin"), argv=("/nonexistent/llama-server", "--port", "1"))
+    with pytest.raises(SlotSpawnFailed, match="No such file"):
+        await runtime.start(launch)
+
+
+async def test_labels_env_and_secret_scrubbed(
+    runtime: ProcessRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SLOTCTL_TOKEN", "secret")
+    launch = demo_launch("env")
+    observed = await runtime.start(launch)
+    env = psutil.Process(int(observed.ident or 0)).environ()
+    assert env["SLOTCTL_MANAGED"] == "true" and env["SLOTCTL_SLOT"] == "env"
+    assert env["SLOTCTL_CONFIG_HASH"] == launch.config_hash()
+    assert env["CUDA_VISIBLE_DEVICES"] == ""  # device = cpu
+    assert "SLOTCTL_TOKEN" not in env
+
+
+async def test_log_rotated_at_each_start(runtime: ProcessRuntime) -> None:
+    launch = demo_launch("logs")
+    await runtime.start(launch)
+    await probe_until_settled(runtime, launch)
+    await runtime.stop("logs", timeout=5)
+    await runtime.start(launch)
+    await probe_until_settled(runtime, launch)
+    log = runtime.log_path("logs")
+    assert log.with_name("server.log.1").exists()
+    assert "slotctl-demo ready" in log.with_name("server.log.1").read_text()
+
+
+async def test_ready_detected_within_100ms_of_server_ready(runtime: ProcessRuntime) -> None:
+    """Probe timing against the demo server's own ready line (the tight figure: bench/)."""
+    launch = demo_launch("timing", ["--load-seconds", "0.8"])
+    await runtime.start(launch)
+    result = await probe_until_settled(runtime, launch)
+    detected = time.time()
+    assert result.outcome is ProbeOutcome.READY
+    line = next(x for x in await runtime.logs("timing") if "slotctl-demo ready" in x)
+    ready_t = float(line.rsplit("t=", 1)[1])
+    assert 0 <= detected - ready_t < 0.1, detected - ready_t

@@ -1,0 +1,221 @@
+"""Typed errors: the SPEC §1 table of codes and HTTP statuses, and the JSON body shape."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+import controller.errors as errors_module
+from controller.errors import (
+    IllegalSlotTransition,
+    InsufficientMemory,
+    ModelNotFound,
+    NpuExclusivityViolation,
+    SlotConfigError,
+    SlotCrashLooping,
+    SlotctlError,
+    SlotHealthFailed,
+    SlotNotFound,
+    SlotNotReady,
+    SlotPinned,
+    SlotSpawnFailed,
+    SlotTerminateTimeout,
+)
+
+# SPEC §1 "Typed errors", literally: class name -> (code, HTTP status).
+SPEC_ERRORS: dict[str, tuple[str, int]] = {
+    "SlotNotFound": ("slot.not_found", 404),
+    "IllegalSlotTransition": ("slot.illegal_transition", 409),
+    "SlotNotReady": ("slot.not_ready", 503),
+    "SlotSpawnFailed": ("slot.spawn_failed", 500),
+    "SlotHealthFailed": ("slot.health_failed", 503),
+    "SlotCrashLooping": ("slot.crash_looping", 503),
+    "SlotTerminateTimeout": ("slot.terminate_timeout", 504),
+    "SlotConfigError": ("slot.config_error", 400),
+    "NpuExclusivityViolation": ("slot.npu_exclusive", 409),
+    "SlotPinned": ("slot.pinned", 409),
+    "InsufficientMemory": ("model.insufficient_memory", 409),
+    "ModelNotFound": ("model.not_found", 404),
+}
+
+
+def _make(name: str) -> SlotctlError:
+    """One instance of each class, built the way callers build it."""
+    builders: dict[str, Any] = {
+        "SlotNotFound": lambda: SlotNotFound("llm-a"),
+        "IllegalSlotTransition": lambda: IllegalSlotTransition(
+            "illegal", from_state="offline", to_state="ready", legal=["pulling", "starting"]
+        ),
+        "SlotNotReady": lambda: SlotNotReady("slot llm-a is warming", slot="llm-a"),
+        "SlotSpawnFailed": lambda: SlotSpawnFailed("exec failed", slot="llm-a"),
+        "SlotHealthFailed": lambda: SlotHealthFailed("warmup timeout", slot="llm-a"),
+        "SlotCrashLooping": lambda: SlotCrashLooping("backing off", retry_after_s=4.0),
+        "SlotTerminateTimeout": lambda: SlotTerminateTimeout("still running", slot="llm-a"),
+        "SlotConfigError": lambda: SlotConfigError("bad port", keys=["port"]),
+        "NpuExclusivityViolation": lambda: NpuExclusivityViolation(
+            "two slots on npu0", keys=["device"]
+        ),
+        "SlotPinned": lambda: SlotPinned("llm-a", "unload"),
+        "InsufficientMemory": lambda: InsufficientMemory(
+            "does not fit", needed_bytes=10, free_bytes=3, evictable_bytes=4
+        ),
+        "ModelNotFound": lambda: ModelNotFound("qwen2.5-7b:q4"),
+    }
+    err: SlotctlError = builders[name]()
+    return err
+
+
+@pytest.mark.parametrize("name", sorted(SPEC_ERRORS))
+def test_code_and_status_match_spec(name: str) -> None:
+    code, status = SPEC_ERRORS[name]
+    cls = getattr(errors_module, name)
+    assert issubclass(cls, SlotctlError)
+    assert cls.code == code
+    assert cls.http_status == status
+    err = _make(name)
+    assert type(err) is cls
+    assert err.code == code
+    assert err.http_status == status
+
+
+@pytest.mark.parametrize("name", sorted(SPEC_ERRORS))
+def test_to_dict_shape(name: str) -> None:
+    err = _make(name)
+    body = err.to_dict()
+    assert list(body) == ["error"]
+    inner = body["error"]
+    assert inner["code"] == SPEC_ERRORS[name][0]
+    assert inner["message"] == str(err) == err.message
+    assert isinstance(inner["message"], str)
+    assert inner["message"]
+    for key, value in err.details.items():
+        assert inner[key] == value
+    assert set(inner) == {"code", "message", *err.details}
+    # The body is what the API sends: it must be JSON as-is.
+    assert json.loads(json.dumps(body)) == body
+
+
+def test_every_public_error_is_in_the_spec_table() -> None:
+    public = {n for n in errors_module.__all__ if n != "SlotctlError"}
+    assert public == set(SPEC_ERRORS)
+
+
+def test_codes_are_unique() -> None:
+    codes = [code for code, _ in SPEC_ERRORS.values()]
+    assert len(set(codes)) == len(codes)
+    assert "internal" not in codes
+
+
+def test_base_error_is_internal_500() -> None:
+    err = SlotctlError("boom", where="x")
+    assert err.code == "internal"
+    assert err.http_status == 500
+    assert err.to_dict() == {"error": {"code": "internal", "message": "boom", "where": "x"}}
+    assert isinstance(err, Exception)
+    assert repr(err) == "SlotctlError('boom')"
+
+
+def test_details_can_not_override_code_or_message() -> None:
+    # A detail that happens to be called "code" (an exit code, say) must not replace the
+    # stable error code in the body.
+    err = SlotSpawnFailed("llama-server exited", code=127)
+    body = err.to_dict()["error"]
+    assert body["code"] == "slot.spawn_failed"
+    assert body["message"] == "llama-server exited"
+
+
+def test_slot_crash_looping_carries_retry_after() -> None:
+    err = SlotCrashLooping("slot llm-a failed 3 times", retry_after_s=8.0, failures=3)
+    assert err.retry_after_s == 8.0
+    assert err.to_dict() == {
+        "error": {
+            "code": "slot.crash_looping",
+            "message": "slot llm-a failed 3 times",
+            "retry_after_s": 8.0,
+            "failures": 3,
+        }
+    }
+
+
+def test_slot_crash_looping_requires_retry_after() -> None:
+    with pytest.raises(TypeError):
+        SlotCrashLooping("no retry")  # type: ignore[call-arg]
+
+
+def test_insufficient_memory_details() -> None:
+    err = InsufficientMemory(
+        "model needs 8 GiB", needed_bytes=8 << 30, free_bytes=2 << 30, evictable_bytes=4 << 30
+    )
+    inner = err.to_dict()["error"]
+    assert inner["code"] == "model.insufficient_memory"
+    assert inner["needed_bytes"] == 8 << 30
+    assert inner["free_bytes"] == 2 << 30
+    assert inner["evictable_bytes"] == 4 << 30
+    assert err.http_status == 409
+    with pytest.raises(TypeError):
+        InsufficientMemory("x", needed_bytes=1, free_bytes=0)  # type: ignore[call-arg]
+
+
+def test_slot_config_error_keys_and_problems() -> None:
+    problems = [{"path": "slots.a.port", "message": "must be 1..65535"}]
+    err = SlotConfigError("bad config", keys=["port", "ctx"], problems=problems)
+    assert err.keys == ["port", "ctx"]
+    assert err.problems == problems
+    inner = err.to_dict()["error"]
+    assert inner["keys"] == ["port", "ctx"]
+    assert inner["problems"] == problems
+    assert inner["code"] == "slot.config_error"
+    assert err.http_status == 400
+
+
+def test_slot_config_error_defaults_to_empty_lists() -> None:
+    err = SlotConfigError("bad")
+    assert err.keys == []
+    assert err.problems == []
+    assert err.to_dict()["error"] == {
+        "code": "slot.config_error",
+        "message": "bad",
+        "keys": [],
+        "problems": [],
+    }
+
+
+def test_npu_exclusivity_is_a_config_error_with_its_own_code() -> None:
+    err = NpuExclusivityViolation("npu0 is exclusive", keys=["device"], slots=["a", "b"])
+    assert isinstance(err, SlotConfigError)
+    assert issubclass(NpuExclusivityViolation, SlotConfigError)
+    assert err.code == "slot.npu_exclusive"
+    assert err.http_status == 409
+    inner = err.to_dict()["error"]
+    assert inner["code"] == "slot.npu_exclusive"
+    assert inner["keys"] == ["device"]
+    assert inner["slots"] == ["a", "b"]
+    # Catchable as the parent, which is how the spec loader reports config problems.
+    with pytest.raises(SlotConfigError):
+        raise err
+
+
+def test_slot_not_found_and_model_not_found_name_the_thing() -> None:
+    slot = SlotNotFound("llm-a")
+    assert "llm-a" in str(slot)
+    assert slot.to_dict()["error"]["slot"] == "llm-a"
+    model = ModelNotFound("org/repo")
+    assert "org/repo" in str(model)
+    assert model.to_dict()["error"]["model"] == "org/repo"
+
+
+def test_slot_pinned_says_force() -> None:
+    err = SlotPinned("llm-a", "evict")
+    assert "force=true" in str(err)
+    assert "llm-a" in str(err)
+    assert err.to_dict()["error"]["action"] == "evict"
+    assert err.to_dict()["error"]["slot"] == "llm-a"
+
+
+def test_errors_are_raisable_and_caught_by_base() -> None:
+    for name in SPEC_ERRORS:
+        with pytest.raises(SlotctlError) as info:
+            raise _make(name)
+        assert info.value.code == SPEC_ERRORS[name][0]

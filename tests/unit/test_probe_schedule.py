@@ -1,0 +1,90 @@
+"""The readiness schedule and outcome logic, with a fake clock (no sleeping)."""
+
+from __future__ import annotations
+
+import pytest
+
+from controller.clock import FakeClock
+from controller.probe import (
+    CAP_S,
+    ProbeOutcome,
+    ProbeResult,
+    next_delay,
+    wait_ready,
+)
+
+
+def test_next_delay_is_fast_then_proportional_then_capped() -> None:
+    assert next_delay(0.0) == pytest.approx(0.02)
+    assert next_delay(0.1) == pytest.approx(0.02)
+    assert next_delay(2.0) == pytest.approx(0.1)
+    assert next_delay(10.0) == pytest.approx(0.5)
+    assert next_delay(60.0) == CAP_S
+    delays = [next_delay(t / 10) for t in range(0, 400)]
+    assert delays == sorted(delays), "the schedule never speeds up again"
+
+
+def _scripted(clock: FakeClock, ready_at: float, outcome: ProbeOutcome = ProbeOutcome.READY):
+    calls: list[float] = []
+
+    async def attempt() -> ProbeResult:
+        calls.append(clock.monotonic())
+        if clock.monotonic() >= ready_at:
+            return ProbeResult(outcome, "ok", ("m",))
+        return ProbeResult(ProbeOutcome.STILL_WARMING, "HTTP 503")
+
+    return attempt, calls
+
+
+async def _alive() -> bool:
+    return True
+
+
+async def test_schedule_detects_a_fast_server_within_one_base_delay() -> None:
+    clock = FakeClock(start=0.0)
+    attempt, calls = _scripted(clock, ready_at=0.3)
+    result = await wait_ready(attempt, alive=_alive, warmup_timeout_s=60, clock=clock)
+    assert result.outcome is ProbeOutcome.READY
+    assert calls[0] == 0.0, "first attempt is immediate"
+    assert calls[-1] - 0.3 <= 0.02 + 1e-9
+    assert all(d == pytest.approx(0.02) for d in clock.sleeps[:10])
+
+
+async def test_schedule_backs_off_for_a_slow_server_but_never_beyond_one_second() -> None:
+    clock = FakeClock(start=0.0)
+    attempt, calls = _scripted(clock, ready_at=120.0)
+    result = await wait_ready(attempt, alive=_alive, warmup_timeout_s=600, clock=clock)
+    assert result.outcome is ProbeOutcome.READY
+    assert max(clock.sleeps) <= CAP_S
+    assert calls[-1] - 120.0 <= CAP_S
+    # A naive 20 ms poll would have made 6,000 attempts; the schedule makes a few hundred.
+    assert len(calls) < 300, len(calls)
+
+
+async def test_timeout_reads_as_timed_out_not_error() -> None:
+    clock = FakeClock(start=0.0)
+    attempt, _ = _scripted(clock, ready_at=1e9)
+    result = await wait_ready(attempt, alive=_alive, warmup_timeout_s=5, clock=clock)
+    assert result.outcome is ProbeOutcome.TIMED_OUT
+    assert "still warming after 5s" in result.message
+    assert clock.monotonic() == pytest.approx(5.0)
+
+
+async def test_no_model_ends_warming() -> None:
+    clock = FakeClock(start=0.0)
+    attempt, _ = _scripted(clock, ready_at=0.1, outcome=ProbeOutcome.NO_MODEL)
+    result = await wait_ready(attempt, alive=_alive, warmup_timeout_s=5, clock=clock)
+    assert result.outcome is ProbeOutcome.NO_MODEL
+
+
+async def test_exit_while_warming() -> None:
+    clock = FakeClock(start=0.0)
+    attempt, calls = _scripted(clock, ready_at=1e9)
+    alive_until = 0.5
+
+    async def alive() -> bool:
+        return clock.monotonic() < alive_until
+
+    result = await wait_ready(attempt, alive=alive, warmup_timeout_s=60, clock=clock)
+    assert result.outcome is ProbeOutcome.EXITED
+    assert calls and calls[-1] < alive_until
