@@ -48,6 +48,10 @@ ENV_PORT: Final = "SLOTCTL_PORT"
 # Never leak the controller's secrets into a model server's environment.
 _SCRUBBED_ENV: Final = frozenset({"SLOTCTL_TOKEN"})
 _POLL_S: Final = 0.02
+# Children of this controller process, by pid. Process-wide (not per runtime object): a
+# child belongs to the OS process, and whoever observes its exit must reap it through its
+# Popen so no zombie or "still running" Popen is left behind.
+_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
 _CTIME_TOLERANCE_S: Final = 0.05
 
 
@@ -69,7 +73,6 @@ class ProcessRuntime:
         self.log_max_bytes = log_max_bytes
         self.log_backups = log_backups
         self.kill_grace_s = kill_grace_s
-        self._children: dict[str, subprocess.Popen[bytes]] = {}
 
     # ------------------------------------------------------------------ protocol
 
@@ -181,7 +184,7 @@ class ProcessRuntime:
                     slot=launch.slot,
                     argv=list(launch.argv),
                 ) from exc
-        self._children[launch.slot] = popen
+        _CHILDREN[popen.pid] = popen
         try:
             create_time = psutil.Process(popen.pid).create_time()
         except psutil.NoSuchProcess:
@@ -212,8 +215,8 @@ class ProcessRuntime:
             endpoint=record.get("endpoint"),
             stack=record.get("stack"),
         )
-        popen = self._children.get(slot)
-        if popen is not None and popen.pid == pid:
+        popen = _CHILDREN.get(pid)
+        if popen is not None:
             code = popen.poll()
             return running if code is None else _exited(running, code)
         proc = self._verified(pid, float(record.get("create_time", 0.0)))
@@ -298,9 +301,9 @@ class ProcessRuntime:
 
     async def _wait_gone(self, slot: str, proc: psutil.Process, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
-        popen = self._children.get(slot)
+        popen = _CHILDREN.get(proc.pid)
         while True:
-            if popen is not None and popen.pid == proc.pid:
+            if popen is not None:
                 if popen.poll() is not None:
                     return True
             elif not proc.is_running() or _is_zombie(proc):
@@ -311,9 +314,11 @@ class ProcessRuntime:
             await asyncio.sleep(_POLL_S)
 
     def _forget(self, slot: str) -> None:
-        popen = self._children.pop(slot, None)
-        if popen is not None:
-            popen.poll()
+        record = self.store.read_aux(slot, RECORD)
+        if record is not None:
+            popen = _CHILDREN.get(int(record["pid"]))
+            if popen is not None and popen.poll() is not None:
+                del _CHILDREN[popen.pid]
         self.store.delete_aux(slot, RECORD)
 
     # ------------------------------------------------------------------ logs
@@ -370,6 +375,9 @@ def _is_zombie(proc: psutil.Process) -> bool:
 
 def _reap(pid: int) -> int | None:
     """Collect a zombie child's exit status (only works for our own children)."""
+    popen = _CHILDREN.get(pid)
+    if popen is not None:
+        return popen.poll()
     try:
         done, status = os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:

@@ -1,0 +1,21 @@
+"""The demo model server: a small, real OpenAI-compatible server with fault knobs.
+
+Where it sits: ``controller/demo/`` is a leaf of the package. It imports only the standard
+library and aiohttp, never the rest of ``controller``, so it runs anywhere slotctl is
+installed.
+
+Who calls it: the ``demo`` provider starts it as a child process
+(``python -m controller.demo --host H --port P --model ID [knobs]``); it is the
+zero-dependency provider behind ``slotctl up examples/quickstart`` and the fault injector
+of the integration and e2e tests (slow loads, failed loads, hangs, an empty model list,
+crashes while serving, slow stops). Benchmarks read its ``slotctl-demo ready ... t=``
+line to measure how fast the controller notices a ready server.
+
+Modules: ``config`` (command line, :class:`DemoConfig`), ``generate`` (deterministic
+text and embeddings, pure), ``server`` (the aiohttp app and the process lifecycle).
+"""
+
+from controller.demo.config import DemoConfig, build_parser, parse_args
+from controller.demo.server import build_app, main, serve
+
+__all__ = ["DemoConfig", "build_app", "build_parser", "main", "parse_args", "serve"]

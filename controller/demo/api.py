@@ -1,0 +1,350 @@
+"""HTTP handlers of the demo server: the OpenAI-compatible endpoints and ``/health``.
+
+Called by aiohttp through the app that :func:`controller.demo.server.build_app` builds;
+the lifecycle in ``server`` flips :attr:`DemoState.loaded`, these handlers only read it
+(and count inference requests for ``--crash-after``). Errors leave as OpenAI-style bodies
+``{"error": {"message", "type", "param", "code"}}``: 400 bad request, 404 unknown model,
+503 while loading (``/v1/models`` included, as llama-server does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+from aiohttp.typedefs import Handler
+
+from controller.demo.config import DemoConfig
+from controller.demo.generate import count_tokens, embedding, embedding_base64, pseudo_tokens
+
+__all__ = ["ROUTES", "STATE", "ApiError", "DemoState", "openai_errors"]
+
+JSON = dict[str, Any]
+DEFAULT_MAX_TOKENS = 16
+MAX_TOKENS_LIMIT = 8192
+CRASH_EXIT_STATUS = 3
+
+
+@dataclass
+class DemoState:
+    """What the handlers share: the config, whether loading finished, requests seen."""
+
+    config: DemoConfig
+    created: int = field(default_factory=lambda: int(time.time()))
+    loaded: bool = False
+    inference_requests: int = 0
+    ballast: bytearray | None = None  # the --memory-mb allocation, held for the lifetime
+
+    def served_models(self) -> list[str]:
+        """Model ids listed by ``/v1/models`` once loaded: none with --empty-models."""
+        if not self.loaded or self.config.empty_models:
+            return []
+        return [self.config.model]
+
+
+STATE = web.AppKey("slotctl_demo_state", DemoState)
+
+
+class ApiError(Exception):
+    """A refusal rendered as an OpenAI-style error body by :func:`openai_errors`."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        kind: str = "invalid_request_error",
+        code: str | None = None,
+        param: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.kind = kind
+        self.code = code
+        self.param = param
+
+    def response(self) -> web.Response:
+        error = {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}
+        return web.json_response({"error": error}, status=self.status)
+
+
+@web.middleware
+async def openai_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Turn :class:`ApiError` into its JSON response."""
+    try:
+        return await handler(request)
+    except ApiError as err:
+        return err.response()
+
+
+# --- request admission and parameters -------------------------------------------------
+
+
+async def admit(request: web.Request) -> tuple[DemoState, JSON, str]:
+    """Gate an inference request: loaded? crash due? valid JSON? served model?"""
+    state = request.app[STATE]
+    if not state.loaded:
+        raise ApiError(503, "the model is still loading", kind="unavailable_error", code="loading")
+    _count_inference(state)
+    body = await _json_body(request)
+    return state, body, _served_model(state, body)
+
+
+def _count_inference(state: DemoState) -> None:
+    state.inference_requests += 1
+    limit = state.config.crash_after
+    if limit and state.inference_requests > limit:
+        print(
+            f"slotctl-demo crashing: request {state.inference_requests} arrived after "
+            f"{limit} served (--crash-after)",
+            file=sys.stderr,
+            flush=True,
+        )
+        sys.stdout.flush()
+        os._exit(CRASH_EXIT_STATUS)  # abrupt on purpose: no cleanup, sockets just drop
+
+
+async def _json_body(request: web.Request) -> JSON:
+    try:
+        body = await request.json()
+    except ValueError as err:
+        raise ApiError(400, f"request body is not valid JSON: {err}") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "request body must be a JSON object")
+    return body
+
+
+def _served_model(state: DemoState, body: JSON) -> str:
+    served = state.served_models()
+    requested = body.get("model")
+    if requested is None and served:
+        return served[0]
+    if requested is not None and not isinstance(requested, str):
+        raise ApiError(400, "'model' must be a string", param="model")
+    if requested not in served:
+        message = f"The model '{requested}' does not exist" if requested else "no model is loaded"
+        raise ApiError(404, message, code="model_not_found", param="model")
+    return requested
+
+
+def _max_tokens(body: JSON, *names: str) -> int:
+    name = next((n for n in names if body.get(n) is not None), names[0])
+    value = body.get(name, DEFAULT_MAX_TOKENS)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ApiError(400, f"'{name}' must be an integer", param=name)
+    if not 0 <= value <= MAX_TOKENS_LIMIT:
+        raise ApiError(400, f"'{name}' must be between 0 and {MAX_TOKENS_LIMIT}", param=name)
+    return value
+
+
+def _flag(body: JSON, name: str) -> bool:
+    value = body.get(name, False)
+    if not isinstance(value, bool):
+        raise ApiError(400, f"'{name}' must be a boolean", param=name)
+    return value
+
+
+def _include_usage(body: JSON) -> bool:
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise ApiError(400, "'stream_options' must be an object", param="stream_options")
+    return _flag(options, "include_usage")
+
+
+def _strings(value: object, name: str) -> list[str]:
+    """A string or a non-empty list of strings, as a list."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+        return list(value)
+    raise ApiError(400, f"'{name}' must be a string or a non-empty list of strings", param=name)
+
+
+def _message_text(message: object) -> str:
+    if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+        raise ApiError(400, "each message must be an object with a 'role'", param="messages")
+    content = message.get("content")
+    if content is None or isinstance(content, str):
+        return content or ""
+    if isinstance(content, list):
+        return " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    raise ApiError(400, "message 'content' must be a string or a list of parts", param="messages")
+
+
+def _messages_text(body: JSON) -> str:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ApiError(400, "'messages' must be a non-empty list", param="messages")
+    return "\n".join(_message_text(m) for m in messages)
+
+
+# --- generation -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One response being generated: its envelope fields and its paced tokens."""
+
+    kind: str  # "text_completion" or "chat.completion"
+    model: str
+    tokens: list[str]
+    prompt_tokens: int
+    tokens_per_second: float
+    id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def envelope(self, obj: str) -> JSON:
+        prefix = "chatcmpl-" if self.kind.startswith("chat") else "cmpl-"
+        return {"id": prefix + self.id, "object": obj, "created": self.created, "model": self.model}
+
+    def usage(self) -> JSON:
+        completion = len(self.tokens)
+        total = self.prompt_tokens + completion
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": completion,
+            "total_tokens": total,
+        }
+
+    async def paced(self) -> AsyncIterator[str]:
+        """Yield the tokens at ``tokens_per_second`` (token i is due at (i+1)/rate)."""
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        for i, token in enumerate(self.tokens):
+            due = start + (i + 1) / self.tokens_per_second if self.tokens_per_second else 0.0
+            await asyncio.sleep(max(0.0, due - loop.time()))
+            yield token
+
+    async def text(self) -> str:
+        return "".join([token async for token in self.paced()])
+
+
+def _generation(state: DemoState, kind: str, model: str, prompt: str, count: int) -> Generation:
+    tokens = pseudo_tokens(model, prompt, count)
+    if kind.startswith("chat") and tokens:
+        tokens[0] = tokens[0].lstrip()  # chat content starts without the joining space
+    return Generation(kind, model, tokens, count_tokens(prompt), state.config.tokens_per_second)
+
+
+async def _stream(request: web.Request, events: AsyncIterator[JSON]) -> web.StreamResponse:
+    """Send ``events`` as server-sent events, one write (one flush) each, then ``[DONE]``."""
+    response = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
+    await response.prepare(request)
+    try:
+        async for event in events:
+            await response.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+    except ConnectionResetError:
+        return response  # the client left mid-stream: nobody to tell
+    return response
+
+
+# --- handlers -------------------------------------------------------------------------
+
+
+async def handle_models(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    if not state.loaded:
+        # Like llama-server: 503 "Loading model" until the weights are in. An empty list
+        # is reserved for a server that is up without a model (--empty-models).
+        raise ApiError(503, "Loading model", kind="unavailable_error", code="loading")
+    data = [
+        {"id": model, "object": "model", "created": state.created, "owned_by": "slotctl-demo"}
+        for model in state.served_models()
+    ]
+    return web.json_response({"object": "list", "data": data})
+
+
+async def handle_health(request: web.Request) -> web.Response:
+    if request.app[STATE].loaded:
+        return web.json_response({"status": "ok"})
+    return web.json_response({"status": "loading"}, status=503)
+
+
+async def handle_completions(request: web.Request) -> web.StreamResponse:
+    state, body, model = await admit(request)
+    prompt = "\n".join(_strings(body.get("prompt"), "prompt"))
+    gen = _generation(state, "text_completion", model, prompt, _max_tokens(body, "max_tokens"))
+    if _flag(body, "stream"):
+        return await _stream(request, _completion_events(gen, _include_usage(body)))
+    choice = {"index": 0, "text": await gen.text(), "logprobs": None, "finish_reason": "length"}
+    return web.json_response(
+        {**gen.envelope("text_completion"), "choices": [choice], "usage": gen.usage()}
+    )
+
+
+async def _completion_events(gen: Generation, include_usage: bool) -> AsyncIterator[JSON]:
+    def chunk(text: str, finish: str | None) -> JSON:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        return {**gen.envelope("text_completion"), "choices": [choice]}
+
+    async for token in gen.paced():
+        yield chunk(token, None)
+    yield chunk("", "length")
+    if include_usage:
+        yield {**gen.envelope("text_completion"), "choices": [], "usage": gen.usage()}
+
+
+async def handle_chat(request: web.Request) -> web.StreamResponse:
+    state, body, model = await admit(request)
+    count = _max_tokens(body, "max_completion_tokens", "max_tokens")
+    gen = _generation(state, "chat.completion", model, _messages_text(body), count)
+    if _flag(body, "stream"):
+        return await _stream(request, _chat_events(gen, _include_usage(body)))
+    message = {"role": "assistant", "content": await gen.text()}
+    choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": "length"}
+    return web.json_response(
+        {**gen.envelope("chat.completion"), "choices": [choice], "usage": gen.usage()}
+    )
+
+
+async def _chat_events(gen: Generation, include_usage: bool) -> AsyncIterator[JSON]:
+    def chunk(delta: JSON, finish: str | None) -> JSON:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        return {**gen.envelope("chat.completion.chunk"), "choices": [choice]}
+
+    yield chunk({"role": "assistant", "content": ""}, None)
+    async for token in gen.paced():
+        yield chunk({"content": token}, None)
+    yield chunk({}, "length")
+    if include_usage:
+        yield {**gen.envelope("chat.completion.chunk"), "choices": [], "usage": gen.usage()}
+
+
+async def handle_embeddings(request: web.Request) -> web.Response:
+    state, body, model = await admit(request)
+    texts = _strings(body.get("input"), "input")
+    encoding = body.get("encoding_format", "float")
+    if encoding not in ("float", "base64"):
+        raise ApiError(
+            400, "'encoding_format' must be 'float' or 'base64'", param="encoding_format"
+        )
+    data = []
+    for index, text in enumerate(texts):
+        vector = embedding(model, text, state.config.embedding_dim)
+        value = embedding_base64(vector) if encoding == "base64" else vector
+        data.append({"object": "embedding", "index": index, "embedding": value})
+    tokens = sum(count_tokens(text) for text in texts)
+    usage = {"prompt_tokens": tokens, "total_tokens": tokens}
+    return web.json_response({"object": "list", "data": data, "model": model, "usage": usage})
+
+
+ROUTES = (
+    web.get("/v1/models", handle_models),
+    web.get("/health", handle_health),
+    web.post("/v1/completions", handle_completions),
+    web.post("/v1/chat/completions", handle_chat),
+    web.post("/v1/embeddings", handle_embeddings),
+)

@@ -1,0 +1,190 @@
+"""Command line of the demo server: its flags, their validation, and :class:`DemoConfig`.
+
+Called by :func:`controller.demo.server.main`. The ``demo`` provider builds
+``--host/--port/--model`` and appends a slot's ``server.extra_args`` (the knobs below), so
+this parser is the contract between slot TOML files and the demo server. Bad arguments
+are refused by argparse with exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+__all__ = ["DemoConfig", "build_parser", "parse_args"]
+
+MAX_EMBEDDING_DIM = 65536
+
+_DESCRIPTION = """\
+slotctl's demo model server: a small OpenAI-compatible server (GET /v1/models,
+POST /v1/completions, POST /v1/chat/completions with "stream": true, POST /v1/embeddings,
+GET /health) that generates deterministic pseudo-words, with knobs for load time, memory
+held and injected faults."""
+
+_EPILOG = """\
+output (stdout, one line each, flushed):
+  slotctl-demo listening host=H port=P model=ID pid=N   when the socket is bound
+  slotctl-demo ready model=ID port=P t=UNIX_TIME        when the model is listed
+While loading, GET /v1/models, GET /health and the inference
+endpoints answer 503. Without --slow-stop, SIGTERM and SIGINT stop it gracefully.
+
+exit status: 0 after SIGTERM/SIGINT, 1 when loading fails or the port cannot be bound,
+2 for bad arguments, 3 for the crash injected by --crash-after."""
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    """Everything the demo server is told at start; the server never changes it."""
+
+    model: str
+    host: str = "127.0.0.1"
+    port: int = 0
+    load_seconds: float = 0.0
+    tokens_per_second: float = 0.0
+    embedding_dim: int = 16
+    memory_mb: int = 0
+    fail_on_load: bool = False
+    hang_on_load: bool = False
+    empty_models: bool = False
+    crash_after: int = 0
+    slow_stop: float = 0.0
+
+
+def _float_at_least(low: float) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not math.isfinite(value) or value < low:
+            raise argparse.ArgumentTypeError(f"must be a finite number >= {low:g}: {text!r}")
+        return value
+
+    return parse
+
+
+def _int_between(low: int, high: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be between {low} and {high}: {text!r}")
+        return value
+
+    return parse
+
+
+def _model_id(text: str) -> str:
+    if not text.strip() or any(ch.isspace() for ch in text):
+        raise argparse.ArgumentTypeError(f"model id must be non-empty, without spaces: {text!r}")
+    return text
+
+
+def _add_serving_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="address to bind (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--port", type=_int_between(0, 65535), required=True, help="TCP port; 0 picks a free one"
+    )
+    parser.add_argument("--model", type=_model_id, required=True, help="model id to serve")
+    parser.add_argument(
+        "--load-seconds",
+        type=_float_at_least(0),
+        default=0.0,
+        metavar="S",
+        help="time to load the model; answers 503 meanwhile (default: 0)",
+    )
+    parser.add_argument(
+        "--tokens-per-second",
+        type=_float_at_least(0),
+        default=0.0,
+        metavar="R",
+        help="generation speed; 0 = as fast as possible (default: 0)",
+    )
+    parser.add_argument(
+        "--embedding-dim",
+        type=_int_between(1, MAX_EMBEDDING_DIM),
+        default=16,
+        metavar="D",
+        help="length of embedding vectors (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--memory-mb",
+        type=_int_between(0, 1 << 20),
+        default=0,
+        metavar="N",
+        help="allocate and touch N MiB at load, so the process really holds it (default: 0)",
+    )
+
+
+def _add_fault_flags(parser: argparse.ArgumentParser) -> None:
+    faults = parser.add_argument_group("fault injection")
+    outcome = faults.add_mutually_exclusive_group()
+    outcome.add_argument(
+        "--fail-on-load",
+        action="store_true",
+        help="print an error to stderr and exit 1 when loading would finish",
+    )
+    outcome.add_argument(
+        "--hang-on-load",
+        action="store_true",
+        help="never finish loading: the model list stays empty forever",
+    )
+    outcome.add_argument(
+        "--empty-models",
+        action="store_true",
+        help="finish loading but list no model (like a server started without one)",
+    )
+    faults.add_argument(
+        "--crash-after",
+        type=_int_between(0, 1 << 31),
+        default=0,
+        metavar="N",
+        help="serve N inference requests, then exit abruptly (status 3) when the next "
+        "one arrives; 0 = never (default: 0)",
+    )
+    faults.add_argument(
+        "--slow-stop",
+        type=_float_at_least(0),
+        default=0.0,
+        metavar="S",
+        help="on SIGTERM keep serving for S seconds before exiting; SIGINT and SIGKILL "
+        "still stop it at once (default: 0)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The demo server's argument parser (``python -m controller.demo --help``)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m controller.demo",
+        description=_DESCRIPTION,
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_serving_flags(parser)
+    _add_fault_flags(parser)
+    return parser
+
+
+def parse_args(argv: Sequence[str] | None = None) -> DemoConfig:
+    """Parse a command line into a :class:`DemoConfig`; argparse exits 2 on bad input."""
+    ns = build_parser().parse_args(argv)
+    return DemoConfig(
+        model=ns.model,
+        host=ns.host,
+        port=ns.port,
+        load_seconds=ns.load_seconds,
+        tokens_per_second=ns.tokens_per_second,
+        embedding_dim=ns.embedding_dim,
+        memory_mb=ns.memory_mb,
+        fail_on_load=ns.fail_on_load,
+        hang_on_load=ns.hang_on_load,
+        empty_models=ns.empty_models,
+        crash_after=ns.crash_after,
+        slow_stop=ns.slow_stop,
+    )

@@ -1,0 +1,129 @@
+"""Events: every transition, refusal and eviction as data, a log line, and a subscription.
+
+The slot manager emits; the event stream (SSE), metrics and ``--wait`` progress consume.
+Each event gets a monotonically increasing id and sits in a bounded ring buffer, so an SSE
+client can resume with ``Last-Event-ID``; live subscribers get their own bounded queue
+(a slow subscriber loses the oldest events and is told how many, it never blocks the
+manager).
+
+Every event is also one structured log line on the ``slotctl.lifecycle`` logger with
+``op``, ``slot``, ``model``, ``from``, ``to`` and ``error`` (JSON with ``--log-format json``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import asdict, dataclass, field
+from typing import Any, Final
+
+__all__ = ["Event", "EventBus", "Subscription"]
+
+log = logging.getLogger("slotctl.lifecycle")
+
+_LOG_FIELDS: Final = ("op", "slot", "model", "from_state", "to_state", "error")
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    id: int
+    kind: str  # transition | refusal | eviction | load | unload | probe | error | plan
+    op: str  # load | unload | admit | evict | restore | reconcile | probe | lease
+    slot: str | None = None
+    model: str | None = None
+    from_state: str | None = None
+    to_state: str | None = None
+    message: str = ""
+    error: str | None = None  # the typed error code on failures
+    time: float = field(default_factory=time.time)
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["from"] = data.pop("from_state")
+        data["to"] = data.pop("to_state")
+        return data
+
+
+class Subscription:
+    """A live feed of events; iterate with ``async for``. ``dropped`` counts lost events."""
+
+    def __init__(self, bus: EventBus, maxsize: int) -> None:
+        self._bus = bus
+        self._queue: asyncio.Queue[Event] = asyncio.Queue(maxsize=maxsize)
+        self.dropped = 0
+
+    def _offer(self, event: Event) -> None:
+        if self._queue.full():
+            self._queue.get_nowait()
+            self.dropped += 1
+        self._queue.put_nowait(event)
+
+    async def get(self) -> Event:
+        return await self._queue.get()
+
+    def get_nowait(self) -> Event | None:
+        try:
+            return self._queue.get_nowait()
+        except asyncio.QueueEmpty:
+            return None
+
+    def close(self) -> None:
+        self._bus._subscribers.discard(self)
+
+    def __aiter__(self) -> AsyncIterator[Event]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[Event]:
+        while True:
+            yield await self.get()
+
+    def __enter__(self) -> Subscription:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class EventBus:
+    def __init__(self, buffer_size: int = 1000) -> None:
+        self._buffer: collections.deque[Event] = collections.deque(maxlen=buffer_size)
+        self._subscribers: set[Subscription] = set()
+        self._next_id = 1
+
+    def emit(self, kind: str, op: str, **fields: Any) -> Event:
+        event = Event(id=self._next_id, kind=kind, op=op, **fields)
+        self._next_id += 1
+        self._buffer.append(event)
+        for sub in list(self._subscribers):
+            sub._offer(event)
+        _log(event)
+        return event
+
+    def subscribe(self, maxsize: int = 1000) -> Subscription:
+        sub = Subscription(self, maxsize)
+        self._subscribers.add(sub)
+        return sub
+
+    def since(self, last_id: int) -> list[Event]:
+        """Buffered events after ``last_id`` (for Last-Event-ID resume)."""
+        return [e for e in self._buffer if e.id > last_id]
+
+    @property
+    def last_id(self) -> int:
+        return self._next_id - 1
+
+
+def _log(event: Event) -> None:
+    extra = {name: getattr(event, name) for name in _LOG_FIELDS}
+    level = logging.WARNING if event.error else logging.INFO
+    arrow = f" {event.from_state} -> {event.to_state}" if event.to_state else ""
+    text = f"{event.op} slot={event.slot} model={event.model}{arrow}"
+    if event.error:
+        text += f" error={event.error}"
+    if event.message:
+        text += f": {event.message}"
+    log.log(level, text, extra={"slotctl": extra})
