@@ -16,6 +16,7 @@ through :meth:`SlotctlError.to_dict`; nothing renders a bare traceback.
     ├── SlotConfigError               slot.config_error             400  (+ keys, problems)
     │   └── NpuExclusivityViolation   slot.npu_exclusive            409
     ├── SlotPinned                    slot.pinned                   409
+    ├── SlotQueueFull                 slot.queue_full               429  (+ retry_after_s)
     ├── InsufficientMemory            model.insufficient_memory     409  (+ needed_bytes...)
     └── ModelNotFound                 model.not_found               404
 """
@@ -35,6 +36,7 @@ __all__ = [
     "SlotNotFound",
     "SlotNotReady",
     "SlotPinned",
+    "SlotQueueFull",
     "SlotSpawnFailed",
     "SlotTerminateTimeout",
     "SlotctlError",
@@ -140,6 +142,17 @@ class SlotPinned(SlotctlError):
         super().__init__(
             f"slot {slot!r} is pinned: {action} needs force=true", slot=slot, action=action
         )
+
+
+class SlotQueueFull(SlotctlError):
+    """More requests wait for a cold slot than its ``max_queue`` allows (router: 429)."""
+
+    code = "slot.queue_full"
+    http_status = 429
+
+    def __init__(self, message: str, *, retry_after_s: float, **details: Any) -> None:
+        super().__init__(message, retry_after_s=retry_after_s, **details)
+        self.retry_after_s = retry_after_s
 
 
 class InsufficientMemory(SlotctlError):

@@ -16,16 +16,18 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import aiohttp
 
 from controller.clock import SYSTEM_CLOCK, Clock
 
 __all__ = [
+    "HttpProber",
     "ProbeOutcome",
     "ProbeResult",
     "ProbeSpec",
+    "Prober",
     "SentinelRequest",
     "check_liveness",
     "next_delay",
@@ -192,3 +194,64 @@ async def check_liveness(
     if not models:
         return ProbeResult(ProbeOutcome.NO_MODEL, "liveness: models list is empty")
     return ProbeResult(ProbeOutcome.READY, "alive", models)
+
+
+class Prober(Protocol):
+    """The slot-HTTP seam the manager uses (real: :class:`HttpProber`)."""
+
+    async def wait_ready(
+        self,
+        endpoint: str,
+        spec: ProbeSpec,
+        *,
+        slot: str,
+        alive: Callable[[], Awaitable[bool]],
+        warmup_timeout_s: float,
+        clock: Clock,
+    ) -> ProbeResult: ...
+
+    async def probe(self, endpoint: str, spec: ProbeSpec, *, slot: str) -> ProbeResult: ...
+
+    async def liveness(self, endpoint: str, spec: ProbeSpec, *, slot: str) -> ProbeResult: ...
+
+
+class HttpProber:
+    """Probes real servers over HTTP with one shared aiohttp session."""
+
+    def __init__(self, timeout_s: float = 5.0) -> None:
+        self.timeout_s = timeout_s
+        self._session: aiohttp.ClientSession | None = None
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            # No connection pooling across probes: a restarted server must not be probed
+            # through a stale keep-alive socket.
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True))
+        return self._session
+
+    async def wait_ready(
+        self,
+        endpoint: str,
+        spec: ProbeSpec,
+        *,
+        slot: str,
+        alive: Callable[[], Awaitable[bool]],
+        warmup_timeout_s: float,
+        clock: Clock,
+    ) -> ProbeResult:
+        return await wait_ready(
+            lambda: self.probe(endpoint, spec, slot=slot),
+            alive=alive,
+            warmup_timeout_s=warmup_timeout_s,
+            clock=clock,
+        )
+
+    async def probe(self, endpoint: str, spec: ProbeSpec, *, slot: str) -> ProbeResult:
+        return await probe_once(self._client(), endpoint, spec, timeout_s=self.timeout_s)
+
+    async def liveness(self, endpoint: str, spec: ProbeSpec, *, slot: str) -> ProbeResult:
+        return await check_liveness(self._client(), endpoint, spec, timeout_s=self.timeout_s)
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()

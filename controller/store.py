@@ -59,8 +59,12 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_bytes(path: Path, data: bytes, *, mode: int = 0o644) -> None:
-    """Replace ``path`` with ``data`` atomically and durably."""
+def atomic_write_bytes(path: Path, data: bytes, *, mode: int = 0o644, durable: bool = True) -> None:
+    """Replace ``path`` with ``data`` atomically; ``durable`` also fsyncs file and dir.
+
+    Without ``durable`` the write is still atomic (readers see old or new, never torn)
+    but may be lost on power failure; used for high-rate, low-value transitions.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=_TMP_SUFFIX)
     tmp = Path(tmp_name)
@@ -68,19 +72,21 @@ def atomic_write_bytes(path: Path, data: bytes, *, mode: int = 0o644) -> None:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
-            os.fsync(handle.fileno())
+            if durable:
+                os.fsync(handle.fileno())
         tmp.chmod(mode)
         tmp.replace(path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
         raise
-    _fsync_dir(path.parent)
+    if durable:
+        _fsync_dir(path.parent)
 
 
-def atomic_write_json(path: Path, data: Any, *, mode: int = 0o644) -> None:
+def atomic_write_json(path: Path, data: Any, *, mode: int = 0o644, durable: bool = True) -> None:
     text = json.dumps(data, indent=2, sort_keys=True) + "\n"
-    atomic_write_bytes(path, text.encode(), mode=mode)
+    atomic_write_bytes(path, text.encode(), mode=mode, durable=durable)
 
 
 def sweep_temp_files(directory: Path) -> int:
@@ -119,8 +125,10 @@ class StateStore:
     def path_for(self, name: str) -> Path:
         return self.slots_dir / check_slot_name(name) / "state.json"
 
-    def write(self, record: SlotStateRecord) -> None:
-        atomic_write_json(self.path_for(record.name), record.model_dump(mode="json"))
+    def write(self, record: SlotStateRecord, *, durable: bool = True) -> None:
+        atomic_write_json(
+            self.path_for(record.name), record.model_dump(mode="json"), durable=durable
+        )
 
     def read(self, name: str) -> SlotStateRecord | None:
         path = self.path_for(name)

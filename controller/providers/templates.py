@@ -152,7 +152,8 @@ class LlamaCppPythonProvider:
         args += ["--n_gpu_layers", "0" if slot.device == "cpu" else "-1"]
         if slot.type == "embedding":
             args += ["--embedding", "true"]
-        if model.chat_template:
+        if model.chat_template and not any(c in model.chat_template for c in "{%"):
+            # llama_cpp.server takes a chat *format name* (chatml, llama-2...), not Jinja.
             args += ["--chat_format", model.chat_template]
         args += slot.server.extra_args
         image = _docker_image(slot, ctx, None)

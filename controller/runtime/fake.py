@@ -10,15 +10,16 @@ what the readiness probe would see, consistent with the script.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from controller.clock import SYSTEM_CLOCK, Clock
 from controller.errors import SlotSpawnFailed, SlotTerminateTimeout
-from controller.probe import ProbeOutcome, ProbeResult
+from controller.probe import ProbeOutcome, ProbeResult, ProbeSpec, wait_ready
 from controller.runtime.base import LaunchSpec, Observed, ProgressCallback, RunStatus
 
-__all__ = ["FakeRuntime", "FakeScript"]
+__all__ = ["FakeProber", "FakeRuntime", "FakeScript"]
 
 Outcome = Literal["ready", "no_model", "hang", "exit"]
 
@@ -155,3 +156,39 @@ class FakeRuntime:
         if script.outcome == "no_model":
             return ProbeResult(ProbeOutcome.NO_MODEL, "server is up but lists no model")
         return ProbeResult(ProbeOutcome.READY, "ready", (obj.launch.model_id,))
+
+
+class FakeProber:
+    """The probe seam for a :class:`FakeRuntime`: answers from the scripted servers.
+
+    ``liveness_down`` makes liveness probes of a slot fail (a wedged server).
+    """
+
+    def __init__(self, runtime: FakeRuntime) -> None:
+        self.runtime = runtime
+        self.liveness_down: set[str] = set()
+
+    async def wait_ready(
+        self,
+        endpoint: str,
+        spec: ProbeSpec,
+        *,
+        slot: str,
+        alive: Callable[[], Awaitable[bool]],
+        warmup_timeout_s: float,
+        clock: Clock,
+    ) -> ProbeResult:
+        async def attempt() -> ProbeResult:
+            return self.runtime.probe(slot)
+
+        return await wait_ready(
+            attempt, alive=alive, warmup_timeout_s=warmup_timeout_s, clock=clock
+        )
+
+    async def probe(self, endpoint: str, spec: ProbeSpec, *, slot: str) -> ProbeResult:
+        return self.runtime.probe(slot)
+
+    async def liveness(self, endpoint: str, spec: ProbeSpec, *, slot: str) -> ProbeResult:
+        if slot in self.liveness_down:
+            return ProbeResult(ProbeOutcome.STILL_WARMING, "liveness: timeout")
+        return self.runtime.probe(slot)

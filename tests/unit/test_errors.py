@@ -39,6 +39,11 @@ SPEC_ERRORS: dict[str, tuple[str, int]] = {
     "InsufficientMemory": ("model.insufficient_memory", 409),
     "ModelNotFound": ("model.not_found", 404),
 }
+# Beyond the SPEC §1 table: the router's bounded wait queue (SPEC §7: 429 + Retry-After).
+EXTRA_ERRORS: dict[str, tuple[str, int]] = {
+    "SlotQueueFull": ("slot.queue_full", 429),
+}
+ALL_ERRORS = {**SPEC_ERRORS, **EXTRA_ERRORS}
 
 
 def _make(name: str) -> SlotctlError:
@@ -62,14 +67,15 @@ def _make(name: str) -> SlotctlError:
             "does not fit", needed_bytes=10, free_bytes=3, evictable_bytes=4
         ),
         "ModelNotFound": lambda: ModelNotFound("qwen2.5-7b:q4"),
+        "SlotQueueFull": lambda: errors_module.SlotQueueFull("64 waiting", retry_after_s=1.0),
     }
     err: SlotctlError = builders[name]()
     return err
 
 
-@pytest.mark.parametrize("name", sorted(SPEC_ERRORS))
+@pytest.mark.parametrize("name", sorted(ALL_ERRORS))
 def test_code_and_status_match_spec(name: str) -> None:
-    code, status = SPEC_ERRORS[name]
+    code, status = ALL_ERRORS[name]
     cls = getattr(errors_module, name)
     assert issubclass(cls, SlotctlError)
     assert cls.code == code
@@ -80,13 +86,13 @@ def test_code_and_status_match_spec(name: str) -> None:
     assert err.http_status == status
 
 
-@pytest.mark.parametrize("name", sorted(SPEC_ERRORS))
+@pytest.mark.parametrize("name", sorted(ALL_ERRORS))
 def test_to_dict_shape(name: str) -> None:
     err = _make(name)
     body = err.to_dict()
     assert list(body) == ["error"]
     inner = body["error"]
-    assert inner["code"] == SPEC_ERRORS[name][0]
+    assert inner["code"] == ALL_ERRORS[name][0]
     assert inner["message"] == str(err) == err.message
     assert isinstance(inner["message"], str)
     assert inner["message"]
@@ -99,11 +105,11 @@ def test_to_dict_shape(name: str) -> None:
 
 def test_every_public_error_is_in_the_spec_table() -> None:
     public = {n for n in errors_module.__all__ if n != "SlotctlError"}
-    assert public == set(SPEC_ERRORS)
+    assert public == set(ALL_ERRORS)
 
 
 def test_codes_are_unique() -> None:
-    codes = [code for code, _ in SPEC_ERRORS.values()]
+    codes = [code for code, _ in ALL_ERRORS.values()]
     assert len(set(codes)) == len(codes)
     assert "internal" not in codes
 
