@@ -1,0 +1,1299 @@
+"""The SlotManager: the single lifecycle authority. Only this module changes slot state.
+
+Callers: the reconciler (desired state), the HTTP API and CLI (load/unload/swap/reset/
+hold), the router (acquire/release). Below it: the runtime (start/stop/inspect), the
+prober (readiness, liveness), memory probes and the eviction planner, the store
+(state.json, residency.json) and the event bus.
+
+Every change goes through :func:`~controller.lifecycle.check_transition`, is persisted
+atomically, emitted as an event and logged as one line. Concurrency rules:
+
+* one operation at a time per slot (``_Slot.lock``); independent slots run concurrently;
+* lock order is exclusive-group lock -> slot lock -> device (admission) lock, and an
+  eviction only takes a victim's lock when it is free, so no cycle can form;
+* a load runs as one task per slot: explicit loads and cold acquirers *join* it through
+  ``asyncio.shield``, so a cancelled waiter never cancels the load for the others;
+* every load bumps the slot's generation; a stale load or cleanup compares generations and
+  never touches its replacement.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Final
+
+from controller.breaker import Breaker
+from controller.clock import SYSTEM_CLOCK, Clock
+from controller.errors import (
+    InsufficientMemory,
+    ModelNotFound,
+    SlotConfigError,
+    SlotctlError,
+    SlotHealthFailed,
+    SlotNotFound,
+    SlotNotReady,
+    SlotPinned,
+    SlotQueueFull,
+    SlotSpawnFailed,
+    SlotTerminateTimeout,
+)
+from controller.events import EventBus
+from controller.eviction import (
+    EvictionCandidate,
+    EvictionPlan,
+    Victim,
+    plan_eviction,
+    pressure_level,
+    pressure_victims,
+)
+from controller.lifecycle import (
+    DISPATCHABLE_STATES,
+    LEGAL_TRANSITIONS,
+    IdleReason,
+    SlotState,
+    can_dispatch,
+    check_transition,
+)
+from controller.memory import GIB, Admission, MemoryProbe, SystemMemoryProbe, check_admission
+from controller.probe import HttpProber, ProbeOutcome, Prober, ProbeResult
+from controller.providers import BuildContext, build_launch
+from controller.runtime.base import LaunchSpec, RunStatus, Runtime
+from controller.spec.loader import DesiredSlot, DesiredState
+from controller.spec.schema import ControllerSettings, ModelSpec, SlotSpec
+from controller.store import ResidencyStore, SlotStateRecord, StateStore, utcnow
+
+__all__ = ["Lease", "ManagerConfig", "SlotManager", "SlotView"]
+
+log = logging.getLogger("slotctl.manager")
+
+S = SlotState
+# Memory is admitted from the moment a load passes admission (pulling) until the server
+# is gone (unloading -> offline).
+ADMITTED_STATES: Final = frozenset(
+    {S.PULLING, S.STARTING, S.WARMING, S.READY, S.SERVING, S.IDLE, S.UNLOADING}
+)
+_LOADING_STATES: Final = frozenset({S.PULLING, S.STARTING, S.WARMING})
+_POLL_S: Final = 0.02
+
+
+@dataclass(frozen=True, slots=True)
+class ManagerConfig:
+    stop_timeout_s: float = 10.0  # graceful stop before SIGKILL
+    exclusive_wait_s: float = 120.0  # bound on waiting for a group peer to unload
+    monitor_interval_s: float = 0.25  # exit detection in run()
+    tick_interval_s: float = 1.0  # idle/ttl/liveness/pressure in run()
+    breaker_base_s: float = 1.0
+    breaker_cap_s: float = 300.0
+    stable_reset_s: float = 60.0
+    elevated_free_frac: float = 0.10
+    critical_free_frac: float = 0.05
+    models_dir: Path | None = None
+
+
+class Lease:
+    """A claim on a slot for one request (or a batch job): keeps it loaded and serving."""
+
+    _ids = itertools.count(1)
+
+    def __init__(self, slot: str, generation: int, expires_at: float | None = None) -> None:
+        self.id = next(Lease._ids)
+        self.slot = slot
+        self.generation = generation
+        self.expires_at = expires_at
+        self.released = False
+        self.error: SlotctlError | None = None
+        self.lost = asyncio.Event()
+
+    def revoke(self, error: SlotctlError) -> None:
+        """The slot went away under this lease (crash, forced unload)."""
+        if self.error is None:
+            self.error = error
+        self.lost.set()
+
+    def check(self) -> None:
+        """Raise the typed error if the lease was revoked."""
+        if self.error is not None:
+            raise self.error
+
+    def __repr__(self) -> str:
+        return f"Lease({self.slot!r}, id={self.id}, gen={self.generation})"
+
+
+@dataclass(frozen=True, slots=True)
+class SlotView:
+    """Read-only snapshot of one slot for the API, CLI, metrics and tests."""
+
+    name: str
+    state: SlotState
+    idle_reason: str | None
+    model_id: str
+    device: str
+    priority: int
+    pinned: bool
+    autoload: bool
+    resident: bool
+    memory_bytes: int
+    leases: int
+    waiters: int
+    generation: int
+    since: str
+    message: str
+    endpoint: str | None
+    failures: int
+    retry_after_s: float
+    config_hash: str | None
+    stack: str
+
+    @property
+    def dispatchable(self) -> bool:
+        return can_dispatch(self.state, self.idle_reason)
+
+
+@dataclass(slots=True)
+class _Slot:
+    spec: SlotSpec
+    stack: str
+    model: ModelSpec | None
+    breaker: Breaker
+    state: SlotState = S.OFFLINE
+    idle_reason: str | None = None
+    message: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+    since: str = field(default_factory=utcnow)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    load_task: asyncio.Task[int] | None = None
+    generation: int = 0
+    leases: dict[int, Lease] = field(default_factory=dict)
+    waiters: int = 0
+    wanted: int = 0  # explicit load() calls in flight
+    draining: bool = False
+    last_used: float = 0.0
+    access: int = 0
+    ready_at: float | None = None
+    launch: LaunchSpec | None = None
+    liveness_misses: int = 0
+    last_liveness: float = 0.0
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def memory_bytes(self) -> int:
+        if self.spec.memory_gb is not None:
+            return int(self.spec.memory_gb * GIB)
+        return self.model.memory_bytes if self.model else 0
+
+    @property
+    def busy(self) -> bool:
+        return self.lock.locked() or (self.load_task is not None and not self.load_task.done())
+
+
+class SlotManager:
+    """See the module docstring. Construct, ``await set_desired(...)``, ``await start()``."""
+
+    def __init__(
+        self,
+        *,
+        runtime: Runtime,
+        state_dir: Path,
+        config_dir: Path,
+        settings: ControllerSettings | None = None,
+        prober: Prober | None = None,
+        memory: MemoryProbe | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+        events: EventBus | None = None,
+        config: ManagerConfig | None = None,
+    ) -> None:
+        self.runtime = runtime
+        self.store = StateStore(state_dir)
+        self.residency = ResidencyStore(config_dir)
+        self._resident: dict[str, str] = {n: e.model_id for n, e in self.residency.read().items()}
+        self.settings = settings or ControllerSettings()
+        self.prober: Prober = prober or HttpProber()
+        self.memory: MemoryProbe = memory or SystemMemoryProbe()
+        self.clock = clock
+        self.events = events or EventBus()
+        self.config = config or ManagerConfig()
+        self.models: dict[str, ModelSpec] = {}
+        self._slots: dict[str, _Slot] = {}
+        self._order: list[str] = []
+        self._group_locks: dict[str, asyncio.Lock] = {}
+        self._device_locks: dict[str, asyncio.Lock] = {}
+        self._background: set[asyncio.Task[Any]] = set()
+        self.transitions: deque[tuple[str, str, str]] = deque(maxlen=10_000)
+
+    # ================================================================= desired state
+
+    async def set_desired(self, desired: DesiredState) -> None:
+        """Take the catalogue and slot specs; new slots start from their state.json.
+
+        Slots no longer desired stay known (``orphans()``) until :meth:`remove`.
+        Scheduling knobs (priority, pinned, timeouts) apply in place.
+        """
+        self.models = dict(desired.models)
+        self._order = list(desired.slots)
+        for name, desired_slot in desired.slots.items():
+            self._upsert(desired_slot)
+            del name
+
+    def _upsert(self, desired: DesiredSlot) -> None:
+        model = self.models.get(desired.spec.model_id) if desired.spec.model_id else None
+        slot = self._slots.get(desired.name)
+        if slot is None:
+            breaker = Breaker(self.config.breaker_base_s, self.config.breaker_cap_s)
+            slot = _Slot(spec=desired.spec, stack=desired.stack, model=model, breaker=breaker)
+            self._restore_record(slot)
+            self._slots[desired.name] = slot
+            return
+        old_hash = self._launch_hash(slot)
+        slot.spec, slot.stack, slot.model = desired.spec, desired.stack, model
+        if old_hash != self._launch_hash(slot):
+            slot.breaker.reset()  # a config change re-arms a blocked slot
+
+    def _launch_hash(self, slot: _Slot) -> str | None:
+        try:
+            return self._build_launch(slot).config_hash()
+        except SlotctlError:
+            return None
+
+    def _restore_record(self, slot: _Slot) -> None:
+        try:
+            record = self.store.read(slot.name)
+        except SlotctlError as exc:
+            log.warning("ignoring unreadable state of slot %s: %s", slot.name, exc)
+            record = None
+        if record is not None:
+            slot.state = record.state
+            slot.message = record.message
+            slot.since = record.updated_at
+            slot.extra = dict(record.extra)
+            slot.idle_reason = record.extra.get("idle_reason")
+
+    def orphans(self) -> list[str]:
+        return [n for n in self._slots if n not in self._order]
+
+    # ================================================================= views
+
+    def _get(self, name: str) -> _Slot:
+        slot = self._slots.get(name)
+        if slot is None:
+            raise SlotNotFound(name)
+        return slot
+
+    def view(self, name: str) -> SlotView:
+        slot = self._get(name)
+        now = self.clock.monotonic()
+        launch = slot.launch
+        return SlotView(
+            name=slot.name,
+            state=slot.state,
+            idle_reason=slot.idle_reason,
+            model_id=slot.model.id if slot.model else slot.spec.model_id,
+            device=slot.spec.device,
+            priority=slot.spec.priority,
+            pinned=bool(slot.spec.pinned),
+            autoload=bool(slot.spec.autoload),
+            resident=slot.name in self._resident,
+            memory_bytes=slot.memory_bytes,
+            leases=len(slot.leases),
+            waiters=slot.waiters,
+            generation=slot.generation,
+            since=slot.since,
+            message=slot.message,
+            endpoint=launch.endpoint if launch else None,
+            failures=slot.breaker.failures,
+            retry_after_s=slot.breaker.retry_after(now),
+            config_hash=launch.config_hash() if launch else None,
+            stack=slot.stack,
+        )
+
+    def views(self) -> list[SlotView]:
+        return [self.view(n) for n in self._slots]
+
+    def names(self) -> list[str]:
+        return list(self._slots)
+
+    def admitted_bytes(self, device: str) -> int:
+        return sum(
+            s.memory_bytes
+            for s in self._slots.values()
+            if s.spec.device == device and s.state in ADMITTED_STATES
+        )
+
+    def lease_count(self) -> int:
+        return sum(len(s.leases) for s in self._slots.values())
+
+    # ================================================================= transitions
+
+    def _set(
+        self,
+        slot: _Slot,
+        to: SlotState,
+        *,
+        op: str,
+        message: str = "",
+        idle_reason: str | None = None,
+        error: SlotctlError | None = None,
+        durable: bool = True,
+    ) -> None:
+        """The one place slot state changes: check, persist, emit, log."""
+        current = slot.state
+        check_transition(current, to)
+        slot.state = to
+        slot.idle_reason = idle_reason if to is S.IDLE else None
+        slot.message = message
+        slot.since = utcnow()
+        slot.extra = {k: v for k, v in slot.extra.items() if k != "idle_reason"}
+        if slot.idle_reason:
+            slot.extra["idle_reason"] = slot.idle_reason
+        model_id = slot.model.id if slot.model else slot.spec.model_id
+        record = SlotStateRecord(
+            name=slot.name,
+            state=to,
+            model_id=model_id,
+            port=slot.spec.port,
+            updated_at=slot.since,
+            message=message,
+            extra=slot.extra,
+        )
+        self.store.write(record, durable=durable)
+        self.transitions.append((slot.name, current.value, to.value))
+        self.events.emit(
+            "transition",
+            op,
+            slot=slot.name,
+            model=model_id,
+            from_state=current.value,
+            to_state=to.value,
+            message=message,
+            error=error.code if error else None,
+            details={"idle_reason": slot.idle_reason} if slot.idle_reason else {},
+        )
+
+    def _walk(self, slot: _Slot, target: SlotState, *, op: str, message: str = "") -> None:
+        """Reach ``target`` through the shortest chain of legal transitions."""
+        path = _legal_path(slot.state, target)
+        for step in path:
+            self._set(slot, step, op=op, message=message)
+
+    def _refuse(self, slot: _Slot, op: str, error: SlotctlError) -> SlotctlError:
+        self.events.emit(
+            "refusal",
+            op,
+            slot=slot.name,
+            model=slot.spec.model_id,
+            message=error.message,
+            error=error.code,
+            details={k: v for k, v in error.details.items() if k != "problems"},
+        )
+        return error
+
+    # ================================================================= load
+
+    def _loaded(self, slot: _Slot) -> bool:
+        return slot.state in DISPATCHABLE_STATES
+
+    async def load(self, name: str, *, resident: bool = True) -> SlotView:
+        """Load (or join the load of) a slot. ``resident`` records the wish to keep it.
+
+        A load of a loaded slot is a no-op that answers the current state.
+        """
+        slot = self._get(name)
+        if not slot.spec.activated:
+            raise self._refuse(slot, "load", _not_activated(slot))
+        if resident:
+            self._set_resident(name, slot.spec.model_id)
+        slot.wanted += 1
+        try:
+            await self._ensure_loaded(slot)
+        finally:
+            slot.wanted -= 1
+        return self.view(name)
+
+    async def _ensure_loaded(self, slot: _Slot) -> None:
+        if self._loaded(slot) and not slot.draining:
+            return
+        task = slot.load_task
+        if task is None or task.done():
+            task = asyncio.create_task(self._load_flow(slot), name=f"load:{slot.name}")
+            slot.load_task = task
+        await asyncio.shield(task)
+
+    async def _load_flow(self, slot: _Slot) -> int:
+        """One load; returns the generation it produced (for stale-cleanup checks)."""
+        group = slot.model.exclusive_group if slot.model else None
+        group_lock = self._group_locks.setdefault(group, asyncio.Lock()) if group else None
+        async with group_lock or contextlib.nullcontext(), slot.lock:
+            if self._loaded(slot):
+                return slot.generation
+            slot.generation += 1
+            await self._load_locked(slot, slot.generation)
+            return slot.generation
+
+    async def _load_locked(self, slot: _Slot, gen: int) -> None:
+        if not slot.spec.activated:
+            raise self._refuse(slot, "load", _not_activated(slot))
+        if slot.model is None and slot.spec.model_id:
+            raise self._refuse(slot, "load", ModelNotFound(slot.spec.model_id))
+        try:
+            slot.breaker.check(
+                slot.name, self.clock.monotonic(), slot.spec.max_consecutive_failures
+            )
+        except SlotctlError as exc:
+            raise self._refuse(slot, "load", exc) from None
+        await self._unload_group_peers(slot)
+        launch = self._build_launch(slot)
+        pulling = await self._admit_and_reserve(slot, launch)
+        if pulling:
+            await self._pull(slot, launch, gen)
+        await self._start_and_probe(slot, launch, gen)
+
+    def _build_launch(self, slot: _Slot) -> LaunchSpec:
+        runtime = self.runtime.kind if self.runtime.kind != "fake" else "process"
+        ctx = BuildContext(runtime=runtime, stack=slot.stack)
+        if self.config.models_dir is not None:
+            ctx = replace(ctx, models_dir=self.config.models_dir)
+        return build_launch(slot.spec, slot.model, ctx)
+
+    async def _admit_and_reserve(self, slot: _Slot, launch: LaunchSpec) -> bool:
+        """Admission (with pre-load eviction), then reserve by leaving offline/error.
+
+        Returns True when the slot entered ``pulling``. Runs under the device lock so two
+        loads can never both pass admission for the same free memory.
+        """
+        device = slot.spec.device
+        lock = self._device_locks.setdefault(device, asyncio.Lock())
+        async with lock:
+            admission = self._admission(slot)
+            if not admission.ok:
+                plan = self._plan(slot, admission)
+                if not plan.sufficient:
+                    raise self._refuse(slot, "admit", _insufficient(slot, admission, plan))
+                await self._evict(plan.victims, op="evict")
+                admission = self._admission(slot)
+                if not admission.ok:
+                    plan = self._plan(slot, admission)
+                    raise self._refuse(slot, "admit", _insufficient(slot, admission, plan))
+            self.events.emit(
+                "admission",
+                "admit",
+                slot=slot.name,
+                model=launch.model_id,
+                message=f"admitted {slot.memory_bytes} bytes on {device}",
+                details={"needed_bytes": admission.needed, "free_bytes": admission.free},
+            )
+            needs_pull = await self.runtime.needs_prepare(launch) or _missing_file(launch)
+            if slot.state is S.OFFLINE or slot.state is S.ERROR:
+                target = S.PULLING if needs_pull else S.STARTING
+                self._set(slot, target, op="load", message=f"admitted on {device}")
+            else:
+                self._walk(slot, S.OFFLINE, op="load", message="reset before load")
+                self._set(slot, S.PULLING if needs_pull else S.STARTING, op="load")
+            return needs_pull
+
+    def _admission(self, slot: _Slot) -> Admission:
+        device = slot.spec.device
+        admitted = self.admitted_bytes(device)
+        if slot.state in ADMITTED_STATES:
+            admitted -= slot.memory_bytes
+        budget_gb = self.settings.memory_budget_gb.get(device)
+        budget = int(budget_gb * GIB) if budget_gb is not None else None
+        margin = int(self.settings.safety_margin_gb * GIB)
+        sample = self.memory.sample(device)
+        return check_admission(device, slot.memory_bytes, admitted, sample, budget, margin)
+
+    def _candidates(self) -> list[EvictionCandidate]:
+        return [
+            EvictionCandidate(
+                name=s.name,
+                device=s.spec.device,
+                bytes=s.memory_bytes,
+                priority=s.spec.priority,
+                last_used=s.last_used,
+                state=s.state,
+                pinned=bool(s.spec.pinned),
+                leases=len(s.leases),
+                busy=s.busy or s.draining or s.waiters > 0,
+                access=s.access,
+            )
+            for s in self._slots.values()
+        ]
+
+    def _plan(self, slot: _Slot, admission: Admission) -> EvictionPlan:
+        candidates = [c for c in self._candidates() if c.name != slot.name]
+        return plan_eviction(
+            candidates,
+            slot.spec.device,
+            admission.shortfall,
+            self.clock.monotonic(),
+            for_slot=slot.name,
+        )
+
+    def explain_load(self, name: str) -> dict[str, Any]:
+        """Dry run of a load: would it fit, what would be evicted and why. Changes nothing."""
+        slot = self._get(name)
+        if self._loaded(slot):
+            return {"slot": name, "action": "none", "reason": f"already {slot.state.value}"}
+        if not slot.spec.activated:
+            return {"slot": name, "action": "refuse", "error": _not_activated(slot).to_dict()}
+        try:
+            slot.breaker.check(name, self.clock.monotonic(), slot.spec.max_consecutive_failures)
+        except SlotctlError as exc:
+            return {"slot": name, "action": "refuse", "error": exc.to_dict()}
+        admission = self._admission(slot)
+        result: dict[str, Any] = {
+            "slot": name,
+            "device": slot.spec.device,
+            "needed_bytes": admission.needed,
+            "free_bytes": admission.free,
+            "budget_bytes": admission.budget,
+            "admitted_bytes": admission.admitted,
+            "probe": admission.source,
+            "exclusive_peers": [p.name for p in self._group_peers(slot)],
+        }
+        if admission.ok:
+            return {**result, "action": "load", "evict": []}
+        plan = self._plan(slot, admission)
+        if not plan.sufficient:
+            error = _insufficient(slot, admission, plan)
+            return {**result, "action": "refuse", "error": error.to_dict()}
+        evict = [
+            {
+                "slot": v.name,
+                "priority": v.priority,
+                "idle_s": round(v.idle_s, 1),
+                "bytes": v.bytes,
+                "reason": v.reason,
+            }
+            for v in plan.victims
+        ]
+        return {**result, "action": "evict-then-load", "evict": evict}
+
+    async def _pull(self, slot: _Slot, launch: LaunchSpec, gen: int) -> None:
+        if _missing_file(launch):
+            error = SlotSpawnFailed(
+                f"model file not found: {launch.model_path} (source {launch.model_source})",
+                slot=slot.name,
+                path=launch.model_path,
+            )
+            await self._fail(slot, "load", error, stop=False)
+            raise error
+
+        async def progress(data: dict[str, Any]) -> None:
+            self.events.emit(
+                "progress",
+                "load",
+                slot=slot.name,
+                model=launch.model_id,
+                message=str(data.get("status", "")),
+                details=data,
+            )
+
+        try:
+            await self.runtime.prepare(launch, progress)
+        except SlotctlError as exc:
+            await self._fail(slot, "load", exc, stop=False)
+            raise
+        self._check_generation(slot, gen)
+        self._set(slot, S.STARTING, op="load", message="pulled")
+
+    async def _start_and_probe(self, slot: _Slot, launch: LaunchSpec, gen: int) -> None:
+        try:
+            observed = await self.runtime.start(launch)
+        except SlotctlError as exc:
+            await self._fail(slot, "load", exc, stop=False)
+            raise
+        slot.launch = launch
+        self._check_generation(slot, gen)
+        self._set(slot, S.WARMING, op="load", message=f"started ({observed.ident})")
+
+        async def alive() -> bool:
+            return (await self.runtime.inspect(slot.name)).running
+
+        result = await self.prober.wait_ready(
+            launch.endpoint,
+            launch.probe,
+            slot=slot.name,
+            alive=alive,
+            warmup_timeout_s=slot.spec.warmup_timeout_s,
+            clock=self.clock,
+        )
+        self._check_generation(slot, gen)
+        await self._settle_probe(slot, result)
+
+    async def _settle_probe(self, slot: _Slot, result: ProbeResult) -> None:
+        now = self.clock.monotonic()
+        if result.outcome is ProbeOutcome.READY:
+            slot.ready_at = now
+            slot.last_used = now
+            slot.last_liveness = now
+            slot.liveness_misses = 0
+            self._set(slot, S.READY, op="load", message=result.message)
+            return
+        if result.outcome is ProbeOutcome.NO_MODEL:
+            self._set(
+                slot, S.IDLE, op="load", message=result.message, idle_reason=IdleReason.NO_MODEL
+            )
+            return
+        if result.outcome is ProbeOutcome.EXITED:
+            detail = await self._exit_detail(slot)
+            error: SlotctlError = SlotSpawnFailed(
+                f"server exited while warming: {detail}", slot=slot.name
+            )
+        else:
+            error = SlotHealthFailed(result.message, slot=slot.name)
+        await self._fail(slot, "load", error, stop=True)
+        raise error
+
+    async def _exit_detail(self, slot: _Slot) -> str:
+        observed = await self.runtime.inspect(slot.name)
+        lines = await self.runtime.logs(slot.name, tail=5)
+        tail = " | ".join(line.strip() for line in lines if line.strip())[-400:]
+        return f"{observed.message or 'exited'}; last output: {tail or '(none)'}"
+
+    def _check_generation(self, slot: _Slot, gen: int) -> None:
+        if slot.generation != gen:
+            raise SlotNotReady(f"load of {slot.name!r} was superseded", slot=slot.name)
+
+    async def _fail(self, slot: _Slot, op: str, error: SlotctlError, *, stop: bool) -> None:
+        """Move a slot to error (through legal steps), count the failure, revoke leases."""
+        if stop:
+            with contextlib.suppress(SlotctlError):
+                await self.runtime.stop(slot.name, self.config.stop_timeout_s)
+            slot.launch = None
+        backoff = slot.breaker.record_failure(self.clock.monotonic(), error.message)
+        slot.extra["failures"] = slot.breaker.failures
+        slot.extra["retry_after_s"] = backoff
+        for lease in list(slot.leases.values()):
+            lease.revoke(error)
+        slot.leases.clear()
+        if slot.state is S.IDLE:
+            self._set(slot, S.UNLOADING, op=op, message=error.message)
+        if slot.state is not S.ERROR:
+            self._set(slot, S.ERROR, op=op, message=error.message, error=error)
+
+    # ================================================================= exclusive groups
+
+    def _group_peers(self, slot: _Slot) -> list[_Slot]:
+        group = slot.model.exclusive_group if slot.model else None
+        if not group:
+            return []
+        return [
+            s
+            for s in self._slots.values()
+            if s is not slot
+            and s.model is not None
+            and s.model.exclusive_group == group
+            and s.state not in (S.OFFLINE, S.ERROR)
+        ]
+
+    async def _unload_group_peers(self, slot: _Slot) -> None:
+        for peer in self._group_peers(slot):
+            if peer.spec.pinned:
+                raise self._refuse(slot, "load", SlotPinned(peer.name, "exclusive-group swap"))
+            reason = (
+                f"exclusive group {slot.model.exclusive_group if slot.model else ''}: "
+                f"swapped out for {slot.name}"
+            )
+            try:
+                await asyncio.wait_for(
+                    self.unload(peer.name, force=True, reason=reason, clear_residency=True),
+                    self.config.exclusive_wait_s,
+                )
+            except TimeoutError:
+                raise self._refuse(
+                    slot,
+                    "load",
+                    SlotNotReady(
+                        f"exclusive-group peer {peer.name!r} did not unload within "
+                        f"{self.config.exclusive_wait_s:g}s",
+                        slot=slot.name,
+                    ),
+                ) from None
+
+    # ================================================================= unload
+
+    async def unload(
+        self,
+        name: str,
+        *,
+        force: bool = False,
+        reason: str = "unloaded on request",
+        clear_residency: bool = True,
+        op: str = "unload",
+    ) -> SlotView:
+        """Drain, stop and go offline. Waits for an in-flight load to settle first."""
+        slot = self._get(name)
+        if slot.spec.pinned and not force:
+            raise self._refuse(slot, op, SlotPinned(name, "unload"))
+        if clear_residency:
+            self._clear_resident(name)
+        task = slot.load_task
+        if task is not None and not task.done():
+            with contextlib.suppress(SlotctlError, asyncio.CancelledError):
+                await asyncio.shield(task)
+        async with slot.lock:
+            await self._unload_locked(slot, reason, op)
+        return self.view(name)
+
+    async def _unload_locked(self, slot: _Slot, reason: str, op: str) -> None:
+        if slot.state is S.OFFLINE:
+            return
+        if slot.state is S.ERROR:
+            with contextlib.suppress(SlotctlError):
+                await self.runtime.stop(slot.name, self.config.stop_timeout_s)
+            slot.launch = None
+            self._set(slot, S.OFFLINE, op=op, message=f"{reason} (was in error)")
+            return
+        if slot.state in _LOADING_STATES:  # only after a restart that found it mid-load
+            await self._stop_runtime(slot, op, reason)
+            self._set(slot, S.OFFLINE, op=op, message=reason)
+            return
+        await self._drain(slot)
+        if slot.state is S.SERVING:  # leases revoked by the drain timeout
+            self._set(slot, S.READY, op=op, message="drained")
+        self._set(slot, S.UNLOADING, op=op, message=reason)
+        await self._stop_runtime(slot, op, reason)
+        self._set(slot, S.OFFLINE, op=op, message=reason)
+
+    async def _stop_runtime(self, slot: _Slot, op: str, reason: str) -> None:
+        try:
+            await self.runtime.stop(slot.name, self.config.stop_timeout_s)
+        except SlotTerminateTimeout as exc:
+            if slot.state is S.UNLOADING:
+                self._set(slot, S.ERROR, op=op, message=exc.message, error=exc)
+            raise
+        finally:
+            slot.launch = None
+            slot.ready_at = None
+
+    async def _drain(self, slot: _Slot) -> None:
+        """No new leases; wait for in-flight ones up to drain_timeout_s, then revoke."""
+        if not slot.leases:
+            return
+        slot.draining = True
+        try:
+            deadline = self.clock.monotonic() + slot.spec.drain_timeout_s
+            while slot.leases and self.clock.monotonic() < deadline:
+                await self.clock.sleep(_POLL_S)
+            if slot.leases:
+                error = SlotNotReady(
+                    f"slot {slot.name!r} was unloaded: in-flight requests cancelled after "
+                    f"drain_timeout_s={slot.spec.drain_timeout_s:g}",
+                    slot=slot.name,
+                )
+                for lease in list(slot.leases.values()):
+                    lease.revoke(error)
+                slot.leases.clear()
+        finally:
+            slot.draining = False
+
+    # ================================================================= swap / reset / remove
+
+    async def swap(self, name: str, model_id: str) -> SlotView:
+        """Serve another catalogue model on this slot: unload, rebind, load.
+
+        The caller persists the new binding through the guard first (the API does), so
+        the reconciler agrees with what runs.
+        """
+        slot = self._get(name)
+        model = self.models.get(model_id)
+        if model is None:
+            raise self._refuse(slot, "load", ModelNotFound(model_id))
+        if slot.model is not None and slot.model.id == model_id and self._loaded(slot):
+            return self.view(name)
+        await self.unload(name, force=True, reason=f"swapping to {model_id}", clear_residency=False)
+        slot.spec = slot.spec.model_copy(
+            update={"model": slot.spec.model.model_copy(update={"default": model_id})}
+        )
+        slot.model = model
+        return await self.load(name)
+
+    async def reset(self, name: str) -> SlotView:
+        """Clear the crash-loop breaker; an errored slot goes offline."""
+        slot = self._get(name)
+        slot.breaker.reset()
+        slot.extra.pop("failures", None)
+        slot.extra.pop("retry_after_s", None)
+        async with slot.lock:
+            if slot.state is S.ERROR:
+                await self._unload_locked(slot, "reset", "unload")
+        return self.view(name)
+
+    async def remove(self, name: str) -> None:
+        """Unload (forced) and forget a slot no longer desired; deletes its state file."""
+        if name not in self._slots:
+            return
+        await self.unload(name, force=True, reason="removed from desired state")
+        del self._slots[name]
+        self.store.delete(name)
+        self._clear_resident(name)
+
+    # ================================================================= leases
+
+    async def acquire(self, name: str) -> Lease:
+        """A lease for one request; cold slots are loaded (joined) first.
+
+        Raises ``SlotQueueFull`` beyond ``max_queue`` cold waiters, ``SlotNotReady`` while
+        unloading or when the server lists no model, and the load's typed error.
+        """
+        slot = self._get(name)
+        if not self._loaded(slot) or slot.draining:
+            await self._wait_cold(slot)
+        if slot.draining or slot.state is S.UNLOADING:
+            raise SlotNotReady(f"slot {name!r} is unloading", slot=name)
+        if not can_dispatch(slot.state, slot.idle_reason):
+            raise SlotNotReady(
+                f"slot {name!r} is up but serves no model ({slot.message})", slot=name
+            )
+        return self._take_lease(slot)
+
+    async def _wait_cold(self, slot: _Slot) -> None:
+        if slot.waiters >= slot.spec.max_queue:
+            raise SlotQueueFull(
+                f"{slot.waiters} requests already wait for slot {slot.name!r} "
+                f"(max_queue={slot.spec.max_queue})",
+                retry_after_s=1.0,
+                slot=slot.name,
+            )
+        if not slot.spec.activated:
+            raise self._refuse(slot, "load", _not_activated(slot))
+        slot.waiters += 1
+        try:
+            await self._ensure_loaded(slot)
+        except asyncio.CancelledError:
+            slot.waiters -= 1
+            self._after_waiter_cancel(slot)
+            raise
+        except BaseException:
+            slot.waiters -= 1
+            raise
+        slot.waiters -= 1
+
+    def _take_lease(self, slot: _Slot, expires_at: float | None = None) -> Lease:
+        lease = Lease(slot.name, slot.generation, expires_at)
+        slot.leases[lease.id] = lease
+        slot.last_used = self.clock.monotonic()
+        slot.access += 1
+        if slot.state in (S.READY, S.IDLE):
+            self._set(slot, S.SERVING, op="lease", message="request in flight", durable=False)
+        return lease
+
+    def release(self, lease: Lease) -> None:
+        """Idempotent. The last lease returns the slot to ``ready``."""
+        if lease.released:
+            return
+        lease.released = True
+        slot = self._slots.get(lease.slot)
+        if slot is None or slot.leases.pop(lease.id, None) is None:
+            return  # revoked or from a previous generation: nothing to undo
+        slot.last_used = self.clock.monotonic()
+        slot.access += 1
+        if not slot.leases and slot.state is S.SERVING:
+            self._set(slot, S.READY, op="lease", message="idle since last request", durable=False)
+
+    async def hold(self, name: str, ttl_s: float) -> Lease:
+        """A batch lease: keeps the slot loaded and unevictable for ``ttl_s`` seconds."""
+        lease = await self.acquire(name)
+        lease.expires_at = self.clock.monotonic() + ttl_s
+        self.events.emit(
+            "lease",
+            "lease",
+            slot=name,
+            message=f"held for {ttl_s:g}s",
+            details={"lease": lease.id, "ttl_s": ttl_s},
+        )
+        return lease
+
+    def _wanted(self, slot: _Slot) -> bool:
+        return bool(slot.spec.autoload) or slot.wanted > 0 or slot.name in self._resident
+
+    def _after_waiter_cancel(self, slot: _Slot) -> None:
+        """The last cold waiter left: unload once the load settles, if nobody wants it."""
+        task = slot.load_task
+        if slot.waiters or slot.leases or self._wanted(slot) or task is None or task.done():
+            return
+        self._spawn(self._cleanup_after(slot, task), f"cleanup:{slot.name}")
+
+    async def _cleanup_after(self, slot: _Slot, task: asyncio.Task[int]) -> None:
+        try:
+            gen = await asyncio.shield(task)
+        except (SlotctlError, asyncio.CancelledError):
+            return  # the load failed: nothing to unload
+        if slot.waiters or slot.leases or self._wanted(slot) or slot.generation != gen:
+            return  # wanted again, or a newer load replaced it: not ours to unload
+        if self._slots.get(slot.name) is slot and self._loaded(slot):
+            await self.unload(
+                slot.name,
+                force=True,
+                clear_residency=False,
+                reason="every waiter cancelled before the load finished",
+            )
+
+    def _set_resident(self, name: str, model_id: str) -> None:
+        if self._resident.get(name) != model_id:
+            self.residency.set(name, model_id)
+            self._resident[name] = model_id
+
+    def _clear_resident(self, name: str) -> None:
+        if self._resident.pop(name, None) is not None:
+            self.residency.clear(name)
+
+    def _spawn(self, coro: Any, name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # ================================================================= time-driven work
+
+    async def tick(self) -> None:
+        """One pass of time-driven work: exits, holds, idle, TTL, liveness, breaker, pressure.
+
+        ``run()`` calls it periodically; tests with a fake clock call it directly.
+        """
+        await self.check_exits()
+        now = self.clock.monotonic()
+        for slot in list(self._slots.values()):
+            self._expire_holds(slot, now)
+            await self._idle_and_ttl(slot, now)
+            stable = slot.ready_at is not None and now - slot.ready_at >= self.config.stable_reset_s
+            if stable and slot.breaker.failures and slot.state in DISPATCHABLE_STATES:
+                slot.breaker.reset()  # healthy for stable_reset_s: the crash loop is over
+        await self._liveness(now)
+        await self.reap_pressure()
+
+    async def check_exits(self) -> None:
+        """A server that exits goes to error at once; its leases get a typed error."""
+        for slot in list(self._slots.values()):
+            if slot.state not in DISPATCHABLE_STATES or slot.busy:
+                continue
+            observed = await self.runtime.inspect(slot.name)
+            if observed.status is RunStatus.RUNNING or slot.busy:
+                continue
+            if slot.state not in DISPATCHABLE_STATES:
+                continue
+            detail = await self._exit_detail(slot)
+            error = SlotHealthFailed(f"server exited: {detail}", slot=slot.name)
+            async with slot.lock:
+                await self._fail(slot, "probe", error, stop=True)
+
+    def _expire_holds(self, slot: _Slot, now: float) -> None:
+        for lease in list(slot.leases.values()):
+            if lease.expires_at is not None and now >= lease.expires_at:
+                self.release(lease)
+                self.events.emit(
+                    "lease",
+                    "lease",
+                    slot=slot.name,
+                    message="batch lease expired",
+                    details={"lease": lease.id},
+                )
+
+    async def _idle_and_ttl(self, slot: _Slot, now: float) -> None:
+        if slot.busy or slot.leases:
+            return
+        quiet = now - slot.last_used
+        idle_after = slot.spec.idle_timeout_s
+        if slot.state is S.READY and idle_after > 0 and quiet >= idle_after:
+            self._set(
+                slot,
+                S.IDLE,
+                op="unload",
+                idle_reason=IdleReason.TIMEOUT,
+                message=f"no request for {quiet:.0f}s",
+            )
+        ttl = slot.spec.ttl_s
+        # ttl_s: give the memory back after this long without requests (keep-loaded
+        # autoload slots are exempt: autoload means "keep it loaded").
+        expired = ttl > 0 and quiet >= ttl and not slot.spec.autoload
+        if expired and slot.state in (S.READY, S.IDLE) and slot.idle_reason != IdleReason.NO_MODEL:
+            reason = f"ttl: no request for {quiet:.0f}s (ttl_s={ttl:g})"
+            await self._evict_one(slot, reason, clear_residency=True)
+
+    async def _liveness(self, now: float) -> None:
+        for slot in list(self._slots.values()):
+            due = now - slot.last_liveness >= slot.spec.liveness_interval_s
+            if slot.state not in (S.READY, S.IDLE) or slot.busy or not due:
+                continue
+            if slot.launch is None or slot.idle_reason == IdleReason.NO_MODEL:
+                continue
+            slot.last_liveness = now
+            result = await self.prober.liveness(
+                slot.launch.endpoint, slot.launch.probe, slot=slot.name
+            )
+            if result.outcome is ProbeOutcome.READY:
+                slot.liveness_misses = 0
+                continue
+            slot.liveness_misses += 1
+            if slot.liveness_misses >= slot.spec.liveness_failures and not slot.busy:
+                error = SlotHealthFailed(
+                    f"liveness probe failed {slot.liveness_misses} times in a row "
+                    f"({result.message})",
+                    slot=slot.name,
+                )
+                async with slot.lock:
+                    await self._fail(slot, "probe", error, stop=True)
+
+    async def reap_pressure(self) -> list[str]:
+        """Evict under memory pressure: elevated -> one victim, critical -> all eligible."""
+        evicted: list[str] = []
+        devices = {s.spec.device for s in self._slots.values() if s.state in ADMITTED_STATES}
+        for device in sorted(devices):
+            sample = self.memory.sample(device)
+            if sample is None:
+                continue
+            level = pressure_level(
+                sample.total_bytes,
+                sample.free_bytes,
+                elevated_frac=self.config.elevated_free_frac,
+                critical_frac=self.config.critical_free_frac,
+            )
+            victims = pressure_victims(self._candidates(), device, level, self.clock.monotonic())
+            evicted += await self._evict(victims, op="evict")
+        return evicted
+
+    async def _evict(self, victims: Iterable[Victim], *, op: str) -> list[str]:
+        """Unload each victim after revalidating the decision (a request since cancels it)."""
+        done = []
+        for victim in victims:
+            slot = self._slots.get(victim.name)
+            if slot is None or slot.access != victim.access:
+                continue
+            if await self._evict_one(slot, f"evicted to {victim.reason}"):
+                done.append(victim.name)
+        return done
+
+    async def _evict_one(self, slot: _Slot, reason: str, *, clear_residency: bool = False) -> bool:
+        if slot.state not in (S.READY, S.IDLE) or slot.leases or slot.busy or slot.spec.pinned:
+            return False  # revalidation failed: it got busy since the decision
+        if slot.draining or slot.waiters:
+            return False
+        if clear_residency:
+            self._clear_resident(slot.name)
+        async with slot.lock:  # free (checked above): acquired without waiting
+            self.events.emit(
+                "eviction",
+                "evict",
+                slot=slot.name,
+                model=slot.spec.model_id,
+                message=reason,
+                details={"bytes": slot.memory_bytes},
+            )
+            await self._unload_locked(slot, reason, "evict")
+        return True
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Background loop: exit checks every monitor interval, full tick every tick."""
+        next_tick = 0.0
+        while not stop.is_set():
+            try:
+                if self.clock.monotonic() >= next_tick:
+                    await self.tick()
+                    next_tick = self.clock.monotonic() + self.config.tick_interval_s
+                else:
+                    await self.check_exits()
+            except SlotctlError as exc:
+                log.warning("background tick: %s", exc.message)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.config.monitor_interval_s)
+
+    # ================================================================= start / recovery
+
+    async def recover(self) -> None:
+        """Rebuild the view after a (controller) restart: adopt live servers, mark gone ones.
+
+        Through legal transitions only; never starts a duplicate.
+        """
+        for name in list(self._slots):
+            slot = self._slots[name]
+            async with slot.lock:
+                await self._recover_one(slot)
+
+    async def _recover_one(self, slot: _Slot) -> None:
+        observed = await self.runtime.inspect(slot.name)
+        if observed.status is RunStatus.RUNNING:
+            try:
+                launch = self._build_launch(slot)
+            except SlotctlError:
+                launch = None
+            if launch is None:
+                return
+            slot.launch = launch
+            slot.extra["adopted"] = observed.ident
+            if observed.config_hash != launch.config_hash():
+                slot.extra["config_drift"] = True
+            result = await self.prober.probe(launch.endpoint, launch.probe, slot=slot.name)
+            if result.outcome is ProbeOutcome.READY:
+                now = self.clock.monotonic()
+                slot.ready_at = slot.last_used = slot.last_liveness = now
+                if slot.state is not S.IDLE:
+                    self._walk(slot, S.READY, op="restore", message="adopted running server")
+            elif result.outcome is ProbeOutcome.NO_MODEL:
+                self._walk(slot, S.WARMING, op="restore", message="adopted")
+                self._set(
+                    slot,
+                    S.IDLE,
+                    op="restore",
+                    idle_reason=IdleReason.NO_MODEL,
+                    message=result.message,
+                )
+            else:
+                self._walk(slot, S.WARMING, op="restore", message="adopted, still warming")
+                slot.generation += 1
+                self._spawn(
+                    self._continue_warming(slot, launch, slot.generation), f"warm:{slot.name}"
+                )
+            return
+        if slot.state in (S.OFFLINE, S.ERROR):
+            if observed.status is RunStatus.EXITED:
+                with contextlib.suppress(SlotctlError):
+                    await self.runtime.stop(slot.name, self.config.stop_timeout_s)
+            return
+        detail = observed.message or "no server found"
+        with contextlib.suppress(SlotctlError):
+            await self.runtime.stop(slot.name, self.config.stop_timeout_s)
+        if slot.state is S.UNLOADING:
+            self._set(slot, S.OFFLINE, op="restore", message="stopped while controller was down")
+            return
+        if slot.state is S.IDLE:
+            self._set(slot, S.UNLOADING, op="restore", message="server vanished")
+        self._set(
+            slot,
+            S.ERROR,
+            op="restore",
+            message=f"server vanished while the controller was down ({detail})",
+        )
+
+    async def _continue_warming(self, slot: _Slot, launch: LaunchSpec, gen: int) -> None:
+        async with slot.lock:
+            if slot.generation != gen or slot.state is not S.WARMING:
+                return
+
+            async def alive() -> bool:
+                return (await self.runtime.inspect(slot.name)).running
+
+            result = await self.prober.wait_ready(
+                launch.endpoint,
+                launch.probe,
+                slot=slot.name,
+                alive=alive,
+                warmup_timeout_s=slot.spec.warmup_timeout_s,
+                clock=self.clock,
+            )
+            if slot.generation == gen:
+                with contextlib.suppress(SlotctlError):
+                    await self._settle_probe(slot, result)
+
+    async def restore(self) -> dict[str, str]:
+        """Load resident and autoload slots in catalogue order; refusals are logged, kept.
+
+        Loads are started in order (so admission happens in order) and run concurrently.
+        Returns slot -> outcome ("ready", or the error code).
+        """
+        resident = dict(self._resident)
+        for name in resident:
+            if name not in self._slots:
+                self.events.emit(
+                    "refusal",
+                    "restore",
+                    slot=name,
+                    message="resident slot is not in the desired state: skipped",
+                    error="slot.not_found",
+                )
+        wanted = [
+            n
+            for n in self._order
+            if n in self._slots and (self._slots[n].spec.autoload or n in resident)
+        ]
+        tasks = {n: asyncio.create_task(self._restore_one(n)) for n in wanted}
+        return {n: await t for n, t in tasks.items()}
+
+    async def _restore_one(self, name: str) -> str:
+        slot = self._slots[name]
+        if not slot.spec.activated:
+            return "not activated"
+        if self._loaded(slot):
+            return slot.state.value
+        try:
+            await self._ensure_loaded(slot)
+        except SlotctlError as exc:
+            log.warning("restore of %s: %s", name, exc.message)
+            return exc.code
+        return slot.state.value
+
+    async def close(self) -> None:
+        for task in list(self._background):
+            task.cancel()
+        for task in list(self._background):
+            with contextlib.suppress(asyncio.CancelledError, SlotctlError):
+                await task
+        close = getattr(self.prober, "close", None)
+        if close is not None:
+            await close()
+
+    async def stop_all(self, reason: str = "controller shutdown") -> None:
+        """Unload every slot (pinned included), concurrently; for ``down``/shutdown."""
+
+        async def one(name: str) -> None:
+            with contextlib.suppress(SlotctlError):
+                await self.unload(name, force=True, reason=reason, clear_residency=False)
+
+        await asyncio.gather(*(one(n) for n in list(self._slots)))
+
+
+# ===================================================================== helpers
+
+
+def _legal_path(start: SlotState, target: SlotState) -> list[SlotState]:
+    """Shortest sequence of legal transitions from ``start`` to ``target`` (BFS)."""
+    if start is target:
+        return []
+    frontier: deque[list[SlotState]] = deque([[start]])
+    seen = {start}
+    while frontier:
+        path = frontier.popleft()
+        for nxt in sorted(LEGAL_TRANSITIONS[path[-1]]):
+            if nxt in seen:
+                continue
+            if nxt is target:
+                return [*path[1:], nxt]
+            seen.add(nxt)
+            frontier.append([*path, nxt])
+    raise ValueError(f"no legal path from {start} to {target}")
+
+
+def _not_activated(slot: _Slot) -> SlotConfigError:
+    return SlotConfigError(
+        f"slot {slot.name!r} is not activated: set model.default (or use a self-managed provider)",
+        keys=["model.default"],
+        slot=slot.name,
+        disabled=True,
+    )
+
+
+def _insufficient(slot: _Slot, admission: Admission, plan: EvictionPlan) -> InsufficientMemory:
+    return InsufficientMemory(
+        f"slot {slot.name!r} needs {admission.needed} bytes on {admission.device}: "
+        f"{max(0, admission.free_room)} free after the safety margin, "
+        f"{max(0, admission.budget_room)} left in the budget, and evicting every "
+        f"eligible slot would free only {plan.evictable_bytes}",
+        needed_bytes=admission.needed,
+        free_bytes=max(0, admission.free),
+        evictable_bytes=plan.evictable_bytes,
+        slot=slot.name,
+        device=admission.device,
+        budget_bytes=admission.budget,
+        admitted_bytes=admission.admitted,
+    )
+
+
+def _missing_file(launch: LaunchSpec) -> bool:
+    return launch.model_path is not None and not Path(launch.model_path).exists()

@@ -1,0 +1,71 @@
+"""Builders for SlotManager unit tests: FakeRuntime, FakeClock, fake memory, no I/O but files."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from controller.clock import FakeClock
+from controller.memory import GIB, FakeMemoryProbe
+from controller.runtime.fake import FakeProber, FakeRuntime
+from controller.slots import ManagerConfig, SlotManager
+from controller.spec.loader import DesiredSlot, DesiredState, normalise
+from controller.spec.schema import ControllerSettings, ModelSpec, SlotSpec
+
+_PORTS = iter(range(20000, 60000))
+
+
+def slot_spec(name: str, model: str | None = None, **kw: Any) -> SlotSpec:
+    data: dict[str, Any] = {
+        "name": name,
+        "provider": "demo",
+        "port": kw.pop("port", next(_PORTS)),
+        "model": {"default": model if model is not None else f"{name}-m"},
+        "device": "gpu",
+    }
+    data.update(kw)
+    return normalise(SlotSpec.model_validate(data), ControllerSettings())
+
+
+def model_spec(model_id: str, gb: float = 1.0, group: str | None = None) -> ModelSpec:
+    return ModelSpec(id=model_id, source=f"demo://{model_id}", memory_gb=gb,
+                     exclusive_group=group)
+
+
+def desired(slots: Sequence[SlotSpec], models: Sequence[ModelSpec]) -> DesiredState:
+    return DesiredState(
+        stacks=("t",),
+        models={m.id: m for m in models},
+        slots={s.name: DesiredSlot(spec=s, stack="t") for s in slots},
+    )
+
+
+class Harness:
+    def __init__(self, tmp: Path, *, gpu_gb: float = 24.0, margin_gb: float = 0.0,
+                 budget_gb: float | None = None) -> None:
+        self.clock = FakeClock(start=100.0)
+        self.runtime = FakeRuntime(self.clock)
+        self.prober = FakeProber(self.runtime)
+        settings = ControllerSettings(
+            safety_margin_gb=margin_gb,
+            memory_budget_gb={"gpu": budget_gb} if budget_gb is not None else {},
+        )
+        self.tmp = tmp
+        self.settings = settings
+        self.memory = FakeMemoryProbe({"gpu": int(gpu_gb * GIB), "cpu": 64 * GIB})
+        self.manager = self.new_manager()
+
+    def new_manager(self) -> SlotManager:
+        manager = SlotManager(
+            runtime=self.runtime,
+            state_dir=self.tmp / "state",
+            config_dir=self.tmp / "config",
+            settings=self.settings,
+            prober=self.prober,
+            memory=self.memory,
+            clock=self.clock,
+            config=ManagerConfig(stop_timeout_s=1.0),
+        )
+        self.memory.used_by = manager.admitted_bytes
+        return manager
