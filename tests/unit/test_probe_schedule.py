@@ -17,8 +17,8 @@ from controller.probe import (
 def test_next_delay_is_fast_then_proportional_then_capped() -> None:
     assert next_delay(0.0) == pytest.approx(0.02)
     assert next_delay(0.1) == pytest.approx(0.02)
-    assert next_delay(2.0) == pytest.approx(0.1)
-    assert next_delay(10.0) == pytest.approx(0.5)
+    assert next_delay(2.0) == pytest.approx(0.05)
+    assert next_delay(10.0) == pytest.approx(0.25)
     assert next_delay(60.0) == CAP_S
     delays = [next_delay(t / 10) for t in range(0, 400)]
     assert delays == sorted(delays), "the schedule never speeds up again"
