@@ -23,10 +23,10 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from controller.probe import ProbeOutcome, ProbeResult, probe_once, wait_ready  # noqa: E402
-from controller.runtime.base import LaunchSpec  # noqa: E402
-from controller.runtime.process import ProcessRuntime  # noqa: E402
-from tests.integration.helpers import demo_launch  # noqa: E402
+from controller.probe import ProbeOutcome, ProbeResult, probe_once, wait_ready
+from controller.runtime.base import LaunchSpec
+from controller.runtime.process import ProcessRuntime
+from tests.integration.helpers import demo_launch
 
 
 async def naive_poll(attempt: Callable[[], Awaitable[ProbeResult]]) -> ProbeResult:
@@ -59,7 +59,7 @@ async def one(
 
 def stats(delays: list[float]) -> str:
     ms = sorted(d * 1000 for d in delays)
-    p95 = ms[min(len(ms) - 1, int(round(0.95 * (len(ms) - 1))))]
+    p95 = ms[min(len(ms) - 1, round(0.95 * (len(ms) - 1)))]
     return f"p50 {statistics.median(ms):7.1f} ms   p95 {p95:7.1f} ms   max {ms[-1]:7.1f} ms"
 
 
@@ -77,8 +77,10 @@ async def main() -> None:
                 for label, naive in (("slotctl schedule", False), ("naive 1 s poll", True)):
                     launches = [
                         # Spread the load times so the naive poll's phase is not one value.
-                        demo_launch(f"b{'n' if naive else 's'}{i}",
-                                    ["--load-seconds", f"{args.load_seconds + 0.1 * i:.2f}"])
+                        demo_launch(
+                            f"b{'n' if naive else 's'}{i}",
+                            ["--load-seconds", f"{args.load_seconds + 0.1 * i:.2f}"],
+                        )
                         for i in range(args.servers)
                     ]
                     results[label] = list(

@@ -18,7 +18,9 @@ through :meth:`SlotctlError.to_dict`; nothing renders a bare traceback.
     ├── SlotPinned                    slot.pinned                   409
     ├── SlotQueueFull                 slot.queue_full               429  (+ retry_after_s)
     ├── InsufficientMemory            model.insufficient_memory     409  (+ needed_bytes...)
-    └── ModelNotFound                 model.not_found               404
+    ├── ModelNotFound                 model.not_found               404
+    └── DockerEngineError             runtime.engine_error          502  (engine said no)
+        └── DockerUnavailable         runtime.unavailable           503  (no engine)
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 __all__ = [
+    "DockerEngineError",
+    "DockerUnavailable",
     "IllegalSlotTransition",
     "InsufficientMemory",
     "ModelNotFound",
@@ -183,3 +187,17 @@ class ModelNotFound(SlotctlError):
 
     def __init__(self, model_id: str) -> None:
         super().__init__(f"model {model_id!r} is not in the catalogue", model=model_id)
+
+
+class DockerEngineError(SlotctlError):
+    """The Docker engine answered a request with an error (its message is kept)."""
+
+    code = "runtime.engine_error"
+    http_status = 502
+
+
+class DockerUnavailable(DockerEngineError):
+    """The Docker engine could not be reached at all."""
+
+    code = "runtime.unavailable"
+    http_status = 503

@@ -24,7 +24,7 @@ import contextlib
 import itertools
 import logging
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
@@ -238,13 +238,33 @@ class SlotManager:
         Slots no longer desired stay known (``orphans()``) until :meth:`remove`.
         Scheduling knobs (priority, pinned, timeouts) apply in place.
         """
-        self.models = dict(desired.models)
-        self._order = list(desired.slots)
-        for name, desired_slot in desired.slots.items():
-            self._upsert(desired_slot)
-            del name
+        self.set_models(desired.models, order=list(desired.slots))
+        for desired_slot in desired.slots.values():
+            self.upsert(desired_slot)
 
-    def _upsert(self, desired: DesiredSlot) -> None:
+    def set_models(self, models: Mapping[str, ModelSpec], order: list[str] | None = None) -> None:
+        """Replace the catalogue (and the catalogue order used by restore)."""
+        self.models = dict(models)
+        if order is not None:
+            self._order = order
+        for slot in self._slots.values():
+            if slot.spec.model_id:
+                slot.model = self.models.get(slot.spec.model_id, slot.model)
+
+    def known(self, name: str) -> SlotSpec | None:
+        """The spec the manager currently applies to ``name`` (None: unknown slot)."""
+        slot = self._slots.get(name)
+        return slot.spec if slot else None
+
+    def upsert(self, desired: DesiredSlot) -> None:
+        """Add a slot (its state restored from state.json) or update its spec in place.
+
+        In place means no restart: scheduling knobs take effect at once; a changed runtime
+        config is the reconciler's to act on (recreate). A config change re-arms a slot
+        the crash-loop breaker blocked.
+        """
+        if desired.name not in self._order:
+            self._order.append(desired.name)
         model = self.models.get(desired.spec.model_id) if desired.spec.model_id else None
         slot = self._slots.get(desired.name)
         if slot is None:
@@ -256,7 +276,7 @@ class SlotManager:
         old_hash = self._launch_hash(slot)
         slot.spec, slot.stack, slot.model = desired.spec, desired.stack, model
         if old_hash != self._launch_hash(slot):
-            slot.breaker.reset()  # a config change re-arms a blocked slot
+            slot.breaker.reset()
 
     def _launch_hash(self, slot: _Slot) -> str | None:
         try:
@@ -277,8 +297,24 @@ class SlotManager:
             slot.extra = dict(record.extra)
             slot.idle_reason = record.extra.get("idle_reason")
 
-    def orphans(self) -> list[str]:
-        return [n for n in self._slots if n not in self._order]
+    def launch_hash(self, desired: DesiredSlot) -> str | None:
+        """The config hash ``desired`` would run with on this manager's runtime."""
+        model = self.models.get(desired.spec.model_id) if desired.spec.model_id else None
+        probe = _Slot(spec=desired.spec, stack=desired.stack, model=model, breaker=Breaker())
+        return self._launch_hash(probe)
+
+    async def reap_orphan(self, name: str) -> bool:
+        """Stop a managed runtime object that no slot owns any more (labels say it is ours)."""
+        if name in self._slots:
+            return False
+        observed = await self.runtime.inspect(name)
+        if observed.status is RunStatus.MISSING or not observed.managed:
+            return False
+        await self.runtime.stop(name, self.config.stop_timeout_s)
+        self.events.emit(
+            "eviction", "reconcile", slot=name, message="stopped a managed server nobody declares"
+        )
+        return True
 
     # ================================================================= views
 
@@ -409,11 +445,18 @@ class SlotManager:
         slot = self._get(name)
         if not slot.spec.activated:
             raise self._refuse(slot, "load", _not_activated(slot))
+        previous = self._resident.get(name)
         if resident:
             self._set_resident(name, slot.spec.model_id)
         slot.wanted += 1
         try:
             await self._ensure_loaded(slot)
+        except SlotctlError:
+            # A refused or failed load leaves no residency wish behind (a refusal changes
+            # nothing; restore() must not retry, or evict for, a load the caller saw fail).
+            if resident and previous is None:
+                self._clear_resident(name)
+            raise
         finally:
             slot.wanted -= 1
         return self.view(name)
@@ -449,6 +492,9 @@ class SlotManager:
             )
         except SlotctlError as exc:
             raise self._refuse(slot, "load", exc) from None
+        peers = self._group_peers(slot)
+        if peers:  # refuse a swap that cannot fit before unloading anything for it
+            self._precheck_without(slot, peers)
         await self._unload_group_peers(slot)
         launch = self._build_launch(slot)
         pulling = await self._admit_and_reserve(slot, launch)
@@ -499,16 +545,35 @@ class SlotManager:
                 self._set(slot, S.PULLING if needs_pull else S.STARTING, op="load")
             return needs_pull
 
-    def _admission(self, slot: _Slot) -> Admission:
+    def _admission(self, slot: _Slot, without: Iterable[_Slot] = ()) -> Admission:
+        """Admission now; ``without``: as if those slots (exclusive peers) were unloaded."""
         device = slot.spec.device
         admitted = self.admitted_bytes(device)
         if slot.state in ADMITTED_STATES:
             admitted -= slot.memory_bytes
+        freed = sum(
+            p.memory_bytes
+            for p in without
+            if p.spec.device == device and p.state in ADMITTED_STATES
+        )
+        admitted -= freed
         budget_gb = self.settings.memory_budget_gb.get(device)
         budget = int(budget_gb * GIB) if budget_gb is not None else None
         margin = int(self.settings.safety_margin_gb * GIB)
         sample = self.memory.sample(device)
+        if sample is not None and freed:
+            free = min(sample.total_bytes, sample.free_bytes + freed)
+            sample = replace(sample, free_bytes=free)
         return check_admission(device, slot.memory_bytes, admitted, sample, budget, margin)
+
+    def _precheck_without(self, slot: _Slot, peers: list[_Slot]) -> None:
+        """Refuse (changing nothing) a load that would not fit even once ``peers`` are gone."""
+        admission = self._admission(slot, without=peers)
+        if admission.ok:
+            return
+        plan = self._plan(slot, admission, exclude={p.name for p in peers})
+        if not plan.sufficient:
+            raise self._refuse(slot, "admit", _insufficient(slot, admission, plan))
 
     def _candidates(self) -> list[EvictionCandidate]:
         return [
@@ -527,8 +592,12 @@ class SlotManager:
             for s in self._slots.values()
         ]
 
-    def _plan(self, slot: _Slot, admission: Admission) -> EvictionPlan:
-        candidates = [c for c in self._candidates() if c.name != slot.name]
+    def _plan(
+        self, slot: _Slot, admission: Admission, exclude: frozenset[str] | set[str] = frozenset()
+    ) -> EvictionPlan:
+        candidates = [
+            c for c in self._candidates() if c.name != slot.name and c.name not in exclude
+        ]
         return plan_eviction(
             candidates,
             slot.spec.device,
@@ -548,7 +617,8 @@ class SlotManager:
             slot.breaker.check(name, self.clock.monotonic(), slot.spec.max_consecutive_failures)
         except SlotctlError as exc:
             return {"slot": name, "action": "refuse", "error": exc.to_dict()}
-        admission = self._admission(slot)
+        peers = self._group_peers(slot)  # unloaded by the load itself, not evicted
+        admission = self._admission(slot, without=peers)
         result: dict[str, Any] = {
             "slot": name,
             "device": slot.spec.device,
@@ -557,11 +627,11 @@ class SlotManager:
             "budget_bytes": admission.budget,
             "admitted_bytes": admission.admitted,
             "probe": admission.source,
-            "exclusive_peers": [p.name for p in self._group_peers(slot)],
+            "exclusive_peers": [p.name for p in peers],
         }
         if admission.ok:
             return {**result, "action": "load", "evict": []}
-        plan = self._plan(slot, admission)
+        plan = self._plan(slot, admission, exclude={p.name for p in peers})
         if not plan.sufficient:
             error = _insufficient(slot, admission, plan)
             return {**result, "action": "refuse", "error": error.to_dict()}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -61,9 +62,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_ERROR
     except BrokenPipeError:
         return EXIT_ERROR
-    except Exception as exc:  # every failure exits 2, never 1 (CI drift checks rely on it)
+    # Every failure exits 2, never 1 (CI drift checks rely on it): a blind catch on purpose.
+    except Exception as exc:  # noqa: BLE001
         if args.debug:
-            raise SystemExit(EXIT_ERROR) from exc
+            traceback.print_exc()  # (raising SystemExit would swallow it silently)
+            return EXIT_ERROR
         print(f"slotctl: internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
         print("slotctl: run with --debug for the traceback", file=sys.stderr)
         return EXIT_ERROR

@@ -128,6 +128,16 @@ def _read_slot_file(path: Path) -> tuple[SlotEntry | None, str, list[Problem], l
     return entry, stack, errors, warnings
 
 
+def _ignored_file(path: Path) -> Problem:
+    return Problem(
+        code="slot.ignored_file",
+        message=f"{path.name} is ignored: {path.stem!r} is not a valid slot name",
+        file=str(path),
+        hint="slot files are named <slot-name>.toml, a DNS-1123 label such as my-slot.toml",
+        severity="warning",
+    )
+
+
 def read_config_dir(config_dir: Path) -> ConfigSnapshot:
     """The live desired state; invalid files are reported and left out, never fatal."""
     config_dir = Path(config_dir)
@@ -139,6 +149,8 @@ def read_config_dir(config_dir: Path) -> ConfigSnapshot:
     if slots_dir.is_dir():
         for path in sorted(slots_dir.glob("*.toml")):
             if not is_valid_slot_name(path.stem):
+                if not path.name.startswith("."):  # hidden files are an editor's business
+                    snap.warnings.append(_ignored_file(path))
                 continue
             entry, stack, errors, warnings = _read_slot_file(path)
             snap.errors.extend(errors)

@@ -369,11 +369,18 @@ def _render_new(slot_doc: Mapping[str, Any], stack: str | None) -> TOMLDocument:
     return doc
 
 
+def _small_integral(value: float) -> bool:
+    return value.is_integer() and abs(value) < 2**53
+
+
 def slot_document(spec: SlotSpec) -> dict[str, Any]:
     """What is persisted for a slot: the keys that were set, autoload always explicit."""
     data = spec.model_dump(mode="json", exclude_unset=True, exclude_none=True)
     data["autoload"] = bool(spec.autoload)
-    return data
+    # `idle_timeout_s = 900` stays 900, not 900.0 (the schema reads either as a float).
+    return {
+        k: int(v) if isinstance(v, float) and _small_integral(v) else v for k, v in data.items()
+    }
 
 
 def write_slot_config(
@@ -393,16 +400,21 @@ def write_slot_config(
     config_dir = Path(config_dir)
     with config_lock(config_dir):
         snapshot = read_config_dir(config_dir)
-        name = payload.get("name")
+        name = payload.get("name") if isinstance(payload, Mapping) else None
         if not is_valid_slot_name(name):
             guard_slot_write_payload(payload)  # raises with the located name problem
         assert isinstance(name, str)
         path = slot_config_path(config_dir, name)
         existing = _read_document(path)
         wanted = dict(payload)
+        stored = snapshot.slots.get(name)
         if merge and existing is not None and isinstance(existing.get("slot"), Mapping):
             wanted = _deep_merge(existing["slot"].unwrap(), payload)
-        if "autoload" not in wanted:
+            if wanted.get("autoload") is None and stored is not None:
+                # A hand-written file without the key: keep what the reader migrated it
+                # to (true when a model is bound), not the create-time default.
+                wanted["autoload"] = stored.autoload
+        if wanted.get("autoload") is None:  # absent or null: never persist "unset"
             wanted["autoload"] = False
         others = [s.spec for n, s in snapshot.slots.items() if n != name]
         spec = guard_slot_write_payload(wanted, others=others, catalogue=snapshot.models)
@@ -412,11 +424,12 @@ def write_slot_config(
             doc = _render_new(document, owner)
         else:
             doc = existing
-            if owner and doc.get("origin", {}).get("stack") != owner:
-                origin = doc.setdefault("origin", tomlkit.table())
-                origin["stack"] = owner
-            if "slot" not in doc:
-                doc["slot"] = tomlkit.table()
+            for table in ("origin", "slot"):
+                if not isinstance(doc.get(table), tomlkit.items.Table):
+                    doc.pop(table, None)  # absent or hand-broken (`origin = "x"`): rebuilt
+                    doc[table] = tomlkit.table()
+            if owner and doc["origin"].get("stack") != owner:
+                doc["origin"]["stack"] = owner
             _sync(doc["slot"], document)
         atomic_write_bytes(path, tomlkit.dumps(doc).encode())
         return spec
@@ -427,7 +440,7 @@ def _read_document(path: Path) -> TOMLDocument | None:
         return tomlkit.parse(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         return None
-    except (OSError, UnicodeDecodeError, tomlkit.exceptions.ParseError):
+    except (OSError, UnicodeDecodeError, tomlkit.exceptions.TOMLKitError):
         return None  # an unreadable file is rewritten whole; the loader reports it
 
 
@@ -464,18 +477,25 @@ def write_catalogue(config_dir: Path, models: Sequence[ModelSpec]) -> None:
         if len(set(wanted_ids)) != len(wanted_ids):
             raise ValueError("duplicate model ids in catalogue write")
         current = doc.get("model")
-        tables = tomlkit.aot()
-        by_id: dict[str, Any] = {}
-        if isinstance(current, tomlkit.items.AoT):
-            by_id = {t.get("id"): t for t in current}
+        if not isinstance(current, tomlkit.items.AoT):
+            doc.pop("model", None)
+            current = tomlkit.aot()
+        by_id: dict[str, Any] = {t.get("id"): t for t in current}
+        tables = []
         for entry in wanted:
             table = by_id.get(entry["id"])
             if table is None:
                 table = tomlkit.table()
             _sync(table, entry)
             tables.append(table)
-        if "model" in doc:
-            del doc["model"]
-        if wanted:
-            doc["model"] = tables
+        # Re-fill the array in place: removing and re-adding it would add a blank line
+        # on every write; in place, an unchanged catalogue is rewritten byte for byte.
+        while len(current):
+            del current[0]
+        for table in tables:
+            current.append(table)
+        if tables and "model" not in doc:
+            doc["model"] = current
+        elif not tables:
+            doc.pop("model", None)
         atomic_write_bytes(path, tomlkit.dumps(doc).encode())

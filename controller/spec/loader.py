@@ -7,6 +7,8 @@ default-pinned anchors) and resolves model references. Reads only; never writes.
 
 from __future__ import annotations
 
+import re
+import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -115,16 +117,29 @@ def parse_toml_file(path: Path) -> tuple[dict[str, Any] | None, LineIndex | None
         return None, None, [Problem(code="stack.unreadable", message=str(exc), file=name)]
     try:
         doc = tomlkit.parse(text)
-    except tomlkit.exceptions.ParseError as exc:
+    except tomlkit.exceptions.TOMLKitError as exc:  # ParseError, KeyAlreadyPresent, ...
         problem = Problem(
             code="stack.toml_syntax",
             message=f"TOML syntax error: {exc}",
             file=name,
-            line=exc.line,
+            line=getattr(exc, "line", None) or _syntax_error_line(text),
             hint="fix the TOML syntax at the line shown",
         )
         return None, None, [problem]
     return doc.unwrap(), LineIndex(text), []
+
+
+_TOMLLIB_LINE = re.compile(r"\(at line (\d+), column \d+\)")
+
+
+def _syntax_error_line(text: str) -> int | None:
+    """The line of an error tomlkit reports without one (a key or table defined twice)."""
+    try:
+        tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        match = _TOMLLIB_LINE.search(str(exc))
+        return int(match.group(1)) if match else None
+    return None
 
 
 @dataclass(slots=True)

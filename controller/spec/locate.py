@@ -45,6 +45,7 @@ class LineIndex:
                 index = counters.get(names, -1) + 1
                 counters[names] = index
                 context = (*names, index)
+                self._lines.setdefault(names, number)  # the array itself: its first header
                 self._lines.setdefault(context, number)
                 continue
             if match := _TABLE_HEADER.match(raw):

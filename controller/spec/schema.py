@@ -121,10 +121,19 @@ HARDWARE_ENV_VARS: Final[frozenset[str]] = frozenset(
 # Server flags that set what a model owns: refused in extra_args, naming the model key.
 MODEL_OWNED_FLAGS: Final[dict[str, str]] = {
     "--ctx-size": "context_length",
+    "-c": "context_length",  # llama-server's short form of --ctx-size
     "--n-ctx": "context_length",
     "--max-model-len": "context_length",
     "--chat-template": "chat_template",
     "--mmproj": "mmproj",
+    # llama-server sampling defaults: model-owned like the keys they set
+    "--temp": "temperature",
+    "--top-k": "top_k",
+    "--top-p": "top_p",
+    "--min-p": "min_p",
+    "--repeat-penalty": "repeat_penalty",
+    "--presence-penalty": "presence_penalty",
+    "--frequency-penalty": "frequency_penalty",
 }
 
 _SOURCE_SCHEMES: Final = frozenset({"file", "hf", "demo"})
@@ -139,7 +148,9 @@ def provider_requires_model(provider: str) -> bool:
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+    # inf/nan are valid TOML floats but no valid timeout, estimate or penalty (and JSON
+    # cannot carry them back out), so they are refused.
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class StackMeta(_Strict):

@@ -29,8 +29,7 @@ def slot_spec(name: str, model: str | None = None, **kw: Any) -> SlotSpec:
 
 
 def model_spec(model_id: str, gb: float = 1.0, group: str | None = None) -> ModelSpec:
-    return ModelSpec(id=model_id, source=f"demo://{model_id}", memory_gb=gb,
-                     exclusive_group=group)
+    return ModelSpec(id=model_id, source=f"demo://{model_id}", memory_gb=gb, exclusive_group=group)
 
 
 def desired(slots: Sequence[SlotSpec], models: Sequence[ModelSpec]) -> DesiredState:
@@ -42,8 +41,14 @@ def desired(slots: Sequence[SlotSpec], models: Sequence[ModelSpec]) -> DesiredSt
 
 
 class Harness:
-    def __init__(self, tmp: Path, *, gpu_gb: float = 24.0, margin_gb: float = 0.0,
-                 budget_gb: float | None = None) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        *,
+        gpu_gb: float = 24.0,
+        margin_gb: float = 0.0,
+        budget_gb: float | None = None,
+    ) -> None:
         self.clock = FakeClock(start=100.0)
         self.runtime = FakeRuntime(self.clock)
         self.prober = FakeProber(self.runtime)

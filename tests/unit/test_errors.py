@@ -42,6 +42,8 @@ SPEC_ERRORS: dict[str, tuple[str, int]] = {
 # Beyond the SPEC §1 table: the router's bounded wait queue (SPEC §7: 429 + Retry-After).
 EXTRA_ERRORS: dict[str, tuple[str, int]] = {
     "SlotQueueFull": ("slot.queue_full", 429),
+    "DockerEngineError": ("runtime.engine_error", 502),
+    "DockerUnavailable": ("runtime.unavailable", 503),
 }
 ALL_ERRORS = {**SPEC_ERRORS, **EXTRA_ERRORS}
 
@@ -68,6 +70,8 @@ def _make(name: str) -> SlotctlError:
         ),
         "ModelNotFound": lambda: ModelNotFound("qwen2.5-7b:q4"),
         "SlotQueueFull": lambda: errors_module.SlotQueueFull("64 waiting", retry_after_s=1.0),
+        "DockerEngineError": lambda: errors_module.DockerEngineError("no such image"),
+        "DockerUnavailable": lambda: errors_module.DockerUnavailable("no socket"),
     }
     err: SlotctlError = builders[name]()
     return err

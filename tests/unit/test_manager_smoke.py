@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.errors import InsufficientMemory, SlotCrashLooping
+from controller.errors import InsufficientMemory, SlotCrashLooping, SlotSpawnFailed
 from controller.lifecycle import SlotState
 from tests.unit.manager_fixtures import Harness, desired, model_spec, slot_spec
 
@@ -52,7 +52,7 @@ async def test_crash_loop(tmp_path: Path) -> None:
     m = h.manager
     await m.set_desired(desired([slot_spec("c")], [model_spec("c-m")]))
     h.runtime.script("c", outcome="exit")
-    with pytest.raises(Exception):
+    with pytest.raises(SlotSpawnFailed):
         await m.load("c")
     assert m.view("c").state is SlotState.ERROR
     with pytest.raises(SlotCrashLooping) as err:
