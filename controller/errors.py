@@ -19,8 +19,9 @@ through :meth:`SlotctlError.to_dict`; nothing renders a bare traceback.
     ├── SlotQueueFull                 slot.queue_full               429  (+ retry_after_s)
     ├── InsufficientMemory            model.insufficient_memory     409  (+ needed_bytes...)
     ├── ModelNotFound                 model.not_found               404
-    └── DockerEngineError             runtime.engine_error          502  (engine said no)
-        └── DockerUnavailable         runtime.unavailable           503  (no engine)
+    ├── DockerEngineError             runtime.engine_error          502  (engine said no)
+    │   └── DockerUnavailable         runtime.unavailable           503  (no engine)
+    └── ControllerAlreadyRunning      controller.already_running    409  (one per state dir)
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 __all__ = [
+    "ControllerAlreadyRunning",
     "DockerEngineError",
     "DockerUnavailable",
     "IllegalSlotTransition",
@@ -201,3 +203,10 @@ class DockerUnavailable(DockerEngineError):
 
     code = "runtime.unavailable"
     http_status = 503
+
+
+class ControllerAlreadyRunning(SlotctlError):
+    """Another controller holds the state dir's lock."""
+
+    code = "controller.already_running"
+    http_status = 409

@@ -251,6 +251,9 @@ class SlotManager:
             if slot.spec.model_id:
                 slot.model = self.models.get(slot.spec.model_id, slot.model)
 
+    def is_resident(self, name: str) -> bool:
+        return name in self._resident
+
     def known(self, name: str) -> SlotSpec | None:
         """The spec the manager currently applies to ``name`` (None: unknown slot)."""
         slot = self._slots.get(name)
@@ -775,8 +778,7 @@ class SlotManager:
             )
             try:
                 await asyncio.wait_for(
-                    self.unload(peer.name, force=True, reason=reason, clear_residency=True),
-                    self.config.exclusive_wait_s,
+                    self._unload_peer(peer, reason), self.config.exclusive_wait_s
                 )
             except TimeoutError:
                 raise self._refuse(
@@ -788,6 +790,17 @@ class SlotManager:
                         slot=slot.name,
                     ),
                 ) from None
+
+    async def _unload_peer(self, peer: _Slot, reason: str) -> None:
+        """Unload an exclusive-group peer (clearing its residency) for a load in its group.
+
+        Unlike :meth:`unload`, never waits for the peer's own pending load: that load queues
+        on the group lock the caller holds, so waiting for it would deadlock. It runs after
+        this load (and swaps back) if its waiters still want it.
+        """
+        self._clear_resident(peer.name)
+        async with peer.lock:
+            await self._unload_locked(peer, reason, "unload")
 
     # ================================================================= unload
 

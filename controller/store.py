@@ -19,11 +19,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from controller.errors import SlotConfigError, SlotctlError
+from controller.errors import ControllerAlreadyRunning, SlotConfigError, SlotctlError
 from controller.lifecycle import SlotState
 from controller.names import SLOT_NAME_PATTERN, is_valid_slot_name
 
 __all__ = [
+    "ControllerLock",
+    "ControllerRecord",
     "ResidencyEntry",
     "ResidencyStore",
     "SlotStateRecord",
@@ -246,3 +248,79 @@ class ResidencyStore:
             return False
         self._write(entries)
         return True
+
+
+class ControllerRecord(BaseModel):
+    """``<state_dir>/controller.json`` while a controller runs on that state dir."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    pid: int
+    create_time: float
+    started_at: str = Field(default_factory=utcnow)
+    runtime: str = "process"
+    listen: str | None = None
+    config_dir: str = ""
+    version: str = ""
+
+
+class ControllerLock:
+    """One controller per state dir: an exclusive ``flock`` plus ``controller.json``.
+
+    The lock dies with the process (kill -9 included), so a stale ``controller.json``
+    never blocks the next start; :meth:`running` checks pid *and* start time.
+    """
+
+    LOCK = "controller.lock"
+    RECORD = "controller.json"
+
+    def __init__(self, state_dir: Path) -> None:
+        self.state_dir = Path(state_dir)
+        self._fd: int | None = None
+
+    def acquire(self, record: ControllerRecord) -> None:
+        import fcntl
+
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.state_dir / self.LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            other = self.read()
+            who = f" (pid {other.pid}, started {other.started_at})" if other else ""
+            raise ControllerAlreadyRunning(
+                f"another controller already runs on {self.state_dir}{who}",
+                state_dir=str(self.state_dir),
+            ) from None
+        self._fd = fd
+        atomic_write_json(self.state_dir / self.RECORD, record.model_dump(mode="json"))
+
+    def release(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            (self.state_dir / self.RECORD).unlink()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def read(self) -> ControllerRecord | None:
+        try:
+            data = json.loads((self.state_dir / self.RECORD).read_bytes())
+            return ControllerRecord.model_validate(data)
+        except (OSError, ValueError, ValidationError):
+            return None
+
+    def running(self) -> ControllerRecord | None:
+        """The live controller's record, or None (absent, dead, or a recycled pid)."""
+        import psutil
+
+        record = self.read()
+        if record is None:
+            return None
+        try:
+            proc = psutil.Process(record.pid)
+            if abs(proc.create_time() - record.create_time) > 0.05:
+                return None
+        except psutil.Error:
+            return None
+        return record

@@ -8,6 +8,7 @@ prints it).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import traceback
 from collections.abc import Sequence
@@ -17,6 +18,7 @@ from controller import __version__
 from controller.cli import stack
 from controller.errors import SlotctlError
 from controller.paths import default_config_dir, default_state_dir
+from controller.runtime import RUNTIME_KINDS
 
 __all__ = ["EXIT_ERROR", "build_parser", "main"]
 
@@ -40,6 +42,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         default=None,
         help="observed state (default: $SLOTCTL_STATE_DIR, $XDG_STATE_HOME/slotctl)",
+    )
+    parser.add_argument(
+        "--runtime",
+        choices=RUNTIME_KINDS,
+        default=os.environ.get("SLOTCTL_RUNTIME", "process"),
+        help="process (default) or docker; a running controller's own runtime wins",
     )
     parser.add_argument("--debug", action="store_true", help="print tracebacks on errors")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

@@ -1,4 +1,4 @@
-"""``slotctl stack ...``: validate and show stack files (apply/diff/export come later)."""
+"""``slotctl stack validate|show`` (apply/diff/export live in ``cli.declarative``)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from controller.cli import declarative
 from controller.cli.output import Style, print_json, render_problems
 from controller.spec.configdir import read_settings
 from controller.spec.loader import LoadReport, load_stacks
@@ -35,6 +36,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     show.add_argument("paths", nargs="+", type=Path, metavar="PATH")
     show.add_argument("-o", "--output", choices=["toml", "json"], default="toml")
     show.set_defaults(func=cmd_show)
+    declarative.register(cmds, sub)
 
 
 def _load(args: argparse.Namespace) -> LoadReport:

@@ -44,6 +44,7 @@ EXTRA_ERRORS: dict[str, tuple[str, int]] = {
     "SlotQueueFull": ("slot.queue_full", 429),
     "DockerEngineError": ("runtime.engine_error", 502),
     "DockerUnavailable": ("runtime.unavailable", 503),
+    "ControllerAlreadyRunning": ("controller.already_running", 409),
 }
 ALL_ERRORS = {**SPEC_ERRORS, **EXTRA_ERRORS}
 
@@ -72,6 +73,7 @@ def _make(name: str) -> SlotctlError:
         "SlotQueueFull": lambda: errors_module.SlotQueueFull("64 waiting", retry_after_s=1.0),
         "DockerEngineError": lambda: errors_module.DockerEngineError("no such image"),
         "DockerUnavailable": lambda: errors_module.DockerUnavailable("no socket"),
+        "ControllerAlreadyRunning": lambda: errors_module.ControllerAlreadyRunning("pid 1"),
     }
     err: SlotctlError = builders[name]()
     return err

@@ -35,12 +35,16 @@ FILE_WRITERS: dict[str, str] = {
     "(<config_dir>/slots/*.toml) and the catalogue (models.toml), plus its lock file",
     "controller/runtime/process.py": "the process runtime writes and rotates server logs "
     "under the state dir (never the config dir)",
+    "controller/cli/declarative.py": "`stack export --output-dir` writes exported stack "
+    "files / Quadlet units where the user asks (never the config dir)",
 }
 
 # module -> why it may import or call write_slot_config / delete_slot_config / write_catalogue
 CONFIG_WRITER_USERS: dict[str, str] = {
     "controller/spec/guard.py": "defines them",
     "controller/spec/__init__.py": "re-exports them as the package's public API",
+    "controller/apply.py": "`stack apply` and GitOps: writes a validated stack into the "
+    "config dir, every write through the guard's functions",
 }
 
 CONFIG_WRITERS = frozenset({"write_slot_config", "delete_slot_config", "write_catalogue"})

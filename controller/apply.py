@@ -1,0 +1,258 @@
+"""Stack apply and diff: a stack's desired state against the config dir and the host.
+
+Used by ``slotctl stack apply|diff`` (and by the daemon in GitOps mode). Planning uses the
+reconciler's pure :func:`~controller.reconcile.plan_slot`, so ``diff`` prints exactly
+what ``apply`` would do. Writing goes through the guard (``write_slot_config``,
+``delete_slot_config``, ``write_catalogue``): this module never writes a file itself.
+
+Observation without a running controller reads ``state.json`` and asks the runtime
+(``inspect``/``list_managed``); it never changes anything.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jsonpatch
+import tomlkit
+
+from controller.errors import SlotctlError
+from controller.lifecycle import DISPATCHABLE_STATES, SlotState
+from controller.providers import BuildContext, build_launch
+from controller.reconcile import Action, ObservedSlot, plans_for
+from controller.runtime.base import Runtime
+from controller.spec.configdir import ConfigSnapshot, read_config_dir
+from controller.spec.guard import delete_slot_config, write_catalogue, write_slot_config
+from controller.spec.loader import DesiredSlot, DesiredState
+from controller.spec.render import slot_effective
+from controller.spec.schema import ModelSpec
+from controller.store import StateStore
+
+__all__ = [
+    "StackPlan",
+    "apply_to_config",
+    "observe_files",
+    "plan_stack",
+]
+
+
+@dataclass(slots=True)
+class StackPlan:
+    """Everything ``apply``/``diff`` need to show and do for one desired state."""
+
+    state: DesiredState
+    actions: list[Action]
+    config_diffs: dict[str, str] = field(default_factory=dict)  # slot -> unified TOML diff
+    drift: dict[str, list[str]] = field(default_factory=dict)  # slot -> runtime drift lines
+    orphans: list[str] = field(default_factory=list)  # managed objects nobody declares
+    models_changed: list[str] = field(default_factory=list)
+    desired_doc: dict[str, Any] = field(default_factory=dict)
+    observed_doc: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def in_sync(self) -> bool:
+        return (
+            all(a.kind == "noop" for a in self.actions)
+            and not self.config_diffs
+            and not any(self.drift.values())
+            and not self.orphans
+            and not self.models_changed
+        )
+
+    def json_patch(self) -> list[dict[str, Any]]:
+        """RFC 6902 patch that turns the observed document into the desired one."""
+        patch: list[dict[str, Any]] = jsonpatch.make_patch(
+            self.observed_doc, self.desired_doc
+        ).patch
+        return patch
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "in_sync": self.in_sync,
+            "actions": [a.to_dict() for a in self.actions],
+            "config_diffs": self.config_diffs,
+            "drift": {k: v for k, v in self.drift.items() if v},
+            "orphans": self.orphans,
+            "models_changed": self.models_changed,
+        }
+
+
+async def observe_files(
+    names: Iterable[str], state_dir: Path, runtime: Runtime
+) -> dict[str, ObservedSlot]:
+    """Observed state from state.json and the runtime (no controller needed)."""
+    store = StateStore(state_dir)
+    out: dict[str, ObservedSlot] = {}
+    for name in names:
+        try:
+            record = store.read(name)
+        except SlotctlError:
+            record = None
+        observed = await runtime.inspect(name)
+        state = record.state if record else None
+        message = record.message if record else ""
+        if state in DISPATCHABLE_STATES and not observed.running:
+            # state.json says it serves, the host says no server runs: believe the host.
+            state, message = SlotState.ERROR, f"server not running ({observed.message or 'gone'})"
+        extra = record.extra if record else {}
+        out[name] = ObservedSlot(
+            name=name,
+            state=state,
+            idle_reason=extra.get("idle_reason"),
+            running=observed.running,
+            config_hash=observed.config_hash if observed.running else None,
+            message=message,
+            blocked=False,
+            retry_after_s=float(extra.get("retry_after_s", 0) or 0),
+        )
+    return out
+
+
+def _toml(data: Mapping[str, Any] | None) -> list[str]:
+    if data is None:
+        return []
+    doc = tomlkit.document()
+    doc["slot"] = dict(data)
+    return tomlkit.dumps(doc).splitlines(keepends=True)
+
+
+def _config_diff(name: str, have: DesiredSlot | None, want: DesiredSlot | None) -> str:
+    old = slot_effective(have.spec) if have else None
+    new = slot_effective(want.spec) if want else None
+    if old == new:
+        return ""
+    lines = difflib.unified_diff(
+        _toml(old), _toml(new), fromfile=f"live/{name}", tofile=f"declared/{name}"
+    )
+    return "".join(lines)
+
+
+def _hash(slot: DesiredSlot, models: Mapping[str, ModelSpec], runtime: str) -> str | None:
+    model = models.get(slot.spec.model_id) if slot.spec.model_id else None
+    try:
+        return build_launch(
+            slot.spec, model, BuildContext(runtime=runtime, stack=slot.stack)
+        ).config_hash()
+    except SlotctlError:
+        return None
+
+
+async def plan_stack(
+    state: DesiredState,
+    config_dir: Path,
+    state_dir: Path,
+    runtime: Runtime,
+    *,
+    prune: bool,
+    snapshot: ConfigSnapshot | None = None,
+) -> StackPlan:
+    """Plan applying ``state``: config changes, runtime actions and drift, with reasons."""
+    snapshot = snapshot or read_config_dir(config_dir)
+    owned = {n for n, s in snapshot.slots.items() if s.stack in state.stacks}
+    names = list(state.slots) + sorted(owned - set(state.slots))
+    observed = await observe_files(names, state_dir, runtime)
+    kind = runtime.kind if runtime.kind in ("process", "docker") else "process"
+    hashes = {n: _hash(s, state.models, kind) for n, s in state.slots.items()}
+    residents: list[str] = []
+    actions = plans_for(
+        names,
+        state.slots,
+        {n: s.spec for n, s in snapshot.slots.items()},
+        observed,
+        hashes,
+        residents=residents,
+        deletable=lambda n: prune and n in owned,
+    )
+    plan = StackPlan(state=state, actions=actions)
+    for name in names:
+        want = state.slots.get(name)
+        if want is None and not prune:
+            continue
+        diff = _config_diff(name, snapshot.slots.get(name), want)
+        if diff:
+            plan.config_diffs[name] = diff
+        plan.drift[name] = _drift(want, observed.get(name))
+    plan.models_changed = sorted(
+        m.id for m in state.models.values() if snapshot.models.get(m.id) != m
+    )
+    managed = [o.slot for o in await runtime.list_managed()]
+    plan.orphans = sorted(n for n in managed if n not in state.slots and n not in snapshot.slots)
+    plan.desired_doc = _document(state.slots, hashes)
+    plan.observed_doc = _document(
+        {n: s for n, s in snapshot.slots.items() if n in names}, None, observed
+    )
+    return plan
+
+
+def _drift(want: DesiredSlot | None, obs: ObservedSlot | None) -> list[str]:
+    if want is None or obs is None:
+        return []
+    lines = []
+    if obs.state is SlotState.ERROR:
+        lines.append(f"in error: {obs.message or 'no message'}")
+    elif want.autoload and want.spec.activated and not obs.dispatchable:
+        state = obs.state.value if obs.state else "never started"
+        lines.append(f"autoload slot is not serving (state: {state})")
+    return lines
+
+
+def _document(
+    slots: Mapping[str, DesiredSlot],
+    hashes: Mapping[str, str | None] | None,
+    observed: Mapping[str, ObservedSlot] | None = None,
+) -> dict[str, Any]:
+    """The JSON document behind ``-o json-patch``: config plus the runtime status."""
+    out: dict[str, Any] = {}
+    for name, slot in slots.items():
+        doc = slot_effective(slot.spec)
+        if hashes is not None:
+            doc["status"] = {
+                "dispatchable": bool(slot.autoload and slot.spec.activated),
+                "config_hash": hashes.get(name) if slot.autoload else None,
+            }
+        elif observed is not None and name in observed:
+            obs = observed[name]
+            doc["status"] = {
+                "dispatchable": obs.dispatchable,
+                "config_hash": obs.config_hash if slot.autoload else None,
+            }
+        out[name] = doc
+    return {"slots": out}
+
+
+def apply_to_config(
+    state: DesiredState,
+    config_dir: Path,
+    *,
+    prune: bool,
+    snapshot: ConfigSnapshot | None = None,
+) -> list[str]:
+    """Write a desired state into the config dir through the guard; returns what changed.
+
+    The catalogue goes first (slots reference it); then every declared slot; then, with
+    ``prune``, the slots this stack owns that it no longer declares are removed.
+    """
+    snapshot = snapshot or read_config_dir(config_dir)
+    changed: list[str] = []
+    merged = dict(snapshot.models)
+    merged.update(state.models)
+    if merged != snapshot.models:
+        write_catalogue(config_dir, list(merged.values()))
+        changed.append("models")
+    for name, slot in state.slots.items():
+        current = snapshot.slots.get(name)
+        if current is not None and current.spec == slot.spec and current.stack == slot.stack:
+            continue
+        payload = slot.spec.model_dump(mode="json", exclude_unset=True, exclude_none=True)
+        write_slot_config(config_dir, payload, stack=slot.stack or None)
+        changed.append(name)
+    if prune:
+        for name, current in snapshot.slots.items():
+            if current.stack in state.stacks and name not in state.slots:
+                delete_slot_config(config_dir, name)
+                changed.append(name)
+    return changed

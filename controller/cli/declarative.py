@@ -1,0 +1,430 @@
+"""``slotctl stack apply|diff|export`` and ``slotctl up|down``: the declarative workflow.
+
+Exit codes follow kubectl/Flux/Argo CD: ``diff --exit-code`` is 0 in sync, 1 drift, 2 error
+(any error, an unexpected one included: see ``cli.main``). ``apply`` is 0 applied (and
+converged with ``--wait``/``--once``), 1 invalid or not converged in time, 2 error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from controller.apply import StackPlan, apply_to_config, observe_files, plan_stack
+from controller.cli.output import Style, print_json, render_problems
+from controller.daemon import Controller, DaemonOptions, stop_everything
+from controller.errors import SlotctlError
+from controller.events import Event
+from controller.quadlet import render_quadlet
+from controller.reconcile import Action, Reconciler
+from controller.runtime import make_runtime
+from controller.runtime.base import Runtime
+from controller.slots import SlotManager
+from controller.spec.configdir import read_config_dir, read_settings
+from controller.spec.loader import DesiredState, LoadReport, load_stacks
+from controller.spec.render import render_stack
+from controller.store import ControllerLock
+
+__all__ = ["cmd_apply", "cmd_diff", "cmd_down", "cmd_export", "cmd_up"]
+
+EXIT_OK, EXIT_NEGATIVE, EXIT_ERROR = 0, 1, 2
+
+_KIND_COLOUR = {
+    "create": "green",
+    "recreate": "yellow",
+    "load": "green",
+    "update": "yellow",
+    "delete": "red",
+    "unload": "red",
+    "adopt": "dim",
+    "noop": "dim",
+}
+
+
+def _load(args: argparse.Namespace) -> tuple[LoadReport, Style]:
+    settings, problems = read_settings(args.config_dir)
+    report = load_stacks(args.paths, settings)
+    report.errors[:0] = problems
+    return report, Style(sys.stdout)
+
+
+def _runtime_for(args: argparse.Namespace) -> tuple[Runtime, bool]:
+    """The runtime of the running controller (if any), else ``--runtime``."""
+    running = ControllerLock(args.state_dir).running()
+    kind = running.runtime if running else args.runtime
+    return make_runtime(kind, args.state_dir), running is not None
+
+
+async def _close(runtime: Runtime) -> None:
+    close = getattr(runtime, "close", None)
+    if close is not None:
+        result = close()
+        if asyncio.iscoroutine(result):
+            await result
+
+
+def _action_line(action: Action, style: Style) -> str:
+    colour = getattr(style, _KIND_COLOUR.get(action.kind, "dim"))
+    return f"  {colour(f'{action.kind:<9}')} {action.slot:<20} {action.reason}"
+
+
+async def _plan(args: argparse.Namespace, state: DesiredState, prune: bool) -> StackPlan:
+    runtime, _ = _runtime_for(args)
+    try:
+        return await plan_stack(state, args.config_dir, args.state_dir, runtime, prune=prune)
+    finally:
+        await _close(runtime)
+
+
+# ===================================================================== apply
+
+
+def cmd_apply(args: argparse.Namespace) -> int:
+    report, style = _load(args)
+    if not report.ok or report.state is None:
+        for line in render_problems([*report.errors, *report.warnings], Style(sys.stderr)):
+            print(line, file=sys.stderr)
+        print("slotctl: stack is invalid: nothing was applied", file=sys.stderr)
+        return EXIT_NEGATIVE
+    state = report.state
+    plan = asyncio.run(_plan(args, state, args.prune))
+    shown = [a for a in plan.actions if a.kind != "noop"]
+    print(style.bold(f"plan for stack {', '.join(state.stacks)}:"))
+    for action in shown or plan.actions[:0]:
+        print(_action_line(action, style))
+    if not shown:
+        print(style.dim("  (no changes)"))
+    if args.dry_run:
+        print(style.dim("dry run: nothing written"))
+        return EXIT_OK
+    changed = apply_to_config(state, args.config_dir, prune=args.prune)
+    print(f"configured: {', '.join(changed) if changed else 'nothing changed'}")
+    running = ControllerLock(args.state_dir).running() is not None
+    if args.once:
+        if running:
+            print("slotctl: a controller is running on this state dir: use --wait", file=sys.stderr)
+            return EXIT_ERROR
+        return EXIT_OK if asyncio.run(_converge_once(args)) else EXIT_NEGATIVE
+    if args.wait:
+        if not running:
+            print(
+                f"slotctl: no controller is running on {args.state_dir}: start `slotctl up` "
+                "or use --once to reconcile in this process",
+                file=sys.stderr,
+            )
+            return EXIT_ERROR
+        return EXIT_OK if asyncio.run(_wait(args, state)) else EXIT_NEGATIVE
+    return EXIT_OK
+
+
+async def _converge_once(args: argparse.Namespace) -> bool:
+    """Reconcile in this process until converged; servers stay running (adoptable)."""
+    lock = ControllerLock(args.state_dir)
+    import os
+
+    import psutil
+
+    from controller.store import ControllerRecord
+
+    lock.acquire(
+        ControllerRecord(
+            pid=os.getpid(),
+            create_time=psutil.Process().create_time(),
+            runtime=args.runtime,
+            config_dir=str(args.config_dir),
+        )
+    )
+    runtime = make_runtime(args.runtime, args.state_dir)
+    try:
+        settings, _ = read_settings(args.config_dir)
+        manager = SlotManager(
+            runtime=runtime, state_dir=args.state_dir, config_dir=args.config_dir, settings=settings
+        )
+        reconciler = Reconciler(manager, args.config_dir)
+        started = time.monotonic()
+        with manager.events.subscribe() as events:
+            printer = asyncio.create_task(_print_progress(events, started))
+            await manager.set_desired(reconciler.refresh().desired())
+            await manager.recover()
+            ok = await reconciler.converge(timeout=args.timeout)
+            await asyncio.sleep(0)
+            printer.cancel()
+        await manager.close()
+        if not ok:
+            _report_stuck(
+                {
+                    n: v.message
+                    for n, v in ((x.name, x) for x in manager.views())
+                    if n in reconciler.errors or not v.dispatchable
+                },
+                reconciler.errors,
+            )
+        else:
+            print(f"converged in {time.monotonic() - started:.1f}s (servers keep running)")
+        return ok
+    finally:
+        await _close(runtime)
+        lock.release()
+
+
+async def _print_progress(events: Any, started: float) -> None:
+    async for event in events:
+        assert isinstance(event, Event)
+        if event.kind == "transition":
+            elapsed = time.monotonic() - started
+            print(
+                f"  {elapsed:6.1f}s  {event.slot:<20} {event.from_state} -> {event.to_state}"
+                + (f"  {event.message}" if event.message else "")
+            )
+        elif event.kind in ("refusal", "error"):
+            print(f"  {'':6}   {event.slot or '-':<20} {event.kind}: {event.message}")
+
+
+def _report_stuck(stuck: dict[str, str], errors: dict[str, str]) -> None:
+    print("slotctl: not converged; stuck slots:", file=sys.stderr)
+    for name, message in sorted(stuck.items()):
+        print(f"  {name}: {errors.get(name) or message or 'waiting'}", file=sys.stderr)
+
+
+async def _wait(args: argparse.Namespace, state: DesiredState) -> bool:
+    """Follow a running controller through state.json until the plan is all noop."""
+    runtime, _ = _runtime_for(args)
+    started = time.monotonic()
+    deadline = started + args.timeout
+    last: dict[str, str] = {}
+    try:
+        while True:
+            plan = await plan_stack(
+                state, args.config_dir, args.state_dir, runtime, prune=args.prune
+            )
+            observed = await observe_files(state.slots, args.state_dir, runtime)
+            for name, obs in observed.items():
+                shown = obs.state.value if obs.state else "pending"
+                if last.get(name) != shown:
+                    last[name] = shown
+                    elapsed = time.monotonic() - started
+                    note = f"  {obs.message}" if obs.message else ""
+                    print(f"  {elapsed:6.1f}s  {name:<20} {shown}{note}")
+            if plan.in_sync:
+                print(f"converged in {time.monotonic() - started:.1f}s")
+                return True
+            if time.monotonic() >= deadline:
+                stuck = {a.slot: a.reason for a in plan.actions if a.kind != "noop"}
+                stuck.update({n: "; ".join(d) for n, d in plan.drift.items() if d})
+                _report_stuck(stuck, {n: o.message for n, o in observed.items() if o.message})
+                return False
+            await asyncio.sleep(0.25)
+    finally:
+        await _close(runtime)
+
+
+# ===================================================================== diff
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    report, style = _load(args)
+    if not report.ok or report.state is None:
+        for line in render_problems(report.errors, Style(sys.stderr)):
+            print(line, file=sys.stderr)
+        print("slotctl: stack is invalid: cannot diff", file=sys.stderr)
+        return EXIT_ERROR
+    plan = asyncio.run(_plan(args, report.state, True))
+    if args.output == "json":
+        print_json(plan.to_dict())
+    elif args.output == "json-patch":
+        print(json.dumps(plan.json_patch(), indent=2))
+    else:
+        _print_diff(plan, style)
+    if args.exit_code and not plan.in_sync:
+        return EXIT_NEGATIVE
+    return EXIT_OK
+
+
+def _print_diff(plan: StackPlan, style: Style) -> None:
+    by_slot = {a.slot: a for a in plan.actions}
+    for name, action in by_slot.items():
+        diff = plan.config_diffs.get(name, "")
+        drift = plan.drift.get(name, [])
+        if action.kind == "noop" and not diff and not drift:
+            continue
+        print(style.bold(f"=== slot {name}: {action.kind}") + f" — {action.reason}")
+        for line in diff.splitlines():
+            if line.startswith("+") and not line.startswith("+++"):
+                print(style.green(line))
+            elif line.startswith("-") and not line.startswith("---"):
+                print(style.red(line))
+            else:
+                print(style.dim(line) if line.startswith("@@") else line)
+        for line in drift:
+            print(style.yellow(f"  runtime drift: {line}"))
+    for name in plan.orphans:
+        print(style.bold(f"=== orphan {name}") + " — a managed server nobody declares")
+    if plan.models_changed:
+        print(
+            style.bold("=== models") + f" — differ from the live catalogue: "
+            f"{', '.join(plan.models_changed)}"
+        )
+    if plan.in_sync:
+        print(style.green("in sync"))
+
+
+# ===================================================================== export
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    snapshot = read_config_dir(args.config_dir)
+    for problem in snapshot.errors:
+        print(f"slotctl: warning: {problem.where()}: {problem.message}", file=sys.stderr)
+    stacks = sorted({s.stack or "default" for s in snapshot.slots.values()})
+    if args.stack:
+        stacks = [s for s in stacks if s == args.stack]
+        if not stacks:
+            print(f"slotctl: no slots belong to stack {args.stack!r}", file=sys.stderr)
+            return EXIT_ERROR
+    if args.format == "quadlet":
+        return _export_quadlet(args, snapshot)
+    if len(stacks) > 1 and not args.output_dir:
+        print(
+            f"slotctl: several stacks ({', '.join(stacks)}): pick one with --stack or use "
+            "--output-dir",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
+    referenced = {s.spec.model_id for s in snapshot.slots.values()}
+    for index, stack in enumerate(stacks):
+        slots = [s for s in snapshot.slots.values() if (s.stack or "default") == stack]
+        used = {s.spec.model_id for s in slots}
+        models = [m for m in snapshot.models.values() if m.id in used]
+        if index == 0 and not args.stack:
+            models += [m for m in snapshot.models.values() if m.id not in referenced]
+        text = render_stack(stack, models, slots, full=False)
+        _emit(args, f"{stack}.toml", text)
+    return EXIT_OK
+
+
+def _export_quadlet(args: argparse.Namespace, snapshot: Any) -> int:
+    failed = 0
+    for slot in snapshot.slots.values():
+        if args.stack and slot.stack != args.stack:
+            continue
+        try:
+            unit = render_quadlet(slot, snapshot.models)
+        except SlotctlError as exc:
+            print(f"slotctl: skipped {slot.name}: {exc.message}", file=sys.stderr)
+            failed += 1
+            continue
+        _emit(args, f"slotctl-{slot.name}.container", unit)
+    return EXIT_ERROR if failed else EXIT_OK
+
+
+def _emit(args: argparse.Namespace, filename: str, text: str) -> None:
+    if args.output_dir:
+        out: Path = args.output_dir
+        out.mkdir(parents=True, exist_ok=True)
+        (out / filename).write_text(text, encoding="utf-8")
+        print(f"wrote {out / filename}")
+    else:
+        if args.format == "quadlet":
+            print(f"# ---- {filename} ----")
+        sys.stdout.write(text)
+
+
+# ===================================================================== up / down
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    opts = DaemonOptions(
+        config_dir=args.config_dir,
+        state_dir=args.state_dir,
+        runtime=args.runtime,
+        stack_dir=args.stack_dir,
+        keep_running=args.keep_running,
+        resync_s=args.resync,
+    )
+    if args.stack_dir is not None and not args.stack_dir.is_dir():
+        print(f"slotctl: {args.stack_dir} is not a directory", file=sys.stderr)
+        return EXIT_ERROR
+    return asyncio.run(Controller(opts).run())
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    import os
+    import signal
+
+    import psutil
+
+    running = ControllerLock(args.state_dir).running()
+    kind = running.runtime if running else args.runtime
+    if running is not None:
+        print(f"stopping the controller (pid {running.pid}) ...")
+        os.kill(running.pid, signal.SIGTERM)
+        try:
+            psutil.Process(running.pid).wait(timeout=args.timeout)
+        except psutil.TimeoutExpired:
+            print(
+                f"slotctl: controller pid {running.pid} did not stop within {args.timeout:g}s",
+                file=sys.stderr,
+            )
+            return EXIT_ERROR
+        except psutil.NoSuchProcess:
+            pass
+    return asyncio.run(stop_everything(args.config_dir, args.state_dir, kind, print))
+
+
+def register(cmds: Any, sub: Any) -> None:
+    """Adds apply/diff/export under ``stack`` and the top-level ``up``/``down``."""
+    apply = cmds.add_parser("apply", help="validate, plan and apply stack files")
+    apply.add_argument("paths", nargs="+", type=Path, metavar="PATH")
+    apply.add_argument(
+        "--prune", action="store_true", help="remove slots this stack owns but no longer declares"
+    )
+    apply.add_argument("--dry-run", action="store_true", help="print the plan only")
+    apply.add_argument(
+        "--wait", action="store_true", help="follow the running controller until converged"
+    )
+    apply.add_argument(
+        "--once",
+        action="store_true",
+        help="no controller running: reconcile in this process, then exit",
+    )
+    apply.add_argument("--timeout", type=float, default=300.0, help="seconds (default 300)")
+    apply.set_defaults(func=cmd_apply)
+
+    diff = cmds.add_parser("diff", help="show drift between stack files and the host")
+    diff.add_argument("paths", nargs="+", type=Path, metavar="PATH")
+    diff.add_argument(
+        "--exit-code", action="store_true", help="exit 1 when anything drifted (0 in sync, 2 error)"
+    )
+    diff.add_argument("-o", "--output", choices=["text", "json", "json-patch"], default="text")
+    diff.set_defaults(func=cmd_diff)
+
+    export = cmds.add_parser("export", help="the live desired state as stack files or units")
+    export.add_argument("--format", choices=["toml", "quadlet"], default="toml")
+    export.add_argument("--stack", help="only this stack")
+    export.add_argument("--output-dir", type=Path, help="write files here instead of stdout")
+    export.set_defaults(func=cmd_export)
+
+    up = sub.add_parser("up", help="run the controller in the foreground")
+    up.add_argument(
+        "stack_dir",
+        nargs="?",
+        type=Path,
+        metavar="STACK_DIR",
+        help="GitOps: apply this directory and every change to it",
+    )
+    up.add_argument(
+        "--keep-running",
+        action="store_true",
+        help="on exit leave servers running for the next `up` to adopt",
+    )
+    up.add_argument("--resync", type=float, default=30.0, help="resync period in seconds")
+    up.set_defaults(func=cmd_up)
+
+    down = sub.add_parser("down", help="stop the controller and every server it manages")
+    down.add_argument("--timeout", type=float, default=60.0)
+    down.set_defaults(func=cmd_down)

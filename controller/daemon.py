@@ -1,0 +1,272 @@
+"""``slotctl up``: wiring of the controller — manager, reconciler, watchers, signals.
+
+Composition only: the SlotManager changes state, the reconciler decides what to do, the
+guard writes config. This module starts them, follows the config dir (and, in GitOps
+mode, a stack directory) with watchfiles, prints progress, holds the one-controller-per-
+state-dir lock and shuts down cleanly on SIGINT/SIGTERM (stopping managed servers unless
+``--keep-running``, which leaves them for the next ``up`` to adopt).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+import psutil
+import watchfiles
+
+from controller import __version__
+from controller.apply import apply_to_config
+from controller.errors import SlotctlError
+from controller.events import Event
+from controller.reconcile import Action, Reconciler
+from controller.runtime import make_runtime
+from controller.slots import ManagerConfig, SlotManager
+from controller.spec.configdir import read_settings
+from controller.spec.loader import DesiredState, load_stacks
+from controller.store import ControllerLock, ControllerRecord
+
+__all__ = ["Controller", "DaemonOptions", "stop_everything"]
+
+log = logging.getLogger("slotctl.daemon")
+
+_IGNORED = (".slotctl.lock", "residency.json", ".tmp")
+
+
+@dataclass(slots=True)
+class DaemonOptions:
+    config_dir: Path
+    state_dir: Path
+    runtime: str = "process"
+    stack_dir: Path | None = None
+    keep_running: bool = False
+    resync_s: float = 30.0
+    watch_debounce_ms: int = 50
+    out: TextIO = field(default_factory=lambda: sys.stdout)
+    listen: str | None = None
+
+
+class Controller:
+    def __init__(self, opts: DaemonOptions) -> None:
+        self.opts = opts
+        self.stop = asyncio.Event()
+        self.ready = asyncio.Event()
+        self.lock = ControllerLock(opts.state_dir)
+        self.manager: SlotManager | None = None
+        self.reconciler: Reconciler | None = None
+        self._gitops_stacks: set[str] = set()
+        self._started = time.monotonic()
+
+    # ---------------------------------------------------------------- output
+
+    def say(self, text: str) -> None:
+        stamp = time.strftime("%H:%M:%S")
+        self.opts.out.write(f"{stamp} {text}\n")
+        self.opts.out.flush()
+
+    def _print_plan(self, action: Action) -> None:
+        self.say(f"plan   {action.slot:<16} {action.kind:<9} {action.reason}")
+
+    def _print_event(self, event: Event) -> None:
+        if event.kind == "transition":
+            arrow = f"{event.from_state} -> {event.to_state}"
+            tail = f"  {event.message}" if event.message else ""
+            self.say(f"slot   {event.slot or '-':<16} {arrow:<22}{tail}")
+        elif event.kind in ("refusal", "eviction", "error"):
+            code = f" [{event.error}]" if event.error else ""
+            self.say(f"{event.kind:<6} {event.slot or '-':<16}{code} {event.message}")
+
+    # ---------------------------------------------------------------- main
+
+    async def run(self) -> int:
+        opts = self.opts
+        opts.config_dir.mkdir(parents=True, exist_ok=True)
+        record = ControllerRecord(
+            pid=os.getpid(),
+            create_time=psutil.Process().create_time(),
+            runtime=opts.runtime,
+            listen=opts.listen,
+            config_dir=str(opts.config_dir.resolve()),
+            version=__version__,
+        )
+        self.lock.acquire(record)
+        try:
+            return await self._run_locked()
+        finally:
+            self.lock.release()
+
+    async def _run_locked(self) -> int:
+        opts = self.opts
+        settings, problems = read_settings(opts.config_dir)
+        for problem in problems:
+            self.say(f"config {problem.where()}: {problem.message}")
+        runtime = make_runtime(opts.runtime, opts.state_dir)
+        manager = SlotManager(
+            runtime=runtime,
+            state_dir=opts.state_dir,
+            config_dir=opts.config_dir,
+            settings=settings,
+            config=ManagerConfig(),
+        )
+        self.manager = manager
+        if opts.stack_dir is not None:
+            self.apply_stack_dir()
+        reconciler = Reconciler(
+            manager, opts.config_dir, resync_s=opts.resync_s, on_plan=self._print_plan
+        )
+        self.reconciler = reconciler
+        self._install_signals()
+        self.say(
+            f"slotctl {__version__} controller: runtime {opts.runtime}, config "
+            f"{opts.config_dir}, state {opts.state_dir}"
+            + (f", GitOps from {opts.stack_dir}" if opts.stack_dir else "")
+        )
+        with manager.events.subscribe() as events:
+            printer = asyncio.create_task(self._print_events(events))
+            snapshot = reconciler.refresh()
+            await manager.set_desired(snapshot.desired())
+            await manager.recover()
+            tasks = [
+                asyncio.create_task(reconciler.run(self.stop), name="reconciler"),
+                asyncio.create_task(manager.run(self.stop), name="manager"),
+                asyncio.create_task(self._watch(), name="watch"),
+            ]
+            self.ready.set()
+            try:
+                await self.stop.wait()
+            finally:
+                await self._shutdown(tasks, printer)
+        return 0
+
+    async def _print_events(self, events: object) -> None:
+        from controller.events import Subscription
+
+        assert isinstance(events, Subscription)
+        async for event in events:
+            self._print_event(event)
+
+    async def _shutdown(self, tasks: list[asyncio.Task[None]], printer: asyncio.Task[None]) -> None:
+        self.stop.set()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        manager = self.manager
+        assert manager is not None
+        if self.opts.keep_running:
+            self.say("stopping the controller; servers keep running (--keep-running)")
+        else:
+            self.say("stopping managed servers ...")
+            await manager.stop_all()
+        await manager.close()
+        close = getattr(manager.runtime, "close", None)
+        if close is not None:
+            result = close()
+            if asyncio.iscoroutine(result):
+                await result
+        await asyncio.sleep(0)  # let the printer show the last transitions
+        printer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await printer
+        self.say("controller stopped")
+
+    def _install_signals(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, self.stop.set)
+
+    # ---------------------------------------------------------------- GitOps
+
+    def apply_stack_dir(self) -> bool:
+        """Validate the stack dir and apply it; an invalid one changes nothing."""
+        opts = self.opts
+        assert opts.stack_dir is not None
+        settings, _ = read_settings(opts.config_dir)
+        report = load_stacks([opts.stack_dir], settings)
+        if not report.ok or report.state is None:
+            for p in report.errors:
+                where = p.where()
+                self.say(f"invalid {where}: [{p.code}] {p.message}")
+            self.say("stack dir is invalid: nothing changed, the last good desired state stays")
+            return False
+        for p in report.warnings:
+            self.say(f"warning {p.where()}: [{p.code}] {p.message}")
+        self._gitops_stacks.update(report.state.stacks)
+        state = DesiredState(
+            stacks=tuple(sorted(self._gitops_stacks)),
+            models=report.state.models,
+            slots=report.state.slots,
+        )
+        try:
+            changed = apply_to_config(state, opts.config_dir, prune=True)
+        except SlotctlError as exc:  # a refused write: report it, keep the last good state
+            self.say(f"apply failed: [{exc.code}] {exc.message}")
+            return False
+        if changed:
+            self.say(f"applied {opts.stack_dir}: {', '.join(changed)}")
+        return True
+
+    async def _watch(self) -> None:
+        opts = self.opts
+        paths = [opts.config_dir]
+        if opts.stack_dir is not None:
+            paths.append(opts.stack_dir)
+        stack_dir = opts.stack_dir.resolve() if opts.stack_dir else None
+        async for changes in watchfiles.awatch(
+            *paths,
+            stop_event=self.stop,
+            debounce=opts.watch_debounce_ms,
+            step=10,
+            watch_filter=_relevant,
+        ):
+            touched = {Path(p).resolve() for _, p in changes}
+            if stack_dir is not None and any(stack_dir in t.parents for t in touched):
+                self.apply_stack_dir()
+            assert self.reconciler is not None
+            self.reconciler.refresh()
+            self.reconciler.enqueue_all()
+
+
+def _relevant(change: watchfiles.Change, path: str) -> bool:
+    name = Path(path).name
+    return not any(name.endswith(s) or name == s for s in _IGNORED) and not name.startswith(".")
+
+
+async def stop_everything(
+    config_dir: Path,
+    state_dir: Path,
+    runtime_kind: str,
+    say: Callable[[str], None],
+) -> int:
+    """``slotctl down`` without a controller: adopt and stop every managed server."""
+    from controller.spec.configdir import read_config_dir
+
+    snapshot = read_config_dir(config_dir)
+    runtime = make_runtime(runtime_kind, state_dir)
+    manager = SlotManager(
+        runtime=runtime, state_dir=state_dir, config_dir=config_dir, settings=snapshot.settings
+    )
+    await manager.set_desired(snapshot.desired())
+    await manager.recover()
+    await manager.stop_all(reason="slotctl down")
+    stopped = 0
+    for observed in await runtime.list_managed():
+        if await manager.reap_orphan(observed.slot):
+            stopped += 1
+    await manager.close()
+    close = getattr(runtime, "close", None)
+    if close is not None:
+        result = close()
+        if asyncio.iscoroutine(result):
+            await result
+    say(f"stopped {len(snapshot.slots)} slot(s) and {stopped} orphan server(s)")
+    return 0

@@ -1,0 +1,469 @@
+"""The reconciler: observe -> plan -> act, level-triggered, one slot at a time per slot.
+
+``plan_slot`` is pure: desired (a stack or the config dir), what is currently applied, and
+what is observed go in; one :class:`Action` with its reason comes out. ``stack diff``
+prints exactly the plan ``stack apply`` and the daemon execute.
+
+:class:`Reconciler` runs the plan against the :class:`~controller.slots.SlotManager`
+through a work queue that carries slot *names* only: every pass re-reads desired and
+observed state, so merged or missed events are harmless. One slot is never reconciled
+twice at once; different slots reconcile concurrently. Outcomes map to queue actions in
+one place (:func:`requeue_delay`): a delayed requeue, a rate-limited exponential retry,
+or done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from controller.errors import (
+    InsufficientMemory,
+    SlotConfigError,
+    SlotCrashLooping,
+    SlotctlError,
+)
+from controller.lifecycle import SlotState, can_dispatch
+from controller.slots import SlotManager
+from controller.spec.configdir import ConfigSnapshot, read_config_dir
+from controller.spec.loader import DesiredSlot
+from controller.spec.schema import SlotSpec
+
+__all__ = [
+    "SCHEDULING_KEYS",
+    "Action",
+    "ObservedSlot",
+    "Reconciler",
+    "Result",
+    "plan_slot",
+    "requeue_delay",
+    "spec_changes",
+]
+
+log = logging.getLogger("slotctl.reconcile")
+
+# Keys that change how a slot is scheduled, never how its server runs: applied in place.
+SCHEDULING_KEYS: Final = frozenset(
+    {
+        "priority",
+        "pinned",
+        "autoload",
+        "idle_timeout_s",
+        "ttl_s",
+        "warmup_timeout_s",
+        "drain_timeout_s",
+        "liveness_interval_s",
+        "liveness_failures",
+        "max_consecutive_failures",
+        "max_queue",
+        "memory_gb",
+    }
+)
+ACTION_KINDS: Final = ("create", "recreate", "load", "unload", "update", "delete", "adopt", "noop")
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    kind: str
+    slot: str
+    reason: str
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class ObservedSlot:
+    """What is known of a slot at run time (from the manager or from files + runtime)."""
+
+    name: str
+    state: SlotState | None = None  # None: never seen
+    idle_reason: str | None = None
+    running: bool = False  # a managed server object exists and runs
+    config_hash: str | None = None  # of the running server
+    message: str = ""
+    blocked: bool = False  # crash-loop breaker holds it
+    retry_after_s: float = 0.0
+
+    @property
+    def dispatchable(self) -> bool:
+        return self.state is not None and can_dispatch(self.state, self.idle_reason)
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """What a reconcile pass asks of the queue: nothing, or to look again after a delay."""
+
+    requeue_after: float | None = None
+
+
+def spec_changes(have: SlotSpec, want: SlotSpec) -> list[tuple[str, Any, Any]]:
+    """Top-level keys whose effective values differ, as (key, old, new)."""
+    old = have.model_dump(mode="json")
+    new = want.model_dump(mode="json")
+    return [(k, old.get(k), new.get(k)) for k in new if old.get(k) != new.get(k)]
+
+
+def _fmt(changes: Iterable[tuple[str, Any, Any]]) -> str:
+    parts = []
+    for key, old, new in changes:
+        if isinstance(old, dict | list) or isinstance(new, dict | list):
+            parts.append(f"{key} changed")
+        else:
+            parts.append(f"{key} {old} -> {new}")
+    return ", ".join(parts)
+
+
+def plan_slot(
+    name: str,
+    want: DesiredSlot | None,
+    have: SlotSpec | None,
+    obs: ObservedSlot | None,
+    *,
+    want_hash: str | None,
+    resident: bool = False,
+    may_delete: bool = True,
+) -> Action:
+    """The next action for one slot, with its reason. Pure."""
+    running = obs is not None and obs.running
+    if want is None:
+        if (have is not None or running) and may_delete:
+            return Action("delete", name, "no longer declared: unload and remove")
+        return Action("noop", name, "not declared here")
+    if have is None:
+        load = want.autoload
+        return Action(
+            "create", name, "new slot" + (" (autoload: will load)" if load else ""), {"load": load}
+        )
+    changes = spec_changes(have, want.spec)
+    runtime_changes = [c for c in changes if c[0] not in SCHEDULING_KEYS]
+    drifted = obs is not None and obs.config_hash is not None and obs.config_hash != want_hash
+    if running and want_hash is not None and drifted:
+        assert obs is not None
+        why = _fmt(runtime_changes) or "running server differs from the declared config"
+        return Action(
+            "recreate",
+            name,
+            f"config hash {obs.config_hash} -> {want_hash}: {why}",
+            {"from": obs.config_hash, "to": want_hash},
+        )
+    if changes:
+        return Action(
+            "update",
+            name,
+            f"in place, no restart: {_fmt(changes)}",
+            {"keys": [c[0] for c in changes]},
+        )
+    wants_loaded = want.autoload or resident
+    if wants_loaded and want.spec.activated and not (obs is not None and obs.dispatchable):
+        if obs is not None and obs.blocked:
+            return Action("noop", name, f"crash-looping: next attempt in {obs.retry_after_s:.0f}s")
+        state = obs.state.value if obs is not None and obs.state else "offline"
+        why = "autoload" if want.autoload else "resident"
+        return Action("load", name, f"{why} and {state}")
+    return Action("noop", name, "in sync")
+
+
+def requeue_delay(outcome: Result | BaseException, failures: int) -> float | None:
+    """The one mapping from a reconcile outcome to a queue decision (None: done)."""
+    if isinstance(outcome, Result):
+        return outcome.requeue_after
+    if isinstance(outcome, SlotCrashLooping):
+        return max(0.5, outcome.retry_after_s)
+    if isinstance(outcome, SlotConfigError):
+        return None  # terminal: only a config change (which requeues) can fix it
+    if isinstance(outcome, InsufficientMemory):
+        return float(min(60.0, 2.0 * 2.0 ** min(failures, 5)))  # memory may come back
+    return float(min(300.0, 2.0 ** min(failures, 9)))
+
+
+def observe_manager(manager: SlotManager, name: str) -> ObservedSlot | None:
+    try:
+        view = manager.view(name)
+    except SlotctlError:
+        return None
+    running = view.state not in (SlotState.OFFLINE, SlotState.ERROR)
+    return ObservedSlot(
+        name=name,
+        state=view.state,
+        idle_reason=view.idle_reason,
+        running=running,
+        config_hash=view.config_hash,
+        message=view.message,
+        blocked=view.retry_after_s > 0 or view.failures >= _max_failures(manager, name),
+        retry_after_s=view.retry_after_s,
+    )
+
+
+def _max_failures(manager: SlotManager, name: str) -> int:
+    spec = manager.known(name)
+    return spec.max_consecutive_failures if spec else 5
+
+
+class Reconciler:
+    """Drives a SlotManager towards the config dir. See the module docstring."""
+
+    def __init__(
+        self,
+        manager: SlotManager,
+        config_dir: Path,
+        *,
+        resync_s: float = 30.0,
+        workers: int = 16,
+        on_plan: Callable[[Action], None] | None = None,
+    ) -> None:
+        self.manager = manager
+        self.config_dir = Path(config_dir)
+        self.resync_s = resync_s
+        self.workers = workers
+        self.on_plan = on_plan
+        self.snapshot: ConfigSnapshot = read_config_dir(self.config_dir)
+        self._queue: asyncio.Queue[str] = asyncio.Queue()
+        self._queued: set[str] = set()
+        self._active: set[str] = set()
+        self._dirty: set[str] = set()
+        self._failures: dict[str, int] = {}
+        self._timers: dict[str, asyncio.TimerHandle] = {}
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.errors: dict[str, str] = {}
+        self.passes = 0
+
+    # ---------------------------------------------------------------- desired
+
+    def refresh(self) -> ConfigSnapshot:
+        """Re-read the config dir; the manager's catalogue follows at once."""
+        self.snapshot = read_config_dir(self.config_dir)
+        self.manager.set_models(self.snapshot.models, order=list(self.snapshot.slots))
+        for problem in self.snapshot.errors:
+            log.warning("config dir: %s: %s", problem.where(), problem.message)
+        return self.snapshot
+
+    def all_names(self) -> list[str]:
+        names = list(self.snapshot.slots)
+        names += [n for n in self.manager.names() if n not in self.snapshot.slots]
+        return names
+
+    # ---------------------------------------------------------------- one pass
+
+    def plan(self, name: str) -> Action:
+        want = self.snapshot.slots.get(name)
+        have = self.manager.known(name)
+        obs = observe_manager(self.manager, name)
+        want_hash = self.manager.launch_hash(want) if want else None
+        resident = self.manager.is_resident(name)
+        return plan_slot(name, want, have, obs, want_hash=want_hash, resident=resident)
+
+    async def reconcile(self, name: str) -> Result:
+        """Observe, plan and act for one slot. Raises typed errors; returns a requeue."""
+        action = self.plan(name)
+        if action.kind != "noop":
+            self.manager.events.emit(
+                "plan",
+                "reconcile",
+                slot=name,
+                message=action.reason,
+                details={"action": action.kind},
+            )
+            if self.on_plan is not None:
+                self.on_plan(action)
+        await self.act(action)
+        return Result()
+
+    async def act(self, action: Action) -> None:
+        manager, name = self.manager, action.slot
+        want = self.snapshot.slots.get(name)
+        if action.kind == "delete":
+            if manager.known(name) is not None:
+                await manager.remove(name)
+            return
+        if want is None:
+            return
+        if action.kind == "recreate":
+            await manager.unload(
+                name,
+                force=True,
+                clear_residency=False,
+                reason=f"recreate: {action.reason}",
+                op="reconcile",
+            )
+            manager.upsert(want)
+            if want.autoload or manager.is_resident(name):
+                await manager.load(name, resident=False)
+            return
+        manager.upsert(want)
+        if action.kind == "load" or (action.kind == "create" and want.autoload):
+            await manager.load(name, resident=False)
+
+    # ---------------------------------------------------------------- the queue
+
+    def enqueue(self, name: str, after: float = 0.0) -> None:
+        if after > 0:
+            old = self._timers.pop(name, None)
+            if old is not None:
+                old.cancel()
+            loop = asyncio.get_running_loop()
+            self._timers[name] = loop.call_later(after, self._enqueue_now, name)
+            return
+        self._enqueue_now(name)
+
+    def _enqueue_now(self, name: str) -> None:
+        self._timers.pop(name, None)
+        if name in self._active:
+            self._dirty.add(name)  # look again when the running pass ends
+            return
+        if name in self._queued:
+            return
+        self._queued.add(name)
+        self._idle.clear()
+        self._queue.put_nowait(name)
+
+    def enqueue_all(self) -> None:
+        for name in self.all_names():
+            self.enqueue(name)
+
+    async def _worker(self) -> None:
+        while True:
+            name = await self._queue.get()
+            self._queued.discard(name)
+            self._active.add(name)
+            try:
+                await self._run_one(name)
+            finally:
+                self._active.discard(name)
+                if name in self._dirty:
+                    self._dirty.discard(name)
+                    self._enqueue_now(name)
+                self._queue.task_done()
+                if self._queue.empty() and not self._active:
+                    self._idle.set()
+
+    async def _run_one(self, name: str) -> None:
+        started = time.perf_counter()
+        outcome: Result | BaseException
+        try:
+            outcome = await self.reconcile(name)
+        except SlotctlError as exc:
+            outcome = exc
+        except Exception as exc:  # one broken slot must not stop the rest; it is retried
+            log.exception("reconcile %s: unexpected error", name)
+            outcome = exc
+        self.passes += 1
+        failures = self._failures.get(name, 0)
+        delay = requeue_delay(outcome, failures)
+        if isinstance(outcome, BaseException):
+            self._failures[name] = failures + 1
+            message = getattr(outcome, "message", str(outcome))
+            self.errors[name] = message
+            self.manager.events.emit(
+                "error",
+                "reconcile",
+                slot=name,
+                message=message,
+                error=getattr(outcome, "code", "internal"),
+                details={"retry_in_s": delay},
+            )
+        else:
+            self._failures.pop(name, None)
+            self.errors.pop(name, None)
+        log.debug("reconcile %s took %.1f ms", name, (time.perf_counter() - started) * 1000)
+        if delay is not None:
+            self.enqueue(name, after=delay)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Workers plus a periodic resync; also follows manager events (evictions, faults)."""
+        workers = [asyncio.create_task(self._worker()) for _ in range(self.workers)]
+        follower = asyncio.create_task(self._follow_events())
+        try:
+            while not stop.is_set():
+                self.refresh()
+                self.enqueue_all()
+                await self.reap_orphans()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), self.resync_s)
+        finally:
+            for task in [*workers, follower]:
+                task.cancel()
+            for task in [*workers, follower]:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            for timer in self._timers.values():
+                timer.cancel()
+
+    async def _follow_events(self) -> None:
+        """An autoload slot that went offline/error (evicted, crashed) is looked at again."""
+        with self.manager.events.subscribe() as sub:
+            async for event in sub:
+                if event.kind != "transition" or event.slot is None:
+                    continue
+                if event.to_state in (SlotState.OFFLINE.value, SlotState.ERROR.value):
+                    want = self.snapshot.slots.get(event.slot)
+                    if want is not None and want.autoload:
+                        self.enqueue(event.slot, after=1.0)
+
+    async def reap_orphans(self) -> list[str]:
+        """Stop managed runtime objects that no slot declares any more."""
+        reaped = []
+        for observed in await self.manager.runtime.list_managed():
+            if observed.slot in self.snapshot.slots or self.manager.known(observed.slot):
+                continue
+            with contextlib.suppress(SlotctlError):
+                if await self.manager.reap_orphan(observed.slot):
+                    reaped.append(observed.slot)
+        return reaped
+
+    async def wait_idle(self) -> None:
+        await self._idle.wait()
+
+    async def converge(self, *, timeout: float, poll_s: float = 0.2) -> bool:
+        """For ``apply --once``: reconcile until every slot plans ``noop`` (or time out)."""
+        stop = asyncio.Event()
+        runner = asyncio.create_task(self.run(stop))
+        deadline = time.monotonic() + timeout
+        try:
+            while time.monotonic() < deadline:
+                await asyncio.sleep(poll_s)
+                if self._queue.empty() and not self._active and not self._timers_pending():
+                    if all(self.plan(n).kind == "noop" for n in self.all_names()):
+                        return True
+                    self.enqueue_all()
+            return False
+        finally:
+            stop.set()
+            await runner
+
+    def _timers_pending(self) -> bool:
+        return any(not t.cancelled() for t in self._timers.values())
+
+
+def plans_for(
+    names: Iterable[str],
+    want: Mapping[str, DesiredSlot],
+    have: Mapping[str, SlotSpec],
+    observed: Mapping[str, ObservedSlot],
+    hashes: Mapping[str, str | None],
+    *,
+    residents: Iterable[str] = (),
+    deletable: Callable[[str], bool] = lambda name: True,
+) -> list[Action]:
+    """Plan many slots at once (for ``stack apply``/``stack diff``)."""
+    resident = set(residents)
+    return [
+        plan_slot(
+            name,
+            want.get(name),
+            have.get(name),
+            observed.get(name),
+            want_hash=hashes.get(name),
+            resident=name in resident,
+            may_delete=deletable(name),
+        )
+        for name in names
+    ]
