@@ -24,9 +24,21 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+DEMO_DIR ?= .demo
+DEMO_ENV := SLOTCTL_CONFIG_DIR=$(DEMO_DIR)/config SLOTCTL_STATE_DIR=$(DEMO_DIR)/state
+
 demo: install
-	$(BIN)/slotctl stack validate examples/quickstart
-	$(BIN)/slotctl stack show examples/quickstart
+	@$(BIN)/slotctl stack validate examples/quickstart
+	@echo
+	@echo "Starting the controller on examples/quickstart (Ctrl-C stops it and its servers)."
+	@echo "In another terminal:"
+	@echo "  export $(DEMO_ENV)"
+	@echo "  $(BIN)/slotctl slot list                      # states, models, memory"
+	@echo "  curl -s localhost:18081/v1/chat/completions -d '{\"model\":\"demo-chat\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}'"
+	@echo "  edit examples/quickstart/quickstart.toml      # only the changed slot restarts"
+	@echo "  $(BIN)/slotctl stack diff examples/quickstart --exit-code"
+	@echo
+	$(DEMO_ENV) $(BIN)/slotctl up examples/quickstart
 
 fmt: install
 	$(BIN)/ruff format controller tests bench
@@ -56,4 +68,4 @@ bench: install
 	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
+	rm -rf $(VENV) $(DEMO_DIR) .mypy_cache .ruff_cache .pytest_cache .hypothesis

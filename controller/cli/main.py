@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from controller import __version__
-from controller.cli import stack
+from controller.cli import slot, stack
 from controller.errors import SlotctlError
 from controller.paths import default_config_dir, default_state_dir
 from controller.runtime import RUNTIME_KINDS
@@ -52,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="print tracebacks on errors")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     stack.register(sub)
+    slot.register(sub)
     return parser
 
 

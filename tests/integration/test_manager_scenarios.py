@@ -23,8 +23,8 @@ import pytest
 
 from controller.errors import (
     InsufficientMemory,
-    SlotctlError,
     SlotCrashLooping,
+    SlotctlError,
     SlotSpawnFailed,
 )
 from controller.events import Event, Subscription
@@ -227,8 +227,7 @@ async def test_exclusive_group_swap_unloads_the_peer_first(env: Env) -> None:
     assert not m.view("a").resident and "a" not in m.residency.read()
     assert "b" in m.residency.read()
     assert (await m.runtime.inspect("a")).status is RunStatus.MISSING
-    assert not psutil.pid_exists(pid_a) or pid_a not in labelled(m, "a")
-    assert labelled(m, "a") == []
+    assert labelled(m, "a") == [] and pid_a not in labelled(m, "b")
     record = m.store.read("a")
     assert record is not None and record.state is S.OFFLINE
     assert "exclusive group g" in record.message and "b" in record.message
@@ -363,7 +362,9 @@ async def test_crash_loop_backs_off_and_reset_clears_it(env: Env) -> None:
     with pytest.raises(SlotSpawnFailed):
         await m.load("crash")
     assert m.view("crash").state is S.ERROR
-    assert "injected failure" in m.view("crash").message or "exited" in m.view("crash").message
+    message = m.view("crash").message
+    assert "exited with code 1" in message and "injected failure" in message
+    assert "crash" not in m.residency.read()  # a failed load leaves no residency wish
     with pytest.raises(SlotCrashLooping) as first:
         await m.load("crash")
     assert 0.7 < first.value.retry_after_s <= 1.0
@@ -519,5 +520,8 @@ async def test_refused_swap_in_an_exclusive_group_keeps_the_loaded_peer(env: Env
     # Even with the peer gone, 12 GiB can not fit in 10 GiB: refused before touching "a".
     assert err.value.details["needed_bytes"] == 12 * GIB
     assert transitions(events) == []
+    assert [e.kind for e in events] == ["refusal"]
     assert m.view("a").state is S.READY and m.view("a").resident
+    assert set(m.residency.read()) == {"a"}
     assert await pid_of(m, "a") == pid_a
+    assert labelled(m, "huge") == []

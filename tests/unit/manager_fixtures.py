@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from controller.clock import FakeClock
+from controller.events import Event, Subscription
+from controller.lifecycle import LEGAL_TRANSITIONS, SlotState
 from controller.memory import GIB, FakeMemoryProbe
 from controller.runtime.fake import FakeProber, FakeRuntime
 from controller.slots import ManagerConfig, SlotManager
@@ -48,7 +51,9 @@ class Harness:
         gpu_gb: float = 24.0,
         margin_gb: float = 0.0,
         budget_gb: float | None = None,
+        config: ManagerConfig | None = None,
     ) -> None:
+        self.config = config or ManagerConfig(stop_timeout_s=1.0)
         self.clock = FakeClock(start=100.0)
         self.runtime = FakeRuntime(self.clock)
         self.prober = FakeProber(self.runtime)
@@ -70,7 +75,41 @@ class Harness:
             prober=self.prober,
             memory=self.memory,
             clock=self.clock,
-            config=ManagerConfig(stop_timeout_s=1.0),
+            config=self.config,
         )
         self.memory.used_by = manager.admitted_bytes
         return manager
+
+
+def assert_legal_history(transitions: Iterable[tuple[str, str, str]]) -> None:
+    """Every recorded transition is in the table, and consecutive per slot."""
+    last: dict[str, str] = {}
+    for slot, before, after in transitions:
+        assert SlotState(after) in LEGAL_TRANSITIONS[SlotState(before)], (slot, before, after)
+        if slot in last:
+            assert last[slot] == before, f"{slot}: {last[slot]} then {before} -> {after}"
+        last[slot] = after
+
+
+async def settle(manager: SlotManager, *, rounds: int = 100_000) -> None:
+    """Let in-flight loads and background work (cleanups) finish; FakeClock: no sleeping."""
+    for _ in range(rounds):
+        pending = [t for t in manager._background if not t.done()]
+        pending += [
+            s.load_task
+            for s in manager._slots.values()
+            if s.load_task is not None and not s.load_task.done()
+        ]
+        if not pending:
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("manager did not settle")
+
+
+def events_of(sub: Subscription, kind: str | None = None) -> list[Event]:
+    """Drain a subscription (without waiting); optionally only events of ``kind``."""
+    out: list[Event] = []
+    while (event := sub.get_nowait()) is not None:
+        if kind is None or event.kind == kind:
+            out.append(event)
+    return out

@@ -21,9 +21,9 @@ G = 1024**3
 NOW = 10_000.0
 
 
-def cand(name: str, gb: float, priority: int = 50, last_used: float = 0.0, **kw: Any) -> (
-    EvictionCandidate
-):
+def cand(
+    name: str, gb: float, priority: int = 50, last_used: float = 0.0, **kw: Any
+) -> EvictionCandidate:
     data: dict[str, Any] = {
         "name": name,
         "device": "gpu",
@@ -67,8 +67,11 @@ def test_fewest_victims_that_free_enough() -> None:
 
 
 def test_prefix_in_order_when_every_victim_is_needed() -> None:
-    cs = [cand("a", 2, priority=10, last_used=1), cand("b", 2, priority=10, last_used=2),
-          cand("c", 2, priority=20)]
+    cs = [
+        cand("a", 2, priority=10, last_used=1),
+        cand("b", 2, priority=10, last_used=2),
+        cand("c", 2, priority=20),
+    ]
     plan = plan_eviction(cs, "gpu", 5 * G, NOW)
     assert names(plan.victims) == ["a", "b", "c"]
     plan = plan_eviction(cs, "gpu", 3 * G, NOW)
@@ -133,8 +136,9 @@ def test_no_candidates() -> None:
 
 
 def test_victim_reason_names_priority_idle_bytes_and_the_slot() -> None:
-    plan = plan_eviction([cand("a", 1, priority=7, last_used=NOW - 42)], "gpu", 1, NOW,
-                         for_slot="big")
+    plan = plan_eviction(
+        [cand("a", 1, priority=7, last_used=NOW - 42)], "gpu", 1, NOW, for_slot="big"
+    )
     (victim,) = plan.victims
     assert "make room for big" in victim.reason
     assert "priority 7" in victim.reason

@@ -1,0 +1,334 @@
+"""Device memory probes and the admission inequalities (SPEC §6)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import psutil
+import pytest
+
+from controller.memory import (
+    GIB,
+    AmdSysfsProbe,
+    DeviceMemory,
+    FakeMemoryProbe,
+    NvmlProbe,
+    PsutilProbe,
+    SystemMemoryProbe,
+    check_admission,
+)
+
+# ----------------------------------------------------------------- psutil
+
+
+def test_psutil_probe_matches_virtual_memory() -> None:
+    before = psutil.virtual_memory()
+    sample = PsutilProbe().sample("cpu")
+    after = psutil.virtual_memory()
+    assert sample is not None
+    assert sample.device == "cpu"
+    assert sample.source == "psutil"
+    assert sample.total_bytes == before.total == after.total
+    tolerance = max(256 * 1024**2, before.total // 50)  # other processes allocate meanwhile
+    low = min(before.available, after.available) - tolerance
+    high = max(before.available, after.available) + tolerance
+    assert low <= sample.free_bytes <= high
+    assert 0 < sample.free_bytes <= sample.total_bytes
+
+
+def test_psutil_probe_serves_npu_too() -> None:
+    sample = PsutilProbe().sample("npu")
+    assert sample is not None and sample.device == "npu"
+
+
+# ----------------------------------------------------------------- AMD sysfs
+
+
+def _card(root: Path, name: str, **files: int) -> Path:
+    dev = root / name / "device"
+    dev.mkdir(parents=True)
+    for key, value in files.items():
+        (dev / f"mem_info_{key}").write_text(f"{value}\n")
+    return dev
+
+
+def test_amd_vram_and_gtt_are_summed(tmp_path: Path) -> None:
+    _card(
+        tmp_path,
+        "card0",
+        vram_total=8 * GIB,
+        vram_used=2 * GIB,
+        gtt_total=16 * GIB,
+        gtt_used=1 * GIB,
+    )
+    sample = AmdSysfsProbe(tmp_path).sample("gpu")
+    assert sample == DeviceMemory("gpu", 24 * GIB, 21 * GIB, "amd-sysfs")
+
+
+def test_amd_vram_only(tmp_path: Path) -> None:
+    _card(tmp_path, "card0", vram_total=8 * GIB, vram_used=3 * GIB)
+    assert AmdSysfsProbe(tmp_path).sample("gpu") == DeviceMemory(
+        "gpu", 8 * GIB, 5 * GIB, "amd-sysfs"
+    )
+
+
+def test_amd_multiple_cards_are_summed(tmp_path: Path) -> None:
+    _card(tmp_path, "card0", vram_total=8 * GIB, vram_used=8 * GIB)
+    _card(tmp_path, "card1", vram_total=4 * GIB, vram_used=1 * GIB, gtt_total=GIB, gtt_used=0)
+    sample = AmdSysfsProbe(tmp_path).sample("gpu")
+    assert sample is not None
+    assert (sample.total_bytes, sample.free_bytes) == (13 * GIB, 4 * GIB)
+
+
+def test_amd_connector_and_render_nodes_are_not_counted(tmp_path: Path) -> None:
+    _card(tmp_path, "card0", vram_total=8 * GIB, vram_used=0)
+    (tmp_path / "card0-DP-1" / "device").mkdir(parents=True)  # a connector: no mem_info
+    (tmp_path / "renderD128" / "device").mkdir(parents=True)
+    (tmp_path / "version").write_text("drm 1.1.0\n")
+    sample = AmdSysfsProbe(tmp_path).sample("gpu")
+    assert sample is not None and sample.total_bytes == 8 * GIB
+
+
+def test_amd_missing_files_give_none(tmp_path: Path) -> None:
+    (tmp_path / "card0" / "device").mkdir(parents=True)  # e.g. an NVIDIA or Intel card
+    assert AmdSysfsProbe(tmp_path).sample("gpu") is None
+
+
+def test_amd_total_without_used_is_ignored(tmp_path: Path) -> None:
+    _card(tmp_path, "card0", vram_total=8 * GIB)  # used unreadable
+    assert AmdSysfsProbe(tmp_path).sample("gpu") is None
+
+
+def test_amd_unparsable_file_is_ignored(tmp_path: Path) -> None:
+    dev = _card(tmp_path, "card0", vram_total=8 * GIB, gtt_total=4 * GIB, gtt_used=GIB)
+    (dev / "mem_info_vram_used").write_text("garbage\n")
+    sample = AmdSysfsProbe(tmp_path).sample("gpu")
+    assert sample is not None and (sample.total_bytes, sample.free_bytes) == (4 * GIB, 3 * GIB)
+
+
+def test_amd_no_root_and_other_devices(tmp_path: Path) -> None:
+    assert AmdSysfsProbe(tmp_path / "absent").sample("gpu") is None
+    _card(tmp_path, "card0", vram_total=8 * GIB, vram_used=0)
+    assert AmdSysfsProbe(tmp_path).sample("cpu") is None
+    assert AmdSysfsProbe(tmp_path).sample("npu") is None
+
+
+def test_amd_used_above_total_clamps_free_at_zero(tmp_path: Path) -> None:
+    _card(tmp_path, "card0", vram_total=GIB, vram_used=2 * GIB)
+    sample = AmdSysfsProbe(tmp_path).sample("gpu")
+    assert sample is not None and sample.free_bytes == 0
+
+
+# ----------------------------------------------------------------- NVML
+
+
+class FakeNvml:
+    """Just enough of pynvml: an init, a device count, handles and memory info."""
+
+    def __init__(self, gpus: list[tuple[int, int]], init_error: Exception | None = None) -> None:
+        self.gpus = gpus
+        self.init_error = init_error
+        self.inits = 0
+
+    def nvmlInit(self) -> None:  # noqa: N802  (pynvml's names)
+        self.inits += 1
+        if self.init_error is not None:
+            raise self.init_error
+
+    def nvmlDeviceGetCount(self) -> int:  # noqa: N802
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:  # noqa: N802
+        return index
+
+    def nvmlDeviceGetMemoryInfo(self, handle: int) -> Any:  # noqa: N802
+        total, free = self.gpus[handle]
+        return SimpleNamespace(total=total, free=free, used=total - free)
+
+
+class NVMLError(Exception):  # noqa: N818  (pynvml's exceptions subclass Exception)
+    pass
+
+
+def test_nvml_sums_visible_gpus() -> None:
+    nvml = FakeNvml([(80 * GIB, 70 * GIB), (24 * GIB, 4 * GIB)])
+    probe = NvmlProbe(nvml)
+    assert probe.sample("gpu") == DeviceMemory("gpu", 104 * GIB, 74 * GIB, "nvml")
+    assert probe.error is None
+    probe.sample("gpu")
+    assert nvml.inits == 1  # initialised once
+
+
+def test_nvml_only_answers_for_gpu() -> None:
+    probe = NvmlProbe(FakeNvml([(GIB, GIB)]))
+    assert probe.sample("cpu") is None
+    assert probe.sample("npu") is None
+
+
+def test_nvml_init_failure_gives_none_with_error() -> None:
+    nvml = FakeNvml([(GIB, GIB)], init_error=NVMLError("Driver Not Loaded"))
+    probe = NvmlProbe(nvml)
+    assert probe.sample("gpu") is None
+    assert probe.error is not None and "Driver Not Loaded" in probe.error
+    assert probe.sample("gpu") is None
+    assert nvml.inits == 1  # not retried on every sample
+
+
+def test_nvml_no_devices_gives_none() -> None:
+    assert NvmlProbe(FakeNvml([])).sample("gpu") is None
+
+
+def test_nvml_missing_module_gives_none_with_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib
+
+    real = importlib.import_module
+
+    def fake_import(name: str, package: str | None = None) -> Any:
+        if name == "pynvml":
+            raise ImportError("No module named 'pynvml'")
+        return real(name, package)
+
+    monkeypatch.setattr(importlib, "import_module", fake_import)
+    probe = NvmlProbe()
+    assert probe.sample("gpu") is None
+    assert probe.error == "nvidia-ml-py is not installed"
+
+
+# ----------------------------------------------------------------- SystemMemoryProbe
+
+
+@dataclass
+class _Recorder:
+    """Counts calls to a real probe's ``sample``."""
+
+    inner: Any
+    calls: int = 0
+
+    def sample(self, device: str) -> DeviceMemory | None:
+        self.calls += 1
+        result: DeviceMemory | None = self.inner.sample(device)
+        return result
+
+
+def test_system_probe_prefers_nvml(tmp_path: Path) -> None:
+    _card(tmp_path, "card0", vram_total=8 * GIB, vram_used=0)
+    nvml = NvmlProbe(FakeNvml([(24 * GIB, 20 * GIB)]))
+    amd = _Recorder(AmdSysfsProbe(tmp_path))
+    probe = SystemMemoryProbe(nvml=nvml, amd=amd)  # type: ignore[arg-type]
+    sample = probe.sample("gpu")
+    assert sample is not None and sample.source == "nvml"
+    assert amd.calls == 0
+
+
+def test_system_probe_falls_back_to_amd(tmp_path: Path) -> None:
+    _card(tmp_path, "card0", vram_total=8 * GIB, vram_used=GIB)
+    nvml = NvmlProbe(FakeNvml([], init_error=NVMLError("no NVIDIA driver")))
+    probe = SystemMemoryProbe(nvml=nvml, amd=AmdSysfsProbe(tmp_path))
+    assert probe.sample("gpu") == DeviceMemory("gpu", 8 * GIB, 7 * GIB, "amd-sysfs")
+
+
+def test_system_probe_gpu_without_any_probe_is_none(tmp_path: Path) -> None:
+    nvml = NvmlProbe(FakeNvml([]))
+    probe = SystemMemoryProbe(nvml=nvml, amd=AmdSysfsProbe(tmp_path / "none"))
+    assert probe.sample("gpu") is None  # never a silent CPU fallback
+
+
+def test_system_probe_uses_psutil_for_cpu_and_npu(tmp_path: Path) -> None:
+    nvml = _Recorder(NvmlProbe(FakeNvml([(GIB, GIB)])))
+    amd = _Recorder(AmdSysfsProbe(tmp_path))
+    probe = SystemMemoryProbe(nvml=nvml, amd=amd)  # type: ignore[arg-type]
+    for device in ("cpu", "npu"):
+        sample = probe.sample(device)
+        assert sample is not None
+        assert sample.source == "psutil" and sample.device == device
+        assert sample.total_bytes == psutil.virtual_memory().total
+    assert nvml.calls == amd.calls == 0
+
+
+def test_fake_probe() -> None:
+    probe = FakeMemoryProbe({"gpu": 10 * GIB}, used_by=lambda d: 3 * GIB)
+    probe.external["gpu"] = 2 * GIB
+    assert probe.sample("gpu") == DeviceMemory("gpu", 10 * GIB, 5 * GIB, "fake")
+    probe.external["gpu"] = 20 * GIB
+    sample = probe.sample("gpu")
+    assert sample is not None and sample.free_bytes == 0
+    assert probe.sample("cpu") is None
+
+
+# ----------------------------------------------------------------- admission
+
+
+def _sample(total_gb: float, free_gb: float) -> DeviceMemory:
+    return DeviceMemory("gpu", int(total_gb * GIB), int(free_gb * GIB), "fake")
+
+
+def test_admission_fits() -> None:
+    a = check_admission("gpu", 4 * GIB, 10 * GIB, _sample(24, 14), None, 0)
+    assert a.ok and a.shortfall == 0
+    assert (a.budget, a.free, a.admitted, a.source) == (24 * GIB, 14 * GIB, 10 * GIB, "fake")
+
+
+def test_admission_budget_inequality() -> None:
+    # Free memory says yes (the probe lags), but what slotctl promised is over budget.
+    a = check_admission("gpu", 6 * GIB, 20 * GIB, _sample(24, 23), None, 0)
+    assert not a.ok
+    assert a.budget_room == 4 * GIB
+    assert a.shortfall == 2 * GIB
+
+
+def test_admission_free_inequality() -> None:
+    # Within budget, but something outside slotctl holds memory.
+    a = check_admission("gpu", 6 * GIB, 4 * GIB, _sample(24, 5), None, 0)
+    assert not a.ok
+    assert a.free_room == 5 * GIB
+    assert a.shortfall == 1 * GIB
+
+
+def test_admission_shortfall_is_the_larger_of_the_two() -> None:
+    a = check_admission("gpu", 10 * GIB, 18 * GIB, _sample(24, 3), None, 0)
+    assert a.shortfall == max(10 * GIB - 6 * GIB, 10 * GIB - 3 * GIB) == 7 * GIB
+
+
+def test_admission_exact_fit_is_ok() -> None:
+    assert check_admission("gpu", 4 * GIB, 20 * GIB, _sample(24, 4), None, 0).ok
+
+
+def test_admission_margin_applies_to_both() -> None:
+    margin = GIB // 2
+    a = check_admission("gpu", 4 * GIB, 0, _sample(24, 4), None, margin)
+    assert not a.ok and a.shortfall == margin
+    b = check_admission("gpu", 4 * GIB, 20 * GIB, _sample(24, 24), None, margin)
+    assert not b.ok and b.shortfall == margin
+    c = check_admission("gpu", 4 * GIB, 0, _sample(24, 4.5), None, margin)
+    assert c.ok
+
+
+def test_admission_budget_overrides_probed_total() -> None:
+    a = check_admission("gpu", 4 * GIB, 6 * GIB, _sample(24, 18), 8 * GIB, 0)
+    assert a.budget == 8 * GIB and not a.ok and a.shortfall == 2 * GIB
+    b = check_admission("gpu", 2 * GIB, 6 * GIB, _sample(24, 18), 8 * GIB, 0)
+    assert b.ok
+
+
+def test_admission_without_probe_uses_the_budget() -> None:
+    a = check_admission("gpu", 4 * GIB, 2 * GIB, None, 8 * GIB, 0)
+    assert a.ok and a.source == "budget"
+    assert a.free == 6 * GIB  # budget - admitted
+    b = check_admission("gpu", 7 * GIB, 2 * GIB, None, 8 * GIB, 0)
+    assert not b.ok and b.shortfall == GIB
+
+
+def test_admission_without_probe_or_budget_is_refused() -> None:
+    a = check_admission("gpu", GIB, 0, None, None, 0)
+    assert not a.ok
+    assert a.source == "none"
+    assert a.budget == 0 and a.free == 0
+    assert a.shortfall == GIB
+
+
+def test_admission_zero_budget_is_a_budget() -> None:
+    a = check_admission("gpu", GIB, 0, _sample(24, 24), 0, 0)
+    assert a.budget == 0 and not a.ok
