@@ -1,0 +1,471 @@
+"""A hypothesis state machine over the SlotManager (DESIGN.md "Tests").
+
+FakeRuntime + FakeClock + FakeMemoryProbe; several slots on ``gpu`` and ``cpu`` with
+different priorities, one pinned, two models in one exclusive group and a small GPU
+budget, so admission refusals, pre-load evictions, pressure evictions and exclusive swaps
+all happen. Every rule runs on one event loop owned by the machine; background work the
+manager starts (joined loads, cleanups after cancelled waiters) keeps running across rules.
+
+Typed errors (``SlotctlError``) are legitimate outcomes of a rule, except
+``IllegalSlotTransition``: the manager must never attempt an illegal transition. Anything
+else fails, and so does a rule that does not finish (a deadlock).
+
+Invariants, checked after every step (and some at every event, as it happens):
+
+* only legal transitions, consecutive per slot, ending in the slot's current state;
+* at most one member of an exclusive group admitted (pulling..unloading);
+* admitted bytes per device never exceed the budget (minus the safety margin);
+* a slot with an active lease is ``serving`` (never offline/unloading), same generation;
+* eviction victims are never pinned, leased, or anything but ready/idle;
+* state.json always equals the in-memory state; an offline slot runs no server.
+
+``SLOTCTL_SOAK=1`` (``make soak``) raises the number of examples and steps a lot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import tempfile
+from collections import Counter
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    multiple,
+    rule,
+    run_state_machine_as_test,
+)
+
+from controller.clock import FakeClock
+from controller.errors import IllegalSlotTransition, SlotctlError
+from controller.events import Event
+from controller.lifecycle import LEGAL_TRANSITIONS, SlotState
+from controller.memory import GIB, FakeMemoryProbe
+from controller.runtime.fake import FakeProber, FakeRuntime
+from controller.slots import ADMITTED_STATES, Lease, ManagerConfig, SlotManager
+from controller.spec.schema import ControllerSettings
+from tests.unit.manager_fixtures import desired, model_spec, slot_spec
+
+T = TypeVar("T")
+S = SlotState
+
+SOAK = os.environ.get("SLOTCTL_SOAK") == "1"
+HANG_S = 10.0  # real seconds: a rule that takes longer is a deadlock (FakeClock never sleeps)
+
+GPU_TOTAL_GB = 12.0
+GPU_BUDGET_GB = 10.0
+CPU_TOTAL_GB = 16.0
+MARGIN_GB = 0.5
+MAX_FAILURES = 3
+
+_common: dict[str, Any] = {
+    "idle_timeout_s": 20,
+    "warmup_timeout_s": 20,
+    "drain_timeout_s": 2,
+    "liveness_interval_s": 5,
+    "liveness_failures": 2,
+    "max_consecutive_failures": MAX_FAILURES,
+    "max_queue": 8,
+}
+SLOTS = [
+    slot_spec("ga", "excl-a", priority=50, autoload=False, **_common),
+    slot_spec("gb", "excl-b", priority=60, autoload=True, **_common),
+    slot_spec("mid", "mid-m", priority=10, autoload=False, ttl_s=50, **_common),
+    slot_spec("pin", "pin-m", priority=90, pinned=True, **_common),
+    slot_spec("huge", "huge-m", priority=30, autoload=False, **_common),
+    slot_spec("ca", "cpu-a", priority=20, device="cpu", autoload=False, **_common),
+    slot_spec("cb", "cpu-b", priority=70, device="cpu", autoload=False, ttl_s=80, **_common),
+]
+MODELS = [
+    model_spec("excl-a", 4, group="x"),
+    model_spec("excl-b", 4, group="x"),
+    model_spec("mid-m", 3),
+    model_spec("pin-m", 2),
+    model_spec("huge-m", 8),
+    model_spec("cpu-a", 6),
+    model_spec("cpu-b", 9),
+]
+NAMES = [s.name for s in SLOTS]
+PINNED = {s.name for s in SLOTS if s.pinned}
+BUDGET = {
+    "gpu": int(GPU_BUDGET_GB * GIB) - int(MARGIN_GB * GIB),
+    "cpu": int(CPU_TOTAL_GB * GIB) - int(MARGIN_GB * GIB),
+}
+
+names = st.sampled_from(NAMES)
+model_ids = st.sampled_from([m.id for m in MODELS])
+
+
+def _scratch_dir() -> Path:
+    shm = Path("/dev/shm")  # state.json writes fsync: tmpfs keeps thousands of them cheap
+    base = shm if shm.is_dir() and os.access(shm, os.W_OK) else None
+    return Path(tempfile.mkdtemp(prefix="slotctl-sm-", dir=base))
+
+
+class ManagerMachine(RuleBasedStateMachine):
+    leases = Bundle("leases")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loop = asyncio.new_event_loop()
+        self.loop.set_exception_handler(self._loop_error)
+        self.tmp = _scratch_dir()
+        self.clock = FakeClock(start=1000.0)
+        self.runtime = FakeRuntime(self.clock)
+        self.prober = FakeProber(self.runtime)
+        self.memory = FakeMemoryProbe({"gpu": int(GPU_TOTAL_GB * GIB), "cpu": int(CPU_TOTAL_GB * GIB)})
+        settings_ = ControllerSettings(
+            safety_margin_gb=MARGIN_GB, memory_budget_gb={"gpu": GPU_BUDGET_GB}, default_pinned=[]
+        )
+        self.m = SlotManager(
+            runtime=self.runtime,
+            state_dir=self.tmp / "state",
+            config_dir=self.tmp / "config",
+            settings=settings_,
+            prober=self.prober,
+            memory=self.memory,
+            clock=self.clock,
+            config=ManagerConfig(stop_timeout_s=1.0, exclusive_wait_s=60.0),
+        )
+        self.memory.used_by = self.m.admitted_bytes
+        self.violations: list[str] = []
+        self.loop_errors: list[str] = []
+        self.outcomes: Counter[str] = Counter()
+        self.active: list[Lease] = []
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.last_state: dict[str, str] = {}
+        self.checked = 0
+        self._hook_events()
+        self._spawned_hook()
+
+    # ------------------------------------------------------------ plumbing
+
+    def _loop_error(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        exc = context.get("exception")
+        if isinstance(exc, SlotctlError) and not isinstance(exc, IllegalSlotTransition):
+            return  # a failed load nobody awaited any more: a legitimate outcome
+        self.loop_errors.append(f"{context.get('message')}: {exc!r}")
+
+    def _hook_events(self) -> None:
+        """See every event as it is emitted (synchronously, inside the manager)."""
+        bus = self.m.events
+        emit = bus.emit
+
+        def checking_emit(kind: str, op: str, **fields: Any) -> Event:
+            event = emit(kind, op, **fields)
+            try:
+                self._on_event(event)
+            except Exception as exc:  # noqa: BLE001  (never break the manager; report)
+                self.violations.append(f"event check crashed: {exc!r}")
+            return event
+
+        bus.emit = checking_emit  # type: ignore[method-assign]
+
+    def _spawned_hook(self) -> None:
+        """Keep every background task the manager spawns, to check how it ended."""
+        spawn = self.m._spawn
+
+        def tracking_spawn(coro: Any, name: str) -> None:
+            spawn(coro, name)
+            self.tasks.update(t for t in self.m._background if t.get_name() == name)
+
+        self.m._spawn = tracking_spawn  # type: ignore[method-assign]
+
+    def _on_event(self, event: Event) -> None:
+        if event.kind == "eviction" and event.slot in self.m.names():
+            slot = self.m._slots[event.slot]
+            if event.slot in PINNED or slot.spec.pinned:
+                self.violations.append(f"pinned slot {event.slot} evicted: {event.message}")
+            if slot.leases or any(
+                lease.slot == event.slot and self._is_active(lease) for lease in self.active
+            ):
+                self.violations.append(f"slot {event.slot} evicted with an active lease")
+            if slot.state not in (S.READY, S.IDLE):
+                self.violations.append(f"slot {event.slot} evicted while {slot.state.value}")
+        if event.kind == "transition":
+            # Checked at every transition, not only between steps: a swap or an eviction
+            # must never pass through a state that breaks these, however briefly.
+            self._check_exclusive(f"at {event.slot} {event.from_state}->{event.to_state}")
+            self._check_budget(f"at {event.slot} {event.from_state}->{event.to_state}")
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T | None:
+        """Run one manager operation to completion; typed errors are outcomes."""
+
+        async def guarded() -> T | None:
+            try:
+                return await asyncio.wait_for(coro, HANG_S)
+            except IllegalSlotTransition:
+                raise
+            except SlotctlError as exc:
+                self.outcomes[exc.code] += 1
+                return None
+            except TimeoutError:
+                raise AssertionError(
+                    f"a manager operation did not finish within {HANG_S}s (deadlock?)"
+                ) from None
+
+        result = self.loop.run_until_complete(guarded())
+        self._track_load_tasks()
+        return result
+
+    def _track_load_tasks(self) -> None:
+        for slot in self.m._slots.values():
+            if slot.load_task is not None:
+                self.tasks.add(slot.load_task)
+
+    def _spin(self, rounds: int = 50) -> None:
+        async def spin() -> None:
+            for _ in range(rounds):
+                await asyncio.sleep(0)
+
+        self.loop.run_until_complete(spin())
+        self._track_load_tasks()
+
+    @staticmethod
+    def _is_active(lease: Lease) -> bool:
+        return not lease.released and lease.error is None
+
+    def _keep(self, lease: Lease | None) -> Any:
+        if lease is None:
+            return multiple()
+        self.active.append(lease)
+        return lease
+
+    # ------------------------------------------------------------ rules
+
+    @initialize()
+    def desired_state(self) -> None:
+        self.run(self.m.set_desired(desired(SLOTS, MODELS)))
+
+    @rule(name=names, resident=st.booleans())
+    def load(self, name: str, resident: bool) -> None:
+        self.run(self.m.load(name, resident=resident))
+
+    @rule(name=names, force=st.booleans())
+    def unload(self, name: str, force: bool) -> None:
+        self.run(self.m.unload(name, force=force))
+
+    @rule(name=names, model=model_ids)
+    def swap(self, name: str, model: str) -> None:
+        self.run(self.m.swap(name, model))
+
+    @rule(target=leases, name=names)
+    def acquire(self, name: str) -> Any:
+        return self._keep(self.run(self.m.acquire(name)))
+
+    @rule(target=leases, name=names, ttl=st.sampled_from([5.0, 30.0, 300.0]))
+    def hold(self, name: str, ttl: float) -> Any:
+        return self._keep(self.run(self.m.hold(name, ttl)))
+
+    @rule(lease=leases)
+    def release(self, lease: Lease) -> None:
+        self.m.release(lease)  # twice for the same lease is fine: idempotent
+
+    @rule(target=leases, name=names, steps=st.integers(min_value=0, max_value=40))
+    def cancel_pending_acquire(self, name: str, steps: int) -> Any:
+        async def go() -> Lease | None:
+            task = asyncio.create_task(self.m.acquire(name))
+            for _ in range(steps):
+                await asyncio.sleep(0)
+            task.cancel()
+            try:
+                return await task  # it may have finished before the cancel
+            except asyncio.CancelledError:
+                return None
+
+        return self._keep(self.run(go()))
+
+    @rule(seconds=st.sampled_from([0.0, 1.0, 5.0, 15.0, 30.0, 61.0, 400.0]))
+    def tick(self, seconds: float) -> None:
+        self.clock.advance(seconds)
+        self.run(self.m.tick())
+
+    @rule(name=names, detect_with_tick=st.booleans())
+    def crash(self, name: str, detect_with_tick: bool) -> None:
+        self.runtime.crash(name)
+        self.run(self.m.tick() if detect_with_tick else self.m.check_exits())
+
+    @rule(name=names)
+    def wedge(self, name: str) -> None:
+        self.prober.liveness_down.symmetric_difference_update({name})
+
+    @rule(device=st.sampled_from(["gpu", "cpu"]), gb=st.sampled_from([0, 1, 3, 7, 10, 11.5, 16]))
+    def memory_change(self, device: str, gb: float) -> None:
+        self.memory.external[device] = int(gb * GIB)
+        self.run(self.m.reap_pressure())
+
+    @rule(
+        name=names,
+        outcome=st.sampled_from(["ready", "ready", "ready", "no_model", "hang", "exit"]),
+        start_error=st.sampled_from([None, None, None, "exec format error"]),
+        load_s=st.sampled_from([0.0, 0.0, 1.0, 3.0]),
+        needs_pull=st.booleans(),
+    )
+    def script(
+        self,
+        name: str,
+        outcome: str,
+        start_error: str | None,
+        load_s: float,
+        needs_pull: bool,
+    ) -> None:
+        self.runtime.script(
+            name, outcome=outcome, start_error=start_error, load_s=load_s, needs_pull=needs_pull
+        )
+
+    @rule(name=names)
+    def reset(self, name: str) -> None:
+        self.run(self.m.reset(name))
+
+    @rule()
+    def settle(self) -> None:
+        self._spin(2000)
+
+    # ------------------------------------------------------------ invariants
+
+    def _check_exclusive(self, where: str) -> None:
+        groups: dict[str, list[str]] = {}
+        for slot in self.m._slots.values():
+            group = slot.model.exclusive_group if slot.model else None
+            if group and slot.state in ADMITTED_STATES:
+                groups.setdefault(group, []).append(f"{slot.name}:{slot.state.value}")
+        for group, members in groups.items():
+            if len(members) > 1:
+                self.violations.append(f"exclusive group {group} {where}: {members}")
+
+    def _check_budget(self, where: str) -> None:
+        for device, budget in BUDGET.items():
+            admitted = self.m.admitted_bytes(device)
+            if admitted > budget:
+                self.violations.append(
+                    f"{device} {where}: admitted {admitted / GIB:g} GiB > {budget / GIB:g} GiB"
+                )
+
+    @invariant()
+    def no_violations_as_they_happened(self) -> None:
+        assert not self.violations, self.violations
+        assert not self.loop_errors, self.loop_errors
+
+    @invariant()
+    def background_tasks_end_cleanly(self) -> None:
+        for task in list(self.tasks):
+            if not task.done():
+                continue
+            self.tasks.discard(task)
+            if task.cancelled():
+                continue
+            exc = task.exception()  # retrieved: no "never retrieved" noise later
+            if exc is None:
+                continue
+            assert isinstance(exc, SlotctlError), f"{task.get_name()}: {exc!r}"
+            assert not isinstance(exc, IllegalSlotTransition), f"{task.get_name()}: {exc!r}"
+
+    @invariant()
+    def only_legal_transitions(self) -> None:
+        history = list(self.m.transitions)
+        assert len(history) < (self.m.transitions.maxlen or 0), "history overflowed"
+        for name, before, after in history[self.checked :]:
+            assert S(after) in LEGAL_TRANSITIONS[S(before)], (name, before, after)
+            previous = self.last_state.get(name, S.OFFLINE.value)
+            assert previous == before, f"{name}: was {previous}, then {before} -> {after}"
+            self.last_state[name] = after
+        self.checked = len(history)
+        for name in NAMES:
+            current = self.m.view(name).state.value
+            assert self.last_state.get(name, S.OFFLINE.value) == current, name
+
+    @invariant()
+    def exclusive_groups(self) -> None:
+        self._check_exclusive("between steps")
+        assert not self.violations, self.violations
+
+    @invariant()
+    def admitted_within_budget(self) -> None:
+        self._check_budget("between steps")
+        assert not self.violations, self.violations
+
+    @invariant()
+    def leased_slots_are_serving(self) -> None:
+        self.active = [lease for lease in self.active if self._is_active(lease)]
+        held = Counter(lease.slot for lease in self.active)
+        for name in NAMES:
+            view = self.m.view(name)
+            assert view.leases == held[name], (name, view.leases, held[name])
+            if held[name]:
+                assert view.state is S.SERVING, (name, view.state)
+        for lease in self.active:
+            assert lease.generation == self.m.view(lease.slot).generation, lease
+
+    @invariant()
+    def state_files_match_memory(self) -> None:
+        for name in NAMES:
+            view = self.m.view(name)
+            record = self.m.store.read(name)
+            if record is None:
+                assert view.state is S.OFFLINE, name
+                continue
+            assert record.state is view.state, (name, record.state, view.state)
+            assert record.model_id == view.model_id, name
+            assert (record.extra.get("idle_reason") is not None) == (view.state is S.IDLE), name
+
+    @invariant()
+    def runtime_agrees(self) -> None:
+        for name in NAMES:
+            view = self.m.view(name)
+            if view.state is S.OFFLINE:
+                assert name not in self.runtime.objects, f"{name} is offline but its server runs"
+            if view.state in (S.WARMING, S.READY, S.SERVING, S.IDLE):
+                assert name in self.runtime.objects, f"{name} is {view.state.value}, no server"
+            assert view.failures <= MAX_FAILURES, (name, view.failures)
+            assert view.waiters >= 0, name
+
+    # ------------------------------------------------------------ teardown
+
+    def teardown(self) -> None:
+        try:
+
+            async def finish() -> None:
+                pending = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+                for task in pending:
+                    task.cancel()
+                await asyncio.gather(*pending, return_exceptions=True)
+                await self.m.close()
+
+            self.loop.run_until_complete(finish())
+            self.loop.run_until_complete(self.loop.shutdown_asyncgens())
+        finally:
+            self.loop.close()
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def _settings(examples: int, steps: int) -> settings:
+    return settings(
+        max_examples=examples,
+        stateful_step_count=steps,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+        print_blob=True,
+    )
+
+
+CI = _settings(1500, 80) if SOAK else _settings(150, 40)
+
+
+def test_manager_state_machine() -> None:
+    run_state_machine_as_test(ManagerMachine, settings=CI)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not SOAK, reason="soak run: SLOTCTL_SOAK=1 (make soak)")
+def test_manager_state_machine_soak() -> None:
+    run_state_machine_as_test(ManagerMachine, settings=_settings(5000, 150))
