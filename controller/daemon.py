@@ -53,6 +53,7 @@ class DaemonOptions:
     watch_debounce_ms: int = 50
     out: TextIO = field(default_factory=lambda: sys.stdout)
     listen: str | None = None
+    quiet: bool = False  # --log-format json: the structured log replaces progress lines
 
 
 class Controller:
@@ -69,6 +70,9 @@ class Controller:
     # ---------------------------------------------------------------- output
 
     def say(self, text: str) -> None:
+        if self.opts.quiet:
+            log.info(text)
+            return
         stamp = time.strftime("%H:%M:%S")
         self.opts.out.write(f"{stamp} {text}\n")
         self.opts.out.flush()
@@ -77,6 +81,8 @@ class Controller:
         self.say(f"plan   {action.slot:<16} {action.kind:<9} {action.reason}")
 
     def _print_event(self, event: Event) -> None:
+        if self.opts.quiet:
+            return  # already a structured log line (controller.events)
         if event.kind == "transition":
             arrow = f"{event.from_state} -> {event.to_state}"
             tail = f"  {event.message}" if event.message else ""

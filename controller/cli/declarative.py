@@ -20,6 +20,7 @@ from controller.cli.output import Style, print_json, render_problems
 from controller.daemon import Controller, DaemonOptions, stop_everything
 from controller.errors import SlotctlError
 from controller.events import Event
+from controller.logs import setup_logging
 from controller.quadlet import render_quadlet
 from controller.reconcile import Action, Reconciler
 from controller.runtime import make_runtime
@@ -338,6 +339,7 @@ def _emit(args: argparse.Namespace, filename: str, text: str) -> None:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
+    setup_logging(args.log_format, args.log_level)
     opts = DaemonOptions(
         config_dir=args.config_dir,
         state_dir=args.state_dir,
@@ -345,6 +347,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         stack_dir=args.stack_dir,
         keep_running=args.keep_running,
         resync_s=args.resync,
+        quiet=args.log_format == "json",
     )
     if args.stack_dir is not None and not args.stack_dir.is_dir():
         print(f"slotctl: {args.stack_dir} is not a directory", file=sys.stderr)
@@ -423,6 +426,13 @@ def register(cmds: Any, sub: Any) -> None:
         help="on exit leave servers running for the next `up` to adopt",
     )
     up.add_argument("--resync", type=float, default=30.0, help="resync period in seconds")
+    up.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        default="text",
+        help="text: readable progress; json: one JSON object per log line",
+    )
+    up.add_argument("--log-level", choices=["debug", "info", "warning"], default="info")
     up.set_defaults(func=cmd_up)
 
     down = sub.add_parser("down", help="stop the controller and every server it manages")
