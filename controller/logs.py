@@ -28,7 +28,8 @@ class JsonFormatter(logging.Formatter):
         }
         fields = getattr(record, "slotctl", None)
         if isinstance(fields, dict):
-            data.update({_RENAMES.get(k, k): v for k, v in fields.items()})
+            for key, value in fields.items():
+                data[_RENAMES.get(str(key), str(key))] = value
         if record.exc_info:
             data["exception"] = self.formatException(record.exc_info)
         return json.dumps(data, default=str)
