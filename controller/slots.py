@@ -449,15 +449,17 @@ class SlotManager:
         if not slot.spec.activated:
             raise self._refuse(slot, "load", _not_activated(slot))
         previous = self._resident.get(name)
+        since = slot.since
         if resident:
             self._set_resident(name, slot.spec.model_id)
         slot.wanted += 1
         try:
             await self._ensure_loaded(slot)
         except SlotctlError:
-            # A refused or failed load leaves no residency wish behind (a refusal changes
-            # nothing; restore() must not retry, or evict for, a load the caller saw fail).
-            if resident and previous is None:
+            # A *refused* load (no transition happened) changes nothing, residency included.
+            # A load that started and failed keeps the wish: like a resident model that
+            # fails at start, it shows error and is tried again (restore, reconciler).
+            if resident and previous is None and slot.since == since:
                 self._clear_resident(name)
             raise
         finally:
