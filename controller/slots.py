@@ -689,11 +689,17 @@ class SlotManager:
         slot.launch = launch
         self._check_generation(slot, gen)
         self._set(slot, S.WARMING, op="load", message=f"started ({observed.ident})")
+        result = await self._wait_ready(slot, launch)
+        self._check_generation(slot, gen)
+        await self._settle_probe(slot, result)
+
+    async def _wait_ready(self, slot: _Slot, launch: LaunchSpec) -> ProbeResult:
+        """Readiness probing on the schedule, ended early if the server exits."""
 
         async def alive() -> bool:
             return (await self.runtime.inspect(slot.name)).running
 
-        result = await self.prober.wait_ready(
+        return await self.prober.wait_ready(
             launch.endpoint,
             launch.probe,
             slot=slot.name,
@@ -701,8 +707,6 @@ class SlotManager:
             warmup_timeout_s=slot.spec.warmup_timeout_s,
             clock=self.clock,
         )
-        self._check_generation(slot, gen)
-        await self._settle_probe(slot, result)
 
     async def _settle_probe(self, slot: _Slot, result: ProbeResult) -> None:
         now = self.clock.monotonic()
@@ -1261,18 +1265,7 @@ class SlotManager:
         async with slot.lock:
             if slot.generation != gen or slot.state is not S.WARMING:
                 return
-
-            async def alive() -> bool:
-                return (await self.runtime.inspect(slot.name)).running
-
-            result = await self.prober.wait_ready(
-                launch.endpoint,
-                launch.probe,
-                slot=slot.name,
-                alive=alive,
-                warmup_timeout_s=slot.spec.warmup_timeout_s,
-                clock=self.clock,
-            )
+            result = await self._wait_ready(slot, launch)
             if slot.generation == gen:
                 with contextlib.suppress(SlotctlError):
                     await self._settle_probe(slot, result)

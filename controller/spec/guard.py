@@ -343,6 +343,25 @@ def _plain(item: Any) -> Any:
     return item.unwrap() if hasattr(item, "unwrap") else item
 
 
+def toml_table(data: Mapping[str, Any]) -> tomlkit.items.Table:
+    """A readable TOML table: scalars first, ``model`` inline, other sub-tables after."""
+    table = tomlkit.table()
+    for key, value in data.items():
+        if key == "model" and isinstance(value, Mapping):
+            inline = tomlkit.inline_table()
+            inline.update(value)
+            table[key] = inline
+        elif not isinstance(value, Mapping):
+            table[key] = value
+    for key, value in data.items():
+        if key != "model" and isinstance(value, Mapping):
+            sub = tomlkit.table()
+            for k, v in value.items():
+                sub[k] = v
+            table[key] = sub
+    return table
+
+
 def _render_new(slot_doc: Mapping[str, Any], stack: str | None) -> TOMLDocument:
     doc = tomlkit.document()
     doc.add(tomlkit.comment("slot config written by slotctl (through its write guard)."))
@@ -351,21 +370,7 @@ def _render_new(slot_doc: Mapping[str, Any], stack: str | None) -> TOMLDocument:
         origin = tomlkit.table()
         origin["stack"] = stack
         doc["origin"] = origin
-    slot = tomlkit.table()
-    for key, value in slot_doc.items():
-        if key == "model" and isinstance(value, Mapping):
-            inline = tomlkit.inline_table()
-            inline.update(value)
-            slot[key] = inline
-        elif not isinstance(value, Mapping):
-            slot[key] = value
-    for key, value in slot_doc.items():
-        if key != "model" and isinstance(value, Mapping):
-            sub = tomlkit.table()
-            for k, v in value.items():
-                sub[k] = v
-            slot[key] = sub
-    doc["slot"] = slot
+    doc["slot"] = toml_table(slot_doc)
     return doc
 
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
 
 import tomlkit
 
+from controller.spec.guard import toml_table
 from controller.spec.loader import DesiredSlot
 from controller.spec.schema import ModelSpec, SlotSpec
 
@@ -22,24 +23,6 @@ def slot_effective(spec: SlotSpec) -> dict[str, Any]:
     return spec.model_dump(mode="json", exclude_none=True)
 
 
-def _table(data: Mapping[str, Any]) -> Any:
-    table = tomlkit.table()
-    for key, value in data.items():
-        if key == "model" and isinstance(value, Mapping):
-            inline = tomlkit.inline_table()
-            inline.update(value)
-            table[key] = inline
-        elif not isinstance(value, Mapping):
-            table[key] = value
-    for key, value in data.items():
-        if key != "model" and isinstance(value, Mapping):
-            sub = tomlkit.table()
-            for k, v in value.items():
-                sub[k] = v
-            table[key] = sub
-    return table
-
-
 def render_stack(
     stack: str, models: Iterable[ModelSpec], slots: Iterable[DesiredSlot], *, full: bool = True
 ) -> str:
@@ -50,7 +33,7 @@ def render_stack(
     doc["stack"] = meta
     model_aot = tomlkit.aot()
     for model in models:
-        model_aot.append(_table(model_effective(model)))
+        model_aot.append(toml_table(model_effective(model)))
     if len(model_aot):
         doc["model"] = model_aot
     slot_aot = tomlkit.aot()
@@ -60,7 +43,7 @@ def render_stack(
             if full
             else slot.spec.model_dump(mode="json", exclude_unset=True, exclude_none=True)
         )
-        slot_aot.append(_table(data))
+        slot_aot.append(toml_table(data))
     if len(slot_aot):
         doc["slot"] = slot_aot
     return tomlkit.dumps(doc)
