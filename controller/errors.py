@@ -21,7 +21,9 @@ through :meth:`SlotctlError.to_dict`; nothing renders a bare traceback.
     ├── ModelNotFound                 model.not_found               404
     ├── DockerEngineError             runtime.engine_error          502  (engine said no)
     │   └── DockerUnavailable         runtime.unavailable           503  (no engine)
-    └── ControllerAlreadyRunning      controller.already_running    409  (one per state dir)
+    ├── ControllerAlreadyRunning      controller.already_running    409  (one per state dir)
+    ├── InvalidRequest                request.invalid               400  (bad JSON/params)
+    └── Unauthorized                  auth.unauthorized             401  (missing/bad token)
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 __all__ = [
+    "InvalidRequest",
+    "Unauthorized",
     "ControllerAlreadyRunning",
     "DockerEngineError",
     "DockerUnavailable",
@@ -210,3 +214,17 @@ class ControllerAlreadyRunning(SlotctlError):
 
     code = "controller.already_running"
     http_status = 409
+
+
+class InvalidRequest(SlotctlError):
+    """An API request that is not well-formed (body, parameters)."""
+
+    code = "request.invalid"
+    http_status = 400
+
+
+class Unauthorized(SlotctlError):
+    """Missing or wrong bearer token."""
+
+    code = "auth.unauthorized"
+    http_status = 401

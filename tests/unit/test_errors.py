@@ -45,6 +45,8 @@ EXTRA_ERRORS: dict[str, tuple[str, int]] = {
     "DockerEngineError": ("runtime.engine_error", 502),
     "DockerUnavailable": ("runtime.unavailable", 503),
     "ControllerAlreadyRunning": ("controller.already_running", 409),
+    "InvalidRequest": ("request.invalid", 400),
+    "Unauthorized": ("auth.unauthorized", 401),
 }
 ALL_ERRORS = {**SPEC_ERRORS, **EXTRA_ERRORS}
 
@@ -74,6 +76,8 @@ def _make(name: str) -> SlotctlError:
         "DockerEngineError": lambda: errors_module.DockerEngineError("no such image"),
         "DockerUnavailable": lambda: errors_module.DockerUnavailable("no socket"),
         "ControllerAlreadyRunning": lambda: errors_module.ControllerAlreadyRunning("pid 1"),
+        "InvalidRequest": lambda: errors_module.InvalidRequest("body is not JSON"),
+        "Unauthorized": lambda: errors_module.Unauthorized("missing bearer token"),
     }
     err: SlotctlError = builders[name]()
     return err
