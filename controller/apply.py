@@ -85,13 +85,12 @@ async def observe_files(
     names: Iterable[str], state_dir: Path, runtime: Runtime
 ) -> dict[str, ObservedSlot]:
     """Observed state from state.json and the runtime (no controller needed)."""
+    _require_dir(state_dir, "state dir")
     store = StateStore(state_dir)
     out: dict[str, ObservedSlot] = {}
     for name in names:
-        try:
-            record = store.read(name)
-        except SlotctlError:
-            record = None
+        # An unreadable state file is an error (diff exits 2), never "not started yet".
+        record = store.read(name)
         observed = await runtime.inspect(name)
         state = record.state if record else None
         message = record.message if record else ""
@@ -110,6 +109,11 @@ async def observe_files(
             retry_after_s=float(extra.get("retry_after_s", 0) or 0),
         )
     return out
+
+
+def _require_dir(path: Path, what: str) -> None:
+    if Path(path).exists() and not Path(path).is_dir():
+        raise SlotctlError(f"{what} {path} is not a directory", path=str(path))
 
 
 def _toml(data: Mapping[str, Any] | None) -> list[str]:
@@ -151,6 +155,7 @@ async def plan_stack(
     snapshot: ConfigSnapshot | None = None,
 ) -> StackPlan:
     """Plan applying ``state``: config changes, runtime actions and drift, with reasons."""
+    _require_dir(config_dir, "config dir")  # else it would read as empty: all "drift"
     snapshot = snapshot or read_config_dir(config_dir)
     owned = {n for n, s in snapshot.slots.items() if s.stack in state.stacks}
     names = list(state.slots) + sorted(owned - set(state.slots))

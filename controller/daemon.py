@@ -25,15 +25,17 @@ import psutil
 import watchfiles
 
 from controller import __version__
+from controller.api.app import ApiContext
+from controller.api.server import ApiServer, is_loopback, parse_listen
 from controller.apply import apply_to_config
-from controller.errors import SlotctlError
+from controller.errors import SlotConfigError, SlotctlError
 from controller.events import Event
 from controller.reconcile import Action, Reconciler
 from controller.runtime import make_runtime
 from controller.slots import ManagerConfig, SlotManager
 from controller.spec.configdir import read_settings
 from controller.spec.loader import DesiredState, load_stacks
-from controller.store import ControllerLock, ControllerRecord
+from controller.store import ControllerLock, ControllerRecord, ensure_token
 
 __all__ = ["Controller", "DaemonOptions", "stop_everything"]
 
@@ -52,7 +54,8 @@ class DaemonOptions:
     resync_s: float = 30.0
     watch_debounce_ms: int = 50
     out: TextIO = field(default_factory=lambda: sys.stdout)
-    listen: str | None = None
+    listen: str | None = "127.0.0.1:8800"  # None: no API
+    token: str | None = None  # None: generated into <state_dir>/token
     quiet: bool = False  # --log-format json: the structured log replaces progress lines
 
 
@@ -104,6 +107,7 @@ class Controller:
             config_dir=str(opts.config_dir.resolve()),
             version=__version__,
         )
+        self._record = record
         self.lock.acquire(record)
         try:
             return await self._run_locked()
@@ -136,11 +140,14 @@ class Controller:
             f"{opts.config_dir}, state {opts.state_dir}"
             + (f", GitOps from {opts.stack_dir}" if opts.stack_dir else "")
         )
+        api = await self._start_api(manager, reconciler)
         with manager.events.subscribe() as events:
             printer = asyncio.create_task(self._print_events(events))
             snapshot = reconciler.refresh()
             await manager.set_desired(snapshot.desired())
             await manager.recover()
+            if api is not None:
+                api.ctx.ready.set()
             tasks = [
                 asyncio.create_task(reconciler.run(self.stop), name="reconciler"),
                 asyncio.create_task(manager.run(self.stop), name="manager"),
@@ -150,8 +157,40 @@ class Controller:
             try:
                 await self.stop.wait()
             finally:
+                if api is not None:
+                    await api.stop()
                 await self._shutdown(tasks, printer)
         return 0
+
+    async def _start_api(self, manager: SlotManager, reconciler: Reconciler) -> ApiServer | None:
+        opts = self.opts
+        if not opts.listen:
+            return None
+        host, port = parse_listen(opts.listen)
+        if not is_loopback(host) and not opts.token:
+            raise SlotConfigError(
+                f"refusing to serve the API on {host} (not loopback) without an explicit "
+                "token: pass --token or set SLOTCTL_TOKEN",
+                keys=["listen"],
+            )
+        token = opts.token or ensure_token(opts.state_dir)
+        ctx = ApiContext(
+            manager=manager,
+            reconciler=reconciler,
+            config_dir=opts.config_dir,
+            state_dir=opts.state_dir,
+            token=token,
+            events=manager.events,
+        )
+        server = ApiServer(ctx, host, port)
+        address = await server.start()
+        self.lock.update(self._record.model_copy(update={"listen": address}))
+        self.say(
+            f"API and dashboard on http://{address}/  (token: "
+            + ("--token/SLOTCTL_TOKEN" if opts.token else f"{opts.state_dir}/token")
+            + ")"
+        )
+        return server
 
     async def _print_events(self, events: object) -> None:
         from controller.events import Subscription

@@ -31,13 +31,12 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 __all__ = [
-    "InvalidRequest",
-    "Unauthorized",
     "ControllerAlreadyRunning",
     "DockerEngineError",
     "DockerUnavailable",
     "IllegalSlotTransition",
     "InsufficientMemory",
+    "InvalidRequest",
     "ModelNotFound",
     "NpuExclusivityViolation",
     "SlotConfigError",
@@ -50,6 +49,7 @@ __all__ = [
     "SlotSpawnFailed",
     "SlotTerminateTimeout",
     "SlotctlError",
+    "Unauthorized",
 ]
 
 

@@ -16,7 +16,7 @@ import asyncio
 import collections
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Final
 
@@ -92,6 +92,7 @@ class EventBus:
     def __init__(self, buffer_size: int = 1000) -> None:
         self._buffer: collections.deque[Event] = collections.deque(maxlen=buffer_size)
         self._subscribers: set[Subscription] = set()
+        self._listeners: list[Callable[[Event], None]] = []
         self._next_id = 1
 
     def emit(self, kind: str, op: str, **fields: Any) -> Event:
@@ -100,8 +101,14 @@ class EventBus:
         self._buffer.append(event)
         for sub in list(self._subscribers):
             sub._offer(event)
+        for listener in self._listeners:
+            listener(event)
         _log(event)
         return event
+
+    def add_listener(self, listener: Callable[[Event], None]) -> None:
+        """A synchronous callback for every event (metrics): must be fast, never raise."""
+        self._listeners.append(listener)
 
     def subscribe(self, maxsize: int = 1000) -> Subscription:
         sub = Subscription(self, maxsize)

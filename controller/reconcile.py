@@ -32,6 +32,7 @@ from controller.errors import (
 from controller.lifecycle import SlotState, can_dispatch
 from controller.slots import SlotManager
 from controller.spec.configdir import ConfigSnapshot, read_config_dir
+from controller.spec.guard import SLOTS_SUBDIR
 from controller.spec.loader import DesiredSlot
 from controller.spec.schema import SlotSpec
 
@@ -164,7 +165,18 @@ def plan_slot(
     wants_loaded = want.autoload or resident
     if wants_loaded and want.spec.activated and not (obs is not None and obs.dispatchable):
         if obs is not None and obs.blocked:
-            return Action("noop", name, f"crash-looping: next attempt in {obs.retry_after_s:.0f}s")
+            if obs.retry_after_s <= 0:
+                return Action(
+                    "noop",
+                    name,
+                    "crash-looping: blocked until its config changes or `slotctl slot reset`",
+                )
+            return Action(
+                "noop",
+                name,
+                f"crash-looping: next attempt in {obs.retry_after_s:.0f}s",
+                {"retry_after_s": obs.retry_after_s},
+            )
         state = obs.state.value if obs is not None and obs.state else "offline"
         why = "autoload" if want.autoload else "resident"
         return Action("load", name, f"{why} and {state}")
@@ -190,6 +202,9 @@ def observe_manager(manager: SlotManager, name: str) -> ObservedSlot | None:
     except SlotctlError:
         return None
     running = view.state not in (SlotState.OFFLINE, SlotState.ERROR)
+    # Past max failures the breaker holds the slot until a config change or a reset: no
+    # retry time (nothing to requeue for). Inside a backoff window: retry when it ends.
+    terminal = view.failures >= _max_failures(manager, name)
     return ObservedSlot(
         name=name,
         state=view.state,
@@ -197,8 +212,8 @@ def observe_manager(manager: SlotManager, name: str) -> ObservedSlot | None:
         running=running,
         config_hash=view.config_hash,
         message=view.message,
-        blocked=view.retry_after_s > 0 or view.failures >= _max_failures(manager, name),
-        retry_after_s=view.retry_after_s,
+        blocked=terminal or view.retry_after_s > 0,
+        retry_after_s=0.0 if terminal else view.retry_after_s,
     )
 
 
@@ -225,6 +240,8 @@ class Reconciler:
         self.workers = workers
         self.on_plan = on_plan
         self.snapshot: ConfigSnapshot = read_config_dir(self.config_dir)
+        self.broken: set[str] = set()  # slots whose config file is present but invalid
+        self._keep_last_good(self.snapshot, None)
         self._queue: asyncio.Queue[str] = asyncio.Queue()
         self._queued: set[str] = set()
         self._active: set[str] = set()
@@ -240,11 +257,33 @@ class Reconciler:
 
     def refresh(self) -> ConfigSnapshot:
         """Re-read the config dir; the manager's catalogue follows at once."""
-        self.snapshot = read_config_dir(self.config_dir)
+        fresh = read_config_dir(self.config_dir)
+        self._keep_last_good(fresh, self.snapshot)
+        self.snapshot = fresh
         self.manager.set_models(self.snapshot.models, order=list(self.snapshot.slots))
         for problem in self.snapshot.errors:
             log.warning("config dir: %s: %s", problem.where(), problem.message)
         return self.snapshot
+
+    def _keep_last_good(self, fresh: ConfigSnapshot, last: ConfigSnapshot | None) -> None:
+        """A slot file that is present but invalid keeps the slot's last good spec.
+
+        The reader leaves an invalid file out; without this, a bad hand edit would read as
+        "no longer declared" and the slot would be unloaded and removed (SPEC §8: what
+        fails validation changes nothing; the last good desired state stays in force).
+        """
+        slots_dir = (self.config_dir / SLOTS_SUBDIR).resolve()
+        self.broken = set()
+        for problem in fresh.errors:
+            if not problem.file:
+                continue
+            path = Path(problem.file).resolve()
+            if path.parent != slots_dir or path.stem in fresh.slots or not path.exists():
+                continue
+            self.broken.add(path.stem)
+            good = last.slots.get(path.stem) if last is not None else None
+            if good is not None:
+                fresh.slots[path.stem] = good
 
     def all_names(self) -> list[str]:
         names = list(self.snapshot.slots)
@@ -275,7 +314,8 @@ class Reconciler:
             if self.on_plan is not None:
                 self.on_plan(action)
         await self.act(action)
-        return Result()
+        retry = action.details.get("retry_after_s")  # backing off: look again when it ends
+        return Result(requeue_after=max(0.05, float(retry))) if retry else Result()
 
     async def act(self, action: Action) -> None:
         manager, name = self.manager, action.slot
@@ -413,6 +453,8 @@ class Reconciler:
         reaped = []
         for observed in await self.manager.runtime.list_managed():
             if observed.slot in self.snapshot.slots or self.manager.known(observed.slot):
+                continue
+            if observed.slot in self.broken:  # declared by a file that is invalid right now
                 continue
             with contextlib.suppress(SlotctlError):
                 if await self.manager.reap_orphan(observed.slot):

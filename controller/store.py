@@ -33,6 +33,7 @@ __all__ = [
     "atomic_write_bytes",
     "atomic_write_json",
     "check_slot_name",
+    "ensure_token",
     "utcnow",
 ]
 
@@ -296,6 +297,12 @@ class ControllerLock:
         self._fd = fd
         atomic_write_json(self.state_dir / self.RECORD, record.model_dump(mode="json"))
 
+    def update(self, record: ControllerRecord) -> None:
+        """Rewrite ``controller.json`` (e.g. with the API's real port) while holding the lock."""
+        if self._fd is None:
+            raise SlotctlError("the controller lock is not held")
+        atomic_write_json(self.state_dir / self.RECORD, record.model_dump(mode="json"))
+
     def release(self) -> None:
         with contextlib.suppress(FileNotFoundError):
             (self.state_dir / self.RECORD).unlink()
@@ -324,3 +331,19 @@ class ControllerLock:
         except psutil.Error:
             return None
         return record
+
+
+def ensure_token(state_dir: Path) -> str:
+    """The API bearer token in ``<state_dir>/token`` (mode 0600), generated on first use."""
+    import secrets
+
+    path = Path(state_dir) / "token"
+    try:
+        token = path.read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        token = ""
+    if token:
+        return token
+    token = secrets.token_urlsafe(32)
+    atomic_write_bytes(path, (token + "\n").encode(), mode=0o600)
+    return token

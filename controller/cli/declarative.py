@@ -10,10 +10,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import signal
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from controller.apply import StackPlan, apply_to_config, observe_files, plan_stack
 from controller.cli.output import Style, print_json, render_problems
@@ -29,7 +33,7 @@ from controller.slots import SlotManager
 from controller.spec.configdir import read_config_dir, read_settings
 from controller.spec.loader import DesiredState, LoadReport, load_stacks
 from controller.spec.render import render_stack
-from controller.store import ControllerLock
+from controller.store import ControllerLock, ControllerRecord
 
 __all__ = ["cmd_apply", "cmd_diff", "cmd_down", "cmd_export", "cmd_up"]
 
@@ -93,6 +97,18 @@ def cmd_apply(args: argparse.Namespace) -> int:
         print("slotctl: stack is invalid: nothing was applied", file=sys.stderr)
         return EXIT_NEGATIVE
     state = report.state
+    # Refuse before anything is written: an error exit must mean "nothing changed".
+    running = ControllerLock(args.state_dir).running() is not None
+    if args.once and running and not args.dry_run:
+        print("slotctl: a controller is running on this state dir: use --wait", file=sys.stderr)
+        return EXIT_ERROR
+    if args.wait and not running and not args.dry_run:
+        print(
+            f"slotctl: no controller is running on {args.state_dir}: start `slotctl up` "
+            "or use --once to reconcile in this process (nothing was applied)",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
     plan = asyncio.run(_plan(args, state, args.prune))
     shown = [a for a in plan.actions if a.kind != "noop"]
     print(style.bold(f"plan for stack {', '.join(state.stacks)}:"))
@@ -105,20 +121,9 @@ def cmd_apply(args: argparse.Namespace) -> int:
         return EXIT_OK
     changed = apply_to_config(state, args.config_dir, prune=args.prune)
     print(f"configured: {', '.join(changed) if changed else 'nothing changed'}")
-    running = ControllerLock(args.state_dir).running() is not None
     if args.once:
-        if running:
-            print("slotctl: a controller is running on this state dir: use --wait", file=sys.stderr)
-            return EXIT_ERROR
         return EXIT_OK if asyncio.run(_converge_once(args)) else EXIT_NEGATIVE
     if args.wait:
-        if not running:
-            print(
-                f"slotctl: no controller is running on {args.state_dir}: start `slotctl up` "
-                "or use --once to reconcile in this process",
-                file=sys.stderr,
-            )
-            return EXIT_ERROR
         return EXIT_OK if asyncio.run(_wait(args, state)) else EXIT_NEGATIVE
     return EXIT_OK
 
@@ -126,12 +131,6 @@ def cmd_apply(args: argparse.Namespace) -> int:
 async def _converge_once(args: argparse.Namespace) -> bool:
     """Reconcile in this process until converged; servers stay running (adoptable)."""
     lock = ControllerLock(args.state_dir)
-    import os
-
-    import psutil
-
-    from controller.store import ControllerRecord
-
     lock.acquire(
         ControllerRecord(
             pid=os.getpid(),
@@ -348,6 +347,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         keep_running=args.keep_running,
         resync_s=args.resync,
         quiet=args.log_format == "json",
+        listen=None if args.listen == "none" else args.listen,
+        token=args.token or os.environ.get("SLOTCTL_TOKEN") or None,
     )
     if args.stack_dir is not None and not args.stack_dir.is_dir():
         print(f"slotctl: {args.stack_dir} is not a directory", file=sys.stderr)
@@ -356,11 +357,6 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def cmd_down(args: argparse.Namespace) -> int:
-    import os
-    import signal
-
-    import psutil
-
     running = ControllerLock(args.state_dir).running()
     kind = running.runtime if running else args.runtime
     if running is not None:
@@ -433,6 +429,18 @@ def register(cmds: Any, sub: Any) -> None:
         help="text: readable progress; json: one JSON object per log line",
     )
     up.add_argument("--log-level", choices=["debug", "info", "warning"], default="info")
+    up.add_argument(
+        "--listen",
+        default="127.0.0.1:8800",
+        help="API, router and dashboard address (HOST:PORT, port 0 = any; "
+        "'none' = no API). Default 127.0.0.1:8800",
+    )
+    up.add_argument(
+        "--token",
+        default=None,
+        help="API bearer token (or SLOTCTL_TOKEN); default: generated into "
+        "<state_dir>/token. Required for a non-loopback --listen",
+    )
     up.set_defaults(func=cmd_up)
 
     down = sub.add_parser("down", help="stop the controller and every server it manages")

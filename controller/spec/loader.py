@@ -27,9 +27,11 @@ __all__ = [
     "DesiredState",
     "LoadReport",
     "expand_paths",
+    "load_stack_texts",
     "load_stacks",
     "normalise",
     "parse_toml_file",
+    "parse_toml_text",
 ]
 
 _TOP_LEVEL = ("stack", "model", "slot")
@@ -109,12 +111,20 @@ def expand_paths(paths: Iterable[Path]) -> tuple[list[Path], list[Problem]]:
     return files, problems
 
 
-def parse_toml_file(path: Path) -> tuple[dict[str, Any] | None, LineIndex | None, list[Problem]]:
+Parsed = tuple[dict[str, Any] | None, LineIndex | None, list[Problem]]
+
+
+def parse_toml_file(path: Path) -> Parsed:
     name = str(path)
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         return None, None, [Problem(code="stack.unreadable", message=str(exc), file=name)]
+    return parse_toml_text(text, name)
+
+
+def parse_toml_text(text: str, name: str) -> Parsed:
+    """TOML text -> plain data and a line index, or a located syntax problem."""
     try:
         doc = tomlkit.parse(text)
     except tomlkit.exceptions.TOMLKitError as exc:  # ParseError, KeyAlreadyPresent, ...
@@ -174,10 +184,9 @@ def _table_list(
     return []
 
 
-def _load_file(path: Path) -> _FileResult:
+def _load_document(file: str, parsed: Parsed) -> _FileResult:
     res = _FileResult()
-    file = str(path)
-    data, index, problems = parse_toml_file(path)
+    data, index, problems = parsed
     if data is None or index is None:
         res.errors.extend(problems)
         return res
@@ -242,16 +251,32 @@ def load_stacks(
     paths: Sequence[Path | str], settings: ControllerSettings | None = None
 ) -> LoadReport:
     """Load and merge stack files/directories into one normalised desired state."""
-    settings = settings or ControllerSettings()
     files, problems = expand_paths(Path(p) for p in paths)
-    report = LoadReport(state=None, errors=list(problems), files=[str(f) for f in files])
+    documents = [(str(f), parse_toml_file(f)) for f in files]
+    return _merge(documents, settings or ControllerSettings(), problems)
+
+
+def load_stack_texts(
+    texts: Sequence[tuple[str, str]], settings: ControllerSettings | None = None
+) -> LoadReport:
+    """Like :func:`load_stacks` for in-memory documents ``(name, toml_text)`` (the API)."""
+    documents = [(name, parse_toml_text(text, name)) for name, text in texts]
+    return _merge(documents, settings or ControllerSettings(), [])
+
+
+def _merge(
+    documents: Sequence[tuple[str, Parsed]],
+    settings: ControllerSettings,
+    problems: list[Problem],
+) -> LoadReport:
+    report = LoadReport(state=None, errors=list(problems), files=[n for n, _ in documents])
     models: dict[str, ModelSpec] = {}
     model_where: dict[str, str] = {}
     entries: list[SlotEntry] = []
     owners: dict[int, str] = {}
     stacks: list[str] = []
-    for path in files:
-        res = _load_file(path)
+    for file, parsed in documents:
+        res = _load_document(file, parsed)
         report.errors.extend(res.errors)
         report.warnings.extend(res.warnings)
         if res.stack and res.stack not in stacks:

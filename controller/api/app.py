@@ -1,0 +1,344 @@
+"""The HTTP application: route registry, bearer-token auth, typed errors, OpenAPI.
+
+Every route is declared once with :func:`route` (method, path, summary, request and
+response types, whether it is public). The same registry builds the aiohttp router, the
+auth rule (everything but the routes marked public needs ``Authorization: Bearer``) and
+the OpenAPI 3 document — so a route cannot exist without its documentation or its auth
+decision, and ``tests`` enumerate the registry to prove it.
+
+Errors leave as the typed JSON body of :mod:`controller.errors` (``Retry-After`` when the
+error carries ``retry_after_s``); anything unexpected is ``500 internal`` with a log line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import math
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from aiohttp import web
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+from controller import __version__
+from controller.errors import InvalidRequest, SlotctlError, Unauthorized
+from controller.events import EventBus
+
+__all__ = [
+    "API_CTX",
+    "ROUTES",
+    "ApiContext",
+    "ErrorBody",
+    "Query",
+    "RouteSpec",
+    "build_app",
+    "json_response",
+    "openapi_document",
+    "read_body",
+    "route",
+]
+
+log = logging.getLogger("slotctl.api")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass(slots=True)
+class ApiContext:
+    """What handlers share. ``manager``/``reconciler`` are typed loosely to keep the API
+    importable without the daemon (tests build a context around real objects)."""
+
+    manager: Any
+    reconciler: Any
+    config_dir: Path
+    state_dir: Path
+    token: str
+    events: EventBus
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+API_CTX: Final = web.AppKey("slotctl_api", ApiContext)
+
+
+class ErrorDetail(BaseModel):
+    code: str
+    message: str
+
+
+class ErrorBody(BaseModel):
+    """Every error: ``{"error": {"code", "message", ...details}}``."""
+
+    error: ErrorDetail
+
+
+@dataclass(frozen=True, slots=True)
+class Query:
+    name: str
+    type: str = "string"  # boolean | number | integer | string
+    description: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RouteSpec:
+    method: str
+    path: str
+    handler: Handler
+    summary: str
+    tag: str
+    public: bool = False
+    body: Any = None  # pydantic model / dataclass / TypeAdapter-able type
+    responses: Mapping[int, tuple[str, Any]] = field(default_factory=dict)
+    query: Sequence[Query] = ()
+    content_type: str = "application/json"
+
+
+ROUTES: list[RouteSpec] = []
+
+
+def route(
+    method: str,
+    path: str,
+    *,
+    summary: str,
+    tag: str,
+    public: bool = False,
+    body: Any = None,
+    responses: Mapping[int, tuple[str, Any]] | None = None,
+    query: Sequence[Query] = (),
+    content_type: str = "application/json",
+) -> Callable[[Handler], Handler]:
+    """Declare a route (see the module docstring)."""
+
+    def register(handler: Handler) -> Handler:
+        ROUTES.append(
+            RouteSpec(
+                method=method,
+                path=path,
+                handler=handler,
+                summary=summary,
+                tag=tag,
+                public=public,
+                body=body,
+                responses=responses or {200: ("OK", None)},
+                query=query,
+                content_type=content_type,
+            )
+        )
+        return handler
+
+    return register
+
+
+def _public_routes() -> frozenset[tuple[str, str]]:
+    return frozenset((r.method, r.path) for r in ROUTES if r.public)
+
+
+def _jsonable(value: Any) -> Any:
+    """Strict JSON: non-finite floats become null (never ``Infinity``)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def json_response(
+    data: Any, status: int = 200, headers: Mapping[str, str] | None = None
+) -> web.Response:
+    body = json.dumps(_jsonable(data), default=str)
+    return web.Response(text=body, status=status, content_type="application/json", headers=headers)
+
+
+def error_response(error: SlotctlError) -> web.Response:
+    headers: dict[str, str] = {}
+    retry = error.details.get("retry_after_s")
+    if isinstance(retry, int | float) and retry > 0:
+        headers["Retry-After"] = str(max(1, math.ceil(retry)))
+    if error.http_status == 401:
+        headers["WWW-Authenticate"] = 'Bearer realm="slotctl"'
+    return json_response(error.to_dict(), status=error.http_status, headers=headers)
+
+
+async def read_body(request: web.Request, model: Any) -> Any:
+    """The request body validated as ``model``; a typed 400 otherwise."""
+    try:
+        raw = await request.json() if request.can_read_body else {}
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
+    try:
+        return TypeAdapter(model).validate_python(raw)
+    except ValidationError as exc:
+        problems = [
+            {"loc": ".".join(str(p) for p in e["loc"]), "message": e["msg"]}
+            for e in exc.errors(include_url=False)
+        ]
+        raise InvalidRequest("request body does not match the schema", problems=problems) from None
+
+
+def query_flag(request: web.Request, name: str) -> bool:
+    value = request.query.get(name, "false").lower()
+    if value in ("1", "true", "yes"):
+        return True
+    if value in ("0", "false", "no", ""):
+        return False
+    raise InvalidRequest(f"query parameter {name!r} must be true or false, got {value!r}")
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except SlotctlError as exc:
+        return error_response(exc)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        code = f"http.{exc.reason.lower().replace(' ', '_')}"
+        body = {"error": {"code": code, "message": exc.reason}}
+        return json_response(body, status=exc.status)
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise
+    except Exception:  # every unexpected failure: a typed 500 and a log line
+        log.exception("unhandled error in %s %s", request.method, request.path)
+        body = {"error": {"code": "internal", "message": "internal error (see the log)"}}
+        return json_response(body, status=500)
+
+
+def _bearer(request: web.Request) -> str | None:
+    header = request.headers.get("Authorization", "")
+    scheme, _, value = header.partition(" ")
+    return value.strip() if scheme.lower() == "bearer" and value.strip() else None
+
+
+@web.middleware
+async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
+    info = request.match_info
+    resource = info.route.resource
+    canonical = resource.canonical if resource is not None else request.path
+    if (request.method, canonical) in request.app[_PUBLIC]:
+        return await handler(request)
+    token = request.app[API_CTX].token
+    given = _bearer(request)
+    if given is None:
+        raise Unauthorized("missing bearer token (Authorization: Bearer <token>)")
+    if not hmac.compare_digest(given.encode(), token.encode()):
+        raise Unauthorized("wrong bearer token")
+    return await handler(request)
+
+
+_PUBLIC: Final = web.AppKey("slotctl_public", frozenset)
+
+
+def _register_routes() -> None:
+    """Importing the route modules registers their routes (once per process)."""
+    import controller.api.routes  # noqa: F401
+
+
+def build_app(ctx: ApiContext) -> web.Application:
+    _register_routes()
+
+    app = web.Application(middlewares=[_errors, _auth], client_max_size=8 * 1024 * 1024)
+    app[API_CTX] = ctx
+    app[_PUBLIC] = _public_routes()
+    for spec in ROUTES:
+        app.router.add_route(spec.method, spec.path, spec.handler)
+    return app
+
+
+# ----------------------------------------------------------------------------- OpenAPI
+
+
+def _schema(tp: Any, components: dict[str, Any]) -> dict[str, Any]:
+    adapter = TypeAdapter(tp)
+    schema = adapter.json_schema(ref_template="#/components/schemas/{model}")
+    for name, definition in schema.pop("$defs", {}).items():
+        components[name] = definition
+    title = schema.get("title")
+    if isinstance(title, str) and schema.get("type") == "object":
+        components[title] = schema
+        return {"$ref": f"#/components/schemas/{title}"}
+    return schema
+
+
+def openapi_document() -> dict[str, Any]:
+    """The OpenAPI 3.1 document generated from the route registry and pydantic types."""
+    _register_routes()
+    components: dict[str, Any] = {}
+    error_ref = _schema(ErrorBody, components)
+    paths: dict[str, Any] = {}
+    for spec in ROUTES:
+        op: dict[str, Any] = {
+            "summary": spec.summary,
+            "operationId": f"{spec.method.lower()}_{spec.handler.__name__}",
+            "tags": [spec.tag],
+            "responses": {},
+        }
+        if spec.public:
+            op["security"] = []
+        params = [
+            {"name": p, "in": "path", "required": True, "schema": {"type": "string"}}
+            for p in _path_params(spec.path)
+        ]
+        params += [
+            {
+                "name": q.name,
+                "in": "query",
+                "required": False,
+                "description": q.description,
+                "schema": {"type": q.type},
+            }
+            for q in spec.query
+        ]
+        if params:
+            op["parameters"] = params
+        if spec.body is not None:
+            op["requestBody"] = {
+                "required": True,
+                "content": {"application/json": {"schema": _schema(spec.body, components)}},
+            }
+        for status, (description, tp) in sorted(spec.responses.items()):
+            response: dict[str, Any] = {"description": description}
+            if status >= 400:
+                response["content"] = {"application/json": {"schema": error_ref}}
+            elif tp is not None:
+                response["content"] = {spec.content_type: {"schema": _schema(tp, components)}}
+            op["responses"][str(status)] = response
+        if not spec.public:
+            op["responses"].setdefault(
+                "401",
+                {
+                    "description": "missing or wrong bearer token",
+                    "content": {"application/json": {"schema": error_ref}},
+                },
+            )
+        paths.setdefault(spec.path, {})[spec.method.lower()] = op
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "slotctl",
+            "version": __version__,
+            "description": "Slot lifecycle controller API and OpenAI-compatible router.",
+        },
+        "paths": paths,
+        "components": {
+            "schemas": components,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+        "security": [{"bearer": []}],
+    }
+
+
+def _path_params(path: str) -> list[str]:
+    out = []
+    for part in path.split("/"):
+        if part.startswith("{") and part.endswith("}"):
+            out.append(part[1:-1].split(":")[0])
+    return out

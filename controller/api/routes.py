@@ -1,0 +1,681 @@
+"""REST routes: health, slots, models, stacks, OpenAPI. Registered with :func:`route`.
+
+Handlers are thin: config writes go through the guard (``write_slot_config``), state
+changes through the SlotManager, desired-state changes wake the reconciler. Loads that
+take time answer ``202`` once admission passed (an admission refusal still answers
+synchronously with its typed error), ``200`` when there was nothing to do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from typing import Any, Final
+
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field
+
+from controller.api.app import (
+    API_CTX,
+    ApiContext,
+    Query,
+    json_response,
+    openapi_document,
+    query_flag,
+    read_body,
+    route,
+)
+from controller.apply import apply_to_config, plan_stack
+from controller.errors import (
+    InvalidRequest,
+    ModelNotFound,
+    SlotConfigError,
+    SlotNotFound,
+    SlotPinned,
+)
+from controller.lifecycle import Candidate, SlotState, rank_candidates
+from controller.slots import SlotView
+from controller.spec.configdir import read_config_dir, read_settings
+from controller.spec.guard import delete_slot_config, write_slot_config
+from controller.spec.loader import load_stack_texts
+from controller.spec.render import slot_effective
+from controller.spec.schema import ModelSpec, SlotSpec
+
+__all__: list[str] = []
+
+log = logging.getLogger("slotctl.api")
+
+S = SlotState
+_ADMISSION_WAIT_S: Final = 5.0
+
+# Slot states as a catalogue model's state (the local-API vocabulary of SPEC §9).
+_MODEL_STATE: Final = {
+    S.OFFLINE: "unloaded",
+    S.PULLING: "loading",
+    S.STARTING: "loading",
+    S.WARMING: "loading",
+    S.READY: "loaded",
+    S.SERVING: "loaded",
+    S.IDLE: "loaded",
+    S.UNLOADING: "unloading",
+    S.ERROR: "failed",
+}
+
+
+# ----------------------------------------------------------------------------- schemas
+
+
+class SlotOut(BaseModel):
+    """A slot: its live view and, when declared, its effective spec."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+    state: str
+    idle_reason: str | None = None
+    dispatchable: bool
+    model_id: str
+    device: str
+    priority: int
+    pinned: bool
+    autoload: bool
+    resident: bool
+    memory_bytes: int
+    leases: int
+    waiters: int
+    since: str
+    message: str
+    endpoint: str | None = None
+    failures: int
+    retry_after_s: float
+    config_hash: str | None = None
+    stack: str
+
+
+class SlotList(BaseModel):
+    slots: list[SlotOut]
+
+
+class LoadAnswer(BaseModel):
+    status: str  # loading | already loaded | unloading | already unloaded | ...
+    slot: SlotOut | None = None
+    plan: dict[str, Any] | None = None
+
+
+class SwapBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: str = Field(min_length=1)
+
+
+class HoldBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    ttl_s: float = Field(gt=0, le=7 * 24 * 3600)
+
+
+class HoldAnswer(BaseModel):
+    lease: int
+    slot: str
+    expires_in_s: float
+
+
+class SlotDefaults(BaseModel):
+    """Slot-owned scheduling defaults; any other key is reported (model-owned or unknown)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    priority: int | None = Field(default=None, ge=0, le=100)
+    pinned: bool | None = None
+    autoload: bool | None = None
+    idle_timeout_s: float | None = Field(default=None, ge=0)
+    ttl_s: float | None = Field(default=None, ge=0)
+    drain_timeout_s: float | None = Field(default=None, ge=0)
+    max_queue: int | None = Field(default=None, ge=0)
+
+
+class ModelOut(BaseModel):
+    id: str
+    kind: str
+    memory_gb: float
+    exclusive_group: str | None = None
+    state: str
+    resident: bool
+    loadable: bool
+    slots: list[str]
+    since: str | None = None
+    error: str | None = None
+
+
+class ModelList(BaseModel):
+    models: list[ModelOut]
+
+
+class StackBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    stack: str = Field(description="the stack file's TOML text")
+    name: str = Field(default="request.toml", description="a name for error locations")
+    prune: bool = False
+    dry_run: bool = False
+
+
+class Health(BaseModel):
+    status: str
+    version: str | None = None
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _ctx(request: web.Request) -> ApiContext:
+    return request.app[API_CTX]
+
+
+def slot_out(view: SlotView) -> dict[str, Any]:
+    data = dataclasses.asdict(view)
+    data["state"] = view.state.value
+    data["dispatchable"] = view.dispatchable
+    return data
+
+
+def _name(request: web.Request) -> str:
+    return request.match_info["name"]
+
+
+def _track(ctx: ApiContext, task: asyncio.Task[Any]) -> None:
+    tasks: set[asyncio.Task[Any]] = ctx.extra.setdefault("tasks", set())
+    tasks.add(task)
+
+    def done(t: asyncio.Task[Any]) -> None:
+        tasks.discard(t)
+        if not t.cancelled() and t.exception() is not None:
+            exc = t.exception()
+            log.warning("background operation failed: %s", getattr(exc, "message", exc))
+
+    task.add_done_callback(done)
+
+
+async def _start_load(ctx: ApiContext, name: str) -> tuple[int, dict[str, Any]]:
+    """Start a load; answer once admission is decided (typed error if refused)."""
+    manager = ctx.manager
+    view: SlotView = manager.view(name)
+    if view.dispatchable:
+        return 200, {"status": "already loaded", "slot": slot_out(view)}
+    before = (view.state, view.since)
+    task = asyncio.create_task(manager.load(name))
+    _track(ctx, task)
+    deadline = asyncio.get_running_loop().time() + _ADMISSION_WAIT_S
+    while not task.done() and asyncio.get_running_loop().time() < deadline:
+        now = manager.view(name)
+        if (now.state, now.since) != before and now.state not in (S.OFFLINE, S.ERROR):
+            break
+        await asyncio.sleep(0.01)
+    if task.done():
+        result: SlotView = task.result()  # raises the typed refusal
+        return 200, {"status": "loaded", "slot": slot_out(result)}
+    return 202, {"status": "loading", "slot": slot_out(manager.view(name))}
+
+
+def _wake(ctx: ApiContext, name: str | None = None) -> None:
+    reconciler = ctx.reconciler
+    if reconciler is None:
+        return
+    reconciler.refresh()
+    if name is None:
+        reconciler.enqueue_all()
+    else:
+        reconciler.enqueue(name)
+
+
+def _require_declared(ctx: ApiContext, name: str) -> None:
+    if name not in read_config_dir(ctx.config_dir).slots:
+        raise SlotNotFound(name)
+
+
+# ----------------------------------------------------------------------------- health
+
+
+@route(
+    "GET",
+    "/healthz",
+    summary="liveness of the controller (no auth)",
+    tag="health",
+    public=True,
+    responses={200: ("alive", Health)},
+)
+async def healthz(request: web.Request) -> web.Response:
+    from controller import __version__
+
+    return json_response({"status": "ok", "version": __version__})
+
+
+@route(
+    "GET",
+    "/readyz",
+    summary="ready: state recovered and the reconciler running",
+    tag="health",
+    responses={200: ("ready", Health), 503: ("starting", None)},
+)
+async def readyz(request: web.Request) -> web.Response:
+    if _ctx(request).ready.is_set():
+        return json_response({"status": "ready"})
+    return json_response(
+        {"error": {"code": "controller.starting", "message": "recovering state"}}, status=503
+    )
+
+
+@route(
+    "GET",
+    "/api/openapi.json",
+    summary="this document",
+    tag="health",
+    responses={200: ("OpenAPI 3.1 document", None)},
+)
+async def openapi(request: web.Request) -> web.Response:
+    return json_response(openapi_document())
+
+
+# ----------------------------------------------------------------------------- slots
+
+
+@route(
+    "GET",
+    "/api/slots",
+    summary="every slot with its live state",
+    tag="slots",
+    responses={200: ("slots", SlotList)},
+)
+async def list_slots(request: web.Request) -> web.Response:
+    views = _ctx(request).manager.views()
+    return json_response({"slots": [slot_out(v) for v in views]})
+
+
+@route(
+    "POST",
+    "/api/slots",
+    summary="create a slot (through the write guard)",
+    tag="slots",
+    body=SlotSpec,
+    responses={201: ("created", SlotOut), 400: ("invalid", None), 409: ("conflict", None)},
+)
+async def create_slot(request: web.Request) -> web.Response:
+    ctx = _ctx(request)
+    payload = await read_body(request, dict[str, Any])
+    name = payload.get("name")
+    if isinstance(name, str) and name in read_config_dir(ctx.config_dir).slots:
+        raise SlotConfigError(
+            f"slot {name!r} already exists: PUT its config instead", keys=["name"]
+        )
+    spec = write_slot_config(ctx.config_dir, payload)
+    _wake(ctx, spec.name)
+    return json_response({"created": spec.name, "spec": slot_effective(spec)}, status=201)
+
+
+@route(
+    "GET",
+    "/api/slots/{name}",
+    summary="one slot: live view and spec",
+    tag="slots",
+    responses={200: ("slot", SlotOut), 404: ("unknown slot", None)},
+)
+async def get_slot(request: web.Request) -> web.Response:
+    ctx = _ctx(request)
+    name = _name(request)
+    data = slot_out(ctx.manager.view(name))
+    desired = read_config_dir(ctx.config_dir).slots.get(name)
+    if desired is not None:
+        data["spec"] = slot_effective(desired.spec)
+    return json_response(data)
+
+
+@route(
+    "DELETE",
+    "/api/slots/{name}",
+    summary="delete a slot (pinned: force=true)",
+    tag="slots",
+    query=[Query("force", "boolean", "needed for a pinned slot")],
+    responses={202: ("deleting", LoadAnswer), 404: ("unknown slot", None), 409: ("pinned", None)},
+)
+async def delete_slot(request: web.Request) -> web.Response:
+    ctx = _ctx(request)
+    name = _name(request)
+    force = query_flag(request, "force")
+    desired = read_config_dir(ctx.config_dir).slots.get(name)
+    if desired is None:
+        raise SlotNotFound(name)
+    if desired.pinned and not force:
+        raise SlotPinned(name, "delete")
+    delete_slot_config(ctx.config_dir, name)
+    _wake(ctx, name)
+    return json_response({"status": "deleting", "slot": None}, status=202)
+
+
+@route(
+    "PUT",
+    "/api/slots/{name}/config",
+    summary="replace a slot's config (guarded)",
+    tag="slots",
+    body=SlotSpec,
+    responses={
+        200: ("written", SlotOut),
+        400: ("invalid", None),
+        404: ("unknown", None),
+        409: ("conflict", None),
+    },
+)
+async def put_config(request: web.Request) -> web.Response:
+    ctx = _ctx(request)
+    name = _name(request)
+    _require_declared(ctx, name)
+    payload = await read_body(request, dict[str, Any])
+    if payload.setdefault("name", name) != name:
+        raise InvalidRequest(f"the body names slot {payload['name']!r}, the path {name!r}")
+    spec = write_slot_config(ctx.config_dir, payload)
+    _wake(ctx, name)
+    return json_response({"written": name, "spec": slot_effective(spec)})
+
+
+@route(
+    "PATCH",
+    "/api/slots/{name}/defaults",
+    summary="change slot-owned defaults; model-owned keys are reported",
+    tag="slots",
+    body=SlotDefaults,
+    responses={
+        200: ("written", SlotOut),
+        400: ("invalid or model-owned", None),
+        404: ("unknown", None),
+    },
+)
+async def patch_defaults(request: web.Request) -> web.Response:
+    ctx = _ctx(request)
+    name = _name(request)
+    _require_declared(ctx, name)
+    patch = await read_body(request, dict[str, Any])
+    patch["name"] = name
+    spec = write_slot_config(ctx.config_dir, patch, merge=True)
+    _wake(ctx, name)
+    return json_response({"written": name, "spec": slot_effective(spec)})
+
+
+@route(
+    "POST",
+    "/api/slots/{name}/load",
+    summary="load a slot (202 loading, 200 already); dry_run explains the plan",
+    tag="slots",
+    query=[Query("dry_run", "boolean", "explain, change nothing")],
+    responses={
+        200: ("loaded or plan", LoadAnswer),
+        202: ("loading", LoadAnswer),
+        400: ("not activated", None),
+        404: ("unknown slot", None),
+        409: ("insufficient memory / pinned peer", None),
+        503: ("crash looping", None),
+    },
+)
+async def load_slot(request: web.Request) -> web.Response:
+    ctx = _ctx(request)
+    name = _name(request)
+    if query_flag(request, "dry_run"):
+        return json_response({"status": "dry run", "plan": ctx.manager.explain_load(name)})
+    status, body = await _start_load(ctx, name)
+    return json_response(body, status=status)
+
+
+@route(
+    "POST",
+    "/api/slots/{name}/unload",
+    summary="unload (drain, stop); pinned: force",
+    tag="slots",
+    query=[Query("force", "boolean", "needed for a pinned slot")],
+    responses={200: ("unloaded", LoadAnswer), 404: ("unknown", None), 409: ("pinned", None)},
+)
+async def unload_slot(request: web.Request) -> web.Response:
+    ctx = _ctx(request)
+    view = await ctx.manager.unload(_name(request), force=query_flag(request, "force"))
+    return json_response({"status": "unloaded", "slot": slot_out(view)})
+
+
+@route(
+    "POST",
+    "/api/slots/{name}/swap",
+    summary="serve another catalogue model on a slot",
+    tag="slots",
+    body=SwapBody,
+    responses={
+        200: ("swapped", LoadAnswer),
+        400: ("invalid", None),
+        404: ("unknown slot or model", None),
+        409: ("insufficient memory", None),
+    },
+)
+async def swap_slot(request: web.Request) -> web.Response:
+    ctx = _ctx(request)
+    name = _name(request)
+    body: SwapBody = await read_body(request, SwapBody)
+    _require_declared(ctx, name)
+    if body.model not in read_config_dir(ctx.config_dir).models:
+        raise ModelNotFound(body.model)
+    write_slot_config(ctx.config_dir, {"name": name, "model": {"default": body.model}}, merge=True)
+    if ctx.reconciler is not None:
+        ctx.reconciler.refresh()
+    view = await ctx.manager.swap(name, body.model)
+    return json_response({"status": "swapped", "slot": slot_out(view)})
+
+
+@route(
+    "POST",
+    "/api/slots/{name}/reset",
+    summary="clear the crash-loop breaker",
+    tag="slots",
+    responses={200: ("reset", LoadAnswer), 404: ("unknown", None)},
+)
+async def reset_slot(request: web.Request) -> web.Response:
+    ctx = _ctx(request)
+    view = await ctx.manager.reset(_name(request))
+    _wake(ctx, view.name)
+    return json_response({"status": "reset", "slot": slot_out(view)})
+
+
+@route(
+    "POST",
+    "/api/slots/{name}/hold",
+    summary="batch lease: keep loaded and unevictable for ttl_s",
+    tag="slots",
+    body=HoldBody,
+    responses={
+        200: ("held", HoldAnswer),
+        404: ("unknown", None),
+        409: ("insufficient memory", None),
+        503: ("not ready", None),
+    },
+)
+async def hold_slot(request: web.Request) -> web.Response:
+    ctx = _ctx(request)
+    body: HoldBody = await read_body(request, HoldBody)
+    lease = await ctx.manager.hold(_name(request), body.ttl_s)
+    return json_response({"lease": lease.id, "slot": lease.slot, "expires_in_s": body.ttl_s})
+
+
+# ----------------------------------------------------------------------------- models
+
+
+def _model_out(ctx: ApiContext, model: ModelSpec) -> dict[str, Any]:
+    manager = ctx.manager
+    views = [v for v in manager.views() if v.model_id == model.id]
+    best = _best(views)
+    state = _MODEL_STATE.get(best.state, "unloaded") if best else "unloaded"
+    if best is not None and best.idle_reason == "no_model":
+        state = "failed"
+    return {
+        "id": model.id,
+        "kind": model.kind,
+        "memory_gb": model.memory_gb,
+        "exclusive_group": model.exclusive_group,
+        "state": state,
+        "resident": any(v.resident for v in views),
+        "loadable": any(manager.known(v.name) and manager.known(v.name).activated for v in views),
+        "slots": [v.name for v in views],
+        "since": best.since if best else None,
+        "error": best.message if best is not None and best.state is S.ERROR else None,
+    }
+
+
+def _best(views: list[SlotView]) -> SlotView | None:
+    if not views:
+        return None
+    ranked = rank_candidates(
+        Candidate(v.name, v.state, v.priority, 0.0, v.idle_reason) for v in views
+    )
+    by_name = {v.name: v for v in views}
+    return by_name[ranked[0].name]
+
+
+def _catalogue_model(ctx: ApiContext, model_id: str) -> ModelSpec:
+    model: ModelSpec | None = ctx.manager.models.get(model_id)
+    if model is None:
+        raise ModelNotFound(model_id)
+    return model
+
+
+@route(
+    "GET",
+    "/api/models",
+    summary="the catalogue with each model's state",
+    tag="models",
+    responses={200: ("models", ModelList)},
+)
+async def list_models(request: web.Request) -> web.Response:
+    ctx = _ctx(request)
+    return json_response({"models": [_model_out(ctx, m) for m in ctx.manager.models.values()]})
+
+
+@route(
+    "GET",
+    "/api/models/{model_id:.+}/state",
+    summary="one model's state",
+    tag="models",
+    responses={200: ("state", ModelOut), 404: ("unknown model", None)},
+)
+async def model_state(request: web.Request) -> web.Response:
+    ctx = _ctx(request)
+    return json_response(_model_out(ctx, _catalogue_model(ctx, request.match_info["model_id"])))
+
+
+@route(
+    "POST",
+    "/api/models/{model_id:.+}/load",
+    summary="202 loading, 200 already, 409 insufficient_memory, 404 unknown, 400 disabled",
+    tag="models",
+    responses={
+        200: ("already loaded", LoadAnswer),
+        202: ("loading", LoadAnswer),
+        400: ("no activated slot serves it", None),
+        404: ("unknown model", None),
+        409: ("insufficient memory", None),
+        503: ("crash looping", None),
+    },
+)
+async def load_model(request: web.Request) -> web.Response:
+    ctx = _ctx(request)
+    model = _catalogue_model(ctx, request.match_info["model_id"])
+    views = [v for v in ctx.manager.views() if v.model_id == model.id]
+    active = [v for v in views if (spec := ctx.manager.known(v.name)) and spec.activated]
+    if not active:
+        raise SlotConfigError(
+            f"model {model.id!r} is disabled: no activated slot serves it",
+            keys=["model.default"],
+            disabled=True,
+        )
+    best = _best(active)
+    assert best is not None
+    status, body = await _start_load(ctx, best.name)
+    return json_response(body, status=status)
+
+
+@route(
+    "POST",
+    "/api/models/{model_id:.+}/unload",
+    summary="202 unloading, 200 already unloaded, 404 unknown",
+    tag="models",
+    responses={
+        200: ("already unloaded", LoadAnswer),
+        202: ("unloading", LoadAnswer),
+        404: ("unknown model", None),
+        409: ("pinned", None),
+    },
+)
+async def unload_model(request: web.Request) -> web.Response:
+    ctx = _ctx(request)
+    model = _catalogue_model(ctx, request.match_info["model_id"])
+    loaded = [
+        v
+        for v in ctx.manager.views()
+        if v.model_id == model.id and v.state not in (S.OFFLINE, S.ERROR)
+    ]
+    if not loaded:
+        return json_response({"status": "already unloaded"})
+    for view in loaded:
+        if view.pinned:
+            raise SlotPinned(view.name, "unload")
+    for view in loaded:
+        _track(ctx, asyncio.create_task(ctx.manager.unload(view.name)))
+    await asyncio.sleep(0)
+    return json_response({"status": "unloading"}, status=202)
+
+
+# ----------------------------------------------------------------------------- stacks
+
+
+async def _load_stack_body(ctx: ApiContext, request: web.Request) -> tuple[StackBody, Any]:
+    body: StackBody = await read_body(request, StackBody)
+    settings, _ = read_settings(ctx.config_dir)
+    report = load_stack_texts([(body.name, body.stack)], settings)
+    if not report.ok or report.state is None:
+        raise SlotConfigError(
+            f"invalid stack: {report.errors[0].message}" if report.errors else "invalid stack",
+            problems=[p.to_dict() for p in report.errors],
+            keys=sorted({p.key for p in report.errors if p.key}),
+        )
+    return body, report.state
+
+
+@route(
+    "POST",
+    "/api/stacks/apply",
+    summary="validate, plan and apply a stack (TOML text)",
+    tag="stacks",
+    body=StackBody,
+    responses={200: ("applied (or planned with dry_run)", None), 400: ("invalid", None)},
+)
+async def apply_stack(request: web.Request) -> web.Response:
+    ctx = _ctx(request)
+    body, state = await _load_stack_body(ctx, request)
+    lock: asyncio.Lock = ctx.extra.setdefault("apply_lock", asyncio.Lock())
+    async with lock:
+        plan = await plan_stack(
+            state, ctx.config_dir, ctx.state_dir, ctx.manager.runtime, prune=body.prune
+        )
+        changed: list[str] = []
+        if not body.dry_run:
+            changed = apply_to_config(state, ctx.config_dir, prune=body.prune)
+            _wake(ctx)
+    return json_response(
+        {"plan": [a.to_dict() for a in plan.actions], "changed": changed, "dry_run": body.dry_run}
+    )
+
+
+@route(
+    "POST",
+    "/api/stacks/diff",
+    summary="drift between a stack (TOML text) and the host",
+    tag="stacks",
+    body=StackBody,
+    responses={200: ("the diff", None), 400: ("invalid", None)},
+)
+async def diff_stack(request: web.Request) -> web.Response:
+    ctx = _ctx(request)
+    _, state = await _load_stack_body(ctx, request)
+    plan = await plan_stack(state, ctx.config_dir, ctx.state_dir, ctx.manager.runtime, prune=True)
+    data = plan.to_dict()
+    data["json_patch"] = plan.json_patch()
+    return json_response(data)
