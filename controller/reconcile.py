@@ -32,7 +32,6 @@ from controller.errors import (
 from controller.lifecycle import SlotState, can_dispatch
 from controller.slots import SlotManager
 from controller.spec.configdir import ConfigSnapshot, read_config_dir
-from controller.spec.guard import SLOTS_SUBDIR
 from controller.spec.loader import DesiredSlot
 from controller.spec.schema import SlotSpec
 
@@ -252,6 +251,8 @@ class Reconciler:
         self._idle.set()
         self.errors: dict[str, str] = {}
         self.passes = 0
+        # Called after every pass with (slot, seconds, ok): the API's metrics.
+        self.pass_observers: list[Callable[[str, float, bool], None]] = []
 
     # ---------------------------------------------------------------- desired
 
@@ -272,18 +273,25 @@ class Reconciler:
         "no longer declared" and the slot would be unloaded and removed (SPEC §8: what
         fails validation changes nothing; the last good desired state stays in force).
         """
-        slots_dir = (self.config_dir / SLOTS_SUBDIR).resolve()
-        self.broken = set()
-        for problem in fresh.errors:
-            if not problem.file:
-                continue
-            path = Path(problem.file).resolve()
-            if path.parent != slots_dir or path.stem in fresh.slots or not path.exists():
-                continue
-            self.broken.add(path.stem)
-            good = last.slots.get(path.stem) if last is not None else None
-            if good is not None:
-                fresh.slots[path.stem] = good
+        invalid = {
+            Path(p.file).resolve()
+            for p in fresh.errors
+            if p.file and p.severity == "error" and Path(p.file).exists()
+        }
+        kept = set()
+        for name, good in last.slots.items() if last is not None else ():
+            if name not in fresh.slots and good.file and Path(good.file).resolve() in invalid:
+                fresh.slots[name] = good
+                kept.add(name)
+        # Also without a last good spec (a controller started while the file is broken):
+        # the slot a broken file names is not an orphan. The catalogue and the settings
+        # sit in the config dir itself; slot files below it.
+        config_dir = self.config_dir.resolve()
+        self.broken = kept | {
+            path.stem
+            for path in invalid
+            if path.parent != config_dir and path.stem not in fresh.slots
+        }
 
     def all_names(self) -> list[str]:
         names = list(self.snapshot.slots)
@@ -413,7 +421,10 @@ class Reconciler:
         else:
             self._failures.pop(name, None)
             self.errors.pop(name, None)
-        log.debug("reconcile %s took %.1f ms", name, (time.perf_counter() - started) * 1000)
+        took = time.perf_counter() - started
+        log.debug("reconcile %s took %.1f ms", name, took * 1000)
+        for observe in self.pass_observers:
+            observe(name, took, not isinstance(outcome, BaseException))
         if delay is not None:
             self.enqueue(name, after=delay)
 

@@ -45,6 +45,8 @@ CONFIG_WRITER_USERS: dict[str, str] = {
     "controller/spec/__init__.py": "re-exports them as the package's public API",
     "controller/apply.py": "`stack apply` and GitOps: writes a validated stack into the "
     "config dir, every write through the guard's functions",
+    "controller/api/routes.py": "the HTTP API's slot writes (POST/PUT/PATCH/DELETE "
+    "/api/slots, swap) go through the guard's functions",
 }
 
 CONFIG_WRITERS = frozenset({"write_slot_config", "delete_slot_config", "write_catalogue"})
