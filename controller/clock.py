@@ -7,6 +7,7 @@ clock at once (yielding to the loop), so backoffs and timeouts run without sleep
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from dataclasses import dataclass
 from typing import Final, Protocol
@@ -56,5 +57,9 @@ class FakeClock:
 
     async def sleep(self, seconds: float) -> None:
         self.sleeps.append(seconds)
-        self.now += max(0.0, seconds)
+        if seconds > 0:
+            # Always move forward, as real time does: a sleep shorter than the float
+            # resolution at ``now`` would leave it unchanged, and a loop sleeping until a
+            # deadline (the remaining 1e-13 s) would then spin forever.
+            self.now = max(self.now + seconds, math.nextafter(self.now, math.inf))
         await asyncio.sleep(0)

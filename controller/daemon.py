@@ -35,7 +35,7 @@ from controller.runtime import make_runtime
 from controller.slots import ManagerConfig, SlotManager
 from controller.spec.configdir import read_settings
 from controller.spec.loader import DesiredState, load_stacks
-from controller.store import ControllerLock, ControllerRecord, ensure_token
+from controller.store import ControllerLock, ControllerRecord, ensure_token, sweep_temp_files
 
 __all__ = ["Controller", "DaemonOptions", "stop_everything"]
 
@@ -116,6 +116,11 @@ class Controller:
 
     async def _run_locked(self) -> int:
         opts = self.opts
+        # A writer killed between its temp file and the rename (a controller SIGKILLed
+        # mid-transition) leaves ``.NAME.*.tmp`` behind; only the lock holder writes here.
+        swept = sweep_temp_files(opts.state_dir)
+        if swept:
+            self.say(f"removed {swept} temp file(s) left by an interrupted write")
         settings, problems = read_settings(opts.config_dir)
         for problem in problems:
             self.say(f"config {problem.where()}: {problem.message}")

@@ -81,6 +81,7 @@ ADMITTED_STATES: Final = frozenset(
 )
 _LOADING_STATES: Final = frozenset({S.PULLING, S.STARTING, S.WARMING})
 _POLL_S: Final = 0.02
+_SETTLE_SPINS: Final = 50  # loop iterations for resuming waiters (a few suffice)
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +179,10 @@ class _Slot:
     access: int = 0
     ready_at: float | None = None
     launch: LaunchSpec | None = None
+    # Config hash of the server that actually runs when it is not ``launch``'s: a server
+    # adopted after a restart that was started with an older config (the reconciler
+    # recreates it). None: the running server is ``launch``.
+    running_hash: str | None = None
     liveness_misses: int = 0
     last_liveness: float = 0.0
 
@@ -224,7 +229,9 @@ class SlotManager:
         self.config = config or ManagerConfig()
         self.models: dict[str, ModelSpec] = {}
         self._slots: dict[str, _Slot] = {}
-        self._order: list[str] = []
+        # Catalogue order (restore loads in it), as an ordered set: upsert() checks
+        # membership once per slot and pass, so a list made a resync pass O(n²).
+        self._order: dict[str, None] = {}
         self._group_locks: dict[str, asyncio.Lock] = {}
         self._device_locks: dict[str, asyncio.Lock] = {}
         self._background: set[asyncio.Task[Any]] = set()
@@ -246,7 +253,7 @@ class SlotManager:
         """Replace the catalogue (and the catalogue order used by restore)."""
         self.models = dict(models)
         if order is not None:
-            self._order = order
+            self._order = dict.fromkeys(order)
         for slot in self._slots.values():
             if slot.spec.model_id:
                 slot.model = self.models.get(slot.spec.model_id, slot.model)
@@ -266,8 +273,7 @@ class SlotManager:
         config is the reconciler's to act on (recreate). A config change re-arms a slot
         the crash-loop breaker blocked.
         """
-        if desired.name not in self._order:
-            self._order.append(desired.name)
+        self._order.setdefault(desired.name)
         model = self.models.get(desired.spec.model_id) if desired.spec.model_id else None
         slot = self._slots.get(desired.name)
         if slot is None:
@@ -350,7 +356,7 @@ class SlotManager:
             endpoint=launch.endpoint if launch else None,
             failures=slot.breaker.failures,
             retry_after_s=slot.breaker.retry_after(now),
-            config_hash=launch.config_hash() if launch else None,
+            config_hash=slot.running_hash or (launch.config_hash() if launch else None),
             stack=slot.stack,
         )
 
@@ -369,6 +375,10 @@ class SlotManager:
 
     def lease_count(self) -> int:
         return sum(len(s.leases) for s in self._slots.values())
+
+    def last_used(self, name: str) -> float:
+        """Monotonic time of the slot's last lease or release (the ranking's recency)."""
+        return self._get(name).last_used
 
     # ================================================================= transitions
 
@@ -686,7 +696,9 @@ class SlotManager:
         except SlotctlError as exc:
             await self._fail(slot, "load", exc, stop=False)
             raise
-        slot.launch = launch
+        slot.launch, slot.running_hash = launch, None
+        slot.extra.pop("adopted", None)
+        slot.extra.pop("config_drift", None)
         self._check_generation(slot, gen)
         self._set(slot, S.WARMING, op="load", message=f"started ({observed.ident})")
         result = await self._wait_ready(slot, launch)
@@ -747,7 +759,7 @@ class SlotManager:
         if stop:
             with contextlib.suppress(SlotctlError):
                 await self.runtime.stop(slot.name, self.config.stop_timeout_s)
-            slot.launch = None
+            slot.launch, slot.running_hash = None, None
         backoff = slot.breaker.record_failure(self.clock.monotonic(), error.message)
         slot.extra["failures"] = slot.breaker.failures
         slot.extra["retry_after_s"] = backoff
@@ -805,8 +817,24 @@ class SlotManager:
         this load (and swaps back) if its waiters still want it.
         """
         self._clear_resident(peer.name)
+        await self._settle_waiters(peer)
         async with peer.lock:
             await self._unload_locked(peer, reason, "unload")
+
+    async def _settle_waiters(self, slot: _Slot) -> None:
+        """Let the cold waiters of a load that just finished take their leases first.
+
+        They resume a few loop iterations after the load task ends, while a swap queued on
+        the group lock runs at once: without this it unloaded the peer under them (they
+        got ``SlotNotReady``), at every swap, so under steady traffic to both members one
+        member's requests were never served. Once they hold leases the drain waits for
+        them like for any request in flight.
+        """
+        for _ in range(_SETTLE_SPINS):
+            task = slot.load_task
+            if not slot.waiters or task is None or not task.done() or not self._loaded(slot):
+                return
+            await asyncio.sleep(0)
 
     # ================================================================= unload
 
@@ -837,9 +865,13 @@ class SlotManager:
         if slot.state is S.OFFLINE:
             return
         if slot.state is S.ERROR:
-            with contextlib.suppress(SlotctlError):
+            try:
                 await self.runtime.stop(slot.name, self.config.stop_timeout_s)
-            slot.launch = None
+            except SlotTerminateTimeout:
+                raise  # the server survived SIGKILL: it is not offline, the slot stays in error
+            except SlotctlError as exc:
+                log.warning("stopping errored slot %s: %s", slot.name, exc.message)
+            slot.launch, slot.running_hash = None, None
             self._set(slot, S.OFFLINE, op=op, message=f"{reason} (was in error)")
             return
         if slot.state in _LOADING_STATES:  # only after a restart that found it mid-load
@@ -861,7 +893,7 @@ class SlotManager:
                 self._set(slot, S.ERROR, op=op, message=exc.message, error=exc)
             raise
         finally:
-            slot.launch = None
+            slot.launch, slot.running_hash = None, None
             slot.ready_at = None
 
     async def _drain(self, slot: _Slot) -> None:
@@ -1064,6 +1096,7 @@ class SlotManager:
         for slot in list(self._slots.values()):
             if slot.state not in DISPATCHABLE_STATES or slot.busy:
                 continue
+            gen = slot.generation
             observed = await self.runtime.inspect(slot.name)
             if observed.status is RunStatus.RUNNING or slot.busy:
                 continue
@@ -1072,7 +1105,9 @@ class SlotManager:
             detail = await self._exit_detail(slot)
             error = SlotHealthFailed(f"server exited: {detail}", slot=slot.name)
             async with slot.lock:
-                await self._fail(slot, "probe", error, stop=True)
+                # Revalidate: an unload (or unload + reload) may have run while we looked.
+                if slot.generation == gen and slot.state in DISPATCHABLE_STATES:
+                    await self._fail(slot, "probe", error, stop=True)
 
     def _expire_holds(self, slot: _Slot, now: float) -> None:
         for lease in list(slot.leases.values()):
@@ -1115,9 +1150,12 @@ class SlotManager:
             if slot.launch is None or slot.idle_reason == IdleReason.NO_MODEL:
                 continue
             slot.last_liveness = now
+            gen = slot.generation
             result = await self.prober.liveness(
                 slot.launch.endpoint, slot.launch.probe, slot=slot.name
             )
+            if slot.generation != gen or slot.state not in (S.READY, S.IDLE):
+                continue  # unloaded, reloaded or serving since: the answer is stale
             if result.outcome is ProbeOutcome.READY:
                 slot.liveness_misses = 0
                 continue
@@ -1215,11 +1253,31 @@ class SlotManager:
                 launch = None
             if launch is None:
                 return
-            slot.launch = launch
+            drifted = observed.config_hash != launch.config_hash()
+            # An adopted server started with an older config reports *its* hash, so the
+            # reconciler recreates it (it serves until then).
+            slot.launch, slot.running_hash = launch, observed.config_hash if drifted else None
             slot.extra["adopted"] = observed.ident
-            if observed.config_hash != launch.config_hash():
+            slot.extra.pop("config_drift", None)
+            if drifted:
                 slot.extra["config_drift"] = True
-            result = await self.prober.probe(launch.endpoint, launch.probe, slot=slot.name)
+            endpoint = (observed.endpoint if drifted else None) or launch.endpoint
+            result = await self.prober.probe(endpoint, launch.probe, slot=slot.name)
+            if drifted and result.outcome is not ProbeOutcome.READY:
+                # Outdated and not serving (still loading, or no model): replace it now
+                # instead of waiting for it to finish loading a config nobody wants.
+                with contextlib.suppress(SlotctlError):
+                    await self.runtime.stop(slot.name, self.config.stop_timeout_s)
+                slot.launch, slot.running_hash = None, None
+                slot.extra.pop("adopted", None)
+                slot.extra.pop("config_drift", None)
+                self._walk(
+                    slot,
+                    S.OFFLINE,
+                    op="restore",
+                    message=f"stopped an adopted server with an outdated config ({result.message})",
+                )
+                return
             if result.outcome is ProbeOutcome.READY:
                 now = self.clock.monotonic()
                 slot.ready_at = slot.last_used = slot.last_liveness = now

@@ -8,6 +8,9 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
+# The Docker engine and image fixtures (session scope), for tests/integration and tests/e2e.
+pytest_plugins = ["tests.docker_fixtures"]
+
 
 @pytest.fixture(autouse=True)
 def _no_leftover_children() -> Iterator[None]:

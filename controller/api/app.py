@@ -39,6 +39,7 @@ __all__ = [
     "build_app",
     "json_response",
     "openapi_document",
+    "openapi_path",
     "read_body",
     "route",
 ]
@@ -239,7 +240,11 @@ _PUBLIC: Final = web.AppKey("slotctl_public", frozenset)
 
 def _register_routes() -> None:
     """Importing the route modules registers their routes (once per process)."""
-    import controller.api.routes  # noqa: F401
+    import controller.api.dashboard
+    import controller.api.metrics
+    import controller.api.router
+    import controller.api.routes
+    import controller.api.sse  # noqa: F401
 
 
 def build_app(ctx: ApiContext) -> web.Application:
@@ -250,6 +255,11 @@ def build_app(ctx: ApiContext) -> web.Application:
     app[_PUBLIC] = _public_routes()
     for spec in ROUTES:
         app.router.add_route(spec.method, spec.path, spec.handler)
+    from controller.api.dashboard import setup  # metrics object, event streams' shutdown
+    from controller.api.router import setup as setup_router
+
+    setup(app, ctx)
+    setup_router(app)  # closes the router's upstream session on cleanup
     return app
 
 
@@ -311,6 +321,24 @@ def openapi_document() -> dict[str, Any]:
             elif tp is not None:
                 response["content"] = {spec.content_type: {"schema": _schema(tp, components)}}
             op["responses"][str(status)] = response
+        # Answers every route can give without declaring them: a malformed request (400)
+        # where there is a body or a query, an unknown name (404) where the path has one.
+        if spec.body is not None or spec.query:
+            op["responses"].setdefault(
+                "400",
+                {
+                    "description": "malformed request (body or query parameters)",
+                    "content": {"application/json": {"schema": error_ref}},
+                },
+            )
+        if _path_params(spec.path):
+            op["responses"].setdefault(
+                "404",
+                {
+                    "description": "not found",
+                    "content": {"application/json": {"schema": error_ref}},
+                },
+            )
         if not spec.public:
             op["responses"].setdefault(
                 "401",
@@ -319,7 +347,7 @@ def openapi_document() -> dict[str, Any]:
                     "content": {"application/json": {"schema": error_ref}},
                 },
             )
-        paths.setdefault(spec.path, {})[spec.method.lower()] = op
+        paths.setdefault(openapi_path(spec.path), {})[spec.method.lower()] = op
     return {
         "openapi": "3.1.0",
         "info": {
@@ -334,6 +362,16 @@ def openapi_document() -> dict[str, Any]:
         },
         "security": [{"bearer": []}],
     }
+
+
+def openapi_path(path: str) -> str:
+    """The OpenAPI path template of an aiohttp path: ``{model_id:.+}`` -> ``{model_id}``."""
+    return "/".join(
+        "{" + part[1:-1].split(":")[0] + "}"
+        if part.startswith("{") and part.endswith("}")
+        else part
+        for part in path.split("/")
+    )
 
 
 def _path_params(path: str) -> list[str]:

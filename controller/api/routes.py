@@ -150,12 +150,62 @@ class ModelList(BaseModel):
     models: list[ModelOut]
 
 
-class StackBody(BaseModel):
+class StackFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    stack: str = Field(description="the stack file's TOML text")
+    name: str = Field(description="the file's name, for error locations")
+    text: str = Field(description="the file's TOML text")
+
+
+class StackBody(BaseModel):
+    """One stack file (``stack`` + ``name``) or several that form one desired state
+    (``files``, merged in the order given, like a directory of them)."""
+
+    model_config = ConfigDict(extra="forbid")
+    stack: str | None = Field(default=None, description="the stack file's TOML text")
     name: str = Field(default="request.toml", description="a name for error locations")
-    prune: bool = False
+    files: list[StackFile] = Field(default_factory=list, description="several stack files")
+    prune: bool | None = Field(
+        default=None,
+        description="apply: remove the stack's undeclared slots (default false); "
+        "diff: show them as deletions (default true)",
+    )
     dry_run: bool = False
+
+    def texts(self) -> list[tuple[str, str]]:
+        out = [(f.name, f.text) for f in self.files]
+        if self.stack is not None:
+            out.insert(0, (self.name, self.stack))
+        if not out:
+            raise InvalidRequest("give the stack's TOML text in `stack` or `files`")
+        return out
+
+
+class SlotCreated(BaseModel):
+    created: str
+    spec: dict[str, Any]
+
+
+class SlotWritten(BaseModel):
+    written: str
+    spec: dict[str, Any]
+
+
+class ApplyAnswer(BaseModel):
+    plan: list[dict[str, Any]]
+    changed: list[str]
+    dry_run: bool
+
+
+class DiffAnswer(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    in_sync: bool
+    actions: list[dict[str, Any]]
+    config_diffs: dict[str, str]
+    drift: dict[str, list[str]]
+    orphans: list[str]
+    models_changed: list[str]
+    json_patch: list[dict[str, Any]]
 
 
 class Health(BaseModel):
@@ -295,7 +345,7 @@ async def list_slots(request: web.Request) -> web.Response:
     summary="create a slot (through the write guard)",
     tag="slots",
     body=SlotSpec,
-    responses={201: ("created", SlotOut), 400: ("invalid", None), 409: ("conflict", None)},
+    responses={201: ("created", SlotCreated), 400: ("invalid", None), 409: ("conflict", None)},
 )
 async def create_slot(request: web.Request) -> web.Response:
     ctx = _ctx(request)
@@ -356,7 +406,7 @@ async def delete_slot(request: web.Request) -> web.Response:
     tag="slots",
     body=SlotSpec,
     responses={
-        200: ("written", SlotOut),
+        200: ("written", SlotWritten),
         400: ("invalid", None),
         404: ("unknown", None),
         409: ("conflict", None),
@@ -381,9 +431,10 @@ async def put_config(request: web.Request) -> web.Response:
     tag="slots",
     body=SlotDefaults,
     responses={
-        200: ("written", SlotOut),
+        200: ("written", SlotWritten),
         400: ("invalid or model-owned", None),
         404: ("unknown", None),
+        409: ("conflict (NPU exclusivity)", None),
     },
 )
 async def patch_defaults(request: web.Request) -> web.Response:
@@ -446,6 +497,7 @@ async def unload_slot(request: web.Request) -> web.Response:
         400: ("invalid", None),
         404: ("unknown slot or model", None),
         409: ("insufficient memory", None),
+        503: ("crash looping or not ready", None),
     },
 )
 async def swap_slot(request: web.Request) -> web.Response:
@@ -629,7 +681,7 @@ async def unload_model(request: web.Request) -> web.Response:
 async def _load_stack_body(ctx: ApiContext, request: web.Request) -> tuple[StackBody, Any]:
     body: StackBody = await read_body(request, StackBody)
     settings, _ = read_settings(ctx.config_dir)
-    report = load_stack_texts([(body.name, body.stack)], settings)
+    report = load_stack_texts(body.texts(), settings)
     if not report.ok or report.state is None:
         raise SlotConfigError(
             f"invalid stack: {report.errors[0].message}" if report.errors else "invalid stack",
@@ -645,19 +697,20 @@ async def _load_stack_body(ctx: ApiContext, request: web.Request) -> tuple[Stack
     summary="validate, plan and apply a stack (TOML text)",
     tag="stacks",
     body=StackBody,
-    responses={200: ("applied (or planned with dry_run)", None), 400: ("invalid", None)},
+    responses={200: ("applied (or planned with dry_run)", ApplyAnswer), 400: ("invalid", None)},
 )
 async def apply_stack(request: web.Request) -> web.Response:
     ctx = _ctx(request)
     body, state = await _load_stack_body(ctx, request)
     lock: asyncio.Lock = ctx.extra.setdefault("apply_lock", asyncio.Lock())
     async with lock:
+        prune = bool(body.prune)
         plan = await plan_stack(
-            state, ctx.config_dir, ctx.state_dir, ctx.manager.runtime, prune=body.prune
+            state, ctx.config_dir, ctx.state_dir, ctx.manager.runtime, prune=prune
         )
         changed: list[str] = []
         if not body.dry_run:
-            changed = apply_to_config(state, ctx.config_dir, prune=body.prune)
+            changed = apply_to_config(state, ctx.config_dir, prune=prune)
             _wake(ctx)
     return json_response(
         {"plan": [a.to_dict() for a in plan.actions], "changed": changed, "dry_run": body.dry_run}
@@ -670,12 +723,13 @@ async def apply_stack(request: web.Request) -> web.Response:
     summary="drift between a stack (TOML text) and the host",
     tag="stacks",
     body=StackBody,
-    responses={200: ("the diff", None), 400: ("invalid", None)},
+    responses={200: ("the diff", DiffAnswer), 400: ("invalid", None)},
 )
 async def diff_stack(request: web.Request) -> web.Response:
     ctx = _ctx(request)
-    _, state = await _load_stack_body(ctx, request)
-    plan = await plan_stack(state, ctx.config_dir, ctx.state_dir, ctx.manager.runtime, prune=True)
+    body, state = await _load_stack_body(ctx, request)
+    prune = True if body.prune is None else body.prune
+    plan = await plan_stack(state, ctx.config_dir, ctx.state_dir, ctx.manager.runtime, prune=prune)
     data = plan.to_dict()
     data["json_patch"] = plan.json_patch()
     return json_response(data)

@@ -3,6 +3,13 @@
 Exit codes follow kubectl/Flux/Argo CD: ``diff --exit-code`` is 0 in sync, 1 drift, 2 error
 (any error, an unexpected one included: see ``cli.main``). ``apply`` is 0 applied (and
 converged with ``--wait``/``--once``), 1 invalid or not converged in time, 2 error.
+
+``apply`` and ``diff`` go through the controller's API (``/api/stacks/apply|diff``, the
+TOML text of every file) when a controller is reachable: ``--server``/``$SLOTCTL_SERVER``
+(which must answer), else the local controller of ``--state-dir`` if its API answers
+``/healthz`` promptly; otherwise they work on the files directly, as without a
+controller. The files are validated here first either way, and the output and exit codes
+are the same on both paths.
 """
 
 from __future__ import annotations
@@ -20,6 +27,13 @@ from typing import Any
 import psutil
 
 from controller.apply import StackPlan, apply_to_config, observe_files, plan_stack
+from controller.cli.client import (
+    SERVER_ENV,
+    ApiClient,
+    ApiError,
+    ControllerUnreachable,
+    find_controller,
+)
 from controller.cli.output import Style, print_json, render_problems
 from controller.daemon import Controller, DaemonOptions, stop_everything
 from controller.errors import SlotctlError
@@ -32,6 +46,7 @@ from controller.runtime.base import Runtime
 from controller.slots import SlotManager
 from controller.spec.configdir import read_config_dir, read_settings
 from controller.spec.loader import DesiredState, LoadReport, load_stacks
+from controller.spec.problems import Problem
 from controller.spec.render import render_stack
 from controller.store import ControllerLock, ControllerRecord
 
@@ -78,6 +93,55 @@ def _action_line(action: Action, style: Style) -> str:
     return f"  {colour(f'{action.kind:<9}')} {action.slot:<20} {action.reason}"
 
 
+# ===================================================================== through the API
+
+
+def _stack_api(args: argparse.Namespace) -> ApiClient | None:
+    """The controller's API for apply/diff, or None to work on the files directly.
+
+    An explicit ``--server``/``$SLOTCTL_SERVER`` must answer (errors exit 2); the local
+    controller is used when its API answers ``/healthz`` promptly (a stopped or wedged
+    one does not, and the files are the same contract).
+    """
+    server = getattr(args, "api_server", None) or os.environ.get(SERVER_ENV)
+    token = getattr(args, "api_token", None)
+    if server:
+        return ApiClient(find_controller(args.state_dir, server, token), timeout=300.0)
+    try:
+        endpoint = find_controller(args.state_dir, None, token)
+    except ControllerUnreachable:
+        return None
+    client = ApiClient(endpoint, timeout=300.0)
+    return client if client.healthy() else None
+
+
+def _stack_files(report: LoadReport) -> list[dict[str, str]]:
+    return [{"name": f, "text": Path(f).read_text(encoding="utf-8")} for f in report.files]
+
+
+def _remote_plan(state: DesiredState, answer: dict[str, Any]) -> StackPlan:
+    return StackPlan(
+        state=state,
+        actions=[Action(**a) for a in answer.get("actions", [])],
+        config_diffs=dict(answer.get("config_diffs", {})),
+        drift=dict(answer.get("drift", {})),
+        orphans=list(answer.get("orphans", [])),
+        models_changed=list(answer.get("models_changed", [])),
+    )
+
+
+def _remote_problems(exc: ApiError) -> list[Problem]:
+    fields = set(Problem.__dataclass_fields__)
+    problems = exc.details.get("problems")
+    if not isinstance(problems, list):
+        return []
+    return [
+        Problem(**{k: v for k, v in p.items() if k in fields})
+        for p in problems
+        if isinstance(p, dict) and "code" in p and "message" in p
+    ]
+
+
 async def _plan(args: argparse.Namespace, state: DesiredState, prune: bool) -> StackPlan:
     runtime, _ = _runtime_for(args)
     try:
@@ -98,7 +162,8 @@ def cmd_apply(args: argparse.Namespace) -> int:
         return EXIT_NEGATIVE
     state = report.state
     # Refuse before anything is written: an error exit must mean "nothing changed".
-    running = ControllerLock(args.state_dir).running() is not None
+    api = None if args.once else _stack_api(args)
+    running = api is not None or ControllerLock(args.state_dir).running() is not None
     if args.once and running and not args.dry_run:
         print("slotctl: a controller is running on this state dir: use --wait", file=sys.stderr)
         return EXIT_ERROR
@@ -109,6 +174,8 @@ def cmd_apply(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_ERROR
+    if api is not None:
+        return _apply_remote(args, api, report, state, style)
     plan = asyncio.run(_plan(args, state, args.prune))
     shown = [a for a in plan.actions if a.kind != "noop"]
     print(style.bold(f"plan for stack {', '.join(state.stacks)}:"))
@@ -126,6 +193,78 @@ def cmd_apply(args: argparse.Namespace) -> int:
     if args.wait:
         return EXIT_OK if asyncio.run(_wait(args, state)) else EXIT_NEGATIVE
     return EXIT_OK
+
+
+def _apply_remote(
+    args: argparse.Namespace,
+    api: ApiClient,
+    report: LoadReport,
+    state: DesiredState,
+    style: Style,
+) -> int:
+    """``cmd_apply`` through ``/api/stacks/apply``: the same output and exit codes."""
+    body: dict[str, Any] = {
+        "files": _stack_files(report),
+        "prune": args.prune,
+        "dry_run": args.dry_run,
+    }
+    try:
+        _, answer = api.post("/api/stacks/apply", body)
+    except ApiError as exc:
+        problems = _remote_problems(exc)
+        if exc.status != 400 or not problems:
+            raise
+        for line in render_problems(problems, Style(sys.stderr)):
+            print(line, file=sys.stderr)
+        print("slotctl: stack is invalid: nothing was applied", file=sys.stderr)
+        return EXIT_NEGATIVE
+    actions = [Action(**a) for a in answer.get("plan", [])]
+    shown = [a for a in actions if a.kind != "noop"]
+    print(style.bold(f"plan for stack {', '.join(state.stacks)}:"))
+    for action in shown:
+        print(_action_line(action, style))
+    if not shown:
+        print(style.dim("  (no changes)"))
+    if args.dry_run:
+        print(style.dim("dry run: nothing written"))
+        return EXIT_OK
+    changed = answer.get("changed") or []
+    print(f"configured: {', '.join(changed) if changed else 'nothing changed'}")
+    if args.wait:
+        return EXIT_OK if _wait_remote(args, api, state, body["files"]) else EXIT_NEGATIVE
+    return EXIT_OK
+
+
+def _wait_remote(
+    args: argparse.Namespace, api: ApiClient, state: DesiredState, files: list[dict[str, str]]
+) -> bool:
+    """``_wait`` through the API: the controller's diff and slot views until in sync."""
+    started = time.monotonic()
+    deadline = started + args.timeout
+    last: dict[str, str] = {}
+    while True:
+        _, answer = api.post("/api/stacks/diff", {"files": files, "prune": args.prune})
+        plan = _remote_plan(state, answer)
+        views = {v["name"]: v for v in api.get("/api/slots").get("slots", [])}
+        for name in state.slots:
+            view = views.get(name)
+            shown = str(view["state"]) if view else "pending"
+            if last.get(name) != shown:
+                last[name] = shown
+                elapsed = time.monotonic() - started
+                message = view.get("message") if view else ""
+                note = f"  {message}" if message else ""
+                print(f"  {elapsed:6.1f}s  {name:<20} {shown}{note}", flush=True)
+        if plan.in_sync:
+            print(f"converged in {time.monotonic() - started:.1f}s")
+            return True
+        if time.monotonic() >= deadline:
+            stuck = {a.slot: a.reason for a in plan.actions if a.kind != "noop"}
+            stuck.update({n: "; ".join(d) for n, d in plan.drift.items() if d})
+            messages = {n: str(v.get("message") or "") for n, v in views.items()}
+            _report_stuck(stuck, {n: m for n, m in messages.items() if m})
+            return False
+        time.sleep(0.25)
 
 
 async def _converge_once(args: argparse.Namespace) -> bool:
@@ -233,11 +372,18 @@ def cmd_diff(args: argparse.Namespace) -> int:
             print(line, file=sys.stderr)
         print("slotctl: stack is invalid: cannot diff", file=sys.stderr)
         return EXIT_ERROR
-    plan = asyncio.run(_plan(args, report.state, True))
+    api = _stack_api(args)
+    if api is not None:
+        _, answer = api.post("/api/stacks/diff", {"files": _stack_files(report), "prune": True})
+        plan = _remote_plan(report.state, answer)
+        patch = list(answer.get("json_patch", []))
+    else:
+        plan = asyncio.run(_plan(args, report.state, True))
+        patch = plan.json_patch()
     if args.output == "json":
         print_json(plan.to_dict())
     elif args.output == "json-patch":
-        print(json.dumps(plan.json_patch(), indent=2))
+        print(json.dumps(patch, indent=2))
     else:
         _print_diff(plan, style)
     if args.exit_code and not plan.in_sync:
@@ -348,12 +494,31 @@ def cmd_up(args: argparse.Namespace) -> int:
         resync_s=args.resync,
         quiet=args.log_format == "json",
         listen=None if args.listen == "none" else args.listen,
-        token=args.token or os.environ.get("SLOTCTL_TOKEN") or None,
+        token=args.token
+        or getattr(args, "api_token", None)
+        or os.environ.get("SLOTCTL_TOKEN")
+        or None,
     )
     if args.stack_dir is not None and not args.stack_dir.is_dir():
         print(f"slotctl: {args.stack_dir} is not a directory", file=sys.stderr)
         return EXIT_ERROR
     return asyncio.run(Controller(opts).run())
+
+
+def _wait_exited(pid: int, timeout: float) -> bool:
+    """True once ``pid`` has exited. A zombie has exited: it waits for its parent (a
+    supervisor, a shell, a test runner) to reap it, which may never be us
+    (``psutil.Process.wait`` would wait for the reaping, and time out)."""
+    deadline = time.monotonic() + timeout
+    try:
+        proc = psutil.Process(pid)
+        while proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+    except psutil.NoSuchProcess:
+        pass
+    return True
 
 
 def cmd_down(args: argparse.Namespace) -> int:
@@ -362,16 +527,12 @@ def cmd_down(args: argparse.Namespace) -> int:
     if running is not None:
         print(f"stopping the controller (pid {running.pid}) ...")
         os.kill(running.pid, signal.SIGTERM)
-        try:
-            psutil.Process(running.pid).wait(timeout=args.timeout)
-        except psutil.TimeoutExpired:
+        if not _wait_exited(running.pid, args.timeout):
             print(
                 f"slotctl: controller pid {running.pid} did not stop within {args.timeout:g}s",
                 file=sys.stderr,
             )
             return EXIT_ERROR
-        except psutil.NoSuchProcess:
-            pass
     return asyncio.run(stop_everything(args.config_dir, args.state_dir, kind, print))
 
 

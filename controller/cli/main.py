@@ -2,7 +2,8 @@
 
 Exit codes: 0 success, 1 the command's "negative" answer (invalid stack, drift), 2 usage
 or any error, an unexpected exception included (never a bare traceback; ``--debug``
-prints it).
+prints it). Typed errors print as ``slotctl: error [code]: message`` (for an API answer,
+the code the controller sent).
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ import sys
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from controller import __version__
-from controller.cli import slot, stack
+from controller.cli import remote, slot, stack
+from controller.cli.client import SERVER_ENV, TOKEN_ENV, error_code
 from controller.errors import SlotctlError
 from controller.paths import default_config_dir, default_state_dir
 from controller.runtime import RUNTIME_KINDS
@@ -49,11 +52,37 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get("SLOTCTL_RUNTIME", "process"),
         help="process (default) or docker; a running controller's own runtime wins",
     )
+    parser.add_argument(
+        "--server",
+        dest="api_server",
+        metavar="URL",
+        default=None,
+        help=f"the controller's API (default: ${SERVER_ENV}, else the controller running on "
+        "--state-dir, found through its controller.json)",
+    )
+    parser.add_argument(
+        "--token",
+        dest="api_token",
+        metavar="TOKEN",
+        default=None,
+        help=f"API bearer token (default: ${TOKEN_ENV}, else <state_dir>/token of the local "
+        "controller)",
+    )
     parser.add_argument("--debug", action="store_true", help="print tracebacks on errors")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     stack.register(sub)
     slot.register(sub)
+    remote.register_slot_commands(_subcommands(sub.choices["slot"]))
+    remote.register(sub)
     return parser
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> argparse._SubParsersAction[Any]:
+    """The sub-command action of ``parser`` (to add commands to ``slot``)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action
+    raise LookupError(f"{parser.prog} has no sub-commands")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -64,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code: int = args.func(args)
     except SlotctlError as exc:
-        print(f"slotctl: error [{exc.code}]: {exc.message}", file=sys.stderr)
+        print(f"slotctl: error [{error_code(exc)}]: {exc.message}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
         print("slotctl: interrupted", file=sys.stderr)

@@ -124,14 +124,18 @@ class ProcessRuntime:
 
     async def inspect(self, slot: str) -> Observed:
         record = self.store.read_aux(slot, RECORD)
-        if record is None:
+        observed = self._observe(slot, record) if record is not None else None
+        if observed is None or not observed.running:
+            # No record, or the recorded server is gone: a live server may still carry
+            # the slot's labels (a controller killed between a spawn and its record).
             found = await asyncio.to_thread(self._scan, slot)
             if found is None:
-                return Observed(slot=slot, status=RunStatus.MISSING)
+                return observed or Observed(slot=slot, status=RunStatus.MISSING)
             record = self._record_from_labels(slot, found)
             self.store.write_aux(slot, RECORD, record)
+            observed = self._observe(slot, record)
         self._cap_log(slot)
-        return self._observe(slot, record)
+        return observed
 
     async def list_managed(self) -> list[Observed]:
         names = set(await asyncio.to_thread(self._scan_all))
@@ -243,7 +247,7 @@ class ProcessRuntime:
             return self._scan(slot)
         proc = self._verified(int(record["pid"]), float(record.get("create_time", 0.0)))
         if proc is None or _is_zombie(proc):
-            return None
+            return self._scan(slot)  # a stale record must not hide an unrecorded server
         return proc
 
     def _labels_of(self, proc: psutil.Process) -> dict[str, str] | None:

@@ -1,9 +1,11 @@
-"""Docker fixtures for the integration tests (see ``tests/integration/docker_engine.py``).
+"""Docker fixtures shared by every test package (a plugin: ``pytest_plugins`` in
+``tests/conftest.py``), built on ``tests/integration/docker_engine.py``.
 
 * ``docker_engine`` (session): an :class:`Engine` that answers: the one at ``DOCKER_HOST``
   or ``/var/run/docker.sock``, else a private ``dockerd`` started in a temp dir and
-  stopped at the end of the session. No engine and none startable: the test is skipped,
-  or fails when ``SLOTCTL_REQUIRE_DOCKER=1``.
+  stopped at the end of the session (one engine for the integration and e2e tests
+  alike). No engine and none startable: the test is skipped, or fails when
+  ``SLOTCTL_REQUIRE_DOCKER=1``.
 * ``docker_client`` (session): a ``docker.DockerClient`` for it.
 * ``docker_test_image`` (session): the tiny imported image (``slotctl-test/base:1``).
 * ``docker_stack`` (function): a fresh stack name for one test; every container labelled

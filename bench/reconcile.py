@@ -1,0 +1,384 @@
+"""Reconciler costs: no-op passes, plan computation, GitOps latency, concurrent convergence.
+
+(a) a no-op reconcile pass (``Reconciler.reconcile(name)`` for every slot, all in sync)
+    over 100 / 1,000 / 10,000 ready slots on a FakeRuntime: per pass and per slot, and
+    the per-slot ratio between sizes (linear scaling: ratios near 1);
+(b) ``plans_for`` over a prebuilt 1,000-slot desired/applied/observed state with 10 %
+    of the slots changed (half runtime changes: recreate, half scheduling: update),
+    median of repeats;
+(c) GitOps file-save-to-first-action latency: an in-process ``Controller`` (process
+    runtime, demo servers) following a stack dir; a stack file is rewritten with one
+    slot's priority changed and the time until the ``plan`` event for that slot is
+    taken, ~10 times (p50/max);
+(d) convergence of 50 independent demo slots with ``--load-seconds 1`` through an
+    in-process Reconciler on the process runtime (what ``stack apply --once`` runs),
+    next to loading the same slots one after another with the same manager.
+
+Prints a table; never fails on timing.
+
+    python bench/reconcile.py [--sizes 100,1000,10000] [--slots 50] [--saves 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import gc
+import io
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from controller.apply import apply_to_config
+from controller.clock import SYSTEM_CLOCK
+from controller.daemon import Controller, DaemonOptions
+from controller.lifecycle import SlotState
+from controller.memory import FakeMemoryProbe
+from controller.providers import BuildContext, build_launch
+from controller.reconcile import ObservedSlot, Reconciler, plans_for
+from controller.runtime.fake import FakeProber, FakeRuntime
+from controller.runtime.process import ProcessRuntime
+from controller.slots import ManagerConfig, SlotManager
+from controller.spec.configdir import ConfigSnapshot
+from controller.spec.loader import DesiredSlot, DesiredState, load_stacks, normalise
+from controller.spec.schema import ControllerSettings, ModelSpec, SlotSpec
+from controller.store import SlotStateRecord, StateStore
+
+SETTINGS = ControllerSettings(safety_margin_gb=0.0)
+
+# ============================================================================ helpers
+
+
+def fast_tmp() -> str | None:
+    """A RAM-backed temp dir when there is one (setup writes thousands of state files)."""
+    shm = Path("/dev/shm")
+    return str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
+
+
+def desired_slots(
+    n: int, *, autoload: bool = True, base_port: int = 20000
+) -> tuple[dict[str, DesiredSlot], dict[str, ModelSpec]]:
+    slots = {}
+    models = {}
+    for i in range(n):
+        name = f"s{i:05d}"
+        spec = SlotSpec.model_validate(
+            {
+                "name": name,
+                "provider": "demo",
+                "port": base_port + i,
+                "model": {"default": f"{name}-m"},
+                "device": "cpu",
+                "autoload": autoload,
+                "server": {"extra_args": ["--load-seconds", "0"]},
+            }
+        )
+        slots[name] = DesiredSlot(spec=normalise(spec, SETTINGS), stack="bench")
+        models[f"{name}-m"] = ModelSpec(id=f"{name}-m", source=f"demo://{name}")
+    return slots, models
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+# ============================================================================ (a) no-op passes
+
+
+async def noop_pass(tmp: Path, n: int, passes: int) -> tuple[float, int]:
+    """Median seconds of one pass over ``n`` ready, in-sync slots; and the slot count.
+
+    Setup as after a controller restart: ``n`` fake servers run and every state.json
+    says ``ready``; the manager adopts them (``recover``), so every plan is ``noop``.
+    """
+    slots, models = desired_slots(n)
+    runtime = FakeRuntime(SYSTEM_CLOCK)
+    store = StateStore(tmp / "state")
+    ctx = BuildContext(runtime="process", stack="bench")
+    for name, slot in slots.items():
+        model = models[slot.spec.model_id]
+        await runtime.start(build_launch(slot.spec, model, ctx))
+        record = SlotStateRecord(
+            name=name, state=SlotState.READY, model_id=model.id, port=slot.spec.port
+        )
+        store.write(record, durable=False)
+    manager = SlotManager(
+        runtime=runtime,
+        state_dir=tmp / "state",
+        config_dir=tmp / "config",
+        settings=SETTINGS,
+        prober=FakeProber(runtime),
+        memory=FakeMemoryProbe({"cpu": 1 << 50}),
+        config=ManagerConfig(stop_timeout_s=1.0),
+    )
+    await manager.set_desired(DesiredState(stacks=("bench",), models=models, slots=slots))
+    await manager.recover()
+    reconciler = Reconciler(manager, tmp / "config")
+    reconciler.snapshot = ConfigSnapshot(settings=SETTINGS, models=models, slots=slots)
+    names = reconciler.all_names()
+    kinds = {reconciler.plan(name).kind for name in names}
+    assert kinds == {"noop"}, f"not in sync: {kinds}"
+    times = []
+    for _ in range(passes):
+        gc.collect()
+        t0 = time.perf_counter()
+        for name in names:
+            await reconciler.reconcile(name)
+        times.append(time.perf_counter() - t0)
+    await manager.close()
+    return statistics.median(times), len(names)
+
+
+async def bench_noop(sizes: Sequence[int]) -> list[str]:
+    lines = ["(a) no-op reconcile pass: reconcile(name) for every slot, all ready and in sync"]
+    per_slot: list[float] = []
+    for n in sizes:
+        passes = max(2, min(20, 20_000 // n))
+        with tempfile.TemporaryDirectory(prefix="slotctl-bench-", dir=fast_tmp()) as tmp:
+            seconds, count = await noop_pass(Path(tmp), n, passes)
+        us = seconds / count * 1e6
+        per_slot.append(us)
+        lines.append(
+            f"  {n:>6,} slots: pass {seconds * 1e3:9.1f} ms   per slot {us:7.1f} µs   "
+            f"(median of {passes} passes)"
+        )
+    for (n0, u0), (n1, u1) in zip(
+        zip(sizes, per_slot, strict=True), list(zip(sizes, per_slot, strict=True))[1:], strict=False
+    ):
+        lines.append(
+            f"  per-slot ratio {n1:,}/{n0:,} slots: x{u1 / u0:.2f} (1.00 = linear scaling)"
+        )
+    return lines
+
+
+# ============================================================================ (b) plans
+
+
+def bench_plans(n: int = 1000, changed_frac: float = 0.10, repeats: int = 50) -> list[str]:
+    want, _ = desired_slots(n)
+    have = {name: slot.spec for name, slot in want.items()}
+    hashes: dict[str, str | None] = {name: f"h{i:011d}" for i, name in enumerate(want)}
+    observed = {
+        name: ObservedSlot(name=name, state=SlotState.READY, running=True, config_hash=hashes[name])
+        for name in want
+    }
+    names = list(want)
+    step = round(1 / changed_frac)
+    for i, name in enumerate(names[::step]):
+        spec = want[name].spec
+        if i % 2 == 0:  # runtime config: a new hash -> recreate
+            server = spec.server.model_copy(update={"extra_args": ["--load-seconds", "1"]})
+            want[name] = DesiredSlot(spec=spec.model_copy(update={"server": server}), stack="bench")
+            hashes[name] = f"x{i:011d}"
+        else:  # scheduling only -> update in place
+            want[name] = DesiredSlot(spec=spec.model_copy(update={"priority": 90}), stack="bench")
+    times = []
+    actions = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        actions = plans_for(names, want, have, observed, hashes)
+        times.append(time.perf_counter() - t0)
+    kinds: dict[str, int] = {}
+    for action in actions:
+        kinds[action.kind] = kinds.get(action.kind, 0) + 1
+    median = statistics.median(times)
+    return [
+        f"(b) plans_for over {n:,} slots, {changed_frac:.0%} changed, median of {repeats}",
+        f"  {median * 1e3:.2f} ms per plan ({median / n * 1e6:.1f} µs per slot); "
+        f"actions {dict(sorted(kinds.items()))}",
+    ]
+
+
+# ============================================================================ (c) GitOps latency
+
+
+def stack_text(slots: Sequence[tuple[str, int, int]]) -> str:
+    out = ['[stack]\nname = "gitops"\n']
+    for name, _, _ in slots:
+        out.append(f'[[model]]\nid = "m-{name}"\nsource = "demo://{name}"\n')
+    for name, port, priority in slots:
+        out.append(
+            f'[[slot]]\nname = "{name}"\nprovider = "demo"\nmodel.default = "m-{name}"\n'
+            f'device = "cpu"\nport = {port}\npriority = {priority}\nautoload = true\n'
+            '[slot.server]\nextra_args = ["--load-seconds", "0"]\n'
+        )
+    return "\n".join(out)
+
+
+def free_ports(count: int) -> list[int]:
+    import socket
+
+    socks = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind(("127.0.0.1", 0))
+            socks.append(sock)
+        return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+async def bench_gitops(saves: int) -> list[str]:
+    ports = free_ports(3)
+    slots = [(f"g{i}", port, 50) for i, port in enumerate(ports)]
+    with tempfile.TemporaryDirectory(prefix="slotctl-bench-") as tmp:
+        root = Path(tmp)
+        stack_dir = root / "stacks"
+        stack_dir.mkdir()
+        stack_file = stack_dir / "gitops.toml"
+        stack_file.write_text(stack_text(slots))
+        opts = DaemonOptions(
+            config_dir=root / "config",
+            state_dir=root / "state",
+            stack_dir=stack_dir,
+            out=io.StringIO(),
+            listen=None,
+        )
+        controller = Controller(opts)
+        runner = asyncio.create_task(controller.run())
+        await asyncio.wait_for(controller.ready.wait(), 30)
+        manager = controller.manager
+        assert manager is not None
+        with manager.events.subscribe() as events:
+
+            async def wait_for(kind: str, slot: str, to_state: str | None = None) -> float:
+                async for event in events:
+                    wanted = to_state is None or event.to_state == to_state
+                    if event.kind == kind and event.slot == slot and wanted:
+                        return time.perf_counter()
+                raise AssertionError("event stream ended")
+
+            deadline = time.monotonic() + 60
+            while not all(v.state is SlotState.READY for v in manager.views()):
+                assert time.monotonic() < deadline, "the GitOps stack did not become ready"
+                await asyncio.sleep(0.05)
+            latencies = []
+            for i in range(saves):
+                await asyncio.sleep(0.3)  # let the previous change settle (its config write)
+                slot = slots[i % len(slots)][0]
+                slots = [(n, p, (60 + i) if n == slot else prio) for n, p, prio in slots]
+                waiter = asyncio.create_task(wait_for("plan", slot))
+                await asyncio.sleep(0)
+                staged = stack_file.with_suffix(".staged")
+                staged.write_text(stack_text(slots))
+                t0 = time.perf_counter()
+                staged.replace(stack_file)  # the "save": an atomic rename, as editors do
+                seen = await asyncio.wait_for(waiter, 30)
+                latencies.append(seen - t0)
+        controller.stop.set()
+        await asyncio.wait_for(runner, 60)
+    ms = [x * 1e3 for x in latencies]
+    return [
+        f"(c) GitOps: stack file saved -> `plan` event for the changed slot ({saves} saves, "
+        f"in-process Controller, watch debounce {opts.watch_debounce_ms} ms)",
+        f"  p50 {statistics.median(ms):.0f} ms   max {max(ms):.0f} ms   min {min(ms):.0f} ms",
+    ]
+
+
+# ============================================================================ (d) convergence
+
+
+async def bench_converge(count: int, load_seconds: float, workers: int | None) -> list[str]:
+    ports = free_ports(count)
+    with tempfile.TemporaryDirectory(prefix="slotctl-bench-") as tmp:
+        root = Path(tmp)
+        out = ['[stack]\nname = "conv"\n']
+        for i in range(count):
+            out.append(f'[[model]]\nid = "m{i}"\nsource = "demo://m{i}"\n')
+        for i, port in enumerate(ports):
+            out.append(
+                f'[[slot]]\nname = "c{i:02d}"\nprovider = "demo"\nmodel.default = "m{i}"\n'
+                f'device = "cpu"\nport = {port}\nautoload = true\n'
+                f'[slot.server]\nextra_args = ["--load-seconds", "{load_seconds:g}"]\n'
+            )
+        stack = root / "conv.toml"
+        stack.write_text("\n".join(out))
+        report = load_stacks([stack], SETTINGS)
+        assert report.ok and report.state is not None, report.errors
+        config_dir, state_dir = root / "config", root / "state"
+        apply_to_config(report.state, config_dir, prune=True)
+        manager = SlotManager(
+            runtime=ProcessRuntime(state_dir),
+            state_dir=state_dir,
+            config_dir=config_dir,
+            settings=SETTINGS,
+        )
+        reconciler = (
+            Reconciler(manager, config_dir, workers=workers)
+            if workers
+            else Reconciler(manager, config_dir)
+        )
+        try:
+            await manager.set_desired(reconciler.refresh().desired())
+            await manager.recover()
+            t0 = time.perf_counter()
+            converged = await reconciler.converge(timeout=300, poll_s=0.05)
+            concurrent = time.perf_counter() - t0
+            assert converged, reconciler.errors
+            await manager.stop_all(reason="bench")
+            names = sorted(manager.names())
+            t0 = time.perf_counter()
+            for name in names:
+                await manager.load(name, resident=False)
+            sequential = time.perf_counter() - t0
+        finally:
+            await manager.stop_all(reason="bench done")
+            await manager.close()
+    return [
+        f"(d) {count} independent demo slots, --load-seconds {load_seconds:g}, process runtime "
+        f"(reconciler workers: {reconciler.workers})",
+        f"  reconciler (apply --once path): {concurrent:6.2f} s to converge",
+        f"  one load after another:         {sequential:6.2f} s "
+        f"({sequential / count:.2f} s per load)",
+        f"  ratio sequential / reconciler:  x{sequential / concurrent:.1f}",
+    ]
+
+
+# ============================================================================ main
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    sizes = [int(s) for s in args.sizes.split(",")]
+    print(
+        f"slotctl bench/reconcile.py — {platform.python_implementation()} "
+        f"{platform.python_version()}, {os.cpu_count()} CPUs, {platform.machine()}"
+    )
+    started = time.perf_counter()
+    sections = [
+        await bench_noop(sizes),
+        bench_plans(),
+        await bench_gitops(args.saves),
+        await bench_converge(args.slots, args.load_seconds, args.workers),
+    ]
+    for lines in sections:
+        print()
+        for line in lines:
+            print(line)
+    print(f"\n(total {time.perf_counter() - started:.0f} s)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", default="100,1000,10000")
+    parser.add_argument("--saves", type=int, default=10)
+    parser.add_argument("--slots", type=int, default=50)
+    parser.add_argument("--load-seconds", type=float, default=1.0)
+    parser.add_argument("--workers", type=int, default=None, help="(d): reconciler workers")
+    args = parser.parse_args()
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(main_async(args))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,381 @@
+"""``GET /metrics``: Prometheus exposition, one :class:`CollectorRegistry` per app.
+
+Two kinds of series:
+
+* **counters and histograms fed by events** — a synchronous listener on the event bus
+  (:meth:`EventBus.add_listener`) counts transitions, admission refusals, evictions (by a
+  short reason class), reconcile errors and measures load durations (the transition into
+  ``pulling``/``starting`` of a load to ``ready``); the router reports each request with
+  :meth:`Metrics.request_done`, the reconciler each pass through its pass observers;
+* **gauges computed at scrape time** from the SlotManager (:class:`_LiveCollector`): the
+  one-hot slot state, active leases, cold waiters, crash-loop blocked slots and device
+  memory (total and free from the probe, admitted by slotctl, configured budget).
+
+Names follow the Prometheus conventions: ``slotctl_`` prefix, base units in the name
+(``_seconds``, ``_bytes``), ``_total`` on counters. ``promtool check metrics`` lints the
+output in the integration tests.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, Final
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.registry import Collector
+
+from controller import __version__
+from controller.api.app import API_CTX, ApiContext, route
+from controller.events import Event
+from controller.lifecycle import SlotState
+from controller.memory import GIB
+
+__all__ = [
+    "METRICS_KEY",
+    "DeviceFigures",
+    "Metrics",
+    "device_figures",
+    "eviction_reason",
+    "setup",
+]
+
+log = logging.getLogger("slotctl.api.metrics")
+
+METRICS_KEY: Final = "metrics"  # ctx.extra[METRICS_KEY] is the app's Metrics
+
+_STATES: Final = tuple(s.value for s in SlotState)
+_LOAD_START: Final = frozenset({SlotState.PULLING.value, SlotState.STARTING.value})
+_LOAD_END: Final = frozenset({SlotState.OFFLINE.value, SlotState.ERROR.value})
+
+# Loads take seconds to many minutes (a pull); requests milliseconds to minutes (long
+# generations); a reconcile pass microseconds (noop) to minutes (a load it waits for).
+LOAD_BUCKETS: Final = (0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
+REQUEST_BUCKETS: Final = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+)
+RECONCILE_BUCKETS: Final = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0)
+
+
+def eviction_reason(event: Event) -> str | None:
+    """The short reason class of an eviction, or None when ``event`` is not one.
+
+    ``preload`` (room for a load), ``pressure`` (low free memory), ``ttl`` (unused past
+    ``ttl_s``), ``exclusive`` (swapped out by an exclusive-group peer), ``orphan`` (a
+    managed server nobody declares), ``other``.
+    """
+    explicit = event.details.get("reason") if event.kind == "eviction" else None
+    if isinstance(explicit, str) and explicit:
+        return explicit
+    message = event.message
+    if event.kind == "eviction":
+        if message.startswith("evicted to make room"):
+            return "preload"
+        if message.startswith("evicted to memory pressure"):
+            return "pressure"
+        if message.startswith("ttl"):
+            return "ttl"
+        if event.op == "reconcile":
+            return "orphan"
+        return "other"
+    # An exclusive-group swap unloads the peer without an eviction event: its transition
+    # to ``unloading`` carries the reason.
+    if (
+        event.kind == "transition"
+        and event.to_state == SlotState.UNLOADING.value
+        and message.startswith("exclusive group")
+    ):
+        return "exclusive"
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceFigures:
+    """One device's memory now (bytes); None where it is not known."""
+
+    device: str
+    total_bytes: int | None
+    free_bytes: int | None
+    admitted_bytes: int
+    budget_bytes: int | None
+    safety_margin_bytes: int
+    source: str | None
+    slots: tuple[str, ...]
+
+
+def device_figures(manager: Any) -> list[DeviceFigures]:
+    """Every device a slot uses or a budget names, with probed and admitted memory."""
+    if manager is None:
+        return []
+    settings = manager.settings
+    budgets: dict[str, float] = dict(settings.memory_budget_gb)
+    by_device: dict[str, list[str]] = {}
+    for view in manager.views():
+        by_device.setdefault(view.device, []).append(view.name)
+    margin = int(settings.safety_margin_gb * GIB)
+    out = []
+    for device in sorted(set(by_device) | set(budgets)):
+        try:
+            sample = manager.memory.sample(device)
+        except Exception:  # a broken probe must not break a scrape or the dashboard
+            log.exception("memory probe for %s failed", device)
+            sample = None
+        budget_gb = budgets.get(device)
+        out.append(
+            DeviceFigures(
+                device=device,
+                total_bytes=int(sample.total_bytes) if sample is not None else None,
+                free_bytes=int(sample.free_bytes) if sample is not None else None,
+                admitted_bytes=int(manager.admitted_bytes(device)),
+                budget_bytes=int(budget_gb * GIB) if budget_gb is not None else None,
+                safety_margin_bytes=margin,
+                source=sample.source if sample is not None else None,
+                slots=tuple(by_device.get(device, ())),
+            )
+        )
+    return out
+
+
+class _LiveCollector(Collector):
+    """Gauges read from the SlotManager at scrape time."""
+
+    def __init__(self, ctx: ApiContext) -> None:
+        self._ctx = ctx
+
+    def collect(self) -> Iterable[Metric]:
+        manager = self._ctx.manager
+        info = GaugeMetricFamily(
+            "slotctl_build_info", "slotctl version (always 1)", labels=["version"]
+        )
+        info.add_metric([__version__], 1.0)
+        yield info
+        if manager is None:
+            return
+        state = GaugeMetricFamily(
+            "slotctl_slot_state",
+            "Slot lifecycle state, one-hot: 1 for the current state, 0 for the others",
+            labels=["slot", "state"],
+        )
+        slot_info = GaugeMetricFamily(
+            "slotctl_slot_info",
+            "Static facts of a slot (always 1): model, device, priority, pinned",
+            labels=["slot", "model", "device", "priority", "pinned"],
+        )
+        leases = GaugeMetricFamily(
+            "slotctl_leases_active", "Leases (requests and batch holds) held now", labels=["slot"]
+        )
+        queue = GaugeMetricFamily(
+            "slotctl_queue_depth",
+            "Requests waiting for a cold slot to finish loading",
+            labels=["slot"],
+        )
+        blocked = GaugeMetricFamily(
+            "slotctl_crash_loop_blocked",
+            "1 while the crash-loop breaker refuses loads of the slot (backing off or "
+            "blocked until reset)",
+            labels=["slot"],
+        )
+        for view in manager.views():
+            for name in _STATES:
+                state.add_metric([view.name, name], 1.0 if view.state.value == name else 0.0)
+            slot_info.add_metric(
+                [
+                    view.name,
+                    view.model_id or "",
+                    view.device,
+                    str(view.priority),
+                    "true" if view.pinned else "false",
+                ],
+                1.0,
+            )
+            leases.add_metric([view.name], float(view.leases))
+            queue.add_metric([view.name], float(view.waiters))
+            blocked.add_metric([view.name], 1.0 if _blocked(manager, view) else 0.0)
+        yield from (state, slot_info, leases, queue, blocked)
+        memory = GaugeMetricFamily(
+            "slotctl_device_memory_bytes",
+            "Device memory: total and free as probed, admitted by slotctl, configured budget",
+            labels=["device", "kind"],
+        )
+        for figures in device_figures(manager):
+            for kind, value in (
+                ("total", figures.total_bytes),
+                ("free", figures.free_bytes),
+                ("admitted", figures.admitted_bytes),
+                ("budget", figures.budget_bytes),
+            ):
+                if value is not None:
+                    memory.add_metric([figures.device, kind], float(value))
+        yield memory
+
+
+def _blocked(manager: Any, view: Any) -> bool:
+    spec = manager.known(view.name)
+    limit = spec.max_consecutive_failures if spec is not None else 5
+    return bool(view.retry_after_s > 0 or (view.failures and view.failures >= limit))
+
+
+class Metrics:
+    """The app's metrics: its own registry, event-fed counters, scrape-time gauges."""
+
+    def __init__(self, ctx: ApiContext) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        r = self.registry
+        self.transitions = Counter(
+            "slotctl_transitions_total",
+            "Slot state transitions",
+            ["slot", "from", "to"],
+            registry=r,
+        )
+        self.load_duration = Histogram(
+            "slotctl_load_duration_seconds",
+            "Time from a load's start (pulling or starting) to ready",
+            ["slot"],
+            buckets=LOAD_BUCKETS,
+            registry=r,
+        )
+        self.refusals = Counter(
+            "slotctl_admission_refusals_total",
+            "Loads refused (insufficient memory, crash loop, not activated, ...)",
+            ["slot"],
+            registry=r,
+        )
+        self.evictions = Counter(
+            "slotctl_evictions_total",
+            "Slots unloaded by slotctl to make room, relieve pressure, expire a TTL or "
+            "swap an exclusive group",
+            ["slot", "reason"],
+            registry=r,
+        )
+        self.requests = Counter(
+            "slotctl_requests_total",
+            "Requests through the router by slot, model and HTTP status",
+            ["slot", "model", "status"],
+            registry=r,
+        )
+        self.request_duration = Histogram(
+            "slotctl_request_duration_seconds",
+            "Router request latency (until the last byte of the answer)",
+            ["slot", "model"],
+            buckets=REQUEST_BUCKETS,
+            registry=r,
+        )
+        self.reconcile_duration = Histogram(
+            "slotctl_reconcile_duration_seconds",
+            "Duration of one reconcile pass of one slot",
+            buckets=RECONCILE_BUCKETS,
+            registry=r,
+        )
+        self.reconcile_errors = Counter(
+            "slotctl_reconcile_errors_total", "Reconcile passes that failed", registry=r
+        )
+        self._load_started: dict[str, float] = {}
+        r.register(_LiveCollector(ctx))
+
+    # ---------------------------------------------------------------- feeds
+
+    def on_event(self, event: Event) -> None:
+        """The bus listener: synchronous, fast, never raises."""
+        try:
+            self._on_event(event)
+        except Exception:  # a metrics bug must never break the manager that emits
+            log.exception("metrics: cannot account for event %s", event.id)
+
+    def _on_event(self, event: Event) -> None:
+        slot = event.slot or ""
+        if event.kind == "transition" and event.from_state and event.to_state:
+            self.transitions.labels(slot, event.from_state, event.to_state).inc()
+            self._load_timing(event)
+        elif event.kind == "refusal" and event.op in ("admit", "load"):
+            self.refusals.labels(slot).inc()
+        elif event.kind == "error" and event.op == "reconcile":
+            self.reconcile_errors.inc()
+        reason = eviction_reason(event)
+        if reason is not None:
+            self.evictions.labels(slot, reason).inc()
+
+    def _load_timing(self, event: Event) -> None:
+        slot, to = event.slot or "", event.to_state
+        now = time.monotonic()
+        if to in _LOAD_START and event.op == "load":
+            self._load_started.setdefault(slot, now)  # pulling -> starting keeps the start
+        elif to == SlotState.READY.value and event.from_state == SlotState.WARMING.value:
+            started = self._load_started.pop(slot, None)
+            if started is not None:
+                self.load_duration.labels(slot).observe(now - started)
+        elif to in _LOAD_END or to == SlotState.IDLE.value:
+            self._load_started.pop(slot, None)
+
+    def request_done(self, slot: str, model: str, status: int | str, seconds: float) -> None:
+        """One routed request finished (the router calls this)."""
+        self.requests.labels(slot, model, str(status)).inc()
+        self.request_duration.labels(slot, model).observe(max(0.0, seconds))
+
+    def reconcile_pass(self, slot: str, seconds: float, ok: bool) -> None:
+        """One reconcile pass finished (a reconciler pass observer)."""
+        self.reconcile_duration.observe(max(0.0, seconds))
+
+    def prime(self, slots: Iterator[str] | list[str]) -> None:
+        """Zero-valued per-slot refusal series, so ``increase()`` sees the first one."""
+        for slot in slots:
+            self.refusals.labels(slot)
+
+    # ---------------------------------------------------------------- exposition
+
+    def render(self, accept: str | None) -> tuple[bytes, str]:
+        encoder, content_type = choose_encoder(accept or "")
+        return encoder(self.registry), content_type
+
+
+def metrics_of(ctx: ApiContext) -> Metrics:
+    metrics = ctx.extra.get(METRICS_KEY)
+    if not isinstance(metrics, Metrics):
+        metrics = Metrics(ctx)
+        ctx.extra[METRICS_KEY] = metrics
+        ctx.events.add_listener(metrics.on_event)
+        observers = getattr(ctx.reconciler, "pass_observers", None)
+        if isinstance(observers, list):
+            observers.append(metrics.reconcile_pass)
+    return metrics
+
+
+def setup(app: web.Application, ctx: ApiContext) -> None:
+    """Called by ``build_app``: the metrics object into ``ctx.extra["metrics"]`` (once per
+    context: a second app on the same context shares it)."""
+    metrics_of(ctx)
+
+
+@route(
+    "GET",
+    "/metrics",
+    summary="Prometheus metrics (text exposition format; OpenMetrics when asked)",
+    tag="observability",
+    responses={200: ("metrics", str)},
+    content_type="text/plain",
+)
+async def metrics_endpoint(request: web.Request) -> web.Response:
+    ctx = request.app[API_CTX]
+    metrics = metrics_of(ctx)
+    if ctx.manager is not None:
+        metrics.prime(ctx.manager.names())
+    body, content_type = metrics.render(request.headers.get("Accept"))
+    return web.Response(body=body, headers={"Content-Type": content_type})

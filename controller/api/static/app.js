@@ -1,0 +1,500 @@
+// slotctl dashboard: slots, memory and events, live from the API. No build step.
+//
+// The bearer token is asked once and kept in localStorage. The event stream is read with
+// fetch() and a small SSE parser (EventSource cannot send an Authorization header); on a
+// reconnect it resumes with Last-Event-ID, and an `event: gap` makes it re-read the state.
+"use strict";
+
+const TOKEN_KEY = "slotctl.token";
+const MAX_EVENTS = 80;
+const LOADED = new Set(["pulling", "starting", "warming", "ready", "serving", "idle", "unloading"]);
+const STATE_ORDER = ["serving", "ready", "idle", "warming", "starting", "pulling", "unloading", "error", "offline"];
+
+const ui = {
+  rows: document.getElementById("slot-rows"),
+  slotsEmpty: document.getElementById("slots-empty"),
+  slotsCount: document.getElementById("slots-count"),
+  summary: document.getElementById("summary"),
+  devices: document.getElementById("devices"),
+  events: document.getElementById("events"),
+  eventsEmpty: document.getElementById("events-empty"),
+  eventsCount: document.getElementById("events-count"),
+  conn: document.getElementById("conn"),
+  connText: document.getElementById("conn-text"),
+  host: document.getElementById("host"),
+  dialog: document.getElementById("token-dialog"),
+  form: document.getElementById("token-form"),
+  tokenInput: document.getElementById("token-input"),
+  tokenError: document.getElementById("token-error"),
+  tokenChange: document.getElementById("token-change"),
+  toasts: document.getElementById("toasts"),
+};
+
+const state = {
+  token: localStorage.getItem(TOKEN_KEY) || "",
+  slots: new Map(), // name -> slot object (GET /api/slots shape)
+  devices: [],
+  events: [],
+  lastEventId: null,
+  stream: null, // AbortController of the running stream
+  refreshTimer: null,
+  busy: new Map(), // slot name -> the button action in flight
+};
+
+// ------------------------------------------------------------------ small helpers
+
+function h(tag, attrs, ...children) {
+  const el = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs || {})) {
+    if (value === null || value === undefined || value === false) continue;
+    if (key === "class") el.className = value;
+    else if (key === "text") el.textContent = value;
+    else if (key.startsWith("on")) el.addEventListener(key.slice(2), value);
+    else if (key.startsWith("data-")) el.setAttribute(key, value);
+    else if (key in el) el[key] = value;
+    else el.setAttribute(key, value);
+  }
+  for (const child of children.flat()) {
+    if (child === null || child === undefined || child === false) continue;
+    el.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return el;
+}
+
+function bytes(n) {
+  if (n === null || n === undefined) return "–";
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let value = n;
+  let unit = 0;
+  while (Math.abs(value) >= 1024 && unit < units.length - 1) {
+    value /= 1024;
+    unit += 1;
+  }
+  const digits = value >= 100 || unit === 0 ? 0 : value >= 10 ? 1 : 2;
+  return `${value.toFixed(digits)} ${units[unit]}`;
+}
+
+function ago(iso) {
+  if (!iso) return "";
+  const t = Date.parse(iso);
+  if (Number.isNaN(t)) return "";
+  const s = Math.max(0, Math.round((Date.now() - t) / 1000));
+  if (s < 60) return `${s}s`;
+  if (s < 3600) return `${Math.floor(s / 60)}m ${s % 60}s`;
+  if (s < 86400) return `${Math.floor(s / 3600)}h ${Math.floor((s % 3600) / 60)}m`;
+  return `${Math.floor(s / 86400)}d`;
+}
+
+function clock(seconds) {
+  return new Date(seconds * 1000).toLocaleTimeString([], { hour12: false });
+}
+
+function toast(message, kind = "") {
+  const el = h("div", { class: `toast ${kind}`, role: "status", text: message });
+  ui.toasts.append(el);
+  setTimeout(() => el.remove(), kind === "err" ? 8000 : 3000);
+}
+
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+// ------------------------------------------------------------------ API
+
+class ApiError extends Error {
+  constructor(status, body) {
+    const error = (body && body.error) || {};
+    super(error.message || `HTTP ${status}`);
+    this.status = status;
+    this.code = error.code || "";
+  }
+}
+
+async function api(path, options = {}) {
+  const headers = { Accept: "application/json", Authorization: `Bearer ${state.token}` };
+  const response = await fetch(path, { cache: "no-store", ...options, headers });
+  let body = null;
+  const text = await response.text();
+  if (text) {
+    try {
+      body = JSON.parse(text);
+    } catch {
+      body = null;
+    }
+  }
+  if (response.status === 401) {
+    askToken("The token was refused. Enter the current one.");
+    throw new ApiError(401, body);
+  }
+  if (!response.ok) throw new ApiError(response.status, body);
+  return { status: response.status, body };
+}
+
+async function refreshSlots() {
+  const { body } = await api("/api/slots");
+  const fresh = new Map();
+  for (const slot of body.slots) fresh.set(slot.name, slot);
+  state.slots = fresh;
+  renderSlots();
+}
+
+async function refreshDevices() {
+  const { body } = await api("/api/devices");
+  state.devices = body.devices;
+  renderDevices();
+}
+
+function refreshSoon(delay = 300) {
+  clearTimeout(state.refreshTimer);
+  state.refreshTimer = setTimeout(() => {
+    Promise.all([refreshSlots(), refreshDevices()]).catch(() => {});
+  }, delay);
+}
+
+// ------------------------------------------------------------------ event stream
+
+function parseBlock(block) {
+  const event = { id: null, type: "message", data: [] };
+  let fields = 0;
+  for (const line of block.split("\n")) {
+    if (!line || line.startsWith(":")) continue; // comment (keep-alive)
+    const colon = line.indexOf(":");
+    const field = colon < 0 ? line : line.slice(0, colon);
+    let value = colon < 0 ? "" : line.slice(colon + 1);
+    if (value.startsWith(" ")) value = value.slice(1);
+    fields += 1;
+    if (field === "id") event.id = value;
+    else if (field === "event") event.type = value;
+    else if (field === "data") event.data.push(value);
+  }
+  if (!fields) return null;
+  event.data = event.data.join("\n");
+  return event;
+}
+
+async function streamEvents(signal) {
+  let backoff = 500;
+  let first = true;
+  while (!signal.aborted) {
+    try {
+      const headers = { Accept: "text/event-stream", Authorization: `Bearer ${state.token}` };
+      if (state.lastEventId !== null) headers["Last-Event-ID"] = state.lastEventId;
+      const response = await fetch("/api/events", { headers, signal, cache: "no-store" });
+      if (response.status === 401) {
+        setConn("unauthorized", "token refused");
+        askToken("The token was refused. Enter the current one.");
+        return;
+      }
+      if (!response.ok || !response.body) throw new Error(`HTTP ${response.status}`);
+      setConn("live", "live");
+      backoff = 500;
+      // Subscribed now: (re)read the full state so nothing falls between the two.
+      if (first) refreshSoon(0);
+      first = false;
+      const reader = response.body.getReader();
+      const decoder = new TextDecoder();
+      let buffer = "";
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        buffer += decoder.decode(value, { stream: true }).replace(/\r\n?/g, "\n");
+        let end;
+        while ((end = buffer.indexOf("\n\n")) >= 0) {
+          const block = buffer.slice(0, end);
+          buffer = buffer.slice(end + 2);
+          const event = parseBlock(block);
+          if (event) dispatch(event);
+        }
+      }
+      throw new Error("stream ended");
+    } catch (err) {
+      if (signal.aborted) return;
+      setConn("reconnecting", "reconnecting…");
+      await sleep(backoff);
+      backoff = Math.min(backoff * 2, 15000);
+    }
+  }
+}
+
+function dispatch(message) {
+  if (message.id !== null && message.id !== "") state.lastEventId = message.id;
+  if (message.type === "gap") {
+    refreshSoon(0); // some events are gone: re-read everything
+    return;
+  }
+  let event;
+  try {
+    event = JSON.parse(message.data);
+  } catch {
+    return;
+  }
+  applyEvent(event);
+}
+
+function applyEvent(event) {
+  if (event.kind === "transition" && event.slot) {
+    const slot = state.slots.get(event.slot);
+    // A replayed (older) transition never overrides the state read since.
+    const newer = slot && event.time * 1000 >= (Date.parse(slot.since) || 0) - 1;
+    if (slot && newer) {
+      slot.state = event.to;
+      slot.since = new Date(event.time * 1000).toISOString();
+      slot.message = event.message || "";
+      slot.idle_reason = (event.details && event.details.idle_reason) || null;
+      queueRender("slots", event.slot);
+    }
+  }
+  if (event.kind !== "progress" || state.events.length === 0 || state.events[0].kind !== "progress") {
+    state.events.unshift(event);
+  } else {
+    state.events[0] = event; // pull progress replaces itself
+  }
+  state.events.length = Math.min(state.events.length, MAX_EVENTS);
+  queueRender("events");
+  if (event.slot) refreshSoon();
+}
+
+// A burst of events (a replay, a swap) renders once per animation frame.
+const pending = { slots: false, events: false, flash: null, frame: 0 };
+
+function queueRender(what, flash) {
+  pending[what] = true;
+  if (flash) pending.flash = flash;
+  if (pending.frame) return;
+  pending.frame = requestAnimationFrame(() => {
+    pending.frame = 0;
+    if (pending.slots) renderSlots(pending.flash);
+    if (pending.events) renderEvents(true);
+    pending.slots = pending.events = false;
+    pending.flash = null;
+  });
+}
+
+function setConn(kind, text) {
+  ui.conn.dataset.conn = kind;
+  ui.connText.textContent = text;
+}
+
+// ------------------------------------------------------------------ rendering
+
+function badge(stateName, idleReason) {
+  const label = stateName === "idle" && idleReason === "no_model" ? "idle · no model" : stateName;
+  return h("span", { class: "badge" }, h("span", { class: "dot" }), label);
+}
+
+function slotRow(slot, flash) {
+  const pending = state.busy.get(slot.name);
+  const busy = pending !== undefined;
+  const canLoad = !busy && !LOADED.has(slot.state) && Boolean(slot.model_id);
+  const canUnload = !busy && slot.state !== "offline" && slot.state !== "unloading";
+  const isError = slot.state === "error";
+  const sub = slot.message
+    ? h("div", { class: `slot-sub${isError ? " err" : ""}`, title: slot.message, text: slot.message })
+    : h("div", { class: "slot-sub", text: slot.stack ? `stack ${slot.stack}` : "" });
+  const row = h(
+    "tr",
+    { "data-slot": slot.name, "data-state": slot.state, class: flash ? "flash" : "" },
+    h("td", { class: "c-state" }, badge(slot.state, slot.idle_reason)),
+    h("td", {}, h("div", { class: "slot-name" }, slot.name, slot.pinned ? h("span", { class: "pin", title: "pinned: never evicted", text: "pinned" }) : null), sub),
+    h("td", {}, h("span", { class: "model", text: slot.model_id || "—" })),
+    h("td", { class: "c-device" }, h("span", { class: "device", text: slot.device })),
+    h("td", { class: "c-num", text: String(slot.priority) }),
+    h("td", { class: "c-num", text: slot.waiters ? `${slot.leases} / ${slot.waiters} waiting` : String(slot.leases) }),
+    h("td", { class: "c-num", text: bytes(slot.memory_bytes) }),
+    h("td", { class: "c-since", "data-since": slot.since, text: ago(slot.since) }),
+    h(
+      "td",
+      { class: "c-actions" },
+      h("button", { type: "button", class: `load${pending === "load" ? " busy" : ""}`, "data-action": "load", disabled: !canLoad, title: `load ${slot.name}`, onclick: () => act(slot.name, "load") }, "Load"),
+      h("button", { type: "button", class: `unload${pending === "unload" ? " busy" : ""}`, "data-action": "unload", disabled: !canUnload, title: `unload ${slot.name}`, onclick: () => act(slot.name, "unload") }, "Unload"),
+    ),
+  );
+  return row;
+}
+
+function renderSlots(changed) {
+  const slots = [...state.slots.values()];
+  ui.rows.replaceChildren(...slots.map((s) => slotRow(s, s.name === changed)));
+  ui.slotsEmpty.hidden = slots.length > 0;
+  ui.slotsCount.textContent = slots.length ? `${slots.length} slot${slots.length === 1 ? "" : "s"}` : "";
+  const counts = new Map();
+  let leases = 0;
+  for (const s of slots) {
+    counts.set(s.state, (counts.get(s.state) || 0) + 1);
+    leases += s.leases;
+  }
+  const chips = STATE_ORDER.filter((name) => counts.has(name)).map((name) =>
+    h("span", { class: "chip", "data-state": name }, h("span", { class: "dot" }), h("span", { class: "n", text: String(counts.get(name)) }), name),
+  );
+  if (slots.length) chips.push(h("span", { class: "chip" }, h("span", { class: "n", text: String(leases) }), leases === 1 ? "lease" : "leases"));
+  ui.summary.replaceChildren(...chips);
+}
+
+function seg(cls, from, width) {
+  const el = h("div", { class: `seg ${cls}` });
+  el.style.left = `${from}%`;
+  el.style.width = `${Math.max(0, width)}%`;
+  return el;
+}
+
+function deviceCard(dev) {
+  const admitted = dev.admitted_bytes || 0;
+  const budget = dev.budget_bytes;
+  const total = dev.total_bytes;
+  const free = dev.free_bytes;
+  const card = h("div", { class: "device-card", "data-device": dev.device });
+  card.append(
+    h(
+      "div",
+      { class: "dev-head" },
+      h("span", { class: "dev-name", text: dev.device }),
+      h("span", { class: "dev-src", text: `${dev.slots.length} slot${dev.slots.length === 1 ? "" : "s"} · ${dev.source ? `probe: ${dev.source}` : "no probe"}` }),
+    ),
+  );
+  // slotctl's promise: admitted against the budget (or the device when no budget is set).
+  const cap = budget ?? total;
+  if (cap) {
+    const pct = (admitted / cap) * 100;
+    const bar = h("div", { class: "bar", title: `admitted ${bytes(admitted)} of ${bytes(cap)}` });
+    bar.append(seg(pct > 100 ? "over" : "admitted", 0, Math.min(100, pct)));
+    card.append(
+      h("div", { class: "bar-label" }, h("span", {}, "admitted ", h("b", { text: bytes(admitted) })), h("span", {}, budget !== null && budget !== undefined ? "budget " : "device ", h("b", { text: bytes(cap) }))),
+      bar,
+    );
+  }
+  // The device as probed: in use by us (admitted) and others, free.
+  if (total) {
+    const used = Math.max(0, total - (free ?? total));
+    const ours = Math.min(admitted, used);
+    const bar = h("div", { class: "bar", title: `${bytes(free)} free of ${bytes(total)}` });
+    bar.append(seg("admitted", 0, (ours / total) * 100), seg("other", (ours / total) * 100, ((used - ours) / total) * 100));
+    if (budget) {
+      const marker = h("div", { class: "marker", title: `budget ${bytes(budget)}` });
+      marker.style.left = `${Math.min(100, (budget / total) * 100)}%`;
+      bar.append(marker);
+    }
+    card.append(h("div", { class: "bar-label" }, h("span", {}, "free ", h("b", { text: bytes(free) })), h("span", {}, "of ", h("b", { text: bytes(total) }))), bar);
+  } else if (!cap) {
+    card.append(h("p", { class: "muted", text: "no probe and no memory_budget_gb: loads here are refused" }));
+  }
+  return card;
+}
+
+function renderDevices() {
+  if (!state.devices.length) {
+    ui.devices.replaceChildren(h("p", { class: "muted", text: "No devices in use." }));
+    return;
+  }
+  ui.devices.replaceChildren(...state.devices.map(deviceCard));
+}
+
+function eventItem(event, fresh) {
+  const main = h("div", { class: "ev-main" });
+  if (event.kind !== "transition") main.append(h("span", { class: `ev-kind k-${event.kind}`, text: event.kind }));
+  if (event.slot) main.append(h("span", { class: "ev-slot", text: event.slot }));
+  if (event.kind === "transition") {
+    main.append(h("span", { class: "ev-from", text: `${event.from} →` }), h("span", { class: "ev-to", "data-state": event.to, text: event.to }));
+  } else if (event.op && event.op !== event.kind) {
+    main.append(h("span", { class: "muted", text: event.op }));
+  }
+  const failed = Boolean(event.error) || event.kind === "refusal" || event.kind === "error";
+  const message = (event.message || "").replace(/\b(\d{6,}) bytes\b/g, (_, n) => bytes(Number(n)));
+  const text = event.error && !message.includes(event.error) ? `[${event.error}] ${message}` : message;
+  return h(
+    "li",
+    { class: fresh ? "new" : "", "data-kind": event.kind, "data-id": String(event.id) },
+    h("span", { class: "ev-time", text: clock(event.time) }),
+    main,
+    text ? h("div", { class: `ev-msg${failed ? " err" : ""}`, title: text, text }) : null,
+  );
+}
+
+function renderEvents(fresh) {
+  ui.events.replaceChildren(...state.events.map((e, i) => eventItem(e, fresh && i === 0)));
+  ui.eventsEmpty.hidden = state.events.length > 0;
+  ui.eventsCount.textContent = state.events.length ? `last ${state.events.length}` : "";
+}
+
+function tick() {
+  for (const cell of ui.rows.querySelectorAll("td[data-since]")) cell.textContent = ago(cell.dataset.since);
+}
+
+// ------------------------------------------------------------------ actions
+
+async function act(name, action) {
+  state.busy.set(name, action);
+  renderSlots();
+  try {
+    let result;
+    try {
+      result = await api(`/api/slots/${encodeURIComponent(name)}/${action}`, { method: "POST" });
+    } catch (err) {
+      if (action === "unload" && err.code === "slot.pinned" && confirm(`${name} is pinned. Unload it anyway?`)) {
+        result = await api(`/api/slots/${encodeURIComponent(name)}/unload?force=true`, { method: "POST" });
+      } else {
+        throw err;
+      }
+    }
+    const status = result.body && result.body.status;
+    toast(`${name}: ${status || action}`, "ok");
+  } catch (err) {
+    if (err.status !== 401) toast(`${name}: ${err.message}`, "err");
+  } finally {
+    state.busy.delete(name);
+    renderSlots();
+    refreshSoon(0);
+  }
+}
+
+// ------------------------------------------------------------------ token and start
+
+function askToken(message) {
+  ui.tokenError.hidden = !message;
+  ui.tokenError.textContent = message || "";
+  ui.tokenInput.value = "";
+  if (!ui.dialog.open) ui.dialog.showModal();
+  ui.tokenInput.focus();
+}
+
+ui.form.addEventListener("submit", async (ev) => {
+  ev.preventDefault();
+  const token = ui.tokenInput.value.trim();
+  if (!token) return;
+  state.token = token;
+  try {
+    await api("/api/slots");
+  } catch (err) {
+    if (err.status !== 401) {
+      ui.tokenError.hidden = false;
+      ui.tokenError.textContent = `Cannot reach the API: ${err.message}`;
+    }
+    return;
+  }
+  localStorage.setItem(TOKEN_KEY, token);
+  ui.dialog.close();
+  start();
+});
+
+ui.dialog.addEventListener("cancel", (ev) => {
+  if (!state.token) ev.preventDefault(); // nothing to show without a token
+});
+
+ui.tokenChange.addEventListener("click", () => askToken(""));
+
+function start() {
+  if (state.stream) state.stream.abort();
+  state.stream = new AbortController();
+  state.lastEventId = "0"; // first connect: replay the buffered history for the list
+  state.events = [];
+  setConn("connecting", "connecting");
+  Promise.all([refreshSlots(), refreshDevices()]).catch((err) => {
+    if (err.status !== 401) toast(`Cannot read the state: ${err.message}`, "err");
+  });
+  streamEvents(state.stream.signal);
+}
+
+ui.host.textContent = location.host;
+setInterval(tick, 1000);
+setInterval(() => {
+  if (state.token && ui.conn.dataset.conn === "live") refreshDevices().catch(() => {});
+}, 5000);
+if (state.token) start();
+else askToken("");

@@ -1,0 +1,448 @@
+"""Imperative commands through the controller's API.
+
+``slotctl slot load|unload|swap|reset|hold NAME``, ``slotctl model list|load|unload`` and
+``slotctl events`` talk to a running controller (``cli.client`` finds it: ``--server`` /
+``$SLOTCTL_SERVER``, else the local one of ``--state-dir``). ``-o json`` prints the API's
+answer as it came; the text output is one line per result.
+
+Exit codes: 0 done; 1 the negative answer of ``slot load --dry-run`` (the load would be
+refused) and of ``--wait`` when the slot ends in ``error`` or the wait times out; 2 any
+error: no controller reachable, or a typed API error (``slotctl: error [code]: message``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from datetime import datetime
+from typing import Any, Final
+
+import yaml
+
+from controller.cli.client import ApiClient, ControllerUnreachable, find_controller, quote_segment
+from controller.cli.output import Style
+from controller.memory import GIB
+
+__all__ = ["parse_duration", "register", "register_slot_commands"]
+
+EXIT_OK, EXIT_NEGATIVE, EXIT_ERROR = 0, 1, 2
+# Loads, unloads (drain + stop), swaps and holds (a cold load) can take minutes.
+_ACTION_TIMEOUT_S: Final = 900.0
+_NUMBER: Final = r"\d+(?:\.\d+)?"
+_DURATION_RE: Final = re.compile(rf"(?:{_NUMBER}[smhd])+")
+_PART_RE: Final = re.compile(rf"({_NUMBER})([smhd])")
+_UNITS: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str) -> float:
+    """``90`` (seconds), ``90s``, ``15m``, ``2h``, ``1d``, ``1h30m`` -> seconds (> 0)."""
+    value = text.strip().lower()
+    total = 0.0
+    if re.fullmatch(_NUMBER, value):
+        total = float(value)
+    elif _DURATION_RE.fullmatch(value):
+        total = sum(float(n) * _UNITS[unit] for n, unit in _PART_RE.findall(value))
+    if total <= 0:
+        raise argparse.ArgumentTypeError(
+            f"invalid duration {text!r}: use e.g. 90s, 15m, 2h, 1d or 1h30m"
+        )
+    return total
+
+
+def _human_duration(seconds: float) -> str:
+    seconds = round(seconds)
+    parts = []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if seconds >= size:
+            parts.append(f"{seconds // size}{unit}")
+            seconds %= size
+    return "".join(parts) or "0s"
+
+
+def _bytes(value: Any) -> str:
+    if not isinstance(value, int | float):
+        return "-"
+    if value >= GIB / 10:
+        return f"{value / GIB:.2f} GiB"
+    return f"{value / 2**20:.1f} MiB"
+
+
+# ====================================================================== registration
+
+
+def _output(parser: argparse.ArgumentParser, choices: tuple[str, ...] = ("text", "json")) -> None:
+    parser.add_argument("-o", "--output", choices=choices, default=choices[0])
+
+
+def register_slot_commands(slot_cmds: Any) -> None:
+    """Adds load/unload/swap/reset/hold under the existing ``slot`` command."""
+    load = slot_cmds.add_parser("load", help="load a slot (through the API)")
+    load.add_argument("name")
+    load.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print what would be evicted and why (or why it would be refused); exit 1 "
+        "when it would be refused",
+    )
+    load.add_argument("--wait", action="store_true", help="wait until the slot is ready")
+    load.add_argument("--timeout", type=float, default=300.0, help="for --wait (seconds)")
+    _output(load)
+    load.set_defaults(func=cmd_slot_load)
+
+    unload = slot_cmds.add_parser("unload", help="unload a slot: drain, then stop")
+    unload.add_argument("name")
+    unload.add_argument("--force", action="store_true", help="needed for a pinned slot")
+    _output(unload)
+    unload.set_defaults(func=cmd_slot_unload)
+
+    swap = slot_cmds.add_parser("swap", help="serve another catalogue model on a slot")
+    swap.add_argument("name")
+    swap.add_argument("model", help="a model id of the catalogue")
+    _output(swap)
+    swap.set_defaults(func=cmd_slot_swap)
+
+    reset = slot_cmds.add_parser("reset", help="clear the crash-loop breaker of a slot")
+    reset.add_argument("name")
+    _output(reset)
+    reset.set_defaults(func=cmd_slot_reset)
+
+    hold = slot_cmds.add_parser(
+        "hold", help="batch lease: keep a slot loaded and unevictable for a while"
+    )
+    hold.add_argument("name")
+    hold.add_argument(
+        "--for",
+        dest="duration",
+        type=parse_duration,
+        required=True,
+        metavar="DURATION",
+        help="how long: 90s, 15m, 2h, 1d (a bare number is seconds)",
+    )
+    _output(hold)
+    hold.set_defaults(func=cmd_slot_hold)
+
+
+def register(sub: Any) -> None:
+    """The top-level ``model`` and ``events`` commands."""
+    model = sub.add_parser("model", help="the model catalogue (through the API)")
+    cmds = model.add_subparsers(dest="model_cmd", required=True, metavar="COMMAND")
+    lst = cmds.add_parser("list", help="every catalogue model with its state")
+    _output(lst, ("table", "json", "yaml"))
+    lst.set_defaults(func=cmd_model_list)
+    load = cmds.add_parser("load", help="load a model on the best slot that serves it")
+    load.add_argument("model_id", metavar="MODEL")
+    load.add_argument("--wait", action="store_true", help="wait until it is loaded")
+    load.add_argument("--timeout", type=float, default=300.0, help="for --wait (seconds)")
+    _output(load)
+    load.set_defaults(func=cmd_model_load)
+    unload = cmds.add_parser("unload", help="unload every slot serving a model")
+    unload.add_argument("model_id", metavar="MODEL")
+    _output(unload)
+    unload.set_defaults(func=cmd_model_unload)
+
+    events = sub.add_parser(
+        "events", help="follow the controller's event stream (one line per event)"
+    )
+    events.add_argument("--since", metavar="ID", help="resume after this event id (Last-Event-ID)")
+    events.add_argument(
+        "-n", "--count", type=int, default=0, metavar="N", help="exit after N events"
+    )
+    _output(events)
+    events.set_defaults(func=cmd_events)
+
+
+# ====================================================================== helpers
+
+
+def _client(args: argparse.Namespace, timeout: float = _ACTION_TIMEOUT_S) -> ApiClient:
+    endpoint = find_controller(
+        args.state_dir, getattr(args, "api_server", None), getattr(args, "api_token", None)
+    )
+    return ApiClient(endpoint, timeout=timeout)
+
+
+def _print(args: argparse.Namespace, data: Any, text: str) -> None:
+    if args.output == "json":
+        print(json.dumps(data, indent=2))
+    elif args.output == "yaml":
+        print(yaml.safe_dump(data, sort_keys=False), end="")
+    else:
+        print(text)
+
+
+def _state(slot: Any) -> str:
+    if not isinstance(slot, dict):
+        return "?"
+    state = str(slot.get("state", "?"))
+    return f"{state}({slot['idle_reason']})" if slot.get("idle_reason") else state
+
+
+def _wait_slot(
+    client: ApiClient, name: str, timeout: float, quiet: bool
+) -> tuple[bool, dict[str, Any]]:
+    """Poll the slot until it is dispatchable (True), or failed / out of time (False)."""
+    started = time.monotonic()
+    path = f"/api/slots/{quote_segment(name)}"
+    last = ""
+    while True:
+        view = client.get(path)
+        shown = _state(view)
+        if shown != last and not quiet:
+            message = f"  {view.get('message')}" if view.get("message") else ""
+            print(f"  {time.monotonic() - started:6.1f}s  {name:<20} {shown}{message}", flush=True)
+            last = shown
+        if view.get("dispatchable"):
+            return True, view
+        if view.get("state") == "error" or view.get("idle_reason") == "no_model":
+            return False, view  # failed, or up without a model: waiting will not help
+        if time.monotonic() - started > timeout:
+            return False, view
+        time.sleep(0.2)
+
+
+def _load_and_wait(
+    args: argparse.Namespace, client: ApiClient, answer: Any, what: str, started: float
+) -> int:
+    """Print a load's answer; with ``--wait`` follow its slot until ready (or not).
+
+    ``-o json`` prints one document: the API's answer, or with ``--wait`` the final
+    ``{"status": "ready"|"error"|"timeout", "slot": view}``.
+    """
+    slot = answer.get("slot") if isinstance(answer, dict) else None
+    verdict = answer.get("status", "?") if isinstance(answer, dict) else "?"
+    model = what.startswith("model ")
+    where = f" on slot {slot.get('name')}" if isinstance(slot, dict) and model else ""
+    if not args.wait or not isinstance(slot, dict):
+        _print(args, answer, f"{what}: {verdict}{where} ({_state(slot)})")
+        return EXIT_OK
+    text = args.output == "text"
+    if text:
+        print(f"{what}: {verdict}{where}; waiting until it is ready ...", flush=True)
+    ok, view = _wait_slot(client, str(slot.get("name")), args.timeout, quiet=not text)
+    if not text:
+        status = "ready" if ok else ("error" if view.get("state") == "error" else "timeout")
+        _print(args, {"status": status, "slot": view}, "")
+    return _finish_wait(args, ok, view, started)
+
+
+def _finish_wait(args: argparse.Namespace, ok: bool, view: dict[str, Any], started: float) -> int:
+    name = view.get("name", "?")
+    if ok:
+        if args.output == "text":
+            print(f"slot {name}: {_state(view)} after {time.monotonic() - started:.1f}s")
+        return EXIT_OK
+    reason = view.get("message") or "still " + _state(view)
+    if view.get("state") == "error":
+        print(f"slotctl: slot {name} failed to load: {reason}", file=sys.stderr)
+    else:
+        print(f"slotctl: slot {name} not ready after {args.timeout:g}s ({reason})", file=sys.stderr)
+    return EXIT_NEGATIVE
+
+
+# ====================================================================== slot commands
+
+
+def cmd_slot_load(args: argparse.Namespace) -> int:
+    client = _client(args)
+    path = f"/api/slots/{quote_segment(args.name)}/load"
+    if args.dry_run:
+        _, answer = client.post(path, query={"dry_run": True})
+        plan = (answer.get("plan") or {}) if isinstance(answer, dict) else {}
+        _print(args, answer, "\n".join(_explain(args.name, plan, Style(sys.stdout))))
+        return EXIT_NEGATIVE if plan.get("action") == "refuse" else EXIT_OK
+    started = time.monotonic()
+    _, answer = client.post(path)
+    return _load_and_wait(args, client, answer, f"slot {args.name}", started)
+
+
+def _explain(name: str, plan: dict[str, Any], style: Style) -> list[str]:
+    """The dry-run plan in words: what would be evicted and why, or why it is refused."""
+    action = plan.get("action")
+    lines = [style.bold(f"dry run: load of slot {name}") + " (nothing changes)"]
+    if action == "none":
+        lines.append(f"  nothing to do: {plan.get('reason', 'already loaded')}")
+        return lines
+    if "needed_bytes" in plan:
+        budget = plan.get("budget_bytes")
+        lines.append(
+            f"  device {plan.get('device')}: needs {_bytes(plan.get('needed_bytes'))}; "
+            f"free {_bytes(plan.get('free_bytes'))} ({plan.get('probe')}), "
+            f"budget {_bytes(budget) if budget is not None else 'none'}, "
+            f"admitted {_bytes(plan.get('admitted_bytes'))}"
+        )
+    peers = plan.get("exclusive_peers") or []
+    if peers:
+        lines.append(f"  exclusive group: would first unload {', '.join(peers)}")
+    if action == "refuse":
+        error = plan.get("error") or {}
+        error = error.get("error", error) if isinstance(error, dict) else {}
+        lines.append(
+            style.red("  would be refused")
+            + f": [{error.get('code', '?')}] {error.get('message', '')}"
+        )
+        return lines
+    victims = plan.get("evict") or []
+    if not victims:
+        lines.append(style.green("  would load") + ": it fits, nothing is evicted")
+        return lines
+    lines.append(style.yellow(f"  would evict {len(victims)} slot(s) first") + ":")
+    for victim in victims:
+        lines.append(
+            f"    {victim.get('slot')}: priority {victim.get('priority')}, idle "
+            f"{victim.get('idle_s')}s, frees {_bytes(victim.get('bytes'))}"
+            + (f" ({victim['reason']})" if victim.get("reason") else "")
+        )
+    return lines
+
+
+def cmd_slot_unload(args: argparse.Namespace) -> int:
+    _, answer = _client(args).post(
+        f"/api/slots/{quote_segment(args.name)}/unload", query={"force": args.force or None}
+    )
+    _print(args, answer, f"slot {args.name}: unloaded ({_state(answer.get('slot'))})")
+    return EXIT_OK
+
+
+def cmd_slot_swap(args: argparse.Namespace) -> int:
+    _, answer = _client(args).post(
+        f"/api/slots/{quote_segment(args.name)}/swap", {"model": args.model}
+    )
+    slot = answer.get("slot") or {}
+    _print(
+        args,
+        answer,
+        f"slot {args.name}: serves {slot.get('model_id', args.model)} ({_state(slot)})",
+    )
+    return EXIT_OK
+
+
+def cmd_slot_reset(args: argparse.Namespace) -> int:
+    _, answer = _client(args).post(f"/api/slots/{quote_segment(args.name)}/reset")
+    _print(
+        args,
+        answer,
+        f"slot {args.name}: crash-loop breaker reset ({_state(answer.get('slot'))})",
+    )
+    return EXIT_OK
+
+
+def cmd_slot_hold(args: argparse.Namespace) -> int:
+    _, answer = _client(args).post(
+        f"/api/slots/{quote_segment(args.name)}/hold", {"ttl_s": args.duration}
+    )
+    _print(
+        args,
+        answer,
+        f"slot {args.name}: held for {_human_duration(args.duration)} "
+        f"(lease {answer.get('lease')}); it stays loaded and is not evicted until then",
+    )
+    return EXIT_OK
+
+
+# ====================================================================== model commands
+
+_MODEL_COLUMNS: Final = ("MODEL", "KIND", "STATE", "MEMORY", "RESIDENT", "LOADABLE", "SLOTS")
+
+
+def cmd_model_list(args: argparse.Namespace) -> int:
+    answer = _client(args, timeout=30.0).get("/api/models")
+    if args.output != "table":
+        _print(args, answer, "")
+        return EXIT_OK
+    models = answer.get("models", []) if isinstance(answer, dict) else []
+    rows = [
+        [
+            str(m.get("id")),
+            str(m.get("kind")),
+            str(m.get("state")),
+            f"{m.get('memory_gb', 0):.2f}G" if m.get("memory_gb") else "-",
+            "yes" if m.get("resident") else "no",
+            "yes" if m.get("loadable") else "no",
+            ",".join(m.get("slots") or []) or "-",
+        ]
+        for m in models
+    ]
+    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(_MODEL_COLUMNS)]
+    print("  ".join(c.ljust(w) for c, w in zip(_MODEL_COLUMNS, widths, strict=True)).rstrip())
+    for row in rows:
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
+    if not rows:
+        print("(no models: apply a stack with `slotctl stack apply`)", file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_model_load(args: argparse.Namespace) -> int:
+    client = _client(args)
+    started = time.monotonic()
+    _, answer = client.post(f"/api/models/{quote_segment(args.model_id)}/load")
+    return _load_and_wait(args, client, answer, f"model {args.model_id}", started)
+
+
+def cmd_model_unload(args: argparse.Namespace) -> int:
+    _, answer = _client(args).post(f"/api/models/{quote_segment(args.model_id)}/unload")
+    verdict = answer.get("status", "?") if isinstance(answer, dict) else "?"
+    _print(args, answer, f"model {args.model_id}: {verdict}")
+    return EXIT_OK
+
+
+# ====================================================================== events
+
+_RECONNECT_S: Final = 5.0
+
+
+def cmd_events(args: argparse.Namespace) -> int:
+    """Follow ``/api/events``; reconnects (resuming by id) if the stream drops."""
+    client = _client(args, timeout=30.0)
+    last_id: str | None = args.since
+    seen = 0
+    style = Style(sys.stdout)
+    lost_at: float | None = None
+    try:
+        while True:
+            try:
+                for event in client.events(last_event_id=last_id):
+                    lost_at = None
+                    if event.id:
+                        last_id = event.id
+                    print(_event_line(event.event, event.data, args.output, style), flush=True)
+                    seen += 1
+                    if args.count and seen >= args.count:
+                        return EXIT_OK
+            except ControllerUnreachable:
+                if lost_at is None:
+                    raise
+            now = time.monotonic()
+            lost_at = lost_at or now
+            if now - lost_at > _RECONNECT_S:
+                print("slotctl: the event stream ended (the controller stopped)", file=sys.stderr)
+                return EXIT_OK
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        return EXIT_OK  # following until interrupted is the normal way to end
+
+
+def _event_line(kind: str, data: str, output: str, style: Style) -> str:
+    if output == "json":
+        return data
+    try:
+        event = json.loads(data)
+    except ValueError:
+        return f"{kind}: {data}"
+    if not isinstance(event, dict) or "op" not in event:
+        return f"{style.yellow(kind)}: {data}"
+    stamp = "--:--:--"
+    if isinstance(event.get("time"), int | float):
+        stamp = datetime.fromtimestamp(event["time"]).strftime("%H:%M:%S")
+    parts = [stamp, f"#{event.get('id')}", f"{kind:<10}", f"{event.get('slot') or '-':<16}"]
+    if event.get("to"):
+        parts.append(f"{event.get('from')} -> {event.get('to')}")
+    else:
+        parts.append(str(event.get("op")))
+    if event.get("error"):
+        parts.append(style.red(f"[{event['error']}]"))
+    if event.get("message"):
+        parts.append(str(event["message"]))
+    return "  ".join(parts)
