@@ -11,6 +11,8 @@ from controller.clock import FakeClock
 from controller.events import Event, Subscription
 from controller.lifecycle import LEGAL_TRANSITIONS, SlotState
 from controller.memory import GIB, FakeMemoryProbe
+from controller.probe import ProbeResult, ProbeSpec
+from controller.runtime.base import LaunchSpec, Observed, ProgressCallback
 from controller.runtime.fake import FakeProber, FakeRuntime
 from controller.slots import ManagerConfig, SlotManager
 from controller.spec.loader import DesiredSlot, DesiredState, normalise
@@ -43,6 +45,59 @@ def desired(slots: Sequence[SlotSpec], models: Sequence[ModelSpec]) -> DesiredSt
     )
 
 
+class YieldingRuntime(FakeRuntime):
+    """FakeRuntime whose calls suspend, as every real runtime's I/O does.
+
+    Each call first gives the loop ``turns`` turns, so other operations run between a
+    manager's check and its next step: real interleavings, still without sleeping.
+    """
+
+    turns = 0
+
+    async def _turn(self, turns: int | None = None) -> None:
+        for _ in range(self.turns if turns is None else turns):
+            await asyncio.sleep(0)
+
+    async def needs_prepare(self, launch: LaunchSpec) -> bool:
+        await self._turn()
+        return await super().needs_prepare(launch)
+
+    async def prepare(self, launch: LaunchSpec, progress: ProgressCallback | None = None) -> None:
+        await self._turn()
+        await super().prepare(launch, progress)
+
+    async def start(self, launch: LaunchSpec) -> Observed:
+        await self._turn()
+        return await super().start(launch)
+
+    async def stop(self, slot: str, timeout: float) -> Observed:
+        await self._turn()
+        return await super().stop(slot, timeout)
+
+    async def inspect(self, slot: str) -> Observed:
+        await self._turn()
+        return await super().inspect(slot)
+
+    async def logs(self, slot: str, tail: int = 100) -> list[str]:
+        await self._turn()
+        return await super().logs(slot, tail)
+
+
+class YieldingProber(FakeProber):
+    """FakeProber over a :class:`YieldingRuntime`; ``liveness_turns`` makes probes slow."""
+
+    runtime: YieldingRuntime
+    liveness_turns: int | None = None
+
+    async def probe(self, endpoint: str, spec: ProbeSpec, *, slot: str) -> ProbeResult:
+        await self.runtime._turn()
+        return await super().probe(endpoint, spec, slot=slot)
+
+    async def liveness(self, endpoint: str, spec: ProbeSpec, *, slot: str) -> ProbeResult:
+        await self.runtime._turn(self.liveness_turns)
+        return await super().liveness(endpoint, spec, slot=slot)
+
+
 class Harness:
     def __init__(
         self,
@@ -55,8 +110,8 @@ class Harness:
     ) -> None:
         self.config = config or ManagerConfig(stop_timeout_s=1.0)
         self.clock = FakeClock(start=100.0)
-        self.runtime = FakeRuntime(self.clock)
-        self.prober = FakeProber(self.runtime)
+        self.runtime = YieldingRuntime(self.clock)  # turns=0: a plain FakeRuntime
+        self.prober = YieldingProber(self.runtime)
         settings = ControllerSettings(
             safety_margin_gb=margin_gb,
             memory_budget_gb={"gpu": budget_gb} if budget_gb is not None else {},

@@ -20,10 +20,11 @@ from controller.errors import (
     SlotPinned,
     SlotQueueFull,
     SlotSpawnFailed,
+    SlotTerminateTimeout,
 )
 from controller.lifecycle import IdleReason, SlotState
 from controller.memory import GIB
-from controller.slots import ManagerConfig, SlotManager
+from controller.slots import SlotManager
 from controller.spec.schema import ModelSpec, SlotSpec
 from tests.unit.manager_fixtures import (
     Harness,
@@ -226,7 +227,7 @@ async def test_stale_cleanup_does_not_unload_a_replacement_load(tmp_path: Path) 
 
 
 async def test_leases_keep_serving_and_release_is_idempotent(tmp_path: Path) -> None:
-    h, m = await setup(tmp_path, [slot_spec("a")], [model_spec("a-m", 2)])
+    _h, m = await setup(tmp_path, [slot_spec("a")], [model_spec("a-m", 2)])
     await m.load("a")
     one, two = await m.acquire("a"), await m.acquire("a")
     assert m.view("a").state is S.SERVING and m.view("a").leases == 2
@@ -285,7 +286,7 @@ async def test_unload_waits_for_a_lease_released_in_time(tmp_path: Path) -> None
 
 
 async def test_pinned_unload_needs_force(tmp_path: Path) -> None:
-    h, m = await setup(tmp_path, [slot_spec("p", pinned=True)], [model_spec("p-m", 2)])
+    _h, m = await setup(tmp_path, [slot_spec("p", pinned=True)], [model_spec("p-m", 2)])
     await m.load("p")
     sub = m.events.subscribe()
     with pytest.raises(SlotPinned) as err:
@@ -319,7 +320,7 @@ async def test_max_queue_refuses_extra_cold_waiters(tmp_path: Path) -> None:
 async def test_exclusive_group_swap_unloads_the_loaded_member_first(tmp_path: Path) -> None:
     slots = [slot_spec("a", "ga"), slot_spec("b", "gb")]
     models = [model_spec("ga", 2, group="g"), model_spec("gb", 2, group="g")]
-    h, m = await setup(tmp_path, slots, models)
+    _h, m = await setup(tmp_path, slots, models)
     await m.load("a")
     assert m.view("a").resident
     await m.load("b")
@@ -337,7 +338,7 @@ async def test_exclusive_group_swap_unloads_the_loaded_member_first(tmp_path: Pa
 async def test_exclusive_group_pinned_member_refuses_the_swap(tmp_path: Path) -> None:
     slots = [slot_spec("a", "ga", pinned=True), slot_spec("b", "gb")]
     models = [model_spec("ga", 2, group="g"), model_spec("gb", 2, group="g")]
-    h, m = await setup(tmp_path, slots, models)
+    _h, m = await setup(tmp_path, slots, models)
     await m.load("a")
     before = list(m.transitions)
     with pytest.raises(SlotPinned):
@@ -355,7 +356,7 @@ async def test_exclusive_swap_does_not_deadlock_on_a_queued_peer_load(tmp_path: 
     """
     slots = [slot_spec("a", "ga"), slot_spec("p", "gp")]
     models = [model_spec("ga", 2, group="g"), model_spec("gp", 2, group="g")]
-    h, m = await setup(tmp_path, slots, models)
+    _h, m = await setup(tmp_path, slots, models)
     await m.load("p")
     held = await m.acquire("p")
     unload_p = asyncio.create_task(m.unload("p"))  # drains
@@ -487,7 +488,7 @@ async def test_pinned_and_leased_slots_are_never_evicted(tmp_path: Path) -> None
         slot_spec("new"),
     ]
     models = [model_spec("pin-m", 4), model_spec("busy-m", 4), model_spec("new-m", 4)]
-    h, m = await setup(tmp_path, slots, models, gpu_gb=10)
+    _h, m = await setup(tmp_path, slots, models, gpu_gb=10)
     await m.load("pin")
     await m.load("busy")
     lease = await m.acquire("busy")
@@ -712,6 +713,66 @@ async def test_crash_of_an_idle_slot_goes_through_unloading(tmp_path: Path) -> N
     ]
 
 
+@pytest.mark.parametrize("stagger", range(6))
+async def test_exit_check_racing_an_unload_is_revalidated(tmp_path: Path, stagger: int) -> None:
+    """Found with a yielding runtime: check_exits saw the exit, an unload ran while it read
+    the logs, then it failed the (now offline) slot: IllegalSlotTransition offline -> error.
+    """
+    h, m = await setup(tmp_path, [slot_spec("a")], [model_spec("a-m", 1)])
+    await m.load("a")
+    h.runtime.turns = 1  # every runtime call suspends, like real I/O
+    h.runtime.crash("a")
+
+    async def unload_later() -> None:
+        await spin(stagger)
+        await m.unload("a", force=True)
+
+    await asyncio.gather(m.check_exits(), unload_later())
+    assert m.view("a").state in (S.OFFLINE, S.ERROR)
+    assert_legal_history(m.transitions)
+
+
+@pytest.mark.parametrize("stagger", range(4))
+async def test_slow_liveness_probe_racing_an_unload(tmp_path: Path, stagger: int) -> None:
+    spec = slot_spec("a", liveness_interval_s=5, liveness_failures=1)
+    h, m = await setup(tmp_path, [spec], [model_spec("a-m", 1)])
+    await m.load("a")
+    h.runtime.turns = 1
+    h.prober.liveness_turns = 20  # the probe answers after the unload finished
+    h.prober.liveness_down.add("a")
+    h.clock.advance(5)
+
+    async def unload_later() -> None:
+        await spin(stagger)
+        await m.unload("a", force=True)
+
+    await asyncio.gather(m.tick(), unload_later())
+    assert m.view("a").state is S.OFFLINE
+    assert m.view("a").failures == 0  # a stale probe answer is not counted
+    assert_legal_history(m.transitions)
+
+
+async def test_stale_liveness_miss_is_not_counted_against_a_new_server(tmp_path: Path) -> None:
+    spec = slot_spec("a", liveness_interval_s=5, liveness_failures=2)
+    h, m = await setup(tmp_path, [spec], [model_spec("a-m", 1)])
+    await m.load("a")
+    h.runtime.turns = 1
+    h.prober.liveness_turns = 30
+    h.prober.liveness_down.add("a")
+    h.clock.advance(5)
+
+    async def reload() -> None:
+        while m._slots["a"].last_liveness != h.clock.now:  # the probe is in flight
+            await asyncio.sleep(0)
+        await m.unload("a", force=True)
+        await m.load("a")  # a new server (its own liveness is probed on its own schedule)
+
+    await asyncio.gather(m.tick(), reload())
+    assert m.view("a").state is S.READY
+    assert m.view("a").generation == 2
+    assert m._slots["a"].liveness_misses == 0  # the old server's miss is not the new one's
+
+
 async def test_no_model_is_idle_and_not_dispatchable(tmp_path: Path) -> None:
     h, m = await setup(tmp_path, [slot_spec("a")], [model_spec("a-m", 1)])
     h.runtime.script("a", outcome="no_model")
@@ -737,6 +798,18 @@ async def test_hang_fails_after_warmup_timeout(tmp_path: Path) -> None:
     assert h.runtime.stops["a"] == 1 and "a" not in h.runtime.objects
 
 
+async def test_hang_times_out_at_any_clock_value(tmp_path: Path) -> None:
+    """Found by the state machine: at this FakeClock value the probe loop's last sleep
+    (the remaining ~1e-13 s of the warmup) was below the float resolution of ``now``, so
+    the fake clock never reached the deadline and the load spun forever."""
+    h, m = await setup(tmp_path, [slot_spec("a", warmup_timeout_s=20)], [model_spec("a-m", 1)])
+    h.runtime.script("a", outcome="hang")
+    h.clock.now = 1004.2121067022214
+    with pytest.raises(SlotHealthFailed):
+        await asyncio.wait_for(m.load("a"), timeout=10)
+    assert h.clock.now >= 1004.2121067022214 + 20
+
+
 async def test_start_failure_goes_to_error(tmp_path: Path) -> None:
     h, m = await setup(tmp_path, [slot_spec("a")], [model_spec("a-m", 1)])
     h.runtime.script("a", start_error="no such binary")
@@ -744,6 +817,25 @@ async def test_start_failure_goes_to_error(tmp_path: Path) -> None:
         await m.load("a")
     assert m.view("a").state is S.ERROR
     assert m.store.read("a").message == "no such binary"  # type: ignore[union-attr]
+
+
+async def test_unkillable_server_stays_in_error_until_it_is_gone(tmp_path: Path) -> None:
+    """Found by the state machine: reset() used to mark a slot whose server survived
+    SIGKILL ``offline`` (state.json said offline, its memory was no longer counted)."""
+    h, m = await setup(tmp_path, [slot_spec("a")], [model_spec("a-m", 1)])
+    await m.load("a")
+    h.runtime.script("a", unkillable=True)
+    with pytest.raises(SlotTerminateTimeout):
+        await m.unload("a")
+    assert m.view("a").state is S.ERROR
+    with pytest.raises(SlotTerminateTimeout):
+        await m.reset("a")
+    assert m.view("a").state is S.ERROR and "a" in h.runtime.objects
+    assert state_file(m, "a") is S.ERROR
+    h.runtime.script("a", unkillable=False)  # e.g. the stuck process finally died
+    assert (await m.reset("a")).state is S.OFFLINE
+    assert "a" not in h.runtime.objects
+    assert_legal_history(m.transitions)
 
 
 # ================================================================= restart safety
@@ -873,8 +965,3 @@ async def test_swap_rebinds_and_loads(tmp_path: Path) -> None:
     assert view.state is S.READY and view.model_id == "x-m"
     assert m.store.read("a").model_id == "x-m"  # type: ignore[union-attr]
     assert h.runtime.starts["a"] == 2
-
-
-async def test_config_is_manager_config(tmp_path: Path) -> None:
-    h = Harness(tmp_path, config=ManagerConfig(stop_timeout_s=2.0, exclusive_wait_s=3.0))
-    assert h.manager.config.exclusive_wait_s == 3.0

@@ -133,23 +133,23 @@ class FakeNvml:
         self.init_error = init_error
         self.inits = 0
 
-    def nvmlInit(self) -> None:  # noqa: N802  (pynvml's names)
+    def nvmlInit(self) -> None:
         self.inits += 1
         if self.init_error is not None:
             raise self.init_error
 
-    def nvmlDeviceGetCount(self) -> int:  # noqa: N802
+    def nvmlDeviceGetCount(self) -> int:
         return len(self.gpus)
 
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:  # noqa: N802
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
         return index
 
-    def nvmlDeviceGetMemoryInfo(self, handle: int) -> Any:  # noqa: N802
+    def nvmlDeviceGetMemoryInfo(self, handle: int) -> Any:
         total, free = self.gpus[handle]
         return SimpleNamespace(total=total, free=free, used=total - free)
 
 
-class NVMLError(Exception):  # noqa: N818  (pynvml's exceptions subclass Exception)
+class NVMLError(Exception):
     pass
 
 
