@@ -130,8 +130,14 @@ def plan_slot(
     want_hash: str | None,
     resident: bool = False,
     may_delete: bool = True,
+    group_holder: str | None = None,
 ) -> Action:
-    """The next action for one slot, with its reason. Pure."""
+    """The next action for one slot, with its reason. Pure.
+
+    ``group_holder``: another slot that holds this slot's exclusive group right now; an
+    autoload slot does not preempt it (two autoload members would swap each other out
+    forever) and comes back once the group is free.
+    """
     running = obs is not None and obs.running
     if want is None:
         if (have is not None or running) and may_delete:
@@ -176,6 +182,8 @@ def plan_slot(
                 f"crash-looping: next attempt in {obs.retry_after_s:.0f}s",
                 {"retry_after_s": obs.retry_after_s},
             )
+        if group_holder is not None:
+            return Action("noop", name, f"waiting: {group_holder} holds the exclusive group")
         state = obs.state.value if obs is not None and obs.state else "offline"
         why = "autoload" if want.autoload else "resident"
         return Action("load", name, f"{why} and {state}")
@@ -306,7 +314,10 @@ class Reconciler:
         obs = observe_manager(self.manager, name)
         want_hash = self.manager.launch_hash(want) if want else None
         resident = self.manager.is_resident(name)
-        return plan_slot(name, want, have, obs, want_hash=want_hash, resident=resident)
+        holder = self.manager.group_holder(name) if want is not None else None
+        return plan_slot(
+            name, want, have, obs, want_hash=want_hash, resident=resident, group_holder=holder
+        )
 
     async def reconcile(self, name: str) -> Result:
         """Observe, plan and act for one slot. Raises typed errors; returns a requeue."""

@@ -258,6 +258,12 @@ class SlotManager:
             if slot.spec.model_id:
                 slot.model = self.models.get(slot.spec.model_id, slot.model)
 
+    def group_holder(self, name: str) -> str | None:
+        """A peer holding ``name``'s exclusive group (loading or loaded), if any."""
+        slot = self._slots.get(name)
+        peers = self._group_peers(slot) if slot is not None else []
+        return peers[0].name if peers else None
+
     def is_resident(self, name: str) -> bool:
         return name in self._resident
 
@@ -538,7 +544,7 @@ class SlotManager:
                 plan = self._plan(slot, admission)
                 if not plan.sufficient:
                     raise self._refuse(slot, "admit", _insufficient(slot, admission, plan))
-                await self._evict(plan.victims, op="evict")
+                await self._evict(plan.victims, kind="preload")
                 admission = self._admission(slot)
                 if not admission.ok:
                     plan = self._plan(slot, admission)
@@ -627,11 +633,15 @@ class SlotManager:
         if self._loaded(slot):
             return {"slot": name, "action": "none", "reason": f"already {slot.state.value}"}
         if not slot.spec.activated:
-            return {"slot": name, "action": "refuse", "error": _not_activated(slot).to_dict()}
+            return {
+                "slot": name,
+                "action": "refuse",
+                "error": _not_activated(slot).to_dict()["error"],
+            }
         try:
             slot.breaker.check(name, self.clock.monotonic(), slot.spec.max_consecutive_failures)
         except SlotctlError as exc:
-            return {"slot": name, "action": "refuse", "error": exc.to_dict()}
+            return {"slot": name, "action": "refuse", "error": exc.to_dict()["error"]}
         peers = self._group_peers(slot)  # unloaded by the load itself, not evicted
         admission = self._admission(slot, without=peers)
         result: dict[str, Any] = {
@@ -649,7 +659,7 @@ class SlotManager:
         plan = self._plan(slot, admission, exclude={p.name for p in peers})
         if not plan.sufficient:
             error = _insufficient(slot, admission, plan)
-            return {**result, "action": "refuse", "error": error.to_dict()}
+            return {**result, "action": "refuse", "error": error.to_dict()["error"]}
         evict = [
             {
                 "slot": v.name,
@@ -963,8 +973,10 @@ class SlotManager:
     async def acquire(self, name: str) -> Lease:
         """A lease for one request; cold slots are loaded (joined) first.
 
-        Raises ``SlotQueueFull`` beyond ``max_queue`` cold waiters, ``SlotNotReady`` while
-        unloading or when the server lists no model, and the load's typed error.
+        A request that arrives while the slot drains for an unload gets no lease on the
+        draining server: it waits, and a fresh load serves it once the unload is done.
+        Raises ``SlotQueueFull`` beyond ``max_queue`` cold waiters, ``SlotNotReady`` when
+        the server lists no model, and the load's typed error.
         """
         slot = self._get(name)
         if not self._loaded(slot) or slot.draining:
@@ -1140,7 +1152,7 @@ class SlotManager:
         expired = ttl > 0 and quiet >= ttl and not slot.spec.autoload
         if expired and slot.state in (S.READY, S.IDLE) and slot.idle_reason != IdleReason.NO_MODEL:
             reason = f"ttl: no request for {quiet:.0f}s (ttl_s={ttl:g})"
-            await self._evict_one(slot, reason, clear_residency=True)
+            await self._evict_one(slot, reason, kind="ttl", clear_residency=True)
 
     async def _liveness(self, now: float) -> None:
         for slot in list(self._slots.values()):
@@ -1184,21 +1196,24 @@ class SlotManager:
                 critical_frac=self.config.critical_free_frac,
             )
             victims = pressure_victims(self._candidates(), device, level, self.clock.monotonic())
-            evicted += await self._evict(victims, op="evict")
+            evicted += await self._evict(victims, kind="pressure")
         return evicted
 
-    async def _evict(self, victims: Iterable[Victim], *, op: str) -> list[str]:
+    async def _evict(self, victims: Iterable[Victim], *, kind: str) -> list[str]:
         """Unload each victim after revalidating the decision (a request since cancels it)."""
         done = []
         for victim in victims:
             slot = self._slots.get(victim.name)
             if slot is None or slot.access != victim.access:
                 continue
-            if await self._evict_one(slot, f"evicted to {victim.reason}"):
+            if await self._evict_one(slot, f"evicted to {victim.reason}", kind=kind):
                 done.append(victim.name)
         return done
 
-    async def _evict_one(self, slot: _Slot, reason: str, *, clear_residency: bool = False) -> bool:
+    async def _evict_one(
+        self, slot: _Slot, reason: str, *, kind: str, clear_residency: bool = False
+    ) -> bool:
+        """Unload one victim; ``kind`` (preload | pressure | ttl) classifies the eviction."""
         if slot.state not in (S.READY, S.IDLE) or slot.leases or slot.busy or slot.spec.pinned:
             return False  # revalidation failed: it got busy since the decision
         if slot.draining or slot.waiters:
@@ -1212,7 +1227,7 @@ class SlotManager:
                 slot=slot.name,
                 model=slot.spec.model_id,
                 message=reason,
-                details={"bytes": slot.memory_bytes},
+                details={"bytes": slot.memory_bytes, "reason": kind},
             )
             await self._unload_locked(slot, reason, "evict")
         return True

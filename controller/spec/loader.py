@@ -256,6 +256,32 @@ def load_stacks(
     return _merge(documents, settings or ControllerSettings(), problems)
 
 
+def _exclusive_autoload(
+    entries: Sequence[SlotEntry], models: dict[str, ModelSpec], settings: ControllerSettings
+) -> list[Problem]:
+    """Two autoload slots in one exclusive group cannot both stay loaded: warn."""
+    holders: dict[str, SlotEntry] = {}
+    out = []
+    for entry in entries:
+        spec = normalise(entry.spec, settings)
+        model = models.get(spec.model_id)
+        group = model.exclusive_group if model else None
+        if not group or not spec.autoload:
+            continue
+        first = holders.setdefault(group, entry)
+        if first is entry:
+            continue
+        problem = entry.problem(
+            "slot.exclusive_autoload",
+            f"autoload slots {first.spec.name!r} and {spec.name!r} share exclusive group "
+            f"{group!r}: only one can be loaded; whichever holds the group keeps it",
+            ("autoload",),
+            "set autoload = false on all but one member of the group",
+        )
+        out.append(replace(problem, severity="warning"))
+    return out
+
+
 def load_stack_texts(
     texts: Sequence[tuple[str, str]], settings: ControllerSettings | None = None
 ) -> LoadReport:
@@ -301,6 +327,7 @@ def _merge(
             owners[id(entry)] = res.stack or ""
             entries.append(entry)
     report.errors.extend(cross_slot_problems(entries, models))
+    report.warnings.extend(_exclusive_autoload(entries, models, settings))
     if report.errors:
         return report
     slots = {

@@ -272,9 +272,9 @@ async def test_refused_load_reports_exact_bytes_and_changes_nothing(env: Env) ->
     sub = m.events.subscribe()
     plan = m.explain_load("big")
     assert plan["action"] == "refuse"
-    assert plan["error"]["error"]["needed_bytes"] == needed
-    assert plan["error"]["error"]["free_bytes"] == free
-    assert plan["error"]["error"]["evictable_bytes"] == evictable
+    assert plan["error"]["needed_bytes"] == needed
+    assert plan["error"]["free_bytes"] == free
+    assert plan["error"]["evictable_bytes"] == evictable
     with pytest.raises(InsufficientMemory) as err:
         await m.load("big")
     events = drain(sub)

@@ -478,7 +478,7 @@ async def test_explain_load_reports_the_plan_and_changes_nothing(tmp_path: Path)
     await m.set_desired(desired(slots2, [*models, model_spec("huge-m", 40)]))
     refused = m.explain_load("huge")
     assert refused["action"] == "refuse"
-    assert refused["error"]["error"]["code"] == "model.insufficient_memory"
+    assert refused["error"]["code"] == "model.insufficient_memory"
 
 
 async def test_pinned_and_leased_slots_are_never_evicted(tmp_path: Path) -> None:
