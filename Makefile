@@ -31,10 +31,12 @@ demo: install
 	@$(BIN)/slotctl stack validate examples/quickstart
 	@echo
 	@echo "Starting the controller on examples/quickstart (Ctrl-C stops it and its servers)."
+	@echo "Dashboard: http://127.0.0.1:8800/  (token: $(DEMO_DIR)/state/token)"
 	@echo "In another terminal:"
 	@echo "  export $(DEMO_ENV)"
 	@echo "  $(BIN)/slotctl slot list                      # states, models, memory"
-	@echo "  curl -s localhost:18081/v1/chat/completions -d '{\"model\":\"demo-chat\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}'"
+	@echo "  curl -s localhost:8800/v1/chat/completions -H \"Authorization: Bearer \$$(cat $(DEMO_DIR)/state/token)\" -d '{\"model\":\"demo-chat\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}'"
+	@echo "  $(BIN)/slotctl events                         # follow every transition"
 	@echo "  edit examples/quickstart/quickstart.toml      # only the changed slot restarts"
 	@echo "  $(BIN)/slotctl stack diff examples/quickstart --exit-code"
 	@echo
