@@ -24,7 +24,7 @@ def make_runtime(kind: str, state_dir: Path) -> Runtime:
     if kind == "docker":
         from controller.runtime.docker import DockerRuntime
 
-        return DockerRuntime(base_mounts=base_mounts_from_env())
+        return DockerRuntime(base_mounts=base_mounts_from_env(), owner=str(state_dir.resolve()))
     raise ValueError(f"unknown runtime {kind!r}; choose one of {', '.join(RUNTIME_KINDS)}")
 
 

@@ -80,6 +80,9 @@ __all__ = [
 
 CONTAINER_PREFIX: Final = "slotctl-"
 PORT_LABEL: Final = "slotctl.port"
+# The controller (its resolved state dir) that created a container: two controllers on
+# one engine never adopt, stop or reap each other's containers.
+OWNER_LABEL: Final = "slotctl.owner"
 DEFAULT_SOCKET: Final = "unix:///var/run/docker.sock"
 AMD_DEVICES: Final = ("/dev/kfd", "/dev/dri")
 NPU_DEVICES: Final = ("/dev/accel",)
@@ -147,8 +150,11 @@ def _parse_started_at(value: str | None) -> float | None:
         return None
 
 
-def _owned(labels: Mapping[str, str], slot: str) -> bool:
-    return labels.get(MANAGED_LABEL) == "true" and labels.get(SLOT_LABEL) == slot
+def _owned(labels: Mapping[str, str], slot: str, owner: str | None) -> bool:
+    """Ours: slotctl's labels for this slot and, when the runtime has an owner, that owner."""
+    if labels.get(MANAGED_LABEL) != "true" or labels.get(SLOT_LABEL) != slot:
+        return False
+    return owner is None or labels.get(OWNER_LABEL) == owner
 
 
 def _explanation(exc: BaseException) -> str:
@@ -181,6 +187,7 @@ class DockerRuntime:
         stop_grace_s: float = 5.0,
         pull_timeout_s: float = 1800.0,
         api_timeout_s: int = 60,
+        owner: str | None = None,
     ) -> None:
         """``client``: a ``docker.DockerClient``, or a base URL (``unix:///...``).
 
@@ -198,6 +205,7 @@ class DockerRuntime:
         if isinstance(client, str):
             client, base_url = None, client
         self._docker: Any = client
+        self.owner = owner
         self._owns_client = client is None
         self._base_url = base_url
         self.base_mounts = tuple(base_mounts)
@@ -329,7 +337,7 @@ class DockerRuntime:
         status = RunStatus.RUNNING if running else RunStatus.EXITED
         started_at = _parse_started_at(state.get("StartedAt"))
         exit_code = None if running or started_at is None else int(state.get("ExitCode", 0))
-        if not _owned(labels, slot):
+        if not _owned(labels, slot, self.owner):
             return Observed(
                 slot=slot,
                 status=status,
@@ -339,8 +347,10 @@ class DockerRuntime:
                 managed=False,
                 message=(
                     f"container {container_name(slot)} ({ident[:12]}) is not managed by "
-                    f"slotctl (no {MANAGED_LABEL}=true / {SLOT_LABEL}={slot} labels): "
-                    "it is left untouched; remove or rename it to free the slot's name"
+                    f"this controller (no {MANAGED_LABEL}=true / {SLOT_LABEL}={slot}"
+                    + (f" / {OWNER_LABEL}={self.owner}" if self.owner else "")
+                    + " labels): it is left untouched; remove or rename it to free the "
+                    "slot's name"
                 ),
             )
         port = labels.get(PORT_LABEL, "")
@@ -363,8 +373,11 @@ class DockerRuntime:
         return self._observe(container, slot)
 
     def _list_sync(self) -> list[Observed]:
+        wanted = [f"{MANAGED_LABEL}=true"]
+        if self.owner is not None:
+            wanted.append(f"{OWNER_LABEL}={self.owner}")
         containers = self._client().containers.list(
-            all=True, filters={"label": f"{MANAGED_LABEL}=true"}, ignore_removed=True
+            all=True, filters={"label": wanted}, ignore_removed=True
         )
         found = []
         for container in containers:
@@ -379,7 +392,7 @@ class DockerRuntime:
         if container is None:
             return []
         labels = (container.attrs.get("Config") or {}).get("Labels") or {}
-        if not _owned(labels, slot):
+        if not _owned(labels, slot, self.owner):
             return []
         raw = container.logs(stdout=True, stderr=True, tail=tail if tail > 0 else "all")
         return bytes(raw).decode(errors="replace").splitlines()
@@ -471,6 +484,8 @@ class DockerRuntime:
 
     def _create_options(self, launch: LaunchSpec) -> dict[str, Any]:
         labels = {**launch.labels(), PORT_LABEL: str(launch.port)}
+        if self.owner is not None:
+            labels[OWNER_LABEL] = self.owner
         options: dict[str, Any] = {
             "image": launch.image,
             "command": list(launch.argv),

@@ -385,6 +385,31 @@ async def test_list_managed_returns_only_labelled_containers(
     assert all(o.managed and o.config_hash for o in mine)
 
 
+async def test_two_owners_on_one_engine_never_touch_each_other(
+    make_runtime: Callable[..., DockerRuntime],
+    launch_for: Callable[..., LaunchSpec],
+    docker_stack: str,
+) -> None:
+    """Two controllers (state dirs) on one engine: each sees only its own containers."""
+    ours = make_runtime(owner=f"/var/lib/a-{docker_stack}")
+    theirs = make_runtime(owner=f"/var/lib/b-{docker_stack}")
+    launch = launch_for("owned")
+    started = await ours.start(launch)
+    assert started.running and started.managed
+    assert [o.slot for o in await ours.list_managed() if o.stack == docker_stack] == [launch.slot]
+    assert [o for o in await theirs.list_managed() if o.stack == docker_stack] == []
+    seen = await theirs.inspect(launch.slot)
+    assert not seen.managed and "not managed by this controller" in seen.message
+    stopped = await theirs.stop(launch.slot, timeout=1)
+    assert not stopped.managed
+    assert await theirs.logs(launch.slot) == []
+    with pytest.raises(SlotSpawnFailed):
+        await theirs.start(launch)
+    still = await ours.inspect(launch.slot)
+    assert still.running and still.ident == started.ident
+    assert (await ours.stop(launch.slot, timeout=5)).status is RunStatus.EXITED
+
+
 # --------------------------------------------------------------------------- images
 
 
