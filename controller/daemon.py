@@ -158,6 +158,12 @@ class Controller:
                 asyncio.create_task(manager.run(self.stop), name="manager"),
                 asyncio.create_task(self._watch(), name="watch"),
             ]
+            if opts.stack_dir is not None:
+                # A save between the first apply and the watcher taking over (recover() can
+                # take a while) would otherwise wait for the next save: apply once more
+                # (idempotent) once the watcher runs.
+                await asyncio.sleep(0.1)
+                self.apply_stack_dir()
             self.ready.set()
             try:
                 await self.stop.wait()

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import logging
 import os
 import shutil
 import signal
@@ -36,6 +37,8 @@ from controller.runtime.base import LaunchSpec, Observed, ProgressCallback, RunS
 from controller.store import StateStore
 
 __all__ = ["ProcessRuntime"]
+
+log = logging.getLogger("slotctl.runtime")
 
 RECORD: Final = "process.json"
 LOG: Final = "server.log"
@@ -123,7 +126,7 @@ class ProcessRuntime:
         return observed
 
     async def inspect(self, slot: str) -> Observed:
-        record = self.store.read_aux(slot, RECORD)
+        record = self._record(slot)
         observed = self._observe(slot, record) if record is not None else None
         if observed is None or not observed.running:
             # No record, or the recorded server is gone: a live server may still carry
@@ -139,11 +142,25 @@ class ProcessRuntime:
 
     async def list_managed(self) -> list[Observed]:
         names = set(await asyncio.to_thread(self._scan_all))
-        names.update(n for n in self.store.names() if self.store.read_aux(n, RECORD))
+        names.update(n for n in self.store.names() if self._record(n))
         return [await self.inspect(name) for name in sorted(names)]
 
     async def logs(self, slot: str, tail: int = 100) -> list[str]:
         return await asyncio.to_thread(self._tail, slot, tail)
+
+    def _record(self, slot: str) -> dict[str, Any] | None:
+        """The slot's process record, or None when absent or not a usable record (a
+        hand-edited or foreign file is treated as lost: the labels still find the server)."""
+        record = self.store.read_aux(slot, RECORD)
+        if record is None:
+            return None
+        try:
+            int(record["pid"])
+            float(record.get("create_time", 0.0))
+        except (KeyError, TypeError, ValueError):
+            log.warning("ignoring unusable process record of slot %s: %r", slot, record)
+            return None
+        return record
 
     # ------------------------------------------------------------------ spawning
 
@@ -242,7 +259,7 @@ class ProcessRuntime:
             return None
 
     def _live_process(self, slot: str) -> psutil.Process | None:
-        record = self.store.read_aux(slot, RECORD)
+        record = self._record(slot)
         if record is None:
             return self._scan(slot)
         proc = self._verified(int(record["pid"]), float(record.get("create_time", 0.0)))
@@ -318,7 +335,7 @@ class ProcessRuntime:
             await asyncio.sleep(_POLL_S)
 
     def _forget(self, slot: str) -> None:
-        record = self.store.read_aux(slot, RECORD)
+        record = self._record(slot)
         if record is not None:
             popen = _CHILDREN.get(int(record["pid"]))
             if popen is not None and popen.poll() is not None:
