@@ -286,6 +286,10 @@ class Reconciler:
             for p in fresh.errors
             if p.file and p.severity == "error" and Path(p.file).exists()
         }
+        if not fresh.catalogue_ok and last is not None:
+            # A broken catalogue keeps the last good one: otherwise every slot bound to a
+            # model would read as changed (recreate) or unknown (unload).
+            fresh.models = dict(last.models)
         kept = set()
         for name, good in last.slots.items() if last is not None else ():
             if name not in fresh.slots and good.file and Path(good.file).resolve() in invalid:
@@ -314,6 +318,17 @@ class Reconciler:
         obs = observe_manager(self.manager, name)
         want_hash = self.manager.launch_hash(want) if want else None
         resident = self.manager.is_resident(name)
+        if (
+            want is not None
+            and want.spec.model_id
+            and want.spec.model_id not in self.manager.models
+        ):
+            return Action(
+                "noop",
+                name,
+                f"model {want.spec.model_id!r} is not in the catalogue: "
+                "fix the config dir; the running server is left as it is",
+            )
         holder = self.manager.group_holder(name) if want is not None else None
         return plan_slot(
             name, want, have, obs, want_hash=want_hash, resident=resident, group_holder=holder

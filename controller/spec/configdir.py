@@ -42,6 +42,7 @@ class ConfigSnapshot:
     slots: dict[str, DesiredSlot] = field(default_factory=dict)
     errors: list[Problem] = field(default_factory=list)
     warnings: list[Problem] = field(default_factory=list)
+    catalogue_ok: bool = True  # False: models.toml (or an entry) is invalid
 
     def owner(self, name: str) -> str | None:
         slot = self.slots.get(name)
@@ -86,6 +87,7 @@ def _read_catalogue(config_dir: Path, snap: ConfigSnapshot) -> None:
     data, index, problems = parse_toml_file(path)
     snap.errors.extend(problems)
     if data is None:
+        snap.catalogue_ok = False
         return
     raw_models = data.get("model", [])
     for i, raw in enumerate(raw_models if isinstance(raw_models, list) else []):
@@ -96,6 +98,7 @@ def _read_catalogue(config_dir: Path, snap: ConfigSnapshot) -> None:
                 exc, scope="model", fields=ModelSpec.model_fields, prefix=("model", i)
             )
             snap.errors.extend(_located(located, Origin(file=str(path), index=index)))
+            snap.catalogue_ok = False
             continue
         snap.models[model.id] = model
 

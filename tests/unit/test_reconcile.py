@@ -652,3 +652,38 @@ async def test_an_invalid_hand_edit_keeps_the_last_good_slot(tmp_path: Path) -> 
     await manager.close()
     assert manager.view("auto-a").state is S.READY
     assert h.runtime.starts["auto-a"] == 1  # adopted, never restarted
+
+
+async def test_a_broken_catalogue_keeps_the_last_good_one_and_restarts_nothing(
+    tmp_path: Path,
+) -> None:
+    """A typo in models.toml must not unload or recreate the slots bound to its models."""
+    from controller.apply import apply_to_config
+    from controller.reconcile import Reconciler
+    from controller.spec.loader import DesiredSlot, DesiredState
+    from tests.unit.manager_fixtures import Harness, model_spec, slot_spec
+
+    h = Harness(tmp_path)
+    config = tmp_path / "config"
+    slot = slot_spec("a", autoload=True)
+    apply_to_config(
+        DesiredState(
+            stacks=("t",),
+            models={"a-m": model_spec("a-m", 1)},
+            slots={"a": DesiredSlot(spec=slot, stack="t")},
+        ),
+        config,
+        prune=False,
+    )
+    reconciler = Reconciler(h.manager, config)
+    await h.manager.set_desired(reconciler.refresh().desired())
+    await reconciler.act(reconciler.plan("a"))
+    assert h.manager.view("a").state.value == "ready"
+    (config / "models.toml").write_text("[[model]]\nid = 'a-m'\nmemory_gb = 'oops'\n")
+    reconciler.refresh()
+    assert "a-m" in reconciler.snapshot.models  # the last good catalogue stays
+    assert reconciler.plan("a").kind == "noop"
+    (config / "models.toml").write_text("this is not toml [[[\n")
+    reconciler.refresh()
+    assert reconciler.plan("a").kind == "noop"
+    assert h.runtime.starts["a"] == 1 and h.manager.view("a").state.value == "ready"
