@@ -1182,12 +1182,23 @@ class SlotManager:
                     await self._fail(slot, "probe", error, stop=True)
 
     async def reap_pressure(self) -> list[str]:
-        """Evict under memory pressure: elevated -> one victim, critical -> all eligible."""
+        """Evict under memory pressure: elevated -> one victim, critical -> all eligible.
+
+        Only memory that admission did not hand out counts: a device that slotctl itself
+        filled up to the safety margin is not "under pressure" (evicting there would undo
+        admission's own decisions, and an autoload slot would flap). Pressure is something
+        else — another process, or servers using more than their estimates — taking more
+        than the margin.
+        """
         evicted: list[str] = []
+        margin = int(self.settings.safety_margin_gb * GIB)
         devices = {s.spec.device for s in self._slots.values() if s.state in ADMITTED_STATES}
         for device in sorted(devices):
             sample = self.memory.sample(device)
             if sample is None:
+                continue
+            unaccounted = sample.total_bytes - sample.free_bytes - self.admitted_bytes(device)
+            if unaccounted <= margin:
                 continue
             level = pressure_level(
                 sample.total_bytes,

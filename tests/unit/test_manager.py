@@ -965,3 +965,21 @@ async def test_swap_rebinds_and_loads(tmp_path: Path) -> None:
     assert view.state is S.READY and view.model_id == "x-m"
     assert m.store.read("a").model_id == "x-m"  # type: ignore[union-attr]
     assert h.runtime.starts["a"] == 2
+
+
+async def test_a_device_admission_filled_is_not_under_pressure(tmp_path: Path) -> None:
+    """Admission may fill a GPU up to the safety margin; the reaper must not undo that.
+
+    Only memory taken beyond what slotctl admitted (another process, servers above their
+    estimates) is pressure.
+    """
+    slots = [slot_spec("a", autoload=True), slot_spec("b", autoload=True)]
+    models = [model_spec("a-m", 12), model_spec("b-m", 11)]
+    h, m = await setup(tmp_path, slots, models, gpu_gb=24, margin_gb=0.5)
+    await m.load("a")
+    await m.load("b")  # 1 GiB free: under 5 % of 24 GiB, yet exactly what admission allowed
+    assert await m.reap_pressure() == []
+    assert m.view("a").state is S.READY and m.view("b").state is S.READY
+    h.memory.external["gpu"] = int(0.8 * GIB)  # someone else takes memory: real pressure
+    assert await m.reap_pressure() == ["a", "b"]  # critical: every eligible slot, priority/LRU
+    assert m.view("a").state is S.OFFLINE and m.view("b").state is S.OFFLINE
