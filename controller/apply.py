@@ -26,8 +26,15 @@ from controller.providers import BuildContext, build_launch
 from controller.reconcile import Action, ObservedSlot, plans_for
 from controller.runtime.base import Runtime
 from controller.spec.configdir import ConfigSnapshot, read_config_dir
-from controller.spec.guard import delete_slot_config, write_catalogue, write_slot_config
+from controller.spec.guard import (
+    SlotEntry,
+    cross_slot_problems,
+    delete_slot_config,
+    write_catalogue,
+    write_slot_config,
+)
 from controller.spec.loader import DesiredSlot, DesiredState
+from controller.spec.problems import raise_for_problems
 from controller.spec.render import slot_effective
 from controller.spec.schema import ModelSpec
 from controller.store import StateStore
@@ -245,6 +252,18 @@ def apply_to_config(
     changed: list[str] = []
     merged = dict(snapshot.models)
     merged.update(state.models)
+    pruned = {
+        name
+        for name, current in snapshot.slots.items()
+        if prune and current.stack in state.stacks and name not in state.slots
+    }
+    # The whole resulting set is checked once before anything is written: a stack is
+    # applied entirely or not at all (SPEC §8), and a legal port swap between two slots
+    # is judged as the set it is, never as two conflicting single writes.
+    final = {n: s.spec for n, s in snapshot.slots.items() if n not in pruned}
+    final.update({n: s.spec for n, s in state.slots.items()})
+    entries = [SlotEntry(spec=spec) for spec in final.values()]
+    raise_for_problems(cross_slot_problems(entries, merged), "desired state")
     if merged != snapshot.models:
         write_catalogue(config_dir, list(merged.values()))
         changed.append("models")
@@ -253,11 +272,10 @@ def apply_to_config(
         if current is not None and current.spec == slot.spec and current.stack == slot.stack:
             continue
         payload = slot.spec.model_dump(mode="json", exclude_unset=True, exclude_none=True)
-        write_slot_config(config_dir, payload, stack=slot.stack or None)
+        others = [spec for n, spec in final.items() if n != name]
+        write_slot_config(config_dir, payload, stack=slot.stack or None, others=others)
         changed.append(name)
-    if prune:
-        for name, current in snapshot.slots.items():
-            if current.stack in state.stacks and name not in state.slots:
-                delete_slot_config(config_dir, name)
-                changed.append(name)
+    for name in sorted(pruned):
+        delete_slot_config(config_dir, name)
+        changed.append(name)
     return changed

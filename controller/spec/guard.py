@@ -394,10 +394,14 @@ def write_slot_config(
     *,
     stack: str | None = None,
     merge: bool = False,
+    others: Sequence[SlotSpec] | None = None,
 ) -> SlotSpec:
     """The one writer of slot config: guard, then an atomic, layout-preserving write.
 
     ``merge=True`` applies ``payload`` as a partial update (PATCH) over the stored slot.
+    ``others``: the slots the cross-slot rules compare against, when the caller writes a
+    whole validated set (stack apply: a port swap between two slots is legal as a set,
+    never as two single writes); default: the other slots on disk.
     A slot created without ``autoload`` persists an explicit ``autoload = false``.
     """
     from controller.spec.configdir import read_config_dir  # reader, not a writer
@@ -421,7 +425,8 @@ def write_slot_config(
                 wanted["autoload"] = stored.autoload
         if wanted.get("autoload") is None:  # absent or null: never persist "unset"
             wanted["autoload"] = False
-        others = [s.spec for n, s in snapshot.slots.items() if n != name]
+        if others is None:
+            others = [s.spec for n, s in snapshot.slots.items() if n != name]
         spec = guard_slot_write_payload(wanted, others=others, catalogue=snapshot.models)
         document = slot_document(spec)
         owner = stack if stack is not None else snapshot.owner(name)

@@ -687,3 +687,31 @@ async def test_a_broken_catalogue_keeps_the_last_good_one_and_restarts_nothing(
     reconciler.refresh()
     assert reconciler.plan("a").kind == "noop"
     assert h.runtime.starts["a"] == 1 and h.manager.view("a").state.value == "ready"
+
+
+def _state(ports: dict[str, int]) -> Any:
+    from controller.spec.loader import DesiredSlot, DesiredState
+    from tests.unit.manager_fixtures import model_spec, slot_spec
+
+    slots = {n: DesiredSlot(spec=slot_spec(n, port=p), stack="t") for n, p in ports.items()}
+    models = {f"{n}-m": model_spec(f"{n}-m") for n in ports}
+    return DesiredState(stacks=("t",), models=models, slots=slots)
+
+
+def test_apply_is_all_or_nothing_and_judges_the_whole_set(tmp_path: Path) -> None:
+    from controller.apply import apply_to_config
+    from controller.errors import SlotConfigError
+    from controller.spec.configdir import read_config_dir
+
+    config = tmp_path / "config"
+    apply_to_config(_state({"a": 8081, "b": 8082, "c": 8090}), config, prune=False)
+    # A port swap is legal as a set (never as two single writes).
+    apply_to_config(_state({"a": 8082, "b": 8081, "c": 8090}), config, prune=False)
+    ports = {n: s.spec.port for n, s in read_config_dir(config).slots.items()}
+    assert ports == {"a": 8082, "b": 8081, "c": 8090}
+    before = {p.name: p.read_bytes() for p in (config / "slots").iterdir()}
+    # A set with a conflict (b takes c's port while c keeps it) changes nothing at all.
+    with pytest.raises(SlotConfigError) as err:
+        apply_to_config(_state({"a": 8085, "b": 8090, "c": 8090}), config, prune=False)
+    assert "slot.duplicate_port" in {p["code"] for p in err.value.problems}
+    assert {p.name: p.read_bytes() for p in (config / "slots").iterdir()} == before
