@@ -158,6 +158,8 @@ class Controller:
                 asyncio.create_task(manager.run(self.stop), name="manager"),
                 asyncio.create_task(self._watch(), name="watch"),
             ]
+            for task in tasks:
+                task.add_done_callback(self._task_ended)
             if opts.stack_dir is not None:
                 # A save between the first apply and the watcher taking over (recover() can
                 # take a while) would otherwise wait for the next save: apply once more
@@ -172,6 +174,14 @@ class Controller:
                     await api.stop()
                 await self._shutdown(tasks, printer)
         return 0
+
+    def _task_ended(self, task: asyncio.Task[None]) -> None:
+        """A background task ending before shutdown is a fault: say so and stop cleanly."""
+        if self.stop.is_set() or task.cancelled():
+            return
+        error = task.exception()
+        self.say(f"background task {task.get_name()} ended unexpectedly: {error!r}; stopping")
+        self.stop.set()
 
     async def _start_api(self, manager: SlotManager, reconciler: Reconciler) -> ApiServer | None:
         opts = self.opts
@@ -212,9 +222,10 @@ class Controller:
 
     async def _shutdown(self, tasks: list[asyncio.Task[None]], printer: asyncio.Task[None]) -> None:
         self.stop.set()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        # A background task that died must not keep the servers from being stopped.
+        for result in await asyncio.gather(*tasks, return_exceptions=True):
+            if isinstance(result, Exception):
+                log.error("background task failed: %r", result)
         manager = self.manager
         assert manager is not None
         if self.opts.keep_running:

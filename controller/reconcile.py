@@ -460,9 +460,12 @@ class Reconciler:
         follower = asyncio.create_task(self._follow_events())
         try:
             while not stop.is_set():
-                self.refresh()
-                self.enqueue_all()
-                await self.reap_orphans()
+                try:
+                    self.refresh()
+                    self.enqueue_all()
+                    await self.reap_orphans()
+                except Exception:  # a failed resync (I/O, engine) is retried next period
+                    log.exception("resync failed; retrying in %.0fs", self.resync_s)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), self.resync_s)
         finally:

@@ -1255,6 +1255,8 @@ class SlotManager:
                     await self.check_exits()
             except SlotctlError as exc:
                 log.warning("background tick: %s", exc.message)
+            except Exception:  # e.g. OSError (disk full): log it, keep watching the slots
+                log.exception("background tick failed; retrying at the next interval")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.config.monitor_interval_s)
 
