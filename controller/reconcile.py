@@ -184,6 +184,13 @@ def plan_slot(
             )
         if group_holder is not None:
             return Action("noop", name, f"waiting: {group_holder} holds the exclusive group")
+        if obs is not None and obs.state is SlotState.IDLE and obs.idle_reason == "no_model":
+            return Action(
+                "noop",
+                name,
+                "the server is up but serves no model (check the model file, then "
+                "`slotctl slot unload` and load again)",
+            )
         state = obs.state.value if obs is not None and obs.state else "offline"
         why = "autoload" if want.autoload else "resident"
         return Action("load", name, f"{why} and {state}")
@@ -349,7 +356,11 @@ class Reconciler:
                 self.on_plan(action)
         await self.act(action)
         retry = action.details.get("retry_after_s")  # backing off: look again when it ends
-        return Result(requeue_after=max(0.05, float(retry))) if retry else Result()
+        if retry:
+            return Result(requeue_after=max(0.05, float(retry)))
+        if action.kind == "update":
+            return Result(requeue_after=0.01)  # applied in place: it may also need a load
+        return Result()
 
     async def act(self, action: Action) -> None:
         manager, name = self.manager, action.slot

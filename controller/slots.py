@@ -311,6 +311,21 @@ class SlotManager:
             slot.since = record.updated_at
             slot.extra = dict(record.extra)
             slot.idle_reason = record.extra.get("idle_reason")
+            self._restore_breaker(slot)
+
+    def _restore_breaker(self, slot: _Slot) -> None:
+        """The crash-loop breaker survives a controller restart (state.json ``extra``)."""
+        try:
+            failures = int(slot.extra.get("failures", 0) or 0)
+            retry_at = float(slot.extra.get("retry_at", 0) or 0)
+        except (TypeError, ValueError):
+            return
+        if failures <= 0 or slot.state is not S.ERROR:
+            return
+        slot.breaker.failures = failures
+        slot.breaker.last_error = slot.message
+        wait = max(0.0, retry_at - self.clock.time())
+        slot.breaker.blocked_until = self.clock.monotonic() + wait
 
     def launch_hash(self, desired: DesiredSlot) -> str | None:
         """The config hash ``desired`` would run with on this manager's runtime."""
@@ -773,6 +788,7 @@ class SlotManager:
         backoff = slot.breaker.record_failure(self.clock.monotonic(), error.message)
         slot.extra["failures"] = slot.breaker.failures
         slot.extra["retry_after_s"] = backoff
+        slot.extra["retry_at"] = round(self.clock.time() + backoff, 3)  # wall clock
         for lease in list(slot.leases.values()):
             lease.revoke(error)
         slot.leases.clear()
@@ -1274,6 +1290,11 @@ class SlotManager:
 
     async def _recover_one(self, slot: _Slot) -> None:
         observed = await self.runtime.inspect(slot.name)
+        if observed.status is RunStatus.RUNNING and slot.state is S.UNLOADING:
+            # The controller died mid-unload: finish it (the wish was to free the memory).
+            await self._stop_runtime(slot, "restore", "unload finished after a restart")
+            self._set(slot, S.OFFLINE, op="restore", message="unload finished after a restart")
+            return
         if observed.status is RunStatus.RUNNING:
             try:
                 launch = self._build_launch(slot)

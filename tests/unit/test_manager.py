@@ -15,6 +15,7 @@ import pytest
 from controller.errors import (
     InsufficientMemory,
     SlotCrashLooping,
+    SlotctlError,
     SlotHealthFailed,
     SlotNotReady,
     SlotPinned,
@@ -983,3 +984,32 @@ async def test_a_device_admission_filled_is_not_under_pressure(tmp_path: Path) -
     h.memory.external["gpu"] = int(0.8 * GIB)  # someone else takes memory: real pressure
     assert await m.reap_pressure() == ["a", "b"]  # critical: every eligible slot, priority/LRU
     assert m.view("a").state is S.OFFLINE and m.view("b").state is S.OFFLINE
+
+
+async def test_restart_finishes_an_interrupted_unload(tmp_path: Path) -> None:
+    h, m = await setup(tmp_path, [slot_spec("a")], [model_spec("a-m", 2)])
+    await m.load("a")
+    m._set(m._slots["a"], S.UNLOADING, op="unload", message="controller killed here")
+    fresh = h.new_manager()
+    await fresh.set_desired(desired([slot_spec("a")], [model_spec("a-m", 2)]))
+    await fresh.recover()
+    assert fresh.view("a").state is S.OFFLINE
+    assert (await h.runtime.inspect("a")).status.value == "missing"
+    assert_legal_history(fresh.transitions)
+
+
+async def test_crash_loop_breaker_survives_a_controller_restart(tmp_path: Path) -> None:
+    h, m = await setup(tmp_path, [slot_spec("c", max_consecutive_failures=2)], [model_spec("c-m")])
+    h.runtime.script("c", outcome="exit")
+    for _ in range(2):
+        with pytest.raises(SlotctlError):
+            await m.load("c")
+        h.clock.advance(600)
+    fresh = h.new_manager()
+    await fresh.set_desired(
+        desired([slot_spec("c", max_consecutive_failures=2)], [model_spec("c-m")])
+    )
+    assert fresh.view("c").failures == 2
+    with pytest.raises(SlotCrashLooping) as err:
+        await fresh.load("c")
+    assert err.value.details["blocked"] is True

@@ -167,7 +167,9 @@ def test_load_resident_slot_not_dispatchable() -> None:
     assert action == Action("load", "a", "resident and offline")
 
 
-def test_load_when_up_without_a_model() -> None:
+def test_noop_when_up_without_a_model() -> None:
+    """idle(no_model) is not dispatchable, but a load of it is a no-op: planning "load"
+    would loop forever (and keep --wait from converging); the reason says what to do."""
     spec = slot_spec("a", autoload=True)
     obs = ObservedSlot(
         name="a",
@@ -177,7 +179,7 @@ def test_load_when_up_without_a_model() -> None:
         config_hash=launch_hash(spec),
     )
     action = plan_slot("a", want(spec), spec, obs, want_hash=launch_hash(spec))
-    assert action.kind == "load"  # idle(no_model) is not dispatchable
+    assert action.kind == "noop" and "serves no model" in action.reason
 
 
 def test_noop_when_crash_loop_blocked() -> None:
