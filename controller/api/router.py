@@ -37,6 +37,7 @@ import io
 import json
 import logging
 import math
+import re
 import time
 from dataclasses import dataclass
 from email.message import Message
@@ -435,6 +436,23 @@ async def _open(
         )
 
 
+_AUDIO_TAIL = re.compile(r"[A-Za-z0-9_-]+(/[A-Za-z0-9_-]+)*")
+
+
+def _upstream_path(request: web.Request) -> str:
+    """The path (and query) to forward: only the OpenAI endpoint itself, never more.
+
+    ``/v1/audio/{path}`` takes plain segments only, so ``..`` or ``%2e%2e`` cannot reach a
+    server's other routes (llama-server's ``/slots``, vLLM's admin endpoints).
+    """
+    tail = request.match_info.get("path")
+    if tail is not None and not _AUDIO_TAIL.fullmatch(tail):
+        raise _Refusal(400, f"invalid audio endpoint {tail!r}", code="invalid_request_error")
+    path = request.path  # decoded and matched by the router; never the raw path
+    query = request.query_string
+    return f"{path}?{query}" if query else path
+
+
 async def _proxy(
     request: web.Request, ctx: ApiContext, call: _Call, body: bytes
 ) -> web.StreamResponse:
@@ -444,7 +462,7 @@ async def _proxy(
             503, f"slot {call.slot!r} has no endpoint", code="slot.not_ready", retry_after_s=1
         )
     try:
-        upstream = await _open(_session(ctx), request, endpoint + request.raw_path, body)
+        upstream = await _open(_session(ctx), request, endpoint + _upstream_path(request), body)
     except (aiohttp.ClientError, OSError, TimeoutError) as exc:
         raise _upstream_refusal(call.slot, exc) from None
     async with upstream:
@@ -696,4 +714,10 @@ async def v1_embeddings(request: web.Request) -> web.StreamResponse:
     responses=_PROXY_RESPONSES,
 )
 async def v1_audio(request: web.Request) -> web.StreamResponse:
+    if not _AUDIO_TAIL.fullmatch(request.match_info["path"]):  # before any lease or load
+        return openai_error(
+            400,
+            f"invalid audio endpoint {request.match_info['path']!r}",
+            code="invalid_request_error",
+        )
     return await _route(request, limit=_AUDIO_MAX_BYTES)

@@ -40,7 +40,7 @@ from controller.spec.configdir import read_config_dir, read_settings
 from controller.spec.guard import delete_slot_config, write_slot_config
 from controller.spec.loader import load_stack_texts
 from controller.spec.render import slot_effective
-from controller.spec.schema import ModelSpec, SlotSpec
+from controller.spec.schema import MODEL_OWNED_KEYS, ModelSpec, SlotSpec
 
 __all__: list[str] = []
 
@@ -442,6 +442,16 @@ async def patch_defaults(request: web.Request) -> web.Response:
     name = _name(request)
     _require_declared(ctx, name)
     patch = await read_body(request, dict[str, Any])
+    # Defaults are the slot's scheduling knobs. Model-owned keys pass on to the guard, which
+    # reports them as model-owned; anything else (provider, port, server...) belongs to
+    # PUT /config, never to a defaults patch.
+    other = sorted(set(patch) - set(SlotDefaults.model_fields) - MODEL_OWNED_KEYS - {"name"})
+    if other:
+        raise SlotConfigError(
+            f"not slot defaults: {', '.join(other)} (change them with PUT "
+            f"/api/slots/{name}/config)",
+            keys=other,
+        )
     patch["name"] = name
     spec = write_slot_config(ctx.config_dir, patch, merge=True)
     _wake(ctx, name)

@@ -482,7 +482,15 @@ def test_patch_defaults(api: Api, static: tuple[Api, Slotctl]) -> None:
         error = assert_typed(reply, 400, "slot.config_error")
         assert error["keys"] == [key]
         assert "model-owned" in error["message"] and "'m-a'" in error["message"], error
-    reply = api.call("PATCH", "/api/slots/a/defaults", {"server": {"extra_args": ["-ngl", "9"]}})
+    # defaults are scheduling knobs: the server, the port or the provider are not
+    for key, value in (("server", {"extra_args": ["-ngl", "9"]}), ("port", 9999)):
+        reply = api.call("PATCH", "/api/slots/a/defaults", {key: value})
+        error = assert_typed(reply, 400, "slot.config_error")
+        assert error["keys"] == [key] and "not slot defaults" in error["message"], error
+    # ... and through PUT /config a hardware flag is refused by the guard
+    current = api.call("GET", "/api/slots/a").body["spec"]
+    current["server"] = {"extra_args": ["-ngl", "9"]}
+    reply = api.call("PUT", "/api/slots/a/config", current)
     error = assert_typed(reply, 400, "slot.config_error")
     assert error["problems"][0]["code"] == "slot.hardware_flag"
     reply = api.call("PATCH", "/api/slots/a/defaults", {"priority": 101})

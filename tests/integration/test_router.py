@@ -381,6 +381,14 @@ async def test_audio_multipart_body_passes_through_byte_for_byte(harness: Harnes
         assert resp.headers["X-Echo-Authorization"] == "(none)"  # our token never leaks
     assert echoed == body
 
+    # Only the OpenAI endpoint itself is forwarded: no way out to a server's other routes.
+    for sneaky in ("/v1/audio/../../slots/0?action=save", "/v1/audio/%2e%2e/%2e%2e/props"):
+        async with r.post(sneaky, {"model": "m-stt"}) as resp:
+            assert resp.status in (400, 404), sneaky
+            if resp.status == 400:
+                assert_openai_error(await resp.json())
+    assert r.manager.lease_count() == 0
+
     speech = {"model": "m-stt", "input": "hello", "voice": "alloy"}
     async with r.post("/v1/audio/speech", speech) as resp:
         assert resp.status == 200
