@@ -1425,7 +1425,17 @@ class SlotManager:
             await close()
 
     async def stop_all(self, reason: str = "controller shutdown") -> None:
-        """Unload every slot (pinned included), concurrently; for ``down``/shutdown."""
+        """Unload every slot (pinned included), concurrently; for ``down``/shutdown.
+
+        In-flight loads are cancelled first (a hung load would otherwise hold its slot up to
+        ``warmup_timeout_s``); their servers are stopped like any other.
+        """
+        pending = [s.load_task for s in self._slots.values() if s.load_task is not None]
+        pending += list(self._background)
+        for task in pending:
+            if not task.done():
+                task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
 
         async def one(name: str) -> None:
             with contextlib.suppress(SlotctlError):

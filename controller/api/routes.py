@@ -558,6 +558,23 @@ async def hold_slot(request: web.Request) -> web.Response:
     return json_response({"lease": lease.id, "slot": lease.slot, "expires_in_s": body.ttl_s})
 
 
+@route(
+    "POST",
+    "/api/slots/{name}/lease",
+    summary="batch lease (SPEC §7's name for /hold): keep loaded and unevictable for ttl_s",
+    tag="slots",
+    body=HoldBody,
+    responses={
+        200: ("held", HoldAnswer),
+        404: ("unknown", None),
+        409: ("insufficient memory", None),
+        503: ("not ready", None),
+    },
+)
+async def lease_slot(request: web.Request) -> web.StreamResponse:
+    return await hold_slot(request)
+
+
 # ----------------------------------------------------------------------------- models
 
 

@@ -74,6 +74,8 @@ class LaunchSpec:
     model_path: str | None = None  # local file the server reads (mounted read-only)
     mounts: tuple[Mount, ...] = ()
     probe: ProbeSpec = field(default_factory=ProbeSpec)
+    # config_hash() is asked on hot paths (views for the router): computed once.
+    _hash: str | None = field(default=None, init=False, compare=False, repr=False)
 
     @property
     def endpoint(self) -> str:
@@ -96,8 +98,11 @@ class LaunchSpec:
 
     def config_hash(self) -> str:
         """Stable hash of the effective runtime config (12 hex chars, label-safe)."""
-        canonical = json.dumps(self.hash_input(), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(canonical.encode()).hexdigest()[:12]
+        if self._hash is None:
+            canonical = json.dumps(self.hash_input(), sort_keys=True, separators=(",", ":"))
+            object.__setattr__(self, "_hash", hashlib.sha256(canonical.encode()).hexdigest()[:12])
+        assert self._hash is not None
+        return self._hash
 
     def labels(self) -> dict[str, str]:
         return {

@@ -530,7 +530,9 @@ def test_slot_action_refusals(api: Api) -> None:
     """Every refusal of the slot actions, none of which starts anything."""
     for action in ("load", "unload", "reset"):
         assert_typed(api.call("POST", f"/api/slots/nope/{action}"), 404, "slot.not_found")
-    assert_typed(api.call("POST", "/api/slots/nope/hold", {"ttl_s": 5}), 404, "slot.not_found")
+    for verb in ("hold", "lease"):  # /lease: SPEC §7's name for the same batch lease
+        reply = api.call("POST", f"/api/slots/nope/{verb}", {"ttl_s": 5})
+        assert_typed(reply, 404, "slot.not_found")
     reply = api.call("POST", "/api/slots/nope/swap", {"model": "m-a"})
     assert_typed(reply, 404, "slot.not_found")
     # a slot that is not activated (empty model.default): 400, disabled
@@ -548,6 +550,7 @@ def test_slot_action_refusals(api: Api) -> None:
     # malformed bodies and parameters
     assert_typed(api.call("POST", "/api/slots/a/hold", {"ttl_s": -1}), 400, "request.invalid")
     assert_typed(api.call("POST", "/api/slots/a/hold", {}), 400, "request.invalid")
+    assert_typed(api.call("POST", "/api/slots/a/lease", {}), 400, "request.invalid")
     assert_typed(api.call("POST", "/api/slots/a/swap", {"model": ""}), 400, "request.invalid")
     reply = api.call("POST", "/api/slots/a/swap", {"model": "m-a", "x": 1})
     assert_typed(reply, 400, "request.invalid")

@@ -527,3 +527,49 @@ async def test_refused_swap_in_an_exclusive_group_keeps_the_loaded_peer(env: Env
     assert set(m.residency.read()) == {"a"}
     assert await pid_of(m, "a") == pid_a
     assert labelled(m, "huge") == []
+
+
+async def test_stop_all_does_not_wait_for_a_hung_load(tmp_path: Path) -> None:
+    """Shutdown cancels a load that would otherwise hold its slot for warmup_timeout_s."""
+    spec = normalise(
+        SlotSpec.model_validate(
+            {
+                "name": "hung",
+                "provider": "demo",
+                "port": free_port(),
+                "device": "cpu",
+                "model": {"default": "m-hung"},
+                "warmup_timeout_s": 600,
+                "server": {"extra_args": ["--hang-on-load"]},
+            }
+        ),
+        ControllerSettings(),
+    )
+    manager = SlotManager(
+        runtime=ProcessRuntime(tmp_path / "state"),
+        state_dir=tmp_path / "state",
+        config_dir=tmp_path / "config",
+        prober=HttpProber(),
+        memory=FakeMemoryProbe({"cpu": 64 * 1024**3}),
+    )
+    await manager.set_desired(
+        DesiredState(
+            stacks=("t",),
+            models={"m-hung": ModelSpec(id="m-hung", source="demo://x")},
+            slots={"hung": DesiredSlot(spec=spec, stack="t")},
+        )
+    )
+    load = asyncio.create_task(manager.load("hung"))
+    for _ in range(200):
+        if manager.view("hung").state.value == "warming":
+            break
+        await asyncio.sleep(0.02)
+    assert manager.view("hung").state.value == "warming"
+    started = time.monotonic()
+    await asyncio.wait_for(manager.stop_all(), timeout=20)
+    assert time.monotonic() - started < 15
+    assert manager.view("hung").state.value == "offline"
+    assert (await manager.runtime.inspect("hung")).status.value == "missing"
+    with contextlib.suppress(asyncio.CancelledError, SlotctlError):
+        await load
+    await manager.close()
