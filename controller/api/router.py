@@ -287,7 +287,7 @@ def _record(ctx: ApiContext, call: _Call) -> None:
         return
     try:
         done(call.slot, call.model, call.status, time.monotonic() - call.started)
-    except Exception:
+    except Exception:  # metrics must never fail a request: log it and answer anyway
         log.exception("metrics request_done failed")
 
 

@@ -31,6 +31,7 @@ from controller.errors import (
     InvalidRequest,
     ModelNotFound,
     SlotConfigError,
+    SlotctlError,
     SlotNotFound,
     SlotPinned,
 )
@@ -517,10 +518,19 @@ async def swap_slot(request: web.Request) -> web.Response:
     _require_declared(ctx, name)
     if body.model not in read_config_dir(ctx.config_dir).models:
         raise ModelNotFound(body.model)
+    previous = read_config_dir(ctx.config_dir).slots[name].spec.model_id
     write_slot_config(ctx.config_dir, {"name": name, "model": {"default": body.model}}, merge=True)
-    if ctx.reconciler is not None:
-        ctx.reconciler.refresh()
-    view = await ctx.manager.swap(name, body.model)
+    _wake(ctx, None)
+    try:
+        view = await ctx.manager.swap(name, body.model)
+    except SlotctlError:
+        # Refused (memory, breaker, pinned peer): the declared binding goes back, and the
+        # reconciler brings the previous model back if the slot is meant to be loaded.
+        write_slot_config(
+            ctx.config_dir, {"name": name, "model": {"default": previous}}, merge=True
+        )
+        _wake(ctx, name)
+        raise
     return json_response({"status": "swapped", "slot": slot_out(view)})
 
 
@@ -538,18 +548,21 @@ async def reset_slot(request: web.Request) -> web.Response:
     return json_response({"status": "reset", "slot": slot_out(view)})
 
 
+_HOLD_RESPONSES: Final[dict[int, tuple[str, Any]]] = {
+    200: ("held", HoldAnswer),
+    404: ("unknown", None),
+    409: ("insufficient memory", None),
+    503: ("not ready", None),
+}
+
+
 @route(
     "POST",
     "/api/slots/{name}/hold",
     summary="batch lease: keep loaded and unevictable for ttl_s",
     tag="slots",
     body=HoldBody,
-    responses={
-        200: ("held", HoldAnswer),
-        404: ("unknown", None),
-        409: ("insufficient memory", None),
-        503: ("not ready", None),
-    },
+    responses=_HOLD_RESPONSES,
 )
 async def hold_slot(request: web.Request) -> web.Response:
     ctx = _ctx(request)
@@ -564,12 +577,7 @@ async def hold_slot(request: web.Request) -> web.Response:
     summary="batch lease (SPEC §7's name for /hold): keep loaded and unevictable for ttl_s",
     tag="slots",
     body=HoldBody,
-    responses={
-        200: ("held", HoldAnswer),
-        404: ("unknown", None),
-        409: ("insufficient memory", None),
-        503: ("not ready", None),
-    },
+    responses=_HOLD_RESPONSES,
 )
 async def lease_slot(request: web.Request) -> web.StreamResponse:
     return await hold_slot(request)

@@ -614,6 +614,14 @@ def test_slot_load_unload_swap_hold_reset(live: tuple[Api, Slotctl]) -> None:
     assert swapped["status"] == "swapped"
     assert swapped["slot"]["model_id"] == "m-alt" and swapped["slot"]["state"] == "ready"
     assert 'default = "m-alt"' in (ctl.config / "slots" / "one.toml").read_text()
+    # a swap the budget refuses leaves the declared binding as it was
+    error = assert_typed(
+        api.call("POST", "/api/slots/one/swap", {"model": "m-big"}),
+        409,
+        "model.insufficient_memory",
+    )
+    assert error["needed_bytes"] == 4 * GIB
+    assert 'default = "m-alt"' in (ctl.config / "slots" / "one.toml").read_text()
 
     # unload: 200 with the offline view; reset leaves an offline slot offline
     reply = api.call("POST", "/api/slots/one/unload")
