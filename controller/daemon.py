@@ -151,6 +151,7 @@ class Controller:
             snapshot = reconciler.refresh()
             await manager.set_desired(snapshot.desired())
             await manager.recover()
+            manager.report_unknown_residents()
             if api is not None:
                 api.ctx.ready.set()
             tasks = [

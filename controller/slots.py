@@ -1377,6 +1377,20 @@ class SlotManager:
                 with contextlib.suppress(SlotctlError):
                     await self._settle_probe(slot, result)
 
+    def report_unknown_residents(self) -> list[str]:
+        """Residency wishes for slots the desired state does not have: logged, skipped."""
+        unknown = [name for name in self._resident if name not in self._slots]
+        for name in unknown:
+            self.events.emit(
+                "refusal",
+                "restore",
+                slot=name,
+                model=self._resident[name],
+                message="resident slot is not in the desired state: skipped",
+                error="slot.not_found",
+            )
+        return unknown
+
     async def restore(self) -> dict[str, str]:
         """Load resident and autoload slots in catalogue order; refusals are logged, kept.
 
@@ -1384,15 +1398,7 @@ class SlotManager:
         Returns slot -> outcome ("ready", or the error code).
         """
         resident = dict(self._resident)
-        for name in resident:
-            if name not in self._slots:
-                self.events.emit(
-                    "refusal",
-                    "restore",
-                    slot=name,
-                    message="resident slot is not in the desired state: skipped",
-                    error="slot.not_found",
-                )
+        self.report_unknown_residents()
         wanted = [
             n
             for n in self._order
