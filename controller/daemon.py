@@ -315,7 +315,29 @@ async def stop_everything(
     runtime_kind: str,
     say: Callable[[str], None],
 ) -> int:
-    """``slotctl down`` without a controller: adopt and stop every managed server."""
+    """``slotctl down`` without a controller: adopt and stop every managed server.
+
+    Holds the controller lock meanwhile, so a controller started concurrently waits
+    rather than adopting servers that are being stopped.
+    """
+    lock = ControllerLock(state_dir)
+    lock.acquire(
+        ControllerRecord(
+            pid=os.getpid(),
+            create_time=psutil.Process().create_time(),
+            runtime=runtime_kind,
+            config_dir=str(config_dir),
+        )
+    )
+    try:
+        return await _stop_everything_locked(config_dir, state_dir, runtime_kind, say)
+    finally:
+        lock.release()
+
+
+async def _stop_everything_locked(
+    config_dir: Path, state_dir: Path, runtime_kind: str, say: Callable[[str], None]
+) -> int:
     from controller.spec.configdir import read_config_dir
 
     snapshot = read_config_dir(config_dir)

@@ -658,6 +658,10 @@ class SlotManager:
         except SlotctlError as exc:
             return {"slot": name, "action": "refuse", "error": exc.to_dict()["error"]}
         peers = self._group_peers(slot)  # unloaded by the load itself, not evicted
+        pinned = [p for p in peers if p.spec.pinned]
+        if pinned:  # the load would refuse to swap a pinned peer out: so does the dry run
+            refusal = SlotPinned(pinned[0].name, "exclusive-group swap")
+            return {"slot": name, "action": "refuse", "error": refusal.to_dict()["error"]}
         admission = self._admission(slot, without=peers)
         result: dict[str, Any] = {
             "slot": name,

@@ -1013,3 +1013,17 @@ async def test_crash_loop_breaker_survives_a_controller_restart(tmp_path: Path) 
     with pytest.raises(SlotCrashLooping) as err:
         await fresh.load("c")
     assert err.value.details["blocked"] is True
+
+
+async def test_dry_run_refuses_like_the_load_when_a_pinned_peer_holds_the_group(
+    tmp_path: Path,
+) -> None:
+    slots = [slot_spec("a", "ga"), slot_spec("p", "gp", pinned=True)]
+    models = [model_spec("ga", 2, group="g"), model_spec("gp", 2, group="g")]
+    _h, m = await setup(tmp_path, slots, models)
+    await m.load("p")
+    plan = m.explain_load("a")
+    assert plan["action"] == "refuse" and plan["error"]["code"] == "slot.pinned"
+    with pytest.raises(SlotPinned):
+        await m.load("a")
+    assert m.view("p").state is S.READY
