@@ -9,7 +9,7 @@ import psutil
 import pytest
 
 # The Docker engine and image fixtures (session scope), for tests/integration and tests/e2e.
-pytest_plugins = ["tests.docker_fixtures"]
+pytest_plugins = ["tests.docker_fixtures", "tests.integration.llama_fixtures"]
 
 
 @pytest.fixture(autouse=True)

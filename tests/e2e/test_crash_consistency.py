@@ -34,7 +34,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -46,6 +46,8 @@ from controller.apply import apply_to_config
 from controller.spec.configdir import read_settings
 from controller.spec.loader import load_stacks
 from controller.store import ControllerLock, SlotStateRecord
+from tests.e2e.conftest import wait_until
+from tests.integration.helpers import free_ports
 
 REPO = Path(__file__).resolve().parents[2]
 SOAK = os.environ.get("SLOTCTL_SOAK") == "1"
@@ -55,20 +57,6 @@ MAX_KILL_DELAY_S = 1.5
 
 
 # ============================================================================ harness
-
-
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct ports that were free a moment ago (held together while picked)."""
-    socks = []
-    try:
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind(("127.0.0.1", 0))
-            socks.append(sock)
-        return [int(s.getsockname()[1]) for s in socks]
-    finally:
-        for sock in socks:
-            sock.close()
 
 
 @dataclass
@@ -476,13 +464,6 @@ def alive(proc: psutil.Process) -> bool:
         return False
 
 
-def wait_for(check: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
 @pytest.mark.timeout(120)
 def test_config_changed_while_the_controller_was_down_recreates_the_server(
     harness: Harness,
@@ -525,7 +506,7 @@ def test_port_changed_while_a_killed_controller_was_loading(harness: Harness) ->
     h.wait_locked()
     result = h.slotctl("stack", "apply", h.write_stack([slot]))
     assert result.returncode == 0, result.stderr
-    wait_for(lambda: "slow" in owned_processes(h.state_dir), "the server to be spawned")
+    wait_until(lambda: "slow" in owned_processes(h.state_dir), "the server to be spawned")
     h.kill_controller()  # mid-load: the server is up but lists no model for 8 s
     (old,) = owned_processes(h.state_dir)["slow"]
 
@@ -587,7 +568,7 @@ def test_server_spawned_by_a_controller_killed_before_recording_it(harness: Harn
     (recorded,) = owned_processes(h.state_dir)["rec"]
     assert recorded.pid == record["pid"]
     recorded.kill()  # the recorded server dies ...
-    wait_for(lambda: not listening(port), "the recorded server to exit")
+    wait_until(lambda: not listening(port), "the recorded server to exit")
     labels = {
         "SLOTCTL_MANAGED": "true",
         "SLOTCTL_SLOT": "rec",
@@ -605,7 +586,7 @@ def test_server_spawned_by_a_controller_killed_before_recording_it(harness: Harn
         start_new_session=True,
     )
     h.helpers.append(unrecorded)
-    wait_for(lambda: listening(port), "the unrecorded server to listen")
+    wait_until(lambda: listening(port), "the unrecorded server to listen")
 
     slot.load_seconds = 0.2  # its config is outdated by the time a controller runs again
     result = h.slotctl("stack", "apply", h.write_stack([slot]))
@@ -614,6 +595,6 @@ def test_server_spawned_by_a_controller_killed_before_recording_it(harness: Harn
     h.wait_locked()
     result = h.slotctl("stack", "apply", h.stack_dir / "crash.toml", "--wait", "--timeout", "30")
     assert result.returncode == 0, f"{result.stdout}\n{result.stderr}\n{h.tail()}"
-    wait_for(lambda: unrecorded.poll() is not None, "the unrecorded server to be stopped")
+    wait_until(lambda: unrecorded.poll() is not None, "the unrecorded server to be stopped")
     check_converged(h, [slot])
     finish(h)

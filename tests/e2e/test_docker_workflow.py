@@ -26,11 +26,10 @@ import contextlib
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, TypeVar
@@ -38,37 +37,15 @@ from typing import IO, Any, TypeVar
 import pytest
 
 from controller.store import ControllerLock
+from tests.e2e.conftest import wait_until
 from tests.integration.docker_engine import Engine
+from tests.integration.helpers import free_ports
 
 pytestmark = pytest.mark.docker
 
 REPO = Path(__file__).resolve().parents[2]
 SLOTS = ("alpha", "beta", "gamma")
 T = TypeVar("T")
-
-
-def free_ports(count: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind(("127.0.0.1", 0))
-            socks.append(sock)
-        return [int(s.getsockname()[1]) for s in socks]
-    finally:
-        for sock in socks:
-            sock.close()
-
-
-def wait_for(check: Callable[[], T], what: str, timeout: float = 60.0, every: float = 0.2) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(every)
 
 
 @dataclass
@@ -191,7 +168,7 @@ class Workflow:
             record = ControllerLock(self.state_dir).running()
             return record is not None and record.pid == proc.pid
 
-        wait_for(locked, "the controller to take the state dir's lock", timeout=30, every=0.05)
+        wait_until(locked, "the controller to take the state dir's lock", timeout=30, every=0.05)
 
     def kill_controller(self) -> None:
         proc, self.controller = self.controller, None
@@ -303,7 +280,7 @@ def test_docker_workflow(workflow: Workflow) -> None:
     # 2. A container killed by hand: drift, then the controller replaces it.
     victim = flow.rng.choice(SLOTS)
     killed = kill_container_until_drift(flow, victim)
-    wait_for(lambda: flow.diff() == 0, "diff to report in sync again", timeout=90, every=0.5)
+    wait_until(lambda: flow.diff() == 0, "diff to report in sync again", timeout=90, every=0.5)
     after_kill = flow.ids()
     assert after_kill[victim] != killed
     assert {s: i for s, i in after_kill.items() if s != victim} == {
