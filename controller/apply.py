@@ -20,7 +20,7 @@ from typing import Any
 import jsonpatch
 import tomlkit
 
-from controller.errors import SlotctlError
+from controller.errors import SlotctlError, SlotPinned
 from controller.lifecycle import DISPATCHABLE_STATES, SlotState
 from controller.providers import BuildContext, build_launch
 from controller.reconcile import Action, ObservedSlot, plans_for
@@ -44,6 +44,7 @@ __all__ = [
     "apply_to_config",
     "observe_files",
     "plan_stack",
+    "pruned_pinned",
 ]
 
 
@@ -236,27 +237,51 @@ def _document(
     return {"slots": out}
 
 
+def _pruned(state: DesiredState, snapshot: ConfigSnapshot) -> set[str]:
+    return {
+        name
+        for name, current in snapshot.slots.items()
+        if current.stack in state.stacks and name not in state.slots
+    }
+
+
+def pruned_pinned(state: DesiredState, snapshot: ConfigSnapshot) -> list[str]:
+    """Pinned slots a prune of ``state`` would remove (they need ``force``)."""
+    return sorted(n for n in _pruned(state, snapshot) if snapshot.slots[n].pinned)
+
+
 def apply_to_config(
     state: DesiredState,
     config_dir: Path,
     *,
     prune: bool,
     snapshot: ConfigSnapshot | None = None,
+    force: bool = False,
+    keep_pinned: bool = False,
 ) -> list[str]:
     """Write a desired state into the config dir through the guard; returns what changed.
 
     The catalogue goes first (slots reference it); then every declared slot; then, with
-    ``prune``, the slots this stack owns that it no longer declares are removed.
+    ``prune``, the slots this stack owns that it no longer declares are removed. A pinned
+    slot is pruned only with ``force`` (else the whole apply is refused, changing
+    nothing); ``keep_pinned`` (GitOps) keeps such slots instead of refusing.
     """
     snapshot = snapshot or read_config_dir(config_dir)
     changed: list[str] = []
     merged = dict(snapshot.models)
     merged.update(state.models)
-    pruned = {
-        name
-        for name, current in snapshot.slots.items()
-        if prune and current.stack in state.stacks and name not in state.slots
-    }
+    pruned = _pruned(state, snapshot) if prune else set()
+    pinned = pruned_pinned(state, snapshot) if prune and not force else []
+    if pinned and keep_pinned:
+        pruned -= set(pinned)
+    elif pinned:
+        error = SlotPinned(pinned[0], "removal by --prune")
+        error.message = (
+            f"pinned slot(s) {', '.join(pinned)} would be removed by --prune: pass --force "
+            "to remove them too (nothing was applied)"
+        )
+        error.details["slots"] = pinned
+        raise error
     # The whole resulting set is checked once before anything is written: a stack is
     # applied entirely or not at all (SPEC §8), and a legal port swap between two slots
     # is judged as the set it is, never as two conflicting single writes.

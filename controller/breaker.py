@@ -2,8 +2,11 @@
 
 Pure (times are passed in). Consecutive failed loads back off 1 s, 2 s, 4 s ... capped at
 300 s; a load inside the window is refused with ``retry_after_s``. After
-``max_failures`` the slot stays blocked until its config changes or it is reset.
-Staying ready and healthy for ``stable_s`` (60 s) resets the count.
+``max_failures`` the breaker is *open*: it refuses for the whole cap (300 s), then lets
+exactly one try through (*half-open*): a success closes it (the count starts over once the
+slot stays healthy), a failure opens it for another cap. So a transient fault (a port
+held for a while) heals by itself; ``slotctl slot reset`` (or a config change) retries at
+once. Staying ready and healthy for ``stable_s`` (60 s) resets the count.
 """
 
 from __future__ import annotations
@@ -25,32 +28,38 @@ class Breaker:
 
     def check(self, slot: str, now: float, max_failures: int) -> None:
         """Raise :class:`SlotCrashLooping` if a load may not be attempted now."""
+        if now >= self.blocked_until:
+            return  # closed, or open long enough: half-open lets this one try through
+        wait = round(self.blocked_until - now, 3)
         if self.failures >= max_failures:
             raise SlotCrashLooping(
                 f"slot {slot!r} failed {self.failures} times in a row (last: "
-                f"{self.last_error or 'unknown'}); it stays in error until its config "
-                f"changes or `slotctl slot reset {slot}`",
-                retry_after_s=self.cap_s,
+                f"{self.last_error or 'unknown'}); next try in {wait:g}s, or "
+                f"`slotctl slot reset {slot}` to retry now",
+                retry_after_s=wait,
                 slot=slot,
                 failures=self.failures,
                 blocked=True,
             )
-        if now < self.blocked_until:
-            wait = round(self.blocked_until - now, 3)
-            raise SlotCrashLooping(
-                f"slot {slot!r} is backing off after {self.failures} failed load(s); "
-                f"retry in {wait:g}s",
-                retry_after_s=wait,
-                slot=slot,
-                failures=self.failures,
-                blocked=False,
-            )
+        raise SlotCrashLooping(
+            f"slot {slot!r} is backing off after {self.failures} failed load(s); "
+            f"retry in {wait:g}s",
+            retry_after_s=wait,
+            slot=slot,
+            failures=self.failures,
+            blocked=False,
+        )
 
-    def record_failure(self, now: float, error: str) -> float:
-        """Count a failed load; returns the backoff before the next attempt."""
+    def record_failure(self, now: float, error: str, max_failures: int | None = None) -> float:
+        """Count a failed load; returns the backoff before the next attempt.
+
+        From ``max_failures`` on, the breaker is open: the backoff is the cap.
+        """
         self.failures += 1
         self.last_error = error
         backoff = float(min(self.cap_s, self.base_s * 2.0 ** (self.failures - 1)))
+        if max_failures is not None and self.failures >= max_failures:
+            backoff = self.cap_s
         self.blocked_until = now + backoff
         return backoff
 

@@ -27,13 +27,13 @@ import watchfiles
 from controller import __version__
 from controller.api.app import ApiContext
 from controller.api.server import ApiServer, is_loopback, parse_listen
-from controller.apply import apply_to_config
+from controller.apply import apply_to_config, pruned_pinned
 from controller.errors import SlotConfigError, SlotctlError
 from controller.events import Event
 from controller.reconcile import Action, Reconciler
 from controller.runtime import make_runtime
 from controller.slots import ManagerConfig, SlotManager
-from controller.spec.configdir import read_settings
+from controller.spec.configdir import read_config_dir, read_settings
 from controller.spec.loader import DesiredState, load_stacks
 from controller.store import ControllerLock, ControllerRecord, ensure_token, sweep_temp_files
 
@@ -151,7 +151,9 @@ class Controller:
             snapshot = reconciler.refresh()
             await manager.set_desired(snapshot.desired())
             await manager.recover()
-            manager.report_unknown_residents()
+            # Resident and autoload slots load in priority order before the reconciler's
+            # workers start: the most important get the memory, the rest wait for it.
+            await manager.restore(wait=False)
             if api is not None:
                 api.ctx.ready.set()
             tasks = [
@@ -274,8 +276,16 @@ class Controller:
             models=report.state.models,
             slots=report.state.slots,
         )
+        snapshot = read_config_dir(opts.config_dir)
+        for name in pruned_pinned(state, snapshot):
+            self.say(
+                f"warning: pinned slot {name} is no longer in {opts.stack_dir}: kept (remove "
+                f"it with `slotctl stack apply {opts.stack_dir} --prune --force`)"
+            )
         try:
-            changed = apply_to_config(state, opts.config_dir, prune=True)
+            changed = apply_to_config(
+                state, opts.config_dir, prune=True, snapshot=snapshot, keep_pinned=True
+            )
         except SlotctlError as exc:  # a refused write: report it, keep the last good state
             self.say(f"apply failed: [{exc.code}] {exc.message}")
             return False
@@ -338,8 +348,6 @@ async def stop_everything(
 async def _stop_everything_locked(
     config_dir: Path, state_dir: Path, runtime_kind: str, say: Callable[[str], None]
 ) -> int:
-    from controller.spec.configdir import read_config_dir
-
     snapshot = read_config_dir(config_dir)
     runtime = make_runtime(runtime_kind, state_dir)
     manager = SlotManager(

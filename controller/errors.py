@@ -63,6 +63,9 @@ class SlotctlError(Exception):
         super().__init__(message)
         self.message = message
         self.details: dict[str, Any] = details
+        # Set once the refusal was reported (an event and a log line): whoever renders it
+        # later (API, router) reports only those nobody reported yet — one each.
+        self.reported = False
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON body every renderer uses: ``{"error": {"code", "message", ...}}``.

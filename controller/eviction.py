@@ -41,6 +41,7 @@ class EvictionCandidate:
     leases: int = 0
     busy: bool = False  # an operation (load/unload/swap) is in flight
     access: int = 0  # access counter at planning time (for revalidation)
+    generation: int = 0  # load generation at planning time (a reload since: not a victim)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +52,7 @@ class Victim:
     idle_s: float
     access: int
     reason: str
+    generation: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +80,7 @@ def _order(candidates: Iterable[EvictionCandidate], device: str) -> list[Evictio
 def _victim(c: EvictionCandidate, now: float, why: str) -> Victim:
     idle = max(0.0, now - c.last_used)
     reason = f"{why}: priority {c.priority}, idle {idle:.0f}s, frees {c.bytes} bytes"
-    return Victim(c.name, c.bytes, c.priority, idle, c.access, reason)
+    return Victim(c.name, c.bytes, c.priority, idle, c.access, reason, c.generation)
 
 
 def plan_eviction(

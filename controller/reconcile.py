@@ -91,6 +91,7 @@ class ObservedSlot:
     message: str = ""
     blocked: bool = False  # crash-loop breaker holds it
     retry_after_s: float = 0.0
+    waiting: str | None = None  # a background load waits for memory
 
     @property
     def dispatchable(self) -> bool:
@@ -179,7 +180,8 @@ def plan_slot(
             return Action(
                 "noop",
                 name,
-                f"crash-looping: next attempt in {obs.retry_after_s:.0f}s",
+                f"crash-looping: next attempt in {obs.retry_after_s:.0f}s "
+                "(`slotctl slot reset` retries now)",
                 {"retry_after_s": obs.retry_after_s},
             )
         if group_holder is not None:
@@ -192,6 +194,8 @@ def plan_slot(
                 "`slotctl slot unload` and load again)",
             )
         state = obs.state.value if obs is not None and obs.state else "offline"
+        if obs is not None and obs.waiting:
+            state += ", waiting for memory"
         why = "autoload" if want.autoload else "resident"
         return Action("load", name, f"{why} and {state}")
     return Action("noop", name, "in sync")
@@ -206,6 +210,8 @@ def requeue_delay(outcome: Result | BaseException, failures: int) -> float | Non
     if isinstance(outcome, SlotConfigError):
         return None  # terminal: only a config change (which requeues) can fix it
     if isinstance(outcome, InsufficientMemory):
+        if outcome.details.get("waiting"):
+            return None  # woken when memory comes back (an unload, a drop in use)
         return float(min(60.0, 2.0 * 2.0 ** min(failures, 5)))  # memory may come back
     return float(min(300.0, 2.0 ** min(failures, 9)))
 
@@ -216,9 +222,8 @@ def observe_manager(manager: SlotManager, name: str) -> ObservedSlot | None:
     except SlotctlError:
         return None
     running = view.state not in (SlotState.OFFLINE, SlotState.ERROR)
-    # Past max failures the breaker holds the slot until a config change or a reset: no
-    # retry time (nothing to requeue for). Inside a backoff window: retry when it ends.
-    terminal = view.failures >= _max_failures(manager, name)
+    # Inside a backoff window (or an open breaker's cap): retry when it ends — an open
+    # breaker then lets one try through (half-open).
     return ObservedSlot(
         name=name,
         state=view.state,
@@ -226,14 +231,10 @@ def observe_manager(manager: SlotManager, name: str) -> ObservedSlot | None:
         running=running,
         config_hash=view.config_hash,
         message=view.message,
-        blocked=terminal or view.retry_after_s > 0,
-        retry_after_s=0.0 if terminal else view.retry_after_s,
+        blocked=view.retry_after_s > 0,
+        retry_after_s=view.retry_after_s,
+        waiting=view.waiting,
     )
-
-
-def _max_failures(manager: SlotManager, name: str) -> int:
-    spec = manager.known(name)
-    return spec.max_consecutive_failures if spec else 5
 
 
 class Reconciler:
@@ -265,6 +266,9 @@ class Reconciler:
         self._idle = asyncio.Event()
         self._idle.set()
         self.errors: dict[str, str] = {}
+        # What was last said of each slot (plan, error): a retry that would say the same
+        # again is quiet; it is said again once it changes or after a success.
+        self._said: dict[str, tuple[str, ...]] = {}
         self.passes = 0
         # Called after every pass with (slot, seconds, ok): the API's metrics.
         self.pass_observers: list[Callable[[str, float, bool], None]] = []
@@ -344,7 +348,9 @@ class Reconciler:
     async def reconcile(self, name: str) -> Result:
         """Observe, plan and act for one slot. Raises typed errors; returns a requeue."""
         action = self.plan(name)
-        if action.kind != "noop":
+        said = ("plan", action.kind, action.reason)
+        if action.kind != "noop" and self._said.get(name) != said:
+            self._said[name] = said
             self.manager.events.emit(
                 "plan",
                 "reconcile",
@@ -381,11 +387,11 @@ class Reconciler:
             )
             manager.upsert(want)
             if want.autoload or manager.is_resident(name):
-                await manager.load(name, resident=False)
+                await manager.load(name, resident=False, background=True)
             return
         manager.upsert(want)
         if action.kind == "load" or (action.kind == "create" and want.autoload):
-            await manager.load(name, resident=False)
+            await manager.load(name, resident=False, background=True)
 
     # ---------------------------------------------------------------- the queue
 
@@ -447,17 +453,11 @@ class Reconciler:
             self._failures[name] = failures + 1
             message = getattr(outcome, "message", str(outcome))
             self.errors[name] = message
-            self.manager.events.emit(
-                "error",
-                "reconcile",
-                slot=name,
-                message=message,
-                error=getattr(outcome, "code", "internal"),
-                details={"retry_in_s": delay},
-            )
+            self._report(name, outcome, message, delay)
         else:
             self._failures.pop(name, None)
             self.errors.pop(name, None)
+            self._said.pop(name, None)
         took = time.perf_counter() - started
         log.debug("reconcile %s took %.1f ms", name, took * 1000)
         for observe in self.pass_observers:
@@ -465,10 +465,32 @@ class Reconciler:
         if delay is not None:
             self.enqueue(name, after=delay)
 
+    def _report(self, name: str, error: BaseException, message: str, delay: float | None) -> None:
+        """One error event per distinct failure; a slot waiting for memory is no error (the
+        manager said once that it waits)."""
+        if isinstance(error, InsufficientMemory) and error.details.get("waiting"):
+            log.debug("reconcile %s: waiting for memory", name)
+            return
+        code = getattr(error, "code", "internal")
+        said = ("error", code, message)
+        if self._said.get(name) == said:
+            log.debug("reconcile %s: %s (again)", name, message)
+            return
+        self._said[name] = said
+        self.manager.events.emit(
+            "error",
+            "reconcile",
+            slot=name,
+            message=message,
+            error=code,
+            details={"retry_in_s": delay},
+        )
+
     async def run(self, stop: asyncio.Event) -> None:
         """Workers plus a periodic resync; also follows manager events (evictions, faults)."""
         workers = [asyncio.create_task(self._worker()) for _ in range(self.workers)]
         follower = asyncio.create_task(self._follow_events())
+        room = asyncio.create_task(self._watch_room(stop))
         try:
             while not stop.is_set():
                 try:
@@ -480,16 +502,17 @@ class Reconciler:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), self.resync_s)
         finally:
-            for task in [*workers, follower]:
+            for task in [*workers, follower, room]:
                 task.cancel()
-            for task in [*workers, follower]:
+            for task in [*workers, follower, room]:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
             for timer in self._timers.values():
                 timer.cancel()
 
     async def _follow_events(self) -> None:
-        """An autoload slot that went offline/error (evicted, crashed) is looked at again."""
+        """An autoload slot that went offline/error (evicted, crashed) is looked at again;
+        memory freed by any slot wakes the slots that wait for it."""
         with self.manager.events.subscribe() as sub:
             async for event in sub:
                 if event.kind != "transition" or event.slot is None:
@@ -498,6 +521,20 @@ class Reconciler:
                     want = self.snapshot.slots.get(event.slot)
                     if want is not None and want.autoload:
                         self.enqueue(event.slot, after=1.0)
+                    for name in self.manager.waiting():
+                        self.enqueue(name)
+
+    async def _watch_room(self, stop: asyncio.Event, every_s: float = 1.0) -> None:
+        """Memory that comes back without an unload (another process exits) wakes the
+        slots waiting for it: a cheap check, no probe request, no log line."""
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), every_s)
+            try:
+                for name in self.manager.waiting_with_room():
+                    self.enqueue(name)
+            except Exception:  # a failed memory probe: the next round tries again
+                log.exception("checking memory for waiting slots failed")
 
     async def reap_orphans(self) -> list[str]:
         """Stop managed runtime objects that no slot declares any more."""

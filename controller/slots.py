@@ -24,17 +24,25 @@ import contextlib
 import itertools
 import logging
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
 from controller.breaker import Breaker
 from controller.clock import SYSTEM_CLOCK, Clock
+from controller.decision import (
+    WAITING_FOR_MEMORY,
+    GroupPeer,
+    LoadDecision,
+    LoadRequest,
+    MemoryFacts,
+    decide_load,
+    not_activated,
+)
 from controller.errors import (
     InsufficientMemory,
     ModelNotFound,
-    SlotConfigError,
     SlotctlError,
     SlotHealthFailed,
     SlotNotFound,
@@ -47,9 +55,7 @@ from controller.errors import (
 from controller.events import EventBus
 from controller.eviction import (
     EvictionCandidate,
-    EvictionPlan,
     Victim,
-    plan_eviction,
     pressure_level,
     pressure_victims,
 )
@@ -61,7 +67,7 @@ from controller.lifecycle import (
     can_dispatch,
     check_transition,
 )
-from controller.memory import GIB, Admission, MemoryProbe, SystemMemoryProbe, check_admission
+from controller.memory import GIB, MemoryProbe, SystemMemoryProbe
 from controller.probe import HttpProber, ProbeOutcome, Prober, ProbeResult
 from controller.providers import BuildContext, build_launch
 from controller.runtime.base import LaunchSpec, RunStatus, Runtime
@@ -151,6 +157,7 @@ class SlotView:
     retry_after_s: float
     config_hash: str | None
     stack: str
+    waiting: str | None = None  # "waiting_for_memory": a background load waits for room
 
     @property
     def dispatchable(self) -> bool:
@@ -185,6 +192,11 @@ class _Slot:
     running_hash: str | None = None
     liveness_misses: int = 0
     last_liveness: float = 0.0
+    # The running load's flavour (background: the reconciler or the restore, which may
+    # not evict at will) and the event set once its admission is decided.
+    background: bool = False
+    admitted: asyncio.Event | None = None
+    waiting: str | None = None  # WAITING_FOR_MEMORY while a background load waits
 
     @property
     def name(self) -> str:
@@ -292,6 +304,7 @@ class SlotManager:
         slot.spec, slot.stack, slot.model = desired.spec, desired.stack, model
         if old_hash != self._launch_hash(slot):
             slot.breaker.reset()
+        self._unwait_if_unwanted(slot)
 
     def _launch_hash(self, slot: _Slot) -> str | None:
         try:
@@ -309,7 +322,7 @@ class SlotManager:
             slot.state = record.state
             slot.message = record.message
             slot.since = record.updated_at
-            slot.extra = dict(record.extra)
+            slot.extra = {k: v for k, v in record.extra.items() if k != "waiting"}
             slot.idle_reason = record.extra.get("idle_reason")
             self._restore_breaker(slot)
 
@@ -379,6 +392,7 @@ class SlotManager:
             retry_after_s=slot.breaker.retry_after(now),
             config_hash=slot.running_hash or (launch.config_hash() if launch else None),
             stack=slot.stack,
+            waiting=slot.waiting,
         )
 
     def views(self) -> list[SlotView]:
@@ -393,6 +407,10 @@ class SlotManager:
             for s in self._slots.values()
             if s.spec.device == device and s.state in ADMITTED_STATES
         )
+
+    def resident_bytes(self, device: str) -> int:
+        """Bytes of the servers that are up on ``device`` (what a memory probe can see)."""
+        return self.admitted_bytes(device) - self._reserved_bytes(device, None)
 
     def lease_count(self) -> int:
         return sum(len(s.leases) for s in self._slots.values())
@@ -421,20 +439,12 @@ class SlotManager:
         slot.idle_reason = idle_reason if to is S.IDLE else None
         slot.message = message
         slot.since = utcnow()
-        slot.extra = {k: v for k, v in slot.extra.items() if k != "idle_reason"}
+        slot.waiting = None  # any transition ends a wait for memory
+        slot.extra = {k: v for k, v in slot.extra.items() if k not in ("idle_reason", "waiting")}
         if slot.idle_reason:
             slot.extra["idle_reason"] = slot.idle_reason
         model_id = slot.model.id if slot.model else slot.spec.model_id
-        record = SlotStateRecord(
-            name=slot.name,
-            state=to,
-            model_id=model_id,
-            port=slot.spec.port,
-            updated_at=slot.since,
-            message=message,
-            extra=slot.extra,
-        )
-        self.store.write(record, durable=durable)
+        self.store.write(self._record(slot), durable=durable)
         self.transitions.append((slot.name, current.value, to.value))
         self.events.emit(
             "transition",
@@ -448,6 +458,21 @@ class SlotManager:
             details={"idle_reason": slot.idle_reason} if slot.idle_reason else {},
         )
 
+    def _record(self, slot: _Slot, *, message: str | None = None) -> SlotStateRecord:
+        """The slot as persisted in state.json (``message`` overrides the slot's own)."""
+        extra = dict(slot.extra)
+        if slot.waiting:
+            extra["waiting"] = slot.waiting
+        return SlotStateRecord(
+            name=slot.name,
+            state=slot.state,
+            model_id=slot.model.id if slot.model else slot.spec.model_id,
+            port=slot.spec.port,
+            updated_at=slot.since,
+            message=slot.message if message is None else message,
+            extra=extra,
+        )
+
     def _walk(self, slot: _Slot, target: SlotState, *, op: str, message: str = "") -> None:
         """Reach ``target`` through the shortest chain of legal transitions."""
         path = _legal_path(slot.state, target)
@@ -455,6 +480,7 @@ class SlotManager:
             self._set(slot, step, op=op, message=message)
 
     def _refuse(self, slot: _Slot, op: str, error: SlotctlError) -> SlotctlError:
+        error.reported = True
         self.events.emit(
             "refusal",
             op,
@@ -471,72 +497,129 @@ class SlotManager:
     def _loaded(self, slot: _Slot) -> bool:
         return slot.state in DISPATCHABLE_STATES
 
-    async def load(self, name: str, *, resident: bool = True) -> SlotView:
+    async def load(self, name: str, *, resident: bool = True, background: bool = False) -> SlotView:
         """Load (or join the load of) a slot. ``resident`` records the wish to keep it.
 
-        A load of a loaded slot is a no-op that answers the current state.
+        ``background``: the reconciler or the restore keeping a slot loaded, not a user:
+        such a load evicts only lower-priority slots idle for ``min_resident_s`` and
+        otherwise waits for memory (:mod:`controller.decision`). A load of a loaded slot
+        is a no-op that answers the current state.
         """
         slot = self._get(name)
+        async with self._wish(slot, resident):
+            await self._ensure_loaded(slot, background=background)
+        return self.view(name)
+
+    async def start_load(
+        self, name: str, *, resident: bool = True, background: bool = False
+    ) -> SlotView:
+        """Start a load and return once its admission is decided (the load goes on).
+
+        Raises the typed refusal when the load is refused; for the API's ``202 loading``
+        and the ordered restore at start. Joins a load already in flight at once.
+        """
+        slot = self._get(name)
+        async with self._wish(slot, resident):
+            task = self._load_task(slot, background=background)
+            if task is not None:
+                admitted = slot.admitted
+                waiter = asyncio.ensure_future(admitted.wait()) if admitted else None
+                pending = {t for t in (task, waiter) if t is not None}
+                await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                if waiter is not None and not waiter.done():
+                    waiter.cancel()
+                if task.done() and not task.cancelled() and task.exception() is not None:
+                    raise task.exception()  # type: ignore[misc]
+        return self.view(name)
+
+    @contextlib.asynccontextmanager
+    async def _wish(self, slot: _Slot, resident: bool) -> AsyncIterator[None]:
+        """Residency and ``wanted`` around a load; a refused load leaves no wish behind."""
         if not slot.spec.activated:
-            raise self._refuse(slot, "load", _not_activated(slot))
-        previous = self._resident.get(name)
+            raise self._refuse(slot, "load", not_activated(slot.name))
+        previous = self._resident.get(slot.name)
         since = slot.since
         if resident:
-            self._set_resident(name, slot.spec.model_id)
+            self._set_resident(slot.name, slot.spec.model_id)
         slot.wanted += 1
         try:
-            await self._ensure_loaded(slot)
+            yield
         except SlotctlError:
             # A *refused* load (no transition happened) changes nothing, residency included.
             # A load that started and failed keeps the wish: like a resident model that
             # fails at start, it shows error and is tried again (restore, reconciler).
             if resident and previous is None and slot.since == since:
-                self._clear_resident(name)
+                self._clear_resident(slot.name)
             raise
         finally:
             slot.wanted -= 1
-        return self.view(name)
 
-    async def _ensure_loaded(self, slot: _Slot) -> None:
+    def _load_task(self, slot: _Slot, *, background: bool) -> asyncio.Task[int] | None:
+        """The slot's load task (started if none runs); None when already loaded."""
         if self._loaded(slot) and not slot.draining:
-            return
+            return None
         task = slot.load_task
         if task is None or task.done():
+            slot.background = background
+            slot.admitted = asyncio.Event()
             task = asyncio.create_task(self._load_flow(slot), name=f"load:{slot.name}")
+            task.add_done_callback(_settled)
             slot.load_task = task
-        await asyncio.shield(task)
+        return task
+
+    async def _ensure_loaded(self, slot: _Slot, *, background: bool = False) -> None:
+        task = self._load_task(slot, background=background)
+        if task is None:
+            return
+        try:
+            await asyncio.shield(task)
+        except InsufficientMemory:
+            # A user's request joined a background load that waits for memory: user
+            # demand beats background restore, so it gets a load of its own.
+            if background or not slot.background:
+                raise
+            task = self._load_task(slot, background=False)
+            if task is not None:
+                await asyncio.shield(task)
 
     async def _load_flow(self, slot: _Slot) -> int:
         """One load; returns the generation it produced (for stale-cleanup checks)."""
         group = slot.model.exclusive_group if slot.model else None
         group_lock = self._group_locks.setdefault(group, asyncio.Lock()) if group else None
-        async with group_lock or contextlib.nullcontext(), slot.lock:
-            if self._loaded(slot):
+        try:
+            async with group_lock or contextlib.nullcontext(), slot.lock:
+                if self._loaded(slot):
+                    return slot.generation
+                slot.generation += 1
+                await self._load_locked(slot, slot.generation)
                 return slot.generation
-            slot.generation += 1
-            await self._load_locked(slot, slot.generation)
-            return slot.generation
+        finally:
+            if slot.admitted is not None:
+                slot.admitted.set()
 
     async def _load_locked(self, slot: _Slot, gen: int) -> None:
-        if not slot.spec.activated:
-            raise self._refuse(slot, "load", _not_activated(slot))
-        if slot.model is None and slot.spec.model_id:
-            raise self._refuse(slot, "load", ModelNotFound(slot.spec.model_id))
-        try:
-            slot.breaker.check(
-                slot.name, self.clock.monotonic(), slot.spec.max_consecutive_failures
-            )
-        except SlotctlError as exc:
-            raise self._refuse(slot, "load", exc) from None
-        peers = self._group_peers(slot)
-        if peers:  # refuse a swap that cannot fit before unloading anything for it
-            self._precheck_without(slot, peers)
+        decision = self._decide(slot, background=slot.background)
+        if not decision.ok:
+            raise self._refuse_load(slot, decision)
         await self._unload_group_peers(slot)
         launch = self._build_launch(slot)
         pulling = await self._admit_and_reserve(slot, launch)
         if pulling:
             await self._pull(slot, launch, gen)
         await self._start_and_probe(slot, launch, gen)
+
+    def _refuse_load(self, slot: _Slot, decision: LoadDecision) -> SlotctlError:
+        """A refused load: one event, except while a background load keeps waiting."""
+        error = decision.error
+        assert error is not None
+        op = "admit" if decision.admission is not None else "load"
+        if not decision.waiting:
+            return self._refuse(slot, op, error)
+        if slot.waiting != WAITING_FOR_MEMORY:  # said once, not at every retry
+            slot.waiting = WAITING_FOR_MEMORY
+            self._refuse(slot, op, error)
+            self.store.write(self._record(slot, message=f"waiting for memory: {error.message}"))
+        return error
 
     def _build_launch(self, slot: _Slot) -> LaunchSpec:
         runtime = self.runtime.kind if self.runtime.kind != "fake" else "process"
@@ -549,21 +632,22 @@ class SlotManager:
         """Admission (with pre-load eviction), then reserve by leaving offline/error.
 
         Returns True when the slot entered ``pulling``. Runs under the device lock so two
-        loads can never both pass admission for the same free memory.
+        loads can never both pass admission for the same free memory; the decision is
+        taken again here (the exclusive peers are gone now, other loads may have run).
         """
         device = slot.spec.device
         lock = self._device_locks.setdefault(device, asyncio.Lock())
         async with lock:
-            admission = self._admission(slot)
-            if not admission.ok:
-                plan = self._plan(slot, admission)
-                if not plan.sufficient:
-                    raise self._refuse(slot, "admit", _insufficient(slot, admission, plan))
-                await self._evict(plan.victims, kind="preload")
-                admission = self._admission(slot)
-                if not admission.ok:
-                    plan = self._plan(slot, admission)
-                    raise self._refuse(slot, "admit", _insufficient(slot, admission, plan))
+            decision = self._decide(slot, background=slot.background)
+            if decision.victims:
+                await self._evict(decision.victims, kind="preload")
+                decision = self._decide(slot, background=slot.background)
+                if decision.victims:  # a victim got a request meanwhile: not enough room
+                    decision = self._decide(slot, background=slot.background, evict=False)
+            if not decision.ok:
+                raise self._refuse_load(slot, decision)
+            admission = decision.admission
+            assert admission is not None
             self.events.emit(
                 "admission",
                 "admit",
@@ -579,37 +663,60 @@ class SlotManager:
             else:
                 self._walk(slot, S.OFFLINE, op="load", message="reset before load")
                 self._set(slot, S.PULLING if needs_pull else S.STARTING, op="load")
+            if slot.admitted is not None:
+                slot.admitted.set()
             return needs_pull
 
-    def _admission(self, slot: _Slot, without: Iterable[_Slot] = ()) -> Admission:
-        """Admission now; ``without``: as if those slots (exclusive peers) were unloaded."""
+    def _decide(self, slot: _Slot, *, background: bool, evict: bool = True) -> LoadDecision:
+        """The one load decision (:func:`controller.decision.decide_load`) on live state."""
         device = slot.spec.device
+        peers = self._group_peers(slot)
         admitted = self.admitted_bytes(device)
         if slot.state in ADMITTED_STATES:
             admitted -= slot.memory_bytes
-        freed = sum(
-            p.memory_bytes
-            for p in without
-            if p.spec.device == device and p.state in ADMITTED_STATES
+        request = LoadRequest(
+            slot=slot.name,
+            device=device,
+            priority=slot.spec.priority,
+            needed=slot.memory_bytes,
+            activated=slot.spec.activated,
+            model_id=slot.spec.model_id,
+            model_known=slot.model is not None or not slot.spec.model_id,
+            breaker=slot.breaker,
+            max_failures=slot.spec.max_consecutive_failures,
+            peers=tuple(
+                GroupPeer(
+                    p.name,
+                    bool(p.spec.pinned),
+                    p.memory_bytes if p.spec.device == device and p.state in ADMITTED_STATES else 0,
+                )
+                for p in peers
+            ),
+            background=background,
         )
-        admitted -= freed
         budget_gb = self.settings.memory_budget_gb.get(device)
-        budget = int(budget_gb * GIB) if budget_gb is not None else None
-        margin = int(self.settings.safety_margin_gb * GIB)
-        sample = self.memory.sample(device)
-        if sample is not None and freed:
-            free = min(sample.total_bytes, sample.free_bytes + freed)
-            sample = replace(sample, free_bytes=free)
-        return check_admission(device, slot.memory_bytes, admitted, sample, budget, margin)
+        memory = MemoryFacts(
+            admitted=admitted,
+            sample=self.memory.sample(device),
+            budget=int(budget_gb * GIB) if budget_gb is not None else None,
+            margin=int(self.settings.safety_margin_gb * GIB),
+            reserved=self._reserved_bytes(device, slot),
+        )
+        return decide_load(
+            request,
+            memory,
+            self._candidates() if evict else [],
+            self.clock.monotonic(),
+            min_resident_s=self.settings.min_resident_s,
+        )
 
-    def _precheck_without(self, slot: _Slot, peers: list[_Slot]) -> None:
-        """Refuse (changing nothing) a load that would not fit even once ``peers`` are gone."""
-        admission = self._admission(slot, without=peers)
-        if admission.ok:
-            return
-        plan = self._plan(slot, admission, exclude={p.name for p in peers})
-        if not plan.sufficient:
-            raise self._refuse(slot, "admit", _insufficient(slot, admission, plan))
+    def _reserved_bytes(self, device: str, requester: _Slot | None) -> int:
+        """Admitted to loads still coming up: the probed free memory cannot show them yet."""
+        return sum(
+            s.memory_bytes
+            for s in self._slots.values()
+            if s is not requester and s.spec.device == device and s.state in _LOADING_STATES
+        )
 
     def _candidates(self) -> list[EvictionCandidate]:
         return [
@@ -624,61 +731,38 @@ class SlotManager:
                 leases=len(s.leases),
                 busy=s.busy or s.draining or s.waiters > 0,
                 access=s.access,
+                generation=s.generation,
             )
             for s in self._slots.values()
         ]
 
-    def _plan(
-        self, slot: _Slot, admission: Admission, exclude: frozenset[str] | set[str] = frozenset()
-    ) -> EvictionPlan:
-        candidates = [
-            c for c in self._candidates() if c.name != slot.name and c.name not in exclude
-        ]
-        return plan_eviction(
-            candidates,
-            slot.spec.device,
-            admission.shortfall,
-            self.clock.monotonic(),
-            for_slot=slot.name,
-        )
+    def waiting(self) -> list[str]:
+        """Slots whose background load waits for memory (the reconciler retries them)."""
+        return [n for n, s in self._slots.items() if s.waiting is not None]
 
     def explain_load(self, name: str) -> dict[str, Any]:
-        """Dry run of a load: would it fit, what would be evicted and why. Changes nothing."""
+        """Dry run of a load: would it fit, what would be evicted and why. Changes nothing.
+
+        The same decision the load takes (:meth:`_decide`), so the two never disagree.
+        """
         slot = self._get(name)
         if self._loaded(slot):
             return {"slot": name, "action": "none", "reason": f"already {slot.state.value}"}
-        if not slot.spec.activated:
-            return {
-                "slot": name,
-                "action": "refuse",
-                "error": _not_activated(slot).to_dict()["error"],
-            }
-        try:
-            slot.breaker.check(name, self.clock.monotonic(), slot.spec.max_consecutive_failures)
-        except SlotctlError as exc:
-            return {"slot": name, "action": "refuse", "error": exc.to_dict()["error"]}
-        peers = self._group_peers(slot)  # unloaded by the load itself, not evicted
-        pinned = [p for p in peers if p.spec.pinned]
-        if pinned:  # the load would refuse to swap a pinned peer out: so does the dry run
-            refusal = SlotPinned(pinned[0].name, "exclusive-group swap")
-            return {"slot": name, "action": "refuse", "error": refusal.to_dict()["error"]}
-        admission = self._admission(slot, without=peers)
-        result: dict[str, Any] = {
-            "slot": name,
-            "device": slot.spec.device,
-            "needed_bytes": admission.needed,
-            "free_bytes": admission.free,
-            "budget_bytes": admission.budget,
-            "admitted_bytes": admission.admitted,
-            "probe": admission.source,
-            "exclusive_peers": [p.name for p in peers],
-        }
-        if admission.ok:
-            return {**result, "action": "load", "evict": []}
-        plan = self._plan(slot, admission, exclude={p.name for p in peers})
-        if not plan.sufficient:
-            error = _insufficient(slot, admission, plan)
-            return {**result, "action": "refuse", "error": error.to_dict()["error"]}
+        decision = self._decide(slot, background=False)
+        result: dict[str, Any] = {"slot": name}
+        admission = decision.admission
+        if admission is not None:
+            result.update(
+                device=slot.spec.device,
+                needed_bytes=admission.needed,
+                free_bytes=admission.free,
+                budget_bytes=admission.budget,
+                admitted_bytes=admission.admitted,
+                probe=admission.source,
+                exclusive_peers=list(decision.peers),
+            )
+        if decision.error is not None:
+            return {**result, "action": "refuse", "error": decision.error.to_dict()["error"]}
         evict = [
             {
                 "slot": v.name,
@@ -687,9 +771,9 @@ class SlotManager:
                 "bytes": v.bytes,
                 "reason": v.reason,
             }
-            for v in plan.victims
+            for v in decision.victims
         ]
-        return {**result, "action": "evict-then-load", "evict": evict}
+        return {**result, "action": decision.verdict, "evict": evict}
 
     async def _pull(self, slot: _Slot, launch: LaunchSpec, gen: int) -> None:
         if _missing_file(launch):
@@ -789,17 +873,25 @@ class SlotManager:
             with contextlib.suppress(SlotctlError):
                 await self.runtime.stop(slot.name, self.config.stop_timeout_s)
             slot.launch, slot.running_hash = None, None
-        backoff = slot.breaker.record_failure(self.clock.monotonic(), error.message)
+        backoff = slot.breaker.record_failure(
+            self.clock.monotonic(), error.message, slot.spec.max_consecutive_failures
+        )
         slot.extra["failures"] = slot.breaker.failures
         slot.extra["retry_after_s"] = backoff
         slot.extra["retry_at"] = round(self.clock.time() + backoff, 3)  # wall clock
         for lease in list(slot.leases.values()):
             lease.revoke(error)
         slot.leases.clear()
+        message = error.message
+        if slot.breaker.failures >= slot.spec.max_consecutive_failures:
+            message += (
+                f" (failed {slot.breaker.failures} times in a row: next try in {backoff:g}s; "
+                f"`slotctl slot reset {slot.name}` retries now)"
+            )
         if slot.state is S.IDLE:
-            self._set(slot, S.UNLOADING, op=op, message=error.message)
+            self._set(slot, S.UNLOADING, op=op, message=message)
         if slot.state is not S.ERROR:
-            self._set(slot, S.ERROR, op=op, message=error.message, error=error)
+            self._set(slot, S.ERROR, op=op, message=message, error=error)
 
     # ================================================================= exclusive groups
 
@@ -1011,14 +1103,18 @@ class SlotManager:
 
     async def _wait_cold(self, slot: _Slot) -> None:
         if slot.waiters >= slot.spec.max_queue:
-            raise SlotQueueFull(
-                f"{slot.waiters} requests already wait for slot {slot.name!r} "
-                f"(max_queue={slot.spec.max_queue})",
-                retry_after_s=1.0,
-                slot=slot.name,
+            raise self._refuse(
+                slot,
+                "lease",
+                SlotQueueFull(
+                    f"{slot.waiters} requests already wait for slot {slot.name!r} "
+                    f"(max_queue={slot.spec.max_queue})",
+                    retry_after_s=1.0,
+                    slot=slot.name,
+                ),
             )
         if not slot.spec.activated:
-            raise self._refuse(slot, "load", _not_activated(slot))
+            raise self._refuse(slot, "load", not_activated(slot.name))
         slot.waiters += 1
         try:
             await self._ensure_loaded(slot)
@@ -1099,6 +1195,24 @@ class SlotManager:
     def _clear_resident(self, name: str) -> None:
         if self._resident.pop(name, None) is not None:
             self.residency.clear(name)
+            slot = self._slots.get(name)
+            if slot is not None:
+                self._unwait_if_unwanted(slot)
+
+    def _unwait_if_unwanted(self, slot: _Slot) -> None:
+        """Nobody keeps this slot loaded any more: it is not waiting for memory either."""
+        if slot.waiting is None or slot.spec.autoload or slot.name in self._resident:
+            return
+        slot.waiting = None
+        self.store.write(self._record(slot, message=""))
+
+    def waiting_with_room(self) -> list[str]:
+        """Waiting slots whose background load would be admitted now (memory came back)."""
+        return [
+            n
+            for n, s in self._slots.items()
+            if s.waiting is not None and not s.busy and self._decide(s, background=True).ok
+        ]
 
     def _spawn(self, coro: Any, name: str) -> None:
         task = asyncio.create_task(coro, name=name)
@@ -1236,7 +1350,9 @@ class SlotManager:
         for victim in victims:
             slot = self._slots.get(victim.name)
             if slot is None or slot.access != victim.access:
-                continue
+                continue  # a request came since the decision: not a victim any more
+            if slot.generation != victim.generation:
+                continue  # unloaded and loaded again (maybe another model) since
             if await self._evict_one(slot, f"evicted to {victim.reason}", kind=kind):
                 done.append(victim.name)
         return done
@@ -1395,21 +1511,36 @@ class SlotManager:
             )
         return unknown
 
-    async def restore(self) -> dict[str, str]:
-        """Load resident and autoload slots in catalogue order; refusals are logged, kept.
+    async def restore(self, *, wait: bool = True) -> dict[str, str]:
+        """Load resident and autoload slots in priority order, then catalogue order.
 
-        Loads are started in order (so admission happens in order) and run concurrently.
-        Returns slot -> outcome ("ready", or the error code).
+        Each load's admission is decided before the next one starts, so the most important
+        slots get the memory first; the loads then run concurrently. These are background
+        loads: a slot that does not fit *waits* for memory (it evicts nothing of equal or
+        higher priority and nothing used recently). Returns slot -> outcome: the state
+        (``wait``: once every load settled; else once admitted) or the refusal's code.
         """
-        resident = dict(self._resident)
         self.report_unknown_residents()
-        wanted = [
-            n
-            for n in self._order
-            if n in self._slots and (self._slots[n].spec.autoload or n in resident)
-        ]
-        tasks = {n: asyncio.create_task(self._restore_one(n)) for n in wanted}
-        return {n: await t for n, t in tasks.items()}
+        position = {name: i for i, name in enumerate(self._order)}
+        wanted = [n for n in self._order if n in self._slots and self._wanted_at_start(n)]
+        wanted.sort(key=lambda n: (-self._slots[n].spec.priority, position[n]))
+        outcomes = {name: await self._restore_one(name) for name in wanted}
+        if not wait:
+            return outcomes
+        for name in wanted:
+            task = self._slots[name].load_task
+            if task is None or outcomes[name] not in {s.value for s in SlotState}:
+                continue
+            try:
+                await asyncio.shield(task)
+            except SlotctlError as exc:
+                outcomes[name] = exc.code
+            else:
+                outcomes[name] = self._slots[name].state.value
+        return outcomes
+
+    def _wanted_at_start(self, name: str) -> bool:
+        return bool(self._slots[name].spec.autoload) or name in self._resident
 
     async def _restore_one(self, name: str) -> str:
         slot = self._slots[name]
@@ -1418,11 +1549,11 @@ class SlotManager:
         if self._loaded(slot):
             return slot.state.value
         try:
-            await self._ensure_loaded(slot)
+            view = await self.start_load(name, resident=False, background=True)
         except SlotctlError as exc:
             log.warning("restore of %s: %s", name, exc.message)
             return exc.code
-        return slot.state.value
+        return view.state.value
 
     async def close(self) -> None:
         for task in list(self._background):
@@ -1475,29 +1606,10 @@ def _legal_path(start: SlotState, target: SlotState) -> list[SlotState]:
     raise ValueError(f"no legal path from {start} to {target}")
 
 
-def _not_activated(slot: _Slot) -> SlotConfigError:
-    return SlotConfigError(
-        f"slot {slot.name!r} is not activated: set model.default (or use a self-managed provider)",
-        keys=["model.default"],
-        slot=slot.name,
-        disabled=True,
-    )
-
-
-def _insufficient(slot: _Slot, admission: Admission, plan: EvictionPlan) -> InsufficientMemory:
-    return InsufficientMemory(
-        f"slot {slot.name!r} needs {admission.needed} bytes on {admission.device}: "
-        f"{max(0, admission.free_room)} free after the safety margin, "
-        f"{max(0, admission.budget_room)} left in the budget, and evicting every "
-        f"eligible slot would free only {plan.evictable_bytes}",
-        needed_bytes=admission.needed,
-        free_bytes=max(0, admission.free),
-        evictable_bytes=plan.evictable_bytes,
-        slot=slot.name,
-        device=admission.device,
-        budget_bytes=admission.budget,
-        admitted_bytes=admission.admitted,
-    )
+def _settled(task: asyncio.Task[int]) -> None:
+    """Retrieve a load task's outcome: its joiners got it; nobody else must be warned."""
+    if not task.cancelled():
+        task.exception()
 
 
 def _missing_file(launch: LaunchSpec) -> bool:

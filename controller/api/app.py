@@ -198,6 +198,7 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except SlotctlError as exc:
+        _report(request, exc)
         return error_response(exc)
     except web.HTTPException as exc:
         if exc.status < 400:
@@ -211,6 +212,25 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         log.exception("unhandled error in %s %s", request.method, request.path)
         body = {"error": {"code": "internal", "message": "internal error (see the log)"}}
         return json_response(body, status=500)
+
+
+def _report(request: web.Request, error: SlotctlError) -> None:
+    """A refused change nobody reported yet (a pinned delete, a disabled model...) gets
+    its one event and log line here; a malformed or unauthenticated request does not."""
+    if error.reported or request.method == "GET":
+        return
+    if isinstance(error, InvalidRequest | Unauthorized):
+        return
+    error.reported = True
+    request.app[API_CTX].events.emit(
+        "refusal",
+        "api",
+        slot=request.match_info.get("name"),
+        model=request.match_info.get("model_id"),
+        message=error.message,
+        error=error.code,
+        details={"method": request.method, "path": request.path},
+    )
 
 
 def _bearer(request: web.Request) -> str | None:

@@ -369,12 +369,22 @@ def _form_name(head: bytes) -> str | None:
 
 
 def _candidates(manager: SlotManager, model: str) -> list[str]:
-    """Activated slots bound to ``model``, best first (SPEC §1 selection ranking)."""
-    views = []
-    for view in manager.views():
-        spec = manager.known(view.name)
-        if view.model_id == model and spec is not None and spec.activated:
-            views.append(view)
+    """The activated slots serving ``model``, best first (SPEC §1 selection ranking).
+
+    ``model`` names, in this order of precedence: a catalogue model (the slots bound to
+    it), a slot by its name (a self-managed speech server has no catalogue model), or a
+    self-managed provider (its model-less slots).
+    """
+    active = [
+        (view, spec)
+        for view in manager.views()
+        if (spec := manager.known(view.name)) is not None and spec.activated
+    ]
+    views = [v for v, _ in active if v.model_id == model]
+    if not views:
+        views = [v for v, _ in active if v.name == model]
+    if not views:
+        views = [v for v, spec in active if not v.model_id and spec.provider == model]
     ranked = rank_candidates(
         Candidate(v.name, v.state, v.priority, manager.last_used(v.name), v.idle_reason)
         for v in views
@@ -538,11 +548,13 @@ async def _work(
         model = _requested_model(request, body)
         candidates = _candidates(manager, model)
         if not candidates:
+            _report(ctx, ModelNotFound(model), model)
             raise _model_not_found(model)
         call.model = model
         try:
             lease = await _acquire(manager, candidates)
         except SlotctlError as exc:
+            _report(ctx, exc, model)
             raise _slot_refusal(exc) from None
         call.lease, call.slot = lease, lease.slot
         try:
@@ -553,6 +565,21 @@ async def _work(
         return refusal.response()
     except SlotctlError as exc:  # e.g. the slot was removed while we looked it up
         return _slot_refusal(exc).response()
+
+
+def _report(ctx: ApiContext, error: SlotctlError, model: str) -> None:
+    """A refusal the manager did not report already gets its one event and log line."""
+    if error.reported:
+        return
+    error.reported = True
+    ctx.events.emit(
+        "refusal",
+        "route",
+        slot=error.details.get("slot"),
+        model=model,
+        message=error.message,
+        error=error.code,
+    )
 
 
 async def _guard(request: web.Request, call: _Call) -> str:
@@ -657,17 +684,29 @@ def _is_sse(response: web.StreamResponse) -> bool:
 )
 async def v1_models(request: web.Request) -> web.Response:
     manager: SlotManager = request.app[API_CTX].manager
-    served: set[str] = set()
-    for view in manager.views():
-        spec = manager.known(view.name)
-        if spec is not None and spec.activated and view.model_id:
-            served.add(view.model_id)
     data = [
         {"id": model_id, "object": "model", "created": _CREATED, "owned_by": "slotctl"}
-        for model_id in manager.models
-        if model_id in served
+        for model_id in served_ids(manager)
     ]
     return json_response({"object": "list", "data": data})
+
+
+def served_ids(manager: SlotManager) -> list[str]:
+    """What ``model`` may name: catalogue models with an activated slot, in catalogue
+    order, then the model-less (self-managed) activated slots by name."""
+    served: set[str] = set()
+    modelless: list[str] = []
+    for view in manager.views():
+        spec = manager.known(view.name)
+        if spec is None or not spec.activated:
+            continue
+        if view.model_id:
+            served.add(view.model_id)
+        else:
+            modelless.append(view.name)
+    return [m for m in manager.models if m in served] + [
+        n for n in modelless if n not in manager.models
+    ]
 
 
 @route(

@@ -48,8 +48,6 @@ __all__: list[str] = []
 log = logging.getLogger("slotctl.api")
 
 S = SlotState
-_ADMISSION_WAIT_S: Final = 5.0
-
 # Slot states as a catalogue model's state (the local-API vocabulary of SPEC §9).
 _MODEL_STATE: Final = {
     S.OFFLINE: "unloaded",
@@ -92,6 +90,7 @@ class SlotOut(BaseModel):
     retry_after_s: float
     config_hash: str | None = None
     stack: str
+    waiting: str | None = None  # "waiting_for_memory": a background load waits for room
 
 
 class SlotList(BaseModel):
@@ -102,6 +101,8 @@ class LoadAnswer(BaseModel):
     status: str  # loading | already loaded | unloading | already unloaded | ...
     slot: SlotOut | None = None
     plan: dict[str, Any] | None = None
+    cleared: dict[str, list[str]] | None = None  # model unload: residency/failures cleared
+    message: str | None = None
 
 
 class SwapBody(BaseModel):
@@ -145,6 +146,7 @@ class ModelOut(BaseModel):
     slots: list[str]
     since: str | None = None
     error: str | None = None
+    reason: str | None = None  # why an unloaded model is not loaded (waiting_for_memory)
 
 
 class ModelList(BaseModel):
@@ -171,6 +173,7 @@ class StackBody(BaseModel):
         "diff: show them as deletions (default true)",
     )
     dry_run: bool = False
+    force: bool = Field(default=False, description="apply with prune: remove pinned slots too")
 
     def texts(self) -> list[tuple[str, str]]:
         out = [(f.name, f.text) for f in self.files]
@@ -246,24 +249,18 @@ def _track(ctx: ApiContext, task: asyncio.Task[Any]) -> None:
 
 
 async def _start_load(ctx: ApiContext, name: str) -> tuple[int, dict[str, Any]]:
-    """Start a load; answer once admission is decided (typed error if refused)."""
+    """Start a load; answer once admission is decided (typed error if refused).
+
+    A load already in flight answers ``202`` at once (its admission was decided).
+    """
     manager = ctx.manager
     view: SlotView = manager.view(name)
     if view.dispatchable:
         return 200, {"status": "already loaded", "slot": slot_out(view)}
-    before = (view.state, view.since)
-    task = asyncio.create_task(manager.load(name))
-    _track(ctx, task)
-    deadline = asyncio.get_running_loop().time() + _ADMISSION_WAIT_S
-    while not task.done() and asyncio.get_running_loop().time() < deadline:
-        now = manager.view(name)
-        if (now.state, now.since) != before and now.state not in (S.OFFLINE, S.ERROR):
-            break
-        await asyncio.sleep(0.01)
-    if task.done():
-        result: SlotView = task.result()  # raises the typed refusal
-        return 200, {"status": "loaded", "slot": slot_out(result)}
-    return 202, {"status": "loading", "slot": slot_out(manager.view(name))}
+    view = await manager.start_load(name)
+    if view.dispatchable:
+        return 200, {"status": "loaded", "slot": slot_out(view)}
+    return 202, {"status": "loading", "slot": slot_out(view)}
 
 
 def _wake(ctx: ApiContext, name: str | None = None) -> None:
@@ -604,6 +601,7 @@ def _model_out(ctx: ApiContext, model: ModelSpec) -> dict[str, Any]:
         "slots": [v.name for v in views],
         "since": best.since if best else None,
         "error": best.message if best is not None and best.state is S.ERROR else None,
+        "reason": best.waiting if best is not None else None,
     }
 
 
@@ -694,20 +692,34 @@ async def load_model(request: web.Request) -> web.Response:
 async def unload_model(request: web.Request) -> web.Response:
     ctx = _ctx(request)
     model = _catalogue_model(ctx, request.match_info["model_id"])
-    loaded = [
-        v
-        for v in ctx.manager.views()
-        if v.model_id == model.id and v.state not in (S.OFFLINE, S.ERROR)
-    ]
-    if not loaded:
-        return json_response({"status": "already unloaded"})
+    views = [v for v in ctx.manager.views() if v.model_id == model.id]
+    loaded = [v for v in views if v.state not in (S.OFFLINE, S.ERROR)]
     for view in loaded:
         if view.pinned:
             raise SlotPinned(view.name, "unload")
+    # A failed or refused model may still be wished resident (it would be retried
+    # forever, across restarts) or hold a crash-loop count: unloading it clears both.
+    cleared: dict[str, list[str]] = {"residency": [], "failures": []}
+    busy = {v.name for v in loaded}
+    for view in views:
+        if view.name in busy:
+            continue
+        if view.failures or view.state is S.ERROR:
+            await ctx.manager.reset(view.name)
+            cleared["failures"].append(view.name)
+        if view.resident or view.waiting:
+            await ctx.manager.unload(view.name, force=True)
+            cleared["residency"].append(view.name)
     for view in loaded:
         _track(ctx, asyncio.create_task(ctx.manager.unload(view.name)))
     await asyncio.sleep(0)
-    return json_response({"status": "unloading"}, status=202)
+    if loaded:
+        return json_response({"status": "unloading", "cleared": cleared}, status=202)
+    if cleared["residency"] or cleared["failures"]:
+        said = [f"{k} of {', '.join(v)}" for k, v in cleared.items() if v]
+        message = f"not loaded; cleared the {' and the '.join(said)}"
+        return json_response({"status": "unloaded", "cleared": cleared, "message": message})
+    return json_response({"status": "already unloaded", "cleared": cleared})
 
 
 # ----------------------------------------------------------------------------- stacks
@@ -745,7 +757,7 @@ async def apply_stack(request: web.Request) -> web.Response:
         )
         changed: list[str] = []
         if not body.dry_run:
-            changed = apply_to_config(state, ctx.config_dir, prune=prune)
+            changed = apply_to_config(state, ctx.config_dir, prune=prune, force=body.force)
             _wake(ctx)
     return json_response(
         {"plan": [a.to_dict() for a in plan.actions], "changed": changed, "dry_run": body.dry_run}

@@ -186,7 +186,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(style.dim("dry run: nothing written"))
         return EXIT_OK
-    changed = apply_to_config(state, args.config_dir, prune=args.prune)
+    changed = apply_to_config(state, args.config_dir, prune=args.prune, force=args.force)
     print(f"configured: {', '.join(changed) if changed else 'nothing changed'}")
     if args.once:
         return EXIT_OK if asyncio.run(_converge_once(args)) else EXIT_NEGATIVE
@@ -206,6 +206,7 @@ def _apply_remote(
     body: dict[str, Any] = {
         "files": _stack_files(report),
         "prune": args.prune,
+        "force": args.force,
         "dry_run": args.dry_run,
     }
     try:
@@ -543,6 +544,7 @@ def register(cmds: Any, sub: Any) -> None:
     apply.add_argument(
         "--prune", action="store_true", help="remove slots this stack owns but no longer declares"
     )
+    apply.add_argument("--force", action="store_true", help="with --prune: remove pinned slots too")
     apply.add_argument("--dry-run", action="store_true", help="print the plan only")
     apply.add_argument(
         "--wait", action="store_true", help="follow the running controller until converged"

@@ -47,7 +47,8 @@ class Provider(Protocol):
 def model_path(model: ModelSpec | None, ctx: BuildContext) -> str | None:
     """Local file a server reads for ``model`` (None for demo:// and no source).
 
-    ``hf://org/repo/file`` resolves into the models dir (``<models_dir>/org/repo/file``);
+    ``hf://org/repo/file`` resolves into the models dir (``<models_dir>/org/repo/file``), a
+    whole repository ``hf://org/repo`` (what vLLM serves) to its directory there;
     relative paths are relative to the models dir too.
     """
     if model is None or not model.source:

@@ -22,6 +22,8 @@ from controller.spec.locate import LineIndex
 from controller.spec.problems import Problem, problems_from_validation
 from controller.spec.schema import ControllerSettings, ModelSpec, SlotSpec, StackMeta
 
+GIB = 1024**3
+
 __all__ = [
     "DesiredSlot",
     "DesiredState",
@@ -282,6 +284,51 @@ def _exclusive_autoload(
     return out
 
 
+def _autoload_over_budget(
+    entries: Sequence[SlotEntry], models: dict[str, ModelSpec], settings: ControllerSettings
+) -> list[Problem]:
+    """Autoload slots that cannot all stay loaded within a device's configured budget.
+
+    Greedy by priority (then declaration order), as the restore at start loads them: the
+    slots that do not fit after the ones before them will wait for memory.
+    """
+    out: list[Problem] = []
+    by_device: dict[str, list[tuple[SlotEntry, int]]] = {}
+    for entry in entries:
+        spec = normalise(entry.spec, settings)
+        if not spec.autoload or not spec.activated:
+            continue
+        model = models.get(spec.model_id)
+        needed = spec.memory_gb if spec.memory_gb is not None else (model.memory_gb if model else 0)
+        by_device.setdefault(spec.device, []).append((entry, int(needed * GIB)))
+    for device, slots in sorted(by_device.items()):
+        budget_gb = settings.memory_budget_gb.get(device)
+        if budget_gb is None:
+            continue  # judged against the probed device memory at run time only
+        room = int((budget_gb - settings.safety_margin_gb) * GIB)
+        total = sum(needed for _, needed in slots)
+        if total <= room:
+            continue
+        ranked = sorted(enumerate(slots), key=lambda i_s: (-i_s[1][0].spec.priority, i_s[0]))
+        used = 0
+        for _, (entry, needed) in ranked:
+            if used + needed <= room:
+                used += needed
+                continue
+            problem = entry.problem(
+                "slot.autoload_over_budget",
+                f"the autoload slots on {device} need {total / GIB:.1f} GiB together, the "
+                f"budget leaves {room / GIB:.1f} GiB (memory_budget_gb minus "
+                f"safety_margin_gb): {entry.spec.name!r} (priority {entry.spec.priority}, "
+                f"{needed / GIB:.1f} GiB) will wait for memory",
+                ("autoload",),
+                "raise the budget, lower memory estimates, or set autoload = false on a "
+                "slot that can load on demand",
+            )
+            out.append(replace(problem, severity="warning"))
+    return out
+
+
 def load_stack_texts(
     texts: Sequence[tuple[str, str]], settings: ControllerSettings | None = None
 ) -> LoadReport:
@@ -328,6 +375,7 @@ def _merge(
             entries.append(entry)
     report.errors.extend(cross_slot_problems(entries, models))
     report.warnings.extend(_exclusive_autoload(entries, models, settings))
+    report.warnings.extend(_autoload_over_budget(entries, models, settings))
     if report.errors:
         return report
     slots = {

@@ -164,7 +164,7 @@ class ModelSpec(_Strict):
     """One ``[[model]]`` catalogue entry."""
 
     id: Annotated[str, Field(pattern=MODEL_ID_PATTERN)]
-    source: str | None = None  # path, file://, hf://org/repo/file, demo://name
+    source: str | None = None  # path, file://, hf://org/repo[/file], demo://name
     kind: Kind = "llm"
     memory_gb: NonNegFloat = 0.0  # admission estimate (device memory); 0 = not counted
     exclusive_group: Annotated[str, Field(min_length=1, max_length=63)] | None = None
@@ -195,10 +195,10 @@ class ModelSpec(_Strict):
             if parts.scheme not in _SOURCE_SCHEMES:
                 raise ValueError(
                     f"unsupported source scheme {parts.scheme!r}: use a path, file://, "
-                    "hf://org/repo/file or demo://name"
+                    "hf://org/repo[/file] or demo://name"
                 )
-            if parts.scheme == "hf" and len([p for p in value[5:].split("/") if p]) < 3:
-                raise ValueError("hf:// sources name org/repo/file")
+            if parts.scheme == "hf" and len([p for p in value[5:].split("/") if p]) < 2:
+                raise ValueError("hf:// sources name org/repo (a repository) or org/repo/file")
         return value
 
     @property
@@ -278,6 +278,9 @@ class ControllerSettings(_Strict):
     default_pinned: list[str] = Field(default_factory=lambda: ["agent"])
     memory_budget_gb: dict[str, NonNegFloat] = Field(default_factory=dict)
     safety_margin_gb: NonNegFloat = 0.5
+    # Hysteresis of background loads (an autoload slot coming back, the restore at start):
+    # they may only evict slots of lower priority idle for at least this long.
+    min_resident_s: NonNegFloat = 60.0
 
     @field_validator("memory_budget_gb")
     @classmethod

@@ -132,7 +132,9 @@ class Harness:
             clock=self.clock,
             config=self.config,
         )
-        self.memory.used_by = manager.admitted_bytes
+        # A memory probe sees a server's memory once it is up, not while it is admitted
+        # and still coming up (the manager reserves that memory itself).
+        self.memory.used_by = manager.resident_bytes
         return manager
 
 

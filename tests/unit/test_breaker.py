@@ -64,19 +64,25 @@ def test_each_failure_extends_the_window_from_its_own_time() -> None:
     assert b.retry_after(3.0) == 4.0
 
 
-def test_blocked_after_max_failures_regardless_of_time() -> None:
+def test_open_after_max_failures_for_the_cap_then_half_open() -> None:
     b = Breaker()
     for i in range(3):
-        b.record_failure(float(i), "oom")
+        assert b.record_failure(float(i), "oom", max_failures=3) == (300.0 if i == 2 else 2.0**i)
     with pytest.raises(SlotCrashLooping) as err:
-        b.check("s", now=1e9, max_failures=3)
+        b.check("s", now=2.0 + 299.0, max_failures=3)
     assert err.value.details["blocked"] is True
     assert err.value.details["failures"] == 3
-    assert err.value.retry_after_s == 300.0
+    assert err.value.retry_after_s == pytest.approx(1.0)
     assert "oom" in err.value.message
+    assert "next try in 1s" in err.value.message
     assert "slotctl slot reset s" in err.value.message
-    # One below the limit: only the time window applies.
-    b.check("s", now=1e9, max_failures=4)
+    # Open long enough: exactly one try goes through (half-open) ...
+    b.check("s", now=302.0, max_failures=3)
+    # ... and a failure opens it for another whole cap.
+    assert b.record_failure(302.0, "oom", max_failures=3) == 300.0
+    with pytest.raises(SlotCrashLooping):
+        b.check("s", now=303.0, max_failures=3)
+    b.check("s", now=602.0, max_failures=3)
 
 
 def test_reset_clears_everything() -> None:

@@ -327,7 +327,7 @@ def test_model_problems_are_located(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "source",
-    ["ftp://host/m.gguf", "hf://org/repo", "", "  "],
+    ["ftp://host/m.gguf", "hf://org", "hf://org/", "", "  "],
 )
 def test_bad_model_sources(tmp_path: Path, source: str) -> None:
     report, _ = load(tmp_path, HEAD + f'[[model]]\nid = "m"\nsource = "{source}"\n')

@@ -513,7 +513,7 @@ async def test_crash_loop_backoff_block_and_reset(tmp_path: Path) -> None:
             await m.load("c")
         view = m.view("c")
         assert view.state is S.ERROR and view.failures == attempt
-        expected = float(2 ** (attempt - 1))
+        expected = float(2 ** (attempt - 1)) if attempt < 5 else 300.0  # then open: the cap
         assert view.retry_after_s == expected
         if attempt < 5:
             with pytest.raises(SlotCrashLooping) as err:
@@ -522,13 +522,20 @@ async def test_crash_loop_backoff_block_and_reset(tmp_path: Path) -> None:
             assert err.value.details["blocked"] is False
             h.clock.advance(expected)
     assert h.runtime.starts["c"] == 5
-    h.clock.advance(10_000)
+    assert "next try in 300s" in view.message and "slotctl slot reset c" in view.message
+    h.clock.advance(299)
     with pytest.raises(SlotCrashLooping) as err:
         await m.load("c")
     assert err.value.details["blocked"] is True
     with pytest.raises(SlotCrashLooping):
         await m.acquire("c")
     assert h.runtime.starts["c"] == 5
+    h.clock.advance(1)  # half-open: one more try, which fails and opens it again
+    with pytest.raises(SlotSpawnFailed):
+        await m.load("c")
+    assert h.runtime.starts["c"] == 6
+    with pytest.raises(SlotCrashLooping):
+        await m.load("c")
     view = await m.reset("c")
     assert view.state is S.OFFLINE and view.failures == 0
     h.runtime.script("c", outcome="ready")
@@ -1001,10 +1008,11 @@ async def test_restart_finishes_an_interrupted_unload(tmp_path: Path) -> None:
 async def test_crash_loop_breaker_survives_a_controller_restart(tmp_path: Path) -> None:
     h, m = await setup(tmp_path, [slot_spec("c", max_consecutive_failures=2)], [model_spec("c-m")])
     h.runtime.script("c", outcome="exit")
-    for _ in range(2):
+    for attempt in range(2):
         with pytest.raises(SlotctlError):
             await m.load("c")
-        h.clock.advance(600)
+        if attempt == 0:
+            h.clock.advance(600)
     fresh = h.new_manager()
     await fresh.set_desired(
         desired([slot_spec("c", max_consecutive_failures=2)], [model_spec("c-m")])

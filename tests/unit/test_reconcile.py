@@ -187,7 +187,10 @@ def test_noop_when_crash_loop_blocked() -> None:
     obs = ObservedSlot(name="a", state=S.ERROR, blocked=True, retry_after_s=30.0)
     action = plan_slot("a", want(spec), spec, obs, want_hash=launch_hash(spec))
     assert action == Action(
-        "noop", "a", "crash-looping: next attempt in 30s", {"retry_after_s": 30.0}
+        "noop",
+        "a",
+        "crash-looping: next attempt in 30s (`slotctl slot reset` retries now)",
+        {"retry_after_s": 30.0},
     )
 
 
