@@ -735,3 +735,38 @@ async def test_requests_are_recorded_in_metrics(harness: Harness) -> None:
         assert resp.status == 404
     assert [(s, m, st) for s, m, st, _ in calls] == [("chat", "m-chat", 200), ("", "", 404)]
     assert all(seconds >= 0 for *_, seconds in calls)
+
+
+async def test_a_self_managed_slot_is_routed_by_its_name_and_listed(harness: Harness) -> None:
+    """A kokoro-style slot has no catalogue model: ``model`` names the slot (or provider)."""
+    demo = [sys.executable, "-m", "controller.demo", "--port", "{port}", "--model", "tts"]
+    tts = harness.slot("tts", "", provider="kokoro", memory_gb=1.0, server={"cmd": demo})
+    r = await harness.start([tts, harness.slot("chat", "m-chat")], [model("m-chat")])
+    async with r.get("/v1/models") as resp:
+        assert [m["id"] for m in (await resp.json())["data"]] == ["m-chat", "tts"]
+    async with r.post("/v1/chat/completions", chat("tts")) as resp:
+        assert resp.status == 200, await resp.text()
+        assert (await resp.json())["model"] == "tts"
+    assert r.manager.view("tts").state is S.READY
+    # The provider's name reaches its model-less slot too (this demo then refuses the id:
+    # the upstream's 404, not the router's).
+    async with r.post("/v1/chat/completions", chat("kokoro")) as resp:
+        assert resp.status == 404
+        assert "no activated slot" not in (await resp.json())["error"]["message"]
+    assert r.manager.view("chat").state is S.OFFLINE  # nothing else was loaded for them
+
+
+async def test_router_refusals_are_reported_once(harness: Harness) -> None:
+    r = await harness.start([harness.slot("chat", "m-chat")], [model("m-chat")])
+    sub = r.manager.events.subscribe()
+    async with r.post("/v1/chat/completions", chat("nope")) as resp:
+        assert resp.status == 404
+    harness.budget_gb = 0.5  # not read again: refuse through memory instead
+    r.manager.settings = r.manager.settings.model_copy(update={"memory_budget_gb": {"gpu": 0.5}})
+    async with r.post("/v1/chat/completions", chat("m-chat")) as resp:
+        assert resp.status == 503
+    refusals = []
+    while (event := sub.get_nowait()) is not None:
+        if event.kind == "refusal":
+            refusals.append((event.op, event.error))
+    assert refusals == [("route", "model.not_found"), ("admit", "model.insufficient_memory")]
