@@ -34,7 +34,6 @@ from controller.slots import ManagerConfig, SlotManager, SlotView
 from controller.spec.loader import DesiredSlot, DesiredState, normalise
 from controller.spec.schema import ControllerSettings, ModelSpec, SlotSpec
 
-
 WARMUP_S = 2.0
 
 
