@@ -384,7 +384,8 @@ def cmd_model_load(args: argparse.Namespace) -> int:
 def cmd_model_unload(args: argparse.Namespace) -> int:
     _, answer = _client(args).post(f"/api/models/{quote_segment(args.model_id)}/unload")
     verdict = answer.get("status", "?") if isinstance(answer, dict) else "?"
-    _print(args, answer, f"model {args.model_id}: {verdict}")
+    message = answer.get("message") if isinstance(answer, dict) else None
+    _print(args, answer, f"model {args.model_id}: {message or verdict}")
     return EXIT_OK
 
 

@@ -75,7 +75,7 @@ def test_a_load_in_flight_answers_202_at_once(live: tuple[Api, Slotctl]) -> None
 def test_unloading_a_failed_model_clears_its_residency_and_failure(
     live: tuple[Api, Slotctl],
 ) -> None:
-    api, _ = live
+    api, ctl = live
     reply = api.call("POST", "/api/models/m-fail/load")
     assert reply.status == 202, reply
     view = api.wait_state("fail", "error")
@@ -91,6 +91,11 @@ def test_unloading_a_failed_model_clears_its_residency_and_failure(
     assert (state["state"], state["resident"]) == ("unloaded", False)
     again = api.call("POST", "/api/models/m-fail/unload")
     assert again.body["status"] == "already unloaded", again
+    # The CLI says what it cleared.
+    api.ok("POST", "/api/models/m-fail/load", status=202)
+    api.wait_state("fail", "error")
+    out = ctl.ok("model", "unload", "m-fail")
+    assert "cleared the residency of fail and the failures of fail" in out, out
 
 
 def test_every_refusal_is_reported_once(live: tuple[Api, Slotctl]) -> None:

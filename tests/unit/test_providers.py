@@ -77,6 +77,11 @@ def test_hf_source_resolves_into_models_dir(tmp_path: object) -> None:
 
     launch = build_launch(_slot(model={"default": "q"}), model, BuildContext(models_dir=Path("/m")))
     assert launch.model_path == "/m/org/repo/file.gguf"
+    # A whole repository (what vLLM serves) is accepted and resolves to its directory.
+    repo = ModelSpec(id="r", source="hf://org/repo")
+    vllm = _slot(provider="vllm", model={"default": "r"})
+    launch = build_launch(vllm, repo, BuildContext(models_dir=Path("/m")))
+    assert launch.model_path == "/m/org/repo" and "/m/org/repo" in launch.argv
 
 
 def test_generic_needs_cmd_and_substitutes() -> None:

@@ -425,3 +425,36 @@ priority = 10
     roomy = ControllerSettings(memory_budget_gb={"gpu": 20.0})
     report = load_stack_texts([("t.toml", text)], roomy)
     assert not [w for w in report.warnings if w.code == "slot.autoload_over_budget"]
+
+
+async def test_a_waiting_slot_comes_back_when_other_memory_use_drops(tmp_path: Path) -> None:
+    h = Harness(tmp_path, gpu_gb=10)  # no budget: the probed free memory is the limit
+    h.memory.external["gpu"] = 8 * GIB  # another process holds most of the GPU
+    r = reconciler(h, _stack([slot_spec("a", autoload=True)], [model_spec("a-m", 4)]))
+    stop = asyncio.Event()
+    runner = asyncio.create_task(r.run(stop))
+    try:
+        await _until(
+            lambda: "a" in h.manager.names() and h.manager.view("a").waiting is not None
+        )
+        starts = sum(h.runtime.starts.values())
+        h.memory.external["gpu"] = 0  # it exits: no unload event, only the probe shows it
+        await _until(lambda: loaded(h.manager) == {"a"})
+    finally:
+        stop.set()
+        await runner
+    assert starts == 0 and h.runtime.starts["a"] == 1
+
+
+async def test_an_open_breaker_is_retried_after_its_cap_without_a_reset(tmp_path: Path) -> None:
+    h = harness(tmp_path, budget_gb=8)
+    h.runtime.script("a", start_error="port 8081 in use")
+    spec = slot_spec("a", autoload=True, max_consecutive_failures=2)
+    r = reconciler(h, _stack([spec], [model_spec("a-m", 1)]))
+    await drive(h, r, rounds=4, step_s=2.0)
+    view = h.manager.view("a")
+    assert view.state is S.ERROR and view.failures == 2 and view.retry_after_s > 250
+    assert "slotctl slot reset a" in view.message
+    h.runtime.script("a", start_error=None)  # the port is free again
+    await drive(h, r, rounds=3, step_s=150.0)  # past the cap: half-open, one try
+    assert h.manager.view("a").state is S.READY
