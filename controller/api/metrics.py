@@ -190,8 +190,14 @@ class _LiveCollector(Collector):
         )
         blocked = GaugeMetricFamily(
             "slotctl_crash_loop_blocked",
-            "1 while the crash-loop breaker refuses loads of the slot (backing off or "
-            "blocked until reset)",
+            "1 while the crash-loop breaker refuses loads of the slot (backing off, or open "
+            "until its next half-open try)",
+            labels=["slot"],
+        )
+        waiting = GaugeMetricFamily(
+            "slotctl_slot_waiting_for_memory",
+            "1 while a background load of the slot (autoload, resident) waits for memory "
+            "instead of evicting",
             labels=["slot"],
         )
         for view in manager.views():
@@ -209,8 +215,9 @@ class _LiveCollector(Collector):
             )
             leases.add_metric([view.name], float(view.leases))
             queue.add_metric([view.name], float(view.waiters))
-            blocked.add_metric([view.name], 1.0 if _blocked(manager, view) else 0.0)
-        yield from (state, slot_info, leases, queue, blocked)
+            blocked.add_metric([view.name], 1.0 if view.retry_after_s > 0 else 0.0)
+            waiting.add_metric([view.name], 1.0 if view.waiting else 0.0)
+        yield from (state, slot_info, leases, queue, blocked, waiting)
         memory = GaugeMetricFamily(
             "slotctl_device_memory_bytes",
             "Device memory: total and free as probed, admitted by slotctl, configured budget",
@@ -226,12 +233,6 @@ class _LiveCollector(Collector):
                 if value is not None:
                     memory.add_metric([figures.device, kind], float(value))
         yield memory
-
-
-def _blocked(manager: Any, view: Any) -> bool:
-    spec = manager.known(view.name)
-    limit = spec.max_consecutive_failures if spec is not None else 5
-    return bool(view.retry_after_s > 0 or (view.failures and view.failures >= limit))
 
 
 class Metrics:

@@ -182,8 +182,10 @@ SLOTS = [
     {"name": "alpha", "gb": 1.5, "priority": 60},
     {"name": "beta", "gb": 1.5, "priority": 20},
     {"name": "gamma", "gb": 2.0, "priority": 70},
-    {"name": "huge", "gb": 100.0, "autoload": True},  # never fits: refused, reconcile error
+    {"name": "huge", "gb": 100.0, "autoload": True},  # never fits: waits for memory
     {"name": "crashy", "gb": 0.1, "args": ["--fail-on-load"], "max_failures": 1},
+    # autoload and failing: a reconcile pass that fails (then the breaker holds it)
+    {"name": "broken", "gb": 0.1, "autoload": True, "args": ["--fail-on-load"], "max_failures": 1},
 ]
 
 
@@ -459,8 +461,12 @@ async def test_metrics_after_activity_pass_promtool_and_count_right(live: Live) 
         await live.wait_state("crashy", "error")
         status, body = await live.post("/api/slots/crashy/load")
         assert status == 503 and body["error"]["code"] == "slot.crash_looping"
-        # the reconciler has tried huge by now (autoload), and failed
+        # the reconciler has tried huge by now (autoload): it waits for memory
         deadline = time.monotonic() + 20
+        while live.manager.view("huge").waiting is None:
+            assert time.monotonic() < deadline, "huge is not waiting for memory"
+            await asyncio.sleep(0.05)
+        # and has tried `broken` (autoload), which failed
         while live.metrics.reconcile_errors._value.get() < 1:
             assert time.monotonic() < deadline, "no reconcile error counted"
             await asyncio.sleep(0.05)
@@ -523,6 +529,8 @@ async def test_metrics_after_activity_pass_promtool_and_count_right(live: Live) 
     assert value(table, "slotctl_admission_refusals_total", slot="alpha") == 0  # primed at 0
     assert value(table, "slotctl_crash_loop_blocked", slot="crashy") == 1
     assert value(table, "slotctl_crash_loop_blocked", slot="alpha") == 0
+    assert value(table, "slotctl_slot_waiting_for_memory", slot="huge") == 1
+    assert value(table, "slotctl_slot_waiting_for_memory", slot="alpha") == 0
     # leases and queue depth (nothing in flight)
     assert value(table, "slotctl_leases_active", slot="alpha") == 0
     assert value(table, "slotctl_queue_depth", slot="gamma") == 0

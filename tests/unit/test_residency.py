@@ -434,9 +434,7 @@ async def test_a_waiting_slot_comes_back_when_other_memory_use_drops(tmp_path: P
     stop = asyncio.Event()
     runner = asyncio.create_task(r.run(stop))
     try:
-        await _until(
-            lambda: "a" in h.manager.names() and h.manager.view("a").waiting is not None
-        )
+        await _until(lambda: "a" in h.manager.names() and h.manager.view("a").waiting is not None)
         starts = sum(h.runtime.starts.values())
         h.memory.external["gpu"] = 0  # it exits: no unload event, only the probe shows it
         await _until(lambda: loaded(h.manager) == {"a"})
