@@ -37,7 +37,7 @@ from controller.spec.loader import DesiredSlot, DesiredState
 from controller.spec.problems import raise_for_problems
 from controller.spec.render import slot_effective
 from controller.spec.schema import ModelSpec
-from controller.store import StateStore
+from controller.store import ResidencyStore, StateStore
 
 __all__ = [
     "StackPlan",
@@ -56,6 +56,8 @@ class StackPlan:
     actions: list[Action]
     config_diffs: dict[str, str] = field(default_factory=dict)  # slot -> unified TOML diff
     drift: dict[str, list[str]] = field(default_factory=dict)  # slot -> runtime drift lines
+    # slot -> runtime wishes that are no drift (a residency wish being kept): shown, not counted
+    notes: dict[str, list[str]] = field(default_factory=dict)
     orphans: list[str] = field(default_factory=list)  # managed objects nobody declares
     models_changed: list[str] = field(default_factory=list)
     desired_doc: dict[str, Any] = field(default_factory=dict)
@@ -84,17 +86,20 @@ class StackPlan:
             "actions": [a.to_dict() for a in self.actions],
             "config_diffs": self.config_diffs,
             "drift": {k: v for k, v in self.drift.items() if v},
+            "notes": {k: v for k, v in self.notes.items() if v},
             "orphans": self.orphans,
             "models_changed": self.models_changed,
         }
 
 
 async def observe_files(
-    names: Iterable[str], state_dir: Path, runtime: Runtime
+    names: Iterable[str], state_dir: Path, runtime: Runtime, config_dir: Path | None = None
 ) -> dict[str, ObservedSlot]:
-    """Observed state from state.json and the runtime (no controller needed)."""
+    """Observed state from state.json, residency.json and the runtime (no controller
+    needed)."""
     _require_dir(state_dir, "state dir")
     store = StateStore(state_dir)
+    paused = ResidencyStore(config_dir).read_paused() if config_dir is not None else {}
     out: dict[str, ObservedSlot] = {}
     for name in names:
         # An unreadable state file is an error (diff exits 2), never "not started yet".
@@ -115,6 +120,8 @@ async def observe_files(
             message=message,
             blocked=False,
             retry_after_s=float(extra.get("retry_after_s", 0) or 0),
+            waiting=extra.get("waiting"),
+            paused=name in paused,
         )
     return out
 
@@ -167,10 +174,10 @@ async def plan_stack(
     snapshot = snapshot or read_config_dir(config_dir)
     owned = {n for n, s in snapshot.slots.items() if s.stack in state.stacks}
     names = list(state.slots) + sorted(owned - set(state.slots))
-    observed = await observe_files(names, state_dir, runtime)
+    observed = await observe_files(names, state_dir, runtime, config_dir)
     kind = runtime.kind if runtime.kind in ("process", "docker") else "process"
     hashes = {n: _hash(s, state.models, kind) for n, s in state.slots.items()}
-    residents: list[str] = []
+    residents = list(ResidencyStore(config_dir).read())
     actions = plans_for(
         names,
         state.slots,
@@ -188,7 +195,9 @@ async def plan_stack(
         diff = _config_diff(name, snapshot.slots.get(name), want)
         if diff:
             plan.config_diffs[name] = diff
-        plan.drift[name] = _drift(want, observed.get(name))
+        plan.drift[name] = _drift(want, observed.get(name), name in residents)
+        if name in residents and want is not None and not plan.drift[name]:
+            plan.notes[name] = ["resident: kept loaded by `slotctl slot load` (residency.json)"]
     plan.models_changed = sorted(
         m.id for m in state.models.values() if snapshot.models.get(m.id) != m
     )
@@ -201,15 +210,27 @@ async def plan_stack(
     return plan
 
 
-def _drift(want: DesiredSlot | None, obs: ObservedSlot | None) -> list[str]:
+def _drift(want: DesiredSlot | None, obs: ObservedSlot | None, resident: bool) -> list[str]:
+    """Runtime drift of one slot, in words (residency wishes and pauses included)."""
     if want is None or obs is None:
         return []
     lines = []
+    state = obs.state.value if obs.state else "never started"
+    if obs.waiting:
+        state += ", waiting for memory"
     if obs.state is SlotState.ERROR:
         lines.append(f"in error: {obs.message or 'no message'}")
+    elif want.autoload and obs.paused and not obs.dispatchable:
+        lines.append(
+            f"autoload slot paused by `slotctl slot unload` (state: {state}): "
+            f"`slotctl slot load {want.name}` resumes it"
+        )
     elif want.autoload and want.spec.activated and not obs.dispatchable:
-        state = obs.state.value if obs.state else "never started"
         lines.append(f"autoload slot is not serving (state: {state})")
+    elif resident and not obs.dispatchable:
+        lines.append(
+            f"resident (kept loaded by `slotctl slot load`) but not serving (state: {state})"
+        )
     return lines
 
 

@@ -92,6 +92,7 @@ class ObservedSlot:
     blocked: bool = False  # crash-loop breaker holds it
     retry_after_s: float = 0.0
     waiting: str | None = None  # a background load waits for memory
+    paused: bool = False  # an autoload slot a user unloaded (until a user's load)
 
     @property
     def dispatchable(self) -> bool:
@@ -168,7 +169,15 @@ def plan_slot(
             f"in place, no restart: {_fmt(changes)}",
             {"keys": [c[0] for c in changes]},
         )
-    wants_loaded = want.autoload or resident
+    paused = obs is not None and obs.paused
+    wants_loaded = (want.autoload and not paused) or resident
+    if want.autoload and paused and not resident and not (obs is not None and obs.dispatchable):
+        return Action(
+            "noop",
+            name,
+            f"autoload paused by `slotctl slot unload`: `slotctl slot load {name}` resumes it",
+            {"paused": True},
+        )
     if wants_loaded and want.spec.activated and not (obs is not None and obs.dispatchable):
         if obs is not None and obs.blocked:
             if obs.retry_after_s <= 0:
@@ -234,6 +243,7 @@ def observe_manager(manager: SlotManager, name: str) -> ObservedSlot | None:
         blocked=view.retry_after_s > 0,
         retry_after_s=view.retry_after_s,
         waiting=view.waiting,
+        paused=view.paused,
     )
 
 
@@ -519,7 +529,11 @@ class Reconciler:
                     continue
                 if event.to_state in (SlotState.OFFLINE.value, SlotState.ERROR.value):
                     want = self.snapshot.slots.get(event.slot)
-                    if want is not None and want.autoload:
+                    if (
+                        want is not None
+                        and want.autoload
+                        and not self.manager.is_paused(event.slot)
+                    ):
                         self.enqueue(event.slot, after=1.0)
                     for name in self.manager.waiting():
                         self.enqueue(name)

@@ -158,6 +158,7 @@ class SlotView:
     config_hash: str | None
     stack: str
     waiting: str | None = None  # "waiting_for_memory": a background load waits for room
+    paused: bool = False  # an autoload slot a user unloaded: stays unloaded until a load
 
     @property
     def dispatchable(self) -> bool:
@@ -233,6 +234,8 @@ class SlotManager:
         self.store = StateStore(state_dir)
         self.residency = ResidencyStore(config_dir)
         self._resident: dict[str, str] = {n: e.model_id for n, e in self.residency.read().items()}
+        # Autoload slots a user unloaded: not reloaded until a user's load resumes them.
+        self._paused: dict[str, str] = self.residency.read_paused()
         self.settings = settings or ControllerSettings()
         self.prober: Prober = prober or HttpProber()
         self.memory: MemoryProbe = memory or SystemMemoryProbe()
@@ -278,6 +281,14 @@ class SlotManager:
 
     def is_resident(self, name: str) -> bool:
         return name in self._resident
+
+    def is_paused(self, name: str) -> bool:
+        return name in self._paused
+
+    def _keeps_loaded(self, slot: _Slot) -> bool:
+        """Autoload (unless a user paused it) or a residency wish: keep it loaded."""
+        autoload = bool(slot.spec.autoload) and slot.name not in self._paused
+        return autoload or slot.name in self._resident
 
     def known(self, name: str) -> SlotSpec | None:
         """The spec the manager currently applies to ``name`` (None: unknown slot)."""
@@ -393,6 +404,7 @@ class SlotManager:
             config_hash=slot.running_hash or (launch.config_hash() if launch else None),
             stack=slot.stack,
             waiting=slot.waiting,
+            paused=slot.name in self._paused,
         )
 
     def views(self) -> list[SlotView]:
@@ -506,7 +518,7 @@ class SlotManager:
         is a no-op that answers the current state.
         """
         slot = self._get(name)
-        async with self._wish(slot, resident):
+        async with self._wish(slot, resident, background):
             await self._ensure_loaded(slot, background=background)
         return self.view(name)
 
@@ -519,7 +531,7 @@ class SlotManager:
         and the ordered restore at start. Joins a load already in flight at once.
         """
         slot = self._get(name)
-        async with self._wish(slot, resident):
+        async with self._wish(slot, resident, background):
             task = self._load_task(slot, background=background)
             if task is not None:
                 admitted = slot.admitted
@@ -533,10 +545,15 @@ class SlotManager:
         return self.view(name)
 
     @contextlib.asynccontextmanager
-    async def _wish(self, slot: _Slot, resident: bool) -> AsyncIterator[None]:
-        """Residency and ``wanted`` around a load; a refused load leaves no wish behind."""
+    async def _wish(self, slot: _Slot, resident: bool, background: bool) -> AsyncIterator[None]:
+        """Residency and ``wanted`` around a load; a refused load leaves no wish behind.
+
+        A user's load resumes an autoload slot that a user's unload paused.
+        """
         if not slot.spec.activated:
             raise self._refuse(slot, "load", not_activated(slot.name))
+        if not background and self._paused.pop(slot.name, None) is not None:
+            self.residency.resume(slot.name)
         previous = self._resident.get(slot.name)
         since = slot.since
         if resident:
@@ -968,13 +985,23 @@ class SlotManager:
         reason: str = "unloaded on request",
         clear_residency: bool = True,
         op: str = "unload",
+        pause: bool = False,
     ) -> SlotView:
-        """Drain, stop and go offline. Waits for an in-flight load to settle first."""
+        """Drain, stop and go offline. Waits for an in-flight load to settle first.
+
+        ``pause`` (a user's unload): an autoload slot stays unloaded — the reconciler does
+        not load it again — until a user's load resumes it; recorded in residency.json.
+        """
         slot = self._get(name)
         if slot.spec.pinned and not force:
             raise self._refuse(slot, op, SlotPinned(name, "unload"))
+        if pause and slot.spec.autoload and name not in self._paused:
+            self._paused[name] = utcnow()
+            self.residency.pause(name)
+            reason += " (autoload paused: `slotctl slot load` resumes it)"
         if clear_residency:
             self._clear_resident(name)
+        self._unwait_if_unwanted(slot)
         task = slot.load_task
         if task is not None and not task.done():
             with contextlib.suppress(SlotctlError, asyncio.CancelledError):
@@ -1079,6 +1106,8 @@ class SlotManager:
         del self._slots[name]
         self.store.delete(name)
         self._clear_resident(name)
+        if self._paused.pop(name, None) is not None:
+            self.residency.resume(name)
 
     # ================================================================= leases
 
@@ -1163,7 +1192,7 @@ class SlotManager:
         return lease
 
     def _wanted(self, slot: _Slot) -> bool:
-        return bool(slot.spec.autoload) or slot.wanted > 0 or slot.name in self._resident
+        return self._keeps_loaded(slot) or slot.wanted > 0
 
     def _after_waiter_cancel(self, slot: _Slot) -> None:
         """The last cold waiter left: unload once the load settles, if nobody wants it."""
@@ -1201,7 +1230,7 @@ class SlotManager:
 
     def _unwait_if_unwanted(self, slot: _Slot) -> None:
         """Nobody keeps this slot loaded any more: it is not waiting for memory either."""
-        if slot.waiting is None or slot.spec.autoload or slot.name in self._resident:
+        if slot.waiting is None or self._keeps_loaded(slot):
             return
         slot.waiting = None
         self.store.write(self._record(slot, message=""))
@@ -1540,7 +1569,7 @@ class SlotManager:
         return outcomes
 
     def _wanted_at_start(self, name: str) -> bool:
-        return bool(self._slots[name].spec.autoload) or name in self._resident
+        return self._keeps_loaded(self._slots[name])
 
     async def _restore_one(self, name: str) -> str:
         slot = self._slots[name]

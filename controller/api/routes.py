@@ -91,6 +91,7 @@ class SlotOut(BaseModel):
     config_hash: str | None = None
     stack: str
     waiting: str | None = None  # "waiting_for_memory": a background load waits for room
+    paused: bool = False  # autoload paused by a user's unload (until a user's load)
 
 
 class SlotList(BaseModel):
@@ -207,6 +208,7 @@ class DiffAnswer(BaseModel):
     actions: list[dict[str, Any]]
     config_diffs: dict[str, str]
     drift: dict[str, list[str]]
+    notes: dict[str, list[str]] = Field(default_factory=dict)
     orphans: list[str]
     models_changed: list[str]
     json_patch: list[dict[str, Any]]
@@ -490,8 +492,14 @@ async def load_slot(request: web.Request) -> web.Response:
 )
 async def unload_slot(request: web.Request) -> web.Response:
     ctx = _ctx(request)
-    view = await ctx.manager.unload(_name(request), force=query_flag(request, "force"))
-    return json_response({"status": "unloaded", "slot": slot_out(view)})
+    name = _name(request)
+    view = await ctx.manager.unload(name, force=query_flag(request, "force"), pause=True)
+    body: dict[str, Any] = {"status": "unloaded", "slot": slot_out(view)}
+    if view.paused:
+        body["message"] = (
+            f"autoload slot {name} paused: it stays unloaded until `slotctl slot load {name}`"
+        )
+    return json_response(body)
 
 
 @route(
@@ -711,7 +719,7 @@ async def unload_model(request: web.Request) -> web.Response:
             await ctx.manager.unload(view.name, force=True)
             cleared["residency"].append(view.name)
     for view in loaded:
-        _track(ctx, asyncio.create_task(ctx.manager.unload(view.name)))
+        _track(ctx, asyncio.create_task(ctx.manager.unload(view.name, pause=True)))
     await asyncio.sleep(0)
     if loaded:
         return json_response({"status": "unloading", "cleared": cleared}, status=202)

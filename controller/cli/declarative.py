@@ -125,6 +125,7 @@ def _remote_plan(state: DesiredState, answer: dict[str, Any]) -> StackPlan:
         actions=[Action(**a) for a in answer.get("actions", [])],
         config_diffs=dict(answer.get("config_diffs", {})),
         drift=dict(answer.get("drift", {})),
+        notes=dict(answer.get("notes", {})),
         orphans=list(answer.get("orphans", [])),
         models_changed=list(answer.get("models_changed", [])),
     )
@@ -397,7 +398,8 @@ def _print_diff(plan: StackPlan, style: Style) -> None:
     for name, action in by_slot.items():
         diff = plan.config_diffs.get(name, "")
         drift = plan.drift.get(name, [])
-        if action.kind == "noop" and not diff and not drift:
+        notes = plan.notes.get(name, [])
+        if action.kind == "noop" and not diff and not drift and not notes:
             continue
         print(style.bold(f"=== slot {name}: {action.kind}") + f" — {action.reason}")
         for line in diff.splitlines():
@@ -409,6 +411,8 @@ def _print_diff(plan: StackPlan, style: Style) -> None:
                 print(style.dim(line) if line.startswith("@@") else line)
         for line in drift:
             print(style.yellow(f"  runtime drift: {line}"))
+        for line in notes:
+            print(style.dim(f"  note: {line}"))
     for name in plan.orphans:
         print(style.bold(f"=== orphan {name}") + " — a managed server nobody declares")
     if plan.models_changed:

@@ -302,7 +302,9 @@ def cmd_slot_unload(args: argparse.Namespace) -> int:
     _, answer = _client(args).post(
         f"/api/slots/{quote_segment(args.name)}/unload", query={"force": args.force or None}
     )
-    _print(args, answer, f"slot {args.name}: unloaded ({_state(answer.get('slot'))})")
+    message = answer.get("message") if isinstance(answer, dict) else None
+    said = f"slot {args.name}: unloaded ({_state(answer.get('slot'))})"
+    _print(args, answer, f"{said}; {message}" if message else said)
     return EXIT_OK
 
 

@@ -140,3 +140,46 @@ def test_prune_of_a_pinned_slot_needs_force(live: tuple[Api, Slotctl]) -> None:
     assert (ctl.config / "slots" / "pin.toml").exists()
     ctl.ok("stack", "apply", path, "--prune", "--force")
     assert not (ctl.config / "slots" / "pin.toml").exists()
+
+
+def test_an_unloaded_autoload_slot_stays_paused_and_diff_says_so(ctl_pause: Slotctl) -> None:
+    ctl = ctl_pause
+    api = start_api(ctl)
+    api.wait_state("auto", "ready")
+    out = ctl.ok("slot", "unload", "auto")
+    assert "paused" in out and "slotctl slot load auto" in out, out
+    time.sleep(2.5)  # the reconciler's retry would have come after about a second
+    view = api.slot("auto")
+    assert (view["state"], view["paused"]) == ("offline", True)
+    diff = ctl.run("stack", "diff", ctl.tmp / "pause.toml", "--exit-code")
+    assert diff.returncode == 1 and "paused by `slotctl slot unload`" in diff.stdout, diff
+    ctl.ok("slot", "load", "auto")
+    api.wait_state("auto", "ready")
+    assert api.slot("auto")["paused"] is False
+    # A residency wish shows in the diff as a note, not as drift.
+    ctl.ok("slot", "load", "lazy")
+    api.wait_state("lazy", "ready")
+    diff = ctl.run("stack", "diff", ctl.tmp / "pause.toml", "--exit-code")
+    assert diff.returncode == 0, diff
+    assert "note: resident: kept loaded by `slotctl slot load`" in diff.stdout, diff
+
+
+@pytest.fixture
+def ctl_pause(tmp_path: object) -> Iterator[Slotctl]:
+    from pathlib import Path
+
+    ctl = Slotctl(Path(str(tmp_path)))
+    write_settings(ctl.config, cpu_budget_gb=1.0)
+    text = (
+        '[stack]\nname = "pause"\n'
+        + model("m-auto", 0.2)
+        + model("m-lazy", 0.2)
+        + slot("auto", "m-auto", autoload=True)
+        + slot("lazy", "m-lazy")
+    )
+    try:
+        apply(ctl, text, "pause.toml")
+        yield ctl
+    finally:
+        leftovers = ctl.close()
+    assert not leftovers, leftovers

@@ -456,3 +456,41 @@ async def test_an_open_breaker_is_retried_after_its_cap_without_a_reset(tmp_path
     h.runtime.script("a", start_error=None)  # the port is free again
     await drive(h, r, rounds=3, step_s=150.0)  # past the cap: half-open, one try
     assert h.manager.view("a").state is S.READY
+
+
+# ================================================================= pause (issue 14 item 7)
+
+
+async def test_a_users_unload_of_an_autoload_slot_sticks_until_a_load(tmp_path: Path) -> None:
+    h = harness(tmp_path, budget_gb=8)
+    r = reconciler(h, _stack([slot_spec("a", autoload=True)], [model_spec("a-m", 1)]))
+    await drive(h, r, rounds=1, step_s=1.0)
+    assert loaded(h.manager) == {"a"}
+    view = await h.manager.unload("a", pause=True)
+    assert view.paused and view.state is S.OFFLINE
+    await drive(h, r, rounds=10, step_s=5.0)
+    # Before: the reconciler loaded it again a second later ("unloaded" was a lie).
+    assert loaded(h.manager) == set() and h.runtime.starts["a"] == 1
+    assert "slotctl slot load a" in r.plan("a").reason
+    # A restarted controller keeps the pause (residency.json), restore skips the slot.
+    fresh = h.new_manager()
+    await fresh.set_desired(r.snapshot.desired())
+    assert fresh.view("a").paused
+    assert await fresh.restore() == {}
+    # A user's load resumes it: autoload keeps it loaded again.
+    view = await h.manager.load("a", resident=False)
+    assert not view.paused and view.state is S.READY
+    assert h.manager.residency.read_paused() == {}
+    await h.manager.unload("a")  # an internal unload (no pause): the reconciler reloads
+    await drive(h, r, rounds=1, step_s=1.0)
+    assert loaded(h.manager) == {"a"}
+
+
+async def test_a_request_does_not_resume_a_paused_slot(tmp_path: Path) -> None:
+    h = harness(tmp_path, budget_gb=8)
+    await h.manager.set_desired(desired([slot_spec("a", autoload=True)], [model_spec("a-m", 1)]))
+    await h.manager.load("a")
+    await h.manager.unload("a", pause=True)
+    lease = await h.manager.acquire("a")  # on demand, like a slot without autoload
+    h.manager.release(lease)
+    assert h.manager.view("a").paused
