@@ -727,7 +727,7 @@ async def unload_model(request: web.Request) -> web.Response:
         said = [f"{k} of {', '.join(v)}" for k, v in cleared.items() if v]
         message = f"not loaded; cleared the {' and the '.join(said)}"
         return json_response({"status": "unloaded", "cleared": cleared, "message": message})
-    return json_response({"status": "already unloaded", "cleared": cleared})
+    return json_response({"status": "already unloaded"})
 
 
 # ----------------------------------------------------------------------------- stacks
