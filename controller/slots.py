@@ -470,8 +470,8 @@ class SlotManager:
             details={"idle_reason": slot.idle_reason} if slot.idle_reason else {},
         )
 
-    def _record(self, slot: _Slot, *, message: str | None = None) -> SlotStateRecord:
-        """The slot as persisted in state.json (``message`` overrides the slot's own)."""
+    def _record(self, slot: _Slot) -> SlotStateRecord:
+        """The slot as persisted in state.json."""
         extra = dict(slot.extra)
         if slot.waiting:
             extra["waiting"] = slot.waiting
@@ -481,7 +481,7 @@ class SlotManager:
             model_id=slot.model.id if slot.model else slot.spec.model_id,
             port=slot.spec.port,
             updated_at=slot.since,
-            message=slot.message if message is None else message,
+            message=slot.message,
             extra=extra,
         )
 
@@ -532,17 +532,28 @@ class SlotManager:
         """
         slot = self._get(name)
         async with self._wish(slot, resident, background):
-            task = self._load_task(slot, background=background)
-            if task is not None:
-                admitted = slot.admitted
-                waiter = asyncio.ensure_future(admitted.wait()) if admitted else None
-                pending = {t for t in (task, waiter) if t is not None}
-                await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                if waiter is not None and not waiter.done():
-                    waiter.cancel()
-                if task.done() and not task.cancelled() and task.exception() is not None:
-                    raise task.exception()  # type: ignore[misc]
+            error = await self._until_admitted(slot, background)
+            if isinstance(error, InsufficientMemory) and slot.background and not background:
+                # A user joined a background load that waits for memory: user demand
+                # beats background restore, it gets a load of its own.
+                error = await self._until_admitted(slot, background)
+            if error is not None:
+                raise error
         return self.view(name)
+
+    async def _until_admitted(self, slot: _Slot, background: bool) -> BaseException | None:
+        """Wait until the slot's load (started if needed) is admitted or ends; its error."""
+        task = self._load_task(slot, background=background)
+        if task is None or slot.admitted is None:
+            return None
+        waiter = asyncio.ensure_future(slot.admitted.wait())
+        try:
+            await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+        if task.done() and not task.cancelled():
+            return task.exception()
+        return None
 
     @contextlib.asynccontextmanager
     async def _wish(self, slot: _Slot, resident: bool, background: bool) -> AsyncIterator[None]:
@@ -634,8 +645,11 @@ class SlotManager:
             return self._refuse(slot, op, error)
         if slot.waiting != WAITING_FOR_MEMORY:  # said once, not at every retry
             slot.waiting = WAITING_FOR_MEMORY
+            slot.message = f"waiting for memory: {error.message}"
             self._refuse(slot, op, error)
-            self.store.write(self._record(slot, message=f"waiting for memory: {error.message}"))
+            self.store.write(self._record(slot))
+        else:
+            error.reported = True  # said when the wait began
         return error
 
     def _build_launch(self, slot: _Slot) -> LaunchSpec:
@@ -1233,7 +1247,8 @@ class SlotManager:
         if slot.waiting is None or self._keeps_loaded(slot):
             return
         slot.waiting = None
-        self.store.write(self._record(slot, message=""))
+        slot.message = ""
+        self.store.write(self._record(slot))
 
     def waiting_with_room(self) -> list[str]:
         """Waiting slots whose background load would be admitted now (memory came back)."""

@@ -494,3 +494,16 @@ async def test_a_request_does_not_resume_a_paused_slot(tmp_path: Path) -> None:
     lease = await h.manager.acquire("a")  # on demand, like a slot without autoload
     h.manager.release(lease)
     assert h.manager.view("a").paused
+
+
+async def test_a_user_load_of_a_waiting_slot_still_evicts(tmp_path: Path) -> None:
+    h = harness(tmp_path, budget_gb=6)
+    slots = [slot_spec("a", autoload=True), slot_spec("b", autoload=True)]
+    r = reconciler(h, _stack(slots, [model_spec("a-m", 4), model_spec("b-m", 4)]))
+    await drive(h, r, rounds=2, step_s=1.0)
+    assert h.manager.view("b").waiting == WAITING_FOR_MEMORY
+    view = await h.manager.start_load("b")  # the API's load: user demand wins
+    assert view.state in (S.STARTING, S.PULLING, S.WARMING, S.READY)
+    await settle(h.manager)
+    assert loaded(h.manager) == {"b"} and h.manager.view("b").waiting is None
+    assert h.manager.view("a").state is S.OFFLINE
