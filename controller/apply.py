@@ -37,7 +37,7 @@ from controller.spec.loader import DesiredSlot, DesiredState
 from controller.spec.problems import raise_for_problems
 from controller.spec.render import slot_effective
 from controller.spec.schema import ModelSpec
-from controller.store import ResidencyStore, StateStore
+from controller.store import ResidencyStore, StateExtra, StateStore
 
 __all__ = [
     "StackPlan",
@@ -110,17 +110,17 @@ async def observe_files(
         if state in DISPATCHABLE_STATES and not observed.running:
             # state.json says it serves, the host says no server runs: believe the host.
             state, message = SlotState.ERROR, f"server not running ({observed.message or 'gone'})"
-        extra = record.extra if record else {}
+        extra = record.extra if record else StateExtra()
         out[name] = ObservedSlot(
             name=name,
             state=state,
-            idle_reason=extra.get("idle_reason"),
+            idle_reason=extra.idle_reason,
             running=observed.running,
             config_hash=observed.config_hash if observed.running else None,
             message=message,
             blocked=False,
-            retry_after_s=float(extra.get("retry_after_s", 0) or 0),
-            waiting=extra.get("waiting"),
+            retry_after_s=extra.retry_after_s,
+            waiting=extra.waiting,
             paused=name in paused,
         )
     return out

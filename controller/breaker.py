@@ -63,6 +63,26 @@ class Breaker:
         self.blocked_until = now + backoff
         return backoff
 
+    def to_record(self, now: float, wall_now: float) -> dict[str, float]:
+        """What ``state.json`` keeps of the breaker (``failures``, ``retry_after_s``,
+        ``retry_at`` on the wall clock), so a restarted controller goes on with it."""
+        if not self.failures:
+            return {}
+        wait = self.retry_after(now)
+        return {
+            "failures": self.failures,
+            "retry_after_s": round(wait, 3),
+            "retry_at": round(wall_now + wait, 3),
+        }
+
+    def restore(
+        self, failures: int, retry_at: float, last_error: str, now: float, wall_now: float
+    ) -> None:
+        """The breaker of a record written by :meth:`to_record` (monotonic ``now``)."""
+        self.failures = max(0, failures)
+        self.last_error = last_error
+        self.blocked_until = now + max(0.0, retry_at - wall_now)
+
     def reset(self) -> None:
         self.failures = 0
         self.blocked_until = 0.0

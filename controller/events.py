@@ -18,26 +18,68 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from typing import Any, Final
 
-__all__ = ["Event", "EventBus", "Subscription"]
+__all__ = ["Event", "EventBus", "EventKind", "EvictionReason", "Op", "Subscription"]
 
 log = logging.getLogger("slotctl.lifecycle")
 
 _LOG_FIELDS: Final = ("op", "slot", "model", "from_state", "to_state", "error")
 
 
+class EventKind(StrEnum):
+    """What happened (the ``kind`` of an event; plain strings on the wire)."""
+
+    TRANSITION = "transition"  # a slot changed state
+    REFUSAL = "refusal"  # an operation was refused (typed error)
+    EVICTION = "eviction"  # a slot is unloaded to make room (``reason`` says why)
+    ADMISSION = "admission"  # a load passed admission
+    PROGRESS = "progress"  # pull progress
+    LEASE = "lease"  # batch leases (holds)
+    ADOPT = "adopt"  # a running server adopted after a restart
+    PLAN = "plan"  # the reconciler's plan for a slot
+    ERROR = "error"  # a failed reconcile pass or background task
+
+
+class Op(StrEnum):
+    """Which operation an event belongs to (SPEC §1's ``op`` of every log line)."""
+
+    LOAD = "load"
+    UNLOAD = "unload"
+    ADMIT = "admit"
+    EVICT = "evict"
+    RESTORE = "restore"
+    RECONCILE = "reconcile"
+    PROBE = "probe"
+    LEASE = "lease"
+    API = "api"  # a refusal answered by the HTTP API
+    ROUTE = "route"  # a refusal answered by the OpenAI router
+    BACKGROUND = "background"  # a background task of the controller
+
+
+class EvictionReason(StrEnum):
+    """Why a slot was evicted: a field of every eviction event (metrics count by it)."""
+
+    PRELOAD = "preload"  # room for a load
+    PRESSURE = "pressure"  # low free memory
+    TTL = "ttl"  # unused past ttl_s
+    EXCLUSIVE = "exclusive"  # swapped out by an exclusive-group peer
+    ORPHAN = "orphan"  # a managed server nobody declares
+
+
 @dataclass(frozen=True, slots=True)
 class Event:
     id: int
-    kind: str  # transition | refusal | eviction | load | unload | probe | error | plan
-    op: str  # load | unload | admit | evict | restore | reconcile | probe | lease
+    kind: EventKind
+    op: Op
     slot: str | None = None
     model: str | None = None
     from_state: str | None = None
     to_state: str | None = None
     message: str = ""
     error: str | None = None  # the typed error code on failures
+    reason: EvictionReason | None = None  # eviction events: why
     time: float = field(default_factory=time.time)
     details: dict[str, Any] = field(default_factory=dict)
 
@@ -45,6 +87,8 @@ class Event:
         data = asdict(self)
         data["from"] = data.pop("from_state")
         data["to"] = data.pop("to_state")
+        if data["reason"] is None:
+            del data["reason"]  # only eviction events carry one
         return data
 
 
@@ -95,7 +139,7 @@ class EventBus:
         self._listeners: list[Callable[[Event], None]] = []
         self._next_id = 1
 
-    def emit(self, kind: str, op: str, **fields: Any) -> Event:
+    def emit(self, kind: EventKind, op: Op, **fields: Any) -> Event:
         event = Event(id=self._next_id, kind=kind, op=op, **fields)
         self._next_id += 1
         self._buffer.append(event)

@@ -29,6 +29,7 @@ from controller.errors import (
     SlotCrashLooping,
     SlotctlError,
 )
+from controller.events import EventKind, Op
 from controller.lifecycle import SlotState, can_dispatch
 from controller.slots import SlotManager
 from controller.spec.configdir import ConfigSnapshot, read_config_dir
@@ -362,8 +363,8 @@ class Reconciler:
         if action.kind != "noop" and self._said.get(name) != said:
             self._said[name] = said
             self.manager.events.emit(
-                "plan",
-                "reconcile",
+                EventKind.PLAN,
+                Op.RECONCILE,
                 slot=name,
                 message=action.reason,
                 details={"action": action.kind},
@@ -393,7 +394,7 @@ class Reconciler:
                 force=True,
                 clear_residency=False,
                 reason=f"recreate: {action.reason}",
-                op="reconcile",
+                op=Op.RECONCILE,
             )
             manager.upsert(want)
             if want.autoload or manager.is_resident(name):
@@ -488,8 +489,8 @@ class Reconciler:
             return
         self._said[name] = said
         self.manager.events.emit(
-            "error",
-            "reconcile",
+            EventKind.ERROR,
+            Op.RECONCILE,
             slot=name,
             message=message,
             error=code,

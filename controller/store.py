@@ -29,6 +29,7 @@ __all__ = [
     "ResidencyEntry",
     "ResidencyStore",
     "SlotStateRecord",
+    "StateExtra",
     "StateStore",
     "atomic_write_bytes",
     "atomic_write_json",
@@ -104,6 +105,24 @@ def sweep_temp_files(directory: Path) -> int:
     return removed
 
 
+class StateExtra(BaseModel):
+    """``state.json``'s ``extra``: the facts beyond the state itself, each one named.
+
+    Unknown keys (a newer or older controller's) are ignored; defaults are left out of
+    the file, so a slot with nothing to say has ``"extra": {}``.
+    """
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    idle_reason: str | None = None  # no_model | timeout, while idle
+    failures: int = 0  # the crash-loop breaker's count ...
+    retry_after_s: float = 0.0  # ... its backoff when the record was written ...
+    retry_at: float = 0.0  # ... and when it ends (wall clock), so a restart keeps it
+    adopted: str | None = None  # the server adopted after a restart (pid, container)
+    config_drift: bool = False  # the adopted server runs an older config
+    waiting: str | None = None  # waiting_for_memory: a background load waits for room
+
+
 class SlotStateRecord(BaseModel):
     """``slots/<name>/state.json``: the persisted observed state of one slot."""
 
@@ -115,7 +134,12 @@ class SlotStateRecord(BaseModel):
     port: int | None = None
     updated_at: str = Field(default_factory=utcnow)
     message: str = ""
-    extra: dict[str, Any] = Field(default_factory=dict)
+    extra: StateExtra = Field(default_factory=StateExtra)
+
+    def to_json(self) -> dict[str, Any]:
+        data = self.model_dump(mode="json", exclude={"extra"})
+        data["extra"] = self.extra.model_dump(mode="json", exclude_defaults=True)
+        return data
 
 
 class StateStore:
@@ -129,9 +153,7 @@ class StateStore:
         return self.slots_dir / check_slot_name(name) / "state.json"
 
     def write(self, record: SlotStateRecord, *, durable: bool = True) -> None:
-        atomic_write_json(
-            self.path_for(record.name), record.model_dump(mode="json"), durable=durable
-        )
+        atomic_write_json(self.path_for(record.name), record.to_json(), durable=durable)
 
     def read(self, name: str) -> SlotStateRecord | None:
         path = self.path_for(name)

@@ -27,7 +27,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from controller import __version__
 from controller.errors import InvalidRequest, SlotctlError, Unauthorized
-from controller.events import EventBus
+from controller.events import EventBus, EventKind, Op
 
 __all__ = [
     "API_CTX",
@@ -223,8 +223,8 @@ def _report(request: web.Request, error: SlotctlError) -> None:
         return
     error.reported = True
     request.app[API_CTX].events.emit(
-        "refusal",
-        "api",
+        EventKind.REFUSAL,
+        Op.API,
         slot=request.match_info.get("name"),
         model=request.match_info.get("model_id"),
         message=error.message,

@@ -32,7 +32,7 @@ from prometheus_client.registry import Collector
 
 from controller import __version__
 from controller.api.app import API_CTX, ApiContext, route
-from controller.events import Event
+from controller.events import Event, EventKind
 from controller.lifecycle import SlotState
 from controller.memory import GIB
 
@@ -77,35 +77,15 @@ RECONCILE_BUCKETS: Final = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 
 
 
 def eviction_reason(event: Event) -> str | None:
-    """The short reason class of an eviction, or None when ``event`` is not one.
+    """The reason class of an eviction event (a field of the event), else None.
 
     ``preload`` (room for a load), ``pressure`` (low free memory), ``ttl`` (unused past
     ``ttl_s``), ``exclusive`` (swapped out by an exclusive-group peer), ``orphan`` (a
-    managed server nobody declares), ``other``.
+    managed server nobody declares).
     """
-    explicit = event.details.get("reason") if event.kind == "eviction" else None
-    if isinstance(explicit, str) and explicit:
-        return explicit
-    message = event.message
-    if event.kind == "eviction":
-        if message.startswith("evicted to make room"):
-            return "preload"
-        if message.startswith("evicted to memory pressure"):
-            return "pressure"
-        if message.startswith("ttl"):
-            return "ttl"
-        if event.op == "reconcile":
-            return "orphan"
-        return "other"
-    # An exclusive-group swap unloads the peer without an eviction event: its transition
-    # to ``unloading`` carries the reason.
-    if (
-        event.kind == "transition"
-        and event.to_state == SlotState.UNLOADING.value
-        and message.startswith("exclusive group")
-    ):
-        return "exclusive"
-    return None
+    if event.kind is not EventKind.EVICTION or event.reason is None:
+        return None
+    return event.reason.value
 
 
 @dataclass(frozen=True, slots=True)

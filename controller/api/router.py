@@ -56,6 +56,7 @@ from controller.errors import (
     SlotNotFound,
     SlotNotReady,
 )
+from controller.events import EventKind, Op
 from controller.lifecycle import Candidate, rank_candidates
 from controller.slots import Lease, SlotManager
 
@@ -573,8 +574,8 @@ def _report(ctx: ApiContext, error: SlotctlError, model: str) -> None:
         return
     error.reported = True
     ctx.events.emit(
-        "refusal",
-        "route",
+        EventKind.REFUSAL,
+        Op.ROUTE,
         slot=error.details.get("slot"),
         model=model,
         message=error.message,

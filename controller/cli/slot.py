@@ -75,7 +75,7 @@ def _rows(snapshot: ConfigSnapshot, store: StateStore) -> list[dict[str, Any]]:
             {
                 "name": name,
                 "state": record.state.value if record else SlotState.OFFLINE.value,
-                "idle_reason": record.extra.get("idle_reason") if record else None,
+                "idle_reason": record.extra.idle_reason if record else None,
                 "model": (
                     record.model_id
                     if record and record.model_id

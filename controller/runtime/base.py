@@ -18,6 +18,7 @@ import json
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from pathlib import Path
 from typing import Any, Final, Protocol, runtime_checkable
 
 from controller.probe import ProbeSpec
@@ -81,6 +82,10 @@ class LaunchSpec:
     def endpoint(self) -> str:
         host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host  # noqa: S104
         return f"http://{host}:{self.port}"
+
+    def model_missing(self) -> bool:
+        """The model file the server reads is not there (yet): the load has to pull it."""
+        return self.model_path is not None and not Path(self.model_path).exists()
 
     def hash_input(self) -> dict[str, Any]:
         return {

@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,7 +28,7 @@ KILLS = 40
 # payloads from a few bytes to a few hundred KiB so a kill often lands mid-write. It says
 # "ready" once its first write is on disk so the test kills a writer that is writing.
 WRITER = r"""
-import random, sys
+import json, random, sys
 from pathlib import Path
 from controller.lifecycle import SlotState
 from controller.store import SlotStateRecord, StateStore
@@ -39,11 +40,12 @@ rng = random.Random(gen)
 seq = 0
 while True:
     size = rng.choice((0, 10, 1_000, 20_000, 100_000, 400_000)) if seq else 0
-    extra = {"gen": gen, "seq": seq, "size": size}
-    extra["blob"] = {f"k{i}": "x" * 97 for i in range(size // 100)}
+    payload = {"gen": gen, "seq": seq, "size": size, "pad": "y" * (seq % 300)}
+    payload["blob"] = {f"k{i}": "x" * 97 for i in range(size // 100)}
     store.write(SlotStateRecord(
         name=name, state=states[seq % len(states)], model_id=f"m-{gen}-{seq}",
-        port=8000 + seq % 1000, message="y" * (seq % 300), extra=extra,
+        port=8000 + seq % 1000, message=json.dumps(payload),
+        extra={"failures": seq % 7, "idle_reason": "timeout"},
     ))
     if seq == 0:
         sys.stdout.write("ready\n")
@@ -52,13 +54,15 @@ while True:
 """
 
 
-def _validate(raw: bytes) -> SlotStateRecord:
+def _validate(raw: bytes) -> dict[str, Any]:
+    """The record's payload (in its message), after checking it is whole and consistent."""
     record = SlotStateRecord.model_validate(json.loads(raw))
     assert record.name == SLOT
-    blob = record.extra.get("blob", {})
+    payload = json.loads(record.message)
     # Internal consistency: the blob has the size the same write announced.
-    assert len(blob) == int(record.extra["size"]) // 100
-    return record
+    assert len(payload.get("blob", {})) == int(payload["size"]) // 100
+    assert record.model_id in ("", f"m-{payload['gen']}-{payload['seq']}")
+    return dict(payload)
 
 
 class _Reader(threading.Thread):
@@ -80,12 +84,12 @@ class _Reader(threading.Thread):
                 self.failures.append(f"missing: {exc}")
                 continue
             try:
-                record = _validate(raw)
+                payload = _validate(raw)
             except Exception as exc:
                 self.failures.append(f"{type(exc).__name__}: {exc!s:.200} ({len(raw)} bytes)")
                 continue
             self.reads += 1
-            self.seen.add((int(record.extra["gen"]), int(record.extra["seq"])))
+            self.seen.add((int(payload["gen"]), int(payload["seq"])))
             time.sleep(0.0002)  # leave some CPU to the writer on a small machine
 
 
@@ -107,9 +111,8 @@ def _start_writer(state_dir: Path, gen: int) -> subprocess.Popen[bytes]:
 def test_sigkill_never_leaves_a_torn_state_file(tmp_path: Path) -> None:
     store = StateStore(tmp_path)
     path = store.path_for(SLOT)
-    store.write(
-        SlotStateRecord(name=SLOT, state=SlotState.OFFLINE, extra={"gen": -1, "seq": 0, "size": 0})
-    )
+    first = {"gen": -1, "seq": 0, "size": 0}
+    store.write(SlotStateRecord(name=SLOT, state=SlotState.OFFLINE, message=json.dumps(first)))
 
     rng = random.Random(1234)
     reader = _Reader(path)
@@ -126,11 +129,10 @@ def test_sigkill_never_leaves_a_torn_state_file(tmp_path: Path) -> None:
             live.stdout.close()  # type: ignore[union-attr]
             live = None
             # After the kill the file on disk is a whole record, from this or an older writer.
-            record = store.read(SLOT)
-            assert record is not None
-            _validate(path.read_bytes())
-            assert int(record.extra["gen"]) <= gen
-            gens_on_disk.add(int(record.extra["gen"]))
+            assert store.read(SLOT) is not None
+            payload = _validate(path.read_bytes())
+            assert int(payload["gen"]) <= gen
+            gens_on_disk.add(int(payload["gen"]))
     finally:
         if live is not None and live.poll() is None:
             live.kill()

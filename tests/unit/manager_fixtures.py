@@ -151,10 +151,10 @@ def assert_legal_history(transitions: Iterable[tuple[str, str, str]]) -> None:
 async def settle(manager: SlotManager, *, rounds: int = 100_000) -> None:
     """Let in-flight loads and background work (cleanups) finish; FakeClock: no sleeping."""
     for _ in range(rounds):
-        pending = [t for t in manager._background if not t.done()]
+        pending = [t for t in manager.core.tasks if not t.done()]
         pending += [
             s.load_task
-            for s in manager._slots.values()
+            for s in manager.core.table.records.values()
             if s.load_task is not None and not s.load_task.done()
         ]
         if not pending:

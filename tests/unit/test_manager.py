@@ -23,6 +23,7 @@ from controller.errors import (
     SlotSpawnFailed,
     SlotTerminateTimeout,
 )
+from controller.events import Op
 from controller.lifecycle import IdleReason, SlotState
 from controller.memory import GIB
 from controller.slots import SlotManager
@@ -203,7 +204,7 @@ async def test_stale_cleanup_does_not_unload_a_replacement_load(tmp_path: Path) 
     h.runtime.script("a", load_s=5.0)
     waiter = asyncio.create_task(m.acquire("a"))
     await spin()
-    slot = m._slots["a"]
+    slot = m.core.table.records["a"]
     first_load = slot.load_task
     assert first_load is not None
     waiter.cancel()
@@ -215,12 +216,12 @@ async def test_stale_cleanup_does_not_unload_a_replacement_load(tmp_path: Path) 
     await m.load("a", resident=False)
     assert m.view("a").generation == 2
     # The cleanup of the first, cancelled load runs late: its generation is stale.
-    await m._cleanup_after(slot, first_load)
+    await m.leasing.cleanup_after(slot, first_load)
     assert m.view("a").state is S.READY
     # The same cleanup for the current generation does unload (the check is the guard).
     current = slot.load_task
     assert current is not None
-    await m._cleanup_after(slot, current)
+    await m.leasing.cleanup_after(slot, current)
     assert m.view("a").state is S.OFFLINE
 
 
@@ -604,7 +605,7 @@ async def test_idle_timeout_via_tick_and_idle_is_dispatchable(tmp_path: Path) ->
     assert view.state is S.IDLE and view.idle_reason == IdleReason.TIMEOUT
     assert view.dispatchable
     record = m.store.read("a")
-    assert record is not None and record.extra["idle_reason"] == "timeout"
+    assert record is not None and record.extra.idle_reason == "timeout"
     lease = await m.acquire("a")
     assert m.view("a").state is S.SERVING
     assert h.runtime.starts["a"] == 1
@@ -770,7 +771,7 @@ async def test_stale_liveness_miss_is_not_counted_against_a_new_server(tmp_path:
     h.clock.advance(5)
 
     async def reload() -> None:
-        while m._slots["a"].last_liveness != h.clock.now:  # the probe is in flight
+        while m.core.table.records["a"].last_liveness != h.clock.now:  # the probe is in flight
             await asyncio.sleep(0)
         await m.unload("a", force=True)
         await m.load("a")  # a new server (its own liveness is probed on its own schedule)
@@ -778,7 +779,9 @@ async def test_stale_liveness_miss_is_not_counted_against_a_new_server(tmp_path:
     await asyncio.gather(m.tick(), reload())
     assert m.view("a").state is S.READY
     assert m.view("a").generation == 2
-    assert m._slots["a"].liveness_misses == 0  # the old server's miss is not the new one's
+    assert (
+        m.core.table.records["a"].liveness_misses == 0
+    )  # the old server's miss is not the new one's
 
 
 async def test_no_model_is_idle_and_not_dispatchable(tmp_path: Path) -> None:
@@ -788,7 +791,7 @@ async def test_no_model_is_idle_and_not_dispatchable(tmp_path: Path) -> None:
     assert view.state is S.IDLE and view.idle_reason == IdleReason.NO_MODEL
     assert not view.dispatchable
     record = m.store.read("a")
-    assert record is not None and record.extra["idle_reason"] == "no_model"
+    assert record is not None and record.extra.idle_reason == "no_model"
     with pytest.raises(SlotNotReady, match="serves no model"):
         await m.acquire("a")
     assert [t for t in m.transitions if t[0] == "a"][-1] == ("a", "warming", "idle")
@@ -996,7 +999,9 @@ async def test_a_device_admission_filled_is_not_under_pressure(tmp_path: Path) -
 async def test_restart_finishes_an_interrupted_unload(tmp_path: Path) -> None:
     h, m = await setup(tmp_path, [slot_spec("a")], [model_spec("a-m", 2)])
     await m.load("a")
-    m._set(m._slots["a"], S.UNLOADING, op="unload", message="controller killed here")
+    m.core.table.set(
+        m.core.table.records["a"], S.UNLOADING, op=Op.UNLOAD, message="controller killed here"
+    )
     fresh = h.new_manager()
     await fresh.set_desired(desired([slot_spec("a")], [model_spec("a-m", 2)]))
     await fresh.recover()

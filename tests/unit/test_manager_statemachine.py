@@ -197,17 +197,19 @@ class ManagerMachine(RuleBasedStateMachine):
 
     def _spawned_hook(self) -> None:
         """Keep every background task the manager spawns, to check how it ended."""
-        spawn = self.m._spawn
+        tasks = self.m.core.tasks
+        spawn = tasks.spawn
 
-        def tracking_spawn(coro: Any, name: str) -> None:
-            spawn(coro, name)
-            self.tasks.update(t for t in self.m._background if t.get_name() == name)
+        def tracking_spawn(coro: Any, name: str) -> asyncio.Task[Any]:
+            task = spawn(coro, name)
+            self.tasks.add(task)
+            return task
 
-        self.m._spawn = tracking_spawn  # type: ignore[method-assign]
+        tasks.spawn = tracking_spawn  # type: ignore[method-assign]
 
     def _on_event(self, event: Event) -> None:
         if event.kind == "eviction" and event.slot in self.m.names():
-            slot = self.m._slots[event.slot]
+            slot = self.m.core.table.records[event.slot]
             if event.slot in PINNED or slot.spec.pinned:
                 self.violations.append(f"pinned slot {event.slot} evicted: {event.message}")
             if slot.leases or any(
@@ -243,7 +245,7 @@ class ManagerMachine(RuleBasedStateMachine):
         return result
 
     def _track_load_tasks(self) -> None:
-        for slot in self.m._slots.values():
+        for slot in self.m.core.table.records.values():
             if slot.load_task is not None:
                 self.tasks.add(slot.load_task)
 
@@ -460,7 +462,7 @@ class ManagerMachine(RuleBasedStateMachine):
 
     def _check_exclusive(self, where: str) -> None:
         groups: dict[str, list[str]] = {}
-        for slot in self.m._slots.values():
+        for slot in self.m.core.table.records.values():
             group = slot.model.exclusive_group if slot.model else None
             if group and slot.state in ADMITTED_STATES:
                 groups.setdefault(group, []).append(f"{slot.name}:{slot.state.value}")
@@ -542,7 +544,7 @@ class ManagerMachine(RuleBasedStateMachine):
             assert record.state is view.state, (name, record.state, view.state)
             if view.state in ADMITTED_STATES:  # a running server: the model it runs
                 assert record.model_id == view.model_id, name
-            assert (record.extra.get("idle_reason") is not None) == (view.state is S.IDLE), name
+            assert (record.extra.idle_reason is not None) == (view.state is S.IDLE), name
 
     @invariant()
     def runtime_agrees(self) -> None:

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from controller.apply import apply_to_config
 from controller.decision import WAITING_FOR_MEMORY
 from controller.errors import InsufficientMemory, ModelNotFound, SlotctlError, SlotPinned
+from controller.events import EvictionReason
 from controller.lifecycle import SlotState
 from controller.memory import GIB
 from controller.reconcile import Reconciler
@@ -106,7 +107,7 @@ async def test_two_autoload_slots_that_do_not_fit_together_do_not_evict_each_oth
     assert [e for e in first if e.kind == "error"] == []
     assert events_of(sub) == []  # 30 more retries: not a line
     record = h.manager.store.read("b")
-    assert record is not None and record.extra.get("waiting") == WAITING_FOR_MEMORY
+    assert record is not None and record.extra.waiting == WAITING_FOR_MEMORY
     assert "waiting for memory" in record.message
     assert_legal_history(h.manager.transitions)
 
@@ -170,7 +171,7 @@ async def test_a_waiting_slot_comes_back_when_memory_is_freed(tmp_path: Path) ->
         stop.set()
         await runner
     assert h.manager.view("b").waiting is None
-    assert (h.manager.store.read("b") or pytest.fail("no state")).extra.get("waiting") is None
+    assert (h.manager.store.read("b") or pytest.fail("no state")).extra.waiting is None
 
 
 async def _until(cond: Any, timeout: float = 10.0) -> None:
@@ -380,12 +381,12 @@ async def test_a_victim_reloaded_since_the_plan_is_spared(tmp_path: Path) -> Non
     await m.load("v1")
     await m.load("v2")
     h.clock.advance(100)
-    plan = m._decide(m._slots["new"], background=False)
+    plan = m.decide("new")
     generation = m.view("v2").generation
     await m.unload("v2")
     await m.load("v2")
     assert m.view("v2").generation == generation + 1
-    assert await m._evict(plan.victims, kind="preload") == ["v1"]
+    assert await m.evict(list(plan.victims), reason=EvictionReason.PRELOAD) == ["v1"]
     assert m.view("v2").state is S.READY
 
 

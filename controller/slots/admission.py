@@ -1,0 +1,172 @@
+"""Admission: the one load decision on live state, the dry run, and the reservation.
+
+A part of the manager (:mod:`controller.slots`), between :mod:`.loading` (which asks it)
+and :mod:`.unloading` (which evicts for it). :meth:`Admission.decide` turns the table's
+live state into the inputs of the pure :func:`controller.decision.decide_load`; the load
+and its dry run (:meth:`Admission.explain`) both call it, so they never disagree.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from controller.decision import (
+    WAITING_FOR_MEMORY,
+    GroupPeer,
+    LoadDecision,
+    LoadRequest,
+    MemoryFacts,
+    decide_load,
+)
+from controller.errors import SlotctlError
+from controller.events import EventKind, EvictionReason, Op
+from controller.lifecycle import DISPATCHABLE_STATES, SlotState
+from controller.memory import GIB
+from controller.runtime.base import LaunchSpec
+from controller.slots.core import Core, Part
+from controller.slots.records import ADMITTED_STATES, SlotRecord
+from controller.slots.unloading import Unloading
+
+__all__ = ["Admission"]
+
+S = SlotState
+
+
+class Admission(Part):
+    def __init__(self, core: Core, unloading: Unloading) -> None:
+        super().__init__(core)
+        self.unloading = unloading
+
+    def decide(self, slot: SlotRecord, *, background: bool, evict: bool = True) -> LoadDecision:
+        """The one load decision (:func:`controller.decision.decide_load`) on live state."""
+        device = slot.spec.device
+        admitted = self.table.admitted_bytes(device)
+        if slot.state in ADMITTED_STATES:
+            admitted -= slot.memory_bytes
+        peers = tuple(
+            GroupPeer(
+                p.name,
+                bool(p.spec.pinned),
+                p.memory_bytes if p.spec.device == device and p.state in ADMITTED_STATES else 0,
+            )
+            for p in self.table.group_peers(slot)
+        )
+        request = LoadRequest(
+            slot=slot.name,
+            device=device,
+            priority=slot.spec.priority,
+            needed=slot.memory_bytes,
+            activated=slot.spec.activated,
+            model_id=slot.spec.model_id,
+            model_known=slot.model is not None or not slot.spec.model_id,
+            breaker=slot.breaker,
+            max_failures=slot.spec.max_consecutive_failures,
+            peers=peers,
+            background=background,
+        )
+        budget_gb = self.settings.memory_budget_gb.get(device)
+        memory = MemoryFacts(
+            admitted=admitted,
+            sample=self.memory.sample(device),
+            budget=int(budget_gb * GIB) if budget_gb is not None else None,
+            margin=int(self.settings.safety_margin_gb * GIB),
+            reserved=self.table.reserved_bytes(device, slot),
+        )
+        return decide_load(
+            request,
+            memory,
+            self.table.candidates() if evict else [],
+            self.clock.monotonic(),
+            min_resident_s=self.settings.min_resident_s,
+        )
+
+    def explain(self, slot: SlotRecord) -> dict[str, Any]:
+        """Dry run of a load: would it fit, what would be evicted and why. Changes nothing."""
+        if slot.state in DISPATCHABLE_STATES:
+            return {"slot": slot.name, "action": "none", "reason": f"already {slot.state.value}"}
+        decision = self.decide(slot, background=False)
+        result: dict[str, Any] = {"slot": slot.name}
+        admission = decision.admission
+        if admission is not None:
+            result.update(
+                device=slot.spec.device,
+                needed_bytes=admission.needed,
+                free_bytes=admission.free,
+                budget_bytes=admission.budget,
+                admitted_bytes=admission.admitted,
+                probe=admission.source,
+                exclusive_peers=list(decision.peers),
+            )
+        if decision.error is not None:
+            return {**result, "action": "refuse", "error": decision.error.to_dict()["error"]}
+        evict = [
+            {
+                "slot": v.name,
+                "priority": v.priority,
+                "idle_s": round(v.idle_s, 1),
+                "bytes": v.bytes,
+                "reason": v.reason,
+            }
+            for v in decision.victims
+        ]
+        return {**result, "action": decision.verdict, "evict": evict}
+
+    def waiting_with_room(self) -> list[str]:
+        """Waiting slots whose background load would be admitted now (memory came back)."""
+        return [
+            s.name
+            for s in self.table
+            if s.waiting is not None and not s.busy and self.decide(s, background=True).ok
+        ]
+
+    def refuse(self, slot: SlotRecord, decision: LoadDecision) -> SlotctlError:
+        """A refused load: one event, except while a background load keeps waiting."""
+        error = decision.error
+        assert error is not None
+        op = Op.ADMIT if decision.admission is not None else Op.LOAD
+        if not decision.waiting:
+            return self.table.refuse(slot, op, error)
+        if slot.waiting != WAITING_FOR_MEMORY:  # said once, not at every retry
+            slot.waiting = WAITING_FOR_MEMORY
+            slot.message = f"waiting for memory: {error.message}"
+            self.table.refuse(slot, op, error)
+            self.table.persist(slot)
+        else:
+            error.reported = True  # said when the wait began
+        return error
+
+    async def admit_and_reserve(self, slot: SlotRecord, launch: LaunchSpec) -> bool:
+        """Admission (with pre-load eviction), then reserve by leaving offline/error.
+
+        Returns True when the slot entered ``pulling``. Runs under the device lock so two
+        loads can never both pass admission for the same free memory; the decision is
+        taken again here (the exclusive peers are gone now, other loads may have run).
+        """
+        device = slot.spec.device
+        async with self.locks.device(device):
+            decision = self.decide(slot, background=slot.background)
+            if decision.victims:
+                await self.unloading.evict(decision.victims, reason=EvictionReason.PRELOAD)
+                decision = self.decide(slot, background=slot.background)
+                if decision.victims:  # a victim got a request meanwhile: not enough room
+                    decision = self.decide(slot, background=slot.background, evict=False)
+            if not decision.ok:
+                raise self.refuse(slot, decision)
+            admission = decision.admission
+            assert admission is not None
+            self.events.emit(
+                EventKind.ADMISSION,
+                Op.ADMIT,
+                slot=slot.name,
+                model=launch.model_id,
+                message=f"admitted {slot.memory_bytes} bytes on {device}",
+                details={"needed_bytes": admission.needed, "free_bytes": admission.free},
+            )
+            needs_pull = await self.runtime.needs_prepare(launch) or launch.model_missing()
+            target = S.PULLING if needs_pull else S.STARTING
+            if slot.state is not S.OFFLINE and slot.state is not S.ERROR:
+                self.table.walk(slot, S.OFFLINE, op=Op.LOAD, message="reset before load")
+            self.table.set(slot, target, op=Op.LOAD, message=f"admitted on {device}")
+            if slot.admitted is not None:
+                slot.admitted.set()
+            return needs_pull

@@ -1,0 +1,174 @@
+"""Housekeeping: the time-driven engines, one function each, and the loop that runs them.
+
+A part of the manager (:mod:`controller.slots`), above :mod:`.leases` and
+:mod:`.loading`. Engines: :meth:`~Housekeeping.exits` (a server that exits goes to
+``error`` at once), :meth:`~Housekeeping.holds` (batch leases expire),
+:meth:`~Housekeeping.idle_and_ttl` (``ready -> idle``; ``ttl_s`` gives the memory back),
+:meth:`~Housekeeping.breakers` (60 s healthy ends a crash loop),
+:meth:`~Housekeeping.liveness` (a wedged server goes to ``error``) and
+:meth:`~Housekeeping.pressure` (evictions when other memory use grows). Each decision is
+revalidated under the slot's lock before it acts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from controller.errors import SlotctlError, SlotHealthFailed
+from controller.events import EvictionReason, Op
+from controller.eviction import pressure_level, pressure_victims
+from controller.lifecycle import DISPATCHABLE_STATES, IdleReason, SlotState
+from controller.memory import GIB
+from controller.probe import ProbeOutcome
+from controller.runtime.base import RunStatus
+from controller.slots.core import Core, Part
+from controller.slots.leases import Leases
+from controller.slots.loading import Loading
+from controller.slots.records import ADMITTED_STATES, SlotRecord
+
+__all__ = ["Housekeeping"]
+
+log = logging.getLogger("slotctl.manager")
+
+S = SlotState
+
+
+class Housekeeping(Part):
+    def __init__(self, core: Core, loading: Loading, leases: Leases) -> None:
+        super().__init__(core)
+        self.loading = loading
+        self.leases = leases
+
+    async def tick(self) -> None:
+        """One pass of every engine. ``run()`` calls it; fake-clock tests call it directly."""
+        await self.exits()
+        now = self.clock.monotonic()
+        for slot in self.table:
+            self.leases.expire_holds(slot, now)
+            await self.idle_and_ttl(slot, now)
+            self.breakers(slot, now)
+        await self.liveness(now)
+        await self.pressure()
+
+    async def exits(self) -> None:
+        """A server that exits goes to error at once; its leases get a typed error."""
+        for slot in self.table:
+            if slot.state not in DISPATCHABLE_STATES or slot.busy:
+                continue
+            gen = slot.generation
+            observed = await self.runtime.inspect(slot.name)
+            if observed.status is RunStatus.RUNNING or slot.busy:
+                continue
+            if slot.state not in DISPATCHABLE_STATES:
+                continue
+            detail = await self.loading.exit_detail(slot)
+            error = SlotHealthFailed(f"server exited: {detail}", slot=slot.name)
+            async with slot.lock:
+                # Revalidate: an unload (or unload + reload) may have run while we looked.
+                if slot.generation == gen and slot.state in DISPATCHABLE_STATES:
+                    await self.loading.fail(slot, Op.PROBE, error, stop=True)
+
+    async def idle_and_ttl(self, slot: SlotRecord, now: float) -> None:
+        if slot.busy or slot.leases:
+            return
+        quiet = now - slot.last_used
+        idle_after = slot.spec.idle_timeout_s
+        if slot.state is S.READY and idle_after > 0 and quiet >= idle_after:
+            self.table.set(
+                slot,
+                S.IDLE,
+                op=Op.UNLOAD,
+                idle_reason=IdleReason.TIMEOUT,
+                message=f"no request for {quiet:.0f}s",
+            )
+        ttl = slot.spec.ttl_s
+        # ttl_s: give the memory back after this long without requests (keep-loaded
+        # autoload slots are exempt: autoload means "keep it loaded").
+        expired = ttl > 0 and quiet >= ttl and not slot.spec.autoload
+        serving_model = slot.idle_reason != IdleReason.NO_MODEL
+        if expired and slot.state in (S.READY, S.IDLE) and serving_model:
+            why = f"ttl: no request for {quiet:.0f}s (ttl_s={ttl:g})"
+            unloading = self.loading.unloading
+            await unloading.evict_one(slot, why, reason=EvictionReason.TTL, clear_residency=True)
+
+    def breakers(self, slot: SlotRecord, now: float) -> None:
+        """Healthy for ``stable_reset_s``: the crash loop is over, the count starts again."""
+        stable = slot.ready_at is not None and now - slot.ready_at >= self.config.stable_reset_s
+        if stable and slot.breaker.failures and slot.state in DISPATCHABLE_STATES:
+            slot.breaker.reset()
+
+    async def liveness(self, now: float) -> None:
+        for slot in self.table:
+            due = now - slot.last_liveness >= slot.spec.liveness_interval_s
+            if slot.state not in (S.READY, S.IDLE) or slot.busy or not due:
+                continue
+            if slot.launch is None or slot.idle_reason == IdleReason.NO_MODEL:
+                continue
+            slot.last_liveness = now
+            gen = slot.generation
+            result = await self.prober.liveness(
+                slot.launch.endpoint, slot.launch.probe, slot=slot.name
+            )
+            if slot.generation != gen or slot.state not in (S.READY, S.IDLE):
+                continue  # unloaded, reloaded or serving since: the answer is stale
+            if result.outcome is ProbeOutcome.READY:
+                slot.liveness_misses = 0
+                continue
+            slot.liveness_misses += 1
+            if slot.liveness_misses >= slot.spec.liveness_failures and not slot.busy:
+                error = SlotHealthFailed(
+                    f"liveness probe failed {slot.liveness_misses} times in a row "
+                    f"({result.message})",
+                    slot=slot.name,
+                )
+                async with slot.lock:
+                    await self.loading.fail(slot, Op.PROBE, error, stop=True)
+
+    async def pressure(self) -> list[str]:
+        """Evict under memory pressure: elevated -> one victim, critical -> all eligible.
+
+        Only memory that admission did not hand out counts: a device that slotctl itself
+        filled up to the safety margin is not "under pressure" (evicting there would undo
+        admission's own decisions, and an autoload slot would flap). Pressure is something
+        else — another process, or servers using more than their estimates — taking more
+        than the margin.
+        """
+        evicted: list[str] = []
+        margin = int(self.settings.safety_margin_gb * GIB)
+        devices = {s.spec.device for s in self.table if s.state in ADMITTED_STATES}
+        for device in sorted(devices):
+            sample = self.memory.sample(device)
+            if sample is None:
+                continue
+            used = sample.total_bytes - sample.free_bytes
+            if used - self.table.admitted_bytes(device) <= margin:
+                continue
+            level = pressure_level(
+                sample.total_bytes,
+                sample.free_bytes,
+                elevated_frac=self.config.elevated_free_frac,
+                critical_frac=self.config.critical_free_frac,
+            )
+            now = self.clock.monotonic()
+            victims = pressure_victims(self.table.candidates(), device, level, now)
+            evicted += await self.loading.unloading.evict(victims, reason=EvictionReason.PRESSURE)
+        return evicted
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Background loop: exit checks every monitor interval, full tick every tick."""
+        next_tick = 0.0
+        while not stop.is_set():
+            try:
+                if self.clock.monotonic() >= next_tick:
+                    await self.tick()
+                    next_tick = self.clock.monotonic() + self.config.tick_interval_s
+                else:
+                    await self.exits()
+            except SlotctlError as exc:
+                log.warning("background tick: %s", exc.message)
+            except Exception:  # e.g. OSError (disk full): log it, keep watching the slots
+                log.exception("background tick failed; retrying at the next interval")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.config.monitor_interval_s)

@@ -1,0 +1,277 @@
+"""Loading: the load flow from a wish to ``ready`` (or a typed failure).
+
+A part of the manager (:mod:`controller.slots`), above :mod:`.admission` and
+:mod:`.unloading`. A load runs as one task per slot that explicit loads and cold
+acquirers *join* through ``asyncio.shield`` (a cancelled waiter never cancels it for the
+others); it takes the group lock, then the slot lock (:mod:`.locks`), asks admission for
+the one decision, unloads exclusive-group peers, reserves, pulls, starts and probes. Every
+load bumps the slot's generation: a superseded load never touches its replacement.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+from controller.decision import not_activated
+from controller.errors import (
+    InsufficientMemory,
+    SlotctlError,
+    SlotHealthFailed,
+    SlotNotReady,
+    SlotSpawnFailed,
+)
+from controller.events import EventKind, Op
+from controller.lifecycle import DISPATCHABLE_STATES, IdleReason, SlotState
+from controller.probe import ProbeOutcome, ProbeResult
+from controller.runtime.base import LaunchSpec
+from controller.slots.admission import Admission
+from controller.slots.core import Core, Part
+from controller.slots.records import SlotRecord
+from controller.slots.unloading import Unloading
+
+__all__ = ["Loading"]
+
+S = SlotState
+
+
+class Loading(Part):
+    def __init__(self, core: Core, admission: Admission, unloading: Unloading) -> None:
+        super().__init__(core)
+        self.admission = admission
+        self.unloading = unloading
+
+    @staticmethod
+    def loaded(slot: SlotRecord) -> bool:
+        return slot.state in DISPATCHABLE_STATES
+
+    async def load(self, slot: SlotRecord, *, resident: bool, background: bool) -> None:
+        """Load (or join the load of) a slot. ``resident`` records the wish to keep it."""
+        async with self._wish(slot, resident, background):
+            await self.ensure_loaded(slot, background=background)
+
+    async def start_load(self, slot: SlotRecord, *, resident: bool, background: bool) -> None:
+        """Start a load and return once its admission is decided (the load goes on)."""
+        async with self._wish(slot, resident, background):
+            error = await self._until_admitted(slot, background)
+            if isinstance(error, InsufficientMemory) and slot.background and not background:
+                # A user joined a background load that waits for memory: user demand
+                # beats background restore, it gets a load of its own.
+                error = await self._until_admitted(slot, background)
+            if error is not None:
+                raise error
+
+    async def _until_admitted(self, slot: SlotRecord, background: bool) -> BaseException | None:
+        """Wait until the slot's load (started if needed) is admitted or ends; its error."""
+        task = self._load_task(slot, background=background)
+        if task is None or slot.admitted is None:
+            return None
+        waiter = asyncio.ensure_future(slot.admitted.wait())
+        try:
+            await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+        if task.done() and not task.cancelled():
+            return task.exception()
+        return None
+
+    @contextlib.asynccontextmanager
+    async def _wish(
+        self, slot: SlotRecord, resident: bool, background: bool
+    ) -> AsyncIterator[None]:
+        """Residency and ``wanted`` around a load; a refused load leaves no wish behind.
+
+        A user's load resumes an autoload slot that a user's unload paused.
+        """
+        if not slot.spec.activated:
+            raise self.table.refuse(slot, Op.LOAD, not_activated(slot.name))
+        if not background:
+            self.wishes.resume(slot.name)
+        had_wish = self.wishes.is_resident(slot.name)
+        since = slot.since
+        if resident:
+            self.wishes.set_resident(slot.name, slot.spec.model_id)
+        slot.wanted += 1
+        try:
+            yield
+        except SlotctlError:
+            # A *refused* load (no transition happened) changes nothing, residency included.
+            # A load that started and failed keeps the wish: like a resident model that
+            # fails at start, it shows error and is tried again (restore, reconciler).
+            if resident and not had_wish and slot.since == since:
+                self.unloading.clear_resident(slot.name)
+            raise
+        finally:
+            slot.wanted -= 1
+
+    def _load_task(self, slot: SlotRecord, *, background: bool) -> asyncio.Task[int] | None:
+        """The slot's load task (started if none runs); None when already loaded."""
+        if self.loaded(slot) and not slot.draining:
+            return None
+        task = slot.load_task
+        if task is None or task.done():
+            slot.background = background
+            slot.admitted = asyncio.Event()
+            task = asyncio.create_task(self._load_flow(slot), name=f"load:{slot.name}")
+            task.add_done_callback(_settled)
+            slot.load_task = task
+        return task
+
+    async def ensure_loaded(self, slot: SlotRecord, *, background: bool = False) -> None:
+        task = self._load_task(slot, background=background)
+        if task is None:
+            return
+        try:
+            await asyncio.shield(task)
+        except InsufficientMemory:
+            # A user's request joined a background load that waits for memory: user
+            # demand beats background restore, so it gets a load of its own.
+            if background or not slot.background:
+                raise
+            task = self._load_task(slot, background=False)
+            if task is not None:
+                await asyncio.shield(task)
+
+    async def _load_flow(self, slot: SlotRecord) -> int:
+        """One load; returns the generation it produced (for stale-cleanup checks)."""
+        group = slot.model.exclusive_group if slot.model else None
+        try:
+            async with self.locks.group(group), slot.lock:
+                if self.loaded(slot):
+                    return slot.generation
+                slot.generation += 1
+                await self._load_locked(slot, slot.generation)
+                return slot.generation
+        finally:
+            if slot.admitted is not None:
+                slot.admitted.set()
+
+    async def _load_locked(self, slot: SlotRecord, gen: int) -> None:
+        decision = self.admission.decide(slot, background=slot.background)
+        if not decision.ok:
+            raise self.admission.refuse(slot, decision)
+        await self.unloading.unload_group_peers(slot)
+        launch = self.core.build_launch(slot)
+        pulling = await self.admission.admit_and_reserve(slot, launch)
+        if pulling:
+            await self._pull(slot, launch, gen)
+        await self._start_and_probe(slot, launch, gen)
+
+    async def _pull(self, slot: SlotRecord, launch: LaunchSpec, gen: int) -> None:
+        if launch.model_missing():
+            error = SlotSpawnFailed(
+                f"model file not found: {launch.model_path} (source {launch.model_source})",
+                slot=slot.name,
+                path=launch.model_path,
+            )
+            await self.fail(slot, Op.LOAD, error, stop=False)
+            raise error
+
+        async def progress(data: dict[str, Any]) -> None:
+            self.events.emit(
+                EventKind.PROGRESS,
+                Op.LOAD,
+                slot=slot.name,
+                model=launch.model_id,
+                message=str(data.get("status", "")),
+                details=data,
+            )
+
+        try:
+            await self.runtime.prepare(launch, progress)
+        except SlotctlError as exc:
+            await self.fail(slot, Op.LOAD, exc, stop=False)
+            raise
+        self._check_generation(slot, gen)
+        self.table.set(slot, S.STARTING, op=Op.LOAD, message="pulled")
+
+    async def _start_and_probe(self, slot: SlotRecord, launch: LaunchSpec, gen: int) -> None:
+        try:
+            observed = await self.runtime.start(launch)
+        except SlotctlError as exc:
+            await self.fail(slot, Op.LOAD, exc, stop=False)
+            raise
+        slot.launch, slot.running_hash, slot.adopted = launch, None, None
+        self._check_generation(slot, gen)
+        self.table.set(slot, S.WARMING, op=Op.LOAD, message=f"started ({observed.ident})")
+        result = await self.wait_ready(slot, launch)
+        self._check_generation(slot, gen)
+        await self.settle_probe(slot, result)
+
+    async def wait_ready(self, slot: SlotRecord, launch: LaunchSpec) -> ProbeResult:
+        """Readiness probing on the schedule, ended early if the server exits."""
+
+        async def alive() -> bool:
+            return (await self.runtime.inspect(slot.name)).running
+
+        return await self.prober.wait_ready(
+            launch.endpoint,
+            launch.probe,
+            slot=slot.name,
+            alive=alive,
+            warmup_timeout_s=slot.spec.warmup_timeout_s,
+            clock=self.clock,
+        )
+
+    async def settle_probe(self, slot: SlotRecord, result: ProbeResult) -> None:
+        now = self.clock.monotonic()
+        if result.outcome is ProbeOutcome.READY:
+            slot.ready_at = slot.last_used = slot.last_liveness = now
+            slot.liveness_misses = 0
+            self.table.set(slot, S.READY, op=Op.LOAD, message=result.message)
+            return
+        if result.outcome is ProbeOutcome.NO_MODEL:
+            idle = IdleReason.NO_MODEL
+            self.table.set(slot, S.IDLE, op=Op.LOAD, message=result.message, idle_reason=idle)
+            return
+        if result.outcome is ProbeOutcome.EXITED:
+            detail = await self.exit_detail(slot)
+            error: SlotctlError = SlotSpawnFailed(
+                f"server exited while warming: {detail}", slot=slot.name
+            )
+        else:
+            error = SlotHealthFailed(result.message, slot=slot.name)
+        await self.fail(slot, Op.LOAD, error, stop=True)
+        raise error
+
+    async def exit_detail(self, slot: SlotRecord) -> str:
+        observed = await self.runtime.inspect(slot.name)
+        lines = await self.runtime.logs(slot.name, tail=5)
+        tail = " | ".join(line.strip() for line in lines if line.strip())[-400:]
+        return f"{observed.message or 'exited'}; last output: {tail or '(none)'}"
+
+    @staticmethod
+    def _check_generation(slot: SlotRecord, gen: int) -> None:
+        if slot.generation != gen:
+            raise SlotNotReady(f"load of {slot.name!r} was superseded", slot=slot.name)
+
+    async def fail(self, slot: SlotRecord, op: Op, error: SlotctlError, *, stop: bool) -> None:
+        """Move a slot to error (through legal steps), count the failure, revoke leases."""
+        if stop:
+            with contextlib.suppress(SlotctlError):
+                await self.runtime.stop(slot.name, self.config.stop_timeout_s)
+            slot.launch, slot.running_hash, slot.adopted = None, None, None
+        backoff = slot.breaker.record_failure(
+            self.clock.monotonic(), error.message, slot.spec.max_consecutive_failures
+        )
+        for lease in list(slot.leases.values()):
+            lease.revoke(error)
+        slot.leases.clear()
+        message = error.message
+        if slot.breaker.failures >= slot.spec.max_consecutive_failures:
+            message += (
+                f" (failed {slot.breaker.failures} times in a row: next try in {backoff:g}s; "
+                f"`slotctl slot reset {slot.name}` retries now)"
+            )
+        if slot.state is S.IDLE:
+            self.table.set(slot, S.UNLOADING, op=op, message=message)
+        if slot.state is not S.ERROR:
+            self.table.set(slot, S.ERROR, op=op, message=message, error=error)
+
+
+def _settled(task: asyncio.Task[int]) -> None:
+    """Retrieve a load task's outcome: its joiners got it; nobody else must be warned."""
+    if not task.cancelled():
+        task.exception()

@@ -1,0 +1,411 @@
+"""The SlotManager façade: the single lifecycle authority's public API.
+
+Callers: the reconciler (desired state), the HTTP API and CLI (load/unload/swap/reset/
+hold), the router (acquire/release), metrics (views). The work happens in the parts
+below it, each in its own module (see the package docstring); this class builds them
+over one :class:`~.core.Core` and keeps what spans them: the desired state (catalogue,
+specs, upsert/remove), swaps, shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from controller.breaker import Breaker
+from controller.clock import SYSTEM_CLOCK, Clock
+from controller.decision import LoadDecision
+from controller.errors import ModelNotFound, SlotctlError
+from controller.events import EventBus, EventKind, EvictionReason, Op
+from controller.eviction import Victim
+from controller.memory import MemoryProbe, SystemMemoryProbe
+from controller.probe import HttpProber, Prober
+from controller.runtime.base import RunStatus, Runtime
+from controller.slots.admission import Admission
+from controller.slots.core import Core
+from controller.slots.housekeeping import Housekeeping
+from controller.slots.leases import Leases
+from controller.slots.loading import Loading
+from controller.slots.locks import Locks
+from controller.slots.records import Lease, ManagerConfig, SlotRecord, SlotView
+from controller.slots.recovery import Recovery
+from controller.slots.table import SlotTable
+from controller.slots.unloading import Unloading
+from controller.slots.wishes import Wishes
+from controller.spec.loader import DesiredSlot, DesiredState
+from controller.spec.schema import ControllerSettings, ModelSpec, SlotSpec
+from controller.store import ResidencyStore, StateStore
+from controller.tasks import TaskSet
+
+__all__ = ["SlotManager"]
+
+log = logging.getLogger("slotctl.manager")
+
+
+class SlotManager:
+    """See the module docstring. Construct, ``await set_desired(...)``, ``await recover()``."""
+
+    def __init__(
+        self,
+        *,
+        runtime: Runtime,
+        state_dir: Path,
+        config_dir: Path,
+        settings: ControllerSettings | None = None,
+        prober: Prober | None = None,
+        memory: MemoryProbe | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+        events: EventBus | None = None,
+        config: ManagerConfig | None = None,
+    ) -> None:
+        events = events or EventBus()
+        wishes = Wishes(config_dir)
+        self.store = StateStore(state_dir)
+        self.core = Core(
+            runtime=runtime,
+            prober=prober or HttpProber(),
+            memory=memory or SystemMemoryProbe(),
+            clock=clock,
+            events=events,
+            config=config or ManagerConfig(),
+            settings=settings or ControllerSettings(),
+            table=SlotTable(self.store, events, clock, wishes),
+            wishes=wishes,
+            locks=Locks(),
+            tasks=TaskSet(log),
+        )
+        self.unloading = Unloading(self.core)
+        self.admission = Admission(self.core, self.unloading)
+        self.loading = Loading(self.core, self.admission, self.unloading)
+        self.leasing = Leases(self.core, self.loading)
+        self.housekeeping = Housekeeping(self.core, self.loading, self.leasing)
+        self.recovery = Recovery(self.core, self.loading)
+
+    # ================================================================= the seams
+
+    @property
+    def runtime(self) -> Runtime:
+        return self.core.runtime
+
+    @property
+    def prober(self) -> Prober:
+        return self.core.prober
+
+    @property
+    def memory(self) -> MemoryProbe:
+        return self.core.memory
+
+    @property
+    def clock(self) -> Clock:
+        return self.core.clock
+
+    @property
+    def events(self) -> EventBus:
+        return self.core.events
+
+    @property
+    def config(self) -> ManagerConfig:
+        return self.core.config
+
+    @property
+    def settings(self) -> ControllerSettings:
+        return self.core.settings
+
+    @settings.setter
+    def settings(self, value: ControllerSettings) -> None:
+        self.core.settings = value
+
+    @property
+    def models(self) -> dict[str, ModelSpec]:
+        return self.core.table.models
+
+    @property
+    def transitions(self) -> deque[tuple[str, str, str]]:
+        return self.core.table.transitions
+
+    @property
+    def background(self) -> TaskSet:
+        return self.core.tasks
+
+    @property
+    def residency(self) -> ResidencyStore:
+        """``residency.json`` (the wishes' file; the manager reads it once, at start)."""
+        return self.core.wishes.store
+
+    # ================================================================= desired state
+
+    async def set_desired(self, desired: DesiredState) -> None:
+        """Take the catalogue and slot specs; new slots start from their state.json.
+
+        Slots no longer desired stay known until :meth:`remove`. Scheduling knobs
+        (priority, pinned, timeouts) apply in place.
+        """
+        self.set_models(desired.models, order=list(desired.slots))
+        for desired_slot in desired.slots.values():
+            self.upsert(desired_slot)
+
+    def set_models(self, models: Mapping[str, ModelSpec], order: list[str] | None = None) -> None:
+        """Replace the catalogue (and the catalogue order used by restore)."""
+        table = self.core.table
+        table.models = dict(models)
+        if order is not None:
+            table.order = dict.fromkeys(order)
+        for slot in table:
+            if slot.spec.model_id:
+                slot.model = table.models.get(slot.spec.model_id, slot.model)
+
+    def upsert(self, desired: DesiredSlot) -> None:
+        """Add a slot (its state restored from state.json) or update its spec in place.
+
+        In place means no restart: scheduling knobs take effect at once; a changed runtime
+        config is the reconciler's to act on (recreate). A config change re-arms a slot
+        the crash-loop breaker blocked.
+        """
+        table = self.core.table
+        table.order.setdefault(desired.name)
+        model = table.models.get(desired.spec.model_id) if desired.spec.model_id else None
+        slot = table.records.get(desired.name)
+        if slot is None:
+            breaker = Breaker(self.config.breaker_base_s, self.config.breaker_cap_s)
+            slot = SlotRecord(spec=desired.spec, stack=desired.stack, model=model, breaker=breaker)
+            table.load_persisted(slot)
+            table.records[desired.name] = slot
+            return
+        old_hash = self._launch_hash(slot)
+        slot.spec, slot.stack, slot.model = desired.spec, desired.stack, model
+        if old_hash != self._launch_hash(slot):
+            slot.breaker.reset()
+        self.unloading.unwait_if_unwanted(slot)
+
+    def known(self, name: str) -> SlotSpec | None:
+        """The spec the manager currently applies to ``name`` (None: unknown slot)."""
+        slot = self.core.table.records.get(name)
+        return slot.spec if slot else None
+
+    def launch_hash(self, desired: DesiredSlot) -> str | None:
+        """The config hash ``desired`` would run with on this manager's runtime."""
+        model = self.models.get(desired.spec.model_id) if desired.spec.model_id else None
+        probe = SlotRecord(spec=desired.spec, stack=desired.stack, model=model, breaker=Breaker())
+        return self._launch_hash(probe)
+
+    def _launch_hash(self, slot: SlotRecord) -> str | None:
+        try:
+            return self.core.build_launch(slot).config_hash()
+        except SlotctlError:
+            return None
+
+    def group_holder(self, name: str) -> str | None:
+        """A peer holding ``name``'s exclusive group (loading or loaded), if any."""
+        slot = self.core.table.records.get(name)
+        peers = self.core.table.group_peers(slot) if slot is not None else []
+        return peers[0].name if peers else None
+
+    def is_resident(self, name: str) -> bool:
+        return self.core.wishes.is_resident(name)
+
+    def is_paused(self, name: str) -> bool:
+        return self.core.wishes.is_paused(name)
+
+    async def remove(self, name: str) -> None:
+        """Unload (forced) and forget a slot no longer desired; deletes its state file."""
+        table = self.core.table
+        if name not in table.records:
+            return
+        await self.unload(name, force=True, reason="removed from desired state")
+        del table.records[name]
+        self.store.delete(name)
+        self.core.wishes.clear_resident(name)
+        self.core.wishes.resume(name)
+
+    async def reap_orphan(self, name: str) -> bool:
+        """Stop a managed runtime object that no slot owns any more (labels say it is ours)."""
+        if name in self.core.table.records:
+            return False
+        observed = await self.runtime.inspect(name)
+        if observed.status is RunStatus.MISSING or not observed.managed:
+            return False
+        await self.runtime.stop(name, self.config.stop_timeout_s)
+        self.events.emit(
+            EventKind.EVICTION,
+            Op.RECONCILE,
+            slot=name,
+            message="stopped a managed server nobody declares",
+            reason=EvictionReason.ORPHAN,
+        )
+        return True
+
+    # ================================================================= views
+
+    def view(self, name: str) -> SlotView:
+        table = self.core.table
+        return table.view(table.get(name))
+
+    def views(self) -> list[SlotView]:
+        table = self.core.table
+        return [table.view(slot) for slot in table]
+
+    def names(self) -> list[str]:
+        return self.core.table.names()
+
+    def admitted_bytes(self, device: str) -> int:
+        return self.core.table.admitted_bytes(device)
+
+    def resident_bytes(self, device: str) -> int:
+        return self.core.table.resident_bytes(device)
+
+    def lease_count(self) -> int:
+        return sum(len(s.leases) for s in self.core.table)
+
+    def last_used(self, name: str) -> float:
+        """Monotonic time of the slot's last lease or release (the ranking's recency)."""
+        return self.core.table.get(name).last_used
+
+    def waiting(self) -> list[str]:
+        """Slots whose background load waits for memory (the reconciler retries them)."""
+        return [s.name for s in self.core.table if s.waiting is not None]
+
+    def waiting_with_room(self) -> list[str]:
+        return self.admission.waiting_with_room()
+
+    # ================================================================= loads and unloads
+
+    async def load(self, name: str, *, resident: bool = True, background: bool = False) -> SlotView:
+        """Load (or join the load of) a slot. ``resident`` records the wish to keep it.
+
+        ``background``: the reconciler or the restore keeping a slot loaded, not a user:
+        such a load evicts only lower-priority slots idle for ``min_resident_s`` and
+        otherwise waits for memory (:mod:`controller.decision`). A load of a loaded slot
+        is a no-op that answers the current state.
+        """
+        slot = self.core.table.get(name)
+        await self.loading.load(slot, resident=resident, background=background)
+        return self.core.table.view(slot)
+
+    async def start_load(
+        self, name: str, *, resident: bool = True, background: bool = False
+    ) -> SlotView:
+        """Start a load and return once its admission is decided (the load goes on).
+
+        Raises the typed refusal when the load is refused; for the API's ``202 loading``
+        and the ordered restore at start. Joins a load already in flight at once.
+        """
+        slot = self.core.table.get(name)
+        await self.loading.start_load(slot, resident=resident, background=background)
+        return self.core.table.view(slot)
+
+    def explain_load(self, name: str) -> dict[str, Any]:
+        """Dry run of a load: the same decision the load takes. Changes nothing."""
+        return self.admission.explain(self.core.table.get(name))
+
+    def decide(self, name: str, *, background: bool = False) -> LoadDecision:
+        """The load decision for ``name`` now (what :meth:`explain_load` renders)."""
+        return self.admission.decide(self.core.table.get(name), background=background)
+
+    async def unload(
+        self,
+        name: str,
+        *,
+        force: bool = False,
+        reason: str = "unloaded on request",
+        clear_residency: bool = True,
+        op: Op = Op.UNLOAD,
+        pause: bool = False,
+    ) -> SlotView:
+        """Drain, stop and go offline (see :meth:`.unloading.Unloading.unload`)."""
+        return await self.unloading.unload(
+            name, force=force, reason=reason, clear_residency=clear_residency, op=op, pause=pause
+        )
+
+    async def evict(self, victims: list[Victim], *, reason: EvictionReason) -> list[str]:
+        """Unload each victim after revalidating the decision (a request since cancels it)."""
+        return await self.unloading.evict(victims, reason=reason)
+
+    async def swap(self, name: str, model_id: str) -> SlotView:
+        """Serve another catalogue model on this slot: unload, rebind, load.
+
+        The caller persists the new binding through the guard first (the API does), so
+        the reconciler agrees with what runs.
+        """
+        slot = self.core.table.get(name)
+        model = self.models.get(model_id)
+        if model is None:
+            raise self.core.table.refuse(slot, Op.LOAD, ModelNotFound(model_id))
+        if slot.model is not None and slot.model.id == model_id and self.loading.loaded(slot):
+            return self.core.table.view(slot)
+        await self.unload(name, force=True, reason=f"swapping to {model_id}", clear_residency=False)
+        binding = slot.spec.model.model_copy(update={"default": model_id})
+        slot.spec = slot.spec.model_copy(update={"model": binding})
+        slot.model = model
+        return await self.load(name)
+
+    async def reset(self, name: str) -> SlotView:
+        """Clear the crash-loop breaker; an errored slot goes offline."""
+        return await self.unloading.reset(name)
+
+    # ================================================================= leases
+
+    async def acquire(self, name: str) -> Lease:
+        """A lease for one request (see :mod:`.leases`)."""
+        return await self.leasing.acquire(name)
+
+    def release(self, lease: Lease) -> None:
+        self.leasing.release(lease)
+
+    async def hold(self, name: str, ttl_s: float) -> Lease:
+        """A batch lease: keeps the slot loaded and unevictable for ``ttl_s`` seconds."""
+        return await self.leasing.hold(name, ttl_s)
+
+    # ================================================================= time-driven work
+
+    async def tick(self) -> None:
+        await self.housekeeping.tick()
+
+    async def check_exits(self) -> None:
+        await self.housekeeping.exits()
+
+    async def reap_pressure(self) -> list[str]:
+        return await self.housekeeping.pressure()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await self.housekeeping.run(stop)
+
+    # ================================================================= start and stop
+
+    async def recover(self) -> None:
+        await self.recovery.recover()
+
+    def report_unknown_residents(self) -> list[str]:
+        return self.recovery.report_unknown_residents()
+
+    async def restore(self, *, wait: bool = True) -> dict[str, str]:
+        return await self.recovery.restore(wait=wait)
+
+    async def close(self) -> None:
+        await self.core.tasks.cancel()
+        close = getattr(self.prober, "close", None)
+        if close is not None:
+            await close()
+
+    async def stop_all(self, reason: str = "controller shutdown") -> None:
+        """Unload every slot (pinned included), concurrently; for ``down``/shutdown.
+
+        In-flight loads are cancelled first (a hung load would otherwise hold its slot up to
+        ``warmup_timeout_s``); their servers are stopped like any other.
+        """
+        pending = [s.load_task for s in self.core.table if s.load_task is not None]
+        pending += list(self.core.tasks)
+        for task in pending:
+            if not task.done():
+                task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+
+        async def one(name: str) -> None:
+            with contextlib.suppress(SlotctlError):
+                await self.unload(name, force=True, reason=reason, clear_residency=False)
+
+        await asyncio.gather(*(one(n) for n in self.names()))

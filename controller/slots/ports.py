@@ -1,0 +1,106 @@
+"""What each caller may ask of the slot manager: one narrow Protocol per caller.
+
+The reconciler, the OpenAI router and the metrics collector type their manager as one of
+these (the :class:`~.manager.SlotManager` façade satisfies all of them), so what a caller
+uses is visible in one place and a new use is a deliberate change here.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from controller.events import EventBus, Op
+from controller.memory import MemoryProbe
+from controller.runtime.base import Runtime
+from controller.slots.records import Lease, SlotView
+from controller.spec.loader import DesiredSlot
+from controller.spec.schema import ControllerSettings, ModelSpec, SlotSpec
+
+__all__ = ["MetricsPort", "ReconcilerPort", "RouterPort"]
+
+
+class RouterPort(Protocol):
+    """The OpenAI router: pick a slot for a model, lease it, release it."""
+
+    @property
+    def models(self) -> dict[str, ModelSpec]: ...
+
+    def views(self) -> list[SlotView]: ...
+
+    def view(self, name: str) -> SlotView: ...
+
+    def known(self, name: str) -> SlotSpec | None: ...
+
+    def last_used(self, name: str) -> float: ...
+
+    async def acquire(self, name: str) -> Lease: ...
+
+    def release(self, lease: Lease) -> None: ...
+
+
+class MetricsPort(Protocol):
+    """The Prometheus collector and ``/api/devices``: read-only figures."""
+
+    @property
+    def memory(self) -> MemoryProbe: ...
+
+    @property
+    def settings(self) -> ControllerSettings: ...
+
+    def views(self) -> list[SlotView]: ...
+
+    def admitted_bytes(self, device: str) -> int: ...
+
+
+class ReconcilerPort(Protocol):
+    """The reconciler: desired state in, loads/unloads/removals out."""
+
+    @property
+    def events(self) -> EventBus: ...
+
+    @property
+    def runtime(self) -> Runtime: ...
+
+    @property
+    def models(self) -> dict[str, ModelSpec]: ...
+
+    def names(self) -> list[str]: ...
+
+    def known(self, name: str) -> SlotSpec | None: ...
+
+    def view(self, name: str) -> SlotView: ...
+
+    def launch_hash(self, desired: DesiredSlot) -> str | None: ...
+
+    def set_models(self, models: dict[str, ModelSpec], order: list[str] | None = None) -> None: ...
+
+    def upsert(self, desired: DesiredSlot) -> None: ...
+
+    def is_resident(self, name: str) -> bool: ...
+
+    def is_paused(self, name: str) -> bool: ...
+
+    def group_holder(self, name: str) -> str | None: ...
+
+    def waiting(self) -> list[str]: ...
+
+    def waiting_with_room(self) -> list[str]: ...
+
+    async def load(
+        self, name: str, *, resident: bool = True, background: bool = False
+    ) -> SlotView: ...
+
+    async def unload(
+        self,
+        name: str,
+        *,
+        force: bool = False,
+        reason: str = "unloaded on request",
+        clear_residency: bool = True,
+        op: Op = Op.UNLOAD,
+        pause: bool = False,
+    ) -> SlotView: ...
+
+    async def remove(self, name: str) -> None: ...
+
+    async def reap_orphan(self, name: str) -> bool: ...

@@ -1,0 +1,171 @@
+"""The slot records: what the manager knows of each slot, leases, views, settings.
+
+The bottom of ``controller.slots``: plain data, no behaviour beyond small derived
+properties. :class:`SlotRecord` is the live record (only :class:`~.table.SlotTable` changes
+its ``state``); :class:`SlotView` the read-only snapshot every caller gets; :class:`Lease` a
+claim on a slot for one request or a batch job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+from controller.breaker import Breaker
+from controller.errors import SlotctlError
+from controller.lifecycle import SlotState, can_dispatch
+from controller.memory import GIB
+from controller.runtime.base import LaunchSpec
+from controller.spec.schema import ModelSpec, SlotSpec
+from controller.store import utcnow
+
+__all__ = [
+    "ADMITTED_STATES",
+    "LOADING_STATES",
+    "Lease",
+    "ManagerConfig",
+    "SlotRecord",
+    "SlotView",
+]
+
+S = SlotState
+# Memory is admitted from the moment a load passes admission (pulling) until the server
+# is gone (unloading -> offline).
+ADMITTED_STATES: Final = frozenset(
+    {S.PULLING, S.STARTING, S.WARMING, S.READY, S.SERVING, S.IDLE, S.UNLOADING}
+)
+# Admitted, but the server is not up yet: a memory probe cannot see these.
+LOADING_STATES: Final = frozenset({S.PULLING, S.STARTING, S.WARMING})
+
+
+@dataclass(frozen=True, slots=True)
+class ManagerConfig:
+    stop_timeout_s: float = 10.0  # graceful stop before SIGKILL
+    exclusive_wait_s: float = 120.0  # bound on waiting for a group peer to unload
+    monitor_interval_s: float = 0.25  # exit detection in run()
+    tick_interval_s: float = 1.0  # idle/ttl/liveness/pressure in run()
+    breaker_base_s: float = 1.0
+    breaker_cap_s: float = 300.0
+    stable_reset_s: float = 60.0
+    elevated_free_frac: float = 0.10
+    critical_free_frac: float = 0.05
+    models_dir: Path | None = None
+
+
+class Lease:
+    """A claim on a slot for one request (or a batch job): keeps it loaded and serving."""
+
+    _ids = itertools.count(1)
+
+    def __init__(self, slot: str, generation: int, expires_at: float | None = None) -> None:
+        self.id = next(Lease._ids)
+        self.slot = slot
+        self.generation = generation
+        self.expires_at = expires_at
+        self.released = False
+        self.error: SlotctlError | None = None
+        self.lost = asyncio.Event()
+
+    def revoke(self, error: SlotctlError) -> None:
+        """The slot went away under this lease (crash, forced unload)."""
+        if self.error is None:
+            self.error = error
+        self.lost.set()
+
+    def check(self) -> None:
+        """Raise the typed error if the lease was revoked."""
+        if self.error is not None:
+            raise self.error
+
+    def __repr__(self) -> str:
+        return f"Lease({self.slot!r}, id={self.id}, gen={self.generation})"
+
+
+@dataclass(frozen=True, slots=True)
+class SlotView:
+    """Read-only snapshot of one slot for the API, CLI, metrics and tests."""
+
+    name: str
+    state: SlotState
+    idle_reason: str | None
+    model_id: str
+    device: str
+    priority: int
+    pinned: bool
+    autoload: bool
+    resident: bool
+    memory_bytes: int
+    leases: int
+    waiters: int
+    generation: int
+    since: str
+    message: str
+    endpoint: str | None
+    failures: int
+    retry_after_s: float
+    config_hash: str | None
+    stack: str
+    waiting: str | None = None  # "waiting_for_memory": a background load waits for room
+    paused: bool = False  # an autoload slot a user unloaded: stays unloaded until a load
+
+    @property
+    def dispatchable(self) -> bool:
+        return can_dispatch(self.state, self.idle_reason)
+
+
+@dataclass(slots=True)
+class SlotRecord:
+    """The live record of one slot. Fields, not a dict: every fact has a name and a type."""
+
+    spec: SlotSpec
+    stack: str
+    model: ModelSpec | None
+    breaker: Breaker
+    state: SlotState = S.OFFLINE
+    idle_reason: str | None = None
+    message: str = ""
+    since: str = field(default_factory=utcnow)
+    load_task: asyncio.Task[int] | None = None
+    generation: int = 0
+    leases: dict[int, Lease] = field(default_factory=dict)
+    waiters: int = 0
+    wanted: int = 0  # explicit load() calls in flight
+    draining: bool = False
+    last_used: float = 0.0
+    access: int = 0
+    ready_at: float | None = None
+    launch: LaunchSpec | None = None
+    # Config hash of the server that actually runs when it is not ``launch``'s: a server
+    # adopted after a restart that was started with an older config (the reconciler
+    # recreates it). None: the running server is ``launch``.
+    running_hash: str | None = None
+    adopted: str | None = None  # ident of the server adopted after a restart
+    liveness_misses: int = 0
+    last_liveness: float = 0.0
+    # The running load's flavour (background: the reconciler or the restore, which may
+    # not evict at will) and the event set once its admission is decided.
+    background: bool = False
+    admitted: asyncio.Event | None = None
+    waiting: str | None = None  # WAITING_FOR_MEMORY while a background load waits
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def memory_bytes(self) -> int:
+        if self.spec.memory_gb is not None:
+            return int(self.spec.memory_gb * GIB)
+        return self.model.memory_bytes if self.model else 0
+
+    @property
+    def model_id(self) -> str:
+        return self.model.id if self.model else self.spec.model_id
+
+    @property
+    def busy(self) -> bool:
+        return self.lock.locked() or (self.load_task is not None and not self.load_task.done())

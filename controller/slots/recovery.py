@@ -1,0 +1,189 @@
+"""Recovery: after a controller restart, adopt what runs, finish what was interrupted,
+mark what vanished; then restore the wished-for slots in priority order.
+
+A part of the manager (:mod:`controller.slots`), above :mod:`.loading`. Only legal
+transitions, never a duplicate start: a running server with the slot's labels is adopted
+(probed; one with an outdated config is kept until the reconciler recreates it, or
+replaced at once when it does not serve), an unload the previous controller died in is
+finished, a server that is gone moves its slot to ``error``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from controller.errors import SlotctlError
+from controller.events import EventKind, Op
+from controller.lifecycle import IdleReason, SlotState
+from controller.probe import ProbeOutcome
+from controller.runtime.base import LaunchSpec, Observed, RunStatus
+from controller.slots.core import Core, Part
+from controller.slots.loading import Loading
+from controller.slots.records import SlotRecord
+
+__all__ = ["Recovery"]
+
+log = logging.getLogger("slotctl.manager")
+
+S = SlotState
+
+
+class Recovery(Part):
+    def __init__(self, core: Core, loading: Loading) -> None:
+        super().__init__(core)
+        self.loading = loading
+
+    async def recover(self) -> None:
+        """Rebuild the view after a (controller) restart: adopt live servers, mark gone ones."""
+        for slot in self.table:
+            async with slot.lock:
+                await self._recover_one(slot)
+
+    async def _recover_one(self, slot: SlotRecord) -> None:
+        observed = await self.runtime.inspect(slot.name)
+        if observed.status is RunStatus.RUNNING and slot.state is S.UNLOADING:
+            # The controller died mid-unload: finish it (the wish was to free the memory).
+            await self.loading.unloading.stop_runtime(slot, Op.RESTORE)
+            message = "unload finished after a restart"
+            self.table.set(slot, S.OFFLINE, op=Op.RESTORE, message=message)
+            return
+        if observed.status is RunStatus.RUNNING:
+            await self._adopt(slot, observed)
+            return
+        if slot.state in (S.OFFLINE, S.ERROR):
+            if observed.status is RunStatus.EXITED:
+                with contextlib.suppress(SlotctlError):
+                    await self.runtime.stop(slot.name, self.config.stop_timeout_s)
+            return
+        detail = observed.message or "no server found"
+        with contextlib.suppress(SlotctlError):
+            await self.runtime.stop(slot.name, self.config.stop_timeout_s)
+        if slot.state is S.UNLOADING:
+            message = "stopped while controller was down"
+            self.table.set(slot, S.OFFLINE, op=Op.RESTORE, message=message)
+            return
+        if slot.state is S.IDLE:
+            self.table.set(slot, S.UNLOADING, op=Op.RESTORE, message="server vanished")
+        self.table.set(
+            slot,
+            S.ERROR,
+            op=Op.RESTORE,
+            message=f"server vanished while the controller was down ({detail})",
+        )
+
+    async def _adopt(self, slot: SlotRecord, observed: Observed) -> None:
+        """A running server with the slot's labels: adopt it (probed), or replace it."""
+        try:
+            launch = self.core.build_launch(slot)
+        except SlotctlError:
+            return
+        drifted = observed.config_hash != launch.config_hash()
+        # An adopted server started with an older config reports *its* hash, so the
+        # reconciler recreates it (it serves until then).
+        slot.launch, slot.running_hash = launch, observed.config_hash if drifted else None
+        slot.adopted = observed.ident
+        endpoint = (observed.endpoint if drifted else None) or launch.endpoint
+        result = await self.prober.probe(endpoint, launch.probe, slot=slot.name)
+        if drifted and result.outcome is not ProbeOutcome.READY:
+            # Outdated and not serving (still loading, or no model): replace it now
+            # instead of waiting for it to finish loading a config nobody wants.
+            with contextlib.suppress(SlotctlError):
+                await self.runtime.stop(slot.name, self.config.stop_timeout_s)
+            slot.launch, slot.running_hash, slot.adopted = None, None, None
+            self.table.walk(
+                slot,
+                S.OFFLINE,
+                op=Op.RESTORE,
+                message=f"stopped an adopted server with an outdated config ({result.message})",
+            )
+            return
+        if result.outcome is ProbeOutcome.READY:
+            now = self.clock.monotonic()
+            slot.ready_at = slot.last_used = slot.last_liveness = now
+            if slot.state is not S.IDLE:
+                self.table.walk(slot, S.READY, op=Op.RESTORE, message="adopted running server")
+        elif result.outcome is ProbeOutcome.NO_MODEL:
+            self.table.walk(slot, S.WARMING, op=Op.RESTORE, message="adopted")
+            self.table.set(
+                slot,
+                S.IDLE,
+                op=Op.RESTORE,
+                idle_reason=IdleReason.NO_MODEL,
+                message=result.message,
+            )
+        else:
+            self.table.walk(slot, S.WARMING, op=Op.RESTORE, message="adopted, still warming")
+            slot.generation += 1
+            warming = self._continue_warming(slot, launch, slot.generation)
+            self.tasks.spawn(warming, f"warm:{slot.name}")
+
+    async def _continue_warming(self, slot: SlotRecord, launch: LaunchSpec, gen: int) -> None:
+        async with slot.lock:
+            if slot.generation != gen or slot.state is not S.WARMING:
+                return
+            result = await self.loading.wait_ready(slot, launch)
+            if slot.generation == gen:
+                with contextlib.suppress(SlotctlError):
+                    await self.loading.settle_probe(slot, result)
+
+    def report_unknown_residents(self) -> list[str]:
+        """Residency wishes for slots the desired state does not have: logged, skipped."""
+        unknown = [name for name in self.wishes.resident if name not in self.table.records]
+        for name in unknown:
+            self.events.emit(
+                EventKind.REFUSAL,
+                Op.RESTORE,
+                slot=name,
+                model=self.wishes.resident[name],
+                message="resident slot is not in the desired state: skipped",
+                error="slot.not_found",
+            )
+        return unknown
+
+    async def restore(self, *, wait: bool = True) -> dict[str, str]:
+        """Load resident and autoload slots in priority order, then catalogue order.
+
+        Each load's admission is decided before the next one starts, so the most important
+        slots get the memory first; the loads then run concurrently. These are background
+        loads: a slot that does not fit *waits* for memory (it evicts nothing of equal or
+        higher priority and nothing used recently). Returns slot -> outcome: the state
+        (``wait``: once every load settled; else once admitted) or the refusal's code.
+        """
+        self.report_unknown_residents()
+        position = {name: i for i, name in enumerate(self.table.order)}
+        wanted = [
+            self.table.records[n]
+            for n in self.table.order
+            if n in self.table.records
+            and self.wishes.keeps_loaded(n, bool(self.table.records[n].spec.autoload))
+        ]
+        wanted.sort(key=lambda s: (-s.spec.priority, position[s.name]))
+        outcomes = {slot.name: await self._restore_one(slot) for slot in wanted}
+        if not wait:
+            return outcomes
+        states = {s.value for s in SlotState}
+        for slot in wanted:
+            task = slot.load_task
+            if task is None or outcomes[slot.name] not in states:
+                continue
+            try:
+                await asyncio.shield(task)
+            except SlotctlError as exc:
+                outcomes[slot.name] = exc.code
+            else:
+                outcomes[slot.name] = slot.state.value
+        return outcomes
+
+    async def _restore_one(self, slot: SlotRecord) -> str:
+        if not slot.spec.activated:
+            return "not activated"
+        if self.loading.loaded(slot):
+            return slot.state.value
+        try:
+            await self.loading.start_load(slot, resident=False, background=True)
+        except SlotctlError as exc:
+            log.warning("restore of %s: %s", slot.name, exc.message)
+            return exc.code
+        return slot.state.value

@@ -1,0 +1,260 @@
+"""The slot table: the records, catalogue order, views, memory sums, the state writer.
+
+The bottom of the manager's parts (above the plain records, the wishes and the locks).
+:meth:`SlotTable.set` is **the one place slot state changes**: it checks the transition
+against the legal table, persists ``state.json`` atomically, emits the event and logs the
+line. Every other part reads the table and asks it to write.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Iterator
+from typing import Final
+
+from controller.clock import Clock
+from controller.errors import SlotctlError, SlotNotFound
+from controller.events import EventBus, EventKind, Op
+from controller.eviction import EvictionCandidate
+from controller.lifecycle import LEGAL_TRANSITIONS, SlotState, check_transition
+from controller.slots.records import ADMITTED_STATES, LOADING_STATES, SlotRecord, SlotView
+from controller.slots.wishes import Wishes
+from controller.spec.schema import ModelSpec
+from controller.store import SlotStateRecord, StateExtra, StateStore, utcnow
+
+__all__ = ["SlotTable"]
+
+log = logging.getLogger("slotctl.manager")
+
+S = SlotState
+_HISTORY: Final = 10_000  # transitions kept for tests and the dashboard
+
+
+class SlotTable:
+    def __init__(self, store: StateStore, events: EventBus, clock: Clock, wishes: Wishes) -> None:
+        self.store = store
+        self.events = events
+        self.clock = clock
+        self.wishes = wishes
+        self.records: dict[str, SlotRecord] = {}
+        self.models: dict[str, ModelSpec] = {}
+        # Catalogue order (restore loads in it), as an ordered set: upsert() checks
+        # membership once per slot and pass, so a list made a resync pass O(n²).
+        self.order: dict[str, None] = {}
+        self.transitions: deque[tuple[str, str, str]] = deque(maxlen=_HISTORY)
+
+    # ------------------------------------------------------------------ lookup
+
+    def get(self, name: str) -> SlotRecord:
+        record = self.records.get(name)
+        if record is None:
+            raise SlotNotFound(name)
+        return record
+
+    def __iter__(self) -> Iterator[SlotRecord]:
+        return iter(list(self.records.values()))
+
+    def names(self) -> list[str]:
+        return list(self.records)
+
+    # ------------------------------------------------------------------ views
+
+    def view(self, slot: SlotRecord) -> SlotView:
+        now = self.clock.monotonic()
+        launch = slot.launch
+        return SlotView(
+            name=slot.name,
+            state=slot.state,
+            idle_reason=slot.idle_reason,
+            model_id=slot.model_id,
+            device=slot.spec.device,
+            priority=slot.spec.priority,
+            pinned=bool(slot.spec.pinned),
+            autoload=bool(slot.spec.autoload),
+            resident=self.wishes.is_resident(slot.name),
+            memory_bytes=slot.memory_bytes,
+            leases=len(slot.leases),
+            waiters=slot.waiters,
+            generation=slot.generation,
+            since=slot.since,
+            message=slot.message,
+            endpoint=launch.endpoint if launch else None,
+            failures=slot.breaker.failures,
+            retry_after_s=slot.breaker.retry_after(now),
+            config_hash=slot.running_hash or (launch.config_hash() if launch else None),
+            stack=slot.stack,
+            waiting=slot.waiting,
+            paused=self.wishes.is_paused(slot.name),
+        )
+
+    # ------------------------------------------------------------------ memory
+
+    def admitted_bytes(self, device: str) -> int:
+        return sum(
+            s.memory_bytes
+            for s in self.records.values()
+            if s.spec.device == device and s.state in ADMITTED_STATES
+        )
+
+    def reserved_bytes(self, device: str, requester: SlotRecord | None = None) -> int:
+        """Admitted to loads still coming up: the probed free memory cannot show them yet."""
+        return sum(
+            s.memory_bytes
+            for s in self.records.values()
+            if s is not requester and s.spec.device == device and s.state in LOADING_STATES
+        )
+
+    def resident_bytes(self, device: str) -> int:
+        """Bytes of the servers that are up on ``device`` (what a memory probe can see)."""
+        return self.admitted_bytes(device) - self.reserved_bytes(device)
+
+    def candidates(self) -> list[EvictionCandidate]:
+        """Every slot as the eviction planner sees it (it picks the eligible ones)."""
+        return [
+            EvictionCandidate(
+                name=s.name,
+                device=s.spec.device,
+                bytes=s.memory_bytes,
+                priority=s.spec.priority,
+                last_used=s.last_used,
+                state=s.state,
+                pinned=bool(s.spec.pinned),
+                leases=len(s.leases),
+                busy=s.busy or s.draining or s.waiters > 0,
+                access=s.access,
+                generation=s.generation,
+            )
+            for s in self.records.values()
+        ]
+
+    def group_peers(self, slot: SlotRecord) -> list[SlotRecord]:
+        """The members of ``slot``'s exclusive group that hold it (loading or loaded)."""
+        group = slot.model.exclusive_group if slot.model else None
+        if not group:
+            return []
+        return [
+            s
+            for s in self.records.values()
+            if s is not slot
+            and s.model is not None
+            and s.model.exclusive_group == group
+            and s.state not in (S.OFFLINE, S.ERROR)
+        ]
+
+    # ------------------------------------------------------------------ the writer
+
+    def set(
+        self,
+        slot: SlotRecord,
+        to: SlotState,
+        *,
+        op: Op,
+        message: str = "",
+        idle_reason: str | None = None,
+        error: SlotctlError | None = None,
+        durable: bool = True,
+    ) -> None:
+        """The one place slot state changes: check, persist, emit, log."""
+        current = slot.state
+        check_transition(current, to)
+        slot.state = to
+        slot.idle_reason = idle_reason if to is S.IDLE else None
+        slot.message = message
+        slot.since = utcnow()
+        slot.waiting = None  # any transition ends a wait for memory
+        self.store.write(self.persisted(slot), durable=durable)
+        self.transitions.append((slot.name, current.value, to.value))
+        self.events.emit(
+            EventKind.TRANSITION,
+            op,
+            slot=slot.name,
+            model=slot.model_id,
+            from_state=current.value,
+            to_state=to.value,
+            message=message,
+            error=error.code if error else None,
+            details={"idle_reason": slot.idle_reason} if slot.idle_reason else {},
+        )
+
+    def walk(self, slot: SlotRecord, target: SlotState, *, op: Op, message: str = "") -> None:
+        """Reach ``target`` through the shortest chain of legal transitions."""
+        for step in legal_path(slot.state, target):
+            self.set(slot, step, op=op, message=message)
+
+    def persist(self, slot: SlotRecord) -> None:
+        """Write a fact that is no transition (waiting for memory, a cleared wait) now."""
+        self.store.write(self.persisted(slot))
+
+    def persisted(self, slot: SlotRecord) -> SlotStateRecord:
+        """The slot as ``state.json`` holds it (the breaker serialises itself)."""
+        breaker = slot.breaker.to_record(self.clock.monotonic(), self.clock.time())
+        extra = StateExtra(
+            idle_reason=slot.idle_reason,
+            adopted=slot.adopted,
+            config_drift=slot.running_hash is not None,
+            waiting=slot.waiting,
+            **breaker,
+        )
+        return SlotStateRecord(
+            name=slot.name,
+            state=slot.state,
+            model_id=slot.model_id,
+            port=slot.spec.port,
+            updated_at=slot.since,
+            message=slot.message,
+            extra=extra,
+        )
+
+    def load_persisted(self, slot: SlotRecord) -> None:
+        """A new record starts from its ``state.json`` (an unreadable one is ignored)."""
+        try:
+            saved = self.store.read(slot.name)
+        except SlotctlError as exc:
+            log.warning("ignoring unreadable state of slot %s: %s", slot.name, exc)
+            return
+        if saved is None:
+            return
+        slot.state, slot.message, slot.since = saved.state, saved.message, saved.updated_at
+        slot.idle_reason = saved.extra.idle_reason
+        if saved.extra.failures > 0 and slot.state is S.ERROR:
+            # The crash-loop breaker survives a controller restart.
+            slot.breaker.restore(
+                saved.extra.failures,
+                saved.extra.retry_at,
+                slot.message,
+                self.clock.monotonic(),
+                self.clock.time(),
+            )
+
+    def refuse(self, slot: SlotRecord, op: Op, error: SlotctlError) -> SlotctlError:
+        """A refused operation: one event and log line (and the error marked reported)."""
+        error.reported = True
+        self.events.emit(
+            EventKind.REFUSAL,
+            op,
+            slot=slot.name,
+            model=slot.spec.model_id,
+            message=error.message,
+            error=error.code,
+            details={k: v for k, v in error.details.items() if k != "problems"},
+        )
+        return error
+
+
+def legal_path(start: SlotState, target: SlotState) -> list[SlotState]:
+    """Shortest sequence of legal transitions from ``start`` to ``target`` (BFS)."""
+    if start is target:
+        return []
+    frontier: deque[list[SlotState]] = deque([[start]])
+    seen = {start}
+    while frontier:
+        path = frontier.popleft()
+        for nxt in sorted(LEGAL_TRANSITIONS[path[-1]]):
+            if nxt in seen:
+                continue
+            if nxt is target:
+                return [*path[1:], nxt]
+            seen.add(nxt)
+            frontier.append([*path, nxt])
+    raise ValueError(f"no legal path from {start} to {target}")

@@ -1,0 +1,234 @@
+"""Unloading: drain, stop, go offline; evictions with their revalidation; wishes cleared.
+
+A part of the manager (:mod:`controller.slots`), below :mod:`.loading` (a load unloads its
+exclusive-group peers and evicts victims through this part). Every unload waits for an
+in-flight load of the slot to settle first, drains leases for ``drain_timeout_s`` (no new
+ones meanwhile), then revokes what is left, and goes ``unloading -> offline`` through the
+table's one writer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterable
+from typing import Final
+
+from controller.errors import SlotctlError, SlotNotReady, SlotPinned, SlotTerminateTimeout
+from controller.events import EventKind, EvictionReason, Op
+from controller.eviction import Victim
+from controller.lifecycle import SlotState
+from controller.slots.core import Part
+from controller.slots.records import LOADING_STATES, SlotRecord, SlotView
+
+__all__ = ["Unloading"]
+
+log = logging.getLogger("slotctl.manager")
+
+S = SlotState
+_POLL_S: Final = 0.02
+_SETTLE_SPINS: Final = 50  # loop iterations for resuming waiters (a few suffice)
+
+
+class Unloading(Part):
+    async def unload(
+        self,
+        name: str,
+        *,
+        force: bool = False,
+        reason: str = "unloaded on request",
+        clear_residency: bool = True,
+        op: Op = Op.UNLOAD,
+        pause: bool = False,
+    ) -> SlotView:
+        """Drain, stop and go offline. Waits for an in-flight load to settle first.
+
+        ``pause`` (a user's unload): an autoload slot stays unloaded — the reconciler does
+        not load it again — until a user's load resumes it; recorded in residency.json.
+        """
+        slot = self.table.get(name)
+        if slot.spec.pinned and not force:
+            raise self.table.refuse(slot, op, SlotPinned(name, "unload"))
+        if pause and slot.spec.autoload and self.wishes.pause(name):
+            reason += " (autoload paused: `slotctl slot load` resumes it)"
+        if clear_residency:
+            self.clear_resident(name)
+        self.unwait_if_unwanted(slot)
+        task = slot.load_task
+        if task is not None and not task.done():
+            with contextlib.suppress(SlotctlError, asyncio.CancelledError):
+                await asyncio.shield(task)
+        async with slot.lock:
+            await self.unload_locked(slot, reason, op)
+        return self.table.view(slot)
+
+    async def unload_locked(
+        self, slot: SlotRecord, reason: str, op: Op, *, evicted: EvictionReason | None = None
+    ) -> None:
+        """Unload under the slot's lock; ``evicted``: an eviction (said once drained)."""
+        if slot.state is S.OFFLINE:
+            return
+        if slot.state is S.ERROR:
+            try:
+                await self.runtime.stop(slot.name, self.config.stop_timeout_s)
+            except SlotTerminateTimeout:
+                raise  # the server survived SIGKILL: it is not offline, the slot stays in error
+            except SlotctlError as exc:
+                log.warning("stopping errored slot %s: %s", slot.name, exc.message)
+            slot.launch, slot.running_hash = None, None
+            self.table.set(slot, S.OFFLINE, op=op, message=f"{reason} (was in error)")
+            return
+        if slot.state in LOADING_STATES:  # only after a restart that found it mid-load
+            await self.stop_runtime(slot, op)
+            self.table.set(slot, S.OFFLINE, op=op, message=reason)
+            return
+        await self._drain(slot)
+        if slot.state is S.SERVING:  # leases revoked by the drain timeout
+            self.table.set(slot, S.READY, op=op, message="drained")
+        if evicted is not None:
+            self.emit_eviction(slot, reason, evicted)
+        self.table.set(slot, S.UNLOADING, op=op, message=reason)
+        await self.stop_runtime(slot, op)
+        self.table.set(slot, S.OFFLINE, op=op, message=reason)
+
+    async def stop_runtime(self, slot: SlotRecord, op: Op) -> None:
+        try:
+            await self.runtime.stop(slot.name, self.config.stop_timeout_s)
+        except SlotTerminateTimeout as exc:
+            if slot.state is S.UNLOADING:
+                self.table.set(slot, S.ERROR, op=op, message=exc.message, error=exc)
+            raise
+        finally:
+            slot.launch, slot.running_hash, slot.adopted = None, None, None
+            slot.ready_at = None
+
+    async def _drain(self, slot: SlotRecord) -> None:
+        """No new leases; wait for in-flight ones up to drain_timeout_s, then revoke."""
+        if not slot.leases:
+            return
+        slot.draining = True
+        try:
+            deadline = self.clock.monotonic() + slot.spec.drain_timeout_s
+            while slot.leases and self.clock.monotonic() < deadline:
+                await self.clock.sleep(_POLL_S)
+            if slot.leases:
+                error = SlotNotReady(
+                    f"slot {slot.name!r} was unloaded: in-flight requests cancelled after "
+                    f"drain_timeout_s={slot.spec.drain_timeout_s:g}",
+                    slot=slot.name,
+                )
+                for lease in list(slot.leases.values()):
+                    lease.revoke(error)
+                slot.leases.clear()
+        finally:
+            slot.draining = False
+
+    async def evict(self, victims: Iterable[Victim], *, reason: EvictionReason) -> list[str]:
+        """Unload each victim after revalidating the decision (a request since cancels it)."""
+        done = []
+        for victim in victims:
+            slot = self.table.records.get(victim.name)
+            if slot is None or slot.access != victim.access:
+                continue  # a request came since the decision: not a victim any more
+            if slot.generation != victim.generation:
+                continue  # unloaded and loaded again (maybe another model) since
+            if await self.evict_one(slot, f"evicted to {victim.reason}", reason=reason):
+                done.append(victim.name)
+        return done
+
+    async def evict_one(
+        self, slot: SlotRecord, why: str, *, reason: EvictionReason, clear_residency: bool = False
+    ) -> bool:
+        """Unload one victim (``reason``: its class, a field of the eviction event)."""
+        if slot.state not in (S.READY, S.IDLE) or slot.leases or slot.busy or slot.spec.pinned:
+            return False  # revalidation failed: it got busy since the decision
+        if slot.draining or slot.waiters:
+            return False
+        if clear_residency:
+            self.clear_resident(slot.name)
+        async with slot.lock:  # free (checked above): acquired without waiting
+            await self.unload_locked(slot, why, Op.EVICT, evicted=reason)
+        return True
+
+    def emit_eviction(self, slot: SlotRecord, why: str, reason: EvictionReason) -> None:
+        self.events.emit(
+            EventKind.EVICTION,
+            Op.EVICT,
+            slot=slot.name,
+            model=slot.spec.model_id,
+            message=why,
+            reason=reason,
+            details={"bytes": slot.memory_bytes},
+        )
+
+    async def reset(self, name: str) -> SlotView:
+        """Clear the crash-loop breaker; an errored slot goes offline."""
+        slot = self.table.get(name)
+        slot.breaker.reset()
+        async with slot.lock:
+            if slot.state is S.ERROR:
+                await self.unload_locked(slot, "reset", Op.UNLOAD)
+        return self.table.view(slot)
+
+    async def unload_group_peers(self, slot: SlotRecord) -> None:
+        """Unload the exclusive-group members that hold ``slot``'s group (a swap), bounded."""
+        for peer in self.table.group_peers(slot):
+            if peer.spec.pinned:
+                error = SlotPinned(peer.name, "exclusive-group swap")
+                raise self.table.refuse(slot, Op.LOAD, error)
+            why = (
+                f"exclusive group {slot.model.exclusive_group if slot.model else ''}: "
+                f"swapped out for {slot.name}"
+            )
+            try:
+                await asyncio.wait_for(self._unload_peer(peer, why), self.config.exclusive_wait_s)
+            except TimeoutError:
+                late = SlotNotReady(
+                    f"exclusive-group peer {peer.name!r} did not unload within "
+                    f"{self.config.exclusive_wait_s:g}s",
+                    slot=slot.name,
+                )
+                raise self.table.refuse(slot, Op.LOAD, late) from None
+
+    async def _unload_peer(self, peer: SlotRecord, why: str) -> None:
+        """Unload an exclusive-group peer (clearing its residency) for a load in its group.
+
+        Unlike :meth:`unload`, never waits for the peer's own pending load: that load queues
+        on the group lock the caller holds, so waiting for it would deadlock. It runs after
+        this load (and swaps back) if its waiters still want it.
+        """
+        self.clear_resident(peer.name)
+        await self._settle_waiters(peer)
+        async with peer.lock:
+            await self.unload_locked(peer, why, Op.UNLOAD, evicted=EvictionReason.EXCLUSIVE)
+
+    async def _settle_waiters(self, slot: SlotRecord) -> None:
+        """Let the cold waiters of a load that just finished take their leases first.
+
+        They resume a few loop iterations after the load task ends, while a swap queued on
+        the group lock runs at once: without this it unloaded the peer under them (they
+        got ``SlotNotReady``), at every swap, so under steady traffic to both members one
+        member's requests were never served. Once they hold leases the drain waits for
+        them like for any request in flight.
+        """
+        for _ in range(_SETTLE_SPINS):
+            task = slot.load_task
+            loaded = slot.state in (S.READY, S.IDLE, S.SERVING)
+            if not slot.waiters or task is None or not task.done() or not loaded:
+                return
+            await asyncio.sleep(0)
+
+    def clear_resident(self, name: str) -> None:
+        if self.wishes.clear_resident(name):
+            slot = self.table.records.get(name)
+            if slot is not None:
+                self.unwait_if_unwanted(slot)
+
+    def unwait_if_unwanted(self, slot: SlotRecord) -> None:
+        """Nobody keeps this slot loaded any more: it is not waiting for memory either."""
+        if slot.waiting is None or self.wishes.keeps_loaded(slot.name, bool(slot.spec.autoload)):
+            return
+        slot.waiting = None
+        slot.message = ""
+        self.table.persist(slot)
