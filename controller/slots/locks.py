@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import AsyncContextManager
+
 
 __all__ = ["Locks"]
 
@@ -26,7 +26,7 @@ class Locks:
         self._groups: dict[str, asyncio.Lock] = {}
         self._devices: dict[str, asyncio.Lock] = {}
 
-    def group(self, name: str | None) -> AsyncContextManager[object]:
+    def group(self, name: str | None) -> contextlib.AbstractAsyncContextManager[object]:
         """The exclusive group's lock (a no-op context for a slot without a group)."""
         if not name:
             return contextlib.nullcontext()
