@@ -122,8 +122,7 @@ def _count_inference(state: DemoState) -> None:
     limit = state.config.crash_after
     if limit and count > limit:
         print(
-            f"slotctl-demo crashing: request {count} arrived after "
-            f"{limit} served (--crash-after)",
+            f"slotctl-demo crashing: request {count} arrived after {limit} served (--crash-after)",
             file=sys.stderr,
             flush=True,
         )

@@ -64,7 +64,7 @@ def embedding(model: str, text: str, dim: int) -> list[float]:
 
 def embedding_base64(vector: list[float]) -> str:
     """``vector`` as OpenAI's ``encoding_format: "base64"``: little-endian float32 bytes."""
-    import base64  # noqa: PLC0415 - only this rarely used format needs them
-    import struct  # noqa: PLC0415
+    import base64  # here, not at the top: only this rarely used format needs them
+    import struct
 
     return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode("ascii")

@@ -135,15 +135,13 @@ class App:
             handler = methods.get("GET")
         if handler is None:
             allowed = sorted({*methods, *(["HEAD"] if "GET" in methods else [])})
-            response = self.error(
-                405, f"Method {request.method} is not allowed for {request.path}"
-            )
+            response = self.error(405, f"Method {request.method} is not allowed for {request.path}")
             response.headers["Allow"] = ", ".join(allowed)
             return response
         try:
             return handler(request)
         except Exception:  # noqa: BLE001 - a handler bug answers 500 and is printed, as aiohttp does
-            import traceback  # noqa: PLC0415 - only a bug needs it
+            import traceback  # here, not at the top: only a bug needs it
 
             traceback.print_exc(file=sys.stderr)
             return self.error(500, "internal server error")
@@ -176,11 +174,9 @@ class Tracker:
 def listen(host: str, port: int) -> list[socket.socket]:
     """Listening sockets on every address ``host`` resolves to (one port for all)."""
     name = host.encode() if host.isascii() else host  # bytes skip the idna codec's import
-    infos = socket.getaddrinfo(
-        name or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-    )
+    infos = socket.getaddrinfo(name or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     sockets: list[socket.socket] = []
-    seen: set[tuple[int, str]] = set()
+    seen: set[tuple[int, object]] = set()
     try:
         for family, kind, proto, _, address in infos:
             if (family, address[0]) in seen:

@@ -150,7 +150,11 @@ def _accept(listener: socket.socket, app: App, tracker: Tracker) -> None:
 
 
 def _run_until_stopped(
-    listeners: list[socket.socket], app: App, loader: _Loader, stopper: _Stopper, wake: socket.socket
+    listeners: list[socket.socket],
+    app: App,
+    loader: _Loader,
+    stopper: _Stopper,
+    wake: socket.socket,
 ) -> int:
     """Serve until a stop is due (0) or the load failed (1)."""
     tracker = Tracker()
