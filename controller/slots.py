@@ -237,7 +237,7 @@ class SlotManager:
         # Autoload slots a user unloaded: not reloaded until a user's load resumes them.
         self._paused: dict[str, str] = self.residency.read_paused()
         self.settings = settings or ControllerSettings()
-        self.prober: Prober = prober or HttpProber()
+        self.prober: Prober = prober or HttpProber(logs=runtime)
         self.memory: MemoryProbe = memory or SystemMemoryProbe()
         self.clock = clock
         self.events = events or EventBus()

@@ -25,7 +25,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Final
@@ -34,6 +34,7 @@ import psutil
 
 from controller.errors import SlotSpawnFailed, SlotTerminateTimeout
 from controller.runtime.base import LaunchSpec, Observed, ProgressCallback, RunStatus
+from controller.runtime.logwatch import follow
 from controller.store import StateStore
 
 __all__ = ["ProcessRuntime"]
@@ -147,6 +148,11 @@ class ProcessRuntime:
 
     async def logs(self, slot: str, tail: int = 100) -> list[str]:
         return await asyncio.to_thread(self._tail, slot, tail)
+
+    def watch_log(self, slot: str, on_text: Callable[[str], None]) -> Callable[[], None] | None:
+        """Follow the slot's log file from now on (the readiness probe's wake-up, see
+        :class:`controller.probe.LogWatcher`); None when it cannot be followed."""
+        return follow(self.log_path(slot), on_text)
 
     def _record(self, slot: str) -> dict[str, Any] | None:
         """The slot's process record, or None when absent or not a usable record (a
