@@ -38,7 +38,7 @@ import aiohttp
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from controller.clock import SYSTEM_CLOCK
-from controller.probe import HttpProber, ProbeOutcome, ProbeResult, probe_once
+from controller.probe import HttpProber, ProbeOutcome, ProbeResult, ProbeSpec, probe_once
 from controller.providers import BuildContext, build_launch
 from controller.runtime.base import LaunchSpec
 from controller.runtime.process import ProcessRuntime
@@ -79,14 +79,24 @@ class LineStamp(threading.Thread):
             time.sleep(0.001)
 
 
+class Timed(HttpProber):
+    """An :class:`HttpProber` that notes when its latest attempt began."""
+
+    last_began = 0.0
+
+    async def probe(self, endpoint: str, spec: ProbeSpec, *, slot: str) -> ProbeResult:
+        self.last_began = time.time()
+        return await super().probe(endpoint, spec, slot=slot)
+
+
 async def one(
     runtime: ProcessRuntime,
     session: aiohttp.ClientSession,
     launch: LaunchSpec,
     mode: str,
     server: str,
-) -> tuple[float, int]:
-    """(detected - ready, probe requests) for one load."""
+) -> tuple[float, int, float]:
+    """(detected - ready, probe requests, last attempt's start - ready) for one load."""
     await runtime.start(launch)
     stamp = None
     if server != "demo":
@@ -97,10 +107,11 @@ async def one(
     async def alive() -> bool:
         return (await runtime.inspect(launch.slot)).running
 
+    began = 0.0
     if mode == "naive 1 s poll":
         result = await naive_poll(lambda: probe_once(session, launch.endpoint, launch.probe))
     else:
-        prober = HttpProber(logs=runtime if mode == "log wake" else None)
+        prober = Timed(logs=runtime if mode == "log wake" else None)
         try:
             result = await prober.wait_ready(
                 launch.endpoint,
@@ -112,14 +123,17 @@ async def one(
             )
         finally:
             await prober.close()
+        began = prober.last_began
     detected = time.time()
     assert result.outcome is ProbeOutcome.READY, result
     if stamp is not None:
         stamp.join(timeout=5)
         assert stamp.seen is not None, "the ready line never showed"
-        return detected - stamp.seen, result.attempts
-    line = next(x for x in await runtime.logs(launch.slot) if "slotctl-demo ready" in x)
-    return detected - float(line.rsplit("t=", 1)[1]), result.attempts
+        ready = stamp.seen
+    else:
+        line = next(x for x in await runtime.logs(launch.slot) if "slotctl-demo ready" in x)
+        ready = float(line.rsplit("t=", 1)[1])
+    return detected - ready, result.attempts, (began - ready if began else float("nan"))
 
 
 def llama_cpp_python_launch(name: str, gguf: Path) -> LaunchSpec:
@@ -139,8 +153,9 @@ def llama_cpp_python_launch(name: str, gguf: Path) -> LaunchSpec:
     return build_launch(slot, model, BuildContext(runtime="process"))
 
 
-def stats(delays: list[float], attempts: list[int]) -> str:
+def stats(delays: list[float], attempts: list[int], began: list[float]) -> str:
     ms = sorted(d * 1000 for d in delays)
+    starts = [b * 1000 for b in began if b == b]  # NaN: the naive poll is not timed
 
     def pct(q: float) -> float:
         return ms[min(len(ms) - 1, round(q * (len(ms) - 1)))]
@@ -149,6 +164,7 @@ def stats(delays: list[float], attempts: list[int]) -> str:
         f"p50 {statistics.median(ms):7.1f} ms   p95 {pct(0.95):7.1f} ms   "
         f"p99 {pct(0.99):7.1f} ms   max {ms[-1]:7.1f} ms   "
         f"probes/load {statistics.mean(attempts):5.1f}"
+        + (f"   last probe began p50 {statistics.median(starts):+6.1f} ms" if starts else "")
     )
 
 
@@ -174,20 +190,28 @@ async def main() -> None:
     parser.add_argument("--load-seconds", type=float, default=1.5)
     parser.add_argument("--server", choices=("demo", "llama-cpp-python"), default="demo")
     parser.add_argument("--modes", default=",".join(MODES), help="comma-separated subset")
+    parser.add_argument(
+        "--sequential", action="store_true", help="one server at a time, not all at once"
+    )
     args = parser.parse_args()
     modes = [m for m in MODES if m in args.modes.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
         runtime = ProcessRuntime(Path(tmp))
         connector = aiohttp.TCPConnector(force_close=True)
         async with aiohttp.ClientSession(connector=connector) as session:
-            results: dict[str, tuple[list[float], list[int]]] = {}
+            results: dict[str, tuple[list[float], list[int], list[float]]] = {}
             try:
                 for mode in modes:
                     launches = launches_for(args, mode, Path(tmp))
-                    measured = await asyncio.gather(
-                        *(one(runtime, session, la, mode, args.server) for la in launches)
-                    )
-                    results[mode] = ([d for d, _ in measured], [a for _, a in measured])
+                    if args.sequential:
+                        measured = [
+                            await one(runtime, session, la, mode, args.server) for la in launches
+                        ]
+                    else:
+                        measured = await asyncio.gather(
+                            *(one(runtime, session, la, mode, args.server) for la in launches)
+                        )
+                    results[mode] = tuple(list(column) for column in zip(*measured, strict=True))
                     for la in launches:
                         await runtime.stop(la.slot, timeout=5)
             finally:
@@ -199,9 +223,10 @@ async def main() -> None:
         if args.server == "demo"
         else "llama_cpp.server processes at once (tiny GGUF)"
     )
-    print(f"time to ready: {args.servers} {what}")
-    for label, (delays, attempts) in results.items():
-        print(f"  {label:16s} {stats(delays, attempts)}")
+    how = "one after another" if args.sequential else "at once"
+    print(f"time to ready: {args.servers} {what.replace('at once', how)}")
+    for label, (delays, attempts, began) in results.items():
+        print(f"  {label:16s} {stats(delays, attempts, began)}")
     if "log wake" in results and "schedule" in results:
         ours = statistics.median(results["log wake"][0])
         schedule = statistics.median(results["schedule"][0])
