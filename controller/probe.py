@@ -11,11 +11,12 @@ seen within ~20 ms, one that needs 4 s within ~100 ms; a one-minute load costs a
 cheap requests and is never seen more than 1 s late (peers poll once a second throughout).
 
 Event-driven readiness: servers announce readiness in their own log (``llama-server``
-"server is listening", uvicorn "Application startup complete", the demo server's ready
-line). A provider declares that line as :attr:`ProbeSpec.ready_log`; when the runtime can
-follow the slot's log (:class:`LogWatcher`, e.g. the process runtime through inotify), a
-matching line wakes the probe at once. The HTTP probe stays the judge (a woken attempt
-that finds the server still warming just goes on), and the schedule stays the fallback.
+"server is listening", uvicorn "Uvicorn running on", the demo server's ready line). A
+provider declares that line as :attr:`ProbeSpec.ready_log`; when the runtime can follow
+the slot's log (:class:`LogWatcher`: the process runtime through inotify, Docker through
+the engine's log stream), a matching line wakes the probe at once. The HTTP probe stays
+the judge (a woken attempt that finds the server still warming just goes on), and the
+schedule stays the fallback.
 """
 
 from __future__ import annotations
@@ -180,7 +181,7 @@ class LogLines:
 
 @runtime_checkable
 class LogWatcher(Protocol):
-    """A runtime that can follow a slot's server output (the process runtime can)."""
+    """A runtime that can follow a slot's server output (process and Docker runtimes can)."""
 
     def watch_log(self, slot: str, on_text: Callable[[str], None]) -> Callable[[], None] | None:
         """Call ``on_text`` (on the event loop) with what the server writes from now on;
