@@ -28,6 +28,7 @@ from controller.errors import (
     SlotConfigError,
     SlotCrashLooping,
     SlotctlError,
+    StateWriteFailed,
 )
 from controller.lifecycle import SlotState, can_dispatch
 from controller.slots import SlotManager
@@ -207,6 +208,8 @@ def requeue_delay(outcome: Result | BaseException, failures: int) -> float | Non
         return None  # terminal: only a config change (which requeues) can fix it
     if isinstance(outcome, InsufficientMemory):
         return float(min(60.0, 2.0 * 2.0 ** min(failures, 5)))  # memory may come back
+    if isinstance(outcome, StateWriteFailed):
+        return float(min(30.0, outcome.retry_after_s * 2.0 ** min(failures, 3)))  # disk space
     return float(min(300.0, 2.0 ** min(failures, 9)))
 
 
@@ -271,9 +274,14 @@ class Reconciler:
 
     # ---------------------------------------------------------------- desired
 
-    def refresh(self) -> ConfigSnapshot:
-        """Re-read the config dir; the manager's catalogue follows at once."""
-        fresh = read_config_dir(self.config_dir)
+    def refresh(self, fresh: ConfigSnapshot | None = None) -> ConfigSnapshot:
+        """Re-read the config dir (or take ``fresh``, read off the event loop); the manager's
+        catalogue follows at once. A missing or unlistable config dir changes nothing."""
+        fresh = fresh if fresh is not None else read_config_dir(self.config_dir)
+        if not fresh.readable:
+            for problem in fresh.errors:
+                log.error("config dir: %s", problem.message)
+            return self.snapshot
         self._keep_last_good(fresh, self.snapshot)
         self.snapshot = fresh
         self.manager.set_models(self.snapshot.models, order=list(self.snapshot.slots))
@@ -421,6 +429,8 @@ class Reconciler:
             self._active.add(name)
             try:
                 await self._run_one(name)
+            except Exception:  # a bug outside the pass (an observer): the worker lives on
+                log.exception("reconcile worker: unexpected error around %s", name)
             finally:
                 self._active.discard(name)
                 if name in self._dirty:
@@ -472,7 +482,7 @@ class Reconciler:
         try:
             while not stop.is_set():
                 try:
-                    self.refresh()
+                    self.refresh(await asyncio.to_thread(read_config_dir, self.config_dir))
                     self.enqueue_all()
                     await self.reap_orphans()
                 except Exception:  # a failed resync (I/O, engine) is retried next period

@@ -43,6 +43,7 @@ from controller.errors import (
     SlotQueueFull,
     SlotSpawnFailed,
     SlotTerminateTimeout,
+    StateWriteFailed,
 )
 from controller.events import EventBus
 from controller.eviction import (
@@ -235,6 +236,7 @@ class SlotManager:
         self._group_locks: dict[str, asyncio.Lock] = {}
         self._device_locks: dict[str, asyncio.Lock] = {}
         self._background: set[asyncio.Task[Any]] = set()
+        self._unpersisted: set[str] = set()  # lease transitions the disk refused (full)
         self.transitions: deque[tuple[str, str, str]] = deque(maxlen=10_000)
 
     # ================================================================= desired state
@@ -414,27 +416,51 @@ class SlotManager:
         error: SlotctlError | None = None,
         durable: bool = True,
     ) -> None:
-        """The one place slot state changes: check, persist, emit, log."""
+        """The one place slot state changes: check, persist, then commit; emit, log.
+
+        Persist-then-commit: ``state.json`` is written first and only then does the slot
+        change in memory, so memory never runs ahead of disk. A failed write raises
+        :class:`StateWriteFailed` and changes nothing — except a non-``durable`` lease
+        transition (ready <-> serving), which must not fail a request that a ready server
+        can answer: it commits, and :meth:`flush_unpersisted` writes it once the disk can.
+        """
         current = slot.state
         check_transition(current, to)
-        slot.state = to
-        slot.idle_reason = idle_reason if to is S.IDLE else None
-        slot.message = message
-        slot.since = utcnow()
-        slot.extra = {k: v for k, v in slot.extra.items() if k != "idle_reason"}
-        if slot.idle_reason:
-            slot.extra["idle_reason"] = slot.idle_reason
+        idle = idle_reason if to is S.IDLE else None
+        since = utcnow()
+        extra = {k: v for k, v in slot.extra.items() if k != "idle_reason"}
+        if idle:
+            extra["idle_reason"] = idle
         model_id = slot.model.id if slot.model else slot.spec.model_id
         record = SlotStateRecord(
             name=slot.name,
             state=to,
             model_id=model_id,
             port=slot.spec.port,
-            updated_at=slot.since,
+            updated_at=since,
             message=message,
-            extra=slot.extra,
+            extra=extra,
         )
-        self.store.write(record, durable=durable)
+        try:
+            self.store.write(record, durable=durable)
+        except StateWriteFailed as exc:
+            if durable or slot.name not in self._unpersisted:
+                self.events.emit(
+                    "error",
+                    op,
+                    slot=slot.name,
+                    model=model_id,
+                    message=f"{current.value} -> {to.value} not done: {exc.message}",
+                    error=exc.code,
+                    details={"path": exc.details.get("path"), "errno": exc.errno},
+                )
+            if durable:
+                raise
+            self._unpersisted.add(slot.name)
+        else:
+            self._unpersisted.discard(slot.name)
+        slot.state, slot.idle_reason, slot.message = to, idle, message
+        slot.since, slot.extra = since, extra
         self.transitions.append((slot.name, current.value, to.value))
         self.events.emit(
             "transition",
@@ -447,6 +473,28 @@ class SlotManager:
             error=error.code if error else None,
             details={"idle_reason": slot.idle_reason} if slot.idle_reason else {},
         )
+
+    def flush_unpersisted(self) -> None:
+        """Write the state of slots whose lease transition the disk refused (housekeeping)."""
+        for name in sorted(self._unpersisted):
+            slot = self._slots.get(name)
+            if slot is None:
+                self._unpersisted.discard(name)
+                continue
+            record = SlotStateRecord(
+                name=name,
+                state=slot.state,
+                model_id=slot.model.id if slot.model else slot.spec.model_id,
+                port=slot.spec.port,
+                updated_at=slot.since,
+                message=slot.message,
+                extra=slot.extra,
+            )
+            try:
+                self.store.write(record, durable=False)
+            except StateWriteFailed:
+                return  # still full: next interval
+            self._unpersisted.discard(name)
 
     def _walk(self, slot: _Slot, target: SlotState, *, op: str, message: str = "") -> None:
         """Reach ``target`` through the shortest chain of legal transitions."""
@@ -1268,6 +1316,7 @@ class SlotManager:
         next_tick = 0.0
         while not stop.is_set():
             try:
+                self.flush_unpersisted()
                 if self.clock.monotonic() >= next_tick:
                     await self.tick()
                     next_tick = self.clock.monotonic() + self.config.tick_interval_s

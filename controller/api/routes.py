@@ -33,6 +33,7 @@ from controller.errors import (
     SlotConfigError,
     SlotctlError,
     SlotNotFound,
+    SlotOwnedByStack,
     SlotPinned,
 )
 from controller.lifecycle import Candidate, SlotState, rank_candidates
@@ -384,7 +385,11 @@ async def get_slot(request: web.Request) -> web.Response:
     summary="delete a slot (pinned: force=true)",
     tag="slots",
     query=[Query("force", "boolean", "needed for a pinned slot")],
-    responses={202: ("deleting", LoadAnswer), 404: ("unknown slot", None), 409: ("pinned", None)},
+    responses={
+        202: ("deleting", LoadAnswer),
+        404: ("unknown slot", None),
+        409: ("pinned, or declared by the GitOps stack dir", None),
+    },
 )
 async def delete_slot(request: web.Request) -> web.Response:
     ctx = _ctx(request)
@@ -393,6 +398,10 @@ async def delete_slot(request: web.Request) -> web.Response:
     desired = read_config_dir(ctx.config_dir).slots.get(name)
     if desired is None:
         raise SlotNotFound(name)
+    if ctx.stack_dir is not None and desired.stack and desired.stack in ctx.gitops_stacks:
+        # GitOps: the stack dir is the source of truth; a delete here would be undone
+        # at the next apply (or silently stick until then). Refuse, naming the owner.
+        raise SlotOwnedByStack(name, desired.stack, str(ctx.stack_dir), "remove")
     if desired.pinned and not force:
         raise SlotPinned(name, "delete")
     delete_slot_config(ctx.config_dir, name)
@@ -716,7 +725,8 @@ async def unload_model(request: web.Request) -> web.Response:
 async def _load_stack_body(ctx: ApiContext, request: web.Request) -> tuple[StackBody, Any]:
     body: StackBody = await read_body(request, StackBody)
     settings, _ = read_settings(ctx.config_dir)
-    report = load_stack_texts(body.texts(), settings)
+    # Parsing (up to 1 MiB per file) runs off the event loop: the API and router answer.
+    report = await asyncio.to_thread(load_stack_texts, body.texts(), settings)
     if not report.ok or report.state is None:
         raise SlotConfigError(
             f"invalid stack: {report.errors[0].message}" if report.errors else "invalid stack",
@@ -745,7 +755,7 @@ async def apply_stack(request: web.Request) -> web.Response:
         )
         changed: list[str] = []
         if not body.dry_run:
-            changed = apply_to_config(state, ctx.config_dir, prune=prune)
+            changed = await asyncio.to_thread(apply_to_config, state, ctx.config_dir, prune=prune)
             _wake(ctx)
     return json_response(
         {"plan": [a.to_dict() for a in plan.actions], "changed": changed, "dry_run": body.dry_run}
