@@ -37,7 +37,10 @@ def _still_serving(ctl: Slotctl, slots: list[SlotDef], pids: dict[str, int]) -> 
     assert up.poll() is None, f"the controller exited:\n{ctl.controller_log()}"
     assert ctl.pids() == pids
     assert all(alive(pid) for pid in pids.values())
-    assert ctl.states() == expected_states(slots)
+    # The controller's own view (the CLI's `slot list` reads the config dir, gone here).
+    status, body = _api(ctl, "GET", "/api/slots")
+    assert status == 200, body
+    assert {s["name"]: s["state"] for s in body["slots"]} == expected_states(slots)
 
 
 def _config_line(ctl: Slotctl, slot: str) -> str:
