@@ -5,7 +5,8 @@ plain config dir, and the environment turned hostile under it: a symlink loop in
 stack dir, the config dir deleted, the stack dir deleted and re-created, an API delete of
 a slot the stack dir declares. Each time the servers keep running (same pid, still
 ``ready``), the controller says what happened, and it keeps following its directories.
-docs/reliability.md lists these tests in its fault table.
+docs/reliability.md lists these tests in its fault table; ``make soak`` adds a long run
+of random directory faults (``test_directory_faults_soak``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import random
 import shutil
 import time
 import urllib.error
@@ -20,8 +22,12 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.e2e.conftest import Slotctl, SlotDef, wait_until
 from tests.e2e.test_workflow import alive, expected_states, write_stack
+
+SOAK = os.environ.get("SLOTCTL_SOAK") == "1"
 
 
 def _gitops(ctl: Slotctl, slots: list[SlotDef]) -> tuple[Path, Path, dict[str, int]]:
@@ -162,3 +168,37 @@ def test_api_delete_of_a_slot_the_stack_dir_declares_is_refused(ctl: Slotctl) ->
     assert (ctl.config / "slots" / "own-a.toml").exists()
     assert (ctl.config / "slots" / "own-b.toml").exists()
     _still_serving(ctl, slots, pids)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not SOAK, reason="soak run: SLOTCTL_SOAK=1 (make soak)")
+@pytest.mark.timeout(1200)
+def test_directory_faults_soak(ctl: Slotctl) -> None:
+    """``make soak``: 60 random directory faults against one GitOps controller, each
+    followed by an edit that must apply; the servers never restart."""
+    rng = random.Random(int(os.environ.get("SLOTCTL_FAULT_SEED", "13")))
+    slots = [SlotDef("soak-a"), SlotDef("soak-b"), SlotDef("soak-c", autoload=False)]
+    stack_dir, stack, pids = _gitops(ctl, slots)
+    for round_ in range(60):
+        fault = rng.choice(["loop", "config", "stack", "rename"])
+        if fault == "loop":
+            (stack_dir / "loop.toml").symlink_to("loop.toml")
+            ctl.wait_log("stack dir is invalid")
+            (stack_dir / "loop.toml").unlink()
+        elif fault == "config":
+            shutil.rmtree(ctl.config)
+        elif fault == "stack":
+            shutil.rmtree(stack_dir)
+            stack_dir.mkdir()
+        else:
+            staged = ctl.tmp / "staged"
+            write_stack(staged / "e2e.toml", slots)
+            shutil.rmtree(stack_dir)
+            os.rename(staged, stack_dir)
+        slots[2] = dataclasses.replace(slots[2], priority=round_ % 90 + 1)
+        write_stack(stack, slots)
+        want = f"priority = {round_ % 90 + 1}\n"
+        wait_until(
+            lambda want=want: want in _config_line(ctl, "soak-c"), f"round {round_} ({fault})"
+        )
+        _still_serving(ctl, slots, pids)

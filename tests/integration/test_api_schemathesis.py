@@ -328,7 +328,8 @@ def _concrete(path: str) -> str:
     for part in path.split("/"):
         if part.startswith("{") and part.endswith("}"):
             param = part[1:-1].split(":")[0]
-            out.append({"name": "spare", "model_id": "m-a"}.get(param, "index.html"))
+            names = {"name": "spare", "model_id": "m-a", "path": "transcriptions"}
+            out.append(names.get(param, "index.html"))
         else:
             out.append(part)
     return "/".join(out)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import os
 import shutil
 import threading
 import urllib.request
@@ -26,6 +27,7 @@ import pytest
 
 import controller.daemon as daemon
 from controller.daemon import Controller, DaemonOptions, stop_everything
+from controller.errors import ControllerAlreadyRunning
 from controller.memory import GIB, FakeMemoryProbe
 from controller.reconcile import Reconciler
 from controller.runtime.fake import FakeProber, FakeRuntime
@@ -264,3 +266,28 @@ async def test_a_missing_or_unreadable_config_dir_keeps_the_last_good_state(
     assert "keep-a" in reconciler.refresh().slots
     assert reconciler.plan("keep-a").kind == "load"
     await manager.close()
+
+
+async def test_a_second_controller_on_the_same_state_dir_is_refused(
+    tmp_path: Path, cleanup: list[Running]
+) -> None:
+    running = await start(tmp_path, stack=stack_text("faults", [SlotDef("one-a")]))
+    cleanup.append(running)
+    await running.until(
+        lambda: running.manager.view("one-a").state.value == "ready", "the slot to load"
+    )
+    second = Controller(
+        DaemonOptions(
+            config_dir=tmp_path / "config",
+            state_dir=tmp_path / "state",
+            out=io.StringIO(),
+            listen="127.0.0.1:0",
+            token=TOKEN,
+        )
+    )
+    with pytest.raises(ControllerAlreadyRunning) as refused:
+        await second.run()
+    assert f"pid {os.getpid()}" in refused.value.message
+    assert not running.runner.done()
+    assert running.manager.view("one-a").state.value == "ready"
+    assert len(_owned(tmp_path / "state")) == 1
