@@ -85,6 +85,7 @@ class Controller:
         self._started = time.monotonic()
         self._fatal = False  # an internal error: exit 1 and leave the servers running
         self._apply_lock = asyncio.Lock()
+        self._watch_runs = 0
 
     # ---------------------------------------------------------------- output
 
@@ -164,7 +165,7 @@ class Controller:
         api = await self._start_api(manager, reconciler)
         with manager.events.subscribe() as events:
             printer = asyncio.create_task(self._print_events(events))
-            snapshot = reconciler.refresh()
+            snapshot = await reconciler.refresh_async()
             await manager.set_desired(snapshot.desired())
             await manager.recover()
             manager.report_unknown_residents()
@@ -370,8 +371,7 @@ class Controller:
         """Re-read the config dir in a worker thread; the reconciler follows on the loop."""
         reconciler = self.reconciler
         assert reconciler is not None
-        fresh = await asyncio.to_thread(read_config_dir, self.opts.config_dir)
-        reconciler.refresh(fresh)
+        await reconciler.refresh_async()
         reconciler.enqueue_all()
 
     def _roots(self) -> dict[str, Path]:
@@ -389,7 +389,8 @@ class Controller:
         everything is re-read, since changes may have been missed meanwhile (in GitOps mode
         the stack dir is re-applied, which also rebuilds a deleted config dir).
         """
-        rebuild = False
+        self._watch_runs += 1
+        rebuild = self._watch_runs > 1  # restarted after a failure: changes may be missed
         while not self.stop.is_set():
             if rebuild:
                 await self._rebuild()

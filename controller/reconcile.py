@@ -267,6 +267,7 @@ class Reconciler:
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._idle = asyncio.Event()
         self._idle.set()
+        self._read_lock = asyncio.Lock()
         self.errors: dict[str, str] = {}
         self.passes = 0
         # Called after every pass with (slot, seconds, ok): the API's metrics.
@@ -288,6 +289,15 @@ class Reconciler:
         for problem in self.snapshot.errors:
             log.warning("config dir: %s: %s", problem.where(), problem.message)
         return self.snapshot
+
+    async def refresh_async(self) -> ConfigSnapshot:
+        """:meth:`refresh` with the read (parsing every file) in a worker thread.
+
+        One at a time, so a slower, older read never replaces a newer one.
+        """
+        async with self._read_lock:
+            fresh = await asyncio.to_thread(read_config_dir, self.config_dir)
+            return self.refresh(fresh)
 
     def _keep_last_good(self, fresh: ConfigSnapshot, last: ConfigSnapshot | None) -> None:
         """A slot file that is present but invalid keeps the slot's last good spec.
@@ -482,7 +492,7 @@ class Reconciler:
         try:
             while not stop.is_set():
                 try:
-                    self.refresh(await asyncio.to_thread(read_config_dir, self.config_dir))
+                    await self.refresh_async()
                     self.enqueue_all()
                     await self.reap_orphans()
                 except Exception:  # a failed resync (I/O, engine) is retried next period

@@ -4,7 +4,8 @@ Two kinds of series:
 
 * **counters and histograms fed by events** — a synchronous listener on the event bus
   (:meth:`EventBus.add_listener`) counts transitions, admission refusals, evictions (by a
-  short reason class), reconcile errors and measures load durations (the transition into
+  short reason class), reconcile errors, background-task failures (contained and
+  restarted by the daemon), refused state writes and measures load durations (the transition into
   ``pulling``/``starting`` of a load to ``ready``); the router reports each request with
   :meth:`Metrics.request_done`, the reconciler each pass through its pass observers;
 * **gauges computed at scrape time** from the SlotManager (:class:`_LiveCollector`): the

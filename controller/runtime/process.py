@@ -135,7 +135,10 @@ class ProcessRuntime:
             if found is None:
                 return observed or Observed(slot=slot, status=RunStatus.MISSING)
             record = self._record_from_labels(slot, found)
-            self.store.write_aux(slot, RECORD, record)
+            try:
+                self.store.write_aux(slot, RECORD, record)
+            except StateWriteFailed as exc:  # disk full: observing must still work
+                log.warning("slot %s: cannot re-record its server: %s", slot, exc.message)
             observed = self._observe(slot, record)
         self._cap_log(slot)
         return observed

@@ -26,6 +26,7 @@ import psutil
 import pytest
 
 import controller.daemon as daemon
+import controller.reconcile as reconcile
 from controller.daemon import Controller, DaemonOptions, stop_everything
 from controller.errors import ControllerAlreadyRunning
 from controller.memory import GIB, FakeMemoryProbe
@@ -210,11 +211,14 @@ async def test_stack_files_are_parsed_off_the_event_loop_and_size_limited(
         return wrapper
 
     monkeypatch.setattr(daemon, "load_stacks", spy("load_stacks", daemon.load_stacks))
-    monkeypatch.setattr(daemon, "read_config_dir", spy("read_config_dir", daemon.read_config_dir))
     monkeypatch.setattr(daemon, "apply_to_config", spy("apply_to_config", daemon.apply_to_config))
+    monkeypatch.setattr(
+        reconcile, "read_config_dir", spy("read_config_dir", reconcile.read_config_dir)
+    )
     slots = [SlotDef("off-a", autoload=False)]
     running = await start(tmp_path, stack=stack_text("faults", slots))
     cleanup.append(running)
+    threads.clear()  # from here on: the watcher, the resync, their applies
     stack_file = tmp_path / "stacks" / "faults.toml"
     stack_file.write_text(stack_text("faults", [*slots, SlotDef("off-b", autoload=False)]))
     await running.until(lambda: "off-b" in running.manager.names(), "off-b to be applied")
