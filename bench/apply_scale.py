@@ -28,6 +28,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -39,15 +40,15 @@ from controller.spec.guard import write_catalogue, write_slot_config
 from controller.spec.loader import DesiredState, load_stack_texts
 
 
-def stack_text(n: int, *, base_port: int = 40000, autoload: bool = False) -> str:
-    out = ['[stack]\nname = "scale"\n']
+def stack_text(n: int, *, name: str = "scale", base_port: int = 40000) -> str:
+    out = [f'[stack]\nname = "{name}"\n']
     for i in range(n):
-        out.append(f'[[model]]\nid = "m{i:05d}"\nsource = "demo://m{i:05d}"\nmemory_gb = 0.01\n')
+        out.append(f'[[model]]\nid = "{name}-m{i:05d}"\nsource = "demo://m{i:05d}"\n')
     for i in range(n):
         out.append(
-            f'[[slot]]\nname = "s{i:05d}"\nprovider = "demo"\nmodel.default = "m{i:05d}"\n'
-            f'device = "cpu"\nport = {base_port + i}\n'
-            f"autoload = {'true' if autoload else 'false'}\n"
+            f'[[slot]]\nname = "{name}-s{i:05d}"\nprovider = "demo"\n'
+            f'model.default = "{name}-m{i:05d}"\ndevice = "cpu"\nport = {base_port + i}\n'
+            "autoload = false\n"
         )
     return "\n".join(out)
 
@@ -81,11 +82,9 @@ def apply_old(state: DesiredState, config_dir: Path) -> float:
     return time.perf_counter() - t0
 
 
-def bench_apply(sizes: list[int], old_max: int) -> list[str]:
-    lines = [
-        "(a) apply_to_config of N new slots into an empty config dir",
-        f"  {'N':>6}  {'batch (now)':>12}  {'per-slot (before)':>18}  {'ratio':>6}",
-    ]
+def bench_apply(sizes: list[int], old_max: int) -> Iterator[str]:
+    yield "(a) apply_to_config of N new slots into an empty config dir"
+    yield f"  {'N':>6}  {'batch (now)':>12}  {'per-slot (before)':>18}  {'ratio':>6}"
     for n in sizes:
         state = desired(n)
         with tempfile.TemporaryDirectory(prefix="slotctl-bench-", dir=fast_tmp()) as tmp:
@@ -94,8 +93,7 @@ def bench_apply(sizes: list[int], old_max: int) -> list[str]:
             old = apply_old(state, Path(tmp) / "old") if n <= old_max else None
         shown = f"{old:>17.2f}s" if old is not None else f"{'(skipped)':>18}"
         ratio = f"{old / new:>5.0f}x" if old is not None else f"{'':>6}"
-        lines.append(f"  {n:>6}  {new:>11.2f}s  {shown}  {ratio}")
-    return lines
+        yield f"  {n:>6}  {new:>11.2f}s  {shown}  {ratio}"
 
 
 async def bench_gitops(n: int) -> list[str]:
@@ -103,7 +101,7 @@ async def bench_gitops(n: int) -> list[str]:
         root = Path(tmp)
         stack_dir = root / "stacks"
         stack_dir.mkdir()
-        (stack_dir / "a-seed.toml").write_text(stack_text(1, base_port=39000))
+        (stack_dir / "a-seed.toml").write_text(stack_text(1, name="seed", base_port=39000))
         opts = DaemonOptions(
             config_dir=root / "config",
             state_dir=root / "state",
@@ -140,7 +138,10 @@ async def bench_gitops(n: int) -> list[str]:
         staged = stack_dir / "scale.staged"
         staged.write_text(text)
         staged.replace(stack_dir / "scale.toml")
+        deadline = time.monotonic() + 600
         while len(manager.names()) < n + 1:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"not applied after 600 s:\n{opts.out.getvalue()[-3000:]}")  # type: ignore[attr-defined]
             await asyncio.sleep(0.05)
         took = time.perf_counter() - t0
         done.set()
@@ -164,12 +165,15 @@ def main() -> None:
     parser.add_argument("--gitops", type=int, default=1000, help="0: skip (b)")
     args = parser.parse_args()
     sizes = [int(x) for x in args.sizes.split(",") if x]
-    print(f"slotctl apply scale  ({platform.python_implementation()} {platform.python_version()})")
+    print(
+        f"slotctl apply scale  ({platform.python_implementation()} {platform.python_version()})",
+        flush=True,
+    )
     for line in bench_apply(sizes, args.old_max):
-        print(line)
+        print(line, flush=True)
     if args.gitops:
         for line in asyncio.run(bench_gitops(args.gitops)):
-            print(line)
+            print(line, flush=True)
 
 
 if __name__ == "__main__":

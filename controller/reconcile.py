@@ -486,9 +486,14 @@ class Reconciler:
             self.enqueue(name, after=delay)
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Workers plus a periodic resync; also follows manager events (evictions, faults)."""
+        """Workers plus a periodic resync; also follows manager events (evictions, faults).
+
+        A worker or the follower that ends (they never return) ends ``run`` with an error,
+        so the daemon's supervisor reports it and restarts the reconciler whole.
+        """
         workers = [asyncio.create_task(self._worker()) for _ in range(self.workers)]
         follower = asyncio.create_task(self._follow_events())
+        stopping = asyncio.create_task(stop.wait())
         try:
             while not stop.is_set():
                 try:
@@ -497,14 +502,21 @@ class Reconciler:
                     await self.reap_orphans()
                 except Exception:  # a failed resync (I/O, engine) is retried next period
                     log.exception("resync failed; retrying in %.0fs", self.resync_s)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), self.resync_s)
+                done, _ = await asyncio.wait(
+                    {stopping, follower, *workers},
+                    timeout=self.resync_s,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                ended = [t for t in done if t is not stopping]
+                if ended:
+                    error = None if ended[0].cancelled() else ended[0].exception()
+                    raise RuntimeError(f"a reconciler task ended: {error!r}") from error
         finally:
+            stopping.cancel()
             for task in [*workers, follower]:
                 task.cancel()
-            for task in [*workers, follower]:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            # Their outcomes (a crashed one's error is raised above) are collected, not raised.
+            await asyncio.gather(stopping, *workers, follower, return_exceptions=True)
             for timer in self._timers.values():
                 timer.cancel()
 

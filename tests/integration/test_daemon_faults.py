@@ -295,3 +295,29 @@ async def test_a_second_controller_on_the_same_state_dir_is_refused(
     assert not running.runner.done()
     assert running.manager.view("one-a").state.value == "ready"
     assert len(_owned(tmp_path / "state")) == 1
+
+
+async def test_a_dead_reconciler_subtask_ends_run_for_the_supervisor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker or the event follower that dies used to vanish silently (fewer workers,
+    or autoload slots never looked at again after a crash); now ``run`` fails at once, and
+    the daemon's supervisor reports and restarts it."""
+
+    async def dies(self: Reconciler) -> None:
+        raise RuntimeError("injected follower fault")
+
+    monkeypatch.setattr(Reconciler, "_follow_events", dies)
+    runtime = FakeRuntime()
+    manager = SlotManager(
+        runtime=runtime,
+        state_dir=tmp_path / "state",
+        config_dir=tmp_path / "config",
+        prober=FakeProber(runtime),
+        memory=FakeMemoryProbe({"cpu": 8 * GIB}),
+    )
+    reconciler = Reconciler(manager, tmp_path / "config", resync_s=3600.0)
+    with pytest.raises(RuntimeError, match="a reconciler task ended") as ended:
+        await asyncio.wait_for(reconciler.run(asyncio.Event()), 10)
+    assert "injected follower fault" in str(ended.value.__cause__)
+    await manager.close()
