@@ -358,6 +358,9 @@ class Controller:
         except SlotctlError as exc:  # a refused write: report it, keep the last good state
             self.say(f"apply failed: [{exc.code}] {exc.message}")
             return False
+        except OSError as exc:  # the config dir refuses writes (full, read-only)
+            self.say(f"apply failed: cannot write the config dir: {exc}")
+            return False
         if changed:
             self.say(f"applied {opts.stack_dir}: {', '.join(changed)}")
         return True

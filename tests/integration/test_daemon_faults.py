@@ -12,6 +12,7 @@ last good desired state.
 from __future__ import annotations
 
 import asyncio
+import errno
 import io
 import os
 import shutil
@@ -321,3 +322,26 @@ async def test_a_dead_reconciler_subtask_ends_run_for_the_supervisor(
         await asyncio.wait_for(reconciler.run(asyncio.Event()), 10)
     assert "injected follower fault" in str(ended.value.__cause__)
     await manager.close()
+
+
+async def test_a_config_dir_that_refuses_writes_fails_the_apply_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cleanup: list[Running]
+) -> None:
+    slots = [SlotDef("ro-a", autoload=False)]
+    running = await start(tmp_path, stack=stack_text("faults", slots))
+    cleanup.append(running)
+    real = daemon.apply_to_config
+
+    def refused(*args: Any, **kwargs: Any) -> list[str]:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(daemon, "apply_to_config", refused)
+    stack_file = tmp_path / "stacks" / "faults.toml"
+    stack_file.write_text(stack_text("faults", [*slots, SlotDef("ro-b", autoload=False)]))
+    await running.until(
+        lambda: "apply failed: cannot write the config dir" in running.out.getvalue(), "refusal"
+    )
+    assert not [e for e in running.manager.events.since(0) if e.op == "background"]
+    monkeypatch.setattr(daemon, "apply_to_config", real)  # space returns: the next save applies
+    stack_file.write_text(stack_text("faults", [*slots, SlotDef("ro-c", autoload=False)]))
+    await running.until(lambda: "ro-c" in running.manager.names(), "ro-c to be applied")
