@@ -395,17 +395,17 @@ class Controller:
         self._watch_runs += 1
         rebuild = self._watch_runs > 1  # restarted after a failure: changes may be missed
         while not self.stop.is_set():
-            if rebuild:
-                await self._rebuild()
             roots = self._roots()
             seen = {what: _identity(path) for what, path in roots.items()}
             present = [roots[what] for what, ident in seen.items() if ident is not None]
-            rebuild = False
             if not present:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.stop.wait(), ROOT_CHECK_MS / 1000)
-                rebuild = self._roots_changed(seen)
+                rebuild = self._roots_changed(seen) or rebuild
                 continue
+            # The re-read happens once the new watch runs (its first batch, at most
+            # ROOT_CHECK_MS in): a change made before it is read, one made after it is
+            # a change of the new watch; none falls between the two.
             async for changes in watchfiles.awatch(
                 *present,
                 stop_event=self.stop,
@@ -415,18 +415,32 @@ class Controller:
                 rust_timeout=ROOT_CHECK_MS,
                 yield_on_timeout=True,
             ):
+                if rebuild:
+                    rebuild = False
+                    await self._rebuild()
                 if changes:
                     await self._on_changes(changes)
-                if self._roots_changed(seen):
+                if self._roots_changed(seen, self._roots_deleted(changes)):
                     rebuild = True
                     break
 
-    def _roots_changed(self, seen: dict[str, tuple[int, int] | None]) -> bool:
+    def _roots_deleted(self, changes: set[tuple[watchfiles.Change, str]]) -> set[str]:
+        """The watched directories whose own deletion is among ``changes``.
+
+        A directory deleted and re-created at once may get the same inode number back, so
+        its identity alone cannot tell; its watch, though, died with the old one.
+        """
+        deleted = {Path(p).absolute() for c, p in changes if c == watchfiles.Change.deleted}
+        return {what for what, path in self._roots().items() if path.absolute() in deleted}
+
+    def _roots_changed(
+        self, seen: dict[str, tuple[int, int] | None], deleted: set[str] | None = None
+    ) -> bool:
         """Whether a watched directory appeared, vanished or was replaced; says which."""
         changed = False
         for what, path in self._roots().items():
             now = _identity(path)
-            if now == seen.get(what):
+            if now == seen.get(what) and what not in (deleted or ()):
                 continue
             changed = True
             if now is None:

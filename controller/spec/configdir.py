@@ -10,6 +10,7 @@ Layout::
 
 from __future__ import annotations
 
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -157,8 +158,31 @@ def _unreadable(path: Path, why: str) -> ConfigSnapshot:
 def read_config_dir(config_dir: Path) -> ConfigSnapshot:
     """The live desired state; invalid files are reported and left out, never fatal."""
     config_dir = Path(config_dir)
-    if not config_dir.is_dir():
+    before = _identities(config_dir)
+    if before[0] is None:
         return _unreadable(config_dir, "is missing or not a directory")
+    snap = _read(config_dir)
+    if _identities(config_dir) != before:
+        # Deleted or replaced while we read (`rm -rf` removes the slot files one by one):
+        # what was read is a half-deleted dir, which must not read as "slots removed".
+        return _unreadable(config_dir, "changed while it was read (deleted or replaced)")
+    return snap
+
+
+def _identities(config_dir: Path) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
+    """(device, inode) of the config dir and of its ``slots/`` (None: absent)."""
+
+    def one(path: Path) -> tuple[int, int] | None:
+        try:
+            st = path.stat()
+        except (OSError, ValueError):
+            return None
+        return (st.st_dev, st.st_ino) if stat.S_ISDIR(st.st_mode) else None
+
+    return one(config_dir), one(config_dir / SLOTS_SUBDIR)
+
+
+def _read(config_dir: Path) -> ConfigSnapshot:
     settings, problems = read_settings(config_dir)
     snap = ConfigSnapshot(settings=settings, errors=list(problems))
     _read_catalogue(config_dir, snap)

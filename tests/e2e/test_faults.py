@@ -198,7 +198,8 @@ def test_directory_faults_soak(ctl: Slotctl) -> None:
         slots[2] = dataclasses.replace(slots[2], priority=round_ % 90 + 1)
         write_stack(stack, slots)
         want = f"priority = {round_ % 90 + 1}\n"
-        wait_until(
-            lambda want=want: want in _config_line(ctl, "soak-c"), f"round {round_} ({fault})"
-        )
+        try:
+            wait_until(lambda want=want: want in _config_line(ctl, "soak-c"), f"round {round_}")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc} ({fault}):\n{ctl.controller_log()[-6000:]}") from None
         _still_serving(ctl, slots, pids)
