@@ -345,3 +345,32 @@ async def test_a_config_dir_that_refuses_writes_fails_the_apply_only(
     monkeypatch.setattr(daemon, "apply_to_config", real)  # space returns: the next save applies
     stack_file.write_text(stack_text("faults", [*slots, SlotDef("ro-c", autoload=False)]))
     await running.until(lambda: "ro-c" in running.manager.names(), "ro-c to be applied")
+
+
+def test_a_config_dir_deleted_while_it_is_read_is_unreadable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``rm -rf`` removes the slot files one by one: a read in the middle saw some slots
+    gone (the soak caught the reconciler unloading them). The read now checks that the
+    directory it read is still there, the same one."""
+    import controller.spec.configdir as configdir
+    from controller.apply import apply_to_config
+    from controller.spec.loader import load_stack_texts
+
+    config_dir = tmp_path / "config"
+    slots = [SlotDef("mid-a"), SlotDef("mid-b")]
+    report = load_stack_texts([("s.toml", stack_text("mid", slots))])
+    assert report.state is not None
+    apply_to_config(report.state, config_dir, prune=False)
+    real = configdir._read
+
+    def read_then_rm(path: Path) -> Any:
+        (path / "slots" / "mid-a.toml").unlink()  # rm -rf, caught half way
+        snapshot = real(path)
+        shutil.rmtree(path)
+        return snapshot
+
+    monkeypatch.setattr(configdir, "_read", read_then_rm)
+    snapshot = read_config_dir(config_dir)
+    assert not snapshot.readable
+    assert "changed while it was read" in snapshot.errors[0].message
