@@ -952,7 +952,9 @@ class SlotManager:
             slot.launch, slot.running_hash = None, None
             self._set(slot, S.OFFLINE, op=op, message=f"{reason} (was in error)")
             return
-        if slot.state in _LOADING_STATES:  # only after a restart that found it mid-load
+        # Loading: only after a restart that found it mid-load, or a refused state write
+        # (disk full); unloading: a stop whose final write was refused. Finish either.
+        if slot.state in _LOADING_STATES or slot.state is S.UNLOADING:
             await self._stop_runtime(slot, op, reason)
             self._set(slot, S.OFFLINE, op=op, message=reason)
             return

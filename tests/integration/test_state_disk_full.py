@@ -309,3 +309,18 @@ async def test_a_real_full_tmpfs_changes_nothing_and_recovers(
     await check_refused_then_recovered(manager, tmpfs, fill, lambda: filler.unlink(), errno.ENOSPC)
     await manager.stop_all(reason="test end")
     assert owned(tmpfs, "a") == [] and owned(tmpfs, "b") == []
+
+
+async def test_an_unload_whose_last_write_is_refused_is_finished_by_a_retry(
+    tmp_path: Path, disk: Disk, managers: list[SlotManager]
+) -> None:
+    manager = await make_manager(disk.state_dir, tmp_path / "config", desired(["a"]), managers)
+    await manager.load("a")
+    disk.fail(errno.EIO, lambda path, data: data.get("state") == "offline")
+    with pytest.raises(StateWriteFailed):
+        await manager.unload("a")
+    assert agree(manager, disk.state_dir, "a") is S.UNLOADING  # stopped, not yet recorded
+    assert owned(disk.state_dir, "a") == []
+    disk.fail(None)
+    await manager.unload("a")  # the retry the 503 asked for: finishes, no illegal transition
+    assert agree(manager, disk.state_dir, "a") is S.OFFLINE
