@@ -267,11 +267,13 @@ async def _start_load(ctx: ApiContext, name: str) -> tuple[int, dict[str, Any]]:
     return 202, {"status": "loading", "slot": slot_out(manager.view(name))}
 
 
-def _wake(ctx: ApiContext, name: str | None = None) -> None:
+async def _wake(ctx: ApiContext, name: str | None = None) -> None:
+    """After a config write: the reconciler re-reads the config dir (in a worker thread:
+    with a thousand slots that read takes seconds) and looks at the slot(s) again."""
     reconciler = ctx.reconciler
     if reconciler is None:
         return
-    reconciler.refresh()
+    await reconciler.refresh_async()
     if name is None:
         reconciler.enqueue_all()
     else:
@@ -358,7 +360,7 @@ async def create_slot(request: web.Request) -> web.Response:
             f"slot {name!r} already exists: PUT its config instead", keys=["name"]
         )
     spec = write_slot_config(ctx.config_dir, payload)
-    _wake(ctx, spec.name)
+    await _wake(ctx, spec.name)
     return json_response({"created": spec.name, "spec": slot_effective(spec)}, status=201)
 
 
@@ -373,7 +375,7 @@ async def get_slot(request: web.Request) -> web.Response:
     ctx = _ctx(request)
     name = _name(request)
     data = slot_out(ctx.manager.view(name))
-    desired = read_config_dir(ctx.config_dir).slots.get(name)
+    desired = (await asyncio.to_thread(read_config_dir, ctx.config_dir)).slots.get(name)
     if desired is not None:
         data["spec"] = slot_effective(desired.spec)
     return json_response(data)
@@ -405,7 +407,7 @@ async def delete_slot(request: web.Request) -> web.Response:
     if desired.pinned and not force:
         raise SlotPinned(name, "delete")
     delete_slot_config(ctx.config_dir, name)
-    _wake(ctx, name)
+    await _wake(ctx, name)
     return json_response({"status": "deleting", "slot": None}, status=202)
 
 
@@ -430,7 +432,7 @@ async def put_config(request: web.Request) -> web.Response:
     if payload.setdefault("name", name) != name:
         raise InvalidRequest(f"the body names slot {payload['name']!r}, the path {name!r}")
     spec = write_slot_config(ctx.config_dir, payload)
-    _wake(ctx, name)
+    await _wake(ctx, name)
     return json_response({"written": name, "spec": slot_effective(spec)})
 
 
@@ -464,7 +466,7 @@ async def patch_defaults(request: web.Request) -> web.Response:
         )
     patch["name"] = name
     spec = write_slot_config(ctx.config_dir, patch, merge=True)
-    _wake(ctx, name)
+    await _wake(ctx, name)
     return json_response({"written": name, "spec": slot_effective(spec)})
 
 
@@ -529,7 +531,7 @@ async def swap_slot(request: web.Request) -> web.Response:
         raise ModelNotFound(body.model)
     previous = read_config_dir(ctx.config_dir).slots[name].spec.model_id
     write_slot_config(ctx.config_dir, {"name": name, "model": {"default": body.model}}, merge=True)
-    _wake(ctx, None)
+    await _wake(ctx, None)
     try:
         view = await ctx.manager.swap(name, body.model)
     except SlotctlError:
@@ -538,7 +540,7 @@ async def swap_slot(request: web.Request) -> web.Response:
         write_slot_config(
             ctx.config_dir, {"name": name, "model": {"default": previous}}, merge=True
         )
-        _wake(ctx, name)
+        await _wake(ctx, name)
         raise
     return json_response({"status": "swapped", "slot": slot_out(view)})
 
@@ -553,7 +555,7 @@ async def swap_slot(request: web.Request) -> web.Response:
 async def reset_slot(request: web.Request) -> web.Response:
     ctx = _ctx(request)
     view = await ctx.manager.reset(_name(request))
-    _wake(ctx, view.name)
+    await _wake(ctx, view.name)
     return json_response({"status": "reset", "slot": slot_out(view)})
 
 
@@ -756,7 +758,7 @@ async def apply_stack(request: web.Request) -> web.Response:
         changed: list[str] = []
         if not body.dry_run:
             changed = await asyncio.to_thread(apply_to_config, state, ctx.config_dir, prune=prune)
-            _wake(ctx)
+            await _wake(ctx)
     return json_response(
         {"plan": [a.to_dict() for a in plan.actions], "changed": changed, "dry_run": body.dry_run}
     )

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import io
+import json
 import os
 import shutil
 import threading
@@ -26,6 +27,7 @@ from typing import Any
 import psutil
 import pytest
 
+import controller.api.routes as routes
 import controller.daemon as daemon
 import controller.reconcile as reconcile
 from controller.daemon import Controller, DaemonOptions, stop_everything
@@ -61,6 +63,19 @@ class Running:
             f"http://{record.listen}{path}", headers={"Authorization": f"Bearer {TOKEN}"}
         )
         with urllib.request.urlopen(request, timeout=30) as response:
+            text: str = response.read().decode()
+            return text
+
+    def post(self, path: str, body: str) -> str:
+        record = self.controller.lock.read()
+        assert record is not None and record.listen
+        request = urllib.request.Request(
+            f"http://{record.listen}{path}",
+            data=body.encode(),
+            method="POST",
+            headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=60) as response:
             text: str = response.read().decode()
             return text
 
@@ -216,6 +231,12 @@ async def test_stack_files_are_parsed_off_the_event_loop_and_size_limited(
     monkeypatch.setattr(
         reconcile, "read_config_dir", spy("read_config_dir", reconcile.read_config_dir)
     )
+    monkeypatch.setattr(
+        routes, "load_stack_texts", spy("load_stack_texts", routes.load_stack_texts)
+    )
+    monkeypatch.setattr(
+        routes, "apply_to_config", spy("api_apply_to_config", routes.apply_to_config)
+    )
     slots = [SlotDef("off-a", autoload=False)]
     running = await start(tmp_path, stack=stack_text("faults", slots))
     cleanup.append(running)
@@ -228,13 +249,24 @@ async def test_stack_files_are_parsed_off_the_event_loop_and_size_limited(
     on_loop = [name for name, ident in threads if ident == loop_thread]
     assert on_loop == [], f"parsed or written on the event loop: {on_loop}"
 
+    # The same through the API: parse, apply and the re-read after it, off the loop.
+    threads.clear()
+    body = json.dumps({"stack": stack_text("api", [SlotDef("off-c", autoload=False)])})
+    answer = await asyncio.to_thread(running.post, "/api/stacks/apply", body)
+    assert json.loads(answer)["changed"] == ["models", "off-c"]
+    await running.until(lambda: "off-c" in running.manager.names(), "off-c to be applied")
+    names = {name for name, _ in threads}
+    assert {"load_stack_texts", "read_config_dir", "api_apply_to_config"} <= names, threads
+    on_loop = [name for name, ident in threads if ident == loop_thread]
+    assert on_loop == [], f"parsed or written on the event loop: {on_loop}"
+
     # A stack file over the limit is refused unparsed; nothing changes.
     before = sorted(p.name for p in (tmp_path / "config" / "slots").iterdir())
     (tmp_path / "stacks" / "huge.toml").write_text("# " + "x" * MAX_FILE_BYTES + "\n")
     await running.until(lambda: "stack.too_large" in running.out.getvalue(), "the refusal")
     assert "stack dir is invalid: nothing changed" in running.out.getvalue()
     assert sorted(p.name for p in (tmp_path / "config" / "slots").iterdir()) == before
-    assert set(running.manager.names()) == {"off-a", "off-b"}
+    assert set(running.manager.names()) == {"off-a", "off-b", "off-c"}
 
 
 async def test_a_missing_or_unreadable_config_dir_keeps_the_last_good_state(
