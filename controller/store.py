@@ -3,7 +3,9 @@
 The only module that writes state files. Every write goes through :func:`atomic_write_bytes`:
 a temp file in the same directory, fsync, ``os.replace``, then fsync of the directory, so
 a reader (or a controller restarted after SIGKILL) sees the old file or the new one, never
-a torn one. Slot names are validated before they become part of a path.
+a torn one. Slot names are validated before they become part of a path. A state write the
+filesystem refuses (ENOSPC, EROFS, EIO) is :class:`~controller.errors.StateWriteFailed`,
+naming the path and the errno; the old file stays.
 """
 
 from __future__ import annotations

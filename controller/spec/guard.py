@@ -1,10 +1,12 @@
 """The write boundary: every writer of slot config passes through this module.
 
 ``guard_slot_write_payload`` validates a slot payload (schema, model-owned keys, hardware
-and placement flags, cross-slot rules) and :func:`write_slot_config` is the one function
-that writes slot config to the config dir, after the guard, atomically, through tomlkit so
-a user's comments and layout survive. Stack apply, the HTTP API and in-process creates all
-call it; ``tests/unit/test_guard_writers.py`` proves nothing else writes slot config.
+and placement flags, cross-slot rules) and :func:`write_slot_config` writes one slot to the
+config dir, after the guard, atomically, through tomlkit so a user's comments and layout
+survive; :func:`write_slot_configs` does the same for a whole validated set at once (stack
+apply: one lock, one cross-slot check, O(N)). The HTTP API and in-process creates call the
+first, stack apply the second; ``tests/unit/test_guard_writers.py`` proves nothing else
+writes slot config.
 
 The per-slot checks (:func:`check_slot_payload`) and the cross-slot rules
 (:func:`cross_slot_problems`) are shared with the stack loader, so a stack file and an API
