@@ -1499,8 +1499,17 @@ class SlotManager:
         await asyncio.gather(*pending, return_exceptions=True)
 
         async def one(name: str) -> None:
-            with contextlib.suppress(SlotctlError):
+            try:
                 await self.unload(name, force=True, reason=reason, clear_residency=False)
+            except StateWriteFailed as exc:
+                # The state dir refuses writes (full, read-only): the transition cannot be
+                # recorded, but a shutdown must not leak the server. Stop it; the state
+                # file keeps its last state and the next controller finds the server gone.
+                log.warning("slot %s: stopping its server unrecorded: %s", name, exc.message)
+                with contextlib.suppress(SlotctlError):
+                    await self.runtime.stop(name, self.config.stop_timeout_s)
+            except SlotctlError:
+                pass  # reported by the unload (event); the next slot is stopped regardless
 
         await asyncio.gather(*(one(n) for n in list(self._slots)))
 

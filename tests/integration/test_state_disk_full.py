@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import errno
 import os
+import random
 import subprocess
 import urllib.request
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -242,6 +243,17 @@ async def test_a_server_started_before_a_refused_transition_is_stopped_at_shutdo
     assert owned(disk.state_dir, "b") == []
 
 
+async def test_shutdown_while_the_disk_refuses_writes_stops_every_server(
+    tmp_path: Path, disk: Disk, managers: list[SlotManager]
+) -> None:
+    manager = await make_manager(disk.state_dir, tmp_path / "config", desired(["a", "b"]), managers)
+    await manager.load("a")
+    await manager.load("b")
+    disk.fail(errno.EROFS)
+    await manager.stop_all(reason="shutdown while the state dir is read-only")
+    assert owned(disk.state_dir, "a") == [] and owned(disk.state_dir, "b") == []
+
+
 async def test_the_reconciler_recovers_by_itself_when_space_returns(
     tmp_path: Path, disk: Disk, managers: list[SlotManager]
 ) -> None:
@@ -324,3 +336,40 @@ async def test_an_unload_whose_last_write_is_refused_is_finished_by_a_retry(
     disk.fail(None)
     await manager.unload("a")  # the retry the 503 asked for: finishes, no illegal transition
     assert agree(manager, disk.state_dir, "a") is S.OFFLINE
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("SLOTCTL_SOAK") != "1", reason="soak run: SLOTCTL_SOAK=1")
+@pytest.mark.timeout(900)
+async def test_flapping_disk_soak(tmp_path: Path, disk: Disk, managers: list[SlotManager]) -> None:
+    """``make soak``: 150 random loads, unloads and requests while the state dir flaps
+    between writable and refusing (ENOSPC/EROFS/EIO at random). After every operation
+    memory and disk agree and every slot's server runs iff its state says so; at the end
+    shutdown leaves nothing running."""
+    rng = random.Random(int(os.environ.get("SLOTCTL_FAULT_SEED", "13")))
+    names = ["f1", "f2", "f3"]
+    manager = await make_manager(disk.state_dir, tmp_path / "config", desired(names), managers)
+    codes = [errno.ENOSPC, errno.EROFS, errno.EIO]
+    for _ in range(150):
+        disk.fail(rng.choice([None, None, *codes]))
+        name = rng.choice(names)
+        op = rng.choice(["load", "unload", "request"])
+        with contextlib.suppress(StateWriteFailed):
+            if op == "load":
+                await manager.load(name)
+            elif op == "unload":
+                await manager.unload(name)
+            elif manager.view(name).state in (S.READY, S.SERVING):
+                await serve_one(manager, name)
+        for each in names:
+            state = manager.view(each).state
+            if each not in manager._unpersisted:  # a lease transition may lag, by design
+                agree(manager, disk.state_dir, each)
+            running = bool(owned(disk.state_dir, each))
+            if state in (S.READY, S.SERVING, S.IDLE, S.WARMING):
+                assert running, f"{each} is {state.value} but no server runs"
+            elif state in (S.OFFLINE, S.ERROR):
+                assert not running, f"{each} is {state.value} but a server runs"
+    disk.fail(rng.choice(codes))
+    await manager.stop_all(reason="shutdown while the disk refuses writes")
+    assert all(owned(disk.state_dir, each) == [] for each in names)
