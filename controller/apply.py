@@ -11,6 +11,7 @@ Observation without a running controller reads ``state.json`` and asks the runti
 
 from __future__ import annotations
 
+import asyncio
 import difflib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -31,7 +32,7 @@ from controller.spec.guard import (
     cross_slot_problems,
     delete_slot_config,
     write_catalogue,
-    write_slot_config,
+    write_slot_configs,
 )
 from controller.spec.loader import DesiredSlot, DesiredState
 from controller.spec.problems import raise_for_problems
@@ -171,7 +172,8 @@ async def plan_stack(
 ) -> StackPlan:
     """Plan applying ``state``: config changes, runtime actions and drift, with reasons."""
     _require_dir(config_dir, "config dir")  # else it would read as empty: all "drift"
-    snapshot = snapshot or read_config_dir(config_dir)
+    if snapshot is None:
+        snapshot = await asyncio.to_thread(read_config_dir, config_dir)
     owned = {n for n, s in snapshot.slots.items() if s.stack in state.stacks}
     names = list(state.slots) + sorted(owned - set(state.slots))
     observed = await observe_files(names, state_dir, runtime, config_dir)
@@ -313,14 +315,17 @@ def apply_to_config(
     if merged != snapshot.models:
         write_catalogue(config_dir, list(merged.values()))
         changed.append("models")
+    writes: list[tuple[dict[str, Any], str | None]] = []
     for name, slot in state.slots.items():
         current = snapshot.slots.get(name)
         if current is not None and current.spec == slot.spec and current.stack == slot.stack:
             continue
         payload = slot.spec.model_dump(mode="json", exclude_unset=True, exclude_none=True)
-        others = [spec for n, spec in final.items() if n != name]
-        write_slot_config(config_dir, payload, stack=slot.stack or None, others=others)
+        owner = slot.stack or (current.stack if current is not None else "") or None
+        writes.append((payload, owner))
         changed.append(name)
+    if writes:  # one lock, one cross-slot check, each file read once: O(N)
+        write_slot_configs(config_dir, writes, final=list(final.values()), catalogue=merged)
     for name in sorted(pruned):
         delete_slot_config(config_dir, name)
         changed.append(name)

@@ -5,6 +5,14 @@ guard writes config. This module starts them, follows the config dir (and, in Gi
 mode, a stack directory) with watchfiles, prints progress, holds the one-controller-per-
 state-dir lock and shuts down cleanly on SIGINT/SIGTERM (stopping managed servers unless
 ``--keep-running``, which leaves them for the next ``up`` to adopt).
+
+Fault containment (docs/reliability.md): every background task (reconciler, manager
+housekeeping, watcher) runs under :meth:`Controller._supervise`, which reports an
+unexpected failure (event, log line, ``slotctl_background_failures_total``) and restarts
+the task with backoff; the data plane keeps serving meanwhile. Only a failure of the
+supervision itself is fatal: the controller then exits 1 and leaves the servers running
+for the next controller to adopt. A watched directory that is deleted or replaced is
+watched again once it exists; parsing and file I/O run off the event loop.
 """
 
 from __future__ import annotations
@@ -14,9 +22,10 @@ import contextlib
 import logging
 import os
 import signal
+import stat
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
@@ -42,6 +51,11 @@ __all__ = ["Controller", "DaemonOptions", "stop_everything"]
 log = logging.getLogger("slotctl.daemon")
 
 _IGNORED = (".slotctl.lock", "residency.json", ".tmp")
+
+RESTART_BASE_S = 0.5  # first restart of a failed background task
+RESTART_MAX_S = 30.0  # backoff ceiling
+HEALTHY_S = 60.0  # a run this long resets the backoff
+ROOT_CHECK_MS = 500  # how often the watcher checks that its directories are still the same
 
 
 @dataclass(slots=True)
@@ -69,6 +83,9 @@ class Controller:
         self.reconciler: Reconciler | None = None
         self._gitops_stacks: set[str] = set()
         self._started = time.monotonic()
+        self._fatal = False  # an internal error: exit 1 and leave the servers running
+        self._apply_lock = asyncio.Lock()
+        self._watch_runs = 0
 
     # ---------------------------------------------------------------- output
 
@@ -134,7 +151,7 @@ class Controller:
         )
         self.manager = manager
         if opts.stack_dir is not None:
-            self.apply_stack_dir()
+            await self._apply_stack_dir_off_loop()
         reconciler = Reconciler(
             manager, opts.config_dir, resync_s=opts.resync_s, on_plan=self._print_plan
         )
@@ -148,7 +165,7 @@ class Controller:
         api = await self._start_api(manager, reconciler)
         with manager.events.subscribe() as events:
             printer = asyncio.create_task(self._print_events(events))
-            snapshot = reconciler.refresh()
+            snapshot = await reconciler.refresh_async()
             await manager.set_desired(snapshot.desired())
             await manager.recover()
             # Resident and autoload slots load in priority order before the reconciler's
@@ -157,9 +174,12 @@ class Controller:
             if api is not None:
                 api.ctx.ready.set()
             tasks = [
-                asyncio.create_task(reconciler.run(self.stop), name="reconciler"),
-                asyncio.create_task(manager.run(self.stop), name="manager"),
-                asyncio.create_task(self._watch(), name="watch"),
+                asyncio.create_task(self._supervise(name, factory), name=name)
+                for name, factory in (
+                    ("reconciler", lambda: reconciler.run(self.stop)),
+                    ("manager", lambda: manager.run(self.stop)),
+                    ("watch", self._watch),
+                )
             ]
             for task in tasks:
                 task.add_done_callback(self._task_ended)
@@ -168,7 +188,7 @@ class Controller:
                 # take a while) would otherwise wait for the next save: apply once more
                 # (idempotent) once the watcher runs.
                 await asyncio.sleep(0.1)
-                self.apply_stack_dir()
+                await self._apply_stack_dir_off_loop()
             self.ready.set()
             try:
                 await self.stop.wait()
@@ -176,14 +196,69 @@ class Controller:
                 if api is not None:
                     await api.stop()
                 await self._shutdown(tasks, printer)
-        return 0
+        return 1 if self._fatal else 0
+
+    # ---------------------------------------------------------------- supervision
+
+    async def _supervise(self, name: str, factory: Callable[[], Awaitable[None]]) -> None:
+        """Run one background task for the controller's lifetime.
+
+        An unexpected exception (or the task returning before shutdown) is contained:
+        reported (an ``error`` event with op ``background``, which the metrics count, and a
+        log line with the traceback) and the task restarted after a backoff that doubles up
+        to :data:`RESTART_MAX_S` and starts over once a run lasted :data:`HEALTHY_S`.
+        """
+        failures = 0
+        while not self.stop.is_set():
+            started = time.monotonic()
+            error: Exception | None = None
+            try:
+                await factory()
+            except Exception as exc:  # noqa: BLE001 - reported below, then restarted
+                error = exc
+            if self.stop.is_set():
+                return
+            if time.monotonic() - started >= HEALTHY_S:
+                failures = 0
+            delay = min(RESTART_MAX_S, RESTART_BASE_S * 2.0**failures)
+            failures += 1
+            self._report_task_failure(name, error, delay)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stop.wait(), delay)
+
+    def _report_task_failure(self, name: str, error: Exception | None, delay: float) -> None:
+        what = f"{type(error).__name__}: {error}" if error is not None else "it returned"
+        log.error(
+            "background task %s failed (%s); restarting it in %.1fs",
+            name,
+            what,
+            delay,
+            exc_info=error,
+        )
+        assert self.manager is not None
+        self.manager.events.emit(
+            "error",
+            "background",
+            message=f"background task {name} failed ({what}); restarting it in {delay:.1f}s",
+            error="controller.task_failed",
+            details={"task": name, "restart_in_s": delay},
+        )
 
     def _task_ended(self, task: asyncio.Task[None]) -> None:
-        """A background task ending before shutdown is a fault: say so and stop cleanly."""
+        """A supervisor ending before shutdown is an internal error: exit 1, servers stay.
+
+        The servers keep running (as with ``--keep-running``) so that the controller a
+        service manager restarts (systemd ``Restart=on-failure``) adopts them.
+        """
         if self.stop.is_set() or task.cancelled():
             return
         error = task.exception()
-        self.say(f"background task {task.get_name()} ended unexpectedly: {error!r}; stopping")
+        log.critical("supervisor of %s ended: %r", task.get_name(), error, exc_info=error)
+        self.say(
+            f"internal error: background task {task.get_name()} ended ({error!r}); exiting "
+            "with status 1, servers keep running for the next controller to adopt"
+        )
+        self._fatal = True
         self.stop.set()
 
     async def _start_api(self, manager: SlotManager, reconciler: Reconciler) -> ApiServer | None:
@@ -205,6 +280,8 @@ class Controller:
             state_dir=opts.state_dir,
             token=token,
             events=manager.events,
+            stack_dir=opts.stack_dir,
+            gitops_stacks=self._gitops_stacks,
         )
         server = ApiServer(ctx, host, port)
         address = await server.start()
@@ -231,7 +308,9 @@ class Controller:
                 log.error("background task failed: %r", result)
         manager = self.manager
         assert manager is not None
-        if self.opts.keep_running:
+        if self._fatal:
+            self.say("stopping the controller after an internal error; servers keep running")
+        elif self.opts.keep_running:
             self.say("stopping the controller; servers keep running (--keep-running)")
         else:
             self.say("stopping managed servers ...")
@@ -289,29 +368,125 @@ class Controller:
         except SlotctlError as exc:  # a refused write: report it, keep the last good state
             self.say(f"apply failed: [{exc.code}] {exc.message}")
             return False
+        except OSError as exc:  # the config dir refuses writes (full, read-only)
+            self.say(f"apply failed: cannot write the config dir: {exc}")
+            return False
         if changed:
             self.say(f"applied {opts.stack_dir}: {', '.join(changed)}")
         return True
 
+    async def _apply_stack_dir_off_loop(self) -> bool:
+        """:meth:`apply_stack_dir` in a worker thread (parsing and writes block), one at a time."""
+        async with self._apply_lock:
+            return await asyncio.to_thread(self.apply_stack_dir)
+
+    async def _refresh(self) -> None:
+        """Re-read the config dir in a worker thread; the reconciler follows on the loop."""
+        reconciler = self.reconciler
+        assert reconciler is not None
+        await reconciler.refresh_async()
+        reconciler.enqueue_all()
+
+    def _roots(self) -> dict[str, Path]:
+        roots = {"config dir": self.opts.config_dir}
+        if self.opts.stack_dir is not None:
+            roots["stack dir"] = self.opts.stack_dir
+        return roots
+
     async def _watch(self) -> None:
-        opts = self.opts
-        paths = [opts.config_dir]
-        if opts.stack_dir is not None:
-            paths.append(opts.stack_dir)
-        stack_dir = opts.stack_dir.resolve() if opts.stack_dir else None
-        async for changes in watchfiles.awatch(
-            *paths,
-            stop_event=self.stop,
-            debounce=opts.watch_debounce_ms,
-            step=10,
-            watch_filter=_relevant,
-        ):
-            touched = {Path(p).resolve() for _, p in changes}
-            if stack_dir is not None and any(stack_dir in t.parents for t in touched):
-                self.apply_stack_dir()
-            assert self.reconciler is not None
-            self.reconciler.refresh()
-            self.reconciler.enqueue_all()
+        """Follow the config dir (and the stack dir) until shutdown.
+
+        A watch follows a directory's inode: a directory deleted, replaced (``rm -rf`` and
+        re-create, ``git clone``, a rename over it) or missing is noticed within
+        :data:`ROOT_CHECK_MS`, said in the log, and watched again once it exists; then
+        everything is re-read, since changes may have been missed meanwhile (in GitOps mode
+        the stack dir is re-applied, which also rebuilds a deleted config dir).
+        """
+        self._watch_runs += 1
+        rebuild = self._watch_runs > 1  # restarted after a failure: changes may be missed
+        while not self.stop.is_set():
+            roots = self._roots()
+            seen = {what: _identity(path) for what, path in roots.items()}
+            present = [roots[what] for what, ident in seen.items() if ident is not None]
+            if not present:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.stop.wait(), ROOT_CHECK_MS / 1000)
+                rebuild = self._roots_changed(seen) or rebuild
+                continue
+            # The re-read happens once the new watch runs (its first batch, at most
+            # ROOT_CHECK_MS in): a change made before it is read, one made after it is
+            # a change of the new watch; none falls between the two.
+            async for changes in watchfiles.awatch(
+                *present,
+                stop_event=self.stop,
+                debounce=self.opts.watch_debounce_ms,
+                step=10,
+                watch_filter=_relevant,
+                rust_timeout=ROOT_CHECK_MS,
+                yield_on_timeout=True,
+            ):
+                if rebuild:
+                    rebuild = False
+                    await self._rebuild()
+                if changes:
+                    await self._on_changes(changes)
+                if self._roots_changed(seen, self._roots_deleted(changes)):
+                    rebuild = True
+                    break
+
+    def _roots_deleted(self, changes: set[tuple[watchfiles.Change, str]]) -> set[str]:
+        """The watched directories whose own deletion is among ``changes``.
+
+        A directory deleted and re-created at once may get the same inode number back, so
+        its identity alone cannot tell; its watch, though, died with the old one.
+        """
+        deleted = {Path(p).absolute() for c, p in changes if c == watchfiles.Change.deleted}
+        return {what for what, path in self._roots().items() if path.absolute() in deleted}
+
+    def _roots_changed(
+        self, seen: dict[str, tuple[int, int] | None], deleted: set[str] | None = None
+    ) -> bool:
+        """Whether a watched directory appeared, vanished or was replaced; says which."""
+        changed = False
+        for what, path in self._roots().items():
+            now = _identity(path)
+            if now == seen.get(what) and what not in (deleted or ()):
+                continue
+            changed = True
+            if now is None:
+                tail = "nothing changes: the last good desired state stays"
+                if what == "config dir" and self.opts.stack_dir is not None:
+                    tail += "; re-applying the stack dir to rebuild it"
+                self.say(f"{what} {path} is gone or not a directory: {tail}")
+            else:
+                self.say(f"{what} {path} was re-created or replaced: watching the new one")
+        return changed
+
+    async def _rebuild(self) -> None:
+        if self.opts.stack_dir is not None and _identity(self.opts.stack_dir) is not None:
+            await self._apply_stack_dir_off_loop()
+        await self._refresh()
+
+    async def _on_changes(self, changes: set[tuple[watchfiles.Change, str]]) -> None:
+        stack_dir = self.opts.stack_dir
+        if stack_dir is not None:
+            roots = {stack_dir.absolute()}
+            with contextlib.suppress(OSError, RuntimeError):  # a loop, a vanished dir
+                roots.add(stack_dir.resolve())
+            # Never resolve() a changed path: a symlink loop there would raise.
+            touched = [Path(p).absolute() for _, p in changes]
+            if any(t in roots or roots & set(t.parents) for t in touched):
+                await self._apply_stack_dir_off_loop()
+        await self._refresh()
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of a directory, None when it is missing or not a directory."""
+    try:
+        st = path.stat()
+    except (OSError, ValueError):
+        return None
+    return (st.st_dev, st.st_ino) if stat.S_ISDIR(st.st_mode) else None
 
 
 def _relevant(change: watchfiles.Change, path: str) -> bool:

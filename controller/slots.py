@@ -51,6 +51,7 @@ from controller.errors import (
     SlotQueueFull,
     SlotSpawnFailed,
     SlotTerminateTimeout,
+    StateWriteFailed,
 )
 from controller.events import EventBus
 from controller.eviction import (
@@ -250,6 +251,7 @@ class SlotManager:
         self._group_locks: dict[str, asyncio.Lock] = {}
         self._device_locks: dict[str, asyncio.Lock] = {}
         self._background: set[asyncio.Task[Any]] = set()
+        self._unpersisted: set[str] = set()  # lease transitions the disk refused (full)
         self.transitions: deque[tuple[str, str, str]] = deque(maxlen=10_000)
 
     # ================================================================= desired state
@@ -444,19 +446,52 @@ class SlotManager:
         error: SlotctlError | None = None,
         durable: bool = True,
     ) -> None:
-        """The one place slot state changes: check, persist, emit, log."""
+        """The one place slot state changes: check, persist, then commit; emit, log.
+
+        Persist-then-commit: ``state.json`` is written first and only then does the slot
+        change in memory, so memory never runs ahead of disk. A failed write raises
+        :class:`StateWriteFailed` and changes nothing — except a non-``durable`` lease
+        transition (ready <-> serving), which must not fail a request that a ready server
+        can answer: it commits, and :meth:`flush_unpersisted` writes it once the disk can.
+        """
         current = slot.state
         check_transition(current, to)
-        slot.state = to
-        slot.idle_reason = idle_reason if to is S.IDLE else None
-        slot.message = message
-        slot.since = utcnow()
-        slot.waiting = None  # any transition ends a wait for memory
-        slot.extra = {k: v for k, v in slot.extra.items() if k not in ("idle_reason", "waiting")}
-        if slot.idle_reason:
-            slot.extra["idle_reason"] = slot.idle_reason
+        idle = idle_reason if to is S.IDLE else None
+        since = utcnow()
+        extra = {k: v for k, v in slot.extra.items() if k not in ("idle_reason", "waiting")}
+        if idle:
+            extra["idle_reason"] = idle
         model_id = slot.model.id if slot.model else slot.spec.model_id
-        self.store.write(self._record(slot), durable=durable)
+        record = SlotStateRecord(
+            name=slot.name,
+            state=to,
+            model_id=model_id,
+            port=slot.spec.port,
+            updated_at=since,
+            message=message,
+            extra=extra,
+        )
+        try:
+            self.store.write(record, durable=durable)
+        except StateWriteFailed as exc:
+            if durable or slot.name not in self._unpersisted:
+                self.events.emit(
+                    "error",
+                    op,
+                    slot=slot.name,
+                    model=model_id,
+                    message=f"{current.value} -> {to.value} not done: {exc.message}",
+                    error=exc.code,
+                    details={"path": exc.details.get("path"), "errno": exc.errno},
+                )
+            if durable:
+                raise
+            self._unpersisted.add(slot.name)
+        else:
+            self._unpersisted.discard(slot.name)
+        slot.state, slot.idle_reason, slot.message = to, idle, message
+        slot.since, slot.extra = since, extra
+        slot.waiting = None  # any transition ends a wait for memory
         self.transitions.append((slot.name, current.value, to.value))
         self.events.emit(
             "transition",
@@ -484,6 +519,19 @@ class SlotManager:
             message=slot.message,
             extra=extra,
         )
+
+    def flush_unpersisted(self) -> None:
+        """Write the state of slots whose lease transition the disk refused (housekeeping)."""
+        for name in sorted(self._unpersisted):
+            slot = self._slots.get(name)
+            if slot is None:
+                self._unpersisted.discard(name)
+                continue
+            try:
+                self.store.write(self._record(slot), durable=False)
+            except StateWriteFailed:
+                return  # still full: next interval
+            self._unpersisted.discard(name)
 
     def _walk(self, slot: _Slot, target: SlotState, *, op: str, message: str = "") -> None:
         """Reach ``target`` through the shortest chain of legal transitions."""
@@ -1037,7 +1085,9 @@ class SlotManager:
             slot.launch, slot.running_hash = None, None
             self._set(slot, S.OFFLINE, op=op, message=f"{reason} (was in error)")
             return
-        if slot.state in _LOADING_STATES:  # only after a restart that found it mid-load
+        # Loading: only after a restart that found it mid-load, or a refused state write
+        # (disk full); unloading: a stop whose final write was refused. Finish either.
+        if slot.state in _LOADING_STATES or slot.state is S.UNLOADING:
             await self._stop_runtime(slot, op, reason)
             self._set(slot, S.OFFLINE, op=op, message=reason)
             return
@@ -1428,6 +1478,7 @@ class SlotManager:
         next_tick = 0.0
         while not stop.is_set():
             try:
+                self.flush_unpersisted()
                 if self.clock.monotonic() >= next_tick:
                     await self.tick()
                     next_tick = self.clock.monotonic() + self.config.tick_interval_s
@@ -1623,8 +1674,17 @@ class SlotManager:
         await asyncio.gather(*pending, return_exceptions=True)
 
         async def one(name: str) -> None:
-            with contextlib.suppress(SlotctlError):
+            try:
                 await self.unload(name, force=True, reason=reason, clear_residency=False)
+            except StateWriteFailed as exc:
+                # The state dir refuses writes (full, read-only): the transition cannot be
+                # recorded, but a shutdown must not leak the server. Stop it; the state
+                # file keeps its last state and the next controller finds the server gone.
+                log.warning("slot %s: stopping its server unrecorded: %s", name, exc.message)
+                with contextlib.suppress(SlotctlError):
+                    await self.runtime.stop(name, self.config.stop_timeout_s)
+            except SlotctlError:
+                pass  # reported by the unload (event); the next slot is stopped regardless
 
         await asyncio.gather(*(one(n) for n in list(self._slots)))
 

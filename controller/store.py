@@ -3,7 +3,9 @@
 The only module that writes state files. Every write goes through :func:`atomic_write_bytes`:
 a temp file in the same directory, fsync, ``os.replace``, then fsync of the directory, so
 a reader (or a controller restarted after SIGKILL) sees the old file or the new one, never
-a torn one. Slot names are validated before they become part of a path.
+a torn one. Slot names are validated before they become part of a path. A state write the
+filesystem refuses (ENOSPC, EROFS, EIO) is :class:`~controller.errors.StateWriteFailed`,
+naming the path and the errno; the old file stays.
 """
 
 from __future__ import annotations
@@ -19,7 +21,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from controller.errors import ControllerAlreadyRunning, SlotConfigError, SlotctlError
+from controller.errors import (
+    ControllerAlreadyRunning,
+    SlotConfigError,
+    SlotctlError,
+    StateWriteFailed,
+)
 from controller.lifecycle import SlotState
 from controller.names import SLOT_NAME_PATTERN, is_valid_slot_name
 
@@ -129,9 +136,12 @@ class StateStore:
         return self.slots_dir / check_slot_name(name) / "state.json"
 
     def write(self, record: SlotStateRecord, *, durable: bool = True) -> None:
-        atomic_write_json(
-            self.path_for(record.name), record.model_dump(mode="json"), durable=durable
-        )
+        """Raises :class:`StateWriteFailed` (the old file stays) when the disk says no."""
+        path = self.path_for(record.name)
+        try:
+            atomic_write_json(path, record.model_dump(mode="json"), durable=durable)
+        except OSError as exc:  # ENOSPC, EROFS, EIO, ...: typed, with path and errno
+            raise StateWriteFailed(str(path), exc) from exc
 
     def read(self, name: str) -> SlotStateRecord | None:
         path = self.path_for(name)
@@ -176,7 +186,11 @@ class StateStore:
         return self.slots_dir / check_slot_name(name)
 
     def write_aux(self, name: str, filename: str, data: Mapping[str, Any]) -> None:
-        atomic_write_json(self.slot_dir(name) / _aux_name(filename), dict(data))
+        path = self.slot_dir(name) / _aux_name(filename)
+        try:
+            atomic_write_json(path, dict(data))
+        except OSError as exc:
+            raise StateWriteFailed(str(path), exc) from exc
 
     def read_aux(self, name: str, filename: str) -> dict[str, Any] | None:
         path = self.slot_dir(name) / _aux_name(filename)

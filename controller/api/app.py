@@ -62,6 +62,9 @@ class ApiContext:
     events: EventBus
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     extra: dict[str, Any] = field(default_factory=dict)
+    # GitOps mode: the stack dir and the stacks it declares (the daemon's live set).
+    stack_dir: Path | None = None
+    gitops_stacks: set[str] = field(default_factory=set)
 
 
 API_CTX: Final = web.AppKey("slotctl_api", ApiContext)
@@ -174,6 +177,8 @@ async def read_body(request: web.Request, model: Any) -> Any:
         raw = await request.json() if request.can_read_body else {}
     except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise InvalidRequest("request body is not valid JSON: nested too deeply") from None
     try:
         return TypeAdapter(model).validate_python(raw)
     except ValidationError as exc:
@@ -208,6 +213,9 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return json_response(body, status=exc.status)
     except (asyncio.CancelledError, ConnectionResetError):
         raise
+    except RecursionError:  # hostile input (absurd nesting) that reached deeper code
+        log.warning("%s %s: input nested too deeply", request.method, request.path)
+        return error_response(InvalidRequest("request input is nested too deeply"))
     except Exception:  # every unexpected failure: a typed 500 and a log line
         log.exception("unhandled error in %s %s", request.method, request.path)
         body = {"error": {"code": "internal", "message": "internal error (see the log)"}}
@@ -250,7 +258,9 @@ async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
     given = _bearer(request)
     if given is None:
         raise Unauthorized("missing bearer token (Authorization: Bearer <token>)")
-    if not hmac.compare_digest(given.encode(), token.encode()):
+    # aiohttp decodes header bytes as UTF-8 with surrogateescape: encode them back the
+    # same way (a non-UTF-8 token is a wrong token, never a 500).
+    if not hmac.compare_digest(given.encode("utf-8", "surrogateescape"), token.encode()):
         raise Unauthorized("wrong bearer token")
     return await handler(request)
 

@@ -315,7 +315,7 @@ def _requested_model(request: web.Request, body: bytes) -> str:
             raise _Refusal(400, "a JSON request body is required", code="invalid_body")
         try:
             data = json.loads(body)
-        except (ValueError, UnicodeDecodeError) as exc:
+        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
             raise _Refusal(
                 400, f"request body is not valid JSON: {exc}", code="invalid_json"
             ) from None
