@@ -22,6 +22,7 @@ through :meth:`SlotctlError.to_dict`; nothing renders a bare traceback.
     ├── DockerEngineError             runtime.engine_error          502  (engine said no)
     │   └── DockerUnavailable         runtime.unavailable           503  (no engine)
     ├── ControllerAlreadyRunning      controller.already_running    409  (one per state dir)
+    ├── ListenUnavailable             controller.listen_unavailable 409  (--listen in use)
     ├── InvalidRequest                request.invalid               400  (bad JSON/params)
     └── Unauthorized                  auth.unauthorized             401  (missing/bad token)
 """
@@ -37,6 +38,7 @@ __all__ = [
     "IllegalSlotTransition",
     "InsufficientMemory",
     "InvalidRequest",
+    "ListenUnavailable",
     "ModelNotFound",
     "NpuExclusivityViolation",
     "SlotConfigError",
@@ -150,7 +152,9 @@ class SlotPinned(SlotctlError):
 
     def __init__(self, slot: str, action: str) -> None:
         super().__init__(
-            f"slot {slot!r} is pinned: {action} needs force=true", slot=slot, action=action
+            f"slot {slot!r} is pinned: {action} needs --force (slotctl) or force=true (API)",
+            slot=slot,
+            action=action,
         )
 
 
@@ -213,6 +217,15 @@ class ControllerAlreadyRunning(SlotctlError):
     """Another controller holds the state dir's lock."""
 
     code = "controller.already_running"
+    http_status = 409
+
+
+class ListenUnavailable(SlotctlError):
+    """``slotctl up``: a listen address cannot be bound (in use, not local, no permission).
+
+    Checked before anything is written, so the failed start changes nothing."""
+
+    code = "controller.listen_unavailable"
     http_status = 409
 
 

@@ -24,7 +24,7 @@ import contextlib
 import itertools
 import logging
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
@@ -151,10 +151,16 @@ class SlotView:
     retry_after_s: float
     config_hash: str | None
     stack: str
+    held_for_s: float | None = None  # until the last batch hold (``hold``) expires
 
     @property
     def dispatchable(self) -> bool:
         return can_dispatch(self.state, self.idle_reason)
+
+
+def _held_for(slot: _Slot, now: float) -> float | None:
+    holds = [lease.expires_at for lease in slot.leases.values() if lease.expires_at is not None]
+    return round(max(0.0, max(holds) - now), 1) if holds else None
 
 
 @dataclass(slots=True)
@@ -235,6 +241,7 @@ class SlotManager:
         self._group_locks: dict[str, asyncio.Lock] = {}
         self._device_locks: dict[str, asyncio.Lock] = {}
         self._background: set[asyncio.Task[Any]] = set()
+        self._drains_ended = False  # end_drains(): stop waiting for in-flight requests
         self.transitions: deque[tuple[str, str, str]] = deque(maxlen=10_000)
 
     # ================================================================= desired state
@@ -379,6 +386,7 @@ class SlotManager:
             retry_after_s=slot.breaker.retry_after(now),
             config_hash=slot.running_hash or (launch.config_hash() if launch else None),
             stack=slot.stack,
+            held_for_s=_held_for(slot, now),
         )
 
     def views(self) -> list[SlotView]:
@@ -933,7 +941,7 @@ class SlotManager:
         slot.draining = True
         try:
             deadline = self.clock.monotonic() + slot.spec.drain_timeout_s
-            while slot.leases and self.clock.monotonic() < deadline:
+            while slot.leases and self.clock.monotonic() < deadline and not self._drains_ended:
                 await self.clock.sleep(_POLL_S)
             if slot.leases:
                 error = SlotNotReady(
@@ -1331,6 +1339,10 @@ class SlotManager:
                     message=f"stopped an adopted server with an outdated config ({result.message})",
                 )
                 return
+            what = f"pid {observed.ident}" if str(observed.ident).isdigit() else observed.ident
+            self.events.emit(
+                "adopt", "restore", slot=slot.name, message=f"adopted {slot.name} ({what})"
+            )
             if result.outcome is ProbeOutcome.READY:
                 now = self.clock.monotonic()
                 slot.ready_at = slot.last_used = slot.last_liveness = now
@@ -1434,12 +1446,28 @@ class SlotManager:
         if close is not None:
             await close()
 
-    async def stop_all(self, reason: str = "controller shutdown") -> None:
+    def end_drains(self) -> None:
+        """Stop waiting for in-flight requests: running and later drains revoke their
+        leases at once (a second Ctrl-C of ``slotctl up``)."""
+        self._drains_ended = True
+
+    async def stop_all(
+        self,
+        reason: str = "controller shutdown",
+        on_drain: Callable[[str, int, float], None] | None = None,
+    ) -> None:
         """Unload every slot (pinned included), concurrently; for ``down``/shutdown.
 
         In-flight loads are cancelled first (a hung load would otherwise hold its slot up to
-        ``warmup_timeout_s``); their servers are stopped like any other.
+        ``warmup_timeout_s``); their servers are stopped like any other. Batch holds are
+        released first (a hold is no request: nothing to wait for); ``on_drain(slot,
+        requests, drain_timeout_s)`` is told of every slot that waits for requests.
         """
+        for slot in self._slots.values():
+            for lease in [x for x in slot.leases.values() if x.expires_at is not None]:
+                self.release(lease)
+            if slot.leases and on_drain is not None:
+                on_drain(slot.name, len(slot.leases), slot.spec.drain_timeout_s)
         pending = [s.load_task for s in self._slots.values() if s.load_task is not None]
         pending += list(self._background)
         for task in pending:
