@@ -25,8 +25,7 @@ import psutil
 import watchfiles
 
 from controller import __version__
-from controller.api.app import ApiContext
-from controller.api.app import build_probe_app
+from controller.api.app import ApiContext, build_probe_app
 from controller.api.server import ApiServer, check_listen, is_loopback
 from controller.apply import apply_to_config
 from controller.errors import SlotConfigError, SlotctlError
@@ -211,9 +210,7 @@ class Controller:
         self.say(f"background task {task.get_name()} ended unexpectedly: {error!r}; stopping")
         self.stop.set()
 
-    async def _start_api(
-        self, manager: SlotManager, reconciler: Reconciler
-    ) -> list[ApiServer]:
+    async def _start_api(self, manager: SlotManager, reconciler: Reconciler) -> list[ApiServer]:
         """The API on ``--listen`` and the probes on ``--metrics-listen`` (either may be
         off); both share one context (metrics, readiness)."""
         opts = self.opts
@@ -249,8 +246,7 @@ class Controller:
                 address = await probes.start()
                 servers.append(probes)
                 self.say(
-                    f"metrics and probes (no token) on http://{address}/metrics, /healthz, "
-                    "/readyz"
+                    f"metrics and probes (no token) on http://{address}/metrics, /healthz, /readyz"
                 )
         except BaseException:
             for server in servers:

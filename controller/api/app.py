@@ -31,16 +31,16 @@ from controller.events import EventBus
 
 __all__ = [
     "API_CTX",
+    "PROBE_PATHS",
     "ROUTES",
     "ApiContext",
     "ErrorBody",
     "Query",
     "RouteSpec",
-    "PROBE_PATHS",
     "build_app",
     "build_probe_app",
-    "openai_error_body",
     "json_response",
+    "openai_error_body",
     "openapi_document",
     "openapi_path",
     "read_body",

@@ -38,9 +38,7 @@ def check_listen(value: str, flag: str = "--listen") -> tuple[str, int]:
     if port == 0:
         return host, port
     try:
-        infos = socket.getaddrinfo(
-            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as exc:
         raise ListenUnavailable(
             f"{flag} {value}: cannot resolve {host!r}: {exc.strerror}", listen=value

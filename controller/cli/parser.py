@@ -152,7 +152,7 @@ class _Tree:
         self,
         sub: argparse._SubParsersAction[argparse.ArgumentParser],
         name: str,
-        help: str,  # noqa: A002 (argparse's own name)
+        help: str,
         *,
         description: str | None = None,
         examples: tuple[str, ...] = (),

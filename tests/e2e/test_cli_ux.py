@@ -51,9 +51,10 @@ def dirs(ctl: Slotctl) -> list[str]:
 def demo_slot(name: str, model_id: str, *args: str, **extra: Any) -> str:
     """``slot(...)`` with more demo-server arguments (e.g. ``--tokens-per-second``)."""
     text = slot(name, model_id, **extra)
-    return text.replace('"--load-seconds", "0.3"]', '"--load-seconds", "0.3", ' + ", ".join(
-        json.dumps(a) for a in args
-    ) + "]")
+    return text.replace(
+        '"--load-seconds", "0.3"]',
+        '"--load-seconds", "0.3", ' + ", ".join(json.dumps(a) for a in args) + "]",
+    )
 
 
 def stack(ctl: Slotctl, *parts: str, budget: float = 4.0) -> Path:
@@ -200,9 +201,7 @@ def test_up_refuses_a_listen_address_in_use_before_writing(ctl: Slotctl) -> None
         port = busy.getsockname()[1]
         for flag in ("--listen", "--metrics-listen"):
             listen = ["--listen", "127.0.0.1:0"] if flag == "--metrics-listen" else []
-            result = ctl.run(
-                "up", stack_dir, *listen, flag, f"127.0.0.1:{port}", timeout=30
-            )
+            result = ctl.run("up", stack_dir, *listen, flag, f"127.0.0.1:{port}", timeout=30)
             assert result.returncode == 2, ctl.explain(result)
             assert result.stderr.startswith("slotctl: error [controller.listen_unavailable]")
             assert "already in use" in result.stderr and flag in result.stderr
@@ -303,7 +302,7 @@ def test_gitops_says_valid_again_and_adoption_is_reported(ctl: Slotctl) -> None:
     (stack_dir / "g.toml").write_text(good)
     proc = ctl.start_up(stack_dir, "--keep-running")
     ctl.wait_states({"one": "ready"})
-    (stack_dir / "g.toml").write_text(good.replace('[[slot]]', '[[slot]]\nbogus = 1'))
+    (stack_dir / "g.toml").write_text(good.replace("[[slot]]", "[[slot]]\nbogus = 1"))
     ctl.wait_log("stack dir is invalid")
     assert "valid again" not in ctl.controller_log()
     (stack_dir / "g.toml").write_text(good)
