@@ -77,6 +77,7 @@ def _make(name: str) -> SlotctlError:
         "DockerEngineError": lambda: errors_module.DockerEngineError("no such image"),
         "DockerUnavailable": lambda: errors_module.DockerUnavailable("no socket"),
         "ControllerAlreadyRunning": lambda: errors_module.ControllerAlreadyRunning("pid 1"),
+        "ListenUnavailable": lambda: errors_module.ListenUnavailable("in use", listen="x:1"),
         "InvalidRequest": lambda: errors_module.InvalidRequest("body is not JSON"),
         "Unauthorized": lambda: errors_module.Unauthorized("missing bearer token"),
     }
