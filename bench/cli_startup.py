@@ -26,9 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def timed(
-    argv: list[str], env: dict[str, str], runs: int, cwd: str
-) -> tuple[float, float, int]:
+def timed(argv: list[str], env: dict[str, str], runs: int, cwd: str) -> tuple[float, float, int]:
     """Median and fastest of ``runs`` runs, after one warm-up run (byte-code cache), and
     the exit status (an old checkout may fail a command: the figure is still shown)."""
     times = []

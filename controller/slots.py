@@ -152,6 +152,7 @@ class SlotView:
     config_hash: str | None
     stack: str
     held_for_s: float | None = None  # until the last batch hold (``hold``) expires
+    holds: int = 0  # batch holds among ``leases`` (the rest are requests in flight)
 
     @property
     def dispatchable(self) -> bool:
@@ -387,6 +388,7 @@ class SlotManager:
             config_hash=slot.running_hash or (launch.config_hash() if launch else None),
             stack=slot.stack,
             held_for_s=_held_for(slot, now),
+            holds=sum(1 for lease in slot.leases.values() if lease.expires_at is not None),
         )
 
     def views(self) -> list[SlotView]:

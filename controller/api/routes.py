@@ -93,6 +93,7 @@ class SlotOut(BaseModel):
     config_hash: str | None = None
     stack: str
     held_for_s: float | None = None
+    holds: int = 0
 
 
 class SlotList(BaseModel):

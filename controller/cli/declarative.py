@@ -27,7 +27,13 @@ from typing import Any
 import psutil
 
 from controller.apply import StackPlan, apply_to_config, observe_files, plan_stack
-from controller.cli.client import ApiClient, ApiError, reachable_api
+from controller.cli.client import (
+    ApiClient,
+    ApiError,
+    find_controller,
+    quote_segment,
+    reachable_api,
+)
 from controller.cli.output import Style, print_json, render_problems
 from controller.daemon import Controller, DaemonOptions, stop_everything
 from controller.errors import SlotctlError
@@ -511,7 +517,8 @@ def cmd_down(args: argparse.Namespace) -> int:
     """Stop the controller, then any managed server left; without one, say so.
 
     A state dir that does not exist holds no controller and no server record: nothing is
-    created (``down`` must not leave a fresh state dir behind a typo).
+    created (``down`` must not leave a fresh state dir behind a typo). While the
+    controller drains, Ctrl-C asks it to stop at once (its second interrupt).
     """
     state_dir: Path = args.state_dir
     if not state_dir.is_dir():
@@ -523,15 +530,45 @@ def cmd_down(args: argparse.Namespace) -> int:
         print(f"no controller is running on {state_dir}; stopping any server it left ...")
     else:
         print(
-            f"stopping the controller (pid {running.pid}): it lets requests in flight "
-            f"finish (up to each slot's drain_timeout_s), then stops its servers; waiting "
-            f"up to {args.timeout:g}s ..."
+            f"stopping the controller (pid {running.pid}); waiting up to {args.timeout:g}s "
+            "for it to drain and stop its servers (Ctrl-C: stop them now) ..."
         )
+        for line in _drains(args):
+            print(f"  {line}")
         os.kill(running.pid, signal.SIGTERM)
-        if not _wait_exited(running.pid, args.timeout):
+        try:
+            stopped = _wait_exited(running.pid, args.timeout)
+        except KeyboardInterrupt:
+            print("  interrupted: the controller stops its servers without waiting", flush=True)
+            os.kill(running.pid, signal.SIGTERM)  # its second interrupt: no more draining
+            stopped = _wait_exited(running.pid, args.timeout)
+        if not stopped:
             print(
                 f"slotctl: controller pid {running.pid} did not stop within {args.timeout:g}s",
                 file=sys.stderr,
             )
             return EXIT_ERROR
     return asyncio.run(stop_everything(args.config_dir, args.state_dir, kind, print))
+
+
+def _drains(args: argparse.Namespace) -> list[str]:
+    """What the controller will wait for, from its API (nothing when it has none)."""
+    lines: list[str] = []
+    try:
+        endpoint = find_controller(args.state_dir, None, getattr(args, "api_token", None))
+        api = ApiClient(endpoint, timeout=2.0)
+        for view in api.get("/api/slots").get("slots", []):
+            name = str(view["name"])
+            requests = int(view.get("leases", 0)) - int(view.get("holds", 0))
+            if requests > 0:
+                spec = api.get(f"/api/slots/{quote_segment(name)}").get("spec") or {}
+                timeout = spec.get("drain_timeout_s")
+                limit = f"{timeout:g}s" if isinstance(timeout, int | float) else "drain_timeout_s"
+                lines.append(
+                    f"slot {name}: {requests} request(s) in flight, drained for up to {limit}"
+                )
+            if view.get("holds"):
+                lines.append(f"slot {name}: {view['holds']} hold(s) released (not drained)")
+    except SlotctlError:  # no API, or it does not answer: the controller still stops
+        return lines
+    return lines

@@ -82,6 +82,7 @@ def _row_from_view(view: dict[str, Any]) -> dict[str, Any]:
         "memory_gb": round(memory / GIB, 3),
         "memory_bytes": memory,
         "leases": view.get("leases", 0),
+        "requests": int(view.get("leases", 0)) - int(view.get("holds", 0)),
         "held_until": _held_until(view.get("held_for_s")),
         "since": view.get("since"),
         "message": view.get("message") or "",
@@ -128,6 +129,7 @@ def _rows_from_files(args: argparse.Namespace) -> list[dict[str, Any]]:
                 "memory_gb": memory,
                 "memory_bytes": int(memory * GIB),
                 "leases": 0,
+                "requests": 0,
                 "held_until": None,  # a hold lives in the controller's memory only
                 "since": record.updated_at if record else None,
                 "message": record.message if record else "",
@@ -154,8 +156,8 @@ def _state_cell(row: dict[str, Any]) -> str:
 
 def _message_cell(row: dict[str, Any]) -> str:
     message = str(row.get("message") or "")
-    if row.get("held_until") and message == "request in flight" and row.get("leases", 0) <= 1:
-        message = ""  # the hold is the only lease: no request is in flight
+    if row.get("held_until") and message == "request in flight" and not row.get("requests"):
+        message = ""  # only holds: no request is in flight
     return message[:60]
 
 

@@ -421,9 +421,11 @@ def _stream(api: Api, model_id: str, out: list[bytes]) -> threading.Thread:
     return thread
 
 
-@pytest.mark.parametrize("second_interrupt", [False, True], ids=["drain", "forced"])
-def test_shutdown_says_what_it_waits_for(ctl: Slotctl, second_interrupt: bool) -> None:
-    drain = 60.0 if second_interrupt else 2.0
+@pytest.mark.parametrize("how", ["drain", "forced", "down"])
+def test_shutdown_says_what_it_waits_for(ctl: Slotctl, how: str) -> None:
+    """Ctrl-C (drain), Ctrl-C twice (forced), ``slotctl down``: a hold is not waited for,
+    the request in flight is, and its stream ends with an error event, never cut."""
+    drain = 60.0 if how == "forced" else 2.0
     api = up_with(
         ctl,
         model("m-s", 0.05)
@@ -438,12 +440,17 @@ def test_shutdown_says_what_it_waits_for(ctl: Slotctl, second_interrupt: bool) -
     wait_until(lambda: len(chunks) >= 2, "the stream to start")
     proc, _, _ = ctl.controllers[-1]
     started = time.monotonic()
-    proc.send_signal(signal.SIGINT)
+    if how == "down":
+        out = ctl.ok("down", "--timeout", "60")
+        assert "slot s: 1 request(s) in flight, drained for up to 2s" in out, out
+        assert "slot h: 1 hold(s) released (not drained)" in out, out
+    else:
+        proc.send_signal(signal.SIGINT)
     ctl.wait_log("waiting for 1 request(s) in flight on slot s to finish (up to")
     log = ctl.controller_log()
     assert f"up to {drain:g}s" in log and "Ctrl-C again" in log
     assert "on slot h" not in log
-    if second_interrupt:
+    if how == "forced":
         proc.send_signal(signal.SIGINT)
         ctl.wait_log("second interrupt: stopping the servers without waiting")
     assert proc.wait(timeout=60) == 0
