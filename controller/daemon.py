@@ -26,6 +26,7 @@ import watchfiles
 
 from controller import __version__
 from controller.api.app import ApiContext, build_probe_app
+from controller.api.dashboard import LOGIN_CODE_TTL_S, login_path, mint_login_code
 from controller.api.server import ApiServer, check_listen, is_loopback
 from controller.apply import apply_to_config
 from controller.errors import SlotConfigError, SlotctlError
@@ -238,6 +239,7 @@ class Controller:
                     + ("--token/SLOTCTL_TOKEN" if opts.token else f"{opts.state_dir}/token")
                     + ")"
                 )
+                self._say_login(f"http://{address}{login_path(mint_login_code(ctx))}")
             if opts.metrics_listen:
                 host, port = check_listen(opts.metrics_listen, "--metrics-listen")
                 probes = ApiServer(
@@ -285,6 +287,19 @@ class Controller:
         with contextlib.suppress(asyncio.CancelledError):
             await printer
         self.say("controller stopped")
+
+    def _say_login(self, url: str) -> None:
+        """The one-time dashboard link: on the terminal, never into the structured log
+        (with ``--log-format json`` it goes to stderr, outside the log stream)."""
+        text = (
+            f"dashboard login: {url}  (one-time link, valid {LOGIN_CODE_TTL_S / 60:g} min; "
+            "`slotctl dashboard` prints a new one)"
+        )
+        if self.opts.quiet:
+            sys.stderr.write(text + "\n")
+            sys.stderr.flush()
+        else:
+            self.say(text)
 
     def _say_drain(self, slot: str, requests: int, timeout_s: float) -> None:
         self.say(

@@ -553,6 +553,17 @@ def _controller_commands(
     )
     up.set_defaults(func=_cmd("declarative:cmd_up"))
 
+    dashboard = tree.add(
+        sub,
+        "dashboard",
+        "print a one-time login link to the dashboard",
+        description="Ask the controller for a one-time login link to its dashboard "
+        "(valid 15 minutes, one use): open it and the page logs in without pasting the "
+        "token. The code is in the URL fragment, which browsers never send to a server.",
+        examples=("slotctl dashboard", "xdg-open $(slotctl dashboard)"),
+    )
+    dashboard.set_defaults(func=_cmd("remote:cmd_dashboard"))
+
     down = tree.add(
         sub,
         "down",

@@ -278,6 +278,19 @@ def cmd_model_unload(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# ====================================================================== dashboard
+
+
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    """A one-time login link: the URL alone on stdout (scriptable), a note on stderr."""
+    client = _client(args, timeout=30.0)
+    _, answer = client.post("/api/login-codes")
+    print(f"{client.endpoint.base}{answer['path']}")
+    minutes = float(answer.get("expires_in_s", 0)) / 60
+    print(f"(one-time link, valid {minutes:g} min)", file=sys.stderr)
+    return EXIT_OK
+
+
 # ====================================================================== events
 
 _RECONNECT_S: Final = 5.0

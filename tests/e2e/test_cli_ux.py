@@ -461,3 +461,31 @@ def test_shutdown_says_what_it_waits_for(ctl: Slotctl, how: str) -> None:
     assert "<cut" not in text, text[-500:]
     last = [line for line in text.splitlines() if line.startswith("data: ")][-1]
     assert "error" in json.loads(last.removeprefix("data: ")), text[-500:]
+
+
+# ============================================================================ login links
+
+
+def test_login_codes_are_one_time_and_slotctl_dashboard_prints_a_new_one(ctl: Slotctl) -> None:
+    api = up_with(ctl, ONE)
+    log = ctl.wait_log("dashboard login: ")
+    link = log.split("dashboard login: ", 1)[1].split()[0]
+    assert link.startswith(f"{api.base}/#login=") and "one-time" in log
+    assert api.token not in log
+    code = link.split("#login=", 1)[1]
+    # the code buys the token once, without the token itself
+    reply = api.call("POST", "/api/login", {"code": code}, token=None)
+    assert reply.status == 200 and reply.body == {"token": api.token}
+    again = api.call("POST", "/api/login", {"code": code}, token=None)
+    assert again.status == 401 and "slotctl dashboard" in again.body["error"]["message"]
+    assert api.call("POST", "/api/login", {"code": "guess"}, token=None).status == 401
+    assert api.call("POST", "/api/login", {"nope": 1}, token=None).status == 400
+    assert api.call("POST", "/api/login-codes", token=None).status == 401
+    # `slotctl dashboard`: a new link on stdout (alone, scriptable)
+    result = ctl.run("dashboard")
+    assert result.returncode == 0, ctl.explain(result)
+    fresh = result.stdout.strip()
+    assert fresh.startswith(f"{api.base}/#login=") and fresh != link
+    assert "one-time" in result.stderr
+    reply = api.call("POST", "/api/login", {"code": fresh.split("#login=")[1]}, token=None)
+    assert reply.status == 200 and reply.body["token"] == api.token
