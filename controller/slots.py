@@ -68,6 +68,7 @@ from controller.runtime.base import LaunchSpec, RunStatus, Runtime
 from controller.spec.loader import DesiredSlot, DesiredState
 from controller.spec.schema import ControllerSettings, ModelSpec, SlotSpec
 from controller.store import ResidencyStore, SlotStateRecord, StateStore, utcnow
+from controller.units import format_gib
 
 __all__ = ["Lease", "ManagerConfig", "SlotManager", "SlotView"]
 
@@ -579,7 +580,7 @@ class SlotManager:
                 "admit",
                 slot=slot.name,
                 model=launch.model_id,
-                message=f"admitted {slot.memory_bytes} bytes on {device}",
+                message=f"admitted {format_gib(slot.memory_bytes)} on {device}",
                 details={"needed_bytes": admission.needed, "free_bytes": admission.free},
             )
             needs_pull = await self.runtime.needs_prepare(launch) or _missing_file(launch)
@@ -1516,10 +1517,10 @@ def _not_activated(slot: _Slot) -> SlotConfigError:
 
 def _insufficient(slot: _Slot, admission: Admission, plan: EvictionPlan) -> InsufficientMemory:
     return InsufficientMemory(
-        f"slot {slot.name!r} needs {admission.needed} bytes on {admission.device}: "
-        f"{max(0, admission.free_room)} free after the safety margin, "
-        f"{max(0, admission.budget_room)} left in the budget, and evicting every "
-        f"eligible slot would free only {plan.evictable_bytes}",
+        f"slot {slot.name!r} needs {format_gib(admission.needed)} on {admission.device}: "
+        f"{format_gib(max(0, admission.free_room))} free after the safety margin, "
+        f"{format_gib(max(0, admission.budget_room))} left in the budget, and evicting every "
+        f"eligible slot would free only {format_gib(plan.evictable_bytes)}",
         needed_bytes=admission.needed,
         free_bytes=max(0, admission.free),
         evictable_bytes=plan.evictable_bytes,
