@@ -489,3 +489,33 @@ def test_login_codes_are_one_time_and_slotctl_dashboard_prints_a_new_one(ctl: Sl
     assert "one-time" in result.stderr
     reply = api.call("POST", "/api/login", {"code": fresh.split("#login=")[1]}, token=None)
     assert reply.status == 200 and reply.body["token"] == api.token
+
+
+# ============================================================================ 6. make demo
+
+
+def test_make_demo_installs_only_what_it_runs(tmp_path: Path) -> None:
+    """``make -n`` (what make would run): the demo's install has no test/dev extras and
+    its own stamp, its address is ``DEMO_LISTEN``; ``make test`` still installs them."""
+    repo = Path(__file__).resolve().parents[2]
+    venv = str(tmp_path / "venv")
+
+    def dry(*args: str) -> str:
+        result = subprocess.run(
+            ["make", "-n", "-C", str(repo), *args, f"VENV={venv}"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    demo = dry("demo", "DEMO_LISTEN=127.0.0.1:8911")
+    assert "pip install -q -e .\n" in demo and "[dev]" not in demo and "[test]" not in demo
+    assert f"touch {venv}/.installed-run" in demo
+    assert "slotctl up examples/quickstart --listen 127.0.0.1:8911" in demo
+    assert "http://127.0.0.1:8911/" in demo
+    assert "--listen 127.0.0.1:8800" in dry("demo")  # the default
+    test = dry("test")
+    assert "pip install -q -e '.[dev]'" in test and f"touch {venv}/.installed\n" in test
