@@ -206,14 +206,24 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_get(args: argparse.Namespace) -> int:
     api = _api(args)
-    if api is not None:
-        data = api.get(f"/api/slots/{quote_segment(args.name)}")
-        if isinstance(data, dict):
-            data["held_until"] = _held_until(data.get("held_for_s"))
-    else:
-        data = _get_from_files(args)
+    data = _get_from_api(api, args.name) if api is not None else _get_from_files(args)
     _print_data(data, args.output)
     return 0
+
+
+def _get_from_api(api: ApiClient, name: str) -> dict[str, Any]:
+    """The same document as from the files; ``status`` is the controller's live view."""
+    view: dict[str, Any] = api.get(f"/api/slots/{quote_segment(name)}")
+    spec = view.pop("spec", None)
+    return {
+        "name": view.get("name", name),
+        "stack": view.get("stack"),
+        "resident": bool(view.get("resident")),
+        "held_until": _held_until(view.get("held_for_s")),
+        "spec": spec,
+        "status": view,
+        "memory_bytes": view.get("memory_bytes"),
+    }
 
 
 def _get_from_files(args: argparse.Namespace) -> dict[str, Any]:
@@ -232,6 +242,7 @@ def _get_from_files(args: argparse.Namespace) -> dict[str, Any]:
         "stack": desired.stack if desired else None,
         "file": desired.file if desired else None,
         "resident": args.name in ResidencyStore(args.config_dir).read(),
+        "held_until": None,  # a hold lives in the controller's memory only
         "spec": slot_effective(desired.spec) if desired else None,
         "status": record.model_dump(mode="json") if record else None,
     }

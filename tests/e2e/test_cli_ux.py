@@ -154,6 +154,15 @@ def test_slot_list_get_logs_through_server(ctl: Slotctl) -> None:
     assert [(r["name"], r["state"]) for r in rows] == [("one", "ready")]
     got = json.loads(bare(ctl, "slot", "get", "one", "-o", "json", *elsewhere, *remote).stdout)
     assert got["name"] == "one" and got["spec"]["model"]["default"] == "m-one"
+    assert got["status"]["state"] == "ready" and got["resident"] is False
+    # the same document as from the files (no controller): the same keys
+    ctl.ok("down")
+    local = json.loads(ctl.ok("slot", "get", "one", "-o", "json"))
+    assert set(got) <= set(local) | {"memory_bytes"}
+    assert local["spec"] == got["spec"]
+    api = start_api(ctl)
+    api.wait_state("one", "ready")
+    remote = ["--server", api.base, "--token", api.token]
     logs = bare(ctl, "slot", "logs", "one", "--tail", "50", *elsewhere, *remote)
     assert logs.returncode == 0 and logs.stdout.strip(), logs.stderr
     local = ctl.ok("slot", "logs", "one", "--tail", "50")  # the same server's output
@@ -223,6 +232,7 @@ def test_hold_shows_held_until_and_memory_is_one_format(ctl: Slotctl) -> None:
 
     ctl.ok("slot", "hold", "one", "--for", "2h")
     until = datetime.fromtimestamp(time.time() + 7200).strftime("%H:%M")
+    until_iso = datetime.fromtimestamp(time.time() + 7200).astimezone().isoformat()[:16]
     table = ctl.ok("slot", "list")
     row = next(line for line in table.splitlines() if line.startswith("one "))
     assert "held until " in row and "serving" not in row and "in flight" not in row, table
@@ -233,7 +243,9 @@ def test_hold_shows_held_until_and_memory_is_one_format(ctl: Slotctl) -> None:
     }
     [record] = json.loads(ctl.ok("slot", "list", "-o", "json"))
     assert record["held_until"] and record["leases"] == 1
-    assert json.loads(ctl.ok("slot", "get", "one", "-o", "json"))["held_for_s"] > 7000
+    got = json.loads(ctl.ok("slot", "get", "one", "-o", "json"))
+    assert got["held_until"] == record["held_until"] or got["held_until"][:16] == until_iso
+    assert got["status"]["held_for_s"] > 7000 and got["status"]["holds"] == 1
 
 
 def test_resident_wish_is_shown(ctl: Slotctl) -> None:
