@@ -71,7 +71,7 @@ class Controller:
         self.reconciler: Reconciler | None = None
         self._gitops_stacks: set[str] = set()
         self._stack_dir_invalid = False
-        self._interrupts = 0
+        self._forced = False  # a second interrupt: drains end at once
         self._started = time.monotonic()
 
     # ---------------------------------------------------------------- output
@@ -308,12 +308,13 @@ class Controller:
         )
 
     def _interrupt(self) -> None:
-        """SIGINT/SIGTERM: the first stops gracefully (drains), a second stops now."""
-        self._interrupts += 1
-        if self._interrupts == 1:
+        """SIGINT/SIGTERM: the first stops gracefully (drains); one while stopping (a
+        second Ctrl-C, or a stop for any other reason) stops the servers now."""
+        if not self.stop.is_set():
             self.stop.set()
             return
-        if self._interrupts == 2 and self.manager is not None:
+        if not self._forced and self.manager is not None:
+            self._forced = True
             self.say("second interrupt: stopping the servers without waiting for requests")
             self.manager.end_drains()
 
