@@ -273,6 +273,9 @@ class Controller:
         assert manager is not None
         if self.opts.keep_running:
             self.say("stopping the controller; servers keep running (--keep-running)")
+            ended = manager.revoke_leases("the controller stopped (its servers keep running)")
+            if ended:
+                self.say(f"ended {ended} lease(s): requests in flight get an error")
         else:
             self.say("stopping managed servers ...")
             await manager.stop_all(on_drain=self._say_drain)

@@ -1449,6 +1449,18 @@ class SlotManager:
         if close is not None:
             await close()
 
+    def revoke_leases(self, reason: str) -> int:
+        """End every lease now, holds included, with a typed error (the router ends a
+        stream with an error event): ``up --keep-running`` exits, its servers stay.
+        Returns how many leases were ended."""
+        ended = 0
+        for slot in self._slots.values():
+            for lease in list(slot.leases.values()):
+                lease.revoke(SlotNotReady(f"slot {slot.name!r}: {reason}", slot=slot.name))
+                self.release(lease)
+                ended += 1
+        return ended
+
     def end_drains(self) -> None:
         """Stop waiting for in-flight requests: running and later drains revoke their
         leases at once (a second Ctrl-C of ``slotctl up``)."""

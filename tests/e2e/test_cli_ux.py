@@ -531,3 +531,27 @@ def test_make_demo_installs_only_what_it_runs(tmp_path: Path) -> None:
     assert "--listen 127.0.0.1:8800" in dry("demo")  # the default
     test = dry("test")
     assert "pip install -q -e '.[dev]'" in test and f"touch {venv}/.installed\n" in test
+
+
+def test_keep_running_ends_streams_with_an_error_event(ctl: Slotctl) -> None:
+    """``up --keep-running`` exits without stopping servers: a stream through its router
+    still ends with an error event (the router goes away), and the server keeps running."""
+    api = up_with(
+        ctl,
+        model("m-s", 0.05) + demo_slot("s", "m-s", "--tokens-per-second", "5", autoload=True),
+        args=("--keep-running",),
+    )
+    api.wait_state("s", "ready")
+    chunks: list[bytes] = []
+    reader = _stream(api, "m-s", chunks)
+    wait_until(lambda: len(chunks) >= 2, "the stream to start")
+    proc, _, _ = ctl.controllers[-1]
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 0
+    assert "ended 1 lease(s): requests in flight get an error" in ctl.controller_log()
+    reader.join(timeout=30)
+    text = b"".join(chunks).decode(errors="replace")
+    assert "<cut" not in text, text[-500:]
+    last = [line for line in text.splitlines() if line.startswith("data: ")][-1]
+    assert "error" in json.loads(last.removeprefix("data: ")), text[-500:]
+    assert ctl.owned_processes()  # the server was left running (ctl's `down` stops it)

@@ -71,3 +71,20 @@ async def test_end_drains_revokes_requests_at_once(tmp_path: Path) -> None:
     assert h.clock.now - t0 < 100.0
     assert request.lost.is_set() and isinstance(request.error, SlotNotReady)
     assert m.view("busy").state is S.OFFLINE
+
+
+async def test_revoke_leases_ends_holds_and_requests_and_keeps_servers(tmp_path: Path) -> None:
+    h = await _harness(tmp_path)
+    m = h.manager
+    await m.load("held")
+    await m.load("busy")
+    hold = await m.hold("held", 3600)
+    request = await m.acquire("busy")
+    assert m.revoke_leases("the controller stopped") == 2
+    for lease in (hold, request):
+        assert lease.lost.is_set() and isinstance(lease.error, SlotNotReady)
+        assert "the controller stopped" in str(lease.error)
+    for name in ("held", "busy"):  # still loaded, no lease left
+        view = m.view(name)
+        assert view.state is S.READY and view.leases == 0
+    assert all(h.runtime.objects[n].exit_code is None for n in ("held", "busy"))
