@@ -205,10 +205,8 @@ async def plan_stack(
     )
     managed = [o.slot for o in await runtime.list_managed()]
     plan.orphans = sorted(n for n in managed if n not in state.slots and n not in snapshot.slots)
-    plan.desired_doc = _document(state.slots, hashes)
-    plan.observed_doc = _document(
-        {n: s for n, s in snapshot.slots.items() if n in names}, None, observed
-    )
+    plan.desired_doc = _document(state.slots)
+    plan.observed_doc = _document({n: s for n, s in snapshot.slots.items() if n in names})
     return plan
 
 
@@ -236,28 +234,14 @@ def _drift(want: DesiredSlot | None, obs: ObservedSlot | None, resident: bool) -
     return lines
 
 
-def _document(
-    slots: Mapping[str, DesiredSlot],
-    hashes: Mapping[str, str | None] | None,
-    observed: Mapping[str, ObservedSlot] | None = None,
-) -> dict[str, Any]:
-    """The JSON document behind ``-o json-patch``: config plus the runtime status."""
-    out: dict[str, Any] = {}
-    for name, slot in slots.items():
-        doc = slot_effective(slot.spec)
-        if hashes is not None:
-            doc["status"] = {
-                "dispatchable": bool(slot.autoload and slot.spec.activated),
-                "config_hash": hashes.get(name) if slot.autoload else None,
-            }
-        elif observed is not None and name in observed:
-            obs = observed[name]
-            doc["status"] = {
-                "dispatchable": obs.dispatchable,
-                "config_hash": obs.config_hash if slot.autoload else None,
-            }
-        out[name] = doc
-    return {"slots": out}
+def _document(slots: Mapping[str, DesiredSlot]) -> dict[str, Any]:
+    """The JSON document behind ``-o json-patch``: the slots' effective config only.
+
+    Runtime facts (serving or not, the running config hash) are not config: they show as
+    runtime drift in the text and JSON diff, never as a patch op, so the patch of an
+    in-sync stack is empty whatever is loaded at the moment.
+    """
+    return {"slots": {name: slot_effective(slot.spec) for name, slot in slots.items()}}
 
 
 def _pruned(state: DesiredState, snapshot: ConfigSnapshot) -> set[str]:

@@ -34,8 +34,9 @@ import psutil
 import watchfiles
 
 from controller import __version__
-from controller.api.app import ApiContext
-from controller.api.server import ApiServer, is_loopback, parse_listen
+from controller.api.app import ApiContext, build_probe_app
+from controller.api.dashboard import LOGIN_CODE_TTL_S, login_path, mint_login_code
+from controller.api.server import ApiServer, check_listen, is_loopback
 from controller.apply import apply_to_config, pruned_pinned
 from controller.errors import SlotConfigError, SlotctlError
 from controller.events import Event
@@ -69,6 +70,7 @@ class DaemonOptions:
     watch_debounce_ms: int = 50
     out: TextIO = field(default_factory=lambda: sys.stdout)
     listen: str | None = "127.0.0.1:8800"  # None: no API
+    metrics_listen: str | None = None  # /metrics, /healthz, /readyz without a token
     token: str | None = None  # None: generated into <state_dir>/token
     quiet: bool = False  # --log-format json: the structured log replaces progress lines
 
@@ -82,6 +84,8 @@ class Controller:
         self.manager: SlotManager | None = None
         self.reconciler: Reconciler | None = None
         self._gitops_stacks: set[str] = set()
+        self._stack_dir_invalid = False
+        self._forced = False  # a second interrupt: drains end at once
         self._started = time.monotonic()
         self._fatal = False  # an internal error: exit 1 and leave the servers running
         self._apply_lock = asyncio.Lock()
@@ -107,14 +111,33 @@ class Controller:
             arrow = f"{event.from_state} -> {event.to_state}"
             tail = f"  {event.message}" if event.message else ""
             self.say(f"slot   {event.slot or '-':<16} {arrow:<22}{tail}")
+        elif event.kind == "adopt":
+            self.say(event.message)
         elif event.kind in ("refusal", "eviction", "error"):
             code = f" [{event.error}]" if event.error else ""
             self.say(f"{event.kind:<6} {event.slot or '-':<16}{code} {event.message}")
 
     # ---------------------------------------------------------------- main
 
+    def preflight(self) -> None:
+        """Everything that can refuse the start, checked before anything is written (a
+        failed ``up`` leaves no state dir, token, config or stack applied behind): listen
+        addresses parse, are free, and a non-loopback API has an explicit token."""
+        opts = self.opts
+        if opts.listen:
+            host, _ = check_listen(opts.listen)
+            if not is_loopback(host) and not opts.token:
+                raise SlotConfigError(
+                    f"refusing to serve the API on {host} (not loopback) without an explicit "
+                    "token: pass --token or set SLOTCTL_TOKEN",
+                    keys=["listen"],
+                )
+        if opts.metrics_listen:
+            check_listen(opts.metrics_listen, "--metrics-listen")
+
     async def run(self) -> int:
         opts = self.opts
+        self.preflight()
         opts.config_dir.mkdir(parents=True, exist_ok=True)
         record = ControllerRecord(
             pid=os.getpid(),
@@ -162,7 +185,7 @@ class Controller:
             f"{opts.config_dir}, state {opts.state_dir}"
             + (f", GitOps from {opts.stack_dir}" if opts.stack_dir else "")
         )
-        api = await self._start_api(manager, reconciler)
+        servers = await self._start_api(manager, reconciler)
         with manager.events.subscribe() as events:
             printer = asyncio.create_task(self._print_events(events))
             snapshot = await reconciler.refresh_async()
@@ -171,8 +194,8 @@ class Controller:
             # Resident and autoload slots load in priority order before the reconciler's
             # workers start: the most important get the memory, the rest wait for it.
             await manager.restore(wait=False)
-            if api is not None:
-                api.ctx.ready.set()
+            for server in servers:
+                server.ctx.ready.set()
             tasks = [
                 asyncio.create_task(self._supervise(name, factory), name=name)
                 for name, factory in (
@@ -193,9 +216,13 @@ class Controller:
             try:
                 await self.stop.wait()
             finally:
-                if api is not None:
-                    await api.stop()
-                await self._shutdown(tasks, printer)
+                # Drains first, the API last: a request in flight finishes (or its stream
+                # ends with an error event) instead of being cut by the server going away.
+                try:
+                    await self._shutdown(tasks, printer)
+                finally:
+                    for server in servers:
+                        await server.stop()
         return 1 if self._fatal else 0
 
     # ---------------------------------------------------------------- supervision
@@ -261,17 +288,12 @@ class Controller:
         self._fatal = True
         self.stop.set()
 
-    async def _start_api(self, manager: SlotManager, reconciler: Reconciler) -> ApiServer | None:
+    async def _start_api(self, manager: SlotManager, reconciler: Reconciler) -> list[ApiServer]:
+        """The API on ``--listen`` and the probes on ``--metrics-listen`` (either may be
+        off); both share one context (metrics, readiness)."""
         opts = self.opts
-        if not opts.listen:
-            return None
-        host, port = parse_listen(opts.listen)
-        if not is_loopback(host) and not opts.token:
-            raise SlotConfigError(
-                f"refusing to serve the API on {host} (not loopback) without an explicit "
-                "token: pass --token or set SLOTCTL_TOKEN",
-                keys=["listen"],
-            )
+        if not opts.listen and not opts.metrics_listen:
+            return []
         token = opts.token or ensure_token(opts.state_dir)
         ctx = ApiContext(
             manager=manager,
@@ -283,15 +305,35 @@ class Controller:
             stack_dir=opts.stack_dir,
             gitops_stacks=self._gitops_stacks,
         )
-        server = ApiServer(ctx, host, port)
-        address = await server.start()
-        self.lock.update(self._record.model_copy(update={"listen": address}))
-        self.say(
-            f"API and dashboard on http://{address}/  (token: "
-            + ("--token/SLOTCTL_TOKEN" if opts.token else f"{opts.state_dir}/token")
-            + ")"
-        )
-        return server
+        servers: list[ApiServer] = []
+        try:
+            if opts.listen:
+                host, port = check_listen(opts.listen)
+                server = ApiServer(ctx, host, port)
+                address = await server.start()
+                servers.append(server)
+                self.lock.update(self._record.model_copy(update={"listen": address}))
+                self.say(
+                    f"API and dashboard on http://{address}/  (token: "
+                    + ("--token/SLOTCTL_TOKEN" if opts.token else f"{opts.state_dir}/token")
+                    + ")"
+                )
+                self._say_login(f"http://{address}{login_path(mint_login_code(ctx))}")
+            if opts.metrics_listen:
+                host, port = check_listen(opts.metrics_listen, "--metrics-listen")
+                probes = ApiServer(
+                    ctx, host, port, app_factory=build_probe_app, flag="--metrics-listen"
+                )
+                address = await probes.start()
+                servers.append(probes)
+                self.say(
+                    f"metrics and probes (no token) on http://{address}/metrics, /healthz, /readyz"
+                )
+        except BaseException:
+            for server in servers:
+                await server.stop()
+            raise
+        return servers
 
     async def _print_events(self, events: object) -> None:
         from controller.events import Subscription
@@ -312,9 +354,12 @@ class Controller:
             self.say("stopping the controller after an internal error; servers keep running")
         elif self.opts.keep_running:
             self.say("stopping the controller; servers keep running (--keep-running)")
+            ended = manager.revoke_leases("the controller stopped (its servers keep running)")
+            if ended:
+                self.say(f"ended {ended} lease(s): requests in flight get an error")
         else:
             self.say("stopping managed servers ...")
-            await manager.stop_all()
+            await manager.stop_all(on_drain=self._say_drain)
         await manager.close()
         close = getattr(manager.runtime, "close", None)
         if close is not None:
@@ -327,11 +372,41 @@ class Controller:
             await printer
         self.say("controller stopped")
 
+    def _say_login(self, url: str) -> None:
+        """The one-time dashboard link: on the terminal, never into the structured log
+        (with ``--log-format json`` it goes to stderr, outside the log stream)."""
+        text = (
+            f"dashboard login: {url}  (one-time link, valid {LOGIN_CODE_TTL_S / 60:g} min; "
+            "`slotctl dashboard` prints a new one)"
+        )
+        if self.opts.quiet:
+            sys.stderr.write(text + "\n")
+            sys.stderr.flush()
+        else:
+            self.say(text)
+
+    def _say_drain(self, slot: str, requests: int, timeout_s: float) -> None:
+        self.say(
+            f"waiting for {requests} request(s) in flight on slot {slot} to finish (up to "
+            f"{timeout_s:g}s, drain_timeout_s); Ctrl-C again stops the servers now"
+        )
+
+    def _interrupt(self) -> None:
+        """SIGINT/SIGTERM: the first stops gracefully (drains); one while stopping (a
+        second Ctrl-C, or a stop for any other reason) stops the servers now."""
+        if not self.stop.is_set():
+            self.stop.set()
+            return
+        if not self._forced and self.manager is not None:
+            self._forced = True
+            self.say("second interrupt: stopping the servers without waiting for requests")
+            self.manager.end_drains()
+
     def _install_signals(self) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.add_signal_handler(sig, self.stop.set)
+                loop.add_signal_handler(sig, self._interrupt)
 
     # ---------------------------------------------------------------- GitOps
 
@@ -346,7 +421,11 @@ class Controller:
                 where = p.where()
                 self.say(f"invalid {where}: [{p.code}] {p.message}")
             self.say("stack dir is invalid: nothing changed, the last good desired state stays")
+            self._stack_dir_invalid = True
             return False
+        if self._stack_dir_invalid:
+            self._stack_dir_invalid = False
+            self.say(f"stack dir {opts.stack_dir} is valid again")
         for p in report.warnings:
             self.say(f"warning {p.where()}: [{p.code}] {p.message}")
         self._gitops_stacks.update(report.state.stacks)

@@ -24,6 +24,7 @@ through :meth:`SlotctlError.to_dict`; nothing renders a bare traceback.
     │   └── DockerUnavailable         runtime.unavailable           503  (no engine)
     ├── ControllerAlreadyRunning      controller.already_running    409  (one per state dir)
     ├── StateWriteFailed              state.write_failed            503  (+ path, errno...)
+    ├── ListenUnavailable             controller.listen_unavailable 409  (--listen in use)
     ├── InvalidRequest                request.invalid               400  (bad JSON/params)
     └── Unauthorized                  auth.unauthorized             401  (missing/bad token)
 """
@@ -40,6 +41,7 @@ __all__ = [
     "IllegalSlotTransition",
     "InsufficientMemory",
     "InvalidRequest",
+    "ListenUnavailable",
     "ModelNotFound",
     "NpuExclusivityViolation",
     "SlotConfigError",
@@ -158,7 +160,9 @@ class SlotPinned(SlotctlError):
 
     def __init__(self, slot: str, action: str) -> None:
         super().__init__(
-            f"slot {slot!r} is pinned: {action} needs force=true", slot=slot, action=action
+            f"slot {slot!r} is pinned: {action} needs --force (slotctl) or force=true (API)",
+            slot=slot,
+            action=action,
         )
 
 
@@ -263,6 +267,13 @@ class StateWriteFailed(SlotctlError):
         )
         self.errno = number
         self.retry_after_s = retry_after_s
+class ListenUnavailable(SlotctlError):
+    """``slotctl up``: a listen address cannot be bound (in use, not local, no permission).
+
+    Checked before anything is written, so the failed start changes nothing."""
+
+    code = "controller.listen_unavailable"
+    http_status = 409
 
 
 class InvalidRequest(SlotctlError):

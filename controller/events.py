@@ -30,7 +30,7 @@ _LOG_FIELDS: Final = ("op", "slot", "model", "from_state", "to_state", "error")
 @dataclass(frozen=True, slots=True)
 class Event:
     id: int
-    kind: str  # transition | refusal | eviction | load | unload | probe | error | plan
+    kind: str  # transition | refusal | eviction | load | unload | probe | error | plan | adopt
     op: str  # load | unload | admit | evict | restore | reconcile | probe | lease
     slot: str | None = None
     model: str | None = None

@@ -24,7 +24,7 @@ import contextlib
 import itertools
 import logging
 from collections import deque
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
@@ -75,6 +75,7 @@ from controller.runtime.base import LaunchSpec, RunStatus, Runtime
 from controller.spec.loader import DesiredSlot, DesiredState
 from controller.spec.schema import ControllerSettings, ModelSpec, SlotSpec
 from controller.store import ResidencyStore, SlotStateRecord, StateStore, utcnow
+from controller.units import format_gib
 
 __all__ = ["Lease", "ManagerConfig", "SlotManager", "SlotView"]
 
@@ -160,10 +161,17 @@ class SlotView:
     stack: str
     waiting: str | None = None  # "waiting_for_memory": a background load waits for room
     paused: bool = False  # an autoload slot a user unloaded: stays unloaded until a load
+    held_for_s: float | None = None  # until the last batch hold (``hold``) expires
+    holds: int = 0  # batch holds among ``leases`` (the rest are requests in flight)
 
     @property
     def dispatchable(self) -> bool:
         return can_dispatch(self.state, self.idle_reason)
+
+
+def _held_for(slot: _Slot, now: float) -> float | None:
+    holds = [lease.expires_at for lease in slot.leases.values() if lease.expires_at is not None]
+    return round(max(0.0, max(holds) - now), 1) if holds else None
 
 
 @dataclass(slots=True)
@@ -252,6 +260,7 @@ class SlotManager:
         self._device_locks: dict[str, asyncio.Lock] = {}
         self._background: set[asyncio.Task[Any]] = set()
         self._unpersisted: set[str] = set()  # lease transitions the disk refused (full)
+        self._drains_ended = False  # end_drains(): stop waiting for in-flight requests
         self.transitions: deque[tuple[str, str, str]] = deque(maxlen=10_000)
 
     # ================================================================= desired state
@@ -407,6 +416,8 @@ class SlotManager:
             stack=slot.stack,
             waiting=slot.waiting,
             paused=slot.name in self._paused,
+            held_for_s=_held_for(slot, now),
+            holds=sum(1 for lease in slot.leases.values() if lease.expires_at is not None),
         )
 
     def views(self) -> list[SlotView]:
@@ -732,7 +743,7 @@ class SlotManager:
                 "admit",
                 slot=slot.name,
                 model=launch.model_id,
-                message=f"admitted {slot.memory_bytes} bytes on {device}",
+                message=f"admitted {format_gib(slot.memory_bytes)} on {device}",
                 details={"needed_bytes": admission.needed, "free_bytes": admission.free},
             )
             needs_pull = await self.runtime.needs_prepare(launch) or _missing_file(launch)
@@ -1116,7 +1127,7 @@ class SlotManager:
         slot.draining = True
         try:
             deadline = self.clock.monotonic() + slot.spec.drain_timeout_s
-            while slot.leases and self.clock.monotonic() < deadline:
+            while slot.leases and self.clock.monotonic() < deadline and not self._drains_ended:
                 await self.clock.sleep(_POLL_S)
             if slot.leases:
                 error = SlotNotReady(
@@ -1542,6 +1553,10 @@ class SlotManager:
                     message=f"stopped an adopted server with an outdated config ({result.message})",
                 )
                 return
+            what = f"pid {observed.ident}" if str(observed.ident).isdigit() else observed.ident
+            self.events.emit(
+                "adopt", "restore", slot=slot.name, message=f"adopted {slot.name} ({what})"
+            )
             if result.outcome is ProbeOutcome.READY:
                 now = self.clock.monotonic()
                 slot.ready_at = slot.last_used = slot.last_liveness = now
@@ -1660,12 +1675,40 @@ class SlotManager:
         if close is not None:
             await close()
 
-    async def stop_all(self, reason: str = "controller shutdown") -> None:
+    def revoke_leases(self, reason: str) -> int:
+        """End every lease now, holds included, with a typed error (the router ends a
+        stream with an error event): ``up --keep-running`` exits, its servers stay.
+        Returns how many leases were ended."""
+        ended = 0
+        for slot in self._slots.values():
+            for lease in list(slot.leases.values()):
+                lease.revoke(SlotNotReady(f"slot {slot.name!r}: {reason}", slot=slot.name))
+                self.release(lease)
+                ended += 1
+        return ended
+
+    def end_drains(self) -> None:
+        """Stop waiting for in-flight requests: running and later drains revoke their
+        leases at once (a second Ctrl-C of ``slotctl up``)."""
+        self._drains_ended = True
+
+    async def stop_all(
+        self,
+        reason: str = "controller shutdown",
+        on_drain: Callable[[str, int, float], None] | None = None,
+    ) -> None:
         """Unload every slot (pinned included), concurrently; for ``down``/shutdown.
 
         In-flight loads are cancelled first (a hung load would otherwise hold its slot up to
-        ``warmup_timeout_s``); their servers are stopped like any other.
+        ``warmup_timeout_s``); their servers are stopped like any other. Batch holds are
+        released first (a hold is no request: nothing to wait for); ``on_drain(slot,
+        requests, drain_timeout_s)`` is told of every slot that waits for requests.
         """
+        for slot in self._slots.values():
+            for lease in [x for x in slot.leases.values() if x.expires_at is not None]:
+                self.release(lease)
+            if slot.leases and on_drain is not None:
+                on_drain(slot.name, len(slot.leases), slot.spec.drain_timeout_s)
         pending = [s.load_task for s in self._slots.values() if s.load_task is not None]
         pending += list(self._background)
         for task in pending:

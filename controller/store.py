@@ -29,6 +29,7 @@ from controller.errors import (
 )
 from controller.lifecycle import SlotState
 from controller.names import SLOT_NAME_PATTERN, is_valid_slot_name
+from controller.runinfo import RECORD, running_controller
 
 __all__ = [
     "ControllerLock",
@@ -323,7 +324,7 @@ class ControllerLock:
     """
 
     LOCK = "controller.lock"
-    RECORD = "controller.json"
+    RECORD = RECORD
 
     def __init__(self, state_dir: Path) -> None:
         self.state_dir = Path(state_dir)
@@ -369,18 +370,13 @@ class ControllerLock:
 
     def running(self) -> ControllerRecord | None:
         """The live controller's record, or None (absent, dead, or a recycled pid)."""
-        import psutil
-
-        record = self.read()
-        if record is None:
+        data = running_controller(self.state_dir)
+        if data is None:
             return None
         try:
-            proc = psutil.Process(record.pid)
-            if abs(proc.create_time() - record.create_time) > 0.05:
-                return None
-        except psutil.Error:
+            return ControllerRecord.model_validate(data)
+        except ValidationError:
             return None
-        return record
 
 
 def ensure_token(state_dir: Path) -> str:

@@ -93,6 +93,8 @@ class SlotOut(BaseModel):
     stack: str
     waiting: str | None = None  # "waiting_for_memory": a background load waits for room
     paused: bool = False  # autoload paused by a user's unload (until a user's load)
+    held_for_s: float | None = None
+    holds: int = 0
 
 
 class SlotList(BaseModel):
@@ -115,6 +117,11 @@ class SwapBody(BaseModel):
 class HoldBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     ttl_s: float = Field(gt=0, le=7 * 24 * 3600)
+
+
+class SlotLogs(BaseModel):
+    slot: str
+    lines: list[str]
 
 
 class HoldAnswer(BaseModel):
@@ -562,6 +569,28 @@ async def reset_slot(request: web.Request) -> web.Response:
     view = await ctx.manager.reset(_name(request))
     await _wake(ctx, view.name)
     return json_response({"status": "reset", "slot": slot_out(view)})
+
+
+_MAX_LOG_LINES: Final = 10_000
+
+
+@route(
+    "GET",
+    "/api/slots/{name}/logs",
+    summary="the last lines the slot's server wrote",
+    tag="slots",
+    query=[Query("tail", "integer", f"how many lines (default 100, at most {_MAX_LOG_LINES})")],
+    responses={200: ("log lines", SlotLogs), 400: ("bad tail", None), 404: ("unknown", None)},
+)
+async def slot_logs(request: web.Request) -> web.Response:
+    ctx = _ctx(request)
+    name = _name(request)
+    raw = request.query.get("tail", "100")
+    if not raw.isdigit() or not 0 < int(raw) <= _MAX_LOG_LINES:
+        raise InvalidRequest(f"tail must be an integer from 1 to {_MAX_LOG_LINES}, got {raw!r}")
+    ctx.manager.view(name)  # SlotNotFound (404) for a slot the controller does not know
+    lines = await ctx.manager.runtime.logs(name, tail=int(raw))
+    return json_response({"slot": name, "lines": lines})
 
 
 _HOLD_RESPONSES: Final[dict[int, tuple[str, Any]]] = {

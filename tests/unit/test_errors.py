@@ -45,6 +45,7 @@ EXTRA_ERRORS: dict[str, tuple[str, int]] = {
     "DockerEngineError": ("runtime.engine_error", 502),
     "DockerUnavailable": ("runtime.unavailable", 503),
     "ControllerAlreadyRunning": ("controller.already_running", 409),
+    "ListenUnavailable": ("controller.listen_unavailable", 409),
     "InvalidRequest": ("request.invalid", 400),
     "Unauthorized": ("auth.unauthorized", 401),
     "SlotOwnedByStack": ("slot.owned_by_stack", 409),
@@ -78,6 +79,7 @@ def _make(name: str) -> SlotctlError:
         "DockerEngineError": lambda: errors_module.DockerEngineError("no such image"),
         "DockerUnavailable": lambda: errors_module.DockerUnavailable("no socket"),
         "ControllerAlreadyRunning": lambda: errors_module.ControllerAlreadyRunning("pid 1"),
+        "ListenUnavailable": lambda: errors_module.ListenUnavailable("in use", listen="x:1"),
         "InvalidRequest": lambda: errors_module.InvalidRequest("body is not JSON"),
         "Unauthorized": lambda: errors_module.Unauthorized("missing bearer token"),
         "SlotOwnedByStack": lambda: errors_module.SlotOwnedByStack(
@@ -232,7 +234,8 @@ def test_slot_not_found_and_model_not_found_name_the_thing() -> None:
 
 def test_slot_pinned_says_force() -> None:
     err = SlotPinned("llm-a", "evict")
-    assert "force=true" in str(err)
+    assert "force=true" in str(err)  # the API's query parameter
+    assert "--force" in str(err)  # the CLI's flag
     assert "llm-a" in str(err)
     assert err.to_dict()["error"]["action"] == "evict"
     assert err.to_dict()["error"]["slot"] == "llm-a"
