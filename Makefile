@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help install demo test check fmt lint typecheck imports pytest soak bench clean
+.PHONY: help install demo test check fmt lint typecheck imports pytest soak bench clean crds
 
 help:
 	@echo "make demo    validate and show the quickstart stack (the main job)"
@@ -41,6 +41,10 @@ demo: install
 	@echo "  $(BIN)/slotctl stack diff examples/quickstart --exit-code"
 	@echo
 	$(DEMO_ENV) $(BIN)/slotctl up examples/quickstart
+
+# The CRDs are generated from the stack schema; tests/k8s/test_crd.py checks they are current.
+crds: install
+	$(BIN)/slotctl crd generate --output-dir crds --output-dir charts/slotctl/crds
 
 fmt: install
 	$(BIN)/ruff format controller tests bench

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from controller import __version__
-from controller.cli import remote, slot, stack
+from controller.cli import k8s, remote, slot, stack
 from controller.cli.client import SERVER_ENV, TOKEN_ENV, error_code
 from controller.errors import SlotctlError
 from controller.paths import default_config_dir, default_state_dir
@@ -74,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     slot.register(sub)
     remote.register_slot_commands(_subcommands(sub.choices["slot"]))
     remote.register(sub)
+    k8s.register(sub)
     return parser
 
 
