@@ -136,6 +136,7 @@ class Operator:
         self.source = CrSource(config_dir)
         self.board = StatusBoard()
         self.registry = kopf.OperatorRegistry()
+        self._handled: set[CrKey] = set()  # CRs whose own handler ran (status may follow)
         self.kopf_stop = asyncio.Event()
         self.kopf_ready = asyncio.Event()
         self._register()
@@ -181,6 +182,7 @@ class Operator:
     def _register(self) -> None:
         reg = self.registry
         kopf.on.startup(registry=reg)(self._configure)
+        kopf.on.login(registry=reg)(_login)
         kopf.on.cleanup(registry=reg)(self._cleanup)
         for plural, kind in (("models", "Model"), ("slots", "Slot")):
             kopf.index(GROUP, VERSION, plural, registry=reg, id=f"{plural}_index")(_essence)
@@ -208,6 +210,8 @@ class Operator:
         )
         settings.persistence.finalizer = f"{GROUP}/finalizer"
         settings.posting.level = logging.INFO
+        # A 409 (someone wrote the object meanwhile) is retried at once, then backs off.
+        settings.queueing.error_delays = (0.1, 0.5, 1, 2, 5, 10, 30, 60)
         settings.watching.server_timeout = 300
         settings.networking.request_timeout = 60
         self.kopf_ready_at = asyncio.get_running_loop().time()
@@ -231,7 +235,9 @@ class Operator:
     def _changed_handler(self, kind: str) -> Any:
         async def changed(body: kopf.Body, **kwargs: Any) -> None:
             result = self._sync(kwargs)
-            verdict = result.verdicts.get(cr_key(kind, body))
+            key = cr_key(kind, body)
+            self._handled.add(key)
+            verdict = result.verdicts.get(key)
             if verdict is not None and verdict.problems:
                 first = verdict.problems[0]
                 kept = "; the last good spec stays in force" if verdict.accepted else ""
@@ -279,6 +285,8 @@ class Operator:
             self._seen[key] = await self.board.wait(
                 self._seen.get(key, -1), self.opts.status_resync_s
             )
+            if key not in self._handled:
+                return  # not handled yet: nothing true to say (and no racing kopf's patches)
             old = body.get("status") or {}
             if kind == "Slot":
                 new = self._slot_status(key, old)
@@ -328,10 +336,15 @@ class Operator:
         return model_status(model_id, self._verdict(key), slots, old)
 
 
-def _essence(body: kopf.Body, **_: Any) -> dict[str, Any]:
-    """What the source needs of a CR (kopf keeps it in the index)."""
+def _login(**kwargs: Any) -> Any:
+    """In a pod: the service account; elsewhere: ``KUBECONFIG`` or ``~/.kube/config``."""
+    return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+
+
+def _essence(body: kopf.Body, **_: Any) -> dict[tuple[str, str], dict[str, Any]]:
+    """What the source needs of a CR, under (namespace, name) in kopf's index."""
     meta = body.get("metadata", {})
-    return {
+    essence = {
         "metadata": {
             "name": meta.get("name"),
             "namespace": meta.get("namespace"),
@@ -341,10 +354,10 @@ def _essence(body: kopf.Body, **_: Any) -> dict[str, Any]:
         },
         "spec": dict(body.get("spec") or {}),
     }
+    return {(str(meta.get("namespace") or ""), str(meta.get("name") or "")): essence}
 
 
 def _values(index: Any) -> Iterable[Mapping[str, Any]]:
     if index is None:
         return []
-    store = index.get(None, [])
-    return [v for v in store if not v["metadata"]["deleting"]]
+    return [v for store in index.values() for v in store if not v["metadata"]["deleting"]]
