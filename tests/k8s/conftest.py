@@ -32,6 +32,8 @@ import kmock._internal.parsing as kmock_parsing
 import pytest
 import pytest_asyncio
 
+from controller.operator.crd import crd_documents
+
 GROUP, VERSION = "slotctl.io", "v1alpha1"
 TEST_AGENT = "slotctl-tests/kubectl"
 T = TypeVar("T")
@@ -69,7 +71,7 @@ def _merge_patch(old: Any, new: Any) -> Any:
 class Emulator(kmock.KubernetesEmulator):  # type: ignore[misc]
     """KMock's emulator plus what kopf relies on and KMock 0.8 leaves out: a
     ``resourceVersion`` on every write (kopf waits for its patches to come back through
-    the watch) and JSON-patch requests (kopf adds and removes finalizers with them, with
+    the watch), ``generateName`` (kopf's Events use it) and JSON-patch requests (kopf adds and removes finalizers with them, with
     a ``test`` of the resourceVersion): applied here and handed on as the equivalent merge
     patch, or refused with 409/422 as the API server would."""
 
@@ -84,7 +86,10 @@ class Emulator(kmock.KubernetesEmulator):  # type: ignore[misc]
     async def _handle(self, request: Any) -> Any:
         if request.resource is not None and request.action == kmock.action.CREATE:
             if isinstance(request.data, dict):
-                request.data.setdefault("metadata", {})["resourceVersion"] = self._next_rv()
+                meta = request.data.setdefault("metadata", {})
+                meta["resourceVersion"] = self._next_rv()
+                if not meta.get("name") and meta.get("generateName"):
+                    meta["name"] = meta["generateName"] + uuid.uuid4().hex[:8]
         elif request.resource is not None and request.action == kmock.action.UPDATE:
             key = (request.resource, request.namespace, request.name)
             current = self.objects._objects.get(key)
@@ -135,6 +140,16 @@ def declare(emulator: kmock.KubernetesEmulator) -> None:
             categories={"slotctl"},
             subresources={"status"},
         )
+    emulator.resources["apiextensions.k8s.io/v1/customresourcedefinitions"] = kmock.ResourceInfo(
+        kind="CustomResourceDefinition",
+        singular="customresourcedefinition",
+        namespaced=False,
+        verbs=_verbs(),
+    )
+    for crd in crd_documents().values():
+        emulator.objects[
+            "apiextensions.k8s.io/v1/customresourcedefinitions", None, crd["metadata"]["name"]
+        ] = crd
     for namespace in ("default", "team-a", "team-b"):
         emulator.objects["v1/namespaces", None, namespace] = {
             "apiVersion": "v1",
