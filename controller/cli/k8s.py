@@ -127,8 +127,8 @@ def cmd_crd_generate(args: argparse.Namespace) -> int:
                 path.write_text(text, encoding="utf-8")
                 print(f"wrote {path}")
     if args.check and differs:
-        for path in differs:
-            print(f"out of date: {path} (run `slotctl crd generate`)", file=sys.stderr)
+        for stale in differs:
+            print(f"out of date: {stale} (run `slotctl crd generate`)", file=sys.stderr)
         return EXIT_INVALID
     return EXIT_OK
 

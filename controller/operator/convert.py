@@ -17,10 +17,12 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
+import tomlkit
 import yaml
 
 from controller.operator.crd import GROUP, VERSION
-from controller.spec.loader import DesiredState
+from controller.spec.guard import toml_table
+from controller.spec.loader import DesiredState, load_stack_texts
 from controller.spec.problems import Problem
 from controller.spec.render import render_stack
 from controller.spec.schema import ModelSpec, SlotSpec
@@ -152,9 +154,7 @@ def parse_documents(text: str) -> list[dict[str, Any]]:
             continue
         items = doc.get("items") if doc.get("kind") == "List" else [doc]
         for item in items if isinstance(items, list) else []:
-            if isinstance(item, dict) and str(item.get("apiVersion", "")).startswith(
-                f"{GROUP}/"
-            ):
+            if isinstance(item, dict) and str(item.get("apiVersion", "")).startswith(f"{GROUP}/"):
                 out.append(item)
     return out
 
@@ -178,8 +178,6 @@ def stacks_from_resources(
     resources: Sequence[Mapping[str, Any]], default_stack: str
 ) -> ImportResult:
     """CRs -> stack TOML texts (by their stack annotation), checked by the loader's rules."""
-    from controller.spec.loader import load_stack_texts  # the loader judges the result
-
     result = ImportResult()
     models: dict[str, list[ModelSpec]] = {}
     slots: dict[str, list[dict[str, Any]]] = {}
@@ -208,10 +206,6 @@ def stacks_from_resources(
 
 
 def _stack_text(stack: str, models: list[ModelSpec], slots: list[dict[str, Any]]) -> str:
-    from controller.spec.guard import toml_table
-
-    import tomlkit
-
     text = render_stack(stack, models, [], full=False)
     if not slots:
         return text

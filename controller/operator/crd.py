@@ -80,8 +80,7 @@ _DOCS: Final[dict[str, str]] = {
     "image": "Container image (docker runtime).",
     "binary": "Executable (process runtime).",
     "cmd": "The whole argv template (openai-compatible provider).",
-    "extra_args": "Extra server arguments; hardware, placement and model-owned flags are "
-    "refused.",
+    "extra_args": "Extra server arguments; hardware, placement and model-owned flags are refused.",
     "env": "Extra environment; device visibility variables are refused.",
     "id": "Model id (defaults to metadata.name); may contain . : / @ + = -.",
     "source": "Path, file://, hf://org/repo/file or demo://name.",

@@ -189,9 +189,9 @@ class Operator:
             changed = self._changed_handler(kind)
             for decorator in (kopf.on.create, kopf.on.update, kopf.on.resume):
                 decorator(GROUP, VERSION, plural, registry=reg, id=f"{plural}-sync")(changed)
-            kopf.timer(
-                GROUP, VERSION, plural, registry=reg, interval=0.01, id=f"{plural}-status"
-            )(self._status_handler(kind))
+            kopf.timer(GROUP, VERSION, plural, registry=reg, interval=0.01, id=f"{plural}-status")(
+                self._status_handler(kind)
+            )
         # A Slot's finalizer holds it until its server is stopped; a Model needs none.
         kopf.on.delete(GROUP, VERSION, "slots", registry=reg, id="slots-delete")(
             self._delete_handler("Slot")

@@ -118,8 +118,9 @@ class CrSource:
         crs = sorted((c for c in self._crs.values() if c.key[0] == "Model"), key=_model_order(self))
         for cr in crs:
             try:
-                model = ModelSpec.model_validate(model_payload({"metadata": {"name": cr.key[2]},
-                                                                "spec": cr.spec}))
+                model = ModelSpec.model_validate(
+                    model_payload({"metadata": {"name": cr.key[2]}, "spec": cr.spec})
+                )
             except ValidationError as exc:
                 found = problems_from_validation(exc, scope="model", fields=ModelSpec.model_fields)
                 problems[cr.key] = [p for p, _ in found]
@@ -177,7 +178,10 @@ class CrSource:
             # What is in force already goes first: a conflict is charged to the change.
             order = sorted(
                 current,
-                key=lambda k: (applied.get(current[k][0].name) != current[k][0], self._crs[k].order),
+                key=lambda k: (
+                    applied.get(current[k][0].name) != current[k][0],
+                    self._crs[k].order,
+                ),
             )
             entries = [SlotEntry(spec=current[k][0]) for k in order]
             mine = {current[k][0].name for k in order}

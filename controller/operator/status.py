@@ -133,8 +133,9 @@ def slot_status(
         ready = (
             observed.dispatchable,
             reason_of(state),
-            observed.message or f"{shown}" + (f" at {observed.endpoint}" if observed.endpoint
-                                              and observed.dispatchable else ""),
+            observed.message
+            or f"{shown}"
+            + (f" at {observed.endpoint}" if observed.endpoint and observed.dispatchable else ""),
         )
         busy = observed.state in _PROGRESSING
         progressing = (busy, reason_of(state) if busy else "Stable", observed.message or shown)

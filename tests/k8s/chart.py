@@ -15,7 +15,9 @@ CHART = Path(__file__).resolve().parents[2] / "charts" / "slotctl"
 Permission = tuple[str, str, str]  # (verb, apiGroup, resource[/subresource])
 
 
-def render(values: dict[str, Any] | None = None, namespace: str = "slotctl") -> list[dict[str, Any]]:
+def render(
+    values: dict[str, Any] | None = None, namespace: str = "slotctl"
+) -> list[dict[str, Any]]:
     chart = helm.Chart.load(str(CHART))
     manifests = chart.render(values or {}, name="slotctl", namespace=namespace, is_install=True)
     docs = []

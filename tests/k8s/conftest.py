@@ -71,9 +71,10 @@ def _merge_patch(old: Any, new: Any) -> Any:
 class Emulator(kmock.KubernetesEmulator):  # type: ignore[misc]
     """KMock's emulator plus what kopf relies on and KMock 0.8 leaves out: a
     ``resourceVersion`` on every write (kopf waits for its patches to come back through
-    the watch), ``generateName`` (kopf's Events use it) and JSON-patch requests (kopf adds and removes finalizers with them, with
-    a ``test`` of the resourceVersion): applied here and handed on as the equivalent merge
-    patch, or refused with 409/422 as the API server would."""
+    the watch), ``generateName`` (kopf's Events use it) and JSON-patch requests (kopf
+    adds and removes finalizers with them, with a ``test`` of the resourceVersion):
+    applied here and handed on as the equivalent merge patch, or refused with 409/422
+    as the API server would."""
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -186,7 +187,9 @@ class Cluster:
             result: dict[str, Any] = await resp.json()
             return result
 
-    async def get(self, plural: str, name: str, namespace: str = "default") -> dict[str, Any] | None:
+    async def get(
+        self, plural: str, name: str, namespace: str = "default"
+    ) -> dict[str, Any] | None:
         async with self.session.get(self._path(plural, namespace, name)) as resp:
             if resp.status == 404:
                 return None
@@ -230,8 +233,10 @@ class Cluster:
                 continue  # discovery (/api, /apis/GROUP/VERSION): no RBAC resource
             method = str(getattr(request.method, "value", request.method)).upper()
             if method == "GET":
-                verb = "watch" if request.params.get("watch") == "true" else (
-                    "get" if request.name else "list"
+                verb = (
+                    "watch"
+                    if request.params.get("watch") == "true"
+                    else ("get" if request.name else "list")
                 )
             else:
                 verb = {"POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete"}[

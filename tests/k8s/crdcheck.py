@@ -33,9 +33,11 @@ def structural_violations(schema: dict[str, Any]) -> list[str]:
     for path, node in walk(schema):
         if "$ref" in node or "$defs" in node or "definitions" in node:
             out.append(f"{path}: $ref/$defs")
-        if "type" not in node and not node.get("x-kubernetes-int-or-string"):
-            if not node.get("x-kubernetes-preserve-unknown-fields"):
-                out.append(f"{path}: no type")
+        untyped_ok = node.get("x-kubernetes-int-or-string") or node.get(
+            "x-kubernetes-preserve-unknown-fields"
+        )
+        if "type" not in node and not untyped_ok:
+            out.append(f"{path}: no type")
         for key in ("anyOf", "oneOf", "allOf", "not"):
             if key in node:
                 out.append(f"{path}: {key} (types inside logical junctors are not structural)")
@@ -72,20 +74,23 @@ def to_jsonschema(node: dict[str, Any], strict: bool = True) -> dict[str, Any]:
         out["type"] = [node["type"], "null"]
         if "enum" in out:
             out["enum"] = [*out["enum"], None]
-    if strict and node.get("type") == "object" and "properties" in node:
-        if node["properties"] and "additionalProperties" not in node:
-            out["additionalProperties"] = False
+    if strict and node.get("type") == "object" and node.get("properties"):
+        out.setdefault("additionalProperties", False)
     return out
 
 
 def schema_errors(crd: dict[str, Any], obj: dict[str, Any]) -> list[str]:
     schema = version_schema(crd)
     validator = jsonschema.Draft4Validator(to_jsonschema(schema))
-    found = [f"{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(obj)]
+    found = [
+        f"{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(obj)
+    ]
     return found
 
 
-def _rules_at(node: dict[str, Any], value: Any, path: str) -> Iterator[tuple[str, dict[str, Any], Any]]:
+def _rules_at(
+    node: dict[str, Any], value: Any, path: str
+) -> Iterator[tuple[str, dict[str, Any], Any]]:
     for rule in node.get("x-kubernetes-validations", []):
         yield path, rule, value
     if isinstance(value, dict):

@@ -65,7 +65,14 @@ def test_crd_is_structural_and_complete(kind: str) -> None:
     conditions = status["conditions"]
     assert conditions["x-kubernetes-list-map-keys"] == ["type"]
     fields = set(conditions["items"]["properties"])
-    assert {"type", "status", "observedGeneration", "reason", "message", "lastTransitionTime"} <= fields
+    assert {
+        "type",
+        "status",
+        "observedGeneration",
+        "reason",
+        "message",
+        "lastTransitionTime",
+    } <= fields
     assert set(status["lastError"]["properties"]) == {"code", "message"}
 
 
@@ -205,7 +212,9 @@ def test_model_source_rule_matches_the_schema_validator(source: str, ok: bool) -
 _ARGS = st.lists(
     st.one_of(
         st.sampled_from(sorted({*HARDWARE_FLAGS, *MODEL_OWNED_FLAGS})).flatmap(
-            lambda f: st.sampled_from([f, f + "=1", "--" + f[2:].replace("-", "_") if f[:2] == "--" else f])
+            lambda f: st.sampled_from(
+                [f, f + "=1", "--" + f[2:].replace("-", "_") if f[:2] == "--" else f]
+            )
         ),
         st.sampled_from(["--parallel", "2", "-v", "--flash-attn", "--jinja", "--", "-"]),
         st.text(alphabet="-_=abcdeglnpt0123", max_size=12),
@@ -215,13 +224,20 @@ _ARGS = st.lists(
 
 
 @settings(max_examples=150, deadline=None)
-@given(args=_ARGS, env=st.dictionaries(st.sampled_from([*HARDWARE_ENV_VARS, "A", "HF_HOME"]), st.just("1"), max_size=2))
+@given(
+    args=_ARGS,
+    env=st.dictionaries(
+        st.sampled_from([*HARDWARE_ENV_VARS, "A", "HF_HOME"]), st.just("1"), max_size=2
+    ),
+)
 def test_cel_rules_refuse_exactly_what_the_guard_refuses(
     args: list[str], env: dict[str, str]
 ) -> None:
     obj = _slot(server={"extra_args": args, "env": env})
     guard = check_slot_payload({**copy.deepcopy(obj["spec"]), "name": "chat"})
-    screened = [p for p, _ in guard.errors if p.code in ("slot.hardware_flag", "slot.model_owned_key")]
+    screened = [
+        p for p, _ in guard.errors if p.code in ("slot.hardware_flag", "slot.model_owned_key")
+    ]
     assert bool(cel_errors(CRDS["Slot"], obj)) == bool(screened), (args, env, screened)
 
 

@@ -54,7 +54,12 @@ def slot(name: str, model_id: str, port: int, **spec: Any) -> dict[str, Any]:
         "server": {"extra_args": ["--load-seconds", "0.2"]},
     }
     body.update(spec)
-    return {"apiVersion": "slotctl.io/v1alpha1", "kind": "Slot", "metadata": {"name": name}, "spec": body}
+    return {
+        "apiVersion": "slotctl.io/v1alpha1",
+        "kind": "Slot",
+        "metadata": {"name": name},
+        "spec": body,
+    }
 
 
 def condition(obj: dict[str, Any] | None, kind: str) -> dict[str, Any]:
@@ -195,9 +200,9 @@ async def test_slot_lifecycle_through_custom_resources(
 
         async def shows_error() -> bool:
             obj = await cluster.get("slots", "chat")
-            return condition(obj, "Ready").get("status") == "False" and (
-                obj or {}
-            ).get("status", {}).get("state") in ("error", "offline", "starting", "warming")
+            return condition(obj, "Ready").get("status") == "False" and (obj or {}).get(
+                "status", {}
+            ).get("state") in ("error", "offline", "starting", "warming")
 
         await eventually(shows_error, "the dead server in status")
         await eventually(lambda: ready(cluster, "chat", 5), "restored")
@@ -210,7 +215,9 @@ async def test_slot_lifecycle_through_custom_resources(
         final_pid = server_pid(chat_port)
         await cluster.delete("slots", "chat")
         await eventually(lambda: _gone(cluster, "chat"), "Slot removed")
-        assert not psutil.pid_exists(final_pid or -1) or psutil.Process(final_pid).status() == "zombie"
+        assert (
+            not psutil.pid_exists(final_pid or -1) or psutil.Process(final_pid).status() == "zombie"
+        )
         assert server_pid(chat_port) is None
         assert op.manager.known("chat") is None
         assert server_pid(embed_port) == embed_pid
@@ -231,3 +238,91 @@ async def _events(cluster: Cluster, name: str, reason: str) -> list[dict[str, An
         for e in await cluster.events()
         if e.get("involvedObject", {}).get("name") == name and e.get("reason") == reason
     ]
+
+
+def _start_operator(cluster: Cluster, state: Path, log: Path) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "PYTHONPATH": str(REPO)}
+    env.pop("SLOTCTL_CONFIG_DIR", None)
+    env.pop("SLOTCTL_STATE_DIR", None)
+    command = [
+        sys.executable,
+        "-m",
+        "controller",
+        "--state-dir",
+        str(state),
+        "--config-dir",
+        str(state / "config"),
+        "operator",
+        "--all-namespaces",
+    ]
+    with log.open("ab") as out:
+        return subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+
+
+async def _stop(proc: subprocess.Popen[bytes]) -> int:
+    proc.send_signal(signal.SIGTERM)
+    for _ in range(300):
+        if proc.poll() is not None:
+            return proc.returncode
+        await asyncio.sleep(0.1)
+    proc.kill()
+    proc.wait()
+    raise AssertionError("the operator did not stop on SIGTERM")
+
+
+async def test_operator_subprocess_restart_adopts_and_delete_stops(
+    cluster: Cluster, state: Path, tmp_path: Path
+) -> None:
+    """``slotctl operator -A`` as a user runs it, against a kubeconfig."""
+    (port,) = free_ports(1)
+    log = tmp_path / "operator.log"
+    proc = _start_operator(cluster, state, log)
+    try:
+        await cluster.create(
+            {**model("m-chat"), "metadata": {"name": "m-chat", "namespace": "team-a"}}
+        )
+        body = slot("chat", "m-chat", port)
+        body["metadata"]["namespace"] = "team-a"
+        await cluster.create(body)
+
+        async def ready_in(generation: int) -> dict[str, Any] | None:
+            obj = await cluster.get("slots", "chat", "team-a")
+            cond = condition(obj, "Ready")
+            ok = cond.get("status") == "True" and cond.get("observedGeneration") == generation
+            return obj if ok else None
+
+        obj = await eventually(lambda: ready_in(1), "Ready (subprocess operator)", timeout=60)
+        assert await answers(obj["status"]["endpoint"])
+        pid = server_pid(port)
+        assert pid is not None
+
+        # restart the operator: the server keeps running and is adopted, not duplicated
+        assert await _stop(proc) == 0, log.read_text()
+        assert server_pid(port) == pid
+        proc = _start_operator(cluster, state, log)
+        await cluster.edit("slots", "chat", {"priority": 70}, namespace="team-a")
+        await eventually(lambda: ready_in(2), "Ready after the restart", timeout=60)
+        assert servers_on(port) == [pid]
+        slot_processes = [
+            p
+            for p in psutil.process_iter(["cmdline"])
+            if str(port) in " ".join(p.info["cmdline"] or [])
+        ]
+        assert [p.pid for p in slot_processes] == [pid]
+
+        # delete: the server is stopped, then the finalizer goes
+        await cluster.delete("slots", "chat", namespace="team-a")
+        await eventually(
+            lambda: _missing(cluster, "chat", "team-a"), "Slot removed (subprocess)", timeout=60
+        )
+        assert server_pid(port) is None
+        assert await _stop(proc) == 0, log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert_rbac_allows_exactly(cluster.operator_requests(), namespaces=[])
+
+
+async def _missing(cluster: Cluster, name: str, namespace: str) -> bool:
+    return await cluster.get("slots", name, namespace) is None
