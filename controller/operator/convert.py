@@ -24,7 +24,6 @@ from controller.operator.crd import GROUP, VERSION
 from controller.spec.guard import toml_table
 from controller.spec.loader import DesiredState, load_stack_texts
 from controller.spec.problems import Problem
-from controller.spec.render import render_stack
 from controller.spec.schema import ModelSpec, SlotSpec
 
 __all__ = [
@@ -62,10 +61,18 @@ def _meta(name: str, namespace: str | None, stack: str | None) -> dict[str, Any]
     return meta
 
 
+def _integral(data: dict[str, Any]) -> dict[str, Any]:
+    """``ttl_s = 600`` stays 600, not 600.0 (the schema reads either as a number)."""
+    return {
+        k: int(v) if isinstance(v, float) and v.is_integer() and abs(v) < 2**53 else v
+        for k, v in data.items()
+    }
+
+
 def model_resource(
     model: ModelSpec, namespace: str | None = None, stack: str | None = None
 ) -> dict[str, Any]:
-    spec = model.model_dump(mode="json", exclude_unset=True, exclude_none=True)
+    spec = _integral(model.model_dump(mode="json", exclude_unset=True, exclude_none=True))
     spec["id"] = model.id
     name = object_name(model.id)
     return {
@@ -79,7 +86,7 @@ def model_resource(
 def slot_resource(
     spec: SlotSpec, namespace: str | None = None, stack: str | None = None
 ) -> dict[str, Any]:
-    data = spec.model_dump(mode="json", exclude_unset=True, exclude_none=True)
+    data = _integral(spec.model_dump(mode="json", exclude_unset=True, exclude_none=True))
     data.pop("name", None)
     return {
         "apiVersion": API_VERSION,
@@ -206,12 +213,21 @@ def stacks_from_resources(
 
 
 def _stack_text(stack: str, models: list[ModelSpec], slots: list[dict[str, Any]]) -> str:
-    text = render_stack(stack, models, [], full=False)
-    if not slots:
-        return text
-    doc = tomlkit.parse(text)
-    aot = tomlkit.aot()
-    for payload in slots:
-        aot.append(toml_table(payload))
-    doc["slot"] = aot
+    """A stack file with exactly the keys the CRs set (defaults stay the loader's)."""
+    doc = tomlkit.document()
+    meta = tomlkit.table()
+    meta["name"] = stack
+    doc["stack"] = meta
+    for key, tables in (
+        (
+            "model",
+            [m.model_dump(mode="json", exclude_unset=True, exclude_none=True) for m in models],
+        ),
+        ("slot", slots),
+    ):
+        if tables:
+            aot = tomlkit.aot()
+            for table in tables:
+                aot.append(toml_table(_integral(table)))
+            doc[key] = aot
     return tomlkit.dumps(doc)
