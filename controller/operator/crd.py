@@ -60,8 +60,8 @@ _DOCS: Final[dict[str, str]] = {
     "speech server (kokoro, qwen3tts, moonshine, vibevoice).",
     "model": "The bound model: model.default names a Model's id. Non-empty activates the slot.",
     "default": "Id of the bound model (a Model's spec.id, or its metadata.name).",
-    "device": "gpu | npu | cpu (default gpu).",
-    "type": "llm | embedding | tts | stt | image (default llm).",
+    "device": "Where the server runs: gpu, npu or cpu (default gpu).",
+    "type": "What the slot serves: llm, embedding, tts, stt or image (default llm).",
     "port": "Port the server listens on, unique on the host (1..65535).",
     "autoload": "Keep it loaded: loaded at controller start and after faults "
     "(default: true when a model is bound).",
@@ -84,9 +84,27 @@ _DOCS: Final[dict[str, str]] = {
     "env": "Extra environment; device visibility variables are refused.",
     "id": "Model id (defaults to metadata.name); may contain . : / @ + = -.",
     "source": "Path, file://, hf://org/repo/file or demo://name.",
-    "kind": "llm | embedding | tts | stt | image (default llm).",
+    "kind": "What the model is: llm, embedding, tts, stt or image (default llm).",
     "exclusive_group": "At most one member of the group is loaded at a time.",
     "context_length": "Context window (model-owned: a Slot cannot override it).",
+    "chat_template": "Chat template (model-owned).",
+    "mmproj": "Multimodal projector file (model-owned).",
+    **{
+        key: "Sampling default (model-owned)."
+        for key in (
+            "temperature",
+            "top_p",
+            "top_k",
+            "min_p",
+            "repeat_penalty",
+            "presence_penalty",
+            "frequency_penalty",
+            "max_tokens",
+            "seed",
+            "stop",
+            "system_prompt",
+        )
+    },
 }
 
 
