@@ -74,7 +74,7 @@ class StatusBoard:
 
     def __init__(self) -> None:
         self.version = 0
-        self._changed = asyncio.Condition()
+        self._changed = asyncio.Event()  # replaced on every change: waiters hold the old one
         self.last_error: dict[str, tuple[str, str]] = {}
         self.pending: dict[str, list[tuple[str, str, str]]] = {}
 
@@ -94,21 +94,14 @@ class StatusBoard:
 
     def poke(self) -> None:
         self.version += 1
-        with contextlib.suppress(RuntimeError):  # no running loop (shutdown)
-            asyncio.get_running_loop().create_task(self._notify())
-
-    async def _notify(self) -> None:
-        async with self._changed:
-            self._changed.notify_all()
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
 
     async def wait(self, seen: int, timeout: float) -> int:
         """Until the version moves past ``seen`` or ``timeout``; returns the version."""
         if self.version == seen:
-            async with self._changed:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(
-                        self._changed.wait_for(lambda: self.version != seen), timeout
-                    )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), timeout)
         return self.version
 
     def take_events(self, slot: str) -> list[tuple[str, str, str]]:
