@@ -100,11 +100,17 @@ async def answers(endpoint: str) -> bool:
 
 @contextlib.asynccontextmanager
 async def running_operator(
-    cluster: Cluster, state: Path, monkeypatch: pytest.MonkeyPatch
+    cluster: Cluster, state: Path, monkeypatch: pytest.MonkeyPatch, listen: str | None = None
 ) -> AsyncIterator[Operator]:
     monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig))
     op = Operator(
-        OperatorOptions(state_dir=state, config_dir=state / "config", namespaces=["default"])
+        OperatorOptions(
+            state_dir=state,
+            config_dir=state / "config",
+            namespaces=["default"],
+            listen=listen,
+            token="operator-test-token",
+        )
     )
     task = asyncio.create_task(op.run())
     try:
@@ -131,8 +137,9 @@ def state(tmp_path: Path) -> Any:
 async def test_slot_lifecycle_through_custom_resources(
     cluster: Cluster, state: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    chat_port, embed_port = free_ports(2)
-    async with running_operator(cluster, state, monkeypatch) as op:
+    chat_port, embed_port, api_port = free_ports(3)
+    api = f"127.0.0.1:{api_port}"
+    async with running_operator(cluster, state, monkeypatch, listen=api) as op:
         await cluster.create(model("m-chat"))
         await cluster.create(model("m-embed"))
         await cluster.create(slot("chat", "m-chat", chat_port))
@@ -155,6 +162,15 @@ async def test_slot_lifecycle_through_custom_resources(
         assert "slotctl.io/last-handled-configuration" in notes
         chat_pid, embed_pid = server_pid(chat_port), server_pid(embed_port)
         assert chat_pid and embed_pid
+        # the same router as `slotctl up`: a request for the model reaches the CR's slot
+        headers = {"Authorization": "Bearer operator-test-token"}
+        request = {"model": "m-chat", "messages": [{"role": "user", "content": "hi"}]}
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(f"http://{api}/v1/chat/completions", json=request, headers=headers) as r,
+        ):
+            assert r.status == 200, await r.text()
+            assert (await r.json())["choices"][0]["message"]["content"]
         since = condition(chat, "Ready")["lastTransitionTime"]
 
         # priority: applied in place, nothing restarts
