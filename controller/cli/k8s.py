@@ -58,6 +58,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="watch this namespace (repeatable; globs as kopf takes them)",
     )
     scope.add_argument("--all-namespaces", "-A", action="store_true", help="watch every namespace")
+    # Also after the command, as `slotctl operator --runtime docker --state-dir DIR` reads.
+    op.add_argument(
+        "--runtime", choices=["process", "docker"], default=argparse.SUPPRESS, help="runtime"
+    )
+    op.add_argument("--state-dir", type=Path, default=argparse.SUPPRESS, help="state dir")
+    op.add_argument("--config-dir", type=Path, default=argparse.SUPPRESS, help="config dir")
     op.add_argument(
         "--listen",
         default="none",

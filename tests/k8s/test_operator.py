@@ -264,12 +264,14 @@ def _start_operator(cluster: Cluster, state: Path, log: Path) -> subprocess.Pope
         sys.executable,
         "-m",
         "controller",
+        "operator",
+        "--all-namespaces",
+        "--runtime",
+        "process",
         "--state-dir",
         str(state),
         "--config-dir",
         str(state / "config"),
-        "operator",
-        "--all-namespaces",
     ]
     with log.open("ab") as out:
         return subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
