@@ -10,6 +10,7 @@ import helm_python as helm
 import pytest
 import yaml
 
+from controller.cli.main import build_parser
 from controller.operator.crd import crd_documents
 from tests.k8s.chart import CHART, notes, permissions, render
 
@@ -127,3 +128,14 @@ def test_chart_ships_the_generated_crds() -> None:
     assert len(shipped) == 2
     generated = {d["metadata"]["name"]: d for d in crd_documents().values()}
     assert {d["metadata"]["name"]: d for d in shipped.values()} == generated
+
+
+@pytest.mark.parametrize("values", [{}, CUSTOM], ids=["default", "custom"])
+def test_the_containers_arguments_parse_as_slotctl_arguments(values: dict[str, Any]) -> None:
+    (deploy,) = by_kind(render(values), "Deployment")
+    (container,) = deploy["spec"]["template"]["spec"]["containers"]
+    args = build_parser().parse_args(container["args"])
+    assert args.command == "operator"
+    assert args.runtime == values.get("runtime", "process")
+    assert args.all_namespaces == (not values.get("watchNamespaces"))
+    assert args.namespace == values.get("watchNamespaces", [])
