@@ -104,9 +104,6 @@ class CrSource:
         self.slot_names.pop(key, None)
         self.model_ids.pop(key, None)
 
-    def keys(self, kind: str) -> list[CrKey]:
-        return [k for k in self._crs if k[0] == kind]
-
     def slot_of(self, key: CrKey) -> str | None:
         return self.slot_names.get(key)
 
@@ -179,7 +176,7 @@ class CrSource:
             order = sorted(
                 current,
                 key=lambda k: (
-                    applied.get(current[k][0].name) != current[k][0],
+                    applied.get(current[k][0].name) != normalise(current[k][0], snapshot.settings),
                     self._crs[k].order,
                 ),
             )

@@ -160,3 +160,23 @@ def test_model_status() -> None:
     status = model_status("m", verdict, {"chat": SlotState.READY, "b": SlotState.OFFLINE}, None)
     assert status["state"] == "loaded" and status["slots"] == ["b", "chat"]
     assert _conditions(status)["Ready"]["status"] == "True"
+
+
+def test_an_edit_that_takes_a_port_in_use_is_refused_not_the_slot_holding_it(
+    tmp_path: Path,
+) -> None:
+    older = cr("aaa", slot_spec(18081), created="1")
+    newer = cr("zzz", slot_spec(18082), created="2")
+    source = source_with(tmp_path, [older, newer])
+    source.sync()
+    # the older object is edited onto the newer one's port: the edit is what is refused
+    source.load("Slot", [cr("aaa", slot_spec(18082), created="1"), newer])
+    result = source.sync()
+    assert [p.code for p in result.verdicts[("Slot", "default", "aaa")].problems] == [
+        "slot.duplicate_port"
+    ]
+    assert result.verdicts[("Slot", "default", "aaa")].accepted  # its last good spec stays
+    assert result.verdicts[("Slot", "default", "zzz")].current
+    slots = read_config_dir(tmp_path / "config").slots
+    assert (slots["aaa"].spec.port, slots["zzz"].spec.port) == (18081, 18082)
+    assert result.changed == []
