@@ -130,6 +130,7 @@ class Operator:
         self.board = StatusBoard()
         self.registry = kopf.OperatorRegistry()
         self._handled: set[CrKey] = set()  # CRs whose own handler ran (status may follow)
+        self._seen: dict[CrKey, int] = {}  # the board version each status timer last saw
         self.kopf_stop = asyncio.Event()
         self.kopf_ready = asyncio.Event()
         self._register()
@@ -205,9 +206,10 @@ class Operator:
         settings.posting.level = logging.INFO
         # A 409 (someone wrote the object meanwhile) is retried at once, then backs off.
         settings.queueing.error_delays = (0.1, 0.5, 1, 2, 5, 10, 30, 60)
+        # A status timer exits at once when its object is deleted; look again soon.
+        settings.background.cancellation_polling = 0.5
         settings.watching.server_timeout = 300
         settings.networking.request_timeout = 60
-        self.kopf_ready_at = asyncio.get_running_loop().time()
 
     async def _cleanup(self, **_: Any) -> None:
         log.info("operator stopping; servers keep running for the next start to adopt")
@@ -250,6 +252,8 @@ class Operator:
             slot = self.source.slot_of(key)
             self._sync(kwargs)  # the index no longer offers a CR being deleted
             self.source.remove(key)
+            self._handled.discard(key)
+            self._seen.pop(key, None)
             if kind == "Slot" and slot is not None and slot not in self.source.slot_names.values():
                 await self._wait_stopped(slot)
                 kopf.info(body, reason="Stopped", message=f"slot {slot}: server stopped")
@@ -272,13 +276,10 @@ class Operator:
     # ------------------------------------------------------------------ the sink
 
     def _status_handler(self, kind: str) -> Any:
-        async def status(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+        async def status(body: kopf.Body, patch: kopf.Patch, stopped: Any, **_: Any) -> None:
             key = cr_key(kind, body)
-            # Wait for the next manager event or source sync (or the resync period).
-            self._seen[key] = await self.board.wait(
-                self._seen.get(key, -1), self.opts.status_resync_s
-            )
-            if key not in self._handled:
+            await self._next_change(key, stopped)
+            if stopped or key not in self._handled:
                 return  # not handled yet: nothing true to say (and no racing kopf's patches)
             old = body.get("status") or {}
             if kind == "Slot":
@@ -291,8 +292,22 @@ class Operator:
             for name, value in changed_fields(new, old).items():
                 patch.status[name] = value
 
-        self._seen: dict[CrKey, int] = {}
         return status
+
+    async def _next_change(self, key: CrKey, stopped: Any) -> None:
+        """The next manager event or source sync (or the resync period), unless kopf stops
+        the timer first (the object is being deleted: its finalizer waits for us)."""
+        change = asyncio.ensure_future(
+            self.board.wait(self._seen.get(key, -1), self.opts.status_resync_s)
+        )
+        stop = asyncio.ensure_future(stopped.wait())
+        try:
+            await asyncio.wait({change, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+            change.cancel()
+        if change.done() and not change.cancelled():
+            self._seen[key] = change.result()
 
     def _verdict(self, key: CrKey) -> Verdict:
         return self.source.verdicts.get(key) or Verdict()
