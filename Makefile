@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 # Where `make demo` serves the API, router and dashboard (`make demo DEMO_LISTEN=127.0.0.1:8900`).
 DEMO_LISTEN ?= 127.0.0.1:8800
 
-.PHONY: help install install-run demo test check fmt lint typecheck imports pytest soak bench clean
+.PHONY: help install install-run demo test check fmt lint typecheck imports pytest soak bench clean crds
 
 help:
 	@echo "make demo    run the controller on the quickstart stack (the main job;"
@@ -57,6 +57,10 @@ demo: install-run
 	@echo "  $(BIN)/slotctl stack diff examples/quickstart --exit-code"
 	@echo
 	$(DEMO_ENV) $(BIN)/slotctl up examples/quickstart --listen $(DEMO_LISTEN)
+
+# The CRDs are generated from the stack schema; tests/k8s/test_crd.py checks they are current.
+crds: install
+	$(BIN)/slotctl crd generate --output-dir crds --output-dir charts/slotctl/crds
 
 fmt: install
 	$(BIN)/ruff format controller tests bench

@@ -267,6 +267,8 @@ class StateWriteFailed(SlotctlError):
         )
         self.errno = number
         self.retry_after_s = retry_after_s
+
+
 class ListenUnavailable(SlotctlError):
     """``slotctl up``: a listen address cannot be bound (in use, not local, no permission).
 

@@ -318,10 +318,33 @@ def _stack_commands(tree: _Tree, sub: argparse._SubParsersAction[argparse.Argume
             "slotctl stack export --format quadlet --output-dir ~/.config/containers/systemd",
         ),
     )
-    export.add_argument("--format", choices=["toml", "quadlet"], default="toml")
+    export.add_argument("--format", choices=["toml", "quadlet", "crd"], default="toml")
     export.add_argument("--stack", help="only this stack")
     export.add_argument("--output-dir", type=Path, help="write files here instead of stdout")
-    export.set_defaults(func=_cmd("declarative:cmd_export"))
+    export.add_argument("--namespace", help="crd: metadata.namespace of the objects")
+    export.add_argument(
+        "--from",
+        dest="from_paths",
+        type=Path,
+        action="append",
+        metavar="PATH",
+        help="crd: convert these stack files instead of the live config dir",
+    )
+    export.set_defaults(func=_cmd("k8s:cmd_export"))
+
+    imp = tree.add(
+        cmds,
+        "import",
+        "Model/Slot YAML (kubectl) -> stack TOML",
+        examples=(
+            "slotctl stack import examples/k8s/slots.yaml > stack.toml",
+            "kubectl get models,slots -o yaml | slotctl stack import - --output-dir stacks/",
+        ),
+    )
+    imp.add_argument("file", type=Path, metavar="FILE.yaml", help="'-' reads stdin")
+    imp.add_argument("--stack", default="imported", help="stack name for CRs without one")
+    imp.add_argument("--output-dir", type=Path, help="write <stack>.toml files here")
+    imp.set_defaults(func=_cmd("k8s:cmd_import"))
 
 
 # ====================================================================== slot
@@ -578,3 +601,70 @@ def _controller_commands(
         "--timeout", type=float, default=60.0, help="seconds to wait for the controller"
     )
     down.set_defaults(func=_cmd("declarative:cmd_down"))
+    _kubernetes_commands(tree, sub)
+
+
+# ====================================================================== kubernetes
+
+
+def _kubernetes_commands(
+    tree: _Tree, sub: argparse._SubParsersAction[argparse.ArgumentParser]
+) -> None:
+    crd = tree.add(sub, "crd", "Kubernetes CustomResourceDefinitions (Model, Slot)")
+    crd_cmds = tree.group(crd, "crd_cmd")
+    generate = tree.add(
+        crd_cmds,
+        "generate",
+        "write the Model and Slot CRDs generated from the stack schema",
+        examples=("slotctl crd generate", "slotctl crd generate --check   # CI: exit 1 if stale"),
+    )
+    generate.add_argument(
+        "--output-dir",
+        type=Path,
+        action="append",
+        help="directory to write into (repeatable; default: crds)",
+    )
+    generate.add_argument(
+        "--check", action="store_true", help="write nothing; exit 1 when a file differs"
+    )
+    generate.set_defaults(func=_cmd("k8s:cmd_crd_generate"))
+
+    op = tree.add(
+        sub,
+        "operator",
+        "run the Kubernetes operator (Model and Slot CRs)",
+        description="Run the kopf operator: Model and Slot resources become the same "
+        "desired state stack files give, reconciled by the same core; status and Events "
+        "follow the slots. Kubeconfig from $KUBECONFIG or ~/.kube/config, in-cluster "
+        "inside a pod.",
+        examples=(
+            "slotctl operator --all-namespaces --runtime docker",
+            "slotctl operator -n models --state-dir /var/lib/slotctl",
+        ),
+        skip=("--token", "--server"),
+    )
+    scope = op.add_mutually_exclusive_group()
+    scope.add_argument(
+        "--namespace",
+        "-n",
+        action="append",
+        default=[],
+        help="watch this namespace (repeatable; globs as kopf takes them)",
+    )
+    scope.add_argument("--all-namespaces", "-A", action="store_true", help="watch every namespace")
+    op.add_argument(
+        "--listen",
+        default="none",
+        help="the slotctl API and OpenAI router (HOST:PORT, default none)",
+    )
+    op.add_argument("--token", default=None, help="API bearer token (or SLOTCTL_TOKEN)")
+    op.add_argument(
+        "--liveness",
+        default=None,
+        metavar="URL",
+        help="kopf's liveness endpoint, e.g. http://0.0.0.0:8080/healthz",
+    )
+    op.add_argument("--resync", type=float, default=30.0, help="resync period in seconds")
+    op.add_argument("--log-format", choices=["text", "json"], default="text")
+    op.add_argument("--log-level", choices=["debug", "info", "warning"], default="info")
+    op.set_defaults(func=_cmd("k8s:cmd_operator"))

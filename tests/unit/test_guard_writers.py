@@ -38,6 +38,9 @@ FILE_WRITERS: dict[str, str] = {
     "under the state dir (never the config dir)",
     "controller/cli/declarative.py": "`stack export --output-dir` writes exported stack "
     "files / Quadlet units where the user asks (never the config dir)",
+    "controller/cli/k8s.py": "`crd generate` writes the CRD manifests, `stack export --format "
+    "crd` / `stack import --output-dir` the converted files, where the user asks (never the "
+    "config dir)",
 }
 
 # module -> why it may import or call write_slot_config / delete_slot_config / write_catalogue
