@@ -1,46 +1,66 @@
 # slotctl: `make demo` runs the main job, `make test` runs every gate and the tests.
-# Both create .venv and install the project on their own (idempotent: a stamp file
-# records the installed pyproject.toml).
+# Both create .venv and install on their own (idempotent: a stamp file per install
+# records the installed pyproject.toml). `make demo` installs only what it runs (the
+# package and its runtime dependencies); `make test` adds the test and dev tools (and
+# builds llama-cpp-python from source the first time).
 
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+RUN_STAMP := $(VENV)/.installed-run
 PYTEST_ARGS ?=
+# Where `make demo` serves the API, router and dashboard (`make demo DEMO_LISTEN=127.0.0.1:8900`).
+DEMO_LISTEN ?= 127.0.0.1:8800
 
-.PHONY: help install demo test check fmt lint typecheck imports pytest soak bench clean
+.PHONY: help install install-run demo test check fmt lint typecheck imports pytest soak bench clean crds
 
 help:
-	@echo "make demo    validate and show the quickstart stack (the main job)"
+	@echo "make demo    run the controller on the quickstart stack (the main job;"
+	@echo "             DEMO_LISTEN=$(DEMO_LISTEN) sets its address)"
 	@echo "make test    all gates (format, lint, mypy --strict, import contracts) + tests"
 	@echo "make soak    long-running property and crash tests"
 	@echo "make bench   benchmarks (print figures; never fail on timing)"
 
-$(STAMP): pyproject.toml
+$(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
+
+# The dev install (tests, linters, type checker) for `make test` and the gates.
+$(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e '.[dev]'
+	@touch $@
+
+# The runtime install only, for `make demo`.
+$(RUN_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e .
 	@touch $@
 
 install: $(STAMP)
 
+install-run: $(RUN_STAMP)
+
 DEMO_DIR ?= .demo
 DEMO_ENV := SLOTCTL_CONFIG_DIR=$(DEMO_DIR)/config SLOTCTL_STATE_DIR=$(DEMO_DIR)/state
 
-demo: install
+demo: install-run
 	@$(BIN)/slotctl stack validate examples/quickstart
 	@echo
 	@echo "Starting the controller on examples/quickstart (Ctrl-C stops it and its servers)."
-	@echo "Dashboard: http://127.0.0.1:8800/  (token: $(DEMO_DIR)/state/token)"
+	@echo "Dashboard: http://$(DEMO_LISTEN)/  (token: $(DEMO_DIR)/state/token)"
 	@echo "In another terminal:"
 	@echo "  export $(DEMO_ENV)"
 	@echo "  $(BIN)/slotctl slot list                      # states, models, memory"
-	@echo "  curl -s localhost:8800/v1/chat/completions -H \"Authorization: Bearer \$$(cat $(DEMO_DIR)/state/token)\" -d '{\"model\":\"demo-chat\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}'"
+	@echo "  curl -s $(DEMO_LISTEN)/v1/chat/completions -H \"Authorization: Bearer \$$(cat $(DEMO_DIR)/state/token)\" -d '{\"model\":\"demo-chat\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}'"
 	@echo "  $(BIN)/slotctl events                         # follow every transition"
 	@echo "  edit examples/quickstart/quickstart.toml      # only the changed slot restarts"
 	@echo "  $(BIN)/slotctl stack diff examples/quickstart --exit-code"
 	@echo
-	$(DEMO_ENV) $(BIN)/slotctl up examples/quickstart
+	$(DEMO_ENV) $(BIN)/slotctl up examples/quickstart --listen $(DEMO_LISTEN)
+
+# The CRDs are generated from the stack schema; tests/k8s/test_crd.py checks they are current.
+crds: install
+	$(BIN)/slotctl crd generate --output-dir crds --output-dir charts/slotctl/crds
 
 fmt: install
 	$(BIN)/ruff format controller tests bench

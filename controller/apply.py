@@ -11,6 +11,7 @@ Observation without a running controller reads ``state.json`` and asks the runti
 
 from __future__ import annotations
 
+import asyncio
 import difflib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -31,7 +32,7 @@ from controller.spec.guard import (
     cross_slot_problems,
     delete_slot_config,
     write_catalogue,
-    write_slot_config,
+    write_slot_configs,
 )
 from controller.spec.loader import DesiredSlot, DesiredState
 from controller.spec.problems import raise_for_problems
@@ -171,7 +172,8 @@ async def plan_stack(
 ) -> StackPlan:
     """Plan applying ``state``: config changes, runtime actions and drift, with reasons."""
     _require_dir(config_dir, "config dir")  # else it would read as empty: all "drift"
-    snapshot = snapshot or read_config_dir(config_dir)
+    if snapshot is None:
+        snapshot = await asyncio.to_thread(read_config_dir, config_dir)
     owned = {n for n, s in snapshot.slots.items() if s.stack in state.stacks}
     names = list(state.slots) + sorted(owned - set(state.slots))
     observed = await observe_files(names, state_dir, runtime, config_dir)
@@ -203,10 +205,8 @@ async def plan_stack(
     )
     managed = [o.slot for o in await runtime.list_managed()]
     plan.orphans = sorted(n for n in managed if n not in state.slots and n not in snapshot.slots)
-    plan.desired_doc = _document(state.slots, hashes)
-    plan.observed_doc = _document(
-        {n: s for n, s in snapshot.slots.items() if n in names}, None, observed
-    )
+    plan.desired_doc = _document(state.slots)
+    plan.observed_doc = _document({n: s for n, s in snapshot.slots.items() if n in names})
     return plan
 
 
@@ -234,28 +234,14 @@ def _drift(want: DesiredSlot | None, obs: ObservedSlot | None, resident: bool) -
     return lines
 
 
-def _document(
-    slots: Mapping[str, DesiredSlot],
-    hashes: Mapping[str, str | None] | None,
-    observed: Mapping[str, ObservedSlot] | None = None,
-) -> dict[str, Any]:
-    """The JSON document behind ``-o json-patch``: config plus the runtime status."""
-    out: dict[str, Any] = {}
-    for name, slot in slots.items():
-        doc = slot_effective(slot.spec)
-        if hashes is not None:
-            doc["status"] = {
-                "dispatchable": bool(slot.autoload and slot.spec.activated),
-                "config_hash": hashes.get(name) if slot.autoload else None,
-            }
-        elif observed is not None and name in observed:
-            obs = observed[name]
-            doc["status"] = {
-                "dispatchable": obs.dispatchable,
-                "config_hash": obs.config_hash if slot.autoload else None,
-            }
-        out[name] = doc
-    return {"slots": out}
+def _document(slots: Mapping[str, DesiredSlot]) -> dict[str, Any]:
+    """The JSON document behind ``-o json-patch``: the slots' effective config only.
+
+    Runtime facts (serving or not, the running config hash) are not config: they show as
+    runtime drift in the text and JSON diff, never as a patch op, so the patch of an
+    in-sync stack is empty whatever is loaded at the moment.
+    """
+    return {"slots": {name: slot_effective(slot.spec) for name, slot in slots.items()}}
 
 
 def _pruned(state: DesiredState, snapshot: ConfigSnapshot) -> set[str]:
@@ -313,14 +299,17 @@ def apply_to_config(
     if merged != snapshot.models:
         write_catalogue(config_dir, list(merged.values()))
         changed.append("models")
+    writes: list[tuple[dict[str, Any], str | None]] = []
     for name, slot in state.slots.items():
         current = snapshot.slots.get(name)
         if current is not None and current.spec == slot.spec and current.stack == slot.stack:
             continue
         payload = slot.spec.model_dump(mode="json", exclude_unset=True, exclude_none=True)
-        others = [spec for n, spec in final.items() if n != name]
-        write_slot_config(config_dir, payload, stack=slot.stack or None, others=others)
+        owner = slot.stack or (current.stack if current is not None else "") or None
+        writes.append((payload, owner))
         changed.append(name)
+    if writes:  # one lock, one cross-slot check, each file read once: O(N)
+        write_slot_configs(config_dir, writes, final=list(final.values()), catalogue=merged)
     for name in sorted(pruned):
         delete_slot_config(config_dir, name)
         changed.append(name)

@@ -5,6 +5,14 @@ guard writes config. This module starts them, follows the config dir (and, in Gi
 mode, a stack directory) with watchfiles, prints progress, holds the one-controller-per-
 state-dir lock and shuts down cleanly on SIGINT/SIGTERM (stopping managed servers unless
 ``--keep-running``, which leaves them for the next ``up`` to adopt).
+
+Fault containment (docs/reliability.md): every background task (reconciler, manager
+housekeeping, watcher) runs under :meth:`Controller._supervise`, which reports an
+unexpected failure (event, log line, ``slotctl_background_failures_total``) and restarts
+the task with backoff; the data plane keeps serving meanwhile. Only a failure of the
+supervision itself is fatal: the controller then exits 1 and leaves the servers running
+for the next controller to adopt. A watched directory that is deleted or replaced is
+watched again once it exists; parsing and file I/O run off the event loop.
 """
 
 from __future__ import annotations
@@ -14,9 +22,10 @@ import contextlib
 import logging
 import os
 import signal
+import stat
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
@@ -25,11 +34,12 @@ import psutil
 import watchfiles
 
 from controller import __version__
-from controller.api.app import ApiContext
-from controller.api.server import ApiServer, is_loopback, parse_listen
+from controller.api.app import ApiContext, build_probe_app
+from controller.api.dashboard import LOGIN_CODE_TTL_S, login_path, mint_login_code
+from controller.api.server import ApiServer, check_listen, is_loopback
 from controller.apply import apply_to_config, pruned_pinned
 from controller.errors import SlotConfigError, SlotctlError
-from controller.events import Event
+from controller.events import Event, EventKind, Op
 from controller.reconcile import Action, Reconciler
 from controller.runtime import make_runtime
 from controller.slots import ManagerConfig, SlotManager
@@ -43,6 +53,11 @@ log = logging.getLogger("slotctl.daemon")
 
 _IGNORED = (".slotctl.lock", "residency.json", ".tmp")
 
+RESTART_BASE_S = 0.5  # first restart of a failed background task
+RESTART_MAX_S = 30.0  # backoff ceiling
+HEALTHY_S = 60.0  # a run this long resets the backoff
+ROOT_CHECK_MS = 500  # how often the watcher checks that its directories are still the same
+
 
 @dataclass(slots=True)
 class DaemonOptions:
@@ -55,6 +70,7 @@ class DaemonOptions:
     watch_debounce_ms: int = 50
     out: TextIO = field(default_factory=lambda: sys.stdout)
     listen: str | None = "127.0.0.1:8800"  # None: no API
+    metrics_listen: str | None = None  # /metrics, /healthz, /readyz without a token
     token: str | None = None  # None: generated into <state_dir>/token
     quiet: bool = False  # --log-format json: the structured log replaces progress lines
 
@@ -68,7 +84,12 @@ class Controller:
         self.manager: SlotManager | None = None
         self.reconciler: Reconciler | None = None
         self._gitops_stacks: set[str] = set()
+        self._stack_dir_invalid = False
+        self._forced = False  # a second interrupt: drains end at once
         self._started = time.monotonic()
+        self._fatal = False  # an internal error: exit 1 and leave the servers running
+        self._apply_lock = asyncio.Lock()
+        self._watch_runs = 0
 
     # ---------------------------------------------------------------- output
 
@@ -90,14 +111,33 @@ class Controller:
             arrow = f"{event.from_state} -> {event.to_state}"
             tail = f"  {event.message}" if event.message else ""
             self.say(f"slot   {event.slot or '-':<16} {arrow:<22}{tail}")
+        elif event.kind == "adopt":
+            self.say(event.message)
         elif event.kind in ("refusal", "eviction", "error"):
             code = f" [{event.error}]" if event.error else ""
             self.say(f"{event.kind:<6} {event.slot or '-':<16}{code} {event.message}")
 
     # ---------------------------------------------------------------- main
 
+    def preflight(self) -> None:
+        """Everything that can refuse the start, checked before anything is written (a
+        failed ``up`` leaves no state dir, token, config or stack applied behind): listen
+        addresses parse, are free, and a non-loopback API has an explicit token."""
+        opts = self.opts
+        if opts.listen:
+            host, _ = check_listen(opts.listen)
+            if not is_loopback(host) and not opts.token:
+                raise SlotConfigError(
+                    f"refusing to serve the API on {host} (not loopback) without an explicit "
+                    "token: pass --token or set SLOTCTL_TOKEN",
+                    keys=["listen"],
+                )
+        if opts.metrics_listen:
+            check_listen(opts.metrics_listen, "--metrics-listen")
+
     async def run(self) -> int:
         opts = self.opts
+        self.preflight()
         opts.config_dir.mkdir(parents=True, exist_ok=True)
         record = ControllerRecord(
             pid=os.getpid(),
@@ -134,7 +174,7 @@ class Controller:
         )
         self.manager = manager
         if opts.stack_dir is not None:
-            self.apply_stack_dir()
+            await self._apply_stack_dir_off_loop()
         reconciler = Reconciler(
             manager, opts.config_dir, resync_s=opts.resync_s, on_plan=self._print_plan
         )
@@ -145,21 +185,24 @@ class Controller:
             f"{opts.config_dir}, state {opts.state_dir}"
             + (f", GitOps from {opts.stack_dir}" if opts.stack_dir else "")
         )
-        api = await self._start_api(manager, reconciler)
+        servers = await self._start_api(manager, reconciler)
         with manager.events.subscribe() as events:
             printer = asyncio.create_task(self._print_events(events))
-            snapshot = reconciler.refresh()
+            snapshot = await reconciler.refresh_async()
             await manager.set_desired(snapshot.desired())
             await manager.recover()
             # Resident and autoload slots load in priority order before the reconciler's
             # workers start: the most important get the memory, the rest wait for it.
             await manager.restore(wait=False)
-            if api is not None:
-                api.ctx.ready.set()
+            for server in servers:
+                server.ctx.ready.set()
             tasks = [
-                asyncio.create_task(reconciler.run(self.stop), name="reconciler"),
-                asyncio.create_task(manager.run(self.stop), name="manager"),
-                asyncio.create_task(self._watch(), name="watch"),
+                asyncio.create_task(self._supervise(name, factory), name=name)
+                for name, factory in (
+                    ("reconciler", lambda: reconciler.run(self.stop)),
+                    ("manager", lambda: manager.run(self.stop)),
+                    ("watch", self._watch),
+                )
             ]
             for task in tasks:
                 task.add_done_callback(self._task_ended)
@@ -168,35 +211,89 @@ class Controller:
                 # take a while) would otherwise wait for the next save: apply once more
                 # (idempotent) once the watcher runs.
                 await asyncio.sleep(0.1)
-                self.apply_stack_dir()
+                await self._apply_stack_dir_off_loop()
             self.ready.set()
             try:
                 await self.stop.wait()
             finally:
-                if api is not None:
-                    await api.stop()
-                await self._shutdown(tasks, printer)
-        return 0
+                # Drains first, the API last: a request in flight finishes (or its stream
+                # ends with an error event) instead of being cut by the server going away.
+                try:
+                    await self._shutdown(tasks, printer)
+                finally:
+                    for server in servers:
+                        await server.stop()
+        return 1 if self._fatal else 0
+
+    # ---------------------------------------------------------------- supervision
+
+    async def _supervise(self, name: str, factory: Callable[[], Awaitable[None]]) -> None:
+        """Run one background task for the controller's lifetime.
+
+        An unexpected exception (or the task returning before shutdown) is contained:
+        reported (an ``error`` event with op ``background``, which the metrics count, and a
+        log line with the traceback) and the task restarted after a backoff that doubles up
+        to :data:`RESTART_MAX_S` and starts over once a run lasted :data:`HEALTHY_S`.
+        """
+        failures = 0
+        while not self.stop.is_set():
+            started = time.monotonic()
+            error: Exception | None = None
+            try:
+                await factory()
+            except Exception as exc:  # noqa: BLE001 - reported below, then restarted
+                error = exc
+            if self.stop.is_set():
+                return
+            if time.monotonic() - started >= HEALTHY_S:
+                failures = 0
+            delay = min(RESTART_MAX_S, RESTART_BASE_S * 2.0**failures)
+            failures += 1
+            self._report_task_failure(name, error, delay)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stop.wait(), delay)
+
+    def _report_task_failure(self, name: str, error: Exception | None, delay: float) -> None:
+        what = f"{type(error).__name__}: {error}" if error is not None else "it returned"
+        log.error(
+            "background task %s failed (%s); restarting it in %.1fs",
+            name,
+            what,
+            delay,
+            exc_info=error,
+        )
+        assert self.manager is not None
+        self.manager.events.emit(
+            EventKind.ERROR,
+            Op.BACKGROUND,
+            message=f"background task {name} failed ({what}); restarting it in {delay:.1f}s",
+            error="controller.task_failed",
+            details={"task": name, "restart_in_s": delay},
+        )
 
     def _task_ended(self, task: asyncio.Task[None]) -> None:
-        """A background task ending before shutdown is a fault: say so and stop cleanly."""
+        """A supervisor ending before shutdown is an internal error: exit 1, servers stay.
+
+        The servers keep running (as with ``--keep-running``) so that the controller a
+        service manager restarts (systemd ``Restart=on-failure``) adopts them.
+        """
         if self.stop.is_set() or task.cancelled():
             return
         error = task.exception()
-        self.say(f"background task {task.get_name()} ended unexpectedly: {error!r}; stopping")
+        log.critical("supervisor of %s ended: %r", task.get_name(), error, exc_info=error)
+        self.say(
+            f"internal error: background task {task.get_name()} ended ({error!r}); exiting "
+            "with status 1, servers keep running for the next controller to adopt"
+        )
+        self._fatal = True
         self.stop.set()
 
-    async def _start_api(self, manager: SlotManager, reconciler: Reconciler) -> ApiServer | None:
+    async def _start_api(self, manager: SlotManager, reconciler: Reconciler) -> list[ApiServer]:
+        """The API on ``--listen`` and the probes on ``--metrics-listen`` (either may be
+        off); both share one context (metrics, readiness)."""
         opts = self.opts
-        if not opts.listen:
-            return None
-        host, port = parse_listen(opts.listen)
-        if not is_loopback(host) and not opts.token:
-            raise SlotConfigError(
-                f"refusing to serve the API on {host} (not loopback) without an explicit "
-                "token: pass --token or set SLOTCTL_TOKEN",
-                keys=["listen"],
-            )
+        if not opts.listen and not opts.metrics_listen:
+            return []
         token = opts.token or ensure_token(opts.state_dir)
         ctx = ApiContext(
             manager=manager,
@@ -205,16 +302,38 @@ class Controller:
             state_dir=opts.state_dir,
             token=token,
             events=manager.events,
+            stack_dir=opts.stack_dir,
+            gitops_stacks=self._gitops_stacks,
         )
-        server = ApiServer(ctx, host, port)
-        address = await server.start()
-        self.lock.update(self._record.model_copy(update={"listen": address}))
-        self.say(
-            f"API and dashboard on http://{address}/  (token: "
-            + ("--token/SLOTCTL_TOKEN" if opts.token else f"{opts.state_dir}/token")
-            + ")"
-        )
-        return server
+        servers: list[ApiServer] = []
+        try:
+            if opts.listen:
+                host, port = check_listen(opts.listen)
+                server = ApiServer(ctx, host, port)
+                address = await server.start()
+                servers.append(server)
+                self.lock.update(self._record.model_copy(update={"listen": address}))
+                self.say(
+                    f"API and dashboard on http://{address}/  (token: "
+                    + ("--token/SLOTCTL_TOKEN" if opts.token else f"{opts.state_dir}/token")
+                    + ")"
+                )
+                self._say_login(f"http://{address}{login_path(mint_login_code(ctx))}")
+            if opts.metrics_listen:
+                host, port = check_listen(opts.metrics_listen, "--metrics-listen")
+                probes = ApiServer(
+                    ctx, host, port, app_factory=build_probe_app, flag="--metrics-listen"
+                )
+                address = await probes.start()
+                servers.append(probes)
+                self.say(
+                    f"metrics and probes (no token) on http://{address}/metrics, /healthz, /readyz"
+                )
+        except BaseException:
+            for server in servers:
+                await server.stop()
+            raise
+        return servers
 
     async def _print_events(self, events: object) -> None:
         from controller.events import Subscription
@@ -231,11 +350,16 @@ class Controller:
                 log.error("background task failed: %r", result)
         manager = self.manager
         assert manager is not None
-        if self.opts.keep_running:
+        if self._fatal:
+            self.say("stopping the controller after an internal error; servers keep running")
+        elif self.opts.keep_running:
             self.say("stopping the controller; servers keep running (--keep-running)")
+            ended = manager.revoke_leases("the controller stopped (its servers keep running)")
+            if ended:
+                self.say(f"ended {ended} lease(s): requests in flight get an error")
         else:
             self.say("stopping managed servers ...")
-            await manager.stop_all()
+            await manager.stop_all(on_drain=self._say_drain)
         await manager.close()
         close = getattr(manager.runtime, "close", None)
         if close is not None:
@@ -248,11 +372,41 @@ class Controller:
             await printer
         self.say("controller stopped")
 
+    def _say_login(self, url: str) -> None:
+        """The one-time dashboard link: on the terminal, never into the structured log
+        (with ``--log-format json`` it goes to stderr, outside the log stream)."""
+        text = (
+            f"dashboard login: {url}  (one-time link, valid {LOGIN_CODE_TTL_S / 60:g} min; "
+            "`slotctl dashboard` prints a new one)"
+        )
+        if self.opts.quiet:
+            sys.stderr.write(text + "\n")
+            sys.stderr.flush()
+        else:
+            self.say(text)
+
+    def _say_drain(self, slot: str, requests: int, timeout_s: float) -> None:
+        self.say(
+            f"waiting for {requests} request(s) in flight on slot {slot} to finish (up to "
+            f"{timeout_s:g}s, drain_timeout_s); Ctrl-C again stops the servers now"
+        )
+
+    def _interrupt(self) -> None:
+        """SIGINT/SIGTERM: the first stops gracefully (drains); one while stopping (a
+        second Ctrl-C, or a stop for any other reason) stops the servers now."""
+        if not self.stop.is_set():
+            self.stop.set()
+            return
+        if not self._forced and self.manager is not None:
+            self._forced = True
+            self.say("second interrupt: stopping the servers without waiting for requests")
+            self.manager.end_drains()
+
     def _install_signals(self) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.add_signal_handler(sig, self.stop.set)
+                loop.add_signal_handler(sig, self._interrupt)
 
     # ---------------------------------------------------------------- GitOps
 
@@ -267,7 +421,11 @@ class Controller:
                 where = p.where()
                 self.say(f"invalid {where}: [{p.code}] {p.message}")
             self.say("stack dir is invalid: nothing changed, the last good desired state stays")
+            self._stack_dir_invalid = True
             return False
+        if self._stack_dir_invalid:
+            self._stack_dir_invalid = False
+            self.say(f"stack dir {opts.stack_dir} is valid again")
         for p in report.warnings:
             self.say(f"warning {p.where()}: [{p.code}] {p.message}")
         self._gitops_stacks.update(report.state.stacks)
@@ -289,29 +447,125 @@ class Controller:
         except SlotctlError as exc:  # a refused write: report it, keep the last good state
             self.say(f"apply failed: [{exc.code}] {exc.message}")
             return False
+        except OSError as exc:  # the config dir refuses writes (full, read-only)
+            self.say(f"apply failed: cannot write the config dir: {exc}")
+            return False
         if changed:
             self.say(f"applied {opts.stack_dir}: {', '.join(changed)}")
         return True
 
+    async def _apply_stack_dir_off_loop(self) -> bool:
+        """:meth:`apply_stack_dir` in a worker thread (parsing and writes block), one at a time."""
+        async with self._apply_lock:
+            return await asyncio.to_thread(self.apply_stack_dir)
+
+    async def _refresh(self) -> None:
+        """Re-read the config dir in a worker thread; the reconciler follows on the loop."""
+        reconciler = self.reconciler
+        assert reconciler is not None
+        await reconciler.refresh_async()
+        reconciler.enqueue_all()
+
+    def _roots(self) -> dict[str, Path]:
+        roots = {"config dir": self.opts.config_dir}
+        if self.opts.stack_dir is not None:
+            roots["stack dir"] = self.opts.stack_dir
+        return roots
+
     async def _watch(self) -> None:
-        opts = self.opts
-        paths = [opts.config_dir]
-        if opts.stack_dir is not None:
-            paths.append(opts.stack_dir)
-        stack_dir = opts.stack_dir.resolve() if opts.stack_dir else None
-        async for changes in watchfiles.awatch(
-            *paths,
-            stop_event=self.stop,
-            debounce=opts.watch_debounce_ms,
-            step=10,
-            watch_filter=_relevant,
-        ):
-            touched = {Path(p).resolve() for _, p in changes}
-            if stack_dir is not None and any(stack_dir in t.parents for t in touched):
-                self.apply_stack_dir()
-            assert self.reconciler is not None
-            self.reconciler.refresh()
-            self.reconciler.enqueue_all()
+        """Follow the config dir (and the stack dir) until shutdown.
+
+        A watch follows a directory's inode: a directory deleted, replaced (``rm -rf`` and
+        re-create, ``git clone``, a rename over it) or missing is noticed within
+        :data:`ROOT_CHECK_MS`, said in the log, and watched again once it exists; then
+        everything is re-read, since changes may have been missed meanwhile (in GitOps mode
+        the stack dir is re-applied, which also rebuilds a deleted config dir).
+        """
+        self._watch_runs += 1
+        rebuild = self._watch_runs > 1  # restarted after a failure: changes may be missed
+        while not self.stop.is_set():
+            roots = self._roots()
+            seen = {what: _identity(path) for what, path in roots.items()}
+            present = [roots[what] for what, ident in seen.items() if ident is not None]
+            if not present:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.stop.wait(), ROOT_CHECK_MS / 1000)
+                rebuild = self._roots_changed(seen) or rebuild
+                continue
+            # The re-read happens once the new watch runs (its first batch, at most
+            # ROOT_CHECK_MS in): a change made before it is read, one made after it is
+            # a change of the new watch; none falls between the two.
+            async for changes in watchfiles.awatch(
+                *present,
+                stop_event=self.stop,
+                debounce=self.opts.watch_debounce_ms,
+                step=10,
+                watch_filter=_relevant,
+                rust_timeout=ROOT_CHECK_MS,
+                yield_on_timeout=True,
+            ):
+                if rebuild:
+                    rebuild = False
+                    await self._rebuild()
+                if changes:
+                    await self._on_changes(changes)
+                if self._roots_changed(seen, self._roots_deleted(changes)):
+                    rebuild = True
+                    break
+
+    def _roots_deleted(self, changes: set[tuple[watchfiles.Change, str]]) -> set[str]:
+        """The watched directories whose own deletion is among ``changes``.
+
+        A directory deleted and re-created at once may get the same inode number back, so
+        its identity alone cannot tell; its watch, though, died with the old one.
+        """
+        deleted = {Path(p).absolute() for c, p in changes if c == watchfiles.Change.deleted}
+        return {what for what, path in self._roots().items() if path.absolute() in deleted}
+
+    def _roots_changed(
+        self, seen: dict[str, tuple[int, int] | None], deleted: set[str] | None = None
+    ) -> bool:
+        """Whether a watched directory appeared, vanished or was replaced; says which."""
+        changed = False
+        for what, path in self._roots().items():
+            now = _identity(path)
+            if now == seen.get(what) and what not in (deleted or ()):
+                continue
+            changed = True
+            if now is None:
+                tail = "nothing changes: the last good desired state stays"
+                if what == "config dir" and self.opts.stack_dir is not None:
+                    tail += "; re-applying the stack dir to rebuild it"
+                self.say(f"{what} {path} is gone or not a directory: {tail}")
+            else:
+                self.say(f"{what} {path} was re-created or replaced: watching the new one")
+        return changed
+
+    async def _rebuild(self) -> None:
+        if self.opts.stack_dir is not None and _identity(self.opts.stack_dir) is not None:
+            await self._apply_stack_dir_off_loop()
+        await self._refresh()
+
+    async def _on_changes(self, changes: set[tuple[watchfiles.Change, str]]) -> None:
+        stack_dir = self.opts.stack_dir
+        if stack_dir is not None:
+            roots = {stack_dir.absolute()}
+            with contextlib.suppress(OSError, RuntimeError):  # a loop, a vanished dir
+                roots.add(stack_dir.resolve())
+            # Never resolve() a changed path: a symlink loop there would raise.
+            touched = [Path(p).absolute() for _, p in changes]
+            if any(t in roots or roots & set(t.parents) for t in touched):
+                await self._apply_stack_dir_off_loop()
+        await self._refresh()
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of a directory, None when it is missing or not a directory."""
+    try:
+        st = path.stat()
+    except (OSError, ValueError):
+        return None
+    return (st.st_dev, st.st_ino) if stat.S_ISDIR(st.st_mode) else None
 
 
 def _relevant(change: watchfiles.Change, path: str) -> bool:

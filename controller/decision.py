@@ -37,6 +37,7 @@ from controller.errors import (
 )
 from controller.eviction import EvictionCandidate, EvictionPlan, Victim, plan_eviction
 from controller.memory import Admission, DeviceMemory, check_admission
+from controller.units import format_gib
 
 __all__ = [
     "WAITING_FOR_MEMORY",
@@ -125,11 +126,24 @@ def insufficient(
         if waiting
         else "evicting every eligible slot"
     )
+    if admission.source == "none":
+        return InsufficientMemory(
+            f"slot {slot!r} cannot be admitted on {admission.device}: no memory probe answers "
+            f"for {admission.device} and no memory_budget_gb.{admission.device} is set (a "
+            f'device = "{admission.device}" slot on a host without one?)',
+            needed_bytes=admission.needed,
+            free_bytes=0,
+            evictable_bytes=plan.evictable_bytes,
+            slot=slot,
+            device=admission.device,
+            no_probe=True,
+            **extra,
+        )
     return InsufficientMemory(
-        f"slot {slot!r} needs {admission.needed} bytes on {admission.device}: "
-        f"{max(0, admission.free_room)} free after the safety margin, "
-        f"{max(0, admission.budget_room)} left in the budget, and {evictable} "
-        f"would free only {plan.evictable_bytes}",
+        f"slot {slot!r} needs {format_gib(admission.needed)} on {admission.device}: "
+        f"{format_gib(max(0, admission.free_room))} free after the safety margin, "
+        f"{format_gib(max(0, admission.budget_room))} left in the budget, and {evictable} "
+        f"would free only {format_gib(plan.evictable_bytes)}",
         needed_bytes=admission.needed,
         free_bytes=max(0, admission.free),
         evictable_bytes=plan.evictable_bytes,

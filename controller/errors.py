@@ -16,18 +16,22 @@ through :meth:`SlotctlError.to_dict`; nothing renders a bare traceback.
     ├── SlotConfigError               slot.config_error             400  (+ keys, problems)
     │   └── NpuExclusivityViolation   slot.npu_exclusive            409
     ├── SlotPinned                    slot.pinned                   409
+    ├── SlotOwnedByStack              slot.owned_by_stack           409  (+ stack, stack_dir)
     ├── SlotQueueFull                 slot.queue_full               429  (+ retry_after_s)
     ├── InsufficientMemory            model.insufficient_memory     409  (+ needed_bytes...)
     ├── ModelNotFound                 model.not_found               404
     ├── DockerEngineError             runtime.engine_error          502  (engine said no)
     │   └── DockerUnavailable         runtime.unavailable           503  (no engine)
     ├── ControllerAlreadyRunning      controller.already_running    409  (one per state dir)
+    ├── StateWriteFailed              state.write_failed            503  (+ path, errno...)
+    ├── ListenUnavailable             controller.listen_unavailable 409  (--listen in use)
     ├── InvalidRequest                request.invalid               400  (bad JSON/params)
     └── Unauthorized                  auth.unauthorized             401  (missing/bad token)
 """
 
 from __future__ import annotations
 
+import errno as errno_names
 from typing import Any, ClassVar
 
 __all__ = [
@@ -37,6 +41,7 @@ __all__ = [
     "IllegalSlotTransition",
     "InsufficientMemory",
     "InvalidRequest",
+    "ListenUnavailable",
     "ModelNotFound",
     "NpuExclusivityViolation",
     "SlotConfigError",
@@ -44,11 +49,13 @@ __all__ = [
     "SlotHealthFailed",
     "SlotNotFound",
     "SlotNotReady",
+    "SlotOwnedByStack",
     "SlotPinned",
     "SlotQueueFull",
     "SlotSpawnFailed",
     "SlotTerminateTimeout",
     "SlotctlError",
+    "StateWriteFailed",
     "Unauthorized",
 ]
 
@@ -153,7 +160,25 @@ class SlotPinned(SlotctlError):
 
     def __init__(self, slot: str, action: str) -> None:
         super().__init__(
-            f"slot {slot!r} is pinned: {action} needs force=true", slot=slot, action=action
+            f"slot {slot!r} is pinned: {action} needs --force (slotctl) or force=true (API)",
+            slot=slot,
+            action=action,
+        )
+
+
+class SlotOwnedByStack(SlotctlError):
+    """An API change to a slot that the GitOps stack dir declares (it would come back)."""
+
+    code = "slot.owned_by_stack"
+    http_status = 409
+
+    def __init__(self, slot: str, stack: str, stack_dir: str, action: str) -> None:
+        super().__init__(
+            f"slot {slot!r} is declared by stack {stack!r} in the GitOps stack dir "
+            f"{stack_dir}: {action} it there (the stack dir is the source of truth)",
+            slot=slot,
+            stack=stack,
+            stack_dir=stack_dir,
         )
 
 
@@ -216,6 +241,40 @@ class ControllerAlreadyRunning(SlotctlError):
     """Another controller holds the state dir's lock."""
 
     code = "controller.already_running"
+    http_status = 409
+
+
+class StateWriteFailed(SlotctlError):
+    """A state file could not be written (disk full, read-only, I/O error).
+
+    Nothing changed: the slot keeps its state in memory and on disk. Retry once the state
+    dir is writable again (``Retry-After``).
+    """
+
+    code = "state.write_failed"
+    http_status = 503
+
+    def __init__(self, path: str, error: OSError, *, retry_after_s: float = 5.0) -> None:
+        number = error.errno or 0
+        name = errno_names.errorcode.get(number, str(number))
+        super().__init__(
+            f"cannot write {path}: [{name}] {error.strerror or error}; nothing changed, "
+            "retry once the state dir is writable",
+            path=path,
+            errno=number,
+            errno_name=name,
+            retry_after_s=retry_after_s,
+        )
+        self.errno = number
+        self.retry_after_s = retry_after_s
+
+
+class ListenUnavailable(SlotctlError):
+    """``slotctl up``: a listen address cannot be bound (in use, not local, no permission).
+
+    Checked before anything is written, so the failed start changes nothing."""
+
+    code = "controller.listen_unavailable"
     http_status = 409
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from controller.lifecycle import SlotState
+from controller.units import format_gib
 
 __all__ = [
     "EvictionCandidate",
@@ -79,7 +80,7 @@ def _order(candidates: Iterable[EvictionCandidate], device: str) -> list[Evictio
 
 def _victim(c: EvictionCandidate, now: float, why: str) -> Victim:
     idle = max(0.0, now - c.last_used)
-    reason = f"{why}: priority {c.priority}, idle {idle:.0f}s, frees {c.bytes} bytes"
+    reason = f"{why}: priority {c.priority}, idle {idle:.0f}s, frees {format_gib(c.bytes)}"
     return Victim(c.name, c.bytes, c.priority, idle, c.access, reason, c.generation)
 
 

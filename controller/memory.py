@@ -23,6 +23,8 @@ from typing import Any, Protocol
 
 import psutil
 
+from controller.units import GIB  # re-exported: one definition
+
 __all__ = [
     "GIB",
     "Admission",
@@ -35,8 +37,6 @@ __all__ = [
     "SystemMemoryProbe",
     "check_admission",
 ]
-
-GIB = 1024**3
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,14 +9,25 @@ The schedule is proportional to how long the server has been loading: the next a
 comes after ``clamp(elapsed * 2.5%, 20 ms, 1 s)``. A server that is up within 800 ms is
 seen within ~20 ms, one that needs 4 s within ~100 ms; a one-minute load costs about 220
 cheap requests and is never seen more than 1 s late (peers poll once a second throughout).
+
+Event-driven readiness: servers announce readiness in their own log (``llama-server``
+"server is listening", uvicorn "Uvicorn running on", the demo server's ready line). A
+provider declares that line as :attr:`ProbeSpec.ready_log`; when the runtime can follow
+the slot's log (:class:`LogWatcher`: the process runtime through inotify, Docker through
+the engine's log stream), a matching line wakes the probe at once. The HTTP probe stays
+the judge (a woken attempt that finds the server still warming just goes on), and the
+schedule stays the fallback.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Final, Protocol
+from typing import Any, Final, Protocol, runtime_checkable
 
 import aiohttp
 
@@ -24,6 +35,8 @@ from controller.clock import SYSTEM_CLOCK, Clock
 
 __all__ = [
     "HttpProber",
+    "LogLines",
+    "LogWatcher",
     "ProbeOutcome",
     "ProbeResult",
     "ProbeSpec",
@@ -53,6 +66,9 @@ class SentinelRequest:
 class ProbeSpec:
     models_path: str = "/v1/models"
     sentinel: SentinelRequest | None = None
+    # A regular expression for the log line with which the server announces readiness
+    # (declared per provider); None: the schedule alone.
+    ready_log: str | None = None
 
 
 class ProbeOutcome(StrEnum):
@@ -140,6 +156,37 @@ async def probe_once(
 
 
 Attempt = Callable[[], Awaitable[ProbeResult]]
+MAX_PARTIAL_LINE: Final = 64 * 1024
+
+
+class LogLines:
+    """Fed a server's output in chunks, calls ``on_match`` for each line matching ``pattern``.
+
+    Lines end at ``\\n`` or ``\\r`` (progress bars); an unfinished line waits for the next
+    chunk, and is cut to its last 64 KiB so a log without newlines cannot grow it.
+    """
+
+    def __init__(self, pattern: re.Pattern[str], on_match: Callable[[], None]) -> None:
+        self.pattern = pattern
+        self.on_match = on_match
+        self._partial = ""
+
+    def __call__(self, text: str) -> None:
+        *lines, partial = (self._partial + text).replace("\r", "\n").split("\n")
+        self._partial = partial[-MAX_PARTIAL_LINE:]
+        for line in lines:
+            if self.pattern.search(line):
+                self.on_match()
+
+
+@runtime_checkable
+class LogWatcher(Protocol):
+    """A runtime that can follow a slot's server output (process and Docker runtimes can)."""
+
+    def watch_log(self, slot: str, on_text: Callable[[str], None]) -> Callable[[], None] | None:
+        """Call ``on_text`` (on the event loop) with what the server writes from now on;
+        returns the function that stops watching, or None when the log cannot be followed."""
+        ...
 
 
 async def wait_ready(
@@ -148,8 +195,13 @@ async def wait_ready(
     alive: Callable[[], Awaitable[bool]],
     warmup_timeout_s: float,
     clock: Clock = SYSTEM_CLOCK,
+    wake: asyncio.Event | None = None,
 ) -> ProbeResult:
-    """Probe on the proportional schedule until ready, no_model, exited or timed out."""
+    """Probe on the proportional schedule until ready, no_model, exited or timed out.
+
+    ``wake`` (set when the server's log announced readiness) cuts the current wait short:
+    the next attempt comes at once, and the schedule goes on from there.
+    """
     start = clock.monotonic()
     attempts = 0
     last = ProbeResult(ProbeOutcome.STILL_WARMING, "not probed yet", attempts=0)
@@ -173,7 +225,27 @@ async def wait_ready(
                 start,
                 clock,
             )
-        await clock.sleep(min(next_delay(elapsed), max(0.0, warmup_timeout_s - elapsed)))
+        delay = min(next_delay(elapsed), max(0.0, warmup_timeout_s - elapsed))
+        await _pause(clock, delay, wake)
+
+
+async def _pause(clock: Clock, seconds: float, wake: asyncio.Event | None) -> None:
+    """Sleep ``seconds`` on ``clock``, or until ``wake`` is set (which it then clears)."""
+    if wake is None:
+        await clock.sleep(seconds)
+        return
+    if not wake.is_set():
+        sleeper = asyncio.ensure_future(clock.sleep(seconds))
+        waiter = asyncio.ensure_future(wake.wait())
+        try:
+            await asyncio.wait({sleeper, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (sleeper, waiter):
+                task.cancel()
+            for task in (sleeper, waiter):
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+    wake.clear()
 
 
 def _final(
@@ -216,10 +288,15 @@ class Prober(Protocol):
 
 
 class HttpProber:
-    """Probes real servers over HTTP with one shared aiohttp session."""
+    """Probes real servers over HTTP with one shared aiohttp session.
 
-    def __init__(self, timeout_s: float = 5.0) -> None:
+    ``logs``: the runtime, when it can follow a slot's log (:class:`LogWatcher`); then a
+    line matching the launch's ``ready_log`` wakes :meth:`wait_ready` at once.
+    """
+
+    def __init__(self, timeout_s: float = 5.0, *, logs: object = None) -> None:
         self.timeout_s = timeout_s
+        self.logs = logs if isinstance(logs, LogWatcher) else None
         self._session: aiohttp.ClientSession | None = None
 
     def _client(self) -> aiohttp.ClientSession:
@@ -239,12 +316,22 @@ class HttpProber:
         warmup_timeout_s: float,
         clock: Clock,
     ) -> ProbeResult:
-        return await wait_ready(
-            lambda: self.probe(endpoint, spec, slot=slot),
-            alive=alive,
-            warmup_timeout_s=warmup_timeout_s,
-            clock=clock,
-        )
+        wake = asyncio.Event()
+        unwatch = None
+        if self.logs is not None and spec.ready_log:
+            lines = LogLines(re.compile(spec.ready_log), wake.set)
+            unwatch = self.logs.watch_log(slot, lines)
+        try:
+            return await wait_ready(
+                lambda: self.probe(endpoint, spec, slot=slot),
+                alive=alive,
+                warmup_timeout_s=warmup_timeout_s,
+                clock=clock,
+                wake=wake if unwatch is not None else None,
+            )
+        finally:
+            if unwatch is not None:
+                unwatch()
 
     async def probe(self, endpoint: str, spec: ProbeSpec, *, slot: str) -> ProbeResult:
         return await probe_once(self._client(), endpoint, spec, timeout_s=self.timeout_s)

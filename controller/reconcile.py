@@ -28,6 +28,7 @@ from controller.errors import (
     SlotConfigError,
     SlotCrashLooping,
     SlotctlError,
+    StateWriteFailed,
 )
 from controller.events import EventKind, Op
 from controller.lifecycle import SlotState, can_dispatch
@@ -223,6 +224,8 @@ def requeue_delay(outcome: Result | BaseException, failures: int) -> float | Non
         if outcome.details.get("waiting"):
             return None  # woken when memory comes back (an unload, a drop in use)
         return float(min(60.0, 2.0 * 2.0 ** min(failures, 5)))  # memory may come back
+    if isinstance(outcome, StateWriteFailed):
+        return float(min(30.0, outcome.retry_after_s * 2.0 ** min(failures, 3)))  # disk space
     return float(min(300.0, 2.0 ** min(failures, 9)))
 
 
@@ -276,6 +279,7 @@ class Reconciler:
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._idle = asyncio.Event()
         self._idle.set()
+        self._read_lock = asyncio.Lock()
         self.errors: dict[str, str] = {}
         # What was last said of each slot (plan, error): a retry that would say the same
         # again is quiet; it is said again once it changes or after a success.
@@ -286,15 +290,29 @@ class Reconciler:
 
     # ---------------------------------------------------------------- desired
 
-    def refresh(self) -> ConfigSnapshot:
-        """Re-read the config dir; the manager's catalogue follows at once."""
-        fresh = read_config_dir(self.config_dir)
+    def refresh(self, fresh: ConfigSnapshot | None = None) -> ConfigSnapshot:
+        """Re-read the config dir (or take ``fresh``, read off the event loop); the manager's
+        catalogue follows at once. A missing or unlistable config dir changes nothing."""
+        fresh = fresh if fresh is not None else read_config_dir(self.config_dir)
+        if not fresh.readable:
+            for problem in fresh.errors:
+                log.error("config dir: %s", problem.message)
+            return self.snapshot
         self._keep_last_good(fresh, self.snapshot)
         self.snapshot = fresh
         self.manager.set_models(self.snapshot.models, order=list(self.snapshot.slots))
         for problem in self.snapshot.errors:
             log.warning("config dir: %s: %s", problem.where(), problem.message)
         return self.snapshot
+
+    async def refresh_async(self) -> ConfigSnapshot:
+        """:meth:`refresh` with the read (parsing every file) in a worker thread.
+
+        One at a time, so a slower, older read never replaces a newer one.
+        """
+        async with self._read_lock:
+            fresh = await asyncio.to_thread(read_config_dir, self.config_dir)
+            return self.refresh(fresh)
 
     def _keep_last_good(self, fresh: ConfigSnapshot, last: ConfigSnapshot | None) -> None:
         """A slot file that is present but invalid keeps the slot's last good spec.
@@ -438,6 +456,8 @@ class Reconciler:
             self._active.add(name)
             try:
                 await self._run_one(name)
+            except Exception:  # a bug outside the pass (an observer): the worker lives on
+                log.exception("reconcile worker: unexpected error around %s", name)
             finally:
                 self._active.discard(name)
                 if name in self._dirty:
@@ -498,26 +518,38 @@ class Reconciler:
         )
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Workers plus a periodic resync; also follows manager events (evictions, faults)."""
+        """Workers plus a periodic resync; also follows manager events (evictions, faults).
+
+        A worker or the follower that ends (they never return) ends ``run`` with an error,
+        so the daemon's supervisor reports it and restarts the reconciler whole.
+        """
         workers = [asyncio.create_task(self._worker()) for _ in range(self.workers)]
         follower = asyncio.create_task(self._follow_events())
         room = asyncio.create_task(self._watch_room(stop))
+        stopping = asyncio.create_task(stop.wait())
         try:
             while not stop.is_set():
                 try:
-                    self.refresh()
+                    await self.refresh_async()
                     self.enqueue_all()
                     await self.reap_orphans()
                 except Exception:  # a failed resync (I/O, engine) is retried next period
                     log.exception("resync failed; retrying in %.0fs", self.resync_s)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), self.resync_s)
+                done, _ = await asyncio.wait(
+                    {stopping, follower, *workers},
+                    timeout=self.resync_s,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                ended = [t for t in done if t is not stopping]
+                if ended:
+                    error = None if ended[0].cancelled() else ended[0].exception()
+                    raise RuntimeError(f"a reconciler task ended: {error!r}") from error
         finally:
+            stopping.cancel()
             for task in [*workers, follower, room]:
                 task.cancel()
-            for task in [*workers, follower, room]:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            # Their outcomes (a crashed one's error is raised above) are collected, not raised.
+            await asyncio.gather(stopping, *workers, follower, room, return_exceptions=True)
             for timer in self._timers.values():
                 timer.cancel()
 

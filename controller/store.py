@@ -3,7 +3,9 @@
 The only module that writes state files. Every write goes through :func:`atomic_write_bytes`:
 a temp file in the same directory, fsync, ``os.replace``, then fsync of the directory, so
 a reader (or a controller restarted after SIGKILL) sees the old file or the new one, never
-a torn one. Slot names are validated before they become part of a path.
+a torn one. Slot names are validated before they become part of a path. A state write the
+filesystem refuses (ENOSPC, EROFS, EIO) is :class:`~controller.errors.StateWriteFailed`,
+naming the path and the errno; the old file stays.
 """
 
 from __future__ import annotations
@@ -19,9 +21,15 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from controller.errors import ControllerAlreadyRunning, SlotConfigError, SlotctlError
+from controller.errors import (
+    ControllerAlreadyRunning,
+    SlotConfigError,
+    SlotctlError,
+    StateWriteFailed,
+)
 from controller.lifecycle import SlotState
 from controller.names import SLOT_NAME_PATTERN, is_valid_slot_name
+from controller.runinfo import RECORD, running_controller
 
 __all__ = [
     "ControllerLock",
@@ -153,7 +161,12 @@ class StateStore:
         return self.slots_dir / check_slot_name(name) / "state.json"
 
     def write(self, record: SlotStateRecord, *, durable: bool = True) -> None:
-        atomic_write_json(self.path_for(record.name), record.to_json(), durable=durable)
+        """Raises :class:`StateWriteFailed` (the old file stays) when the disk says no."""
+        path = self.path_for(record.name)
+        try:
+            atomic_write_json(path, record.to_json(), durable=durable)
+        except OSError as exc:  # ENOSPC, EROFS, EIO, ...: typed, with path and errno
+            raise StateWriteFailed(str(path), exc) from exc
 
     def read(self, name: str) -> SlotStateRecord | None:
         path = self.path_for(name)
@@ -198,7 +211,11 @@ class StateStore:
         return self.slots_dir / check_slot_name(name)
 
     def write_aux(self, name: str, filename: str, data: Mapping[str, Any]) -> None:
-        atomic_write_json(self.slot_dir(name) / _aux_name(filename), dict(data))
+        path = self.slot_dir(name) / _aux_name(filename)
+        try:
+            atomic_write_json(path, dict(data))
+        except OSError as exc:
+            raise StateWriteFailed(str(path), exc) from exc
 
     def read_aux(self, name: str, filename: str) -> dict[str, Any] | None:
         path = self.slot_dir(name) / _aux_name(filename)
@@ -331,7 +348,7 @@ class ControllerLock:
     """
 
     LOCK = "controller.lock"
-    RECORD = "controller.json"
+    RECORD = RECORD
 
     def __init__(self, state_dir: Path) -> None:
         self.state_dir = Path(state_dir)
@@ -377,18 +394,13 @@ class ControllerLock:
 
     def running(self) -> ControllerRecord | None:
         """The live controller's record, or None (absent, dead, or a recycled pid)."""
-        import psutil
-
-        record = self.read()
-        if record is None:
+        data = running_controller(self.state_dir)
+        if data is None:
             return None
         try:
-            proc = psutil.Process(record.pid)
-            if abs(proc.create_time() - record.create_time) > 0.05:
-                return None
-        except psutil.Error:
+            return ControllerRecord.model_validate(data)
+        except ValidationError:
             return None
-        return record
 
 
 def ensure_token(state_dir: Path) -> str:

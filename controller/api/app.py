@@ -31,13 +31,16 @@ from controller.events import EventBus, EventKind, Op
 
 __all__ = [
     "API_CTX",
+    "PROBE_PATHS",
     "ROUTES",
     "ApiContext",
     "ErrorBody",
     "Query",
     "RouteSpec",
     "build_app",
+    "build_probe_app",
     "json_response",
+    "openai_error_body",
     "openapi_document",
     "openapi_path",
     "read_body",
@@ -62,6 +65,9 @@ class ApiContext:
     events: EventBus
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     extra: dict[str, Any] = field(default_factory=dict)
+    # GitOps mode: the stack dir and the stacks it declares (the daemon's live set).
+    stack_dir: Path | None = None
+    gitops_stacks: set[str] = field(default_factory=set)
 
 
 API_CTX: Final = web.AppKey("slotctl_api", ApiContext)
@@ -158,6 +164,33 @@ def json_response(
     return web.Response(text=body, status=status, content_type="application/json", headers=headers)
 
 
+# OpenAI's error ``type`` by HTTP status (``/v1/*`` answers in OpenAI's shape).
+OPENAI_ERROR_TYPES: Final = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "invalid_request_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "unavailable_error",
+}
+
+
+def openai_error_body(
+    status: int, message: str, code: str | None, param: str | None = None
+) -> dict[str, Any]:
+    """``{"error": {"message", "type", "param", "code"}}``: OpenAI's error shape."""
+    kind = OPENAI_ERROR_TYPES.get(
+        status, "server_error" if status >= 500 else "invalid_request_error"
+    )
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def _is_openai(request: web.Request) -> bool:
+    return request.path == "/v1" or request.path.startswith("/v1/")
+
+
 def error_response(error: SlotctlError) -> web.Response:
     headers: dict[str, str] = {}
     retry = error.details.get("retry_after_s")
@@ -174,6 +207,8 @@ async def read_body(request: web.Request, model: Any) -> Any:
         raw = await request.json() if request.can_read_body else {}
     except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise InvalidRequest("request body is not valid JSON: nested too deeply") from None
     try:
         return TypeAdapter(model).validate_python(raw)
     except ValidationError as exc:
@@ -199,15 +234,29 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return await handler(request)
     except SlotctlError as exc:
         _report(request, exc)
-        return error_response(exc)
+        response = error_response(exc)
+        if _is_openai(request):  # the same status and headers, OpenAI's body
+            code = "invalid_api_key" if exc.http_status == 401 else exc.code
+            body = openai_error_body(exc.http_status, exc.message, code)
+            response.text = json.dumps(body)
+        return response
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
         code = f"http.{exc.reason.lower().replace(' ', '_')}"
+        headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
+        if _is_openai(request):
+            what = "Invalid URL" if exc.status == 404 else exc.reason
+            message = f"{what} ({request.method} {request.path})"
+            body = openai_error_body(exc.status, message, code.removeprefix("http."))
+            return json_response(body, status=exc.status, headers=headers)
         body = {"error": {"code": code, "message": exc.reason}}
-        return json_response(body, status=exc.status)
+        return json_response(body, status=exc.status, headers=headers)
     except (asyncio.CancelledError, ConnectionResetError):
         raise
+    except RecursionError:  # hostile input (absurd nesting) that reached deeper code
+        log.warning("%s %s: input nested too deeply", request.method, request.path)
+        return error_response(InvalidRequest("request input is nested too deeply"))
     except Exception:  # every unexpected failure: a typed 500 and a log line
         log.exception("unhandled error in %s %s", request.method, request.path)
         body = {"error": {"code": "internal", "message": "internal error (see the log)"}}
@@ -250,7 +299,9 @@ async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
     given = _bearer(request)
     if given is None:
         raise Unauthorized("missing bearer token (Authorization: Bearer <token>)")
-    if not hmac.compare_digest(given.encode(), token.encode()):
+    # aiohttp decodes header bytes as UTF-8 with surrogateescape: encode them back the
+    # same way (a non-UTF-8 token is a wrong token, never a 500).
+    if not hmac.compare_digest(given.encode("utf-8", "surrogateescape"), token.encode()):
         raise Unauthorized("wrong bearer token")
     return await handler(request)
 
@@ -280,6 +331,24 @@ def build_app(ctx: ApiContext) -> web.Application:
 
     setup(app, ctx)
     setup_router(app)  # closes the router's upstream session on cleanup
+    return app
+
+
+# Served without a token by ``--metrics-listen`` (Kubernetes probes, Prometheus).
+PROBE_PATHS: Final = ("/metrics", "/healthz", "/readyz")
+
+
+def build_probe_app(ctx: ApiContext) -> web.Application:
+    """Only ``GET`` of :data:`PROBE_PATHS`, no authentication (``--metrics-listen``).
+
+    They expose no slot config and change nothing; every other path is a 404.
+    """
+    _register_routes()
+    app = web.Application(middlewares=[_errors])
+    app[API_CTX] = ctx
+    for spec in ROUTES:
+        if spec.method == "GET" and spec.path in PROBE_PATHS:
+            app.router.add_route(spec.method, spec.path, spec.handler)
     return app
 
 

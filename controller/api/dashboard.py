@@ -6,6 +6,14 @@ from the authenticated API (``/api/slots``, ``/api/devices``, ``/api/events``) w
 bearer token the page asks for once and keeps in the browser's ``localStorage``. No build
 step: plain HTML, CSS and JavaScript in ``controller/api/static/`` (package data).
 
+One-time login links (like Jupyter's, without putting the token in a URL): ``slotctl
+up`` (and ``slotctl dashboard``, through ``POST /api/login-codes``) prints
+``http://HOST:PORT/#login=CODE``. The code sits in the URL *fragment*, which browsers
+never send to a server, so it reaches no access log or Referer; the page posts it to the
+public ``POST /api/login``, which answers the token once: a code works a single time
+and for :data:`LOGIN_CODE_TTL_S` only. The page then drops the fragment from the
+address bar and its history entry.
+
 :func:`setup` is the hook ``build_app`` calls for the live parts: the app's metrics object
 (``ctx.extra["metrics"]``) and the shutdown signal that ends open event streams.
 """
@@ -13,17 +21,32 @@ step: plain HTML, CSS and JavaScript in ``controller/api/static/`` (package data
 from __future__ import annotations
 
 import dataclasses
+import hmac
 import re
+import secrets
+import time
 from pathlib import Path
 from typing import Final
 
 from aiohttp import web
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, Field
 
 from controller.api import metrics, sse
-from controller.api.app import API_CTX, ApiContext, json_response, route
+from controller.api.app import API_CTX, ApiContext, json_response, read_body, route
+from controller.errors import Unauthorized
 
-__all__ = ["STATIC_DIR", "DeviceList", "DeviceOut", "setup"]
+__all__ = [
+    "LOGIN_CODE_TTL_S",
+    "STATIC_DIR",
+    "DeviceList",
+    "DeviceOut",
+    "login_path",
+    "mint_login_code",
+    "setup",
+]
+
+LOGIN_CODE_TTL_S: Final = 15 * 60.0
+_LOGIN_CODES: Final = "login_codes"  # ctx.extra: code -> monotonic expiry
 
 STATIC_DIR: Final = Path(__file__).resolve().parent / "static"
 
@@ -118,3 +141,76 @@ async def list_devices(request: web.Request) -> web.Response:
     ctx = request.app[API_CTX]
     figures = metrics.device_figures(ctx.manager)
     return json_response({"devices": [dataclasses.asdict(f) for f in figures]})
+
+
+# ----------------------------------------------------------------------------- login links
+
+
+def mint_login_code(ctx: ApiContext) -> str:
+    """A fresh one-time login code (valid :data:`LOGIN_CODE_TTL_S`); expired ones go."""
+    codes: dict[str, float] = ctx.extra.setdefault(_LOGIN_CODES, {})
+    now = time.monotonic()
+    for old in [c for c, expiry in codes.items() if expiry <= now]:
+        del codes[old]
+    code = secrets.token_urlsafe(18)
+    codes[code] = now + LOGIN_CODE_TTL_S
+    return code
+
+
+def login_path(code: str) -> str:
+    """The dashboard path that logs in with ``code`` (in the fragment: never sent)."""
+    return f"/#login={code}"
+
+
+class LoginBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    code: str = Field(min_length=1, max_length=200)
+
+
+class LoginAnswer(BaseModel):
+    token: str
+
+
+class LoginCode(BaseModel):
+    code: str
+    path: str
+    expires_in_s: float
+
+
+@route(
+    "POST",
+    "/api/login",
+    summary="exchange a one-time login code (from `slotctl up`/`slotctl dashboard`) for the "
+    "API token",
+    tag="dashboard",
+    public=True,
+    body=LoginBody,
+    responses={200: ("the API token", LoginAnswer), 401: ("wrong, used or expired code", None)},
+)
+async def login(request: web.Request) -> web.Response:
+    ctx = request.app[API_CTX]
+    body: LoginBody = await read_body(request, LoginBody)
+    codes: dict[str, float] = ctx.extra.setdefault(_LOGIN_CODES, {})
+    now = time.monotonic()
+    for code, expiry in list(codes.items()):
+        if hmac.compare_digest(code.encode(), body.code.encode()):
+            del codes[code]  # one use, whatever the outcome
+            if expiry > now:
+                return json_response({"token": ctx.token})
+    raise Unauthorized(
+        "this login link is wrong, used or expired: run `slotctl dashboard` for a new one"
+    )
+
+
+@route(
+    "POST",
+    "/api/login-codes",
+    summary="a new one-time dashboard login code (what `slotctl dashboard` prints)",
+    tag="dashboard",
+    responses={201: ("a code and the dashboard path that uses it", LoginCode)},
+)
+async def new_login_code(request: web.Request) -> web.Response:
+    code = mint_login_code(request.app[API_CTX])
+    return json_response(
+        {"code": code, "path": login_path(code), "expires_in_s": LOGIN_CODE_TTL_S}, status=201
+    )

@@ -4,7 +4,8 @@ Two kinds of series:
 
 * **counters and histograms fed by events** — a synchronous listener on the event bus
   (:meth:`EventBus.add_listener`) counts transitions, admission refusals, evictions (by a
-  short reason class), reconcile errors and measures load durations (the transition into
+  short reason class), reconcile errors, background-task failures (contained and
+  restarted by the daemon), refused state writes and measures load durations (the transition into
   ``pulling``/``starting`` of a load to ``ready``); the router reports each request with
   :meth:`Metrics.request_done`, the reconciler each pass through its pass observers;
 * **gauges computed at scrape time** from the SlotManager (:class:`_LiveCollector`): the
@@ -269,6 +270,18 @@ class Metrics:
         self.reconcile_errors = Counter(
             "slotctl_reconcile_errors_total", "Reconcile passes that failed", registry=r
         )
+        self.background_failures = Counter(
+            "slotctl_background_failures_total",
+            "Unexpected failures of a controller background task (contained and restarted)",
+            ["task"],
+            registry=r,
+        )
+        self.state_write_failures = Counter(
+            "slotctl_state_write_failures_total",
+            "Slot state transitions refused because state.json could not be written",
+            ["slot"],
+            registry=r,
+        )
         self._load_started: dict[str, float] = {}
         r.register(_LiveCollector(ctx))
 
@@ -290,6 +303,10 @@ class Metrics:
             self.refusals.labels(slot).inc()
         elif event.kind == "error" and event.op == "reconcile":
             self.reconcile_errors.inc()
+        elif event.kind == "error" and event.op == "background":
+            self.background_failures.labels(str(event.details.get("task", ""))).inc()
+        elif event.kind == "error" and event.error == "state.write_failed":
+            self.state_write_failures.labels(slot).inc()
         reason = eviction_reason(event)
         if reason is not None:
             self.evictions.labels(slot, reason).inc()

@@ -48,7 +48,7 @@ from aiohttp import hdrs, web
 from multidict import CIMultiDict
 from pydantic import BaseModel, ConfigDict, Field
 
-from controller.api.app import API_CTX, ApiContext, json_response, route
+from controller.api.app import API_CTX, ApiContext, json_response, openai_error_body, route
 from controller.errors import (
     InsufficientMemory,
     ModelNotFound,
@@ -103,16 +103,6 @@ _RESPONSE_DROP: Final = _HOP_BY_HOP | {
     hdrs.SET_COOKIE.lower(),
     hdrs.SERVER.lower(),
     hdrs.DATE.lower(),
-}
-
-_ERROR_TYPES: Final = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "invalid_request_error",
-    413: "invalid_request_error",
-    429: "rate_limit_error",
-    503: "unavailable_error",
 }
 
 
@@ -199,8 +189,7 @@ def openai_error(
 
 
 def _error_body(status: int, message: str, code: str, param: str | None = None) -> dict[str, Any]:
-    kind = _ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    return openai_error_body(status, message, code, param)
 
 
 def _model_not_found(model: str) -> _Refusal:
@@ -316,7 +305,7 @@ def _requested_model(request: web.Request, body: bytes) -> str:
             raise _Refusal(400, "a JSON request body is required", code="invalid_body")
         try:
             data = json.loads(body)
-        except (ValueError, UnicodeDecodeError) as exc:
+        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
             raise _Refusal(
                 400, f"request body is not valid JSON: {exc}", code="invalid_json"
             ) from None
@@ -685,11 +674,27 @@ def _is_sse(response: web.StreamResponse) -> bool:
 )
 async def v1_models(request: web.Request) -> web.Response:
     manager: SlotManager = request.app[API_CTX].manager
-    data = [
-        {"id": model_id, "object": "model", "created": _CREATED, "owned_by": "slotctl"}
-        for model_id in served_ids(manager)
-    ]
+    data = [_openai_model(model_id) for model_id in served_ids(manager)]
     return json_response({"object": "list", "data": data})
+
+
+def _openai_model(model_id: str) -> dict[str, Any]:
+    return {"id": model_id, "object": "model", "created": _CREATED, "owned_by": "slotctl"}
+
+
+@route(
+    "GET",
+    "/v1/models/{model_id:.+}",
+    summary="OpenAI model retrieve: one model of /v1/models (404 in OpenAI's shape)",
+    tag="openai",
+    responses={200: ("model", OpenAIModel), 404: ("unknown model", None)},
+)
+async def v1_model(request: web.Request) -> web.Response:
+    manager: SlotManager = request.app[API_CTX].manager
+    model_id = request.match_info["model_id"]
+    if model_id not in served_ids(manager):
+        return _model_not_found(model_id).response()
+    return json_response(_openai_model(model_id))
 
 
 def served_ids(manager: SlotManager) -> list[str]:

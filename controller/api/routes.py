@@ -33,6 +33,7 @@ from controller.errors import (
     SlotConfigError,
     SlotctlError,
     SlotNotFound,
+    SlotOwnedByStack,
     SlotPinned,
 )
 from controller.lifecycle import Candidate, SlotState, rank_candidates
@@ -92,6 +93,8 @@ class SlotOut(BaseModel):
     stack: str
     waiting: str | None = None  # "waiting_for_memory": a background load waits for room
     paused: bool = False  # autoload paused by a user's unload (until a user's load)
+    held_for_s: float | None = None
+    holds: int = 0
 
 
 class SlotList(BaseModel):
@@ -114,6 +117,11 @@ class SwapBody(BaseModel):
 class HoldBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     ttl_s: float = Field(gt=0, le=7 * 24 * 3600)
+
+
+class SlotLogs(BaseModel):
+    slot: str
+    lines: list[str]
 
 
 class HoldAnswer(BaseModel):
@@ -265,11 +273,13 @@ async def _start_load(ctx: ApiContext, name: str) -> tuple[int, dict[str, Any]]:
     return 202, {"status": "loading", "slot": slot_out(view)}
 
 
-def _wake(ctx: ApiContext, name: str | None = None) -> None:
+async def _wake(ctx: ApiContext, name: str | None = None) -> None:
+    """After a config write: the reconciler re-reads the config dir (in a worker thread:
+    with a thousand slots that read takes seconds) and looks at the slot(s) again."""
     reconciler = ctx.reconciler
     if reconciler is None:
         return
-    reconciler.refresh()
+    await reconciler.refresh_async()
     if name is None:
         reconciler.enqueue_all()
     else:
@@ -356,7 +366,7 @@ async def create_slot(request: web.Request) -> web.Response:
             f"slot {name!r} already exists: PUT its config instead", keys=["name"]
         )
     spec = write_slot_config(ctx.config_dir, payload)
-    _wake(ctx, spec.name)
+    await _wake(ctx, spec.name)
     return json_response({"created": spec.name, "spec": slot_effective(spec)}, status=201)
 
 
@@ -371,7 +381,7 @@ async def get_slot(request: web.Request) -> web.Response:
     ctx = _ctx(request)
     name = _name(request)
     data = slot_out(ctx.manager.view(name))
-    desired = read_config_dir(ctx.config_dir).slots.get(name)
+    desired = (await asyncio.to_thread(read_config_dir, ctx.config_dir)).slots.get(name)
     if desired is not None:
         data["spec"] = slot_effective(desired.spec)
     return json_response(data)
@@ -383,7 +393,11 @@ async def get_slot(request: web.Request) -> web.Response:
     summary="delete a slot (pinned: force=true)",
     tag="slots",
     query=[Query("force", "boolean", "needed for a pinned slot")],
-    responses={202: ("deleting", LoadAnswer), 404: ("unknown slot", None), 409: ("pinned", None)},
+    responses={
+        202: ("deleting", LoadAnswer),
+        404: ("unknown slot", None),
+        409: ("pinned, or declared by the GitOps stack dir", None),
+    },
 )
 async def delete_slot(request: web.Request) -> web.Response:
     ctx = _ctx(request)
@@ -392,10 +406,14 @@ async def delete_slot(request: web.Request) -> web.Response:
     desired = read_config_dir(ctx.config_dir).slots.get(name)
     if desired is None:
         raise SlotNotFound(name)
+    if ctx.stack_dir is not None and desired.stack and desired.stack in ctx.gitops_stacks:
+        # GitOps: the stack dir is the source of truth; a delete here would be undone
+        # at the next apply (or silently stick until then). Refuse, naming the owner.
+        raise SlotOwnedByStack(name, desired.stack, str(ctx.stack_dir), "remove")
     if desired.pinned and not force:
         raise SlotPinned(name, "delete")
     delete_slot_config(ctx.config_dir, name)
-    _wake(ctx, name)
+    await _wake(ctx, name)
     return json_response({"status": "deleting", "slot": None}, status=202)
 
 
@@ -420,7 +438,7 @@ async def put_config(request: web.Request) -> web.Response:
     if payload.setdefault("name", name) != name:
         raise InvalidRequest(f"the body names slot {payload['name']!r}, the path {name!r}")
     spec = write_slot_config(ctx.config_dir, payload)
-    _wake(ctx, name)
+    await _wake(ctx, name)
     return json_response({"written": name, "spec": slot_effective(spec)})
 
 
@@ -454,7 +472,7 @@ async def patch_defaults(request: web.Request) -> web.Response:
         )
     patch["name"] = name
     spec = write_slot_config(ctx.config_dir, patch, merge=True)
-    _wake(ctx, name)
+    await _wake(ctx, name)
     return json_response({"written": name, "spec": slot_effective(spec)})
 
 
@@ -525,7 +543,7 @@ async def swap_slot(request: web.Request) -> web.Response:
         raise ModelNotFound(body.model)
     previous = read_config_dir(ctx.config_dir).slots[name].spec.model_id
     write_slot_config(ctx.config_dir, {"name": name, "model": {"default": body.model}}, merge=True)
-    _wake(ctx, None)
+    await _wake(ctx, None)
     try:
         view = await ctx.manager.swap(name, body.model)
     except SlotctlError:
@@ -534,7 +552,7 @@ async def swap_slot(request: web.Request) -> web.Response:
         write_slot_config(
             ctx.config_dir, {"name": name, "model": {"default": previous}}, merge=True
         )
-        _wake(ctx, name)
+        await _wake(ctx, name)
         raise
     return json_response({"status": "swapped", "slot": slot_out(view)})
 
@@ -549,8 +567,30 @@ async def swap_slot(request: web.Request) -> web.Response:
 async def reset_slot(request: web.Request) -> web.Response:
     ctx = _ctx(request)
     view = await ctx.manager.reset(_name(request))
-    _wake(ctx, view.name)
+    await _wake(ctx, view.name)
     return json_response({"status": "reset", "slot": slot_out(view)})
+
+
+_MAX_LOG_LINES: Final = 10_000
+
+
+@route(
+    "GET",
+    "/api/slots/{name}/logs",
+    summary="the last lines the slot's server wrote",
+    tag="slots",
+    query=[Query("tail", "integer", f"how many lines (default 100, at most {_MAX_LOG_LINES})")],
+    responses={200: ("log lines", SlotLogs), 400: ("bad tail", None), 404: ("unknown", None)},
+)
+async def slot_logs(request: web.Request) -> web.Response:
+    ctx = _ctx(request)
+    name = _name(request)
+    raw = request.query.get("tail", "100")
+    if not raw.isdigit() or not 0 < int(raw) <= _MAX_LOG_LINES:
+        raise InvalidRequest(f"tail must be an integer from 1 to {_MAX_LOG_LINES}, got {raw!r}")
+    ctx.manager.view(name)  # SlotNotFound (404) for a slot the controller does not know
+    lines = await ctx.manager.runtime.logs(name, tail=int(raw))
+    return json_response({"slot": name, "lines": lines})
 
 
 _HOLD_RESPONSES: Final[dict[int, tuple[str, Any]]] = {
@@ -736,7 +776,8 @@ async def unload_model(request: web.Request) -> web.Response:
 async def _load_stack_body(ctx: ApiContext, request: web.Request) -> tuple[StackBody, Any]:
     body: StackBody = await read_body(request, StackBody)
     settings, _ = read_settings(ctx.config_dir)
-    report = load_stack_texts(body.texts(), settings)
+    # Parsing (up to 1 MiB per file) runs off the event loop: the API and router answer.
+    report = await asyncio.to_thread(load_stack_texts, body.texts(), settings)
     if not report.ok or report.state is None:
         raise SlotConfigError(
             f"invalid stack: {report.errors[0].message}" if report.errors else "invalid stack",
@@ -765,8 +806,10 @@ async def apply_stack(request: web.Request) -> web.Response:
         )
         changed: list[str] = []
         if not body.dry_run:
-            changed = apply_to_config(state, ctx.config_dir, prune=prune, force=body.force)
-            _wake(ctx)
+            changed = await asyncio.to_thread(
+                apply_to_config, state, ctx.config_dir, prune=prune, force=body.force
+            )
+            await _wake(ctx)
     return json_response(
         {"plan": [a.to_dict() for a in plan.actions], "changed": changed, "dry_run": body.dry_run}
     )

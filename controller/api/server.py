@@ -1,16 +1,26 @@
-"""Serving the API next to the controller: listen address, token, aiohttp runner."""
+"""Serving the API next to the controller: listen address, token, aiohttp runner.
+
+:func:`check_listen` is ``slotctl up``'s preflight: each listen address is parsed and
+test-bound before the controller writes anything, so an address in use is a typed
+:class:`ListenUnavailable` (exit 2) that changed nothing. ``ApiServer`` serves the full
+API (``build_app``) or, for ``--metrics-listen``, only the unauthenticated probes
+(``build_probe_app``).
+"""
 
 from __future__ import annotations
 
+import errno
 import ipaddress
+import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from aiohttp import web
 
 from controller.api.app import ApiContext, build_app
-from controller.errors import SlotConfigError
+from controller.errors import ListenUnavailable, SlotConfigError
 
-__all__ = ["ApiServer", "parse_listen"]
+__all__ = ["ApiServer", "check_listen", "parse_listen"]
 
 
 def parse_listen(value: str) -> tuple[str, int]:
@@ -19,6 +29,41 @@ def parse_listen(value: str) -> tuple[str, int]:
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise SlotConfigError(f"--listen {value!r}: expected HOST:PORT", keys=["listen"])
     return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def check_listen(value: str, flag: str = "--listen") -> tuple[str, int]:
+    """``parse_listen``, then a test bind of every address ``HOST`` resolves to (as the
+    server will bind them). Port 0 always binds. Raises ListenUnavailable."""
+    host, port = parse_listen(value)
+    if port == 0:
+        return host, port
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise ListenUnavailable(
+            f"{flag} {value}: cannot resolve {host!r}: {exc.strerror}", listen=value
+        ) from None
+    for family, kind, proto, _, address in infos:
+        with socket.socket(family, kind, proto) as probe:
+            # As the server binds (reuse_address): a port in TIME_WAIT is free.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(address)
+            except OSError as exc:
+                raise listen_error(value, exc, flag) from None
+    return host, port
+
+
+def listen_error(value: str, exc: OSError, flag: str = "--listen") -> ListenUnavailable:
+    """The typed error for a failed bind of ``value``."""
+    if exc.errno == errno.EADDRINUSE:
+        reason = "the address is already in use (another slotctl up, or another server?)"
+    else:
+        reason = exc.strerror or str(exc)
+    return ListenUnavailable(
+        f"cannot listen on {value}: {reason}; pick another with {flag} HOST:PORT",
+        listen=value,
+    )
 
 
 def is_loopback(host: str) -> bool:
@@ -36,15 +81,22 @@ class ApiServer:
     host: str
     port: int
     runner: web.AppRunner | None = None
+    app_factory: Callable[[ApiContext], web.Application] = build_app
+    flag: str = "--listen"
 
     async def start(self) -> str:
         """Start serving; returns the bound ``host:port`` (the real port when 0 was asked)."""
         self.runner = web.AppRunner(
-            build_app(self.ctx), access_log=None, handle_signals=False, shutdown_timeout=5.0
+            self.app_factory(self.ctx), access_log=None, handle_signals=False, shutdown_timeout=5.0
         )
         await self.runner.setup()
         site = web.TCPSite(self.runner, self.host, self.port, reuse_address=True)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as exc:  # taken since the preflight check
+            await self.runner.cleanup()
+            self.runner = None
+            raise listen_error(f"{self.host}:{self.port}", exc, self.flag) from None
         server = site._server
         sockets = getattr(server, "sockets", None) or []
         if sockets:

@@ -28,8 +28,9 @@ from pathlib import Path
 from typing import Any, Final
 from urllib.parse import quote, urlencode, urlsplit
 
+from controller.cli.parser import SERVER_ENV, TOKEN_ENV
 from controller.errors import SlotctlError
-from controller.store import ControllerLock
+from controller.runinfo import RECORD, running_controller
 
 __all__ = [
     "ApiClient",
@@ -40,10 +41,9 @@ __all__ = [
     "error_code",
     "find_controller",
     "quote_segment",
+    "reachable_api",
 ]
 
-SERVER_ENV: Final = "SLOTCTL_SERVER"
-TOKEN_ENV: Final = "SLOTCTL_TOKEN"  # noqa: S105 (a variable name, not a secret)
 DEFAULT_TIMEOUT_S: Final = 30.0
 # Waiting for the API of a controller that runs but has not bound its port yet.
 _STARTING_WAIT_S: Final = 5.0
@@ -149,44 +149,65 @@ def find_controller(
     origin = "--server" if server else f"${SERVER_ENV}"
     server = server or os.environ.get(SERVER_ENV) or None
     token = token or os.environ.get(TOKEN_ENV) or None
-    lock = ControllerLock(state_dir)
     if server:
         base = _normalise(server)
         if token is None:
-            local = lock.running()
-            if local is not None and local.listen and _same_origin(base, _listen_url(local.listen)):
+            local = running_controller(state_dir)
+            if local and local.get("listen") and _same_origin(base, _listen_url(local["listen"])):
                 token = _local_token(state_dir)
         return Endpoint(base=base, token=token, origin=origin, explicit=True)
     deadline = time.monotonic() + wait_s
     while True:
-        record = lock.running()
+        record = running_controller(state_dir)
         if record is None:
             raise ControllerUnreachable(
                 f"no controller is running on {state_dir}: start one with `slotctl up`, "
                 f"or name one with --server URL (or ${SERVER_ENV})",
                 state_dir=str(state_dir),
             )
-        if not record.listen:
+        listen: str | None = record.get("listen")
+        if not listen:
             raise ControllerUnreachable(
-                f"the controller on {state_dir} (pid {record.pid}) serves no API "
+                f"the controller on {state_dir} (pid {record['pid']}) serves no API "
                 "(started with --listen none)",
                 state_dir=str(state_dir),
             )
-        if not record.listen.endswith(":0"):
+        if not listen.endswith(":0"):
             break
         if time.monotonic() >= deadline:  # still binding its port
             raise ControllerUnreachable(
-                f"the controller on {state_dir} (pid {record.pid}) has not opened its API yet",
+                f"the controller on {state_dir} (pid {record['pid']}) has not opened its API yet",
                 state_dir=str(state_dir),
             )
         time.sleep(0.05)
     return Endpoint(
-        base=_listen_url(record.listen),
+        base=_listen_url(listen),
         token=token or _local_token(state_dir),
-        origin=f"{state_dir / ControllerLock.RECORD}",
+        origin=f"{state_dir / RECORD}",
         explicit=False,
-        pid=record.pid,
+        pid=int(record["pid"]),
     )
+
+
+def reachable_api(
+    state_dir: Path, server: str | None, token: str | None, *, timeout: float = DEFAULT_TIMEOUT_S
+) -> ApiClient | None:
+    """The one backend choice of the commands that also work without a controller.
+
+    An explicit ``--server``/``$SLOTCTL_SERVER`` is used (and must answer: errors exit 2);
+    otherwise the local controller of ``state_dir`` when its API answers ``/healthz``
+    promptly; otherwise None: the command works on the config and state dirs directly
+    (a stopped or wedged controller does not answer, and the files are the same contract).
+    """
+    server = server or os.environ.get(SERVER_ENV) or None
+    if server:
+        return ApiClient(find_controller(state_dir, server, token), timeout=timeout)
+    try:
+        endpoint = find_controller(state_dir, None, token)
+    except ControllerUnreachable:
+        return None
+    client = ApiClient(endpoint, timeout=timeout)
+    return client if client.healthy() else None
 
 
 @dataclass(frozen=True, slots=True)

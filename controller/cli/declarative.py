@@ -28,11 +28,11 @@ import psutil
 
 from controller.apply import StackPlan, apply_to_config, observe_files, plan_stack
 from controller.cli.client import (
-    SERVER_ENV,
     ApiClient,
     ApiError,
-    ControllerUnreachable,
     find_controller,
+    quote_segment,
+    reachable_api,
 )
 from controller.cli.output import Style, print_json, render_problems
 from controller.daemon import Controller, DaemonOptions, stop_everything
@@ -97,22 +97,13 @@ def _action_line(action: Action, style: Style) -> str:
 
 
 def _stack_api(args: argparse.Namespace) -> ApiClient | None:
-    """The controller's API for apply/diff, or None to work on the files directly.
-
-    An explicit ``--server``/``$SLOTCTL_SERVER`` must answer (errors exit 2); the local
-    controller is used when its API answers ``/healthz`` promptly (a stopped or wedged
-    one does not, and the files are the same contract).
-    """
-    server = getattr(args, "api_server", None) or os.environ.get(SERVER_ENV)
-    token = getattr(args, "api_token", None)
-    if server:
-        return ApiClient(find_controller(args.state_dir, server, token), timeout=300.0)
-    try:
-        endpoint = find_controller(args.state_dir, None, token)
-    except ControllerUnreachable:
-        return None
-    client = ApiClient(endpoint, timeout=300.0)
-    return client if client.healthy() else None
+    """The controller's API for apply/diff, or None to work on the files directly."""
+    return reachable_api(
+        args.state_dir,
+        getattr(args, "api_server", None),
+        getattr(args, "api_token", None),
+        timeout=300.0,
+    )
 
 
 def _stack_files(report: LoadReport) -> list[dict[str, str]]:
@@ -499,6 +490,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         resync_s=args.resync,
         quiet=args.log_format == "json",
         listen=None if args.listen == "none" else args.listen,
+        metrics_listen=args.metrics_listen,
         token=args.token
         or getattr(args, "api_token", None)
         or os.environ.get("SLOTCTL_TOKEN")
@@ -527,12 +519,35 @@ def _wait_exited(pid: int, timeout: float) -> bool:
 
 
 def cmd_down(args: argparse.Namespace) -> int:
-    running = ControllerLock(args.state_dir).running()
+    """Stop the controller, then any managed server left; without one, say so.
+
+    A state dir that does not exist holds no controller and no server record: nothing is
+    created (``down`` must not leave a fresh state dir behind a typo). While the
+    controller drains, Ctrl-C asks it to stop at once (its second interrupt).
+    """
+    state_dir: Path = args.state_dir
+    if not state_dir.is_dir():
+        print(f"no controller is running on {state_dir} (no such state dir): nothing to stop")
+        return EXIT_OK
+    running = ControllerLock(state_dir).running()
     kind = running.runtime if running else args.runtime
-    if running is not None:
-        print(f"stopping the controller (pid {running.pid}) ...")
+    if running is None:
+        print(f"no controller is running on {state_dir}; stopping any server it left ...")
+    else:
+        print(
+            f"stopping the controller (pid {running.pid}); waiting up to {args.timeout:g}s "
+            "for it to drain and stop its servers (Ctrl-C: stop them now) ..."
+        )
+        for line in _drains(args):
+            print(f"  {line}")
         os.kill(running.pid, signal.SIGTERM)
-        if not _wait_exited(running.pid, args.timeout):
+        try:
+            stopped = _wait_exited(running.pid, args.timeout)
+        except KeyboardInterrupt:
+            print("  interrupted: the controller stops its servers without waiting", flush=True)
+            os.kill(running.pid, signal.SIGTERM)  # its second interrupt: no more draining
+            stopped = _wait_exited(running.pid, args.timeout)
+        if not stopped:
             print(
                 f"slotctl: controller pid {running.pid} did not stop within {args.timeout:g}s",
                 file=sys.stderr,
@@ -541,75 +556,24 @@ def cmd_down(args: argparse.Namespace) -> int:
     return asyncio.run(stop_everything(args.config_dir, args.state_dir, kind, print))
 
 
-def register(cmds: Any, sub: Any) -> None:
-    """Adds apply/diff/export under ``stack`` and the top-level ``up``/``down``."""
-    apply = cmds.add_parser("apply", help="validate, plan and apply stack files")
-    apply.add_argument("paths", nargs="+", type=Path, metavar="PATH")
-    apply.add_argument(
-        "--prune", action="store_true", help="remove slots this stack owns but no longer declares"
-    )
-    apply.add_argument("--force", action="store_true", help="with --prune: remove pinned slots too")
-    apply.add_argument("--dry-run", action="store_true", help="print the plan only")
-    apply.add_argument(
-        "--wait", action="store_true", help="follow the running controller until converged"
-    )
-    apply.add_argument(
-        "--once",
-        action="store_true",
-        help="no controller running: reconcile in this process, then exit",
-    )
-    apply.add_argument("--timeout", type=float, default=300.0, help="seconds (default 300)")
-    apply.set_defaults(func=cmd_apply)
-
-    diff = cmds.add_parser("diff", help="show drift between stack files and the host")
-    diff.add_argument("paths", nargs="+", type=Path, metavar="PATH")
-    diff.add_argument(
-        "--exit-code", action="store_true", help="exit 1 when anything drifted (0 in sync, 2 error)"
-    )
-    diff.add_argument("-o", "--output", choices=["text", "json", "json-patch"], default="text")
-    diff.set_defaults(func=cmd_diff)
-
-    export = cmds.add_parser("export", help="the live desired state as stack files or units")
-    export.add_argument("--format", choices=["toml", "quadlet"], default="toml")
-    export.add_argument("--stack", help="only this stack")
-    export.add_argument("--output-dir", type=Path, help="write files here instead of stdout")
-    export.set_defaults(func=cmd_export)
-
-    up = sub.add_parser("up", help="run the controller in the foreground")
-    up.add_argument(
-        "stack_dir",
-        nargs="?",
-        type=Path,
-        metavar="STACK_DIR",
-        help="GitOps: apply this directory and every change to it",
-    )
-    up.add_argument(
-        "--keep-running",
-        action="store_true",
-        help="on exit leave servers running for the next `up` to adopt",
-    )
-    up.add_argument("--resync", type=float, default=30.0, help="resync period in seconds")
-    up.add_argument(
-        "--log-format",
-        choices=["text", "json"],
-        default="text",
-        help="text: readable progress; json: one JSON object per log line",
-    )
-    up.add_argument("--log-level", choices=["debug", "info", "warning"], default="info")
-    up.add_argument(
-        "--listen",
-        default="127.0.0.1:8800",
-        help="API, router and dashboard address (HOST:PORT, port 0 = any; "
-        "'none' = no API). Default 127.0.0.1:8800",
-    )
-    up.add_argument(
-        "--token",
-        default=None,
-        help="API bearer token (or SLOTCTL_TOKEN); default: generated into "
-        "<state_dir>/token. Required for a non-loopback --listen",
-    )
-    up.set_defaults(func=cmd_up)
-
-    down = sub.add_parser("down", help="stop the controller and every server it manages")
-    down.add_argument("--timeout", type=float, default=60.0)
-    down.set_defaults(func=cmd_down)
+def _drains(args: argparse.Namespace) -> list[str]:
+    """What the controller will wait for, from its API (nothing when it has none)."""
+    lines: list[str] = []
+    try:
+        endpoint = find_controller(args.state_dir, None, getattr(args, "api_token", None))
+        api = ApiClient(endpoint, timeout=2.0)
+        for view in api.get("/api/slots").get("slots", []):
+            name = str(view["name"])
+            requests = int(view.get("leases", 0)) - int(view.get("holds", 0))
+            if requests > 0:
+                spec = api.get(f"/api/slots/{quote_segment(name)}").get("spec") or {}
+                timeout = spec.get("drain_timeout_s")
+                limit = f"{timeout:g}s" if isinstance(timeout, int | float) else "drain_timeout_s"
+                lines.append(
+                    f"slot {name}: {requests} request(s) in flight, drained for up to {limit}"
+                )
+            if view.get("holds"):
+                lines.append(f"slot {name}: {view['holds']} hold(s) released (not drained)")
+    except SlotctlError:  # no API, or it does not answer: the controller still stops
+        return lines
+    return lines

@@ -1,88 +1,35 @@
 """``slotctl`` entry point: parses arguments, runs a command, maps failures to exit codes.
 
+The command line itself (commands, options, help) is ``cli.parser``; each command's
+module is imported only when it runs, so start-up stays fast.
+
 Exit codes: 0 success, 1 the command's "negative" answer (invalid stack, drift), 2 usage
 or any error, an unexpected exception included (never a bare traceback; ``--debug``
-prints it). Typed errors print as ``slotctl: error [code]: message`` (for an API answer,
-the code the controller sent).
+prints it), 130 interrupted by Ctrl-C (quietly: following ``logs -f`` or ``events``
+until Ctrl-C is the normal way to end them). Typed errors print as ``slotctl: error
+[code]: message`` (for an API answer, the code the controller sent).
 """
 
 from __future__ import annotations
 
-import argparse
-import os
 import sys
 import traceback
 from collections.abc import Sequence
-from pathlib import Path
-from typing import Any
 
-from controller import __version__
-from controller.cli import remote, slot, stack
-from controller.cli.client import SERVER_ENV, TOKEN_ENV, error_code
+from controller.cli.parser import build_parser
 from controller.errors import SlotctlError
 from controller.paths import default_config_dir, default_state_dir
-from controller.runtime import RUNTIME_KINDS
 
-__all__ = ["EXIT_ERROR", "build_parser", "main"]
+__all__ = ["EXIT_ERROR", "EXIT_INTERRUPTED", "build_parser", "main"]
 
 EXIT_ERROR = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="slotctl",
-        description="Declarative lifecycle controller for local model-serving slots.",
-    )
-    parser.add_argument("--version", action="version", version=f"slotctl {__version__}")
-    parser.add_argument(
-        "--config-dir",
-        type=Path,
-        default=None,
-        help="live desired state (default: $SLOTCTL_CONFIG_DIR, $XDG_CONFIG_HOME/slotctl)",
-    )
-    parser.add_argument(
-        "--state-dir",
-        type=Path,
-        default=None,
-        help="observed state (default: $SLOTCTL_STATE_DIR, $XDG_STATE_HOME/slotctl)",
-    )
-    parser.add_argument(
-        "--runtime",
-        choices=RUNTIME_KINDS,
-        default=os.environ.get("SLOTCTL_RUNTIME", "process"),
-        help="process (default) or docker; a running controller's own runtime wins",
-    )
-    parser.add_argument(
-        "--server",
-        dest="api_server",
-        metavar="URL",
-        default=None,
-        help=f"the controller's API (default: ${SERVER_ENV}, else the controller running on "
-        "--state-dir, found through its controller.json)",
-    )
-    parser.add_argument(
-        "--token",
-        dest="api_token",
-        metavar="TOKEN",
-        default=None,
-        help=f"API bearer token (default: ${TOKEN_ENV}, else <state_dir>/token of the local "
-        "controller)",
-    )
-    parser.add_argument("--debug", action="store_true", help="print tracebacks on errors")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    stack.register(sub)
-    slot.register(sub)
-    remote.register_slot_commands(_subcommands(sub.choices["slot"]))
-    remote.register(sub)
-    return parser
-
-
-def _subcommands(parser: argparse.ArgumentParser) -> argparse._SubParsersAction[Any]:
-    """The sub-command action of ``parser`` (to add commands to ``slot``)."""
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            return action
-    raise LookupError(f"{parser.prog} has no sub-commands")
+def _code(exc: SlotctlError) -> str:
+    """The code to show for ``exc``: the server's own for an API answer."""
+    remote: str | None = getattr(exc, "remote_code", None)
+    return remote or exc.code
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -93,11 +40,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code: int = args.func(args)
     except SlotctlError as exc:
-        print(f"slotctl: error [{error_code(exc)}]: {exc.message}", file=sys.stderr)
+        print(f"slotctl: error [{_code(exc)}]: {exc.message}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
-        print("slotctl: interrupted", file=sys.stderr)
-        return EXIT_ERROR
+        return EXIT_INTERRUPTED
     except BrokenPipeError:
         return EXIT_ERROR
     # Every failure exits 2, never 1 (CI drift checks rely on it): a blind catch on purpose.

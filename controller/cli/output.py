@@ -1,4 +1,8 @@
-"""Output helpers for the CLI: colour (off for pipes and under NO_COLOR), problem reports."""
+"""Output helpers for the CLI: colour (off for pipes and under NO_COLOR), problem reports,
+memory sizes (``controller.units``: one format everywhere, GiB with two decimals).
+
+Imports nothing heavy (the spec models only for type checking): every command uses it.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +10,22 @@ import json
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from controller.spec.problems import Problem
+from controller.units import GIB, format_gib
 
-__all__ = ["Style", "print_json", "render_problems"]
+if TYPE_CHECKING:
+    from controller.spec.problems import Problem
+
+__all__ = ["GIB", "Style", "format_memory", "print_json", "render_problems", "table"]
+
+
+def format_memory(value: float | None, unit: int = 1) -> str:
+    """``value`` (in ``unit`` bytes: 1, or GIB for a ``memory_gb``) as ``5.20 GiB``
+    (:func:`controller.units.format_gib`), ``-`` when unknown or zero."""
+    if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
+        return "-"
+    return format_gib(value * unit)
 
 
 class Style:
@@ -40,6 +55,15 @@ class Style:
 
     def bold(self, text: str) -> str:
         return self._wrap("1", text)
+
+
+def table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    """Aligned text columns, a header line first (also when there are no rows)."""
+    widths = [max([len(c), *(len(row[i]) for row in rows)]) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip()]
+    for row in rows:
+        lines.append("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
+    return lines
 
 
 def print_json(data: Any, stream: TextIO = sys.stdout) -> None:

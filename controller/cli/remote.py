@@ -14,42 +14,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 import time
 from datetime import datetime
 from typing import Any, Final
 
-import yaml
-
 from controller.cli.client import ApiClient, ControllerUnreachable, find_controller, quote_segment
-from controller.cli.output import Style
-from controller.memory import GIB
+from controller.cli.output import GIB, Style, format_memory, table
+from controller.cli.parser import parse_duration
 
-__all__ = ["parse_duration", "register", "register_slot_commands"]
+__all__ = ["parse_duration"]
 
 EXIT_OK, EXIT_NEGATIVE, EXIT_ERROR = 0, 1, 2
 # Loads, unloads (drain + stop), swaps and holds (a cold load) can take minutes.
 _ACTION_TIMEOUT_S: Final = 900.0
-_NUMBER: Final = r"\d+(?:\.\d+)?"
-_DURATION_RE: Final = re.compile(rf"(?:{_NUMBER}[smhd])+")
-_PART_RE: Final = re.compile(rf"({_NUMBER})([smhd])")
-_UNITS: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-def parse_duration(text: str) -> float:
-    """``90`` (seconds), ``90s``, ``15m``, ``2h``, ``1d``, ``1h30m`` -> seconds (> 0)."""
-    value = text.strip().lower()
-    total = 0.0
-    if re.fullmatch(_NUMBER, value):
-        total = float(value)
-    elif _DURATION_RE.fullmatch(value):
-        total = sum(float(n) * _UNITS[unit] for n, unit in _PART_RE.findall(value))
-    if total <= 0:
-        raise argparse.ArgumentTypeError(
-            f"invalid duration {text!r}: use e.g. 90s, 15m, 2h, 1d or 1h30m"
-        )
-    return total
 
 
 def _human_duration(seconds: float) -> str:
@@ -63,95 +41,7 @@ def _human_duration(seconds: float) -> str:
 
 
 def _bytes(value: Any) -> str:
-    if not isinstance(value, int | float):
-        return "-"
-    if value >= GIB / 10:
-        return f"{value / GIB:.2f} GiB"
-    return f"{value / 2**20:.1f} MiB"
-
-
-# ====================================================================== registration
-
-
-def _output(parser: argparse.ArgumentParser, choices: tuple[str, ...] = ("text", "json")) -> None:
-    parser.add_argument("-o", "--output", choices=choices, default=choices[0])
-
-
-def register_slot_commands(slot_cmds: Any) -> None:
-    """Adds load/unload/swap/reset/hold under the existing ``slot`` command."""
-    load = slot_cmds.add_parser("load", help="load a slot (through the API)")
-    load.add_argument("name")
-    load.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="print what would be evicted and why (or why it would be refused); exit 1 "
-        "when it would be refused",
-    )
-    load.add_argument("--wait", action="store_true", help="wait until the slot is ready")
-    load.add_argument("--timeout", type=float, default=300.0, help="for --wait (seconds)")
-    _output(load)
-    load.set_defaults(func=cmd_slot_load)
-
-    unload = slot_cmds.add_parser("unload", help="unload a slot: drain, then stop")
-    unload.add_argument("name")
-    unload.add_argument("--force", action="store_true", help="needed for a pinned slot")
-    _output(unload)
-    unload.set_defaults(func=cmd_slot_unload)
-
-    swap = slot_cmds.add_parser("swap", help="serve another catalogue model on a slot")
-    swap.add_argument("name")
-    swap.add_argument("model", help="a model id of the catalogue")
-    _output(swap)
-    swap.set_defaults(func=cmd_slot_swap)
-
-    reset = slot_cmds.add_parser("reset", help="clear the crash-loop breaker of a slot")
-    reset.add_argument("name")
-    _output(reset)
-    reset.set_defaults(func=cmd_slot_reset)
-
-    hold = slot_cmds.add_parser(
-        "hold", help="batch lease: keep a slot loaded and unevictable for a while"
-    )
-    hold.add_argument("name")
-    hold.add_argument(
-        "--for",
-        dest="duration",
-        type=parse_duration,
-        required=True,
-        metavar="DURATION",
-        help="how long: 90s, 15m, 2h, 1d (a bare number is seconds)",
-    )
-    _output(hold)
-    hold.set_defaults(func=cmd_slot_hold)
-
-
-def register(sub: Any) -> None:
-    """The top-level ``model`` and ``events`` commands."""
-    model = sub.add_parser("model", help="the model catalogue (through the API)")
-    cmds = model.add_subparsers(dest="model_cmd", required=True, metavar="COMMAND")
-    lst = cmds.add_parser("list", help="every catalogue model with its state")
-    _output(lst, ("table", "json", "yaml"))
-    lst.set_defaults(func=cmd_model_list)
-    load = cmds.add_parser("load", help="load a model on the best slot that serves it")
-    load.add_argument("model_id", metavar="MODEL")
-    load.add_argument("--wait", action="store_true", help="wait until it is loaded")
-    load.add_argument("--timeout", type=float, default=300.0, help="for --wait (seconds)")
-    _output(load)
-    load.set_defaults(func=cmd_model_load)
-    unload = cmds.add_parser("unload", help="unload every slot serving a model")
-    unload.add_argument("model_id", metavar="MODEL")
-    _output(unload)
-    unload.set_defaults(func=cmd_model_unload)
-
-    events = sub.add_parser(
-        "events", help="follow the controller's event stream (one line per event)"
-    )
-    events.add_argument("--since", metavar="ID", help="resume after this event id (Last-Event-ID)")
-    events.add_argument(
-        "-n", "--count", type=int, default=0, metavar="N", help="exit after N events"
-    )
-    _output(events)
-    events.set_defaults(func=cmd_events)
+    return format_memory(value) if value != 0 else "0.00 GiB"
 
 
 # ====================================================================== helpers
@@ -168,6 +58,8 @@ def _print(args: argparse.Namespace, data: Any, text: str) -> None:
     if args.output == "json":
         print(json.dumps(data, indent=2))
     elif args.output == "yaml":
+        import yaml
+
         print(yaml.safe_dump(data, sort_keys=False), end="")
     else:
         print(text)
@@ -360,17 +252,15 @@ def cmd_model_list(args: argparse.Namespace) -> int:
             str(m.get("id")),
             str(m.get("kind")),
             str(m.get("state")),
-            f"{m.get('memory_gb', 0):.2f}G" if m.get("memory_gb") else "-",
+            format_memory(m.get("memory_gb"), GIB),
             "yes" if m.get("resident") else "no",
             "yes" if m.get("loadable") else "no",
             ",".join(m.get("slots") or []) or "-",
         ]
         for m in models
     ]
-    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(_MODEL_COLUMNS)]
-    print("  ".join(c.ljust(w) for c, w in zip(_MODEL_COLUMNS, widths, strict=True)).rstrip())
-    for row in rows:
-        print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
+    for line in table(_MODEL_COLUMNS, rows):
+        print(line)
     if not rows:
         print("(no models: apply a stack with `slotctl stack apply`)", file=sys.stderr)
     return EXIT_OK
@@ -391,6 +281,19 @@ def cmd_model_unload(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# ====================================================================== dashboard
+
+
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    """A one-time login link: the URL alone on stdout (scriptable), a note on stderr."""
+    client = _client(args, timeout=30.0)
+    _, answer = client.post("/api/login-codes")
+    print(f"{client.endpoint.base}{answer['path']}")
+    minutes = float(answer.get("expires_in_s", 0)) / 60
+    print(f"(one-time link, valid {minutes:g} min)", file=sys.stderr)
+    return EXIT_OK
+
+
 # ====================================================================== events
 
 _RECONNECT_S: Final = 5.0
@@ -403,28 +306,26 @@ def cmd_events(args: argparse.Namespace) -> int:
     seen = 0
     style = Style(sys.stdout)
     lost_at: float | None = None
-    try:
-        while True:
-            try:
-                for event in client.events(last_event_id=last_id):
-                    lost_at = None
-                    if event.id:
-                        last_id = event.id
-                    print(_event_line(event.event, event.data, args.output, style), flush=True)
-                    seen += 1
-                    if args.count and seen >= args.count:
-                        return EXIT_OK
-            except ControllerUnreachable:
-                if lost_at is None:
-                    raise
-            now = time.monotonic()
-            lost_at = lost_at or now
-            if now - lost_at > _RECONNECT_S:
-                print("slotctl: the event stream ended (the controller stopped)", file=sys.stderr)
-                return EXIT_OK
-            time.sleep(0.2)
-    except KeyboardInterrupt:
-        return EXIT_OK  # following until interrupted is the normal way to end
+    # Ctrl-C ends it like ``slot logs -f``: quietly, exit 130 (``cli.main``).
+    while True:
+        try:
+            for event in client.events(last_event_id=last_id):
+                lost_at = None
+                if event.id:
+                    last_id = event.id
+                print(_event_line(event.event, event.data, args.output, style), flush=True)
+                seen += 1
+                if args.count and seen >= args.count:
+                    return EXIT_OK
+        except ControllerUnreachable:
+            if lost_at is None:
+                raise
+        now = time.monotonic()
+        lost_at = lost_at or now
+        if now - lost_at > _RECONNECT_S:
+            print("slotctl: the event stream ended (the controller stopped)", file=sys.stderr)
+            return EXIT_OK
+        time.sleep(0.2)
 
 
 def _event_line(kind: str, data: str, output: str, style: Style) -> str:

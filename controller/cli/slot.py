@@ -1,49 +1,48 @@
-"""``slotctl slot list|get|logs``: read-only views that need no running controller.
+"""``slotctl slot list|get|logs``: read-only views, through the API or from the files.
 
-They read the config dir (desired) and the state dir (observed) — the files are the
-contract between the CLI and the controller on one host.
+One backend choice (``cli.client.reachable_api``, the same as ``stack apply|diff``): the
+controller's API when ``--server``/``$SLOTCTL_SERVER`` names one or the local controller
+answers; otherwise the config dir (desired) and the state dir (observed) — the files are
+the contract between the CLI and the controller on one host, so these commands also work
+with no controller running. Both backends print the same rows and exit codes; only the
+API knows what lives in the controller's memory (a batch hold's expiry).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 import time
+from collections.abc import Callable
 from datetime import datetime
-from typing import Any
+from typing import Any, Final
 
-import yaml
-
+from controller.cli.client import ApiClient, quote_segment, reachable_api
+from controller.cli.output import GIB, format_memory, table
 from controller.errors import SlotctlError, SlotNotFound
-from controller.lifecycle import SlotState
-from controller.memory import GIB
-from controller.runtime import make_runtime
-from controller.spec.configdir import ConfigSnapshot, read_config_dir
-from controller.spec.render import slot_effective
-from controller.store import ControllerLock, SlotStateRecord, StateStore
 
-__all__ = ["register"]
+__all__ = ["cmd_get", "cmd_list", "cmd_logs"]
 
-_COLUMNS = ("NAME", "STATE", "MODEL", "DEVICE", "PRIO", "PINNED", "MEMORY", "SINCE", "MESSAGE")
+_COLUMNS: Final = (
+    "NAME",
+    "STATE",
+    "MODEL",
+    "DEVICE",
+    "PRIO",
+    "PINNED",
+    "RESIDENT",
+    "MEMORY",
+    "SINCE",
+    "MESSAGE",
+)
+_FOLLOW_EVERY_S: Final = 0.5
 
 
-def register(sub: Any) -> None:
-    slot = sub.add_parser("slot", help="inspect slots (state, config, logs)")
-    cmds = slot.add_subparsers(dest="slot_cmd", required=True, metavar="COMMAND")
-    lst = cmds.add_parser("list", help="every slot with its state")
-    lst.add_argument("-o", "--output", choices=["table", "json", "yaml"], default="table")
-    lst.set_defaults(func=cmd_list)
-    get = cmds.add_parser("get", help="one slot: config and observed state")
-    get.add_argument("name")
-    get.add_argument("-o", "--output", choices=["yaml", "json"], default="yaml")
-    get.set_defaults(func=cmd_get)
-    logs = cmds.add_parser("logs", help="the server's output")
-    logs.add_argument("name")
-    logs.add_argument("-f", "--follow", action="store_true")
-    logs.add_argument("--tail", type=int, default=100)
-    logs.set_defaults(func=cmd_logs)
+def _api(args: argparse.Namespace) -> ApiClient | None:
+    return reachable_api(
+        args.state_dir, getattr(args, "api_server", None), getattr(args, "api_token", None)
+    )
 
 
 def _age(stamp: str) -> str:
@@ -58,7 +57,48 @@ def _age(stamp: str) -> str:
     return f"{seconds}s"
 
 
-def _rows(snapshot: ConfigSnapshot, store: StateStore) -> list[dict[str, Any]]:
+def _held_until(held_for_s: Any) -> str | None:
+    """The wall-clock end of a batch hold, ISO 8601 local time (None: not held)."""
+    if not isinstance(held_for_s, int | float) or isinstance(held_for_s, bool):
+        return None
+    return datetime.fromtimestamp(time.time() + held_for_s).astimezone().isoformat("T", "seconds")
+
+
+# ====================================================================== rows
+
+
+def _row_from_view(view: dict[str, Any]) -> dict[str, Any]:
+    memory = int(view.get("memory_bytes") or 0)
+    return {
+        "name": view["name"],
+        "state": view["state"],
+        "idle_reason": view.get("idle_reason"),
+        "model": view.get("model_id") or "",
+        "device": view.get("device", "-"),
+        "priority": view.get("priority"),
+        "pinned": view.get("pinned"),
+        "autoload": view.get("autoload"),
+        "resident": bool(view.get("resident")),
+        "memory_gb": round(memory / GIB, 3),
+        "memory_bytes": memory,
+        "leases": view.get("leases", 0),
+        "requests": int(view.get("leases", 0)) - int(view.get("holds", 0)),
+        "held_until": _held_until(view.get("held_for_s")),
+        "since": view.get("since"),
+        "message": view.get("message") or "",
+        "stack": view.get("stack"),
+        "declared": True,
+    }
+
+
+def _rows_from_files(args: argparse.Namespace) -> list[dict[str, Any]]:
+    from controller.lifecycle import SlotState
+    from controller.spec.configdir import read_config_dir
+    from controller.store import ResidencyStore, StateStore
+
+    snapshot = read_config_dir(args.config_dir)
+    store = StateStore(args.state_dir)
+    resident = ResidencyStore(args.config_dir).read()
     names = list(snapshot.slots) + [n for n in store.names() if n not in snapshot.slots]
     rows = []
     for name in names:
@@ -85,7 +125,12 @@ def _rows(snapshot: ConfigSnapshot, store: StateStore) -> list[dict[str, Any]]:
                 "priority": spec.priority if spec else None,
                 "pinned": bool(spec.pinned) if spec else None,
                 "autoload": bool(spec.autoload) if spec else None,
+                "resident": name in resident,
                 "memory_gb": memory,
+                "memory_bytes": int(memory * GIB),
+                "leases": 0,
+                "requests": 0,
+                "held_until": None,  # a hold lives in the controller's memory only
                 "since": record.updated_at if record else None,
                 "message": record.message if record else "",
                 "stack": desired.stack if desired else None,
@@ -95,7 +140,7 @@ def _rows(snapshot: ConfigSnapshot, store: StateStore) -> list[dict[str, Any]]:
     return rows
 
 
-def _record(store: StateStore, name: str) -> SlotStateRecord | None:
+def _record(store: Any, name: str) -> Any:
     try:
         return store.read(name)
     except SlotctlError as exc:  # a corrupt file must not hide the other slots
@@ -103,38 +148,89 @@ def _record(store: StateStore, name: str) -> SlotStateRecord | None:
         return None
 
 
+def _state_cell(row: dict[str, Any]) -> str:
+    if row.get("held_until"):
+        return "held until " + str(row["held_until"])[11:16]
+    return str(row["state"]) + (f"({row['idle_reason']})" if row.get("idle_reason") else "")
+
+
+def _message_cell(row: dict[str, Any]) -> str:
+    message = str(row.get("message") or "")
+    if row.get("held_until") and message == "request in flight" and not row.get("requests"):
+        message = ""  # only holds: no request is in flight
+    return message[:60]
+
+
+def _print_data(data: Any, output: str) -> None:
+    if output == "json":
+        print(json.dumps(data, indent=2))
+    else:
+        import yaml
+
+        print(yaml.safe_dump(data, sort_keys=False), end="")
+
+
 def cmd_list(args: argparse.Namespace) -> int:
-    rows = _rows(read_config_dir(args.config_dir), StateStore(args.state_dir))
-    if args.output == "json":
-        print(json.dumps(rows, indent=2))
+    api = _api(args)
+    if api is not None:
+        rows = [_row_from_view(v) for v in api.get("/api/slots").get("slots", [])]
+    else:
+        rows = _rows_from_files(args)
+    if args.output != "table":
+        _print_data(rows, args.output)
         return 0
-    if args.output == "yaml":
-        print(yaml.safe_dump(rows, sort_keys=False), end="")
-        return 0
-    table = [
+    cells = [
         [
             r["name"] + ("" if r["declared"] else " (undeclared)"),
-            r["state"] + (f"({r['idle_reason']})" if r["idle_reason"] else ""),
+            _state_cell(r),
             r["model"] or "-",
-            r["device"],
+            str(r["device"]),
             "-" if r["priority"] is None else str(r["priority"]),
             "yes" if r["pinned"] else "no",
-            f"{r['memory_gb']:.1f}G" if r["memory_gb"] else "-",
+            "yes" if r["resident"] else "no",
+            format_memory(r["memory_bytes"]),
             _age(r["since"]) if r["since"] else "-",
-            (r["message"] or "")[:60],
+            _message_cell(r),
         ]
         for r in rows
     ]
-    widths = [max(len(c), *(len(row[i]) for row in table)) for i, c in enumerate(_COLUMNS)]
-    print("  ".join(c.ljust(w) for c, w in zip(_COLUMNS, widths, strict=True)).rstrip())
-    for row in table:
-        print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
-    if not table:
+    for line in table(_COLUMNS, cells):
+        print(line)
+    if not cells:
         print("(no slots: apply a stack with `slotctl stack apply`)", file=sys.stderr)
     return 0
 
 
+# ====================================================================== get
+
+
 def cmd_get(args: argparse.Namespace) -> int:
+    api = _api(args)
+    data = _get_from_api(api, args.name) if api is not None else _get_from_files(args)
+    _print_data(data, args.output)
+    return 0
+
+
+def _get_from_api(api: ApiClient, name: str) -> dict[str, Any]:
+    """The same document as from the files; ``status`` is the controller's live view."""
+    view: dict[str, Any] = api.get(f"/api/slots/{quote_segment(name)}")
+    spec = view.pop("spec", None)
+    return {
+        "name": view.get("name", name),
+        "stack": view.get("stack"),
+        "resident": bool(view.get("resident")),
+        "held_until": _held_until(view.get("held_for_s")),
+        "spec": spec,
+        "status": view,
+        "memory_bytes": view.get("memory_bytes"),
+    }
+
+
+def _get_from_files(args: argparse.Namespace) -> dict[str, Any]:
+    from controller.spec.configdir import read_config_dir
+    from controller.spec.render import slot_effective
+    from controller.store import ResidencyStore, StateStore
+
     snapshot = read_config_dir(args.config_dir)
     store = StateStore(args.state_dir)
     desired = snapshot.slots.get(args.name)
@@ -145,6 +241,8 @@ def cmd_get(args: argparse.Namespace) -> int:
         "name": args.name,
         "stack": desired.stack if desired else None,
         "file": desired.file if desired else None,
+        "resident": args.name in ResidencyStore(args.config_dir).read(),
+        "held_until": None,  # a hold lives in the controller's memory only
         "spec": slot_effective(desired.spec) if desired else None,
         "status": record.model_dump(mode="json") if record else None,
     }
@@ -152,37 +250,66 @@ def cmd_get(args: argparse.Namespace) -> int:
         model = snapshot.models[desired.spec.model_id]
         data["model"] = model.model_dump(mode="json", exclude_none=True)
         data["memory_bytes"] = int(model.memory_gb * GIB)
-    if args.output == "json":
-        print(json.dumps(data, indent=2))
-    else:
-        print(yaml.safe_dump(data, sort_keys=False), end="")
-    return 0
+    return data
+
+
+# ====================================================================== logs
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
+    """The last ``--tail`` lines; ``-f`` polls for new ones until Ctrl-C (exit 130)."""
+    api = _api(args)
+    if api is not None:
+        path = f"/api/slots/{quote_segment(args.name)}/logs"
+
+        def fetch(tail: int) -> list[str]:
+            answer = api.get(path, query={"tail": tail})
+            return [str(line) for line in (answer or {}).get("lines", [])]
+
+        _show_logs(fetch, args)
+        return 0
+    _logs_from_files(args)
+    return 0
+
+
+def _logs_from_files(args: argparse.Namespace) -> None:
+    import asyncio
+
+    from controller.runtime import make_runtime
+    from controller.spec.configdir import read_config_dir
+    from controller.store import ControllerLock, StateStore
+
+    if (
+        args.name not in read_config_dir(args.config_dir).slots
+        and args.name not in StateStore(args.state_dir).names()
+    ):
+        raise SlotNotFound(args.name)
     running = ControllerLock(args.state_dir).running()
     runtime = make_runtime(running.runtime if running else args.runtime, args.state_dir)
-
-    async def show() -> None:
-        lines = await runtime.logs(args.name, tail=args.tail)
-        for line in lines:
-            print(line)
-        seen = lines[-1] if lines else None
-        while args.follow:
-            await asyncio.sleep(0.5)
-            fresh = await runtime.logs(args.name, tail=200)
-            start = 0
-            if seen is not None and seen in fresh:
-                start = len(fresh) - fresh[::-1].index(seen)
-            for line in fresh[start:]:
-                print(line, flush=True)
-            if fresh:
-                seen = fresh[-1]
+    loop = asyncio.new_event_loop()
+    try:
+        _show_logs(lambda tail: loop.run_until_complete(runtime.logs(args.name, tail=tail)), args)
+    finally:
         close = getattr(runtime, "close", None)
         if close is not None:
             result = close()
             if asyncio.iscoroutine(result):
-                await result
+                loop.run_until_complete(result)
+        loop.close()
 
-    asyncio.run(show())
-    return 0
+
+def _show_logs(fetch: Callable[[int], list[str]], args: argparse.Namespace) -> None:
+    lines = fetch(args.tail)
+    for line in lines:
+        print(line, flush=args.follow)
+    seen = lines[-1] if lines else None
+    while args.follow:
+        time.sleep(_FOLLOW_EVERY_S)
+        fresh = fetch(200)
+        start = 0
+        if seen is not None and seen in fresh:
+            start = len(fresh) - fresh[::-1].index(seen)
+        for line in fresh[start:]:
+            print(line, flush=True)
+        if fresh:
+            seen = fresh[-1]

@@ -4,39 +4,16 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Any
 
-from controller.cli import declarative
 from controller.cli.output import Style, print_json, render_problems
 from controller.spec.configdir import read_settings
 from controller.spec.loader import LoadReport, load_stacks
 from controller.spec.render import model_effective, render_stack, slot_effective
 
-__all__ = ["register"]
+__all__ = ["cmd_show", "cmd_validate"]
 
 EXIT_OK, EXIT_INVALID = 0, 1
-
-
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    stack = sub.add_parser("stack", help="work with stack files (desired state)")
-    cmds = stack.add_subparsers(dest="stack_cmd", required=True, metavar="COMMAND")
-
-    validate = cmds.add_parser(
-        "validate",
-        help="check stack files; exit 0 valid, 1 invalid, 2 usage or internal error",
-    )
-    validate.add_argument("paths", nargs="+", type=Path, metavar="PATH")
-    validate.add_argument("-o", "--output", choices=["text", "json"], default="text")
-    validate.set_defaults(func=cmd_validate)
-
-    show = cmds.add_parser(
-        "show", help="print the effective desired state (defaults and migrations applied)"
-    )
-    show.add_argument("paths", nargs="+", type=Path, metavar="PATH")
-    show.add_argument("-o", "--output", choices=["toml", "json"], default="toml")
-    show.set_defaults(func=cmd_show)
-    declarative.register(cmds, sub)
 
 
 def _load(args: argparse.Namespace) -> LoadReport:

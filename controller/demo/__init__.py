@@ -1,8 +1,8 @@
 """The demo model server: a small, real OpenAI-compatible server with fault knobs.
 
 Where it sits: ``controller/demo/`` is a leaf of the package. It imports only the standard
-library and aiohttp, never the rest of ``controller``, so it runs anywhere slotctl is
-installed.
+library (not even asyncio: it starts in a few tens of milliseconds of CPU), never the rest
+of ``controller``, so it runs anywhere a Python 3.11 interpreter can see this package.
 
 Who calls it: the ``demo`` provider starts it as a child process
 (``python -m controller.demo --host H --port P --model ID [knobs]``); it is the
@@ -12,7 +12,8 @@ crashes while serving, slow stops). Benchmarks read its ``slotctl-demo ready ...
 line to measure how fast the controller notices a ready server.
 
 Modules: ``config`` (command line, :class:`DemoConfig`), ``generate`` (deterministic
-text and embeddings, pure), ``server`` (the aiohttp app and the process lifecycle).
+text and embeddings, pure), ``httpd`` (HTTP/1.1 on sockets and threads), ``api`` (the
+OpenAI-compatible handlers) and ``server`` (the process lifecycle).
 """
 
 from controller.demo.config import DemoConfig, build_parser, parse_args

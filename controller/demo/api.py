@@ -1,47 +1,57 @@
 """HTTP handlers of the demo server: the OpenAI-compatible endpoints and ``/health``.
 
-Called by aiohttp through the app that :func:`controller.demo.server.build_app` builds;
-the lifecycle in ``server`` flips :attr:`DemoState.loaded`, these handlers only read it
-(and count inference requests for ``--crash-after``). Errors leave as OpenAI-style bodies
-``{"error": {"message", "type", "param", "code"}}``: 400 bad request, 404 unknown model,
-503 while loading (``/v1/models`` included, as llama-server does).
+Called by :mod:`controller.demo.httpd` (one thread per connection) through the
+:class:`~controller.demo.httpd.App` that :func:`build_app` builds; the lifecycle in
+``server`` flips :attr:`DemoState.loaded`, these handlers only read it (and count
+inference requests for ``--crash-after``). Errors leave as OpenAI-style bodies
+``{"error": {"message", "type", "param", "code"}}``: 400 bad request, 404 unknown model
+or path, 405 wrong method, 413 body over 1 MiB, 503 while loading (``/v1/models``
+included, as llama-server does).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import sys
+import threading
 import time
-import uuid
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
-from typing import Any
-
-from aiohttp import web
-from aiohttp.typedefs import Handler
+from collections.abc import Callable, Iterator
 
 from controller.demo.config import DemoConfig
 from controller.demo.generate import count_tokens, embedding, embedding_base64, pseudo_tokens
+from controller.demo.httpd import App, Handler, Request, Response, Stream
 
-__all__ = ["ROUTES", "STATE", "ApiError", "DemoState", "openai_errors"]
+__all__ = [
+    "ROUTES",
+    "ApiError",
+    "DemoState",
+    "Generation",
+    "build_app",
+    "error_response",
+    "json_response",
+]
 
-JSON = dict[str, Any]
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs every start
+if TYPE_CHECKING:
+    from typing import Any
+
+    JSON = dict[str, Any]
 DEFAULT_MAX_TOKENS = 16
 MAX_TOKENS_LIMIT = 8192
 CRASH_EXIT_STATUS = 3
 
 
-@dataclass
 class DemoState:
     """What the handlers share: the config, whether loading finished, requests seen."""
 
-    config: DemoConfig
-    created: int = field(default_factory=lambda: int(time.time()))
-    loaded: bool = False
-    inference_requests: int = 0
-    ballast: bytearray | None = None  # the --memory-mb allocation, held for the lifetime
+    def __init__(self, config: DemoConfig) -> None:
+        self.config = config
+        self.created = int(time.time())
+        self.loaded = False
+        self.inference_requests = 0
+        self.ballast: bytearray | None = None  # the --memory-mb allocation, held for life
+        self.lock = threading.Lock()
 
     def served_models(self) -> list[str]:
         """Model ids listed by ``/v1/models`` once loaded: none with --empty-models."""
@@ -50,11 +60,26 @@ class DemoState:
         return [self.config.model]
 
 
-STATE = web.AppKey("slotctl_demo_state", DemoState)
+def json_response(data: object, status: int = 200) -> Response:
+    """``data`` as a JSON response (``json.dumps`` defaults, as aiohttp's was)."""
+    return Response(status, json.dumps(data).encode())
+
+
+def error_response(
+    status: int,
+    message: str,
+    *,
+    kind: str = "invalid_request_error",
+    code: str | None = None,
+    param: str | None = None,
+) -> Response:
+    """An OpenAI-style error body."""
+    error = {"message": message, "type": kind, "param": param, "code": code}
+    return json_response({"error": error}, status=status)
 
 
 class ApiError(Exception):
-    """A refusal rendered as an OpenAI-style error body by :func:`openai_errors`."""
+    """A refusal rendered as an OpenAI-style error body by :func:`build_app`'s routes."""
 
     def __init__(
         self,
@@ -72,40 +97,32 @@ class ApiError(Exception):
         self.code = code
         self.param = param
 
-    def response(self) -> web.Response:
-        error = {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}
-        return web.json_response({"error": error}, status=self.status)
-
-
-@web.middleware
-async def openai_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Turn :class:`ApiError` into its JSON response."""
-    try:
-        return await handler(request)
-    except ApiError as err:
-        return err.response()
+    def response(self) -> Response:
+        return error_response(
+            self.status, self.message, kind=self.kind, code=self.code, param=self.param
+        )
 
 
 # --- request admission and parameters -------------------------------------------------
 
 
-async def admit(request: web.Request) -> tuple[DemoState, JSON, str]:
+def admit(state: DemoState, request: Request) -> tuple[JSON, str]:
     """Gate an inference request: loaded? crash due? valid JSON? served model?"""
-    state = request.app[STATE]
     if not state.loaded:
         raise ApiError(503, "the model is still loading", kind="unavailable_error", code="loading")
     _count_inference(state)
-    body = await _json_body(request)
-    return state, body, _served_model(state, body)
+    body = _json_body(request)
+    return body, _served_model(state, body)
 
 
 def _count_inference(state: DemoState) -> None:
-    state.inference_requests += 1
+    with state.lock:
+        state.inference_requests += 1
+        count = state.inference_requests
     limit = state.config.crash_after
-    if limit and state.inference_requests > limit:
+    if limit and count > limit:
         print(
-            f"slotctl-demo crashing: request {state.inference_requests} arrived after "
-            f"{limit} served (--crash-after)",
+            f"slotctl-demo crashing: request {count} arrived after {limit} served (--crash-after)",
             file=sys.stderr,
             flush=True,
         )
@@ -113,9 +130,9 @@ def _count_inference(state: DemoState) -> None:
         os._exit(CRASH_EXIT_STATUS)  # abrupt on purpose: no cleanup, sockets just drop
 
 
-async def _json_body(request: web.Request) -> JSON:
+def _json_body(request: Request) -> JSON:
     try:
-        body = await request.json()
+        body = json.loads(request.body.decode("utf-8"))
     except ValueError as err:
         raise ApiError(400, f"request body is not valid JSON: {err}") from None
     if not isinstance(body, dict):
@@ -190,17 +207,19 @@ def _messages_text(body: JSON) -> str:
 # --- generation -----------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
 class Generation:
     """One response being generated: its envelope fields and its paced tokens."""
 
-    kind: str  # "text_completion" or "chat.completion"
-    model: str
-    tokens: list[str]
-    prompt_tokens: int
-    tokens_per_second: float
-    id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
-    created: int = field(default_factory=lambda: int(time.time()))
+    def __init__(
+        self, kind: str, model: str, tokens: list[str], prompt_tokens: int, rate: float
+    ) -> None:
+        self.kind = kind  # "text_completion" or "chat.completion"
+        self.model = model
+        self.tokens = tokens
+        self.prompt_tokens = prompt_tokens
+        self.tokens_per_second = rate
+        self.id = os.urandom(12).hex()
+        self.created = int(time.time())
 
     def envelope(self, obj: str) -> JSON:
         prefix = "chatcmpl-" if self.kind.startswith("chat") else "cmpl-"
@@ -215,17 +234,18 @@ class Generation:
             "total_tokens": total,
         }
 
-    async def paced(self) -> AsyncIterator[str]:
+    def paced(self) -> Iterator[str]:
         """Yield the tokens at ``tokens_per_second`` (token i is due at (i+1)/rate)."""
-        loop = asyncio.get_running_loop()
-        start = loop.time()
+        start = time.monotonic()
         for i, token in enumerate(self.tokens):
-            due = start + (i + 1) / self.tokens_per_second if self.tokens_per_second else 0.0
-            await asyncio.sleep(max(0.0, due - loop.time()))
+            if self.tokens_per_second:
+                delay = start + (i + 1) / self.tokens_per_second - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
             yield token
 
-    async def text(self) -> str:
-        return "".join([token async for token in self.paced()])
+    def text(self) -> str:
+        return "".join(self.paced())
 
 
 def _generation(state: DemoState, kind: str, model: str, prompt: str, count: int) -> Generation:
@@ -235,27 +255,21 @@ def _generation(state: DemoState, kind: str, model: str, prompt: str, count: int
     return Generation(kind, model, tokens, count_tokens(prompt), state.config.tokens_per_second)
 
 
-async def _stream(request: web.Request, events: AsyncIterator[JSON]) -> web.StreamResponse:
-    """Send ``events`` as server-sent events, one write (one flush) each, then ``[DONE]``."""
-    response = web.StreamResponse(
-        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-    )
-    await response.prepare(request)
-    try:
-        async for event in events:
-            await response.write(b"data: " + json.dumps(event).encode() + b"\n\n")
-        await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
-    except ConnectionResetError:
-        return response  # the client left mid-stream: nobody to tell
-    return response
+def _stream(events: Iterator[JSON]) -> Stream:
+    """``events`` as server-sent events, one write (one flush) each, then ``[DONE]``."""
+
+    def chunks() -> Iterator[bytes]:
+        for event in events:
+            yield b"data: " + json.dumps(event).encode() + b"\n\n"
+        yield b"data: [DONE]\n\n"
+
+    return Stream(chunks(), "text/event-stream", {"Cache-Control": "no-cache"})
 
 
 # --- handlers -------------------------------------------------------------------------
 
 
-async def handle_models(request: web.Request) -> web.Response:
-    state = request.app[STATE]
+def handle_models(state: DemoState, request: Request) -> Response:
     if not state.loaded:
         # Like llama-server: 503 "Loading model" until the weights are in. An empty list
         # is reserved for a server that is up without a model (--empty-models).
@@ -264,67 +278,67 @@ async def handle_models(request: web.Request) -> web.Response:
         {"id": model, "object": "model", "created": state.created, "owned_by": "slotctl-demo"}
         for model in state.served_models()
     ]
-    return web.json_response({"object": "list", "data": data})
+    return json_response({"object": "list", "data": data})
 
 
-async def handle_health(request: web.Request) -> web.Response:
-    if request.app[STATE].loaded:
-        return web.json_response({"status": "ok"})
-    return web.json_response({"status": "loading"}, status=503)
+def handle_health(state: DemoState, request: Request) -> Response:
+    if state.loaded:
+        return json_response({"status": "ok"})
+    return json_response({"status": "loading"}, status=503)
 
 
-async def handle_completions(request: web.Request) -> web.StreamResponse:
-    state, body, model = await admit(request)
+def handle_completions(state: DemoState, request: Request) -> Response | Stream:
+    body, model = admit(state, request)
     prompt = "\n".join(_strings(body.get("prompt"), "prompt"))
     gen = _generation(state, "text_completion", model, prompt, _max_tokens(body, "max_tokens"))
     if _flag(body, "stream"):
-        return await _stream(request, _completion_events(gen, _include_usage(body)))
-    choice = {"index": 0, "text": await gen.text(), "logprobs": None, "finish_reason": "length"}
-    return web.json_response(
+        return _stream(_completion_events(gen, _include_usage(body)))
+    choice = {"index": 0, "text": gen.text(), "logprobs": None, "finish_reason": "length"}
+    return json_response(
         {**gen.envelope("text_completion"), "choices": [choice], "usage": gen.usage()}
     )
 
 
-async def _completion_events(gen: Generation, include_usage: bool) -> AsyncIterator[JSON]:
+def _completion_events(gen: Generation, include_usage: bool) -> Iterator[JSON]:
     def chunk(text: str, finish: str | None) -> JSON:
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
         return {**gen.envelope("text_completion"), "choices": [choice]}
 
-    async for token in gen.paced():
+    for token in gen.paced():
         yield chunk(token, None)
     yield chunk("", "length")
     if include_usage:
         yield {**gen.envelope("text_completion"), "choices": [], "usage": gen.usage()}
 
 
-async def handle_chat(request: web.Request) -> web.StreamResponse:
-    state, body, model = await admit(request)
+def handle_chat(state: DemoState, request: Request) -> Response | Stream:
+    body, model = admit(state, request)
     count = _max_tokens(body, "max_completion_tokens", "max_tokens")
     gen = _generation(state, "chat.completion", model, _messages_text(body), count)
     if _flag(body, "stream"):
-        return await _stream(request, _chat_events(gen, _include_usage(body)))
-    message = {"role": "assistant", "content": await gen.text()}
+        return _stream(_chat_events(gen, _include_usage(body)))
+    message = {"role": "assistant", "content": gen.text()}
     choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": "length"}
-    return web.json_response(
+    return json_response(
         {**gen.envelope("chat.completion"), "choices": [choice], "usage": gen.usage()}
     )
 
 
-async def _chat_events(gen: Generation, include_usage: bool) -> AsyncIterator[JSON]:
+def _chat_events(gen: Generation, include_usage: bool) -> Iterator[JSON]:
     def chunk(delta: JSON, finish: str | None) -> JSON:
         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
         return {**gen.envelope("chat.completion.chunk"), "choices": [choice]}
 
     yield chunk({"role": "assistant", "content": ""}, None)
-    async for token in gen.paced():
+    for token in gen.paced():
         yield chunk({"content": token}, None)
     yield chunk({}, "length")
     if include_usage:
         yield {**gen.envelope("chat.completion.chunk"), "choices": [], "usage": gen.usage()}
 
 
-async def handle_embeddings(request: web.Request) -> web.Response:
-    state, body, model = await admit(request)
+def handle_embeddings(state: DemoState, request: Request) -> Response:
+    body, model = admit(state, request)
     texts = _strings(body.get("input"), "input")
     encoding = body.get("encoding_format", "float")
     if encoding not in ("float", "base64"):
@@ -338,13 +352,33 @@ async def handle_embeddings(request: web.Request) -> web.Response:
         data.append({"object": "embedding", "index": index, "embedding": value})
     tokens = sum(count_tokens(text) for text in texts)
     usage = {"prompt_tokens": tokens, "total_tokens": tokens}
-    return web.json_response({"object": "list", "data": data, "model": model, "usage": usage})
+    return json_response({"object": "list", "data": data, "model": model, "usage": usage})
 
 
-ROUTES = (
-    web.get("/v1/models", handle_models),
-    web.get("/health", handle_health),
-    web.post("/v1/completions", handle_completions),
-    web.post("/v1/chat/completions", handle_chat),
-    web.post("/v1/embeddings", handle_embeddings),
+StateHandler = Callable[[DemoState, Request], "Response | Stream"]
+
+ROUTES: tuple[tuple[str, str, StateHandler], ...] = (
+    ("GET", "/v1/models", handle_models),
+    ("GET", "/health", handle_health),
+    ("POST", "/v1/completions", handle_completions),
+    ("POST", "/v1/chat/completions", handle_chat),
+    ("POST", "/v1/embeddings", handle_embeddings),
 )
+
+
+def _bound(state: DemoState, handler: StateHandler) -> Handler:
+    def handle(request: Request) -> Response | Stream:
+        try:
+            return handler(state, request)
+        except ApiError as err:
+            return err.response()
+
+    return handle
+
+
+def build_app(state: DemoState) -> App:
+    """The HTTP app serving ``state``: :data:`ROUTES`, errors as OpenAI-style bodies."""
+    routes: dict[str, dict[str, Handler]] = {}
+    for method, path, handler in ROUTES:
+        routes.setdefault(path, {})[method] = _bound(state, handler)
+    return App(routes, error_response)

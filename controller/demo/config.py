@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 __all__ = ["DemoConfig", "build_parser", "parse_args"]
 
@@ -34,22 +34,60 @@ exit status: 0 after SIGTERM/SIGINT, 1 when loading fails or the port cannot be 
 2 for bad arguments, 3 for the crash injected by --crash-after."""
 
 
-@dataclass(frozen=True)
 class DemoConfig:
-    """Everything the demo server is told at start; the server never changes it."""
+    """Everything the demo server is told at start; the server never changes it.
 
-    model: str
-    host: str = "127.0.0.1"
-    port: int = 0
-    load_seconds: float = 0.0
-    tokens_per_second: float = 0.0
-    embedding_dim: int = 16
-    memory_mb: int = 0
-    fail_on_load: bool = False
-    hang_on_load: bool = False
-    empty_models: bool = False
-    crash_after: int = 0
-    slow_stop: float = 0.0
+    A plain class, not a dataclass: ``dataclasses`` imports ``inspect``, which costs the
+    demo server a sixth of its start (see docs/performance.md).
+    """
+
+    __slots__ = (
+        "crash_after",
+        "embedding_dim",
+        "empty_models",
+        "fail_on_load",
+        "hang_on_load",
+        "host",
+        "load_seconds",
+        "memory_mb",
+        "model",
+        "port",
+        "slow_stop",
+        "tokens_per_second",
+    )
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        load_seconds: float = 0.0,
+        tokens_per_second: float = 0.0,
+        embedding_dim: int = 16,
+        memory_mb: int = 0,
+        fail_on_load: bool = False,
+        hang_on_load: bool = False,
+        empty_models: bool = False,
+        crash_after: int = 0,
+        slow_stop: float = 0.0,
+    ) -> None:
+        self.model = model
+        self.host = host
+        self.port = port
+        self.load_seconds = load_seconds
+        self.tokens_per_second = tokens_per_second
+        self.embedding_dim = embedding_dim
+        self.memory_mb = memory_mb
+        self.fail_on_load = fail_on_load
+        self.hang_on_load = hang_on_load
+        self.empty_models = empty_models
+        self.crash_after = crash_after
+        self.slow_stop = slow_stop
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__)
+        return f"DemoConfig({fields})"
 
 
 def _float_at_least(low: float) -> Callable[[str], float]:
@@ -158,13 +196,31 @@ def _add_fault_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """argparse's formatter, sized without importing ``shutil`` (a few ms of every start)."""
+
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog, width=max(_columns(), 40) - 2)
+
+
+def _columns() -> int:
+    """The terminal width as ``shutil.get_terminal_size`` finds it: $COLUMNS, tty, 80."""
+    text = os.environ.get("COLUMNS", "")
+    if text.isdigit() and int(text) > 0:
+        return int(text)
+    try:
+        return os.get_terminal_size(1).columns or 80
+    except OSError:
+        return 80
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The demo server's argument parser (``python -m controller.demo --help``)."""
     parser = argparse.ArgumentParser(
         prog="python -m controller.demo",
         description=_DESCRIPTION,
         epilog=_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=_Formatter,
     )
     _add_serving_flags(parser)
     _add_fault_flags(parser)

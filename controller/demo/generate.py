@@ -7,10 +7,12 @@ is one pseudo-word with its leading space; token counts are whitespace-separated
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import math
-import struct
+
+try:  # the same function as hashlib.blake2b, without loading OpenSSL for the other hashes
+    from _blake2 import blake2b
+except ImportError:  # pragma: no cover - a Python built without _blake2
+    from hashlib import blake2b
 
 __all__ = ["count_tokens", "embedding", "embedding_base64", "pseudo_tokens"]
 
@@ -21,7 +23,7 @@ _SYLLABLES = (
 
 
 def _digest(*parts: str | int) -> bytes:
-    hasher = hashlib.blake2b(digest_size=32)
+    hasher = blake2b(digest_size=32)
     for part in parts:
         hasher.update(str(part).encode())
         hasher.update(b"\x00")
@@ -62,4 +64,7 @@ def embedding(model: str, text: str, dim: int) -> list[float]:
 
 def embedding_base64(vector: list[float]) -> str:
     """``vector`` as OpenAI's ``encoding_format: "base64"``: little-endian float32 bytes."""
+    import base64  # here, not at the top: only this rarely used format needs them
+    import struct
+
     return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode("ascii")

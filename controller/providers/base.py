@@ -6,9 +6,10 @@ Pure: builds :class:`~controller.runtime.base.LaunchSpec` values from a slot and
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Final, Protocol
 from urllib.parse import urlsplit
 
 from controller.errors import SlotConfigError
@@ -17,6 +18,7 @@ from controller.runtime.base import LaunchSpec
 from controller.spec.schema import ModelSpec, SlotSpec
 
 __all__ = [
+    "READY_LOG",
     "BuildContext",
     "Provider",
     "default_probe",
@@ -78,6 +80,22 @@ def device_env(slot: SlotSpec) -> dict[str, str]:
     if slot.device == "cpu":
         return {"CUDA_VISIBLE_DEVICES": "", "HIP_VISIBLE_DEVICES": ""}
     return {}
+
+
+# The log line with which each provider's server announces that it serves (a regular
+# expression, searched in each line of the slot's log): it wakes the readiness probe at
+# once instead of at its next scheduled attempt. The HTTP probe still decides, so a
+# line that comes early costs one extra probe, never a false "ready". uvicorn logs
+# "Application startup complete" *before* it binds its port when it binds the port
+# itself (``uvicorn.run``), and "Uvicorn running on" after; vLLM binds the socket first
+# and hands it to uvicorn, which then logs only the former.
+READY_LOG: Final[Mapping[str, str]] = {
+    "demo": r"^slotctl-demo (ready|loaded without a model) ",
+    "llamacpp": r"server is listening on ",  # llama-server, once the model is loaded
+    "llama-cpp-python": r"Uvicorn running on ",  # llama_cpp.server: loads, then uvicorn.run
+    "vllm": r"Application startup complete",
+    "openai-compatible": r"Uvicorn running on ",  # most OpenAI-compatible servers
+}
 
 
 def default_probe(slot: SlotSpec, model_id: str) -> ProbeSpec:

@@ -9,13 +9,14 @@ says which sentinel request proves readiness. The controller owns placement flag
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import controller
 from controller.errors import SlotConfigError
 from controller.probe import ProbeSpec
 from controller.providers.base import (
+    READY_LOG,
     BuildContext,
     default_probe,
     device_env,
@@ -53,6 +54,9 @@ def _launch(
     merged_env = {**device_env(slot), **(env or {}), **slot.server.env}
     if path and ctx.runtime == "docker":
         mounts = (*mounts, Mount(path, path, read_only=True))
+    probe = probe or default_probe(slot, model_id)
+    if probe.ready_log is None and slot.provider in READY_LOG:
+        probe = replace(probe, ready_log=READY_LOG[slot.provider])
     return LaunchSpec(
         slot=slot.name,
         stack=ctx.stack,
@@ -67,7 +71,7 @@ def _launch(
         model_source=model.source if model else None,
         model_path=path,
         mounts=mounts,
-        probe=probe or default_probe(slot, model_id),
+        probe=probe,
     )
 
 

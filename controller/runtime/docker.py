@@ -31,8 +31,10 @@ and ``prepare``, :class:`DockerEngineError` (engine answered with an error) or
 from __future__ import annotations
 
 import asyncio
+import codecs
 import contextlib
 import inspect as pyinspect
+import logging
 import math
 import os
 import socket
@@ -77,6 +79,8 @@ __all__ = [
     "container_name",
     "device_options",
 ]
+
+log = logging.getLogger("slotctl.runtime")
 
 CONTAINER_PREFIX: Final = "slotctl-"
 PORT_LABEL: Final = "slotctl.port"
@@ -325,6 +329,49 @@ class DockerRuntime:
 
     async def logs(self, slot: str, tail: int = 100) -> list[str]:
         return await self._call("read logs of", slot, self._logs_sync, slot, tail)
+
+    def watch_log(self, slot: str, on_text: Callable[[str], None]) -> Callable[[], None] | None:
+        """Follow the container's output from now on (the readiness probe's wake-up, see
+        :class:`controller.probe.LogWatcher`): the engine's log stream is read on a daemon
+        thread of its own, ``on_text`` is called on the event loop. Any failure just ends
+        the watch (the probe keeps its schedule); returns the function that stops it."""
+        loop = asyncio.get_running_loop()
+        stopped = threading.Event()
+        streams: list[Any] = []
+        since = time.time()
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+        def deliver(text: str) -> None:
+            if not stopped.is_set():
+                on_text(text)
+
+        def pump() -> None:
+            try:
+                container = self._find(slot)
+                labels = (container.attrs.get("Config") or {}).get("Labels") if container else {}
+                if container is None or not _owned(labels or {}, slot, self.owner):
+                    return
+                streams.append(
+                    container.logs(stdout=True, stderr=True, stream=True, follow=True, since=since)
+                )
+                for chunk in streams[0]:
+                    if stopped.is_set():
+                        return
+                    with contextlib.suppress(RuntimeError):  # the loop closed: nobody listens
+                        loop.call_soon_threadsafe(deliver, decoder.decode(bytes(chunk)))
+            except Exception as exc:  # noqa: BLE001 - logged; the probe keeps its schedule
+                if not stopped.is_set():
+                    log.debug("log watch of slot %s ended: %s", slot, exc)
+            finally:
+                _close_streams(streams)
+
+        threading.Thread(target=pump, name=f"slotctl-logs-{slot}", daemon=True).start()
+
+        def stop() -> None:
+            stopped.set()
+            _close_streams(streams)
+
+        return stop
 
     # ------------------------------------------------------------------ observing
 
@@ -717,3 +764,10 @@ def _state_text(state: Mapping[str, Any], started_at: float | None, code: int | 
     if state.get("Error"):
         text += f": {state['Error']}"
     return text
+
+
+def _close_streams(streams: list[Any]) -> None:
+    """Close followed log streams (from any thread: it unblocks their reader)."""
+    for stream in streams:
+        with contextlib.suppress(OSError, AttributeError):
+            stream.close()

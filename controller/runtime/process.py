@@ -25,15 +25,16 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Final
+from typing import IO, Any, Final
 
 import psutil
 
-from controller.errors import SlotSpawnFailed, SlotTerminateTimeout
+from controller.errors import SlotSpawnFailed, SlotTerminateTimeout, StateWriteFailed
 from controller.runtime.base import LaunchSpec, Observed, ProgressCallback, RunStatus
+from controller.runtime.logwatch import follow
 from controller.store import StateStore
 
 __all__ = ["ProcessRuntime"]
@@ -135,7 +136,10 @@ class ProcessRuntime:
             if found is None:
                 return observed or Observed(slot=slot, status=RunStatus.MISSING)
             record = self._record_from_labels(slot, found)
-            self.store.write_aux(slot, RECORD, record)
+            try:
+                self.store.write_aux(slot, RECORD, record)
+            except StateWriteFailed as exc:  # disk full: observing must still work
+                log.warning("slot %s: cannot re-record its server: %s", slot, exc.message)
             observed = self._observe(slot, record)
         self._cap_log(slot)
         return observed
@@ -147,6 +151,11 @@ class ProcessRuntime:
 
     async def logs(self, slot: str, tail: int = 100) -> list[str]:
         return await asyncio.to_thread(self._tail, slot, tail)
+
+    def watch_log(self, slot: str, on_text: Callable[[str], None]) -> Callable[[], None] | None:
+        """Follow the slot's log file from now on (the readiness probe's wake-up, see
+        :class:`controller.probe.LogWatcher`); None when it cannot be followed."""
+        return follow(self.log_path(slot), on_text)
 
     def _record(self, slot: str) -> dict[str, Any] | None:
         """The slot's process record, or None when absent or not a usable record (a
@@ -184,11 +193,19 @@ class ProcessRuntime:
 
     def _spawn(self, launch: LaunchSpec) -> Observed:
         log_path = self.log_path(launch.slot)
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._rotate(log_path)
-        with log_path.open("ab") as log:
+        log: IO[bytes] | None = None
+        try:
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            self._rotate(log_path)
+            log = log_path.open("ab")
             log.write(f"--- slotctl: starting {' '.join(launch.argv)}\n".encode())
             log.flush()
+        except OSError as exc:  # disk full or read-only: typed, nothing started
+            if log is not None:
+                with contextlib.suppress(OSError):
+                    log.close()
+            raise StateWriteFailed(str(log_path), exc) from exc
+        with log:
             try:
                 popen = subprocess.Popen(
                     list(launch.argv),
@@ -220,7 +237,15 @@ class ProcessRuntime:
             "port": launch.port,
             "stack": launch.stack,
         }
-        self.store.write_aux(launch.slot, RECORD, record)
+        try:
+            self.store.write_aux(launch.slot, RECORD, record)
+        except StateWriteFailed:
+            # No record, no server: one that runs unrecorded (disk full) would outlive us.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(popen.pid, signal.SIGKILL)  # its own session: pgid == pid
+            popen.wait()
+            _CHILDREN.pop(popen.pid, None)
+            raise
         return self._observe(launch.slot, record)
 
     # ------------------------------------------------------------------ observing

@@ -26,6 +26,7 @@ from controller.runtime.base import LaunchSpec
 from controller.slots.core import Core, Part
 from controller.slots.records import ADMITTED_STATES, SlotRecord
 from controller.slots.unloading import Unloading
+from controller.units import format_gib
 
 __all__ = ["Admission"]
 
@@ -159,7 +160,7 @@ class Admission(Part):
                 Op.ADMIT,
                 slot=slot.name,
                 model=launch.model_id,
-                message=f"admitted {slot.memory_bytes} bytes on {device}",
+                message=f"admitted {format_gib(slot.memory_bytes)} on {device}",
                 details={"needed_bytes": admission.needed, "free_bytes": admission.free},
             )
             needs_pull = await self.runtime.needs_prepare(launch) or launch.model_missing()

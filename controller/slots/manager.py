@@ -13,14 +13,14 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from controller.breaker import Breaker
 from controller.clock import SYSTEM_CLOCK, Clock
 from controller.decision import LoadDecision
-from controller.errors import ModelNotFound, SlotctlError
+from controller.errors import ModelNotFound, SlotctlError, SlotNotReady, StateWriteFailed
 from controller.events import EventBus, EventKind, EvictionReason, Op
 from controller.eviction import Victim
 from controller.memory import MemoryProbe, SystemMemoryProbe
@@ -68,7 +68,7 @@ class SlotManager:
         self.store = StateStore(state_dir)
         self.core = Core(
             runtime=runtime,
-            prober=prober or HttpProber(),
+            prober=prober or HttpProber(logs=runtime),
             memory=memory or SystemMemoryProbe(),
             clock=clock,
             events=events,
@@ -391,12 +391,40 @@ class SlotManager:
         if close is not None:
             await close()
 
-    async def stop_all(self, reason: str = "controller shutdown") -> None:
+    def revoke_leases(self, reason: str) -> int:
+        """End every lease now, holds included, with a typed error (the router ends a
+        stream with an error event): ``up --keep-running`` exits, its servers stay.
+        Returns how many leases were ended."""
+        ended = 0
+        for slot in self.core.table:
+            for lease in list(slot.leases.values()):
+                lease.revoke(SlotNotReady(f"slot {slot.name!r}: {reason}", slot=slot.name))
+                self.release(lease)
+                ended += 1
+        return ended
+
+    def end_drains(self) -> None:
+        """Stop waiting for in-flight requests: running and later drains revoke their
+        leases at once (a second Ctrl-C of ``slotctl up``)."""
+        self.unloading.drains_ended = True
+
+    async def stop_all(
+        self,
+        reason: str = "controller shutdown",
+        on_drain: Callable[[str, int, float], None] | None = None,
+    ) -> None:
         """Unload every slot (pinned included), concurrently; for ``down``/shutdown.
 
         In-flight loads are cancelled first (a hung load would otherwise hold its slot up to
-        ``warmup_timeout_s``); their servers are stopped like any other.
+        ``warmup_timeout_s``); their servers are stopped like any other. Batch holds are
+        released first (a hold is no request: nothing to wait for); ``on_drain(slot,
+        requests, drain_timeout_s)`` is told of every slot that waits for requests.
         """
+        for slot in self.core.table:
+            for lease in [x for x in slot.leases.values() if x.expires_at is not None]:
+                self.release(lease)
+            if slot.leases and on_drain is not None:
+                on_drain(slot.name, len(slot.leases), slot.spec.drain_timeout_s)
         pending = [s.load_task for s in self.core.table if s.load_task is not None]
         pending += list(self.core.tasks)
         for task in pending:
@@ -405,7 +433,16 @@ class SlotManager:
         await asyncio.gather(*pending, return_exceptions=True)
 
         async def one(name: str) -> None:
-            with contextlib.suppress(SlotctlError):
+            try:
                 await self.unload(name, force=True, reason=reason, clear_residency=False)
+            except StateWriteFailed as exc:
+                # The state dir refuses writes (full, read-only): the transition cannot be
+                # recorded, but a shutdown must not leak the server. Stop it; the state
+                # file keeps its last state and the next controller finds the server gone.
+                log.warning("slot %s: stopping its server unrecorded: %s", name, exc.message)
+                with contextlib.suppress(SlotctlError):
+                    await self.runtime.stop(name, self.config.stop_timeout_s)
+            except SlotctlError:
+                pass  # reported by the unload (event); the next slot is stopped regardless
 
         await asyncio.gather(*(one(n) for n in self.names()))

@@ -110,6 +110,8 @@ class SlotView:
     stack: str
     waiting: str | None = None  # "waiting_for_memory": a background load waits for room
     paused: bool = False  # an autoload slot a user unloaded: stays unloaded until a load
+    held_for_s: float | None = None  # until the last batch hold (``hold``) expires
+    holds: int = 0  # batch holds among ``leases`` (the rest are requests in flight)
 
     @property
     def dispatchable(self) -> bool:

@@ -99,6 +99,9 @@ class Recovery(Part):
                 message=f"stopped an adopted server with an outdated config ({result.message})",
             )
             return
+        what = f"pid {observed.ident}" if str(observed.ident).isdigit() else observed.ident
+        message = f"adopted {slot.name} ({what})"
+        self.events.emit(EventKind.ADOPT, Op.RESTORE, slot=slot.name, message=message)
         if result.outcome is ProbeOutcome.READY:
             now = self.clock.monotonic()
             slot.ready_at = slot.last_used = slot.last_liveness = now

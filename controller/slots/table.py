@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from typing import Final
 
 from controller.clock import Clock
-from controller.errors import SlotctlError, SlotNotFound
+from controller.errors import SlotctlError, SlotNotFound, StateWriteFailed
 from controller.events import EventBus, EventKind, Op
 from controller.eviction import EvictionCandidate
 from controller.lifecycle import LEGAL_TRANSITIONS, SlotState, check_transition
@@ -43,6 +43,7 @@ class SlotTable:
         # membership once per slot and pass, so a list made a resync pass O(n²).
         self.order: dict[str, None] = {}
         self.transitions: deque[tuple[str, str, str]] = deque(maxlen=_HISTORY)
+        self.unpersisted: set[str] = set()  # lease transitions the disk refused (full)
 
     # ------------------------------------------------------------------ lookup
 
@@ -86,6 +87,8 @@ class SlotTable:
             stack=slot.stack,
             waiting=slot.waiting,
             paused=self.wishes.is_paused(slot.name),
+            held_for_s=_held_for(slot, now),
+            holds=sum(1 for lease in slot.leases.values() if lease.expires_at is not None),
         )
 
     # ------------------------------------------------------------------ memory
@@ -155,15 +158,39 @@ class SlotTable:
         error: SlotctlError | None = None,
         durable: bool = True,
     ) -> None:
-        """The one place slot state changes: check, persist, emit, log."""
+        """The one place slot state changes: check, persist, then commit; emit, log.
+
+        Persist-then-commit: ``state.json`` is written first and only then does the slot
+        change in memory, so memory never runs ahead of disk. A failed write raises
+        :class:`StateWriteFailed` and changes nothing — except a non-``durable`` lease
+        transition (ready <-> serving), which must not fail a request that a ready server
+        can answer: it commits, and :meth:`flush_unpersisted` writes it once the disk can.
+        """
         current = slot.state
         check_transition(current, to)
-        slot.state = to
-        slot.idle_reason = idle_reason if to is S.IDLE else None
-        slot.message = message
-        slot.since = utcnow()
+        idle = idle_reason if to is S.IDLE else None
+        since = utcnow()
+        record = self._record(slot, to, idle, message, since, waiting=None)
+        try:
+            self.store.write(record, durable=durable)
+        except StateWriteFailed as exc:
+            if durable or slot.name not in self.unpersisted:
+                self.events.emit(
+                    EventKind.ERROR,
+                    op,
+                    slot=slot.name,
+                    model=slot.model_id,
+                    message=f"{current.value} -> {to.value} not done: {exc.message}",
+                    error=exc.code,
+                    details={"path": exc.details.get("path"), "errno": exc.errno},
+                )
+            if durable:
+                raise
+            self.unpersisted.add(slot.name)
+        else:
+            self.unpersisted.discard(slot.name)
+        slot.state, slot.idle_reason, slot.message, slot.since = to, idle, message, since
         slot.waiting = None  # any transition ends a wait for memory
-        self.store.write(self.persisted(slot), durable=durable)
         self.transitions.append((slot.name, current.value, to.value))
         self.events.emit(
             EventKind.TRANSITION,
@@ -186,23 +213,51 @@ class SlotTable:
         """Write a fact that is no transition (waiting for memory, a cleared wait) now."""
         self.store.write(self.persisted(slot))
 
+    def flush_unpersisted(self) -> None:
+        """Write the state of slots whose lease transition the disk refused (housekeeping)."""
+        for name in sorted(self.unpersisted):
+            slot = self.records.get(name)
+            if slot is None:
+                self.unpersisted.discard(name)
+                continue
+            try:
+                self.store.write(self.persisted(slot), durable=False)
+            except StateWriteFailed:
+                return  # still full: next interval
+            self.unpersisted.discard(name)
+
     def persisted(self, slot: SlotRecord) -> SlotStateRecord:
-        """The slot as ``state.json`` holds it (the breaker serialises itself)."""
+        """The slot as ``state.json`` holds it now."""
+        return self._record(
+            slot, slot.state, slot.idle_reason, slot.message, slot.since, slot.waiting
+        )
+
+    def _record(
+        self,
+        slot: SlotRecord,
+        state: SlotState,
+        idle_reason: str | None,
+        message: str,
+        since: str,
+        waiting: str | None,
+    ) -> SlotStateRecord:
+        """The slot as ``state.json`` holds it, with these values (the breaker serialises
+        itself)."""
         breaker = slot.breaker.to_record(self.clock.monotonic(), self.clock.time())
         extra = StateExtra(
-            idle_reason=slot.idle_reason,
+            idle_reason=idle_reason,
             adopted=slot.adopted,
             config_drift=slot.running_hash is not None,
-            waiting=slot.waiting,
+            waiting=waiting,
             **breaker,
         )
         return SlotStateRecord(
             name=slot.name,
-            state=slot.state,
+            state=state,
             model_id=slot.model_id,
             port=slot.spec.port,
-            updated_at=slot.since,
-            message=slot.message,
+            updated_at=since,
+            message=message,
             extra=extra,
         )
 
@@ -240,6 +295,11 @@ class SlotTable:
             details={k: v for k, v in error.details.items() if k != "problems"},
         )
         return error
+
+
+def _held_for(slot: SlotRecord, now: float) -> float | None:
+    holds = [lease.expires_at for lease in slot.leases.values() if lease.expires_at is not None]
+    return round(max(0.0, max(holds) - now), 1) if holds else None
 
 
 def legal_path(start: SlotState, target: SlotState) -> list[SlotState]:

@@ -19,7 +19,7 @@ from controller.errors import SlotctlError, SlotNotReady, SlotPinned, SlotTermin
 from controller.events import EventKind, EvictionReason, Op
 from controller.eviction import Victim
 from controller.lifecycle import SlotState
-from controller.slots.core import Part
+from controller.slots.core import Core, Part
 from controller.slots.records import LOADING_STATES, SlotRecord, SlotView
 
 __all__ = ["Unloading"]
@@ -32,6 +32,10 @@ _SETTLE_SPINS: Final = 50  # loop iterations for resuming waiters (a few suffice
 
 
 class Unloading(Part):
+    def __init__(self, core: Core) -> None:
+        super().__init__(core)
+        self.drains_ended = False  # a second Ctrl-C: drains revoke their leases at once
+
     async def unload(
         self,
         name: str,
@@ -79,7 +83,9 @@ class Unloading(Part):
             slot.launch, slot.running_hash = None, None
             self.table.set(slot, S.OFFLINE, op=op, message=f"{reason} (was in error)")
             return
-        if slot.state in LOADING_STATES:  # only after a restart that found it mid-load
+        # Loading: only after a restart that found it mid-load, or a refused state write
+        # (disk full); unloading: a stop whose final write was refused. Finish either.
+        if slot.state in LOADING_STATES or slot.state is S.UNLOADING:
             await self.stop_runtime(slot, op)
             self.table.set(slot, S.OFFLINE, op=op, message=reason)
             return
@@ -110,7 +116,7 @@ class Unloading(Part):
         slot.draining = True
         try:
             deadline = self.clock.monotonic() + slot.spec.drain_timeout_s
-            while slot.leases and self.clock.monotonic() < deadline:
+            while slot.leases and self.clock.monotonic() < deadline and not self.drains_ended:
                 await self.clock.sleep(_POLL_S)
             if slot.leases:
                 error = SlotNotReady(

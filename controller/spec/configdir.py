@@ -10,6 +10,7 @@ Layout::
 
 from __future__ import annotations
 
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +44,9 @@ class ConfigSnapshot:
     errors: list[Problem] = field(default_factory=list)
     warnings: list[Problem] = field(default_factory=list)
     catalogue_ok: bool = True  # False: models.toml (or an entry) is invalid
+    # False: the config dir (or its slots/ dir) is missing or cannot be listed. Such a
+    # snapshot says nothing about what is desired: the reconciler keeps the last good one.
+    readable: bool = True
 
     def owner(self, name: str) -> str | None:
         slot = self.slots.get(name)
@@ -141,25 +145,65 @@ def _ignored_file(path: Path) -> Problem:
     )
 
 
+def _unreadable(path: Path, why: str) -> ConfigSnapshot:
+    problem = Problem(
+        code="config.unreadable",
+        message=f"{path} {why}: the last good desired state stays in force",
+        file=str(path),
+        hint="restore the directory (in GitOps mode the controller rebuilds it)",
+    )
+    return ConfigSnapshot(settings=ControllerSettings(), errors=[problem], readable=False)
+
+
 def read_config_dir(config_dir: Path) -> ConfigSnapshot:
     """The live desired state; invalid files are reported and left out, never fatal."""
     config_dir = Path(config_dir)
+    before = _identities(config_dir)
+    if before[0] is None:
+        return _unreadable(config_dir, "is missing or not a directory")
+    snap = _read(config_dir)
+    if _identities(config_dir) != before:
+        # Deleted or replaced while we read (`rm -rf` removes the slot files one by one):
+        # what was read is a half-deleted dir, which must not read as "slots removed".
+        return _unreadable(config_dir, "changed while it was read (deleted or replaced)")
+    return snap
+
+
+def _identities(config_dir: Path) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
+    """(device, inode) of the config dir and of its ``slots/`` (None: absent)."""
+
+    def one(path: Path) -> tuple[int, int] | None:
+        try:
+            st = path.stat()
+        except (OSError, ValueError):
+            return None
+        return (st.st_dev, st.st_ino) if stat.S_ISDIR(st.st_mode) else None
+
+    return one(config_dir), one(config_dir / SLOTS_SUBDIR)
+
+
+def _read(config_dir: Path) -> ConfigSnapshot:
     settings, problems = read_settings(config_dir)
     snap = ConfigSnapshot(settings=settings, errors=list(problems))
     _read_catalogue(config_dir, snap)
     slots_dir = config_dir / SLOTS_SUBDIR
     entries: list[tuple[SlotEntry, str]] = []
-    if slots_dir.is_dir():
-        for path in sorted(slots_dir.glob("*.toml")):
-            if not is_valid_slot_name(path.stem):
-                if not path.name.startswith("."):  # hidden files are an editor's business
-                    snap.warnings.append(_ignored_file(path))
-                continue
-            entry, stack, errors, warnings = _read_slot_file(path)
-            snap.errors.extend(errors)
-            snap.warnings.extend(warnings)
-            if entry is not None:
-                entries.append((entry, stack))
+    if slots_dir.exists() and not slots_dir.is_dir():
+        return _unreadable(slots_dir, "is not a directory")
+    try:
+        paths = sorted(slots_dir.glob("*.toml")) if slots_dir.is_dir() else []
+    except OSError as exc:
+        return _unreadable(slots_dir, f"cannot be listed: {exc}")
+    for path in paths:
+        if not is_valid_slot_name(path.stem):
+            if not path.name.startswith("."):  # hidden files are an editor's business
+                snap.warnings.append(_ignored_file(path))
+            continue
+        entry, stack, errors, warnings = _read_slot_file(path)
+        snap.errors.extend(errors)
+        snap.warnings.extend(warnings)
+        if entry is not None:
+            entries.append((entry, stack))
     # Cross-slot rules are enforced at write time; report (not drop) anything hand-edited.
     snap.errors.extend(cross_slot_problems([e for e, _ in entries], snap.models))
     for entry, stack in entries:

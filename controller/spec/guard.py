@@ -1,10 +1,12 @@
 """The write boundary: every writer of slot config passes through this module.
 
 ``guard_slot_write_payload`` validates a slot payload (schema, model-owned keys, hardware
-and placement flags, cross-slot rules) and :func:`write_slot_config` is the one function
-that writes slot config to the config dir, after the guard, atomically, through tomlkit so
-a user's comments and layout survive. Stack apply, the HTTP API and in-process creates all
-call it; ``tests/unit/test_guard_writers.py`` proves nothing else writes slot config.
+and placement flags, cross-slot rules) and :func:`write_slot_config` writes one slot to the
+config dir, after the guard, atomically, through tomlkit so a user's comments and layout
+survive; :func:`write_slot_configs` does the same for a whole validated set at once (stack
+apply: one lock, one cross-slot check, O(N)). The HTTP API and in-process creates call the
+first, stack apply the second; ``tests/unit/test_guard_writers.py`` proves nothing else
+writes slot config.
 
 The per-slot checks (:func:`check_slot_payload`) and the cross-slot rules
 (:func:`cross_slot_problems`) are shared with the stack loader, so a stack file and an API
@@ -52,6 +54,7 @@ __all__ = [
     "guard_slot_write_payload",
     "write_catalogue",
     "write_slot_config",
+    "write_slot_configs",
 ]
 
 Loc = tuple[str | int, ...]
@@ -428,21 +431,64 @@ def write_slot_config(
         if others is None:
             others = [s.spec for n, s in snapshot.slots.items() if n != name]
         spec = guard_slot_write_payload(wanted, others=others, catalogue=snapshot.models)
-        document = slot_document(spec)
         owner = stack if stack is not None else snapshot.owner(name)
-        if existing is None:
-            doc = _render_new(document, owner)
-        else:
-            doc = existing
-            for table in ("origin", "slot"):
-                if not isinstance(doc.get(table), tomlkit.items.Table):
-                    doc.pop(table, None)  # absent or hand-broken (`origin = "x"`): rebuilt
-                    doc[table] = tomlkit.table()
-            if owner and doc["origin"].get("stack") != owner:
-                doc["origin"]["stack"] = owner
-            _sync(doc["slot"], document)
-        atomic_write_bytes(path, tomlkit.dumps(doc).encode())
+        _write_slot_file(path, spec, owner, existing)
         return spec
+
+
+def write_slot_configs(
+    config_dir: Path,
+    writes: Sequence[tuple[Mapping[str, Any], str | None]],
+    *,
+    final: Sequence[SlotSpec],
+    catalogue: Mapping[str, ModelSpec],
+) -> list[SlotSpec]:
+    """Write many slots of one desired state under one lock: stack apply, O(N).
+
+    ``writes``: (payload, owning stack) per slot to write; ``final``: every slot of the
+    resulting set, which the cross-slot rules judge once, as the set it is (a port swap
+    between two slots is legal). Each payload passes the per-slot checks; nothing is
+    written unless all pass. Each file is read once, and the config dir is not re-read
+    per slot (which made applying N slots O(N²)).
+    """
+    config_dir = Path(config_dir)
+    with config_lock(config_dir):
+        raise_for_problems(
+            cross_slot_problems([SlotEntry(spec=spec) for spec in final], catalogue),
+            "desired state",
+        )
+        checked: list[tuple[SlotSpec, str | None]] = []
+        for payload, stack in writes:
+            wanted = dict(payload)
+            if wanted.get("autoload") is None:
+                wanted["autoload"] = False
+            check = check_slot_payload(wanted)
+            raise_for_problems([p for p, _ in check.errors])
+            assert check.spec is not None
+            checked.append((check.spec, stack))
+        for spec, stack in checked:
+            path = slot_config_path(config_dir, spec.name)
+            _write_slot_file(path, spec, stack, _read_document(path))
+        return [spec for spec, _ in checked]
+
+
+def _write_slot_file(
+    path: Path, spec: SlotSpec, owner: str | None, existing: TOMLDocument | None
+) -> None:
+    """Render a validated slot into its file (keeping the layout of ``existing``)."""
+    document = slot_document(spec)
+    if existing is None:
+        doc = _render_new(document, owner)
+    else:
+        doc = existing
+        for table in ("origin", "slot"):
+            if not isinstance(doc.get(table), tomlkit.items.Table):
+                doc.pop(table, None)  # absent or hand-broken (`origin = "x"`): rebuilt
+                doc[table] = tomlkit.table()
+        if owner and doc["origin"].get("stack") != owner:
+            doc["origin"]["stack"] = owner
+        _sync(doc["slot"], document)
+    atomic_write_bytes(path, tomlkit.dumps(doc).encode())
 
 
 def _read_document(path: Path) -> TOMLDocument | None:

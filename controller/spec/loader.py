@@ -25,6 +25,7 @@ from controller.spec.schema import ControllerSettings, ModelSpec, SlotSpec, Stac
 GIB = 1024**3
 
 __all__ = [
+    "MAX_FILE_BYTES",
     "DesiredSlot",
     "DesiredState",
     "LoadReport",
@@ -37,6 +38,10 @@ __all__ = [
 ]
 
 _TOP_LEVEL = ("stack", "model", "slot")
+
+# One stack (or config) file is parsed whole, in a worker thread; beyond this size it is
+# refused unparsed (``stack.too_large``) rather than occupying the controller for seconds.
+MAX_FILE_BYTES = 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,10 +121,25 @@ def expand_paths(paths: Iterable[Path]) -> tuple[list[Path], list[Problem]]:
 Parsed = tuple[dict[str, Any] | None, LineIndex | None, list[Problem]]
 
 
+def _too_large(name: str) -> Problem:
+    return Problem(
+        code="stack.too_large",
+        message=f"larger than {MAX_FILE_BYTES // 1024} KiB: not parsed",
+        file=name,
+        hint="split it into several stack files (a directory of stack files is one state)",
+    )
+
+
 def parse_toml_file(path: Path) -> Parsed:
+    """A stack or config file; at most :data:`MAX_FILE_BYTES` are read (``stack.too_large``)."""
     name = str(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as handle:
+            raw = handle.read(MAX_FILE_BYTES + 1)
+        if len(raw) > MAX_FILE_BYTES:
+            return None, None, [_too_large(name)]
+        # As read_text() would: universal newlines.
+        text = raw.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
     except (OSError, UnicodeDecodeError) as exc:
         return None, None, [Problem(code="stack.unreadable", message=str(exc), file=name)]
     return parse_toml_text(text, name)
@@ -127,6 +147,8 @@ def parse_toml_file(path: Path) -> Parsed:
 
 def parse_toml_text(text: str, name: str) -> Parsed:
     """TOML text -> plain data and a line index, or a located syntax problem."""
+    if len(text) > MAX_FILE_BYTES or len(text.encode("utf-8", "surrogatepass")) > MAX_FILE_BYTES:
+        return None, None, [_too_large(name)]
     try:
         doc = tomlkit.parse(text)
     except tomlkit.exceptions.TOMLKitError as exc:  # ParseError, KeyAlreadyPresent, ...

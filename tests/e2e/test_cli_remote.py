@@ -156,8 +156,8 @@ def test_model_commands(ctl: Slotctl) -> None:
     header, *rows = table.splitlines()
     assert header.split() == ["MODEL", "KIND", "STATE", "MEMORY", "RESIDENT", "LOADABLE", "SLOTS"]
     by_id = {r.split()[0]: r.split() for r in rows}
-    assert by_id["m-one"][1:] == ["llm", "unloaded", "0.40G", "no", "yes", "one"]
-    assert by_id["m-unserved"][5:] == ["no", "-"]
+    assert by_id["m-one"][1:] == ["llm", "unloaded", "0.40", "GiB", "no", "yes", "one"]
+    assert by_id["m-unserved"][6:] == ["no", "-"]
     listed = json.loads(ctl.ok("model", "list", "-o", "json"))
     assert {m["id"] for m in listed["models"]} >= {"m-one", "m-big", "m-unserved"}
     assert yaml.safe_load(ctl.ok("model", "list", "-o", "yaml")) == listed

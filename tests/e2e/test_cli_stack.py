@@ -300,8 +300,6 @@ def test_controller_settings_apply(home: Path, tmp_path: Path) -> None:
         pytest.param(["stack", "validate"], id="no-paths"),
         pytest.param(["stack", "validate", "--frobnicate", "x.toml"], id="unknown-option"),
         pytest.param(["stack", "validate", "-o", "yaml", "x.toml"], id="bad-output"),
-        pytest.param(["stack"], id="no-stack-command"),
-        pytest.param([], id="no-command"),
         pytest.param(["stack", "frobnicate"], id="unknown-command"),
     ],
 )
@@ -310,6 +308,15 @@ def test_usage_errors_exit_2(home: Path, args: list[str]) -> None:
     assert result.returncode == 2, result.stdout + result.stderr
     assert "usage: slotctl" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("args", [[], ["stack"]], ids=["no-command", "no-stack-command"])
+def test_no_command_prints_help(home: Path, args: list[str]) -> None:
+    """Bare ``slotctl`` (or a bare command group) is a request for help, not an error."""
+    result = slotctl(*args, home=home)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("usage: slotctl") and "examples:" in result.stdout
+    assert result.stderr == ""
 
 
 def test_version(home: Path) -> None:

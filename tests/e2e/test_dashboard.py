@@ -180,3 +180,37 @@ def test_dashboard_follows_a_load_and_an_unload_live(
             browser.close()
     shutil.copy(ARTIFACTS / "dashboard.png", tmp_path / "dashboard.png")
     assert (ARTIFACTS / "dashboard.png").stat().st_size > 10_000
+
+
+def test_one_time_login_link(controller: tuple[str, str], ctl: Slotctl, tmp_path: Path) -> None:
+    """The link `slotctl up` prints logs the page in once, then leaves the address bar;
+    used again (another browser) it is refused and the page asks for the token."""
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: apt-get install -y chromium", pytrace=False)
+    from playwright.sync_api import expect, sync_playwright
+
+    url, token = controller
+    log = ctl.wait_log("dashboard login: ")
+    link = log.split("dashboard login: ", 1)[1].split()[0]
+    assert link.startswith(f"{url}/#login=") and token not in log
+    with sync_playwright() as pw:
+        for attempt, profile in enumerate(("first", "second")):
+            browser = pw.chromium.launch_persistent_context(
+                str(tmp_path / profile), executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
+            )
+            try:
+                page = browser.new_page()
+                page.goto(link)
+                if attempt == 0:
+                    expect(page.locator("#slot-rows tr")).to_have_count(4)
+                    expect(page.locator("#token-dialog")).to_be_hidden()
+                    assert page.evaluate("localStorage.getItem('slotctl.token')") == token
+                    assert "login=" not in page.url
+                    page.go_back()  # the entry was replaced: the code is not in the history
+                    assert "login=" not in page.url
+                else:  # one use only
+                    expect(page.locator("#token-dialog")).to_be_visible()
+                    expect(page.locator("#token-error")).to_contain_text("used or expired")
+                    assert page.evaluate("localStorage.getItem('slotctl.token')") is None
+            finally:
+                browser.close()

@@ -281,7 +281,12 @@ def concrete(path: str) -> str:
     return out
 
 
-PUBLIC = {("GET", "/healthz"), ("GET", "/"), ("GET", "/static/{name}")}
+PUBLIC = {
+    ("GET", "/healthz"),
+    ("GET", "/"),
+    ("GET", "/static/{name}"),
+    ("POST", "/api/login"),  # a one-time login code is its credential
+}
 
 
 def test_public_routes_are_exactly_health_and_the_dashboard() -> None:
@@ -307,9 +312,11 @@ def test_auth_on_every_route(api: Api) -> None:
             if reply.status == 401:
                 failures.append(f"{method} {path}: public but answered 401")
             continue
+        # /v1/* answers in OpenAI's error shape (its 401 code), the rest in slotctl's
+        code = "invalid_api_key" if path.startswith("/v1/") else "auth.unauthorized"
         for token, what in ((None, "no token"), ("wrong-token", "a wrong token")):
             reply = api.call(method, target, body, token=token)
-            if reply.status != 401 or reply.code != "auth.unauthorized":
+            if reply.status != 401 or reply.code != code:
                 failures.append(f"{method} {path} with {what}: {reply.status} {reply.raw[:100]!r}")
             elif 'Bearer realm="slotctl"' not in reply.headers.get("WWW-Authenticate", ""):
                 failures.append(f"{method} {path}: 401 without WWW-Authenticate")

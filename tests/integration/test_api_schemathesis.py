@@ -17,6 +17,11 @@ Excluded, with reasons:
   server; under the fake runtime there is none, so it would fuzz upstream connection
   failures, not the API (the router has its own tests). ``GET /v1/models`` is included.
 
+Hostile input the generator does not produce is sent by hand to every route: JSON nested
+far past the recursion limit (a typed 400) and a non-UTF-8 ``Authorization`` header (a
+typed 401), see ``test_deeply_nested_json_is_a_typed_400`` and
+``test_non_utf8_authorization_is_a_typed_401``.
+
 Bounded: a few examples per operation (``SLOTCTL_FUZZ_EXAMPLES``, default 25), the run
 derandomized so CI sees the same cases each time.
 """
@@ -305,3 +310,88 @@ def test_api_conforms_to_its_openapi_document(case: Any, controller: ThreadedCon
         checks=CHECKS,
         timeout=30,
     )
+
+
+# ============================================================== hostile input (issue 13)
+
+# JSON nested far deeper than the interpreter's recursion limit: json.loads raises
+# RecursionError, which must be a typed 400, never a 500.
+NESTED = ("[" * 100_000 + "]" * 100_000).encode()
+NESTED_OBJECT = ('{"a":' * 100_000 + "1" + "}" * 100_000).encode()
+# An Authorization header that is not UTF-8 (aiohttp keeps it as surrogate escapes).
+NOT_UTF8_AUTH = b"Bearer \xff\xfe\xc3(" + TOKEN.encode()[:3]
+
+
+def _concrete(path: str) -> str:
+    """A route's path with declared names filled in (``spare``, model ``m-a``)."""
+    out = []
+    for part in path.split("/"):
+        if part.startswith("{") and part.endswith("}"):
+            param = part[1:-1].split(":")[0]
+            names = {"name": "spare", "model_id": "m-a", "path": "transcriptions"}
+            out.append(names.get(param, "index.html"))
+        else:
+            out.append(part)
+    return "/".join(out)
+
+
+def _call(
+    controller: ThreadedController, method: str, path: str, body: bytes | None, auth: bytes
+) -> tuple[int, bytes]:
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", controller.port, timeout=30)
+    try:
+        conn.putrequest(method, path)
+        conn.putheader("Authorization", auth)
+        if body is not None:
+            conn.putheader("Content-Type", "application/json")
+            conn.putheader("Content-Length", str(len(body)))
+        conn.endheaders(body)
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+def _routes(with_body: bool) -> list[tuple[str, str]]:
+    from controller.api.app import ROUTES, _register_routes
+
+    _register_routes()
+    out = []
+    for spec in ROUTES:
+        if spec.path == "/api/events":
+            continue  # an endless SSE stream (401 without a token is checked below)
+        takes_body = spec.body is not None or (
+            spec.path.startswith("/v1/") and spec.method == "POST"
+        )
+        if takes_body or not with_body:
+            out.append((spec.method, spec.path))
+    return sorted(set(out))
+
+
+@pytest.mark.parametrize(("method", "path"), _routes(with_body=True))
+@pytest.mark.parametrize("body", [NESTED, NESTED_OBJECT], ids=["array", "object"])
+def test_deeply_nested_json_is_a_typed_400(
+    controller: ThreadedController, method: str, path: str, body: bytes
+) -> None:
+    status, answer = _call(controller, method, _concrete(path), body, f"Bearer {TOKEN}".encode())
+    assert status == 400, (status, answer[:300])
+    import json
+
+    error = json.loads(answer)["error"]
+    assert error["code"] in ("request.invalid", "invalid_json"), error
+    assert "nested too deeply" in error["message"] or "JSON" in error["message"], error
+
+
+@pytest.mark.parametrize(("method", "path"), [*_routes(with_body=False), ("GET", "/api/events")])
+def test_non_utf8_authorization_is_a_typed_401(
+    controller: ThreadedController, method: str, path: str
+) -> None:
+    from controller.api.app import ROUTES
+
+    status, answer = _call(controller, method, _concrete(path), None, NOT_UTF8_AUTH)
+    if any(r.path == path and r.method == method and r.public for r in ROUTES):
+        assert status < 500, (status, answer[:300])  # public: the header is not looked at
+    else:
+        assert status == 401, (status, answer[:300])

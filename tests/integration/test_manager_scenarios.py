@@ -101,12 +101,13 @@ class Env:
         )
 
     async def manager(self, desired: DesiredState) -> SlotManager:
+        runtime = ProcessRuntime(self.state_dir, kill_grace_s=5.0)
         manager = SlotManager(
-            runtime=ProcessRuntime(self.state_dir, kill_grace_s=5.0),
+            runtime=runtime,
             state_dir=self.state_dir,
             config_dir=self.config_dir,
             settings=self.settings(),
-            prober=HttpProber(timeout_s=5.0),
+            prober=HttpProber(timeout_s=5.0, logs=runtime),  # woken by the ready line
             memory=FakeMemoryProbe({}),  # no probe for gpu: the configured budget rules
             config=ManagerConfig(stop_timeout_s=5.0),
         )

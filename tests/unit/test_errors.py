@@ -45,8 +45,11 @@ EXTRA_ERRORS: dict[str, tuple[str, int]] = {
     "DockerEngineError": ("runtime.engine_error", 502),
     "DockerUnavailable": ("runtime.unavailable", 503),
     "ControllerAlreadyRunning": ("controller.already_running", 409),
+    "ListenUnavailable": ("controller.listen_unavailable", 409),
     "InvalidRequest": ("request.invalid", 400),
     "Unauthorized": ("auth.unauthorized", 401),
+    "SlotOwnedByStack": ("slot.owned_by_stack", 409),
+    "StateWriteFailed": ("state.write_failed", 503),
 }
 ALL_ERRORS = {**SPEC_ERRORS, **EXTRA_ERRORS}
 
@@ -76,8 +79,15 @@ def _make(name: str) -> SlotctlError:
         "DockerEngineError": lambda: errors_module.DockerEngineError("no such image"),
         "DockerUnavailable": lambda: errors_module.DockerUnavailable("no socket"),
         "ControllerAlreadyRunning": lambda: errors_module.ControllerAlreadyRunning("pid 1"),
+        "ListenUnavailable": lambda: errors_module.ListenUnavailable("in use", listen="x:1"),
         "InvalidRequest": lambda: errors_module.InvalidRequest("body is not JSON"),
         "Unauthorized": lambda: errors_module.Unauthorized("missing bearer token"),
+        "SlotOwnedByStack": lambda: errors_module.SlotOwnedByStack(
+            "llm-a", "prod", "/srv/stacks", "remove"
+        ),
+        "StateWriteFailed": lambda: errors_module.StateWriteFailed(
+            "/var/lib/slotctl/slots/llm-a/state.json", OSError(28, "No space left on device")
+        ),
     }
     err: SlotctlError = builders[name]()
     return err
@@ -224,7 +234,8 @@ def test_slot_not_found_and_model_not_found_name_the_thing() -> None:
 
 def test_slot_pinned_says_force() -> None:
     err = SlotPinned("llm-a", "evict")
-    assert "force=true" in str(err)
+    assert "force=true" in str(err)  # the API's query parameter
+    assert "--force" in str(err)  # the CLI's flag
     assert "llm-a" in str(err)
     assert err.to_dict()["error"]["action"] == "evict"
     assert err.to_dict()["error"]["slot"] == "llm-a"
@@ -235,3 +246,27 @@ def test_errors_are_raisable_and_caught_by_base() -> None:
         with pytest.raises(SlotctlError) as info:
             raise _make(name)
         assert info.value.code == SPEC_ERRORS[name][0]
+
+
+def test_state_write_failed_names_path_and_errno_and_asks_to_retry() -> None:
+    """Issue 13: a full (or read-only) state dir is a typed 503 with Retry-After."""
+    import errno
+
+    from controller.api.app import error_response
+
+    err = errors_module.StateWriteFailed("/s/slots/a/state.json", OSError(errno.EROFS, "RO"))
+    inner = err.to_dict()["error"]
+    assert inner["path"] == "/s/slots/a/state.json"
+    assert inner["errno"] == errno.EROFS
+    assert inner["errno_name"] == "EROFS"
+    assert "EROFS" in err.message and "/s/slots/a/state.json" in err.message
+    response = error_response(err)
+    assert response.status == 503
+    assert response.headers["Retry-After"] == "5"
+
+
+def test_slot_owned_by_stack_names_the_stack() -> None:
+    err = errors_module.SlotOwnedByStack("llm-a", "prod", "/srv/stacks", "remove")
+    inner = err.to_dict()["error"]
+    assert (inner["slot"], inner["stack"], inner["stack_dir"]) == ("llm-a", "prod", "/srv/stacks")
+    assert "prod" in err.message and "/srv/stacks" in err.message

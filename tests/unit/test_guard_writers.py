@@ -6,8 +6,9 @@ Two static scans over every module under ``controller/``:
 1. file-writing calls (``open`` for writing, ``write_text``, ``os.replace``, ``shutil.move``,
    the atomic writers, ``tomlkit.dump``, deletions ...) are allowed only in the modules of
    :data:`FILE_WRITERS`, each with the reason it may write;
-2. the slot-config writers (``write_slot_config``, ``delete_slot_config``,
-   ``write_catalogue``) are referenced only from :data:`CONFIG_WRITER_USERS`.
+2. the slot-config writers (``write_slot_config``, ``write_slot_configs``,
+   ``delete_slot_config``, ``write_catalogue``) are referenced only from
+   :data:`CONFIG_WRITER_USERS`.
 
 A new module that writes files, or a new caller of the guard's writers, fails here until it
 is added to the allow-list on purpose, with its reason. The scanner itself is tested on
@@ -37,6 +38,9 @@ FILE_WRITERS: dict[str, str] = {
     "under the state dir (never the config dir)",
     "controller/cli/declarative.py": "`stack export --output-dir` writes exported stack "
     "files / Quadlet units where the user asks (never the config dir)",
+    "controller/cli/k8s.py": "`crd generate` writes the CRD manifests, `stack export --format "
+    "crd` / `stack import --output-dir` the converted files, where the user asks (never the "
+    "config dir)",
 }
 
 # module -> why it may import or call write_slot_config / delete_slot_config / write_catalogue
@@ -49,7 +53,9 @@ CONFIG_WRITER_USERS: dict[str, str] = {
     "/api/slots, swap) go through the guard's functions",
 }
 
-CONFIG_WRITERS = frozenset({"write_slot_config", "delete_slot_config", "write_catalogue"})
+CONFIG_WRITERS = frozenset(
+    {"write_slot_config", "write_slot_configs", "delete_slot_config", "write_catalogue"}
+)
 
 _ATOMIC_WRITERS = frozenset({"atomic_write_bytes", "atomic_write_json"})
 _PATH_WRITE_METHODS = frozenset({"write_text", "write_bytes", "touch", "unlink", "rmdir"})

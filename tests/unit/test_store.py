@@ -16,6 +16,7 @@ from controller.store import (
     ResidencyEntry,
     ResidencyStore,
     SlotStateRecord,
+    StateExtra,
     StateStore,
     atomic_write_bytes,
     atomic_write_json,
@@ -198,7 +199,7 @@ def test_record_defaults() -> None:
     assert rec.model_id == ""
     assert rec.port is None
     assert rec.message == ""
-    assert rec.extra == {}
+    assert rec.extra == StateExtra() and rec.to_json()["extra"] == {}
     assert rec.updated_at.endswith("Z")
     assert utcnow().endswith("Z")
 
@@ -432,3 +433,24 @@ def test_state_dir_files_are_not_world_writable(tmp_path: Path) -> None:
     store.write(_record("a"))
     assert _mode(store.path_for("a")) & 0o022 == 0
     assert os.access(store.path_for("a"), os.R_OK)
+
+
+def test_a_refused_state_write_is_typed_and_keeps_the_old_file(tmp_path: Path) -> None:
+    """Issue 13: the filesystem says no (here ENOTDIR: the slot dir is a file) -> a typed
+    ``state.write_failed`` naming path and errno, never a bare OSError."""
+    import errno
+
+    from controller.errors import StateWriteFailed
+
+    store = StateStore(tmp_path)
+    store.write(SlotStateRecord(name="a", state=SlotState.READY))
+    (tmp_path / "slots" / "b").parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "slots" / "b").write_text("not a directory\n")
+    with pytest.raises(StateWriteFailed) as refused:
+        store.write(SlotStateRecord(name="b", state=SlotState.STARTING))
+    assert refused.value.errno in (errno.ENOTDIR, errno.EEXIST)
+    assert refused.value.details["path"] == str(tmp_path / "slots" / "b" / "state.json")
+    with pytest.raises(StateWriteFailed):
+        store.write_aux("b", "process.json", {"pid": 1})
+    record = store.read("a")
+    assert record is not None and record.state is SlotState.READY

@@ -1,6 +1,7 @@
 // slotctl dashboard: slots, memory and events, live from the API. No build step.
 //
-// The bearer token is asked once and kept in localStorage. The event stream is read with
+// The bearer token is asked once (or taken from a one-time login link) and kept in
+// localStorage. The event stream is read with
 // fetch() and a small SSE parser (EventSource cannot send an Authorization header); on a
 // reconnect it resumes with Last-Event-ID, and an `event: gap` makes it re-read the state.
 "use strict";
@@ -496,5 +497,45 @@ setInterval(tick, 1000);
 setInterval(() => {
   if (state.token && ui.conn.dataset.conn === "live") refreshDevices().catch(() => {});
 }, 5000);
-if (state.token) start();
+// ------------------------------------------------------------------ one-time login link
+
+// `slotctl up` / `slotctl dashboard` print http://HOST/#login=CODE: the fragment is never
+// sent to a server; the code is exchanged once for the token, then leaves the address bar
+// and the history entry.
+async function loginWithCode(code) {
+  history.replaceState(null, "", location.pathname + location.search);
+  let body = null;
+  let status = 0;
+  try {
+    const response = await fetch("/api/login", {
+      method: "POST",
+      cache: "no-store",
+      headers: { Accept: "application/json", "Content-Type": "application/json" },
+      body: JSON.stringify({ code }),
+    });
+    status = response.status;
+    body = await response.json().catch(() => null);
+  } catch (err) {
+    askToken(`Cannot reach the API: ${err.message}`);
+    return;
+  }
+  if (status !== 200 || !body || !body.token) {
+    const error = (body && body.error) || {};
+    if (state.token) {
+      toast(error.message || `login link refused (HTTP ${status})`, "err");
+      start();
+    } else {
+      askToken(error.message || `The login link was refused (HTTP ${status}).`);
+    }
+    return;
+  }
+  state.token = body.token;
+  localStorage.setItem(TOKEN_KEY, body.token);
+  if (ui.dialog.open) ui.dialog.close();
+  start();
+}
+
+const loginCode = new URLSearchParams(location.hash.slice(1)).get("login");
+if (loginCode) loginWithCode(loginCode);
+else if (state.token) start();
 else askToken("");

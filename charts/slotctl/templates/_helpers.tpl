@@ -1,0 +1,35 @@
+{{- define "slotctl.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "slotctl.selectorLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "slotctl.labels" -}}
+{{ include "slotctl.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/component: operator
+app.kubernetes.io/part-of: slotctl
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{/* What the operator does with Model and Slot objects (and their Events): exactly the
+     requests it sends (tests/k8s/test_operator.py records them). */}}
+{{- define "slotctl.resourceRules" -}}
+- apiGroups: ["slotctl.io"]
+  resources: ["models", "slots"]
+  verbs: ["list", "watch", "patch"]
+- apiGroups: ["slotctl.io"]
+  resources: ["models/status", "slots/status"]
+  verbs: ["patch"]
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create"]
+{{- end -}}

@@ -1,0 +1,156 @@
+"""``slotctl operator``, ``slotctl crd generate``, ``stack export --format crd``, ``stack import``.
+
+The Kubernetes commands. CRD generation and conversion are pure (``controller.operator.crd``,
+``controller.operator.convert``); the operator (kopf) is imported only when it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from pathlib import Path
+
+from controller.cli import declarative
+from controller.cli.output import Style, render_problems
+from controller.logs import setup_logging
+from controller.operator.convert import (
+    dump_documents,
+    parse_documents,
+    resources_from_state,
+    stacks_from_resources,
+)
+from controller.operator.crd import crd_files
+from controller.spec.configdir import read_config_dir, read_settings
+from controller.spec.loader import DesiredState, load_stacks
+
+__all__ = ["cmd_crd_generate", "cmd_export", "cmd_import", "cmd_operator"]
+
+EXIT_OK, EXIT_INVALID, EXIT_ERROR = 0, 1, 2
+
+
+# ------------------------------------------------------------------ crd generate
+
+
+def cmd_crd_generate(args: argparse.Namespace) -> int:
+    dirs: list[Path] = args.output_dir or [Path("crds")]
+    differs = []
+    for directory in dirs:
+        for name, text in crd_files().items():
+            path = directory / name
+            current = path.read_text(encoding="utf-8") if path.exists() else None
+            if current == text:
+                continue
+            differs.append(str(path))
+            if not args.check:
+                directory.mkdir(parents=True, exist_ok=True)
+                path.write_text(text, encoding="utf-8")
+                print(f"wrote {path}")
+    if args.check and differs:
+        for stale in differs:
+            print(f"out of date: {stale} (run `slotctl crd generate`)", file=sys.stderr)
+        return EXIT_INVALID
+    return EXIT_OK
+
+
+# ------------------------------------------------------------------ operator
+
+
+def cmd_operator(args: argparse.Namespace) -> int:
+    from controller.operator.run import Operator, OperatorOptions
+
+    setup_logging(args.log_format, args.log_level)
+    opts = OperatorOptions(
+        state_dir=args.state_dir,
+        config_dir=args.config_dir,
+        runtime=args.runtime,
+        namespaces=list(args.namespace),
+        all_namespaces=args.all_namespaces or not args.namespace,
+        listen=None if args.listen == "none" else args.listen,
+        token=args.token or os.environ.get("SLOTCTL_TOKEN") or None,
+        liveness=args.liveness,
+        resync_s=args.resync,
+        quiet=args.log_format == "json",
+    )
+    return asyncio.run(Operator(opts).run())
+
+
+# ------------------------------------------------------------------ conversion
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    if args.format != "crd":
+        result: int = declarative.cmd_export(args)
+        return result
+    state = _export_state(args)
+    if state is None:
+        return EXIT_INVALID
+    if args.stack:
+        slots = {n: s for n, s in state.slots.items() if s.stack == args.stack}
+        state = DesiredState(stacks=(args.stack,), models=state.models, slots=slots)
+    text = dump_documents(resources_from_state(state, args.namespace, owners=_owners(state)))
+    if args.output_dir:
+        out: Path = args.output_dir
+        out.mkdir(parents=True, exist_ok=True)
+        name = f"{args.stack or 'slotctl'}.yaml"
+        (out / name).write_text(text, encoding="utf-8")
+        print(f"wrote {out / name}")
+    else:
+        sys.stdout.write(text)
+    return EXIT_OK
+
+
+def _export_state(args: argparse.Namespace) -> DesiredState | None:
+    if args.from_paths:
+        settings, _ = read_settings(args.config_dir)
+        report = load_stacks(args.from_paths, settings)
+        if not report.ok or report.state is None:
+            for line in render_problems(report.errors, Style(sys.stderr)):
+                print(line, file=sys.stderr)
+            return None
+        return report.state
+    snapshot = read_config_dir(args.config_dir)
+    for problem in snapshot.errors:
+        print(f"slotctl: warning: {problem.where()}: {problem.message}", file=sys.stderr)
+    return snapshot.desired()
+
+
+def _owners(state: DesiredState) -> dict[str, str]:
+    """Model id -> the stack of the first slot bound to it (the rest: the first stack)."""
+    owners: dict[str, str] = {}
+    for slot in state.slots.values():
+        if slot.spec.model_id and slot.stack:
+            owners.setdefault(slot.spec.model_id, slot.stack)
+    first = state.stacks[0] if state.stacks else None
+    if first:
+        for model_id in state.models:
+            owners.setdefault(model_id, first)
+    return owners
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    text = sys.stdin.read() if str(args.file) == "-" else args.file.read_text(encoding="utf-8")
+    result = stacks_from_resources(parse_documents(text), args.stack)
+    if result.problems:
+        for line in render_problems(result.problems, Style(sys.stderr)):
+            print(line, file=sys.stderr)
+        return EXIT_INVALID
+    if not result.texts:
+        print("slotctl: no slotctl.io Model or Slot objects in the input", file=sys.stderr)
+        return EXIT_INVALID
+    if args.output_dir:
+        out: Path = args.output_dir
+        out.mkdir(parents=True, exist_ok=True)
+        for stack, body in result.texts.items():
+            (out / f"{stack}.toml").write_text(body, encoding="utf-8")
+            print(f"wrote {out / stack}.toml")
+        return EXIT_OK
+    if len(result.texts) > 1:
+        print(
+            f"slotctl: several stacks ({', '.join(result.texts)}): use --output-dir",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
+    sys.stdout.write(next(iter(result.texts.values())))
+    return EXIT_OK

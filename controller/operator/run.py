@@ -1,0 +1,371 @@
+"""``slotctl operator``: kopf handlers on the controller core (CRs in, status out).
+
+Composition only, like ``slotctl up`` (it runs the same :class:`~controller.daemon.Controller`
+— SlotManager, Reconciler, API and router — and adds two things):
+
+* a *source*: kopf indexes every ``Model``/``Slot`` (kopf fills indexes from the initial
+  listing before any handler runs, so a restarted operator never prunes a slot it has not
+  seen yet); the create/update/resume/delete handlers hand the whole set to
+  :class:`~controller.operator.source.CrSource`, which validates it with the loader's
+  checks and writes it through the guard; the reconciler converges as for a stack file;
+* a *sink*: one kopf timer per CR waits for the manager's next event (or a resync period)
+  and patches ``status`` from what is observed, so a server that dies shows up without any
+  CR change; every transition also becomes a Kubernetes Event on its Slot.
+
+Deleting a Slot: kopf's finalizer holds the object until the slot's server is stopped.
+kopf keeps its progress and diff-base in annotations (``slotctl.io/...``), never in
+``status``, which the structural schema would prune. Servers outlive the operator process
+(like ``up --keep-running``): a restarted operator adopts them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import kopf
+
+from controller.daemon import Controller, DaemonOptions
+from controller.errors import SlotctlError
+from controller.events import Event
+from controller.lifecycle import SlotState
+from controller.operator.crd import GROUP, VERSION
+from controller.operator.source import CrKey, CrSource, SyncResult, cr_key
+from controller.operator.status import (
+    Observed,
+    Verdict,
+    changed_fields,
+    model_status,
+    reason_of,
+    slot_status,
+)
+from controller.slots import SlotManager
+
+__all__ = ["Operator", "OperatorOptions"]
+
+log = logging.getLogger("slotctl.operator")
+
+ANNOTATION_PREFIX: Final = GROUP
+DELETE_WAIT_S: Final = 30.0
+
+
+@dataclass(slots=True)
+class OperatorOptions:
+    state_dir: Path
+    config_dir: Path | None = None  # default: <state_dir>/config
+    runtime: str = "process"
+    namespaces: list[str] = field(default_factory=list)
+    all_namespaces: bool = False
+    listen: str | None = None  # the slotctl API and router (None: off)
+    token: str | None = None
+    liveness: str | None = None  # kopf's probe, e.g. http://0.0.0.0:8080/healthz
+    resync_s: float = 30.0
+    status_resync_s: float = 5.0
+    quiet: bool = False
+
+
+class StatusBoard:
+    """Manager events -> wake-ups for the status timers, last errors, pending Events."""
+
+    def __init__(self) -> None:
+        self.version = 0
+        self._changed = asyncio.Event()  # replaced on every change: waiters hold the old one
+        self.last_error: dict[str, tuple[str, str]] = {}
+        self.pending: dict[str, list[tuple[str, str, str]]] = {}
+
+    def on_event(self, event: Event) -> None:
+        if event.slot is not None:
+            if event.error:
+                self.last_error[event.slot] = (event.error, event.message)
+            if event.kind == "transition":
+                kind = "Warning" if event.to_state == SlotState.ERROR.value else "Normal"
+                text = f"{event.from_state} -> {event.to_state}"
+                if event.message:
+                    text += f": {event.message}"
+                queue = self.pending.setdefault(event.slot, [])
+                queue.append((kind, reason_of(event.to_state or "changed"), text))
+                del queue[:-20]  # bounded: a slot nobody looks at does not grow it
+        self.poke()
+
+    def poke(self) -> None:
+        self.version += 1
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    async def wait(self, seen: int, timeout: float) -> int:
+        """Until the version moves past ``seen`` or ``timeout``; returns the version."""
+        if self.version == seen:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), timeout)
+        return self.version
+
+    def take_events(self, slot: str) -> list[tuple[str, str, str]]:
+        return self.pending.pop(slot, [])
+
+
+class Operator:
+    """One process: the controller core plus kopf. See the module docstring."""
+
+    def __init__(self, opts: OperatorOptions) -> None:
+        self.opts = opts
+        config_dir = opts.config_dir or opts.state_dir / "config"
+        self.controller = Controller(
+            DaemonOptions(
+                config_dir=config_dir,
+                state_dir=opts.state_dir,
+                runtime=opts.runtime,
+                keep_running=True,
+                resync_s=opts.resync_s,
+                listen=opts.listen,
+                token=opts.token,
+                quiet=opts.quiet,
+            )
+        )
+        self.source = CrSource(config_dir)
+        self.board = StatusBoard()
+        self.registry = kopf.OperatorRegistry()
+        self._handled: set[CrKey] = set()  # CRs whose own handler ran (status may follow)
+        self._seen: dict[CrKey, int] = {}  # the board version each status timer last saw
+        self.kopf_stop = asyncio.Event()
+        self.kopf_ready = asyncio.Event()
+        self._register()
+
+    @property
+    def manager(self) -> SlotManager:
+        assert self.controller.manager is not None
+        return self.controller.manager
+
+    # ------------------------------------------------------------------ running
+
+    async def run(self) -> int:
+        core = asyncio.create_task(self.controller.run(), name="controller")
+        ready = asyncio.create_task(self.controller.ready.wait())
+        await asyncio.wait({core, ready}, return_when=asyncio.FIRST_COMPLETED)
+        if core.done():
+            ready.cancel()
+            return core.result()
+        self.manager.events.add_listener(self.board.on_event)
+        operator = asyncio.create_task(
+            kopf.operator(
+                registry=self.registry,
+                clusterwide=self.opts.all_namespaces,
+                namespaces=self.opts.namespaces,
+                standalone=True,  # one replica (the chart's Deployment: Recreate)
+                liveness_endpoint=self.opts.liveness,
+                stop_flag=self.kopf_stop,
+                ready_flag=self.kopf_ready,
+            ),
+            name="kopf",
+        )
+        stopping = asyncio.create_task(self.controller.stop.wait())
+        await asyncio.wait({core, operator, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        self.kopf_stop.set()
+        stopping.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await operator
+        self.controller.stop.set()
+        return await core
+
+    # ------------------------------------------------------------------ kopf wiring
+
+    def _register(self) -> None:
+        reg = self.registry
+        kopf.on.startup(registry=reg)(self._configure)
+        kopf.on.login(registry=reg)(_login)
+        kopf.on.cleanup(registry=reg)(self._cleanup)
+        for plural, kind in (("models", "Model"), ("slots", "Slot")):
+            kopf.index(GROUP, VERSION, plural, registry=reg, id=f"{plural}_index")(_essence)
+            changed = self._changed_handler(kind)
+            for decorator in (kopf.on.create, kopf.on.update, kopf.on.resume):
+                decorator(GROUP, VERSION, plural, registry=reg, id=f"{plural}-sync")(changed)
+            kopf.timer(GROUP, VERSION, plural, registry=reg, interval=0.01, id=f"{plural}-status")(
+                self._status_handler(kind)
+            )
+        # A Slot's finalizer holds it until its server is stopped; a Model needs none.
+        kopf.on.delete(GROUP, VERSION, "slots", registry=reg, id="slots-delete")(
+            self._delete_handler("Slot")
+        )
+        kopf.on.delete(GROUP, VERSION, "models", registry=reg, id="models-delete", optional=True)(
+            self._delete_handler("Model")
+        )
+
+    async def _configure(self, settings: kopf.OperatorSettings, **_: Any) -> None:
+        # Status is pruned to its schema: kopf's state lives in annotations instead.
+        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
+            prefix=ANNOTATION_PREFIX
+        )
+        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+            prefix=ANNOTATION_PREFIX, key="last-handled-configuration"
+        )
+        settings.persistence.finalizer = f"{GROUP}/finalizer"
+        settings.posting.level = logging.INFO
+        # A 409 (someone wrote the object meanwhile) is retried at once, then backs off.
+        settings.queueing.error_delays = (0.1, 0.5, 1, 2, 5, 10, 30, 60)
+        # A status timer exits at once when its object is deleted; look again soon.
+        settings.background.cancellation_polling = 0.5
+        settings.watching.server_timeout = 300
+        settings.networking.request_timeout = 60
+
+    async def _cleanup(self, **_: Any) -> None:
+        log.info("operator stopping; servers keep running for the next start to adopt")
+
+    # ------------------------------------------------------------------ the source
+
+    def _sync(self, indexes: Mapping[str, Any]) -> SyncResult:
+        self.source.load("Model", _values(indexes.get("models_index")))
+        self.source.load("Slot", _values(indexes.get("slots_index")))
+        result = self.source.sync()
+        reconciler = self.controller.reconciler
+        if reconciler is not None and result.changed:
+            reconciler.refresh()
+            reconciler.enqueue_all()
+        self.board.poke()
+        return result
+
+    def _changed_handler(self, kind: str) -> Any:
+        async def changed(body: kopf.Body, **kwargs: Any) -> None:
+            result = self._sync(kwargs)
+            key = cr_key(kind, body)
+            self._handled.add(key)
+            verdict = result.verdicts.get(key)
+            if verdict is not None and verdict.problems:
+                first = verdict.problems[0]
+                kept = "; the last good spec stays in force" if verdict.accepted else ""
+                kopf.warn(
+                    body,
+                    reason="InvalidSpec",
+                    message=f"[{first.code}] {first.message}{kept}",
+                )
+            elif result.changed:
+                kopf.info(body, reason="Applied", message=f"applied: {', '.join(result.changed)}")
+
+        return changed
+
+    def _delete_handler(self, kind: str) -> Any:
+        async def deleted(body: kopf.Body, **kwargs: Any) -> None:
+            key = cr_key(kind, body)
+            slot = self.source.slot_of(key)
+            self._sync(kwargs)  # the index no longer offers a CR being deleted
+            self.source.remove(key)
+            self._handled.discard(key)
+            self._seen.pop(key, None)
+            if kind == "Slot" and slot is not None and slot not in self.source.slot_names.values():
+                await self._wait_stopped(slot)
+                kopf.info(body, reason="Stopped", message=f"slot {slot}: server stopped")
+
+        return deleted
+
+    async def _wait_stopped(self, slot: str) -> None:
+        """Until the manager forgot the slot and no server of it runs (or retry later)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + DELETE_WAIT_S
+        seen = self.board.version
+        while loop.time() < deadline:
+            if self.manager.known(slot) is None:
+                observed = await self.manager.runtime.inspect(slot)
+                if not observed.running:
+                    return
+            seen = await self.board.wait(seen, 0.2)
+        raise kopf.TemporaryError(f"slot {slot}: its server is still stopping", delay=2)
+
+    # ------------------------------------------------------------------ the sink
+
+    def _status_handler(self, kind: str) -> Any:
+        async def status(body: kopf.Body, patch: kopf.Patch, stopped: Any, **_: Any) -> None:
+            key = cr_key(kind, body)
+            await self._next_change(key, stopped)
+            if stopped or key not in self._handled:
+                return  # not handled yet: nothing true to say (and no racing kopf's patches)
+            old = body.get("status") or {}
+            if kind == "Slot":
+                new = self._slot_status(key, old)
+                slot = self.source.slot_of(key)
+                for event_type, reason, message in self.board.take_events(slot or ""):
+                    kopf.event(body, type=event_type, reason=reason, message=message)
+            else:
+                new = self._model_status(key, old)
+            for name, value in changed_fields(new, old).items():
+                patch.status[name] = value
+
+        return status
+
+    async def _next_change(self, key: CrKey, stopped: Any) -> None:
+        """The next manager event or source sync (or the resync period), unless kopf stops
+        the timer first (the object is being deleted: its finalizer waits for us)."""
+        change = asyncio.ensure_future(
+            self.board.wait(self._seen.get(key, -1), self.opts.status_resync_s)
+        )
+        stop = asyncio.ensure_future(stopped.wait())
+        try:
+            await asyncio.wait({change, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+            change.cancel()
+        if change.done() and not change.cancelled():
+            self._seen[key] = change.result()
+
+    def _verdict(self, key: CrKey) -> Verdict:
+        return self.source.verdicts.get(key) or Verdict()
+
+    def _observed(self, slot: str | None) -> Observed | None:
+        if slot is None:
+            return None
+        try:
+            view = self.manager.view(slot)
+        except SlotctlError:
+            return None
+        return Observed(
+            state=view.state,
+            idle_reason=view.idle_reason,
+            model=view.model_id,
+            endpoint=view.endpoint,
+            device=view.device,
+            memory_bytes=view.memory_bytes,
+            message=view.message,
+            dispatchable=view.dispatchable,
+            last_error=self.board.last_error.get(slot),
+        )
+
+    def _slot_status(self, key: CrKey, old: Mapping[str, Any]) -> dict[str, Any]:
+        return slot_status(self._observed(self.source.slot_of(key)), self._verdict(key), old)
+
+    def _model_status(self, key: CrKey, old: Mapping[str, Any]) -> dict[str, Any]:
+        model_id = self.source.model_ids.get(key)
+        slots = {
+            view.name: view.state
+            for view in self.manager.views()
+            if model_id is not None and view.model_id == model_id
+        }
+        return model_status(model_id, self._verdict(key), slots, old)
+
+
+def _login(**kwargs: Any) -> Any:
+    """In a pod: the service account; elsewhere: ``KUBECONFIG`` or ``~/.kube/config``."""
+    return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+
+
+def _essence(body: kopf.Body, **_: Any) -> dict[tuple[str, str], dict[str, Any]]:
+    """What the source needs of a CR, under (namespace, name) in kopf's index."""
+    meta = body.get("metadata", {})
+    essence = {
+        "metadata": {
+            "name": meta.get("name"),
+            "namespace": meta.get("namespace"),
+            "generation": meta.get("generation"),
+            "creationTimestamp": meta.get("creationTimestamp"),
+            "deleting": bool(meta.get("deletionTimestamp")),
+        },
+        "spec": dict(body.get("spec") or {}),
+    }
+    return {(str(meta.get("namespace") or ""), str(meta.get("name") or "")): essence}
+
+
+def _values(index: Any) -> Iterable[Mapping[str, Any]]:
+    if index is None:
+        return []
+    return [v for store in index.values() for v in store if not v["metadata"]["deleting"]]

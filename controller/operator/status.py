@@ -1,0 +1,223 @@
+"""CR status from observed state (pure): conditions, state, model, endpoint, memory, error.
+
+The operator's status sink calls these with the SlotManager's :class:`SlotView` (what the
+controller observes, level-triggered) and the source's verdict on the CR (what the loader
+said about its spec). Conditions follow the Kubernetes API conventions: ``Ready``,
+``Progressing`` and ``Degraded``, each with ``observedGeneration``, a CamelCase ``reason``,
+a ``message`` and a ``lastTransitionTime`` that moves only when ``status`` flips.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from controller.lifecycle import SlotState
+from controller.spec.problems import Problem
+
+__all__ = [
+    "Verdict",
+    "changed_fields",
+    "condition",
+    "model_status",
+    "reason_of",
+    "slot_status",
+]
+
+_GIB: Final = 1024**3
+_PROGRESSING: Final = frozenset(
+    {SlotState.PULLING, SlotState.STARTING, SlotState.WARMING, SlotState.UNLOADING}
+)
+_ADMITTED: Final = frozenset(
+    {
+        SlotState.PULLING,
+        SlotState.STARTING,
+        SlotState.WARMING,
+        SlotState.READY,
+        SlotState.SERVING,
+        SlotState.IDLE,
+        SlotState.UNLOADING,
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What the source made of one CR's spec at its last sync."""
+
+    generation: int = 0
+    problems: tuple[Problem, ...] = ()
+    accepted: bool = False  # the slot (its current or its last good spec) is desired
+    current: bool = False  # the CR's current spec is the one in force
+
+
+@dataclass(frozen=True, slots=True)
+class Observed:
+    """The slice of a SlotView the status needs (kept here so this module stays pure)."""
+
+    state: SlotState
+    idle_reason: str | None = None
+    model: str = ""
+    endpoint: str | None = None
+    device: str = "gpu"
+    memory_bytes: int = 0
+    message: str = ""
+    dispatchable: bool = False
+    last_error: tuple[str, str] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def reason_of(text: str) -> str:
+    """``slot.hardware_flag`` / ``warming`` -> ``SlotHardwareFlag`` / ``Warming``."""
+    parts = [p for p in "".join(c if c.isalnum() else " " for c in text).split() if p]
+    out = "".join(p[:1].upper() + p[1:] for p in parts)
+    return out if out[:1].isalpha() else "Unknown"
+
+
+def condition(
+    kind: str,
+    status: bool,
+    reason: str,
+    message: str,
+    generation: int,
+    old: Sequence[Mapping[str, Any]] | None,
+    now: str | None = None,
+) -> dict[str, Any]:
+    value = "True" if status else "False"
+    previous = next((c for c in old or () if c.get("type") == kind), None)
+    since = (
+        previous.get("lastTransitionTime")
+        if previous is not None and previous.get("status") == value
+        else None
+    )
+    return {
+        "type": kind,
+        "status": value,
+        "observedGeneration": generation,
+        "lastTransitionTime": since or now or _now(),
+        "reason": reason,
+        "message": message[:32768],
+    }
+
+
+def _problem_text(problems: Sequence[Problem]) -> str:
+    return "; ".join(
+        f"[{p.code}] {p.key + ': ' if p.key and p.key not in p.message else ''}{p.message}"
+        for p in problems
+    )
+
+
+def slot_status(
+    observed: Observed | None,
+    verdict: Verdict,
+    old: Mapping[str, Any] | None,
+    now: str | None = None,
+) -> dict[str, Any]:
+    """The whole ``status`` of a Slot."""
+    old = old or {}
+    old_conditions = old.get("conditions") if isinstance(old.get("conditions"), list) else None
+    gen = verdict.generation
+    if observed is None:
+        state = "invalid" if verdict.problems and not verdict.accepted else "pending"
+        ready = (False, reason_of(state), "not started by the controller yet")
+        progressing = (verdict.accepted, "Pending", "waiting for the controller")
+    else:
+        state = observed.state.value
+        shown = state if observed.idle_reason is None else f"{state} ({observed.idle_reason})"
+        ready = (
+            observed.dispatchable,
+            reason_of(state),
+            observed.message
+            or f"{shown}"
+            + (f" at {observed.endpoint}" if observed.endpoint and observed.dispatchable else ""),
+        )
+        busy = observed.state in _PROGRESSING
+        progressing = (busy, reason_of(state) if busy else "Stable", observed.message or shown)
+    if verdict.problems:
+        kept = " (the last good spec stays in force)" if verdict.accepted else ""
+        degraded = (True, "InvalidSpec", _problem_text(verdict.problems) + kept)
+    elif observed is not None and observed.state is SlotState.ERROR:
+        degraded = (True, "ServerError", observed.message or "the server failed")
+    else:
+        degraded = (False, "AsExpected", "")
+    status: dict[str, Any] = {
+        "observedGeneration": gen,
+        "state": state,
+        "conditions": [
+            condition("Ready", *ready, gen, old_conditions, now),
+            condition("Progressing", *progressing, gen, old_conditions, now),
+            condition("Degraded", *degraded, gen, old_conditions, now),
+        ],
+    }
+    if observed is not None:
+        status["idleReason"] = observed.idle_reason
+        status["model"] = observed.model
+        status["endpoint"] = observed.endpoint
+        status["memory"] = {
+            "device": observed.device,
+            "gb": round(observed.memory_bytes / _GIB, 3),
+            "admitted": observed.state in _ADMITTED,
+        }
+    error = _last_error(observed, verdict)
+    if error is not None:
+        status["lastError"] = error
+    return status
+
+
+def _last_error(observed: Observed | None, verdict: Verdict) -> dict[str, str] | None:
+    if verdict.problems:
+        first = verdict.problems[0]
+        return {"code": first.code, "message": _problem_text(verdict.problems)}
+    if observed is not None and observed.last_error is not None:
+        code, message = observed.last_error
+        return {"code": code, "message": message}
+    return None
+
+
+def model_status(
+    model_id: str | None,
+    verdict: Verdict,
+    slots: Mapping[str, SlotState],
+    old: Mapping[str, Any] | None,
+    now: str | None = None,
+) -> dict[str, Any]:
+    """The whole ``status`` of a Model: accepted into the catalogue, and where it is loaded."""
+    old = old or {}
+    old_conditions = old.get("conditions") if isinstance(old.get("conditions"), list) else None
+    gen = verdict.generation
+    loaded = sorted(n for n, s in slots.items() if s in _ADMITTED)
+    if verdict.accepted:
+        ready = (True, "InCatalogue", f"model {model_id} is in the catalogue")
+    else:
+        ready = (False, "Invalid", "not in the catalogue")
+    if verdict.problems:
+        degraded = (True, "InvalidSpec", _problem_text(verdict.problems))
+    else:
+        degraded = (False, "AsExpected", "")
+    status: dict[str, Any] = {
+        "observedGeneration": gen,
+        "id": model_id or "",
+        "state": "loaded" if loaded else "unloaded",
+        "slots": sorted(slots),
+        "conditions": [
+            condition("Ready", *ready, gen, old_conditions, now),
+            condition("Progressing", False, "Stable", "", gen, old_conditions, now),
+            condition("Degraded", *degraded, gen, old_conditions, now),
+        ],
+    }
+    if verdict.problems:
+        first = verdict.problems[0]
+        status["lastError"] = {"code": first.code, "message": _problem_text(verdict.problems)}
+    return status
+
+
+def changed_fields(new: Mapping[str, Any], old: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The top-level status keys whose value differs (a merge patch sends only these)."""
+    old = old or {}
+    return {k: v for k, v in new.items() if old.get(k) != v}
