@@ -30,7 +30,7 @@ from controller.api.metrics import METRICS_KEY, Metrics, eviction_reason
 from controller.api.server import ApiServer
 from controller.apply import apply_to_config
 from controller.errors import SlotctlError
-from controller.events import Event, EventBus
+from controller.events import Event, EventBus, EventKind, EvictionReason, Op
 from controller.lifecycle import SlotState
 from controller.memory import GIB, FakeMemoryProbe
 from controller.probe import HttpProber
@@ -592,28 +592,17 @@ def ev(kind: str, op: str, message: str, **kw: Any) -> Event:
     return Event(id=1, kind=kind, op=op, slot="s", message=message, **kw)
 
 
-def test_eviction_reason_classes() -> None:
-    assert (
-        eviction_reason(ev("eviction", "evict", "evicted to make room for b: priority 1"))
-        == "preload"
-    )
-    assert (
-        eviction_reason(ev("eviction", "evict", "evicted to memory pressure critical: x"))
-        == "pressure"
-    )
-    assert eviction_reason(ev("eviction", "evict", "ttl: no request for 120s (ttl_s=120)")) == "ttl"
-    assert (
-        eviction_reason(ev("eviction", "reconcile", "stopped a managed server nobody declares"))
-        == "orphan"
-    )
-    assert eviction_reason(ev("eviction", "evict", "x", details={"reason": "custom"})) == "custom"
-    swap = ev("transition", "unload", "exclusive group g: swapped out for b", to_state="unloading")
-    assert eviction_reason(swap) == "exclusive"
-    assert (
-        eviction_reason(ev("transition", "unload", "unloaded on request", to_state="unloading"))
-        is None
-    )
-    assert eviction_reason(ev("refusal", "admit", "no room")) is None
+def test_eviction_reason_is_a_field_of_the_event() -> None:
+    """Metrics read the reason class from the event, never from its message."""
+    for reason in EvictionReason:
+        event = ev(EventKind.EVICTION, Op.EVICT, "whatever the words", reason=reason)
+        assert eviction_reason(event) == reason.value
+    # A message that reads like an eviction is not one without the field ...
+    assert eviction_reason(ev(EventKind.EVICTION, Op.EVICT, "evicted to make room")) is None
+    # ... and only eviction events count.
+    swap = ev(EventKind.TRANSITION, Op.UNLOAD, "exclusive group g: swapped out for b")
+    assert eviction_reason(swap) is None
+    assert eviction_reason(ev(EventKind.REFUSAL, Op.ADMIT, "no room")) is None
 
 
 def test_openapi_documents_the_observability_routes() -> None:

@@ -508,3 +508,40 @@ async def test_a_user_load_of_a_waiting_slot_still_evicts(tmp_path: Path) -> Non
     await settle(h.manager)
     assert loaded(h.manager) == {"b"} and h.manager.view("b").waiting is None
     assert h.manager.view("a").state is S.OFFLINE
+
+
+async def test_every_eviction_event_carries_its_reason(tmp_path: Path) -> None:
+    """Preload, TTL and exclusive swaps all say why in the event's ``reason`` field."""
+    slots = [
+        slot_spec("lo", priority=10),
+        slot_spec("big"),
+        slot_spec("ga", "ga-m"),
+        slot_spec("gb", "gb-m"),
+        slot_spec("short", ttl_s=10, autoload=False),
+    ]
+    models = [
+        model_spec("lo-m", 4),
+        model_spec("big-m", 6),
+        model_spec("ga-m", 1, group="g"),
+        model_spec("gb-m", 1, group="g"),
+        model_spec("short-m", 1),
+    ]
+    h = harness(tmp_path, budget_gb=10)
+    m = h.manager
+    await m.set_desired(desired(slots, models))
+    sub = m.events.subscribe()
+    await m.load("lo")
+    h.clock.advance(100)
+    await m.load("big")  # evicts lo: preload
+    await m.load("ga")
+    await m.load("gb")  # swaps ga out: exclusive
+    await m.unload("big")
+    await m.load("short", resident=False)
+    h.clock.advance(11)
+    await m.tick()  # short unused past ttl_s: ttl
+    reasons = {(e.slot, e.reason) for e in events_of(sub, "eviction")}
+    assert reasons == {
+        ("lo", EvictionReason.PRELOAD),
+        ("ga", EvictionReason.EXCLUSIVE),
+        ("short", EvictionReason.TTL),
+    }
