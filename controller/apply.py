@@ -27,16 +27,11 @@ from controller.providers import BuildContext, build_launch
 from controller.reconcile import Action, ObservedSlot, plans_for
 from controller.runtime.base import Runtime
 from controller.spec.configdir import ConfigSnapshot, read_config_dir
-from controller.spec.guard import (
-    SlotEntry,
-    cross_slot_problems,
-    delete_slot_config,
-    write_catalogue,
-    write_slot_configs,
-)
+from controller.spec.guard import delete_slot_config, write_catalogue, write_slot_configs
 from controller.spec.loader import DesiredSlot, DesiredState
 from controller.spec.problems import raise_for_problems
 from controller.spec.render import slot_effective
+from controller.spec.rules import SlotEntry, cross_slot_problems
 from controller.spec.schema import ModelSpec
 from controller.store import ResidencyStore, StateExtra, StateStore
 

@@ -21,9 +21,9 @@ import tomlkit
 import yaml
 
 from controller.operator.crd import GROUP, VERSION
-from controller.spec.guard import toml_table
 from controller.spec.loader import DesiredState, load_stack_texts
 from controller.spec.problems import Problem
+from controller.spec.render import toml_table
 from controller.spec.schema import ModelSpec, SlotSpec
 
 __all__ = [

@@ -26,9 +26,9 @@ from controller.errors import SlotctlError
 from controller.operator.convert import model_payload, slot_payload
 from controller.operator.status import Verdict
 from controller.spec.configdir import ConfigSnapshot, read_config_dir
-from controller.spec.guard import SlotEntry, check_slot_payload, cross_slot_problems
 from controller.spec.loader import DesiredSlot, DesiredState, normalise
 from controller.spec.problems import Problem, problems_from_validation
+from controller.spec.rules import SlotEntry, check_slot_payload, cross_slot_problems
 from controller.spec.schema import ModelSpec, SlotSpec
 
 __all__ = ["STACK", "CrKey", "CrSource", "SyncResult"]

@@ -5,7 +5,6 @@ Imports nothing of the runtime, the manager or the API (checked by import-linter
 
 from controller.spec.configdir import ConfigSnapshot, read_config_dir, read_settings
 from controller.spec.guard import (
-    check_slot_payload,
     delete_slot_config,
     guard_slot_write_payload,
     write_catalogue,
@@ -13,6 +12,7 @@ from controller.spec.guard import (
 )
 from controller.spec.loader import DesiredSlot, DesiredState, LoadReport, load_stacks
 from controller.spec.problems import Problem
+from controller.spec.rules import check_slot_payload
 from controller.spec.schema import (
     ControllerSettings,
     ModelSpec,

@@ -19,17 +19,13 @@ from typing import Any
 from pydantic import ValidationError
 
 from controller.names import is_valid_slot_name
-from controller.spec.guard import (
-    CATALOGUE_FILE,
-    SLOTS_SUBDIR,
-    Origin,
-    SlotEntry,
-    check_slot_payload,
-    cross_slot_problems,
-)
 from controller.spec.loader import DesiredSlot, DesiredState, normalise, parse_toml_file
 from controller.spec.problems import Problem, problems_from_validation
+from controller.spec.rules import Origin, SlotEntry, check_slot_payload, cross_slot_problems
 from controller.spec.schema import ControllerSettings, ModelSpec
+
+SLOTS_SUBDIR = "slots"
+CATALOGUE_FILE = "models.toml"
 
 __all__ = ["SETTINGS_FILE", "ConfigSnapshot", "read_config_dir", "read_settings"]
 

@@ -8,48 +8,40 @@ apply: one lock, one cross-slot check, O(N)). The HTTP API and in-process create
 first, stack apply the second; ``tests/unit/test_guard_writers.py`` proves nothing else
 writes slot config.
 
-The per-slot checks (:func:`check_slot_payload`) and the cross-slot rules
-(:func:`cross_slot_problems`) are shared with the stack loader, so a stack file and an API
-payload are judged by the same code.
+The checks themselves are :mod:`controller.spec.rules` (shared with the stack loader and
+the config-dir reader, so a stack file and an API payload are judged by the same code);
+this module applies them at the write boundary and owns the writers.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
-import difflib
 import fcntl
 import os
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import tomlkit
 import tomlkit.items
-from pydantic import ValidationError
 from tomlkit.container import Container
 from tomlkit.toml_document import TOMLDocument
 
 from controller.names import is_valid_slot_name
-from controller.spec.locate import LineIndex
-from controller.spec.problems import Problem, problems_from_validation, raise_for_problems
-from controller.spec.schema import (
-    HARDWARE_ENV_VARS,
-    HARDWARE_FLAGS,
-    MODEL_OWNED_FLAGS,
-    MODEL_OWNED_KEYS,
-    ModelSpec,
-    SlotSpec,
+from controller.spec.configdir import CATALOGUE_FILE, SLOTS_SUBDIR, read_config_dir
+from controller.spec.problems import raise_for_problems
+from controller.spec.render import toml_table
+from controller.spec.rules import (
+    SlotEntry,
+    check_slot_payload,
+    cross_slot_problems,
 )
+from controller.spec.schema import ModelSpec, SlotSpec
 from controller.store import atomic_write_bytes, check_slot_name
 
 __all__ = [
-    "Origin",
-    "SlotCheck",
-    "SlotEntry",
-    "check_slot_payload",
-    "cross_slot_problems",
+    "config_lock",
     "delete_slot_config",
     "guard_slot_write_payload",
     "write_catalogue",
@@ -57,225 +49,7 @@ __all__ = [
     "write_slot_configs",
 ]
 
-Loc = tuple[str | int, ...]
-SLOTS_SUBDIR = "slots"
-CATALOGUE_FILE = "models.toml"
 _LOCK_FILE = ".slotctl.lock"
-
-
-@dataclass(slots=True)
-class SlotCheck:
-    """Outcome of the per-slot checks; problems carry paths relative to the slot table."""
-
-    spec: SlotSpec | None
-    errors: list[tuple[Problem, Loc]] = field(default_factory=list)
-    warnings: list[tuple[Problem, Loc]] = field(default_factory=list)
-
-
-def _flag_name(arg: str) -> str | None:
-    if not arg.startswith("-") or arg == "-" or arg == "--":
-        return None
-    name = arg.split("=", 1)[0]
-    return name.replace("_", "-") if name.startswith("--") else name
-
-
-def _screen_server(server: Mapping[str, Any], owner: str) -> list[tuple[Problem, Loc]]:
-    out: list[tuple[Problem, Loc]] = []
-    args = server.get("extra_args")
-    if isinstance(args, list):
-        for i, arg in enumerate(args):
-            flag = _flag_name(arg) if isinstance(arg, str) else None
-            if flag in HARDWARE_FLAGS:
-                problem = Problem(
-                    code="slot.hardware_flag",
-                    message=f"server.extra_args[{i}] sets {flag!r}: hardware and placement "
-                    "flags are owned by the slot's `device` field and the controller",
-                    key=f"server.extra_args[{i}]",
-                    hint=f"remove {arg!r}; set `device`/`port` on the slot instead",
-                )
-                out.append((problem, ("server", "extra_args", i)))
-            elif flag in MODEL_OWNED_FLAGS:
-                model_key = MODEL_OWNED_FLAGS[flag]
-                problem = Problem(
-                    code="slot.model_owned_key",
-                    message=f"server.extra_args[{i}] sets {flag!r}, which the model owns "
-                    f"({model_key!r}{owner})",
-                    key=f"server.extra_args[{i}]",
-                    hint=f"set `{model_key}` on the [[model]] entry instead",
-                )
-                out.append((problem, ("server", "extra_args", i)))
-    env = server.get("env")
-    if isinstance(env, Mapping):
-        for name in env:
-            if name in HARDWARE_ENV_VARS:
-                problem = Problem(
-                    code="slot.hardware_flag",
-                    message=f"server.env sets {name}: device visibility is owned by the "
-                    "slot's `device` field and the controller",
-                    key=f"server.env.{name}",
-                    hint=f"remove {name}; the controller sets it from `device`",
-                )
-                out.append((problem, ("server", "env", name)))
-    return out
-
-
-def check_slot_payload(payload: object) -> SlotCheck:
-    """Per-slot checks shared by the guard and the loader. Never raises."""
-    if not isinstance(payload, Mapping):
-        problem = Problem(
-            code="slot.invalid_value",
-            message=f"a slot must be a table, got {type(payload).__name__}",
-        )
-        return SlotCheck(spec=None, errors=[(problem, ())])
-    data = dict(payload)
-    check = SlotCheck(spec=None)
-    slot_name = data.get("name") if isinstance(data.get("name"), str) else None
-    if "lru" in data:
-        del data["lru"]
-        problem = Problem(
-            code="slot.lru_flag_retired",
-            message="the `lru` key is retired and ignored: every non-pinned slot is an "
-            "eviction candidate",
-            key="lru",
-            hint="remove `lru`; use `priority` (0..100) and `pinned` instead",
-            severity="warning",
-        )
-        check.warnings.append((problem, ("lru",)))
-    model = data.get("model")
-    model_id = model.get("default") if isinstance(model, Mapping) else None
-    owner = f" of model {model_id!r}" if isinstance(model_id, str) and model_id else ""
-    for key in sorted(MODEL_OWNED_KEYS & set(data)):
-        del data[key]
-        check.errors.append((_model_owned(key, key, owner), (key,)))
-    if isinstance(model, Mapping):
-        owned = sorted(MODEL_OWNED_KEYS & set(model))
-        if owned:
-            data["model"] = {k: v for k, v in model.items() if k not in MODEL_OWNED_KEYS}
-        for key in owned:
-            check.errors.append((_model_owned(key, f"model.{key}", owner), ("model", key)))
-    server = data.get("server")
-    if isinstance(server, Mapping):
-        check.errors.extend(_screen_server(server, owner))
-    try:
-        spec = SlotSpec.model_validate(data)
-    except ValidationError as exc:
-        located = problems_from_validation(exc, scope="slot", fields=SlotSpec.model_fields)
-        check.errors.extend(located)
-    else:
-        if not check.errors:
-            check.spec = spec
-    if slot_name:
-        check.errors = [(replace(p, slot=slot_name), loc) for p, loc in check.errors]
-        check.warnings = [(replace(p, slot=slot_name), loc) for p, loc in check.warnings]
-    return check
-
-
-def _model_owned(key: str, shown: str, owner: str) -> Problem:
-    return Problem(
-        code="slot.model_owned_key",
-        message=f"{shown!r} is model-owned{owner}: a slot cannot set it",
-        key=shown,
-        hint=f"set `{key}` on the [[model]] entry in the catalogue instead",
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class Origin:
-    """Where a table came from (file, path of the table, line index), for locating problems."""
-
-    file: str | None = None
-    base: Loc = ()
-    index: LineIndex | None = None
-
-    def line(self, loc: Loc = ()) -> int | None:
-        return self.index.line_of((*self.base, *loc)) if self.index else None
-
-    def where(self, loc: Loc = ("name",)) -> str:
-        line = self.line(loc)
-        return f"{self.file}:{line}" if self.file and line else (self.file or "the config dir")
-
-
-@dataclass(frozen=True, slots=True)
-class SlotEntry:
-    """A validated slot with its origin, so cross-slot problems can be located."""
-
-    spec: SlotSpec
-    origin: Origin = Origin()
-
-    def where(self) -> str:
-        return self.origin.where()
-
-    def problem(self, code: str, message: str, loc: Loc, hint: str | None = None) -> Problem:
-        return Problem(
-            code=code,
-            message=message,
-            file=self.origin.file,
-            slot=self.spec.name,
-            key=".".join(str(p) for p in loc) or None,
-            line=self.origin.line(loc),
-            hint=hint,
-        )
-
-
-def cross_slot_problems(
-    entries: Sequence[SlotEntry], catalogue: Mapping[str, ModelSpec] | None
-) -> list[Problem]:
-    """Unique names and ports, NPU exclusivity, and (with a catalogue) model references."""
-    out: list[Problem] = []
-    names: dict[str, SlotEntry] = {}
-    ports: dict[int, SlotEntry] = {}
-    npu_llm: SlotEntry | None = None
-    for entry in entries:
-        spec = entry.spec
-        if spec.name in names:
-            first = names[spec.name]
-            out.append(
-                entry.problem(
-                    "slot.duplicate_name",
-                    f"slot {spec.name!r} is declared twice (first at {first.where()})",
-                    ("name",),
-                    "slot names are unique across every stack file of a desired state",
-                )
-            )
-            continue
-        names[spec.name] = entry
-        if spec.port in ports:
-            first = ports[spec.port]
-            out.append(
-                entry.problem(
-                    "slot.duplicate_port",
-                    f"port {spec.port} is already used by slot {first.spec.name!r} "
-                    f"({first.where()})",
-                    ("port",),
-                    "give every slot its own port",
-                )
-            )
-        else:
-            ports[spec.port] = entry
-        if spec.activated and spec.device == "npu" and spec.type == "llm":
-            if npu_llm is not None:
-                out.append(
-                    entry.problem(
-                        "slot.npu_exclusive",
-                        f'only one activated device="npu" type="llm" slot is allowed; '
-                        f"{npu_llm.spec.name!r} ({npu_llm.where()}) already is",
-                        ("device",),
-                        "clear model.default on one of them or move it to another device",
-                    )
-                )
-            else:
-                npu_llm = entry
-        if catalogue is not None and spec.model_id and spec.model_id not in catalogue:
-            close = difflib.get_close_matches(spec.model_id, list(catalogue), n=1)
-            out.append(
-                entry.problem(
-                    "slot.unknown_model",
-                    f"model.default names {spec.model_id!r}, which is not in the catalogue",
-                    ("model", "default"),
-                    f"did you mean {close[0]!r}?" if close else "declare it in a [[model]] table",
-                )
-            )
-    return out
 
 
 def guard_slot_write_payload(
@@ -346,25 +120,6 @@ def _plain(item: Any) -> Any:
     return item.unwrap() if hasattr(item, "unwrap") else item
 
 
-def toml_table(data: Mapping[str, Any]) -> tomlkit.items.Table:
-    """A readable TOML table: scalars first, ``model`` inline, other sub-tables after."""
-    table = tomlkit.table()
-    for key, value in data.items():
-        if key == "model" and isinstance(value, Mapping):
-            inline = tomlkit.inline_table()
-            inline.update(value)
-            table[key] = inline
-        elif not isinstance(value, Mapping):
-            table[key] = value
-    for key, value in data.items():
-        if key != "model" and isinstance(value, Mapping):
-            sub = tomlkit.table()
-            for k, v in value.items():
-                sub[k] = v
-            table[key] = sub
-    return table
-
-
 def _render_new(slot_doc: Mapping[str, Any], stack: str | None) -> TOMLDocument:
     doc = tomlkit.document()
     doc.add(tomlkit.comment("slot config written by slotctl (through its write guard)."))
@@ -407,7 +162,6 @@ def write_slot_config(
     never as two single writes); default: the other slots on disk.
     A slot created without ``autoload`` persists an explicit ``autoload = false``.
     """
-    from controller.spec.configdir import read_config_dir  # reader, not a writer
 
     config_dir = Path(config_dir)
     with config_lock(config_dir):

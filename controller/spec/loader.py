@@ -17,9 +17,9 @@ from typing import Any
 import tomlkit
 from pydantic import ValidationError
 
-from controller.spec.guard import Origin, SlotEntry, check_slot_payload, cross_slot_problems
 from controller.spec.locate import LineIndex
 from controller.spec.problems import Problem, problems_from_validation
+from controller.spec.rules import Origin, SlotEntry, check_slot_payload, cross_slot_problems
 from controller.spec.schema import ControllerSettings, ModelSpec, SlotSpec, StackMeta
 
 GIB = 1024**3

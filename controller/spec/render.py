@@ -2,16 +2,35 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import tomlkit
+import tomlkit.items
 
-from controller.spec.guard import toml_table
 from controller.spec.loader import DesiredSlot
 from controller.spec.schema import ModelSpec, SlotSpec
 
-__all__ = ["model_effective", "render_stack", "slot_effective"]
+__all__ = ["model_effective", "render_stack", "slot_effective", "toml_table"]
+
+
+def toml_table(data: Mapping[str, Any]) -> tomlkit.items.Table:
+    """A readable TOML table: scalars first, ``model`` inline, other sub-tables after."""
+    table = tomlkit.table()
+    for key, value in data.items():
+        if key == "model" and isinstance(value, Mapping):
+            inline = tomlkit.inline_table()
+            inline.update(value)
+            table[key] = inline
+        elif not isinstance(value, Mapping):
+            table[key] = value
+    for key, value in data.items():
+        if key != "model" and isinstance(value, Mapping):
+            sub = tomlkit.table()
+            for k, v in value.items():
+                sub[k] = v
+            table[key] = sub
+    return table
 
 
 def model_effective(model: ModelSpec) -> dict[str, Any]:

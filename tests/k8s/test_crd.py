@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from controller.operator.convert import parse_documents, resources_from_state
 from controller.operator.crd import crd_documents, crd_files
-from controller.spec.guard import check_slot_payload
 from controller.spec.loader import load_stacks
+from controller.spec.rules import check_slot_payload
 from controller.spec.schema import (
     HARDWARE_ENV_VARS,
     HARDWARE_FLAGS,
