@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import signal
 import stat
 import sys
@@ -30,7 +29,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-import psutil
 import watchfiles
 
 from controller import __version__
@@ -41,11 +39,11 @@ from controller.apply import apply_to_config, pruned_pinned
 from controller.errors import SlotConfigError, SlotctlError
 from controller.events import Event, EventKind, Op
 from controller.reconcile import Action, Reconciler
-from controller.runtime import make_runtime
-from controller.slots import ManagerConfig, SlotManager
+from controller.root import Root, controller_record, open_root
+from controller.slots import SlotManager
 from controller.spec.configdir import read_config_dir, read_settings
 from controller.spec.loader import DesiredState, load_stacks
-from controller.store import ControllerLock, ControllerRecord, ensure_token, sweep_temp_files
+from controller.store import ensure_token
 
 __all__ = ["Controller", "DaemonOptions", "stop_everything"]
 
@@ -80,7 +78,7 @@ class Controller:
         self.opts = opts
         self.stop = asyncio.Event()
         self.ready = asyncio.Event()
-        self.lock = ControllerLock(opts.state_dir)
+        self.root: Root | None = None
         self.manager: SlotManager | None = None
         self.reconciler: Reconciler | None = None
         self._gitops_stacks: set[str] = set()
@@ -139,46 +137,28 @@ class Controller:
         opts = self.opts
         self.preflight()
         opts.config_dir.mkdir(parents=True, exist_ok=True)
-        record = ControllerRecord(
-            pid=os.getpid(),
-            create_time=psutil.Process().create_time(),
-            runtime=opts.runtime,
-            listen=opts.listen,
-            config_dir=str(opts.config_dir.resolve()),
-            version=__version__,
-        )
-        self._record = record
-        self.lock.acquire(record)
-        try:
-            return await self._run_locked()
-        finally:
-            self.lock.release()
+        record = controller_record(opts.config_dir, opts.runtime, opts.listen)
+        async with open_root(
+            opts.config_dir,
+            opts.state_dir,
+            opts.runtime,
+            record,
+            resync_s=opts.resync_s,
+            on_plan=self._print_plan,
+        ) as root:
+            self.root = root
+            return await self._run_locked(root)
 
-    async def _run_locked(self) -> int:
+    async def _run_locked(self, root: Root) -> int:
         opts = self.opts
-        # A writer killed between its temp file and the rename (a controller SIGKILLed
-        # mid-transition) leaves ``.NAME.*.tmp`` behind; only the lock holder writes here.
-        swept = sweep_temp_files(opts.state_dir)
-        if swept:
-            self.say(f"removed {swept} temp file(s) left by an interrupted write")
-        settings, problems = read_settings(opts.config_dir)
-        for problem in problems:
+        if root.swept:
+            self.say(f"removed {root.swept} temp file(s) left by an interrupted write")
+        for problem in root.problems:
             self.say(f"config {problem.where()}: {problem.message}")
-        runtime = make_runtime(opts.runtime, opts.state_dir)
-        manager = SlotManager(
-            runtime=runtime,
-            state_dir=opts.state_dir,
-            config_dir=opts.config_dir,
-            settings=settings,
-            config=ManagerConfig(),
-        )
-        self.manager = manager
+        manager, reconciler = root.manager, root.reconciler
+        self.manager, self.reconciler = manager, reconciler
         if opts.stack_dir is not None:
             await self._apply_stack_dir_off_loop()
-        reconciler = Reconciler(
-            manager, opts.config_dir, resync_s=opts.resync_s, on_plan=self._print_plan
-        )
-        self.reconciler = reconciler
         self._install_signals()
         self.say(
             f"slotctl {__version__} controller: runtime {opts.runtime}, config "
@@ -188,9 +168,7 @@ class Controller:
         servers = await self._start_api(manager, reconciler)
         with manager.events.subscribe() as events:
             printer = asyncio.create_task(self._print_events(events))
-            snapshot = await reconciler.refresh_async()
-            await manager.set_desired(snapshot.desired())
-            await manager.recover()
+            await root.recover()
             # Resident and autoload slots load in priority order before the reconciler's
             # workers start: the most important get the memory, the rest wait for it.
             await manager.restore(wait=False)
@@ -312,7 +290,8 @@ class Controller:
                 server = ApiServer(ctx, host, port)
                 address = await server.start()
                 servers.append(server)
-                self.lock.update(self._record.model_copy(update={"listen": address}))
+                assert self.root is not None
+                self.root.lock.update(self.root.record.model_copy(update={"listen": address}))
                 self.say(
                     f"API and dashboard on http://{address}/  (token: "
                     + ("--token/SLOTCTL_TOKEN" if opts.token else f"{opts.state_dir}/token")
@@ -360,12 +339,6 @@ class Controller:
         else:
             self.say("stopping managed servers ...")
             await manager.stop_all(on_drain=self._say_drain)
-        await manager.close()
-        close = getattr(manager.runtime, "close", None)
-        if close is not None:
-            result = close()
-            if asyncio.iscoroutine(result):
-                await result
         await asyncio.sleep(0)  # let the printer show the last transitions
         printer.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -581,44 +554,15 @@ async def stop_everything(
 ) -> int:
     """``slotctl down`` without a controller: adopt and stop every managed server.
 
-    Holds the controller lock meanwhile, so a controller started concurrently waits
-    rather than adopting servers that are being stopped.
+    Holds the controller lock meanwhile (the composition root takes it), so a controller
+    started concurrently waits rather than adopting servers that are being stopped.
     """
-    lock = ControllerLock(state_dir)
-    lock.acquire(
-        ControllerRecord(
-            pid=os.getpid(),
-            create_time=psutil.Process().create_time(),
-            runtime=runtime_kind,
-            config_dir=str(config_dir),
-        )
-    )
-    try:
-        return await _stop_everything_locked(config_dir, state_dir, runtime_kind, say)
-    finally:
-        lock.release()
-
-
-async def _stop_everything_locked(
-    config_dir: Path, state_dir: Path, runtime_kind: str, say: Callable[[str], None]
-) -> int:
-    snapshot = read_config_dir(config_dir)
-    runtime = make_runtime(runtime_kind, state_dir)
-    manager = SlotManager(
-        runtime=runtime, state_dir=state_dir, config_dir=config_dir, settings=snapshot.settings
-    )
-    await manager.set_desired(snapshot.desired())
-    await manager.recover()
-    await manager.stop_all(reason="slotctl down")
-    stopped = 0
-    for observed in await runtime.list_managed():
-        if await manager.reap_orphan(observed.slot):
-            stopped += 1
-    await manager.close()
-    close = getattr(runtime, "close", None)
-    if close is not None:
-        result = close()
-        if asyncio.iscoroutine(result):
-            await result
+    async with open_root(config_dir, state_dir, runtime_kind) as root:
+        snapshot = await root.recover()
+        await root.manager.stop_all(reason="slotctl down")
+        stopped = 0
+        for observed in await root.runtime.list_managed():
+            if await root.manager.reap_orphan(observed.slot):
+                stopped += 1
     say(f"stopped {len(snapshot.slots)} slot(s) and {stopped} orphan server(s)")
     return 0

@@ -286,6 +286,10 @@ class Prober(Protocol):
 
     async def liveness(self, endpoint: str, spec: ProbeSpec, *, slot: str) -> ProbeResult: ...
 
+    async def close(self) -> None:
+        """Release the prober's connections."""
+        ...
+
 
 class HttpProber:
     """Probes real servers over HTTP with one shared aiohttp session.

@@ -28,6 +28,9 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from controller import __version__
 from controller.errors import InvalidRequest, SlotctlError, Unauthorized
 from controller.events import EventBus, EventKind, Op
+from controller.reconcile import Reconciler
+from controller.slots import SlotManager
+from controller.tasks import TaskSet
 
 __all__ = [
     "API_CTX",
@@ -54,16 +57,19 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 @dataclass(slots=True)
 class ApiContext:
-    """What handlers share. ``manager``/``reconciler`` are typed loosely to keep the API
-    importable without the daemon (tests build a context around real objects)."""
+    """What handlers share: the manager and the reconciler (None where a test or the
+    metrics listener serves without one), the dirs, the token, background operations."""
 
-    manager: Any
-    reconciler: Any
+    manager: SlotManager
+    reconciler: Reconciler | None
     config_dir: Path
     state_dir: Path
     token: str
     events: EventBus
     ready: asyncio.Event = field(default_factory=asyncio.Event)
+    tasks: TaskSet = field(default_factory=lambda: TaskSet(log))  # loads/unloads answered 202
+    apply_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one stack apply at a time
+    # Module-private objects of the route modules (the router's session, the metrics).
     extra: dict[str, Any] = field(default_factory=dict)
     # GitOps mode: the stack dir and the stacks it declares (the daemon's live set).
     stack_dir: Path | None = None

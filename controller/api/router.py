@@ -49,6 +49,7 @@ from multidict import CIMultiDict
 from pydantic import BaseModel, ConfigDict, Field
 
 from controller.api.app import API_CTX, ApiContext, json_response, openai_error_body, route
+from controller.api.selection import serving
 from controller.errors import (
     InsufficientMemory,
     ModelNotFound,
@@ -57,7 +58,6 @@ from controller.errors import (
     SlotNotReady,
 )
 from controller.events import EventKind, Op
-from controller.lifecycle import Candidate, rank_candidates
 from controller.slots import Lease, SlotManager
 
 __all__ = ["openai_error", "setup"]
@@ -359,27 +359,8 @@ def _form_name(head: bytes) -> str | None:
 
 
 def _candidates(manager: SlotManager, model: str) -> list[str]:
-    """The activated slots serving ``model``, best first (SPEC §1 selection ranking).
-
-    ``model`` names, in this order of precedence: a catalogue model (the slots bound to
-    it), a slot by its name (a self-managed speech server has no catalogue model), or a
-    self-managed provider (its model-less slots).
-    """
-    active = [
-        (view, spec)
-        for view in manager.views()
-        if (spec := manager.known(view.name)) is not None and spec.activated
-    ]
-    views = [v for v, _ in active if v.model_id == model]
-    if not views:
-        views = [v for v, _ in active if v.name == model]
-    if not views:
-        views = [v for v, spec in active if not v.model_id and spec.provider == model]
-    ranked = rank_candidates(
-        Candidate(v.name, v.state, v.priority, manager.last_used(v.name), v.idle_reason)
-        for v in views
-    )
-    return [c.name for c in ranked]
+    """The activated slots serving ``model``, best first (:mod:`.selection`)."""
+    return [view.name for view in serving(manager, model)]
 
 
 async def _acquire(manager: SlotManager, candidates: list[str]) -> Lease:

@@ -26,6 +26,7 @@ from controller.api.app import (
     read_body,
     route,
 )
+from controller.api.selection import ranked
 from controller.apply import apply_to_config, plan_stack
 from controller.errors import (
     InvalidRequest,
@@ -36,8 +37,8 @@ from controller.errors import (
     SlotOwnedByStack,
     SlotPinned,
 )
-from controller.lifecycle import Candidate, SlotState, rank_candidates
-from controller.slots import SlotView
+from controller.lifecycle import SlotState
+from controller.slots import SlotManager, SlotView
 from controller.spec.configdir import read_config_dir, read_settings
 from controller.spec.guard import delete_slot_config, write_slot_config
 from controller.spec.loader import load_stack_texts
@@ -243,19 +244,6 @@ def slot_out(view: SlotView) -> dict[str, Any]:
 
 def _name(request: web.Request) -> str:
     return request.match_info["name"]
-
-
-def _track(ctx: ApiContext, task: asyncio.Task[Any]) -> None:
-    tasks: set[asyncio.Task[Any]] = ctx.extra.setdefault("tasks", set())
-    tasks.add(task)
-
-    def done(t: asyncio.Task[Any]) -> None:
-        tasks.discard(t)
-        if not t.cancelled() and t.exception() is not None:
-            exc = t.exception()
-            log.warning("background operation failed: %s", getattr(exc, "message", exc))
-
-    task.add_done_callback(done)
 
 
 async def _start_load(ctx: ApiContext, name: str) -> tuple[int, dict[str, Any]]:
@@ -634,7 +622,7 @@ async def lease_slot(request: web.Request) -> web.StreamResponse:
 def _model_out(ctx: ApiContext, model: ModelSpec) -> dict[str, Any]:
     manager = ctx.manager
     views = [v for v in manager.views() if v.model_id == model.id]
-    best = _best(views)
+    best = _best(manager, views)
     state = _MODEL_STATE.get(best.state, "unloaded") if best else "unloaded"
     if best is not None and best.idle_reason == "no_model":
         state = "failed"
@@ -645,7 +633,7 @@ def _model_out(ctx: ApiContext, model: ModelSpec) -> dict[str, Any]:
         "exclusive_group": model.exclusive_group,
         "state": state,
         "resident": any(v.resident for v in views),
-        "loadable": any(manager.known(v.name) and manager.known(v.name).activated for v in views),
+        "loadable": any((s := manager.known(v.name)) is not None and s.activated for v in views),
         "slots": [v.name for v in views],
         "since": best.since if best else None,
         "error": best.message if best is not None and best.state is S.ERROR else None,
@@ -653,14 +641,10 @@ def _model_out(ctx: ApiContext, model: ModelSpec) -> dict[str, Any]:
     }
 
 
-def _best(views: list[SlotView]) -> SlotView | None:
-    if not views:
-        return None
-    ranked = rank_candidates(
-        Candidate(v.name, v.state, v.priority, 0.0, v.idle_reason) for v in views
-    )
-    by_name = {v.name: v for v in views}
-    return by_name[ranked[0].name]
+def _best(manager: SlotManager, views: list[SlotView]) -> SlotView | None:
+    """The slot a request for their model would get (the router's ranking)."""
+    best = ranked(manager, views)
+    return best[0] if best else None
 
 
 def _catalogue_model(ctx: ApiContext, model_id: str) -> ModelSpec:
@@ -719,7 +703,7 @@ async def load_model(request: web.Request) -> web.Response:
             keys=["model.default"],
             disabled=True,
         )
-    best = _best(active)
+    best = _best(ctx.manager, active)
     assert best is not None
     status, body = await _start_load(ctx, best.name)
     return json_response(body, status=status)
@@ -759,7 +743,7 @@ async def unload_model(request: web.Request) -> web.Response:
             await ctx.manager.unload(view.name, force=True)
             cleared["residency"].append(view.name)
     for view in loaded:
-        _track(ctx, asyncio.create_task(ctx.manager.unload(view.name, pause=True)))
+        ctx.tasks.spawn(ctx.manager.unload(view.name, pause=True), f"unload:{view.name}")
     await asyncio.sleep(0)
     if loaded:
         return json_response({"status": "unloading", "cleared": cleared}, status=202)
@@ -798,7 +782,7 @@ async def _load_stack_body(ctx: ApiContext, request: web.Request) -> tuple[Stack
 async def apply_stack(request: web.Request) -> web.Response:
     ctx = _ctx(request)
     body, state = await _load_stack_body(ctx, request)
-    lock: asyncio.Lock = ctx.extra.setdefault("apply_lock", asyncio.Lock())
+    lock = ctx.apply_lock
     async with lock:
         prune = bool(body.prune)
         plan = await plan_stack(

@@ -40,15 +40,15 @@ from controller.errors import SlotctlError
 from controller.events import Event
 from controller.logs import setup_logging
 from controller.quadlet import render_quadlet
-from controller.reconcile import Action, Reconciler
+from controller.reconcile import Action
+from controller.root import open_root
 from controller.runtime import make_runtime
 from controller.runtime.base import Runtime
-from controller.slots import SlotManager
 from controller.spec.configdir import read_config_dir, read_settings
 from controller.spec.loader import DesiredState, LoadReport, load_stacks
 from controller.spec.problems import Problem
 from controller.spec.render import render_stack
-from controller.store import ControllerLock, ControllerRecord
+from controller.store import ControllerLock
 
 __all__ = ["cmd_apply", "cmd_diff", "cmd_down", "cmd_export", "cmd_up"]
 
@@ -78,14 +78,6 @@ def _runtime_for(args: argparse.Namespace) -> tuple[Runtime, bool]:
     running = ControllerLock(args.state_dir).running()
     kind = running.runtime if running else args.runtime
     return make_runtime(kind, args.state_dir), running is not None
-
-
-async def _close(runtime: Runtime) -> None:
-    close = getattr(runtime, "close", None)
-    if close is not None:
-        result = close()
-        if asyncio.iscoroutine(result):
-            await result
 
 
 def _action_line(action: Action, style: Style) -> str:
@@ -139,7 +131,7 @@ async def _plan(args: argparse.Namespace, state: DesiredState, prune: bool) -> S
     try:
         return await plan_stack(state, args.config_dir, args.state_dir, runtime, prune=prune)
     finally:
-        await _close(runtime)
+        await runtime.close()
 
 
 # ===================================================================== apply
@@ -262,31 +254,15 @@ def _wait_remote(
 
 async def _converge_once(args: argparse.Namespace) -> bool:
     """Reconcile in this process until converged; servers stay running (adoptable)."""
-    lock = ControllerLock(args.state_dir)
-    lock.acquire(
-        ControllerRecord(
-            pid=os.getpid(),
-            create_time=psutil.Process().create_time(),
-            runtime=args.runtime,
-            config_dir=str(args.config_dir),
-        )
-    )
-    runtime = make_runtime(args.runtime, args.state_dir)
-    try:
-        settings, _ = read_settings(args.config_dir)
-        manager = SlotManager(
-            runtime=runtime, state_dir=args.state_dir, config_dir=args.config_dir, settings=settings
-        )
-        reconciler = Reconciler(manager, args.config_dir)
+    async with open_root(args.config_dir, args.state_dir, args.runtime) as root:
+        manager, reconciler = root.manager, root.reconciler
         started = time.monotonic()
         with manager.events.subscribe() as events:
             printer = asyncio.create_task(_print_progress(events, started))
-            await manager.set_desired(reconciler.refresh().desired())
-            await manager.recover()
+            await root.recover()
             ok = await reconciler.converge(timeout=args.timeout)
             await asyncio.sleep(0)
             printer.cancel()
-        await manager.close()
         if not ok:
             _report_stuck(
                 {
@@ -299,9 +275,6 @@ async def _converge_once(args: argparse.Namespace) -> bool:
         else:
             print(f"converged in {time.monotonic() - started:.1f}s (servers keep running)")
         return ok
-    finally:
-        await _close(runtime)
-        lock.release()
 
 
 async def _print_progress(events: Any, started: float) -> None:
@@ -352,7 +325,7 @@ async def _wait(args: argparse.Namespace, state: DesiredState) -> bool:
                 return False
             await asyncio.sleep(0.25)
     finally:
-        await _close(runtime)
+        await runtime.close()
 
 
 # ===================================================================== diff

@@ -290,11 +290,7 @@ def _logs_from_files(args: argparse.Namespace) -> None:
     try:
         _show_logs(lambda tail: loop.run_until_complete(runtime.logs(args.name, tail=tail)), args)
     finally:
-        close = getattr(runtime, "close", None)
-        if close is not None:
-            result = close()
-            if asyncio.iscoroutine(result):
-                loop.run_until_complete(result)
+        loop.run_until_complete(runtime.close())
         loop.close()
 
 

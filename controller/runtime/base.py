@@ -175,3 +175,7 @@ class Runtime(Protocol):
     async def logs(self, slot: str, tail: int = 100) -> list[str]:
         """The last ``tail`` lines the server wrote."""
         ...
+
+    async def close(self) -> None:
+        """Release the runtime's own resources (an engine client); servers keep running."""
+        ...

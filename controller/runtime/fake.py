@@ -140,6 +140,9 @@ class FakeRuntime:
     async def logs(self, slot: str, tail: int = 100) -> list[str]:
         return self._script(slot).log[-tail:]
 
+    async def close(self) -> None:
+        """Nothing to release (the fake servers live in memory)."""
+
     # ------------------------------------------------------------------ probing
 
     def probe(self, slot: str) -> ProbeResult:
@@ -167,6 +170,9 @@ class FakeProber:
     def __init__(self, runtime: FakeRuntime) -> None:
         self.runtime = runtime
         self.liveness_down: set[str] = set()
+
+    async def close(self) -> None:
+        """Nothing to release."""
 
     async def wait_ready(
         self,

@@ -152,6 +152,9 @@ class ProcessRuntime:
     async def logs(self, slot: str, tail: int = 100) -> list[str]:
         return await asyncio.to_thread(self._tail, slot, tail)
 
+    async def close(self) -> None:
+        """Nothing to release: servers are processes of their own (they keep running)."""
+
     def watch_log(self, slot: str, on_text: Callable[[str], None]) -> Callable[[], None] | None:
         """Follow the slot's log file from now on (the readiness probe's wake-up, see
         :class:`controller.probe.LogWatcher`); None when it cannot be followed."""

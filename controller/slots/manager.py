@@ -387,9 +387,7 @@ class SlotManager:
 
     async def close(self) -> None:
         await self.core.tasks.cancel()
-        close = getattr(self.prober, "close", None)
-        if close is not None:
-            await close()
+        await self.prober.close()
 
     def revoke_leases(self, reason: str) -> int:
         """End every lease now, holds included, with a typed error (the router ends a
