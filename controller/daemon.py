@@ -43,7 +43,7 @@ from controller.root import Root, controller_record, open_root
 from controller.slots import SlotManager
 from controller.spec.configdir import read_config_dir, read_settings
 from controller.spec.loader import DesiredState, load_stacks
-from controller.store import ensure_token
+from controller.store import ControllerLock, ensure_token
 
 __all__ = ["Controller", "DaemonOptions", "stop_everything"]
 
@@ -88,6 +88,11 @@ class Controller:
         self._fatal = False  # an internal error: exit 1 and leave the servers running
         self._apply_lock = asyncio.Lock()
         self._watch_runs = 0
+
+    @property
+    def lock(self) -> ControllerLock:
+        """The one-controller lock of the state dir (``controller.json`` to read)."""
+        return self.root.lock if self.root is not None else ControllerLock(self.opts.state_dir)
 
     # ---------------------------------------------------------------- output
 
