@@ -545,3 +545,19 @@ async def test_every_eviction_event_carries_its_reason(tmp_path: Path) -> None:
         ("ga", EvictionReason.EXCLUSIVE),
         ("short", EvictionReason.TTL),
     }
+
+
+async def test_a_gpu_slot_on_a_host_without_a_gpu_says_so_once(tmp_path: Path) -> None:
+    """No GPU probe and no budget: the autoload slot waits, with the reason in its message,
+    said once however often the reconciler retries (issue 14: not every 2 s, not bytes)."""
+    h = Harness(tmp_path)
+    h.memory.totals.pop("gpu")  # no NVML, no amdgpu: the probe has nothing for "gpu"
+    r = reconciler(h, _stack([slot_spec("chat", autoload=True)], [model_spec("chat-m", 4)]))
+    sub = h.manager.events.subscribe()
+    await drive(h, r, rounds=20, step_s=2.0)
+    view = h.manager.view("chat")
+    assert view.state is S.OFFLINE and view.waiting == WAITING_FOR_MEMORY
+    assert "no memory probe answers for gpu" in view.message
+    assert "memory_budget_gb.gpu" in view.message
+    refusals = [e for e in events_of(sub) if e.kind == "refusal"]
+    assert len(refusals) == 1 and refusals[0].details.get("no_probe") is True
