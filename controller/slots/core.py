@@ -88,6 +88,10 @@ class Part:
     def settings(self) -> ControllerSettings:
         return self.core.settings
 
+    @settings.setter
+    def settings(self, value: ControllerSettings) -> None:
+        self.core.settings = value  # every part reads it through the core: all see it
+
     @property
     def table(self) -> SlotTable:
         return self.core.table

@@ -27,7 +27,7 @@ from controller.memory import MemoryProbe, SystemMemoryProbe
 from controller.probe import HttpProber, Prober
 from controller.runtime.base import RunStatus, Runtime
 from controller.slots.admission import Admission
-from controller.slots.core import Core
+from controller.slots.core import Core, Part
 from controller.slots.housekeeping import Housekeeping
 from controller.slots.leases import Leases
 from controller.slots.loading import Loading
@@ -47,7 +47,7 @@ __all__ = ["SlotManager"]
 log = logging.getLogger("slotctl.manager")
 
 
-class SlotManager:
+class SlotManager(Part):
     """See the module docstring. Construct, ``await set_desired(...)``, ``await recover()``."""
 
     def __init__(
@@ -66,7 +66,7 @@ class SlotManager:
         events = events or EventBus()
         wishes = Wishes(config_dir)
         self.store = StateStore(state_dir)
-        self.core = Core(
+        core = Core(
             runtime=runtime,
             prober=prober or HttpProber(logs=runtime),
             memory=memory or SystemMemoryProbe(),
@@ -79,6 +79,7 @@ class SlotManager:
             locks=Locks(),
             tasks=TaskSet(log),
         )
+        super().__init__(core)
         self.unloading = Unloading(self.core)
         self.admission = Admission(self.core, self.unloading)
         self.loading = Loading(self.core, self.admission, self.unloading)
@@ -87,38 +88,7 @@ class SlotManager:
         self.recovery = Recovery(self.core, self.loading)
 
     # ================================================================= the seams
-
-    @property
-    def runtime(self) -> Runtime:
-        return self.core.runtime
-
-    @property
-    def prober(self) -> Prober:
-        return self.core.prober
-
-    @property
-    def memory(self) -> MemoryProbe:
-        return self.core.memory
-
-    @property
-    def clock(self) -> Clock:
-        return self.core.clock
-
-    @property
-    def events(self) -> EventBus:
-        return self.core.events
-
-    @property
-    def config(self) -> ManagerConfig:
-        return self.core.config
-
-    @property
-    def settings(self) -> ControllerSettings:
-        return self.core.settings
-
-    @settings.setter
-    def settings(self, value: ControllerSettings) -> None:
-        self.core.settings = value
+    # runtime, prober, memory, clock, events, config, settings: from :class:`.core.Part`.
 
     @property
     def models(self) -> dict[str, ModelSpec]:
