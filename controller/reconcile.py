@@ -601,6 +601,11 @@ class Reconciler:
 
     async def converge(self, *, timeout: float, poll_s: float = 0.2) -> bool:
         """For ``apply --once``: reconcile until every slot plans ``noop`` (or time out)."""
+        # Read the desired state (and hand the catalogue to the manager) before the first
+        # look: until then every slot plans a no-op ("model not in the catalogue") and
+        # a look that came before run()'s own first read would call it converged.
+        await self.refresh_async()
+        self.enqueue_all()
         stop = asyncio.Event()
         runner = asyncio.create_task(self.run(stop))
         deadline = time.monotonic() + timeout
