@@ -32,7 +32,8 @@ from typing import TextIO
 import watchfiles
 
 from controller import __version__
-from controller.api.app import ApiContext, build_probe_app
+from controller.api.app import ApiContext
+from controller.api.assembly import build_probe_app
 from controller.api.dashboard import LOGIN_CODE_TTL_S, login_path, mint_login_code
 from controller.api.server import ApiServer, check_listen, is_loopback
 from controller.apply import apply_to_config, pruned_pinned

@@ -17,7 +17,7 @@ import hmac
 import json
 import logging
 import math
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -35,11 +35,11 @@ from controller.tasks import TaskSet
 __all__ = [
     "API_CTX",
     "PROBE_PATHS",
-    "ROUTES",
     "ApiContext",
     "ErrorBody",
     "Query",
     "RouteSpec",
+    "RouteTable",
     "build_app",
     "build_probe_app",
     "json_response",
@@ -47,7 +47,6 @@ __all__ = [
     "openapi_document",
     "openapi_path",
     "read_body",
-    "route",
 ]
 
 log = logging.getLogger("slotctl.api")
@@ -111,45 +110,56 @@ class RouteSpec:
     content_type: str = "application/json"
 
 
-ROUTES: list[RouteSpec] = []
+class RouteTable:
+    """One route module's routes, declared with :meth:`route` next to their handlers.
 
+    The kernel imports no route module: :mod:`controller.api.assembly` collects every
+    module's table and builds the app and the OpenAPI document from them.
+    """
 
-def route(
-    method: str,
-    path: str,
-    *,
-    summary: str,
-    tag: str,
-    public: bool = False,
-    body: Any = None,
-    responses: Mapping[int, tuple[str, Any]] | None = None,
-    query: Sequence[Query] = (),
-    content_type: str = "application/json",
-) -> Callable[[Handler], Handler]:
-    """Declare a route (see the module docstring)."""
+    def __init__(self) -> None:
+        self._routes: list[RouteSpec] = []
 
-    def register(handler: Handler) -> Handler:
-        ROUTES.append(
-            RouteSpec(
-                method=method,
-                path=path,
-                handler=handler,
-                summary=summary,
-                tag=tag,
-                public=public,
-                body=body,
-                responses=responses or {200: ("OK", None)},
-                query=query,
-                content_type=content_type,
+    def __iter__(self) -> Iterator[RouteSpec]:
+        return iter(self._routes)
+
+    def route(
+        self,
+        method: str,
+        path: str,
+        *,
+        summary: str,
+        tag: str,
+        public: bool = False,
+        body: Any = None,
+        responses: Mapping[int, tuple[str, Any]] | None = None,
+        query: Sequence[Query] = (),
+        content_type: str = "application/json",
+    ) -> Callable[[Handler], Handler]:
+        """Declare a route (see the module docstring)."""
+
+        def register(handler: Handler) -> Handler:
+            self._routes.append(
+                RouteSpec(
+                    method=method,
+                    path=path,
+                    handler=handler,
+                    summary=summary,
+                    tag=tag,
+                    public=public,
+                    body=body,
+                    responses=responses or {200: ("OK", None)},
+                    query=query,
+                    content_type=content_type,
+                )
             )
-        )
-        return handler
+            return handler
 
-    return register
+        return register
 
 
-def _public_routes() -> frozenset[tuple[str, str]]:
-    return frozenset((r.method, r.path) for r in ROUTES if r.public)
+def _public_routes(routes: Iterable[RouteSpec]) -> frozenset[tuple[str, str]]:
+    return frozenset((r.method, r.path) for r in routes if r.public)
 
 
 def _jsonable(value: Any) -> Any:
@@ -315,28 +325,19 @@ async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
 _PUBLIC: Final = web.AppKey("slotctl_public", frozenset)
 
 
-def _register_routes() -> None:
-    """Importing the route modules registers their routes (once per process)."""
-    import controller.api.dashboard
-    import controller.api.metrics
-    import controller.api.router
-    import controller.api.routes
-    import controller.api.sse  # noqa: F401
-
-
-def build_app(ctx: ApiContext) -> web.Application:
-    _register_routes()
-
+def build_app(
+    ctx: ApiContext,
+    routes: Sequence[RouteSpec],
+    setups: Sequence[Callable[[web.Application, ApiContext], None]] = (),
+) -> web.Application:
+    """The aiohttp app serving ``routes`` (auth and typed errors), then each ``setup``."""
     app = web.Application(middlewares=[_errors, _auth], client_max_size=8 * 1024 * 1024)
     app[API_CTX] = ctx
-    app[_PUBLIC] = _public_routes()
-    for spec in ROUTES:
+    app[_PUBLIC] = _public_routes(routes)
+    for spec in routes:
         app.router.add_route(spec.method, spec.path, spec.handler)
-    from controller.api.dashboard import setup  # metrics object, event streams' shutdown
-    from controller.api.router import setup as setup_router
-
-    setup(app, ctx)
-    setup_router(app)  # closes the router's upstream session on cleanup
+    for setup in setups:
+        setup(app, ctx)
     return app
 
 
@@ -344,15 +345,14 @@ def build_app(ctx: ApiContext) -> web.Application:
 PROBE_PATHS: Final = ("/metrics", "/healthz", "/readyz")
 
 
-def build_probe_app(ctx: ApiContext) -> web.Application:
+def build_probe_app(ctx: ApiContext, routes: Sequence[RouteSpec]) -> web.Application:
     """Only ``GET`` of :data:`PROBE_PATHS`, no authentication (``--metrics-listen``).
 
     They expose no slot config and change nothing; every other path is a 404.
     """
-    _register_routes()
     app = web.Application(middlewares=[_errors])
     app[API_CTX] = ctx
-    for spec in ROUTES:
+    for spec in routes:
         if spec.method == "GET" and spec.path in PROBE_PATHS:
             app.router.add_route(spec.method, spec.path, spec.handler)
     return app
@@ -373,13 +373,12 @@ def _schema(tp: Any, components: dict[str, Any]) -> dict[str, Any]:
     return schema
 
 
-def openapi_document() -> dict[str, Any]:
-    """The OpenAPI 3.1 document generated from the route registry and pydantic types."""
-    _register_routes()
+def openapi_document(routes: Sequence[RouteSpec]) -> dict[str, Any]:
+    """The OpenAPI 3.1 document generated from ``routes`` and their pydantic types."""
     components: dict[str, Any] = {}
     error_ref = _schema(ErrorBody, components)
     paths: dict[str, Any] = {}
-    for spec in ROUTES:
+    for spec in routes:
         op: dict[str, Any] = {
             "summary": spec.summary,
             "operationId": f"{spec.method.lower()}_{spec.handler.__name__}",

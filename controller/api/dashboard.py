@@ -32,7 +32,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
 from controller.api import metrics, sse
-from controller.api.app import API_CTX, ApiContext, json_response, read_body, route
+from controller.api.app import API_CTX, ApiContext, RouteTable, json_response, read_body
 from controller.errors import Unauthorized
 
 __all__ = [
@@ -44,6 +44,9 @@ __all__ = [
     "mint_login_code",
     "setup",
 ]
+
+routes = RouteTable()  # this module's routes (collected by controller.api.assembly)
+route = routes.route
 
 LOGIN_CODE_TTL_S: Final = 15 * 60.0
 _LOGIN_CODES: Final = "login_codes"  # ctx.extra: code -> monotonic expiry

@@ -32,7 +32,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
 from controller import __version__
-from controller.api.app import API_CTX, ApiContext, route
+from controller.api.app import API_CTX, ApiContext, RouteTable
 from controller.events import Event, EventKind
 from controller.lifecycle import SlotState
 from controller.memory import GIB
@@ -47,6 +47,9 @@ __all__ = [
 ]
 
 log = logging.getLogger("slotctl.api.metrics")
+
+routes = RouteTable()  # this module's routes (collected by controller.api.assembly)
+route = routes.route
 
 METRICS_KEY: Final = "metrics"  # ctx.extra[METRICS_KEY] is the app's Metrics
 

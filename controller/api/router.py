@@ -48,7 +48,7 @@ from aiohttp import hdrs, web
 from multidict import CIMultiDict
 from pydantic import BaseModel, ConfigDict, Field
 
-from controller.api.app import API_CTX, ApiContext, json_response, openai_error_body, route
+from controller.api.app import API_CTX, ApiContext, RouteTable, json_response, openai_error_body
 from controller.api.selection import serving
 from controller.errors import (
     InsufficientMemory,
@@ -63,6 +63,9 @@ from controller.slots import Lease, SlotManager
 __all__ = ["openai_error", "setup"]
 
 log = logging.getLogger("slotctl.router")
+
+routes = RouteTable()  # this module's routes (collected by controller.api.assembly)
+route = routes.route
 
 SESSION_KEY: Final = "router_session"  # ctx.extra: the shared upstream ClientSession
 METRICS_KEY: Final = "metrics"  # ctx.extra: optional object with request_done(...)

@@ -20,11 +20,10 @@ from controller.api.app import (
     API_CTX,
     ApiContext,
     Query,
+    RouteTable,
     json_response,
-    openapi_document,
     query_flag,
     read_body,
-    route,
 )
 from controller.api.selection import ranked
 from controller.apply import apply_to_config, plan_stack
@@ -48,6 +47,9 @@ from controller.spec.schema import MODEL_OWNED_KEYS, ModelSpec, SlotSpec
 __all__: list[str] = []
 
 log = logging.getLogger("slotctl.api")
+
+routes = RouteTable()  # this module's routes (collected by controller.api.assembly)
+route = routes.route
 
 S = SlotState
 # Slot states as a catalogue model's state (the local-API vocabulary of SPEC §9).
@@ -309,17 +311,6 @@ async def readyz(request: web.Request) -> web.Response:
     return json_response(
         {"error": {"code": "controller.starting", "message": "recovering state"}}, status=503
     )
-
-
-@route(
-    "GET",
-    "/api/openapi.json",
-    summary="this document",
-    tag="health",
-    responses={200: ("OpenAPI 3.1 document", None)},
-)
-async def openapi(request: web.Request) -> web.Response:
-    return json_response(openapi_document())
 
 
 # ----------------------------------------------------------------------------- slots

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from controller.api.app import ApiContext, build_app
+from controller.api.app import ApiContext
+from controller.api.assembly import build_app
 from controller.errors import ListenUnavailable, SlotConfigError
 
 __all__ = ["ApiServer", "check_listen", "parse_listen"]

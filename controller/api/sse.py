@@ -28,11 +28,14 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from controller.api.app import API_CTX, ApiContext, Query, route
+from controller.api.app import API_CTX, ApiContext, Query, RouteTable
 from controller.errors import InvalidRequest
 from controller.events import Event, EventBus, Subscription
 
 __all__ = ["KEEPALIVE_KEY", "format_event", "setup"]
+
+routes = RouteTable()  # this module's routes (collected by controller.api.assembly)
+route = routes.route
 
 KEEPALIVE_S: Final = 15.0
 KEEPALIVE_KEY: Final = "sse_keepalive_s"  # ctx.extra override (tests)

@@ -25,12 +25,11 @@ from urllib.parse import quote
 
 import pytest
 
-from controller.api.app import ROUTES, ApiContext, _register_routes, build_app, openapi_path
+from controller.api.app import ApiContext, openapi_path
+from controller.api.assembly import ROUTES, build_app
 from controller.events import EventBus
 from tests.e2e.conftest import Slotctl, wait_until
 from tests.integration.helpers import free_port
-
-_register_routes()  # every route module, so ROUTES is the whole registry
 
 GIB = 1024**3
 

@@ -48,7 +48,8 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from controller.api.app import ApiContext, openapi_document
+from controller.api.app import ApiContext
+from controller.api.assembly import openapi_document
 from controller.api.server import ApiServer
 from controller.apply import apply_to_config
 from controller.memory import GIB, FakeMemoryProbe
@@ -355,9 +356,8 @@ def _call(
 
 
 def _routes(with_body: bool) -> list[tuple[str, str]]:
-    from controller.api.app import ROUTES, _register_routes
+    from controller.api.assembly import ROUTES
 
-    _register_routes()
     out = []
     for spec in ROUTES:
         if spec.path == "/api/events":
@@ -388,7 +388,7 @@ def test_deeply_nested_json_is_a_typed_400(
 def test_non_utf8_authorization_is_a_typed_401(
     controller: ThreadedController, method: str, path: str
 ) -> None:
-    from controller.api.app import ROUTES
+    from controller.api.assembly import ROUTES
 
     status, answer = _call(controller, method, _concrete(path), None, NOT_UTF8_AUTH)
     if any(r.path == path and r.method == method and r.public for r in ROUTES):

@@ -25,7 +25,8 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from controller.api.app import ApiContext, openapi_document
+from controller.api.app import ApiContext
+from controller.api.assembly import openapi_document
 from controller.api.metrics import METRICS_KEY, Metrics, eviction_reason
 from controller.api.server import ApiServer
 from controller.apply import apply_to_config

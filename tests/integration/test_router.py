@@ -25,7 +25,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from controller.api.app import ROUTES, ApiContext
+from controller.api.app import ApiContext
+from controller.api.assembly import ROUTES
 from controller.api.server import ApiServer
 from controller.errors import SlotctlError
 from controller.lifecycle import SlotState

@@ -1,0 +1,69 @@
+"""The API assembled: every route module's table, the app built from them, the document.
+
+The top of ``controller.api``: it imports the route modules (REST routes, the OpenAI
+router, the event stream, metrics, the dashboard); they import only the kernel
+(:mod:`controller.api.app`), which imports none of them. ``/api/openapi.json`` lives here,
+since the document covers every module.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from aiohttp import web
+
+from controller.api import dashboard, metrics, router, routes, sse
+from controller.api.app import (
+    ApiContext,
+    RouteSpec,
+    RouteTable,
+    json_response,
+)
+from controller.api.app import build_app as build_kernel_app
+from controller.api.app import build_probe_app as build_kernel_probe_app
+from controller.api.app import openapi_document as kernel_openapi_document
+
+__all__ = ["ROUTES", "build_app", "build_probe_app", "openapi_document"]
+
+_own = RouteTable()
+
+
+@_own.route(
+    "GET",
+    "/api/openapi.json",
+    summary="this document",
+    tag="health",
+    responses={200: ("OpenAPI 3.1 document", None)},
+)
+async def openapi(request: web.Request) -> web.Response:
+    return json_response(openapi_document())
+
+
+# In the order aiohttp resolves them (none of these paths overlap another anyway).
+ROUTES: Final[tuple[RouteSpec, ...]] = (
+    *metrics.routes,
+    *sse.routes,
+    *dashboard.routes,
+    *router.routes,
+    *routes.routes,
+    *_own,
+)
+
+
+def _router_setup(app: web.Application, ctx: ApiContext) -> None:
+    router.setup(app)  # closes the router's upstream session on cleanup
+
+
+def build_app(ctx: ApiContext) -> web.Application:
+    """The whole API: REST, router, events, metrics, dashboard (bearer auth but public)."""
+    return build_kernel_app(ctx, ROUTES, (dashboard.setup, _router_setup))
+
+
+def build_probe_app(ctx: ApiContext) -> web.Application:
+    """``--metrics-listen``: ``/metrics``, ``/healthz``, ``/readyz`` without a token."""
+    return build_kernel_probe_app(ctx, ROUTES)
+
+
+def openapi_document() -> dict[str, Any]:
+    """The OpenAPI 3.1 document of every route."""
+    return kernel_openapi_document(ROUTES)
