@@ -38,7 +38,7 @@ from controller.errors import (
 )
 from controller.lifecycle import SlotState
 from controller.slots import SlotManager, SlotView
-from controller.spec.configdir import read_config_dir, read_settings
+from controller.spec.configdir import ConfigSnapshot, read_config_dir, read_settings
 from controller.spec.guard import delete_slot_config, write_slot_config
 from controller.spec.loader import load_stack_texts
 from controller.spec.render import slot_effective
@@ -276,8 +276,16 @@ async def _wake(ctx: ApiContext, name: str | None = None) -> None:
         reconciler.enqueue(name)
 
 
-def _require_declared(ctx: ApiContext, name: str) -> None:
-    if name not in read_config_dir(ctx.config_dir).slots:
+async def _desired(ctx: ApiContext) -> ConfigSnapshot:
+    """The desired state as the reconciler holds it: one cache, refreshed by the watcher,
+    the resync and every API write (:func:`_wake`); read off the loop only without one."""
+    if ctx.reconciler is not None:
+        return ctx.reconciler.snapshot
+    return await asyncio.to_thread(read_config_dir, ctx.config_dir)
+
+
+async def _require_declared(ctx: ApiContext, name: str) -> None:
+    if name not in (await _desired(ctx)).slots:
         raise SlotNotFound(name)
 
 
@@ -340,7 +348,7 @@ async def create_slot(request: web.Request) -> web.Response:
     ctx = _ctx(request)
     payload = await read_body(request, dict[str, Any])
     name = payload.get("name")
-    if isinstance(name, str) and name in read_config_dir(ctx.config_dir).slots:
+    if isinstance(name, str) and name in (await _desired(ctx)).slots:
         raise SlotConfigError(
             f"slot {name!r} already exists: PUT its config instead", keys=["name"]
         )
@@ -360,7 +368,7 @@ async def get_slot(request: web.Request) -> web.Response:
     ctx = _ctx(request)
     name = _name(request)
     data = slot_out(ctx.manager.view(name))
-    desired = (await asyncio.to_thread(read_config_dir, ctx.config_dir)).slots.get(name)
+    desired = (await _desired(ctx)).slots.get(name)
     if desired is not None:
         data["spec"] = slot_effective(desired.spec)
     return json_response(data)
@@ -382,7 +390,7 @@ async def delete_slot(request: web.Request) -> web.Response:
     ctx = _ctx(request)
     name = _name(request)
     force = query_flag(request, "force")
-    desired = read_config_dir(ctx.config_dir).slots.get(name)
+    desired = (await _desired(ctx)).slots.get(name)
     if desired is None:
         raise SlotNotFound(name)
     if ctx.stack_dir is not None and desired.stack and desired.stack in ctx.gitops_stacks:
@@ -412,7 +420,7 @@ async def delete_slot(request: web.Request) -> web.Response:
 async def put_config(request: web.Request) -> web.Response:
     ctx = _ctx(request)
     name = _name(request)
-    _require_declared(ctx, name)
+    await _require_declared(ctx, name)
     payload = await read_body(request, dict[str, Any])
     if payload.setdefault("name", name) != name:
         raise InvalidRequest(f"the body names slot {payload['name']!r}, the path {name!r}")
@@ -437,7 +445,7 @@ async def put_config(request: web.Request) -> web.Response:
 async def patch_defaults(request: web.Request) -> web.Response:
     ctx = _ctx(request)
     name = _name(request)
-    _require_declared(ctx, name)
+    await _require_declared(ctx, name)
     patch = await read_body(request, dict[str, Any])
     # Defaults are the slot's scheduling knobs. Model-owned keys pass on to the guard, which
     # reports them as model-owned; anything else (provider, port, server...) belongs to
@@ -517,10 +525,11 @@ async def swap_slot(request: web.Request) -> web.Response:
     ctx = _ctx(request)
     name = _name(request)
     body: SwapBody = await read_body(request, SwapBody)
-    _require_declared(ctx, name)
-    if body.model not in read_config_dir(ctx.config_dir).models:
+    await _require_declared(ctx, name)
+    desired = await _desired(ctx)
+    if body.model not in desired.models:
         raise ModelNotFound(body.model)
-    previous = read_config_dir(ctx.config_dir).slots[name].spec.model_id
+    previous = desired.slots[name].spec.model_id
     write_slot_config(ctx.config_dir, {"name": name, "model": {"default": body.model}}, merge=True)
     await _wake(ctx, None)
     try:
