@@ -1,7 +1,7 @@
 """The API assembled: every route module's table, the app built from them, the document.
 
-The top of ``controller.api``: it imports the route modules (REST routes, the OpenAI
-router, the event stream, metrics, the dashboard); they import only the kernel
+The top of ``controller.api``: it imports the route modules (REST routes of slots,
+models and stacks, the OpenAI router, the event stream, metrics, the dashboard); they import only the kernel
 (:mod:`controller.api.app`), which imports none of them. ``/api/openapi.json`` lives here,
 since the document covers every module.
 """
@@ -12,7 +12,7 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from controller.api import dashboard, metrics, router, routes, sse
+from controller.api import dashboard, metrics, model_routes, router, routes, sse, stack_routes
 from controller.api.app import (
     ApiContext,
     RouteSpec,
@@ -46,6 +46,8 @@ ROUTES: Final[tuple[RouteSpec, ...]] = (
     *dashboard.routes,
     *router.routes,
     *routes.routes,
+    *model_routes.routes,
+    *stack_routes.routes,
     *_own,
 )
 

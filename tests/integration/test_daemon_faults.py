@@ -27,7 +27,7 @@ from typing import Any
 import psutil
 import pytest
 
-import controller.api.routes as routes
+import controller.api.stack_routes as routes
 import controller.daemon as daemon
 import controller.reconcile as reconcile
 from controller.daemon import Controller, DaemonOptions, stop_everything

@@ -1,0 +1,140 @@
+"""What the REST route modules share: the slot view as JSON, the load answer, the desired
+state cache, waking the reconciler after a config write.
+
+Below the route modules (:mod:`.routes`, :mod:`.model_routes`, :mod:`.stack_routes`), above
+the kernel (:mod:`.app`). Handlers are thin: config writes go through the guard, state
+changes through the SlotManager, and every write wakes the reconciler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from typing import Any
+
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict
+
+from controller.api.app import (
+    API_CTX,
+    ApiContext,
+)
+from controller.errors import (
+    SlotNotFound,
+)
+from controller.lifecycle import SlotState
+from controller.slots import SlotView
+from controller.spec.configdir import ConfigSnapshot, read_config_dir
+
+__all__ = [
+    "LoadAnswer",
+    "SlotOut",
+    "ctx_of",
+    "desired_state",
+    "name_of",
+    "require_declared",
+    "slot_out",
+    "start_load",
+    "wake",
+]
+
+log = logging.getLogger("slotctl.api")
+
+
+S = SlotState
+
+
+class SlotOut(BaseModel):
+    """A slot: its live view and, when declared, its effective spec."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+    state: str
+    idle_reason: str | None = None
+    dispatchable: bool
+    model_id: str
+    device: str
+    priority: int
+    pinned: bool
+    autoload: bool
+    resident: bool
+    memory_bytes: int
+    leases: int
+    waiters: int
+    since: str
+    message: str
+    endpoint: str | None = None
+    failures: int
+    retry_after_s: float
+    config_hash: str | None = None
+    stack: str
+    waiting: str | None = None  # "waiting_for_memory": a background load waits for room
+    paused: bool = False  # autoload paused by a user's unload (until a user's load)
+    held_for_s: float | None = None
+    holds: int = 0
+
+
+class LoadAnswer(BaseModel):
+    status: str  # loading | already loaded | unloading | already unloaded | ...
+    slot: SlotOut | None = None
+    plan: dict[str, Any] | None = None
+    cleared: dict[str, list[str]] | None = None  # model unload: residency/failures cleared
+    message: str | None = None
+
+
+def ctx_of(request: web.Request) -> ApiContext:
+    return request.app[API_CTX]
+
+
+def slot_out(view: SlotView) -> dict[str, Any]:
+    data = dataclasses.asdict(view)
+    data["state"] = view.state.value
+    data["dispatchable"] = view.dispatchable
+    return data
+
+
+def name_of(request: web.Request) -> str:
+    return request.match_info["name"]
+
+
+async def start_load(ctx: ApiContext, name: str) -> tuple[int, dict[str, Any]]:
+    """Start a load; answer once admission is decided (typed error if refused).
+
+    A load already in flight answers ``202`` at once (its admission was decided).
+    """
+    manager = ctx.manager
+    view: SlotView = manager.view(name)
+    if view.dispatchable:
+        return 200, {"status": "already loaded", "slot": slot_out(view)}
+    view = await manager.start_load(name)
+    if view.dispatchable:
+        return 200, {"status": "loaded", "slot": slot_out(view)}
+    return 202, {"status": "loading", "slot": slot_out(view)}
+
+
+async def wake(ctx: ApiContext, name: str | None = None) -> None:
+    """After a config write: the reconciler re-reads the config dir (in a worker thread:
+    with a thousand slots that read takes seconds) and looks at the slot(s) again."""
+    reconciler = ctx.reconciler
+    if reconciler is None:
+        return
+    await reconciler.refresh_async()
+    if name is None:
+        reconciler.enqueue_all()
+    else:
+        reconciler.enqueue(name)
+
+
+async def desired_state(ctx: ApiContext) -> ConfigSnapshot:
+    """The desired state as the reconciler holds it: one cache, refreshed by the watcher,
+    the resync and every API write (:func:`_wake`); read off the loop only without one."""
+    if ctx.reconciler is not None:
+        return ctx.reconciler.snapshot
+    return await asyncio.to_thread(read_config_dir, ctx.config_dir)
+
+
+async def require_declared(ctx: ApiContext, name: str) -> None:
+    if name not in (await desired_state(ctx)).slots:
+        raise SlotNotFound(name)
