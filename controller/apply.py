@@ -23,8 +23,8 @@ import tomlkit
 
 from controller.errors import SlotctlError, SlotPinned
 from controller.lifecycle import DISPATCHABLE_STATES, SlotState
+from controller.plan import Action, ObservedSlot, plans_for
 from controller.providers import BuildContext, build_launch
-from controller.reconcile import Action, ObservedSlot, plans_for
 from controller.runtime.base import Runtime
 from controller.spec.configdir import ConfigSnapshot, read_config_dir
 from controller.spec.guard import delete_slot_config, write_catalogue, write_slot_configs

@@ -1,9 +1,9 @@
 """The API assembled: every route module's table, the app built from them, the document.
 
 The top of ``controller.api``: it imports the route modules (REST routes of slots,
-models and stacks, the OpenAI router, the event stream, metrics, the dashboard); they import only the kernel
-(:mod:`controller.api.app`), which imports none of them. ``/api/openapi.json`` lives here,
-since the document covers every module.
+models and stacks, the OpenAI router, the event stream, metrics, the dashboard); they
+import only the kernel (:mod:`controller.api.app`) and what they share, which import none
+of them. ``/api/openapi.json`` lives here, since the document covers every module.
 """
 
 from __future__ import annotations

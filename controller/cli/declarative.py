@@ -39,8 +39,8 @@ from controller.daemon import Controller, DaemonOptions, stop_everything
 from controller.errors import SlotctlError
 from controller.events import Event
 from controller.logs import setup_logging
+from controller.plan import Action
 from controller.quadlet import render_quadlet
-from controller.reconcile import Action
 from controller.root import open_root
 from controller.runtime import make_runtime
 from controller.runtime.base import Runtime
