@@ -113,7 +113,8 @@ class Reconciler:
         self.errors: dict[str, str] = {}
         # What was last said of each slot (plan, error): a retry that would say the same
         # again is quiet; it is said again once it changes or after a success.
-        self._said: dict[str, tuple[str, ...]] = {}
+        self._said_plan: dict[str, tuple[str, str]] = {}
+        self._said_error: dict[str, tuple[str, str]] = {}
         self.passes = 0
         # Called after every pass with (slot, seconds, ok): the API's metrics.
         self.pass_observers: list[Callable[[str, float, bool], None]] = []
@@ -207,9 +208,9 @@ class Reconciler:
     async def reconcile(self, name: str) -> Result:
         """Observe, plan and act for one slot. Raises typed errors; returns a requeue."""
         action = self.plan(name)
-        said = ("plan", action.kind, action.reason)
-        if action.kind != "noop" and self._said.get(name) != said:
-            self._said[name] = said
+        said = (action.kind, action.reason)
+        if action.kind != "noop" and self._said_plan.get(name) != said:
+            self._said_plan[name] = said
             self.manager.events.emit(
                 EventKind.PLAN,
                 Op.RECONCILE,
@@ -318,7 +319,8 @@ class Reconciler:
         else:
             self._failures.pop(name, None)
             self.errors.pop(name, None)
-            self._said.pop(name, None)
+            self._said_plan.pop(name, None)
+            self._said_error.pop(name, None)
         took = time.perf_counter() - started
         log.debug("reconcile %s took %.1f ms", name, took * 1000)
         for observe in self.pass_observers:
@@ -333,11 +335,11 @@ class Reconciler:
             log.debug("reconcile %s: waiting for memory", name)
             return
         code = getattr(error, "code", "internal")
-        said = ("error", code, message)
-        if self._said.get(name) == said:
+        said = (code, message)
+        if self._said_error.get(name) == said:
             log.debug("reconcile %s: %s (again)", name, message)
             return
-        self._said[name] = said
+        self._said_error[name] = said
         self.manager.events.emit(
             EventKind.ERROR,
             Op.RECONCILE,
@@ -392,11 +394,9 @@ class Reconciler:
                     continue
                 if event.to_state in (SlotState.OFFLINE.value, SlotState.ERROR.value):
                     want = self.snapshot.slots.get(event.slot)
-                    if (
-                        want is not None
-                        and want.autoload
-                        and not self.manager.is_paused(event.slot)
-                    ):
+                    autoload = want is not None and want.autoload
+                    kept = autoload and not self.manager.is_paused(event.slot)
+                    if kept or (want is not None and self.manager.is_resident(event.slot)):
                         self.enqueue(event.slot, after=1.0)
                     for name in self.manager.waiting():
                         self.enqueue(name)

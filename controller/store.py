@@ -299,7 +299,10 @@ class ResidencyStore:
         }
         if paused:
             payload["paused"] = {k: {"since": v} for k, v in sorted(paused.items())}
-        atomic_write_json(self.path, payload)
+        try:
+            atomic_write_json(self.path, payload)
+        except OSError as exc:  # full, read-only: typed, nothing changed
+            raise StateWriteFailed(str(self.path), exc) from exc
 
     def set(self, slot: str, model_id: str) -> None:
         entries = self.read()

@@ -168,12 +168,7 @@ async def list_slots(request: web.Request) -> web.Response:
 async def create_slot(request: web.Request) -> web.Response:
     ctx = ctx_of(request)
     payload = await read_body(request, dict[str, Any])
-    name = payload.get("name")
-    if isinstance(name, str) and name in (await desired_state(ctx)).slots:
-        raise SlotConfigError(
-            f"slot {name!r} already exists: PUT its config instead", keys=["name"]
-        )
-    spec = write_slot_config(ctx.config_dir, payload)
+    spec = write_slot_config(ctx.config_dir, payload, create=True)
     await wake(ctx, spec.name)
     return json_response({"created": spec.name, "spec": slot_effective(spec)}, status=201)
 
@@ -220,7 +215,7 @@ async def delete_slot(request: web.Request) -> web.Response:
         raise SlotOwnedByStack(name, desired.stack, str(ctx.stack_dir), "remove")
     if desired.pinned and not force:
         raise SlotPinned(name, "delete")
-    delete_slot_config(ctx.config_dir, name)
+    delete_slot_config(ctx.config_dir, name, force=force)
     await wake(ctx, name)
     return json_response({"status": "deleting", "slot": None}, status=202)
 

@@ -117,7 +117,10 @@ class Admission(Part):
         return [
             s.name
             for s in self.table
-            if s.waiting is not None and not s.busy and self.decide(s, background=True).ok
+            if s.waiting is not None
+            and not s.busy
+            and not self.table.group_peers(s)  # the group is held: the reconciler waits
+            and self.decide(s, background=True).ok
         ]
 
     def refuse(self, slot: SlotRecord, decision: LoadDecision) -> SlotctlError:
@@ -128,10 +131,9 @@ class Admission(Part):
         if not decision.waiting:
             return self.table.refuse(slot, op, error)
         if slot.waiting != WAITING_FOR_MEMORY:  # said once, not at every retry
-            slot.waiting = WAITING_FOR_MEMORY
-            slot.message = f"waiting for memory: {error.message}"
+            message = f"waiting for memory: {error.message}"
+            self.table.persist(slot, waiting=WAITING_FOR_MEMORY, message=message)
             self.table.refuse(slot, op, error)
-            self.table.persist(slot)
         else:
             error.reported = True  # said when the wait began
         return error

@@ -142,8 +142,10 @@ class Housekeeping(Part):
             sample = self.memory.sample(device)
             if sample is None:
                 continue
+            # What the probe sees in use beyond the servers slotctl has up (loads still
+            # coming up have not allocated yet: they would hide real pressure).
             used = sample.total_bytes - sample.free_bytes
-            if used - self.table.admitted_bytes(device) <= margin:
+            if used - self.table.resident_bytes(device) <= margin:
                 continue
             level = pressure_level(
                 sample.total_bytes,

@@ -87,8 +87,7 @@ class Loading(Part):
         """
         if not slot.spec.activated:
             raise self.table.refuse(slot, Op.LOAD, not_activated(slot.name))
-        if not background:
-            self.wishes.resume(slot.name)
+        resumed = not background and self.wishes.resume(slot.name)
         had_wish = self.wishes.is_resident(slot.name)
         since = slot.since
         if resident:
@@ -100,8 +99,11 @@ class Loading(Part):
             # A *refused* load (no transition happened) changes nothing, residency included.
             # A load that started and failed keeps the wish: like a resident model that
             # fails at start, it shows error and is tried again (restore, reconciler).
-            if resident and not had_wish and slot.since == since:
-                self.unloading.clear_resident(slot.name)
+            if slot.since == since:
+                if resident and not had_wish:
+                    self.unloading.clear_resident(slot.name)
+                if resumed:
+                    self.wishes.pause(slot.name)
             raise
         finally:
             slot.wanted -= 1

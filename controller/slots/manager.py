@@ -187,6 +187,9 @@ class SlotManager(Part):
         if name not in table.records:
             return
         await self.unload(name, force=True, reason="removed from desired state")
+        record = table.records[name]
+        if record.load_task is not None and not record.load_task.done():
+            record.load_task.cancel()  # a cold request queued behind the unload: not ours
         del table.records[name]
         self.store.delete(name)
         self.core.wishes.clear_resident(name)

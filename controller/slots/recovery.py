@@ -21,7 +21,7 @@ from controller.probe import ProbeOutcome
 from controller.runtime.base import LaunchSpec, Observed, RunStatus
 from controller.slots.core import Core, Part
 from controller.slots.loading import Loading
-from controller.slots.records import SlotRecord
+from controller.slots.records import LOADING_STATES, SlotRecord
 
 __all__ = ["Recovery"]
 
@@ -182,8 +182,17 @@ class Recovery(Part):
     async def _restore_one(self, slot: SlotRecord) -> str:
         if not slot.spec.activated:
             return "not activated"
-        if self.loading.loaded(slot):
+        if self.loading.loaded(slot) or slot.state in LOADING_STATES or slot.busy:
+            # Up, or an adopted server still warming (its warm-up holds the slot): waiting
+            # for it here would hold the whole start (reconciler, exit checks, /readyz).
             return slot.state.value
+        if not self.wishes.keeps_loaded(slot.name, bool(slot.spec.autoload)):
+            return "not wanted"  # a load before this one swapped it out of its group
+        holder = self.table.group_peers(slot)
+        if holder:
+            # A peer holds the exclusive group (a user's swap before the restart): a
+            # background load never takes it over; the reconciler waits for the group.
+            return f"waiting: {holder[0].name} holds the exclusive group"
         try:
             await self.loading.start_load(slot, resident=False, background=True)
         except SlotctlError as exc:

@@ -209,9 +209,13 @@ class SlotTable:
         for step in legal_path(slot.state, target):
             self.set(slot, step, op=op, message=message)
 
-    def persist(self, slot: SlotRecord) -> None:
-        """Write a fact that is no transition (waiting for memory, a cleared wait) now."""
-        self.store.write(self.persisted(slot))
+    def persist(self, slot: SlotRecord, *, waiting: str | None, message: str) -> None:
+        """Write a fact that is no transition (waiting for memory, a cleared wait), then
+        keep it in memory: a refused write (``StateWriteFailed``) changes nothing."""
+        self.store.write(
+            self._record(slot, slot.state, slot.idle_reason, message, slot.since, waiting)
+        )
+        slot.waiting, slot.message = waiting, message
 
     def flush_unpersisted(self) -> None:
         """Write the state of slots whose lease transition the disk refused (housekeeping)."""

@@ -235,6 +235,4 @@ class Unloading(Part):
         """Nobody keeps this slot loaded any more: it is not waiting for memory either."""
         if slot.waiting is None or self.wishes.keeps_loaded(slot.name, bool(slot.spec.autoload)):
             return
-        slot.waiting = None
-        slot.message = ""
-        self.table.persist(slot)
+        self.table.persist(slot, waiting=None, message="")

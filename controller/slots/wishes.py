@@ -37,23 +37,28 @@ class Wishes:
             self.store.set(name, model_id)
             self.resident[name] = model_id
 
+    # Each change is written first and kept in memory only once the file has it, so a
+    # refused write (a full disk: StateWriteFailed) leaves both as they were.
+
     def clear_resident(self, name: str) -> bool:
         """Forget the wish; True when there was one."""
-        if self.resident.pop(name, None) is None:
+        if name not in self.resident:
             return False
         self.store.clear(name)
+        del self.resident[name]
         return True
 
     def pause(self, name: str) -> bool:
         """Pause an autoload slot; True when it was not paused yet."""
         if name in self.paused:
             return False
-        self.paused[name] = utcnow()
         self.store.pause(name)
+        self.paused[name] = utcnow()
         return True
 
     def resume(self, name: str) -> bool:
-        if self.paused.pop(name, None) is None:
+        if name not in self.paused:
             return False
         self.store.resume(name)
+        del self.paused[name]
         return True

@@ -28,6 +28,7 @@ import tomlkit.items
 from tomlkit.container import Container
 from tomlkit.toml_document import TOMLDocument
 
+from controller.errors import SlotConfigError, SlotPinned
 from controller.names import is_valid_slot_name
 from controller.spec.configdir import CATALOGUE_FILE, SLOTS_SUBDIR, read_config_dir
 from controller.spec.problems import raise_for_problems
@@ -153,9 +154,12 @@ def write_slot_config(
     stack: str | None = None,
     merge: bool = False,
     others: Sequence[SlotSpec] | None = None,
+    create: bool = False,
 ) -> SlotSpec:
     """The one writer of slot config: guard, then an atomic, layout-preserving write.
 
+    ``create=True`` refuses (``SlotConfigError``) a slot whose file exists, checked under
+    the writers' lock (two creates of one name: the second is refused, never an overwrite).
     ``merge=True`` applies ``payload`` as a partial update (PATCH) over the stored slot.
     ``others``: the slots the cross-slot rules compare against, when the caller writes a
     whole validated set (stack apply: a port swap between two slots is legal as a set,
@@ -171,6 +175,10 @@ def write_slot_config(
             guard_slot_write_payload(payload)  # raises with the located name problem
         assert isinstance(name, str)
         path = slot_config_path(config_dir, name)
+        if create and path.exists():
+            raise SlotConfigError(
+                f"slot {name!r} already exists: PUT its config instead", keys=["name"]
+            )
         existing = _read_document(path)
         wanted = dict(payload)
         stored = snapshot.slots.get(name)
@@ -264,11 +272,19 @@ def _deep_merge(base: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, 
     return out
 
 
-def delete_slot_config(config_dir: Path, name: str) -> bool:
-    """Remove a slot's config file; returns False when there was none."""
+def delete_slot_config(config_dir: Path, name: str, *, force: bool = True) -> bool:
+    """Remove a slot's config file; returns False when there was none.
+
+    ``force=False`` refuses (``SlotPinned``) a slot whose file says it is pinned, checked
+    under the writers' lock against the file itself (a hand edit that just pinned it).
+    """
     config_dir = Path(config_dir)
     with config_lock(config_dir):
         path = slot_config_path(config_dir, name)
+        if not force:
+            current = read_config_dir(config_dir).slots.get(name)
+            if current is not None and current.pinned:
+                raise SlotPinned(name, "delete")
         try:
             path.unlink()
         except FileNotFoundError:

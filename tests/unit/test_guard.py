@@ -11,6 +11,7 @@ import copy
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -581,3 +582,13 @@ def test_any_payload_is_accepted_or_refused_with_a_typed_error(
 def test_check_slot_payload_never_raises(payload: dict[str, Any]) -> None:
     check = check_slot_payload(payload)
     assert (check.spec is None) == bool(check.errors)
+
+
+def test_create_refuses_an_existing_slot_file_under_the_lock(tmp_path: Path) -> None:
+    from controller.spec.guard import write_slot_config
+
+    payload = {"name": "dup", "provider": "demo", "port": 9100, "model": {"default": ""}}
+    write_slot_config(tmp_path, payload, create=True)
+    with pytest.raises(SlotConfigError, match="already exists"):
+        write_slot_config(tmp_path, {**payload, "port": 9101}, create=True)
+    assert "9100" in (tmp_path / "slots" / "dup.toml").read_text()

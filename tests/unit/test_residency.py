@@ -561,3 +561,73 @@ async def test_a_gpu_slot_on_a_host_without_a_gpu_says_so_once(tmp_path: Path) -
     assert "memory_budget_gb.gpu" in view.message
     refusals = [e for e in events_of(sub) if e.kind == "refusal"]
     assert len(refusals) == 1 and refusals[0].details.get("no_probe") is True
+
+
+# ================================================================= review findings
+
+
+async def test_a_restart_after_a_swap_keeps_the_users_group_member(tmp_path: Path) -> None:
+    slots = [slot_spec("ga", "ga-m", autoload=True), slot_spec("gb", "gb-m", autoload=False)]
+    models = [model_spec("ga-m", 1, group="g"), model_spec("gb-m", 1, group="g")]
+    h = harness(tmp_path, budget_gb=8)
+    await h.manager.set_desired(desired(slots, models))
+    await h.manager.load("ga")
+    await h.manager.load("gb")  # the user swaps the group over to gb (resident)
+    fresh = h.new_manager()
+    await fresh.set_desired(desired(slots, models))
+    await fresh.recover()
+    outcome = await fresh.restore()
+    # Before: the restore loaded ga (swapping gb out, clearing its wish), then gb again.
+    assert outcome["gb"] == "ready" and outcome["ga"].startswith("waiting: gb holds")
+    assert fresh.view("gb").state is S.READY and fresh.view("gb").resident
+    assert fresh.view("ga").state is S.OFFLINE
+    assert h.runtime.starts == {"ga": 1, "gb": 1}
+
+
+async def test_restore_does_not_wait_for_an_adopted_server_still_warming(tmp_path: Path) -> None:
+    h = harness(tmp_path, budget_gb=8)
+    spec = [slot_spec("a", autoload=True)]
+    await h.manager.set_desired(desired(spec, [model_spec("a-m", 1)]))
+    h.runtime.script("a", load_s=500.0)
+    load = asyncio.create_task(h.manager.load("a"))
+    while h.manager.view("a").state is not S.WARMING:
+        await asyncio.sleep(0)
+    load.cancel()  # the controller "dies" mid-warm-up; its server keeps loading
+    await asyncio.gather(load, return_exceptions=True)
+    h.manager.core.table.records["a"].state = S.WARMING  # as the state file says
+    fresh = h.new_manager()
+    await fresh.set_desired(desired(spec, [model_spec("a-m", 1)]))
+    await fresh.recover()
+    before = h.clock.monotonic()
+    assert await fresh.restore(wait=False) == {"a": "warming"}
+    assert h.clock.monotonic() == before  # returned at once: the warm-up goes on alone
+    await fresh.close()
+
+
+async def test_a_refused_user_load_keeps_the_pause(tmp_path: Path) -> None:
+    h = harness(tmp_path, budget_gb=4)
+    slots = [slot_spec("auto", autoload=True), slot_spec("big", autoload=False)]
+    await h.manager.set_desired(desired(slots, [model_spec("auto-m", 1), model_spec("big-m", 1)]))
+    await h.manager.load("auto")
+    await h.manager.unload("auto", pause=True)
+    h.manager.settings = h.manager.settings.model_copy(update={"memory_budget_gb": {"gpu": 0.5}})
+    with pytest.raises(InsufficientMemory):
+        await h.manager.load("auto")  # refused: nothing changes, the pause included
+    assert h.manager.view("auto").paused
+    assert h.manager.residency.read_paused()
+
+
+async def test_a_failing_autoload_slot_is_said_once_per_distinct_failure(tmp_path: Path) -> None:
+    h = harness(tmp_path, budget_gb=8)
+    h.runtime.script("bad", start_error="bad flag")
+    spec = slot_spec("bad", autoload=True, max_consecutive_failures=50)
+    r = reconciler(h, _stack([spec], [model_spec("bad-m", 1)]))
+    r.refresh()
+    sub = h.manager.events.subscribe()
+    for _ in range(8):  # every retry fails the same way (a pass as the worker runs it)
+        await r._run_one("bad")
+        await settle(h.manager)
+        h.clock.advance(400.0)
+    events = events_of(sub)
+    assert len([e for e in events if e.kind == "error"]) == 1
+    assert len([e for e in events if e.kind == "plan"]) <= 2  # create, then load
