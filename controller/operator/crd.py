@@ -33,6 +33,7 @@ from controller.spec.schema import (
     HARDWARE_ENV_VARS,
     HARDWARE_FLAGS,
     MODEL_OWNED_FLAGS,
+    SAMPLING_KEYS,
     ModelSpec,
     SlotSpec,
 )
@@ -89,22 +90,7 @@ _DOCS: Final[dict[str, str]] = {
     "context_length": "Context window (model-owned: a Slot cannot override it).",
     "chat_template": "Chat template (model-owned).",
     "mmproj": "Multimodal projector file (model-owned).",
-    **{
-        key: "Sampling default (model-owned)."
-        for key in (
-            "temperature",
-            "top_p",
-            "top_k",
-            "min_p",
-            "repeat_penalty",
-            "presence_penalty",
-            "frequency_penalty",
-            "max_tokens",
-            "seed",
-            "stop",
-            "system_prompt",
-        )
-    },
+    **dict.fromkeys(SAMPLING_KEYS, "Sampling default (model-owned)."),
 }
 
 

@@ -598,31 +598,13 @@ async def test_ready_line_in_the_container_log_wakes_the_probe(
     runtime: DockerRuntime, launch_for: Callable[..., LaunchSpec]
 ) -> None:
     """The engine's log stream wakes the probe; the clock's schedule never fires."""
-    from controller.probe import HttpProber, ProbeOutcome
-    from tests.unit.test_probe_wake import StuckClock
+    from controller.probe import ProbeOutcome
+    from tests.unit.test_probe_wake import wait_ready_stuck
 
     launch = launch_for("wake", "--load-seconds", "1")
     assert launch.probe.ready_log is not None
     await runtime.start(launch)
-    prober = HttpProber(logs=runtime)
-
-    async def alive() -> bool:
-        return (await runtime.inspect(launch.slot)).running
-
-    try:
-        result = await asyncio.wait_for(
-            prober.wait_ready(
-                launch.endpoint,
-                launch.probe,
-                slot=launch.slot,
-                alive=alive,
-                warmup_timeout_s=120,
-                clock=StuckClock(),
-            ),
-            timeout=60,
-        )
-    finally:
-        await prober.close()
+    result = await wait_ready_stuck(runtime, launch, timeout=60)
     # the first attempt, at once, then the one the ready line woke: no scheduled attempt
     assert result.outcome is ProbeOutcome.READY and result.attempts == 2, result
     await runtime.stop(launch.slot, timeout=5)

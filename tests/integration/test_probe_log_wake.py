@@ -19,7 +19,7 @@ from controller.runtime.logwatch import follow
 from controller.runtime.process import ProcessRuntime
 from controller.slots import SlotManager
 from tests.integration.helpers import demo_launch
-from tests.unit.test_probe_wake import StuckClock
+from tests.unit.test_probe_wake import wait_ready_stuck
 
 
 @pytest.fixture
@@ -34,25 +34,7 @@ async def _wait_ready_stuck(runtime: ProcessRuntime, knobs: list[str]) -> ProbeR
     launch = demo_launch("wake", knobs)
     assert launch.probe.ready_log is not None  # the demo provider declares its line
     await runtime.start(launch)
-    prober = HttpProber(logs=runtime)
-
-    async def alive() -> bool:
-        return (await runtime.inspect(launch.slot)).running
-
-    try:
-        return await asyncio.wait_for(
-            prober.wait_ready(
-                launch.endpoint,
-                launch.probe,
-                slot=launch.slot,
-                alive=alive,
-                warmup_timeout_s=120,
-                clock=StuckClock(),
-            ),
-            timeout=30,
-        )
-    finally:
-        await prober.close()
+    return await wait_ready_stuck(runtime, launch)
 
 
 async def test_ready_line_wakes_the_probe(runtime: ProcessRuntime) -> None:

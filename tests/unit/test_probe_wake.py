@@ -10,8 +10,9 @@ import asyncio
 import contextlib
 import re
 
-from controller.probe import LogLines, ProbeOutcome, ProbeResult, wait_ready
+from controller.probe import HttpProber, LogLines, ProbeOutcome, ProbeResult, wait_ready
 from controller.providers.base import READY_LOG
+from controller.runtime.base import LaunchSpec, Runtime
 
 
 class StuckClock:
@@ -29,6 +30,32 @@ class StuckClock:
     async def sleep(self, seconds: float) -> None:
         self.sleeps.append(seconds)
         await asyncio.sleep(3600)
+
+
+async def wait_ready_stuck(
+    runtime: Runtime, launch: LaunchSpec, timeout: float = 30.0
+) -> ProbeResult:
+    """Probe a real server under a clock whose schedule never fires: only the server's own
+    ready line (followed through ``runtime``) can wake the probe after its first try."""
+    prober = HttpProber(logs=runtime)
+
+    async def alive() -> bool:
+        return (await runtime.inspect(launch.slot)).running
+
+    try:
+        return await asyncio.wait_for(
+            prober.wait_ready(
+                launch.endpoint,
+                launch.probe,
+                slot=launch.slot,
+                alive=alive,
+                warmup_timeout_s=120,
+                clock=StuckClock(),
+            ),
+            timeout=timeout,
+        )
+    finally:
+        await prober.close()
 
 
 async def _alive() -> bool:
