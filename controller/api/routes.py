@@ -8,6 +8,7 @@ synchronously with its typed error), ``200`` when there was nothing to do.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any, Final
 
@@ -15,6 +16,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
 from controller.api.app import (
+    ApiContext,
     Query,
     RouteTable,
     json_response,
@@ -43,6 +45,7 @@ from controller.errors import (
 )
 from controller.lifecycle import SlotState
 from controller.spec.guard import delete_slot_config, write_slot_config
+from controller.spec.loader import DesiredSlot
 from controller.spec.render import slot_effective
 from controller.spec.schema import MODEL_OWNED_KEYS, SlotSpec
 
@@ -346,19 +349,30 @@ async def swap_slot(request: web.Request) -> web.Response:
     if body.model not in desired.models:
         raise ModelNotFound(body.model)
     previous = desired.slots[name].spec.model_id
-    write_slot_config(ctx.config_dir, {"name": name, "model": {"default": body.model}}, merge=True)
-    await wake(ctx, None)
+    # The binding has one writer, the guard: write it, read the declared slot back, and
+    # the manager takes that (as the reconciler would), never a binding of its own.
+    declared = await _rebind(ctx, name, body.model)
     try:
-        view = await ctx.manager.swap(name, body.model)
+        view = await ctx.manager.swap(declared)
     except SlotctlError:
         # Refused (memory, breaker, pinned peer): the declared binding goes back, and the
         # reconciler brings the previous model back if the slot is meant to be loaded.
-        write_slot_config(
-            ctx.config_dir, {"name": name, "model": {"default": previous}}, merge=True
-        )
-        await wake(ctx, name)
+        if previous is not None:
+            ctx.manager.upsert(await _rebind(ctx, name, previous))
         raise
     return json_response({"status": "swapped", "slot": slot_out(view)})
+
+
+async def _rebind(ctx: ApiContext, name: str, model_id: str) -> DesiredSlot:
+    """Write ``name``'s model binding through the guard (off the event loop), let the
+    reconciler re-read, and return the slot as now declared."""
+    patch = {"name": name, "model": {"default": model_id}}
+    await asyncio.to_thread(write_slot_config, ctx.config_dir, patch, merge=True)
+    await wake(ctx, name)
+    declared = (await desired_state(ctx)).slots.get(name)
+    if declared is None:  # deleted meanwhile
+        raise SlotNotFound(name)
+    return declared
 
 
 @route(

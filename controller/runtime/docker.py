@@ -20,9 +20,10 @@ seam; the slot manager is its only caller. It turns a provider's
   running on the CPU;
 * **pulls** stream the engine's progress to a callback (the slot shows ``pulling``).
 
-The SDK is synchronous: every call runs in a worker thread (``asyncio.to_thread``), except
-the iteration of a pull's progress stream, which runs in a daemon thread of its own so a
-stalled registry can neither exhaust the shared pool nor hold up interpreter exit. Engine
+What a container is (name, labels, create options, observation) lives in the pure
+:mod:`~controller.runtime.docker_spec`; the blocking pull and log streams in
+:mod:`~controller.runtime.docker_streams`. The SDK is synchronous: every other call runs in
+a worker thread (``asyncio.to_thread``). Engine
 failures become typed errors: :class:`~controller.errors.SlotSpawnFailed` from ``start``
 and ``prepare``, :class:`DockerEngineError` (engine answered with an error) or
 :class:`DockerUnavailable` (engine unreachable, naming its socket) from the rest.
@@ -31,23 +32,19 @@ and ``prepare``, :class:`DockerEngineError` (engine answered with an error) or
 from __future__ import annotations
 
 import asyncio
-import codecs
 import contextlib
-import inspect as pyinspect
 import logging
 import math
 import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from datetime import datetime
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
 import docker
 import docker.errors
-import docker.types
 import requests
 
 from controller.errors import (
@@ -58,16 +55,26 @@ from controller.errors import (
     SlotTerminateTimeout,
 )
 from controller.runtime.base import (
-    HASH_LABEL,
     MANAGED_LABEL,
     SLOT_LABEL,
-    STACK_LABEL,
     LaunchSpec,
     Mount,
     Observed,
     ProgressCallback,
     RunStatus,
 )
+from controller.runtime.docker_spec import (
+    CONTAINER_PREFIX,
+    DEFAULT_SOCKET,
+    OWNER_LABEL,
+    PORT_LABEL,
+    container_name,
+    create_options,
+    device_options,
+    observe,
+    owned,
+)
+from controller.runtime.docker_streams import follow_logs, pull_image
 from controller.runtime.process import port_holder
 
 __all__ = [
@@ -82,16 +89,7 @@ __all__ = [
 
 log = logging.getLogger("slotctl.runtime")
 
-CONTAINER_PREFIX: Final = "slotctl-"
-PORT_LABEL: Final = "slotctl.port"
-# The controller (its resolved state dir) that created a container: two controllers on
-# one engine never adopt, stop or reap each other's containers.
-OWNER_LABEL: Final = "slotctl.owner"
-DEFAULT_SOCKET: Final = "unix:///var/run/docker.sock"
-AMD_DEVICES: Final = ("/dev/kfd", "/dev/dri")
-NPU_DEVICES: Final = ("/dev/accel",)
 _WAIT_POLL_S: Final = 0.05
-_NEVER_STARTED: Final = "0001-01-01T00:00:00Z"
 
 T = TypeVar("T")
 
@@ -100,80 +98,9 @@ class _Unreachable(Exception):
     """Internal: the engine did not answer (translated per operation)."""
 
 
-def container_name(slot: str) -> str:
-    return f"{CONTAINER_PREFIX}{slot}"
-
-
-def device_options(
-    device: str, runtimes: Sequence[str], exists: Callable[[str], bool] = os.path.exists
-) -> dict[str, Any]:
-    """Container create options giving a ``device`` slot its accelerator (pure).
-
-    ``gpu``: every GPU as a device request when the engine has the NVIDIA runtime, else
-    the AMD device nodes when the host has them; ``npu``: ``/dev/accel``; ``cpu``: none.
-    Raises :class:`SlotSpawnFailed` when the host cannot provide what was asked for.
-    """
-    if device == "cpu":
-        return {}
-    if device == "gpu":
-        if "nvidia" in runtimes:
-            request = docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])
-            return {"device_requests": [request]}
-        if all(exists(path) for path in AMD_DEVICES):
-            return {"devices": [f"{path}:{path}:rwm" for path in AMD_DEVICES]}
-        raise SlotSpawnFailed(
-            "device 'gpu' requested, but the Docker engine has no 'nvidia' runtime and the "
-            f"host has no {' + '.join(AMD_DEVICES)} (AMD); refusing to run on the CPU",
-            device=device,
-        )
-    if device == "npu":
-        if all(exists(path) for path in NPU_DEVICES):
-            return {"devices": [f"{path}:{path}:rwm" for path in NPU_DEVICES]}
-        raise SlotSpawnFailed(
-            f"device 'npu' requested, but the host has no {' + '.join(NPU_DEVICES)}",
-            device=device,
-        )
-    raise SlotSpawnFailed(f"unknown device {device!r}", device=device)
-
-
-def _parse_started_at(value: str | None) -> float | None:
-    """``State.StartedAt`` (RFC 3339, nanoseconds) as epoch seconds; None if never."""
-    if not value or value == _NEVER_STARTED:
-        return None
-    text = value.strip()
-    if text.endswith("Z"):
-        text = text[:-1] + "+00:00"
-    main, sep, rest = text.partition(".")
-    if sep:  # trim nanoseconds to the microseconds fromisoformat accepts
-        digits = "".join(ch for ch in rest if ch.isdigit())
-        zone = rest[len(digits) :]
-        text = f"{main}.{digits[:6].ljust(6, '0')}{zone}"
-    try:
-        return datetime.fromisoformat(text).timestamp()
-    except ValueError:
-        return None
-
-
-def _owned(labels: Mapping[str, str], slot: str, owner: str | None) -> bool:
-    """Ours: slotctl's labels for this slot and, when the runtime has an owner, that owner."""
-    if labels.get(MANAGED_LABEL) != "true" or labels.get(SLOT_LABEL) != slot:
-        return False
-    return owner is None or labels.get(OWNER_LABEL) == owner
-
-
 def _explanation(exc: BaseException) -> str:
     text = getattr(exc, "explanation", None) or str(exc)
     return str(text).strip()
-
-
-def _covered(path: str, mounts: Sequence[Mount]) -> bool:
-    """Is ``path`` already visible in the container (mounted at, or under, an identity bind)?"""
-    wanted = Path(path)
-    for mount in mounts:
-        target = Path(mount.target)
-        if wanted == target or (target in wanted.parents and Path(mount.source) == target):
-            return True
-    return False
 
 
 class DockerRuntime:
@@ -310,7 +237,24 @@ class DockerRuntime:
         image = self._require_image(launch)
         if not await self._call("prepare", launch.slot, self._image_missing, image):
             return
-        await self._pull(launch.slot, image, progress)
+        client = await self._call("prepare", launch.slot, self._client)
+        await pull_image(
+            client,
+            launch.slot,
+            image,
+            timeout_s=self.pull_timeout_s,
+            progress=progress,
+            failed=lambda exc: self._pull_failed(launch.slot, image, exc),
+        )
+
+    def _pull_failed(self, slot: str, image: str, exc: BaseException) -> SlotctlError:
+        if isinstance(exc, (requests.ConnectionError, ConnectionError, _Unreachable)):
+            reason = f"the Docker engine at {self.engine} is unreachable ({exc})"
+        else:
+            reason = _explanation(exc)
+        return SlotSpawnFailed(
+            f"cannot pull {image} for slot {slot!r}: {reason}", slot=slot, image=image
+        )
 
     async def start(self, launch: LaunchSpec) -> Observed:
         self._require_image(launch)
@@ -335,83 +279,21 @@ class DockerRuntime:
         :class:`controller.probe.LogWatcher`): the engine's log stream is read on a daemon
         thread of its own, ``on_text`` is called on the event loop. Any failure just ends
         the watch (the probe keeps its schedule); returns the function that stops it."""
-        loop = asyncio.get_running_loop()
-        stopped = threading.Event()
-        streams: list[Any] = []
-        since = time.time()
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        owner = self.owner
 
-        def deliver(text: str) -> None:
-            if not stopped.is_set():
-                on_text(text)
+        def open_stream(since: float) -> Any:
+            container = self._find(slot)
+            labels = (container.attrs.get("Config") or {}).get("Labels") if container else {}
+            if container is None or not owned(labels or {}, slot, owner):
+                return None
+            return container.logs(stdout=True, stderr=True, stream=True, follow=True, since=since)
 
-        def pump() -> None:
-            try:
-                container = self._find(slot)
-                labels = (container.attrs.get("Config") or {}).get("Labels") if container else {}
-                if container is None or not _owned(labels or {}, slot, self.owner):
-                    return
-                streams.append(
-                    container.logs(stdout=True, stderr=True, stream=True, follow=True, since=since)
-                )
-                for chunk in streams[0]:
-                    if stopped.is_set():
-                        return
-                    with contextlib.suppress(RuntimeError):  # the loop closed: nobody listens
-                        loop.call_soon_threadsafe(deliver, decoder.decode(bytes(chunk)))
-            except Exception as exc:  # noqa: BLE001 - logged; the probe keeps its schedule
-                if not stopped.is_set():
-                    log.debug("log watch of slot %s ended: %s", slot, exc)
-            finally:
-                _close_streams(streams)
-
-        threading.Thread(target=pump, name=f"slotctl-logs-{slot}", daemon=True).start()
-
-        def stop() -> None:
-            stopped.set()
-            _close_streams(streams)
-
-        return stop
+        return follow_logs(slot, open_stream, on_text)
 
     # ------------------------------------------------------------------ observing
 
     def _observe(self, container: Any, slot: str) -> Observed:
-        attrs: Mapping[str, Any] = container.attrs
-        labels: Mapping[str, str] = (attrs.get("Config") or {}).get("Labels") or {}
-        state: Mapping[str, Any] = attrs.get("State") or {}
-        ident = str(attrs.get("Id") or container.id)
-        running = bool(state.get("Running"))
-        status = RunStatus.RUNNING if running else RunStatus.EXITED
-        started_at = _parse_started_at(state.get("StartedAt"))
-        exit_code = None if running or started_at is None else int(state.get("ExitCode", 0))
-        if not _owned(labels, slot, self.owner):
-            return Observed(
-                slot=slot,
-                status=status,
-                ident=ident,
-                exit_code=exit_code,
-                started_at=started_at,
-                managed=False,
-                message=(
-                    f"container {container_name(slot)} ({ident[:12]}) is not managed by "
-                    f"this controller (no {MANAGED_LABEL}=true / {SLOT_LABEL}={slot}"
-                    + (f" / {OWNER_LABEL}={self.owner}" if self.owner else "")
-                    + " labels): it is left untouched; remove or rename it to free the "
-                    "slot's name"
-                ),
-            )
-        port = labels.get(PORT_LABEL, "")
-        return Observed(
-            slot=slot,
-            status=status,
-            ident=ident,
-            exit_code=exit_code,
-            started_at=started_at,
-            config_hash=labels.get(HASH_LABEL),
-            endpoint=f"http://127.0.0.1:{port}" if port.isdigit() else None,
-            stack=labels.get(STACK_LABEL),
-            message=_state_text(state, started_at, exit_code),
-        )
+        return observe(container.attrs, slot, self.owner)
 
     def _inspect_sync(self, slot: str) -> Observed:
         container = self._find(slot)
@@ -439,7 +321,7 @@ class DockerRuntime:
         if container is None:
             return []
         labels = (container.attrs.get("Config") or {}).get("Labels") or {}
-        if not _owned(labels, slot, self.owner):
+        if not owned(labels, slot, self.owner):
             return []
         raw = container.logs(stdout=True, stderr=True, tail=tail if tail > 0 else "all")
         return bytes(raw).decode(errors="replace").splitlines()
@@ -530,41 +412,13 @@ class DockerRuntime:
         return self._observe(container, launch.slot)
 
     def _create_options(self, launch: LaunchSpec) -> dict[str, Any]:
-        labels = {**launch.labels(), PORT_LABEL: str(launch.port)}
-        if self.owner is not None:
-            labels[OWNER_LABEL] = self.owner
-        options: dict[str, Any] = {
-            "image": launch.image,
-            "command": list(launch.argv),
-            "name": container_name(launch.slot),
-            "labels": labels,
-            "environment": dict(launch.env),
-            "mounts": [
-                docker.types.Mount(m.target, m.source, type="bind", read_only=m.read_only)
-                for m in self._mounts(launch)
-            ],
-            "init": True,
-            "restart_policy": {"Name": "no"},
-            "detach": True,
-        }
-        if self.network_mode == "host":
-            options["network_mode"] = "host"
-        else:
-            options["network_mode"] = self.network_mode
-            options["ports"] = {f"{launch.port}/tcp": ("127.0.0.1", launch.port)}
-        runtimes = self._engine_runtimes() if launch.device == "gpu" else ()
-        options.update(device_options(launch.device, runtimes))
-        return options
-
-    def _mounts(self, launch: LaunchSpec) -> list[Mount]:
-        """The LaunchSpec's mounts, then base mounts and the model file (one per target)."""
-        mounts: list[Mount] = []
-        for mount in (*launch.mounts, *self.base_mounts):
-            if all(m.target != mount.target for m in mounts):
-                mounts.append(mount)
-        if launch.model_path and not _covered(launch.model_path, mounts):
-            mounts.append(Mount(launch.model_path, launch.model_path, read_only=True))
-        return mounts
+        return create_options(
+            launch,
+            owner=self.owner,
+            base_mounts=self.base_mounts,
+            network_mode=self.network_mode,
+            runtimes=self._engine_runtimes() if launch.device == "gpu" else (),
+        )
 
     def _engine_runtimes(self) -> tuple[str, ...]:
         if self._runtimes is None:
@@ -631,107 +485,6 @@ class DockerRuntime:
                 return False
             time.sleep(_WAIT_POLL_S)
 
-    # ------------------------------------------------------------------ pulling
-
-    async def _pull(self, slot: str, image: str, progress: ProgressCallback | None) -> None:
-        """Pull ``image``, reporting aggregate progress; raises SlotSpawnFailed on failure."""
-        client = await self._call("prepare", slot, self._client)
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
-        cancelled = threading.Event()
-
-        def emit(kind: str, value: Any) -> None:
-            with contextlib.suppress(RuntimeError):  # the loop closed: nobody listens
-                loop.call_soon_threadsafe(queue.put_nowait, (kind, value))
-
-        def pump() -> None:
-            try:
-                for event in _pull_stream(client, image):
-                    if cancelled.is_set():
-                        return
-                    emit("event", event)
-                emit("done", None)
-            except Exception as exc:  # noqa: BLE001 - handed to the awaiting coroutine
-                emit("error", exc)
-
-        threading.Thread(target=pump, name=f"slotctl-pull-{slot}", daemon=True).start()
-        layers: dict[str, tuple[int, int]] = {}
-        deadline = loop.time() + self.pull_timeout_s
-        try:
-            while True:
-                remaining = deadline - loop.time()
-                if remaining <= 0:
-                    raise SlotSpawnFailed(
-                        f"cannot pull {image} for slot {slot!r}: no result within "
-                        f"{self.pull_timeout_s:g}s",
-                        slot=slot,
-                        image=image,
-                    )
-                try:
-                    kind, value = await asyncio.wait_for(queue.get(), remaining)
-                except TimeoutError:
-                    continue
-                if kind == "done":
-                    return
-                if kind == "error":
-                    raise self._pull_failed(slot, image, value)
-                await self._report(slot, image, value, layers, progress)
-        finally:
-            cancelled.set()
-
-    def _pull_failed(self, slot: str, image: str, exc: BaseException) -> SlotctlError:
-        if isinstance(exc, SlotctlError):
-            return exc
-        if isinstance(exc, (requests.ConnectionError, ConnectionError, _Unreachable)):
-            reason = f"the Docker engine at {self.engine} is unreachable ({exc})"
-        else:
-            reason = _explanation(exc)
-        return SlotSpawnFailed(
-            f"cannot pull {image} for slot {slot!r}: {reason}", slot=slot, image=image
-        )
-
-    @staticmethod
-    async def _report(
-        slot: str,
-        image: str,
-        event: Mapping[str, Any],
-        layers: dict[str, tuple[int, int]],
-        progress: ProgressCallback | None,
-    ) -> None:
-        if "error" in event:
-            detail = event.get("errorDetail") or {}
-            raise SlotSpawnFailed(
-                f"cannot pull {image} for slot {slot!r}: {detail.get('message') or event['error']}",
-                slot=slot,
-                image=image,
-            )
-        layer = str(event.get("id") or "")
-        detail = event.get("progressDetail") or {}
-        if layer and detail.get("total"):
-            layers[layer] = (int(detail.get("current") or 0), int(detail["total"]))
-        if progress is None:
-            return
-        current = sum(c for c, _ in layers.values())
-        total = sum(t for _, t in layers.values())
-        result = progress(
-            {
-                "slot": slot,
-                "image": image,
-                "status": str(event.get("status") or ""),
-                "layer": layer or None,
-                "current": current,
-                "total": total or None,
-            }
-        )
-        if pyinspect.isawaitable(result):
-            await result
-
-
-def _pull_stream(client: Any, image: str) -> Iterator[Mapping[str, Any]]:
-    """The engine's decoded pull events (blocking; a worker/daemon thread only)."""
-    stream: Iterator[Mapping[str, Any]] = client.api.pull(image, stream=True, decode=True)
-    yield from stream
-
 
 def _check_socket(engine: str) -> None:
     """Fail fast, and without the SDK, when a unix-socket engine does not listen.
@@ -749,25 +502,3 @@ def _check_socket(engine: str) -> None:
             sock.connect(path)
     except OSError as exc:
         raise _Unreachable(f"{path}: {exc.strerror or exc}") from exc
-
-
-def _state_text(state: Mapping[str, Any], started_at: float | None, code: int | None) -> str:
-    if state.get("Running"):
-        return "paused" if state.get("Paused") else "running"
-    if started_at is None:
-        return "created, never started"
-    text = f"exited with code {code}"
-    if state.get("OOMKilled"):
-        text += " (killed: out of memory)"
-    elif code == 137:
-        text += " (killed by SIGKILL)"
-    if state.get("Error"):
-        text += f": {state['Error']}"
-    return text
-
-
-def _close_streams(streams: list[Any]) -> None:
-    """Close followed log streams (from any thread: it unblocks their reader)."""
-    for stream in streams:
-        with contextlib.suppress(OSError, AttributeError):
-            stream.close()

@@ -298,22 +298,23 @@ class SlotManager(Part):
         """Unload each victim after revalidating the decision (a request since cancels it)."""
         return await self.unloading.evict(victims, reason=reason)
 
-    async def swap(self, name: str, model_id: str) -> SlotView:
-        """Serve another catalogue model on this slot: unload, rebind, load.
+    async def swap(self, declared: DesiredSlot) -> SlotView:
+        """Serve another catalogue model on a slot: unload, take the declared spec, load.
 
-        The caller persists the new binding through the guard first (the API does), so
-        the reconciler agrees with what runs.
+        ``declared`` is the slot as the config dir now declares it: the caller wrote the
+        new binding through the guard and read it back (the API does), so the binding has
+        one writer and what runs agrees with what the reconciler reads. The spec is taken
+        through :meth:`upsert`, the same path the reconciler uses.
         """
+        name, model_id = declared.name, declared.spec.model_id
         slot = self.core.table.get(name)
-        model = self.models.get(model_id)
-        if model is None:
-            raise self.core.table.refuse(slot, Op.LOAD, ModelNotFound(model_id))
+        if model_id is None or model_id not in self.models:
+            raise self.core.table.refuse(slot, Op.LOAD, ModelNotFound(str(model_id)))
         if slot.model is not None and slot.model.id == model_id and self.loading.loaded(slot):
+            self.upsert(declared)
             return self.core.table.view(slot)
         await self.unload(name, force=True, reason=f"swapping to {model_id}", clear_residency=False)
-        binding = slot.spec.model.model_copy(update={"default": model_id})
-        slot.spec = slot.spec.model_copy(update={"model": binding})
-        slot.model = model
+        self.upsert(declared)
         return await self.load(name)
 
     async def reset(self, name: str) -> SlotView:

@@ -628,6 +628,8 @@ def test_slot_load_unload_swap_hold_reset(live: tuple[Api, Slotctl]) -> None:
     )
     assert error["needed_bytes"] == 4 * GIB
     assert 'default = "m-alt"' in (ctl.config / "slots" / "one.toml").read_text()
+    # ... and the manager serves what is declared at once (one writer of the binding)
+    assert api.slot("one")["model_id"] == "m-alt"
 
     # unload: 200 with the offline view; reset leaves an offline slot offline
     reply = api.call("POST", "/api/slots/one/unload")

@@ -41,6 +41,7 @@ from controller.runtime.docker import (
     container_name,
     device_options,
 )
+from controller.runtime.docker_spec import mounts_for
 from controller.spec.schema import ModelSpec, SlotSpec
 from tests.integration.docker_engine import TEST_LABEL, Engine
 
@@ -523,15 +524,23 @@ def test_model_file_is_mounted_once_read_only() -> None:
         image="img",
         model_path="/models/a.gguf",
     )
-    mounts = runtime._mounts(base)
+    mounts = mounts_for(base, runtime.base_mounts)
     assert [m.target for m in mounts] == ["/usr", "/etc", "/models/a.gguf"]
     assert all(m.read_only for m in mounts)
     provided = dataclasses.replace(
         base, mounts=(Mount("/models/a.gguf", "/models/a.gguf"), Mount("/usr", "/usr"))
     )
-    assert [m.target for m in runtime._mounts(provided)] == ["/models/a.gguf", "/usr", "/etc"]
+    assert [m.target for m in mounts_for(provided, runtime.base_mounts)] == [
+        "/models/a.gguf",
+        "/usr",
+        "/etc",
+    ]
     in_dir = dataclasses.replace(base, mounts=(Mount("/models", "/models"),))
-    assert [m.target for m in runtime._mounts(in_dir)] == ["/models", "/usr", "/etc"]
+    assert [m.target for m in mounts_for(in_dir, runtime.base_mounts)] == [
+        "/models",
+        "/usr",
+        "/etc",
+    ]
 
 
 class _FakePullApi:

@@ -37,6 +37,12 @@ def model_spec(model_id: str, gb: float = 1.0, group: str | None = None) -> Mode
     return ModelSpec(id=model_id, source=f"demo://{model_id}", memory_gb=gb, exclusive_group=group)
 
 
+def rebound(spec: SlotSpec, model: str, stack: str = "t") -> DesiredSlot:
+    """``spec`` bound to ``model``: what a swap writes through the guard and reads back."""
+    binding = spec.model.model_copy(update={"default": model})
+    return DesiredSlot(spec=spec.model_copy(update={"model": binding}), stack=stack)
+
+
 def desired(slots: Sequence[SlotSpec], models: Sequence[ModelSpec]) -> DesiredState:
     return DesiredState(
         stacks=("t",),

@@ -34,6 +34,7 @@ from tests.unit.manager_fixtures import (
     desired,
     events_of,
     model_spec,
+    rebound,
     settle,
     slot_spec,
 )
@@ -972,7 +973,9 @@ async def test_every_transition_is_an_event(tmp_path: Path) -> None:
 async def test_swap_rebinds_and_loads(tmp_path: Path) -> None:
     h, m = await setup(tmp_path, [slot_spec("a")], [model_spec("a-m", 1), model_spec("x-m", 1)])
     await m.load("a")
-    view = await m.swap("a", "x-m")
+    spec = m.known("a")
+    assert spec is not None
+    view = await m.swap(rebound(spec, "x-m"))
     assert view.state is S.READY and view.model_id == "x-m"
     assert m.store.read("a").model_id == "x-m"  # type: ignore[union-attr]
     assert h.runtime.starts["a"] == 2

@@ -56,12 +56,14 @@ from controller.events import Event
 from controller.lifecycle import LEGAL_TRANSITIONS, SlotState
 from controller.memory import GIB, FakeMemoryProbe
 from controller.slots import ADMITTED_STATES, Lease, ManagerConfig, SlotManager
-from controller.spec.schema import ControllerSettings
+from controller.spec.loader import DesiredSlot
+from controller.spec.schema import ControllerSettings, SlotSpec
 from tests.unit.manager_fixtures import (
     YieldingProber,
     YieldingRuntime,
     desired,
     model_spec,
+    rebound,
     slot_spec,
 )
 
@@ -284,13 +286,12 @@ class ManagerMachine(RuleBasedStateMachine):
 
     @rule(name=names, model=model_ids)
     def swap(self, name: str, model: str) -> None:
-        self.run(self.m.swap(name, model))
-        self._persist_binding(name)
+        self.specs[name] = self._declare(name, model)
+        self.run(self.m.swap(DesiredSlot(spec=self.specs[name], stack="t")))
 
-    def _persist_binding(self, name: str) -> None:
-        spec = self.m.known(name)
-        assert spec is not None
-        self.specs[name] = spec
+    def _declare(self, name: str, model: str) -> SlotSpec:
+        """What the swap route does first: the new binding declared (then read back)."""
+        return rebound(self.specs[name], model).spec
 
     @rule(target=leases, name=names)
     def acquire(self, name: str) -> Any:
@@ -401,10 +402,10 @@ class ManagerMachine(RuleBasedStateMachine):
         elif op == "acquire":
             return await self.m.acquire(name)
         elif op == "swap":
-            try:
-                await self.m.swap(name, self.m.view(name).model_id)
-            finally:
-                self._persist_binding(name)
+            model = self.m.view(name).model_id
+            assert model is not None
+            self.specs[name] = self._declare(name, model)
+            await self.m.swap(DesiredSlot(spec=self.specs[name], stack="t"))
         elif op == "crash":
             self.runtime.crash(name)
             await self.m.check_exits()
