@@ -26,14 +26,15 @@ from controller.errors import (
 from controller.lifecycle import SlotState
 from controller.slots import SlotView
 from controller.spec.configdir import ConfigSnapshot, read_config_dir
+from controller.spec.loader import DesiredSlot
 
 __all__ = [
     "LoadAnswer",
     "SlotOut",
     "ctx_of",
+    "declared_slot",
     "desired_state",
     "name_of",
-    "require_declared",
     "slot_out",
     "start_load",
     "wake",
@@ -135,6 +136,9 @@ async def desired_state(ctx: ApiContext) -> ConfigSnapshot:
     return await asyncio.to_thread(read_config_dir, ctx.config_dir)
 
 
-async def require_declared(ctx: ApiContext, name: str) -> None:
-    if name not in (await desired_state(ctx)).slots:
+async def declared_slot(ctx: ApiContext, name: str) -> DesiredSlot:
+    """The slot as the config dir declares it (:class:`SlotNotFound` if it does not)."""
+    declared = (await desired_state(ctx)).slots.get(name)
+    if declared is None:
         raise SlotNotFound(name)
+    return declared

@@ -27,9 +27,9 @@ from controller.api.rest import (
     LoadAnswer,
     SlotOut,
     ctx_of,
+    declared_slot,
     desired_state,
     name_of,
-    require_declared,
     slot_out,
     start_load,
     wake,
@@ -171,7 +171,7 @@ async def list_slots(request: web.Request) -> web.Response:
 async def create_slot(request: web.Request) -> web.Response:
     ctx = ctx_of(request)
     payload = await read_body(request, dict[str, Any])
-    spec = write_slot_config(ctx.config_dir, payload, create=True)
+    spec = await asyncio.to_thread(write_slot_config, ctx.config_dir, payload, create=True)
     await wake(ctx, spec.name)
     return json_response({"created": spec.name, "spec": slot_effective(spec)}, status=201)
 
@@ -212,13 +212,10 @@ async def delete_slot(request: web.Request) -> web.Response:
     desired = (await desired_state(ctx)).slots.get(name)
     if desired is None:
         raise SlotNotFound(name)
-    if ctx.stack_dir is not None and desired.stack and desired.stack in ctx.gitops_stacks:
-        # GitOps: the stack dir is the source of truth; a delete here would be undone
-        # at the next apply (or silently stick until then). Refuse, naming the owner.
-        raise SlotOwnedByStack(name, desired.stack, str(ctx.stack_dir), "remove")
+    _refuse_if_owned(ctx, desired, "remove")
     if desired.pinned and not force:
         raise SlotPinned(name, "delete")
-    delete_slot_config(ctx.config_dir, name, force=force)
+    await asyncio.to_thread(delete_slot_config, ctx.config_dir, name, force=force)
     await wake(ctx, name)
     return json_response({"status": "deleting", "slot": None}, status=202)
 
@@ -239,11 +236,11 @@ async def delete_slot(request: web.Request) -> web.Response:
 async def put_config(request: web.Request) -> web.Response:
     ctx = ctx_of(request)
     name = name_of(request)
-    await require_declared(ctx, name)
+    _refuse_if_owned(ctx, await declared_slot(ctx, name), "change")
     payload = await read_body(request, dict[str, Any])
     if payload.setdefault("name", name) != name:
         raise InvalidRequest(f"the body names slot {payload['name']!r}, the path {name!r}")
-    spec = write_slot_config(ctx.config_dir, payload)
+    spec = await asyncio.to_thread(write_slot_config, ctx.config_dir, payload)
     await wake(ctx, name)
     return json_response({"written": name, "spec": slot_effective(spec)})
 
@@ -264,7 +261,7 @@ async def put_config(request: web.Request) -> web.Response:
 async def patch_defaults(request: web.Request) -> web.Response:
     ctx = ctx_of(request)
     name = name_of(request)
-    await require_declared(ctx, name)
+    _refuse_if_owned(ctx, await declared_slot(ctx, name), "change")
     patch = await read_body(request, dict[str, Any])
     # Defaults are the slot's scheduling knobs. Model-owned keys pass on to the guard, which
     # reports them as model-owned; anything else (provider, port, server...) belongs to
@@ -277,7 +274,7 @@ async def patch_defaults(request: web.Request) -> web.Response:
             keys=other,
         )
     patch["name"] = name
-    spec = write_slot_config(ctx.config_dir, patch, merge=True)
+    spec = await asyncio.to_thread(write_slot_config, ctx.config_dir, patch, merge=True)
     await wake(ctx, name)
     return json_response({"written": name, "spec": slot_effective(spec)})
 
@@ -344,7 +341,7 @@ async def swap_slot(request: web.Request) -> web.Response:
     ctx = ctx_of(request)
     name = name_of(request)
     body: SwapBody = await read_body(request, SwapBody)
-    await require_declared(ctx, name)
+    _refuse_if_owned(ctx, await declared_slot(ctx, name), "change its model")
     desired = await desired_state(ctx)
     if body.model not in desired.models:
         raise ModelNotFound(body.model)
@@ -363,16 +360,21 @@ async def swap_slot(request: web.Request) -> web.Response:
     return json_response({"status": "swapped", "slot": slot_out(view)})
 
 
+def _refuse_if_owned(ctx: ApiContext, declared: DesiredSlot, action: str) -> None:
+    """GitOps: the stack dir is the source of truth; an API write to a slot it declares
+    would be undone at the next apply (or silently stick until then). Refuse, naming
+    the owner."""
+    if ctx.stack_dir is not None and declared.stack and declared.stack in ctx.gitops_stacks:
+        raise SlotOwnedByStack(declared.name, declared.stack, str(ctx.stack_dir), action)
+
+
 async def _rebind(ctx: ApiContext, name: str, model_id: str) -> DesiredSlot:
     """Write ``name``'s model binding through the guard (off the event loop), let the
     reconciler re-read, and return the slot as now declared."""
     patch = {"name": name, "model": {"default": model_id}}
     await asyncio.to_thread(write_slot_config, ctx.config_dir, patch, merge=True)
     await wake(ctx, name)
-    declared = (await desired_state(ctx)).slots.get(name)
-    if declared is None:  # deleted meanwhile
-        raise SlotNotFound(name)
-    return declared
+    return await declared_slot(ctx, name)
 
 
 @route(

@@ -75,7 +75,7 @@ from controller.runtime.docker_spec import (
     owned,
 )
 from controller.runtime.docker_streams import follow_logs, pull_image
-from controller.runtime.process import port_holder
+from controller.runtime.process import require_free_port
 
 __all__ = [
     "CONTAINER_PREFIX",
@@ -382,14 +382,7 @@ class DockerRuntime:
 
     def _create_and_start(self, launch: LaunchSpec) -> Observed:
         if self.network_mode == "host" and self._local_engine:
-            holder = port_holder(launch.host, launch.port)
-            if holder is not None:
-                raise SlotSpawnFailed(
-                    f"cannot start slot {launch.slot!r}: port {launch.port} is in use by {holder}",
-                    slot=launch.slot,
-                    port=launch.port,
-                    holder=holder,
-                )
+            require_free_port(launch)
         client = self._client()
         try:
             container = client.containers.create(**self._create_options(launch))

@@ -98,14 +98,7 @@ class ProcessRuntime:
             )
         if current.status is RunStatus.EXITED:
             self._forget(launch.slot)
-        holder = port_holder(launch.host, launch.port)
-        if holder is not None:
-            raise SlotSpawnFailed(
-                f"cannot start slot {launch.slot!r}: port {launch.port} is in use by {holder}",
-                slot=launch.slot,
-                port=launch.port,
-                holder=holder,
-            )
+        require_free_port(launch)
         return await asyncio.to_thread(self._spawn, launch)
 
     async def stop(self, slot: str, timeout: float) -> Observed:
@@ -447,6 +440,19 @@ def _exit_text(code: int | None) -> str:
         with contextlib.suppress(ValueError):
             return f"killed by {signal.Signals(-code).name}"
     return f"exited with code {code}"
+
+
+def require_free_port(launch: LaunchSpec) -> None:
+    """Refuse to start ``launch`` (:class:`SlotSpawnFailed`, naming the holder) when its
+    port is taken: a server that cannot bind would only fail later, less clearly."""
+    holder = port_holder(launch.host, launch.port)
+    if holder is not None:
+        raise SlotSpawnFailed(
+            f"cannot start slot {launch.slot!r}: port {launch.port} is in use by {holder}",
+            slot=launch.slot,
+            port=launch.port,
+            holder=holder,
+        )
 
 
 def port_holder(host: str, port: int) -> str | None:

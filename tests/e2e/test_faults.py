@@ -139,13 +139,16 @@ def test_stack_dir_deleted_and_recreated_keeps_gitops(ctl: Slotctl) -> None:
     _still_serving(ctl, slots, pids)
 
 
-def _api(ctl: Slotctl, method: str, path: str) -> tuple[int, dict[str, Any]]:
+def _api(
+    ctl: Slotctl, method: str, path: str, body: dict[str, Any] | None = None
+) -> tuple[int, dict[str, Any]]:
     record = json.loads((ctl.state / "controller.json").read_text())
     token = (ctl.state / "token").read_text().strip()
     request = urllib.request.Request(
         f"http://{record['listen']}{path}",
         method=method,
-        headers={"Authorization": f"Bearer {token}"},
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+        data=None if body is None else json.dumps(body).encode(),
     )
     try:
         with urllib.request.urlopen(request, timeout=30) as response:
@@ -167,6 +170,26 @@ def test_api_delete_of_a_slot_the_stack_dir_declares_is_refused(ctl: Slotctl) ->
     assert status == 409, body
     assert (ctl.config / "slots" / "own-a.toml").exists()
     assert (ctl.config / "slots" / "own-b.toml").exists()
+    _still_serving(ctl, slots, pids)
+
+
+def test_api_config_writes_to_a_slot_the_stack_dir_declares_are_refused(ctl: Slotctl) -> None:
+    """PUT, PATCH and swap would be overwritten by the next apply (or stick silently
+    until then): refused like a delete, and the config file is left as it was."""
+    slots = [SlotDef("cfg-a"), SlotDef("cfg-b", autoload=False)]
+    _, _, pids = _gitops(ctl, slots)
+    before = (ctl.config / "slots" / "cfg-a.toml").read_text()
+    writes = [
+        ("PATCH", "/api/slots/cfg-a/defaults", {"priority": 99}),
+        ("PUT", "/api/slots/cfg-a/config", {"provider": "demo", "port": 1}),
+        ("POST", "/api/slots/cfg-a/swap", {"model": "cfg-b-model"}),
+    ]
+    for method, path, payload in writes:
+        status, body = _api(ctl, method, path, payload)
+        assert status == 409, (method, body)
+        assert body["error"]["code"] == "slot.owned_by_stack", body
+        assert body["error"]["slot"] == "cfg-a"
+    assert (ctl.config / "slots" / "cfg-a.toml").read_text() == before
     _still_serving(ctl, slots, pids)
 
 
