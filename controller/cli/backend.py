@@ -71,7 +71,9 @@ class Applied:
 
 @dataclass(frozen=True, slots=True)
 class SlotStatus:
-    """A slot as ``apply --wait`` shows it: its state (``pending`` before it has one)."""
+    """A slot as ``apply --wait`` shows it: its state, ``pending`` before it has one (on
+    the files, a slot never started has no ``state.json``: ``pending`` where the API
+    says ``offline``)."""
 
     state: str
     message: str = ""
