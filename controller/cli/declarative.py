@@ -25,12 +25,11 @@ from controller.apply import StackPlan
 from controller.cli.backend import StackBackend, StackRejected, StackRequest
 from controller.cli.output import Style, print_json, render_problems
 from controller.cli.progress import Progress
+from controller.cli.stack import load_report
 from controller.events import PROGRESS_KINDS, Subscription, event_line
 from controller.exitcode import ExitCode
 from controller.plan import Action
 from controller.root import open_root
-from controller.spec.configdir import read_settings
-from controller.spec.loader import LoadReport, load_stacks
 from controller.spec.problems import Problem
 from controller.store import ControllerLock
 
@@ -50,13 +49,6 @@ _KIND_COLOUR = {
     "noop": "dim",
 }
 _POLL_S = 0.25
-
-
-def _load(args: argparse.Namespace) -> tuple[LoadReport, Style]:
-    settings, problems = read_settings(args.config_dir)
-    report = load_stacks(args.paths, settings)
-    report.errors[:0] = problems
-    return report, Style(sys.stdout)
 
 
 def _print_problems(problems: list[Problem], what: str) -> None:
@@ -94,7 +86,7 @@ def _action_line(action: Action, style: Style) -> str:
 
 
 def cmd_apply(args: argparse.Namespace) -> ExitCode:
-    report, style = _load(args)
+    report, style = load_report(args), Style(sys.stdout)
     if not report.ok or report.state is None:
         _print_problems([*report.errors, *report.warnings], "nothing was applied")
         return ExitCode.NEGATIVE
@@ -205,7 +197,7 @@ async def _print_progress(events: Subscription, started: float) -> None:
 
 
 def cmd_diff(args: argparse.Namespace) -> ExitCode:
-    report, style = _load(args)
+    report, style = load_report(args), Style(sys.stdout)
     if not report.ok or report.state is None:
         _print_problems(report.errors, "cannot diff")
         return ExitCode.ERROR

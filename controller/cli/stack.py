@@ -1,4 +1,5 @@
-"""``slotctl stack validate|show`` (apply/diff/export live in ``cli.declarative``)."""
+"""``slotctl stack validate|show``, and the check of stack files every stack command runs
+(apply/diff: ``cli.declarative``; export: ``cli.export``, ``cli.k8s``)."""
 
 from __future__ import annotations
 
@@ -12,10 +13,11 @@ from controller.spec.configdir import read_settings
 from controller.spec.loader import LoadReport, load_stacks
 from controller.spec.render import model_effective, render_stack, slot_effective
 
-__all__ = ["cmd_show", "cmd_validate"]
+__all__ = ["cmd_show", "cmd_validate", "load_report"]
 
 
-def _load(args: argparse.Namespace) -> LoadReport:
+def load_report(args: argparse.Namespace) -> LoadReport:
+    """The stack files of ``args.paths`` checked, ``controller.toml``'s problems first."""
     settings, problems = read_settings(args.config_dir)
     report = load_stacks(args.paths, settings)
     report.errors[:0] = problems
@@ -23,7 +25,7 @@ def _load(args: argparse.Namespace) -> LoadReport:
 
 
 def cmd_validate(args: argparse.Namespace) -> ExitCode:
-    report = _load(args)
+    report = load_report(args)
     if args.output == "json":
         print_json(
             {
@@ -55,7 +57,7 @@ def cmd_validate(args: argparse.Namespace) -> ExitCode:
 
 
 def cmd_show(args: argparse.Namespace) -> ExitCode:
-    report = _load(args)
+    report = load_report(args)
     style = Style(sys.stderr)
     for line in render_problems([*report.errors, *report.warnings], style):
         print(line, file=sys.stderr)
