@@ -7,8 +7,8 @@ a value given after the command wins over one given before it, and one not given
 leaves the top-level default alone (:func:`add_globals`, :meth:`Tree.finish`).
 
 A command's function is named ``"module:function"`` (:func:`cmd`) and imported only when
-that command runs (:class:`Lazy`). The standard library only: ``slotctl --help`` and
-every command pay for this module.
+that command runs (:class:`Lazy`). The standard library only (and ``controller.exitcode``):
+``slotctl --help`` and every command pay for this module.
 """
 
 from __future__ import annotations
