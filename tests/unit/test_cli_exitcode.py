@@ -12,6 +12,7 @@ controller: the config and state dirs of ``tmp_path``), with slots that are neve
 
 from __future__ import annotations
 
+import ast
 import io
 import json
 import re
@@ -28,7 +29,8 @@ from controller.errors import SlotConfigError
 from controller.events import Event, EventKind, EvictionReason, Op, event_line
 from controller.exitcode import ExitCode
 
-DOCS = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = ROOT / "docs" / "cli.md"
 
 STACK = """\
 [stack]
@@ -78,6 +80,29 @@ def test_the_documented_exit_codes_are_the_enum() -> None:
     assert documented == {int(c) for c in ExitCode}
     assert (ExitCode.OK, ExitCode.NEGATIVE, ExitCode.ERROR, ExitCode.INTERRUPTED) == (0, 1, 2, 130)
     assert ExitCode.FATAL is ExitCode.NEGATIVE  # `up` after an internal error exits 1
+
+
+def test_commands_return_exit_codes_not_literals() -> None:
+    """Every command of the CLI (and ``slotctl up``) returns an ``ExitCode`` member: a
+    ``return 0``/``return 1`` or a ``cmd_*`` annotated ``-> int`` would bypass the list."""
+    found = []
+    for path in sorted(
+        [
+            *(ROOT / "controller" / "cli").glob("*.py"),
+            *(ROOT / "controller" / "daemon").glob("*.py"),
+        ]
+    ):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            command = isinstance(node, ast.FunctionDef) and node.name.startswith("cmd_")
+            if command and not (
+                isinstance(node.returns, ast.Name) and node.returns.id == "ExitCode"
+            ):
+                found.append(f"{path.name}:{node.lineno} {node.name} is not -> ExitCode")
+            value = node.value if isinstance(node, ast.Return) else None
+            if isinstance(value, ast.Constant) and type(value.value) is int:
+                found.append(f"{path.name}:{node.lineno} returns the literal {value.value}")
+    assert not found, found
 
 
 def test_diff_exit_code_semantics(dirs: list[str], stack: Path, tmp_path: Path) -> None:
