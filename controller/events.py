@@ -8,6 +8,9 @@ manager).
 
 Every event is also one structured log line on the ``slotctl.lifecycle`` logger with
 ``op``, ``slot``, ``model``, ``from``, ``to`` and ``error`` (JSON with ``--log-format json``).
+For people, :func:`event_line` is the one text form of an event: ``slotctl up`` prints
+it, and so do ``slotctl events`` (from the wire form, :meth:`Event.from_dict`) and the
+progress of ``slotctl stack apply --once|--wait``.
 """
 
 from __future__ import annotations
@@ -16,12 +19,21 @@ import asyncio
 import collections
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import asdict, dataclass, field
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
 from typing import Any, Final
 
-__all__ = ["Event", "EventBus", "EventKind", "EvictionReason", "Op", "Subscription"]
+__all__ = [
+    "PROGRESS_KINDS",
+    "Event",
+    "EventBus",
+    "EventKind",
+    "EvictionReason",
+    "Op",
+    "Subscription",
+    "event_line",
+]
 
 log = logging.getLogger("slotctl.lifecycle")
 
@@ -90,6 +102,68 @@ class Event:
         if data["reason"] is None:
             del data["reason"]  # only eviction events carry one
         return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Event:
+        """An event from its wire form (:meth:`to_dict`, ``/api/events``).
+
+        Unknown keys are ignored and an unknown ``kind``, ``op`` or ``reason`` stays the
+        plain string it came as (a newer controller may send new ones); ``ValueError``
+        when ``id``, ``kind`` or ``op`` is missing.
+        """
+        known = {f.name for f in fields(cls)} - {"from_state", "to_state"}
+        values = {k: v for k, v in data.items() if k in known}
+        if not {"id", "kind", "op"} <= set(values):
+            raise ValueError("an event needs an id, a kind and an op")
+        values["from_state"] = data.get("from")
+        values["to_state"] = data.get("to")
+        for name, enum in (("kind", EventKind), ("op", Op), ("reason", EvictionReason)):
+            if values.get(name) in enum.__members__.values():
+                values[name] = enum(values[name])
+        return cls(**values)
+
+
+# What a person following the controller is shown (``slotctl up``, ``apply --once``):
+# the rest (admissions, pull progress, leases, plans) is in ``slotctl events`` and the log.
+PROGRESS_KINDS: Final = frozenset(
+    {EventKind.TRANSITION, EventKind.ADOPT, EventKind.REFUSAL, EventKind.EVICTION, EventKind.ERROR}
+)
+
+
+def event_line(
+    event: Event,
+    *,
+    started: float | None = None,
+    red: Callable[[str], str] = str,
+) -> str:
+    """One event as one line of text, the same wherever a person reads it::
+
+        12:04:31  #17  transition  chat              warming -> ready  (probe ok)
+        12:04:33  #18  refusal     coder             load  [admission.no_memory]  ...
+
+    The first column is the event's wall-clock time, or with ``started`` (a
+    ``time.time()``) the seconds since then (``   3.2s``: the progress of one command).
+    ``#ID`` is left out for an event that has none (``id`` 0: a change a poller saw).
+    A transition shows ``FROM -> TO``, any other event its ``op``; ``red`` paints the
+    error code (the CLI's colour on a terminal).
+    """
+    if started is not None:
+        stamp = f"{max(0.0, event.time - started):6.1f}s"
+    else:
+        stamp = time.strftime("%H:%M:%S", time.localtime(event.time))
+    parts = [stamp]
+    if event.id:
+        parts.append(f"#{event.id}")
+    parts += [f"{event.kind:<10}", f"{event.slot or '-':<16}"]
+    if event.to_state:
+        parts.append(f"{event.from_state or '-'} -> {event.to_state}")
+    else:
+        parts.append(str(event.op))
+    if event.error:
+        parts.append(red(f"[{event.error}]"))
+    if event.message:
+        parts.append(event.message)
+    return "  ".join(parts)
 
 
 class Subscription:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Final
 from urllib.parse import quote, urlencode, urlsplit
 
-from controller.cli.parser import SERVER_ENV, TOKEN_ENV
+from controller.cli.flags import SERVER_ENV, TOKEN_ENV
 from controller.errors import SlotctlError
 from controller.runinfo import RECORD, running_controller
 

@@ -12,8 +12,9 @@ import os
 import sys
 from pathlib import Path
 
-from controller.cli import declarative
+from controller.cli import export
 from controller.cli.output import Style, render_problems
+from controller.exitcode import ExitCode
 from controller.logs import setup_logging
 from controller.operator.convert import (
     dump_documents,
@@ -27,13 +28,11 @@ from controller.spec.loader import DesiredState, load_stacks
 
 __all__ = ["cmd_crd_generate", "cmd_export", "cmd_import", "cmd_operator"]
 
-EXIT_OK, EXIT_INVALID, EXIT_ERROR = 0, 1, 2
-
 
 # ------------------------------------------------------------------ crd generate
 
 
-def cmd_crd_generate(args: argparse.Namespace) -> int:
+def cmd_crd_generate(args: argparse.Namespace) -> ExitCode:
     dirs: list[Path] = args.output_dir or [Path("crds")]
     differs = []
     for directory in dirs:
@@ -50,14 +49,14 @@ def cmd_crd_generate(args: argparse.Namespace) -> int:
     if args.check and differs:
         for stale in differs:
             print(f"out of date: {stale} (run `slotctl crd generate`)", file=sys.stderr)
-        return EXIT_INVALID
-    return EXIT_OK
+        return ExitCode.NEGATIVE
+    return ExitCode.OK
 
 
 # ------------------------------------------------------------------ operator
 
 
-def cmd_operator(args: argparse.Namespace) -> int:
+def cmd_operator(args: argparse.Namespace) -> ExitCode:
     from controller.operator.run import Operator, OperatorOptions
 
     setup_logging(args.log_format, args.log_level)
@@ -73,19 +72,18 @@ def cmd_operator(args: argparse.Namespace) -> int:
         resync_s=args.resync,
         quiet=args.log_format == "json",
     )
-    return asyncio.run(Operator(opts).run())
+    return ExitCode(asyncio.run(Operator(opts).run()))
 
 
 # ------------------------------------------------------------------ conversion
 
 
-def cmd_export(args: argparse.Namespace) -> int:
+def cmd_export(args: argparse.Namespace) -> ExitCode:
     if args.format != "crd":
-        result: int = declarative.cmd_export(args)
-        return result
+        return export.cmd_export(args)
     state = _export_state(args)
     if state is None:
-        return EXIT_INVALID
+        return ExitCode.NEGATIVE
     if args.stack:
         slots = {n: s for n, s in state.slots.items() if s.stack == args.stack}
         state = DesiredState(stacks=(args.stack,), models=state.models, slots=slots)
@@ -98,7 +96,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         print(f"wrote {out / name}")
     else:
         sys.stdout.write(text)
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def _export_state(args: argparse.Namespace) -> DesiredState | None:
@@ -129,28 +127,28 @@ def _owners(state: DesiredState) -> dict[str, str]:
     return owners
 
 
-def cmd_import(args: argparse.Namespace) -> int:
+def cmd_import(args: argparse.Namespace) -> ExitCode:
     text = sys.stdin.read() if str(args.file) == "-" else args.file.read_text(encoding="utf-8")
     result = stacks_from_resources(parse_documents(text), args.stack)
     if result.problems:
         for line in render_problems(result.problems, Style(sys.stderr)):
             print(line, file=sys.stderr)
-        return EXIT_INVALID
+        return ExitCode.NEGATIVE
     if not result.texts:
         print("slotctl: no slotctl.io Model or Slot objects in the input", file=sys.stderr)
-        return EXIT_INVALID
+        return ExitCode.NEGATIVE
     if args.output_dir:
         out: Path = args.output_dir
         out.mkdir(parents=True, exist_ok=True)
         for stack, body in result.texts.items():
             (out / f"{stack}.toml").write_text(body, encoding="utf-8")
             print(f"wrote {out / stack}.toml")
-        return EXIT_OK
+        return ExitCode.OK
     if len(result.texts) > 1:
         print(
             f"slotctl: several stacks ({', '.join(result.texts)}): use --output-dir",
             file=sys.stderr,
         )
-        return EXIT_ERROR
+        return ExitCode.ERROR
     sys.stdout.write(next(iter(result.texts.values())))
-    return EXIT_OK
+    return ExitCode.OK

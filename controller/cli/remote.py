@@ -16,16 +16,15 @@ import argparse
 import json
 import sys
 import time
-from datetime import datetime
 from typing import Any, Final
 
 from controller.cli.client import ApiClient, ControllerUnreachable, find_controller, quote_segment
+from controller.cli.flags import parse_duration
 from controller.cli.output import GIB, Style, format_memory, table
-from controller.cli.parser import parse_duration
+from controller.exitcode import ExitCode
 
 __all__ = ["parse_duration"]
 
-EXIT_OK, EXIT_NEGATIVE, EXIT_ERROR = 0, 1, 2
 # Loads, unloads (drain + stop), swaps and holds (a cold load) can take minutes.
 _ACTION_TIMEOUT_S: Final = 900.0
 
@@ -76,28 +75,25 @@ def _wait_slot(
     client: ApiClient, name: str, timeout: float, quiet: bool
 ) -> tuple[bool, dict[str, Any]]:
     """Poll the slot until it is dispatchable (True), or failed / out of time (False)."""
-    started = time.monotonic()
+    from controller.cli.progress import Progress
+
+    progress = Progress(quiet=quiet)
     path = f"/api/slots/{quote_segment(name)}"
-    last = ""
     while True:
         view = client.get(path)
-        shown = _state(view)
-        if shown != last and not quiet:
-            message = f"  {view.get('message')}" if view.get("message") else ""
-            print(f"  {time.monotonic() - started:6.1f}s  {name:<20} {shown}{message}", flush=True)
-            last = shown
+        progress.seen(name, _state(view), str(view.get("message") or ""))
         if view.get("dispatchable"):
             return True, view
         if view.get("state") == "error" or view.get("idle_reason") == "no_model":
             return False, view  # failed, or up without a model: waiting will not help
-        if time.monotonic() - started > timeout:
+        if progress.elapsed > timeout:
             return False, view
         time.sleep(0.2)
 
 
 def _load_and_wait(
     args: argparse.Namespace, client: ApiClient, answer: Any, what: str, started: float
-) -> int:
+) -> ExitCode:
     """Print a load's answer; with ``--wait`` follow its slot until ready (or not).
 
     ``-o json`` prints one document: the API's answer, or with ``--wait`` the final
@@ -109,7 +105,7 @@ def _load_and_wait(
     where = f" on slot {slot.get('name')}" if isinstance(slot, dict) and model else ""
     if not args.wait or not isinstance(slot, dict):
         _print(args, answer, f"{what}: {verdict}{where} ({_state(slot)})")
-        return EXIT_OK
+        return ExitCode.OK
     text = args.output == "text"
     if text:
         print(f"{what}: {verdict}{where}; waiting until it is ready ...", flush=True)
@@ -120,31 +116,33 @@ def _load_and_wait(
     return _finish_wait(args, ok, view, started)
 
 
-def _finish_wait(args: argparse.Namespace, ok: bool, view: dict[str, Any], started: float) -> int:
+def _finish_wait(
+    args: argparse.Namespace, ok: bool, view: dict[str, Any], started: float
+) -> ExitCode:
     name = view.get("name", "?")
     if ok:
         if args.output == "text":
             print(f"slot {name}: {_state(view)} after {time.monotonic() - started:.1f}s")
-        return EXIT_OK
+        return ExitCode.OK
     reason = view.get("message") or "still " + _state(view)
     if view.get("state") == "error":
         print(f"slotctl: slot {name} failed to load: {reason}", file=sys.stderr)
     else:
         print(f"slotctl: slot {name} not ready after {args.timeout:g}s ({reason})", file=sys.stderr)
-    return EXIT_NEGATIVE
+    return ExitCode.NEGATIVE
 
 
 # ====================================================================== slot commands
 
 
-def cmd_slot_load(args: argparse.Namespace) -> int:
+def cmd_slot_load(args: argparse.Namespace) -> ExitCode:
     client = _client(args)
     path = f"/api/slots/{quote_segment(args.name)}/load"
     if args.dry_run:
         _, answer = client.post(path, query={"dry_run": True})
         plan = (answer.get("plan") or {}) if isinstance(answer, dict) else {}
         _print(args, answer, "\n".join(_explain(args.name, plan, Style(sys.stdout))))
-        return EXIT_NEGATIVE if plan.get("action") == "refuse" else EXIT_OK
+        return ExitCode.NEGATIVE if plan.get("action") == "refuse" else ExitCode.OK
     started = time.monotonic()
     _, answer = client.post(path)
     return _load_and_wait(args, client, answer, f"slot {args.name}", started)
@@ -190,17 +188,17 @@ def _explain(name: str, plan: dict[str, Any], style: Style) -> list[str]:
     return lines
 
 
-def cmd_slot_unload(args: argparse.Namespace) -> int:
+def cmd_slot_unload(args: argparse.Namespace) -> ExitCode:
     _, answer = _client(args).post(
         f"/api/slots/{quote_segment(args.name)}/unload", query={"force": args.force or None}
     )
     message = answer.get("message") if isinstance(answer, dict) else None
     said = f"slot {args.name}: unloaded ({_state(answer.get('slot'))})"
     _print(args, answer, f"{said}; {message}" if message else said)
-    return EXIT_OK
+    return ExitCode.OK
 
 
-def cmd_slot_swap(args: argparse.Namespace) -> int:
+def cmd_slot_swap(args: argparse.Namespace) -> ExitCode:
     _, answer = _client(args).post(
         f"/api/slots/{quote_segment(args.name)}/swap", {"model": args.model}
     )
@@ -210,20 +208,20 @@ def cmd_slot_swap(args: argparse.Namespace) -> int:
         answer,
         f"slot {args.name}: serves {slot.get('model_id', args.model)} ({_state(slot)})",
     )
-    return EXIT_OK
+    return ExitCode.OK
 
 
-def cmd_slot_reset(args: argparse.Namespace) -> int:
+def cmd_slot_reset(args: argparse.Namespace) -> ExitCode:
     _, answer = _client(args).post(f"/api/slots/{quote_segment(args.name)}/reset")
     _print(
         args,
         answer,
         f"slot {args.name}: crash-loop breaker reset ({_state(answer.get('slot'))})",
     )
-    return EXIT_OK
+    return ExitCode.OK
 
 
-def cmd_slot_hold(args: argparse.Namespace) -> int:
+def cmd_slot_hold(args: argparse.Namespace) -> ExitCode:
     _, answer = _client(args).post(
         f"/api/slots/{quote_segment(args.name)}/hold", {"ttl_s": args.duration}
     )
@@ -233,7 +231,7 @@ def cmd_slot_hold(args: argparse.Namespace) -> int:
         f"slot {args.name}: held for {_human_duration(args.duration)} "
         f"(lease {answer.get('lease')}); it stays loaded and is not evicted until then",
     )
-    return EXIT_OK
+    return ExitCode.OK
 
 
 # ====================================================================== model commands
@@ -241,11 +239,11 @@ def cmd_slot_hold(args: argparse.Namespace) -> int:
 _MODEL_COLUMNS: Final = ("MODEL", "KIND", "STATE", "MEMORY", "RESIDENT", "LOADABLE", "SLOTS")
 
 
-def cmd_model_list(args: argparse.Namespace) -> int:
+def cmd_model_list(args: argparse.Namespace) -> ExitCode:
     answer = _client(args, timeout=30.0).get("/api/models")
     if args.output != "table":
         _print(args, answer, "")
-        return EXIT_OK
+        return ExitCode.OK
     models = answer.get("models", []) if isinstance(answer, dict) else []
     rows = [
         [
@@ -263,35 +261,35 @@ def cmd_model_list(args: argparse.Namespace) -> int:
         print(line)
     if not rows:
         print("(no models: apply a stack with `slotctl stack apply`)", file=sys.stderr)
-    return EXIT_OK
+    return ExitCode.OK
 
 
-def cmd_model_load(args: argparse.Namespace) -> int:
+def cmd_model_load(args: argparse.Namespace) -> ExitCode:
     client = _client(args)
     started = time.monotonic()
     _, answer = client.post(f"/api/models/{quote_segment(args.model_id)}/load")
     return _load_and_wait(args, client, answer, f"model {args.model_id}", started)
 
 
-def cmd_model_unload(args: argparse.Namespace) -> int:
+def cmd_model_unload(args: argparse.Namespace) -> ExitCode:
     _, answer = _client(args).post(f"/api/models/{quote_segment(args.model_id)}/unload")
     verdict = answer.get("status", "?") if isinstance(answer, dict) else "?"
     message = answer.get("message") if isinstance(answer, dict) else None
     _print(args, answer, f"model {args.model_id}: {message or verdict}")
-    return EXIT_OK
+    return ExitCode.OK
 
 
 # ====================================================================== dashboard
 
 
-def cmd_dashboard(args: argparse.Namespace) -> int:
+def cmd_dashboard(args: argparse.Namespace) -> ExitCode:
     """A one-time login link: the URL alone on stdout (scriptable), a note on stderr."""
     client = _client(args, timeout=30.0)
     _, answer = client.post("/api/login-codes")
     print(f"{client.endpoint.base}{answer['path']}")
     minutes = float(answer.get("expires_in_s", 0)) / 60
     print(f"(one-time link, valid {minutes:g} min)", file=sys.stderr)
-    return EXIT_OK
+    return ExitCode.OK
 
 
 # ====================================================================== events
@@ -299,7 +297,7 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
 _RECONNECT_S: Final = 5.0
 
 
-def cmd_events(args: argparse.Namespace) -> int:
+def cmd_events(args: argparse.Namespace) -> ExitCode:
     """Follow ``/api/events``; reconnects (resuming by id) if the stream drops."""
     client = _client(args, timeout=30.0)
     last_id: str | None = args.since
@@ -316,7 +314,7 @@ def cmd_events(args: argparse.Namespace) -> int:
                 print(_event_line(event.event, event.data, args.output, style), flush=True)
                 seen += 1
                 if args.count and seen >= args.count:
-                    return EXIT_OK
+                    return ExitCode.OK
         except ControllerUnreachable:
             if lost_at is None:
                 raise
@@ -324,29 +322,17 @@ def cmd_events(args: argparse.Namespace) -> int:
         lost_at = lost_at or now
         if now - lost_at > _RECONNECT_S:
             print("slotctl: the event stream ended (the controller stopped)", file=sys.stderr)
-            return EXIT_OK
+            return ExitCode.OK
         time.sleep(0.2)
 
 
 def _event_line(kind: str, data: str, output: str, style: Style) -> str:
+    """One event of the stream: as it came (``-o json``) or :func:`event_line`'s text."""
     if output == "json":
         return data
+    from controller.events import Event, event_line
+
     try:
-        event = json.loads(data)
-    except ValueError:
-        return f"{kind}: {data}"
-    if not isinstance(event, dict) or "op" not in event:
+        return event_line(Event.from_dict(json.loads(data)), red=style.red)
+    except (ValueError, TypeError, AttributeError):  # not an event of ours: shown as it came
         return f"{style.yellow(kind)}: {data}"
-    stamp = "--:--:--"
-    if isinstance(event.get("time"), int | float):
-        stamp = datetime.fromtimestamp(event["time"]).strftime("%H:%M:%S")
-    parts = [stamp, f"#{event.get('id')}", f"{kind:<10}", f"{event.get('slot') or '-':<16}"]
-    if event.get("to"):
-        parts.append(f"{event.get('from')} -> {event.get('to')}")
-    else:
-        parts.append(str(event.get("op")))
-    if event.get("error"):
-        parts.append(style.red(f"[{event['error']}]"))
-    if event.get("message"):
-        parts.append(str(event["message"]))
-    return "  ".join(parts)

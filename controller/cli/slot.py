@@ -21,6 +21,7 @@ from typing import Any, Final
 from controller.cli.client import ApiClient, quote_segment, reachable_api
 from controller.cli.output import GIB, format_memory, table
 from controller.errors import SlotctlError, SlotNotFound
+from controller.exitcode import ExitCode
 
 __all__ = ["cmd_get", "cmd_list", "cmd_logs"]
 
@@ -170,7 +171,7 @@ def _print_data(data: Any, output: str) -> None:
         print(yaml.safe_dump(data, sort_keys=False), end="")
 
 
-def cmd_list(args: argparse.Namespace) -> int:
+def cmd_list(args: argparse.Namespace) -> ExitCode:
     api = _api(args)
     if api is not None:
         rows = [_row_from_view(v) for v in api.get("/api/slots").get("slots", [])]
@@ -178,7 +179,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         rows = _rows_from_files(args)
     if args.output != "table":
         _print_data(rows, args.output)
-        return 0
+        return ExitCode.OK
     cells = [
         [
             r["name"] + ("" if r["declared"] else " (undeclared)"),
@@ -198,17 +199,17 @@ def cmd_list(args: argparse.Namespace) -> int:
         print(line)
     if not cells:
         print("(no slots: apply a stack with `slotctl stack apply`)", file=sys.stderr)
-    return 0
+    return ExitCode.OK
 
 
 # ====================================================================== get
 
 
-def cmd_get(args: argparse.Namespace) -> int:
+def cmd_get(args: argparse.Namespace) -> ExitCode:
     api = _api(args)
     data = _get_from_api(api, args.name) if api is not None else _get_from_files(args)
     _print_data(data, args.output)
-    return 0
+    return ExitCode.OK
 
 
 def _get_from_api(api: ApiClient, name: str) -> dict[str, Any]:
@@ -256,7 +257,7 @@ def _get_from_files(args: argparse.Namespace) -> dict[str, Any]:
 # ====================================================================== logs
 
 
-def cmd_logs(args: argparse.Namespace) -> int:
+def cmd_logs(args: argparse.Namespace) -> ExitCode:
     """The last ``--tail`` lines; ``-f`` polls for new ones until Ctrl-C (exit 130)."""
     api = _api(args)
     if api is not None:
@@ -267,9 +268,9 @@ def cmd_logs(args: argparse.Namespace) -> int:
             return [str(line) for line in (answer or {}).get("lines", [])]
 
         _show_logs(fetch, args)
-        return 0
+        return ExitCode.OK
     _logs_from_files(args)
-    return 0
+    return ExitCode.OK
 
 
 def _logs_from_files(args: argparse.Namespace) -> None:

@@ -1,4 +1,5 @@
-"""``slotctl stack validate|show`` (apply/diff/export live in ``cli.declarative``)."""
+"""``slotctl stack validate|show``, and the check of stack files every stack command runs
+(apply/diff: ``cli.declarative``; export: ``cli.export``, ``cli.k8s``)."""
 
 from __future__ import annotations
 
@@ -7,24 +8,24 @@ import sys
 from typing import Any
 
 from controller.cli.output import Style, print_json, render_problems
+from controller.exitcode import ExitCode
 from controller.spec.configdir import read_settings
 from controller.spec.loader import LoadReport, load_stacks
 from controller.spec.render import model_effective, render_stack, slot_effective
 
-__all__ = ["cmd_show", "cmd_validate"]
-
-EXIT_OK, EXIT_INVALID = 0, 1
+__all__ = ["cmd_show", "cmd_validate", "load_report"]
 
 
-def _load(args: argparse.Namespace) -> LoadReport:
+def load_report(args: argparse.Namespace) -> LoadReport:
+    """The stack files of ``args.paths`` checked, ``controller.toml``'s problems first."""
     settings, problems = read_settings(args.config_dir)
     report = load_stacks(args.paths, settings)
     report.errors[:0] = problems
     return report
 
 
-def cmd_validate(args: argparse.Namespace) -> int:
-    report = _load(args)
+def cmd_validate(args: argparse.Namespace) -> ExitCode:
+    report = load_report(args)
     if args.output == "json":
         print_json(
             {
@@ -34,7 +35,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
                 "warnings": [p.to_dict() for p in report.warnings],
             }
         )
-        return EXIT_OK if report.ok else EXIT_INVALID
+        return ExitCode.OK if report.ok else ExitCode.NEGATIVE
     style = Style(sys.stdout)
     for line in render_problems([*report.errors, *report.warnings], style):
         print(line)
@@ -47,21 +48,21 @@ def cmd_validate(args: argparse.Namespace) -> int:
         if report.warnings:
             summary += f", {len(report.warnings)} warning(s)"
         print(style.green("ok") + " " + summary)
-        return EXIT_OK
+        return ExitCode.OK
     print(
         style.red("invalid") + f" {len(report.errors)} error(s), {len(report.warnings)} warning(s) "
         f"in {len(report.files)} file(s)"
     )
-    return EXIT_INVALID
+    return ExitCode.NEGATIVE
 
 
-def cmd_show(args: argparse.Namespace) -> int:
-    report = _load(args)
+def cmd_show(args: argparse.Namespace) -> ExitCode:
+    report = load_report(args)
     style = Style(sys.stderr)
     for line in render_problems([*report.errors, *report.warnings], style):
         print(line, file=sys.stderr)
     if not report.ok or report.state is None:
-        return EXIT_INVALID
+        return ExitCode.NEGATIVE
     state = report.state
     if args.output == "json":
         slots: list[dict[str, Any]] = [
@@ -75,7 +76,7 @@ def cmd_show(args: argparse.Namespace) -> int:
                 "slots": slots,
             }
         )
-        return EXIT_OK
+        return ExitCode.OK
     documents = []
     for stack in state.stacks:
         members = [s for s in state.slots.values() if s.stack == stack]
@@ -87,4 +88,4 @@ def cmd_show(args: argparse.Namespace) -> int:
         header = f"# stack {stack}: effective desired state (defaults and migrations applied)\n"
         documents.append(header + render_stack(stack, models, members))
     sys.stdout.write("\n".join(documents))
-    return EXIT_OK
+    return ExitCode.OK

@@ -358,13 +358,13 @@ def test_diff_unexpected_exception_in_process_exits_2(
     ctl: Slotctl, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     import controller.apply
-    import controller.cli.declarative
+    import controller.cli.backend_local
 
     async def boom(*args: object, **kw: object) -> None:
         raise RuntimeError("planner exploded")
 
     monkeypatch.setattr(controller.apply, "plan_stack", boom)
-    monkeypatch.setattr(controller.cli.declarative, "plan_stack", boom)
+    monkeypatch.setattr(controller.cli.backend_local, "plan_stack", boom)
     stack = write_stack(ctl.tmp / "s.toml", [SlotDef("a")])
     base = ["--config-dir", str(ctl.config), "--state-dir", str(ctl.state), "stack", "diff"]
     assert cli_main([*base, str(stack), "--exit-code"]) == 2

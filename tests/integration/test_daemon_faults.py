@@ -28,7 +28,8 @@ import psutil
 import pytest
 
 import controller.api.stack_routes as routes
-import controller.daemon as daemon
+import controller.daemon.gitops as gitops
+import controller.daemon.supervise as supervise
 import controller.reconcile as reconcile
 from controller.daemon import Controller, DaemonOptions, stop_everything
 from controller.errors import ControllerAlreadyRunning
@@ -159,7 +160,7 @@ async def test_a_failing_background_task_is_reported_restarted_and_counted(
         await original(self, stop)
 
     monkeypatch.setattr(Reconciler, "run", flaky)
-    monkeypatch.setattr(daemon, "RESTART_BASE_S", 0.05)
+    monkeypatch.setattr(supervise, "RESTART_BASE_S", 0.05)
     slot = SlotDef("sup-a")
     running = await start(tmp_path, stack=stack_text("faults", [slot]))
     cleanup.append(running)
@@ -201,8 +202,9 @@ async def test_a_failure_of_supervision_exits_1_and_leaves_the_servers(
     async def failing_refresh() -> None:
         raise RuntimeError("injected watcher fault")
 
-    monkeypatch.setattr(running.controller, "_report_task_failure", broken_report)
-    monkeypatch.setattr(running.controller, "_refresh", failing_refresh)
+    assert running.controller.supervisor is not None and running.controller.watcher is not None
+    monkeypatch.setattr(running.controller.supervisor, "report_failure", broken_report)
+    monkeypatch.setattr(running.controller.watcher, "refresh", failing_refresh)
     (tmp_path / "config" / "touch.toml").write_text("# wake the watcher\n")
 
     assert await asyncio.wait_for(running.runner, 60) == 1
@@ -226,8 +228,8 @@ async def test_stack_files_are_parsed_off_the_event_loop_and_size_limited(
 
         return wrapper
 
-    monkeypatch.setattr(daemon, "load_stacks", spy("load_stacks", daemon.load_stacks))
-    monkeypatch.setattr(daemon, "apply_to_config", spy("apply_to_config", daemon.apply_to_config))
+    monkeypatch.setattr(gitops, "load_stacks", spy("load_stacks", gitops.load_stacks))
+    monkeypatch.setattr(gitops, "apply_to_config", spy("apply_to_config", gitops.apply_to_config))
     monkeypatch.setattr(
         reconcile, "read_config_dir", spy("read_config_dir", reconcile.read_config_dir)
     )
@@ -362,19 +364,19 @@ async def test_a_config_dir_that_refuses_writes_fails_the_apply_only(
     slots = [SlotDef("ro-a", autoload=False)]
     running = await start(tmp_path, stack=stack_text("faults", slots))
     cleanup.append(running)
-    real = daemon.apply_to_config
+    real = gitops.apply_to_config
 
     def refused(*args: Any, **kwargs: Any) -> list[str]:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(daemon, "apply_to_config", refused)
+    monkeypatch.setattr(gitops, "apply_to_config", refused)
     stack_file = tmp_path / "stacks" / "faults.toml"
     stack_file.write_text(stack_text("faults", [*slots, SlotDef("ro-b", autoload=False)]))
     await running.until(
         lambda: "apply failed: cannot write the config dir" in running.out.getvalue(), "refusal"
     )
     assert not [e for e in running.manager.events.since(0) if e.op == "background"]
-    monkeypatch.setattr(daemon, "apply_to_config", real)  # space returns: the next save applies
+    monkeypatch.setattr(gitops, "apply_to_config", real)  # space returns: the next save applies
     stack_file.write_text(stack_text("faults", [*slots, SlotDef("ro-c", autoload=False)]))
     await running.until(lambda: "ro-c" in running.manager.names(), "ro-c to be applied")
 
