@@ -23,6 +23,7 @@ from pathlib import Path
 import psutil
 
 from controller import __version__
+from controller.memory import MemoryProbe
 from controller.reconcile import Action, Reconciler
 from controller.runtime import make_runtime
 from controller.runtime.base import Runtime
@@ -91,8 +92,12 @@ async def open_root(
         swept = sweep_temp_files(state_dir)
         settings, problems = read_settings(config_dir)
         runtime = make_runtime(runtime_kind, state_dir)
+        # A runtime that places servers on other machines says what memory they offer
+        # (the kubernetes runtime: the nodes'); the others leave it to this host's probe.
+        memory: MemoryProbe | None = getattr(runtime, "memory", None)
         manager = SlotManager(
             runtime=runtime,
+            memory=memory,
             state_dir=state_dir,
             config_dir=config_dir,
             settings=settings,

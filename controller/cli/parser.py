@@ -29,7 +29,7 @@ __all__ = ["RUNTIME_KINDS", "SERVER_ENV", "TOKEN_ENV", "build_parser", "parse_du
 SERVER_ENV: Final = "SLOTCTL_SERVER"
 TOKEN_ENV: Final = "SLOTCTL_TOKEN"  # noqa: S105 (a variable name, not a secret)
 # The same tuple as controller.runtime.RUNTIME_KINDS (importing it would import aiohttp).
-RUNTIME_KINDS: Final = ("process", "docker")
+RUNTIME_KINDS: Final = ("process", "docker", "kubernetes")
 
 _NUMBER: Final = r"\d+(?:\.\d+)?"
 _DURATION_RE: Final = re.compile(rf"(?:{_NUMBER}[smhd])+")
@@ -87,6 +87,15 @@ class _Formatter(argparse.HelpFormatter):
         return "\n\n".join(paragraphs)
 
 
+class _RuntimeGiven(argparse.Action):
+    """``--runtime``, remembering that it was given (``runtime_given``): the operator
+    picks ``kubernetes`` inside a pod only when nobody chose."""
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option: Any = None) -> None:
+        setattr(namespace, self.dest, values)
+        namespace.runtime_given = True
+
+
 def _add_globals(parser: argparse.ArgumentParser, *, top: bool, skip: tuple[str, ...] = ()) -> None:
     """The global options; on sub-parsers with suppressed defaults (see the docstring)."""
     group = parser.add_argument_group("global options") if not top else parser
@@ -109,8 +118,10 @@ def _add_globals(parser: argparse.ArgumentParser, *, top: bool, skip: tuple[str,
     group.add_argument(
         "--runtime",
         choices=RUNTIME_KINDS,
+        action=_RuntimeGiven,
         default=default(os.environ.get("SLOTCTL_RUNTIME", "process")),
-        help="process (default) or docker; a running controller's own runtime wins",
+        help="process (default), docker or kubernetes (the operator's default inside a "
+        "pod); a running controller's own runtime wins",
     )
     if "--server" not in skip:
         group.add_argument(
@@ -215,7 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"slotctl {__version__}")
     _add_globals(parser, top=True)
-    parser.set_defaults(func=_HelpOf(parser))
+    parser.set_defaults(func=_HelpOf(parser), runtime_given="SLOTCTL_RUNTIME" in os.environ)
     tree = _Tree()
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
     _stack_commands(tree, sub)

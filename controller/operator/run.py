@@ -329,6 +329,7 @@ class Operator:
             message=view.message,
             dispatchable=view.dispatchable,
             last_error=self.board.last_error.get(slot),
+            node=view.node,
         )
 
     def _slot_status(self, key: CrKey, old: Mapping[str, Any]) -> dict[str, Any]:
