@@ -91,6 +91,7 @@ HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
 GPU_RESOURCES: Final = ("nvidia.com/gpu", "amd.com/gpu")
 # MiB per GPU, as NVIDIA's GPU feature discovery labels a node.
 GPU_MEMORY_LABEL: Final = "nvidia.com/gpu.memory"
+GPU_COUNT_LABEL: Final = "nvidia.com/gpu.count"
 CONTAINER: Final = "server"
 FIELD_MANAGER: Final = "slotctl"
 
@@ -125,11 +126,15 @@ def parse_quantity(text: str) -> int | None:
 
 
 def node_budgets(allocatable: Mapping[str, str], labels: Mapping[str, str]) -> dict[str, int]:
-    """Device -> bytes a node offers (pure): ``gpu`` = allocatable GPUs x the per-GPU
-    memory its ``nvidia.com/gpu.memory`` label states (MiB); ``cpu`` = allocatable memory.
+    """Device -> bytes a node offers (pure): ``gpu`` = its GPUs (the ``nvidia.com/gpu.count``
+    label, else the allocatable ``nvidia.com/gpu`` / ``amd.com/gpu``) x the per-GPU memory
+    its ``nvidia.com/gpu.memory`` label states (MiB); ``cpu`` = allocatable memory.
     A device the node says nothing about is absent (the controller settings apply)."""
     budgets: dict[str, int] = {}
-    gpus = max((parse_quantity(allocatable.get(r, "0")) or 0) for r in GPU_RESOURCES)
+    # physical GPUs (GFD's count label: time-slicing advertises more allocatable replicas)
+    gpus = parse_quantity(labels.get(GPU_COUNT_LABEL, "")) or max(
+        (parse_quantity(allocatable.get(r, "0")) or 0) for r in GPU_RESOURCES
+    )
     per_gpu = parse_quantity(labels.get(GPU_MEMORY_LABEL, ""))
     if gpus and per_gpu:
         budgets["gpu"] = gpus * per_gpu * 2**20
@@ -202,7 +207,12 @@ def _volumes(mounts: Sequence[Mount]) -> tuple[list[dict[str, Any]], list[dict[s
 
 
 def deployment_body(
-    launch: LaunchSpec, namespace: str, *, replicas: int = 1, gpu_resource: str = GPU_RESOURCES[0]
+    launch: LaunchSpec,
+    namespace: str,
+    *,
+    replicas: int = 1,
+    gpu_resource: str = GPU_RESOURCES[0],
+    termination_grace_s: int = 30,
 ) -> dict[str, Any]:
     """The Deployment that runs ``launch`` (pure; a merge patch of it updates one)."""
     if launch.device == "npu":
@@ -231,6 +241,7 @@ def deployment_body(
         "containers": [container],
         "volumes": volumes,
         "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": termination_grace_s,
         # a merge patch: None removes a node a previous config had
         "nodeSelector": {HOSTNAME_LABEL: launch.node} if launch.node else None,
     }
@@ -331,6 +342,7 @@ class KubernetesRuntime:
         start_timeout_s: float = 900.0,
         unschedulable_s: float = 120.0,
         stop_grace_s: float = 10.0,
+        termination_grace_s: float = 30.0,
         poll_s: float = 0.2,
         node_refresh_s: float = 15.0,
     ) -> None:
@@ -340,7 +352,8 @@ class KubernetesRuntime:
         ``gpu_resource``: the extended resource of a gpu slot whose node does not say
         (default ``SLOTCTL_K8S_GPU_RESOURCE`` or ``nvidia.com/gpu``). ``start_timeout_s``:
         how long a pod may take to run (image pull included); ``unschedulable_s``: how
-        long it may stay unschedulable; ``node_refresh_s``: how often node budgets are read.
+        long it may stay unschedulable; ``termination_grace_s``: the pods' grace period
+        between SIGTERM and SIGKILL; ``node_refresh_s``: how often node budgets are read.
         """
         self._api = client
         self._owns_client = client is None
@@ -352,11 +365,13 @@ class KubernetesRuntime:
         self.start_timeout_s = start_timeout_s
         self.unschedulable_s = unschedulable_s
         self.stop_grace_s = stop_grace_s
+        self.termination_grace_s = termination_grace_s
         self.poll_s = poll_s
         self.node_refresh_s = node_refresh_s
         self.memory = NodeMemory()
         self._locks: dict[str, asyncio.Lock] = {}
         self._refresher: asyncio.Task[None] | None = None
+        self._first_read = asyncio.Event()
 
     # ------------------------------------------------------------------ API access
 
@@ -385,13 +400,13 @@ class KubernetesRuntime:
         """One API call; failures become typed errors (SlotSpawnFailed when starting)."""
         where = f" slot {slot!r}" if slot else ""
         try:
+            await self._nodes_read()
             return await fn()
         except SlotctlError:
             raise
-        except ApiError as exc:
+        except httpx2.HTTPStatusError as exc:  # lightkube's ApiError among them
             cls: type[SlotctlError] = SlotSpawnFailed if op == "start" else DockerEngineError
-            reason = exc.status.message if exc.status else str(exc)
-            raise cls(f"cannot {op}{where}: Kubernetes API: {reason}", slot=slot) from exc
+            raise cls(f"cannot {op}{where}: Kubernetes API: {_reason(exc)}", slot=slot) from exc
         except (httpx2.HTTPError, OSError) as exc:
             cls = SlotSpawnFailed if op == "start" else DockerUnavailable
             raise cls(f"cannot {op}{where}: the Kubernetes API is unreachable ({exc})") from exc
@@ -399,16 +414,16 @@ class KubernetesRuntime:
     async def _get_deployment(self, slot: str) -> Deployment | None:
         try:
             return await self._client().get(Deployment, object_name(slot), namespace=self.namespace)
-        except ApiError as exc:
-            if exc.status and exc.status.code == 404:
+        except httpx2.HTTPStatusError as exc:  # lightkube's ApiError among them
+            if exc.response.status_code == 404:
                 return None
             raise
 
     async def _get_service(self, slot: str) -> Service | None:
         try:
             return await self._client().get(Service, object_name(slot), namespace=self.namespace)
-        except ApiError as exc:
-            if exc.status and exc.status.code == 404:
+        except httpx2.HTTPStatusError as exc:  # lightkube's ApiError among them
+            if exc.response.status_code == 404:
                 return None
             raise
 
@@ -431,12 +446,20 @@ class KubernetesRuntime:
         nodes = [node async for node in self._client().list(Node)]
         self.memory.update(nodes)
 
+    async def _nodes_read(self) -> None:
+        """The first reading of the nodes is done (admission needs their budgets)."""
+        self._client()
+        if not self._first_read.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._first_read.wait(), 10.0)
+
     async def _refresh_loop(self) -> None:
         while True:
             try:
                 await self.refresh_nodes()
-            except (ApiError, httpx2.HTTPError, OSError) as exc:
+            except (httpx2.HTTPError, OSError) as exc:
                 log.warning("reading the nodes' allocatable resources failed: %s", exc)
+            self._first_read.set()
             await asyncio.sleep(self.node_refresh_s)
 
     async def close(self) -> None:
@@ -595,7 +618,12 @@ class KubernetesRuntime:
             if current.running and current.config_hash == launch.config_hash():
                 await self._ensure_service(launch, service)
                 return current  # adopted: the same config already runs
-        body = deployment_body(launch, self.namespace, gpu_resource=self._gpu_resource(launch.node))
+        body = deployment_body(
+            launch,
+            self.namespace,
+            gpu_resource=self._gpu_resource(launch.node),
+            termination_grace_s=math.ceil(self.termination_grace_s),
+        )
         api = self._client()
         if deployment is None:
             await api.create(cast(Deployment, Deployment.from_dict(_without_nulls(body))))
@@ -709,21 +737,20 @@ class KubernetesRuntime:
         if not replicas and not pods:
             # Already unloaded: a stop now is the cleanup of a slot nobody declares.
             api = self._client()
-            with contextlib.suppress(ApiError):
+            with contextlib.suppress(httpx2.HTTPStatusError):
                 await api.delete(Deployment, object_name(slot), namespace=self.namespace)
             await self._delete_service(slot)
             return Observed(slot=slot, status=RunStatus.EXITED, message="Deployment removed")
         if replicas:
             await self._scale(slot, 0)
-        await self._delete_pods(slot, pods, max(0, math.ceil(timeout)))
-        if not await self._pods_gone(slot, timeout + self.stop_grace_s):
-            await self._delete_pods(slot, await self._pods(slot), 0)
-            if not await self._pods_gone(slot, self.stop_grace_s):
-                raise SlotTerminateTimeout(
-                    f"slot {slot!r}: the pod of {object_name(slot)} is still there "
-                    f"{self.stop_grace_s:g}s after a forced delete",
-                    slot=slot,
-                )
+        # The kubelet sends SIGTERM, then SIGKILL after the pod's grace period.
+        wait = max(timeout, self.termination_grace_s) + self.stop_grace_s
+        if not await self._pods_gone(slot, wait):
+            raise SlotTerminateTimeout(
+                f"slot {slot!r}: the pod of {object_name(slot)} is still there {wait:g}s "
+                "after the Deployment was scaled to 0",
+                slot=slot,
+            )
         return Observed(
             slot=slot,
             status=RunStatus.EXITED,
@@ -733,15 +760,6 @@ class KubernetesRuntime:
             node=observed.node,
             message="scaled to 0",
         )
-
-    async def _delete_pods(self, slot: str, pods: Sequence[Pod], grace: int) -> None:
-        for pod in pods:
-            if pod.metadata is None or not pod.metadata.name:
-                continue
-            with contextlib.suppress(ApiError):  # gone meanwhile
-                await self._client().delete(
-                    Pod, pod.metadata.name, namespace=self.namespace, grace_period=grace
-                )
 
     async def _pods_gone(self, slot: str, timeout: float) -> bool:
         loop = asyncio.get_running_loop()
@@ -756,8 +774,21 @@ class KubernetesRuntime:
         service = await self._get_service(slot)
         labels = service.metadata.labels if service is not None and service.metadata else None
         if service is not None and _owned(labels, slot):
-            with contextlib.suppress(ApiError):
+            with contextlib.suppress(httpx2.HTTPStatusError):
                 await self._client().delete(Service, object_name(slot), namespace=self.namespace)
+
+
+def _reason(exc: httpx2.HTTPStatusError) -> str:
+    """The API server's message (its Status), else the HTTP status line."""
+    if isinstance(exc, ApiError) and exc.status is not None and exc.status.message:
+        return str(exc.status.message)
+    try:
+        body = exc.response.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and body.get("message"):
+        return f"{exc.response.status_code}: {body['message']}"
+    return f"{exc.response.status_code} {exc.response.reason_phrase}"
 
 
 def _without_nulls(value: Any) -> Any:
