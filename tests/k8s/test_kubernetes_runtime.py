@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from controller.errors import SlotctlError
 from controller.memory import GIB
 from controller.operator.run import Operator, OperatorOptions
 from tests.integration.helpers import free_ports
@@ -114,8 +115,11 @@ async def _flag(event: asyncio.Event) -> bool:
     return event.is_set()
 
 
-async def _true(value: bool) -> bool:
-    return value
+async def _state(op: Operator, name: str, state: str) -> bool:
+    try:
+        return op.manager.view(name).state.value == state
+    except SlotctlError:
+        return False  # not known to this operator yet
 
 
 async def test_a_slot_is_a_deployment_probed_at_its_pod_ip(
@@ -243,9 +247,15 @@ async def test_adoption_by_labels_and_an_unlabelled_deployment_is_never_touched(
     # A new operator with a fresh state dir knows nothing of the server: it finds the
     # labelled Deployment running the same config and adopts it (no second pod).
     async with operator(cluster, tmp_path / "second", monkeypatch) as op:
+        await eventually(lambda: _state(op, "chat", "ready"), "adopted and ready", timeout=60)
         chat = await eventually(lambda: ready(cluster, "chat"), "Ready again", timeout=60)
-        await eventually(lambda: _true(op.manager.view("chat").state.value == "ready"), "ready")
-        assert [p.name for p in kubelet.alive("chat")] == [pod.name]
+        writes = [
+            (str(r.method), r.name, r.data)
+            for r in cluster.emulator._requests
+            if r.resource is not None and r.resource.plural == "deployments"
+            and str(getattr(r.method, "value", r.method)) != "GET"
+        ]
+        assert [p.name for p in kubelet.alive("chat")] == [pod.name], [(m, n, (d or {}).get("spec")) for m, n, d in writes[1:]]
         assert kubelet.created.count(pod.name) == 1
         assert len([n for n in kubelet.created if n.startswith("slotctl-chat-")]) == 1
         assert chat["status"]["endpoint"] == f"http://{pod.ip}:{port}"
