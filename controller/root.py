@@ -51,6 +51,9 @@ class Root:
 
     async def recover(self) -> ConfigSnapshot:
         """Read the desired state, hand it to the manager, adopt what runs (no load yet)."""
+        warm_up = getattr(self.runtime, "warm_up", None)  # the kubernetes runtime's nodes
+        if warm_up is not None:
+            await warm_up()
         snapshot = await self.reconciler.refresh_async()
         await self.manager.set_desired(snapshot.desired())
         await self.manager.recover()

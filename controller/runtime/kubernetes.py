@@ -446,6 +446,14 @@ class KubernetesRuntime:
         nodes = [node async for node in self._client().list(Node)]
         self.memory.update(nodes)
 
+    async def warm_up(self) -> None:
+        """Read the nodes once before the first admission (the composition root's
+        ``recover`` calls it); an unreachable API is logged and read again later."""
+        try:
+            await self._nodes_read()
+        except SlotctlError as exc:
+            log.warning("kubernetes runtime: %s", exc.message)
+
     async def _nodes_read(self) -> None:
         """The first reading of the nodes is done (admission needs their budgets)."""
         self._client()

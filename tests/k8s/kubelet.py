@@ -56,7 +56,9 @@ def declare_workloads(emulator: kmock.KubernetesEmulator) -> None:
         )
 
 
-def gpu_node(name: str, *, gpus: int, gib_per_gpu: int, replicas: int | None = None) -> dict[str, Any]:
+def gpu_node(
+    name: str, *, gpus: int, gib_per_gpu: int, replicas: int | None = None
+) -> dict[str, Any]:
     """A Node with ``gpus`` GPUs of ``gib_per_gpu`` (GPU feature discovery's labels);
     ``replicas``: time-sliced, more allocatable ``nvidia.com/gpu`` than GPUs."""
     return {
@@ -287,7 +289,7 @@ class Kubelet:
         args = list(container.get("args") or [])
         assert args and args[0] == "python3", args
         args[0] = sys.executable
-        args = [ip if a == "0.0.0.0" else a for a in args]  # noqa: S104
+        args = [ip if a == "0.0.0.0" else a for a in args]
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         env.update({e["name"]: e["value"] for e in container.get("env") or []})
         log = (self.log_dir / f"{name}.log").open("ab")

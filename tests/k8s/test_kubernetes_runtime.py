@@ -142,7 +142,11 @@ async def test_a_slot_is_a_deployment_probed_at_its_pod_ip(
         dep = await kubelet.get("deployments", "slotctl-chat")
         assert dep is not None
         labels = dep["metadata"]["labels"]
-        assert labels == {"slotctl.managed": "true", "slotctl.slot": "chat", "slotctl.stack": "kubernetes"}
+        assert labels == {
+            "slotctl.managed": "true",
+            "slotctl.slot": "chat",
+            "slotctl.stack": "kubernetes",
+        }
         first_hash = dep["metadata"]["annotations"]["slotctl.config-hash"]
         assert first_hash == op.manager.view("chat").config_hash
         spec = dep["spec"]
@@ -162,7 +166,9 @@ async def test_a_slot_is_a_deployment_probed_at_its_pod_ip(
         await cluster.edit("slots", "chat", {"port": new_port})
         chat = await eventually(lambda: ready(cluster, "chat", 2), "Ready after the edit", 60)
         dep = await kubelet.get("deployments", "slotctl-chat")
-        assert dep is not None and dep["metadata"]["annotations"]["slotctl.config-hash"] != first_hash
+        assert (
+            dep is not None and dep["metadata"]["annotations"]["slotctl.config-hash"] != first_hash
+        )
         (new_pod,) = kubelet.alive("chat")
         assert new_pod.name != pod.name and pod.process.poll() is not None
         assert chat["status"]["endpoint"] == f"http://{new_pod.ip}:{new_port}"
@@ -252,10 +258,13 @@ async def test_adoption_by_labels_and_an_unlabelled_deployment_is_never_touched(
         writes = [
             (str(r.method), r.name, r.data)
             for r in cluster.emulator._requests
-            if r.resource is not None and r.resource.plural == "deployments"
+            if r.resource is not None
+            and r.resource.plural == "deployments"
             and str(getattr(r.method, "value", r.method)) != "GET"
         ]
-        assert [p.name for p in kubelet.alive("chat")] == [pod.name], [(m, n, (d or {}).get("spec")) for m, n, d in writes[1:]]
+        assert [p.name for p in kubelet.alive("chat")] == [pod.name], [
+            (m, n, (d or {}).get("spec")) for m, n, d in writes[1:]
+        ]
         assert kubelet.created.count(pod.name) == 1
         assert len([n for n in kubelet.created if n.startswith("slotctl-chat-")]) == 1
         assert chat["status"]["endpoint"] == f"http://{pod.ip}:{port}"
@@ -294,7 +303,9 @@ async def test_placement_and_eviction_per_node(
         assert op.manager.admitted_bytes("gpu-b/gpu") == 10 * GIB
         dep = await kubelet.get("deployments", "slotctl-big-b")
         assert dep is not None
-        assert dep["spec"]["template"]["spec"]["nodeSelector"] == {"kubernetes.io/hostname": "gpu-b"}
+        assert dep["spec"]["template"]["spec"]["nodeSelector"] == {
+            "kubernetes.io/hostname": "gpu-b"
+        }
 
         # 8 GiB more on gpu-b: big-b (priority 50) is evicted there; small (priority 10,
         # the lowest anywhere) stays, because it is on the other node
