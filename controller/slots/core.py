@@ -48,8 +48,6 @@ class Core:
         """The effective runtime config of ``slot`` on this manager's runtime."""
         runtime = self.runtime.kind if self.runtime.kind != "fake" else "process"
         ctx = BuildContext(runtime=runtime, stack=slot.stack)
-        if runtime == "kubernetes":
-            ctx = replace(ctx, host="0.0.0.0")  # noqa: S104 - the pod's IP is reached from outside
         models_dir: Path | None = self.config.models_dir
         if models_dir is not None:
             ctx = replace(ctx, models_dir=models_dir)
