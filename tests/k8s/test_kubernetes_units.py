@@ -114,7 +114,7 @@ def test_deployment_body() -> None:
 
 
 def test_the_kubernetes_runtime_needs_an_image_and_reads_models_in_the_pod() -> None:
-    with pytest.raises(SlotConfigError, match="kubernetes runtime needs server.image"):
+    with pytest.raises(SlotConfigError, match=r"kubernetes runtime needs server\.image"):
         build_launch(
             spec(provider="llama-cpp-python", server={}),
             MODEL,
