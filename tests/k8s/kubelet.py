@@ -193,7 +193,10 @@ class Kubelet:
             return
         if mine:
             pod = mine[0]
-            if not pod["spec"].get("nodeName"):  # unschedulable so far: try again
+            if not pod["spec"].get("nodeName") and self._schedule(
+                dict(template["spec"]), pods, nodes
+            ):
+                # unschedulable so far, but a node has room now: placed on the next step
                 await self._delete(self._url("pods", pod["metadata"]["name"]))
             return
         await self._create_pod(dep, template, pods, nodes)

@@ -346,3 +346,56 @@ async def test_placement_and_eviction_per_node(
         assert op.manager.admitted_bytes("gpu-b/gpu") == 10 * GIB
         assert op.manager.admitted_bytes("gpu-a/gpu") == 15 * GIB
         assert {p.slot for p in kubelet.pods.values()} == {"big-a", "big-b", "small"}
+
+
+async def test_the_runtime_alone_unschedulable_pods_and_foreign_objects(
+    cluster: Cluster, kubelet: Kubelet
+) -> None:
+    """The runtime without the operator: a pod the scheduler cannot place fails the start
+    with the scheduler's reason and scales the Deployment back to 0; a stop of a slot
+    whose Service (or Deployment) someone else owns touches nothing."""
+    from lightkube import AsyncClient, KubeConfig
+
+    from controller.errors import SlotSpawnFailed
+    from controller.runtime.kubernetes import KubernetesRuntime
+    from tests.integration.helpers import demo_launch
+
+    await kubelet.create(gpu_node("gpu-a", gpus=1, gib_per_gpu=16))
+    client = AsyncClient(config=KubeConfig.from_file(str(cluster.kubeconfig)))
+    runtime = KubernetesRuntime(client, namespace="default", unschedulable_s=0.5, poll_s=0.05)
+    try:
+        launch = demo_launch("lost", runtime="kubernetes", image=IMAGE)
+        launch = type(launch)(**{**_fields(launch), "node": "no-such-node", "device": "gpu"})
+        with pytest.raises(SlotSpawnFailed, match="unschedulable.*insufficient nvidia.com/gpu"):
+            await runtime.start(launch)
+        dep = await kubelet.get("deployments", "slotctl-lost")
+        assert dep is not None and dep["spec"]["replicas"] == 0
+        assert (await runtime.inspect("lost")).running is False
+
+        foreign = {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "slotctl-taken"},
+            "spec": {"ports": [{"port": 1, "targetPort": 1}]},
+        }
+        await kubelet.create(foreign)
+        taken = demo_launch("taken", runtime="kubernetes", image=IMAGE)
+        with pytest.raises(SlotSpawnFailed, match="unmanaged Service"):
+            await runtime.start(taken)
+        assert await kubelet.get("deployments", "slotctl-taken") is None  # nothing created
+        assert (await runtime.stop("taken", 1.0)).status.value == "missing"
+        assert await kubelet.get("services", "slotctl-taken") is not None  # still theirs
+
+        # a second stop of the unloaded slot removes its Deployment and Service
+        assert (await runtime.stop("lost", 1.0)).message == "Deployment removed"
+        assert await kubelet.get("deployments", "slotctl-lost") is None
+        assert await kubelet.get("services", "slotctl-lost") is None
+    finally:
+        await runtime.close()
+        await client.close()
+
+
+def _fields(launch: Any) -> dict[str, Any]:
+    import dataclasses
+
+    return {f.name: getattr(launch, f.name) for f in dataclasses.fields(launch) if f.init}
