@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -365,8 +366,8 @@ async def test_the_runtime_alone_unschedulable_pods_and_foreign_objects(
     runtime = KubernetesRuntime(client, namespace="default", unschedulable_s=0.5, poll_s=0.05)
     try:
         launch = demo_launch("lost", runtime="kubernetes", image=IMAGE)
-        launch = type(launch)(**{**_fields(launch), "node": "no-such-node", "device": "gpu"})
-        with pytest.raises(SlotSpawnFailed, match="unschedulable.*insufficient nvidia.com/gpu"):
+        launch = dataclasses.replace(launch, node="no-such-node", device="gpu")
+        with pytest.raises(SlotSpawnFailed, match=r"unschedulable.*insufficient nvidia\.com/gpu"):
             await runtime.start(launch)
         dep = await kubelet.get("deployments", "slotctl-lost")
         assert dep is not None and dep["spec"]["replicas"] == 0
@@ -393,9 +394,3 @@ async def test_the_runtime_alone_unschedulable_pods_and_foreign_objects(
     finally:
         await runtime.close()
         await client.close()
-
-
-def _fields(launch: Any) -> dict[str, Any]:
-    import dataclasses
-
-    return {f.name: getattr(launch, f.name) for f in dataclasses.fields(launch) if f.init}
