@@ -394,3 +394,44 @@ async def test_the_runtime_alone_unschedulable_pods_and_foreign_objects(
     finally:
         await runtime.close()
         await client.close()
+
+
+async def test_an_unpinned_slot_is_admitted_against_the_node_it_lands_on(
+    cluster: Cluster, kubelet: Kubelet, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The scheduler counts GPUs, not GPU memory: it puts the 6 GiB slot on the node with
+    the most free GPUs, a 4 GiB one. Admission on landing refuses it there (the pod is
+    stopped, the error says why), and the next load is judged against that node."""
+    (port,) = free_ports(1)
+    await kubelet.create(gpu_node("big", gpus=1, gib_per_gpu=16, replicas=2))
+    await kubelet.create(gpu_node("small", gpus=1, gib_per_gpu=4, replicas=8))
+    await cluster.create(model("m6", 6))
+    async with operator(cluster, tmp_path / "state", monkeypatch) as op:
+        await cluster.create(slot("chat", "m6", port))
+
+        async def refused() -> dict[str, Any] | None:
+            obj = await cluster.get("slots", "chat")
+            error = ((obj or {}).get("status") or {}).get("lastError") or {}
+            return obj if error.get("code") == "model.insufficient_memory" else None
+
+        obj = await eventually(refused, "refused on the node it landed on", timeout=60)
+        assert "small/gpu" in obj["status"]["lastError"]["message"]
+        assert obj["status"]["node"] == "small"
+        await eventually(lambda: _true(not kubelet.alive("chat")), "its pod stopped")
+        dep = await kubelet.get("deployments", "slotctl-chat")
+        assert dep is not None and dep["spec"]["replicas"] == 0
+        assert op.manager.admitted_bytes("small/gpu") == 0
+
+        async def judged_on_small() -> dict[str, Any] | None:
+            explained = op.manager.explain_load("chat")  # once the breaker's backoff is over
+            code = (explained.get("error") or {}).get("code")
+            return explained if code == "model.insufficient_memory" else None
+
+        explained = await eventually(judged_on_small, "the next load judged on small")
+        assert explained["device"] == "small/gpu"
+        await asyncio.sleep(2)  # the reconciler's retries: refused before anything scales
+        assert len(kubelet.created) == 1
+
+
+async def _true(value: bool) -> bool:
+    return value
