@@ -8,7 +8,8 @@ client (docs/design/0005-kubernetes-runtime.md says why that one):
 * **objects**: one Deployment per slot (``replicas`` 1 while loaded, 0 once unloaded,
   strategy ``Recreate``: never two servers of one slot) and one Service selecting its
   pod, in the runtime's namespace. Labels ``slotctl.managed=true``, ``slotctl.slot``,
-  ``slotctl.stack``; the config hash and port as annotations. An object with a slot's
+  ``slotctl.stack``, ``slotctl.config-hash``; the config hash (again) and the port as
+  annotations. An object with a slot's
   name but without those labels is reported (``Observed(managed=False)``) and never
   patched, scaled or deleted; a labelled Deployment that runs the same config is
   adopted (no second pod after an operator restart);
@@ -186,7 +187,8 @@ class NodeMemory:
 
 
 def _labels(launch: LaunchSpec) -> dict[str, str]:
-    return {MANAGED_LABEL: "true", SLOT_LABEL: launch.slot, STACK_LABEL: launch.stack}
+    """SPEC §3's labels (the selector uses only the first two: it is immutable)."""
+    return launch.labels()
 
 
 def _selector(slot: str) -> dict[str, str]:

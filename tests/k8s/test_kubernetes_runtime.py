@@ -143,12 +143,13 @@ async def test_a_slot_is_a_deployment_probed_at_its_pod_ip(
         dep = await kubelet.get("deployments", "slotctl-chat")
         assert dep is not None
         labels = dep["metadata"]["labels"]
+        first_hash = dep["metadata"]["annotations"]["slotctl.config-hash"]
         assert labels == {
             "slotctl.managed": "true",
             "slotctl.slot": "chat",
             "slotctl.stack": "kubernetes",
+            "slotctl.config-hash": first_hash,
         }
-        first_hash = dep["metadata"]["annotations"]["slotctl.config-hash"]
         assert first_hash == op.manager.view("chat").config_hash
         spec = dep["spec"]
         assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}

@@ -89,6 +89,11 @@ def test_deployment_body() -> None:
         "slotctl.managed": "true",
         "slotctl.slot": "chat",
         "slotctl.stack": "s",
+        "slotctl.config-hash": body["metadata"]["annotations"]["slotctl.config-hash"],
+    }
+    assert body["spec"]["selector"]["matchLabels"] == {
+        "slotctl.managed": "true",
+        "slotctl.slot": "chat",
     }
     spec_ = body["spec"]
     assert spec_["replicas"] == 1 and spec_["strategy"]["type"] == "Recreate"
