@@ -100,6 +100,10 @@ class Reconciler:
         self.on_plan = on_plan
         self.snapshot: ConfigSnapshot = read_config_dir(self.config_dir)
         self.broken: set[str] = set()  # slots whose config file is present but invalid
+        # Orphans are stopped at each resync; the operator holds that off until its first
+        # sync (before it, a fresh config dir declares nothing: everything would look
+        # like an orphan, such as the Deployments a moved operator pod should adopt).
+        self.reap = True
         self._keep_last_good(self.snapshot, None)
         self._queue: asyncio.Queue[str] = asyncio.Queue()
         self._queued: set[str] = set()
@@ -415,7 +419,9 @@ class Reconciler:
 
     async def reap_orphans(self) -> list[str]:
         """Stop managed runtime objects that no slot declares any more."""
-        reaped = []
+        reaped: list[str] = []
+        if not self.reap:
+            return reaped
         for observed in await self.manager.runtime.list_managed():
             if observed.slot in self.snapshot.slots or self.manager.known(observed.slot):
                 continue

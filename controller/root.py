@@ -23,6 +23,7 @@ from pathlib import Path
 import psutil
 
 from controller import __version__
+from controller.memory import MemoryProbe
 from controller.reconcile import Action, Reconciler
 from controller.runtime import make_runtime
 from controller.runtime.base import Runtime
@@ -50,6 +51,9 @@ class Root:
 
     async def recover(self) -> ConfigSnapshot:
         """Read the desired state, hand it to the manager, adopt what runs (no load yet)."""
+        warm_up = getattr(self.runtime, "warm_up", None)  # the kubernetes runtime's nodes
+        if warm_up is not None:
+            await warm_up()
         snapshot = await self.reconciler.refresh_async()
         await self.manager.set_desired(snapshot.desired())
         await self.manager.recover()
@@ -91,8 +95,12 @@ async def open_root(
         swept = sweep_temp_files(state_dir)
         settings, problems = read_settings(config_dir)
         runtime = make_runtime(runtime_kind, state_dir)
+        # A runtime that places servers on other machines says what memory they offer
+        # (the kubernetes runtime: the nodes'); the others leave it to this host's probe.
+        memory: MemoryProbe | None = getattr(runtime, "memory", None)
         manager = SlotManager(
             runtime=runtime,
+            memory=memory,
             state_dir=state_dir,
             config_dir=config_dir,
             settings=settings,

@@ -41,7 +41,7 @@ __all__ = [
 SERVER_ENV: Final = "SLOTCTL_SERVER"
 TOKEN_ENV: Final = "SLOTCTL_TOKEN"  # noqa: S105 (a variable name, not a secret)
 # The same tuple as controller.runtime.RUNTIME_KINDS (importing it would import aiohttp).
-RUNTIME_KINDS: Final = ("process", "docker")
+RUNTIME_KINDS: Final = ("process", "docker", "kubernetes")
 
 _NUMBER: Final = r"\d+(?:\.\d+)?"
 _DURATION_RE: Final = re.compile(rf"(?:{_NUMBER}[smhd])+")
@@ -93,6 +93,15 @@ class Formatter(argparse.HelpFormatter):
         return "\n\n".join(paragraphs)
 
 
+class _RuntimeGiven(argparse.Action):
+    """``--runtime``, remembering that it was given (``runtime_given``): the operator
+    picks ``kubernetes`` inside a pod only when nobody chose."""
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option: Any = None) -> None:
+        setattr(namespace, self.dest, values)
+        namespace.runtime_given = True
+
+
 def add_globals(parser: argparse.ArgumentParser, *, top: bool, skip: tuple[str, ...] = ()) -> None:
     """The global options; on sub-parsers with suppressed defaults (see the docstring)."""
     group = parser.add_argument_group("global options") if not top else parser
@@ -115,8 +124,10 @@ def add_globals(parser: argparse.ArgumentParser, *, top: bool, skip: tuple[str, 
     group.add_argument(
         "--runtime",
         choices=RUNTIME_KINDS,
+        action=_RuntimeGiven,
         default=default(os.environ.get("SLOTCTL_RUNTIME", "process")),
-        help="process (default) or docker; a running controller's own runtime wins",
+        help="process (default), docker or kubernetes (the operator's default inside a "
+        "pod); a running controller's own runtime wins",
     )
     if "--server" not in skip:
         group.add_argument(

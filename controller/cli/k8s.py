@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from controller.cli import export
@@ -26,7 +27,7 @@ from controller.operator.crd import crd_files
 from controller.spec.configdir import read_config_dir, read_settings
 from controller.spec.loader import DesiredState, load_stacks
 
-__all__ = ["cmd_crd_generate", "cmd_export", "cmd_import", "cmd_operator"]
+__all__ = ["cmd_crd_generate", "cmd_export", "cmd_import", "cmd_operator", "operator_runtime"]
 
 
 # ------------------------------------------------------------------ crd generate
@@ -56,6 +57,15 @@ def cmd_crd_generate(args: argparse.Namespace) -> ExitCode:
 # ------------------------------------------------------------------ operator
 
 
+def operator_runtime(runtime: str, given: bool, env: Mapping[str, str] | None = None) -> str:
+    """The operator's runtime: the one asked for, else ``kubernetes`` inside a pod (the
+    API server's address in the environment), else ``process``."""
+    env = os.environ if env is None else env
+    if not given and env.get("KUBERNETES_SERVICE_HOST"):
+        return "kubernetes"
+    return runtime
+
+
 def cmd_operator(args: argparse.Namespace) -> ExitCode:
     from controller.operator.run import Operator, OperatorOptions
 
@@ -63,7 +73,7 @@ def cmd_operator(args: argparse.Namespace) -> ExitCode:
     opts = OperatorOptions(
         state_dir=args.state_dir,
         config_dir=args.config_dir,
-        runtime=args.runtime,
+        runtime=operator_runtime(args.runtime, bool(getattr(args, "runtime_given", False))),
         namespaces=list(args.namespace),
         all_namespaces=args.all_namespaces or not args.namespace,
         listen=None if args.listen == "none" else args.listen,

@@ -11,6 +11,7 @@ options and the help machinery are ``cli.flags``.
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Final
 
 from controller import __version__
@@ -45,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"slotctl {__version__}")
     add_globals(parser, top=True)
-    parser.set_defaults(func=HelpOf(parser))
+    parser.set_defaults(func=HelpOf(parser), runtime_given="SLOTCTL_RUNTIME" in os.environ)
     tree = Tree()
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
     add_commands(tree, sub)

@@ -58,6 +58,7 @@ class DaemonOptions:
     metrics_listen: str | None = None  # /metrics, /healthz, /readyz without a token
     token: str | None = None  # None: generated into <state_dir>/token
     quiet: bool = False  # --log-format json: the structured log replaces progress lines
+    reap_orphans: bool = True  # False: until the reconciler's ``reap`` is set (operator)
 
 
 class Controller:
@@ -141,6 +142,7 @@ class Controller:
         for problem in root.problems:
             self.say(f"config {problem.where()}: {problem.message}")
         manager, reconciler = root.manager, root.reconciler
+        reconciler.reap = opts.reap_orphans
         self.manager, self.reconciler = manager, reconciler
         gitops = self.gitops
         if gitops is not None:

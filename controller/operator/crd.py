@@ -83,6 +83,10 @@ _DOCS: Final[dict[str, str]] = {
     "cmd": "The whole argv template (openai-compatible provider).",
     "extra_args": "Extra server arguments; hardware, placement and model-owned flags are refused.",
     "env": "Extra environment; device visibility variables are refused.",
+    "volume": "PersistentVolumeClaim with the model files, mounted read-only at the models "
+    "dir (kubernetes runtime).",
+    "node": "Node the slot runs on (kubernetes runtime: its nodeSelector); unset: the "
+    "scheduler places it.",
     "id": "Model id (defaults to metadata.name); may contain . : / @ + = -.",
     "source": "Path, file://, hf://org/repo[/file] or demo://name.",
     "kind": "What the model is: llm, embedding, tts, stt or image (default llm).",
@@ -270,6 +274,11 @@ def _slot_status_schema() -> dict[str, Any]:
             "idleReason": {"type": "string", "nullable": True},
             "model": {"type": "string", "description": "The model the slot serves."},
             "endpoint": {"type": "string", "nullable": True},
+            "node": {
+                "type": "string",
+                "nullable": True,
+                "description": "The node the slot's server runs on (kubernetes runtime).",
+            },
             "memory": {
                 "type": "object",
                 "properties": {
@@ -375,6 +384,7 @@ def slot_crd() -> dict[str, Any]:
             {"name": "State", "type": "string", "jsonPath": ".status.state"},
             {"name": "Model", "type": "string", "jsonPath": ".spec.model.default"},
             {"name": "Port", "type": "integer", "jsonPath": ".spec.port"},
+            {"name": "Node", "type": "string", "jsonPath": ".status.node"},
             _ready_column(),
             _age_column(),
             {

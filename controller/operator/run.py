@@ -124,6 +124,7 @@ class Operator:
                 listen=opts.listen,
                 token=opts.token,
                 quiet=opts.quiet,
+                reap_orphans=False,  # from the first sync on (see _sync)
             )
         )
         self.source = CrSource(config_dir)
@@ -163,13 +164,23 @@ class Operator:
             name="kopf",
         )
         stopping = asyncio.create_task(self.controller.stop.wait())
+        reaping = asyncio.create_task(self._reap_without_resources())
         await asyncio.wait({core, operator, stopping}, return_when=asyncio.FIRST_COMPLETED)
         self.kopf_stop.set()
         stopping.cancel()
+        reaping.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await operator
         self.controller.stop.set()
         return await core
+
+    async def _reap_without_resources(self) -> None:
+        """No Model or Slot to sync: orphans are reaped one resync period after kopf's
+        initial listing (a sync enables it at once)."""
+        await self.kopf_ready.wait()
+        await asyncio.sleep(self.opts.resync_s)
+        if self.controller.reconciler is not None:
+            self.controller.reconciler.reap = True
 
     # ------------------------------------------------------------------ kopf wiring
 
@@ -221,6 +232,8 @@ class Operator:
         self.source.load("Slot", _values(indexes.get("slots_index")))
         result = self.source.sync()
         reconciler = self.controller.reconciler
+        if reconciler is not None:
+            reconciler.reap = True  # the CRs are in the config dir now: orphans are orphans
         if reconciler is not None and result.changed:
             reconciler.refresh()
             reconciler.enqueue_all()
@@ -329,6 +342,7 @@ class Operator:
             message=view.message,
             dispatchable=view.dispatchable,
             last_error=self.board.last_error.get(slot),
+            node=view.node,
         )
 
     def _slot_status(self, key: CrKey, old: Mapping[str, Any]) -> dict[str, Any]:

@@ -67,6 +67,7 @@ class Observed:
     dispatchable: bool = False
     last_error: tuple[str, str] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    node: str | None = None  # kubernetes runtime
 
 
 def _now() -> str:
@@ -159,6 +160,8 @@ def slot_status(
         status["idleReason"] = observed.idle_reason
         status["model"] = observed.model
         status["endpoint"] = observed.endpoint
+        if observed.node is not None:
+            status["node"] = observed.node
         status["memory"] = {
             "device": observed.device,
             "gb": round(observed.memory_bytes / _GIB, 3),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Final
 
 from controller.providers.base import BuildContext, Provider, model_path
@@ -30,4 +31,7 @@ assert set(PROVIDER_REGISTRY) == set(PROVIDERS), "every schema provider has a te
 
 
 def build_launch(slot: SlotSpec, model: ModelSpec | None, ctx: BuildContext) -> LaunchSpec:
+    if ctx.runtime == "kubernetes" and ctx.host == "127.0.0.1":
+        # In its own pod the server is reached at the pod's IP, from outside the pod.
+        ctx = replace(ctx, host="0.0.0.0")  # noqa: S104
     return PROVIDER_REGISTRY[slot.provider].build(slot, model, ctx)

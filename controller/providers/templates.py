@@ -54,6 +54,12 @@ def _launch(
     merged_env = {**device_env(slot), **(env or {}), **slot.server.env}
     if path and ctx.runtime == "docker":
         mounts = (*mounts, Mount(path, path, read_only=True))
+    if ctx.runtime == "kubernetes":
+        # The model file is in the pod (the slot's volume at the models dir, or the image):
+        # the controller cannot look for it, and host paths mean nothing on another node.
+        path, mounts = None, ()
+        if slot.server.volume:
+            mounts = (Mount(slot.server.volume, str(ctx.models_dir), read_only=True),)
     probe = probe or default_probe(slot, model_id)
     if probe.ready_log is None and slot.provider in READY_LOG:
         probe = replace(probe, ready_log=READY_LOG[slot.provider])
@@ -72,16 +78,18 @@ def _launch(
         model_path=path,
         mounts=mounts,
         probe=probe,
+        node=slot.node if ctx.runtime == "kubernetes" else None,
     )
 
 
 def _docker_image(slot: SlotSpec, ctx: BuildContext, default: str | None) -> str | None:
-    if ctx.runtime != "docker":
+    if ctx.runtime not in ("docker", "kubernetes"):
         return None
     image = slot.server.image or default
     if not image:
         raise SlotConfigError(
-            f"slot {slot.name!r}: the docker runtime needs server.image", keys=["server.image"]
+            f"slot {slot.name!r}: the {ctx.runtime} runtime needs server.image",
+            keys=["server.image"],
         )
     return image
 
@@ -103,7 +111,9 @@ class DemoProvider:
         mounts: tuple[Mount, ...] = ()
         image = _docker_image(slot, ctx, None)
         env: dict[str, str] = {}
-        if image:
+        if image and ctx.runtime == "kubernetes":
+            argv[0] = slot.server.binary or "python3"  # the image's own (slotctl's image)
+        elif image:
             # The container runs the host's interpreter and this package, read-only.
             roots = sorted({sys.prefix, sys.base_prefix, PACKAGE_ROOT})
             mounts = tuple(Mount(r, r) for r in roots)

@@ -1,6 +1,7 @@
 """Runtimes: the one seam between the slot manager and processes / containers / pods.
 
-``base`` defines the protocol; ``process`` (default), ``docker`` and ``fake`` implement it.
+``base`` defines the protocol; ``process`` (default), ``docker``, ``kubernetes`` (a
+Deployment per slot) and ``fake`` implement it.
 """
 
 from __future__ import annotations
@@ -12,11 +13,11 @@ from controller.runtime.base import Mount, Runtime
 
 __all__ = ["RUNTIME_KINDS", "base_mounts_from_env", "make_runtime"]
 
-RUNTIME_KINDS = ("process", "docker")
+RUNTIME_KINDS = ("process", "docker", "kubernetes")
 
 
 def make_runtime(kind: str, state_dir: Path) -> Runtime:
-    """The runtime for ``--runtime KIND`` (docker is imported only when asked for)."""
+    """The runtime for ``--runtime KIND`` (docker and kubernetes imported only when asked for)."""
     if kind == "process":
         from controller.runtime.process import ProcessRuntime
 
@@ -25,6 +26,10 @@ def make_runtime(kind: str, state_dir: Path) -> Runtime:
         from controller.runtime.docker import DockerRuntime
 
         return DockerRuntime(base_mounts=base_mounts_from_env(), owner=str(state_dir.resolve()))
+    if kind == "kubernetes":
+        from controller.runtime.kubernetes import KubernetesRuntime
+
+        return KubernetesRuntime()
     raise ValueError(f"unknown runtime {kind!r}; choose one of {', '.join(RUNTIME_KINDS)}")
 
 

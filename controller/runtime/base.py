@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Final, Protocol, runtime_checkable
@@ -75,11 +75,17 @@ class LaunchSpec:
     model_path: str | None = None  # local file the server reads (mounted read-only)
     mounts: tuple[Mount, ...] = ()
     probe: ProbeSpec = field(default_factory=ProbeSpec)
+    node: str | None = None  # kubernetes runtime: the node the slot is pinned to
+    # Where the server answers when the runtime decides it after start (a pod's IP): not
+    # part of the config (a new pod IP is the same server config), so not hashed.
+    address: str | None = field(default=None, compare=False)
     # config_hash() is asked on hot paths (views for the router): computed once.
     _hash: str | None = field(default=None, init=False, compare=False, repr=False)
 
     @property
     def endpoint(self) -> str:
+        if self.address is not None:
+            return self.address
         host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host  # noqa: S104
         return f"http://{host}:{self.port}"
 
@@ -99,7 +105,17 @@ class LaunchSpec:
             "host": self.host,
             "device": self.device,
             "mounts": [[m.source, m.target, m.read_only] for m in self.mounts],
+            # only when set: the hashes of launches without a node stay as they were
+            **({"node": self.node} if self.node is not None else {}),
         }
+
+    def reached_at(self, endpoint: str | None) -> LaunchSpec:
+        """This launch answering at ``endpoint`` (what the runtime observed); same hash."""
+        if not endpoint or endpoint == self.endpoint:
+            return self
+        reached = replace(self, address=endpoint)
+        object.__setattr__(reached, "_hash", self._hash)
+        return reached
 
     def config_hash(self) -> str:
         """Stable hash of the effective runtime config (12 hex chars, label-safe)."""
@@ -132,6 +148,7 @@ class Observed:
     stack: str | None = None
     message: str = ""
     managed: bool = True  # False: an object with the slot's name we do not own
+    node: str | None = None  # kubernetes runtime: the node the server's pod runs on
 
     @property
     def running(self) -> bool:

@@ -40,7 +40,7 @@ class Admission(Part):
 
     def decide(self, slot: SlotRecord, *, background: bool, evict: bool = True) -> LoadDecision:
         """The one load decision (:func:`controller.decision.decide_load`) on live state."""
-        device = slot.spec.device
+        device = slot.where  # the device, or NODE/DEVICE on a cluster
         admitted = self.table.admitted_bytes(device)
         if slot.state in ADMITTED_STATES:
             admitted -= slot.memory_bytes
@@ -48,7 +48,7 @@ class Admission(Part):
             GroupPeer(
                 p.name,
                 bool(p.spec.pinned),
-                p.memory_bytes if p.spec.device == device and p.state in ADMITTED_STATES else 0,
+                p.memory_bytes if p.where == device and p.state in ADMITTED_STATES else 0,
             )
             for p in self.table.group_peers(slot)
         )
@@ -65,7 +65,7 @@ class Admission(Part):
             peers=peers,
             background=background,
         )
-        budget_gb = self.settings.memory_budget_gb.get(device)
+        budget_gb = self.settings.memory_budget_gb.get(slot.spec.device)  # per node on a cluster
         memory = MemoryFacts(
             admitted=admitted,
             sample=self.memory.sample(device),
@@ -90,7 +90,7 @@ class Admission(Part):
         admission = decision.admission
         if admission is not None:
             result.update(
-                device=slot.spec.device,
+                device=slot.where,
                 needed_bytes=admission.needed,
                 free_bytes=admission.free,
                 budget_bytes=admission.budget,
@@ -145,7 +145,7 @@ class Admission(Part):
         loads can never both pass admission for the same free memory; the decision is
         taken again here (the exclusive peers are gone now, other loads may have run).
         """
-        device = slot.spec.device
+        device = slot.where
         async with self.locks.device(device):
             decision = self.decide(slot, background=slot.background)
             if decision.victims:
@@ -173,3 +173,27 @@ class Admission(Part):
             if slot.admitted is not None:
                 slot.admitted.set()
             return needs_pull
+
+    async def admit_landed(self, slot: SlotRecord, before: str) -> None:
+        """A slot the scheduler placed landed on a node other than the one it was admitted
+        against (``before``): admission again there, evicting on that node only.
+
+        Raises the refusal (the caller stops the server); changes nothing when the slot
+        is still where it was admitted.
+        """
+        if slot.where == before:
+            return
+        async with self.locks.device(slot.where):
+            decision = self.decide(slot, background=slot.background)
+            if decision.victims:
+                await self.unloading.evict(decision.victims, reason=EvictionReason.PRELOAD)
+                decision = self.decide(slot, background=slot.background, evict=False)
+            if not decision.ok:
+                assert decision.error is not None
+                raise decision.error
+            self.events.emit(
+                EventKind.ADMISSION,
+                Op.ADMIT,
+                slot=slot.name,
+                message=f"admitted {format_gib(slot.memory_bytes)} on {slot.where} (landed)",
+            )

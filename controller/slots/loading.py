@@ -195,8 +195,15 @@ class Loading(Part):
         except SlotctlError as exc:
             await self.fail(slot, Op.LOAD, exc, stop=False)
             raise
+        launch = launch.reached_at(observed.endpoint)  # a pod's IP, on a cluster
         slot.launch, slot.running_hash, slot.adopted = launch, None, None
         self._check_generation(slot, gen)
+        before, slot.landed = slot.where, observed.node or slot.landed
+        try:
+            await self.admission.admit_landed(slot, before)
+        except SlotctlError as exc:
+            await self.fail(slot, Op.LOAD, exc, stop=True)
+            raise
         self.table.set(slot, S.WARMING, op=Op.LOAD, message=f"started ({observed.ident})")
         result = await self.wait_ready(slot, launch)
         self._check_generation(slot, gen)

@@ -143,6 +143,7 @@ class SlotManager(Part):
         if slot is None:
             breaker = Breaker(self.config.breaker_base_s, self.config.breaker_cap_s)
             slot = SlotRecord(spec=desired.spec, stack=desired.stack, model=model, breaker=breaker)
+            slot.on_nodes = self.runtime.kind == "kubernetes"
             table.load_persisted(slot)
             table.records[desired.name] = slot
             return

@@ -112,6 +112,7 @@ class SlotView:
     paused: bool = False  # an autoload slot a user unloaded: stays unloaded until a load
     held_for_s: float | None = None  # until the last batch hold (``hold``) expires
     holds: int = 0  # batch holds among ``leases`` (the rest are requests in flight)
+    node: str | None = None  # kubernetes runtime: the node it is pinned to or landed on
 
     @property
     def dispatchable(self) -> bool:
@@ -153,6 +154,9 @@ class SlotRecord:
     admitted: asyncio.Event | None = None
     waiting: str | None = None  # WAITING_FOR_MEMORY while a background load waits
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # Placed on nodes (the kubernetes runtime): admission is keyed per (node, device).
+    on_nodes: bool = False
+    landed: str | None = None  # the node the server last ran on (as the runtime saw it)
 
     @property
     def name(self) -> str:
@@ -167,6 +171,21 @@ class SlotRecord:
     @property
     def model_id(self) -> str:
         return self.model.id if self.model else self.spec.model_id
+
+    @property
+    def node(self) -> str | None:
+        """The node the slot is pinned to, else the one it last landed on (if any)."""
+        return (self.spec.node or self.landed) if self.on_nodes else None
+
+    @property
+    def where(self) -> str:
+        """The admission key: the device, or ``NODE/DEVICE`` once a node is known.
+
+        Admission, reservations, eviction and the device lock are all keyed by it, so the
+        slots of one node never evict (or wait for) the slots of another.
+        """
+        node = self.node
+        return f"{node}/{self.spec.device}" if node else self.spec.device
 
     @property
     def busy(self) -> bool:

@@ -80,11 +80,12 @@ class Recovery(Part):
         except SlotctlError:
             return
         drifted = observed.config_hash != launch.config_hash()
+        launch = launch.reached_at(observed.endpoint)  # a pod's IP, on a cluster
         # An adopted server started with an older config reports *its* hash, so the
         # reconciler recreates it (it serves until then).
         slot.launch, slot.running_hash = launch, observed.config_hash if drifted else None
-        slot.adopted = observed.ident
-        endpoint = (observed.endpoint if drifted else None) or launch.endpoint
+        slot.adopted, slot.landed = observed.ident, observed.node or slot.landed
+        endpoint = launch.endpoint
         result = await self.prober.probe(endpoint, launch.probe, slot=slot.name)
         if drifted and result.outcome is not ProbeOutcome.READY:
             # Outdated and not serving (still loading, or no model): replace it now

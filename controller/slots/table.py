@@ -89,6 +89,7 @@ class SlotTable:
             paused=self.wishes.is_paused(slot.name),
             held_for_s=_held_for(slot, now),
             holds=sum(1 for lease in slot.leases.values() if lease.expires_at is not None),
+            node=slot.node,
         )
 
     # ------------------------------------------------------------------ memory
@@ -97,7 +98,7 @@ class SlotTable:
         return sum(
             s.memory_bytes
             for s in self.records.values()
-            if s.spec.device == device and s.state in ADMITTED_STATES
+            if s.where == device and s.state in ADMITTED_STATES
         )
 
     def reserved_bytes(self, device: str, requester: SlotRecord | None = None) -> int:
@@ -105,7 +106,7 @@ class SlotTable:
         return sum(
             s.memory_bytes
             for s in self.records.values()
-            if s is not requester and s.spec.device == device and s.state in LOADING_STATES
+            if s is not requester and s.where == device and s.state in LOADING_STATES
         )
 
     def resident_bytes(self, device: str) -> int:
@@ -117,7 +118,7 @@ class SlotTable:
         return [
             EvictionCandidate(
                 name=s.name,
-                device=s.spec.device,
+                device=s.where,
                 bytes=s.memory_bytes,
                 priority=s.spec.priority,
                 last_used=s.last_used,

@@ -212,6 +212,10 @@ class SlotModelRef(_Strict):
     default: str = ""
 
 
+# A Kubernetes object name (DNS-1123 subdomain): a node's or a PersistentVolumeClaim's.
+NODE_NAME_PATTERN: Final = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+
+
 class ServerSpec(_Strict):
     """``[slot.server]``: how the runtime starts the server."""
 
@@ -220,6 +224,9 @@ class ServerSpec(_Strict):
     cmd: list[str] | None = None  # openai-compatible: the whole argv template
     extra_args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
+    # kubernetes runtime: a PersistentVolumeClaim with the model files, mounted read-only
+    # at the models dir
+    volume: Annotated[str, Field(pattern=NODE_NAME_PATTERN, max_length=253)] | None = None
 
     @field_validator("extra_args", "cmd")
     @classmethod
@@ -261,6 +268,9 @@ class SlotSpec(_Strict):
     max_queue: Annotated[int, Field(ge=0)] = 64
     memory_gb: NonNegFloat | None = None  # admission estimate override (self-managed)
     server: ServerSpec = Field(default_factory=ServerSpec)
+    # kubernetes runtime: pin the slot to this node (its nodeSelector); unset: the
+    # scheduler places it and admission counts it on the node it lands on
+    node: Annotated[str, Field(pattern=NODE_NAME_PATTERN, max_length=253)] | None = None
 
     @property
     def model_id(self) -> str:

@@ -91,7 +91,8 @@ def test_custom_render() -> None:
 BAD = {
     "unknown key": {"replicas": 2},
     "unknown nested key": {"image": {"repository": "x", "digest": "sha"}},
-    "runtime": {"runtime": "kubernetes"},
+    "runtime": {"runtime": "podman"},
+    "gpu resource": {"runtime": "kubernetes", "gpuResource": "intel.com/gpu"},
     "namespace name": {"watchNamespaces": ["Team_A"]},
     "api without a token secret": {"api": {"enabled": True}},
     "port": {"liveness": {"port": 0}},

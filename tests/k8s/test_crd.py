@@ -79,7 +79,7 @@ def test_crd_is_structural_and_complete(kind: str) -> None:
 def test_slot_printer_columns() -> None:
     columns = CRDS["Slot"]["spec"]["versions"][0]["additionalPrinterColumns"]
     default = [c["name"].upper() for c in columns if not c.get("priority")]
-    assert default == ["STATE", "MODEL", "PORT", "READY", "AGE"]  # NAME comes first by itself
+    assert default == ["STATE", "MODEL", "PORT", "NODE", "READY", "AGE"]  # NAME comes first
     slot_status = version_schema(CRDS["Slot"])["properties"]["status"]["properties"]
     for key in ("state", "model", "endpoint", "memory", "lastError", "observedGeneration"):
         assert key in slot_status

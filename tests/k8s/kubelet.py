@@ -1,0 +1,320 @@
+"""The test as the cluster's workload machinery, for the kubernetes runtime against KMock.
+
+KMock stores objects; nothing acts on them. :class:`Kubelet` plays the three parts the
+runtime relies on, through the API as they would:
+
+* the Deployment controller: a Deployment with ``replicas: 1`` gets one Pod from its
+  template (a changed template: the old pod goes first, ``Recreate``), ``replicas: 0``
+  none;
+* the scheduler: ``nodeSelector`` (``kubernetes.io/hostname``) picks the node; without
+  one, the node with the most free GPUs (extended resources requested by the pods
+  already there) wins, ties by name; no room: the pod stays Pending with
+  ``PodScheduled=False`` (``Unschedulable``);
+* the kubelet: it runs the container's args as a real process (the demo server) on a
+  loopback address of its own — the pod IP, ``127.0.0.N``, so a probe of 127.0.0.1
+  would miss it — and writes the Pod ``Running`` with that ``podIP``; a deleted pod's
+  process is stopped.
+
+Readiness is then probed by the controller against a real server at the pod IP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import kmock
+
+from tests.k8s.conftest import Cluster
+
+REPO = Path(__file__).resolve().parents[2]
+HASH = "slotctl.config-hash"
+GPU_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu")
+
+
+def declare_workloads(emulator: kmock.KubernetesEmulator) -> None:
+    """Deployments, Services, Pods and Nodes, as the runtime uses them."""
+    verbs = {"list", "watch", "get", "create", "patch", "update", "delete"}
+    for key, kind, namespaced in (
+        ("apps/v1/deployments", "Deployment", True),
+        ("v1/services", "Service", True),
+        ("v1/pods", "Pod", True),
+        ("v1/nodes", "Node", False),
+    ):
+        emulator.resources[key] = kmock.ResourceInfo(
+            kind=kind, singular=kind.lower(), namespaced=namespaced, verbs=verbs
+        )
+
+
+def gpu_node(
+    name: str, *, gpus: int, gib_per_gpu: int, replicas: int | None = None
+) -> dict[str, Any]:
+    """A Node with ``gpus`` GPUs of ``gib_per_gpu`` (GPU feature discovery's labels);
+    ``replicas``: time-sliced, more allocatable ``nvidia.com/gpu`` than GPUs."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {
+                "kubernetes.io/hostname": name,
+                "nvidia.com/gpu.count": str(gpus),
+                "nvidia.com/gpu.memory": str(gib_per_gpu * 1024),
+            },
+        },
+        "status": {
+            "allocatable": {
+                "nvidia.com/gpu": str(replicas or gpus),
+                "memory": "64Gi",
+                "cpu": "16",
+            }
+        },
+    }
+
+
+@dataclass
+class RunningPod:
+    name: str
+    slot: str
+    ip: str
+    process: subprocess.Popen[bytes]
+
+
+@dataclass
+class Kubelet:
+    cluster: Cluster
+    log_dir: Path
+    namespace: str = "default"
+    pods: dict[str, RunningPod] = field(default_factory=dict)
+    created: list[str] = field(default_factory=list)  # every pod it ever created
+    _ips: itertools.count[int] = field(default_factory=lambda: itertools.count(2))
+    _task: asyncio.Task[None] | None = None
+
+    # ------------------------------------------------------------------ API
+
+    def _url(self, plural: str, name: str | None = None) -> str:
+        base = "/apis/apps/v1" if plural == "deployments" else "/api/v1"
+        path = f"{base}/namespaces/{self.namespace}/{plural}"
+        return path + (f"/{name}" if name else "")
+
+    async def _list(self, path: str) -> list[dict[str, Any]]:
+        async with self.cluster.session.get(path) as resp:
+            assert resp.status == 200, await resp.text()
+            return list((await resp.json()).get("items") or [])
+
+    async def _post(self, path: str, body: dict[str, Any]) -> None:
+        async with self.cluster.session.post(path, json=body) as resp:
+            assert resp.status < 300, await resp.text()
+
+    async def _patch(self, path: str, body: dict[str, Any]) -> None:
+        headers = {"Content-Type": "application/merge-patch+json"}
+        async with self.cluster.session.patch(path, json=body, headers=headers) as resp:
+            assert resp.status < 300, await resp.text()
+
+    async def _delete(self, path: str) -> None:
+        async with self.cluster.session.delete(path) as resp:
+            assert resp.status < 300 or resp.status == 404, await resp.text()
+
+    async def create(self, body: dict[str, Any]) -> None:
+        """``kubectl create`` of a workload object (a Node, a foreign Deployment...)."""
+        kind = body["kind"]
+        if kind == "Node":
+            await self._post("/api/v1/nodes", body)
+        else:
+            body.setdefault("metadata", {}).setdefault("namespace", self.namespace)
+            await self._post(self._url(kind.lower() + "s"), body)
+
+    async def get(self, plural: str, name: str) -> dict[str, Any] | None:
+        async with self.cluster.session.get(self._url(plural, name)) as resp:
+            if resp.status == 404:
+                return None
+            assert resp.status == 200, await resp.text()
+            result: dict[str, Any] = await resp.json()
+            return result
+
+    # ------------------------------------------------------------------ the loop
+
+    async def run(self, every: float = 0.05) -> None:
+        while True:
+            await self.step()
+            await asyncio.sleep(every)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self.run(), name="test-kubelet")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        for pod in list(self.pods.values()):
+            self._kill(pod)
+        self.pods.clear()
+
+    async def step(self) -> None:
+        deployments = await self._list(self._url("deployments"))
+        pods = await self._list(self._url("pods"))
+        nodes = await self._list("/api/v1/nodes")
+        live = {p["metadata"]["name"] for p in pods}
+        for name in [n for n in self.pods if n not in live]:  # deleted through the API
+            self._kill(self.pods.pop(name))
+        for dep in deployments:
+            await self._reconcile(dep, pods, nodes)
+
+    async def _reconcile(
+        self, dep: dict[str, Any], pods: list[dict[str, Any]], nodes: list[dict[str, Any]]
+    ) -> None:
+        selector = dep["spec"]["selector"]["matchLabels"]
+        mine = [
+            p
+            for p in pods
+            if all((p["metadata"].get("labels") or {}).get(k) == v for k, v in selector.items())
+        ]
+        template = dep["spec"]["template"]
+        wanted = (template["metadata"].get("annotations") or {}).get(HASH)
+        replicas = int(dep["spec"].get("replicas") or 0)
+        stale = [p for p in mine if (p["metadata"].get("annotations") or {}).get(HASH) != wanted]
+        if replicas == 0 or stale:  # scaled down, or Recreate: the old pods go first
+            for pod in mine if replicas == 0 else stale:
+                await self._delete(self._url("pods", pod["metadata"]["name"]))
+                running = self.pods.pop(pod["metadata"]["name"], None)
+                if running is not None:
+                    self._kill(running)
+            return
+        if mine:
+            pod = mine[0]
+            if not pod["spec"].get("nodeName") and self._schedule(
+                dict(template["spec"]), pods, nodes
+            ):
+                # unschedulable so far, but a node has room now: placed on the next step
+                await self._delete(self._url("pods", pod["metadata"]["name"]))
+            return
+        await self._create_pod(dep, template, pods, nodes)
+
+    async def _create_pod(
+        self,
+        dep: dict[str, Any],
+        template: dict[str, Any],
+        pods: list[dict[str, Any]],
+        nodes: list[dict[str, Any]],
+    ) -> None:
+        name = f"{dep['metadata']['name']}-{uuid.uuid4().hex[:5]}"
+        spec = dict(template["spec"])
+        node = self._schedule(spec, pods, nodes)
+        pod: dict[str, Any] = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": name,
+                "namespace": self.namespace,
+                "labels": dict(template["metadata"].get("labels") or {}),
+                "annotations": dict(template["metadata"].get("annotations") or {}),
+            },
+            "spec": {**spec, **({"nodeName": node} if node else {})},
+            "status": {"phase": "Pending"},
+        }
+        if node is None:
+            pod["status"]["conditions"] = [
+                {
+                    "type": "PodScheduled",
+                    "status": "False",
+                    "reason": "Unschedulable",
+                    "message": "0/2 nodes are available: insufficient nvidia.com/gpu",
+                }
+            ]
+            await self._post(self._url("pods"), pod)
+            return
+        await self._post(self._url("pods"), pod)
+        self.created.append(name)
+        ip = f"127.0.0.{next(self._ips)}"
+        container = spec["containers"][0]
+        process = self._run(name, container, ip)
+        slot = pod["metadata"]["labels"].get("slotctl.slot", "")
+        self.pods[name] = RunningPod(name, slot, ip, process)
+        status = {
+            "phase": "Running",
+            "podIP": ip,
+            "startTime": "2026-12-01T00:00:00Z",
+            "conditions": [{"type": "PodScheduled", "status": "True"}],
+            "containerStatuses": [
+                {
+                    "name": container["name"],
+                    "ready": False,
+                    "restartCount": 0,
+                    "image": container["image"],
+                    "imageID": "",
+                    "state": {"running": {"startedAt": "2026-12-01T00:00:00Z"}},
+                }
+            ],
+        }
+        await self._patch(self._url("pods", name), {"status": status})
+
+    @staticmethod
+    def _schedule(
+        spec: dict[str, Any], pods: list[dict[str, Any]], nodes: list[dict[str, Any]]
+    ) -> str | None:
+        wanted = (spec.get("nodeSelector") or {}).get("kubernetes.io/hostname")
+        requests = spec["containers"][0].get("resources", {}).get("requests") or {}
+        need = {r: int(requests.get(r, 0)) for r in GPU_RESOURCES}
+        best: tuple[int, str] | None = None
+        for node in sorted(nodes, key=lambda n: n["metadata"]["name"]):
+            name = node["metadata"]["name"]
+            if wanted and name != wanted:
+                continue
+            allocatable = node.get("status", {}).get("allocatable", {})
+            used = {r: 0 for r in GPU_RESOURCES}
+            for pod in pods:
+                if pod["spec"].get("nodeName") == name:
+                    asked = pod["spec"]["containers"][0].get("resources", {}).get("requests") or {}
+                    for r in GPU_RESOURCES:
+                        used[r] += int(asked.get(r, 0))
+            free = {r: int(allocatable.get(r, 0)) - used[r] for r in GPU_RESOURCES}
+            if any(need[r] > free[r] for r in GPU_RESOURCES):
+                continue
+            score = sum(free.values())
+            if best is None or score > best[0]:
+                best = (score, name)
+        return best[1] if best else None
+
+    def _run(self, name: str, container: dict[str, Any], ip: str) -> subprocess.Popen[bytes]:
+        """The container's args as a process: the image's ``python3`` is this interpreter,
+        and the server binds the pod's IP (``--host 0.0.0.0`` inside a pod)."""
+        args = list(container.get("args") or [])
+        assert args and args[0] == "python3", args
+        args[0] = sys.executable
+        args = [ip if a == "0.0.0.0" else a for a in args]
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        env.update({e["name"]: e["value"] for e in container.get("env") or []})
+        log = (self.log_dir / f"{name}.log").open("ab")
+        with log:
+            return subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+    @staticmethod
+    def _kill(pod: RunningPod) -> None:
+        if pod.process.poll() is None:
+            pod.process.send_signal(signal.SIGTERM)
+            try:
+                pod.process.wait(5)
+            except subprocess.TimeoutExpired:
+                pod.process.kill()
+                pod.process.wait()
+
+    def alive(self, slot: str) -> list[RunningPod]:
+        return [p for p in self.pods.values() if p.slot == slot and p.process.poll() is None]
+
+
+async def answers(endpoint: str) -> bool:
+    with contextlib.suppress(aiohttp.ClientError):
+        async with aiohttp.ClientSession() as session, session.get(f"{endpoint}/v1/models") as r:
+            return r.status == 200
+    return False

@@ -1,0 +1,170 @@
+"""The kubernetes runtime's pure parts: quantities and node budgets, the memory probe on
+NODE/DEVICE keys, the Deployment a launch becomes, the admission key of a slot, the
+operator's default runtime, and the config hash (a node is config, a pod IP is not)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from lightkube.resources.core_v1 import Node
+
+from controller.breaker import Breaker
+from controller.cli.k8s import operator_runtime
+from controller.errors import SlotConfigError, SlotSpawnFailed
+from controller.memory import GIB
+from controller.providers import BuildContext, build_launch
+from controller.runtime.kubernetes import (
+    NodeMemory,
+    deployment_body,
+    node_budgets,
+    parse_quantity,
+    service_body,
+)
+from controller.slots.records import SlotRecord
+from controller.spec.schema import ModelSpec, SlotSpec
+from tests.k8s.kubelet import gpu_node
+
+
+def spec(**extra: Any) -> SlotSpec:
+    body: dict[str, Any] = {
+        "name": "chat",
+        "provider": "llamacpp",
+        "port": 8080,
+        "model": {"default": "qwen"},
+        "server": {"image": "ghcr.io/ggml-org/llama.cpp:server"},
+    }
+    body.update(extra)
+    return SlotSpec.model_validate(body)
+
+
+MODEL = ModelSpec(id="qwen", source="hf://org/repo/q.gguf", memory_gb=6)
+
+
+def launch(runtime: str = "kubernetes", **extra: Any) -> Any:
+    return build_launch(spec(**extra), MODEL, BuildContext(runtime=runtime, stack="s"))
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("16Gi", 16 * 2**30), ("2", 2), ("500M", 500 * 10**6), ("1024Ki", 2**20), ("x", None)],
+)
+def test_parse_quantity(text: str, value: int | None) -> None:
+    assert parse_quantity(text) == value
+
+
+def test_node_budgets_from_allocatable_and_gpu_labels() -> None:
+    labels = {"nvidia.com/gpu.memory": "24576"}  # MiB per GPU
+    assert node_budgets({"nvidia.com/gpu": "2", "memory": "64Gi"}, labels) == {
+        "gpu": 48 * GIB,
+        "cpu": 64 * GIB,
+    }
+    # time-slicing: 8 allocatable replicas of 1 physical GPU (GFD's count label wins)
+    sliced = {**labels, "nvidia.com/gpu.count": "1"}
+    assert node_budgets({"nvidia.com/gpu": "8"}, sliced) == {"gpu": 24 * GIB}
+    assert node_budgets({"amd.com/gpu": "1"}, labels) == {"gpu": 24 * GIB}
+    assert node_budgets({"nvidia.com/gpu": "1"}, {}) == {}  # no memory stated: settings apply
+
+
+def test_node_memory_answers_per_node_and_for_unplaced_slots() -> None:
+    memory = NodeMemory()
+    memory.update(
+        [
+            Node.from_dict(gpu_node("a", gpus=1, gib_per_gpu=16, replicas=4)),
+            Node.from_dict(gpu_node("b", gpus=2, gib_per_gpu=16)),
+        ]
+    )
+    sample = memory.sample("a/gpu")
+    assert sample is not None and sample.total_bytes == sample.free_bytes == 16 * GIB
+    sample = memory.sample("gpu")  # not placed yet: the largest node
+    assert sample is not None and sample.total_bytes == 32 * GIB
+    assert memory.sample("c/gpu") is None and memory.sample("a/npu") is None
+    assert memory.gpu_resources == {"a": "nvidia.com/gpu", "b": "nvidia.com/gpu"}
+
+
+def test_deployment_body() -> None:
+    body = deployment_body(launch(node="gpu-a", server={"image": "img", "volume": "models"}), "ml")
+    assert body["metadata"]["name"] == "slotctl-chat" and body["metadata"]["namespace"] == "ml"
+    assert body["metadata"]["labels"] == {
+        "slotctl.managed": "true",
+        "slotctl.slot": "chat",
+        "slotctl.stack": "s",
+        "slotctl.config-hash": body["metadata"]["annotations"]["slotctl.config-hash"],
+    }
+    assert body["spec"]["selector"]["matchLabels"] == {
+        "slotctl.managed": "true",
+        "slotctl.slot": "chat",
+    }
+    spec_ = body["spec"]
+    assert spec_["replicas"] == 1 and spec_["strategy"]["type"] == "Recreate"
+    pod = spec_["template"]["spec"]
+    assert pod["nodeSelector"] == {"kubernetes.io/hostname": "gpu-a"}
+    (container,) = pod["containers"]
+    assert container["resources"]["limits"] == {"nvidia.com/gpu": "1"}
+    assert "--host" in container["args"] and "0.0.0.0" in container["args"]
+    (volume,) = pod["volumes"]
+    assert volume["persistentVolumeClaim"] == {"claimName": "models", "readOnly": True}
+    assert container["volumeMounts"][0]["mountPath"] == "/models"
+    amd = deployment_body(launch(), "ml", gpu_resource="amd.com/gpu")
+    assert amd["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"] == {
+        "amd.com/gpu": "1"
+    }
+    assert amd["spec"]["template"]["spec"]["nodeSelector"] is None  # a merge patch removes it
+    cpu = deployment_body(launch(device="cpu"), "ml")
+    assert cpu["spec"]["template"]["spec"]["containers"][0]["resources"] == {}
+    with pytest.raises(SlotSpawnFailed, match="npu"):
+        deployment_body(launch(device="npu"), "ml")
+    service = service_body(launch(), "ml")
+    assert service["spec"]["ports"] == [{"name": "http", "port": 8080, "targetPort": 8080}]
+
+
+def test_the_kubernetes_runtime_needs_an_image_and_reads_models_in_the_pod() -> None:
+    with pytest.raises(SlotConfigError, match=r"kubernetes runtime needs server\.image"):
+        build_launch(
+            spec(provider="llama-cpp-python", server={}),
+            MODEL,
+            BuildContext(runtime="kubernetes"),
+        )
+    k8s = launch()
+    assert k8s.model_path is None and not k8s.model_missing()  # in the pod, not here
+    assert launch(runtime="process", node="gpu-a").node is None  # only the kubernetes runtime
+
+
+def test_a_node_is_config_and_a_pod_ip_is_not() -> None:
+    plain = launch()
+    pinned = launch(node="gpu-a")
+    assert plain.config_hash() != pinned.config_hash()
+    assert "node" not in plain.hash_input()  # launches without a node hash as before
+    reached = plain.reached_at("http://10.1.2.3:8080")
+    assert reached.endpoint == "http://10.1.2.3:8080"
+    assert reached.config_hash() == plain.config_hash() and reached == plain
+    assert plain.reached_at(None) is plain
+
+
+def test_the_admission_key_is_per_node_on_a_cluster_only() -> None:
+    record = SlotRecord(spec=spec(node="gpu-a"), stack="s", model=MODEL, breaker=Breaker())
+    assert record.where == "gpu"  # process/docker: `node` means nothing
+    record.on_nodes = True
+    assert record.where == "gpu-a/gpu"
+    unplaced = SlotRecord(spec=spec(), stack="s", model=MODEL, breaker=Breaker(), on_nodes=True)
+    assert unplaced.where == "gpu"  # before it lands
+    unplaced.landed = "gpu-b"
+    assert unplaced.where == "gpu-b/gpu" and unplaced.node == "gpu-b"
+
+
+def test_operator_runtime_defaults_to_kubernetes_inside_a_pod() -> None:
+    pod = {"KUBERNETES_SERVICE_HOST": "10.0.0.1"}
+    assert operator_runtime("process", given=False, env=pod) == "kubernetes"
+    assert operator_runtime("process", given=True, env=pod) == "process"
+    assert operator_runtime("process", given=False, env={}) == "process"
+    assert operator_runtime("docker", given=True, env={}) == "docker"
+
+
+def test_the_runtime_flag_remembers_that_it_was_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    from controller.cli.main import build_parser
+
+    monkeypatch.delenv("SLOTCTL_RUNTIME", raising=False)
+    parser = build_parser()
+    assert parser.parse_args(["operator"]).runtime_given is False
+    assert parser.parse_args(["operator", "--runtime", "process"]).runtime_given is True
+    assert parser.parse_args(["--runtime", "kubernetes", "operator"]).runtime == "kubernetes"
