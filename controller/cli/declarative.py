@@ -26,6 +26,7 @@ from typing import Any
 
 import psutil
 
+from controller import eventloop
 from controller.apply import StackPlan, apply_to_config, observe_files, plan_stack
 from controller.cli.client import (
     ApiClient,
@@ -472,7 +473,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     if args.stack_dir is not None and not args.stack_dir.is_dir():
         print(f"slotctl: {args.stack_dir} is not a directory", file=sys.stderr)
         return EXIT_ERROR
-    return asyncio.run(Controller(opts).run())
+    return eventloop.run(Controller(opts).run())  # uvloop when installed (SLOTCTL_EVENT_LOOP)
 
 
 def _wait_exited(pid: int, timeout: float) -> bool:
