@@ -412,6 +412,13 @@ class SlotTable:
             return
         slot.state, slot.message, slot.since = saved.state, saved.message, saved.updated_at
         slot.idle_reason = saved.extra.idle_reason
+        if slot.state is S.SERVING:
+            # A new table has no leases: a ``serving`` record (its lease flip back to ready
+            # lagged, or the controller died mid-request) recovers as ``ready`` (SPEC §3),
+            # on disk too (a refusing disk: housekeeping writes it later).
+            slot.state = S.READY
+            self.unpersisted.add(slot.name)
+            self._flush_one(slot)
         if saved.extra.failures > 0 and slot.state is S.ERROR:
             # The crash-loop breaker survives a controller restart.
             slot.breaker.restore(
