@@ -22,9 +22,14 @@ timing. nginx is skipped (with a note) when not installed (Debian: ``apt-get ins
 nginx-light``).
 
     python bench/router.py [--scale 1.0] [--loop auto|asyncio|uvloop] [--code DIR]
+                           [--with-asyncio] [--with-floor] [--baseline DIR [--baseline-loop L]]
 
 ``--loop`` sets ``SLOTCTL_EVENT_LOOP`` for the controller (auto: uvloop when installed);
-``--code DIR`` runs the controller from another checkout (an A/B "before" run).
+``--code DIR`` runs it from another checkout. Extra columns, measured in the same run:
+``--with-asyncio`` the same controller on asyncio's loop, ``--with-floor`` a bare aiohttp
+relay (server and keep-alive client, nothing else: the floor of an aiohttp-based router
+on the same loop), ``--baseline DIR`` another
+checkout's controller (``git archive main | tar -x -C DIR`` for a before/after).
 """
 
 from __future__ import annotations
@@ -240,6 +245,68 @@ def nginx(tmp: Path, backend_port: int) -> Iterator[int | None]:
             proc.wait()
 
 
+def event_loop(proc: psutil.Process) -> str:
+    """``uvloop`` when the process mapped uvloop's extension, else ``asyncio``."""
+    with contextlib.suppress(psutil.Error):
+        if any("uvloop" in m.path for m in proc.memory_maps()):
+            return "uvloop"
+    return "asyncio"
+
+
+async def serve_floor(port: int, backend: str, loop_name: str) -> None:
+    """The aiohttp floor: a bare aiohttp server relaying to a keep-alive aiohttp client,
+    no auth, no body parsing, no lease — what any aiohttp-based router costs at least."""
+    from aiohttp import web
+
+    session = aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=1024, limit_per_host=0), auto_decompress=False
+    )
+
+    async def relay(request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        headers = {"Content-Type": request.headers.get("Content-Type", "application/json")}
+        async with session.post(backend + request.path, data=body, headers=headers) as up:
+            if up.content_type != "text/event-stream":
+                data = await up.read()
+                return web.Response(status=up.status, body=data, content_type=up.content_type)
+            response = web.StreamResponse(status=up.status)
+            response.content_type = up.content_type
+            await response.prepare(request)
+            while chunk := await up.content.readany():
+                await response.write(chunk)
+            await response.write_eof()
+            return response
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", relay)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    print(f"floor proxy on {port} ({loop_name})", flush=True)
+    await asyncio.Event().wait()
+
+
+@contextlib.contextmanager
+def floor_proxy(backend: str, loop: str) -> Iterator[tuple[int, psutil.Process]]:
+    port = free_port()
+    argv = [sys.executable, __file__, "--serve-floor", str(port), backend, "--loop", loop]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+                break
+            time.sleep(0.02)
+        yield port, psutil.Process(proc.pid)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def nginx_pid(tmp: Path) -> int:
     return int((tmp / "nginx" / "nginx.pid").read_text().strip())
 
@@ -427,47 +494,69 @@ def report(results: dict[str, Figures], nginx_note: str) -> None:
         print(f"\n  {nginx_note}")
 
 
+async def start_controller(
+    stack: contextlib.ExitStack, tmp: Path, code: Path, loop: str
+) -> tuple[str, str, psutil.Process]:
+    """A ``slotctl up`` in ``tmp``: (its base URL, its slot's endpoint, its process)."""
+    tmp.mkdir()
+    proc = stack.enter_context(controller(tmp, code, loop))
+    base = await controller_address(tmp, proc)
+    async with aiohttp.ClientSession() as probe:
+        endpoint = await slot_endpoint(probe, base)
+    return base, endpoint, psutil.Process(proc.pid)
+
+
 async def main_async(args: argparse.Namespace) -> None:
     print(
         f"bench/router.py: {os.cpu_count()} cores, {platform.machine()}, "
         f"Python {platform.python_version()}, aiohttp {aiohttp.__version__}, "
         f"controller code {args.code}, SLOTCTL_EVENT_LOOP={args.loop}"
     )
+    auth = {"Authorization": f"Bearer {TOKEN}"}
     with tempfile.TemporaryDirectory(prefix="slotctl-bench-router-") as name:
         tmp = Path(name)
-        with controller(tmp, args.code, args.loop) as proc:
-            base = await controller_address(tmp, proc)
-            async with aiohttp.ClientSession() as probe:
-                endpoint = await slot_endpoint(probe, base)
+        with contextlib.ExitStack() as stack:
+            base, endpoint, router = await start_controller(
+                stack, tmp / "main", args.code, args.loop
+            )
+            targets = [Target("direct", endpoint, {}), Target("slotctl", base, auth, (router,))]
+            # Side by side in the same run: the same router on asyncio's own loop, and
+            # another checkout's router (each with its own, identical demo server).
+            if args.with_asyncio:
+                other, _, proc = await start_controller(
+                    stack, tmp / "asyncio", args.code, "asyncio"
+                )
+                targets.append(Target("asyncio", other, auth, (proc,)))
+            if args.baseline is not None:
+                other, _, proc = await start_controller(
+                    stack, tmp / "baseline", args.baseline, args.baseline_loop
+                )
+                targets.append(Target("baseline", other, auth, (proc,)))
+            if args.with_floor:
+                port, proc = stack.enter_context(floor_proxy(endpoint, args.loop))
+                targets.append(Target("floor", f"http://127.0.0.1:{port}", {}, (proc,)))
             backend_port = int(endpoint.rsplit(":", 1)[1])
-            router = psutil.Process(proc.pid)
-            targets = [
-                Target("direct", endpoint, {}),
-                Target("slotctl", base, {"Authorization": f"Bearer {TOKEN}"}, (router,)),
-            ]
-            with nginx(tmp, backend_port) as nginx_port:
-                note = ""
-                if nginx_port is None:
-                    note = "nginx not installed: no reference column (apt-get install nginx-light)"
-                else:
-                    master = psutil.Process(nginx_pid(tmp))
-                    workers = tuple(master.children())
-                    url = f"http://127.0.0.1:{nginx_port}"
-                    targets.append(Target("nginx", url, {}, (master, *workers)))
-                    version = subprocess.run(
-                        [nginx_binary() or "nginx", "-v"],
-                        capture_output=True,
-                        text=True,
-                        check=False,
-                    ).stderr.strip()
-                    print(f"reference: {version}, 1 worker, upstream keepalive")
-                started = time.perf_counter()
-                results = await measure(targets, args.scale)
-                elapsed = time.perf_counter() - started
-            loop = (tmp / "controller.log").read_text(errors="replace")
+            nginx_port = stack.enter_context(nginx(tmp, backend_port))
+            note = ""
+            if nginx_port is None:
+                note = "nginx not installed: no reference column (apt-get install nginx-light)"
+            else:
+                master = psutil.Process(nginx_pid(tmp))
+                workers = tuple(master.children())
+                url = f"http://127.0.0.1:{nginx_port}"
+                targets.append(Target("nginx", url, {}, (master, *workers)))
+                version = subprocess.run(
+                    [nginx_binary() or "nginx", "-v"], capture_output=True, text=True, check=False
+                ).stderr.strip()
+                print(f"reference: {version}, 1 worker, upstream keepalive")
+            if args.baseline is not None:
+                print(f"baseline: the controller from {args.baseline}, loop {args.baseline_loop}")
+            started = time.perf_counter()
+            results = await measure(targets, args.scale)
+            elapsed = time.perf_counter() - started
+            loops = {t.name: event_loop(t.processes[0]) for t in targets[1:] if t.name != "nginx"}
         report(results, note)
-        used = [line for line in loop.splitlines() if "event loop" in line][:1]
-        print(f"\n  measured in {elapsed:.1f} s; controller: {used[0].strip() if used else '?'}")
+        print(f"\n  measured in {elapsed:.1f} s; event loops: {loops}")
 
 
 def main() -> None:
@@ -482,7 +571,33 @@ def main() -> None:
     parser.add_argument(
         "--code", type=Path, default=ROOT, help="run the controller from this checkout"
     )
-    asyncio.run(main_async(parser.parse_args()))
+    parser.add_argument(
+        "--with-asyncio",
+        action="store_true",
+        help="add a column: the same controller on asyncio's own loop (SLOTCTL_EVENT_LOOP)",
+    )
+    parser.add_argument(
+        "--baseline", type=Path, help="add a column: the controller of another checkout"
+    )
+    parser.add_argument("--baseline-loop", default="auto", help="its SLOTCTL_EVENT_LOOP")
+    parser.add_argument(
+        "--with-floor",
+        action="store_true",
+        help="add a column: a bare aiohttp relay (server + client, nothing else)",
+    )
+    parser.add_argument(
+        "--serve-floor", nargs=2, metavar=("PORT", "BACKEND"), help=argparse.SUPPRESS
+    )
+    args = parser.parse_args()
+    if args.serve_floor:
+        port, backend = args.serve_floor
+        sys.path.insert(0, str(ROOT))
+        from controller import eventloop
+
+        with contextlib.suppress(KeyboardInterrupt):
+            eventloop.run(serve_floor(int(port), backend, args.loop), args.loop)
+        return
+    asyncio.run(main_async(args))
 
 
 if __name__ == "__main__":

@@ -112,6 +112,8 @@ class Controller:
         if self.opts.quiet:
             return  # already a structured log line (controller.events)
         if event.kind == "transition":
+            if event.op == "lease":
+                return  # ready <-> serving, twice a request: the event stream has them
             arrow = f"{event.from_state} -> {event.to_state}"
             tail = f"  {event.message}" if event.message else ""
             self.say(f"slot   {event.slot or '-':<16} {arrow:<22}{tail}")
