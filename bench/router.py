@@ -542,6 +542,9 @@ async def main_async(args: argparse.Namespace) -> None:
                 note = "nginx not installed: no reference column (apt-get install nginx-light)"
             else:
                 master = psutil.Process(nginx_pid(tmp))
+                deadline = time.monotonic() + 5
+                while not master.children() and time.monotonic() < deadline:
+                    time.sleep(0.02)  # the worker forks after the port opens
                 workers = tuple(master.children())
                 url = f"http://127.0.0.1:{nginx_port}"
                 targets.append(Target("nginx", url, {}, (master, *workers)))
