@@ -5,7 +5,8 @@ lease: a cold slot is loaded first and concurrent cold requests join that one lo
 most ``max_queue`` wait); a waiter that gives up never cancels the load for the others,
 and when the last one gives up the slot is unloaded once the load settles, unless
 something else wants it. Leases hold the slot in ``serving`` and block unload and
-eviction; a *hold* is a lease that expires by itself.
+eviction; a *hold* is a lease that expires by itself. The ``ready``↔``serving`` flips of
+a request are coalesced and written off the event loop (:mod:`.table`, SPEC §3).
 """
 
 from __future__ import annotations

@@ -40,6 +40,7 @@ log = logging.getLogger("slotctl.manager")
 S = SlotState
 _HISTORY: Final = 10_000  # transitions kept for tests and the dashboard
 LAG_WRITE_S: Final = 0.05  # lease flips within this window reach state.json as one write
+_LEASE_FLIP: Final = frozenset({S.READY, S.SERVING})
 
 
 class SlotTable:
@@ -203,6 +204,7 @@ class SlotTable:
         """
         current = slot.state
         check_transition(current, to)
+        durable = durable or {current, to} != _LEASE_FLIP  # only these may lag (SPEC §3)
         idle = idle_reason if to is S.IDLE else None
         since = utcnow()
         if durable:

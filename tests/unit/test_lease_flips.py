@@ -208,3 +208,14 @@ async def test_a_refused_lag_write_is_reported_once_and_retried(
     full.clear()
     m.core.table.flush_unpersisted()
     assert on_disk(m, "a") is S.READY and not m.core.table.unpersisted
+
+
+async def test_only_the_lease_flip_may_lag(tmp_path: Path) -> None:
+    """The one writer refuses to let any other transition lag, whatever its caller asks."""
+    _h, m = await loaded(tmp_path, "a")
+    table = m.core.table
+    slot = table.get("a")
+    table.set(slot, S.UNLOADING, op=Op.UNLOAD, durable=False)
+    assert on_disk(m, "a") is S.UNLOADING and "a" not in table.unpersisted
+    table.set(slot, S.OFFLINE, op=Op.UNLOAD, durable=False)
+    assert on_disk(m, "a") is S.OFFLINE
