@@ -22,13 +22,16 @@ timing. nginx is skipped (with a note) when not installed (Debian: ``apt-get ins
 nginx-light``).
 
     python bench/router.py [--scale 1.0] [--loop auto|asyncio|uvloop] [--code DIR]
-                           [--with-asyncio] [--with-floor] [--baseline DIR [--baseline-loop L]]
+                           [--with-asyncio] [--with-floor] [--with-lean]
+                           [--baseline DIR [--baseline-loop L]]
 
 ``--loop`` sets ``SLOTCTL_EVENT_LOOP`` for the controller (auto: uvloop when installed);
 ``--code DIR`` runs it from another checkout. Extra columns, measured in the same run:
 ``--with-asyncio`` the same controller on asyncio's loop, ``--with-floor`` a bare aiohttp
 relay (server and keep-alive client, nothing else: the floor of an aiohttp-based router
-on the same loop), ``--baseline DIR`` another
+on the same loop), ``--with-lean`` a lean relay (asyncio protocols on both sides, bytes
+passed verbatim, no HTTP library: what a leaner Python data plane could cost),
+``--baseline DIR`` another
 checkout's controller (``git archive main | tar -x -C DIR`` for a before/after).
 """
 
@@ -286,10 +289,122 @@ async def serve_floor(port: int, backend: str, loop_name: str) -> None:
     await asyncio.Event().wait()
 
 
+class _LeanUpstream(asyncio.Protocol):
+    """One kept-alive connection to the backend: forwards every byte to the client as it
+    arrives and only tracks the framing (Content-Length or chunked) to see the end."""
+
+    def __init__(self, pool: list[_LeanUpstream]) -> None:
+        self.pool = pool
+        self.transport: asyncio.Transport | None = None
+        self.client: _LeanClient | None = None
+        self.head = b""
+        self.remaining = -1  # body bytes still to come; -2: chunked, watch the tail
+        self.tail = b""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's is no subclass
+
+    def send(self, client: _LeanClient, request: bytes) -> None:
+        self.client, self.head, self.remaining, self.tail = client, b"", -1, b""
+        assert self.transport is not None
+        self.transport.write(request)
+
+    def data_received(self, data: bytes) -> None:
+        client = self.client
+        assert client is not None and client.transport is not None
+        client.transport.write(data)
+        if self.remaining == -1:
+            self.head += data
+            end = self.head.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            head, body = self.head[:end].lower(), self.head[end + 4 :]
+            length = head.find(b"content-length:")
+            if length >= 0:
+                line = head[length + 15 :].split(b"\r\n", 1)[0]
+                self.remaining = int(line) - len(body)
+            else:
+                self.remaining, self.tail = -2, body[-5:]
+        elif self.remaining >= 0:
+            self.remaining -= len(data)
+        else:
+            self.tail = (self.tail + data)[-5:]
+        if self.remaining == 0 or (self.remaining == -2 and self.tail == b"0\r\n\r\n"):
+            self.client = None
+            self.pool.append(self)
+            client.done()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self in self.pool:
+            self.pool.remove(self)
+
+
+class _LeanClient(asyncio.Protocol):
+    """One client connection of the lean relay: a request head and its Content-Length body
+    (no chunked uploads, no pipelining), then the backend's answer verbatim."""
+
+    def __init__(self, backend: tuple[str, int], pool: list[_LeanUpstream]) -> None:
+        self.backend, self.pool = backend, pool
+        self.transport: asyncio.Transport | None = None
+        self.buffer = b""
+        self.busy = False
+        self.connecting: asyncio.Task[None] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's is no subclass
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        self._next()
+
+    def _next(self) -> None:
+        if self.busy:
+            return
+        end = self.buffer.find(b"\r\n\r\n")
+        if end < 0:
+            return
+        head = self.buffer[:end].lower()
+        at = head.find(b"content-length:")
+        size = int(head[at + 15 :].split(b"\r\n", 1)[0]) if at >= 0 else 0
+        if len(self.buffer) < end + 4 + size:
+            return
+        request, self.buffer = self.buffer[: end + 4 + size], self.buffer[end + 4 + size :]
+        self.busy = True
+        if self.pool:
+            self.pool.pop().send(self, request)
+        else:
+            self.connecting = asyncio.ensure_future(self._connect(request))
+
+    async def _connect(self, request: bytes) -> None:
+        loop = asyncio.get_running_loop()
+        _, upstream = await loop.create_connection(lambda: _LeanUpstream(self.pool), *self.backend)
+        upstream.send(self, request)
+
+    def done(self) -> None:
+        self.busy = False
+        self._next()
+
+
+async def serve_lean(port: int, backend: str, loop_name: str) -> None:
+    """A lean relay: asyncio protocols on both sides, no HTTP library, bytes passed
+    verbatim, keep-alive upstream pool — what a leaner Python data plane could cost."""
+    host, _, backend_port = backend.removeprefix("http://").partition(":")
+    pool: list[_LeanUpstream] = []
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(
+        lambda: _LeanClient((host, int(backend_port)), pool), "127.0.0.1", port
+    )
+    print(f"lean proxy on {port} ({loop_name})", flush=True)
+    async with server:
+        await server.serve_forever()
+
+
 @contextlib.contextmanager
-def floor_proxy(backend: str, loop: str) -> Iterator[tuple[int, psutil.Process]]:
+def floor_proxy(
+    backend: str, loop: str, kind: str = "floor"
+) -> Iterator[tuple[int, psutil.Process]]:
     port = free_port()
-    argv = [sys.executable, __file__, "--serve-floor", str(port), backend, "--loop", loop]
+    argv = [sys.executable, __file__, f"--serve-{kind}", str(port), backend, "--loop", loop]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 10
@@ -535,6 +650,9 @@ async def main_async(args: argparse.Namespace) -> None:
             if args.with_floor:
                 port, proc = stack.enter_context(floor_proxy(endpoint, args.loop))
                 targets.append(Target("floor", f"http://127.0.0.1:{port}", {}, (proc,)))
+            if args.with_lean:
+                port, proc = stack.enter_context(floor_proxy(endpoint, args.loop, "lean"))
+                targets.append(Target("lean", f"http://127.0.0.1:{port}", {}, (proc,)))
             backend_port = int(endpoint.rsplit(":", 1)[1])
             nginx_port = stack.enter_context(nginx(tmp, backend_port))
             note = ""
@@ -589,16 +707,23 @@ def main() -> None:
         help="add a column: a bare aiohttp relay (server + client, nothing else)",
     )
     parser.add_argument(
-        "--serve-floor", nargs=2, metavar=("PORT", "BACKEND"), help=argparse.SUPPRESS
+        "--with-lean",
+        action="store_true",
+        help="add a column: a lean relay (asyncio protocols, no HTTP library)",
     )
+    for kind in ("floor", "lean"):  # the relay processes themselves
+        parser.add_argument(
+            f"--serve-{kind}", nargs=2, metavar=("PORT", "BACKEND"), help=argparse.SUPPRESS
+        )
     args = parser.parse_args()
-    if args.serve_floor:
-        port, backend = args.serve_floor
+    if args.serve_floor or args.serve_lean:
+        port, backend = args.serve_floor or args.serve_lean
+        serve = serve_floor if args.serve_floor else serve_lean
         sys.path.insert(0, str(ROOT))
         from controller import eventloop
 
         with contextlib.suppress(KeyboardInterrupt):
-            eventloop.run(serve_floor(int(port), backend, args.loop), args.loop)
+            eventloop.run(serve(int(port), backend, args.loop), args.loop)
         return
     asyncio.run(main_async(args))
 
