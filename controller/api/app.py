@@ -20,12 +20,13 @@ import math
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, Generic, Protocol, TypeVar, cast, final
+from typing import Any, Final
 
 from aiohttp import web
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from controller import __version__
+from controller.api.ctxstore import REQUEST_RECORDER, CtxKey, CtxStore, RequestRecorder
 from controller.errors import InvalidRequest, SlotctlError, Unauthorized
 from controller.events import EventBus, EventKind, Op
 from controller.reconcile import Reconciler
@@ -56,63 +57,6 @@ __all__ = [
 log = logging.getLogger("slotctl.api")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-T = TypeVar("T")
-
-
-@final
-class CtxKey(Generic[T]):
-    """A typed key of :class:`CtxStore` (as aiohttp's ``web.AppKey`` is for an app): the
-    route module that owns a value declares its key, and every reader gets its type."""
-
-    __slots__ = ("name", "type")
-
-    def __init__(self, name: str, tp: type[T] | None = None) -> None:
-        self.name = name
-        self.type = tp  # checked on set() when given (a Protocol's key goes without)
-
-    def __repr__(self) -> str:
-        return f"<CtxKey {self.name}: {getattr(self.type, '__name__', '?')}>"
-
-
-class CtxStore:
-    """The route modules' own objects on the shared context, by typed key (the router's
-    upstream session, the metrics, the dashboard's login codes, the SSE keepalive)."""
-
-    __slots__ = ("_values",)
-
-    def __init__(self) -> None:
-        self._values: dict[object, object] = {}
-
-    def get(self, key: CtxKey[T]) -> T | None:
-        return cast("T | None", self._values.get(key))
-
-    def set(self, key: CtxKey[T], value: T) -> None:
-        if key.type is not None and not isinstance(value, key.type):
-            raise TypeError(f"{key!r} takes a {key.type.__name__}, not {type(value).__name__}")
-        self._values[key] = value
-
-    def pop(self, key: CtxKey[T]) -> T | None:
-        return cast("T | None", self._values.pop(key, None))
-
-    def setdefault(self, key: CtxKey[T], factory: Callable[[], T]) -> T:
-        """The value under ``key``, made by ``factory`` (and kept) the first time."""
-        found = self.get(key)
-        if found is None:
-            found = factory()
-            self.set(key, found)
-        return found
-
-
-class RequestRecorder(Protocol):
-    """What the router reports each routed request to (the metrics implement it)."""
-
-    def request_done(self, slot: str, model: str, status: int | str, seconds: float) -> None: ...
-
-
-# The kernel declares the keys two route modules share (the router writes, metrics reads);
-# a key only one module uses lives in that module.
-REQUEST_RECORDER: Final = CtxKey[RequestRecorder]("request_recorder")
 
 
 @dataclass(slots=True)
