@@ -243,8 +243,10 @@ class EventBus:
 
 
 def _log(event: Event) -> None:
-    extra = {name: getattr(event, name) for name in _LOG_FIELDS}
     level = logging.WARNING if event.error else logging.INFO
+    if not log.isEnabledFor(level):
+        return  # e.g. the lease flips of every request, with text logs (warnings only)
+    extra = {name: getattr(event, name) for name in _LOG_FIELDS}
     arrow = f" {event.from_state} -> {event.to_state}" if event.to_state else ""
     text = f"{event.op} slot={event.slot} model={event.model}{arrow}"
     if event.error:

@@ -26,6 +26,7 @@ from aiohttp import web
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from controller import __version__
+from controller.api.ctxstore import REQUEST_RECORDER, CtxKey, CtxStore, RequestRecorder
 from controller.errors import InvalidRequest, SlotctlError, Unauthorized
 from controller.events import EventBus, EventKind, Op
 from controller.reconcile import Reconciler
@@ -35,9 +36,13 @@ from controller.tasks import TaskSet
 __all__ = [
     "API_CTX",
     "PROBE_PATHS",
+    "REQUEST_RECORDER",
     "ApiContext",
+    "CtxKey",
+    "CtxStore",
     "ErrorBody",
     "Query",
+    "RequestRecorder",
     "RouteSpec",
     "RouteTable",
     "build_app",
@@ -68,8 +73,8 @@ class ApiContext:
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     tasks: TaskSet = field(default_factory=lambda: TaskSet(log))  # loads/unloads answered 202
     apply_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one stack apply at a time
-    # Module-private objects of the route modules (the router's session, the metrics).
-    extra: dict[str, Any] = field(default_factory=dict)
+    # The route modules' own objects, by typed key (see CtxStore).
+    store: CtxStore = field(default_factory=CtxStore)
     # GitOps mode: the stack dir and the stacks it declares (the daemon's live set).
     stack_dir: Path | None = None
     gitops_stacks: set[str] = field(default_factory=set)

@@ -15,7 +15,8 @@ and for :data:`LOGIN_CODE_TTL_S` only. The page then drops the fragment from the
 address bar and its history entry.
 
 :func:`setup` is the hook ``build_app`` calls for the live parts: the app's metrics object
-(``ctx.extra["metrics"]``) and the shutdown signal that ends open event streams.
+(:data:`~controller.api.metrics.METRICS` in ``ctx.store``) and the shutdown signal that
+ends open event streams.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
 from controller.api import metrics, sse
-from controller.api.app import API_CTX, ApiContext, RouteTable, json_response, read_body
+from controller.api.app import API_CTX, ApiContext, CtxKey, RouteTable, json_response, read_body
 from controller.errors import Unauthorized
 
 __all__ = [
@@ -49,7 +50,13 @@ routes = RouteTable()  # this module's routes (collected by controller.api.assem
 route = routes.route
 
 LOGIN_CODE_TTL_S: Final = 15 * 60.0
-_LOGIN_CODES: Final = "login_codes"  # ctx.extra: code -> monotonic expiry
+
+
+class LoginCodes(dict[str, float]):
+    """The one-time login codes minted and not yet used: code -> monotonic expiry."""
+
+
+_LOGIN_CODES: Final = CtxKey("login_codes", LoginCodes)
 
 STATIC_DIR: Final = Path(__file__).resolve().parent / "static"
 
@@ -151,7 +158,7 @@ async def list_devices(request: web.Request) -> web.Response:
 
 def mint_login_code(ctx: ApiContext) -> str:
     """A fresh one-time login code (valid :data:`LOGIN_CODE_TTL_S`); expired ones go."""
-    codes: dict[str, float] = ctx.extra.setdefault(_LOGIN_CODES, {})
+    codes = ctx.store.setdefault(_LOGIN_CODES, LoginCodes)
     now = time.monotonic()
     for old in [c for c, expiry in codes.items() if expiry <= now]:
         del codes[old]
@@ -193,7 +200,7 @@ class LoginCode(BaseModel):
 async def login(request: web.Request) -> web.Response:
     ctx = request.app[API_CTX]
     body: LoginBody = await read_body(request, LoginBody)
-    codes: dict[str, float] = ctx.extra.setdefault(_LOGIN_CODES, {})
+    codes = ctx.store.setdefault(_LOGIN_CODES, LoginCodes)
     now = time.monotonic()
     for code, expiry in list(codes.items()):
         if hmac.compare_digest(code.encode(), body.code.encode()):

@@ -32,13 +32,13 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
 from controller import __version__
-from controller.api.app import API_CTX, ApiContext, RouteTable
+from controller.api.app import API_CTX, REQUEST_RECORDER, ApiContext, CtxKey, RouteTable
 from controller.events import Event, EventKind
 from controller.lifecycle import SlotState
 from controller.memory import GIB
 
 __all__ = [
-    "METRICS_KEY",
+    "METRICS",
     "DeviceFigures",
     "Metrics",
     "device_figures",
@@ -51,7 +51,6 @@ log = logging.getLogger("slotctl.api.metrics")
 routes = RouteTable()  # this module's routes (collected by controller.api.assembly)
 route = routes.route
 
-METRICS_KEY: Final = "metrics"  # ctx.extra[METRICS_KEY] is the app's Metrics
 
 _STATES: Final = tuple(s.value for s in SlotState)
 _LOAD_START: Final = frozenset({SlotState.PULLING.value, SlotState.STARTING.value})
@@ -347,11 +346,15 @@ class Metrics:
         return encoder(self.registry), content_type
 
 
+METRICS: Final = CtxKey("metrics", Metrics)  # the context's one Metrics
+
+
 def metrics_of(ctx: ApiContext) -> Metrics:
-    metrics = ctx.extra.get(METRICS_KEY)
-    if not isinstance(metrics, Metrics):
+    metrics = ctx.store.get(METRICS)
+    if metrics is None:
         metrics = Metrics(ctx)
-        ctx.extra[METRICS_KEY] = metrics
+        ctx.store.set(METRICS, metrics)
+        ctx.store.set(REQUEST_RECORDER, metrics)  # the router reports its requests here
         ctx.events.add_listener(metrics.on_event)
         observers = getattr(ctx.reconciler, "pass_observers", None)
         if isinstance(observers, list):
@@ -360,7 +363,7 @@ def metrics_of(ctx: ApiContext) -> Metrics:
 
 
 def setup(app: web.Application, ctx: ApiContext) -> None:
-    """Called by ``build_app``: the metrics object into ``ctx.extra["metrics"]`` (once per
+    """Called by ``build_app``: the metrics object into ``ctx.store`` (:data:`METRICS`; once per
     context: a second app on the same context shares it)."""
     metrics_of(ctx)
 

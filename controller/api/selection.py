@@ -26,21 +26,12 @@ def ranked(manager: RouterPort, views: Iterable[SlotView]) -> list[SlotView]:
     return [by_name[c.name] for c in order]
 
 
-def serving(manager: RouterPort, model: str) -> list[SlotView]:
-    """The activated slots serving ``model``, best first.
+def serving(manager: RouterPort, model: str) -> list[str]:
+    """The names of the activated slots serving ``model``, best first.
 
     ``model`` names, in this order of precedence: a catalogue model (the slots bound to
     it), a slot by its name (a self-managed speech server has no catalogue model), or a
-    self-managed provider (its model-less slots).
+    self-managed provider (its model-less slots). Built without a view per slot: the
+    router asks this once per request.
     """
-    active = [
-        (view, spec)
-        for view in manager.views()
-        if (spec := manager.known(view.name)) is not None and spec.activated
-    ]
-    views = [v for v, _ in active if v.model_id == model]
-    if not views:
-        views = [v for v, _ in active if v.name == model]
-    if not views:
-        views = [v for v, spec in active if not v.model_id and spec.provider == model]
-    return ranked(manager, views)
+    return [c.name for c in rank_candidates(manager.routable(model))]

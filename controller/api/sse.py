@@ -28,17 +28,17 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from controller.api.app import API_CTX, ApiContext, Query, RouteTable
+from controller.api.app import API_CTX, ApiContext, CtxKey, Query, RouteTable
 from controller.errors import InvalidRequest
 from controller.events import Event, EventBus, Subscription
 
-__all__ = ["KEEPALIVE_KEY", "format_event", "setup"]
+__all__ = ["KEEPALIVE", "format_event", "setup"]
 
 routes = RouteTable()  # this module's routes (collected by controller.api.assembly)
 route = routes.route
 
 KEEPALIVE_S: Final = 15.0
-KEEPALIVE_KEY: Final = "sse_keepalive_s"  # ctx.extra override (tests)
+KEEPALIVE: Final = CtxKey("sse_keepalive_s", float)  # an override of KEEPALIVE_S (tests)
 _POLL_S: Final = 1.0  # how often an idle stream checks that its client is still there
 _RETRY_MS: Final = 2000
 
@@ -144,7 +144,7 @@ async def event_stream(request: web.Request) -> web.StreamResponse:
     ctx: ApiContext = request.app[API_CTX]
     bus = ctx.events
     last = _last_event_id(request)
-    keepalive = float(ctx.extra.get(KEEPALIVE_KEY, KEEPALIVE_S))
+    keepalive = ctx.store.get(KEEPALIVE) or KEEPALIVE_S
     closing = request.app.get(_CLOSING) or asyncio.Event()
     response = web.StreamResponse(
         status=200,

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import psutil
 
+from controller import eventloop
 from controller.cli.client import ApiClient, find_controller, quote_segment
 from controller.daemon import Controller, DaemonOptions, stop_everything
 from controller.errors import SlotctlError
@@ -48,7 +49,8 @@ def cmd_up(args: argparse.Namespace) -> ExitCode:
     if args.stack_dir is not None and not args.stack_dir.is_dir():
         print(f"slotctl: {args.stack_dir} is not a directory", file=sys.stderr)
         return ExitCode.ERROR
-    return asyncio.run(Controller(opts).run())
+    # uvloop when installed (SLOTCTL_EVENT_LOOP)
+    return ExitCode(eventloop.run(Controller(opts).run()))
 
 
 def _wait_exited(pid: int, timeout: float) -> bool:

@@ -32,7 +32,7 @@ from controller.daemon.gitops import GitOps
 from controller.daemon.supervise import Supervisor
 from controller.daemon.watch import DirWatcher
 from controller.errors import SlotConfigError
-from controller.events import PROGRESS_KINDS, Event, Subscription, event_line
+from controller.events import PROGRESS_KINDS, Event, EventKind, Op, Subscription, event_line
 from controller.exitcode import ExitCode
 from controller.reconcile import Action, Reconciler
 from controller.root import Root, controller_record, open_root
@@ -98,6 +98,8 @@ class Controller:
     def _print_event(self, event: Event) -> None:
         if self.opts.quiet:
             return  # already a structured log line (controller.events)
+        if event.kind == EventKind.TRANSITION and event.op == Op.LEASE:
+            return  # ready <-> serving, twice a request: the event stream has them
         if event.kind in PROGRESS_KINDS:
             self._write(event_line(event))
 

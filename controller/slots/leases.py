@@ -5,7 +5,8 @@ lease: a cold slot is loaded first and concurrent cold requests join that one lo
 most ``max_queue`` wait); a waiter that gives up never cancels the load for the others,
 and when the last one gives up the slot is unloaded once the load settles, unless
 something else wants it. Leases hold the slot in ``serving`` and block unload and
-eviction; a *hold* is a lease that expires by itself.
+eviction; a *hold* is a lease that expires by itself. The ``ready``↔``serving`` flips of
+a request are coalesced and written off the event loop (:mod:`.table`, SPEC §3).
 """
 
 from __future__ import annotations
@@ -73,13 +74,17 @@ class Leases(Part):
         slot.waiters -= 1
 
     def _take(self, slot: SlotRecord, expires_at: float | None = None) -> Lease:
+        if slot.state in (S.READY, S.IDLE):
+            # ready -> serving is a coalesced flip (SPEC §3: written off the loop, a moment
+            # later); idle -> serving is durable like every other transition (a refused
+            # write refuses the request, typed, and takes no lease).
+            durable = slot.state is S.IDLE
+            message = "request in flight"
+            self.table.set(slot, S.SERVING, op=Op.LEASE, message=message, durable=durable)
         lease = Lease(slot.name, slot.generation, expires_at)
         slot.leases[lease.id] = lease
         slot.last_used = self.clock.monotonic()
         slot.access += 1
-        if slot.state in (S.READY, S.IDLE):
-            message = "request in flight"
-            self.table.set(slot, S.SERVING, op=Op.LEASE, message=message, durable=False)
         return lease
 
     def release(self, lease: Lease) -> None:

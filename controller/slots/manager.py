@@ -23,6 +23,7 @@ from controller.decision import LoadDecision
 from controller.errors import ModelNotFound, SlotctlError, SlotNotReady, StateWriteFailed
 from controller.events import EventBus, EventKind, EvictionReason, Op
 from controller.eviction import Victim
+from controller.lifecycle import Candidate
 from controller.memory import MemoryProbe, SystemMemoryProbe
 from controller.probe import HttpProber, Prober
 from controller.runtime.base import RunStatus, Runtime
@@ -191,8 +192,7 @@ class SlotManager(Part):
         record = table.records[name]
         if record.load_task is not None and not record.load_task.done():
             record.load_task.cancel()  # a cold request queued behind the unload: not ours
-        del table.records[name]
-        self.store.delete(name)
+        table.forget(name)  # the record and its state file (no lag write resurrects it)
         self.core.wishes.clear_resident(name)
         self.core.wishes.resume(name)
 
@@ -222,6 +222,15 @@ class SlotManager(Part):
     def views(self) -> list[SlotView]:
         table = self.core.table
         return [table.view(slot) for slot in table]
+
+    def endpoint(self, name: str) -> str | None:
+        """The URL the slot's server answers on (None while it has none)."""
+        launch = self.core.table.get(name).launch
+        return launch.endpoint if launch else None
+
+    def routable(self, model: str) -> list[Candidate]:
+        """The activated slots a request for ``model`` may use, unranked (no view built)."""
+        return self.core.table.routable(model)
 
     def names(self) -> list[str]:
         return self.core.table.names()
@@ -362,6 +371,7 @@ class SlotManager(Part):
 
     async def close(self) -> None:
         await self.core.tasks.cancel()
+        await self.core.table.close()  # lease flips still lagging reach state.json
         await self.prober.close()
 
     def revoke_leases(self, reason: str) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from controller.events import EventBus, Op
+from controller.lifecycle import Candidate
 from controller.memory import MemoryProbe
 from controller.runtime.base import Runtime
 from controller.slots.records import Lease, SlotView
@@ -29,9 +30,13 @@ class RouterPort(Protocol):
 
     def view(self, name: str) -> SlotView: ...
 
+    def routable(self, model: str) -> list[Candidate]: ...
+
     def known(self, name: str) -> SlotSpec | None: ...
 
     def last_used(self, name: str) -> float: ...
+
+    def endpoint(self, name: str) -> str | None: ...
 
     async def acquire(self, name: str) -> Lease: ...
 

@@ -4,11 +4,21 @@ The bottom of the manager's parts (above the plain records, the wishes and the l
 :meth:`SlotTable.set` is **the one place slot state changes**: it checks the transition
 against the legal table, persists ``state.json`` atomically, emits the event and logs the
 line. Every other part reads the table and asks it to write.
+
+One exception to "disk first" (SPEC §3): the ``ready``↔``serving`` flips of leases carry no
+recovery value (a restarted controller has no leases; a ``serving`` record recovers as
+``ready``), so they commit in memory at once and a *lag writer* writes the slot's latest
+state a moment later in a worker thread, coalescing the flips in between. A request never
+waits on a disk write. Every write intent takes a sequence number and the writes of one
+table are serialised by one lock, so a late lag write never overwrites a newer durable one.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import threading
 from collections import deque
 from collections.abc import Iterator
 from typing import Final
@@ -17,7 +27,7 @@ from controller.clock import Clock
 from controller.errors import SlotctlError, SlotNotFound, StateWriteFailed
 from controller.events import EventBus, EventKind, Op
 from controller.eviction import EvictionCandidate
-from controller.lifecycle import LEGAL_TRANSITIONS, SlotState, check_transition
+from controller.lifecycle import LEGAL_TRANSITIONS, Candidate, SlotState, check_transition
 from controller.slots.records import ADMITTED_STATES, LOADING_STATES, SlotRecord, SlotView
 from controller.slots.wishes import Wishes
 from controller.spec.schema import ModelSpec
@@ -29,6 +39,8 @@ log = logging.getLogger("slotctl.manager")
 
 S = SlotState
 _HISTORY: Final = 10_000  # transitions kept for tests and the dashboard
+LAG_WRITE_S: Final = 0.05  # lease flips within this window reach state.json as one write
+_LEASE_FLIP: Final = frozenset({S.READY, S.SERVING})
 
 
 class SlotTable:
@@ -43,7 +55,13 @@ class SlotTable:
         # membership once per slot and pass, so a list made a resync pass O(n²).
         self.order: dict[str, None] = {}
         self.transitions: deque[tuple[str, str, str]] = deque(maxlen=_HISTORY)
-        self.unpersisted: set[str] = set()  # lease transitions the disk refused (full)
+        # Slots whose state.json lags memory: lease flips not written yet (the lag writer
+        # has them) or refused by the disk (housekeeping retries: flush_unpersisted).
+        self.unpersisted: set[str] = set()
+        self._refused: set[str] = set()  # of those, the ones the disk refused
+        self._seq: dict[str, int] = {}  # write intents per slot; a stale write is skipped
+        self._write_lock = threading.Lock()  # one state.json write at a time (loop + writer)
+        self._writer: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------ lookup
 
@@ -91,6 +109,23 @@ class SlotTable:
             holds=sum(1 for lease in slot.leases.values() if lease.expires_at is not None),
             node=slot.node,
         )
+
+    def routable(self, model: str) -> list[Candidate]:
+        """The activated slots serving ``model``, as the ranking sees them (no view built).
+
+        ``model`` names, in this order of precedence: a catalogue model (the slots bound
+        to it), a slot by its name (a self-managed speech server has no catalogue model),
+        or a self-managed provider (its model-less slots).
+        """
+        active = [s for s in self.records.values() if s.spec.activated]
+        found = [s for s in active if s.model_id == model]
+        if not found:
+            found = [s for s in active if s.name == model]
+        if not found:
+            found = [s for s in active if not s.model_id and s.spec.provider == model]
+        return [
+            Candidate(s.name, s.state, s.spec.priority, s.last_used, s.idle_reason) for s in found
+        ]
 
     # ------------------------------------------------------------------ memory
 
@@ -163,35 +198,27 @@ class SlotTable:
 
         Persist-then-commit: ``state.json`` is written first and only then does the slot
         change in memory, so memory never runs ahead of disk. A failed write raises
-        :class:`StateWriteFailed` and changes nothing — except a non-``durable`` lease
-        transition (ready <-> serving), which must not fail a request that a ready server
-        can answer: it commits, and :meth:`flush_unpersisted` writes it once the disk can.
+        :class:`StateWriteFailed` and changes nothing. The exception is a non-``durable``
+        lease flip (``ready``↔``serving``, SPEC §3): it commits at once and the lag writer
+        persists it off the event loop (coalesced); a refused lag write never fails a
+        request, and :meth:`flush_unpersisted` writes it once the disk can.
         """
         current = slot.state
         check_transition(current, to)
+        durable = durable or {current, to} != _LEASE_FLIP  # only these may lag (SPEC §3)
         idle = idle_reason if to is S.IDLE else None
         since = utcnow()
-        record = self._record(slot, to, idle, message, since, waiting=None)
-        try:
-            self.store.write(record, durable=durable)
-        except StateWriteFailed as exc:
-            if durable or slot.name not in self.unpersisted:
-                self.events.emit(
-                    EventKind.ERROR,
-                    op,
-                    slot=slot.name,
-                    model=slot.model_id,
-                    message=f"{current.value} -> {to.value} not done: {exc.message}",
-                    error=exc.code,
-                    details={"path": exc.details.get("path"), "errno": exc.errno},
-                )
-            if durable:
+        if durable:
+            record = self._record(slot, to, idle, message, since, waiting=None)
+            try:
+                self._write_now(record, durable=True)
+            except StateWriteFailed as exc:
+                self._write_failed(slot, op, f"{current.value} -> {to.value} not done", exc)
                 raise
-            self.unpersisted.add(slot.name)
-        else:
-            self.unpersisted.discard(slot.name)
         slot.state, slot.idle_reason, slot.message, slot.since = to, idle, message, since
         slot.waiting = None  # any transition ends a wait for memory
+        if not durable:
+            self._lag(slot)
         self.transitions.append((slot.name, current.value, to.value))
         self.events.emit(
             EventKind.TRANSITION,
@@ -205,6 +232,99 @@ class SlotTable:
             details={"idle_reason": slot.idle_reason} if slot.idle_reason else {},
         )
 
+    def _write_failed(self, slot: SlotRecord, op: Op, what: str, exc: StateWriteFailed) -> None:
+        self.events.emit(
+            EventKind.ERROR,
+            op,
+            slot=slot.name,
+            model=slot.model_id,
+            message=f"{what}: {exc.message}",
+            error=exc.code,
+            details={"path": exc.details.get("path"), "errno": exc.errno},
+        )
+
+    # ------------------------------------------------------------------ writes
+
+    def _intent(self, name: str) -> int:
+        seq = self._seq.get(name, 0) + 1
+        self._seq[name] = seq
+        return seq
+
+    def _write_now(self, record: SlotStateRecord, *, durable: bool) -> None:
+        """Write on the calling thread (the loop): newer than any lag write in flight."""
+        name = record.name
+        self._intent(name)
+        with self._write_lock:
+            self.store.write(record, durable=durable)
+        self.unpersisted.discard(name)
+        self._refused.discard(name)
+
+    def _write_if_current(self, name: str, seq: int, record: SlotStateRecord) -> bool:
+        """The lag writer's write (a worker thread): skipped when a newer intent exists."""
+        with self._write_lock:
+            if self._seq.get(name) != seq:
+                return False
+            self.store.write(record, durable=False)
+            return True
+
+    def _lag(self, slot: SlotRecord) -> None:
+        """A lease flip committed in memory: have the lag writer persist it."""
+        self._intent(slot.name)
+        self.unpersisted.add(slot.name)
+        if slot.name in self._refused:
+            return  # the disk is refusing: housekeeping retries (flush_unpersisted)
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (a synchronous caller): write now, as before
+            self._flush_one(slot)
+            return
+        if self._writer is None or self._writer.done():
+            self._writer = loop.create_task(self._lag_writer(), name="state-lag-writer")
+
+    async def _lag_writer(self) -> None:
+        """Write the lagging slots' latest state in a worker thread, until none lags."""
+        while True:
+            await asyncio.sleep(LAG_WRITE_S)
+            batch = [
+                (name, self._seq.get(name, 0), self.persisted(slot))
+                for name in sorted(self.unpersisted - self._refused)
+                if (slot := self.records.get(name)) is not None
+            ]
+            self.unpersisted.difference_update(
+                [n for n in self.unpersisted if n not in self.records]
+            )
+            if not batch:
+                return
+            outcome = await asyncio.to_thread(self._write_batch, batch)
+            for (name, seq, _), done in zip(batch, outcome, strict=True):
+                if isinstance(done, StateWriteFailed):
+                    slot = self.records.get(name)
+                    if slot is not None and name not in self._refused:
+                        self._refused.add(name)
+                        self._write_failed(slot, Op.LEASE, "lease state not written", done)
+                elif done and self._seq.get(name) == seq:
+                    self.unpersisted.discard(name)
+
+    def _write_batch(
+        self, batch: list[tuple[str, int, SlotStateRecord]]
+    ) -> list[bool | StateWriteFailed]:
+        outcome: list[bool | StateWriteFailed] = []
+        for name, seq, record in batch:
+            try:
+                outcome.append(self._write_if_current(name, seq, record))
+            except StateWriteFailed as exc:
+                outcome.append(exc)
+        return outcome
+
+    async def close(self) -> None:
+        """Write what lags (best effort: a refusing disk keeps the last written state)."""
+        writer, self._writer = self._writer, None
+        if writer is not None and not writer.done():
+            writer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await writer
+        self.flush_unpersisted()
+
     def walk(self, slot: SlotRecord, target: SlotState, *, op: Op, message: str = "") -> None:
         """Reach ``target`` through the shortest chain of legal transitions."""
         for step in legal_path(slot.state, target):
@@ -213,23 +333,41 @@ class SlotTable:
     def persist(self, slot: SlotRecord, *, waiting: str | None, message: str) -> None:
         """Write a fact that is no transition (waiting for memory, a cleared wait), then
         keep it in memory: a refused write (``StateWriteFailed``) changes nothing."""
-        self.store.write(
-            self._record(slot, slot.state, slot.idle_reason, message, slot.since, waiting)
+        self._write_now(
+            self._record(slot, slot.state, slot.idle_reason, message, slot.since, waiting),
+            durable=True,
         )
         slot.waiting, slot.message = waiting, message
 
     def flush_unpersisted(self) -> None:
-        """Write the state of slots whose lease transition the disk refused (housekeeping)."""
+        """Write the state of every slot whose state.json lags memory, now (housekeeping
+        retries refused lease writes with it; ``close`` ends with it)."""
         for name in sorted(self.unpersisted):
             slot = self.records.get(name)
             if slot is None:
                 self.unpersisted.discard(name)
                 continue
-            try:
-                self.store.write(self.persisted(slot), durable=False)
-            except StateWriteFailed:
-                return  # still full: next interval
-            self.unpersisted.discard(name)
+            if not self._flush_one(slot):
+                return  # still refused: next interval
+
+    def _flush_one(self, slot: SlotRecord) -> bool:
+        try:
+            self._write_now(self.persisted(slot), durable=False)
+        except StateWriteFailed as exc:
+            if slot.name not in self._refused:
+                self._refused.add(slot.name)
+                self._write_failed(slot, Op.LEASE, "lease state not written", exc)
+            return False
+        return True
+
+    def forget(self, name: str) -> None:
+        """Drop a removed slot and its state file (a lag write in flight is skipped)."""
+        self.records.pop(name, None)
+        self._intent(name)
+        self.unpersisted.discard(name)
+        self._refused.discard(name)
+        with self._write_lock:
+            self.store.delete(name)
 
     def persisted(self, slot: SlotRecord) -> SlotStateRecord:
         """The slot as ``state.json`` holds it now."""
@@ -277,6 +415,13 @@ class SlotTable:
             return
         slot.state, slot.message, slot.since = saved.state, saved.message, saved.updated_at
         slot.idle_reason = saved.extra.idle_reason
+        if slot.state is S.SERVING:
+            # A new table has no leases: a ``serving`` record (its lease flip back to ready
+            # lagged, or the controller died mid-request) recovers as ``ready`` (SPEC §3),
+            # on disk too (a refusing disk: housekeeping writes it later).
+            slot.state = S.READY
+            self.unpersisted.add(slot.name)
+            self._flush_one(slot)
         if saved.extra.failures > 0 and slot.state is S.ERROR:
             # The crash-loop breaker survives a controller restart.
             slot.breaker.restore(

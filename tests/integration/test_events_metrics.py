@@ -27,8 +27,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from controller.api.app import ApiContext
 from controller.api.assembly import openapi_document
-from controller.api.metrics import METRICS_KEY, Metrics, eviction_reason
+from controller.api.metrics import METRICS, Metrics, eviction_reason
 from controller.api.server import ApiServer
+from controller.api.sse import KEEPALIVE
 from controller.apply import apply_to_config
 from controller.errors import SlotctlError
 from controller.events import Event, EventBus, EventKind, EvictionReason, Op
@@ -144,7 +145,7 @@ class Live:
 
     @property
     def metrics(self) -> Metrics:
-        metrics = self.server.ctx.extra[METRICS_KEY]
+        metrics = self.server.ctx.store.get(METRICS)
         assert isinstance(metrics, Metrics)
         return metrics
 
@@ -321,7 +322,7 @@ async def test_resume_with_last_event_id_gets_exactly_the_missed_events(live: Li
 async def test_resume_older_than_the_buffer_says_gap_first(tmp_path: Path) -> None:
     bus = EventBus(buffer_size=5)
     ctx = ApiContext(None, None, tmp_path, tmp_path, TOKEN, bus)
-    ctx.extra["sse_keepalive_s"] = 0.2
+    ctx.store.set(KEEPALIVE, 0.2)
     server = ApiServer(ctx, "127.0.0.1", 0)
     url = f"http://{await server.start()}"
     for _ in range(20):

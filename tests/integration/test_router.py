@@ -25,7 +25,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from controller.api.app import ApiContext
+from controller.api.app import REQUEST_RECORDER, ApiContext
 from controller.api.assembly import ROUTES
 from controller.api.server import ApiServer
 from controller.errors import SlotctlError
@@ -726,10 +726,10 @@ async def test_requests_are_recorded_in_metrics(harness: Harness) -> None:
     calls: list[tuple[str, str, int, float]] = []
 
     class Recorder:
-        def request_done(self, slot: str, model: str, status: int, seconds: float) -> None:
-            calls.append((slot, model, status, seconds))
+        def request_done(self, slot: str, model: str, status: int | str, seconds: float) -> None:
+            calls.append((slot, model, int(status), seconds))
 
-    r.ctx.extra["metrics"] = Recorder()
+    r.ctx.store.set(REQUEST_RECORDER, Recorder())
     async with r.post("/v1/chat/completions", chat("m-chat")) as resp:
         assert resp.status == 200
     async with r.post("/v1/chat/completions", chat("nope")) as resp:

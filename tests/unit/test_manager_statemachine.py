@@ -445,7 +445,9 @@ class ManagerMachine(RuleBasedStateMachine):
         for name in NAMES:
             record = self.m.store.read(name)
             if record is not None:
-                self.last_state[name] = record.state.value
+                # A serving record (its lease flip back lagged) loads as ready (SPEC §3).
+                state = S.READY if record.state is S.SERVING else record.state
+                self.last_state[name] = state.value
         self._new_manager()
         self.run(self.m.set_desired(desired(list(self.specs.values()), MODELS)))
         self.run(self.m.recover())
@@ -542,7 +544,12 @@ class ManagerMachine(RuleBasedStateMachine):
             if record is None:
                 assert view.state is S.OFFLINE, name
                 continue
-            assert record.state is view.state, (name, record.state, view.state)
+            if name in self.m.core.table.unpersisted:
+                # A coalesced lease flip not written yet (SPEC §3): only ready<->serving lags.
+                lease_states = (S.READY, S.SERVING)
+                assert record.state in lease_states and view.state in lease_states, name
+            else:
+                assert record.state is view.state, (name, record.state, view.state)
             if view.state in ADMITTED_STATES:  # a running server: the model it runs
                 assert record.model_id == view.model_id, name
             assert (record.extra.idle_reason is not None) == (view.state is S.IDLE), name

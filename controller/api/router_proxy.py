@@ -1,0 +1,397 @@
+"""Forwarding a routed request: lease, proxy, relay, release — and the watch that cuts it.
+
+Part of the OpenAI router (:mod:`controller.api.router` is its route table,
+:mod:`controller.api.router_request` reads and refuses). One request's path:
+
+1. read the body and take its ``model``; rank the activated slots serving it
+   (:func:`~controller.api.selection.serving`, no view built) and lease the best that
+   grants one (a cold slot loads; concurrent cold requests join that one load);
+2. proxy the body unchanged to the slot's endpoint with one shared keep-alive
+   :class:`aiohttp.ClientSession` (:data:`SESSION` in ``ctx.store``; its connector pools
+   connections per upstream host and port, closed on app cleanup). Small complete bodies
+   are relayed whole; ``text/event-stream`` (and every unsized or large body) is written
+   chunk by chunk as it arrives — whatever the upstream delivered since the last write goes
+   out as one write — never buffered;
+3. release the lease when the response is complete, when the upstream fails, when the
+   client disconnects and when the lease is revoked (the slot crashed or was unloaded).
+
+The server does not cancel handlers when a client leaves (aiohttp's default,
+``handler_cancellation=False``, which keeps the REST routes' manager operations from
+being cut in half). So each routed request carries a :class:`_Watch`: a timer on the
+event loop (no task of its own) that looks at the client connection and the lease every
+``_WATCH_S`` and cancels the request's own task when the client left or the lease was
+revoked; the work's ``finally`` releases the lease, also while it still waits for a cold
+load or for the upstream's first byte, and the handler answers (499, or the refusal).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Final
+
+import aiohttp
+from aiohttp import hdrs, web
+from multidict import CIMultiDict
+
+from controller.api.app import API_CTX, REQUEST_RECORDER, ApiContext, CtxKey
+from controller.api.router_request import (
+    Refusal,
+    acquire,
+    error_body,
+    model_not_found,
+    read_body,
+    requested_model,
+    slot_refusal,
+    upstream_path,
+    upstream_refusal,
+)
+from controller.api.selection import serving
+from controller.errors import ModelNotFound, SlotctlError
+from controller.events import EventKind, Op
+from controller.slots import Lease
+
+__all__ = ["SESSION", "route_request", "setup"]
+
+log = logging.getLogger("slotctl.router")
+
+SESSION: Final = CtxKey("router_session", aiohttp.ClientSession)  # the upstream session
+
+_RELAY_WHOLE_MAX: Final = 1024 * 1024  # sized non-stream bodies up to this are relayed whole
+_WATCH_S: Final = 0.1  # how often the watch looks at the client connection and the lease
+_CLIENT_CLOSED: Final = 499  # nginx's status for "client closed the request" (metrics only)
+
+# Never forwarded in either direction: hop-by-hop headers (RFC 9110 §7.6.1), the
+# controller's own credentials, and lengths/encodings the two connections set themselves.
+_HOP_BY_HOP: Final = frozenset(
+    h.lower()
+    for h in (
+        hdrs.CONNECTION,
+        hdrs.KEEP_ALIVE,
+        hdrs.PROXY_AUTHENTICATE,
+        hdrs.PROXY_AUTHORIZATION,
+        hdrs.TE,
+        hdrs.TRAILER,
+        hdrs.TRANSFER_ENCODING,
+        hdrs.UPGRADE,
+        hdrs.CONTENT_LENGTH,
+        hdrs.HOST,
+    )
+)
+_REQUEST_DROP: Final = _HOP_BY_HOP | {
+    hdrs.AUTHORIZATION.lower(),
+    hdrs.COOKIE.lower(),
+    hdrs.EXPECT.lower(),  # answered by this server already
+}
+_RESPONSE_DROP: Final = _HOP_BY_HOP | {
+    hdrs.SET_COOKIE.lower(),
+    hdrs.SERVER.lower(),
+    hdrs.DATE.lower(),
+}
+
+
+# ----------------------------------------------------------------------------- session
+
+
+def setup(app: web.Application) -> None:
+    """Close the shared upstream session when the app is cleaned up."""
+    app.on_cleanup.append(_close_session)
+
+
+async def _close_session(app: web.Application) -> None:
+    session = app[API_CTX].store.pop(SESSION)
+    if session is not None:
+        await session.close()
+
+
+def _session(ctx: ApiContext) -> aiohttp.ClientSession:
+    """The shared upstream session, created on first use (inside the running loop)."""
+    session = ctx.store.get(SESSION)
+    if session is not None and not session.closed:
+        return session
+    session = aiohttp.ClientSession(
+        # Keep-alive pools per upstream (host, port); no cap per host: a slot's server
+        # takes as many concurrent requests as clients send (it queues them itself).
+        connector=aiohttp.TCPConnector(limit=1024, limit_per_host=0, keepalive_timeout=30),
+        # No total or read timeout: a generation may take long, and a client that gives
+        # up disconnects (the watch then cancels the upstream request).
+        timeout=aiohttp.ClientTimeout(total=None, sock_connect=10.0),
+        auto_decompress=False,  # bytes pass through with their Content-Encoding
+        cookie_jar=aiohttp.DummyCookieJar(),  # never carry one client's cookies to another
+        skip_auto_headers=(hdrs.USER_AGENT, hdrs.ACCEPT_ENCODING),  # the client's own pass
+    )
+    ctx.store.set(SESSION, session)
+    return session
+
+
+@dataclass(slots=True)
+class _Call:
+    """One routed request, for the watch, the metrics and the final answer."""
+
+    started: float
+    model: str = ""
+    slot: str = ""
+    status: int = 0
+    lease: Lease | None = None
+    response: web.StreamResponse | None = None  # set once streaming headers went out
+
+
+def _record(ctx: ApiContext, call: _Call) -> None:
+    recorder = ctx.store.get(REQUEST_RECORDER)
+    if recorder is None:
+        return
+    try:
+        recorder.request_done(call.slot, call.model, call.status, time.monotonic() - call.started)
+    except Exception:  # metrics must never fail a request: log it and answer anyway
+        log.exception("metrics request_done failed")
+
+
+# ----------------------------------------------------------------------------- forwarding
+
+
+def _forward_headers(request: web.Request) -> CIMultiDict[str]:
+    return CIMultiDict((k, v) for k, v in request.headers.items() if k.lower() not in _REQUEST_DROP)
+
+
+def _relay_headers(upstream: aiohttp.ClientResponse) -> CIMultiDict[str]:
+    return CIMultiDict(
+        (k, v) for k, v in upstream.headers.items() if k.lower() not in _RESPONSE_DROP
+    )
+
+
+async def _open(
+    session: aiohttp.ClientSession, request: web.Request, url: str, body: bytes
+) -> aiohttp.ClientResponse:
+    """Send the request upstream; once more if a kept-alive connection was found closed."""
+    headers = _forward_headers(request)
+
+    def data() -> bytes | io.BytesIO:
+        # aiohttp writes large bytes in one go (and warns); a file-like goes in chunks.
+        return io.BytesIO(body) if len(body) > _RELAY_WHOLE_MAX else body
+
+    try:
+        return await session.request(
+            request.method, url, data=data(), headers=headers, allow_redirects=False
+        )
+    except aiohttp.ServerDisconnectedError:
+        return await session.request(
+            request.method, url, data=data(), headers=headers, allow_redirects=False
+        )
+
+
+async def _proxy(
+    request: web.Request, ctx: ApiContext, call: _Call, body: bytes
+) -> web.StreamResponse:
+    endpoint = ctx.manager.endpoint(call.slot)
+    if endpoint is None:
+        raise Refusal(
+            503, f"slot {call.slot!r} has no endpoint", code="slot.not_ready", retry_after_s=1
+        )
+    try:
+        upstream = await _open(_session(ctx), request, endpoint + upstream_path(request), body)
+    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+        raise upstream_refusal(call.slot, exc) from None
+    async with upstream:
+        headers = _relay_headers(upstream)
+        sse = upstream.content_type == "text/event-stream"
+        size = upstream.content_length
+        if not sse and size is not None and size <= _RELAY_WHOLE_MAX:
+            try:
+                data = await upstream.read()
+            except (aiohttp.ClientError, OSError) as exc:
+                raise upstream_refusal(call.slot, exc) from None
+            call.status = upstream.status
+            return web.Response(status=upstream.status, body=data, headers=headers)
+        return await _relay_stream(request, upstream, headers, call, sse=sse)
+
+
+async def _relay_stream(
+    request: web.Request,
+    upstream: aiohttp.ClientResponse,
+    headers: CIMultiDict[str],
+    call: _Call,
+    *,
+    sse: bool,
+) -> web.StreamResponse:
+    """Write what arrived as soon as it arrives (no buffering, no re-framing): each
+    ``readany`` returns everything the upstream delivered since the last one."""
+    response = web.StreamResponse(status=upstream.status, headers=headers)
+    if upstream.content_length is not None:
+        response.content_length = upstream.content_length
+    await response.prepare(request)
+    call.response = response
+    call.status = upstream.status
+    content, write = upstream.content, response.write
+    while True:
+        try:
+            chunk = await content.readany()
+        except (aiohttp.ClientError, OSError) as exc:
+            call.status = 502
+            await _end_broken(request, response, upstream_refusal(call.slot, exc), sse=sse)
+            return response
+        if not chunk:
+            break
+        try:
+            await write(chunk)
+        except ConnectionError:
+            call.status = _CLIENT_CLOSED
+            return response
+    with contextlib.suppress(ConnectionError):
+        await response.write_eof()
+    return response
+
+
+async def _end_broken(
+    request: web.Request, response: web.StreamResponse, refusal: Refusal, *, sse: bool
+) -> None:
+    """A response whose headers went out fails: say so in-band (SSE) or cut it short."""
+    if sse:
+        event = error_body(refusal.status, refusal.message, refusal.code)
+        with contextlib.suppress(ConnectionError):
+            await response.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+            await response.write_eof()
+            return
+    transport = request.transport
+    if transport is not None:
+        transport.close()  # the client sees a truncated body, never a "complete" one
+
+
+# ----------------------------------------------------------------------------- a request's life
+
+
+async def _work(
+    request: web.Request, ctx: ApiContext, call: _Call, limit: int
+) -> web.StreamResponse:
+    """Read, pick, lease, proxy; the lease is released however this ends."""
+    manager = ctx.manager
+    try:
+        body = await read_body(request, limit)
+        model = requested_model(request, body)
+        candidates = serving(manager, model)
+        if not candidates:
+            _report(ctx, ModelNotFound(model), model)
+            raise model_not_found(model)
+        call.model = model
+        try:
+            lease = await acquire(manager, candidates)
+        except SlotctlError as exc:
+            _report(ctx, exc, model)
+            raise slot_refusal(exc) from None
+        call.lease, call.slot = lease, lease.slot
+        try:
+            return await _proxy(request, ctx, call, body)
+        finally:
+            manager.release(lease)
+    except Refusal as refusal:
+        return refusal.response()
+    except SlotctlError as exc:  # e.g. the slot was removed while we looked it up
+        return slot_refusal(exc).response()
+
+
+def _report(ctx: ApiContext, error: SlotctlError, model: str) -> None:
+    """A refusal the manager did not report already gets its one event and log line."""
+    if error.reported:
+        return
+    error.reported = True
+    ctx.events.emit(
+        EventKind.REFUSAL,
+        Op.ROUTE,
+        slot=error.details.get("slot"),
+        model=model,
+        message=error.message,
+        error=error.code,
+    )
+
+
+class _Watch:
+    """Cancels the request's task once the client left (``"client"``) or its lease was
+    revoked (``"lease"``): a re-armed loop timer, no task and no wake-up per event."""
+
+    __slots__ = ("_call", "_request", "_task", "_timer", "reason")
+
+    def __init__(self, request: web.Request, call: _Call, task: asyncio.Task[object]) -> None:
+        self._request, self._call, self._task = request, call, task
+        self.reason: str | None = None
+        self._timer = asyncio.get_running_loop().call_later(_WATCH_S, self._look)
+
+    def _look(self) -> None:
+        lease = self._call.lease
+        if self._request.transport is None:
+            self.reason = "client"
+        elif lease is not None and lease.lost.is_set():
+            self.reason = "lease"
+        else:
+            self._timer = asyncio.get_running_loop().call_later(_WATCH_S, self._look)
+            return
+        self._task.cancel()
+
+    def stop(self) -> None:
+        self._timer.cancel()
+
+
+async def route_request(request: web.Request, *, limit: int) -> web.StreamResponse:
+    """One routed request, from its body to its last byte (see the module docstring)."""
+    ctx = request.app[API_CTX]
+    call = _Call(started=time.monotonic())
+    task = asyncio.current_task()
+    assert task is not None  # a handler always runs in a task
+    watch = _Watch(request, call, task)
+    try:
+        try:
+            response = await _work(request, ctx, call, limit)
+        finally:
+            watch.stop()
+        if watch.reason is not None and task.cancelling():
+            task.uncancel()  # the work finished before the cancel reached it
+    except asyncio.CancelledError:
+        if watch.reason is None:  # not ours (the server shuts down): let it through
+            call.status = call.status or _CLIENT_CLOSED
+            _record(ctx, call)
+            raise
+        task.uncancel()
+        response = await _interrupted(request, call, watch.reason)
+    except ConnectionError:  # the client left while we read its body
+        call.status = _CLIENT_CLOSED
+        response = web.Response(status=_CLIENT_CLOSED)
+    except Exception as exc:
+        log.error("router: unexpected error in %s %s", request.method, request.path, exc_info=exc)
+        response = await _internal_error(request, call)
+    call.status = call.status or response.status
+    _record(ctx, call)
+    return response
+
+
+async def _internal_error(request: web.Request, call: _Call) -> web.StreamResponse:
+    call.status = 500
+    refusal = Refusal(500, "internal error (see the log)", code="internal")
+    if call.response is None:
+        return refusal.response()
+    await _end_broken(request, call.response, refusal, sse=_is_sse(call.response))
+    return call.response
+
+
+async def _interrupted(request: web.Request, call: _Call, reason: str) -> web.StreamResponse:
+    """The answer after the watch cancelled the work (its lease is already released)."""
+    if reason == "client":
+        call.status = _CLIENT_CLOSED
+        return call.response or web.Response(status=_CLIENT_CLOSED)
+    error = call.lease.error if call.lease is not None else None
+    refusal = (
+        slot_refusal(error)
+        if error is not None
+        else Refusal(502, f"slot {call.slot!r} went away", code="upstream.failed")
+    )
+    call.status = refusal.status
+    if call.response is None:
+        return refusal.response()
+    await _end_broken(request, call.response, refusal, sse=_is_sse(call.response))
+    return call.response
+
+
+def _is_sse(response: web.StreamResponse) -> bool:
+    return response.content_type == "text/event-stream"

@@ -1,0 +1,256 @@
+"""Reading a routed request and refusing it: the body, its ``model``, the slot's lease.
+
+Part of the OpenAI router (:mod:`controller.api.router` is its route table,
+:mod:`controller.api.router_proxy` forwards). Parses only what routing needs: the body
+is read whole (bounded: 413 beyond the limit) and passed upstream unchanged; the router
+reads its ``model`` (JSON object, or a multipart form field for ``/v1/audio/*``) and
+nothing else. Refusals leave in OpenAI's shape ``{"error": {"message", "type", "param",
+"code"}}`` (:class:`Refusal`, :func:`openai_error`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from email.message import Message
+from typing import Any, Final
+
+import aiohttp
+from aiohttp import hdrs, web
+
+from controller.api.app import json_response, openai_error_body
+from controller.errors import (
+    InsufficientMemory,
+    ModelNotFound,
+    SlotctlError,
+    SlotNotFound,
+    SlotNotReady,
+)
+from controller.slots import Lease
+from controller.slots.ports import RouterPort
+
+__all__ = [
+    "AUDIO_MAX_BYTES",
+    "AUDIO_TAIL",
+    "JSON_MAX_BYTES",
+    "Refusal",
+    "acquire",
+    "error_body",
+    "model_not_found",
+    "openai_error",
+    "read_body",
+    "requested_model",
+    "slot_refusal",
+    "upstream_path",
+    "upstream_refusal",
+]
+
+JSON_MAX_BYTES: Final = 8 * 1024 * 1024
+AUDIO_MAX_BYTES: Final = 64 * 1024 * 1024  # uploads of a long recording
+_NOT_READY_TRIES: Final = 3  # a slot swapped out between its load and our lease: queue again
+_RETRY_S: Final = 1.0  # Retry-After for 503s that carry no figure of their own
+_MEMORY_RETRY_S: Final = 5.0  # insufficient memory: leases have to end first
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+class Refusal(Exception):
+    """A request the router answers itself (rendered by :func:`openai_error`)."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        code: str,
+        param: str | None = None,
+        retry_after_s: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+        self.param = param
+        self.retry_after_s = retry_after_s
+
+    def response(self) -> web.Response:
+        return openai_error(
+            self.status,
+            self.message,
+            code=self.code,
+            param=self.param,
+            retry_after_s=self.retry_after_s,
+        )
+
+
+def openai_error(
+    status: int,
+    message: str,
+    *,
+    code: str,
+    param: str | None = None,
+    retry_after_s: float | None = None,
+) -> web.Response:
+    """``{"error": {"message", "type", "param", "code"}}`` with ``Retry-After`` if given."""
+    headers: dict[str, str] = {}
+    if retry_after_s is not None and retry_after_s > 0:
+        headers["Retry-After"] = str(max(1, math.ceil(retry_after_s)))
+    return json_response(error_body(status, message, code, param), status=status, headers=headers)
+
+
+def error_body(status: int, message: str, code: str, param: str | None = None) -> dict[str, Any]:
+    return openai_error_body(status, message, code, param)
+
+
+def model_not_found(model: str) -> Refusal:
+    return Refusal(
+        404,
+        f"The model '{model}' does not exist or no activated slot serves it",
+        code="model_not_found",
+        param="model",
+    )
+
+
+def slot_refusal(error: SlotctlError) -> Refusal:
+    """A typed slot error as the router's answer (SPEC §1 table, router column)."""
+    if isinstance(error, ModelNotFound):
+        return model_not_found(str(error.details.get("model", "")))
+    status = error.http_status
+    retry = error.details.get("retry_after_s")
+    retry_s = float(retry) if isinstance(retry, int | float) and retry > 0 else None
+    if isinstance(error, InsufficientMemory):
+        status, retry_s = 503, retry_s or _MEMORY_RETRY_S
+    elif isinstance(error, SlotNotFound) or status == 409:
+        status = 503  # removed meanwhile / a pinned exclusive peer: not servable now
+    elif status == 500:
+        status = 502  # the model server failed to start: a bad gateway, not our bug
+    if status in (429, 503):
+        retry_s = retry_s or _RETRY_S
+    return Refusal(status, error.message, code=error.code, retry_after_s=retry_s)
+
+
+def upstream_refusal(slot: str, exc: BaseException) -> Refusal:
+    detail = str(exc) or type(exc).__name__
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return Refusal(502, f"slot {slot!r} is unreachable: {detail}", code="upstream.unreachable")
+    return Refusal(502, f"slot {slot!r} failed to answer: {detail}", code="upstream.failed")
+
+
+# ----------------------------------------------------------------------------- request
+
+
+async def read_body(request: web.Request, limit: int) -> bytes:
+    """The whole body, refusing more than ``limit`` bytes (413)."""
+    chunks: list[bytes] = []
+    size = 0
+    while chunk := await request.content.readany():
+        size += len(chunk)
+        if size > limit:
+            raise Refusal(413, f"request body exceeds {limit} bytes", code="request_too_large")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def requested_model(request: web.Request, body: bytes) -> str:
+    """``model`` from a JSON object body or a multipart form field (400 otherwise)."""
+    if request.content_type == "multipart/form-data":
+        model = _multipart_field(request.headers.get(hdrs.CONTENT_TYPE, ""), body, "model")
+    else:
+        if not body.strip():
+            raise Refusal(400, "a JSON request body is required", code="invalid_body")
+        try:
+            data = json.loads(body)
+        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+            raise Refusal(
+                400, f"request body is not valid JSON: {exc}", code="invalid_json"
+            ) from None
+        if not isinstance(data, dict):
+            raise Refusal(400, "request body must be a JSON object", code="invalid_body")
+        model = data.get("model")
+    if not isinstance(model, str) or not model:
+        raise Refusal(
+            400,
+            "'model' is required and must be a non-empty string",
+            code="invalid_model",
+            param="model",
+        )
+    return model
+
+
+def _multipart_field(content_type: str, body: bytes, name: str) -> str | None:
+    """The value of one text field of a multipart/form-data body (None when absent)."""
+    header = Message()
+    header["content-type"] = content_type
+    boundary = header.get_param("boundary")
+    if not isinstance(boundary, str) or not boundary:
+        raise Refusal(400, "multipart body without a boundary", code="invalid_body")
+    delimiter = b"--" + boundary.encode("latin-1")
+    position = body.find(delimiter)
+    while position >= 0:
+        start = position + len(delimiter)
+        if body.startswith(b"--", start):
+            return None  # the closing delimiter
+        end = body.find(delimiter, start)
+        part = body[start : end if end >= 0 else len(body)]
+        head, sep, value = part.lstrip(b"\r\n").partition(b"\r\n\r\n")
+        if sep and _form_name(head) == name:
+            return value.removesuffix(b"\r\n").decode("utf-8", errors="replace").strip()
+        position = end
+    return None
+
+
+def _form_name(head: bytes) -> str | None:
+    for line in head.decode("latin-1").split("\r\n"):
+        key, _, value = line.partition(":")
+        if key.strip().lower() == "content-disposition":
+            disposition = Message()
+            disposition["content-disposition"] = value.strip()
+            found = disposition.get_param("name", header="content-disposition")
+            return found if isinstance(found, str) else None
+    return None
+
+
+# ----------------------------------------------------------------------------- lease
+
+
+async def acquire(manager: RouterPort, candidates: list[str]) -> Lease:
+    """A lease on the best candidate that grants one; else the best one's refusal."""
+    errors: list[SlotctlError] = []
+    for name in candidates:
+        try:
+            return await _acquire_one(manager, name)
+        except SlotctlError as exc:
+            errors.append(exc)
+    raise errors[0]
+
+
+async def _acquire_one(manager: RouterPort, name: str) -> Lease:
+    attempt = 1
+    while True:
+        try:
+            return await manager.acquire(name)
+        except SlotNotReady:
+            # Unloading (an exclusive peer's swap, an eviction) or a superseded load just
+            # before our turn: queue again (bounded) rather than answer 503 at once.
+            if attempt >= _NOT_READY_TRIES:
+                raise
+            attempt += 1
+
+
+AUDIO_TAIL = re.compile(r"[A-Za-z0-9_-]+(/[A-Za-z0-9_-]+)*")
+
+
+def upstream_path(request: web.Request) -> str:
+    """The path (and query) to forward: only the OpenAI endpoint itself, never more.
+
+    ``/v1/audio/{path}`` takes plain segments only, so ``..`` or ``%2e%2e`` cannot reach a
+    server's other routes (llama-server's ``/slots``, vLLM's admin endpoints).
+    """
+    tail = request.match_info.get("path")
+    if tail is not None and not AUDIO_TAIL.fullmatch(tail):
+        raise Refusal(400, f"invalid audio endpoint {tail!r}", code="invalid_request_error")
+    path = request.path  # decoded and matched by the router; never the raw path
+    query = request.query_string
+    return f"{path}?{query}" if query else path
