@@ -723,7 +723,7 @@ def main() -> None:
         from controller import eventloop
 
         with contextlib.suppress(KeyboardInterrupt):
-            eventloop.run(serve(int(port), backend, args.loop), args.loop)
+            eventloop.run(lambda: serve(int(port), backend, args.loop), args.loop)
         return
     asyncio.run(main_async(args))
 

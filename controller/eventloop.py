@@ -50,9 +50,10 @@ def loop_factory(choice: str | None = None) -> tuple[str, Callable[[], asyncio.A
     return "asyncio", asyncio.new_event_loop
 
 
-def run(main: Coroutine[Any, Any, T], choice: str | None = None) -> T:
-    """``asyncio.run(main)`` on the loop :func:`loop_factory` picks."""
+def run(main: Callable[[], Coroutine[Any, Any, T]], choice: str | None = None) -> T:
+    """``asyncio.run(main())`` on the loop :func:`loop_factory` picks. ``main`` is called
+    only once the loop is chosen: a refused choice creates no coroutine to leak."""
     name, factory = loop_factory(choice)
     log.info("event loop: %s", name)
     with asyncio.Runner(loop_factory=factory) as runner:
-        return runner.run(main)
+        return runner.run(main())

@@ -341,22 +341,25 @@ async def swap_slot(request: web.Request) -> web.Response:
     ctx = ctx_of(request)
     name = name_of(request)
     body: SwapBody = await read_body(request, SwapBody)
-    _refuse_if_owned(ctx, await declared_slot(ctx, name), "change its model")
+    current = await declared_slot(ctx, name)
+    _refuse_if_owned(ctx, current, "change its model")
     desired = await desired_state(ctx)
     if body.model not in desired.models:
         raise ModelNotFound(body.model)
-    previous = desired.slots[name].spec.model_id
+    previous = current.spec.model_id  # "" for a slot not activated yet: it goes back to that
     # The binding has one writer, the guard: write it, read the declared slot back, and
     # the manager takes that (as the reconciler would), never a binding of its own.
     declared = await _rebind(ctx, name, body.model)
     try:
         view = await ctx.manager.swap(declared)
-    except SlotctlError:
+    except SlotctlError as refused:
         # Refused (memory, breaker, pinned peer): the declared binding goes back, and the
         # reconciler brings the previous model back if the slot is meant to be loaded.
-        if previous is not None:
+        try:
             ctx.manager.upsert(await _rebind(ctx, name, previous))
-        raise
+        except SlotctlError as exc:  # the refusal is the answer; the failed undo is logged
+            log.error("slot %s: swap refused, and its binding not put back: %s", name, exc)
+        raise refused
     return json_response({"status": "swapped", "slot": slot_out(view)})
 
 

@@ -50,7 +50,7 @@ def cmd_up(args: argparse.Namespace) -> ExitCode:
         print(f"slotctl: {args.stack_dir} is not a directory", file=sys.stderr)
         return ExitCode.ERROR
     # uvloop when installed (SLOTCTL_EVENT_LOOP)
-    return ExitCode(eventloop.run(Controller(opts).run()))
+    return ExitCode(eventloop.run(Controller(opts).run))
 
 
 def _wait_exited(pid: int, timeout: float) -> bool:

@@ -549,6 +549,15 @@ def test_slot_action_refusals(api: Api) -> None:
     assert error["needed_bytes"] == 4 * GIB
     assert isinstance(error["free_bytes"], int) and isinstance(error["evictable_bytes"], int)
     assert api.slot("big")["state"] == "offline"
+    # a refused swap of a slot that was not activated leaves it not activated
+    assert_typed(
+        api.call("POST", "/api/slots/spare/swap", {"model": "m-big"}),
+        409,
+        "model.insufficient_memory",
+    )
+    assert api.slot("spare")["model_id"] == "" and api.slot("spare")["state"] == "offline"
+    error = assert_typed(api.call("POST", "/api/slots/spare/load"), 400, "slot.config_error")
+    assert error["disabled"] is True
     # a pinned slot: unload needs force
     assert_typed(api.call("POST", "/api/slots/anchor/unload"), 409, "slot.pinned")
     reply = api.call("POST", "/api/slots/anchor/unload?force=true")

@@ -7,6 +7,8 @@ import asyncio
 import importlib.util
 import subprocess
 import sys
+from collections.abc import Coroutine
+from typing import Any
 
 import pytest
 
@@ -24,19 +26,36 @@ async def loop_module() -> str:
 def test_uvloop_is_the_default_when_installed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(eventloop.ENV, raising=False)
     assert eventloop.loop_factory()[0] == "uvloop"
-    assert eventloop.run(loop_module()).startswith("uvloop")
+    assert eventloop.run(loop_module).startswith("uvloop")
 
 
 def test_asyncio_when_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(eventloop.ENV, "asyncio")
     assert eventloop.loop_factory()[0] == "asyncio"
-    assert eventloop.run(loop_module()).startswith("asyncio")
+    assert eventloop.run(loop_module).startswith("asyncio")
 
 
 def test_an_unknown_choice_is_a_typed_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(eventloop.ENV, "tokio")
     with pytest.raises(SlotConfigError, match="SLOTCTL_EVENT_LOOP"):
         eventloop.loop_factory()
+
+
+def test_a_refused_choice_creates_no_coroutine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bad setting is refused before ``main`` is called (no 'never awaited' warning)."""
+    monkeypatch.setenv(eventloop.ENV, "tokio")
+    called: list[bool] = []
+
+    async def main() -> None:
+        called.append(True)
+
+    def make() -> Coroutine[Any, Any, None]:
+        called.append(False)
+        return main()
+
+    with pytest.raises(SlotConfigError):
+        eventloop.run(make)
+    assert called == []
 
 
 def test_uvloop_asked_for_but_missing_is_a_typed_error() -> None:
