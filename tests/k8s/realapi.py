@@ -256,6 +256,7 @@ def start(workdir: Path, bin_dir: Path, timeout: float = 120.0) -> ApiServer:
                     str(bin_dir / "kube-apiserver"),
                     "--bind-address=127.0.0.1",
                     "--advertise-address=127.0.0.1",
+                    "--endpoint-reconciler-type=none",  # loopback: no kubernetes Endpoints
                     f"--secure-port={api_port}",
                     f"--etcd-servers=http://127.0.0.1:{kine_port}",
                     f"--cert-dir={workdir / 'certs'}",

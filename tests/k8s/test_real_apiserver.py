@@ -107,7 +107,7 @@ async def test_unknown_fields_are_pruned_with_a_warning(admin: Kube) -> None:
     obj["spec"]["server"]["nice"] = 5
     resp = await admin.call("POST", realapi.path_of("slots", admin.namespace), obj)
     assert resp.status == 201, resp.body
-    assert any('unknown field "spec.colour"' in w for w in resp.warnings), resp.warnings
+    assert any("unknown field" in w and "spec.colour" in w for w in resp.warnings), resp.warnings
     stored = await admin.get("slots", "chat")
     assert stored is not None
     assert "colour" not in stored["spec"] and "nice" not in stored["spec"]["server"]
@@ -120,7 +120,7 @@ async def test_unknown_fields_are_pruned_with_a_warning(admin: Kube) -> None:
         obj,
         params={"fieldValidation": "Strict"},
     )
-    assert resp.status == 422 and "colour" in resp.body["message"], resp.body
+    assert resp.status == 400 and "colour" in resp.body["message"], resp.body
     # status is pruned to its schema too (kopf's own state could not live there)
     await admin.patch(
         "slots", "chat", {"status": {"state": "ready", "kopf": {"x": 1}}}, sub="status"
