@@ -191,12 +191,12 @@ class ApiServer:
         return "\n".join(out)
 
     def stop(self) -> None:
+        """The API server first (its graceful shutdown still talks to kine), then kine."""
         for proc in reversed(self.procs):
             if proc.poll() is None:
                 proc.terminate()
-        for proc in reversed(self.procs):
             try:
-                proc.wait(timeout=20)
+                proc.wait(timeout=15)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()

@@ -68,11 +68,15 @@ async def admin(api_server: ApiServer, namespace: str) -> AsyncIterator[Kube]:
         await kube.close()
 
 
-def operator_token(server: ApiServer, namespace: str) -> str:
-    """The chart's ServiceAccount and RBAC (rendered for this namespace), and a token."""
+def operator_token(server: ApiServer, namespace: str, drop: str = "") -> str:
+    """The chart's ServiceAccount and RBAC (rendered for this namespace), and a token;
+    ``drop`` leaves out the Role's rules that name that resource."""
     docs = chart.render({"watchNamespaces": [namespace]}, namespace=namespace)
     rbac = [d for d in docs if d["kind"] in RBAC_KINDS]
     assert {d["kind"] for d in rbac} == RBAC_KINDS
+    for doc in rbac:
+        if doc["kind"] == "Role" and drop:
+            doc["rules"] = [r for r in doc["rules"] if drop not in r["resources"]]
     realapi.apply(server, rbac)
     return realapi.service_account_token(server, namespace, "slotctl")
 
@@ -335,6 +339,36 @@ async def test_operator_with_the_chart_service_account(
             proc.wait()
     text = log.read_text()
     assert "Forbidden" not in text and " 403" not in text, text[-4000:]
+
+
+async def test_a_refused_request_shows_in_the_operator_log(
+    api_server: ApiServer, namespace: str, admin: Kube, state: Path, tmp_path: Path
+) -> None:
+    """A Role without ``slots/status``: the server refuses the status patch, and the
+    operator says so on stderr (kopf's per-object errors otherwise only become Events,
+    which is how the check for ``Forbidden`` above could not fail)."""
+    (port,) = free_ports(1)
+    token = operator_token(api_server, namespace, drop="slots/status")
+    kubeconfig = api_server.kubeconfig(tmp_path / "operator.kubeconfig", token=token)
+    log = tmp_path / "operator.log"
+    proc = start_operator(kubeconfig, namespace, state, log)
+    try:
+        await admin.create(model("m-chat"))
+        await admin.create(slot("chat", "m-chat", port))
+        refusal = 'cannot patch resource "slots/status"'
+
+        async def logged() -> bool:
+            return refusal in log.read_text()
+
+        await eventually(logged, "the refusal in the operator log", timeout=60)
+        assert "Forbidden" in log.read_text()
+        obj = await admin.get("slots", "chat")
+        assert obj is not None and "status" not in obj
+        assert await stop_operator(proc) == 0, log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 async def _model_ready(kube: Kube, name: str) -> dict[str, Any] | None:
