@@ -37,8 +37,11 @@ if [[ $force == 1 || ! -x "$out/kine" ]]; then
     tmp="$(mktemp -d)"
     trap 'rm -rf "$tmp"' EXIT
     # kine's go.mod has no replace lines, so `go install pkg@version` builds it
-    # exactly as released; cgo is on for its SQLite driver.
-    GOBIN="$tmp" CGO_ENABLED=1 go install -trimpath -ldflags "-s -w" \
+    # exactly as released. With gcc, cgo builds k3s's SQLite driver (mattn/go-sqlite3);
+    # without it kine falls back to the pure-Go modernc.org/sqlite.
+    cgo=0
+    command -v gcc >/dev/null && cgo=1
+    GOBIN="$tmp" CGO_ENABLED=$cgo go install -trimpath -ldflags "-s -w" \
         "github.com/k3s-io/kine@$KINE_VERSION"
     mv "$tmp/kine" "$out/kine"
     echo "build.sh: kine built in $((SECONDS - start))s" >&2
