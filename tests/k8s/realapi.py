@@ -504,6 +504,15 @@ def install_crds(server: ApiServer, folder: Path, timeout: float = 60.0) -> list
             if time.monotonic() > deadline:
                 raise AssertionError(f"CRD {name} not Established: {body}")
             time.sleep(0.1)
+    # Established is not yet servable: a list answers 429 "storage is (re)initializing"
+    # until the resource's watch cache has started.
+    for doc in docs:
+        spec = doc["spec"]
+        path = f"/apis/{spec['group']}/{spec['versions'][0]['name']}/{spec['names']['plural']}"
+        while (status := server.request("GET", path)[0]) != 200:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{path} answers {status}")
+            time.sleep(0.1)
     return names
 
 
@@ -531,3 +540,22 @@ def service_account_token(server: ApiServer, namespace: str, name: str) -> str:
     if status >= 300:
         raise ApiError(status, body)
     return str(body["status"]["token"])
+
+
+def delete_all_crs(server: ApiServer, namespace: str) -> None:
+    """Every Model and Slot in ``namespace``, finalizers released first (a test's
+    operator may be gone)."""
+    for plural in ("slots", "models"):
+        status, body = server.request("GET", path_of(plural, namespace))
+        if status != 200:
+            raise ApiError(status, body)
+        for item in body.get("items", []):
+            name = item["metadata"]["name"]
+            if item["metadata"].get("finalizers"):
+                server.request(
+                    "PATCH",
+                    path_of(plural, namespace, name),
+                    {"metadata": {"finalizers": None}},
+                    content_type="application/merge-patch+json",
+                )
+            server.request("DELETE", path_of(plural, namespace, name))

@@ -53,10 +53,13 @@ def api_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
 
 
 @pytest.fixture
-def namespace(api_server: ApiServer) -> str:
+def namespace(api_server: ApiServer) -> Iterator[str]:
+    """A fresh namespace; its Models and Slots go at the end (no controller-manager here
+    deletes a namespace's contents, and a cluster-wide operator would see leftovers)."""
     name = f"t-{uuid.uuid4().hex[:8]}"
     realapi.create_namespace(api_server, name)
-    return name
+    yield name
+    realapi.delete_all_crs(api_server, name)
 
 
 @pytest_asyncio.fixture
@@ -68,12 +71,16 @@ async def admin(api_server: ApiServer, namespace: str) -> AsyncIterator[Kube]:
         await kube.close()
 
 
-def operator_token(server: ApiServer, namespace: str, drop: str = "") -> str:
-    """The chart's ServiceAccount and RBAC (rendered for this namespace), and a token;
-    ``drop`` leaves out the Role's rules that name that resource."""
-    docs = chart.render({"watchNamespaces": [namespace]}, namespace=namespace)
+def operator_token(
+    server: ApiServer, namespace: str, drop: str = "", cluster_wide: bool = False
+) -> str:
+    """The chart's ServiceAccount and RBAC (rendered to serve this namespace, or every
+    namespace), and a token; ``drop`` leaves out the Role's rules naming that resource."""
+    watch = [] if cluster_wide else [namespace]
+    docs = chart.render({"watchNamespaces": watch}, namespace=namespace)
     rbac = [d for d in docs if d["kind"] in RBAC_KINDS]
-    assert {d["kind"] for d in rbac} == RBAC_KINDS
+    expected = RBAC_KINDS - {"Role", "RoleBinding"} if cluster_wide else RBAC_KINDS
+    assert {d["kind"] for d in rbac} == expected
     for doc in rbac:
         if doc["kind"] == "Role" and drop:
             doc["rules"] = [r for r in doc["rules"] if drop not in r["resources"]]
@@ -221,10 +228,12 @@ async def test_the_chart_role_refuses_what_it_does_not_grant(
             ),
             403,
         )
+        stored = await admin.get("slots", "chat", namespace=other)
+        assert stored is not None and "priority" not in stored["spec"]
     finally:
         await op.close()
-    stored = await admin.get("slots", "chat", namespace=other)
-    assert stored is not None and "priority" not in stored["spec"]
+        # a leftover "chat" would clash with the next cluster-wide operator's own
+        realapi.delete_all_crs(api_server, other)
 
 
 # ---------------------------------------------------------------------- the operator
@@ -238,8 +247,9 @@ def state(tmp_path: Path) -> Iterator[Path]:
 
 
 def start_operator(
-    kubeconfig: Path, namespace: str, state: Path, log: Path
+    kubeconfig: Path, namespace: str | None, state: Path, log: Path
 ) -> subprocess.Popen[bytes]:
+    """``slotctl operator -n NAMESPACE`` (None: ``--all-namespaces``) as a subprocess."""
     env = {**os.environ, "KUBECONFIG": str(kubeconfig), "PYTHONPATH": str(REPO)}
     env.pop("SLOTCTL_CONFIG_DIR", None)
     env.pop("SLOTCTL_STATE_DIR", None)
@@ -248,8 +258,7 @@ def start_operator(
         "-m",
         "controller",
         "operator",
-        "--namespace",
-        namespace,
+        *(["--namespace", namespace] if namespace else ["--all-namespaces"]),
         "--runtime",
         "process",
         "--state-dir",
@@ -280,16 +289,23 @@ async def ready(kube: Kube, name: str, generation: int) -> dict[str, Any] | None
     return None
 
 
+@pytest.mark.parametrize("cluster_wide", [False, True], ids=["namespaced", "cluster-wide"])
 async def test_operator_with_the_chart_service_account(
-    api_server: ApiServer, namespace: str, admin: Kube, state: Path, tmp_path: Path
+    api_server: ApiServer,
+    namespace: str,
+    admin: Kube,
+    state: Path,
+    tmp_path: Path,
+    cluster_wide: bool,
 ) -> None:
-    """``slotctl operator -n NS`` with only the chart's RBAC: create, edit, a refused edit,
-    a quiet steady state, delete through the finalizer."""
+    """``slotctl operator -n NS`` (a Role) or ``-A`` (the chart's default, a ClusterRole)
+    with only the chart's RBAC: create, edit, a refused edit, a quiet steady state,
+    delete through the finalizer."""
     (port,) = free_ports(1)
-    token = operator_token(api_server, namespace)
+    token = operator_token(api_server, namespace, cluster_wide=cluster_wide)
     kubeconfig = api_server.kubeconfig(tmp_path / "operator.kubeconfig", token=token)
     log = tmp_path / "operator.log"
-    proc = start_operator(kubeconfig, namespace, state, log)
+    proc = start_operator(kubeconfig, None if cluster_wide else namespace, state, log)
     try:
         await admin.create(model("m-chat"))
         await admin.create(slot("chat", "m-chat", port))
