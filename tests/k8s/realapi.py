@@ -183,6 +183,21 @@ class ApiServer:
             raw = err.read()
             return err.code, json.loads(raw) if raw[:1] == b"{" else raw.decode()
 
+    def requests_of(self, user: str) -> set[tuple[str, str, str]]:
+        """Every (verb, apiGroup, resource[/subresource]) ``user`` sent, as RBAC names
+        them, from the server's audit log (discovery and other non-resource URLs left out)."""
+        out = set()
+        for line in (self.workdir / "audit.log").read_text().splitlines():
+            event = json.loads(line)
+            ref = event.get("objectRef") or {}
+            if event["user"].get("username") != user or not ref.get("resource"):
+                continue
+            resource = ref["resource"] + (
+                f"/{ref['subresource']}" if ref.get("subresource") else ""
+            )
+            out.add((event["verb"], ref.get("apiGroup", ""), resource))
+        return out
+
     def tail(self, lines: int = 40) -> str:
         out = []
         for name, path in self.logs.items():
@@ -223,6 +238,17 @@ def start(workdir: Path, bin_dir: Path, timeout: float = 120.0) -> ApiServer:
     tokens = workdir / "tokens.csv"
     tokens.write_text(f'{admin_token},admin,admin-uid,"system:masters"\n')
     tokens.chmod(0o600)
+    audit_policy = workdir / "audit-policy.yaml"
+    audit_policy.write_text(
+        json.dumps(
+            {
+                "apiVersion": "audit.k8s.io/v1",
+                "kind": "Policy",
+                "omitStages": ["RequestReceived"],
+                "rules": [{"level": "Metadata"}],
+            }
+        )
+    )
     kine_port, api_port = free_ports(2)
     logs = {"kine": workdir / "kine.log", "kube-apiserver": workdir / "kube-apiserver.log"}
     server = ApiServer(
@@ -264,6 +290,9 @@ def start(workdir: Path, bin_dir: Path, timeout: float = 120.0) -> ApiServer:
                     f"--tls-private-key-file={pki['key']}",
                     f"--token-auth-file={tokens}",
                     "--authorization-mode=RBAC",
+                    f"--audit-policy-file={audit_policy}",
+                    f"--audit-log-path={workdir / 'audit.log'}",
+                    "--audit-log-mode=blocking",
                     "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
                     f"--service-account-key-file={pki['sa-pub']}",
                     f"--service-account-signing-key-file={pki['sa-key']}",
