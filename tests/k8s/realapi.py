@@ -297,11 +297,8 @@ def start(workdir: Path, bin_dir: Path, timeout: float = 120.0) -> ApiServer:
                     f"--service-account-key-file={pki['sa-pub']}",
                     f"--service-account-signing-key-file={pki['sa-key']}",
                     "--service-cluster-ip-range=10.0.0.0/24",
-                    "--allow-privileged=true",
                     "--profiling=false",
                     "--enable-priority-and-fairness=false",
-                    # envtest leaves these out too: nothing here runs pods or nodes
-                    "--disable-admission-plugins=ServiceAccount",
                     "--v=1",
                 ],
                 stdout=out,
