@@ -299,8 +299,8 @@ async def test_operator_with_the_chart_service_account(
     cluster_wide: bool,
 ) -> None:
     """``slotctl operator -n NS`` (a Role) or ``-A`` (the chart's default, a ClusterRole)
-    with only the chart's RBAC: create, edit, a refused edit, a quiet steady state,
-    delete through the finalizer."""
+    with only the chart's RBAC: create, edit, a port conflict, a refused edit, a quiet
+    steady state, delete through the finalizer."""
     (port,) = free_ports(1)
     token = operator_token(api_server, namespace, cluster_wide=cluster_wide)
     kubeconfig = api_server.kubeconfig(tmp_path / "operator.kubeconfig", token=token)
@@ -335,6 +335,22 @@ async def test_operator_with_the_chart_service_account(
         await admin.edit("slots", "chat", {"priority": 80})
         await eventually(lambda: ready(admin, "chat", 2), "generation 2 observed", timeout=60)
         assert server_pid(port) == pid
+
+        # a conflict only the operator can judge (a port taken by another Slot): its
+        # Degraded status, reason and lastError pass the status schema of the real server
+        await admin.create(slot("dup", "m-chat", port))
+
+        async def degraded() -> dict[str, Any] | None:
+            obj = await admin.get("slots", "dup")
+            return obj if condition(obj, "Degraded").get("status") == "True" else None
+
+        dup = await eventually(degraded, "the duplicate port Degraded", timeout=60)
+        assert condition(dup, "Degraded")["reason"] == "InvalidSpec"
+        assert dup["status"]["lastError"]["code"] == "slot.duplicate_port"
+        assert condition(dup, "Ready")["status"] == "False"
+        assert await ready(admin, "chat", 2) is not None and server_pid(port) == pid
+        await admin.delete("slots", "dup")
+        await eventually(lambda: _gone(admin, "dup"), "dup removed", timeout=60)
 
         # an edit the CEL rules refuse never reaches the operator
         await refused(admin.edit("slots", "chat", {"server": {"extra_args": ["-ngl", "9"]}}), 422)
