@@ -151,6 +151,12 @@ class Operator:
             ready.cancel()
             return core.result()
         self.manager.events.add_listener(self.board.on_event)
+        # kopf reports per-object failures (a 403 on a status patch, a handler's error)
+        # on its ``kopf.objects`` logger, whose only handler posts Kubernetes Events; so
+        # that they are not lost when the Event cannot be posted either, its warnings and
+        # errors also go to stderr while kopf runs.
+        stderr = _kopf_stderr_handler()
+        logging.getLogger("kopf").addHandler(stderr)
         operator = asyncio.create_task(
             kopf.operator(
                 registry=self.registry,
@@ -169,8 +175,11 @@ class Operator:
         self.kopf_stop.set()
         stopping.cancel()
         reaping.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await operator
+        try:
+            with contextlib.suppress(asyncio.CancelledError):
+                await operator
+        finally:
+            logging.getLogger("kopf").removeHandler(stderr)
         self.controller.stop.set()
         return await core
 
@@ -356,6 +365,13 @@ class Operator:
             if model_id is not None and view.model_id == model_id
         }
         return model_status(model_id, self._verdict(key), slots, old)
+
+
+def _kopf_stderr_handler() -> logging.Handler:
+    handler = logging.StreamHandler()
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(logging.Formatter("%(asctime)s kopf   %(message)s", datefmt="%H:%M:%S"))
+    return handler
 
 
 def _login(**kwargs: Any) -> Any:
