@@ -14,9 +14,18 @@
     in-process Reconciler on the process runtime (what ``stack apply --once`` runs),
     next to loading the same slots one after another with the same manager.
 
+(a) also times the first pass after the desired state is read again unchanged (new, equal
+spec objects: a resync), which compares values once instead of identities.
+
+``--baseline DIR`` runs (a) and (b) a second time against another checkout's
+``controller`` package (e.g. ``git archive main | tar -x -C DIR``), in a subprocess, size
+by size interleaved with this tree's, and prints both side by side. ``--parts`` picks
+sections (default ``abcd``).
+
 Prints a table; never fails on timing.
 
     python bench/reconcile.py [--sizes 100,1000,10000] [--slots 50] [--saves 10]
+                              [--parts ab] [--baseline DIR]
 """
 
 from __future__ import annotations
@@ -26,16 +35,19 @@ import asyncio
 import contextlib
 import gc
 import io
+import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# The controller package measured: this checkout's, or (the --baseline subprocess) another's.
+sys.path.insert(0, os.environ.get("SLOTCTL_BENCH_TREE") or str(Path(__file__).parent.parent))
 
 from controller.apply import apply_to_config
 from controller.clock import SYSTEM_CLOCK
@@ -53,6 +65,7 @@ from controller.spec.schema import ControllerSettings, ModelSpec, SlotSpec
 from controller.store import SlotStateRecord, StateStore
 
 SETTINGS = ControllerSettings(safety_margin_gb=0.0)
+TREE = sys.path[0]
 
 # ============================================================================ helpers
 
@@ -94,8 +107,9 @@ def percentile(values: Sequence[float], q: float) -> float:
 # ============================================================================ (a) no-op passes
 
 
-async def noop_pass(tmp: Path, n: int, passes: int) -> tuple[float, int]:
-    """Median seconds of one pass over ``n`` ready, in-sync slots; and the slot count.
+async def noop_pass(tmp: Path, n: int, passes: int) -> tuple[float, int, float]:
+    """Median seconds of one pass over ``n`` ready, in-sync slots; the slot count; and the
+    seconds of the first pass after the desired state is read again, unchanged.
 
     Setup as after a controller restart: ``n`` fake servers run and every state.json
     says ``ready``; the manager adopts them (``recover``), so every plan is ``noop``.
@@ -134,23 +148,65 @@ async def noop_pass(tmp: Path, n: int, passes: int) -> tuple[float, int]:
         for name in names:
             await reconciler.reconcile(name)
         times.append(time.perf_counter() - t0)
+    # A resync that reads the same files again: equal values in new objects.
+    reread = {
+        name: DesiredSlot(spec=SlotSpec.model_validate(slot.spec.model_dump()), stack=slot.stack)
+        for name, slot in slots.items()
+    }
+    reconciler.snapshot = ConfigSnapshot(settings=SETTINGS, models=models, slots=reread)
+    gc.collect()
+    t0 = time.perf_counter()
+    for name in names:
+        await reconciler.reconcile(name)
+    first = time.perf_counter() - t0
+    assert {reconciler.plan(name).kind for name in names} == {"noop"}
     await manager.close()
-    return statistics.median(times), len(names)
+    return statistics.median(times), len(names), first
 
 
-async def bench_noop(sizes: Sequence[int]) -> list[str]:
-    lines = ["(a) no-op reconcile pass: reconcile(name) for every slot, all ready and in sync"]
-    per_slot: list[float] = []
+async def measure_noop(sizes: Sequence[int]) -> dict[int, tuple[float, float, int]]:
+    """Per size: (µs a slot of a no-op pass, µs a slot of the first pass after a re-read,
+    passes)."""
+    out = {}
     for n in sizes:
         passes = max(2, min(20, 20_000 // n))
         with tempfile.TemporaryDirectory(prefix="slotctl-bench-", dir=fast_tmp()) as tmp:
-            seconds, count = await noop_pass(Path(tmp), n, passes)
-        us = seconds / count * 1e6
+            seconds, count, first = await noop_pass(Path(tmp), n, passes)
+        out[n] = (seconds / count * 1e6, first / count * 1e6, passes)
+    return out
+
+
+def baseline(tree: str, parts: str, sizes: Sequence[int]) -> dict[str, object]:
+    """Run (a)/(b) of this script against the controller package in ``tree``."""
+    env = {**os.environ, "SLOTCTL_BENCH_TREE": tree, "PYTHONPATH": tree}
+    argv = [sys.executable, __file__, "--json", "--parts", parts]
+    argv += ["--sizes", ",".join(str(n) for n in sizes)]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, check=True)
+    result: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+async def bench_noop(sizes: Sequence[int], base_tree: str | None) -> list[str]:
+    lines = ["(a) no-op reconcile pass: reconcile(name) for every slot, all ready and in sync"]
+    if base_tree:
+        lines.append(f"    before = {base_tree}; after = {TREE}; µs a slot, median of the passes")
+    per_slot: list[float] = []
+    for n in sizes:
+        before = baseline(base_tree, "a", [n])["noop"] if base_tree else None
+        us, first, passes = (await measure_noop([n]))[n]
         per_slot.append(us)
-        lines.append(
-            f"  {n:>6,} slots: pass {seconds * 1e3:9.1f} ms   per slot {us:7.1f} µs   "
+        line = (
+            f"  {n:>6,} slots: pass {us * n / 1e3:9.1f} ms   per slot {us:7.1f} µs   "
+            f"first pass after an unchanged re-read {first:6.1f} µs a slot   "
             f"(median of {passes} passes)"
         )
+        if isinstance(before, dict):
+            b_us, b_first, _ = before[str(n)]
+            line += (
+                f"\n          before: per slot {b_us:7.1f} µs (x{b_us / us:.1f} now), "
+                f"after a re-read {b_first:6.1f} µs"
+            )
+        lines.append(line)
     for (n0, u0), (n1, u1) in zip(
         zip(sizes, per_slot, strict=True), list(zip(sizes, per_slot, strict=True))[1:], strict=False
     ):
@@ -163,7 +219,10 @@ async def bench_noop(sizes: Sequence[int]) -> list[str]:
 # ============================================================================ (b) plans
 
 
-def bench_plans(n: int = 1000, changed_frac: float = 0.10, repeats: int = 50) -> list[str]:
+def measure_plans(
+    n: int = 1000, changed_frac: float = 0.10, repeats: int = 50
+) -> tuple[float, dict[str, int]]:
+    """Median seconds of ``plans_for`` over ``n`` slots with ``changed_frac`` changed."""
     want, _ = desired_slots(n)
     have = {name: slot.spec for name, slot in want.items()}
     hashes: dict[str, str | None] = {name: f"h{i:011d}" for i, name in enumerate(want)}
@@ -190,12 +249,19 @@ def bench_plans(n: int = 1000, changed_frac: float = 0.10, repeats: int = 50) ->
     kinds: dict[str, int] = {}
     for action in actions:
         kinds[action.kind] = kinds.get(action.kind, 0) + 1
-    median = statistics.median(times)
-    return [
-        f"(b) plans_for over {n:,} slots, {changed_frac:.0%} changed, median of {repeats}",
-        f"  {median * 1e3:.2f} ms per plan ({median / n * 1e6:.1f} µs per slot); "
-        f"actions {dict(sorted(kinds.items()))}",
+    return statistics.median(times), dict(sorted(kinds.items()))
+
+
+def bench_plans(base_tree: str | None, n: int = 1000) -> list[str]:
+    before = baseline(base_tree, "b", [n])["plan"] if base_tree else None
+    median, kinds = measure_plans(n)
+    lines = [
+        f"(b) plans_for over {n:,} slots, 10% changed, median of 50",
+        f"  {median * 1e3:.2f} ms per plan ({median / n * 1e6:.1f} µs per slot); actions {kinds}",
     ]
+    if isinstance(before, float):
+        lines.append(f"  before: {before * 1e3:.2f} ms per plan (x{before / median:.1f} now)")
+    return lines
 
 
 # ============================================================================ (c) GitOps latency
@@ -350,17 +416,28 @@ async def bench_converge(count: int, load_seconds: float, workers: int | None) -
 
 async def main_async(args: argparse.Namespace) -> None:
     sizes = [int(s) for s in args.sizes.split(",")]
+    if args.json:  # the --baseline subprocess: figures only, one JSON line
+        out: dict[str, object] = {"tree": TREE}
+        if "a" in args.parts:
+            out["noop"] = await measure_noop(sizes)
+        if "b" in args.parts:
+            out["plan"] = measure_plans()[0]
+        print(json.dumps(out))
+        return
     print(
         f"slotctl bench/reconcile.py — {platform.python_implementation()} "
         f"{platform.python_version()}, {os.cpu_count()} CPUs, {platform.machine()}"
     )
     started = time.perf_counter()
-    sections = [
-        await bench_noop(sizes),
-        bench_plans(),
-        await bench_gitops(args.saves),
-        await bench_converge(args.slots, args.load_seconds, args.workers),
-    ]
+    sections = []
+    if "a" in args.parts:
+        sections.append(await bench_noop(sizes, args.baseline))
+    if "b" in args.parts:
+        sections.append(bench_plans(args.baseline))
+    if "c" in args.parts:
+        sections.append(await bench_gitops(args.saves))
+    if "d" in args.parts:
+        sections.append(await bench_converge(args.slots, args.load_seconds, args.workers))
     for lines in sections:
         print()
         for line in lines:
@@ -375,6 +452,9 @@ def main() -> None:
     parser.add_argument("--slots", type=int, default=50)
     parser.add_argument("--load-seconds", type=float, default=1.0)
     parser.add_argument("--workers", type=int, default=None, help="(d): reconciler workers")
+    parser.add_argument("--parts", default="abcd", help="sections to run (default abcd)")
+    parser.add_argument("--baseline", default=None, help="(a), (b): also measure this tree")
+    parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(main_async(args))

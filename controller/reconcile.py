@@ -58,26 +58,26 @@ __all__ = [
 
 log = logging.getLogger("slotctl.reconcile")
 
+_DONE = Result()  # frozen: one for every pass that asks nothing of the queue
+
 
 def observe_manager(manager: SlotManager, name: str) -> ObservedSlot | None:
-    try:
-        view = manager.view(name)
-    except SlotctlError:
+    status = manager.observe(name)
+    if status is None:
         return None
-    running = view.state not in (SlotState.OFFLINE, SlotState.ERROR)
     # Inside a backoff window (or an open breaker's cap): retry when it ends — an open
     # breaker then lets one try through (half-open).
     return ObservedSlot(
         name=name,
-        state=view.state,
-        idle_reason=view.idle_reason,
-        running=running,
-        config_hash=view.config_hash,
-        message=view.message,
-        blocked=view.retry_after_s > 0,
-        retry_after_s=view.retry_after_s,
-        waiting=view.waiting,
-        paused=view.paused,
+        state=status.state,
+        idle_reason=status.idle_reason,
+        running=status.state not in (SlotState.OFFLINE, SlotState.ERROR),
+        config_hash=status.config_hash,
+        message=status.message,
+        blocked=status.retry_after_s > 0,
+        retry_after_s=status.retry_after_s,
+        waiting=status.waiting,
+        paused=status.paused,
     )
 
 
@@ -230,7 +230,7 @@ class Reconciler:
             return Result(requeue_after=max(0.05, float(retry)))
         if action.kind == "update":
             return Result(requeue_after=0.01)  # applied in place: it may also need a load
-        return Result()
+        return _DONE
 
     async def act(self, action: Action) -> None:
         manager, name = self.manager, action.slot

@@ -9,10 +9,14 @@ the manager runs, so parts never keep a copy).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, replace
+import os
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from pydantic import BaseModel
+
 from controller.clock import Clock
+from controller.errors import SlotctlError
 from controller.events import EventBus
 from controller.memory import MemoryProbe
 from controller.probe import Prober
@@ -25,7 +29,7 @@ from controller.slots.wishes import Wishes
 from controller.spec.schema import ControllerSettings
 from controller.tasks import TaskSet
 
-__all__ = ["Core", "Part"]
+__all__ = ["Core", "Part", "same"]
 
 log = logging.getLogger("slotctl.manager")
 
@@ -43,15 +47,49 @@ class Core:
     wishes: Wishes
     locks: Locks
     tasks: TaskSet
+    # Where hf:// and relative model sources resolve: the config's, else
+    # $SLOTCTL_MODELS_DIR (default /models) as it is when the manager is built.
+    models_dir: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        configured = self.config.models_dir
+        self.models_dir = configured or Path(os.environ.get("SLOTCTL_MODELS_DIR", "/models"))
 
     def build_launch(self, slot: SlotRecord) -> LaunchSpec:
         """The effective runtime config of ``slot`` on this manager's runtime."""
         runtime = self.runtime.kind if self.runtime.kind != "fake" else "process"
-        ctx = BuildContext(runtime=runtime, stack=slot.stack)
-        models_dir: Path | None = self.config.models_dir
-        if models_dir is not None:
-            ctx = replace(ctx, models_dir=models_dir)
+        ctx = BuildContext(runtime=runtime, stack=slot.stack, models_dir=self.models_dir)
         return build_launch(slot.spec, slot.model, ctx)
+
+    def launch_hash(self, slot: SlotRecord) -> str | None:
+        """The config hash ``slot`` would run with (None: its launch cannot be built).
+
+        Memoised on the record: specs and models are immutable and the build context is
+        fixed for the manager's life, so while the record holds the same spec, model and
+        stack the hash is the same. A new desired state (a config read, a swap) brings new
+        objects: equal ones take the memo over (compared once, then by identity again),
+        changed ones are built again.
+        """
+        memo = slot.hashed
+        if memo is not None and memo[2] == slot.stack:
+            spec, model = memo[0], memo[1]
+            if spec is slot.spec and model is slot.model:
+                return memo[3]
+            if same(spec, slot.spec) and same(model, slot.model):  # a re-read: new, equal
+                slot.hashed = (slot.spec, slot.model, slot.stack, memo[3])
+                return memo[3]
+        try:
+            value: str | None = self.build_launch(slot).config_hash()
+        except SlotctlError:
+            value = None
+        slot.hashed = (slot.spec, slot.model, slot.stack, value)
+        return value
+
+
+def same(have: BaseModel | None, want: BaseModel | None) -> bool:
+    """Equal specs (or models); pydantic's ``==`` compares every field even of the very
+    same object, so identity is asked first."""
+    return have is want or have == want
 
 
 class Part:

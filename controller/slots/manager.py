@@ -28,12 +28,12 @@ from controller.memory import MemoryProbe, SystemMemoryProbe
 from controller.probe import HttpProber, Prober
 from controller.runtime.base import RunStatus, Runtime
 from controller.slots.admission import Admission
-from controller.slots.core import Core, Part
+from controller.slots.core import Core, Part, same
 from controller.slots.housekeeping import Housekeeping
 from controller.slots.leases import Leases
 from controller.slots.loading import Loading
 from controller.slots.locks import Locks
-from controller.slots.records import Lease, ManagerConfig, SlotRecord, SlotView
+from controller.slots.records import Lease, ManagerConfig, SlotRecord, SlotStatus, SlotView
 from controller.slots.recovery import Recovery
 from controller.slots.table import SlotTable
 from controller.slots.unloading import Unloading
@@ -148,10 +148,19 @@ class SlotManager(Part):
             table.load_persisted(slot)
             table.records[desired.name] = slot
             return
-        old_hash = self._launch_hash(slot)
-        slot.spec, slot.stack, slot.model = desired.spec, desired.stack, model
-        if old_hash != self._launch_hash(slot):
-            slot.breaker.reset()
+        if (
+            slot.stack == desired.stack
+            and same(slot.model, model)
+            and same(slot.spec, desired.spec)
+        ):
+            # Unchanged (the usual pass): take the new objects, so that the next pass's
+            # comparisons (and the hash memo's) are identity checks.
+            slot.spec, slot.model = desired.spec, model
+        else:
+            old_hash = self.core.launch_hash(slot)
+            slot.spec, slot.stack, slot.model = desired.spec, desired.stack, model
+            if old_hash != self.core.launch_hash(slot):
+                slot.breaker.reset()
         self.unloading.unwait_if_unwanted(slot)
 
     def known(self, name: str) -> SlotSpec | None:
@@ -160,16 +169,22 @@ class SlotManager(Part):
         return slot.spec if slot else None
 
     def launch_hash(self, desired: DesiredSlot) -> str | None:
-        """The config hash ``desired`` would run with on this manager's runtime."""
-        model = self.models.get(desired.spec.model_id) if desired.spec.model_id else None
-        probe = SlotRecord(spec=desired.spec, stack=desired.stack, model=model, breaker=Breaker())
-        return self._launch_hash(probe)
+        """The config hash ``desired`` would run with on this manager's runtime.
 
-    def _launch_hash(self, slot: SlotRecord) -> str | None:
-        try:
-            return self.core.build_launch(slot).config_hash()
-        except SlotctlError:
-            return None
+        The slot's memo answers when the manager already applies an equal spec with the
+        same model (every pass of a desired state it has applied); otherwise it is built.
+        """
+        model = self.models.get(desired.spec.model_id) if desired.spec.model_id else None
+        slot = self.core.table.records.get(desired.name)
+        if (
+            slot is not None
+            and slot.stack == desired.stack
+            and same(slot.model, model)
+            and same(slot.spec, desired.spec)
+        ):
+            return self.core.launch_hash(slot)
+        probe = SlotRecord(spec=desired.spec, stack=desired.stack, model=model, breaker=Breaker())
+        return self.core.launch_hash(probe)
 
     def group_holder(self, name: str) -> str | None:
         """A peer holding ``name``'s exclusive group (loading or loaded), if any."""
@@ -218,6 +233,21 @@ class SlotManager(Part):
     def view(self, name: str) -> SlotView:
         table = self.core.table
         return table.view(table.get(name))
+
+    def observe(self, name: str) -> SlotStatus | None:
+        """What the reconciler plans with (the fields of :meth:`view`); None: unknown."""
+        slot = self.core.table.records.get(name)
+        if slot is None:
+            return None
+        return SlotStatus(
+            slot.state,
+            slot.idle_reason,
+            slot.config_hash,
+            slot.message,
+            slot.breaker.retry_after(self.clock.monotonic()),
+            slot.waiting,
+            self.core.wishes.is_paused(name),
+        )
 
     def views(self) -> list[SlotView]:
         table = self.core.table

@@ -13,7 +13,7 @@ from controller.events import EventBus, Op
 from controller.lifecycle import Candidate
 from controller.memory import MemoryProbe
 from controller.runtime.base import Runtime
-from controller.slots.records import Lease, SlotView
+from controller.slots.records import Lease, SlotStatus, SlotView
 from controller.spec.loader import DesiredSlot
 from controller.spec.schema import ControllerSettings, ModelSpec, SlotSpec
 
@@ -74,6 +74,8 @@ class ReconcilerPort(Protocol):
     def known(self, name: str) -> SlotSpec | None: ...
 
     def view(self, name: str) -> SlotView: ...
+
+    def observe(self, name: str) -> SlotStatus | None: ...
 
     def launch_hash(self, desired: DesiredSlot) -> str | None: ...
 

@@ -12,7 +12,7 @@ import asyncio
 import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import Final, NamedTuple
 
 from controller.breaker import Breaker
 from controller.errors import SlotctlError
@@ -28,6 +28,7 @@ __all__ = [
     "Lease",
     "ManagerConfig",
     "SlotRecord",
+    "SlotStatus",
     "SlotView",
 ]
 
@@ -119,6 +120,19 @@ class SlotView:
         return can_dispatch(self.state, self.idle_reason)
 
 
+class SlotStatus(NamedTuple):
+    """What a reconcile pass observes of a slot: the planning fields of a :class:`SlotView`,
+    taken without building one (a pass over every slot asks this of each)."""
+
+    state: SlotState
+    idle_reason: str | None
+    config_hash: str | None
+    message: str
+    retry_after_s: float
+    waiting: str | None
+    paused: bool
+
+
 @dataclass(slots=True)
 class SlotRecord:
     """The live record of one slot. Fields, not a dict: every fact has a name and a type."""
@@ -145,6 +159,9 @@ class SlotRecord:
     # adopted after a restart that was started with an older config (the reconciler
     # recreates it). None: the running server is ``launch``.
     running_hash: str | None = None
+    # (spec, model, stack, config hash) as last computed (Core.launch_hash), kept while
+    # they stay the same objects (all immutable): a no-op reconcile pass rebuilds nothing.
+    hashed: tuple[SlotSpec, ModelSpec | None, str, str | None] | None = None
     adopted: str | None = None  # ident of the server adopted after a restart
     liveness_misses: int = 0
     last_liveness: float = 0.0
@@ -161,6 +178,13 @@ class SlotRecord:
     @property
     def name(self) -> str:
         return self.spec.name
+
+    @property
+    def config_hash(self) -> str | None:
+        """The running server's config hash (None: no launch yet)."""
+        if self.running_hash is not None:
+            return self.running_hash
+        return self.launch.config_hash() if self.launch is not None else None
 
     @property
     def memory_bytes(self) -> int:
