@@ -169,7 +169,7 @@ async def measure_noop(sizes: Sequence[int]) -> dict[int, tuple[float, float, in
     passes)."""
     out = {}
     for n in sizes:
-        passes = max(2, min(20, 20_000 // n))
+        passes = max(5, min(20, 20_000 // n))
         with tempfile.TemporaryDirectory(prefix="slotctl-bench-", dir=fast_tmp()) as tmp:
             seconds, count, first = await noop_pass(Path(tmp), n, passes)
         out[n] = (seconds / count * 1e6, first / count * 1e6, passes)
@@ -355,7 +355,19 @@ async def bench_gitops(saves: int) -> list[str]:
 # ============================================================================ (d) convergence
 
 
-async def bench_converge(count: int, load_seconds: float, workers: int | None) -> list[str]:
+def threads_cpu(pid: int) -> float:
+    """CPU seconds of ``pid``'s live threads (scheduler clocks, ns), as bench/demo_start.py
+    reads them; a thread that has ended (the demo's load thread, which sleeps) is gone."""
+    total = 0
+    for stat in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+        with contextlib.suppress(OSError):
+            total += int(stat.read_text().split()[0])
+    return total / 1e9
+
+
+async def bench_converge(
+    count: int, load_seconds: float, workers: int | None, sequential_too: bool = True
+) -> list[str]:
     ports = free_ports(count)
     with tempfile.TemporaryDirectory(prefix="slotctl-bench-") as tmp:
         root = Path(tmp)
@@ -388,27 +400,44 @@ async def bench_converge(count: int, load_seconds: float, workers: int | None) -
         try:
             await manager.set_desired(reconciler.refresh().desired())
             await manager.recover()
-            t0 = time.perf_counter()
+            cpu0, t0 = time.process_time(), time.perf_counter()
             converged = await reconciler.converge(timeout=300, poll_s=0.05)
             concurrent = time.perf_counter() - t0
+            controller_cpu = time.process_time() - cpu0
             assert converged, reconciler.errors
+            servers_cpu = 0.0
+            for name in manager.names():
+                ident = (await manager.runtime.inspect(name)).ident
+                servers_cpu += threads_cpu(int(ident)) if ident else 0.0
             await manager.stop_all(reason="bench")
             names = sorted(manager.names())
             t0 = time.perf_counter()
-            for name in names:
+            for name in names if sequential_too else ():
                 await manager.load(name, resident=False)
             sequential = time.perf_counter() - t0
         finally:
             await manager.stop_all(reason="bench done")
             await manager.close()
-    return [
+    cores = len(os.sched_getaffinity(0))
+    bound = max(load_seconds, servers_cpu / cores)
+    lines = [
         f"(d) {count} independent demo slots, --load-seconds {load_seconds:g}, process runtime "
         f"(reconciler workers: {reconciler.workers})",
         f"  reconciler (apply --once path): {concurrent:6.2f} s to converge",
-        f"  one load after another:         {sequential:6.2f} s "
-        f"({sequential / count:.2f} s per load)",
-        f"  ratio sequential / reconciler:  x{sequential / concurrent:.1f}",
+        f"  controller CPU (this process, all threads): {controller_cpu * 1e3:.0f} ms, "
+        f"{controller_cpu / count * 1e3:.1f} ms a load",
+        f"  servers' CPU until converged: {servers_cpu:.2f} s "
+        f"({servers_cpu / count * 1e3:.0f} ms a server)",
+        f"  machine bound max(load {load_seconds:g} s, servers' CPU / {cores} cores): "
+        f"{bound:.2f} s; converge / bound: x{concurrent / bound:.2f}",
     ]
+    if sequential_too:
+        lines += [
+            f"  one load after another:         {sequential:6.2f} s "
+            f"({sequential / count:.2f} s per load)",
+            f"  ratio sequential / reconciler:  x{sequential / concurrent:.1f}",
+        ]
+    return lines
 
 
 # ============================================================================ main
@@ -437,7 +466,11 @@ async def main_async(args: argparse.Namespace) -> None:
     if "c" in args.parts:
         sections.append(await bench_gitops(args.saves))
     if "d" in args.parts:
-        sections.append(await bench_converge(args.slots, args.load_seconds, args.workers))
+        sections.append(
+            await bench_converge(
+                args.slots, args.load_seconds, args.workers, not args.no_sequential
+            )
+        )
     for lines in sections:
         print()
         for line in lines:
@@ -452,6 +485,7 @@ def main() -> None:
     parser.add_argument("--slots", type=int, default=50)
     parser.add_argument("--load-seconds", type=float, default=1.0)
     parser.add_argument("--workers", type=int, default=None, help="(d): reconciler workers")
+    parser.add_argument("--no-sequential", action="store_true", help="(d): skip the baseline")
     parser.add_argument("--parts", default="abcd", help="sections to run (default abcd)")
     parser.add_argument("--baseline", default=None, help="(a), (b): also measure this tree")
     parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
