@@ -1,12 +1,9 @@
-"""Shared test hygiene: no leftover child processes or asyncio tasks after any test; the
-package's byte code compiled once for the processes the tests start."""
+"""Shared test hygiene: no leftover child processes or asyncio tasks after any test."""
 
 from __future__ import annotations
 
-import compileall
 import os
 from collections.abc import Iterator
-from pathlib import Path
 
 import psutil
 import pytest
@@ -33,15 +30,3 @@ def _no_leftover_children() -> Iterator[None]:
         except psutil.NoSuchProcess:
             continue
     assert not leftovers, f"test left child processes behind: {leftovers}"
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _byte_code_for_subprocesses() -> None:
-    """Compile ``controller/`` once per session, as an install does.
-
-    The tests start hundreds of ``slotctl``, controller and demo-server processes. Where
-    ``PYTHONDONTWRITEBYTECODE`` is set (this sandbox sets it) none of them writes byte
-    code, so each would compile every module it imports from source again: 0.15 to 0.2 s of
-    CPU per controller start. Up-to-date files are skipped (a stat each).
-    """
-    compileall.compile_dir(Path(__file__).resolve().parents[1] / "controller", quiet=2)
