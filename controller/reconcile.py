@@ -60,6 +60,11 @@ log = logging.getLogger("slotctl.reconcile")
 
 _DONE = Result()  # frozen: one for every pass that asks nothing of the queue
 
+# Passes at once. A pass that loads holds its worker until the server is ready (or
+# fails), so this bounds the loads in flight: with 16, fifty 1 s loads took four rounds.
+# Admission (memory) is what limits loads; a worker is an idle task.
+WORKERS = 64
+
 
 def observe_manager(manager: SlotManager, name: str) -> ObservedSlot | None:
     status = manager.observe(name)
@@ -90,7 +95,7 @@ class Reconciler:
         config_dir: Path,
         *,
         resync_s: float = 30.0,
-        workers: int = 16,
+        workers: int = WORKERS,
         on_plan: Callable[[Action], None] | None = None,
     ) -> None:
         self.manager = manager

@@ -11,6 +11,7 @@ written by :func:`controller.apply.apply_to_config` (what ``stack apply`` uses).
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections.abc import Callable
 from pathlib import Path
@@ -309,3 +310,36 @@ async def test_observe_says_what_the_view_says(tmp_path: Path) -> None:
         "lazy-a": S.OFFLINE,
     }
     await h.manager.close()
+
+
+async def test_more_independent_loads_than_sixteen_run_at_once(tmp_path: Path) -> None:
+    """A pass that loads holds its worker until the server is ready: the worker pool must
+    not be what serialises independent loads (it was 16: fifty loads took four rounds)."""
+    h = Harness(tmp_path, config=FAST, gpu_gb=64.0)
+    slots = [slot_spec(f"many-{i:02d}", autoload=True) for i in range(40)]
+    for spec in slots:
+        h.runtime.script(spec.name, load_s=5.0)
+    apply_to_config(
+        state_of(slots, [model_spec(s.model_id, gb=0.5) for s in slots]),
+        tmp_path / "config",
+        prune=True,
+    )
+    r = Reconciler(h.manager, tmp_path / "config", resync_s=3600.0)
+    stop = asyncio.Event()
+    runner = asyncio.create_task(r.run(stop))
+    try:
+        deadline = asyncio.get_running_loop().time() + 10
+        while sum(v.state is S.WARMING for v in h.manager.views()) < len(slots):
+            assert asyncio.get_running_loop().time() < deadline, {
+                v.name: v.state.value for v in h.manager.views()
+            }
+            await asyncio.sleep(0.005)
+        h.clock.advance(5.0)
+        while not all(v.state is S.READY for v in h.manager.views()):
+            assert asyncio.get_running_loop().time() < deadline + 10
+            await asyncio.sleep(0.005)
+    finally:
+        stop.set()
+        await runner
+        await h.manager.close()
+    assert all(h.runtime.starts[s.name] == 1 for s in slots)
