@@ -11,8 +11,11 @@
     slot's priority changed and the time until the ``plan`` event for that slot is
     taken, ~10 times (p50/max);
 (d) convergence of 50 independent demo slots with ``--load-seconds 1`` through an
-    in-process Reconciler on the process runtime (what ``stack apply --once`` runs),
-    next to loading the same slots one after another with the same manager.
+    in-process Reconciler on the process runtime (what ``stack apply --once`` runs):
+    the controller's own CPU per load (this process), the servers' CPU, the converge
+    time against the machine's bound ``max(load time, servers' CPU / cores)``; next to
+    loading the same slots one after another with the same manager
+    (``--no-sequential`` skips that).
 
 (a) also times the first pass after the desired state is read again unchanged (new, equal
 spec objects: a resync), which compares values once instead of identities.
@@ -25,7 +28,9 @@ sections (default ``abcd``).
 Prints a table; never fails on timing.
 
     python bench/reconcile.py [--sizes 100,1000,10000] [--slots 50] [--saves 10]
-                              [--parts ab] [--baseline DIR]
+                              [--parts ab] [--baseline DIR] [--no-sequential]
+
+``SLOTCTL_BENCH_TREE=DIR`` runs every part against another checkout's package.
 """
 
 from __future__ import annotations
