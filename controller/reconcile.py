@@ -39,6 +39,7 @@ from controller.plan import (
     spec_changes,
 )
 from controller.slots import SlotManager
+from controller.slots.records import SlotStatus
 from controller.spec.configdir import ConfigSnapshot, read_config_dir
 
 # The plan lives in controller.plan (pure); re-exported for the callers of the loop.
@@ -68,8 +69,10 @@ WORKERS = 64
 
 def observe_manager(manager: SlotManager, name: str) -> ObservedSlot | None:
     status = manager.observe(name)
-    if status is None:
-        return None
+    return None if status is None else observed_slot(name, status)
+
+
+def observed_slot(name: str, status: SlotStatus) -> ObservedSlot:
     # Inside a backoff window (or an open breaker's cap): retry when it ends — an open
     # breaker then lets one try through (half-open).
     return ObservedSlot(
@@ -125,6 +128,9 @@ class Reconciler:
         self._said_plan: dict[str, tuple[str, str]] = {}
         self._said_error: dict[str, tuple[str, str]] = {}
         self.passes = 0
+        # The last observation of each slot, reused while the manager reports the same
+        # status (an ObservedSlot costs more to build than the status to compare).
+        self._observed: dict[str, tuple[SlotStatus, ObservedSlot]] = {}
         # Called after every pass with (slot, seconds, ok): the API's metrics.
         self.pass_observers: list[Callable[[str, float, bool], None]] = []
 
@@ -195,7 +201,7 @@ class Reconciler:
     def plan(self, name: str) -> Action:
         want = self.snapshot.slots.get(name)
         have = self.manager.known(name)
-        obs = observe_manager(self.manager, name)
+        obs = self._observe(name)
         want_hash = self.manager.launch_hash(want) if want else None
         resident = self.manager.is_resident(name)
         if (
@@ -214,12 +220,23 @@ class Reconciler:
             name, want, have, obs, want_hash=want_hash, resident=resident, group_holder=holder
         )
 
+    def _observe(self, name: str) -> ObservedSlot | None:
+        status = self.manager.observe(name)
+        if status is None:
+            self._observed.pop(name, None)
+            return None
+        last = self._observed.get(name)
+        if last is not None and last[0] == status:
+            return last[1]
+        observed = observed_slot(name, status)
+        self._observed[name] = (status, observed)
+        return observed
+
     async def reconcile(self, name: str) -> Result:
         """Observe, plan and act for one slot. Raises typed errors; returns a requeue."""
         action = self.plan(name)
-        said = (action.kind, action.reason)
-        if action.kind != "noop" and self._said_plan.get(name) != said:
-            self._said_plan[name] = said
+        if action.kind != "noop" and self._said_plan.get(name) != (action.kind, action.reason):
+            self._said_plan[name] = (action.kind, action.reason)
             self.manager.events.emit(
                 EventKind.PLAN,
                 Op.RECONCILE,
