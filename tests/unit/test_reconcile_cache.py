@@ -260,7 +260,9 @@ async def test_the_memoised_hash_always_equals_a_fresh_build(tmp_path: Path) -> 
         elif move == "stack":
             stack = rng.choice(["t", "u"])
         elif move == "swap" and "walk" in manager.names():
-            await manager.swap("walk", rng.choice(list(catalogue)))
+            # The API's swap: the new binding as the config dir now declares it.
+            spec = with_changes(spec, model={"default": rng.choice(list(catalogue))})
+            await manager.swap(DesiredSlot(spec=spec, stack=stack))
             await settle(manager)
         elif move == "sched":
             spec = with_changes(spec, priority=step % 100)
