@@ -65,6 +65,18 @@ def test_atomic_write_creates_parents(tmp_path: Path) -> None:
     assert json.loads(target.read_text()) == {"x": 1}
 
 
+def test_atomic_write_recreates_a_parent_removed_between_writes(tmp_path: Path) -> None:
+    """The parent is made only when missing (not at every write): a slot dir removed by
+    hand between two writes is made again by the second."""
+    target = tmp_path / "slots" / "a" / "state.json"
+    atomic_write_bytes(target, b"one")
+    target.unlink()
+    target.parent.rmdir()
+    atomic_write_bytes(target, b"two")
+    assert target.read_bytes() == b"two"
+    assert _entries(target.parent) == ["state.json"]
+
+
 def test_atomic_write_json_content(tmp_path: Path) -> None:
     target = tmp_path / "d.json"
     data = {"b": [1, 2, {"c": None}], "a": "é", "n": 1.5}
