@@ -345,3 +345,25 @@ async def test_more_independent_loads_than_sixteen_run_at_once(tmp_path: Path) -
         await runner
         await h.manager.close()
     assert all(h.runtime.starts[s.name] == 1 for s in slots)
+
+
+async def test_the_models_dir_is_fixed_when_the_manager_is_built(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The build context is part of the hash; the memo may keep a hash because the
+    context cannot change under it: ``$SLOTCTL_MODELS_DIR`` is read once, at start."""
+    monkeypatch.setenv("SLOTCTL_MODELS_DIR", str(tmp_path / "models"))
+    h = Harness(tmp_path, config=FAST)
+    spec = slot_spec("hf", model="hf-m", provider="llamacpp")
+    model = ModelSpec(id="hf-m", source="hf://org/repo/file.gguf")
+    h.manager.set_models({"hf-m": model})
+    desired = DesiredSlot(spec=spec, stack="t")
+    h.manager.upsert(desired)
+    ctx = BuildContext(runtime="process", stack="t", models_dir=tmp_path / "models")
+    at_start = build_launch(spec, model, ctx)
+    assert at_start.model_path == str(tmp_path / "models" / "org/repo/file.gguf")
+    assert h.manager.launch_hash(desired) == at_start.config_hash()
+    monkeypatch.setenv("SLOTCTL_MODELS_DIR", str(tmp_path / "elsewhere"))
+    assert h.manager.core.build_launch(h.manager.core.table.get("hf")) == at_start
+    assert h.manager.launch_hash(desired) == at_start.config_hash()
+    await h.manager.close()
