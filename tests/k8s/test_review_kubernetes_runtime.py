@@ -20,7 +20,13 @@ from tests.k8s.kubelet import Kubelet, declare_workloads
 
 pytestmark = pytest.mark.timeout(60)
 
-LABELS = {"slotctl.managed": "true", "slotctl.slot": "slow", "slotctl.stack": "s"}
+# slotctl.owner: the runtime's default owner (objects of another owner are not its own)
+LABELS = {
+    "slotctl.managed": "true",
+    "slotctl.slot": "slow",
+    "slotctl.stack": "s",
+    "slotctl.owner": "slotctl",
+}
 
 
 async def test_stop_waits_for_a_terminating_pod(cluster: Cluster, tmp_path: Path) -> None:
