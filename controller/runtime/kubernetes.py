@@ -26,9 +26,22 @@ client (docs/design/0005-kubernetes-runtime.md says why that one):
   ``NODE/DEVICE`` keys, from the nodes' allocatable resources (refreshed in the
   background).
 
-``stop`` scales a running slot to 0 and waits for its pod to go (deleting it after the
-timeout); a stop of a slot already at 0 deletes the Deployment and the Service (a slot
-nobody declares any more: the reconciler's orphan sweep). API failures become typed
+``stop`` scales a running slot to 0 and waits for its pod to go — a terminating pod
+(``deletionTimestamp`` set, its server still running within its grace period) counts as
+still there; the kubelet sends SIGTERM and, after the pod's grace period, SIGKILL. Still
+there after the stop's timeout + that grace: :class:`~controller.errors.SlotTerminateTimeout`
+(nothing is force-deleted). A stop of a slot already at 0 with no pod left deletes the
+Deployment and the Service (a slot nobody declares any more: the reconciler's orphan
+sweep). A start that fails after it scaled the Deployment to 1 (the Service refused, a
+crash-looping or unpullable container, an API error, a cancellation) scales it back to 0
+before it raises. Slot names longer than :data:`MAX_SLOT_NAME` are refused (``slotctl-``
++ the name is a Service name, a DNS label of at most 63 characters).
+
+**Ownership**: every Deployment and Service carries ``slotctl.owner`` (the operator's
+identity: ``SLOTCTL_K8S_OWNER``, the chart sets the Helm release name; default
+``slotctl``) in its metadata labels, not in its selector; only objects with this
+runtime's owner are listed, adopted, scaled or deleted, so two releases in one namespace
+leave each other's slots alone. API failures become typed
 errors: :class:`~controller.errors.SlotSpawnFailed` from ``start``,
 :class:`~controller.errors.DockerEngineError` (``runtime.engine_error``: the API said no)
 or :class:`~controller.errors.DockerUnavailable` (``runtime.unavailable``: no API server)
@@ -75,8 +88,10 @@ from controller.runtime.base import (
 
 __all__ = [
     "GPU_RESOURCES",
+    "MAX_SLOT_NAME",
     "KubernetesRuntime",
     "NodeMemory",
+    "check_slot_name",
     "deployment_body",
     "node_budgets",
     "object_name",
@@ -95,12 +110,34 @@ GPU_MEMORY_LABEL: Final = "nvidia.com/gpu.memory"
 GPU_COUNT_LABEL: Final = "nvidia.com/gpu.count"
 CONTAINER: Final = "server"
 FIELD_MANAGER: Final = "slotctl"
+OWNER_LABEL: Final = "slotctl.owner"
+DEFAULT_OWNER: Final = "slotctl"
+# A Service name is a DNS-1035 label (63 characters at most): "slotctl-" + the slot's name.
+MAX_SLOT_NAME: Final = 63 - len(OBJECT_PREFIX)
+_LABEL_VALUE_RE: Final = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+# Container waiting reasons after which a start fails at once: the kubelet would only
+# retry with a growing back-off (the pod phase stays Running or Pending, never Failed).
+FATAL_WAITING: Final = frozenset(
+    {"CrashLoopBackOff", "ErrImagePull", "ImagePullBackOff", "InvalidImageName"}
+)
 
 T = TypeVar("T")
 
 
 def object_name(slot: str) -> str:
     return f"{OBJECT_PREFIX}{slot}"
+
+
+def check_slot_name(slot: str) -> None:
+    """Refuse a slot whose object names would not be valid (SlotSpawnFailed, before any
+    API call): its Service ``slotctl-<slot>`` must be a DNS label of <= 63 characters."""
+    if len(slot) > MAX_SLOT_NAME:
+        raise SlotSpawnFailed(
+            f"slot {slot!r} has {len(slot)} characters: the kubernetes runtime names its "
+            f"Service {OBJECT_PREFIX}<slot>, a DNS label of at most 63 characters, so slot "
+            f"names are limited to {MAX_SLOT_NAME} characters here; rename the slot",
+            slot=slot,
+        )
 
 
 _QUANTITY_RE: Final = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([a-zA-Z]*)$")
@@ -215,6 +252,7 @@ def deployment_body(
     replicas: int = 1,
     gpu_resource: str = GPU_RESOURCES[0],
     termination_grace_s: int = 30,
+    owner: str = DEFAULT_OWNER,
 ) -> dict[str, Any]:
     """The Deployment that runs ``launch`` (pure; a merge patch of it updates one)."""
     if launch.device == "npu":
@@ -243,6 +281,8 @@ def deployment_body(
         "containers": [container],
         "volumes": volumes,
         "enableServiceLinks": False,
+        # the server needs no API access: no service-account token in the pod
+        "automountServiceAccountToken": False,
         "terminationGracePeriodSeconds": termination_grace_s,
         # a merge patch: None removes a node a previous config had
         "nodeSelector": {HOSTNAME_LABEL: launch.node} if launch.node else None,
@@ -253,7 +293,7 @@ def deployment_body(
         "metadata": {
             "name": object_name(launch.slot),
             "namespace": namespace,
-            "labels": _labels(launch),
+            "labels": {**_labels(launch), OWNER_LABEL: owner},
             "annotations": annotations,
         },
         "spec": {
@@ -268,7 +308,7 @@ def deployment_body(
     }
 
 
-def service_body(launch: LaunchSpec, namespace: str) -> dict[str, Any]:
+def service_body(launch: LaunchSpec, namespace: str, owner: str = DEFAULT_OWNER) -> dict[str, Any]:
     """The Service in front of the slot's pod: a stable in-cluster name for its port."""
     return {
         "apiVersion": "v1",
@@ -276,7 +316,7 @@ def service_body(launch: LaunchSpec, namespace: str) -> dict[str, Any]:
         "metadata": {
             "name": object_name(launch.slot),
             "namespace": namespace,
-            "labels": _labels(launch),
+            "labels": {**_labels(launch), OWNER_LABEL: owner},
             "annotations": {PORT_ANNOTATION: str(launch.port)},
         },
         "spec": {
@@ -286,9 +326,18 @@ def service_body(launch: LaunchSpec, namespace: str) -> dict[str, Any]:
     }
 
 
-def _owned(labels: Mapping[str, str] | None, slot: str) -> bool:
+def _owned(labels: Mapping[str, str] | None, slot: str, owner: str) -> bool:
+    """Ours: slotctl's labels for this slot, and this runtime's owner."""
     labels = labels or {}
-    return labels.get(MANAGED_LABEL) == "true" and labels.get(SLOT_LABEL) == slot
+    return (
+        labels.get(MANAGED_LABEL) == "true"
+        and labels.get(SLOT_LABEL) == slot
+        and labels.get(OWNER_LABEL) == owner
+    )
+
+
+def _terminating(pod: Pod) -> bool:
+    return bool(pod.metadata and pod.metadata.deletionTimestamp)
 
 
 def _timestamp(value: Any) -> float | None:
@@ -323,6 +372,23 @@ def _pod_state(pod: Pod) -> tuple[bool, int | None, str]:
     return running, None, "running" if running else f"pod {phase.lower()}"
 
 
+def _start_failure(pod: Pod) -> tuple[str, int | None] | None:
+    """(words, last exit code) when the server container will not come up without help: it
+    waits for a reason in :data:`FATAL_WAITING`, or it was restarted after it exited."""
+    for cs in (pod.status.containerStatuses if pod.status else None) or []:
+        if cs.name != CONTAINER or (cs.state and cs.state.running):
+            continue
+        last = cs.lastState.terminated if cs.lastState else None
+        code = last.exitCode if last else None
+        waiting = cs.state.waiting if cs.state else None
+        reason = (waiting.reason if waiting else None) or ""
+        if reason in FATAL_WAITING or (cs.restartCount and last is not None):
+            exited = f"; last exit code {code} ({last.reason or ''})" if last else ""
+            detail = f": {waiting.message}" if waiting and waiting.message else ""
+            return f"container {reason or 'restarted'}{detail}{exited}", code
+    return None
+
+
 def _unschedulable(pod: Pod) -> str | None:
     for cond in (pod.status.conditions if pod.status else None) or []:
         if cond.type == "PodScheduled" and cond.status == "False":
@@ -341,6 +407,7 @@ class KubernetesRuntime:
         *,
         namespace: str | None = None,
         gpu_resource: str | None = None,
+        owner: str | None = None,
         start_timeout_s: float = 900.0,
         unschedulable_s: float = 120.0,
         stop_grace_s: float = 10.0,
@@ -352,7 +419,9 @@ class KubernetesRuntime:
         else ``KUBECONFIG`` / ``~/.kube/config``, created on first use). ``namespace``: where
         the Deployments live (default ``SLOTCTL_K8S_NAMESPACE``, else the client's).
         ``gpu_resource``: the extended resource of a gpu slot whose node does not say
-        (default ``SLOTCTL_K8S_GPU_RESOURCE`` or ``nvidia.com/gpu``). ``start_timeout_s``:
+        (default ``SLOTCTL_K8S_GPU_RESOURCE`` or ``nvidia.com/gpu``). ``owner``: the
+        ``slotctl.owner`` label value of this operator's objects (default
+        ``SLOTCTL_K8S_OWNER``, else ``slotctl``). ``start_timeout_s``:
         how long a pod may take to run (image pull included); ``unschedulable_s``: how
         long it may stay unschedulable; ``termination_grace_s``: the pods' grace period
         between SIGTERM and SIGKILL; ``node_refresh_s``: how often node budgets are read.
@@ -364,6 +433,12 @@ class KubernetesRuntime:
         if resource not in GPU_RESOURCES:
             raise ValueError(f"gpu resource {resource!r}: choose one of {', '.join(GPU_RESOURCES)}")
         self.gpu_resource = resource
+        self.owner = owner or os.environ.get("SLOTCTL_K8S_OWNER") or DEFAULT_OWNER
+        if not _LABEL_VALUE_RE.fullmatch(self.owner):
+            raise ValueError(
+                f"owner {self.owner!r}: a label value (63 characters at most: letters, "
+                "digits, '-', '_', '.'; alphanumeric at both ends)"
+            )
         self.start_timeout_s = start_timeout_s
         self.unschedulable_s = unschedulable_s
         self.stop_grace_s = stop_grace_s
@@ -430,15 +505,14 @@ class KubernetesRuntime:
             raise
 
     async def _pods(self, slot: str | None = None) -> list[Pod]:
-        """Our pods (of ``slot``), not being deleted; labels checked here as well (a
-        server that filters by label selector, or one that does not)."""
+        """Our pods (of ``slot``), terminating ones included (their server may still run:
+        they count until they are gone); labels checked here as well (a server that
+        filters by label selector, or one that does not)."""
         selector: dict[str, Any] = {MANAGED_LABEL: "true", **({SLOT_LABEL: slot} if slot else {})}
         pods = []
         async for pod in self._client().list(Pod, namespace=self.namespace, labels=selector):
             labels = (pod.metadata.labels if pod.metadata else None) or {}
             if labels.get(MANAGED_LABEL) != "true" or (slot and labels.get(SLOT_LABEL) != slot):
-                continue
-            if pod.metadata and pod.metadata.deletionTimestamp:
                 continue
             pods.append(pod)
         return pods
@@ -464,12 +538,17 @@ class KubernetesRuntime:
                 await asyncio.wait_for(self._first_read.wait(), 10.0)
 
     async def _refresh_loop(self) -> None:
+        """Supervised: a failed reading is logged and the next one comes; whatever
+        happens, the first reading counts as done (API calls wait for it)."""
         while True:
             try:
                 await self.refresh_nodes()
             except (httpx2.HTTPError, OSError) as exc:
                 log.warning("reading the nodes' allocatable resources failed: %s", exc)
-            self._first_read.set()
+            except Exception:  # a bug or a malformed Node: logged, the loop lives on
+                log.exception("reading the nodes' allocatable resources failed")
+            finally:
+                self._first_read.set()
             await asyncio.sleep(self.node_refresh_s)
 
     async def close(self) -> None:
@@ -493,7 +572,7 @@ class KubernetesRuntime:
         annotations = (meta.annotations if meta else None) or {}
         replicas = (deployment.spec.replicas if deployment.spec else None) or 0
         ident = f"deployment/{object_name(slot)}"
-        if not _owned(labels, slot):
+        if not _owned(labels, slot, self.owner):
             return Observed(
                 slot=slot,
                 status=RunStatus.RUNNING if replicas else RunStatus.EXITED,
@@ -501,20 +580,23 @@ class KubernetesRuntime:
                 managed=False,
                 message=(
                     f"Deployment {object_name(slot)} in {self.namespace} is not managed by "
-                    f"this controller (no {MANAGED_LABEL}=true / {SLOT_LABEL}={slot} labels): "
+                    f"this controller (no {MANAGED_LABEL}=true / {SLOT_LABEL}={slot} / "
+                    f"{OWNER_LABEL}={self.owner} labels): "
                     "it is left untouched; remove or rename it to free the slot's name"
                 ),
             )
         wanted = annotations.get(HASH_LABEL)
         port = annotations.get(PORT_ANNOTATION, "")
         best: tuple[Pod, bool, int | None, str] | None = None
-        for pod in pods:
+        for pod in (p for p in pods if not _terminating(p)):  # the server to talk to
             running, code, words = _pod_state(pod)
             pod_hash = ((pod.metadata.annotations if pod.metadata else None) or {}).get(HASH_LABEL)
             if best is None or (running and not best[1]) or (running and pod_hash == wanted):
                 best = (pod, running, code, words)
         if best is None or not replicas:
             words = "scaled to 0" if not replicas else "no pod yet"
+            if any(map(_terminating, pods)):
+                words += "; a pod is terminating"
             return Observed(
                 slot=slot,
                 status=RunStatus.EXITED,
@@ -556,14 +638,14 @@ class KubernetesRuntime:
                 slot = ((pod.metadata.labels if pod.metadata else None) or {}).get(SLOT_LABEL, "")
                 pods.setdefault(slot, []).append(pod)
             found = []
-            selector: dict[str, Any] = {MANAGED_LABEL: "true"}
+            selector: dict[str, Any] = {MANAGED_LABEL: "true", OWNER_LABEL: self.owner}
             async for dep in self._client().list(
                 Deployment, namespace=self.namespace, labels=selector
             ):
                 labels = (dep.metadata.labels if dep.metadata else None) or {}
                 slot = labels.get(SLOT_LABEL, "")
                 name = dep.metadata.name if dep.metadata else None
-                if slot and name == object_name(slot) and _owned(labels, slot):
+                if slot and name == object_name(slot) and _owned(labels, slot, self.owner):
                     found.append(self._observe(slot, dep, pods.get(slot, [])))
             return sorted(found, key=lambda o: o.slot)
 
@@ -571,7 +653,7 @@ class KubernetesRuntime:
 
     async def logs(self, slot: str, tail: int = 100) -> list[str]:
         async def read() -> list[str]:
-            pods = await self._pods(slot)
+            pods = sorted(await self._pods(slot), key=_terminating)  # the live one first
             if not pods or pods[0].metadata is None or not pods[0].metadata.name:
                 return []
             lines = []
@@ -607,6 +689,7 @@ class KubernetesRuntime:
                 "the kubernetes runtime needs server.image",
                 slot=launch.slot,
             )
+        check_slot_name(launch.slot)
         async with self._lock(launch.slot):
             return await self._call("start", launch.slot, lambda: self._start(launch))
 
@@ -616,33 +699,51 @@ class KubernetesRuntime:
         service = await self._get_service(slot)
         for kind, obj in (("Deployment", deployment), ("Service", service)):
             labels = (obj.metadata.labels if obj is not None and obj.metadata else None) or {}
-            if obj is not None and not _owned(labels, slot):
+            if obj is not None and not _owned(labels, slot, self.owner):
                 raise SlotSpawnFailed(
                     f"cannot start slot {slot!r}: an unmanaged {kind} holds the name {name} in "
                     f"{self.namespace}; slotctl never touches objects without its labels: "
                     "remove or rename it",
                     slot=slot,
                 )
-        if deployment is not None:
-            current = self._observe(slot, deployment, await self._pods(slot))
-            if current.running and current.config_hash == launch.config_hash():
-                await self._ensure_service(launch, service)
-                return current  # adopted: the same config already runs
-        body = deployment_body(
-            launch,
-            self.namespace,
-            gpu_resource=self._gpu_resource(launch.node),
-            termination_grace_s=math.ceil(self.termination_grace_s),
-        )
-        api = self._client()
-        if deployment is None:
-            await api.create(cast(Deployment, Deployment.from_dict(_without_nulls(body))))
-        else:
-            await api.patch(
-                Deployment, name, body, namespace=self.namespace, patch_type=PatchType.MERGE
+        exists = deployment is not None
+        try:
+            if deployment is not None:
+                current = self._observe(slot, deployment, await self._pods(slot))
+                if current.running and current.config_hash == launch.config_hash():
+                    await self._ensure_service(launch, service)
+                    return current  # adopted: the same config already runs
+            body = deployment_body(
+                launch,
+                self.namespace,
+                gpu_resource=self._gpu_resource(launch.node),
+                termination_grace_s=math.ceil(self.termination_grace_s),
+                owner=self.owner,
             )
-        await self._ensure_service(launch, service)
-        return await self._wait_running(launch)
+            api = self._client()
+            if deployment is None:
+                await api.create(cast(Deployment, Deployment.from_dict(_without_nulls(body))))
+                exists = True
+            else:
+                await api.patch(
+                    Deployment, name, body, namespace=self.namespace, patch_type=PatchType.MERGE
+                )
+            await self._ensure_service(launch, service)
+            return await self._wait_running(launch)
+        except BaseException:  # an API error, a refused start, a cancellation: re-raised
+            if exists:
+                await self._scale_down_after_failure(slot)
+            raise
+
+    async def _scale_down_after_failure(self, slot: str) -> None:
+        """A failed start leaves no pod running (best effort: the start's error is what
+        the caller hears; a failure to scale down is logged)."""
+        try:
+            await self._scale(slot, 0)
+        except (httpx2.HTTPError, OSError) as exc:
+            status = getattr(getattr(exc, "response", None), "status_code", None)
+            if status != 404:  # 404: the Deployment is gone, nothing runs
+                log.warning("slot %s: scaling back to 0 after a failed start failed: %s", slot, exc)
 
     def _gpu_resource(self, node: str | None) -> str:
         if node is not None and node in self.memory.gpu_resources:
@@ -650,7 +751,7 @@ class KubernetesRuntime:
         return self.gpu_resource
 
     async def _ensure_service(self, launch: LaunchSpec, service: Service | None) -> None:
-        body = service_body(launch, self.namespace)
+        body = service_body(launch, self.namespace, self.owner)
         api = self._client()
         if service is None:
             await api.create(cast(Service, Service.from_dict(body)))
@@ -669,7 +770,9 @@ class KubernetesRuntime:
 
     async def _wait_running(self, launch: LaunchSpec) -> Observed:
         """Until the pod of this config runs with an IP; the scheduler's or the kubelet's
-        verdict when it cannot (unschedulable for too long, failed, timed out)."""
+        verdict when it cannot (unschedulable for too long, failed, a container in
+        CrashLoopBackOff or unable to pull its image, timed out). The caller scales the
+        Deployment back to 0 when this raises."""
         loop = asyncio.get_running_loop()
         began = loop.time()
         unschedulable_since: float | None = None
@@ -684,7 +787,8 @@ class KubernetesRuntime:
             pods = [
                 p
                 for p in await self._pods(launch.slot)
-                if ((p.metadata.annotations if p.metadata else None) or {}).get(HASH_LABEL)
+                if not _terminating(p)
+                and ((p.metadata.annotations if p.metadata else None) or {}).get(HASH_LABEL)
                 == wanted
             ]
             observed = self._observe(launch.slot, deployment, pods)
@@ -697,7 +801,6 @@ class KubernetesRuntime:
             elif unschedulable_since is None:
                 unschedulable_since = now
             elif now - unschedulable_since >= self.unschedulable_s:
-                await self._scale(launch.slot, 0)
                 raise SlotSpawnFailed(
                     f"cannot start slot {launch.slot!r}: its pod stayed unschedulable for "
                     f"{self.unschedulable_s:g}s: {reason}",
@@ -705,13 +808,20 @@ class KubernetesRuntime:
                 )
             failed = [p for p in pods if p.status and p.status.phase == "Failed"]
             if failed:
-                await self._scale(launch.slot, 0)
+                _, code, words = _pod_state(failed[0])
                 raise SlotSpawnFailed(
-                    f"cannot start slot {launch.slot!r}: {_pod_state(failed[0])[2]}",
+                    f"cannot start slot {launch.slot!r}: {words}",
                     slot=launch.slot,
+                    exit_code=code,
+                )
+            stuck = next((f for f in map(_start_failure, pods) if f), None)
+            if stuck is not None:
+                raise SlotSpawnFailed(
+                    f"cannot start slot {launch.slot!r}: {stuck[0]}",
+                    slot=launch.slot,
+                    exit_code=stuck[1],
                 )
             if now - began >= self.start_timeout_s:
-                await self._scale(launch.slot, 0)
                 raise SlotSpawnFailed(
                     f"cannot start slot {launch.slot!r}: no running pod within "
                     f"{self.start_timeout_s:g}s ({observed.message})",
@@ -783,7 +893,7 @@ class KubernetesRuntime:
     async def _delete_service(self, slot: str) -> None:
         service = await self._get_service(slot)
         labels = service.metadata.labels if service is not None and service.metadata else None
-        if service is not None and _owned(labels, slot):
+        if service is not None and _owned(labels, slot, self.owner):
             with contextlib.suppress(httpx2.HTTPStatusError):
                 await self._client().delete(Service, object_name(slot), namespace=self.namespace)
 

@@ -15,6 +15,15 @@ runtime relies on, through the API as they would:
   would miss it — and writes the Pod ``Running`` with that ``podIP``; a deleted pod's
   process is stopped.
 
+As the real ones do, a pod the Deployment controller deletes *terminates*: it is deleted
+with a finalizer of the kubelet's (KMock then sets ``deletionTimestamp`` and keeps it),
+its process gets SIGTERM, and the pod goes once the process exited — or after its
+``terminationGracePeriodSeconds``, with SIGKILL. A Deployment's new pod waits until its
+old ones are gone (``Recreate``). A server that exits on its own is not restarted: its
+container is reported ``waiting`` (``CrashLoopBackOff``) with ``restartCount`` and the
+exit in ``lastState``, the pod phase stays ``Running`` (``restartPolicy: Always``). An
+image named ``unpullable/...`` never starts: ``waiting`` (``ErrImagePull``).
+
 Readiness is then probed by the controller against a real server at the pod IP.
 """
 
@@ -39,6 +48,8 @@ from tests.k8s.conftest import Cluster
 
 REPO = Path(__file__).resolve().parents[2]
 HASH = "slotctl.config-hash"
+HOLD = "kubelet.test.slotctl.io/terminating"  # the finalizer that keeps a terminating pod
+UNPULLABLE = "unpullable/"
 GPU_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu")
 
 
@@ -97,6 +108,10 @@ class Kubelet:
     namespace: str = "default"
     pods: dict[str, RunningPod] = field(default_factory=dict)
     created: list[str] = field(default_factory=list)  # every pod it ever created
+    terminating: dict[str, float] = field(default_factory=dict)  # pod -> SIGKILL deadline
+    crashed: set[str] = field(default_factory=set)
+    start_latency_s: float = 0.3  # ContainerCreating: from the process's start to Running
+    starting: dict[str, tuple[float, dict[str, Any]]] = field(default_factory=dict)
     _ips: itertools.count[int] = field(default_factory=lambda: itertools.count(2))
     _task: asyncio.Task[None] | None = None
 
@@ -168,8 +183,77 @@ class Kubelet:
         live = {p["metadata"]["name"] for p in pods}
         for name in [n for n in self.pods if n not in live]:  # deleted through the API
             self._kill(self.pods.pop(name))
+        for pod in pods:
+            if pod["metadata"].get("deletionTimestamp"):
+                await self._finish_termination(pod)
+        now = asyncio.get_running_loop().time()
+        for name, (due, status) in list(self.starting.items()):
+            running = self.pods.get(name)
+            if running is None or name in self.terminating:
+                del self.starting[name]
+            elif running.process.poll() is not None:
+                del self.starting[name]  # exited while being created: crash-looping (below)
+            elif now >= due:
+                del self.starting[name]
+                await self._patch(self._url("pods", name), {"status": status})
+        for name, running in list(self.pods.items()):
+            code = running.process.poll()
+            if code is None or name in self.terminating or name in self.crashed:
+                continue
+            await self._report_crash(name, code)
         for dep in deployments:
             await self._reconcile(dep, pods, nodes)
+
+    async def _terminate(self, pod: dict[str, Any]) -> None:
+        """A graceful delete: the pod stays (terminating) until its process is gone."""
+        name = pod["metadata"]["name"]
+        if pod["metadata"].get("deletionTimestamp") or name in self.terminating:
+            return
+        grace = float(pod["spec"].get("terminationGracePeriodSeconds", 30))
+        await self._patch(self._url("pods", name), {"metadata": {"finalizers": [HOLD]}})
+        await self._delete(self._url("pods", name))
+        self.terminating[name] = asyncio.get_running_loop().time() + grace
+        running = self.pods.get(name)
+        if running is not None and running.process.poll() is None:
+            running.process.send_signal(signal.SIGTERM)
+
+    async def _finish_termination(self, pod: dict[str, Any]) -> None:
+        name = pod["metadata"]["name"]
+        if HOLD not in (pod["metadata"].get("finalizers") or []):
+            return  # someone else's finalizer (a test's): not the kubelet's to release
+        running = self.pods.get(name)
+        deadline = self.terminating.get(name, 0.0)
+        if running is not None and running.process.poll() is None:
+            if asyncio.get_running_loop().time() < deadline:
+                return  # still within its grace period
+            running.process.kill()  # the grace period is over: SIGKILL
+            running.process.wait()
+        self.pods.pop(name, None)
+        self.terminating.pop(name, None)
+        await self._patch(self._url("pods", name), {"metadata": {"finalizers": []}})
+
+    async def _report_crash(self, name: str, code: int) -> None:
+        """A server that exited by itself: restartPolicy Always, so the kubelet would
+        restart it with a growing back-off; reported as that back-off (not restarted)."""
+        self.crashed.add(name)
+        pod = await self.get("pods", name)
+        if pod is None:
+            return
+        pod["status"]["phase"] = "Running"  # the container ran: restartPolicy Always
+        (status,) = pod["status"]["containerStatuses"]
+        status.update(
+            {
+                "restartCount": int(status.get("restartCount", 0)) + 1,
+                "state": {
+                    "waiting": {
+                        "reason": "CrashLoopBackOff",
+                        "message": f"back-off 10s restarting failed container {status['name']}",
+                    }
+                },
+                "lastState": {"terminated": {"exitCode": code, "reason": "Error"}},
+            }
+        )
+        await self._patch(self._url("pods", name), {"status": pod["status"]})
 
     async def _reconcile(
         self, dep: dict[str, Any], pods: list[dict[str, Any]], nodes: list[dict[str, Any]]
@@ -186,11 +270,10 @@ class Kubelet:
         stale = [p for p in mine if (p["metadata"].get("annotations") or {}).get(HASH) != wanted]
         if replicas == 0 or stale:  # scaled down, or Recreate: the old pods go first
             for pod in mine if replicas == 0 else stale:
-                await self._delete(self._url("pods", pod["metadata"]["name"]))
-                running = self.pods.pop(pod["metadata"]["name"], None)
-                if running is not None:
-                    self._kill(running)
+                await self._terminate(pod)
             return
+        if any(p["metadata"].get("deletionTimestamp") for p in mine):
+            return  # Recreate: the new pod once the old ones are gone
         if mine:
             pod = mine[0]
             if not pod["spec"].get("nodeName") and self._schedule(
@@ -236,8 +319,25 @@ class Kubelet:
             return
         await self._post(self._url("pods"), pod)
         self.created.append(name)
-        ip = f"127.0.0.{next(self._ips)}"
         container = spec["containers"][0]
+        if str(container.get("image", "")).startswith(UNPULLABLE):
+            pulling = {
+                "name": container["name"],
+                "ready": False,
+                "restartCount": 0,
+                "image": container["image"],
+                "imageID": "",
+                "state": {
+                    "waiting": {
+                        "reason": "ErrImagePull",
+                        "message": f"failed to pull image {container['image']!r}: not found",
+                    }
+                },
+            }
+            status = {"phase": "Pending", "containerStatuses": [pulling]}
+            await self._patch(self._url("pods", name), {"status": status})
+            return
+        ip = f"127.0.0.{next(self._ips)}"
         process = self._run(name, container, ip)
         slot = pod["metadata"]["labels"].get("slotctl.slot", "")
         self.pods[name] = RunningPod(name, slot, ip, process)
@@ -257,7 +357,20 @@ class Kubelet:
                 }
             ],
         }
-        await self._patch(self._url("pods", name), {"status": status})
+        # ContainerCreating for a moment (as a kubelet does), then Running; a server that
+        # exited meanwhile is reported crash-looping instead (see step)
+        creating = {
+            "phase": "Pending",
+            "conditions": status["conditions"],
+            "containerStatuses": [
+                {
+                    **status["containerStatuses"][0],
+                    "state": {"waiting": {"reason": "ContainerCreating"}},
+                }
+            ],
+        }
+        await self._patch(self._url("pods", name), {"status": creating})
+        self.starting[name] = (asyncio.get_running_loop().time() + self.start_latency_s, status)
 
     @staticmethod
     def _schedule(

@@ -15,7 +15,10 @@ from controller.errors import SlotConfigError, SlotSpawnFailed
 from controller.memory import GIB
 from controller.providers import BuildContext, build_launch
 from controller.runtime.kubernetes import (
+    MAX_SLOT_NAME,
+    KubernetesRuntime,
     NodeMemory,
+    check_slot_name,
     deployment_body,
     node_budgets,
     parse_quantity,
@@ -90,6 +93,7 @@ def test_deployment_body() -> None:
         "slotctl.slot": "chat",
         "slotctl.stack": "s",
         "slotctl.config-hash": body["metadata"]["annotations"]["slotctl.config-hash"],
+        "slotctl.owner": "slotctl",  # the default owner; metadata only, never the selector
     }
     assert body["spec"]["selector"]["matchLabels"] == {
         "slotctl.managed": "true",
@@ -98,6 +102,8 @@ def test_deployment_body() -> None:
     spec_ = body["spec"]
     assert spec_["replicas"] == 1 and spec_["strategy"]["type"] == "Recreate"
     pod = spec_["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False  # the server needs no API token
+    assert "slotctl.owner" not in spec_["template"]["metadata"]["labels"]
     assert pod["nodeSelector"] == {"kubernetes.io/hostname": "gpu-a"}
     (container,) = pod["containers"]
     assert container["resources"]["limits"] == {"nvidia.com/gpu": "1"}
@@ -116,6 +122,41 @@ def test_deployment_body() -> None:
         deployment_body(launch(device="npu"), "ml")
     service = service_body(launch(), "ml")
     assert service["spec"]["ports"] == [{"name": "http", "port": 8080, "targetPort": 8080}]
+    assert service["metadata"]["labels"]["slotctl.owner"] == "slotctl"
+    assert "slotctl.owner" not in service["spec"]["selector"]
+    mine = deployment_body(launch(), "ml", owner="team-b")
+    assert mine["metadata"]["labels"]["slotctl.owner"] == "team-b"
+    assert service_body(launch(), "ml", "team-b")["metadata"]["labels"]["slotctl.owner"] == "team-b"
+
+
+def test_the_owner_is_a_label_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SLOTCTL_K8S_OWNER", raising=False)
+    assert KubernetesRuntime(namespace="ml").owner == "slotctl"
+    monkeypatch.setenv("SLOTCTL_K8S_OWNER", "release-a")
+    assert KubernetesRuntime(namespace="ml").owner == "release-a"
+    assert KubernetesRuntime(namespace="ml", owner="b").owner == "b"
+    for bad in ("/var/lib/slotctl", "x" * 64, "-a", "a b"):
+        with pytest.raises(ValueError, match="label value"):
+            KubernetesRuntime(namespace="ml", owner=bad)
+
+
+async def test_a_slot_name_too_long_for_a_service_is_refused_before_any_api_call(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """``slotctl-`` + the slot is the Service's name, a DNS label (63 characters): a slot
+    of 56-63 characters (valid elsewhere) is refused with a typed error, nothing sent."""
+    assert MAX_SLOT_NAME == 55
+    check_slot_name("a" * 55)
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "none"))  # no API server at all
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    runtime = KubernetesRuntime(namespace="ml")
+    name = "a" * 56
+    long = build_launch(spec(name=name), MODEL, BuildContext(runtime="kubernetes", stack="s"))
+    with pytest.raises(SlotSpawnFailed, match=r"56 characters.*at most 55|limited to 55") as err:
+        await runtime.start(long)
+    assert err.value.details["slot"] == name
+    assert runtime._api is None  # refused before a client was even made
+    await runtime.close()
 
 
 def test_the_kubernetes_runtime_needs_an_image_and_reads_models_in_the_pod() -> None:
