@@ -33,6 +33,7 @@ import shutil
 import tempfile
 from collections import Counter
 from collections.abc import Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -131,6 +132,10 @@ class ManagerMachine(RuleBasedStateMachine):
         super().__init__()
         self.loop = asyncio.new_event_loop()
         self.loop.set_exception_handler(self._loop_error)
+        # Our own worker threads: a "dead" controller's write still in a thread (the lag
+        # writer's) ends before the next one starts, as it would with the process.
+        self.executor = ThreadPoolExecutor(max_workers=4)
+        self.loop.set_default_executor(self.executor)
         self.tmp = _scratch_dir()
         self.clock = FakeClock(start=1000.0)
         self.runtime = YieldingRuntime(self.clock)
@@ -436,6 +441,7 @@ class ManagerMachine(RuleBasedStateMachine):
             await asyncio.gather(*pending, return_exceptions=True)
 
         self.loop.run_until_complete(controller_dies())
+        self._join_threads()
         self.tasks.clear()
         self.active.clear()  # the old controller's requests died with it
         starts = dict(self.runtime.starts)
@@ -567,6 +573,14 @@ class ManagerMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------ teardown
 
+    def _join_threads(self) -> None:
+        """Wait for the worker threads of the controller that died (a cancelled task's
+        thread runs on): in a real crash the process takes them along, so no write of
+        the old controller may land after the new one has read the state dir."""
+        old, self.executor = self.executor, ThreadPoolExecutor(max_workers=4)
+        self.loop.set_default_executor(self.executor)
+        old.shutdown(wait=True)
+
     def teardown(self) -> None:
         try:
 
@@ -580,6 +594,7 @@ class ManagerMachine(RuleBasedStateMachine):
             self.loop.run_until_complete(finish())
             self.loop.run_until_complete(self.loop.shutdown_asyncgens())
         finally:
+            self.executor.shutdown(wait=True)
             self.loop.close()
             shutil.rmtree(self.tmp, ignore_errors=True)
 
