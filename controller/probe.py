@@ -16,7 +16,10 @@ provider declares that line as :attr:`ProbeSpec.ready_log`; when the runtime can
 the slot's log (:class:`LogWatcher`: the process runtime through inotify, Docker through
 the engine's log stream), a matching line wakes the probe at once. The HTTP probe stays
 the judge (a woken attempt that finds the server still warming just goes on), and the
-schedule stays the fallback.
+schedule stays the fallback: while the wake is armed and has not fired, the schedule's
+floor is 250 ms instead of 20 ms (``clamp(elapsed * 2.5%, 250 ms, 1 s)``), so a 1 s load
+costs ~5 attempts instead of ~40, and a server whose line never comes is seen at most
+250 ms late (1 s after 40 s of loading, as before). After the line, the dense schedule.
 """
 
 from __future__ import annotations
@@ -51,6 +54,10 @@ __all__ = [
 BASE_DELAY_S: Final = 0.02
 PROPORTION: Final = 0.025
 CAP_S: Final = 1.0
+# While a log wake is armed (the runtime follows the log and the provider declares its
+# ready line) the schedule is only the fallback: its floor rises to this, so a server
+# whose line never comes is still seen at most 250 ms late (1 s late after 40 s, as before).
+ARMED_BASE_DELAY_S: Final = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,9 +95,14 @@ class ProbeResult:
     elapsed_s: float = 0.0
 
 
-def next_delay(elapsed_s: float) -> float:
-    """Delay before the next readiness attempt, given time spent warming so far."""
-    return max(BASE_DELAY_S, min(CAP_S, elapsed_s * PROPORTION))
+def next_delay(elapsed_s: float, *, armed: bool = False) -> float:
+    """Delay before the next readiness attempt, given time spent warming so far.
+
+    ``armed``: a log wake is armed and has not fired yet, so this is only the fallback
+    (floor :data:`ARMED_BASE_DELAY_S` instead of :data:`BASE_DELAY_S`).
+    """
+    floor = ARMED_BASE_DELAY_S if armed else BASE_DELAY_S
+    return max(floor, min(CAP_S, elapsed_s * PROPORTION))
 
 
 @dataclass(slots=True)
@@ -200,10 +212,14 @@ async def wait_ready(
     """Probe on the proportional schedule until ready, no_model, exited or timed out.
 
     ``wake`` (set when the server's log announced readiness) cuts the current wait short:
-    the next attempt comes at once, and the schedule goes on from there.
+    the next attempt comes at once. Until it first fires the schedule is only the fallback
+    and keeps the sparser floor (``next_delay(armed=True)``); once it has fired (the server
+    says it is ready, so an attempt that still finds it warming is a matter of moments) the
+    dense schedule goes on from there.
     """
     start = clock.monotonic()
     attempts = 0
+    armed = wake is not None
     last = ProbeResult(ProbeOutcome.STILL_WARMING, "not probed yet", attempts=0)
     while True:
         if not await alive():
@@ -225,16 +241,19 @@ async def wait_ready(
                 start,
                 clock,
             )
-        delay = min(next_delay(elapsed), max(0.0, warmup_timeout_s - elapsed))
-        await _pause(clock, delay, wake)
+        delay = min(next_delay(elapsed, armed=armed), max(0.0, warmup_timeout_s - elapsed))
+        if await _pause(clock, delay, wake):
+            armed = False
 
 
-async def _pause(clock: Clock, seconds: float, wake: asyncio.Event | None) -> None:
-    """Sleep ``seconds`` on ``clock``, or until ``wake`` is set (which it then clears)."""
+async def _pause(clock: Clock, seconds: float, wake: asyncio.Event | None) -> bool:
+    """Sleep ``seconds`` on ``clock``, or until ``wake`` is set (which it then clears);
+    True when the wake ended the pause."""
     if wake is None:
         await clock.sleep(seconds)
-        return
-    if not wake.is_set():
+        return False
+    woken = wake.is_set()
+    if not woken:
         sleeper = asyncio.ensure_future(clock.sleep(seconds))
         waiter = asyncio.ensure_future(wake.wait())
         try:
@@ -245,7 +264,9 @@ async def _pause(clock: Clock, seconds: float, wake: asyncio.Event | None) -> No
             for task in (sleeper, waiter):
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+        woken = wake.is_set()
     wake.clear()
+    return woken
 
 
 def _final(
