@@ -298,7 +298,7 @@ class ProcessRuntime:
         return env
 
     def _scan(self, slot: str) -> psutil.Process | None:
-        for proc in _labelled_processes():
+        for proc in _labelled_processes(slot):
             labels = self._labels_of(proc)
             if labels is None or labels.get(ENV_SLOT) != slot:
                 continue
@@ -483,22 +483,27 @@ _PROC: Final = Path("/proc")
 _MANAGED_ENTRY: Final = f"\0{ENV_MANAGED}=true\0".encode()
 
 
-def _labelled_processes() -> Iterator[psutil.Process]:
-    """The processes that may carry slotctl labels: on Linux those whose initial environment
-    (``/proc/PID/environ``, one raw read each) has ``SLOTCTL_MANAGED=true``; the caller
-    still checks every label through psutil. Reading every process's environment through
-    psutil cost ~2 ms of CPU a scan at 80 processes (a scan runs at each start of a slot
-    without a record); this pre-filter costs ~0.3 ms. Elsewhere: every process."""
+def _labelled_processes(slot: str | None = None) -> Iterator[psutil.Process]:
+    """The processes that may carry slotctl labels (of ``slot``, when given): on Linux those
+    whose initial environment (``/proc/PID/environ``, one raw read each) has
+    ``SLOTCTL_MANAGED=true`` (and ``SLOTCTL_SLOT=slot``); the caller still checks every
+    label through psutil. A scan runs at each start of a slot without a record; through
+    psutil alone it parsed every process's environment, ~2 ms of CPU at 80 processes and
+    ~5 ms with 50 other managed servers running; the pre-filter costs ~0.3 ms.
+    Elsewhere: every process."""
     if not _PROC.is_dir():
         yield from psutil.process_iter()
         return
+    wanted = [_MANAGED_ENTRY]
+    if slot is not None:
+        wanted.append(b"\0" + os.fsencode(f"{ENV_SLOT}={slot}") + b"\0")
     for name in os.listdir(_PROC):  # a list: a scan that stops early leaves nothing open
         if not name.isdigit():
             continue
         try:
             with open(f"/proc/{name}/environ", "rb") as env:
-                managed = _MANAGED_ENTRY in b"\0" + env.read()
-            if managed:
+                raw = b"\0" + env.read()
+            if all(entry in raw for entry in wanted):
                 yield psutil.Process(int(name))
         except (OSError, psutil.Error):  # gone, or not ours to read: not a candidate
             continue

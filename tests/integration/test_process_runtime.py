@@ -253,6 +253,7 @@ def test_label_scan_finds_the_managed_entry_anywhere_and_skips_lookalikes(
             found = rt._scan(slot)
             assert found is not None and found.pid == procs[slot].pid
         assert rt._scan("value") is None and rt._scan("name") is None
+        assert rt._scan("firs") is None and rt._scan("irst") is None  # whole values only
     finally:
         for proc in procs.values():
             proc.kill()
