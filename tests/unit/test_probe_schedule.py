@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from controller.clock import FakeClock
-import asyncio
-
 from controller.probe import (
     ARMED_BASE_DELAY_S,
     CAP_S,
