@@ -7,6 +7,9 @@ the moment the probe reports ``ready``, and the probe requests that took, three 
   source: the provider's ``ready_log`` line in the slot's log wakes the probe
   (inotify), the proportional schedule runs underneath;
 * **schedule**: the same prober without the log (the proportional schedule alone);
+* **line never comes**: the log is followed but the pattern never matches (a server
+  that does not print the line the provider declares): the armed fallback schedule alone
+  (floor 250 ms, see :func:`controller.probe.next_delay`);
 * **naive 1 s poll**: what peers do.
 
 ``--server demo`` (default): demo servers with load times spread over 0.1 s steps; the
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import re
 import statistics
 import sys
@@ -32,6 +36,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Final
 
 import aiohttp
 
@@ -45,7 +50,8 @@ from controller.runtime.process import ProcessRuntime
 from controller.spec.schema import ModelSpec, SlotSpec
 from tests.integration.helpers import demo_launch, free_port
 
-MODES = ("log wake", "schedule", "naive 1 s poll")
+MODES = ("log wake", "schedule", "line never comes", "naive 1 s poll")
+NEVER: Final = r"(?!)"  # a pattern that matches no line
 
 
 async def naive_poll(attempt: Callable[[], Awaitable[ProbeResult]]) -> ProbeResult:
@@ -111,11 +117,14 @@ async def one(
     if mode == "naive 1 s poll":
         result = await naive_poll(lambda: probe_once(session, launch.endpoint, launch.probe))
     else:
-        prober = Timed(logs=runtime if mode == "log wake" else None)
+        prober = Timed(logs=runtime if mode in ("log wake", "line never comes") else None)
+        spec = launch.probe
+        if mode == "line never comes":
+            spec = dataclasses.replace(spec, ready_log=NEVER)
         try:
             result = await prober.wait_ready(
                 launch.endpoint,
-                launch.probe,
+                spec,
                 slot=launch.slot,
                 alive=alive,
                 warmup_timeout_s=120,

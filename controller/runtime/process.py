@@ -25,7 +25,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import IO, Any, Final
@@ -298,7 +298,7 @@ class ProcessRuntime:
         return env
 
     def _scan(self, slot: str) -> psutil.Process | None:
-        for proc in psutil.process_iter():
+        for proc in _labelled_processes(slot):
             labels = self._labels_of(proc)
             if labels is None or labels.get(ENV_SLOT) != slot:
                 continue
@@ -310,7 +310,7 @@ class ProcessRuntime:
 
     def _scan_all(self) -> list[str]:
         names = []
-        for proc in psutil.process_iter():
+        for proc in _labelled_processes():
             labels = self._labels_of(proc)
             if labels is not None and labels.get(ENV_SLOT):
                 names.append(labels[ENV_SLOT])
@@ -477,3 +477,35 @@ def port_holder(host: str, port: int) -> str | None:
     except psutil.AccessDenied:
         pass
     return "another process"
+
+
+_PROC: Final = Path("/proc")
+_MANAGED_ENTRY: Final = f"\0{ENV_MANAGED}=true\0".encode()
+
+
+def _labelled_processes(slot: str | None = None) -> Iterator[psutil.Process]:
+    """The processes that may carry slotctl labels (of ``slot``, when given): on Linux those
+    whose initial environment (``/proc/PID/environ``, one raw read each) has
+    ``SLOTCTL_MANAGED=true`` (and ``SLOTCTL_SLOT=slot``); the caller still checks every
+    label through psutil. A scan runs at each start of a slot without a record; through
+    psutil alone it parsed every process's environment, ~2 ms of CPU at 80 processes and
+    ~5 ms with 50 other managed servers running; the pre-filter costs ~0.3 ms.
+    Elsewhere: every process."""
+    if not _PROC.is_dir():
+        yield from psutil.process_iter()
+        return
+    wanted = [_MANAGED_ENTRY]
+    if slot is not None:
+        wanted.append(b"\0" + os.fsencode(f"{ENV_SLOT}={slot}") + b"\0")
+    # os.listdir, not Path.iterdir: a Path per process doubled the scan's CPU (130 processes:
+    # 0.8 ms against 1.5 ms); a list, not scandir: a scan that stops early leaves nothing open.
+    for name in os.listdir(_PROC):  # noqa: PTH208
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as env:
+                raw = b"\0" + env.read()
+            if all(entry in raw for entry in wanted):
+                yield psutil.Process(int(name))
+        except (OSError, psutil.Error):  # gone, or not ours to read: not a candidate
+            continue

@@ -222,3 +222,39 @@ async def test_ready_detected_within_100ms_of_server_ready(runtime: ProcessRunti
     line = next(x for x in await runtime.logs("timing") if "slotctl-demo ready" in x)
     ready_t = float(line.rsplit("t=", 1)[1])
     assert 0 <= detected - ready_t < 0.1, detected - ready_t
+
+
+def test_label_scan_finds_the_managed_entry_anywhere_and_skips_lookalikes(
+    tmp_path: Path,
+) -> None:
+    """The scan's raw /proc pre-filter (``_labelled_processes``) must keep every process
+    psutil would have found: the managed entry first, last or in between in the
+    environment; and a lookalike (another variable's value or name ending in it) is no
+    label."""
+    rt = ProcessRuntime(tmp_path / "state")
+    labels = {"SLOTCTL_OWNER": rt.owner, "SLOTCTL_PORT": "1"}
+    envs = {
+        "first": {"SLOTCTL_MANAGED": "true", **labels, "SLOTCTL_SLOT": "first"},
+        "last": {**labels, "SLOTCTL_SLOT": "last", "SLOTCTL_MANAGED": "true"},
+        "value": {**labels, "SLOTCTL_SLOT": "value", "X": "\0SLOTCTL_MANAGED=true"[1:]},
+        "name": {**labels, "SLOTCTL_SLOT": "name", "X_SLOTCTL_MANAGED": "true"},
+    }
+    procs = {
+        slot: subprocess.Popen(
+            [sys.executable, "-c", "import time; time.sleep(60)"],
+            env=env,
+            start_new_session=True,
+        )
+        for slot, env in envs.items()
+    }
+    try:
+        assert sorted(rt._scan_all()) == ["first", "last"]
+        for slot in ("first", "last"):
+            found = rt._scan(slot)
+            assert found is not None and found.pid == procs[slot].pid
+        assert rt._scan("value") is None and rt._scan("name") is None
+        assert rt._scan("firs") is None and rt._scan("irst") is None  # whole values only
+    finally:
+        for proc in procs.values():
+            proc.kill()
+            proc.wait()

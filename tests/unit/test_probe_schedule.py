@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from controller.clock import FakeClock
 from controller.probe import (
+    ARMED_BASE_DELAY_S,
     CAP_S,
     ProbeOutcome,
     ProbeResult,
@@ -22,6 +25,14 @@ def test_next_delay_is_fast_then_proportional_then_capped() -> None:
     assert next_delay(60.0) == CAP_S
     delays = [next_delay(t / 10) for t in range(0, 400)]
     assert delays == sorted(delays), "the schedule never speeds up again"
+
+
+def test_armed_schedule_has_the_sparser_floor_and_the_same_cap() -> None:
+    assert next_delay(0.0, armed=True) == ARMED_BASE_DELAY_S == 0.25
+    assert next_delay(5.0, armed=True) == pytest.approx(0.25)
+    assert next_delay(20.0, armed=True) == pytest.approx(0.5)
+    assert next_delay(60.0, armed=True) == CAP_S
+    assert all(next_delay(t / 10, armed=True) >= next_delay(t / 10) for t in range(0, 600))
 
 
 def _scripted(clock: FakeClock, ready_at: float, outcome: ProbeOutcome = ProbeOutcome.READY):
@@ -88,3 +99,43 @@ async def test_exit_while_warming() -> None:
     result = await wait_ready(attempt, alive=alive, warmup_timeout_s=60, clock=clock)
     assert result.outcome is ProbeOutcome.EXITED
     assert calls and calls[-1] < alive_until
+
+
+async def test_an_armed_wake_that_never_fires_still_sees_the_server_within_the_floor() -> None:
+    """A server whose ready line never comes (or is missed): the fallback schedule sees it
+    at most ARMED_BASE_DELAY_S late, with far fewer attempts than the dense schedule."""
+    clock = FakeClock(start=0.0)
+    attempt, calls = _scripted(clock, ready_at=1.0)
+    result = await wait_ready(
+        attempt, alive=_alive, warmup_timeout_s=60, clock=clock, wake=asyncio.Event()
+    )
+    assert result.outcome is ProbeOutcome.READY
+    assert calls[-1] - 1.0 <= ARMED_BASE_DELAY_S + 1e-9
+    assert all(d >= ARMED_BASE_DELAY_S for d in clock.sleeps)
+    assert len(calls) <= 6, calls  # the dense schedule: ~50 for a 1 s load
+
+
+async def test_after_the_wake_fires_the_dense_schedule_takes_over() -> None:
+    """The line came but the woken attempt found the server still warming (it logged a
+    moment early): from then on the 20 ms schedule, not the armed 250 ms floor."""
+    clock = FakeClock(start=0.0)
+    wake = asyncio.Event()
+    calls: list[float] = []
+    woken: list[float] = []
+
+    async def attempt() -> ProbeResult:
+        calls.append(clock.monotonic())
+        if clock.monotonic() >= 1.1:
+            return ProbeResult(ProbeOutcome.READY, "ok", ("m",))
+        if clock.monotonic() >= 0.9 and not woken:
+            woken.append(clock.monotonic())
+            wake.set()  # the line lands during this attempt
+        return ProbeResult(ProbeOutcome.STILL_WARMING, "HTTP 503")
+
+    result = await wait_ready(attempt, alive=_alive, warmup_timeout_s=60, clock=clock, wake=wake)
+    assert result.outcome is ProbeOutcome.READY
+    before = [d for d in clock.sleeps if d >= ARMED_BASE_DELAY_S]
+    after = clock.sleeps[len(before) :]
+    assert before and all(d >= ARMED_BASE_DELAY_S for d in before)
+    assert after and all(d < ARMED_BASE_DELAY_S for d in after), clock.sleeps
+    assert calls[-1] - 1.1 <= 0.03

@@ -1,0 +1,138 @@
+"""The probe's models-list GET over plain asyncio streams (``controller.probe._get``),
+against real servers on 127.0.0.1 that answer the ways HTTP/1.1 allows: Content-Length,
+chunked, a body to EOF, no answer, not HTTP. The outcome is what aiohttp's client gave."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+from controller.probe import HttpProber, ProbeOutcome, ProbeSpec
+from tests.integration.helpers import free_port
+
+MODELS = json.dumps({"object": "list", "data": [{"id": "m1"}, {"id": "m2"}]}).encode()
+
+Answer = Callable[[bytes], bytes | None]
+
+
+@asynccontextmanager
+async def server(answer: Answer) -> AsyncIterator[tuple[str, list[bytes]]]:
+    """A raw TCP server: reads one request head, writes ``answer(head)`` and closes (None:
+    never answers). Yields the endpoint and the request heads it got."""
+    heads: list[bytes] = []
+    silent: list[asyncio.StreamWriter] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        heads.append(head)
+        reply = answer(head)
+        if reply is None:
+            silent.append(writer)  # closed when the test is done
+            return
+        writer.write(reply)
+        await writer.drain()
+        writer.close()
+        await writer.wait_closed()
+
+    srv = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = srv.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}", heads
+    finally:
+        for writer in silent:
+            writer.close()
+        srv.close()
+        await srv.wait_closed()
+
+
+def reply(status: str, body: bytes, *headers: str) -> bytes:
+    head = "".join(f"{h}\r\n" for h in headers)
+    return f"HTTP/1.1 {status}\r\n{head}\r\n".encode() + body
+
+
+async def probe(endpoint: str, timeout_s: float = 5.0) -> tuple[ProbeOutcome, str, tuple[str, ...]]:
+    prober = HttpProber(timeout_s=timeout_s)
+    try:
+        result = await prober.probe(endpoint, ProbeSpec(), slot="s")
+    finally:
+        await prober.close()
+    return result.outcome, result.message, result.models
+
+
+async def test_content_length_body_lists_the_models_and_the_request_is_plain_http11() -> None:
+    answer = reply("200 OK", MODELS, f"Content-Length: {len(MODELS)}")
+    async with server(lambda _: answer) as (endpoint, heads):
+        outcome, _, models = await probe(endpoint)
+    assert outcome is ProbeOutcome.READY and models == ("m1", "m2")
+    request = heads[0].decode()
+    assert request.startswith("GET /v1/models HTTP/1.1\r\n")
+    assert f"Host: {endpoint.removeprefix('http://')}\r\n" in request
+    assert "Connection: close\r\n" in request
+
+
+async def test_chunked_body_with_extensions_and_trailers() -> None:
+    half = len(MODELS) // 2
+    chunks = (
+        f"{half:x};ext=1\r\n".encode()
+        + MODELS[:half]
+        + b"\r\n"
+        + f"{len(MODELS) - half:X}\r\n".encode()
+        + MODELS[half:]
+        + b"\r\n0\r\nX-Trailer: 1\r\n\r\n"
+    )
+    answer = reply("200 OK", chunks, "Transfer-Encoding: chunked")
+    async with server(lambda _: answer) as (endpoint, _):
+        outcome, _, models = await probe(endpoint)
+    assert outcome is ProbeOutcome.READY and models == ("m1", "m2")
+
+
+async def test_body_without_a_length_ends_at_eof() -> None:
+    async with server(lambda _: reply("200 OK", MODELS)) as (endpoint, _):
+        outcome, _, models = await probe(endpoint)
+    assert outcome is ProbeOutcome.READY and models == ("m1", "m2")
+
+
+async def test_loading_and_empty_and_unparsable_answers() -> None:
+    loading = reply("503 Service Unavailable", b'{"error":"loading"}', "Content-Length: 19")
+    async with server(lambda _: loading) as (endpoint, _):
+        outcome, message, _ = await probe(endpoint)
+    assert outcome is ProbeOutcome.STILL_WARMING and message == "models list: HTTP 503"
+    empty = reply("200 OK", b'{"data": []}', "Content-Length: 12")
+    async with server(lambda _: empty) as (endpoint, _):
+        assert (await probe(endpoint))[0] is ProbeOutcome.NO_MODEL
+    not_json = reply("200 OK", b"<html>", "Content-Length: 6")
+    async with server(lambda _: not_json) as (endpoint, _):
+        assert (await probe(endpoint))[0] is ProbeOutcome.NO_MODEL  # up, lists nothing
+
+
+async def test_no_answer_not_http_cut_short_or_refused_read_as_still_warming() -> None:
+    async with server(lambda _: None) as (endpoint, _):
+        outcome, message, _ = await probe(endpoint, timeout_s=0.3)
+    assert outcome is ProbeOutcome.STILL_WARMING and "TimeoutError" in message
+    async with server(lambda _: b"SSH-2.0-OpenSSH\r\n\r\n") as (endpoint, _):
+        outcome, message, _ = await probe(endpoint)
+    assert outcome is ProbeOutcome.STILL_WARMING and "bad HTTP answer" in message
+    short = reply("200 OK", MODELS[:5], f"Content-Length: {len(MODELS)}")
+    async with server(lambda _: short) as (endpoint, _):
+        outcome, message, _ = await probe(endpoint)
+    assert outcome is ProbeOutcome.STILL_WARMING and "IncompleteReadError" in message
+    huge = reply("200 OK", b"", "Content-Length: 999999999999")
+    async with server(lambda _: huge) as (endpoint, _):
+        outcome, message, _ = await probe(endpoint)
+    assert outcome is ProbeOutcome.STILL_WARMING and "Content-Length" in message
+    outcome, message, _ = await probe(f"http://127.0.0.1:{free_port()}")
+    assert outcome is ProbeOutcome.STILL_WARMING and "ConnectionRefusedError" in message
+
+
+async def test_liveness_uses_the_same_get() -> None:
+    answer = reply("200 OK", MODELS, f"Content-Length: {len(MODELS)}")
+    async with server(lambda _: answer) as (endpoint, heads):
+        prober = HttpProber()
+        try:
+            result = await prober.liveness(endpoint, ProbeSpec(), slot="s")
+        finally:
+            await prober.close()
+    assert result.outcome is ProbeOutcome.READY and result.models == ("m1", "m2")
+    assert heads and heads[0].startswith(b"GET /v1/models HTTP/1.1\r\n")
