@@ -137,7 +137,7 @@ async def bench_warm(tmp: Path, pairs: int, writing_pairs: int) -> list[str]:
         lines.append(row("bare asyncio.Lock acquire/release", b50, percentile(base, 0.99)))
         lines.append(
             row(
-                "lease pair, ready<->serving (writes state.json)",
+                "lease pair, ready<->serving (state.json coalesced)",
                 f50,
                 percentile(first, 0.99),
                 note=f"x{f50 / b50:.0f} the lock",
