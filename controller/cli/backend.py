@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, Self
 
 from controller.errors import SlotConfigError
 
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Applied",
+    "Closing",
     "Diff",
     "SlotStatus",
     "StackBackend",
@@ -85,6 +86,24 @@ class StackRejected(SlotConfigError):
     def __init__(self, message: str, located: list[Problem]) -> None:
         super().__init__(message)
         self.located = located
+
+
+class Closing:
+    """``with backend: ...`` closes it (both backends; the subclass has ``close``)."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
 
 
 class StackBackend(Protocol):

@@ -9,11 +9,10 @@ invalid stack here); any other API error keeps its own code (exit 2).
 
 from __future__ import annotations
 
-from types import TracebackType
 from typing import Any
 
 from controller.apply import StackPlan
-from controller.cli.backend import Applied, Diff, SlotStatus, StackRejected, StackRequest
+from controller.cli.backend import Applied, Closing, Diff, SlotStatus, StackRejected, StackRequest
 from controller.cli.client import ApiClient, ApiError
 from controller.plan import Action
 from controller.spec.problems import Problem
@@ -21,7 +20,7 @@ from controller.spec.problems import Problem
 __all__ = ["ApiBackend"]
 
 
-class ApiBackend:
+class ApiBackend(Closing):
     """:class:`~controller.cli.backend.StackBackend` through a controller's API."""
 
     remote = True
@@ -74,17 +73,6 @@ class ApiBackend:
 
     def close(self) -> None:
         """Nothing to release: every request has its own connection."""
-
-    def __enter__(self) -> ApiBackend:
-        return self
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 def _problems(exc: ApiError) -> list[Problem]:

@@ -12,11 +12,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from types import TracebackType
 from typing import Any, TypeVar
 
 from controller.apply import apply_to_config, observe_files, plan_stack
-from controller.cli.backend import Applied, Diff, SlotStatus, StackRequest
+from controller.cli.backend import Applied, Closing, Diff, SlotStatus, StackRequest
 from controller.runtime import make_runtime
 from controller.runtime.base import Runtime
 from controller.store import ControllerLock
@@ -26,7 +25,7 @@ __all__ = ["LocalBackend"]
 T = TypeVar("T")
 
 
-class LocalBackend:
+class LocalBackend(Closing):
     """:class:`~controller.cli.backend.StackBackend` on the files (see the module docstring)."""
 
     remote = False
@@ -80,14 +79,3 @@ class LocalBackend:
         finally:
             if loop is not None:
                 loop.close()
-
-    def __enter__(self) -> LocalBackend:
-        return self
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()

@@ -5,21 +5,11 @@ seam (``slotctl operator --runtime kubernetes``, the default inside a pod); the 
 manager is its only caller. It talks to the API server through lightkube's typed async
 client (docs/design/0005-kubernetes-runtime.md says why that one):
 
-* **objects**: one Deployment per slot (``replicas`` 1 while loaded, 0 once unloaded,
-  strategy ``Recreate``: never two servers of one slot) and one Service selecting its
-  pod, in the runtime's namespace. Labels ``slotctl.managed=true``, ``slotctl.slot``,
-  ``slotctl.stack``, ``slotctl.config-hash``; the config hash (again) and the port as
-  annotations. An object with a slot's
-  name but without those labels is reported (``Observed(managed=False)``) and never
-  patched, scaled or deleted; a labelled Deployment that runs the same config is
-  adopted (no second pod after an operator restart);
-* **placement**: GPUs as extended resources (``nvidia.com/gpu`` or ``amd.com/gpu``, one
-  per slot), the slot's ``node`` as a ``nodeSelector`` (``kubernetes.io/hostname``);
-  without one the scheduler places the pod and the slot is admitted against the node it
-  lands on (:attr:`Observed.node`, see :mod:`controller.slots.admission`);
-* **model files**: a LaunchSpec mount whose source is a name is a PersistentVolumeClaim
-  (the slot's ``server.volume``, read-only at the models dir); one whose source is a path
-  is a hostPath;
+* **objects** (their bodies: :mod:`~controller.runtime.kubernetes_spec`): one Deployment
+  per slot (``replicas`` 1 while loaded, 0 once unloaded, strategy ``Recreate``) and one
+  Service; an object with a slot's name but without slotctl's labels is reported
+  (``Observed(managed=False)``) and never patched, scaled or deleted; a labelled
+  Deployment that runs the same config is adopted;
 * **readiness**: :meth:`start` returns once the pod runs and has an IP; the manager
   probes ``http://<pod IP>:<port>`` like any other server (:attr:`Observed.endpoint`);
 * **memory**: :attr:`KubernetesRuntime.memory` is the admission's memory probe for
@@ -55,13 +45,11 @@ import contextlib
 import logging
 import math
 import os
-import re
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from datetime import datetime
-from typing import Any, Final, TypeVar, cast
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar, cast
 
 import httpx2
-from lightkube import ApiError, AsyncClient, ConfigError
+from lightkube import AsyncClient, ConfigError
 from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.core_v1 import Node, Pod, Service
 from lightkube.types import PatchType
@@ -73,17 +61,41 @@ from controller.errors import (
     SlotSpawnFailed,
     SlotTerminateTimeout,
 )
-from controller.memory import DeviceMemory
 from controller.runtime.base import (
     HASH_LABEL,
     MANAGED_LABEL,
     SLOT_LABEL,
-    STACK_LABEL,
     LaunchSpec,
-    Mount,
     Observed,
     ProgressCallback,
     RunStatus,
+)
+from controller.runtime.kubernetes_nodes import (
+    GPU_RESOURCES,
+    NodeMemory,
+    NodeReading,
+    node_budgets,
+    parse_quantity,
+)
+from controller.runtime.kubernetes_spec import (
+    CONTAINER,
+    DEFAULT_OWNER,
+    FIELD_MANAGER,
+    LABEL_VALUE_RE,
+    MAX_SLOT_NAME,
+    OWNER_LABEL,
+    api_reason,
+    check_slot_name,
+    deployment_body,
+    object_name,
+    observe,
+    ours,
+    owned,
+    service_body,
+    start_verdict,
+    terminating,
+    unschedulable,
+    without_nulls,
 )
 
 __all__ = [
@@ -101,299 +113,7 @@ __all__ = [
 
 log = logging.getLogger("slotctl.runtime")
 
-OBJECT_PREFIX: Final = "slotctl-"
-PORT_ANNOTATION: Final = "slotctl.port"
-HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
-GPU_RESOURCES: Final = ("nvidia.com/gpu", "amd.com/gpu")
-# MiB per GPU, as NVIDIA's GPU feature discovery labels a node.
-GPU_MEMORY_LABEL: Final = "nvidia.com/gpu.memory"
-GPU_COUNT_LABEL: Final = "nvidia.com/gpu.count"
-CONTAINER: Final = "server"
-FIELD_MANAGER: Final = "slotctl"
-OWNER_LABEL: Final = "slotctl.owner"
-DEFAULT_OWNER: Final = "slotctl"
-# A Service name is a DNS-1035 label (63 characters at most): "slotctl-" + the slot's name.
-MAX_SLOT_NAME: Final = 63 - len(OBJECT_PREFIX)
-_LABEL_VALUE_RE: Final = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
-# Container waiting reasons after which a start fails at once: the kubelet would only
-# retry with a growing back-off (the pod phase stays Running or Pending, never Failed).
-FATAL_WAITING: Final = frozenset(
-    {"CrashLoopBackOff", "ErrImagePull", "ImagePullBackOff", "InvalidImageName"}
-)
-
 T = TypeVar("T")
-
-
-def object_name(slot: str) -> str:
-    return f"{OBJECT_PREFIX}{slot}"
-
-
-def check_slot_name(slot: str) -> None:
-    """Refuse a slot whose object names would not be valid (SlotSpawnFailed, before any
-    API call): its Service ``slotctl-<slot>`` must be a DNS label of <= 63 characters."""
-    if len(slot) > MAX_SLOT_NAME:
-        raise SlotSpawnFailed(
-            f"slot {slot!r} has {len(slot)} characters: the kubernetes runtime names its "
-            f"Service {OBJECT_PREFIX}<slot>, a DNS label of at most 63 characters, so slot "
-            f"names are limited to {MAX_SLOT_NAME} characters here; rename the slot",
-            slot=slot,
-        )
-
-
-_QUANTITY_RE: Final = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([a-zA-Z]*)$")
-_SUFFIXES: Final[dict[str, int | float]] = {
-    "": 1,
-    "Ki": 2**10,
-    "Mi": 2**20,
-    "Gi": 2**30,
-    "Ti": 2**40,
-    "k": 10**3,
-    "M": 10**6,
-    "G": 10**9,
-    "T": 10**12,
-    "m": 1e-3,
-}
-
-
-def parse_quantity(text: str) -> int | None:
-    """A Kubernetes quantity (``16Gi``, ``2``, ``500M``) as an integer; None if not one."""
-    match = _QUANTITY_RE.match(str(text).strip())
-    if match is None or match.group(2) not in _SUFFIXES:
-        return None
-    return int(float(match.group(1)) * _SUFFIXES[match.group(2)])
-
-
-def node_budgets(allocatable: Mapping[str, str], labels: Mapping[str, str]) -> dict[str, int]:
-    """Device -> bytes a node offers (pure): ``gpu`` = its GPUs (the ``nvidia.com/gpu.count``
-    label, else the allocatable ``nvidia.com/gpu`` / ``amd.com/gpu``) x the per-GPU memory
-    its ``nvidia.com/gpu.memory`` label states (MiB); ``cpu`` = allocatable memory.
-    A device the node says nothing about is absent (the controller settings apply)."""
-    budgets: dict[str, int] = {}
-    # physical GPUs (GFD's count label: time-slicing advertises more allocatable replicas)
-    gpus = parse_quantity(labels.get(GPU_COUNT_LABEL, "")) or max(
-        (parse_quantity(allocatable.get(r, "0")) or 0) for r in GPU_RESOURCES
-    )
-    per_gpu = parse_quantity(labels.get(GPU_MEMORY_LABEL, ""))
-    if gpus and per_gpu:
-        budgets["gpu"] = gpus * per_gpu * 2**20
-    memory = parse_quantity(allocatable.get("memory", ""))
-    if memory:
-        budgets["cpu"] = memory
-    return budgets
-
-
-class NodeMemory:
-    """The admission's memory probe on a cluster (a :class:`controller.memory.MemoryProbe`).
-
-    ``NODE/DEVICE`` keys answer with that node's budget (:func:`node_budgets`); a bare
-    device (a slot the scheduler has not placed yet) with the largest node's, so a slot
-    that fits on no node is refused before anything is scaled. Nothing measures a remote
-    GPU: free = total, and the admitted bytes per key do the accounting. A node or
-    device the nodes say nothing about answers None (``memory_budget_gb`` applies).
-    """
-
-    def __init__(self) -> None:
-        self.nodes: dict[str, dict[str, int]] = {}
-        self.gpu_resources: dict[str, str] = {}  # node -> the GPU resource it offers
-
-    def update(self, nodes: Sequence[Node]) -> None:
-        seen: dict[str, dict[str, int]] = {}
-        resources: dict[str, str] = {}
-        for node in nodes:
-            name = node.metadata.name if node.metadata else None
-            if not name:
-                continue
-            allocatable = dict((node.status.allocatable if node.status else None) or {})
-            labels = dict((node.metadata.labels if node.metadata else None) or {})
-            seen[name] = node_budgets(allocatable, labels)
-            for resource in GPU_RESOURCES:
-                if parse_quantity(allocatable.get(resource, "0")):
-                    resources[name] = resource
-        self.nodes, self.gpu_resources = seen, resources
-
-    def sample(self, device: str) -> DeviceMemory | None:
-        node, sep, kind = device.rpartition("/")
-        if sep:
-            total = self.nodes.get(node, {}).get(kind)
-        else:
-            totals = [b[kind] for b in self.nodes.values() if kind in b]
-            total = max(totals) if totals else None
-        if total is None:
-            return None
-        return DeviceMemory(device=device, total_bytes=total, free_bytes=total, source="node")
-
-
-def _labels(launch: LaunchSpec) -> dict[str, str]:
-    """SPEC §3's labels (the selector uses only the first two: it is immutable)."""
-    return launch.labels()
-
-
-def _selector(slot: str) -> dict[str, str]:
-    return {MANAGED_LABEL: "true", SLOT_LABEL: slot}
-
-
-def _volumes(mounts: Sequence[Mount]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    volumes, volume_mounts = [], []
-    for index, mount in enumerate(mounts):
-        name = f"m{index}"
-        if mount.source.startswith("/"):
-            volumes.append({"name": name, "hostPath": {"path": mount.source}})
-        else:
-            claim = {"claimName": mount.source, "readOnly": mount.read_only}
-            volumes.append({"name": name, "persistentVolumeClaim": claim})
-        volume_mounts.append({"name": name, "mountPath": mount.target, "readOnly": mount.read_only})
-    return volumes, volume_mounts
-
-
-def deployment_body(
-    launch: LaunchSpec,
-    namespace: str,
-    *,
-    replicas: int = 1,
-    gpu_resource: str = GPU_RESOURCES[0],
-    termination_grace_s: int = 30,
-    owner: str = DEFAULT_OWNER,
-) -> dict[str, Any]:
-    """The Deployment that runs ``launch`` (pure; a merge patch of it updates one)."""
-    if launch.device == "npu":
-        raise SlotSpawnFailed(
-            f"slot {launch.slot!r}: the kubernetes runtime has no extended resource for an "
-            "npu; run npu slots with the process or docker runtime",
-            slot=launch.slot,
-            device=launch.device,
-        )
-    annotations = {HASH_LABEL: launch.config_hash(), PORT_ANNOTATION: str(launch.port)}
-    volumes, volume_mounts = _volumes(launch.mounts)
-    container: dict[str, Any] = {
-        "name": CONTAINER,
-        "image": launch.image,
-        "args": list(launch.argv),
-        "env": [{"name": k, "value": v} for k, v in sorted(launch.env.items())],
-        "ports": [{"name": "http", "containerPort": launch.port}],
-        "volumeMounts": volume_mounts,
-        "resources": (
-            {"limits": {gpu_resource: "1"}, "requests": {gpu_resource: "1"}}
-            if launch.device == "gpu"
-            else {}
-        ),
-    }
-    pod_spec: dict[str, Any] = {
-        "containers": [container],
-        "volumes": volumes,
-        "enableServiceLinks": False,
-        # the server needs no API access: no service-account token in the pod
-        "automountServiceAccountToken": False,
-        "terminationGracePeriodSeconds": termination_grace_s,
-        # a merge patch: None removes a node a previous config had
-        "nodeSelector": {HOSTNAME_LABEL: launch.node} if launch.node else None,
-    }
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {
-            "name": object_name(launch.slot),
-            "namespace": namespace,
-            "labels": {**_labels(launch), OWNER_LABEL: owner},
-            "annotations": annotations,
-        },
-        "spec": {
-            "replicas": replicas,
-            "strategy": {"type": "Recreate", "rollingUpdate": None},
-            "selector": {"matchLabels": _selector(launch.slot)},
-            "template": {
-                "metadata": {"labels": _labels(launch), "annotations": annotations},
-                "spec": pod_spec,
-            },
-        },
-    }
-
-
-def service_body(launch: LaunchSpec, namespace: str, owner: str = DEFAULT_OWNER) -> dict[str, Any]:
-    """The Service in front of the slot's pod: a stable in-cluster name for its port."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {
-            "name": object_name(launch.slot),
-            "namespace": namespace,
-            "labels": {**_labels(launch), OWNER_LABEL: owner},
-            "annotations": {PORT_ANNOTATION: str(launch.port)},
-        },
-        "spec": {
-            "selector": _selector(launch.slot),
-            "ports": [{"name": "http", "port": launch.port, "targetPort": launch.port}],
-        },
-    }
-
-
-def _owned(labels: Mapping[str, str] | None, slot: str, owner: str) -> bool:
-    """Ours: slotctl's labels for this slot, and this runtime's owner."""
-    labels = labels or {}
-    return (
-        labels.get(MANAGED_LABEL) == "true"
-        and labels.get(SLOT_LABEL) == slot
-        and labels.get(OWNER_LABEL) == owner
-    )
-
-
-def _terminating(pod: Pod) -> bool:
-    return bool(pod.metadata and pod.metadata.deletionTimestamp)
-
-
-def _timestamp(value: Any) -> float | None:
-    if isinstance(value, datetime):
-        return value.timestamp()
-    return None
-
-
-def _pod_state(pod: Pod) -> tuple[bool, int | None, str]:
-    """(running, exit code, words) of a pod's server container."""
-    status = pod.status
-    phase = (status.phase if status else None) or "Pending"
-    if phase in ("Succeeded", "Failed"):
-        return False, None, f"pod {phase.lower()}: {(status.message if status else '') or ''}"
-    for cs in (status.containerStatuses if status else None) or []:
-        if cs.name != CONTAINER:
-            continue
-        state = cs.state
-        if state and state.running:
-            break
-        if state and state.terminated:
-            code = state.terminated.exitCode
-            return False, code, f"exited with code {code} ({state.terminated.reason or ''})"
-        if state and state.waiting:
-            last = cs.lastState.terminated if cs.lastState else None
-            return (
-                False,
-                last.exitCode if last else None,
-                f"waiting: {state.waiting.reason or ''} {state.waiting.message or ''}",
-            )
-    running = phase == "Running" and bool(status and status.podIP)
-    return running, None, "running" if running else f"pod {phase.lower()}"
-
-
-def _start_failure(pod: Pod) -> tuple[str, int | None] | None:
-    """(words, last exit code) when the server container will not come up without help: it
-    waits for a reason in :data:`FATAL_WAITING`, or it was restarted after it exited."""
-    for cs in (pod.status.containerStatuses if pod.status else None) or []:
-        if cs.name != CONTAINER or (cs.state and cs.state.running):
-            continue
-        last = cs.lastState.terminated if cs.lastState else None
-        code = last.exitCode if last else None
-        waiting = cs.state.waiting if cs.state else None
-        reason = (waiting.reason if waiting else None) or ""
-        if reason in FATAL_WAITING or (cs.restartCount and last is not None):
-            exited = f"; last exit code {code} ({last.reason or ''})" if last else ""
-            detail = f": {waiting.message}" if waiting and waiting.message else ""
-            return f"container {reason or 'restarted'}{detail}{exited}", code
-    return None
-
-
-def _unschedulable(pod: Pod) -> str | None:
-    for cond in (pod.status.conditions if pod.status else None) or []:
-        if cond.type == "PodScheduled" and cond.status == "False":
-            return cond.message or cond.reason or "unschedulable"
-    return None
 
 
 class KubernetesRuntime:
@@ -434,7 +154,7 @@ class KubernetesRuntime:
             raise ValueError(f"gpu resource {resource!r}: choose one of {', '.join(GPU_RESOURCES)}")
         self.gpu_resource = resource
         self.owner = owner or os.environ.get("SLOTCTL_K8S_OWNER") or DEFAULT_OWNER
-        if not _LABEL_VALUE_RE.fullmatch(self.owner):
+        if not LABEL_VALUE_RE.fullmatch(self.owner):
             raise ValueError(
                 f"owner {self.owner!r}: a label value (63 characters at most: letters, "
                 "digits, '-', '_', '.'; alphanumeric at both ends)"
@@ -447,8 +167,7 @@ class KubernetesRuntime:
         self.node_refresh_s = node_refresh_s
         self.memory = NodeMemory()
         self._locks: dict[str, asyncio.Lock] = {}
-        self._refresher: asyncio.Task[None] | None = None
-        self._first_read = asyncio.Event()
+        self._nodes = NodeReading(self.refresh_nodes, node_refresh_s)
 
     # ------------------------------------------------------------------ API access
 
@@ -467,10 +186,7 @@ class KubernetesRuntime:
                     f"no Kubernetes API configured (in-cluster service account, KUBECONFIG "
                     f"or ~/.kube/config): {exc}"
                 ) from exc
-        if self._refresher is None:
-            self._refresher = asyncio.get_running_loop().create_task(
-                self._refresh_loop(), name="slotctl-k8s-nodes"
-            )
+        self._nodes.start()
         return self._api
 
     async def _call(self, op: str, slot: str | None, fn: Callable[[], Awaitable[T]]) -> T:
@@ -483,7 +199,7 @@ class KubernetesRuntime:
             raise
         except httpx2.HTTPStatusError as exc:  # lightkube's ApiError among them
             cls: type[SlotctlError] = SlotSpawnFailed if op == "start" else DockerEngineError
-            raise cls(f"cannot {op}{where}: Kubernetes API: {_reason(exc)}", slot=slot) from exc
+            raise cls(f"cannot {op}{where}: Kubernetes API: {api_reason(exc)}", slot=slot) from exc
         except (httpx2.HTTPError, OSError) as exc:
             cls = SlotSpawnFailed if op == "start" else DockerUnavailable
             raise cls(f"cannot {op}{where}: the Kubernetes API is unreachable ({exc})") from exc
@@ -533,30 +249,10 @@ class KubernetesRuntime:
     async def _nodes_read(self) -> None:
         """The first reading of the nodes is done (admission needs their budgets)."""
         self._client()
-        if not self._first_read.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._first_read.wait(), 10.0)
-
-    async def _refresh_loop(self) -> None:
-        """Supervised: a failed reading is logged and the next one comes; whatever
-        happens, the first reading counts as done (API calls wait for it)."""
-        while True:
-            try:
-                await self.refresh_nodes()
-            except (httpx2.HTTPError, OSError) as exc:
-                log.warning("reading the nodes' allocatable resources failed: %s", exc)
-            except Exception:  # a bug or a malformed Node: logged, the loop lives on
-                log.exception("reading the nodes' allocatable resources failed")
-            finally:
-                self._first_read.set()
-            await asyncio.sleep(self.node_refresh_s)
+        await self._nodes.first_read()
 
     async def close(self) -> None:
-        if self._refresher is not None:
-            self._refresher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._refresher
-            self._refresher = None
+        await self._nodes.stop()
         if self._owns_client and self._api is not None:
             api, self._api = self._api, None
             await api.close()
@@ -567,60 +263,7 @@ class KubernetesRuntime:
     # ------------------------------------------------------------------ observing
 
     def _observe(self, slot: str, deployment: Deployment, pods: Sequence[Pod]) -> Observed:
-        meta = deployment.metadata
-        labels = (meta.labels if meta else None) or {}
-        annotations = (meta.annotations if meta else None) or {}
-        replicas = (deployment.spec.replicas if deployment.spec else None) or 0
-        ident = f"deployment/{object_name(slot)}"
-        if not _owned(labels, slot, self.owner):
-            return Observed(
-                slot=slot,
-                status=RunStatus.RUNNING if replicas else RunStatus.EXITED,
-                ident=ident,
-                managed=False,
-                message=(
-                    f"Deployment {object_name(slot)} in {self.namespace} is not managed by "
-                    f"this controller (no {MANAGED_LABEL}=true / {SLOT_LABEL}={slot} / "
-                    f"{OWNER_LABEL}={self.owner} labels): "
-                    "it is left untouched; remove or rename it to free the slot's name"
-                ),
-            )
-        wanted = annotations.get(HASH_LABEL)
-        port = annotations.get(PORT_ANNOTATION, "")
-        best: tuple[Pod, bool, int | None, str] | None = None
-        for pod in (p for p in pods if not _terminating(p)):  # the server to talk to
-            running, code, words = _pod_state(pod)
-            pod_hash = ((pod.metadata.annotations if pod.metadata else None) or {}).get(HASH_LABEL)
-            if best is None or (running and not best[1]) or (running and pod_hash == wanted):
-                best = (pod, running, code, words)
-        if best is None or not replicas:
-            words = "scaled to 0" if not replicas else "no pod yet"
-            if any(map(_terminating, pods)):
-                words += "; a pod is terminating"
-            return Observed(
-                slot=slot,
-                status=RunStatus.EXITED,
-                ident=ident,
-                config_hash=wanted,
-                stack=labels.get(STACK_LABEL),
-                message=words if best is None else f"{words}; {best[3]}",
-            )
-        pod, running, code, words = best
-        pod_ip = pod.status.podIP if pod.status else None
-        pod_meta = pod.metadata
-        started = _timestamp(pod.status.startTime if pod.status else None)
-        return Observed(
-            slot=slot,
-            status=RunStatus.RUNNING if running else RunStatus.EXITED,
-            ident=f"pod/{pod_meta.name if pod_meta else '?'}",
-            exit_code=code,
-            started_at=started,
-            config_hash=((pod_meta.annotations if pod_meta else None) or {}).get(HASH_LABEL),
-            endpoint=f"http://{pod_ip}:{port}" if pod_ip and port.isdigit() else None,
-            stack=labels.get(STACK_LABEL),
-            message=words,
-            node=pod.spec.nodeName if pod.spec else None,
-        )
+        return observe(slot, deployment, pods, owner=self.owner, namespace=self.namespace)
 
     async def inspect(self, slot: str) -> Observed:
         async def look() -> Observed:
@@ -645,7 +288,7 @@ class KubernetesRuntime:
                 labels = (dep.metadata.labels if dep.metadata else None) or {}
                 slot = labels.get(SLOT_LABEL, "")
                 name = dep.metadata.name if dep.metadata else None
-                if slot and name == object_name(slot) and _owned(labels, slot, self.owner):
+                if slot and name == object_name(slot) and owned(labels, slot, self.owner):
                     found.append(self._observe(slot, dep, pods.get(slot, [])))
             return sorted(found, key=lambda o: o.slot)
 
@@ -653,7 +296,7 @@ class KubernetesRuntime:
 
     async def logs(self, slot: str, tail: int = 100) -> list[str]:
         async def read() -> list[str]:
-            pods = sorted(await self._pods(slot), key=_terminating)  # the live one first
+            pods = sorted(await self._pods(slot), key=terminating)  # the live one first
             if not pods or pods[0].metadata is None or not pods[0].metadata.name:
                 return []
             lines = []
@@ -697,15 +340,14 @@ class KubernetesRuntime:
         slot, name = launch.slot, object_name(launch.slot)
         deployment = await self._get_deployment(slot)
         service = await self._get_service(slot)
-        for kind, obj in (("Deployment", deployment), ("Service", service)):
-            labels = (obj.metadata.labels if obj is not None and obj.metadata else None) or {}
-            if obj is not None and not _owned(labels, slot, self.owner):
-                raise SlotSpawnFailed(
-                    f"cannot start slot {slot!r}: an unmanaged {kind} holds the name {name} in "
-                    f"{self.namespace}; slotctl never touches objects without its labels: "
-                    "remove or rename it",
-                    slot=slot,
-                )
+        foreign = next((o for o in (deployment, service) if not ours(o, slot, self.owner)), None)
+        if foreign is not None:
+            raise SlotSpawnFailed(
+                f"cannot start slot {slot!r}: an unmanaged {type(foreign).__name__} holds the "
+                f"name {name} in {self.namespace}; slotctl never touches objects without "
+                "its labels: remove or rename it",
+                slot=slot,
+            )
         exists = deployment is not None
         try:
             if deployment is not None:
@@ -722,7 +364,7 @@ class KubernetesRuntime:
             )
             api = self._client()
             if deployment is None:
-                await api.create(cast(Deployment, Deployment.from_dict(_without_nulls(body))))
+                await api.create(cast(Deployment, Deployment.from_dict(without_nulls(body))))
                 exists = True
             else:
                 await api.patch(
@@ -787,7 +429,7 @@ class KubernetesRuntime:
             pods = [
                 p
                 for p in await self._pods(launch.slot)
-                if not _terminating(p)
+                if not terminating(p)
                 and ((p.metadata.annotations if p.metadata else None) or {}).get(HASH_LABEL)
                 == wanted
             ]
@@ -795,7 +437,7 @@ class KubernetesRuntime:
             if observed.running and observed.endpoint:
                 return observed
             now = loop.time()
-            reason = next((r for r in map(_unschedulable, pods) if r), None)
+            reason = next((r for r in map(unschedulable, pods) if r), None)
             if reason is None:
                 unschedulable_since = None
             elif unschedulable_since is None:
@@ -806,20 +448,12 @@ class KubernetesRuntime:
                     f"{self.unschedulable_s:g}s: {reason}",
                     slot=launch.slot,
                 )
-            failed = [p for p in pods if p.status and p.status.phase == "Failed"]
-            if failed:
-                _, code, words = _pod_state(failed[0])
+            verdict = start_verdict(pods)
+            if verdict is not None:
                 raise SlotSpawnFailed(
-                    f"cannot start slot {launch.slot!r}: {words}",
+                    f"cannot start slot {launch.slot!r}: {verdict[0]}",
                     slot=launch.slot,
-                    exit_code=code,
-                )
-            stuck = next((f for f in map(_start_failure, pods) if f), None)
-            if stuck is not None:
-                raise SlotSpawnFailed(
-                    f"cannot start slot {launch.slot!r}: {stuck[0]}",
-                    slot=launch.slot,
-                    exit_code=stuck[1],
+                    exit_code=verdict[1],
                 )
             if now - began >= self.start_timeout_s:
                 raise SlotSpawnFailed(
@@ -893,28 +527,6 @@ class KubernetesRuntime:
     async def _delete_service(self, slot: str) -> None:
         service = await self._get_service(slot)
         labels = service.metadata.labels if service is not None and service.metadata else None
-        if service is not None and _owned(labels, slot, self.owner):
+        if service is not None and owned(labels, slot, self.owner):
             with contextlib.suppress(httpx2.HTTPStatusError):
                 await self._client().delete(Service, object_name(slot), namespace=self.namespace)
-
-
-def _reason(exc: httpx2.HTTPStatusError) -> str:
-    """The API server's message (its Status), else the HTTP status line."""
-    if isinstance(exc, ApiError) and exc.status is not None and exc.status.message:
-        return str(exc.status.message)
-    try:
-        body = exc.response.json()
-    except ValueError:
-        body = None
-    if isinstance(body, dict) and body.get("message"):
-        return f"{exc.response.status_code}: {body['message']}"
-    return f"{exc.response.status_code} {exc.response.reason_phrase}"
-
-
-def _without_nulls(value: Any) -> Any:
-    """A merge-patch body as a whole object (its None values mean "absent")."""
-    if isinstance(value, dict):
-        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
-    if isinstance(value, list):
-        return [_without_nulls(v) for v in value]
-    return value
