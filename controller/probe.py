@@ -414,6 +414,7 @@ class HttpProber:
         self.timeout_s = timeout_s
         self.logs = logs if isinstance(logs, LogWatcher) else None
         self._session: aiohttp.ClientSession | None = None
+        self._closed = False
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -450,11 +451,18 @@ class HttpProber:
                 unwatch()
 
     async def probe(self, endpoint: str, spec: ProbeSpec, *, slot: str) -> ProbeResult:
+        if self._closed:  # shutting down: no new session that nobody would close
+            return ProbeResult(ProbeOutcome.STILL_WARMING, "the prober is closed")
         return await probe_once(self._client(), endpoint, spec, timeout_s=self.timeout_s)
 
     async def liveness(self, endpoint: str, spec: ProbeSpec, *, slot: str) -> ProbeResult:
+        if self._closed:  # not a miss: nobody is looking any more
+            return ProbeResult(ProbeOutcome.READY, "the prober is closed")
         return await check_liveness(self._client(), endpoint, spec, timeout_s=self.timeout_s)
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
+        """Close the session; a probe still running after this opens no new one."""
+        self._closed = True
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()

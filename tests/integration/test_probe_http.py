@@ -136,3 +136,20 @@ async def test_liveness_uses_the_same_get() -> None:
             await prober.close()
     assert result.outcome is ProbeOutcome.READY and result.models == ("m1", "m2")
     assert heads and heads[0].startswith(b"GET /v1/models HTTP/1.1\r\n")
+
+
+async def test_a_closed_prober_opens_no_new_session() -> None:
+    """A probe still running when the manager closes the prober (shutdown) opens no
+    session that nobody would close (an unclosed connector): it answers without one."""
+    answer = reply("200 OK", MODELS, f"Content-Length: {len(MODELS)}")
+    async with server(lambda _: answer) as (endpoint, heads):
+        prober = HttpProber()
+        await prober.liveness(endpoint, ProbeSpec(), slot="s")
+        await prober.close()
+        ready = await prober.probe(endpoint, ProbeSpec(), slot="s")
+        alive = await prober.liveness(endpoint, ProbeSpec(), slot="s")
+        await prober.close()  # twice is fine
+    assert ready.outcome is ProbeOutcome.STILL_WARMING and "closed" in ready.message
+    assert alive.outcome is ProbeOutcome.READY and "closed" in alive.message
+    assert prober._session is None
+    assert len(heads) == 1  # only the probe before the close reached the server
