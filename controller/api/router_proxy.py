@@ -61,6 +61,7 @@ __all__ = ["SESSION", "route_request", "setup"]
 log = logging.getLogger("slotctl.router")
 
 SESSION: Final = CtxKey("router_session", aiohttp.ClientSession)  # the upstream session
+_CLOSED: Final = CtxKey("router_closed", bool)  # set by the app's cleanup
 
 _RELAY_WHOLE_MAX: Final = 1024 * 1024  # sized non-stream bodies up to this are relayed whole
 _WATCH_S: Final = 0.1  # how often the watch looks at the client connection and the lease
@@ -104,13 +105,18 @@ def setup(app: web.Application) -> None:
 
 
 async def _close_session(app: web.Application) -> None:
-    session = app[API_CTX].store.pop(SESSION)
+    store = app[API_CTX].store
+    store.set(_CLOSED, True)  # a request still running opens no new session
+    session = store.pop(SESSION)
     if session is not None:
         await session.close()
 
 
 def _session(ctx: ApiContext) -> aiohttp.ClientSession:
-    """The shared upstream session, created on first use (inside the running loop)."""
+    """The shared upstream session, created on first use (inside the running loop); none
+    once the app is cleaning up (a request still running then gets a 503)."""
+    if ctx.store.get(_CLOSED):
+        raise Refusal(503, "the router is shutting down", code="slot.not_ready", retry_after_s=1)
     session = ctx.store.get(SESSION)
     if session is not None and not session.closed:
         return session

@@ -53,3 +53,24 @@ def test_login_codes_live_on_their_context(tmp_path: Path) -> None:
     assert code in (ctx.store.get(dashboard._LOGIN_CODES) or {})
     assert other.store.get(dashboard._LOGIN_CODES) is None
     assert sse.KEEPALIVE.type is float
+
+
+async def test_the_router_opens_no_session_after_the_app_cleanup(tmp_path: Path) -> None:
+    """A request still running when the app cleans up gets a 503, not a new upstream
+    session that nobody would close (an unclosed connector)."""
+    from aiohttp import web
+
+    from controller.api import router_proxy
+    from controller.api.app import API_CTX
+    from controller.api.router_request import Refusal
+
+    ctx = ApiContext(None, None, tmp_path, tmp_path, "t", EventBus())  # type: ignore[arg-type]
+    app = web.Application()
+    app[API_CTX] = ctx
+    session = router_proxy._session(ctx)
+    assert router_proxy._session(ctx) is session  # one shared session
+    await router_proxy._close_session(app)
+    assert session.closed and ctx.store.get(router_proxy.SESSION) is None
+    with pytest.raises(Refusal) as refused:
+        router_proxy._session(ctx)
+    assert refused.value.status == 503
