@@ -75,7 +75,7 @@ from controller.runtime.docker_spec import (
     owned,
 )
 from controller.runtime.docker_streams import follow_logs, pull_image
-from controller.runtime.process import require_free_port
+from controller.runtime.ports import require_free_port
 
 __all__ = [
     "CONTAINER_PREFIX",

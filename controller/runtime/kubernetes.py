@@ -1,9 +1,8 @@
 """The kubernetes runtime: each slot's server is a Deployment ``slotctl-<slot>`` + a Service.
 
-Sits beside :mod:`controller.runtime.docker` under the :class:`~controller.runtime.base.Runtime`
-seam (``slotctl operator --runtime kubernetes``, the default inside a pod); the slot
-manager is its only caller. It talks to the API server through lightkube's typed async
-client (docs/design/0005-kubernetes-runtime.md says why that one):
+Sits beside :mod:`controller.runtime.docker` under the ``Runtime`` seam (``slotctl operator
+--runtime kubernetes``, the default inside a pod); the slot manager is its only caller.
+It talks to the API server through lightkube's typed async client (design record 0005):
 
 * **objects** (their bodies: :mod:`~controller.runtime.kubernetes_spec`): one Deployment
   per slot (``replicas`` 1 while loaded, 0 once unloaded, strategy ``Recreate``) and one
@@ -12,9 +11,8 @@ client (docs/design/0005-kubernetes-runtime.md says why that one):
   Deployment that runs the same config is adopted;
 * **readiness**: :meth:`start` returns once the pod runs and has an IP; the manager
   probes ``http://<pod IP>:<port>`` like any other server (:attr:`Observed.endpoint`);
-* **memory**: :attr:`KubernetesRuntime.memory` is the admission's memory probe for
-  ``NODE/DEVICE`` keys, from the nodes' allocatable resources (refreshed in the
-  background).
+* **memory**: :attr:`KubernetesRuntime.memory`, the admission's probe for ``NODE/DEVICE``
+  keys (:mod:`~controller.runtime.kubernetes_nodes`).
 
 ``stop`` scales a running slot to 0 and waits for its pod to go — a terminating pod
 (``deletionTimestamp`` set, its server still running within its grace period) counts as
@@ -24,15 +22,14 @@ there after the stop's timeout + that grace: :class:`~controller.errors.SlotTerm
 Deployment and the Service (a slot nobody declares any more: the reconciler's orphan
 sweep). A start that fails after it scaled the Deployment to 1 (the Service refused, a
 crash-looping or unpullable container, an API error, a cancellation) scales it back to 0
-before it raises. Slot names longer than :data:`MAX_SLOT_NAME` are refused (``slotctl-``
-+ the name is a Service name, a DNS label of at most 63 characters).
+before it raises. Slot names too long for a Service name are refused (``check_launch``).
 
 **Ownership**: every Deployment and Service carries ``slotctl.owner`` (the operator's
 identity: ``SLOTCTL_K8S_OWNER``, the chart sets the Helm release name; default
 ``slotctl``) in its metadata labels, not in its selector; only objects with this
 runtime's owner are listed, adopted, scaled or deleted, so two releases in one namespace
-leave each other's slots alone. API failures become typed
-errors: :class:`~controller.errors.SlotSpawnFailed` from ``start``,
+leave each other's slots alone. API failures become typed errors:
+:class:`~controller.errors.SlotSpawnFailed` from ``start``,
 :class:`~controller.errors.DockerEngineError` (``runtime.engine_error``: the API said no)
 or :class:`~controller.errors.DockerUnavailable` (``runtime.unavailable``: no API server)
 from the rest.
@@ -70,22 +67,16 @@ from controller.runtime.base import (
     ProgressCallback,
     RunStatus,
 )
-from controller.runtime.kubernetes_nodes import (
-    GPU_RESOURCES,
-    NodeMemory,
-    NodeReading,
-    node_budgets,
-    parse_quantity,
-)
+from controller.runtime.kubernetes_nodes import GPU_RESOURCES, NodeMemory, NodeReading
 from controller.runtime.kubernetes_spec import (
     CONTAINER,
     DEFAULT_OWNER,
     FIELD_MANAGER,
-    LABEL_VALUE_RE,
-    MAX_SLOT_NAME,
     OWNER_LABEL,
     api_reason,
-    check_slot_name,
+    check_gpu_resource,
+    check_launch,
+    check_owner,
     deployment_body,
     object_name,
     observe,
@@ -98,18 +89,7 @@ from controller.runtime.kubernetes_spec import (
     without_nulls,
 )
 
-__all__ = [
-    "GPU_RESOURCES",
-    "MAX_SLOT_NAME",
-    "KubernetesRuntime",
-    "NodeMemory",
-    "check_slot_name",
-    "deployment_body",
-    "node_budgets",
-    "object_name",
-    "parse_quantity",
-    "service_body",
-]
+__all__ = ["KubernetesRuntime"]
 
 log = logging.getLogger("slotctl.runtime")
 
@@ -149,16 +129,10 @@ class KubernetesRuntime:
         self._api = client
         self._owns_client = client is None
         self._namespace = namespace or os.environ.get("SLOTCTL_K8S_NAMESPACE") or None
-        resource = gpu_resource or os.environ.get("SLOTCTL_K8S_GPU_RESOURCE") or GPU_RESOURCES[0]
-        if resource not in GPU_RESOURCES:
-            raise ValueError(f"gpu resource {resource!r}: choose one of {', '.join(GPU_RESOURCES)}")
-        self.gpu_resource = resource
-        self.owner = owner or os.environ.get("SLOTCTL_K8S_OWNER") or DEFAULT_OWNER
-        if not LABEL_VALUE_RE.fullmatch(self.owner):
-            raise ValueError(
-                f"owner {self.owner!r}: a label value (63 characters at most: letters, "
-                "digits, '-', '_', '.'; alphanumeric at both ends)"
-            )
+        self.gpu_resource = check_gpu_resource(
+            gpu_resource or os.environ.get("SLOTCTL_K8S_GPU_RESOURCE") or GPU_RESOURCES[0]
+        )
+        self.owner = check_owner(owner or os.environ.get("SLOTCTL_K8S_OWNER") or DEFAULT_OWNER)
         self.start_timeout_s = start_timeout_s
         self.unschedulable_s = unschedulable_s
         self.stop_grace_s = stop_grace_s
@@ -326,13 +300,7 @@ class KubernetesRuntime:
         return None
 
     async def start(self, launch: LaunchSpec) -> Observed:
-        if not launch.image:
-            raise SlotSpawnFailed(
-                f"slot {launch.slot!r} (provider {launch.provider}) has no container image: "
-                "the kubernetes runtime needs server.image",
-                slot=launch.slot,
-            )
-        check_slot_name(launch.slot)
+        check_launch(launch)
         async with self._lock(launch.slot):
             return await self._call("start", launch.slot, lambda: self._start(launch))
 

@@ -69,6 +69,36 @@ def object_name(slot: str) -> str:
     return f"{OBJECT_PREFIX}{slot}"
 
 
+def check_launch(launch: LaunchSpec) -> None:
+    """Refuse, before any API call, a launch this runtime cannot run (SlotSpawnFailed):
+    no container image, or a slot name too long for its objects."""
+    if not launch.image:
+        raise SlotSpawnFailed(
+            f"slot {launch.slot!r} (provider {launch.provider}) has no container image: "
+            "the kubernetes runtime needs server.image",
+            slot=launch.slot,
+        )
+    check_slot_name(launch.slot)
+
+
+def check_gpu_resource(resource: str) -> str:
+    """The extended resource a gpu slot asks for (ValueError for one this runtime does
+    not know)."""
+    if resource not in GPU_RESOURCES:
+        raise ValueError(f"gpu resource {resource!r}: choose one of {', '.join(GPU_RESOURCES)}")
+    return resource
+
+
+def check_owner(owner: str) -> str:
+    """The ``slotctl.owner`` label value (ValueError when it is not a valid one)."""
+    if not LABEL_VALUE_RE.fullmatch(owner):
+        raise ValueError(
+            f"owner {owner!r}: a label value (63 characters at most: letters, "
+            "digits, '-', '_', '.'; alphanumeric at both ends)"
+        )
+    return owner
+
+
 def check_slot_name(slot: str) -> None:
     """Refuse a slot whose object names would not be valid (SlotSpawnFailed, before any
     API call): its Service ``slotctl-<slot>`` must be a DNS label of <= 63 characters."""

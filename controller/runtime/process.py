@@ -17,12 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -35,6 +33,7 @@ import psutil
 from controller.errors import SlotSpawnFailed, SlotTerminateTimeout, StateWriteFailed
 from controller.runtime.base import LaunchSpec, Observed, ProgressCallback, RunStatus
 from controller.runtime.logwatch import follow
+from controller.runtime.ports import require_free_port
 from controller.store import StateStore
 
 __all__ = ["ProcessRuntime"]
@@ -440,43 +439,6 @@ def _exit_text(code: int | None) -> str:
         with contextlib.suppress(ValueError):
             return f"killed by {signal.Signals(-code).name}"
     return f"exited with code {code}"
-
-
-def require_free_port(launch: LaunchSpec) -> None:
-    """Refuse to start ``launch`` (:class:`SlotSpawnFailed`, naming the holder) when its
-    port is taken: a server that cannot bind would only fail later, less clearly."""
-    holder = port_holder(launch.host, launch.port)
-    if holder is not None:
-        raise SlotSpawnFailed(
-            f"cannot start slot {launch.slot!r}: port {launch.port} is in use by {holder}",
-            slot=launch.slot,
-            port=launch.port,
-            holder=holder,
-        )
-
-
-def port_holder(host: str, port: int) -> str | None:
-    """None when ``host:port`` can be bound; else who holds it (pid and command if known)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host if host not in ("", "localhost") else "127.0.0.1", port))
-        except OSError as exc:
-            if exc.errno not in (errno.EADDRINUSE, errno.EACCES):
-                return f"an error binding it ({exc.strerror})"
-        else:
-            return None
-    try:
-        for conn in psutil.net_connections(kind="tcp"):
-            listening = conn.laddr and conn.laddr.port == port and conn.status == "LISTEN"
-            if listening and conn.pid:
-                with contextlib.suppress(psutil.Error):
-                    proc = psutil.Process(conn.pid)
-                    return f"pid {conn.pid} ({' '.join(proc.cmdline())[:80]})"
-                return f"pid {conn.pid}"
-    except psutil.AccessDenied:
-        pass
-    return "another process"
 
 
 _PROC: Final = Path("/proc")

@@ -14,14 +14,12 @@ from controller.cli.k8s import operator_runtime
 from controller.errors import SlotConfigError, SlotSpawnFailed
 from controller.memory import GIB
 from controller.providers import BuildContext, build_launch
-from controller.runtime.kubernetes import (
+from controller.runtime.kubernetes import KubernetesRuntime
+from controller.runtime.kubernetes_nodes import NodeMemory, node_budgets, parse_quantity
+from controller.runtime.kubernetes_spec import (
     MAX_SLOT_NAME,
-    KubernetesRuntime,
-    NodeMemory,
     check_slot_name,
     deployment_body,
-    node_budgets,
-    parse_quantity,
     service_body,
 )
 from controller.slots.records import SlotRecord
