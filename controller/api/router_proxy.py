@@ -56,16 +56,27 @@ from controller.errors import ModelNotFound, SlotctlError
 from controller.events import EventKind, Op
 from controller.slots import Lease
 
-__all__ = ["SESSION", "route_request", "setup"]
+__all__ = [
+    "CLIENT_CLOSED",
+    "CLOSED",
+    "REQUEST_DROP",
+    "RESPONSE_DROP",
+    "SESSION",
+    "Call",
+    "record_call",
+    "report_refusal",
+    "route_request",
+    "setup",
+]
 
 log = logging.getLogger("slotctl.router")
 
 SESSION: Final = CtxKey("router_session", aiohttp.ClientSession)  # the upstream session
-_CLOSED: Final = CtxKey("router_closed", bool)  # set by the app's cleanup
+CLOSED: Final = CtxKey("router_closed", bool)  # set by the app's cleanup
 
 _RELAY_WHOLE_MAX: Final = 1024 * 1024  # sized non-stream bodies up to this are relayed whole
 _WATCH_S: Final = 0.1  # how often the watch looks at the client connection and the lease
-_CLIENT_CLOSED: Final = 499  # nginx's status for "client closed the request" (metrics only)
+CLIENT_CLOSED: Final = 499  # nginx's status for "client closed the request" (metrics only)
 
 # Never forwarded in either direction: hop-by-hop headers (RFC 9110 §7.6.1), the
 # controller's own credentials, and lengths/encodings the two connections set themselves.
@@ -84,12 +95,12 @@ _HOP_BY_HOP: Final = frozenset(
         hdrs.HOST,
     )
 )
-_REQUEST_DROP: Final = _HOP_BY_HOP | {
+REQUEST_DROP: Final = _HOP_BY_HOP | {
     hdrs.AUTHORIZATION.lower(),
     hdrs.COOKIE.lower(),
     hdrs.EXPECT.lower(),  # answered by this server already
 }
-_RESPONSE_DROP: Final = _HOP_BY_HOP | {
+RESPONSE_DROP: Final = _HOP_BY_HOP | {
     hdrs.SET_COOKIE.lower(),
     hdrs.SERVER.lower(),
     hdrs.DATE.lower(),
@@ -106,7 +117,7 @@ def setup(app: web.Application) -> None:
 
 async def _close_session(app: web.Application) -> None:
     store = app[API_CTX].store
-    store.set(_CLOSED, True)  # a request still running opens no new session
+    store.set(CLOSED, True)  # a request still running opens no new session
     session = store.pop(SESSION)
     if session is not None:
         await session.close()
@@ -115,7 +126,7 @@ async def _close_session(app: web.Application) -> None:
 def _session(ctx: ApiContext) -> aiohttp.ClientSession:
     """The shared upstream session, created on first use (inside the running loop); none
     once the app is cleaning up (a request still running then gets a 503)."""
-    if ctx.store.get(_CLOSED):
+    if ctx.store.get(CLOSED):
         raise Refusal(503, "the router is shutting down", code="slot.not_ready", retry_after_s=1)
     session = ctx.store.get(SESSION)
     if session is not None and not session.closed:
@@ -136,7 +147,7 @@ def _session(ctx: ApiContext) -> aiohttp.ClientSession:
 
 
 @dataclass(slots=True)
-class _Call:
+class Call:
     """One routed request, for the watch, the metrics and the final answer."""
 
     started: float
@@ -147,7 +158,7 @@ class _Call:
     response: web.StreamResponse | None = None  # set once streaming headers went out
 
 
-def _record(ctx: ApiContext, call: _Call) -> None:
+def record_call(ctx: ApiContext, call: Call) -> None:
     recorder = ctx.store.get(REQUEST_RECORDER)
     if recorder is None:
         return
@@ -161,12 +172,12 @@ def _record(ctx: ApiContext, call: _Call) -> None:
 
 
 def _forward_headers(request: web.Request) -> CIMultiDict[str]:
-    return CIMultiDict((k, v) for k, v in request.headers.items() if k.lower() not in _REQUEST_DROP)
+    return CIMultiDict((k, v) for k, v in request.headers.items() if k.lower() not in REQUEST_DROP)
 
 
 def _relay_headers(upstream: aiohttp.ClientResponse) -> CIMultiDict[str]:
     return CIMultiDict(
-        (k, v) for k, v in upstream.headers.items() if k.lower() not in _RESPONSE_DROP
+        (k, v) for k, v in upstream.headers.items() if k.lower() not in RESPONSE_DROP
     )
 
 
@@ -191,7 +202,7 @@ async def _open(
 
 
 async def _proxy(
-    request: web.Request, ctx: ApiContext, call: _Call, body: bytes
+    request: web.Request, ctx: ApiContext, call: Call, body: bytes
 ) -> web.StreamResponse:
     endpoint = ctx.manager.endpoint(call.slot)
     if endpoint is None:
@@ -220,7 +231,7 @@ async def _relay_stream(
     request: web.Request,
     upstream: aiohttp.ClientResponse,
     headers: CIMultiDict[str],
-    call: _Call,
+    call: Call,
     *,
     sse: bool,
 ) -> web.StreamResponse:
@@ -245,7 +256,7 @@ async def _relay_stream(
         try:
             await write(chunk)
         except ConnectionError:
-            call.status = _CLIENT_CLOSED
+            call.status = CLIENT_CLOSED
             return response
     with contextlib.suppress(ConnectionError):
         await response.write_eof()
@@ -271,7 +282,7 @@ async def _end_broken(
 
 
 async def _work(
-    request: web.Request, ctx: ApiContext, call: _Call, limit: int
+    request: web.Request, ctx: ApiContext, call: Call, limit: int
 ) -> web.StreamResponse:
     """Read, pick, lease, proxy; the lease is released however this ends."""
     manager = ctx.manager
@@ -280,13 +291,13 @@ async def _work(
         model = requested_model(request, body)
         candidates = serving(manager, model)
         if not candidates:
-            _report(ctx, ModelNotFound(model), model)
+            report_refusal(ctx, ModelNotFound(model), model)
             raise model_not_found(model)
         call.model = model
         try:
             lease = await acquire(manager, candidates)
         except SlotctlError as exc:
-            _report(ctx, exc, model)
+            report_refusal(ctx, exc, model)
             raise slot_refusal(exc) from None
         call.lease, call.slot = lease, lease.slot
         try:
@@ -299,7 +310,7 @@ async def _work(
         return slot_refusal(exc).response()
 
 
-def _report(ctx: ApiContext, error: SlotctlError, model: str) -> None:
+def report_refusal(ctx: ApiContext, error: SlotctlError, model: str) -> None:
     """A refusal the manager did not report already gets its one event and log line."""
     if error.reported:
         return
@@ -320,7 +331,7 @@ class _Watch:
 
     __slots__ = ("_call", "_request", "_task", "_timer", "reason")
 
-    def __init__(self, request: web.Request, call: _Call, task: asyncio.Task[object]) -> None:
+    def __init__(self, request: web.Request, call: Call, task: asyncio.Task[object]) -> None:
         self._request, self._call, self._task = request, call, task
         self.reason: str | None = None
         self._timer = asyncio.get_running_loop().call_later(_WATCH_S, self._look)
@@ -343,7 +354,7 @@ class _Watch:
 async def route_request(request: web.Request, *, limit: int) -> web.StreamResponse:
     """One routed request, from its body to its last byte (see the module docstring)."""
     ctx = request.app[API_CTX]
-    call = _Call(started=time.monotonic())
+    call = Call(started=time.monotonic())
     task = asyncio.current_task()
     assert task is not None  # a handler always runs in a task
     watch = _Watch(request, call, task)
@@ -356,23 +367,23 @@ async def route_request(request: web.Request, *, limit: int) -> web.StreamRespon
             task.uncancel()  # the work finished before the cancel reached it
     except asyncio.CancelledError:
         if watch.reason is None:  # not ours (the server shuts down): let it through
-            call.status = call.status or _CLIENT_CLOSED
-            _record(ctx, call)
+            call.status = call.status or CLIENT_CLOSED
+            record_call(ctx, call)
             raise
         task.uncancel()
         response = await _interrupted(request, call, watch.reason)
     except ConnectionError:  # the client left while we read its body
-        call.status = _CLIENT_CLOSED
-        response = web.Response(status=_CLIENT_CLOSED)
+        call.status = CLIENT_CLOSED
+        response = web.Response(status=CLIENT_CLOSED)
     except Exception as exc:
         log.error("router: unexpected error in %s %s", request.method, request.path, exc_info=exc)
         response = await _internal_error(request, call)
     call.status = call.status or response.status
-    _record(ctx, call)
+    record_call(ctx, call)
     return response
 
 
-async def _internal_error(request: web.Request, call: _Call) -> web.StreamResponse:
+async def _internal_error(request: web.Request, call: Call) -> web.StreamResponse:
     call.status = 500
     refusal = Refusal(500, "internal error (see the log)", code="internal")
     if call.response is None:
@@ -381,11 +392,11 @@ async def _internal_error(request: web.Request, call: _Call) -> web.StreamRespon
     return call.response
 
 
-async def _interrupted(request: web.Request, call: _Call, reason: str) -> web.StreamResponse:
+async def _interrupted(request: web.Request, call: Call, reason: str) -> web.StreamResponse:
     """The answer after the watch cancelled the work (its lease is already released)."""
     if reason == "client":
-        call.status = _CLIENT_CLOSED
-        return call.response or web.Response(status=_CLIENT_CLOSED)
+        call.status = CLIENT_CLOSED
+        return call.response or web.Response(status=CLIENT_CLOSED)
     error = call.lease.error if call.lease is not None else None
     refusal = (
         slot_refusal(error)

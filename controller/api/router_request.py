@@ -38,6 +38,7 @@ __all__ = [
     "acquire",
     "error_body",
     "model_not_found",
+    "model_of",
     "openai_error",
     "read_body",
     "requested_model",
@@ -155,8 +156,13 @@ async def read_body(request: web.Request, limit: int) -> bytes:
 
 def requested_model(request: web.Request, body: bytes) -> str:
     """``model`` from a JSON object body or a multipart form field (400 otherwise)."""
-    if request.content_type == "multipart/form-data":
-        model = _multipart_field(request.headers.get(hdrs.CONTENT_TYPE, ""), body, "model")
+    return model_of(request.headers.get(hdrs.CONTENT_TYPE, ""), body)
+
+
+def model_of(content_type: str, body: bytes) -> str:
+    """``model`` of a body whose ``Content-Type`` header is ``content_type``."""
+    if content_type.partition(";")[0].strip().lower() == "multipart/form-data":
+        model = _multipart_field(content_type, body, "model")
     else:
         if not body.strip():
             raise Refusal(400, "a JSON request body is required", code="invalid_body")

@@ -4,11 +4,14 @@
 test-bound before the controller writes anything, so an address in use is a typed
 :class:`ListenUnavailable` (exit 2) that changed nothing. ``ApiServer`` serves the full
 API (``build_app``) or, for ``--metrics-listen``, only the unauthenticated probes
-(``build_probe_app``).
+(``build_probe_app``). The full API listens through the router's data plane
+(:mod:`controller.api.dataplane`), which serves the OpenAI ``POST`` endpoints itself and
+hands every other connection to aiohttp.
 """
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import ipaddress
 import socket
@@ -19,6 +22,7 @@ from aiohttp import web
 
 from controller.api.app import ApiContext
 from controller.api.assembly import build_app
+from controller.api.dataplane import DataPlane
 from controller.errors import ListenUnavailable, SlotConfigError
 
 __all__ = ["ApiServer", "check_listen", "parse_listen"]
@@ -76,6 +80,9 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+_SHUTDOWN_S = 5.0  # requests in flight get this long to finish when the server stops
+
+
 @dataclass(slots=True)
 class ApiServer:
     ctx: ApiContext
@@ -84,27 +91,47 @@ class ApiServer:
     runner: web.AppRunner | None = None
     app_factory: Callable[[ApiContext], web.Application] = build_app
     flag: str = "--listen"
+    data_plane: bool = True  # the router's data plane in front (only with build_app)
+    plane: DataPlane | None = None
+    server: asyncio.Server | None = None
 
     async def start(self) -> str:
         """Start serving; returns the bound ``host:port`` (the real port when 0 was asked)."""
         self.runner = web.AppRunner(
-            self.app_factory(self.ctx), access_log=None, handle_signals=False, shutdown_timeout=5.0
+            self.app_factory(self.ctx),
+            access_log=None,
+            handle_signals=False,
+            shutdown_timeout=_SHUTDOWN_S,
         )
         await self.runner.setup()
-        site = web.TCPSite(self.runner, self.host, self.port, reuse_address=True)
+        handler = self.runner.server
+        assert handler is not None
+        factory: Callable[[], asyncio.BaseProtocol] = handler
+        if self.data_plane and self.app_factory is build_app:
+            self.plane = DataPlane(self.ctx, handler)
+            factory = self.plane
+        loop = asyncio.get_running_loop()
         try:
-            await site.start()
+            self.server = await loop.create_server(
+                factory, self.host, self.port, reuse_address=True
+            )
         except OSError as exc:  # taken since the preflight check
-            await self.runner.cleanup()
-            self.runner = None
+            await self.stop()
             raise listen_error(f"{self.host}:{self.port}", exc, self.flag) from None
-        server = site._server
-        sockets = getattr(server, "sockets", None) or []
-        if sockets:
-            self.port = int(sockets[0].getsockname()[1])
+        if self.server.sockets:
+            self.port = int(self.server.sockets[0].getsockname()[1])
         return f"{self.host}:{self.port}"
 
     async def stop(self) -> None:
-        if self.runner is not None:
-            await self.runner.cleanup()
-            self.runner = None
+        """Stop listening; requests in flight get a moment to finish, then everything closes."""
+        server, self.server = self.server, None
+        if server is not None:
+            server.close()
+        plane, self.plane = self.plane, None
+        if plane is not None:
+            await plane.shutdown(_SHUTDOWN_S)
+        runner, self.runner = self.runner, None
+        if runner is not None:
+            await runner.cleanup()
+        if server is not None:
+            await server.wait_closed()

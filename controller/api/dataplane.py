@@ -1,0 +1,596 @@
+"""The router's data plane: the OpenAI ``POST`` endpoints served at the socket, aiohttp
+for everything else.
+
+Where it sits: :class:`~controller.api.server.ApiServer` listens with :class:`DataPlane` as
+the protocol factory, so every connection starts here. A request this module serves —
+``POST /v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings`` or
+``/v1/audio/…`` over HTTP/1.1 with a ``Content-Length`` body — is read (its head, the
+bearer token, the body's ``model``; the body passes upstream unchanged), leased and sent
+over :mod:`controller.api.upstream`'s keep-alive pools; the answer's head is rebuilt from
+the upstream's and its body relayed as it arrives, from one transport to the other, with
+the transports' own flow control. Anything else — the REST API, the dashboard,
+``GET /v1/models``, a chunked upload, a head this parser does not take — hands the
+connection, with the bytes read so far, to aiohttp's protocol for good, which serves it as
+if the data plane were not there (:mod:`controller.api.router` answers the ``/v1``
+requests the data plane leaves).
+
+The answers are the aiohttp router's (SPEC §7): the same refusals from
+:mod:`controller.api.router_request`, the same events and metrics
+(:func:`~controller.api.router_proxy.report_refusal`,
+:func:`~controller.api.router_proxy.record_call`). A client that goes away cancels its
+request at once (``connection_lost``): the lease is released and the upstream connection
+dropped, so the server stops generating. A revoked lease is noticed within ``_WATCH_S``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import math
+import re
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Any, Final
+from urllib.parse import urlsplit
+
+from controller.api.app import ApiContext, openai_error_body
+from controller.api.router_proxy import (
+    CLIENT_CLOSED,
+    CLOSED,
+    REQUEST_DROP,
+    RESPONSE_DROP,
+    Call,
+    record_call,
+    report_refusal,
+)
+from controller.api.router_request import (
+    AUDIO_MAX_BYTES,
+    JSON_MAX_BYTES,
+    Refusal,
+    acquire,
+    error_body,
+    model_not_found,
+    model_of,
+    slot_refusal,
+)
+from controller.api.selection import serving
+from controller.api.upstream import CHUNKED, CLOSE, LENGTH, Upstream, UpstreamError, UpstreamPool
+from controller.errors import ModelNotFound, SlotctlError
+
+__all__ = ["DataPlane", "RequestHead", "parse_head"]
+
+log = logging.getLogger("slotctl.router")
+
+KEEPALIVE_S: Final = 75.0  # an idle client connection is closed after this (aiohttp's default)
+_SWEEP_S: Final = 15.0  # how often idle connections are looked for
+_WATCH_S: Final = 0.1  # how often a request's lease is looked at
+_HEAD_MAX: Final = 64 * 1024  # a longer head goes to aiohttp (which refuses it)
+_LINE_MAX: Final = 8190  # aiohttp's own line limit: a longer line goes to aiohttp
+_PIPELINE_MAX: Final = 1024 * 1024  # read ahead while a request is served, then pause
+
+_JSON_PATHS: Final = frozenset((b"/v1/chat/completions", b"/v1/completions", b"/v1/embeddings"))
+_AUDIO: Final = b"/v1/audio/"
+_AUDIO_TAIL: Final = re.compile(rb"[A-Za-z0-9_-]+(?:/[A-Za-z0-9_-]+)*")  # as the router's
+_TARGET: Final = re.compile(rb"[\x21-\x7e]+")
+_TOKEN: Final = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_BAD_VALUE: Final = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
+_REQUEST_DROP: Final = frozenset(h.encode() for h in REQUEST_DROP)
+_RESPONSE_DROP: Final = frozenset(h.encode() for h in RESPONSE_DROP)
+_CONTINUE: Final = b"HTTP/1.1 100 Continue\r\n\r\n"
+_LAST_CHUNK: Final = b"0\r\n\r\n"
+
+
+# ----------------------------------------------------------------------------- the head
+
+
+@dataclass(slots=True)
+class RequestHead:
+    """What the data plane reads of a request head."""
+
+    target: bytes  # path and query, forwarded as they came
+    limit: int  # the body limit of the endpoint (413 beyond it)
+    length: int  # Content-Length
+    forward: list[bytes]  # the header lines passed upstream
+    authorization: bytes | None
+    content_type: str
+    close: bool  # the client sent Connection: close
+    expect: bool  # Expect: 100-continue
+
+
+def parse_head(raw: bytes) -> RequestHead | None:
+    """The head of a request the data plane serves, or None for aiohttp to serve."""
+    lines = raw.split(b"\r\n")
+    parts = lines[0].split(b" ")
+    if len(parts) != 3 or parts[0] != b"POST" or parts[2] != b"HTTP/1.1":
+        return None
+    target = parts[1]
+    if len(lines[0]) > _LINE_MAX or not _TARGET.fullmatch(target):
+        return None
+    path = target.partition(b"?")[0]
+    if path in _JSON_PATHS:
+        limit = JSON_MAX_BYTES
+    elif path.startswith(_AUDIO) and _AUDIO_TAIL.fullmatch(path, len(_AUDIO)):
+        limit = AUDIO_MAX_BYTES
+    else:
+        return None
+    length: int | None = None
+    forward: list[bytes] = []
+    authorization: bytes | None = None
+    content_type = ""
+    close = expect = host = False
+    for line in lines[1:]:
+        name, sep, value = line.partition(b":")
+        if not sep or len(line) > _LINE_MAX or not _TOKEN.fullmatch(name):
+            return None  # malformed, or folded (obs-fold): aiohttp refuses it
+        value = value.strip(b" \t")
+        if _BAD_VALUE.search(value):
+            return None
+        lower = name.lower()
+        if lower == b"content-length":
+            if not value.isdigit() or (length is not None and int(value) != length):
+                return None
+            length = int(value)
+            continue
+        if lower in (b"transfer-encoding", b"upgrade"):
+            return None
+        if lower == b"expect":
+            if value.lower() != b"100-continue":
+                return None
+            expect = True
+            continue
+        if lower == b"authorization":
+            authorization = value
+        elif lower == b"connection":
+            close = b"close" in value.lower()
+        elif lower == b"content-type":
+            content_type = value.decode("latin-1")
+        elif lower == b"host":
+            host = True
+        if lower not in _REQUEST_DROP:
+            forward.append(name + b": " + value)
+    if length is None or not host:  # HTTP/1.1 without Host: aiohttp's 400
+        return None
+    return RequestHead(target, limit, length, forward, authorization, content_type, close, expect)
+
+
+def _authorized(given: bytes | None, token: str) -> bool:
+    if given is None:
+        return False
+    scheme, _, value = given.partition(b" ")
+    value = value.strip()
+    return (
+        scheme.lower() == b"bearer" and bool(value) and hmac.compare_digest(value, token.encode())
+    )
+
+
+def _answer(
+    status: int, payload: dict[str, Any], headers: list[tuple[str, str]], *, close: bool
+) -> bytes:
+    """A JSON answer of the data plane's own, whole."""
+    body = json.dumps(payload).encode()
+    lines = [
+        f"HTTP/1.1 {status} {_reason(status)}",
+        "Content-Type: application/json; charset=utf-8",
+        f"Content-Length: {len(body)}",
+        *(f"{k}: {v}" for k, v in headers),
+    ]
+    if close:
+        lines.append("Connection: close")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+def _refusal_answer(refusal: Refusal, *, close: bool = False) -> bytes:
+    headers: list[tuple[str, str]] = []
+    if refusal.retry_after_s is not None and refusal.retry_after_s > 0:
+        headers.append(("Retry-After", str(max(1, math.ceil(refusal.retry_after_s)))))
+    body = error_body(refusal.status, refusal.message, refusal.code, refusal.param)
+    return _answer(refusal.status, body, headers, close=close)
+
+
+def _reason(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return "Unknown"
+
+
+_ADDRESSES: dict[str, tuple[tuple[str, int], bytes, bytes]] = {}
+
+
+def _address(endpoint: str) -> tuple[tuple[str, int], bytes, bytes]:
+    """``(host, port)``, the Host header and the path prefix of an ``http://`` endpoint."""
+    found = _ADDRESSES.get(endpoint)
+    if found is None:
+        parts = urlsplit(endpoint)
+        if parts.scheme != "http" or not parts.hostname:
+            raise Refusal(502, f"unsupported endpoint {endpoint!r}", code="upstream.unreachable")
+        port = parts.port or 80
+        found = ((parts.hostname, port), parts.netloc.encode(), parts.path.rstrip("/").encode())
+        if len(_ADDRESSES) > 4096:
+            _ADDRESSES.clear()
+        _ADDRESSES[endpoint] = found
+    return found
+
+
+def _upstream_refusal(slot: str, exc: UpstreamError) -> Refusal:
+    if exc.unreachable:
+        return Refusal(502, f"slot {slot!r} is unreachable: {exc}", code="upstream.unreachable")
+    return Refusal(502, f"slot {slot!r} failed to answer: {exc}", code="upstream.failed")
+
+
+# ----------------------------------------------------------------------------- the plane
+
+
+class DataPlane:
+    """The protocol factory of the API's listening socket (see the module docstring)."""
+
+    def __init__(self, ctx: ApiContext, fallback: Callable[[], asyncio.BaseProtocol]) -> None:
+        self.ctx = ctx
+        self.fallback = fallback  # aiohttp's protocol factory
+        self.pool = UpstreamPool()
+        self.fronts: set[_Front] = set()
+        self.closing = False
+        self.loop = asyncio.get_running_loop()
+        self._sweeper = self.loop.call_later(_SWEEP_S, self._sweep)
+
+    def __call__(self) -> asyncio.Protocol:
+        return _Front(self)
+
+    def _sweep(self) -> None:
+        horizon = time.monotonic() - KEEPALIVE_S
+        for front in list(self.fronts):
+            if front.task is None and front.active < horizon:
+                front.close()
+        self.pool.sweep()
+        self._sweeper = self.loop.call_later(_SWEEP_S, self._sweep)
+
+    async def shutdown(self, timeout: float) -> None:
+        """Stop: idle connections close now, requests get ``timeout`` to finish."""
+        self.closing = True
+        self._sweeper.cancel()
+        for front in list(self.fronts):
+            if front.task is None:
+                front.close()
+        tasks = {f.task for f in self.fronts if f.task is not None}
+        if tasks:
+            await asyncio.wait(tasks, timeout=timeout)
+        for front in list(self.fronts):
+            front.abort("shutdown")
+        tasks = {f.task for f in self.fronts if f.task is not None}
+        if tasks:
+            await asyncio.wait(tasks, timeout=1.0)  # their leases are released on the way
+        self.pool.close()
+
+
+class _Front(asyncio.Protocol):
+    """One client connection, until it is handed to aiohttp."""
+
+    def __init__(self, plane: DataPlane) -> None:
+        self.plane = plane
+        self.transport: asyncio.Transport | None = None
+        self.buffer = bytearray()
+        self.head: RequestHead | None = None
+        self.head_end = 0
+        self.task: asyncio.Task[None] | None = None
+        self.reason: str | None = None  # why the task was cancelled: client, lease, shutdown
+        self.upstream: Upstream | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.paused = False  # the client's transport asked for no more writes for now
+        self.chunked = False  # the current answer is re-chunked
+        self.pending = b""  # the current answer's head, written with its first body bytes
+        self.sent = False  # the current answer's head went out
+        self.sse = False  # the current answer is an event stream
+        self.reading = True  # reading from the client (paused while a request is served)
+        self.active = time.monotonic()
+
+    # ------------------------------------------------------------------ asyncio
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's is no subclass
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.plane.fronts.add(self)
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        if self.task is None:
+            self._next()
+        elif len(self.buffer) > _PIPELINE_MAX and self.transport is not None and self.reading:
+            self.reading = False
+            self.transport.pause_reading()  # resumed once the request in flight is done
+
+    def eof_received(self) -> bool:
+        return False  # as aiohttp: a client that half-closes has left
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        self.plane.fronts.discard(self)
+        self.abort("client")
+
+    def pause_writing(self) -> None:
+        self.paused = True
+        if self.upstream is not None:
+            self.upstream.pause_reading()
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        if self.upstream is not None:
+            self.upstream.resume_reading()
+
+    # ------------------------------------------------------------------ connection
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+    def abort(self, reason: str) -> None:
+        """Cancel the request in flight (its lease is released on the way) and close."""
+        self.abort_request(reason)
+        self.close()
+
+    def _next(self) -> None:
+        """Serve the next complete request in the buffer, or hand the connection over."""
+        transport = self.transport
+        if transport is None:
+            return
+        self.active = time.monotonic()
+        buffer, head = self.buffer, self.head
+        if head is None:
+            end = buffer.find(b"\r\n\r\n")
+            if end < 0:
+                if len(buffer) > _HEAD_MAX:
+                    self._hand_over()
+                return
+            head = parse_head(bytes(buffer[:end]))
+            if head is None:
+                self._hand_over()
+                return
+            if self.plane.closing:
+                refusal = Refusal(
+                    503, "the router is shutting down", code="slot.not_ready", retry_after_s=1
+                )
+                transport.write(_refusal_answer(refusal, close=True))
+                transport.close()
+                return
+            if head.length > head.limit:
+                refusal = Refusal(
+                    413, f"request body exceeds {head.limit} bytes", code="request_too_large"
+                )
+                transport.write(_refusal_answer(refusal, close=True))
+                transport.close()  # the body is never read
+                return
+            self.head, self.head_end = head, end + 4
+            if head.expect and len(buffer) < end + 4 + head.length:
+                transport.write(_CONTINUE)
+        need = self.head_end + head.length
+        if len(buffer) < need:
+            return
+        body = bytes(buffer[self.head_end : need])
+        del buffer[:need]
+        self.head = None
+        self.task = self.plane.loop.create_task(self._serve(head, body))
+
+    def _hand_over(self) -> None:
+        """aiohttp serves this connection from here on, from the bytes read so far."""
+        transport = self.transport
+        assert transport is not None
+        self.plane.fronts.discard(self)
+        self.transport = None
+        protocol = self.plane.fallback()
+        transport.set_protocol(protocol)
+        protocol.connection_made(transport)
+        data = bytes(self.buffer)
+        self.buffer.clear()
+        if data and isinstance(protocol, asyncio.Protocol):
+            protocol.data_received(data)
+
+    # ------------------------------------------------------------------ a request's life
+
+    async def _serve(self, head: RequestHead, body: bytes) -> None:
+        ctx = self.plane.ctx
+        call = Call(started=time.monotonic())
+        self.reason, self.sent, self.pending, self.chunked, self.sse = (
+            None,
+            False,
+            b"",
+            False,
+            False,
+        )
+        keep = not head.close
+        try:
+            keep = await self._exchange(head, body, call) and keep
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            keep = self._interrupted(call)
+        except Exception as exc:
+            log.error("router: unexpected error in POST %r", head.target, exc_info=exc)
+            keep = self._broken(call, Refusal(500, "internal error (see the log)", code="internal"))
+        finally:
+            if self.timer is not None:
+                self.timer.cancel()
+                self.timer = None
+            upstream, self.upstream = self.upstream, None
+            if upstream is not None:
+                upstream.abort()  # given up before its end
+        record_call(ctx, call)
+        self.task = None
+        if not keep or self.plane.closing:
+            self.close()
+        elif self.transport is not None:
+            if not self.reading:
+                self.reading = True
+                self.transport.resume_reading()
+            self._next()
+
+    async def _exchange(self, head: RequestHead, body: bytes, call: Call) -> bool:
+        """Authenticate, read the model, lease, proxy; False when the connection must close."""
+        ctx = self.plane.ctx
+        if not _authorized(head.authorization, ctx.token):
+            message = (
+                "missing bearer token (Authorization: Bearer <token>)"
+                if head.authorization is None
+                else "wrong bearer token"
+            )
+            call.status = 401
+            payload = openai_error_body(401, message, "invalid_api_key")
+            headers = [("WWW-Authenticate", 'Bearer realm="slotctl"')]
+            self._write(_answer(401, payload, headers, close=False))
+            return True
+        manager = ctx.manager
+        try:
+            if ctx.store.get(CLOSED):
+                raise Refusal(
+                    503, "the router is shutting down", code="slot.not_ready", retry_after_s=1
+                )
+            model = model_of(head.content_type, body)
+            candidates = serving(manager, model)
+            if not candidates:
+                report_refusal(ctx, ModelNotFound(model), model)
+                raise model_not_found(model)
+            call.model = model
+            try:
+                lease = await acquire(manager, candidates)
+            except SlotctlError as exc:
+                report_refusal(ctx, exc, model)
+                raise slot_refusal(exc) from None
+            call.lease, call.slot = lease, lease.slot
+            try:
+                return await self._proxy(head, body, call)
+            finally:
+                manager.release(lease)
+        except Refusal as refusal:
+            call.status = refusal.status
+            self._write(_refusal_answer(refusal))
+            return True
+        except SlotctlError as exc:  # e.g. the slot was removed while we looked it up
+            answer = slot_refusal(exc)
+            call.status = answer.status
+            self._write(_refusal_answer(answer))
+            return True
+
+    async def _proxy(self, head: RequestHead, body: bytes, call: Call) -> bool:
+        endpoint = self.plane.ctx.manager.endpoint(call.slot)
+        if endpoint is None:
+            raise Refusal(
+                503, f"slot {call.slot!r} has no endpoint", code="slot.not_ready", retry_after_s=1
+            )
+        key, host, prefix = _address(endpoint)
+        self.timer = self.plane.loop.call_later(_WATCH_S, self._look, call)
+        request_head = b"\r\n".join(
+            (
+                b"POST " + prefix + head.target + b" HTTP/1.1",
+                b"Host: " + host,
+                b"Content-Length: %d" % len(body),
+                *head.forward,
+                b"\r\n",
+            )
+        )
+        try:
+            upstream = await self.plane.pool.open(key, [request_head, body])
+        except UpstreamError as exc:
+            raise _upstream_refusal(call.slot, exc) from None
+        self.upstream = upstream
+        call.status = upstream.status
+        lines = [b"HTTP/1.1 %d " % upstream.status + upstream.reason.encode("latin-1")]
+        for name, value in upstream.headers:
+            lower = name.lower()
+            if lower in _RESPONSE_DROP:
+                continue
+            if lower == b"content-type":
+                self.sse = value.lower().startswith(b"text/event-stream")
+            lines.append(name + b": " + value)
+        framing = upstream.framing
+        if framing == LENGTH:  # the body passes verbatim
+            lines.append(b"Content-Length: %d" % upstream.length)
+        elif framing in (CHUNKED, CLOSE):  # chunked or to the end: re-chunked, a chunk per read
+            lines.append(b"Transfer-Encoding: chunked")
+            self.chunked = True
+        elif upstream.status not in (204, 304):
+            lines.append(b"Content-Length: 0")
+        if head.close:
+            lines.append(b"Connection: close")
+        lines.append(b"\r\n")
+        self.pending = b"\r\n".join(lines)
+        done = upstream.attach(self)
+        if self.paused:
+            upstream.pause_reading()
+        try:
+            await done  # a cancel leaves self.upstream set: _serve drops the connection
+        except UpstreamError as exc:
+            self.upstream = None
+            return self._broken(call, _upstream_refusal(call.slot, exc))
+        self.upstream = None
+        tail = _LAST_CHUNK if self.chunked else b""
+        self._write(self.pending + tail if self.pending else tail)
+        self.pending = b""
+        return True
+
+    def relay(self, data: bytes) -> None:
+        """A piece of the upstream's body (the upstream's sink)."""
+        transport = self.transport
+        if transport is None:
+            return  # the client left: connection_lost cancels the request
+        if self.chunked:
+            data = b"%x\r\n" % len(data) + data + b"\r\n"
+        if self.pending:
+            data, self.pending = self.pending + data, b""
+        self.sent = True
+        transport.write(data)
+
+    def _write(self, data: bytes) -> None:
+        if data and self.transport is not None:
+            self.sent = True
+            self.transport.write(data)
+
+    def _look(self, call: Call) -> None:
+        lease = call.lease
+        if lease is not None and lease.lost.is_set():
+            self.abort_request("lease")
+            return
+        self.timer = self.plane.loop.call_later(_WATCH_S, self._look, call)
+
+    def abort_request(self, reason: str) -> None:
+        """Cancel the request in flight; ``reason`` picks its answer (:meth:`_interrupted`)."""
+        if self.task is not None and self.reason is None:
+            self.reason = reason
+            self.task.cancel()
+
+    def _interrupted(self, call: Call) -> bool:
+        """The answer after a cancel (the lease is already released); False: close."""
+        reason = self.reason
+        if reason == "lease":
+            error = call.lease.error if call.lease is not None else None
+            refusal = (
+                slot_refusal(error)
+                if error is not None
+                else Refusal(502, f"slot {call.slot!r} went away", code="upstream.failed")
+            )
+            return self._broken(call, refusal)
+        call.status = CLIENT_CLOSED if reason == "client" else call.status or 503
+        return False
+
+    def _broken(self, call: Call, refusal: Refusal) -> bool:
+        """A failed request: the refusal when nothing went out yet; else said in-band
+        (an SSE answer's last event) or cut short (closed: never a "complete" body)."""
+        call.status = refusal.status
+        if not self.sent:
+            self.pending = b""
+            self._write(_refusal_answer(refusal))
+            return True
+        if self.sse and self.chunked:
+            event = (
+                b"data: "
+                + json.dumps(error_body(refusal.status, refusal.message, refusal.code)).encode()
+                + b"\n\n"
+            )
+            self._write(b"%x\r\n" % len(event) + event + b"\r\n" + _LAST_CHUNK)
+            return True
+        return False

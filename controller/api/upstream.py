@@ -1,0 +1,413 @@
+"""The data plane's HTTP/1.1 client: keep-alive pools per upstream, a response head parsed
+once, the body handed to a sink as it arrives.
+
+Part of the router's data plane (:mod:`controller.api.dataplane` is its server side). It
+speaks just what a model server answers: a status line and headers, then a body framed by
+``Content-Length``, ``Transfer-Encoding: chunked`` or the end of the connection (none for
+1xx, 204 and 304). Interim 1xx answers are skipped. A chunked body is de-chunked here; the
+sink gets the payload of each read as one piece (no per-event work). Flow control is the
+transports': the sink pauses this connection's reading while the client cannot keep up.
+
+A connection goes back to its pool only after a whole response (HTTP/1.1, no
+``Connection: close``); idle ones are closed after :data:`IDLE_S`. A kept-alive connection
+found closed before any byte of the answer is retried once on a fresh one, as aiohttp's
+client does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import Callable
+from typing import Final, Protocol
+
+__all__ = [
+    "CHUNKED",
+    "CLOSE",
+    "IDLE_S",
+    "LENGTH",
+    "NONE",
+    "Sink",
+    "Upstream",
+    "UpstreamError",
+    "UpstreamPool",
+]
+
+IDLE_S: Final = 30.0  # an idle kept-alive upstream connection is closed after this
+_CONNECT_S: Final = 10.0  # connect timeout (no read timeout: a generation may take long)
+_HEAD_MAX: Final = 64 * 1024  # a response head larger than this is a broken upstream
+_POOL_MAX: Final = 256  # idle connections kept per upstream
+
+# Framing of a response body: none, Content-Length, chunked, to the end of the connection.
+NONE, LENGTH, CHUNKED, CLOSE = 0, 1, 2, 3
+_NONE, _LENGTH, _CHUNKED, _CLOSE = NONE, LENGTH, CHUNKED, CLOSE
+# States of the chunked decoder.
+_SIZE, _DATA, _DATA_END, _TRAILER = 0, 1, 2, 3
+
+
+class UpstreamError(Exception):
+    """The upstream could not be reached (``unreachable``) or broke (``failed``)."""
+
+    def __init__(self, message: str, *, unreachable: bool = False, stale: bool = False) -> None:
+        super().__init__(message)
+        self.unreachable = unreachable
+        self.stale = stale  # a reused connection closed before any byte: retry on a new one
+
+
+class Sink(Protocol):
+    """Where a response body goes (the client connection)."""
+
+    def relay(self, data: bytes) -> None: ...
+
+
+class Upstream(asyncio.Protocol):
+    """One connection to a model server, one exchange at a time."""
+
+    __slots__ = (
+        "_buffer",
+        "_chunk_left",
+        "_chunk_state",
+        "_done",
+        "_got",
+        "_head",
+        "_key",
+        "_left",
+        "_pool",
+        "_reusable",
+        "_sink",
+        "_used",
+        "framing",
+        "headers",
+        "idle_since",
+        "reason",
+        "status",
+        "transport",
+    )
+
+    def __init__(self, pool: UpstreamPool, key: tuple[str, int]) -> None:
+        self._pool, self._key = pool, key
+        self.transport: asyncio.Transport | None = None
+        self._buffer = bytearray()
+        self._head: asyncio.Future[None] | None = None
+        self._done: asyncio.Future[None] | None = None
+        self._sink: Sink | None = None
+        self._got = False  # a byte of the current answer arrived
+        self._used = False  # an earlier exchange went over this connection
+        self._reusable = False
+        self.status, self.reason = 0, ""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.framing = _NONE
+        self._left = 0  # Content-Length bytes still to come
+        self._chunk_state, self._chunk_left = _SIZE, 0
+        self.idle_since = 0.0
+
+    @property
+    def length(self) -> int:
+        """The body's Content-Length (``LENGTH`` framing), before any of it is relayed."""
+        return self._left
+
+    # ------------------------------------------------------------------ asyncio
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's is no subclass
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        if self._head is None:  # idle in the pool: nothing may arrive
+            self._close()
+            return
+        self._got = True
+        if not self._head.done():
+            self._buffer += data
+            self._parse_head()
+        elif self._sink is None:
+            self._buffer += data  # the head's reader has not attached yet
+        else:
+            self._feed(data)
+
+    def eof_received(self) -> bool:
+        return False  # close: a half-closed upstream ends the exchange (connection_lost)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        self._pool.forget(self)
+        head = self._head
+        if head is None:
+            return  # idle in the pool
+        if not head.done():
+            stale = self._used and not self._got
+            head.set_exception(UpstreamError("the server closed the connection", stale=stale))
+        elif self._sink is not None:
+            self._ended()
+        # else: attach() relays what was buffered, then ends the exchange
+
+    def _ended(self) -> None:
+        """The connection ended with the body underway: complete (close-delimited) or cut."""
+        if self._done is None or self._done.done():
+            return
+        if self.framing == _CLOSE:
+            self._finish()
+        else:
+            self._done.set_exception(UpstreamError("the server closed the connection mid-answer"))
+
+    def pause_reading(self) -> None:
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self.transport is not None:
+            self.transport.resume_reading()
+
+    # ------------------------------------------------------------------ an exchange
+
+    def send(self, request: list[bytes]) -> asyncio.Future[None]:
+        """Write a request; the future resolves once the response head is parsed."""
+        assert self.transport is not None
+        loop = asyncio.get_running_loop()
+        self._head, self._done = loop.create_future(), loop.create_future()
+        self._sink, self._got = None, False
+        self.transport.writelines(request)
+        return self._head
+
+    def attach(self, sink: Sink) -> asyncio.Future[None]:
+        """Relay the body to ``sink``; the future resolves when it is complete."""
+        assert self._done is not None
+        self._sink = sink
+        if self.framing == _NONE:
+            self._finish()
+        elif self._buffer:
+            data = bytes(self._buffer)
+            self._buffer.clear()
+            self._feed(data)
+        if self.transport is None:
+            self._ended()  # the connection ended before the reader attached
+        return self._done
+
+    def abort(self) -> None:
+        """The exchange was given up (client gone, lease revoked): drop the connection."""
+        self._sink = None
+        self._close()
+
+    def _close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+    # ------------------------------------------------------------------ parsing
+
+    def _parse_head(self) -> None:
+        buffer = self._buffer
+        while True:
+            end = buffer.find(b"\r\n\r\n")
+            if end < 0:
+                if len(buffer) > _HEAD_MAX:
+                    self._fail_head("the response head is too large")
+                return
+            lines = bytes(buffer[:end]).split(b"\r\n")
+            del buffer[: end + 4]
+            version, _, rest = lines[0].partition(b" ")
+            code, _, reason = rest.partition(b" ")
+            if not version.startswith(b"HTTP/1.") or len(code) != 3 or not code.isdigit():
+                self._fail_head("the answer is not HTTP/1.x")
+                return
+            status = int(code)
+            if 100 <= status < 200:
+                continue  # an interim answer (100 Continue, 103 Early Hints): skip it
+            break
+        headers: list[tuple[bytes, bytes]] = []
+        length: int | None = None
+        chunked = close = False
+        for line in lines[1:]:
+            name, sep, value = line.partition(b":")
+            if not sep or not name or name[0] in b" \t":
+                self._fail_head("a malformed response header")
+                return
+            value = value.strip(b" \t")
+            lower = name.lower()
+            if lower == b"content-length":
+                if not value.isdigit() or (length is not None and int(value) != length):
+                    self._fail_head("a malformed Content-Length")
+                    return
+                length = int(value)
+            elif lower == b"transfer-encoding":
+                chunked = value.lower().rsplit(b",", 1)[-1].strip() == b"chunked"
+            elif lower == b"connection":
+                close = b"close" in value.lower()
+            headers.append((name, value))
+        self.status, self.reason, self.headers = status, reason.decode("latin-1"), headers
+        if status in (204, 304):
+            self.framing = _NONE
+        elif chunked:
+            self.framing, self._chunk_state = _CHUNKED, _SIZE
+        elif length is not None:
+            self.framing, self._left = (_LENGTH, length) if length else (_NONE, 0)
+        else:
+            self.framing = _CLOSE
+        self._reusable = version == b"HTTP/1.1" and not close and self.framing != _CLOSE
+        assert self._head is not None
+        self._head.set_result(None)
+
+    def _fail_head(self, message: str) -> None:
+        assert self._head is not None
+        self._head.set_exception(UpstreamError(message))
+        self._close()
+
+    def _feed(self, data: bytes) -> None:
+        sink = self._sink
+        assert sink is not None
+        framing = self.framing
+        if framing == _LENGTH:
+            if len(data) >= self._left:
+                data, extra = data[: self._left], len(data) > self._left
+                self._left = 0
+                if data:
+                    sink.relay(data)
+                if extra:
+                    self._reusable = False  # bytes beyond the answer: do not reuse
+                self._finish()
+                return
+            self._left -= len(data)
+            sink.relay(data)
+        elif framing == _CHUNKED:
+            self._dechunk(data, sink)
+        else:
+            sink.relay(data)
+
+    def _dechunk(self, data: bytes, sink: Sink) -> None:
+        """Decode chunked framing; the payload of this read goes to the sink as one piece."""
+        buffer = self._buffer
+        buffer += data
+        payload: list[bytes] = []
+        at = 0
+        size = len(buffer)
+        while at < size:
+            state = self._chunk_state
+            if state == _DATA:
+                take = min(self._chunk_left, size - at)
+                payload.append(bytes(buffer[at : at + take]))
+                at += take
+                self._chunk_left -= take
+                if not self._chunk_left:
+                    self._chunk_state = _DATA_END
+                continue
+            end = buffer.find(b"\r\n", at)
+            if end < 0:
+                if size - at > 4096:
+                    self._broken("a malformed chunk")
+                    return
+                break
+            line = bytes(buffer[at:end])
+            at = end + 2
+            if state == _SIZE:
+                try:
+                    self._chunk_left = int(line.split(b";", 1)[0].strip(), 16)
+                except ValueError:
+                    self._broken("a malformed chunk size")
+                    return
+                self._chunk_state = _DATA if self._chunk_left else _TRAILER
+            elif state == _DATA_END:
+                if line:
+                    self._broken("a chunk without its CRLF")
+                    return
+                self._chunk_state = _SIZE
+            elif not line:  # the empty line after the trailers: the end of the body
+                del buffer[:at]
+                if payload:
+                    sink.relay(b"".join(payload))
+                if buffer:
+                    self._reusable = False
+                    buffer.clear()
+                self._finish()
+                return
+        del buffer[:at]
+        if payload:
+            sink.relay(payload[0] if len(payload) == 1 else b"".join(payload))
+
+    def _broken(self, message: str) -> None:
+        if self._done is not None and not self._done.done():
+            self._done.set_exception(UpstreamError(message))
+        self._close()
+
+    def _finish(self) -> None:
+        assert self._done is not None
+        self._sink = None
+        if not self._done.done():
+            self._done.set_result(None)
+        self._head = None
+        self._used = True
+        if self._reusable and self.transport is not None and not self._buffer:
+            self._pool.put(self._key, self)
+        else:
+            self._close()
+
+
+class UpstreamPool:
+    """Idle kept-alive connections per upstream ``(host, port)``."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._idle: dict[tuple[str, int], list[Upstream]] = {}
+        self._clock = clock
+        self.closed = False
+
+    async def open(self, key: tuple[str, int], request: list[bytes]) -> Upstream:
+        """Send ``request`` and wait for the response head; raises UpstreamError."""
+        idle = self._idle.get(key)
+        while idle:
+            conn = idle.pop()
+            if conn.transport is None or conn.transport.is_closing():
+                continue
+            try:
+                await conn.send(request)
+                return conn
+            except UpstreamError as exc:
+                if not exc.stale:
+                    raise
+                break  # closed while idle: once more on a fresh connection
+            except BaseException:
+                conn.abort()  # cancelled while the server works on it: stop it
+                raise
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(_CONNECT_S):
+                _, conn = await loop.create_connection(lambda: Upstream(self, key), *key)
+        except (OSError, TimeoutError) as exc:
+            detail = str(exc) or type(exc).__name__
+            raise UpstreamError(
+                f"cannot connect to {key[0]}:{key[1]}: {detail}", unreachable=True
+            ) from None
+        try:
+            await conn.send(request)
+        except BaseException:
+            conn.abort()
+            raise
+        return conn
+
+    def put(self, key: tuple[str, int], conn: Upstream) -> None:
+        idle = self._idle.setdefault(key, [])
+        if self.closed or len(idle) >= _POOL_MAX:
+            conn.abort()
+            return
+        conn.idle_since = self._clock()
+        idle.append(conn)
+
+    def forget(self, conn: Upstream) -> None:
+        for idle in self._idle.values():
+            if conn in idle:
+                idle.remove(conn)
+                return
+
+    def sweep(self) -> None:
+        """Close connections idle for longer than :data:`IDLE_S`."""
+        horizon = self._clock() - IDLE_S
+        for idle in self._idle.values():
+            for conn in [c for c in idle if c.idle_since < horizon]:
+                conn.abort()  # connection_lost forgets it
+
+    def close(self) -> None:
+        self.closed = True
+        for idle in self._idle.values():
+            for conn in list(idle):
+                conn.abort()
+        self._idle.clear()

@@ -1,0 +1,406 @@
+"""The router's data plane on the wire (controller/api/dataplane.py, upstream.py).
+
+The routed requests of tests/integration/test_router.py already go through the data plane
+(the API server listens through it); these tests take the paths it adds, over raw TCP on
+127.0.0.1: the hand-over of a connection to aiohttp, pipelining, ``Expect``, the 413 that
+reads no body, each framing a model server may answer with (a real process,
+``wire_upstream.py``, answering as each request asks), the keep-alive pool and a stale
+connection in it, an upstream that breaks, flow control towards a slow client, and a
+client that leaves while the upstream works.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from controller.api.dataplane import parse_head
+from controller.lifecycle import SlotState
+from tests.integration.test_router import TOKEN, Harness, Router, chat, model, wait_for
+
+S = SlotState
+WIRE = [sys.executable, str(Path(__file__).with_name("wire_upstream.py")), "--port", "{port}"]
+
+
+@dataclass
+class Answer:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+
+class Wire:
+    """One raw client connection."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+
+    def send(self, data: bytes) -> None:
+        self.writer.write(data)
+
+    async def answer(self, *, interim: bool = False) -> Answer:
+        head = await asyncio.wait_for(self.reader.readuntil(b"\r\n\r\n"), 30)
+        lines = head.decode("latin-1").split("\r\n")
+        status = int(lines[0].split(" ")[1])
+        headers = {}
+        for line in lines[1:]:
+            if line:
+                name, _, value = line.partition(":")
+                headers[name.strip().lower()] = value.strip()
+        if 100 <= status < 200 or status in (204, 304):
+            return Answer(status, headers, b"")
+        if "content-length" in headers:
+            body = await self.reader.readexactly(int(headers["content-length"]))
+        elif headers.get("transfer-encoding") == "chunked":
+            body = b""
+            while True:
+                size = int((await self.reader.readuntil(b"\r\n")).split(b";")[0], 16)
+                if not size:
+                    await self.reader.readuntil(b"\r\n")
+                    break
+                body += await self.reader.readexactly(size)
+                await self.reader.readexactly(2)
+        else:
+            body = await self.reader.read()
+        return Answer(status, headers, body)
+
+    async def closed(self) -> bool:
+        """True once the server closed the connection (nothing more to read)."""
+        return await asyncio.wait_for(self.reader.read(), 10) == b""
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+@contextlib.asynccontextmanager
+async def wire(router: Router) -> AsyncIterator[Wire]:
+    host, _, port = router.base.removeprefix("http://").rpartition(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    connection = Wire(reader, writer)
+    try:
+        yield connection
+    finally:
+        connection.close()
+
+
+def post(path: str, body: Any, *, extra: tuple[str, ...] = (), token: str = TOKEN) -> bytes:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    head = [
+        f"POST {path} HTTP/1.1",
+        "Host: slotctl",
+        f"Authorization: Bearer {token}",
+        "Content-Type: application/json",
+        f"Content-Length: {len(data)}",
+        *extra,
+    ]
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + data
+
+
+def ask(mode: str, **more: Any) -> dict[str, Any]:
+    return {"model": "wire", "mode": mode, **more}
+
+
+async def stats(r: Router) -> dict[str, Any]:
+    async with r.client.get(r.endpoint("wire") + "/stats") as resp:
+        return dict(await resp.json())
+
+
+@pytest.fixture
+async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
+    h = Harness(tmp_path)
+    try:
+        yield h
+    finally:
+        await h.close()
+
+
+async def start_wire(harness: Harness) -> Router:
+    upstream = harness.slot("wire", "", provider="kokoro", memory_gb=1.0, server={"cmd": WIRE})
+    return await harness.start([upstream, harness.slot("chat", "m-chat")], [model("m-chat")])
+
+
+# ============================================================================ the head
+
+
+def test_parse_head_takes_only_what_the_data_plane_serves() -> None:
+    def head(*lines: str, host: bool = True) -> bytes:
+        return "\r\n".join([lines[0], *(["Host: h"] if host else []), *lines[1:]]).encode("latin-1")
+
+    ok = parse_head(
+        head(
+            "POST /v1/chat/completions?x=1 HTTP/1.1",
+            "Authorization: Bearer t",
+            "Content-Type: application/json",
+            "Content-Length: 12",
+            "Cookie: c=1",
+            "X-Custom:  kept ",
+            "Expect: 100-continue",
+            "Connection: close",
+        )
+    )
+    assert ok is not None
+    assert (ok.target, ok.length, ok.authorization) == (
+        b"/v1/chat/completions?x=1",
+        12,
+        b"Bearer t",
+    )
+    assert ok.forward == [b"Content-Type: application/json", b"X-Custom: kept"]  # no hop/creds
+    assert ok.expect and ok.close and ok.content_type == "application/json"
+    audio = parse_head(head("POST /v1/audio/transcriptions HTTP/1.1", "Content-Length: 0"))
+    assert audio is not None and audio.limit > ok.limit
+    for refused in (
+        head("GET /v1/chat/completions HTTP/1.1", "Content-Length: 0"),  # not a POST
+        head("POST /v1/models HTTP/1.1", "Content-Length: 0"),  # not routed here
+        head("POST /api/slots HTTP/1.1", "Content-Length: 0"),
+        head("POST /v1/audio/../slots HTTP/1.1", "Content-Length: 0"),
+        head("POST /v1/audio/%2e%2e HTTP/1.1", "Content-Length: 0"),
+        head("POST /v1/completions HTTP/1.0", "Content-Length: 0"),
+        head("POST /v1/completions HTTP/1.1"),  # no Content-Length
+        head("POST /v1/completions HTTP/1.1", "Transfer-Encoding: chunked"),
+        head("POST /v1/completions HTTP/1.1", "Content-Length: 1", "Content-Length: 2"),
+        head("POST /v1/completions HTTP/1.1", "Content-Length: -1"),
+        head("POST /v1/completions HTTP/1.1", "Content-Length: 0", " folded"),
+        head("POST /v1/completions HTTP/1.1", "Content-Length: 0", "Bad Name: x"),
+        head("POST /v1/completions HTTP/1.1", "Content-Length: 0", "X: a\x00b"),
+        head("POST /v1/completions HTTP/1.1", "Content-Length: 0", "Expect: 200-ok"),
+        head("POST /v1/completions HTTP/1.1", "Content-Length: 0", "Upgrade: h2c"),
+    ):
+        assert parse_head(refused) is None, refused
+
+
+# ============================================================================ connections
+
+
+async def test_one_connection_serves_routed_then_rest_then_routed_requests(
+    harness: Harness,
+) -> None:
+    """A kept-alive connection: the data plane answers, then hands over to aiohttp for
+    good at the first request it does not serve, which then answers both kinds."""
+    r = await start_wire(harness)
+    async with wire(r) as c:
+        c.send(post("/v1/chat/completions", ask("length", n=1)))
+        first = await c.answer()
+        assert first.status == 200 and json.loads(first.body)["n"] == 1
+        c.send(
+            f"GET /api/slots HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n\r\n".encode()
+        )
+        listed = await c.answer()
+        assert listed.status == 200 and "wire" in {
+            s["name"] for s in json.loads(listed.body)["slots"]
+        }
+        c.send(post("/v1/chat/completions", ask("length", n=2)))
+        third = await c.answer()
+        assert third.status == 200 and json.loads(third.body)["n"] == 2
+        assert "server" in third.headers  # aiohttp's own header: the hand-over happened
+        assert "server" not in first.headers
+
+
+async def test_pipelined_requests_are_answered_in_order(harness: Harness) -> None:
+    r = await start_wire(harness)
+    async with wire(r) as c:
+        c.send(
+            b"".join(
+                post("/v1/completions", ask(m, n=i))
+                for i, m in enumerate(["slow", "length", "chunked", "length"])
+            )
+        )
+        answers = [await c.answer() for _ in range(4)]
+    assert [a.status for a in answers] == [200, 200, 201, 200]
+    assert [json.loads(a.body)["n"] for a in answers] == [0, 1, 2, 3]
+
+
+async def test_expect_continue_and_connection_close(harness: Harness) -> None:
+    r = await start_wire(harness)
+    body = json.dumps(ask("length", pad="p" * 5000)).encode()
+    async with wire(r) as c:
+        head = post(
+            "/v1/chat/completions", body, extra=("Expect: 100-continue", "Connection: close")
+        )
+        c.send(head[: -len(body)])
+        assert (await c.answer()).status == 100
+        c.send(body)
+        answer = await c.answer()
+        assert answer.status == 200 and json.loads(answer.body)["pad"] == "p" * 5000
+        assert answer.headers["connection"] == "close" and await c.closed()
+
+
+async def test_a_body_over_the_limit_is_413_unread_and_the_connection_closed(
+    harness: Harness,
+) -> None:
+    r = await start_wire(harness)
+    async with wire(r) as c:
+        c.send(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+            + TOKEN.encode()
+            + b"\r\nContent-Length: 9000000\r\n\r\n{"
+        )
+        answer = await c.answer()
+        assert (
+            answer.status == 413 and json.loads(answer.body)["error"]["code"] == "request_too_large"
+        )
+        assert await c.closed()
+    assert r.manager.view("wire").state is S.OFFLINE  # no lease, no load
+
+
+async def test_requests_the_data_plane_leaves_are_served_by_aiohttp(harness: Harness) -> None:
+    r = await start_wire(harness)
+    async with wire(r) as c:  # a chunked upload: aiohttp's router serves it
+        data = json.dumps(ask("length", n=7)).encode()
+        c.send(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+            + TOKEN.encode()
+            + b"\r\nTransfer-Encoding: chunked\r\n\r\n"
+            + b"%x\r\n" % len(data)
+            + data
+            + b"\r\n0\r\n\r\n"
+        )
+        answer = await c.answer()
+        assert answer.status == 200 and json.loads(answer.body)["n"] == 7
+    async with wire(r) as c:  # a malformed head: aiohttp's 400
+        c.send(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
+            b"Broken header\r\n\r\n{}"
+        )
+        assert (await c.answer()).status == 400
+    async with wire(r) as c:  # no token: the data plane's 401 in OpenAI's shape
+        c.send(post("/v1/embeddings", ask("length"), token="nope\xff"))
+        answer = await c.answer()
+        assert answer.status == 401 and answer.headers["www-authenticate"].startswith("Bearer")
+        assert json.loads(answer.body)["error"]["code"] == "invalid_api_key"
+
+
+# ============================================================================ the upstream
+
+
+async def test_every_upstream_framing_reaches_the_client_whole(harness: Harness) -> None:
+    r = await start_wire(harness)
+    async with wire(r) as c:
+        for mode, status in (
+            ("length", 200),
+            ("chunked", 201),
+            ("204", 204),
+            ("interim", 200),
+            ("close", 200),  # HTTP/1.0 to the end of the connection: re-chunked
+            ("length", 200),
+        ):
+            c.send(post("/v1/chat/completions?q=a%20b", ask(mode, mode_of=mode)))
+            answer = await c.answer()
+            assert answer.status == status, (mode, answer)
+            if status == 204:
+                assert answer.headers["x-empty"] == "yes"
+                continue
+            echoed = json.loads(answer.body)
+            assert echoed["mode_of"] == mode
+            assert echoed["_target"] == "/v1/chat/completions?q=a%20b"
+            assert "authorization" not in echoed["_headers"]  # the controller's token stays
+            assert echoed["_headers"]["host"].startswith("127.0.0.1:")
+            if mode in ("chunked", "close"):
+                assert answer.headers["transfer-encoding"] == "chunked"
+    # One kept-alive upstream connection served it all but for the HTTP/1.0 answer.
+    seen = await stats(r)
+    assert seen["post_connections"] == 2 and seen["closed_post_connections"] == 1
+
+
+async def test_a_pooled_connection_closed_while_idle_is_replaced(harness: Harness) -> None:
+    r = await start_wire(harness)
+    async with wire(r) as c:
+        c.send(post("/v1/completions", ask("drop-idle")))
+        assert (await c.answer()).status == 200
+        await asyncio.sleep(0.3)  # the upstream closes its idle side meanwhile
+        c.send(post("/v1/completions", ask("length", n=5)))
+        answer = await c.answer()
+        assert answer.status == 200 and json.loads(answer.body)["n"] == 5
+        # A pooled connection the server drops as the request arrives (its keep-alive
+        # timeout racing our reuse): sent once more on a fresh connection.
+        c.send(post("/v1/completions", ask("drop-next")))
+        assert (await c.answer()).status == 200
+        c.send(post("/v1/completions", ask("length", n=6)))
+        answer = await c.answer()
+        assert answer.status == 200 and json.loads(answer.body)["n"] == 6
+    assert (await stats(r))["post_connections"] == 3
+
+
+async def test_a_broken_upstream_is_502_or_a_cut_answer(harness: Harness) -> None:
+    r = await start_wire(harness)
+    async with wire(r) as c:
+        c.send(post("/v1/completions", ask("badhead")))
+        answer = await c.answer()
+        assert (
+            answer.status == 502 and json.loads(answer.body)["error"]["code"] == "upstream.failed"
+        )
+        c.send(post("/v1/completions", ask("cut-sse")))  # in-band: the stream's last event
+        answer = await c.answer()
+        events = [e for e in answer.body.split(b"\n\n") if e]
+        assert events[0] == b'data: {"n": 1}'
+        assert json.loads(events[-1].removeprefix(b"data: "))["error"]["code"] == "upstream.failed"
+    async with wire(r) as c:  # a sized body cut short: the client sees the cut, never "done"
+        c.send(post("/v1/completions", ask("cut-length")))
+        head = await asyncio.wait_for(c.reader.readuntil(b"\r\n\r\n"), 10)
+        assert b"Content-Length: 100000" in head
+        rest = await asyncio.wait_for(c.reader.read(), 10)
+        assert rest == b"x" * 10  # then the connection closed
+    await wait_for(lambda: r.manager.view("wire").state is S.READY)  # the leases ended
+
+
+async def test_a_slow_client_pauses_the_upstream(harness: Harness) -> None:
+    """Flow control end to end: a client that reads nothing holds the upstream back
+    (socket buffers, not the controller's memory); when it leaves, the upstream
+    connection is closed and the lease released."""
+    r = await start_wire(harness)
+    async with wire(r) as c:
+        c.send(post("/v1/chat/completions", ask("flood", mib=256)))
+        assert (await asyncio.wait_for(c.reader.readuntil(b"\r\n\r\n"), 30)).startswith(
+            b"HTTP/1.1 200"
+        )
+        await asyncio.sleep(1.0)
+        written = (await stats(r))["written"]
+        assert written < 64 << 20, written  # without flow control: all 256 MiB at once
+        await c.reader.readexactly(4 << 20)  # reading lets it go on
+        await wait_for(lambda: True)
+    await wait_for(lambda: r.manager.view("wire").state is S.READY)
+    for _ in range(100):
+        seen = await stats(r)
+        if seen["closed_post_connections"] == seen["post_connections"]:
+            break
+        await asyncio.sleep(0.05)
+    assert seen["closed_post_connections"] == seen["post_connections"] == 1
+
+
+async def test_a_client_that_leaves_closes_the_upstream_request(harness: Harness) -> None:
+    r = await start_wire(harness)
+    async with wire(r) as c:
+        c.send(post("/v1/chat/completions", ask("hang")))
+        await wait_for(lambda: r.manager.view("wire").state is S.SERVING, timeout=30)
+    await wait_for(lambda: r.manager.view("wire").state is S.READY)
+    for _ in range(100):
+        if (await stats(r))["closed_post_connections"] == 1:
+            break
+        await asyncio.sleep(0.05)
+    assert (await stats(r))["closed_post_connections"] == 1  # the server stops working on it
+
+
+async def test_stopping_lets_a_request_in_flight_finish(harness: Harness) -> None:
+    r = await start_wire(harness)
+    async with wire(r) as c:
+        c.send(post("/v1/chat/completions", ask("length")))  # loads the slot first
+        assert (await c.answer()).status == 200
+        c.send(post("/v1/chat/completions", ask("slow", delay=0.5, n=9)))
+        await asyncio.sleep(0.1)
+        stopping = asyncio.create_task(r.server.stop())
+        answer = await c.answer()
+        assert answer.status == 200 and json.loads(answer.body)["n"] == 9
+        await stopping
+        assert await c.closed()
+    assert r.manager.view("wire").state is S.READY  # its lease ended
+    with pytest.raises(aiohttp.ClientConnectionError):
+        async with r.client.post(r.url("/v1/completions"), json=chat("m-chat")):
+            pass

@@ -1,0 +1,158 @@
+"""A raw HTTP/1.x model server for the data plane's wire tests: framings and faults on demand.
+
+Run as ``python wire_upstream.py --port N`` (a slot's ``server.cmd``). ``GET /v1/models``
+lists ``wire`` (the health probe); ``GET /stats`` answers its counters as JSON; a ``POST``
+answers as its JSON body's ``mode`` says (see :func:`answer`), echoing the body, the target
+and the headers it got. Standalone on purpose: asyncio streams only, no project import.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from typing import Any
+
+STATS: dict[str, Any] = {"post_connections": 0, "closed_post_connections": 0, "written": 0}
+
+
+def _head(status: str, headers: list[str]) -> bytes:
+    return ("\r\n".join([status, *headers]) + "\r\n\r\n").encode("latin-1")
+
+
+def _chunk(data: bytes, extension: str = "") -> bytes:
+    return f"{len(data):x}{extension}\r\n".encode() + data + b"\r\n"
+
+
+async def answer(writer: asyncio.StreamWriter, reader: asyncio.StreamReader, req: Any) -> bool:
+    """Write the answer ``req["mode"]`` asks for; False when the connection must end."""
+    mode = req.get("mode", "length")
+    payload = json.dumps(req).encode()
+    json_type = "Content-Type: application/json"
+    if mode == "length":
+        writer.write(_head("HTTP/1.1 200 OK", [json_type, f"Content-Length: {len(payload)}"]))
+        writer.write(payload)
+    elif mode == "chunked":  # three chunks, an extension and a trailer
+        writer.write(_head("HTTP/1.1 201 Created", [json_type, "Transfer-Encoding: chunked"]))
+        third = len(payload) // 3
+        writer.write(_chunk(payload[:third], ";ext=1"))
+        await writer.drain()
+        await asyncio.sleep(0.02)
+        writer.write(_chunk(payload[third : 2 * third]) + _chunk(payload[2 * third :]))
+        writer.write(b"0\r\nX-Trailer: yes\r\n\r\n")
+    elif mode == "close":  # HTTP/1.0, the body ends with the connection
+        writer.write(_head("HTTP/1.0 200 OK", [json_type]) + payload)
+        return False
+    elif mode == "204":
+        writer.write(_head("HTTP/1.1 204 No Content", ["X-Empty: yes"]))
+    elif mode == "interim":
+        writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        writer.write(_head("HTTP/1.1 200 OK", [json_type, f"Content-Length: {len(payload)}"]))
+        writer.write(payload)
+    elif mode == "badhead":
+        writer.write(b"THIS IS NOT HTTP\r\n\r\n")
+        return False
+    elif mode == "cut-length":
+        writer.write(_head("HTTP/1.1 200 OK", [json_type, "Content-Length: 100000"]))
+        writer.write(b"x" * 10)
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        return False
+    elif mode == "cut-sse":
+        sse = ["Content-Type: text/event-stream", "Transfer-Encoding: chunked"]
+        writer.write(_head("HTTP/1.1 200 OK", sse) + _chunk(b'data: {"n": 1}\n\n'))
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        return False
+    elif mode == "drop-idle":  # kept alive, then closed while idle
+        writer.write(_head("HTTP/1.1 200 OK", [json_type, f"Content-Length: {len(payload)}"]))
+        writer.write(payload)
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        return False
+    elif mode == "drop-next":  # answered; the next request here is read, then dropped
+        writer.write(_head("HTTP/1.1 200 OK", [json_type, f"Content-Length: {len(payload)}"]))
+        writer.write(payload)
+        await writer.drain()
+        head = await reader.readuntil(b"\r\n\r\n")
+        size = head.lower().split(b"content-length:", 1)[1].split(b"\r\n", 1)[0]
+        await reader.readexactly(int(size))
+        return False
+    elif mode == "flood":  # as much as the reader takes, 1 MiB a chunk
+        writer.write(_head("HTTP/1.1 200 OK", ["Transfer-Encoding: chunked"]))
+        piece = _chunk(b"f" * (1 << 20))
+        for _ in range(int(req.get("mib", 256))):
+            writer.write(piece)
+            await writer.drain()
+            STATS["written"] += 1 << 20
+        writer.write(b"0\r\n\r\n")
+    elif mode == "hang":  # never answers; ends when the other side closes
+        await reader.read()
+        return False
+    elif mode == "slow":
+        await asyncio.sleep(float(req.get("delay", 0.5)))
+        writer.write(_head("HTTP/1.1 200 OK", [json_type, f"Content-Length: {len(payload)}"]))
+        writer.write(payload)
+    else:
+        writer.write(_head("HTTP/1.1 400 Bad Request", ["Content-Length: 0"]))
+    return True
+
+
+async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    posted = False
+    try:
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            lines = head.decode("latin-1").split("\r\n")
+            method, target, _ = lines[0].split(" ", 2)
+            headers: dict[str, str] = {}
+            for line in lines[1:]:
+                if line:
+                    name, _, value = line.partition(":")
+                    headers[name.strip().lower()] = value.strip()
+            body = await reader.readexactly(int(headers.get("content-length", "0")))
+            if method == "GET":
+                data = json.dumps(
+                    {"object": "list", "data": [{"id": "wire", "object": "model"}]}
+                    if target.startswith("/v1/models")
+                    else STATS
+                ).encode()
+                writer.write(
+                    _head(
+                        "HTTP/1.1 200 OK",
+                        ["Content-Type: application/json", f"Content-Length: {len(data)}"],
+                    )
+                    + data
+                )
+                await writer.drain()
+                continue
+            if not posted:
+                posted = True
+                STATS["post_connections"] += 1
+            req = json.loads(body)
+            req["_target"], req["_headers"] = target, headers
+            keep = await answer(writer, reader, req)
+            await writer.drain()
+            if not keep:
+                break
+    except (asyncio.IncompleteReadError, ConnectionError):
+        pass
+    finally:
+        if posted:
+            STATS["closed_post_connections"] += 1
+        writer.close()
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    port = parser.parse_args().port
+    server = await asyncio.start_server(handle, "127.0.0.1", port)
+    print(f"wire upstream listening on {port}", file=sys.stderr, flush=True)
+    async with server:
+        await server.serve_forever()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
