@@ -34,6 +34,7 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from email.utils import formatdate
 from http import HTTPStatus
 from typing import Any, Final
 from urllib.parse import urlsplit
@@ -80,7 +81,8 @@ _TARGET: Final = re.compile(rb"[\x21-\x7e]+")
 _TOKEN: Final = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _BAD_VALUE: Final = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 _REQUEST_DROP: Final = frozenset(h.encode() for h in REQUEST_DROP)
-_RESPONSE_DROP: Final = frozenset(h.encode() for h in RESPONSE_DROP)
+# The upstream's Date passes (aiohttp, which adds its own, drops it); its Server does not.
+_RESPONSE_DROP: Final = frozenset(h.encode() for h in RESPONSE_DROP) - {b"date"}
 _CONTINUE: Final = b"HTTP/1.1 100 Continue\r\n\r\n"
 _LAST_CHUNK: Final = b"0\r\n\r\n"
 
@@ -175,6 +177,7 @@ def _answer(
     body = json.dumps(payload).encode()
     lines = [
         f"HTTP/1.1 {status} {_reason(status)}",
+        f"Date: {_date()}",
         "Content-Type: application/json; charset=utf-8",
         f"Content-Length: {len(body)}",
         *(f"{k}: {v}" for k, v in headers),
@@ -190,6 +193,16 @@ def _refusal_answer(refusal: Refusal, *, close: bool = False) -> bytes:
         headers.append(("Retry-After", str(max(1, math.ceil(refusal.retry_after_s)))))
     body = error_body(refusal.status, refusal.message, refusal.code, refusal.param)
     return _answer(refusal.status, body, headers, close=close)
+
+
+_DATE: list[Any] = [0, ""]  # the second it was made for, the Date header's value
+
+
+def _date() -> str:
+    now = int(time.time())
+    if _DATE[0] != now:
+        _DATE[:] = [now, formatdate(now, usegmt=True)]
+    return str(_DATE[1])
 
 
 def _reason(status: int) -> str:
@@ -394,14 +407,13 @@ class _Front(asyncio.Protocol):
 
     async def _serve(self, head: RequestHead, body: bytes) -> None:
         ctx = self.plane.ctx
+        self.reason, self.pending = None, b""
+        self.sent = self.chunked = self.sse = False
+        if not _authorized(head.authorization, ctx.token):
+            self._unauthorized(head)  # as the API's auth: no event, no router metrics
+            self._done(keep=not head.close)
+            return
         call = Call(started=time.monotonic())
-        self.reason, self.sent, self.pending, self.chunked, self.sse = (
-            None,
-            False,
-            b"",
-            False,
-            False,
-        )
         keep = not head.close
         try:
             keep = await self._exchange(head, body, call) and keep
@@ -421,6 +433,10 @@ class _Front(asyncio.Protocol):
             if upstream is not None:
                 upstream.abort()  # given up before its end
         record_call(ctx, call)
+        self._done(keep)
+
+    def _done(self, keep: bool) -> None:
+        """The request is answered: the next one, or close."""
         self.task = None
         if not keep or self.plane.closing:
             self.close()
@@ -430,20 +446,19 @@ class _Front(asyncio.Protocol):
                 self.transport.resume_reading()
             self._next()
 
+    def _unauthorized(self, head: RequestHead) -> None:
+        message = (
+            "missing bearer token (Authorization: Bearer <token>)"
+            if head.authorization is None
+            else "wrong bearer token"
+        )
+        payload = openai_error_body(401, message, "invalid_api_key")
+        headers = [("WWW-Authenticate", 'Bearer realm="slotctl"')]
+        self._write(_answer(401, payload, headers, close=head.close))
+
     async def _exchange(self, head: RequestHead, body: bytes, call: Call) -> bool:
         """Authenticate, read the model, lease, proxy; False when the connection must close."""
         ctx = self.plane.ctx
-        if not _authorized(head.authorization, ctx.token):
-            message = (
-                "missing bearer token (Authorization: Bearer <token>)"
-                if head.authorization is None
-                else "wrong bearer token"
-            )
-            call.status = 401
-            payload = openai_error_body(401, message, "invalid_api_key")
-            headers = [("WWW-Authenticate", 'Bearer realm="slotctl"')]
-            self._write(_answer(401, payload, headers, close=False))
-            return True
         manager = ctx.manager
         try:
             if ctx.store.get(CLOSED):
@@ -520,14 +535,12 @@ class _Front(asyncio.Protocol):
         lines.append(b"\r\n")
         self.pending = b"\r\n".join(lines)
         done = upstream.attach(self)
-        if self.paused:
-            upstream.pause_reading()
+        if self.paused and self.upstream is not None:  # not when already over and pooled
+            self.upstream.pause_reading()
         try:
-            await done  # a cancel leaves self.upstream set: _serve drops the connection
+            await done  # a cancel before the end leaves self.upstream set: _serve drops it
         except UpstreamError as exc:
-            self.upstream = None
             return self._broken(call, _upstream_refusal(call.slot, exc))
-        self.upstream = None
         tail = _LAST_CHUNK if self.chunked else b""
         self._write(self.pending + tail if self.pending else tail)
         self.pending = b""
@@ -544,6 +557,10 @@ class _Front(asyncio.Protocol):
             data, self.pending = self.pending + data, b""
         self.sent = True
         transport.write(data)
+
+    def detach(self) -> None:
+        """The upstream's exchange is over (the upstream's sink)."""
+        self.upstream = None
 
     def _write(self, data: bytes) -> None:
         if data and self.transport is not None:

@@ -250,6 +250,7 @@ class Metrics:
             ["slot", "reason"],
             registry=r,
         )
+        self._request_series: dict[tuple[str, str, int | str], tuple[Counter, Histogram]] = {}
         self.requests = Counter(
             "slotctl_requests_total",
             "Requests through the router by slot, model and HTTP status",
@@ -327,8 +328,17 @@ class Metrics:
 
     def request_done(self, slot: str, model: str, status: int | str, seconds: float) -> None:
         """One routed request finished (the router calls this)."""
-        self.requests.labels(slot, model, str(status)).inc()
-        self.request_duration.labels(slot, model).observe(max(0.0, seconds))
+        key = (slot, model, status)
+        series = self._request_series.get(key)
+        if series is None:  # labels() costs more than the update: once per combination
+            if len(self._request_series) > 4096:
+                self._request_series.clear()
+            series = self._request_series[key] = (
+                self.requests.labels(slot, model, str(status)),
+                self.request_duration.labels(slot, model),
+            )
+        series[0].inc()
+        series[1].observe(max(0.0, seconds))
 
     def reconcile_pass(self, slot: str, seconds: float, ok: bool) -> None:
         """One reconcile pass finished (a reconciler pass observer)."""

@@ -58,7 +58,12 @@ class UpstreamError(Exception):
 class Sink(Protocol):
     """Where a response body goes (the client connection)."""
 
-    def relay(self, data: bytes) -> None: ...
+    def relay(self, data: bytes) -> None:
+        """A piece of the body (de-chunked)."""
+
+    def detach(self) -> None:
+        """The exchange is over (whole or broken): this connection is no longer the
+        sink's to pause, resume or abort (it may already serve another request)."""
 
 
 class Upstream(asyncio.Protocol):
@@ -73,6 +78,7 @@ class Upstream(asyncio.Protocol):
         "_head",
         "_key",
         "_left",
+        "_paused",
         "_pool",
         "_reusable",
         "_sink",
@@ -95,6 +101,7 @@ class Upstream(asyncio.Protocol):
         self._got = False  # a byte of the current answer arrived
         self._used = False  # an earlier exchange went over this connection
         self._reusable = False
+        self._paused = False
         self.status, self.reason = 0, ""
         self.headers: list[tuple[bytes, bytes]] = []
         self.framing = _NONE
@@ -151,14 +158,18 @@ class Upstream(asyncio.Protocol):
         if self.framing == _CLOSE:
             self._finish()
         else:
+            self._detach()
             self._done.set_exception(UpstreamError("the server closed the connection mid-answer"))
 
     def pause_reading(self) -> None:
-        if self.transport is not None:
+        """The sink's client cannot keep up: stop reading (the server then blocks)."""
+        if self.transport is not None and not self._paused:
+            self._paused = True
             self.transport.pause_reading()
 
     def resume_reading(self) -> None:
-        if self.transport is not None:
+        if self.transport is not None and self._paused:
+            self._paused = False
             self.transport.resume_reading()
 
     # ------------------------------------------------------------------ an exchange
@@ -188,8 +199,13 @@ class Upstream(asyncio.Protocol):
 
     def abort(self) -> None:
         """The exchange was given up (client gone, lease revoked): drop the connection."""
-        self._sink = None
+        self._detach()
         self._close()
+
+    def _detach(self) -> None:
+        sink, self._sink = self._sink, None
+        if sink is not None:
+            sink.detach()
 
     def _close(self) -> None:
         if self.transport is not None:
@@ -326,13 +342,15 @@ class Upstream(asyncio.Protocol):
             sink.relay(payload[0] if len(payload) == 1 else b"".join(payload))
 
     def _broken(self, message: str) -> None:
+        self._detach()
         if self._done is not None and not self._done.done():
             self._done.set_exception(UpstreamError(message))
         self._close()
 
     def _finish(self) -> None:
         assert self._done is not None
-        self._sink = None
+        self._detach()
+        self.resume_reading()  # paused by a slow client while its last bytes went out
         if not self._done.done():
             self._done.set_result(None)
         self._head = None
