@@ -4,7 +4,8 @@ One demo server (started by the controller, as in production) is reached three w
 
 * **direct**: the demo server's own port;
 * **slotctl**: ``slotctl up --listen 127.0.0.1:0`` (a subprocess), ``/v1/chat/completions``
-  through the router (bearer token, slot ranking, lease, proxy, release);
+  through the router's data plane (bearer token, the body's ``model``, slot ranking,
+  lease, proxy over a kept-alive upstream connection, release, metrics);
 * **nginx**: ``proxy_pass`` to the same port (1 worker, upstream keepalive, HTTP/1.1,
   ``proxy_buffering off``), started from a generated config in a temp dir.
 

@@ -1,7 +1,12 @@
 """Forwarding a routed request: lease, proxy, relay, release — and the watch that cuts it.
 
 Part of the OpenAI router (:mod:`controller.api.router` is its route table,
-:mod:`controller.api.router_request` reads and refuses). One request's path:
+:mod:`controller.api.router_request` reads and refuses). Most routed requests never get
+here: the data plane (:mod:`controller.api.dataplane`) serves them at the socket and
+shares this module's records, metrics and events (:class:`Call`, :func:`record_call`,
+:func:`report_refusal`). This is the path of what it leaves to aiohttp (a chunked
+upload, ``HTTP/1.0``, a head it does not take, any server built without it), with the
+same answers. One request's path:
 
 1. read the body and take its ``model``; rank the activated slots serving it
    (:func:`~controller.api.selection.serving`, no view built) and lease the best that

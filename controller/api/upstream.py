@@ -17,6 +17,7 @@ client does.
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 import time
 from collections.abc import Callable
@@ -42,6 +43,8 @@ _POOL_MAX: Final = 256  # idle connections kept per upstream
 # Framing of a response body: none, Content-Length, chunked, to the end of the connection.
 NONE, LENGTH, CHUNKED, CLOSE = 0, 1, 2, 3
 _NONE, _LENGTH, _CHUNKED, _CLOSE = NONE, LENGTH, CHUNKED, CLOSE
+_TOKEN: Final = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # a header name
+_BAD: Final = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")  # not in a header value
 # States of the chunked decoder.
 _SIZE, _DATA, _DATA_END, _TRAILER = 0, 1, 2, 3
 
@@ -225,7 +228,12 @@ class Upstream(asyncio.Protocol):
             del buffer[: end + 4]
             version, _, rest = lines[0].partition(b" ")
             code, _, reason = rest.partition(b" ")
-            if not version.startswith(b"HTTP/1.") or len(code) != 3 or not code.isdigit():
+            if (
+                not version.startswith(b"HTTP/1.")
+                or len(code) != 3
+                or not code.isdigit()
+                or _BAD.search(reason)
+            ):
                 self._fail_head("the answer is not HTTP/1.x")
                 return
             status = int(code)
@@ -237,10 +245,10 @@ class Upstream(asyncio.Protocol):
         chunked = close = False
         for line in lines[1:]:
             name, sep, value = line.partition(b":")
-            if not sep or not name or name[0] in b" \t":
-                self._fail_head("a malformed response header")
-                return
             value = value.strip(b" \t")
+            if not sep or not _TOKEN.fullmatch(name) or _BAD.search(value):
+                self._fail_head("a malformed response header")  # never relayed to a client
+                return
             lower = name.lower()
             if lower == b"content-length":
                 if not value.isdigit() or (length is not None and int(value) != length):

@@ -150,7 +150,9 @@ def test_slot_list_get_logs_through_server(ctl: Slotctl) -> None:
     api.wait_state("one", "ready")
     elsewhere = ["--config-dir", str(ctl.tmp / "nc"), "--state-dir", str(ctl.tmp / "ns")]
     remote = ["--server", api.base, "--token", api.token]
-    rows = json.loads(bare(ctl, "slot", "list", "-o", "json", *elsewhere, *remote).stdout)
+    res = bare(ctl, "slot", "list", "-o", "json", *elsewhere, *remote)
+    assert res.stdout, (res.returncode, res.stderr)
+    rows = json.loads(res.stdout)
     assert [(r["name"], r["state"]) for r in rows] == [("one", "ready")]
     got = json.loads(bare(ctl, "slot", "get", "one", "-o", "json", *elsewhere, *remote).stdout)
     assert got["name"] == "one" and got["spec"]["model"]["default"] == "m-one"

@@ -91,6 +91,7 @@ class Router:
 class Harness:
     tmp: Path
     budget_gb: float = 8.0
+    data_plane: bool = True  # False: aiohttp's router path serves the routed requests
     routers: list[Router] = field(default_factory=list)
     stops: list[tuple[asyncio.Event, asyncio.Task[None]]] = field(default_factory=list)
     _ports: set[int] = field(default_factory=set)
@@ -152,7 +153,7 @@ class Harness:
             events=manager.events,
         )
         ctx.ready.set()
-        server = ApiServer(ctx, "127.0.0.1", 0)
+        server = ApiServer(ctx, "127.0.0.1", 0, data_plane=self.data_plane)
         address = await server.start()
         client = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60))
         router = Router(manager, ctx, server, client, f"http://{address}")
@@ -172,9 +173,12 @@ class Harness:
             await router.manager.close()
 
 
-@pytest.fixture
-async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
-    h = Harness(tmp_path)
+@pytest.fixture(params=[True, False], ids=["dataplane", "aiohttp"])
+async def harness(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
+    """Each test runs against both paths a routed request can take: the data plane
+    (controller/api/dataplane.py, what serves them) and aiohttp's router (what serves the
+    requests the data plane leaves, e.g. chunked uploads)."""
+    h = Harness(tmp_path, data_plane=request.param)
     try:
         yield h
     finally:

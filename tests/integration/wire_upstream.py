@@ -53,6 +53,10 @@ async def answer(writer: asyncio.StreamWriter, reader: asyncio.StreamReader, req
     elif mode == "badhead":
         writer.write(b"THIS IS NOT HTTP\r\n\r\n")
         return False
+    elif mode == "badheader":  # a bare LF in a value: a header injected into the answer
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nX-Evil: a\nSet-Cookie: owned\r\nContent-Length: 0\r\n\r\n"
+        )
     elif mode == "cut-length":
         writer.write(_head("HTTP/1.1 200 OK", [json_type, "Content-Length: 100000"]))
         writer.write(b"x" * 10)
