@@ -39,6 +39,7 @@ IDLE_S: Final = 30.0  # an idle kept-alive upstream connection is closed after t
 _CONNECT_S: Final = 10.0  # connect timeout (no read timeout: a generation may take long)
 _HEAD_MAX: Final = 64 * 1024  # a response head larger than this is a broken upstream
 _POOL_MAX: Final = 256  # idle connections kept per upstream
+_JOIN_MAX: Final = 256 * 1024  # a request up to this size is written as one piece
 
 # Framing of a response body: none, Content-Length, chunked, to the end of the connection.
 NONE, LENGTH, CHUNKED, CLOSE = 0, 1, 2, 3
@@ -183,7 +184,10 @@ class Upstream(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         self._head, self._done = loop.create_future(), loop.create_future()
         self._sink, self._got = None, False
-        self.transport.writelines(request)
+        if sum(map(len, request)) <= _JOIN_MAX:
+            self.transport.write(b"".join(request))  # one segment, one send
+        else:
+            self.transport.writelines(request)  # a large body is not copied
         return self._head
 
     def attach(self, sink: Sink) -> asyncio.Future[None]:
