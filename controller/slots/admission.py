@@ -76,7 +76,7 @@ class Admission(Part):
         return decide_load(
             request,
             memory,
-            self.table.candidates() if evict else [],
+            self.table.candidates if evict else lambda: (),
             self.clock.monotonic(),
             min_resident_s=self.settings.min_resident_s,
         )
