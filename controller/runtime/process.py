@@ -10,7 +10,9 @@ recycled pid (same number, different start time) is never mistaken for ours.
 Processes are also *labelled* through their environment (``SLOTCTL_MANAGED``,
 ``SLOTCTL_SLOT``, ``SLOTCTL_OWNER``...), the process analogue of container labels: a
 server whose record was lost (controller killed between spawn and record) is still found
-and adopted. Nothing without our labels is ever signalled.
+and adopted: /proc is read in full at the runtime's first need and at each resync
+(``list_managed``), and the servers the runtime spawns are remembered, so a start is not
+a scan of every process. Nothing without our labels is ever signalled.
 """
 
 from __future__ import annotations
