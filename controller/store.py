@@ -236,10 +236,14 @@ class StateStore:
     def slot_dir(self, name: str) -> Path:
         return self._paths(name)[0]
 
-    def write_aux(self, name: str, filename: str, data: Mapping[str, Any]) -> None:
+    def write_aux(
+        self, name: str, filename: str, data: Mapping[str, Any], *, durable: bool = True
+    ) -> None:
+        """Atomically; ``durable`` as :func:`atomic_write_bytes` (a record that only a
+        crash of the controller must survive, and not one of the machine, need not be)."""
         path = self.slot_dir(name) / _aux_name(filename)
         try:
-            atomic_write_json(path, dict(data))
+            atomic_write_json(path, dict(data), durable=durable)
         except OSError as exc:
             raise StateWriteFailed(str(path), exc) from exc
 

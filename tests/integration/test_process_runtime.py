@@ -320,3 +320,25 @@ def test_strays_are_those_of_the_first_scan_and_of_each_full_scan(tmp_path: Path
     finally:
         early.kill()
         early.wait()
+
+
+async def test_the_process_record_is_atomic_but_not_fsynced(
+    runtime: ProcessRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """process.json must survive a crash of the controller (the page cache does), not one
+    of the machine (which ends its server too): it is replaced atomically, without the
+    two fsyncs of a durable write; state.json writes stay durable (tests/unit/test_store)."""
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    started = await runtime.start(demo_launch("norec"))
+    record = runtime.store.read_aux("norec", RECORD)
+    assert record is not None and str(record["pid"]) == started.ident
+    assert synced == []
+    runtime.store.write_aux("norec", "other.json", {"x": 1})  # the default stays durable
+    assert len(synced) == 2 and synced[1] == str(runtime.store.slot_dir("norec"))
