@@ -137,7 +137,9 @@ class ProcessRuntime:
         if observed is None or not observed.running:
             # No record, or the recorded server is gone: a live server may still carry
             # the slot's labels (a controller killed between a spawn and its record).
-            found = await asyncio.to_thread(self._scan, slot)
+            # Once /proc has been read, a look checks the few candidates: on the loop.
+            scan = self._scan
+            found = scan(slot) if self._scanned else await asyncio.to_thread(scan, slot)
             if found is None:
                 return observed or Observed(slot=slot, status=RunStatus.MISSING)
             record = self._record_from_labels(slot, found)
