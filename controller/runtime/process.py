@@ -354,8 +354,8 @@ class ProcessRuntime:
         return None
 
     def _scan_all(self) -> list[str]:
-        """Every slot with a labelled process of ours (a full scan of /proc); the group
-        leaders among them become :meth:`_scan`'s candidates."""
+        """Every slot with a labelled process of ours (a full scan of /proc); each such
+        process becomes a candidate of :meth:`_scan` (which keeps the group leaders)."""
         names = []
         for proc in _labelled_processes():
             labels = self._labels_of(proc)
