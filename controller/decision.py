@@ -23,7 +23,7 @@ through the router, an API or CLI load) may evict any eligible slot (SPEC §6).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Final, Literal
 
@@ -182,12 +182,16 @@ def _allowed(
 def decide_load(
     req: LoadRequest,
     memory: MemoryFacts,
-    candidates: Sequence[EvictionCandidate],
+    candidates: Callable[[], Sequence[EvictionCandidate]],
     now: float,
     *,
     min_resident_s: float = 0.0,
 ) -> LoadDecision:
-    """The verdict on one load now (see the module docstring for the order of checks)."""
+    """The verdict on one load now (see the module docstring for the order of checks).
+
+    ``candidates`` lists every slot as the eviction planner sees it; it is called only
+    when the load does not fit (building the list is O(slots), and most loads fit).
+    """
     if not req.activated:
         return LoadDecision("refuse", error=not_activated(req.slot))
     if not req.model_known:
@@ -204,7 +208,7 @@ def decide_load(
     admission = admission_of(req, memory)
     if admission.ok:
         return LoadDecision("load", admission=admission, peers=peers)
-    allowed = _allowed(req, candidates, now, min_resident_s)
+    allowed = _allowed(req, candidates(), now, min_resident_s)
     plan = plan_eviction(allowed, req.device, admission.shortfall, now, for_slot=req.slot)
     if not plan.sufficient:
         error = insufficient(req.slot, admission, plan, waiting=req.background)

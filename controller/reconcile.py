@@ -375,21 +375,26 @@ class Reconciler:
             details={"retry_in_s": delay},
         )
 
-    async def run(self, stop: asyncio.Event) -> None:
+    async def run(self, stop: asyncio.Event, *, read_first: bool = True) -> None:
         """Workers plus a periodic resync; also follows manager events (evictions, faults).
 
         A worker or the follower that ends (they never return) ends ``run`` with an error,
         so the daemon's supervisor reports it and restarts the reconciler whole.
+        ``read_first=False``: the caller has just read the config dir and queued every
+        slot, so the first resync (a read of every file) waits for the period.
         """
         workers = [asyncio.create_task(self._worker()) for _ in range(self.workers)]
         follower = asyncio.create_task(self._follow_events())
         room = asyncio.create_task(self._watch_room(stop))
         stopping = asyncio.create_task(stop.wait())
         try:
+            fresh = not read_first
             while not stop.is_set():
                 try:
-                    await self.refresh_async()
-                    self.enqueue_all()
+                    if not fresh:
+                        await self.refresh_async()
+                        self.enqueue_all()
+                    fresh = False
                     await self.reap_orphans()
                 except Exception:  # a failed resync (I/O, engine) is retried next period
                     log.exception("resync failed; retrying in %.0fs", self.resync_s)
@@ -465,7 +470,7 @@ class Reconciler:
         await self.refresh_async()
         self.enqueue_all()
         stop = asyncio.Event()
-        runner = asyncio.create_task(self.run(stop))
+        runner = asyncio.create_task(self.run(stop, read_first=False))
         deadline = time.monotonic() + timeout
         try:
             while time.monotonic() < deadline:

@@ -10,7 +10,9 @@ recycled pid (same number, different start time) is never mistaken for ours.
 Processes are also *labelled* through their environment (``SLOTCTL_MANAGED``,
 ``SLOTCTL_SLOT``, ``SLOTCTL_OWNER``...), the process analogue of container labels: a
 server whose record was lost (controller killed between spawn and record) is still found
-and adopted. Nothing without our labels is ever signalled.
+and adopted: /proc is read in full at the runtime's first need and at each resync
+(``list_managed``), and the servers the runtime spawns are remembered, so a start is not
+a scan of every process. Nothing without our labels is ever signalled.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import os
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
@@ -41,6 +44,11 @@ __all__ = ["ProcessRuntime"]
 log = logging.getLogger("slotctl.runtime")
 
 RECORD: Final = "process.json"
+# The record is written atomically but not fsynced: it must survive a crash of the
+# controller (the page cache does), not one of the machine, which ends the server it
+# describes too (a lost or older record then names a process that is gone; the pid's
+# start time rules out a recycled pid). It saves two fsyncs at every start.
+RECORD_DURABLE: Final = False
 LOG: Final = "server.log"
 ENV_MANAGED: Final = "SLOTCTL_MANAGED"
 ENV_SLOT: Final = "SLOTCTL_SLOT"
@@ -76,6 +84,11 @@ class ProcessRuntime:
         self.log_max_bytes = log_max_bytes
         self.log_backups = log_backups
         self.kill_grace_s = kill_grace_s
+        # The pids that may be a slot's labelled server (see _scan): what the last full
+        # scan of /proc found, plus every server this runtime spawned since.
+        self._candidates: dict[str, set[int]] = {}
+        self._scanned = False
+        self._candidates_lock = threading.Lock()  # scans and spawns run on worker threads
 
     # ------------------------------------------------------------------ protocol
 
@@ -124,12 +137,14 @@ class ProcessRuntime:
         if observed is None or not observed.running:
             # No record, or the recorded server is gone: a live server may still carry
             # the slot's labels (a controller killed between a spawn and its record).
-            found = await asyncio.to_thread(self._scan, slot)
+            # Once /proc has been read, a look checks the few candidates: on the loop.
+            scan = self._scan
+            found = scan(slot) if self._scanned else await asyncio.to_thread(scan, slot)
             if found is None:
                 return observed or Observed(slot=slot, status=RunStatus.MISSING)
             record = self._record_from_labels(slot, found)
             try:
-                self.store.write_aux(slot, RECORD, record)
+                self.store.write_aux(slot, RECORD, record, durable=RECORD_DURABLE)
             except StateWriteFailed as exc:  # disk full: observing must still work
                 log.warning("slot %s: cannot re-record its server: %s", slot, exc.message)
             observed = self._observe(slot, record)
@@ -218,6 +233,7 @@ class ProcessRuntime:
                     argv=list(launch.argv),
                 ) from exc
         _CHILDREN[popen.pid] = popen
+        self._remember(launch.slot, popen.pid)
         try:
             create_time = psutil.Process(popen.pid).create_time()
         except psutil.NoSuchProcess:
@@ -233,7 +249,7 @@ class ProcessRuntime:
             "stack": launch.stack,
         }
         try:
-            self.store.write_aux(launch.slot, RECORD, record)
+            self.store.write_aux(launch.slot, RECORD, record, durable=RECORD_DURABLE)
         except StateWriteFailed:
             # No record, no server: one that runs unrecorded (disk full) would outlive us.
             with contextlib.suppress(ProcessLookupError):
@@ -297,22 +313,57 @@ class ProcessRuntime:
         return env
 
     def _scan(self, slot: str) -> psutil.Process | None:
-        for proc in _labelled_processes(slot):
-            labels = self._labels_of(proc)
-            if labels is None or labels.get(ENV_SLOT) != slot:
-                continue
-            with contextlib.suppress(psutil.NoSuchProcess):
-                # The group leader is the server; children of it carry the same labels.
-                if os.getpgid(proc.pid) == proc.pid and not _is_zombie(proc):
-                    return proc
+        """The live server labelled as ``slot``'s (its process group leader), or None.
+
+        /proc is read in full once, at the first need, not at every start of a slot
+        without a record (that scan was O(processes) per load). A server without a record
+        can only come from before this runtime (a controller killed between its spawn and
+        its record): while a controller runs, it is the one that starts servers on its
+        state dir (``ControllerLock``), and every server started since is one this runtime
+        spawned, which it remembers. ``list_managed`` (each resync) scans in full again.
+        Every candidate is checked again (alive, labels, group leader) before it is used.
+        """
+        if not self._scanned:
+            self._scan_all()
+        with self._candidates_lock:
+            pids = sorted(self._candidates.get(slot, ()))
+        for pid in pids:
+            proc = self._leader(slot, pid)
+            if proc is not None:
+                return proc
+            with self._candidates_lock:  # gone, or a recycled pid
+                self._candidates.get(slot, set()).discard(pid)
+        return None
+
+    def _remember(self, slot: str, pid: int) -> None:
+        with self._candidates_lock:
+            self._candidates.setdefault(slot, set()).add(pid)
+
+    def _leader(self, slot: str, pid: int) -> psutil.Process | None:
+        try:
+            proc = psutil.Process(pid)
+        except psutil.Error:
+            return None
+        labels = self._labels_of(proc)
+        if labels is None or labels.get(ENV_SLOT) != slot:
+            return None
+        with contextlib.suppress(ProcessLookupError, psutil.NoSuchProcess):
+            # The group leader is the server; children of it carry the same labels.
+            if os.getpgid(proc.pid) == proc.pid and not _is_zombie(proc):
+                return proc
         return None
 
     def _scan_all(self) -> list[str]:
+        """Every slot with a labelled process of ours (a full scan of /proc); each such
+        process becomes a candidate of :meth:`_scan` (which keeps the group leaders)."""
         names = []
         for proc in _labelled_processes():
             labels = self._labels_of(proc)
-            if labels is not None and labels.get(ENV_SLOT):
-                names.append(labels[ENV_SLOT])
+            slot = labels.get(ENV_SLOT) if labels is not None else None
+            if slot:
+                names.append(slot)
+                self._remember(slot, proc.pid)
+        self._scanned = True
         return names
 
     def _record_from_labels(self, slot: str, proc: psutil.Process) -> dict[str, Any]:
@@ -445,20 +496,15 @@ _PROC: Final = Path("/proc")
 _MANAGED_ENTRY: Final = f"\0{ENV_MANAGED}=true\0".encode()
 
 
-def _labelled_processes(slot: str | None = None) -> Iterator[psutil.Process]:
-    """The processes that may carry slotctl labels (of ``slot``, when given): on Linux those
-    whose initial environment (``/proc/PID/environ``, one raw read each) has
-    ``SLOTCTL_MANAGED=true`` (and ``SLOTCTL_SLOT=slot``); the caller still checks every
-    label through psutil. A scan runs at each start of a slot without a record; through
-    psutil alone it parsed every process's environment, ~2 ms of CPU at 80 processes and
-    ~5 ms with 50 other managed servers running; the pre-filter costs ~0.3 ms.
-    Elsewhere: every process."""
+def _labelled_processes() -> Iterator[psutil.Process]:
+    """The processes that may carry slotctl labels: on Linux those whose initial
+    environment (``/proc/PID/environ``, one raw read each) has ``SLOTCTL_MANAGED=true``;
+    the caller still checks every label through psutil. Through psutil alone a scan
+    parsed every process's environment (~2 ms of CPU at 80 processes); the pre-filter
+    costs ~0.3 ms. Elsewhere: every process."""
     if not _PROC.is_dir():
         yield from psutil.process_iter()
         return
-    wanted = [_MANAGED_ENTRY]
-    if slot is not None:
-        wanted.append(b"\0" + os.fsencode(f"{ENV_SLOT}={slot}") + b"\0")
     # os.listdir, not Path.iterdir: a Path per process doubled the scan's CPU (130 processes:
     # 0.8 ms against 1.5 ms); a list, not scandir: a scan that stops early leaves nothing open.
     for name in os.listdir(_PROC):  # noqa: PTH208
@@ -467,7 +513,7 @@ def _labelled_processes(slot: str | None = None) -> Iterator[psutil.Process]:
         try:
             with open(f"/proc/{name}/environ", "rb") as env:
                 raw = b"\0" + env.read()
-            if all(entry in raw for entry in wanted):
+            if _MANAGED_ENTRY in raw:
                 yield psutil.Process(int(name))
         except (OSError, psutil.Error):  # gone, or not ours to read: not a candidate
             continue

@@ -41,7 +41,7 @@ class Admission(Part):
     def decide(self, slot: SlotRecord, *, background: bool, evict: bool = True) -> LoadDecision:
         """The one load decision (:func:`controller.decision.decide_load`) on live state."""
         device = slot.where  # the device, or NODE/DEVICE on a cluster
-        admitted = self.table.admitted_bytes(device)
+        admitted, reserved = self.table.device_bytes(device, slot)
         if slot.state in ADMITTED_STATES:
             admitted -= slot.memory_bytes
         peers = tuple(
@@ -71,12 +71,12 @@ class Admission(Part):
             sample=self.memory.sample(device),
             budget=int(budget_gb * GIB) if budget_gb is not None else None,
             margin=int(self.settings.safety_margin_gb * GIB),
-            reserved=self.table.reserved_bytes(device, slot),
+            reserved=reserved,
         )
         return decide_load(
             request,
             memory,
-            self.table.candidates() if evict else [],
+            self.table.candidates if evict else lambda: (),
             self.clock.monotonic(),
             min_resident_s=self.settings.min_resident_s,
         )

@@ -144,6 +144,20 @@ class SlotTable:
             if s is not requester and s.where == device and s.state in LOADING_STATES
         )
 
+    def device_bytes(self, device: str, requester: SlotRecord | None = None) -> tuple[int, int]:
+        """(:meth:`admitted_bytes`, :meth:`reserved_bytes`) in one pass: admission asks for
+        both at every decision."""
+        admitted = reserved = 0
+        for s in self.records.values():
+            state = s.state
+            if state not in ADMITTED_STATES or s.where != device:
+                continue
+            size = s.memory_bytes
+            admitted += size
+            if state in LOADING_STATES and s is not requester:
+                reserved += size
+        return admitted, reserved
+
     def resident_bytes(self, device: str) -> int:
         """Bytes of the servers that are up on ``device`` (what a memory probe can see)."""
         return self.admitted_bytes(device) - self.reserved_bytes(device)

@@ -153,3 +153,51 @@ async def test_a_closed_prober_opens_no_new_session() -> None:
     assert alive.outcome is ProbeOutcome.READY and "closed" in alive.message
     assert prober._session is None
     assert len(heads) == 1  # only the probe before the close reached the server
+
+
+async def test_the_sentinel_goes_over_the_same_plain_client_with_its_json_body() -> None:
+    """The sentinel (the last request of a load) is sent as the models list is: plain
+    HTTP/1.1 with its JSON body; a 2xx is ready, anything else still warming."""
+    from controller.probe import SentinelRequest
+
+    requests: list[tuple[bytes, bytes]] = []
+    sentinel_status = ["503 Service Unavailable"]
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = 0
+        for line in head.decode("latin-1").split("\r\n"):
+            name, _, value = line.partition(":")
+            if name.lower() == "content-length":
+                length = int(value)
+        body = await reader.readexactly(length)
+        requests.append((head, body))
+        if head.startswith(b"GET /v1/models "):
+            writer.write(reply("200 OK", MODELS, f"Content-Length: {len(MODELS)}"))
+        else:
+            writer.write(reply(sentinel_status[0], b'{"ok": 1}', "Content-Length: 9"))
+        await writer.drain()
+        writer.close()
+
+    srv = await asyncio.start_server(handle, "127.0.0.1", 0)
+    endpoint = f"http://127.0.0.1:{srv.sockets[0].getsockname()[1]}"
+    body = {"model": "m1", "prompt": "é", "max_tokens": 1}
+    spec = ProbeSpec(sentinel=SentinelRequest("POST", "/v1/completions", body))
+    prober = HttpProber()
+    try:
+        warming = await prober.probe(endpoint, spec, slot="s")
+        sentinel_status[0] = "200 OK"
+        ready = await prober.probe(endpoint, spec, slot="s")
+    finally:
+        await prober.close()
+        srv.close()
+        await srv.wait_closed()
+    assert warming.outcome is ProbeOutcome.STILL_WARMING
+    assert warming.message == "sentinel /v1/completions: HTTP 503"
+    assert ready.outcome is ProbeOutcome.READY and ready.models == ("m1", "m2")
+    assert ready.message == "/v1/completions answered"
+    head, sent = requests[-1]
+    assert head.startswith(b"POST /v1/completions HTTP/1.1\r\n")
+    assert b"User-Agent: slotctl-probe\r\n" in head
+    assert b"Content-Type: application/json\r\n" in head
+    assert json.loads(sent) == body

@@ -258,3 +258,87 @@ def test_label_scan_finds_the_managed_entry_anywhere_and_skips_lookalikes(
         for proc in procs.values():
             proc.kill()
             proc.wait()
+
+
+async def test_a_lost_record_is_found_without_rescanning_proc(runtime: ProcessRuntime) -> None:
+    """/proc is scanned in full once, at the first need; a server this runtime spawned
+    since is remembered: its record lost (by hand), the same runtime still finds it by
+    its labels and records it again, never starting a duplicate."""
+    launch = demo_launch("keep")
+    first = await runtime.start(launch)
+    runtime.store.delete_aux("keep", RECORD)
+    seen = await runtime.inspect("keep")
+    assert seen.running and seen.ident == first.ident
+    assert runtime.store.read_aux("keep", RECORD) is not None  # recorded again
+    runtime.store.delete_aux("keep", RECORD)
+    again = await runtime.start(launch)  # adopts it: no second server
+    assert again.ident == first.ident
+    assert _labelled(runtime.owner, "keep") == [int(first.ident or 0)]
+    stopped = await runtime.stop("keep", timeout=5)
+    assert stopped.status is RunStatus.EXITED
+    assert (await runtime.inspect("keep")).status is RunStatus.MISSING
+
+
+def test_strays_are_those_of_the_first_scan_and_of_each_full_scan(tmp_path: Path) -> None:
+    """An unrecorded server comes from before the runtime (a controller killed between a
+    spawn and its record): the first look scans /proc once; later looks check only what
+    that scan (or a spawn of this runtime) found. A labelled process that appears later
+    (another controller on the same state dir, which ControllerLock rules out) is seen
+    at the next full scan (``list_managed``, each resync). A candidate that has exited, or
+    whose pid now carries other labels, is dropped."""
+    rt = ProcessRuntime(tmp_path / "state")
+
+    def stray(slot: str) -> subprocess.Popen[bytes]:
+        env = {
+            "SLOTCTL_MANAGED": "true",
+            "SLOTCTL_OWNER": rt.owner,
+            "SLOTCTL_SLOT": slot,
+            "SLOTCTL_PORT": "1",
+        }
+        return subprocess.Popen(
+            [sys.executable, "-c", "import time; time.sleep(60)"], env=env, start_new_session=True
+        )
+
+    early = stray("early")
+    try:
+        found = rt._scan("early")  # the first look: a full scan
+        assert found is not None and found.pid == early.pid
+        late = stray("late")
+        try:
+            assert rt._scan("late") is None  # not rescanned at every look
+            assert "late" in rt._scan_all()  # the resync's full scan
+            found = rt._scan("late")
+            assert found is not None and found.pid == late.pid
+        finally:
+            late.kill()
+            late.wait()
+        assert rt._scan("late") is None  # exited: dropped
+        assert rt._candidates["late"] == set()
+        rt._remember("early", late.pid)  # a candidate pid that is no "early" server
+        found = rt._scan("early")
+        assert found is not None and found.pid == early.pid
+    finally:
+        early.kill()
+        early.wait()
+
+
+async def test_the_process_record_is_atomic_but_not_fsynced(
+    runtime: ProcessRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """process.json must survive a crash of the controller (the page cache does), not one
+    of the machine (which ends its server too): it is replaced atomically, without the
+    two fsyncs of a durable write; state.json writes stay durable (tests/unit/test_store)."""
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    started = await runtime.start(demo_launch("norec"))
+    record = runtime.store.read_aux("norec", RECORD)
+    assert record is not None and str(record["pid"]) == started.ident
+    assert synced == []
+    runtime.store.write_aux("norec", "other.json", {"x": 1})  # the default stays durable
+    assert len(synced) == 2 and synced[1] == str(runtime.store.slot_dir("norec"))

@@ -238,3 +238,39 @@ def test_plan_property(candidates: list[EvictionCandidate], need: int) -> None:
     assert plan.freed_bytes >= need
     for c in chosen:  # fewest: no single victim is superfluous
         assert plan.freed_bytes - c.bytes < need, (c.name, plan)
+
+
+def test_load_decision_lists_candidates_only_when_the_load_does_not_fit() -> None:
+    # decide_load takes the candidate list as a callable: a load that fits never builds
+    # it (O(slots) at every load); one that does not fit evicts from it as before.
+    from controller.breaker import Breaker
+    from controller.decision import LoadRequest, MemoryFacts, decide_load
+    from controller.memory import DeviceMemory
+
+    asked: list[int] = []
+
+    def candidates() -> list[EvictionCandidate]:
+        asked.append(1)
+        return [cand("old", 4, priority=10, last_used=NOW - 600)]
+
+    def decide(needed_gb: float) -> Any:
+        request = LoadRequest(
+            slot="new",
+            device="gpu",
+            priority=50,
+            needed=int(needed_gb * G),
+            activated=True,
+            model_id="m",
+            model_known=True,
+            breaker=Breaker(),
+            max_failures=3,
+        )
+        sample = DeviceMemory("gpu", total_bytes=8 * G, free_bytes=2 * G, source="fake")
+        memory = MemoryFacts(admitted=4 * G, sample=sample, budget=None, margin=0)
+        return decide_load(request, memory, candidates, NOW)
+
+    fits = decide(1)
+    assert fits.verdict == "load" and asked == []
+    tight = decide(5)
+    assert tight.verdict == "evict-then-load" and names(tight.victims) == ["old"]
+    assert asked == [1]

@@ -159,6 +159,64 @@ def test_toml_redefinitions_are_syntax_errors_not_crashes(
     assert (problem.file, problem.line) == (file, line)
 
 
+_EVERY_KIND = """\
+# a comment
+[stack]
+name = "kinds"  # trailing comment
+[[model]]
+id = "m"
+source = 'hf://org/repo/file.gguf'
+memory_gb = 1.5e0
+[[slot]]
+name = "a"
+port = 0x1F90
+model = { default = "m", "alias" = "x" }
+when = 1979-05-27T07:32:00-08:00
+day = 1979-05-27
+at = 07:32:00
+local = 1979-05-27T07:32:00.999
+big = 1_000_000
+neg = -inf
+flags = [true, false]
+nested = [[1, 2], ["a"]]
+text = \"\"\"
+two \\
+  lines\"\"\"
+raw = \'\'\'C:\\no\\escape\'\'\'
+esc = "tab\\tquote\\"\\u00e9"
+[slot.server.env]
+"KEY.WITH.DOTS" = "1"
+"""
+
+
+def test_toml_fast_path_reads_what_tomlkit_reads() -> None:
+    # parse_toml_text parses with tomllib first (cheaper); the data must be what
+    # tomlkit gave for every kind of TOML value and key.
+    import tomlkit
+
+    from controller.spec.loader import parse_toml_text
+
+    data, index, problems = parse_toml_text(_EVERY_KIND, "kinds.toml")
+    assert problems == [] and index is not None
+    assert data == tomlkit.parse(_EVERY_KIND).unwrap()
+    assert data["slot"][0]["text"] == "two lines"
+    assert index.line_of(("slot", 0, "port")) == 10
+
+
+def test_toml_syntax_error_reads_as_tomlkit_says_it() -> None:
+    # What tomllib refuses goes through tomlkit: the message is tomlkit's, as before.
+    import tomlkit
+
+    from controller.spec.loader import parse_toml_text
+
+    text = HEAD + "[[slot]]\nname = = 1\n"
+    data, _, problems = parse_toml_text(text, "bad.toml")
+    assert data is None and len(problems) == 1
+    with pytest.raises(tomlkit.exceptions.TOMLKitError) as raised:
+        tomlkit.parse(text)
+    assert problems[0].message == f"TOML syntax error: {raised.value}"
+
+
 def test_unreadable_and_missing_paths(tmp_path: Path) -> None:
     (tmp_path / "bad.toml").write_bytes(b'[stack]\nname = "\xff"\n')
     (tmp_path / "empty").mkdir()

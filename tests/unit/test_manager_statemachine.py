@@ -480,8 +480,15 @@ class ManagerMachine(RuleBasedStateMachine):
                 self.violations.append(f"exclusive group {group} {where}: {members}")
 
     def _check_budget(self, where: str) -> None:
+        table = self.m.core.table
         for device, budget in BUDGET.items():
             admitted = self.m.admitted_bytes(device)
+            # admission's one-pass sums are the two separate ones, for every requester
+            for requester in (None, *table.records.values()):
+                both = table.device_bytes(device, requester)
+                alone = (admitted, table.reserved_bytes(device, requester))
+                if both != alone:
+                    self.violations.append(f"{device} {where}: device_bytes {both} != {alone}")
             if admitted > budget:
                 self.violations.append(
                     f"{device} {where}: admitted {admitted / GIB:g} GiB > {budget / GIB:g} GiB"

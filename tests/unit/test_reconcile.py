@@ -42,7 +42,7 @@ from controller.reconcile import (
 )
 from controller.runtime.fake import FakeRuntime
 from controller.slots import ManagerConfig
-from controller.spec.configdir import read_config_dir
+from controller.spec.configdir import ConfigSnapshot, read_config_dir
 from controller.spec.loader import DesiredSlot, DesiredState
 from controller.spec.schema import ModelSpec, SlotSpec
 from tests.unit.manager_fixtures import Harness, model_spec, slot_spec
@@ -625,6 +625,30 @@ async def test_orphans_are_reaped(tmp_path: Path) -> None:
     assert seen == ["ghost"]
     assert sorted(h.runtime.objects) == ["auto-a", "auto-b"]  # declared ones untouched
     assert await r.reap_orphans() == []
+
+
+async def test_converge_reads_the_config_dir_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``apply --once`` reads every slot file once: the loop it starts takes the read it
+    has just made (its own first resync used to read them all again); orphans are still
+    reaped at that first resync (test_orphans_are_reaped)."""
+    import controller.reconcile as reconcile_module
+
+    h = harness(tmp_path)
+    r = reconciler(h, quad())
+    reads: list[Path] = []
+    real = reconcile_module.read_config_dir
+
+    def counted(config_dir: Path) -> ConfigSnapshot:
+        reads.append(config_dir)
+        return real(config_dir)
+
+    monkeypatch.setattr(reconcile_module, "read_config_dir", counted)
+    assert await r.converge(timeout=10, poll_s=0.01)
+    await h.manager.close()
+    assert reads == [h.tmp / "config"]
+    assert states(h)["auto-a"] is S.READY
 
 
 async def test_an_invalid_hand_edit_keeps_the_last_good_slot(tmp_path: Path) -> None:

@@ -59,6 +59,60 @@ def test_atomic_write_bytes_mode_and_replace(tmp_path: Path) -> None:
     assert _entries(tmp_path) == ["secret"]
 
 
+def test_a_temp_file_left_by_a_killed_writer_is_reused_with_the_right_mode(
+    tmp_path: Path,
+) -> None:
+    # The temp name is per process and thread: a writer killed between its temp write
+    # and its rename (a pid reused later) leaves one that the next write truncates,
+    # with the mode set again, and renames; nothing of the old content survives.
+    import threading
+
+    target = tmp_path / "token"
+    stale = tmp_path / f".token.{os.getpid()}.{threading.get_ident()}.tmp"
+    stale.write_bytes(b"x" * 10_000)
+    stale.chmod(0o666)
+    atomic_write_bytes(target, b"secret\n", mode=0o600)
+    assert target.read_bytes() == b"secret\n"
+    assert _mode(target) == 0o600
+    assert _entries(tmp_path) == ["token"]
+
+
+def test_a_symlink_in_place_of_the_temp_file_is_not_followed(tmp_path: Path) -> None:
+    import threading
+
+    outside = tmp_path / "outside"
+    outside.write_bytes(b"keep")
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / f".s.json.{os.getpid()}.{threading.get_ident()}.tmp").symlink_to(outside)
+    with pytest.raises(OSError):
+        atomic_write_bytes(state / "s.json", b"data")
+    assert outside.read_bytes() == b"keep"
+    assert not (state / "s.json").exists()
+
+
+def test_threads_writing_one_file_at_once_never_tear_it(tmp_path: Path) -> None:
+    # Each thread has a temp file of its own: concurrent writers of one path (the lag
+    # writer and the loop are serialised by the table, the aux records are not) leave
+    # one whole payload and no temp file.
+    import threading
+
+    target = tmp_path / "state.json"
+    payloads = [json.dumps({"t": t, "pad": "x" * (t * 5_000)}).encode() for t in range(4)]
+
+    def writer(data: bytes) -> None:
+        for _ in range(50):
+            atomic_write_bytes(target, data, durable=False)
+
+    threads = [threading.Thread(target=writer, args=(p,)) for p in payloads]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert target.read_bytes() in payloads
+    assert _entries(tmp_path) == ["state.json"]
+
+
 def test_atomic_write_creates_parents(tmp_path: Path) -> None:
     target = tmp_path / "a" / "b" / "c.json"
     atomic_write_json(target, {"x": 1})
