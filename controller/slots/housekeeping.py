@@ -163,7 +163,7 @@ class Housekeeping(Part):
         next_tick = 0.0
         while not stop.is_set():
             try:
-                self.table.flush_unpersisted()
+                self.table.retry_unpersisted()
                 if self.clock.monotonic() >= next_tick:
                     await self.tick()
                     next_tick = self.clock.monotonic() + self.config.tick_interval_s

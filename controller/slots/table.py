@@ -353,10 +353,24 @@ class SlotTable:
         )
         slot.waiting, slot.message = waiting, message
 
+    def retry_unpersisted(self) -> None:
+        """Housekeeping, each interval: write, on the loop, the lease states the disk
+        refused; the others too when no lag writer runs, but not those a running lag
+        writer is about to write in its thread (a write on the loop per interval, before,
+        under steady traffic)."""
+        writer = self._writer
+        if writer is None or writer.done():
+            self.flush_unpersisted()
+        elif self._refused & self.unpersisted:
+            self._flush(sorted(self._refused & self.unpersisted))
+
     def flush_unpersisted(self) -> None:
-        """Write the state of every slot whose state.json lags memory, now (housekeeping
-        retries refused lease writes with it; ``close`` ends with it)."""
-        for name in sorted(self.unpersisted):
+        """Write the state of every slot whose state.json lags memory, now (``close``
+        ends with it; housekeeping through :meth:`retry_unpersisted`)."""
+        self._flush(sorted(self.unpersisted))
+
+    def _flush(self, names: list[str]) -> None:
+        for name in names:
             slot = self.records.get(name)
             if slot is None:
                 self.unpersisted.discard(name)

@@ -182,7 +182,7 @@ async def test_a_refused_lag_write_is_reported_once_and_retried(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A full disk: the flip still serves (memory), one error event, housekeeping's
-    ``flush_unpersisted`` writes it once the disk takes writes again."""
+    ``retry_unpersisted`` writes it once the disk takes writes again."""
     import errno
 
     import controller.store as store_module
@@ -206,8 +206,36 @@ async def test_a_refused_lag_write_is_reported_once_and_retried(
     assert m.view("a").state is S.READY and "a" in m.core.table.unpersisted
     assert len(errors) == 1 and errors[0].error == "state.write_failed"
     full.clear()
-    m.core.table.flush_unpersisted()
+    m.core.table.retry_unpersisted()
     assert on_disk(m, "a") is S.READY and not m.core.table.unpersisted
+
+
+async def test_housekeeping_leaves_a_pending_flip_to_the_lag_writer(tmp_path: Path) -> None:
+    """Each housekeeping interval retries lagging writes on the loop; one the running lag
+    writer is about to write stays its (a write on the loop per interval, before)."""
+    _h, m = await loaded(tmp_path, "a", "b")
+    log = WriteLog(m, slow_in_thread_s=0.3)
+    table = m.core.table
+    lease = await m.acquire("a")
+    await until(lambda: log.in_thread.is_set(), "the lag writer's thread")
+    m.release(lease)  # pending again, while the writer's thread sleeps
+    table.retry_unpersisted()
+    assert not [w for w in log.writes if w[2]], "housekeeping wrote a pending flip on the loop"
+    await until(lambda: not table.unpersisted, "the lag writer to finish")
+    assert on_disk(m, "a") is S.READY
+    # A refused one is still retried on the loop while the writer runs for another.
+    table.unpersisted.add("b")
+    table._refused.add("b")
+    lease = await m.acquire("a")
+    table.retry_unpersisted()
+    assert ("b", S.READY, True) in log.writes and "b" not in table.unpersisted
+    m.release(lease)
+    await until(lambda: not table.unpersisted, "the lag writer to finish")
+    # With no lag writer running, everything lagging is written at once (the safety net).
+    await until(lambda: table._writer is None or table._writer.done(), "the writer to end")
+    table.unpersisted.add("a")
+    table.retry_unpersisted()
+    assert ("a", S.READY, True) in log.writes and not table.unpersisted
 
 
 async def test_only_the_lease_flip_may_lag(tmp_path: Path) -> None:
