@@ -46,6 +46,7 @@ NONE, LENGTH, CHUNKED, CLOSE = 0, 1, 2, 3
 _NONE, _LENGTH, _CHUNKED, _CLOSE = NONE, LENGTH, CHUNKED, CLOSE
 _TOKEN: Final = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # a header name
 _BAD: Final = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")  # not in a header value
+_HEX: Final = re.compile(rb"[0-9A-Fa-f]{1,15}")  # a chunk size (int() also takes -, _, 0x)
 # States of the chunked decoder.
 _SIZE, _DATA, _DATA_END, _TRAILER = 0, 1, 2, 3
 
@@ -329,11 +330,11 @@ class Upstream(asyncio.Protocol):
             line = bytes(buffer[at:end])
             at = end + 2
             if state == _SIZE:
-                try:
-                    self._chunk_left = int(line.split(b";", 1)[0].strip(), 16)
-                except ValueError:
+                size_field = line.split(b";", 1)[0].strip(b" \t")
+                if not _HEX.fullmatch(size_field):
                     self._broken("a malformed chunk size")
                     return
+                self._chunk_left = int(size_field, 16)
                 self._chunk_state = _DATA if self._chunk_left else _TRAILER
             elif state == _DATA_END:
                 if line:

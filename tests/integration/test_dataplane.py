@@ -351,6 +351,19 @@ async def test_a_broken_upstream_is_502_or_a_cut_answer(harness: Harness) -> Non
     await wait_for(lambda: r.manager.view("wire").state is S.READY)  # the leases ended
 
 
+@pytest.mark.timeout(30)
+async def test_a_malformed_chunk_size_is_502_and_never_hangs_the_loop(harness: Harness) -> None:
+    """A negative chunk size ("-6", which int(..., 16) takes) once sent the de-chunker
+    back over the bytes it had read, for ever: the controller's loop hung."""
+    r = await start_wire(harness)
+    async with wire(r) as c:
+        c.send(post("/v1/completions", ask("negchunk")))
+        answer = await c.answer()
+        assert answer.status == 502, answer
+        assert json.loads(answer.body)["error"]["code"] == "upstream.failed"
+    await wait_for(lambda: r.manager.view("wire").state is S.READY)  # the lease ended
+
+
 async def test_a_slow_client_pauses_the_upstream(harness: Harness) -> None:
     """Flow control end to end: a client that reads nothing holds the upstream back
     (socket buffers, not the controller's memory); when it leaves, the upstream

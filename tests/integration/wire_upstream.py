@@ -69,6 +69,10 @@ async def answer(writer: asyncio.StreamWriter, reader: asyncio.StreamReader, req
         await writer.drain()
         await asyncio.sleep(0.05)
         return False
+    elif mode == "negchunk":  # a negative chunk size (int(..., 16) takes "-6")
+        head = _head("HTTP/1.1 200 OK", [json_type, "Transfer-Encoding: chunked"])
+        writer.write(head + b"1\r\na\r\n-6\r\nzzzzzz\r\n0\r\n\r\n")  # one read
+        return False
     elif mode == "drop-idle":  # kept alive, then closed while idle
         writer.write(_head("HTTP/1.1 200 OK", [json_type, f"Content-Length: {len(payload)}"]))
         writer.write(payload)
