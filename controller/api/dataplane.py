@@ -73,6 +73,7 @@ _WATCH_S: Final = 0.1  # how often a request's lease is looked at
 _HEAD_MAX: Final = 64 * 1024  # a longer head goes to aiohttp (which refuses it)
 _LINE_MAX: Final = 8190  # aiohttp's own line limit: a longer line goes to aiohttp
 _PIPELINE_MAX: Final = 1024 * 1024  # read ahead while a request is served, then pause
+_DIGITS_MAX: Final = 18  # a longer Content-Length goes to aiohttp (which refuses it)
 
 _JSON_PATHS: Final = frozenset((b"/v1/chat/completions", b"/v1/completions", b"/v1/embeddings"))
 _AUDIO: Final = b"/v1/audio/"
@@ -134,8 +135,12 @@ def parse_head(raw: bytes) -> RequestHead | None:
             return None
         lower = name.lower()
         if lower == b"content-length":
-            if not value.isdigit() or (length is not None and int(value) != length):
-                return None
+            if (
+                not value.isdigit()
+                or len(value) > _DIGITS_MAX  # int() refuses 4300 digits and more
+                or (length is not None and int(value) != length)
+            ):
+                return None  # aiohttp refuses it
             length = int(value)
             continue
         if lower in (b"transfer-encoding", b"upgrade"):

@@ -256,7 +256,11 @@ class Upstream(asyncio.Protocol):
                 return
             lower = name.lower()
             if lower == b"content-length":
-                if not value.isdigit() or (length is not None and int(value) != length):
+                if (
+                    not value.isdigit()
+                    or len(value) > 18  # int() refuses 4300 digits and more
+                    or (length is not None and int(value) != length)
+                ):
                     self._fail_head("a malformed Content-Length")
                     return
                 length = int(value)

@@ -251,6 +251,25 @@ async def test_a_body_over_the_limit_is_413_unread_and_the_connection_closed(
     assert r.manager.view("wire").state is S.OFFLINE  # no lease, no load
 
 
+async def test_a_content_length_too_long_to_convert_is_refused_not_a_crash(
+    harness: Harness,
+) -> None:
+    """Content-Length of 5000 digits: int() refuses it (Python's 4300-digit limit), which
+    raised in data_received and reset the connection with no answer (and a traceback)."""
+    r = await start_wire(harness)
+    async with wire(r) as c:
+        c.send(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+            + TOKEN.encode()
+            + b"\r\nContent-Length: "
+            + b"9" * 5000
+            + b"\r\n\r\n{}"
+        )
+        answer = await c.answer()
+        assert answer.status in (400, 413), answer
+        assert await c.closed()
+
+
 async def test_requests_the_data_plane_leaves_are_served_by_aiohttp(harness: Harness) -> None:
     r = await start_wire(harness)
     async with wire(r) as c:  # a chunked upload: aiohttp's router serves it
@@ -332,11 +351,14 @@ async def test_a_pooled_connection_closed_while_idle_is_replaced(harness: Harnes
 async def test_a_broken_upstream_is_502_or_a_cut_answer(harness: Harness) -> None:
     r = await start_wire(harness)
     async with wire(r) as c:
-        for mode in ("badhead", "badheader"):
+        for mode in ("badhead", "badheader", "hugelength"):
             c.send(post("/v1/completions", ask(mode)))
             answer = await c.answer()
             assert answer.status == 502, answer
-            assert json.loads(answer.body)["error"]["code"] == "upstream.failed"
+            error = json.loads(answer.body)["error"]
+            assert error["code"] == "upstream.failed"
+            if mode == "hugelength":  # refused as such, not a crash of data_received
+                assert error["message"].endswith("a malformed Content-Length"), error
         c.send(post("/v1/completions", ask("cut-sse")))  # in-band: the stream's last event
         answer = await c.answer()
         events = [e for e in answer.body.split(b"\n\n") if e]

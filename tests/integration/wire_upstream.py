@@ -57,6 +57,9 @@ async def answer(writer: asyncio.StreamWriter, reader: asyncio.StreamReader, req
         writer.write(
             b"HTTP/1.1 200 OK\r\nX-Evil: a\nSet-Cookie: owned\r\nContent-Length: 0\r\n\r\n"
         )
+    elif mode == "hugelength":  # a Content-Length int() refuses (4300 digits and more)
+        writer.write(_head("HTTP/1.1 200 OK", ["Content-Length: " + "9" * 5000]))
+        return False
     elif mode == "cut-length":
         writer.write(_head("HTTP/1.1 200 OK", [json_type, "Content-Length: 100000"]))
         writer.write(b"x" * 10)
