@@ -369,19 +369,25 @@ class _Front(asyncio.Protocol):
             if head is None:
                 self._hand_over()
                 return
+            refusal = None
             if self.plane.closing:
                 refusal = Refusal(
                     503, "the router is shutting down", code="slot.not_ready", retry_after_s=1
                 )
-                transport.write(_refusal_answer(refusal, close=True))
-                transport.close()
-                return
-            if head.length > head.limit:
+            elif head.length > head.limit:
+                if not _authorized(head.authorization, self.plane.ctx.token):
+                    head.close = True  # as aiohttp's: the token first, no body read
+                    self._unauthorized(head)
+                    transport.close()
+                    return
                 refusal = Refusal(
                     413, f"request body exceeds {head.limit} bytes", code="request_too_large"
                 )
+            if refusal is not None:
                 transport.write(_refusal_answer(refusal, close=True))
                 transport.close()  # the body is never read
+                call = Call(started=self.active, status=refusal.status)
+                record_call(self.plane.ctx, call)  # as aiohttp's router records them
                 return
             self.head, self.head_end = head, end + 4
             if head.expect and len(buffer) < end + 4 + head.length:

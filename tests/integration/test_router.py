@@ -738,7 +738,18 @@ async def test_requests_are_recorded_in_metrics(harness: Harness) -> None:
         assert resp.status == 200
     async with r.post("/v1/chat/completions", chat("nope")) as resp:
         assert resp.status == 404
-    assert [(s, m, st) for s, m, st, _ in calls] == [("chat", "m-chat", 200), ("", "", 404)]
+    big = io.BytesIO(b'{"model": "m-chat", "pad": "' + b"p" * (8 * 1024 * 1024) + b'"}')
+    async with r.post("/v1/chat/completions", data=big) as resp:
+        assert resp.status == 413
+    assert [(s, m, st) for s, m, st, _ in calls] == [
+        ("chat", "m-chat", 200),
+        ("", "", 404),
+        ("", "", 413),  # the data plane's, refused from the head alone, too
+    ]
+    big.seek(0)  # without the token: 401 first (no router metrics), as for any request
+    async with r.client.post(r.url("/v1/chat/completions"), data=big) as resp:
+        assert resp.status == 401
+    assert len(calls) == 3
     assert all(seconds >= 0 for *_, seconds in calls)
 
 
