@@ -81,6 +81,7 @@ _AUDIO_TAIL: Final = re.compile(rb"[A-Za-z0-9_-]+(?:/[A-Za-z0-9_-]+)*")  # as th
 _TARGET: Final = re.compile(rb"[\x21-\x7e]+")
 _TOKEN: Final = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _BAD_VALUE: Final = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
+_BARE_LF: Final = re.compile(rb"(?<!\r)\n")
 _REQUEST_DROP: Final = frozenset(h.encode() for h in REQUEST_DROP)
 # The upstream's Date passes (aiohttp, which adds its own, drops it); its Server does not.
 _RESPONSE_DROP: Final = frozenset(h.encode() for h in RESPONSE_DROP) - {b"date"}
@@ -362,8 +363,8 @@ class _Front(asyncio.Protocol):
         if head is None:
             end = buffer.find(b"\r\n\r\n")
             if end < 0:
-                if len(buffer) > _HEAD_MAX:
-                    self._hand_over()
+                if len(buffer) > _HEAD_MAX or _BARE_LF.search(buffer):
+                    self._hand_over()  # a bare LF never ends in CRLFCRLF: aiohttp's 400
                 return
             head = parse_head(bytes(buffer[:end]))
             if head is None:

@@ -290,6 +290,9 @@ async def test_requests_the_data_plane_leaves_are_served_by_aiohttp(harness: Har
             b"Broken header\r\n\r\n{}"
         )
         assert (await c.answer()).status == 400
+    async with wire(r) as c:  # bare LFs: aiohttp's 400 at once (the head never ends in CRLF)
+        c.send(b"POST /v1/chat/completions HTTP/1.1\nHost: x\nContent-Length: 2\n\n{}")
+        assert (await c.answer()).status == 400
     async with wire(r) as c:  # no token: the data plane's 401 in OpenAI's shape
         c.send(post("/v1/embeddings", ask("length"), token="nope\xff"))
         answer = await c.answer()
