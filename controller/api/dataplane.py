@@ -73,6 +73,7 @@ _WATCH_S: Final = 0.1  # how often a request's lease is looked at
 _HEAD_MAX: Final = 64 * 1024  # a longer head goes to aiohttp (which refuses it)
 _LINE_MAX: Final = 8190  # aiohttp's own line limit: a longer line goes to aiohttp
 _PIPELINE_MAX: Final = 1024 * 1024  # read ahead while a request is served, then pause
+_LINGER_S: Final = 10.0  # a refused body is read (and dropped) this long at most, as aiohttp
 _DIGITS_MAX: Final = 18  # a longer Content-Length goes to aiohttp (which refuses it)
 
 _JSON_PATHS: Final = frozenset((b"/v1/chat/completions", b"/v1/completions", b"/v1/embeddings"))
@@ -305,6 +306,7 @@ class _Front(asyncio.Protocol):
         self.sent = False  # the current answer's head went out
         self.sse = False  # the current answer is an event stream
         self.reading = True  # reading from the client (paused while a request is served)
+        self.discard = 0  # bytes of a refused body still to read and drop before closing
         self.active = time.monotonic()
 
     # ------------------------------------------------------------------ asyncio
@@ -317,6 +319,11 @@ class _Front(asyncio.Protocol):
         self.plane.fronts.add(self)
 
     def data_received(self, data: bytes) -> None:
+        if self.discard:
+            self.discard -= len(data)
+            if self.discard <= 0:
+                self.close()
+            return
         self.buffer += data
         if self.task is None:
             self._next()
@@ -379,14 +386,14 @@ class _Front(asyncio.Protocol):
                 if not _authorized(head.authorization, self.plane.ctx.token):
                     head.close = True  # as aiohttp's: the token first, no body read
                     self._unauthorized(head)
-                    transport.close()
+                    self._linger(head.length - (len(buffer) - end - 4))
                     return
                 refusal = Refusal(
                     413, f"request body exceeds {head.limit} bytes", code="request_too_large"
                 )
             if refusal is not None:
                 transport.write(_refusal_answer(refusal, close=True))
-                transport.close()  # the body is never read
+                self._linger(head.length - (len(buffer) - end - 4))  # the body is never used
                 call = Call(started=self.active, status=refusal.status)
                 record_call(self.plane.ctx, call)  # as aiohttp's router records them
                 return
@@ -400,6 +407,17 @@ class _Front(asyncio.Protocol):
         del buffer[:need]
         self.head = None
         self.task = self.plane.loop.create_task(self._serve(head, body))
+
+    def _linger(self, left: int) -> None:
+        """Close once the ``left`` bytes of a refused body are in (dropped), or after
+        ``_LINGER_S``: closed at once, the unread bytes reset the connection, and a client
+        still sending its body (http.client, requests) never reads the answer."""
+        self.buffer.clear()
+        if left <= 0:
+            self.close()
+            return
+        self.discard = left
+        self.plane.loop.call_later(_LINGER_S, self.close)
 
     def _hand_over(self) -> None:
         """aiohttp serves this connection from here on, from the bytes read so far."""

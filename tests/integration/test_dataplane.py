@@ -3,7 +3,7 @@
 The routed requests of tests/integration/test_router.py already go through the data plane
 (the API server listens through it); these tests take the paths it adds, over raw TCP on
 127.0.0.1: the hand-over of a connection to aiohttp, pipelining, ``Expect``, the 413 that
-reads no body, each framing a model server may answer with (a real process,
+drops the body, each framing a model server may answer with (a real process,
 ``wire_upstream.py``, answering as each request asks), the keep-alive pool and a stale
 connection in it, an upstream that breaks, flow control towards a slow client, and a
 client that leaves while the upstream works.
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import http.client
 import json
 import sys
 from collections.abc import AsyncIterator
@@ -25,7 +26,7 @@ import pytest
 
 from controller.api.dataplane import parse_head
 from controller.lifecycle import SlotState
-from tests.integration.test_router import TOKEN, Harness, Router, chat, model, wait_for
+from tests.integration.test_router import AUTH, TOKEN, Harness, Router, chat, model, wait_for
 
 S = SlotState
 WIRE = [sys.executable, str(Path(__file__).with_name("wire_upstream.py")), "--port", "{port}"]
@@ -233,7 +234,7 @@ async def test_expect_continue_and_connection_close(harness: Harness) -> None:
         assert answer.headers["connection"] == "close" and await c.closed()
 
 
-async def test_a_body_over_the_limit_is_413_unread_and_the_connection_closed(
+async def test_a_body_over_the_limit_is_413_dropped_and_the_connection_closed(
     harness: Harness,
 ) -> None:
     r = await start_wire(harness)
@@ -247,6 +248,7 @@ async def test_a_body_over_the_limit_is_413_unread_and_the_connection_closed(
         assert (
             answer.status == 413 and json.loads(answer.body)["error"]["code"] == "request_too_large"
         )
+        c.send(b"x" * (9000000 - 1))  # the rest of the body is read and dropped, then closed
         assert await c.closed()
     assert r.manager.view("wire").state is S.OFFLINE  # no lease, no load
 
@@ -268,6 +270,29 @@ async def test_a_content_length_too_long_to_convert_is_refused_not_a_crash(
         answer = await c.answer()
         assert answer.status in (400, 413), answer
         assert await c.closed()
+
+
+def _blocking_post(base: str, body: bytes) -> int | str:
+    """As http.client (and requests) post: the whole body first, then the answer."""
+    host, _, port = base.removeprefix("http://").rpartition(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        conn.request("POST", "/v1/chat/completions", body=body, headers=AUTH)
+        return conn.getresponse().status
+    except OSError as exc:
+        return repr(exc)
+    finally:
+        conn.close()
+
+
+async def test_a_413_reaches_a_client_that_sends_its_whole_body_first(harness: Harness) -> None:
+    """The 413 refuses from the head; closing at once with the body unread reset the
+    connection, and http.client, still sending, got ECONNRESET instead of the 413."""
+    r = await start_wire(harness)
+    body = json.dumps(ask("length", pad="p" * (12 << 20))).encode()
+    for _ in range(2):
+        assert await asyncio.to_thread(_blocking_post, r.base, body) == 413
+    assert r.manager.view("wire").state is S.OFFLINE  # no lease, no load
 
 
 async def test_requests_the_data_plane_leaves_are_served_by_aiohttp(harness: Harness) -> None:
