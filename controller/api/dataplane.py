@@ -296,6 +296,7 @@ class _Front(asyncio.Protocol):
         self.buffer = bytearray()
         self.head: RequestHead | None = None
         self.head_end = 0
+        self.head_at = 0.0  # when the head of the request whose body is read came
         self.task: asyncio.Task[None] | None = None
         self.reason: str | None = None  # why the task was cancelled: client, lease, shutdown
         self.upstream: Upstream | None = None
@@ -337,6 +338,11 @@ class _Front(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
         self.plane.fronts.discard(self)
+        head = self.head
+        if head is not None and _authorized(head.authorization, self.plane.ctx.token):
+            # Gone before its whole body: recorded as aiohttp's router records it.
+            record_call(self.plane.ctx, Call(started=self.head_at, status=CLIENT_CLOSED))
+            self.head = None
         self.abort("client")
 
     def pause_writing(self) -> None:
@@ -397,7 +403,7 @@ class _Front(asyncio.Protocol):
                 call = Call(started=self.active, status=refusal.status)
                 record_call(self.plane.ctx, call)  # as aiohttp's router records them
                 return
-            self.head, self.head_end = head, end + 4
+            self.head, self.head_end, self.head_at = head, end + 4, self.active
             if head.expect and len(buffer) < end + 4 + head.length:
                 transport.write(_CONTINUE)
         need = self.head_end + head.length

@@ -750,6 +750,17 @@ async def test_requests_are_recorded_in_metrics(harness: Harness) -> None:
     async with r.client.post(r.url("/v1/chat/completions"), data=big) as resp:
         assert resp.status == 401
     assert len(calls) == 3
+    host, _, port = r.base.removeprefix("http://").rpartition(":")
+    _, writer = await asyncio.open_connection(host, int(port))
+    writer.write(  # a client that leaves halfway through its body: 499
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}"
+        '\r\nContent-Length: 1000\r\n\r\n{"model"'.encode()
+    )
+    await writer.drain()
+    await asyncio.sleep(0.2)
+    writer.close()
+    await wait_for(lambda: len(calls) == 4)
+    assert calls[3][:3] == ("", "", 499)
     assert all(seconds >= 0 for *_, seconds in calls)
 
 
