@@ -167,14 +167,18 @@ def parse_head(raw: bytes) -> RequestHead | None:
     return RequestHead(target, limit, length, forward, authorization, content_type, close, expect)
 
 
-def _authorized(given: bytes | None, token: str) -> bool:
+def _bearer(given: bytes | None) -> bytes | None:
+    """The bearer token of an ``Authorization`` value (None: none), as the API's auth."""
     if given is None:
-        return False
+        return None
     scheme, _, value = given.partition(b" ")
     value = value.strip()
-    return (
-        scheme.lower() == b"bearer" and bool(value) and hmac.compare_digest(value, token.encode())
-    )
+    return value if scheme.lower() == b"bearer" and value else None
+
+
+def _authorized(given: bytes | None, token: str) -> bool:
+    value = _bearer(given)
+    return value is not None and hmac.compare_digest(value, token.encode())
 
 
 def _answer(
@@ -485,7 +489,7 @@ class _Front(asyncio.Protocol):
     def _unauthorized(self, head: RequestHead) -> None:
         message = (
             "missing bearer token (Authorization: Bearer <token>)"
-            if head.authorization is None
+            if _bearer(head.authorization) is None
             else "wrong bearer token"
         )
         payload = openai_error_body(401, message, "invalid_api_key")

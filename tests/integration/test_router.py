@@ -714,14 +714,24 @@ async def test_every_openai_route_needs_the_token(harness: Harness) -> None:
         ("POST", "/v1/embeddings"),
         ("POST", "/v1/audio/{path:.+}"),
     } <= paths
-    for spec in openai_routes:
-        assert not spec.public, spec.path
-        path = spec.path.replace("{path:.+}", "speech")
-        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}):
-            async with r.client.request(
-                spec.method, r.url(path), json=chat("m-chat"), headers=headers
-            ) as resp:
-                assert resp.status == 401, (spec.method, path, headers)
+    # A connection each: one the data plane handed to aiohttp (a GET) stays aiohttp's.
+    fresh = aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True))
+    async with fresh:
+        for spec in openai_routes:
+            assert not spec.public, spec.path
+            path = spec.path.replace("{path:.+}", "speech")
+            for headers, said in (
+                ({}, "missing"),
+                ({"Authorization": "Bearer wrong"}, "wrong"),
+                ({"Authorization": TOKEN}, "missing"),  # no scheme: no bearer token
+                ({"Authorization": "Bearer "}, "missing"),
+            ):
+                async with fresh.request(
+                    spec.method, r.url(path), json=chat("m-chat"), headers=headers
+                ) as resp:
+                    assert resp.status == 401, (spec.method, path, headers)
+                    error = (await resp.json())["error"]
+                    assert error["message"].startswith(said), (spec.method, path, headers)
     assert r.manager.view("chat").state is S.OFFLINE
 
 
