@@ -167,14 +167,22 @@ def event_line(
 
 
 class Subscription:
-    """A live feed of events; iterate with ``async for``. ``dropped`` counts lost events."""
+    """A live feed of events; iterate with ``async for``. ``dropped`` counts lost events.
 
-    def __init__(self, bus: EventBus, maxsize: int) -> None:
+    ``accept`` picks the events the feed gets, at emit time: a subscriber that looks at a
+    few kinds is not woken for the others (two lease flips a request)."""
+
+    def __init__(
+        self, bus: EventBus, maxsize: int, accept: Callable[[Event], bool] | None = None
+    ) -> None:
         self._bus = bus
         self._queue: asyncio.Queue[Event] = asyncio.Queue(maxsize=maxsize)
+        self._accept = accept
         self.dropped = 0
 
     def _offer(self, event: Event) -> None:
+        if self._accept is not None and not self._accept(event):
+            return
         if self._queue.full():
             self._queue.get_nowait()
             self.dropped += 1
@@ -228,8 +236,10 @@ class EventBus:
         """A synchronous callback for every event (metrics): must be fast, never raise."""
         self._listeners.append(listener)
 
-    def subscribe(self, maxsize: int = 1000) -> Subscription:
-        sub = Subscription(self, maxsize)
+    def subscribe(
+        self, maxsize: int = 1000, accept: Callable[[Event], bool] | None = None
+    ) -> Subscription:
+        sub = Subscription(self, maxsize, accept)
         self._subscribers.add(sub)
         return sub
 

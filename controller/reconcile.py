@@ -25,7 +25,7 @@ from controller.errors import (
     InsufficientMemory,
     SlotctlError,
 )
-from controller.events import EventKind, Op
+from controller.events import Event, EventKind, Op
 from controller.lifecycle import SlotState
 from controller.plan import (
     ACTION_KINDS,
@@ -65,6 +65,14 @@ _DONE = Result()  # frozen: one for every pass that asks nothing of the queue
 # fails), so this bounds the loads in flight: with 16, fifty 1 s loads took four rounds.
 # Admission (memory) is what limits loads; a worker is an idle task.
 WORKERS = 64
+
+
+_GONE_STATES = frozenset((SlotState.OFFLINE.value, SlotState.ERROR.value))
+
+
+def _gone(event: Event) -> bool:
+    """What the event follower looks at: a slot that went offline or into error."""
+    return event.kind == EventKind.TRANSITION and event.to_state in _GONE_STATES
 
 
 def observe_manager(manager: SlotManager, name: str) -> ObservedSlot | None:
@@ -419,11 +427,9 @@ class Reconciler:
     async def _follow_events(self) -> None:
         """An autoload slot that went offline/error (evicted, crashed) is looked at again;
         memory freed by any slot wakes the slots that wait for it."""
-        with self.manager.events.subscribe() as sub:
+        with self.manager.events.subscribe(accept=_gone) as sub:
             async for event in sub:
-                if event.kind != "transition" or event.slot is None:
-                    continue
-                if event.to_state in (SlotState.OFFLINE.value, SlotState.ERROR.value):
+                if event.slot is not None:
                     want = self.snapshot.slots.get(event.slot)
                     autoload = want is not None and want.autoload
                     kept = autoload and not self.manager.is_paused(event.slot)

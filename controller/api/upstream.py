@@ -46,7 +46,6 @@ NONE, LENGTH, CHUNKED, CLOSE = 0, 1, 2, 3
 _NONE, _LENGTH, _CHUNKED, _CLOSE = NONE, LENGTH, CHUNKED, CLOSE
 _TOKEN: Final = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # a header name
 _BAD: Final = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")  # not in a header value
-_HEX: Final = re.compile(rb"[0-9A-Fa-f]{1,15}")  # a chunk size (int() also takes -, _, 0x)
 # States of the chunked decoder.
 _SIZE, _DATA, _DATA_END, _TRAILER = 0, 1, 2, 3
 
@@ -310,6 +309,14 @@ class Upstream(asyncio.Protocol):
 
     def _dechunk(self, data: bytes, sink: Sink) -> None:
         """Decode chunked framing; the payload of this read goes to the sink as one piece."""
+        if not self._buffer and self._chunk_state == _SIZE:
+            # The common case of a stream: this read is one whole chunk (an event).
+            end = data.find(b"\r\n")
+            size = _chunk_size(data[:end]) if end > 0 else 0
+            stop = end + 2 + size
+            if size > 0 and len(data) == stop + 2 and data.endswith(b"\r\n"):
+                sink.relay(data[end + 2 : stop])
+                return
         buffer = self._buffer
         buffer += data
         payload: list[bytes] = []
@@ -334,11 +341,10 @@ class Upstream(asyncio.Protocol):
             line = bytes(buffer[at:end])
             at = end + 2
             if state == _SIZE:
-                size_field = line.split(b";", 1)[0].strip(b" \t")
-                if not _HEX.fullmatch(size_field):
+                self._chunk_left = _chunk_size(line)
+                if self._chunk_left < 0:
                     self._broken("a malformed chunk size")
                     return
-                self._chunk_left = int(size_field, 16)
                 self._chunk_state = _DATA if self._chunk_left else _TRAILER
             elif state == _DATA_END:
                 if line:
@@ -376,6 +382,16 @@ class Upstream(asyncio.Protocol):
             self._pool.put(self._key, self)
         else:
             self._close()
+
+
+_CHUNK_SIZE: Final = re.compile(rb"[0-9A-Fa-f]{1,15}")
+
+
+def _chunk_size(line: bytes) -> int:
+    """The size of a chunk-size line (extensions ignored); -1 when malformed (``int``
+    alone would take ``0x10``, ``-5`` or ``1_0``)."""
+    size = line.split(b";", 1)[0].rstrip(b" \t")
+    return int(size, 16) if _CHUNK_SIZE.fullmatch(size) else -1
 
 
 class UpstreamPool:

@@ -95,12 +95,17 @@ class Controller:
     def _print_plan(self, action: Action) -> None:
         self.say(f"plan   {action.slot:<16} {action.kind:<9} {action.reason}")
 
-    def _print_event(self, event: Event) -> None:
+    def _printable(self, event: Event) -> bool:
+        """What ``up`` prints (its subscription takes nothing else: it is not woken twice a
+        request for the lease flips)."""
         if self.opts.quiet:
-            return  # already a structured log line (controller.events)
+            return False  # already a structured log line (controller.events)
         if event.kind == EventKind.TRANSITION and event.op == Op.LEASE:
-            return  # ready <-> serving, twice a request: the event stream has them
-        if event.kind in PROGRESS_KINDS:
+            return False  # ready <-> serving, twice a request: the event stream has them
+        return event.kind in PROGRESS_KINDS
+
+    def _print_event(self, event: Event) -> None:
+        if self._printable(event):
             self._write(event_line(event))
 
     # ---------------------------------------------------------------- start
@@ -166,7 +171,7 @@ class Controller:
             apply_stack_dir=gitops.apply_off_loop if gitops is not None else None,
             debounce_ms=opts.watch_debounce_ms,
         )
-        with manager.events.subscribe() as events:
+        with manager.events.subscribe(accept=self._printable) as events:
             printer = asyncio.create_task(self._print_events(events))
             await root.recover()
             # Resident and autoload slots load in priority order before the reconciler's

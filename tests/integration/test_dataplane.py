@@ -379,7 +379,7 @@ async def test_a_pooled_connection_closed_while_idle_is_replaced(harness: Harnes
 async def test_a_broken_upstream_is_502_or_a_cut_answer(harness: Harness) -> None:
     r = await start_wire(harness)
     async with wire(r) as c:
-        for mode in ("badhead", "badheader", "hugelength"):
+        for mode in ("badhead", "badheader", "badchunk", "hugelength"):
             c.send(post("/v1/completions", ask(mode)))
             answer = await c.answer()
             assert answer.status == 502, answer

@@ -50,6 +50,10 @@ async def answer(writer: asyncio.StreamWriter, reader: asyncio.StreamReader, req
         writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         writer.write(_head("HTTP/1.1 200 OK", [json_type, f"Content-Length: {len(payload)}"]))
         writer.write(payload)
+    elif mode == "badchunk":  # a chunk size int() would take
+        writer.write(_head("HTTP/1.1 200 OK", ["Transfer-Encoding: chunked"]))
+        writer.write(b"0x5\r\nhello\r\n0\r\n\r\n")
+        return False
     elif mode == "badhead":
         writer.write(b"THIS IS NOT HTTP\r\n\r\n")
         return False
