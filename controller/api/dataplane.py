@@ -59,7 +59,7 @@ from controller.api.router_request import (
     model_of,
     slot_refusal,
 )
-from controller.api.selection import serving
+from controller.api.selection import openai_model, served_ids, serving
 from controller.api.upstream import CHUNKED, CLOSE, LENGTH, Upstream, UpstreamError, UpstreamPool
 from controller.errors import ModelNotFound, SlotctlError
 
@@ -78,6 +78,10 @@ _DIGITS_MAX: Final = 18  # a longer Content-Length goes to aiohttp (which refuse
 
 _JSON_PATHS: Final = frozenset((b"/v1/chat/completions", b"/v1/completions", b"/v1/embeddings"))
 _AUDIO: Final = b"/v1/audio/"
+_MODELS: Final = b"/v1/models"
+# One model of /v1/models by its id, not percent-encoded (that goes to aiohttp, which
+# decodes it); an id may hold slashes ("org/model").
+_MODEL_PATH: Final = re.compile(rb"/v1/models/[\x21-\x24\x26-\x3e\x40-\x7e]+")
 _AUDIO_TAIL: Final = re.compile(rb"[A-Za-z0-9_-]+(?:/[A-Za-z0-9_-]+)*")  # as the router's
 _TARGET: Final = re.compile(rb"[\x21-\x7e]+")
 _TOKEN: Final = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
@@ -97,6 +101,7 @@ _LAST_CHUNK: Final = b"0\r\n\r\n"
 class RequestHead:
     """What the data plane reads of a request head."""
 
+    method: bytes  # POST (routed), or GET (/v1/models)
     target: bytes  # path and query, forwarded as they came
     limit: int  # the body limit of the endpoint (413 beyond it)
     length: int  # Content-Length
@@ -111,16 +116,18 @@ def parse_head(raw: bytes) -> RequestHead | None:
     """The head of a request the data plane serves, or None for aiohttp to serve."""
     lines = raw.split(b"\r\n")
     parts = lines[0].split(b" ")
-    if len(parts) != 3 or parts[0] != b"POST" or parts[2] != b"HTTP/1.1":
+    if len(parts) != 3 or parts[2] != b"HTTP/1.1":
         return None
-    target = parts[1]
+    method, target = parts[0], parts[1]
     if len(lines[0]) > _LINE_MAX or not _TARGET.fullmatch(target):
         return None
     path = target.partition(b"?")[0]
-    if path in _JSON_PATHS:
+    if method == b"POST" and path in _JSON_PATHS:
         limit = JSON_MAX_BYTES
-    elif path.startswith(_AUDIO) and _AUDIO_TAIL.fullmatch(path, len(_AUDIO)):
+    elif method == b"POST" and path.startswith(_AUDIO) and _AUDIO_TAIL.fullmatch(path, 10):
         limit = AUDIO_MAX_BYTES
+    elif method == b"GET" and (path == _MODELS or _MODEL_PATH.fullmatch(path)):
+        limit = 0  # no body (a GET with one goes to aiohttp)
     else:
         return None
     length: int | None = None
@@ -162,9 +169,13 @@ def parse_head(raw: bytes) -> RequestHead | None:
             host = True
         if lower not in _REQUEST_DROP:
             forward.append(name + b": " + value)
+    if method == b"GET" and not length and not expect:
+        length = 0
     if length is None or not host:  # HTTP/1.1 without Host: aiohttp's 400
         return None
-    return RequestHead(target, limit, length, forward, authorization, content_type, close, expect)
+    return RequestHead(
+        method, target, limit, length, forward, authorization, content_type, close, expect
+    )
 
 
 def _bearer(given: bytes | None) -> bytes | None:
@@ -415,7 +426,7 @@ class _Front(asyncio.Protocol):
             return
         body = bytes(buffer[self.head_end : need])
         del buffer[:need]
-        self.head = None
+        self.head, self.reason = None, None  # a leave from now on cancels this request
         self.task = self.plane.loop.create_task(self._serve(head, body))
 
     def _linger(self, left: int) -> None:
@@ -453,6 +464,10 @@ class _Front(asyncio.Protocol):
             self._unauthorized(head)  # as the API's auth: no event, no router metrics
             self._done(keep=not head.close)
             return
+        if head.method == b"GET":
+            self._write(self._models(head))
+            self._done(keep=not head.close)
+            return
         call = Call(started=time.monotonic())
         keep = not head.close
         try:
@@ -485,6 +500,19 @@ class _Front(asyncio.Protocol):
                 self.reading = True
                 self.transport.resume_reading()
             self._next()
+
+    def _models(self, head: RequestHead) -> bytes:
+        """``GET /v1/models`` and ``/v1/models/{id}``, as :mod:`controller.api.router`
+        answers them (a client that lists the models keeps its connection here)."""
+        served = served_ids(self.plane.ctx.manager)
+        path = head.target.partition(b"?")[0]
+        if path == _MODELS:
+            listing = {"object": "list", "data": [openai_model(m) for m in served]}
+            return _answer(200, listing, [], close=head.close)
+        model_id = path[len(_MODELS) + 1 :].decode("ascii")
+        if model_id not in served:
+            return _refusal_answer(model_not_found(model_id), close=head.close)
+        return _answer(200, openai_model(model_id), [], close=head.close)
 
     def _unauthorized(self, head: RequestHead) -> None:
         message = (
@@ -574,6 +602,10 @@ class _Front(asyncio.Protocol):
             lines.append(b"Connection: close")
         lines.append(b"\r\n")
         self.pending = b"\r\n".join(lines)
+        if self.chunked and self.sse:  # an event stream: its head goes out now (the first
+            # token may be seconds away); a break before it is then an in-band error event
+            self._write(self.pending)
+            self.pending = b""
         done = upstream.attach(self)
         if self.paused and self.upstream is not None:  # not when already over and pooled
             self.upstream.pause_reading()

@@ -15,8 +15,7 @@ with one ``data: {"error": ...}`` event.
 
 from __future__ import annotations
 
-import time
-from typing import Any, Final
+from typing import Final
 
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
@@ -31,15 +30,13 @@ from controller.api.router_request import (
     model_not_found,
     openai_error,
 )
+from controller.api.selection import openai_model, served_ids
 from controller.slots import SlotManager
 
 __all__ = ["openai_error", "served_ids", "setup"]
 
 routes = RouteTable()  # this module's routes (collected by controller.api.assembly)
 route = routes.route
-
-_CREATED: Final = int(time.time())
-
 
 # ----------------------------------------------------------------------------- schemas
 
@@ -88,12 +85,8 @@ _PROXY_RESPONSES: Final = {
 )
 async def v1_models(request: web.Request) -> web.Response:
     manager: SlotManager = request.app[API_CTX].manager
-    data = [_openai_model(model_id) for model_id in served_ids(manager)]
+    data = [openai_model(model_id) for model_id in served_ids(manager)]
     return json_response({"object": "list", "data": data})
-
-
-def _openai_model(model_id: str) -> dict[str, Any]:
-    return {"id": model_id, "object": "model", "created": _CREATED, "owned_by": "slotctl"}
 
 
 @route(
@@ -108,25 +101,7 @@ async def v1_model(request: web.Request) -> web.Response:
     model_id = request.match_info["model_id"]
     if model_id not in served_ids(manager):
         return model_not_found(model_id).response()
-    return json_response(_openai_model(model_id))
-
-
-def served_ids(manager: SlotManager) -> list[str]:
-    """What ``model`` may name: catalogue models with an activated slot, in catalogue
-    order, then the model-less (self-managed) activated slots by name."""
-    served: set[str] = set()
-    modelless: list[str] = []
-    for view in manager.views():
-        spec = manager.known(view.name)
-        if spec is None or not spec.activated:
-            continue
-        if view.model_id:
-            served.add(view.model_id)
-        else:
-            modelless.append(view.name)
-    return [m for m in manager.models if m in served] + [
-        n for n in modelless if n not in manager.models
-    ]
+    return json_response(openai_model(model_id))
 
 
 @route(

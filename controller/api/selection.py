@@ -7,13 +7,17 @@ first; ties by priority, most recent use, name) over the views the manager gives
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
+from typing import Any, Final
 
 from controller.lifecycle import Candidate, rank_candidates
 from controller.slots import SlotView
 from controller.slots.ports import RouterPort
 
-__all__ = ["ranked", "serving"]
+__all__ = ["openai_model", "ranked", "served_ids", "serving"]
+
+_CREATED: Final = int(time.time())  # the ``created`` of every model in /v1/models
 
 
 def ranked(manager: RouterPort, views: Iterable[SlotView]) -> list[SlotView]:
@@ -35,3 +39,26 @@ def serving(manager: RouterPort, model: str) -> list[str]:
     router asks this once per request.
     """
     return [c.name for c in rank_candidates(manager.routable(model))]
+
+
+def served_ids(manager: RouterPort) -> list[str]:
+    """What ``model`` may name: catalogue models with an activated slot, in catalogue
+    order, then the model-less (self-managed) activated slots by name."""
+    served: set[str] = set()
+    modelless: list[str] = []
+    for view in manager.views():
+        spec = manager.known(view.name)
+        if spec is None or not spec.activated:
+            continue
+        if view.model_id:
+            served.add(view.model_id)
+        else:
+            modelless.append(view.name)
+    return [m for m in manager.models if m in served] + [
+        n for n in modelless if n not in manager.models
+    ]
+
+
+def openai_model(model_id: str) -> dict[str, Any]:
+    """One entry of ``GET /v1/models`` (OpenAI's model object)."""
+    return {"id": model_id, "object": "model", "created": _CREATED, "owned_by": "slotctl"}

@@ -246,7 +246,7 @@ class Upstream(asyncio.Protocol):
             break
         headers: list[tuple[bytes, bytes]] = []
         length: int | None = None
-        chunked = close = False
+        chunked = close = coded = False
         for line in lines[1:]:
             name, sep, value = line.partition(b":")
             value = value.strip(b" \t")
@@ -265,9 +265,14 @@ class Upstream(asyncio.Protocol):
                 length = int(value)
             elif lower == b"transfer-encoding":
                 chunked = value.lower().rsplit(b",", 1)[-1].strip() == b"chunked"
+                coded = True
             elif lower == b"connection":
                 close = b"close" in value.lower()
             headers.append((name, value))
+        if coded and (not chunked or length is not None):
+            # A coding other than chunked last, or both framings: aiohttp refuses it too.
+            self._fail_head("an unsupported Transfer-Encoding")
+            return
         self.status, self.reason, self.headers = status, reason.decode("latin-1"), headers
         if status in (204, 304):
             self.framing = _NONE
@@ -423,7 +428,9 @@ class UpstreamPool:
         try:
             async with asyncio.timeout(_CONNECT_S):
                 _, conn = await loop.create_connection(lambda: Upstream(self, key), *key)
-        except (OSError, TimeoutError) as exc:
+        except TimeoutError:  # as aiohttp's path: a timeout is a failure, not a refusal
+            raise UpstreamError(f"connecting to {key[0]}:{key[1]} timed out") from None
+        except OSError as exc:
             detail = str(exc) or type(exc).__name__
             raise UpstreamError(
                 f"cannot connect to {key[0]}:{key[1]}: {detail}", unreachable=True

@@ -205,6 +205,50 @@ async def test_one_connection_serves_routed_then_rest_then_routed_requests(
         assert "server" not in first.headers
 
 
+async def test_the_models_list_keeps_a_connection_on_the_data_plane(harness: Harness) -> None:
+    """``GET /v1/models`` (as an SDK's pool sends before its completions) is answered
+    here, as aiohttp's router answers it, so the connection's next POST is too."""
+    r = await start_wire(harness)
+    get = "GET {} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + TOKEN + "\r\n\r\n"
+    async with wire(r) as c:
+        c.send(get.format("/v1/models").encode())
+        listed = await c.answer()
+        assert listed.status == 200 and "server" not in listed.headers  # not aiohttp's
+        async with r.get("/v1/models") as other:
+            assert json.loads(listed.body) == await other.json()
+        c.send(get.format("/v1/models/wire").encode())
+        one = await c.answer()
+        async with r.get("/v1/models/wire") as other:
+            assert one.status == 200 and json.loads(one.body) == await other.json()
+        c.send(get.format("/v1/models/org/no-such-model").encode())
+        missing = await c.answer()
+        assert missing.status == 404
+        assert json.loads(missing.body)["error"]["code"] == "model_not_found"
+        c.send(post("/v1/chat/completions", ask("length", n=3)))
+        routed = await c.answer()
+        assert routed.status == 200 and "server" not in routed.headers
+    async with wire(r) as c:  # no token: 401 in OpenAI's shape, as for the POSTs
+        c.send(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+        refused = await c.answer()
+        assert refused.status == 401
+        assert json.loads(refused.body)["error"]["code"] == "invalid_api_key"
+
+
+async def test_an_event_stream_head_goes_out_before_its_first_event(harness: Harness) -> None:
+    """A server still working on its first token: the client has the answer's head
+    already (a sized answer's head waits for its body, to be a 502 if it breaks)."""
+    r = await start_wire(harness)
+    async with wire(r) as c:
+        c.send(post("/v1/chat/completions", ask("late-sse")))
+        head = await asyncio.wait_for(c.reader.readuntil(b"\r\n\r\n"), 30)
+        assert head.startswith(b"HTTP/1.1 200") and b"text/event-stream" in head
+        assert (await stats(r)).get("late_head_sent") is True
+        async with r.client.get(r.endpoint("wire") + "/go") as go:
+            assert go.status == 200
+        size = int(await asyncio.wait_for(c.reader.readuntil(b"\r\n"), 30), 16)
+        assert await c.reader.readexactly(size) == b'data: {"late": true}\n\n'
+
+
 async def test_pipelined_requests_are_answered_in_order(harness: Harness) -> None:
     r = await start_wire(harness)
     async with wire(r) as c:
@@ -379,7 +423,7 @@ async def test_a_pooled_connection_closed_while_idle_is_replaced(harness: Harnes
 async def test_a_broken_upstream_is_502_or_a_cut_answer(harness: Harness) -> None:
     r = await start_wire(harness)
     async with wire(r) as c:
-        for mode in ("badhead", "badheader", "badchunk", "hugelength"):
+        for mode in ("badhead", "badheader", "badchunk", "hugelength", "gzip-te"):
             c.send(post("/v1/completions", ask(mode)))
             answer = await c.answer()
             assert answer.status == 502, answer

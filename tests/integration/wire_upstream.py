@@ -15,6 +15,7 @@ import sys
 from typing import Any
 
 STATS: dict[str, Any] = {"post_connections": 0, "closed_post_connections": 0, "written": 0}
+GO: list[asyncio.Event] = []  # set by GET /go: a late-sse answer sends its first event
 
 
 def _head(status: str, headers: list[str]) -> bytes:
@@ -102,6 +103,18 @@ async def answer(writer: asyncio.StreamWriter, reader: asyncio.StreamReader, req
             await writer.drain()
             STATS["written"] += 1 << 20
         writer.write(b"0\r\n\r\n")
+    elif mode == "late-sse":  # the head, then the first event only once GET /go came
+        sse = ["Content-Type: text/event-stream", "Transfer-Encoding: chunked"]
+        writer.write(_head("HTTP/1.1 200 OK", sse))
+        await writer.drain()
+        STATS["late_head_sent"] = True
+        go = asyncio.Event()
+        GO.append(go)
+        await go.wait()
+        writer.write(_chunk(b'data: {"late": true}\n\n') + b"0\r\n\r\n")
+    elif mode == "gzip-te":  # a coding this client does not decode
+        writer.write(_head("HTTP/1.1 200 OK", ["Transfer-Encoding: gzip"]) + b"zz")
+        return False
     elif mode == "hang":  # never answers; ends when the other side closes
         await reader.read()
         return False
@@ -127,6 +140,9 @@ async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> 
                     name, _, value = line.partition(":")
                     headers[name.strip().lower()] = value.strip()
             body = await reader.readexactly(int(headers.get("content-length", "0")))
+            if method == "GET" and target == "/go":
+                for go in GO:
+                    go.set()
             if method == "GET":
                 data = json.dumps(
                     {"object": "list", "data": [{"id": "wire", "object": "model"}]}
