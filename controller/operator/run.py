@@ -134,6 +134,7 @@ class Operator:
         self._seen: dict[CrKey, int] = {}  # the board version each status timer last saw
         self.kopf_stop = asyncio.Event()
         self.kopf_ready = asyncio.Event()
+        self.indexed = False  # a Model or Slot was listed: its handler's sync enables reaping
         self._register()
 
     @property
@@ -185,11 +186,17 @@ class Operator:
 
     async def _reap_without_resources(self) -> None:
         """No Model or Slot to sync: orphans are reaped one resync period after kopf's
-        initial listing (a sync enables it at once)."""
+        initial listing (a sync enables it at once). When one was listed, only its sync
+        does: until then the config dir may not declare what runs (a slow handler must
+        not let the reconciler stop an adopted server that a Slot declares)."""
         await self.kopf_ready.wait()
         await asyncio.sleep(self.opts.resync_s)
-        if self.controller.reconciler is not None:
+        if self.controller.reconciler is not None and not self.indexed:
             self.controller.reconciler.reap = True
+
+    def _index(self, body: kopf.Body, **kwargs: Any) -> dict[tuple[str, str], dict[str, Any]]:
+        self.indexed = True
+        return _essence(body, **kwargs)
 
     # ------------------------------------------------------------------ kopf wiring
 
@@ -199,7 +206,7 @@ class Operator:
         kopf.on.login(registry=reg)(_login)
         kopf.on.cleanup(registry=reg)(self._cleanup)
         for plural, kind in (("models", "Model"), ("slots", "Slot")):
-            kopf.index(GROUP, VERSION, plural, registry=reg, id=f"{plural}_index")(_essence)
+            kopf.index(GROUP, VERSION, plural, registry=reg, id=f"{plural}_index")(self._index)
             changed = self._changed_handler(kind)
             for decorator in (kopf.on.create, kopf.on.update, kopf.on.resume):
                 decorator(GROUP, VERSION, plural, registry=reg, id=f"{plural}-sync")(changed)

@@ -298,6 +298,38 @@ async def test_adoption_by_labels_and_an_unlabelled_deployment_is_never_touched(
         assert await kubelet.get("services", "slotctl-foreign") is None
 
 
+async def test_a_late_first_sync_never_reaps_a_server_its_slot_declares(
+    cluster: Cluster, kubelet: Kubelet, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new operator on a loaded machine whose handlers come later than a resync period
+    after kopf's listing: the Slot is listed, so only its sync turns the orphan sweep on;
+    the adopted server is not stopped meanwhile (it was, once, in a parallel test run)."""
+    (port,) = free_ports(1)
+    await kubelet.create(gpu_node("gpu-a", gpus=1, gib_per_gpu=16, replicas=4))
+    await cluster.create(model("m-chat", 2))
+    await cluster.create(slot("chat", "m-chat", port))
+    async with operator(cluster, tmp_path / "first", monkeypatch):
+        await eventually(lambda: ready(cluster, "chat"), "chat Ready", timeout=60)
+        (pod,) = kubelet.alive("chat")
+    real = Operator._changed_handler
+
+    def late(self: Operator, kind: str) -> Any:
+        handler = real(self, kind)
+
+        async def changed(**kwargs: Any) -> None:
+            await asyncio.sleep(3.0)  # three resync periods of the fixture
+            await handler(**kwargs)
+
+        return changed
+
+    monkeypatch.setattr(Operator, "_changed_handler", late)
+    async with operator(cluster, tmp_path / "second", monkeypatch) as op:
+        await eventually(lambda: _state(op, "chat", "ready"), "adopted and ready", timeout=60)
+        await asyncio.sleep(1.5)  # a resync with its orphan sweep passes
+        assert [p.name for p in kubelet.alive("chat")] == [pod.name]
+        assert len([n for n in kubelet.created if n.startswith("slotctl-chat-")]) == 1
+
+
 async def test_placement_and_eviction_per_node(
     cluster: Cluster, kubelet: Kubelet, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
