@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 # servers and probes, so more workers than cores pays; tests that share a module or
 # session fixture (a controller, the private dockerd, kube-apiserver) stay on one worker
 # (tests/conftest.py groups them for --dist loadgroup).
-PYTEST_WORKERS ?= 4
+PYTEST_WORKERS ?= 3
 # Where `make demo` serves the API, router and dashboard (`make demo DEMO_LISTEN=127.0.0.1:8900`).
 DEMO_LISTEN ?= 127.0.0.1:8800
 
