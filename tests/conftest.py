@@ -2,8 +2,8 @@
 the grouping of tests for parallel runs (``make test`` runs pytest-xdist workers with
 ``--dist loadgroup``).
 
-Grouping: a test module whose tests share a fixture of module or session scope defined
-here (a controller, a real kube-apiserver, the private dockerd) runs as one unit on one
+Grouping: a test module whose tests share a fixture of module or session scope the suite
+defines (a controller, a real kube-apiserver, the private dockerd) runs as one unit on one
 worker, so that fixture is built once, as in a serial run; every Docker test runs on one
 worker (one private dockerd for the session, as before). Every other test is scheduled
 on its own.
@@ -11,29 +11,36 @@ on its own.
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import psutil
 import pytest
 
 # The Docker engine and image fixtures (session scope), for tests/integration and tests/e2e.
-pytest_plugins = ["tests.docker_fixtures", "tests.integration.llama_fixtures"]
+# pytester: the tests of this grouping (tests/unit/test_xdist_grouping.py).
+pytest_plugins = ["tests.docker_fixtures", "tests.integration.llama_fixtures", "pytester"]
 
 DOCKER_GROUP = "docker"
 
 
-def _shared_fixtures(item: pytest.Item) -> set[tuple[str, str]]:
-    """(name, scope) of the fixtures of this suite wider than a test that ``item`` uses."""
+def _shared_fixtures(item: pytest.Item) -> set[str]:
+    """The fixtures wider than a test that ``item`` uses and the suite itself defines
+    (pytest's and plugins' own, such as ``tmp_path_factory``, hold no shared server)."""
     info = getattr(item, "_fixtureinfo", None)
     if info is None:
         return set()
+    root = item.config.rootpath
     shared = set()
     for name, defs in info.name2fixturedefs.items():
         fixture = defs[-1]
-        module = getattr(fixture.func, "__module__", "") or ""
-        if fixture.scope != "function" and module.startswith("tests."):
-            shared.add((name, fixture.scope))
+        if fixture.scope == "function":
+            continue
+        source = Path(inspect.getsourcefile(fixture.func) or "/")
+        if source.is_relative_to(root) and "site-packages" not in source.parts:
+            shared.add(name)
     return shared
 
 
@@ -64,7 +71,7 @@ def _group_of(items: list[pytest.Item]) -> dict[str, str]:
     for item in items:
         module = item.nodeid.split("::", 1)[0]
         shared = _shared_fixtures(item)
-        if any(name.startswith("docker_") for name, _ in shared):
+        if any(name.startswith("docker_") for name in shared):
             groups[module] = DOCKER_GROUP
         elif shared and module not in groups:
             groups[module] = module
