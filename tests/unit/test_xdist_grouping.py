@@ -5,6 +5,7 @@ own (xdist schedules by node id: duplicates would silently run once)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -46,9 +47,11 @@ def test_a_module_sharing_a_fixture_runs_on_one_worker(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("PYTHONPATH", str(REPO))  # for -p tests.conftest in the workers
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")  # only what this needs
     pytester.makepyfile(test_shared=SHARED, test_free=FREE)
     result = pytester.runpytest_subprocess(
-        "-p", "tests.conftest", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadgroup", "-v"
+        *("-p", "xdist.plugin", "-p", "tests.conftest", "-p", "no:cacheprovider"),
+        *("-n", "2", "--dist", "loadgroup", "-v"),
     )
     result.assert_outcomes(passed=16)
     workers = {
@@ -66,9 +69,13 @@ def test_a_module_sharing_a_fixture_runs_on_one_worker(
 def test_every_collected_test_has_a_node_id_of_its_own() -> None:
     """schemathesis makes one test per API operation; each must have its own id."""
     module = "tests/integration/test_api_schemathesis.py"
+    plugins = ["schemathesis.pytest.plugin", "_hypothesis_pytestplugin"]
+    plugins += ["pytest_asyncio.plugin", "pytest_timeout", "no:cacheprovider"]  # the ini's
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", module],
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", module]
+        + [arg for plugin in plugins for arg in ("-p", plugin)],
         cwd=REPO,
+        env={**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},  # only what this needs
         capture_output=True,
         text=True,
         timeout=120,
