@@ -10,6 +10,11 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 RUN_STAMP := $(VENV)/.installed-run
 PYTEST_ARGS ?=
+# pytest-xdist workers for `make test` (0: one process). Most tests wait on subprocesses,
+# servers and probes, so more workers than cores pays; tests that share a module or
+# session fixture (a controller, the private dockerd, kube-apiserver) stay on one worker
+# (tests/conftest.py groups them for --dist loadgroup).
+PYTEST_WORKERS ?= 3
 # Where `make demo` serves the API, router and dashboard (`make demo DEMO_LISTEN=127.0.0.1:8900`).
 DEMO_LISTEN ?= 127.0.0.1:8800
 
@@ -88,9 +93,9 @@ K8S_BUILD := $(if $(filter 1,$(SLOTCTL_K8S_APISERVER)),k8s-apiserver,)
 k8s-apiserver:
 	tools/k8s/build.sh
 
-# pytest exits 5 when no test ran: make treats that as a failure, as it should.
+# pytest exits 5 when no test ran (with workers too): make treats that as a failure.
 pytest: install $(K8S_BUILD)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 test: check pytest
 

@@ -533,6 +533,9 @@ def test_make_demo_installs_only_what_it_runs(tmp_path: Path) -> None:
     assert "--listen 127.0.0.1:8800" in dry("demo")  # the default
     test = dry("test")
     assert "pip install -q -e '.[dev]'" in test and f"touch {venv}/.installed\n" in test
+    # the suite in pytest-xdist workers, tests sharing a fixture grouped (tests/conftest.py)
+    assert "-m pytest -n 3 --dist loadgroup" in test
+    assert "-m pytest -n 0 --dist loadgroup" in dry("pytest", "PYTEST_WORKERS=0")
 
 
 def test_keep_running_ends_streams_with_an_error_event(ctl: Slotctl) -> None:
