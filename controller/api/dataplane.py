@@ -577,7 +577,7 @@ class _Front(asyncio.Protocol):
             )
         )
         try:
-            upstream = await self.plane.pool.open(key, [request_head, body])
+            upstream = await self.plane.pool.exchange(key, [request_head, body])
         except UpstreamError as exc:
             raise _upstream_refusal(call.slot, exc) from None
         self.upstream = upstream

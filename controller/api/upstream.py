@@ -407,7 +407,7 @@ class UpstreamPool:
         self._clock = clock
         self.closed = False
 
-    async def open(self, key: tuple[str, int], request: list[bytes]) -> Upstream:
+    async def exchange(self, key: tuple[str, int], request: list[bytes]) -> Upstream:
         """Send ``request`` and wait for the response head; raises UpstreamError."""
         idle = self._idle.get(key)
         while idle:
