@@ -272,9 +272,19 @@ class DataPlane:
         self.closing = False
         self.loop = asyncio.get_running_loop()
         self._sweeper = self.loop.call_later(_SWEEP_S, self._sweep)
+        self._watcher = self.loop.call_later(_WATCH_S, self._watch)
 
     def __call__(self) -> asyncio.Protocol:
         return _Front(self)
+
+    def _watch(self) -> None:
+        """Every ``_WATCH_S``: a request whose lease was revoked (its slot crashed or was
+        unloaded) is cancelled; one timer for them all, not one per request."""
+        for front in self.fronts:
+            call = front.call
+            if call is not None and call.lease is not None and call.lease.lost.is_set():
+                front.abort_request("lease")
+        self._watcher = self.loop.call_later(_WATCH_S, self._watch)
 
     def _sweep(self) -> None:
         horizon = time.monotonic() - KEEPALIVE_S
@@ -288,6 +298,7 @@ class DataPlane:
         """Stop: idle connections close now, requests get ``timeout`` to finish."""
         self.closing = True
         self._sweeper.cancel()
+        self._watcher.cancel()
         for front in list(self.fronts):
             if front.task is None:
                 front.close()
@@ -315,7 +326,7 @@ class _Front(asyncio.Protocol):
         self.task: asyncio.Task[None] | None = None
         self.reason: str | None = None  # why the task was cancelled: client, lease, shutdown
         self.upstream: Upstream | None = None
-        self.timer: asyncio.TimerHandle | None = None
+        self.call: Call | None = None  # the request in flight once it holds a lease
         self.paused = False  # the client's transport asked for no more writes for now
         self.chunked = False  # the current answer is re-chunked
         self.pending = b""  # the current answer's head, written with its first body bytes
@@ -481,9 +492,7 @@ class _Front(asyncio.Protocol):
             log.error("router: unexpected error in POST %r", head.target, exc_info=exc)
             keep = self._broken(call, Refusal(500, "internal error (see the log)", code="internal"))
         finally:
-            if self.timer is not None:
-                self.timer.cancel()
-                self.timer = None
+            self.call = None
             upstream, self.upstream = self.upstream, None
             if upstream is not None:
                 upstream.abort()  # given up before its end
@@ -566,7 +575,7 @@ class _Front(asyncio.Protocol):
                 503, f"slot {call.slot!r} has no endpoint", code="slot.not_ready", retry_after_s=1
             )
         key, host, prefix = _address(endpoint)
-        self.timer = self.plane.loop.call_later(_WATCH_S, self._look, call)
+        self.call = call  # the plane's watch looks at its lease from now on
         request_head = b"\r\n".join(
             (
                 b"POST " + prefix + head.target + b" HTTP/1.1",
@@ -638,13 +647,6 @@ class _Front(asyncio.Protocol):
         if data and self.transport is not None:
             self.sent = True
             self.transport.write(data)
-
-    def _look(self, call: Call) -> None:
-        lease = call.lease
-        if lease is not None and lease.lost.is_set():
-            self.abort_request("lease")
-            return
-        self.timer = self.plane.loop.call_later(_WATCH_S, self._look, call)
 
     def abort_request(self, reason: str) -> None:
         """Cancel the request in flight; ``reason`` picks its answer (:meth:`_interrupted`)."""
