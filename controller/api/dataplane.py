@@ -297,19 +297,21 @@ class DataPlane:
     async def shutdown(self, timeout: float) -> None:
         """Stop: idle connections close now, requests get ``timeout`` to finish."""
         self.closing = True
-        self._sweeper.cancel()
-        self._watcher.cancel()
-        for front in list(self.fronts):
+        self._sweeper.cancel()  # the lease watch goes on: a revoked lease still ends its
+        for front in list(self.fronts):  # request with an error (up --keep-running)
             if front.task is None:
                 front.close()
         tasks = {f.task for f in self.fronts if f.task is not None}
         if tasks:
             await asyncio.wait(tasks, timeout=timeout)
         for front in list(self.fronts):
-            front.abort("shutdown")
+            front.abort_request("shutdown")  # answered (or said in-band), then closed
         tasks = {f.task for f in self.fronts if f.task is not None}
         if tasks:
             await asyncio.wait(tasks, timeout=1.0)  # their leases are released on the way
+        for front in list(self.fronts):
+            front.close()
+        self._watcher.cancel()
         self.pool.close()
 
 
@@ -665,7 +667,13 @@ class _Front(asyncio.Protocol):
                 else Refusal(502, f"slot {call.slot!r} went away", code="upstream.failed")
             )
             return self._broken(call, refusal)
-        call.status = CLIENT_CLOSED if reason == "client" else call.status or 503
+        if reason == "shutdown":
+            refusal = Refusal(
+                503, "the router is shutting down", code="slot.not_ready", retry_after_s=1
+            )
+            self._broken(call, refusal)
+            return False  # closed after it
+        call.status = CLIENT_CLOSED
         return False
 
     def _broken(self, call: Call, refusal: Refusal) -> bool:

@@ -249,6 +249,28 @@ async def test_an_event_stream_head_goes_out_before_its_first_event(harness: Har
         assert await c.reader.readexactly(size) == b'data: {"late": true}\n\n'
 
 
+async def test_a_stream_still_running_at_stop_ends_with_an_error_event(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past the stop's grace, a stream in flight gets its last event, the router's
+    "shutting down" error, and a proper end (not a cut); its lease ends."""
+    import controller.api.server as server_module
+
+    monkeypatch.setattr(server_module, "_SHUTDOWN_S", 0.5)
+    r = await start_wire(harness)
+    async with wire(r) as c:
+        c.send(post("/v1/chat/completions", ask("late-sse")))  # its first event never comes
+        answer = asyncio.create_task(c.answer())
+        await wait_for(lambda: r.manager.view("wire").state is S.SERVING, timeout=30)
+        await r.server.stop()
+        got = await answer
+    assert got.status == 200 and got.headers["content-type"].startswith("text/event-stream")
+    events = [e for e in got.body.split(b"\n\n") if e]
+    error = json.loads(events[-1].removeprefix(b"data: "))["error"]
+    assert error["code"] == "slot.not_ready" and "shutting down" in error["message"]
+    assert r.manager.view("wire").state is S.READY
+
+
 async def test_pipelined_requests_are_answered_in_order(harness: Harness) -> None:
     r = await start_wire(harness)
     async with wire(r) as c:
