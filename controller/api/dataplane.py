@@ -4,12 +4,13 @@ for everything else.
 Where it sits: :class:`~controller.api.server.ApiServer` listens with :class:`DataPlane` as
 the protocol factory, so every connection starts here. A request this module serves —
 ``POST /v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings`` or
-``/v1/audio/…`` over HTTP/1.1 with a ``Content-Length`` body — is read (its head, the
+``/v1/audio/…`` over HTTP/1.1 with a ``Content-Length`` body (and ``GET /v1/models``,
+``/v1/models/{id}``, answered here) — is read (its head, the
 bearer token, the body's ``model``; the body passes upstream unchanged), leased and sent
 over :mod:`controller.api.upstream`'s keep-alive pools; the answer's head is rebuilt from
 the upstream's and its body relayed as it arrives, from one transport to the other, with
-the transports' own flow control. Anything else — the REST API, the dashboard,
-``GET /v1/models``, a chunked upload, a head this parser does not take — hands the
+the transports' own flow control. Anything else — the REST API, the dashboard, a
+chunked upload, a percent-encoded model id, a head this parser does not take — hands the
 connection, with the bytes read so far, to aiohttp's protocol for good, which serves it as
 if the data plane were not there (:mod:`controller.api.router` answers the ``/v1``
 requests the data plane leaves).
@@ -19,7 +20,8 @@ The answers are the aiohttp router's (SPEC §7): the same refusals from
 (:func:`~controller.api.router_proxy.report_refusal`,
 :func:`~controller.api.router_proxy.record_call`). A client that goes away cancels its
 request at once (``connection_lost``): the lease is released and the upstream connection
-dropped, so the server stops generating. A revoked lease is noticed within ``_WATCH_S``.
+dropped, so the server stops generating. A revoked lease is noticed within ``_WATCH_S``
+(one timer of the plane looks at every request's lease).
 """
 
 from __future__ import annotations
