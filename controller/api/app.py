@@ -35,6 +35,8 @@ from controller.tasks import TaskSet
 
 __all__ = [
     "API_CTX",
+    "BAD_BEARER_MESSAGE",
+    "NO_BEARER_MESSAGE",
     "PROBE_PATHS",
     "REQUEST_RECORDER",
     "ApiContext",
@@ -303,6 +305,10 @@ def _report(request: web.Request, error: SlotctlError) -> None:
     )
 
 
+NO_BEARER_MESSAGE: Final = "missing bearer token (Authorization: Bearer <token>)"
+BAD_BEARER_MESSAGE: Final = "wrong bearer token"
+
+
 def _bearer(request: web.Request) -> str | None:
     header = request.headers.get("Authorization", "")
     scheme, _, value = header.partition(" ")
@@ -319,11 +325,11 @@ async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
     token = request.app[API_CTX].token
     given = _bearer(request)
     if given is None:
-        raise Unauthorized("missing bearer token (Authorization: Bearer <token>)")
+        raise Unauthorized(NO_BEARER_MESSAGE)
     # aiohttp decodes header bytes as UTF-8 with surrogateescape: encode them back the
     # same way (a non-UTF-8 token is a wrong token, never a 500).
     if not hmac.compare_digest(given.encode("utf-8", "surrogateescape"), token.encode()):
-        raise Unauthorized("wrong bearer token")
+        raise Unauthorized(BAD_BEARER_MESSAGE)
     return await handler(request)
 
 

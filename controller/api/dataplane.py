@@ -27,45 +27,46 @@ dropped, so the server stops generating. A revoked lease is noticed within ``_WA
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
-import math
 import re
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from email.utils import formatdate
-from http import HTTPStatus
-from typing import Any, Final
-from urllib.parse import urlsplit
+from typing import Final
 
-from controller.api.app import ApiContext, openai_error_body
+from controller.api.app import ApiContext
+from controller.api.dataplane_head import (
+    MODELS,
+    RequestHead,
+    address,
+    answer,
+    authorized,
+    parse_head,
+    refusal_answer,
+    response_head,
+    unauthorized,
+    upstream_error,
+)
 from controller.api.router_proxy import (
     CLIENT_CLOSED,
     CLOSED,
-    REQUEST_DROP,
-    RESPONSE_DROP,
     Call,
+    lease_model,
     record_call,
-    report_refusal,
 )
 from controller.api.router_request import (
-    AUDIO_MAX_BYTES,
-    JSON_MAX_BYTES,
     Refusal,
-    acquire,
     error_body,
     model_not_found,
     model_of,
     slot_refusal,
 )
-from controller.api.selection import openai_model, served_ids, serving
-from controller.api.upstream import CHUNKED, CLOSE, LENGTH, Upstream, UpstreamError, UpstreamPool
-from controller.errors import ModelNotFound, SlotctlError
+from controller.api.selection import openai_model, served_ids
+from controller.api.upstream import Upstream, UpstreamError, UpstreamPool
+from controller.errors import SlotctlError
 
-__all__ = ["DataPlane", "RequestHead", "parse_head"]
+__all__ = ["DataPlane"]
 
 log = logging.getLogger("slotctl.router")
 
@@ -73,191 +74,12 @@ KEEPALIVE_S: Final = 75.0  # an idle client connection is closed after this (aio
 _SWEEP_S: Final = 15.0  # how often idle connections are looked for
 _WATCH_S: Final = 0.1  # how often a request's lease is looked at
 _HEAD_MAX: Final = 64 * 1024  # a longer head goes to aiohttp (which refuses it)
-_LINE_MAX: Final = 8190  # aiohttp's own line limit: a longer line goes to aiohttp
 _PIPELINE_MAX: Final = 1024 * 1024  # read ahead while a request is served, then pause
 _LINGER_S: Final = 10.0  # a refused body is read (and dropped) this long at most, as aiohttp
-_DIGITS_MAX: Final = 18  # a longer Content-Length goes to aiohttp (which refuses it)
 
-_JSON_PATHS: Final = frozenset((b"/v1/chat/completions", b"/v1/completions", b"/v1/embeddings"))
-_AUDIO: Final = b"/v1/audio/"
-_MODELS: Final = b"/v1/models"
-# One model of /v1/models by its id, not percent-encoded (that goes to aiohttp, which
-# decodes it); an id may hold slashes ("org/model").
-_MODEL_PATH: Final = re.compile(rb"/v1/models/[\x21-\x24\x26-\x3e\x40-\x7e]+")
-_AUDIO_TAIL: Final = re.compile(rb"[A-Za-z0-9_-]+(?:/[A-Za-z0-9_-]+)*")  # as the router's
-_TARGET: Final = re.compile(rb"[\x21-\x7e]+")
-_TOKEN: Final = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-_BAD_VALUE: Final = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 _BARE_LF: Final = re.compile(rb"(?<!\r)\n")
-_REQUEST_DROP: Final = frozenset(h.encode() for h in REQUEST_DROP)
-# The upstream's Date passes (aiohttp, which adds its own, drops it); its Server does not.
-_RESPONSE_DROP: Final = frozenset(h.encode() for h in RESPONSE_DROP) - {b"date"}
 _CONTINUE: Final = b"HTTP/1.1 100 Continue\r\n\r\n"
 _LAST_CHUNK: Final = b"0\r\n\r\n"
-
-
-# ----------------------------------------------------------------------------- the head
-
-
-@dataclass(slots=True)
-class RequestHead:
-    """What the data plane reads of a request head."""
-
-    method: bytes  # POST (routed), or GET (/v1/models)
-    target: bytes  # path and query, forwarded as they came
-    limit: int  # the body limit of the endpoint (413 beyond it)
-    length: int  # Content-Length
-    forward: list[bytes]  # the header lines passed upstream
-    authorization: bytes | None
-    content_type: str
-    close: bool  # the client sent Connection: close
-    expect: bool  # Expect: 100-continue
-
-
-def parse_head(raw: bytes) -> RequestHead | None:
-    """The head of a request the data plane serves, or None for aiohttp to serve."""
-    lines = raw.split(b"\r\n")
-    parts = lines[0].split(b" ")
-    if len(parts) != 3 or parts[2] != b"HTTP/1.1":
-        return None
-    method, target = parts[0], parts[1]
-    if len(lines[0]) > _LINE_MAX or not _TARGET.fullmatch(target):
-        return None
-    path = target.partition(b"?")[0]
-    if method == b"POST" and path in _JSON_PATHS:
-        limit = JSON_MAX_BYTES
-    elif method == b"POST" and path.startswith(_AUDIO) and _AUDIO_TAIL.fullmatch(path, 10):
-        limit = AUDIO_MAX_BYTES
-    elif method == b"GET" and (path == _MODELS or _MODEL_PATH.fullmatch(path)):
-        limit = 0  # no body (a GET with one goes to aiohttp)
-    else:
-        return None
-    length: int | None = None
-    forward: list[bytes] = []
-    authorization: bytes | None = None
-    content_type = ""
-    close = expect = host = False
-    for line in lines[1:]:
-        name, sep, value = line.partition(b":")
-        if not sep or len(line) > _LINE_MAX or not _TOKEN.fullmatch(name):
-            return None  # malformed, or folded (obs-fold): aiohttp refuses it
-        value = value.strip(b" \t")
-        if _BAD_VALUE.search(value):
-            return None
-        lower = name.lower()
-        if lower == b"content-length":
-            if (
-                not value.isdigit()
-                or len(value) > _DIGITS_MAX  # int() refuses 4300 digits and more
-                or (length is not None and int(value) != length)
-            ):
-                return None  # aiohttp refuses it
-            length = int(value)
-            continue
-        if lower in (b"transfer-encoding", b"upgrade"):
-            return None
-        if lower == b"expect":
-            if value.lower() != b"100-continue":
-                return None
-            expect = True
-            continue
-        if lower == b"authorization":
-            authorization = value
-        elif lower == b"connection":
-            close = b"close" in value.lower()
-        elif lower == b"content-type":
-            content_type = value.decode("latin-1")
-        elif lower == b"host":
-            host = True
-        if lower not in _REQUEST_DROP:
-            forward.append(name + b": " + value)
-    if method == b"GET" and not length and not expect:
-        length = 0
-    if length is None or not host:  # HTTP/1.1 without Host: aiohttp's 400
-        return None
-    return RequestHead(
-        method, target, limit, length, forward, authorization, content_type, close, expect
-    )
-
-
-def _bearer(given: bytes | None) -> bytes | None:
-    """The bearer token of an ``Authorization`` value (None: none), as the API's auth."""
-    if given is None:
-        return None
-    scheme, _, value = given.partition(b" ")
-    value = value.strip()
-    return value if scheme.lower() == b"bearer" and value else None
-
-
-def _authorized(given: bytes | None, token: str) -> bool:
-    value = _bearer(given)
-    return value is not None and hmac.compare_digest(value, token.encode())
-
-
-def _answer(
-    status: int, payload: dict[str, Any], headers: list[tuple[str, str]], *, close: bool
-) -> bytes:
-    """A JSON answer of the data plane's own, whole."""
-    body = json.dumps(payload).encode()
-    lines = [
-        f"HTTP/1.1 {status} {_reason(status)}",
-        f"Date: {_date()}",
-        "Content-Type: application/json; charset=utf-8",
-        f"Content-Length: {len(body)}",
-        *(f"{k}: {v}" for k, v in headers),
-    ]
-    if close:
-        lines.append("Connection: close")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
-
-
-def _refusal_answer(refusal: Refusal, *, close: bool = False) -> bytes:
-    headers: list[tuple[str, str]] = []
-    if refusal.retry_after_s is not None and refusal.retry_after_s > 0:
-        headers.append(("Retry-After", str(max(1, math.ceil(refusal.retry_after_s)))))
-    body = error_body(refusal.status, refusal.message, refusal.code, refusal.param)
-    return _answer(refusal.status, body, headers, close=close)
-
-
-_DATE: list[Any] = [0, ""]  # the second it was made for, the Date header's value
-
-
-def _date() -> str:
-    now = int(time.time())
-    if _DATE[0] != now:
-        _DATE[:] = [now, formatdate(now, usegmt=True)]
-    return str(_DATE[1])
-
-
-def _reason(status: int) -> str:
-    try:
-        return HTTPStatus(status).phrase
-    except ValueError:
-        return "Unknown"
-
-
-_ADDRESSES: dict[str, tuple[tuple[str, int], bytes, bytes]] = {}
-
-
-def _address(endpoint: str) -> tuple[tuple[str, int], bytes, bytes]:
-    """``(host, port)``, the Host header and the path prefix of an ``http://`` endpoint."""
-    found = _ADDRESSES.get(endpoint)
-    if found is None:
-        parts = urlsplit(endpoint)
-        if parts.scheme != "http" or not parts.hostname:
-            raise Refusal(502, f"unsupported endpoint {endpoint!r}", code="upstream.unreachable")
-        port = parts.port or 80
-        found = ((parts.hostname, port), parts.netloc.encode(), parts.path.rstrip("/").encode())
-        if len(_ADDRESSES) > 4096:
-            _ADDRESSES.clear()
-        _ADDRESSES[endpoint] = found
-    return found
-
-
-def _upstream_refusal(slot: str, exc: UpstreamError) -> Refusal:
-    if exc.unreachable:
-        return Refusal(502, f"slot {slot!r} is unreachable: {exc}", code="upstream.unreachable")
-    return Refusal(502, f"slot {slot!r} failed to answer: {exc}", code="upstream.failed")
 
 
 # ----------------------------------------------------------------------------- the plane
@@ -369,7 +191,7 @@ class _Front(asyncio.Protocol):
         self.transport = None
         self.plane.fronts.discard(self)
         head = self.head
-        if head is not None and _authorized(head.authorization, self.plane.ctx.token):
+        if head is not None and authorized(head.authorization, self.plane.ctx.token):
             # Gone before its whole body: recorded as aiohttp's router records it.
             record_call(self.plane.ctx, Call(started=self.head_at, status=CLIENT_CLOSED))
             self.head = None
@@ -419,7 +241,7 @@ class _Front(asyncio.Protocol):
                     503, "the router is shutting down", code="slot.not_ready", retry_after_s=1
                 )
             elif head.length > head.limit:
-                if not _authorized(head.authorization, self.plane.ctx.token):
+                if not authorized(head.authorization, self.plane.ctx.token):
                     head.close = True  # as aiohttp's: the token first, no body read
                     self._unauthorized(head)
                     self._linger(head.length - (len(buffer) - end - 4))
@@ -428,7 +250,7 @@ class _Front(asyncio.Protocol):
                     413, f"request body exceeds {head.limit} bytes", code="request_too_large"
                 )
             if refusal is not None:
-                transport.write(_refusal_answer(refusal, close=True))
+                transport.write(refusal_answer(refusal, close=True))
                 self._linger(head.length - (len(buffer) - end - 4))  # the body is never used
                 call = Call(started=self.active, status=refusal.status)
                 record_call(self.plane.ctx, call)  # as aiohttp's router records them
@@ -475,7 +297,7 @@ class _Front(asyncio.Protocol):
         ctx = self.plane.ctx
         self.reason, self.pending = None, b""
         self.sent = self.chunked = self.sse = False
-        if not _authorized(head.authorization, ctx.token):
+        if not authorized(head.authorization, ctx.token):
             self._unauthorized(head)  # as the API's auth: no event, no router metrics
             self._done(keep=not head.close)
             return
@@ -519,23 +341,16 @@ class _Front(asyncio.Protocol):
         answers them (a client that lists the models keeps its connection here)."""
         served = served_ids(self.plane.ctx.manager)
         path = head.target.partition(b"?")[0]
-        if path == _MODELS:
+        if path == MODELS:
             listing = {"object": "list", "data": [openai_model(m) for m in served]}
-            return _answer(200, listing, [], close=head.close)
-        model_id = path[len(_MODELS) + 1 :].decode("ascii")
+            return answer(200, listing, [], close=head.close)
+        model_id = path[len(MODELS) + 1 :].decode("ascii")
         if model_id not in served:
-            return _refusal_answer(model_not_found(model_id), close=head.close)
-        return _answer(200, openai_model(model_id), [], close=head.close)
+            return refusal_answer(model_not_found(model_id), close=head.close)
+        return answer(200, openai_model(model_id), [], close=head.close)
 
     def _unauthorized(self, head: RequestHead) -> None:
-        message = (
-            "missing bearer token (Authorization: Bearer <token>)"
-            if _bearer(head.authorization) is None
-            else "wrong bearer token"
-        )
-        payload = openai_error_body(401, message, "invalid_api_key")
-        headers = [("WWW-Authenticate", 'Bearer realm="slotctl"')]
-        self._write(_answer(401, payload, headers, close=head.close))
+        self._write(unauthorized(head.authorization, close=head.close))
 
     async def _exchange(self, head: RequestHead, body: bytes, call: Call) -> bool:
         """Authenticate, read the model, lease, proxy; False when the connection must close."""
@@ -546,30 +361,19 @@ class _Front(asyncio.Protocol):
                 raise Refusal(
                     503, "the router is shutting down", code="slot.not_ready", retry_after_s=1
                 )
-            model = model_of(head.content_type, body)
-            candidates = serving(manager, model)
-            if not candidates:
-                report_refusal(ctx, ModelNotFound(model), model)
-                raise model_not_found(model)
-            call.model = model
-            try:
-                lease = await acquire(manager, candidates)
-            except SlotctlError as exc:
-                report_refusal(ctx, exc, model)
-                raise slot_refusal(exc) from None
-            call.lease, call.slot = lease, lease.slot
+            lease = await lease_model(ctx, call, model_of(head.content_type, body))
             try:
                 return await self._proxy(head, body, call)
             finally:
                 manager.release(lease)
         except Refusal as refusal:
             call.status = refusal.status
-            self._write(_refusal_answer(refusal))
+            self._write(refusal_answer(refusal))
             return True
         except SlotctlError as exc:  # e.g. the slot was removed while we looked it up
-            answer = slot_refusal(exc)
-            call.status = answer.status
-            self._write(_refusal_answer(answer))
+            refused = slot_refusal(exc)
+            call.status = refused.status
+            self._write(refusal_answer(refused))
             return True
 
     async def _proxy(self, head: RequestHead, body: bytes, call: Call) -> bool:
@@ -578,7 +382,7 @@ class _Front(asyncio.Protocol):
             raise Refusal(
                 503, f"slot {call.slot!r} has no endpoint", code="slot.not_ready", retry_after_s=1
             )
-        key, host, prefix = _address(endpoint)
+        key, host, prefix = address(endpoint)
         self.call = call  # the plane's watch looks at its lease from now on
         request_head = b"\r\n".join(
             (
@@ -592,29 +396,10 @@ class _Front(asyncio.Protocol):
         try:
             upstream = await self.plane.pool.exchange(key, [request_head, body])
         except UpstreamError as exc:
-            raise _upstream_refusal(call.slot, exc) from None
+            raise upstream_error(call.slot, exc) from None
         self.upstream = upstream
         call.status = upstream.status
-        lines = [b"HTTP/1.1 %d " % upstream.status + upstream.reason.encode("latin-1")]
-        for name, value in upstream.headers:
-            lower = name.lower()
-            if lower in _RESPONSE_DROP:
-                continue
-            if lower == b"content-type":
-                self.sse = value.lower().startswith(b"text/event-stream")
-            lines.append(name + b": " + value)
-        framing = upstream.framing
-        if framing == LENGTH:  # the body passes verbatim
-            lines.append(b"Content-Length: %d" % upstream.length)
-        elif framing in (CHUNKED, CLOSE):  # chunked or to the end: re-chunked, a chunk per read
-            lines.append(b"Transfer-Encoding: chunked")
-            self.chunked = True
-        elif upstream.status not in (204, 304):
-            lines.append(b"Content-Length: 0")
-        if head.close:
-            lines.append(b"Connection: close")
-        lines.append(b"\r\n")
-        self.pending = b"\r\n".join(lines)
+        self.pending, self.chunked, self.sse = response_head(upstream, close=head.close)
         if self.chunked and self.sse:  # an event stream: its head goes out now (the first
             # token may be seconds away); a break before it is then an in-band error event
             self._write(self.pending)
@@ -625,7 +410,7 @@ class _Front(asyncio.Protocol):
         try:
             await done  # a cancel before the end leaves self.upstream set: _serve drops it
         except UpstreamError as exc:
-            return self._broken(call, _upstream_refusal(call.slot, exc))
+            return self._broken(call, upstream_error(call.slot, exc))
         tail = _LAST_CHUNK if self.chunked else b""
         self._write(self.pending + tail if self.pending else tail)
         self.pending = b""
@@ -684,7 +469,7 @@ class _Front(asyncio.Protocol):
         call.status = refusal.status
         if not self.sent:
             self.pending = b""
-            self._write(_refusal_answer(refusal))
+            self._write(refusal_answer(refusal))
             return True
         if self.sse and self.chunked:
             event = (

@@ -68,6 +68,7 @@ __all__ = [
     "RESPONSE_DROP",
     "SESSION",
     "Call",
+    "lease_model",
     "record_call",
     "report_refusal",
     "route_request",
@@ -293,18 +294,7 @@ async def _work(
     manager = ctx.manager
     try:
         body = await read_body(request, limit)
-        model = requested_model(request, body)
-        candidates = serving(manager, model)
-        if not candidates:
-            report_refusal(ctx, ModelNotFound(model), model)
-            raise model_not_found(model)
-        call.model = model
-        try:
-            lease = await acquire(manager, candidates)
-        except SlotctlError as exc:
-            report_refusal(ctx, exc, model)
-            raise slot_refusal(exc) from None
-        call.lease, call.slot = lease, lease.slot
+        lease = await lease_model(ctx, call, requested_model(request, body))
         try:
             return await _proxy(request, ctx, call, body)
         finally:
@@ -313,6 +303,24 @@ async def _work(
         return refusal.response()
     except SlotctlError as exc:  # e.g. the slot was removed while we looked it up
         return slot_refusal(exc).response()
+
+
+async def lease_model(ctx: ApiContext, call: Call, model: str) -> Lease:
+    """A lease on the best activated slot serving ``model`` (``call`` records the model
+    and the slot); else the refusal, reported once. Both router paths lease through it."""
+    manager = ctx.manager
+    candidates = serving(manager, model)
+    if not candidates:
+        report_refusal(ctx, ModelNotFound(model), model)
+        raise model_not_found(model)
+    call.model = model
+    try:
+        lease = await acquire(manager, candidates)
+    except SlotctlError as exc:
+        report_refusal(ctx, exc, model)
+        raise slot_refusal(exc) from None
+    call.lease, call.slot = lease, lease.slot
+    return lease
 
 
 def report_refusal(ctx: ApiContext, error: SlotctlError, model: str) -> None:

@@ -24,8 +24,10 @@ from collections.abc import Callable
 from typing import Final, Protocol
 
 __all__ = [
+    "BAD_VALUE",
     "CHUNKED",
     "CLOSE",
+    "HEADER_NAME",
     "IDLE_S",
     "LENGTH",
     "NONE",
@@ -44,8 +46,8 @@ _JOIN_MAX: Final = 256 * 1024  # a request up to this size is written as one pie
 # Framing of a response body: none, Content-Length, chunked, to the end of the connection.
 NONE, LENGTH, CHUNKED, CLOSE = 0, 1, 2, 3
 _NONE, _LENGTH, _CHUNKED, _CLOSE = NONE, LENGTH, CHUNKED, CLOSE
-_TOKEN: Final = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # a header name
-_BAD: Final = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")  # not in a header value
+HEADER_NAME: Final = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # a token
+BAD_VALUE: Final = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")  # not in a header value
 # States of the chunked decoder.
 _SIZE, _DATA, _DATA_END, _TRAILER = 0, 1, 2, 3
 
@@ -236,7 +238,7 @@ class Upstream(asyncio.Protocol):
                 not version.startswith(b"HTTP/1.")
                 or len(code) != 3
                 or not code.isdigit()
-                or _BAD.search(reason)
+                or BAD_VALUE.search(reason)
             ):
                 self._fail_head("the answer is not HTTP/1.x")
                 return
@@ -250,7 +252,7 @@ class Upstream(asyncio.Protocol):
         for line in lines[1:]:
             name, sep, value = line.partition(b":")
             value = value.strip(b" \t")
-            if not sep or not _TOKEN.fullmatch(name) or _BAD.search(value):
+            if not sep or not HEADER_NAME.fullmatch(name) or BAD_VALUE.search(value):
                 self._fail_head("a malformed response header")  # never relayed to a client
                 return
             lower = name.lower()

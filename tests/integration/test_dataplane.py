@@ -24,7 +24,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from controller.api.dataplane import parse_head
+from controller.api.dataplane_head import parse_head
 from controller.lifecycle import SlotState
 from tests.integration.test_router import AUTH, TOKEN, Harness, Router, chat, model, wait_for
 

@@ -1,0 +1,259 @@
+"""The data plane's HTTP/1.1 text: a request's head read, the data plane's own answers
+written, an upstream's answer head rebuilt for the client, an endpoint's address.
+
+Pure (no I/O): the protocol of :mod:`controller.api.dataplane` uses it. What the head's
+parser does not take (``None``) goes to aiohttp, which answers it as it would without
+the data plane (a 400 for a malformed head, the router's path for a chunked upload).
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import math
+import re
+import time
+from dataclasses import dataclass
+from email.utils import formatdate
+from http import HTTPStatus
+from typing import Any, Final
+from urllib.parse import urlsplit
+
+from controller.api.app import BAD_BEARER_MESSAGE, NO_BEARER_MESSAGE, openai_error_body
+from controller.api.router_proxy import REQUEST_DROP, RESPONSE_DROP
+from controller.api.router_request import (
+    AUDIO_MAX_BYTES,
+    AUDIO_TAIL,
+    JSON_MAX_BYTES,
+    Refusal,
+    error_body,
+)
+from controller.api.upstream import (
+    BAD_VALUE,
+    CHUNKED,
+    CLOSE,
+    HEADER_NAME,
+    LENGTH,
+    Upstream,
+    UpstreamError,
+)
+
+__all__ = [
+    "RequestHead",
+    "address",
+    "answer",
+    "authorized",
+    "parse_head",
+    "refusal_answer",
+    "response_head",
+    "unauthorized",
+    "upstream_error",
+]
+
+_LINE_MAX: Final = 8190  # aiohttp's own line limit: a longer line goes to aiohttp
+_DIGITS_MAX: Final = 18  # a longer Content-Length goes to aiohttp (which refuses it)
+_JSON_PATHS: Final = frozenset((b"/v1/chat/completions", b"/v1/completions", b"/v1/embeddings"))
+_AUDIO: Final = b"/v1/audio/"
+MODELS: Final = b"/v1/models"
+# One model of /v1/models by its id, not percent-encoded (that goes to aiohttp, which
+# decodes it); an id may hold slashes ("org/model").
+_MODEL_PATH: Final = re.compile(rb"/v1/models/[\x21-\x24\x26-\x3e\x40-\x7e]+")
+_AUDIO_TAIL: Final = re.compile(AUDIO_TAIL.pattern.encode())  # the router's, on bytes
+_TARGET: Final = re.compile(rb"[\x21-\x7e]+")
+_REQUEST_DROP: Final = frozenset(h.encode() for h in REQUEST_DROP)
+# The upstream's Date passes (aiohttp, which adds its own, drops it); its Server does not.
+_RESPONSE_DROP: Final = frozenset(h.encode() for h in RESPONSE_DROP) - {b"date"}
+
+
+@dataclass(slots=True)
+class RequestHead:
+    """What the data plane reads of a request head."""
+
+    method: bytes  # POST (routed), or GET (/v1/models)
+    target: bytes  # path and query, forwarded as they came
+    limit: int  # the body limit of the endpoint (413 beyond it)
+    length: int  # Content-Length
+    forward: list[bytes]  # the header lines passed upstream
+    authorization: bytes | None
+    content_type: str
+    close: bool  # the client sent Connection: close
+    expect: bool  # Expect: 100-continue
+
+
+def parse_head(raw: bytes) -> RequestHead | None:
+    """The head of a request the data plane serves, or None for aiohttp to serve."""
+    lines = raw.split(b"\r\n")
+    parts = lines[0].split(b" ")
+    if len(parts) != 3 or parts[2] != b"HTTP/1.1":
+        return None
+    method, target = parts[0], parts[1]
+    if len(lines[0]) > _LINE_MAX or not _TARGET.fullmatch(target):
+        return None
+    path = target.partition(b"?")[0]
+    if method == b"POST" and path in _JSON_PATHS:
+        limit = JSON_MAX_BYTES
+    elif method == b"POST" and path.startswith(_AUDIO) and _AUDIO_TAIL.fullmatch(path, 10):
+        limit = AUDIO_MAX_BYTES
+    elif method == b"GET" and (path == MODELS or _MODEL_PATH.fullmatch(path)):
+        limit = 0  # no body (a GET with one goes to aiohttp)
+    else:
+        return None
+    length: int | None = None
+    forward: list[bytes] = []
+    authorization: bytes | None = None
+    content_type = ""
+    close = expect = host = False
+    for line in lines[1:]:
+        name, sep, value = line.partition(b":")
+        if not sep or len(line) > _LINE_MAX or not HEADER_NAME.fullmatch(name):
+            return None  # malformed, or folded (obs-fold): aiohttp refuses it
+        value = value.strip(b" \t")
+        if BAD_VALUE.search(value):
+            return None
+        lower = name.lower()
+        if lower == b"content-length":
+            if (
+                not value.isdigit()
+                or len(value) > _DIGITS_MAX  # int() refuses 4300 digits and more
+                or (length is not None and int(value) != length)
+            ):
+                return None  # aiohttp refuses it
+            length = int(value)
+            continue
+        if lower in (b"transfer-encoding", b"upgrade"):
+            return None
+        if lower == b"expect":
+            if value.lower() != b"100-continue":
+                return None
+            expect = True
+            continue
+        if lower == b"authorization":
+            authorization = value
+        elif lower == b"connection":
+            close = b"close" in value.lower()
+        elif lower == b"content-type":
+            content_type = value.decode("latin-1")
+        elif lower == b"host":
+            host = True
+        if lower not in _REQUEST_DROP:
+            forward.append(name + b": " + value)
+    if method == b"GET" and not length and not expect:
+        length = 0
+    if length is None or not host:  # HTTP/1.1 without Host: aiohttp's 400
+        return None
+    return RequestHead(
+        method, target, limit, length, forward, authorization, content_type, close, expect
+    )
+
+
+def _bearer(given: bytes | None) -> bytes | None:
+    """The bearer token of an ``Authorization`` value (None: none), as the API's auth."""
+    if given is None:
+        return None
+    scheme, _, value = given.partition(b" ")
+    value = value.strip()
+    return value if scheme.lower() == b"bearer" and value else None
+
+
+def authorized(given: bytes | None, token: str) -> bool:
+    value = _bearer(given)
+    return value is not None and hmac.compare_digest(value, token.encode())
+
+
+def answer(
+    status: int, payload: dict[str, Any], headers: list[tuple[str, str]], *, close: bool
+) -> bytes:
+    """A JSON answer of the data plane's own, whole."""
+    body = json.dumps(payload).encode()
+    lines = [
+        f"HTTP/1.1 {status} {_reason(status)}",
+        f"Date: {_date()}",
+        "Content-Type: application/json; charset=utf-8",
+        f"Content-Length: {len(body)}",
+        *(f"{k}: {v}" for k, v in headers),
+    ]
+    if close:
+        lines.append("Connection: close")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+def refusal_answer(refusal: Refusal, *, close: bool = False) -> bytes:
+    headers: list[tuple[str, str]] = []
+    if refusal.retry_after_s is not None and refusal.retry_after_s > 0:
+        headers.append(("Retry-After", str(max(1, math.ceil(refusal.retry_after_s)))))
+    body = error_body(refusal.status, refusal.message, refusal.code, refusal.param)
+    return answer(refusal.status, body, headers, close=close)
+
+
+_DATE: list[Any] = [0, ""]  # the second it was made for, the Date header's value
+
+
+def _date() -> str:
+    now = int(time.time())
+    if _DATE[0] != now:
+        _DATE[:] = [now, formatdate(now, usegmt=True)]
+    return str(_DATE[1])
+
+
+def _reason(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return "Unknown"
+
+
+_ADDRESSES: dict[str, tuple[tuple[str, int], bytes, bytes]] = {}
+
+
+def address(endpoint: str) -> tuple[tuple[str, int], bytes, bytes]:
+    """``(host, port)``, the Host header and the path prefix of an ``http://`` endpoint."""
+    found = _ADDRESSES.get(endpoint)
+    if found is None:
+        parts = urlsplit(endpoint)
+        if parts.scheme != "http" or not parts.hostname:
+            raise Refusal(502, f"unsupported endpoint {endpoint!r}", code="upstream.unreachable")
+        port = parts.port or 80
+        found = ((parts.hostname, port), parts.netloc.encode(), parts.path.rstrip("/").encode())
+        if len(_ADDRESSES) > 4096:
+            _ADDRESSES.clear()
+        _ADDRESSES[endpoint] = found
+    return found
+
+
+def upstream_error(slot: str, exc: UpstreamError) -> Refusal:
+    if exc.unreachable:
+        return Refusal(502, f"slot {slot!r} is unreachable: {exc}", code="upstream.unreachable")
+    return Refusal(502, f"slot {slot!r} failed to answer: {exc}", code="upstream.failed")
+
+
+def unauthorized(authorization: bytes | None, *, close: bool) -> bytes:
+    """The 401 of the API's auth, in OpenAI's shape."""
+    message = NO_BEARER_MESSAGE if _bearer(authorization) is None else BAD_BEARER_MESSAGE
+    payload = openai_error_body(401, message, "invalid_api_key")
+    return answer(401, payload, [("WWW-Authenticate", 'Bearer realm="slotctl"')], close=close)
+
+
+def response_head(upstream: Upstream, *, close: bool) -> tuple[bytes, bool, bool]:
+    """The client's head of an upstream's answer: ``(head, chunked, event stream)``.
+    Hop-by-hop headers go; a sized body keeps its length (it passes verbatim), a chunked
+    or to-the-end one is re-chunked (a chunk a read)."""
+    lines = [b"HTTP/1.1 %d " % upstream.status + upstream.reason.encode("latin-1")]
+    sse = chunked = False
+    for name, value in upstream.headers:
+        lower = name.lower()
+        if lower in _RESPONSE_DROP:
+            continue
+        if lower == b"content-type":
+            sse = value.lower().startswith(b"text/event-stream")
+        lines.append(name + b": " + value)
+    if upstream.framing == LENGTH:
+        lines.append(b"Content-Length: %d" % upstream.length)
+    elif upstream.framing in (CHUNKED, CLOSE):
+        lines.append(b"Transfer-Encoding: chunked")
+        chunked = True
+    elif upstream.status not in (204, 304):
+        lines.append(b"Content-Length: 0")
+    if close:
+        lines.append(b"Connection: close")
+    lines.append(b"\r\n")
+    return b"\r\n".join(lines), chunked, sse
