@@ -10,9 +10,9 @@ recycled pid (same number, different start time) is never mistaken for ours.
 Processes are also *labelled* through their environment (``SLOTCTL_MANAGED``,
 ``SLOTCTL_SLOT``, ``SLOTCTL_OWNER``...), the process analogue of container labels: a
 server whose record was lost (controller killed between spawn and record) is still found
-and adopted: /proc is read in full at the runtime's first need and at each resync
-(``list_managed``), and the servers the runtime spawns are remembered, so a start is not
-a scan of every process. Nothing without our labels is ever signalled.
+and adopted (:mod:`controller.runtime.process_labels` finds them: /proc is read in full
+at the first need and at each resync, and the servers the runtime spawns are remembered,
+so a start is not a scan of every process). Nothing without our labels is ever signalled.
 """
 
 from __future__ import annotations
@@ -24,9 +24,8 @@ import os
 import shutil
 import signal
 import subprocess
-import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import IO, Any, Final
@@ -37,6 +36,16 @@ from controller.errors import SlotSpawnFailed, SlotTerminateTimeout, StateWriteF
 from controller.runtime.base import LaunchSpec, Observed, ProgressCallback, RunStatus
 from controller.runtime.logwatch import follow
 from controller.runtime.ports import require_free_port
+from controller.runtime.process_labels import (
+    ENV_HASH,
+    ENV_MANAGED,
+    ENV_OWNER,
+    ENV_PORT,
+    ENV_SLOT,
+    ENV_STACK,
+    LabelledServers,
+    is_zombie,
+)
 from controller.store import StateStore
 
 __all__ = ["ProcessRuntime"]
@@ -50,12 +59,6 @@ RECORD: Final = "process.json"
 # start time rules out a recycled pid). It saves two fsyncs at every start.
 RECORD_DURABLE: Final = False
 LOG: Final = "server.log"
-ENV_MANAGED: Final = "SLOTCTL_MANAGED"
-ENV_SLOT: Final = "SLOTCTL_SLOT"
-ENV_STACK: Final = "SLOTCTL_STACK"
-ENV_HASH: Final = "SLOTCTL_CONFIG_HASH"
-ENV_OWNER: Final = "SLOTCTL_OWNER"
-ENV_PORT: Final = "SLOTCTL_PORT"
 # Never leak the controller's secrets into a model server's environment.
 _SCRUBBED_ENV: Final = frozenset({"SLOTCTL_TOKEN"})
 _POLL_S: Final = 0.02
@@ -84,11 +87,7 @@ class ProcessRuntime:
         self.log_max_bytes = log_max_bytes
         self.log_backups = log_backups
         self.kill_grace_s = kill_grace_s
-        # The pids that may be a slot's labelled server (see _scan): what the last full
-        # scan of /proc found, plus every server this runtime spawned since.
-        self._candidates: dict[str, set[int]] = {}
-        self._scanned = False
-        self._candidates_lock = threading.Lock()  # scans and spawns run on worker threads
+        self.labelled = LabelledServers(self.owner)  # servers found by their labels
 
     # ------------------------------------------------------------------ protocol
 
@@ -138,8 +137,8 @@ class ProcessRuntime:
             # No record, or the recorded server is gone: a live server may still carry
             # the slot's labels (a controller killed between a spawn and its record).
             # Once /proc has been read, a look checks the few candidates: on the loop.
-            scan = self._scan
-            found = scan(slot) if self._scanned else await asyncio.to_thread(scan, slot)
+            find = self.labelled.find
+            found = find(slot) if self.labelled.scanned else await asyncio.to_thread(find, slot)
             if found is None:
                 return observed or Observed(slot=slot, status=RunStatus.MISSING)
             record = self._record_from_labels(slot, found)
@@ -152,7 +151,7 @@ class ProcessRuntime:
         return observed
 
     async def list_managed(self) -> list[Observed]:
-        names = set(await asyncio.to_thread(self._scan_all))
+        names = set(await asyncio.to_thread(self.labelled.scan_all))
         names.update(n for n in self.store.names() if self._record(n))
         return [await self.inspect(name) for name in sorted(names)]
 
@@ -233,7 +232,7 @@ class ProcessRuntime:
                     argv=list(launch.argv),
                 ) from exc
         _CHILDREN[popen.pid] = popen
-        self._remember(launch.slot, popen.pid)
+        self.labelled.remember(launch.slot, popen.pid)
         try:
             create_time = psutil.Process(popen.pid).create_time()
         except psutil.NoSuchProcess:
@@ -279,7 +278,7 @@ class ProcessRuntime:
         proc = self._verified(pid, float(record.get("create_time", 0.0)))
         if proc is None:
             return _exited(running, None)
-        if _is_zombie(proc):
+        if is_zombie(proc):
             return _exited(running, _reap(pid))
         return running
 
@@ -297,77 +296,14 @@ class ProcessRuntime:
     def _live_process(self, slot: str) -> psutil.Process | None:
         record = self._record(slot)
         if record is None:
-            return self._scan(slot)
+            return self.labelled.find(slot)
         proc = self._verified(int(record["pid"]), float(record.get("create_time", 0.0)))
-        if proc is None or _is_zombie(proc):
-            return self._scan(slot)  # a stale record must not hide an unrecorded server
+        if proc is None or is_zombie(proc):
+            return self.labelled.find(slot)  # a stale record must not hide an unrecorded server
         return proc
 
-    def _labels_of(self, proc: psutil.Process) -> dict[str, str] | None:
-        try:
-            env = proc.environ()
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
-            return None
-        if env.get(ENV_MANAGED) != "true" or env.get(ENV_OWNER) != self.owner:
-            return None
-        return env
-
-    def _scan(self, slot: str) -> psutil.Process | None:
-        """The live server labelled as ``slot``'s (its process group leader), or None.
-
-        /proc is read in full once, at the first need, not at every start of a slot
-        without a record (that scan was O(processes) per load). A server without a record
-        can only come from before this runtime (a controller killed between its spawn and
-        its record): while a controller runs, it is the one that starts servers on its
-        state dir (``ControllerLock``), and every server started since is one this runtime
-        spawned, which it remembers. ``list_managed`` (each resync) scans in full again.
-        Every candidate is checked again (alive, labels, group leader) before it is used.
-        """
-        if not self._scanned:
-            self._scan_all()
-        with self._candidates_lock:
-            pids = sorted(self._candidates.get(slot, ()))
-        for pid in pids:
-            proc = self._leader(slot, pid)
-            if proc is not None:
-                return proc
-            with self._candidates_lock:  # gone, or a recycled pid
-                self._candidates.get(slot, set()).discard(pid)
-        return None
-
-    def _remember(self, slot: str, pid: int) -> None:
-        with self._candidates_lock:
-            self._candidates.setdefault(slot, set()).add(pid)
-
-    def _leader(self, slot: str, pid: int) -> psutil.Process | None:
-        try:
-            proc = psutil.Process(pid)
-        except psutil.Error:
-            return None
-        labels = self._labels_of(proc)
-        if labels is None or labels.get(ENV_SLOT) != slot:
-            return None
-        with contextlib.suppress(ProcessLookupError, psutil.NoSuchProcess):
-            # The group leader is the server; children of it carry the same labels.
-            if os.getpgid(proc.pid) == proc.pid and not _is_zombie(proc):
-                return proc
-        return None
-
-    def _scan_all(self) -> list[str]:
-        """Every slot with a labelled process of ours (a full scan of /proc); each such
-        process becomes a candidate of :meth:`_scan` (which keeps the group leaders)."""
-        names = []
-        for proc in _labelled_processes():
-            labels = self._labels_of(proc)
-            slot = labels.get(ENV_SLOT) if labels is not None else None
-            if slot:
-                names.append(slot)
-                self._remember(slot, proc.pid)
-        self._scanned = True
-        return names
-
     def _record_from_labels(self, slot: str, proc: psutil.Process) -> dict[str, Any]:
-        labels = self._labels_of(proc) or {}
+        labels = self.labelled.labels_of(proc) or {}
         port = int(labels.get(ENV_PORT, "0") or 0)
         return {
             "pid": proc.pid,
@@ -398,7 +334,7 @@ class ProcessRuntime:
             if popen is not None:
                 if popen.poll() is not None:
                     return True
-            elif not proc.is_running() or _is_zombie(proc):
+            elif not proc.is_running() or is_zombie(proc):
                 _reap(proc.pid)
                 return True
             if time.monotonic() >= deadline:
@@ -458,13 +394,6 @@ class ProcessRuntime:
         return lines[-tail:] if tail > 0 else lines
 
 
-def _is_zombie(proc: psutil.Process) -> bool:
-    try:
-        return proc.status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
 def _reap(pid: int) -> int | None:
     """Collect a zombie child's exit status (only works for our own children)."""
     popen = _CHILDREN.get(pid)
@@ -490,30 +419,3 @@ def _exit_text(code: int | None) -> str:
         with contextlib.suppress(ValueError):
             return f"killed by {signal.Signals(-code).name}"
     return f"exited with code {code}"
-
-
-_PROC: Final = Path("/proc")
-_MANAGED_ENTRY: Final = f"\0{ENV_MANAGED}=true\0".encode()
-
-
-def _labelled_processes() -> Iterator[psutil.Process]:
-    """The processes that may carry slotctl labels: on Linux those whose initial
-    environment (``/proc/PID/environ``, one raw read each) has ``SLOTCTL_MANAGED=true``;
-    the caller still checks every label through psutil. Through psutil alone a scan
-    parsed every process's environment (~2 ms of CPU at 80 processes); the pre-filter
-    costs ~0.3 ms. Elsewhere: every process."""
-    if not _PROC.is_dir():
-        yield from psutil.process_iter()
-        return
-    # os.listdir, not Path.iterdir: a Path per process doubled the scan's CPU (130 processes:
-    # 0.8 ms against 1.5 ms); a list, not scandir: a scan that stops early leaves nothing open.
-    for name in os.listdir(_PROC):  # noqa: PTH208
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as env:
-                raw = b"\0" + env.read()
-            if _MANAGED_ENTRY in raw:
-                yield psutil.Process(int(name))
-        except (OSError, psutil.Error):  # gone, or not ours to read: not a candidate
-            continue

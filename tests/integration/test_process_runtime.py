@@ -227,8 +227,8 @@ async def test_ready_detected_within_100ms_of_server_ready(runtime: ProcessRunti
 def test_label_scan_finds_the_managed_entry_anywhere_and_skips_lookalikes(
     tmp_path: Path,
 ) -> None:
-    """The scan's raw /proc pre-filter (``_labelled_processes``) must keep every process
-    psutil would have found: the managed entry first, last or in between in the
+    """The scan's raw /proc pre-filter (``process_labels._labelled_processes``) must keep
+    every process psutil would have found: the managed entry first, last or in between in the
     environment; and a lookalike (another variable's value or name ending in it) is no
     label."""
     rt = ProcessRuntime(tmp_path / "state")
@@ -248,12 +248,14 @@ def test_label_scan_finds_the_managed_entry_anywhere_and_skips_lookalikes(
         for slot, env in envs.items()
     }
     try:
-        assert sorted(rt._scan_all()) == ["first", "last"]
+        assert sorted(rt.labelled.scan_all()) == ["first", "last"]
         for slot in ("first", "last"):
-            found = rt._scan(slot)
+            found = rt.labelled.find(slot)
             assert found is not None and found.pid == procs[slot].pid
-        assert rt._scan("value") is None and rt._scan("name") is None
-        assert rt._scan("firs") is None and rt._scan("irst") is None  # whole values only
+        assert rt.labelled.find("value") is None and rt.labelled.find("name") is None
+        assert (
+            rt.labelled.find("firs") is None and rt.labelled.find("irst") is None
+        )  # whole values only
     finally:
         for proc in procs.values():
             proc.kill()
@@ -301,21 +303,21 @@ def test_strays_are_those_of_the_first_scan_and_of_each_full_scan(tmp_path: Path
 
     early = stray("early")
     try:
-        found = rt._scan("early")  # the first look: a full scan
+        found = rt.labelled.find("early")  # the first look: a full scan
         assert found is not None and found.pid == early.pid
         late = stray("late")
         try:
-            assert rt._scan("late") is None  # not rescanned at every look
-            assert "late" in rt._scan_all()  # the resync's full scan
-            found = rt._scan("late")
+            assert rt.labelled.find("late") is None  # not rescanned at every look
+            assert "late" in rt.labelled.scan_all()  # the resync's full scan
+            found = rt.labelled.find("late")
             assert found is not None and found.pid == late.pid
         finally:
             late.kill()
             late.wait()
-        assert rt._scan("late") is None  # exited: dropped
-        assert rt._candidates["late"] == set()
-        rt._remember("early", late.pid)  # a candidate pid that is no "early" server
-        found = rt._scan("early")
+        assert rt.labelled.find("late") is None  # exited: dropped
+        assert rt.labelled.candidates["late"] == set()
+        rt.labelled.remember("early", late.pid)  # a candidate pid that is no "early" server
+        found = rt.labelled.find("early")
         assert found is not None and found.pid == early.pid
     finally:
         early.kill()
