@@ -16,7 +16,8 @@ import contextlib
 import http.client
 import json
 import sys
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -113,6 +114,16 @@ def ask(mode: str, **more: Any) -> dict[str, Any]:
 async def stats(r: Router) -> dict[str, Any]:
     async with r.client.get(r.endpoint("wire") + "/stats") as resp:
         return dict(await resp.json())
+
+
+async def stats_until(
+    r: Router, check: Callable[[dict[str, Any]], bool], limit_s: float = 10.0
+) -> dict[str, Any]:
+    """The upstream's counters once ``check`` holds of them (the last ones at the limit)."""
+    deadline = time.monotonic() + limit_s
+    while not check(seen := await stats(r)) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    return seen
 
 
 @pytest.fixture
@@ -494,13 +505,8 @@ async def test_a_slow_client_pauses_the_upstream(harness: Harness) -> None:
         written = (await stats(r))["written"]
         assert written < 64 << 20, written  # without flow control: all 256 MiB at once
         await c.reader.readexactly(4 << 20)  # reading lets it go on
-        await wait_for(lambda: True)
     await wait_for(lambda: r.manager.view("wire").state is S.READY)
-    for _ in range(100):
-        seen = await stats(r)
-        if seen["closed_post_connections"] == seen["post_connections"]:
-            break
-        await asyncio.sleep(0.05)
+    seen = await stats_until(r, lambda s: s["closed_post_connections"] == s["post_connections"])
     assert seen["closed_post_connections"] == seen["post_connections"] == 1
 
 
@@ -509,16 +515,10 @@ async def test_a_client_that_leaves_closes_the_upstream_request(harness: Harness
     async with wire(r) as c:
         c.send(post("/v1/chat/completions", ask("hang")))
         await wait_for(lambda: r.manager.view("wire").state is S.SERVING, timeout=30)
-        for _ in range(200):  # until the upstream works on it
-            if (await stats(r))["post_connections"] == 1:
-                break
-            await asyncio.sleep(0.05)
+        await stats_until(r, lambda s: s["post_connections"] == 1)  # the upstream works on it
     await wait_for(lambda: r.manager.view("wire").state is S.READY)
-    for _ in range(100):
-        if (await stats(r))["closed_post_connections"] == 1:
-            break
-        await asyncio.sleep(0.05)
-    assert (await stats(r))["closed_post_connections"] == 1  # the server stops working on it
+    seen = await stats_until(r, lambda s: s["closed_post_connections"] == 1)
+    assert seen["closed_post_connections"] == 1  # the server stops working on it
 
 
 async def test_stopping_lets_a_request_in_flight_finish(harness: Harness) -> None:
