@@ -56,6 +56,7 @@ from pathlib import Path
 # The controller package measured: this checkout's, or (the --baseline subprocess) another's.
 sys.path.insert(0, os.environ.get("SLOTCTL_BENCH_TREE") or str(Path(__file__).parent.parent))
 
+from controller import eventloop
 from controller.apply import apply_to_config
 from controller.clock import SYSTEM_CLOCK
 from controller.daemon import Controller, DaemonOptions
@@ -509,10 +510,16 @@ def main() -> None:
     parser.add_argument("--no-sequential", action="store_true", help="(d): skip the baseline")
     parser.add_argument("--parts", default="abcd", help="sections to run (default abcd)")
     parser.add_argument("--baseline", default=None, help="(a), (b): also measure this tree")
+    parser.add_argument(
+        "--loop",
+        default="auto",
+        choices=("auto", "asyncio", "uvloop"),
+        help="event loop (default auto: uvloop when installed, as slotctl up and apply run)",
+    )
     parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(main_async(args))
+        eventloop.run(lambda: main_async(args), args.loop)
 
 
 if __name__ == "__main__":
