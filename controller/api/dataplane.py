@@ -106,7 +106,7 @@ class DataPlane:
         unloaded) is cancelled; one timer for them all, not one per request."""
         for front in self.fronts:
             call = front.call
-            if call is not None and call.lease is not None and call.lease.lost.is_set():
+            if call is not None and call.lease is not None and call.lease.revoked:
                 front.abort_request("lease")
         self._watcher = self.loop.call_later(_WATCH_S, self._watch)
 
@@ -384,14 +384,12 @@ class _Front(asyncio.Protocol):
             )
         key, host, prefix = address(endpoint)
         self.call = call  # the plane's watch looks at its lease from now on
-        request_head = b"\r\n".join(
-            (
-                b"POST " + prefix + head.target + b" HTTP/1.1",
-                b"Host: " + host,
-                b"Content-Length: %d" % len(body),
-                *head.forward,
-                b"\r\n",
-            )
+        request_head = b"POST %s%s HTTP/1.1\r\nHost: %s\r\nContent-Length: %d%s\r\n\r\n" % (
+            prefix,
+            head.target,
+            host,
+            len(body),
+            head.forward,
         )
         try:
             upstream = await self.plane.pool.exchange(key, [request_head, body])

@@ -29,10 +29,9 @@ from controller.api.router_request import (
     error_body,
 )
 from controller.api.upstream import (
-    BAD_VALUE,
     CHUNKED,
     CLOSE,
-    HEADER_NAME,
+    HEADER_LINES,
     LENGTH,
     Upstream,
     UpstreamError,
@@ -63,6 +62,22 @@ _TARGET: Final = re.compile(rb"[\x21-\x7e]+")
 _REQUEST_DROP: Final = frozenset(h.encode() for h in REQUEST_DROP)
 # The upstream's Date passes (aiohttp, which adds its own, drops it); its Server does not.
 _RESPONSE_DROP: Final = frozenset(h.encode() for h in RESPONSE_DROP) - {b"date"}
+# The lines of the response headers not passed to the client.
+_RESPONSE_DROPPED: Final = re.compile(
+    rb"\r\n(?:" + b"|".join(re.escape(h) for h in sorted(_RESPONSE_DROP)) + rb"):[^\r]*",
+    re.IGNORECASE,
+)
+# The request headers the parser reads (their lines: the head's lines are well-formed).
+_REQUEST_READ: Final = re.compile(
+    rb"\r\n(authorization|connection|content-length|content-type|expect|host|"
+    rb"transfer-encoding|upgrade):[ \t]*([^\r]*)",
+    re.IGNORECASE,
+)
+# The lines of the request headers not passed upstream (hop-by-hop, credentials).
+_REQUEST_DROPPED: Final = re.compile(
+    rb"\r\n(?:" + b"|".join(re.escape(h) for h in sorted(_REQUEST_DROP)) + rb"):[^\r]*",
+    re.IGNORECASE,
+)
 
 
 @dataclass(slots=True)
@@ -73,7 +88,7 @@ class RequestHead:
     target: bytes  # path and query, forwarded as they came
     limit: int  # the body limit of the endpoint (413 beyond it)
     length: int  # Content-Length
-    forward: list[bytes]  # the header lines passed upstream
+    forward: bytes  # the header lines passed upstream, each after a CRLF, as they came
     authorization: bytes | None
     content_type: str
     close: bool  # the client sent Connection: close
@@ -82,12 +97,14 @@ class RequestHead:
 
 def parse_head(raw: bytes) -> RequestHead | None:
     """The head of a request the data plane serves, or None for aiohttp to serve."""
-    lines = raw.split(b"\r\n")
-    parts = lines[0].split(b" ")
+    first = raw.find(b"\r\n")
+    if first < 0:
+        first = len(raw)
+    parts = raw[:first].split(b" ")
     if len(parts) != 3 or parts[2] != b"HTTP/1.1":
         return None
     method, target = parts[0], parts[1]
-    if len(lines[0]) > _LINE_MAX or not _TARGET.fullmatch(target):
+    if first > _LINE_MAX or not _TARGET.fullmatch(target):
         return None
     path = target.partition(b"?")[0]
     if method == b"POST" and path in _JSON_PATHS:
@@ -98,19 +115,20 @@ def parse_head(raw: bytes) -> RequestHead | None:
         limit = 0  # no body (a GET with one goes to aiohttp)
     else:
         return None
+    # Every header line well-formed (a token, a colon, a value without controls), checked
+    # in one pass: a malformed or folded (obs-fold) one goes to aiohttp, which refuses it.
+    # Then only the headers read here are looked at; the others pass upstream as they came.
+    if not HEADER_LINES.fullmatch(raw, first):
+        return None
+    if len(raw) > _LINE_MAX and any(len(line) > _LINE_MAX for line in raw.split(b"\r\n")):
+        return None  # aiohttp's line limit
     length: int | None = None
-    forward: list[bytes] = []
     authorization: bytes | None = None
     content_type = ""
     close = expect = host = False
-    for line in lines[1:]:
-        name, sep, value = line.partition(b":")
-        if not sep or len(line) > _LINE_MAX or not HEADER_NAME.fullmatch(name):
-            return None  # malformed, or folded (obs-fold): aiohttp refuses it
-        value = value.strip(b" \t")
-        if BAD_VALUE.search(value):
-            return None
+    for name, value in _REQUEST_READ.findall(raw, first):
         lower = name.lower()
+        value = value.rstrip(b" \t")
         if lower == b"content-length":
             if (
                 not value.isdigit()
@@ -119,28 +137,23 @@ def parse_head(raw: bytes) -> RequestHead | None:
             ):
                 return None  # aiohttp refuses it
             length = int(value)
-            continue
-        if lower in (b"transfer-encoding", b"upgrade"):
-            return None
-        if lower == b"expect":
-            if value.lower() != b"100-continue":
-                return None
-            expect = True
-            continue
-        if lower == b"authorization":
+        elif lower == b"authorization":
             authorization = value
-        elif lower == b"connection":
-            close = b"close" in value.lower()
-        elif lower == b"content-type":
-            content_type = value.decode("latin-1")
         elif lower == b"host":
             host = True
-        if lower not in _REQUEST_DROP:
-            forward.append(name + b": " + value)
+        elif lower == b"content-type":
+            content_type = value.decode("latin-1")
+        elif lower == b"connection":
+            close = b"close" in value.lower()
+        elif lower == b"expect" and value.lower() == b"100-continue":
+            expect = True
+        else:  # Transfer-Encoding, Upgrade, another Expect
+            return None
     if method == b"GET" and not length and not expect:
         length = 0
     if length is None or not host:  # HTTP/1.1 without Host: aiohttp's 400
         return None
+    forward = _REQUEST_DROPPED.sub(b"", raw[first:])
     return RequestHead(
         method, target, limit, length, forward, authorization, content_type, close, expect
     )
@@ -235,25 +248,24 @@ def unauthorized(authorization: bytes | None, *, close: bool) -> bytes:
 
 def response_head(upstream: Upstream, *, close: bool) -> tuple[bytes, bool, bool]:
     """The client's head of an upstream's answer: ``(head, chunked, event stream)``.
-    Hop-by-hop headers go; a sized body keeps its length (it passes verbatim), a chunked
-    or to-the-end one is re-chunked (a chunk a read)."""
-    lines = [b"HTTP/1.1 %d " % upstream.status + upstream.reason.encode("latin-1")]
-    sse = chunked = False
-    for name, value in upstream.headers:
-        lower = name.lower()
-        if lower in _RESPONSE_DROP:
-            continue
-        if lower == b"content-type":
-            sse = value.lower().startswith(b"text/event-stream")
-        lines.append(name + b": " + value)
-    if upstream.framing == LENGTH:
-        lines.append(b"Content-Length: %d" % upstream.length)
-    elif upstream.framing in (CHUNKED, CLOSE):
-        lines.append(b"Transfer-Encoding: chunked")
-        chunked = True
+    Hop-by-hop headers go, the others pass as they came; a sized body keeps its length (it
+    passes verbatim), a chunked or to-the-end one is re-chunked (a chunk a read)."""
+    framing = upstream.framing
+    chunked = framing in (CHUNKED, CLOSE)
+    if framing == LENGTH:
+        tail = b"\r\nContent-Length: %d" % upstream.length
+    elif chunked:
+        tail = b"\r\nTransfer-Encoding: chunked"
     elif upstream.status not in (204, 304):
-        lines.append(b"Content-Length: 0")
-    if close:
-        lines.append(b"Connection: close")
-    lines.append(b"\r\n")
-    return b"\r\n".join(lines), chunked, sse
+        tail = b"\r\nContent-Length: 0"
+    else:
+        tail = b""
+    head = b"HTTP/1.1 %d %s%s%s%s\r\n\r\n" % (
+        upstream.status,
+        upstream.reason,
+        _RESPONSE_DROPPED.sub(b"", upstream.fields),
+        tail,
+        b"\r\nConnection: close" if close else b"",
+    )
+    sse = upstream.content_type.lower().startswith(b"text/event-stream")
+    return head, chunked, sse

@@ -353,7 +353,7 @@ class _Watch:
         lease = self._call.lease
         if self._request.transport is None:
             self.reason = "client"
-        elif lease is not None and lease.lost.is_set():
+        elif lease is not None and lease.revoked:
             self.reason = "lease"
         else:
             self._timer = asyncio.get_running_loop().call_later(_WATCH_S, self._look)

@@ -11,6 +11,7 @@ nothing else. Refusals leave in OpenAI's shape ``{"error": {"message", "type", "
 from __future__ import annotations
 
 import json
+import json.scanner
 import math
 import re
 from email.message import Message
@@ -164,14 +165,16 @@ def model_of(content_type: str, body: bytes) -> str:
     if content_type.partition(";")[0].strip().lower() == "multipart/form-data":
         model = _multipart_field(content_type, body, "model")
     else:
-        if not body.strip():
-            raise Refusal(400, "a JSON request body is required", code="invalid_body")
-        try:
-            data = json.loads(body)
-        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-            raise Refusal(
-                400, f"request body is not valid JSON: {exc}", code="invalid_json"
-            ) from None
+        data = _json_object(body)
+        if data is None:
+            if not body.strip():
+                raise Refusal(400, "a JSON request body is required", code="invalid_body")
+            try:
+                data = json.loads(body)
+            except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+                raise Refusal(
+                    400, f"request body is not valid JSON: {exc}", code="invalid_json"
+                ) from None
         if not isinstance(data, dict):
             raise Refusal(400, "request body must be a JSON object", code="invalid_body")
         model = data.get("model")
@@ -183,6 +186,28 @@ def model_of(content_type: str, body: bytes) -> str:
             param="model",
         )
     return model
+
+
+# json.loads' own scanner (C); typeshed types make_scanner's argument as itself
+_SCAN: Final = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-type]
+_SPACE: Final = re.compile(r"[ \t\n\r]*")  # JSON's whitespace
+
+
+def _json_object(body: bytes) -> dict[str, Any] | None:
+    """The body parsed as ``json.loads`` would, when it is a UTF-8 JSON object (the common
+    case: the scanner is called directly, without ``loads``' wrappers); None otherwise,
+    and for anything ``loads`` would refuse, which then says why itself."""
+    if body[:1] != b"{" or body[1:2] == b"\x00":  # json.loads would take UTF-16 or -32
+        return None
+    try:
+        text = body.decode("utf-8")
+        data, end = _SCAN(text, 0)
+    except (StopIteration, ValueError, RecursionError):
+        return None
+    space = _SPACE.match(text, end)
+    if space is None or space.end() != len(text) or not isinstance(data, dict):
+        return None
+    return data
 
 
 def _multipart_field(content_type: str, body: bytes, name: str) -> str | None:
@@ -222,18 +247,43 @@ def _form_name(head: bytes) -> str | None:
 
 
 async def acquire(manager: RouterPort, candidates: list[str]) -> Lease:
-    """A lease on the best candidate that grants one; else the best one's refusal."""
+    """A lease on the best candidate that grants one; else the best one's refusal.
+
+    Without a wait when the candidates allow it (:func:`acquire_now`); from the first
+    candidate that needs one, as :func:`acquire_now` left it."""
     errors: list[SlotctlError] = []
-    for name in candidates:
+    start, tried = acquire_now(manager, candidates, errors)
+    if isinstance(start, Lease):
+        return start
+    for name in candidates[start:]:
         try:
-            return await _acquire_one(manager, name)
+            return await _acquire_one(manager, name, tried)
         except SlotctlError as exc:
             errors.append(exc)
+        tried = 0
     raise errors[0]
 
 
-async def _acquire_one(manager: RouterPort, name: str) -> Lease:
-    attempt = 1
+def acquire_now(
+    manager: RouterPort, candidates: list[str], errors: list[SlotctlError]
+) -> tuple[Lease | int, int]:
+    """:func:`acquire`'s loop while no candidate needs a wait: ``(lease, 0)``, or ``(i,
+    tries)``: candidate ``i`` needs one (cold, or not ready ``tries`` times already), or
+    ``i`` is past the end (``errors`` holds every refusal)."""
+    for i, name in enumerate(candidates):
+        try:
+            lease = manager.try_acquire(name)
+        except SlotNotReady:
+            return i, 1  # unloading: queue again (awaited), as _acquire_one does
+        except SlotctlError as exc:
+            errors.append(exc)
+            continue
+        return (lease, 0) if lease is not None else (i, 0)
+    return len(candidates), 0
+
+
+async def _acquire_one(manager: RouterPort, name: str, tried: int = 0) -> Lease:
+    attempt = tried + 1
     while True:
         try:
             return await manager.acquire(name)

@@ -38,7 +38,10 @@ def serving(manager: RouterPort, model: str) -> list[str]:
     self-managed provider (its model-less slots). Built without a view per slot: the
     router asks this once per request.
     """
-    return [c.name for c in rank_candidates(manager.routable(model))]
+    candidates = manager.routable(model)
+    if len(candidates) == 1:  # the common case: nothing to rank
+        return [candidates[0].name]
+    return [c.name for c in rank_candidates(candidates)]
 
 
 def served_ids(manager: RouterPort) -> list[str]:

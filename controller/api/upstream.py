@@ -27,6 +27,7 @@ __all__ = [
     "BAD_VALUE",
     "CHUNKED",
     "CLOSE",
+    "HEADER_LINES",
     "HEADER_NAME",
     "IDLE_S",
     "LENGTH",
@@ -46,8 +47,17 @@ _JOIN_MAX: Final = 256 * 1024  # a request up to this size is written as one pie
 # Framing of a response body: none, Content-Length, chunked, to the end of the connection.
 NONE, LENGTH, CHUNKED, CLOSE = 0, 1, 2, 3
 _NONE, _LENGTH, _CHUNKED, _CLOSE = NONE, LENGTH, CHUNKED, CLOSE
-HEADER_NAME: Final = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # a token
+_TOKEN: Final = rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+"
+HEADER_NAME: Final = re.compile(_TOKEN)
 BAD_VALUE: Final = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")  # not in a header value
+# The header lines of a head, from the CRLF ending its first line: each a token, a colon
+# and a value without controls (a folded line, a bare CR or LF, a NUL do not match).
+HEADER_LINES: Final = re.compile(rb"(?:\r\n" + _TOKEN + rb":[^\x00-\x08\x0a-\x1f\x7f]*)*")
+# The response headers that frame the body (and its type), in well-formed header lines.
+_FRAMING: Final = re.compile(
+    rb"\r\n(connection|content-length|content-type|transfer-encoding):[ \t]*([^\r]*)",
+    re.IGNORECASE,
+)
 # States of the chunked decoder.
 _SIZE, _DATA, _DATA_END, _TRAILER = 0, 1, 2, 3
 
@@ -89,8 +99,9 @@ class Upstream(asyncio.Protocol):
         "_reusable",
         "_sink",
         "_used",
+        "content_type",
+        "fields",
         "framing",
-        "headers",
         "idle_since",
         "reason",
         "status",
@@ -108,8 +119,9 @@ class Upstream(asyncio.Protocol):
         self._used = False  # an earlier exchange went over this connection
         self._reusable = False
         self._paused = False
-        self.status, self.reason = 0, ""
-        self.headers: list[tuple[bytes, bytes]] = []
+        self.status, self.reason = 0, b""
+        self.fields = b""  # the answer's header lines, each after a CRLF, as they came
+        self.content_type = b""
         self.framing = _NONE
         self._left = 0  # Content-Length bytes still to come
         self._chunk_state, self._chunk_left = _SIZE, 0
@@ -230,9 +242,12 @@ class Upstream(asyncio.Protocol):
                 if len(buffer) > _HEAD_MAX:
                     self._fail_head("the response head is too large")
                 return
-            lines = bytes(buffer[:end]).split(b"\r\n")
+            head = bytes(buffer[:end])
             del buffer[: end + 4]
-            version, _, rest = lines[0].partition(b" ")
+            first = head.find(b"\r\n")
+            if first < 0:
+                first = len(head)
+            version, _, rest = head[:first].partition(b" ")
             code, _, reason = rest.partition(b" ")
             if (
                 not version.startswith(b"HTTP/1.")
@@ -246,16 +261,17 @@ class Upstream(asyncio.Protocol):
             if 100 <= status < 200:
                 continue  # an interim answer (100 Continue, 103 Early Hints): skip it
             break
-        headers: list[tuple[bytes, bytes]] = []
+        # Every header line checked in one pass (never relayed to a client otherwise), then
+        # only the ones that frame the body are looked at.
+        if not HEADER_LINES.fullmatch(head, first):
+            self._fail_head("a malformed response header")
+            return
         length: int | None = None
         chunked = close = coded = False
-        for line in lines[1:]:
-            name, sep, value = line.partition(b":")
-            value = value.strip(b" \t")
-            if not sep or not HEADER_NAME.fullmatch(name) or BAD_VALUE.search(value):
-                self._fail_head("a malformed response header")  # never relayed to a client
-                return
+        content_type = b""
+        for name, value in _FRAMING.findall(head, first):
             lower = name.lower()
+            value = value.rstrip(b" \t")
             if lower == b"content-length":
                 if (
                     not value.isdigit()
@@ -270,12 +286,14 @@ class Upstream(asyncio.Protocol):
                 coded = True
             elif lower == b"connection":
                 close = b"close" in value.lower()
-            headers.append((name, value))
+            else:
+                content_type = value
         if coded and (not chunked or length is not None):
             # A coding other than chunked last, or both framings: aiohttp refuses it too.
             self._fail_head("an unsupported Transfer-Encoding")
             return
-        self.status, self.reason, self.headers = status, reason.decode("latin-1"), headers
+        self.status, self.reason = status, reason
+        self.fields, self.content_type = head[first:], content_type
         if status in (204, 304):
             self.framing = _NONE
         elif chunked:

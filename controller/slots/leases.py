@@ -42,11 +42,22 @@ class Leases(Part):
         slot = self.table.get(name)
         if not self.loading.loaded(slot) or slot.draining:
             await self._wait_cold(slot)
+        return self._take_now(slot)
+
+    def try_acquire(self, name: str) -> Lease | None:
+        """:meth:`acquire` when it needs no wait (the router's common case: no task, no
+        await); None when the slot is cold or draining, for which :meth:`acquire` waits."""
+        slot = self.table.get(name)
+        if not self.loading.loaded(slot) or slot.draining:
+            return None
+        return self._take_now(slot)
+
+    def _take_now(self, slot: SlotRecord) -> Lease:
         if slot.draining or slot.state is S.UNLOADING:
-            raise SlotNotReady(f"slot {name!r} is unloading", slot=name)
+            raise SlotNotReady(f"slot {slot.name!r} is unloading", slot=slot.name)
         if not can_dispatch(slot.state, slot.idle_reason):
             raise SlotNotReady(
-                f"slot {name!r} is up but serves no model ({slot.message})", slot=name
+                f"slot {slot.name!r} is up but serves no model ({slot.message})", slot=slot.name
             )
         return self._take(slot)
 

@@ -367,6 +367,10 @@ class SlotManager(Part):
         """A lease for one request (see :mod:`.leases`)."""
         return await self.leasing.acquire(name)
 
+    def try_acquire(self, name: str) -> Lease | None:
+        """A lease when one needs no wait, else None (see :mod:`.leases`)."""
+        return self.leasing.try_acquire(name)
+
     def release(self, lease: Lease) -> None:
         self.leasing.release(lease)
 

@@ -68,13 +68,27 @@ class Lease:
         self.expires_at = expires_at
         self.released = False
         self.error: SlotctlError | None = None
-        self.lost = asyncio.Event()
+        self._lost: asyncio.Event | None = None  # made when asked for: most never are
+
+    @property
+    def revoked(self) -> bool:
+        return self.error is not None
+
+    @property
+    def lost(self) -> asyncio.Event:
+        """Set once the lease is revoked (to wait for it)."""
+        if self._lost is None:
+            self._lost = asyncio.Event()
+            if self.error is not None:
+                self._lost.set()
+        return self._lost
 
     def revoke(self, error: SlotctlError) -> None:
         """The slot went away under this lease (crash, forced unload)."""
         if self.error is None:
             self.error = error
-        self.lost.set()
+        if self._lost is not None:
+            self._lost.set()
 
     def check(self) -> None:
         """Raise the typed error if the lease was revoked."""
