@@ -27,6 +27,7 @@ dropped, so the server stops generating. A revoked lease is noticed within ``_WA
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
@@ -52,10 +53,12 @@ from controller.api.router_proxy import (
     CLIENT_CLOSED,
     CLOSED,
     Call,
-    lease_model,
+    lease_now,
+    lease_rest,
     record_call,
 )
 from controller.api.router_request import (
+    Pending,
     Refusal,
     error_body,
     model_not_found,
@@ -94,6 +97,8 @@ class DataPlane:
         self.pool = UpstreamPool()
         self.fronts: set[_Front] = set()
         self.closing = False
+        self.in_flight = 0  # requests being served
+        self._drained: asyncio.Event | None = None  # set when none is (while stopping)
         self.loop = asyncio.get_running_loop()
         self._sweeper = self.loop.call_later(_SWEEP_S, self._sweep)
         self._watcher = self.loop.call_later(_WATCH_S, self._watch)
@@ -113,7 +118,7 @@ class DataPlane:
     def _sweep(self) -> None:
         horizon = time.monotonic() - KEEPALIVE_S
         for front in list(self.fronts):
-            if front.task is None and front.active < horizon:
+            if front.call is None and front.active < horizon:
                 front.close()
         self.pool.sweep()
         self._sweeper = self.loop.call_later(_SWEEP_S, self._sweep)
@@ -123,20 +128,28 @@ class DataPlane:
         self.closing = True
         self._sweeper.cancel()  # the lease watch goes on: a revoked lease still ends its
         for front in list(self.fronts):  # request with an error (up --keep-running)
-            if front.task is None:
+            if front.call is None:
                 front.close()
-        tasks = {f.task for f in self.fronts if f.task is not None}
-        if tasks:
-            await asyncio.wait(tasks, timeout=timeout)
+        await self._drain(timeout)
         for front in list(self.fronts):
             front.abort_request("shutdown")  # answered (or said in-band), then closed
-        tasks = {f.task for f in self.fronts if f.task is not None}
-        if tasks:
-            await asyncio.wait(tasks, timeout=1.0)  # their leases are released on the way
+        await self._drain(1.0)  # their leases are released on the way
         for front in list(self.fronts):
             front.close()
         self._watcher.cancel()
         self.pool.close()
+
+    def ended(self) -> None:
+        """A request was served (its lease released, its call recorded)."""
+        self.in_flight -= 1
+        if not self.in_flight and self._drained is not None:
+            self._drained.set()
+
+    async def _drain(self, timeout: float) -> None:
+        if self.in_flight:
+            self._drained = asyncio.Event()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._drained.wait(), timeout)
 
 
 class _Front(asyncio.Protocol):
@@ -149,10 +162,15 @@ class _Front(asyncio.Protocol):
         self.head: RequestHead | None = None
         self.head_end = 0
         self.head_at = 0.0  # when the head of the request whose body is read came
-        self.task: asyncio.Task[None] | None = None
-        self.reason: str | None = None  # why the task was cancelled: client, lease, shutdown
-        self.upstream: Upstream | None = None
-        self.call: Call | None = None  # the request in flight once it holds a lease
+        self.call: Call | None = None  # the request being served (None: none is)
+        self.task: asyncio.Task[None] | None = None  # while it waits: a cold lease, a connect
+        self.reason: str | None = None  # why it was given up: client, lease, shutdown
+        self.upstream: Upstream | None = None  # its exchange, once sent
+        self.keep = True  # the client wants the connection kept after this request
+        self.key: tuple[str, int] = ("", 0)  # its upstream
+        self.request: list[bytes] = []  # what was sent there (sent again on a stale one)
+        self.retried = False  # sent again already
+        self.headed = False  # the upstream's answer head came
         self.paused = False  # the client's transport asked for no more writes for now
         self.chunked = False  # the current answer is re-chunked
         self.pending = b""  # the current answer's head, written with its first body bytes
@@ -178,7 +196,7 @@ class _Front(asyncio.Protocol):
                 self.close()
             return
         self.buffer += data
-        if self.task is None:
+        if self.call is None:
             self._next()
         elif len(self.buffer) > _PIPELINE_MAX and self.transport is not None and self.reading:
             self.reading = False
@@ -225,6 +243,8 @@ class _Front(asyncio.Protocol):
             return
         self.active = time.monotonic()
         buffer, head = self.buffer, self.head
+        if not buffer:
+            return
         if head is None:
             end = buffer.find(b"\r\n\r\n")
             if end < 0:
@@ -263,8 +283,8 @@ class _Front(asyncio.Protocol):
             return
         body = bytes(buffer[self.head_end : need])
         del buffer[:need]
-        self.head, self.reason = None, None  # a leave from now on cancels this request
-        self.task = self.plane.loop.create_task(self._serve(head, body))
+        self.head = None  # a leave from now on gives this request up
+        self._start(head, body)
 
     def _linger(self, left: int) -> None:
         """Close once the ``left`` bytes of a refused body are in (dropped), or after
@@ -292,10 +312,16 @@ class _Front(asyncio.Protocol):
             protocol.data_received(data)
 
     # ------------------------------------------------------------------ a request's life
+    #
+    # Callbacks from the request's head to its answer's last byte: ``_start`` (token,
+    # model, lease), ``_send`` (an idle pooled connection), then the upstream's
+    # ``on_head``, ``relay``, ``on_end`` or ``on_error``, and ``_end``. A task only while
+    # the request waits: for a cold slot's load (``_leasing``) or a new connection
+    # (``_connecting``). ``call`` is set from ``_start`` to ``_end``, which runs once.
 
-    async def _serve(self, head: RequestHead, body: bytes) -> None:
+    def _start(self, head: RequestHead, body: bytes) -> None:
         ctx = self.plane.ctx
-        self.reason, self.pending = None, b""
+        self.pending = b""
         self.sent = self.chunked = self.sse = False
         if not authorized(head.authorization, ctx.token):
             self._unauthorized(head)  # as the API's auth: no event, no router metrics
@@ -305,29 +331,182 @@ class _Front(asyncio.Protocol):
             self._write(self._models(head))
             self._done(keep=not head.close)
             return
-        call = Call(started=time.monotonic())
-        keep = not head.close
+        call = self.call = Call(started=time.monotonic())
+        self.plane.in_flight += 1
+        self.keep, self.reason, self.retried, self.headed = not head.close, None, False, False
         try:
-            keep = await self._exchange(head, body, call) and keep
-        except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if task is not None:
-                task.uncancel()
-            keep = self._interrupted(call)
-        except Exception as exc:
+            if ctx.store.get(CLOSED):
+                raise Refusal(
+                    503, "the router is shutting down", code="slot.not_ready", retry_after_s=1
+                )
+            now = lease_now(ctx, call, model_of(head.content_type, body))
+        except Refusal as refusal:
+            self._refuse(refusal)
+            return
+        except Exception as exc:  # a bug: a 500, logged
             log.error("router: unexpected error in POST %r", head.target, exc_info=exc)
-            keep = self._broken(call, Refusal(500, "internal error (see the log)", code="internal"))
-        finally:
-            self.call = None
-            upstream, self.upstream = self.upstream, None
-            if upstream is not None:
-                upstream.abort()  # given up before its end
-        record_call(ctx, call)
-        self._done(keep)
+            self._failed()
+            return
+        if isinstance(now, Pending):
+            self.task = self.plane.loop.create_task(self._leasing(now, head, body))
+            return
+        self._sending(head, body)
+
+    async def _leasing(self, pending: Pending, head: RequestHead, body: bytes) -> None:
+        call = self.call
+        assert call is not None
+        try:
+            await lease_rest(self.plane.ctx, call, pending)
+        except asyncio.CancelledError:
+            self._cancelled()
+            return
+        except Refusal as refusal:
+            self.task = None
+            self._refuse(refusal)
+            return
+        self.task = None
+        self._sending(head, body)
+
+    def _sending(self, head: RequestHead, body: bytes) -> None:
+        try:
+            self._send(head, body)
+        except Refusal as refusal:
+            self._refuse(refusal)
+        except Exception as exc:  # a bug: a 500, logged, the lease released
+            log.error("router: unexpected error in POST %r", head.target, exc_info=exc)
+            self._failed()
+
+    def _send(self, head: RequestHead, body: bytes) -> None:
+        """The lease is held: the request goes to the slot's server."""
+        call = self.call
+        assert call is not None
+        try:
+            endpoint = self.plane.ctx.manager.endpoint(call.slot)
+        except SlotctlError as exc:  # e.g. the slot was removed while we looked it up
+            raise slot_refusal(exc) from None
+        if endpoint is None:
+            raise Refusal(
+                503, f"slot {call.slot!r} has no endpoint", code="slot.not_ready", retry_after_s=1
+            )
+        key, host, prefix = address(endpoint)
+        self.key = key
+        self.request = [
+            b"POST %s%s HTTP/1.1\r\nHost: %s\r\nContent-Length: %d%s\r\n\r\n"
+            % (prefix, head.target, host, len(body), head.forward),
+            body,
+        ]
+        upstream = self.plane.pool.take(key)
+        if upstream is None:
+            self.task = self.plane.loop.create_task(self._connecting())
+            return
+        self.upstream = upstream
+        upstream.send(self.request, self)
+
+    async def _connecting(self) -> None:
+        call = self.call
+        assert call is not None
+        try:
+            upstream = await self.plane.pool.connect(self.key)
+        except asyncio.CancelledError:
+            self._cancelled()
+            return
+        except UpstreamError as exc:
+            self.task = None
+            self._refuse(upstream_error(call.slot, exc))
+            return
+        self.task = None
+        if self.paused:
+            upstream.pause_reading()
+        self.upstream = upstream
+        upstream.send(self.request, self)
+
+    # The upstream's listener.
+
+    def on_head(self, upstream: Upstream) -> None:
+        call = self.call
+        assert call is not None
+        self.headed = True
+        call.status = upstream.status
+        self.pending, self.chunked, self.sse = response_head(upstream, close=not self.keep)
+        if self.chunked and self.sse:  # an event stream: its head goes out now (the first
+            # token may be seconds away); a break before it is then an in-band error event
+            self._write(self.pending)
+            self.pending = b""
+        if self.paused:
+            upstream.pause_reading()
+        upstream.attach()
+
+    def relay(self, data: bytes) -> None:
+        """A piece of the upstream's body."""
+        transport = self.transport
+        if transport is None:
+            return  # the client left: connection_lost gives the request up
+        if self.chunked:
+            data = b"%x\r\n" % len(data) + data + b"\r\n"
+        if self.pending:
+            data, self.pending = self.pending + data, b""
+        self.sent = True
+        transport.write(data)
+
+    def on_end(self) -> None:
+        self.upstream = None  # back in its pool
+        tail = _LAST_CHUNK if self.chunked else b""
+        self._write(self.pending + tail if self.pending else tail)
+        self.pending = b""
+        self._end(True)
+
+    def on_error(self, error: UpstreamError) -> None:
+        self.upstream = None  # closed
+        call = self.call
+        assert call is not None
+        if not self.headed and error.stale and not self.retried:
+            self.retried = True  # a kept-alive connection closed while idle: once more
+            self.task = self.plane.loop.create_task(self._connecting())
+            return
+        self._end(self._broken(call, upstream_error(call.slot, error)))
+
+    # The end.
+
+    def _refuse(self, refusal: Refusal) -> None:
+        """A refusal before anything went upstream (after, :meth:`_broken` says it)."""
+        call = self.call
+        assert call is not None
+        call.status = refusal.status
+        self._write(refusal_answer(refusal))
+        self._end(True)
+
+    def _failed(self) -> None:
+        call = self.call
+        assert call is not None
+        self._end(self._broken(call, Refusal(500, "internal error (see the log)", code="internal")))
+
+    def _cancelled(self) -> None:
+        """A wait was cancelled by :meth:`abort_request`."""
+        task = asyncio.current_task()
+        if task is not None:
+            task.uncancel()
+        self.task = None
+        call = self.call
+        assert call is not None
+        self._end(self._interrupted(call))
+
+    def _end(self, keep: bool) -> None:
+        """The request is over: its upstream exchange dropped if unfinished, its lease
+        released, its call recorded; then the next request, or close."""
+        call, self.call = self.call, None
+        if call is None:
+            return
+        upstream, self.upstream = self.upstream, None
+        if upstream is not None:
+            upstream.abort()  # given up before its end
+        if call.lease is not None:
+            self.plane.ctx.manager.release(call.lease)
+        record_call(self.plane.ctx, call)
+        self.plane.ended()
+        self._done(keep and self.keep)
 
     def _done(self, keep: bool) -> None:
         """The request is answered: the next one, or close."""
-        self.task = None
         if not keep or self.plane.closing:
             self.close()
         elif self.transport is not None:
@@ -352,97 +531,25 @@ class _Front(asyncio.Protocol):
     def _unauthorized(self, head: RequestHead) -> None:
         self._write(unauthorized(head.authorization, close=head.close))
 
-    async def _exchange(self, head: RequestHead, body: bytes, call: Call) -> bool:
-        """Authenticate, read the model, lease, proxy; False when the connection must close."""
-        ctx = self.plane.ctx
-        manager = ctx.manager
-        try:
-            if ctx.store.get(CLOSED):
-                raise Refusal(
-                    503, "the router is shutting down", code="slot.not_ready", retry_after_s=1
-                )
-            lease = await lease_model(ctx, call, model_of(head.content_type, body))
-            try:
-                return await self._proxy(head, body, call)
-            finally:
-                manager.release(lease)
-        except Refusal as refusal:
-            call.status = refusal.status
-            self._write(refusal_answer(refusal))
-            return True
-        except SlotctlError as exc:  # e.g. the slot was removed while we looked it up
-            refused = slot_refusal(exc)
-            call.status = refused.status
-            self._write(refusal_answer(refused))
-            return True
-
-    async def _proxy(self, head: RequestHead, body: bytes, call: Call) -> bool:
-        endpoint = self.plane.ctx.manager.endpoint(call.slot)
-        if endpoint is None:
-            raise Refusal(
-                503, f"slot {call.slot!r} has no endpoint", code="slot.not_ready", retry_after_s=1
-            )
-        key, host, prefix = address(endpoint)
-        self.call = call  # the plane's watch looks at its lease from now on
-        request_head = b"POST %s%s HTTP/1.1\r\nHost: %s\r\nContent-Length: %d%s\r\n\r\n" % (
-            prefix,
-            head.target,
-            host,
-            len(body),
-            head.forward,
-        )
-        try:
-            upstream = await self.plane.pool.exchange(key, [request_head, body])
-        except UpstreamError as exc:
-            raise upstream_error(call.slot, exc) from None
-        self.upstream = upstream
-        call.status = upstream.status
-        self.pending, self.chunked, self.sse = response_head(upstream, close=head.close)
-        if self.chunked and self.sse:  # an event stream: its head goes out now (the first
-            # token may be seconds away); a break before it is then an in-band error event
-            self._write(self.pending)
-            self.pending = b""
-        done = upstream.attach(self)
-        if self.paused and self.upstream is not None:  # not when already over and pooled
-            self.upstream.pause_reading()
-        try:
-            await done  # a cancel before the end leaves self.upstream set: _serve drops it
-        except UpstreamError as exc:
-            return self._broken(call, upstream_error(call.slot, exc))
-        tail = _LAST_CHUNK if self.chunked else b""
-        self._write(self.pending + tail if self.pending else tail)
-        self.pending = b""
-        return True
-
-    def relay(self, data: bytes) -> None:
-        """A piece of the upstream's body (the upstream's sink)."""
-        transport = self.transport
-        if transport is None:
-            return  # the client left: connection_lost cancels the request
-        if self.chunked:
-            data = b"%x\r\n" % len(data) + data + b"\r\n"
-        if self.pending:
-            data, self.pending = self.pending + data, b""
-        self.sent = True
-        transport.write(data)
-
-    def detach(self) -> None:
-        """The upstream's exchange is over (the upstream's sink)."""
-        self.upstream = None
-
     def _write(self, data: bytes) -> None:
         if data and self.transport is not None:
             self.sent = True
             self.transport.write(data)
 
     def abort_request(self, reason: str) -> None:
-        """Cancel the request in flight; ``reason`` picks its answer (:meth:`_interrupted`)."""
-        if self.task is not None and self.reason is None:
-            self.reason = reason
-            self.task.cancel()
+        """Give the request being served up; ``reason`` picks its answer
+        (:meth:`_interrupted`)."""
+        call = self.call
+        if call is None or self.reason is not None:
+            return
+        self.reason = reason
+        if self.task is not None:
+            self.task.cancel()  # the wait ends it
+        else:
+            self._end(self._interrupted(call))
 
     def _interrupted(self, call: Call) -> bool:
-        """The answer after a cancel (the lease is already released); False: close."""
+        """The answer of a request given up; False: close."""
         reason = self.reason
         if reason == "lease":
             error = call.lease.error if call.lease is not None else None

@@ -19,17 +19,25 @@ output in the integration tests.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
+from prometheus_client.utils import floatToGoString
 
 from controller import __version__
 from controller.api.app import API_CTX, REQUEST_RECORDER, ApiContext, CtxKey, RouteTable
@@ -218,6 +226,65 @@ class _LiveCollector(Collector):
         yield memory
 
 
+_go_float = cast(Callable[[float], str], floatToGoString)  # the bound's text, as theirs
+
+
+class _RequestSeries(Collector):
+    """``slotctl_requests_total`` and ``slotctl_request_duration_seconds``: counted with
+    plain integer updates on the request path (a labelled prometheus_client Counter and
+    Histogram take a lock and scan the buckets on every update, for each request), turned
+    into the same families, ``_created`` samples included, at scrape time."""
+
+    def __init__(self) -> None:
+        self._counts: dict[tuple[str, str, str], list[float]] = {}  # [count, created]
+        self._durations: dict[tuple[str, str], list[float]] = {}  # buckets, +Inf, sum, created
+
+    def done(self, slot: str, model: str, status: int | str, seconds: float) -> None:
+        key = (slot, model, str(status))
+        count = self._counts.get(key)
+        if count is None:
+            count = self._counts[key] = [0, time.time()]
+        count[0] += 1
+        series = self._durations.get((slot, model))
+        if series is None:
+            series = self._durations[(slot, model)] = [0.0] * (len(REQUEST_BUCKETS) + 2) + [
+                time.time()
+            ]
+        seconds = max(0.0, seconds)
+        series[bisect.bisect_left(REQUEST_BUCKETS, seconds)] += 1
+        series[-2] += seconds
+
+    def collect(self) -> Iterable[Metric]:
+        requests = CounterMetricFamily(
+            "slotctl_requests",
+            "Requests through the router by slot, model and HTTP status",
+            labels=["slot", "model", "status"],
+        )
+        for key, (count, created) in list(self._counts.items()):
+            requests.add_metric(list(key), count, created=created)
+        yield requests
+        duration = HistogramMetricFamily(
+            "slotctl_request_duration_seconds",
+            "Router request latency (until the last byte of the answer)",
+            labels=["slot", "model"],
+        )
+        bounds = [*(_go_float(b) for b in REQUEST_BUCKETS), "+Inf"]
+        for (slot, model), series in list(self._durations.items()):
+            cumulative, buckets = 0.0, []
+            for bound, n in zip(bounds, series[:-2], strict=True):
+                cumulative += n
+                buckets.append((bound, cumulative))
+            duration.add_metric([slot, model], buckets, series[-2])
+            duration.samples.append(
+                Sample(
+                    "slotctl_request_duration_seconds_created",
+                    {"slot": slot, "model": model},
+                    series[-1],
+                )
+            )
+        yield duration
+
+
 class Metrics:
     """The app's metrics: its own registry, event-fed counters, scrape-time gauges."""
 
@@ -250,20 +317,8 @@ class Metrics:
             ["slot", "reason"],
             registry=r,
         )
-        self._request_series: dict[tuple[str, str, int | str], tuple[Counter, Histogram]] = {}
-        self.requests = Counter(
-            "slotctl_requests_total",
-            "Requests through the router by slot, model and HTTP status",
-            ["slot", "model", "status"],
-            registry=r,
-        )
-        self.request_duration = Histogram(
-            "slotctl_request_duration_seconds",
-            "Router request latency (until the last byte of the answer)",
-            ["slot", "model"],
-            buckets=REQUEST_BUCKETS,
-            registry=r,
-        )
+        self.requests = _RequestSeries()  # per request: plain updates, families at scrape
+        r.register(self.requests)
         self.reconcile_duration = Histogram(
             "slotctl_reconcile_duration_seconds",
             "Duration of one reconcile pass of one slot",
@@ -328,17 +383,7 @@ class Metrics:
 
     def request_done(self, slot: str, model: str, status: int | str, seconds: float) -> None:
         """One routed request finished (the router calls this)."""
-        key = (slot, model, status)
-        series = self._request_series.get(key)
-        if series is None:  # labels() costs more than the update: once per combination
-            if len(self._request_series) > 4096:
-                self._request_series.clear()
-            series = self._request_series[key] = (
-                self.requests.labels(slot, model, str(status)),
-                self.request_duration.labels(slot, model),
-            )
-        series[0].inc()
-        series[1].observe(max(0.0, seconds))
+        self.requests.done(slot, model, status, seconds)
 
     def reconcile_pass(self, slot: str, seconds: float, ok: bool) -> None:
         """One reconcile pass finished (a reconciler pass observer)."""

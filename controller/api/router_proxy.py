@@ -46,8 +46,10 @@ from multidict import CIMultiDict
 
 from controller.api.app import API_CTX, REQUEST_RECORDER, ApiContext, CtxKey
 from controller.api.router_request import (
+    Pending,
     Refusal,
-    acquire,
+    acquire_now,
+    acquire_rest,
     error_body,
     model_not_found,
     read_body,
@@ -69,6 +71,8 @@ __all__ = [
     "SESSION",
     "Call",
     "lease_model",
+    "lease_now",
+    "lease_rest",
     "record_call",
     "report_refusal",
     "route_request",
@@ -307,7 +311,15 @@ async def _work(
 
 async def lease_model(ctx: ApiContext, call: Call, model: str) -> Lease:
     """A lease on the best activated slot serving ``model`` (``call`` records the model
-    and the slot); else the refusal, reported once. Both router paths lease through it."""
+    and the slot); else the refusal, reported once. Both router paths lease through it
+    (the data plane in its two steps)."""
+    now = lease_now(ctx, call, model)
+    return now if isinstance(now, Lease) else await lease_rest(ctx, call, now)
+
+
+def lease_now(ctx: ApiContext, call: Call, model: str) -> Lease | Pending:
+    """:func:`lease_model` without a wait: the lease, or where it has to wait
+    (:func:`lease_rest` goes on from there)."""
     manager = ctx.manager
     candidates = serving(manager, model)
     if not candidates:
@@ -315,9 +327,20 @@ async def lease_model(ctx: ApiContext, call: Call, model: str) -> Lease:
         raise model_not_found(model)
     call.model = model
     try:
-        lease = await acquire(manager, candidates)
+        now = acquire_now(manager, candidates)
     except SlotctlError as exc:
         report_refusal(ctx, exc, model)
+        raise slot_refusal(exc) from None
+    if isinstance(now, Lease):
+        call.lease, call.slot = now, now.slot
+    return now
+
+
+async def lease_rest(ctx: ApiContext, call: Call, pending: Pending) -> Lease:
+    try:
+        lease = await acquire_rest(ctx.manager, pending)
+    except SlotctlError as exc:
+        report_refusal(ctx, exc, call.model)
         raise slot_refusal(exc) from None
     call.lease, call.slot = lease, lease.slot
     return lease

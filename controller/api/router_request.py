@@ -14,6 +14,7 @@ import json
 import json.scanner
 import math
 import re
+from dataclasses import dataclass
 from email.message import Message
 from typing import Any, Final
 
@@ -35,8 +36,11 @@ __all__ = [
     "AUDIO_MAX_BYTES",
     "AUDIO_TAIL",
     "JSON_MAX_BYTES",
+    "Pending",
     "Refusal",
     "acquire",
+    "acquire_now",
+    "acquire_rest",
     "error_body",
     "model_not_found",
     "model_of",
@@ -162,7 +166,10 @@ def requested_model(request: web.Request, body: bytes) -> str:
 
 def model_of(content_type: str, body: bytes) -> str:
     """``model`` of a body whose ``Content-Type`` header is ``content_type``."""
-    if content_type.partition(";")[0].strip().lower() == "multipart/form-data":
+    if (
+        content_type != "application/json"
+        and content_type.partition(";")[0].strip().lower() == "multipart/form-data"
+    ):
         model = _multipart_field(content_type, body, "model")
     else:
         data = _json_object(body)
@@ -246,40 +253,49 @@ def _form_name(head: bytes) -> str | None:
 # ----------------------------------------------------------------------------- lease
 
 
-async def acquire(manager: RouterPort, candidates: list[str]) -> Lease:
-    """A lease on the best candidate that grants one; else the best one's refusal.
+@dataclass(slots=True)
+class Pending:
+    """Where :func:`acquire_now` stopped: candidate ``start`` needs a wait (cold, or not
+    ready ``tried`` times already); ``errors`` holds the refusals of those before it."""
 
-    Without a wait when the candidates allow it (:func:`acquire_now`); from the first
-    candidate that needs one, as :func:`acquire_now` left it."""
+    candidates: list[str]
+    start: int
+    tried: int
+    errors: list[SlotctlError]
+
+
+async def acquire(manager: RouterPort, candidates: list[str]) -> Lease:
+    """A lease on the best candidate that grants one; else the best one's refusal."""
+    now = acquire_now(manager, candidates)
+    return now if isinstance(now, Lease) else await acquire_rest(manager, now)
+
+
+def acquire_now(manager: RouterPort, candidates: list[str]) -> Lease | Pending:
+    """:func:`acquire` up to the first candidate that needs a wait (none in the router's
+    common case: no task, no await); raises the best one's refusal when all refuse."""
     errors: list[SlotctlError] = []
-    start, tried = acquire_now(manager, candidates, errors)
-    if isinstance(start, Lease):
-        return start
-    for name in candidates[start:]:
+    for i, name in enumerate(candidates):
+        try:
+            lease = manager.try_acquire(name)
+        except SlotNotReady:
+            return Pending(candidates, i, 1, errors)  # unloading: queue again (awaited)
+        except SlotctlError as exc:
+            errors.append(exc)
+            continue
+        return lease if lease is not None else Pending(candidates, i, 0, errors)
+    raise errors[0]
+
+
+async def acquire_rest(manager: RouterPort, pending: Pending) -> Lease:
+    """:func:`acquire` from where :func:`acquire_now` stopped."""
+    errors, tried = pending.errors, pending.tried
+    for name in pending.candidates[pending.start :]:
         try:
             return await _acquire_one(manager, name, tried)
         except SlotctlError as exc:
             errors.append(exc)
         tried = 0
     raise errors[0]
-
-
-def acquire_now(
-    manager: RouterPort, candidates: list[str], errors: list[SlotctlError]
-) -> tuple[Lease | int, int]:
-    """:func:`acquire`'s loop while no candidate needs a wait: ``(lease, 0)``, or ``(i,
-    tries)``: candidate ``i`` needs one (cold, or not ready ``tries`` times already), or
-    ``i`` is past the end (``errors`` holds every refusal)."""
-    for i, name in enumerate(candidates):
-        try:
-            lease = manager.try_acquire(name)
-        except SlotNotReady:
-            return i, 1  # unloading: queue again (awaited), as _acquire_one does
-        except SlotctlError as exc:
-            errors.append(exc)
-            continue
-        return (lease, 0) if lease is not None else (i, 0)
-    return len(candidates), 0
 
 
 async def _acquire_one(manager: RouterPort, name: str, tried: int = 0) -> Lease:

@@ -1,17 +1,20 @@
 """The data plane's HTTP/1.1 client: keep-alive pools per upstream, a response head parsed
-once, the body handed to a sink as it arrives.
+once, the body handed to a listener as it arrives.
 
 Part of the router's data plane (:mod:`controller.api.dataplane` is its server side). It
 speaks just what a model server answers: a status line and headers, then a body framed by
 ``Content-Length``, ``Transfer-Encoding: chunked`` or the end of the connection (none for
 1xx, 204 and 304). Interim 1xx answers are skipped. A chunked body is de-chunked here; the
-sink gets the payload of each read as one piece (no per-event work). Flow control is the
-transports': the sink pauses this connection's reading while the client cannot keep up.
+listener gets the payload of each read as one piece (no per-event work). Flow control is the
+transports': the listener pauses this connection's reading while its client cannot keep up.
+An exchange is callbacks, no future and no task: the listener hears of the head, each
+piece of the body, the end or the failure, from this connection's own ``data_received``
+and ``connection_lost``.
 
 A connection goes back to its pool only after a whole response (HTTP/1.1, no
 ``Connection: close``); idle ones are closed after :data:`IDLE_S`. A kept-alive connection
-found closed before any byte of the answer is retried once on a fresh one, as aiohttp's
-client does.
+found closed before any byte of the answer fails ``stale``: the listener retries once on a
+fresh one, as aiohttp's client does.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ __all__ = [
     "IDLE_S",
     "LENGTH",
     "NONE",
-    "Sink",
+    "Listener",
     "Upstream",
     "UpstreamError",
     "UpstreamPool",
@@ -71,33 +74,42 @@ class UpstreamError(Exception):
         self.stale = stale  # a reused connection closed before any byte: retry on a new one
 
 
-class Sink(Protocol):
-    """Where a response body goes (the client connection)."""
+class Listener(Protocol):
+    """Who hears of an exchange (the client connection): each call at most once but
+    ``relay``; after ``on_end`` or ``on_error`` nothing more."""
+
+    def on_head(self, upstream: Upstream) -> None:
+        """The answer's head is parsed (``status``, ``fields``…); :meth:`Upstream.attach`
+        then relays its body."""
 
     def relay(self, data: bytes) -> None:
         """A piece of the body (de-chunked)."""
 
-    def detach(self) -> None:
-        """The exchange is over (whole or broken): this connection is no longer the
-        sink's to pause, resume or abort (it may already serve another request)."""
+    def on_end(self) -> None:
+        """The whole body was relayed; the connection is no longer the listener's (it is
+        back in its pool, or closed)."""
+
+    def on_error(self, error: UpstreamError) -> None:
+        """The exchange broke (before the head: nothing was relayed; ``error.stale``: a
+        kept-alive connection closed before any byte, worth one retry)."""
 
 
 class Upstream(asyncio.Protocol):
     """One connection to a model server, one exchange at a time."""
 
     __slots__ = (
+        "_attached",
         "_buffer",
         "_chunk_left",
         "_chunk_state",
-        "_done",
         "_got",
-        "_head",
         "_key",
         "_left",
+        "_listener",
+        "_parsed",
         "_paused",
         "_pool",
         "_reusable",
-        "_sink",
         "_used",
         "content_type",
         "fields",
@@ -112,9 +124,9 @@ class Upstream(asyncio.Protocol):
         self._pool, self._key = pool, key
         self.transport: asyncio.Transport | None = None
         self._buffer = bytearray()
-        self._head: asyncio.Future[None] | None = None
-        self._done: asyncio.Future[None] | None = None
-        self._sink: Sink | None = None
+        self._listener: Listener | None = None  # None: idle in the pool (or given up)
+        self._parsed = False  # the current answer's head is parsed
+        self._attached = False  # its body goes to the listener
         self._got = False  # a byte of the current answer arrived
         self._used = False  # an earlier exchange went over this connection
         self._reusable = False
@@ -141,17 +153,16 @@ class Upstream(asyncio.Protocol):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def data_received(self, data: bytes) -> None:
-        if self._head is None:  # idle in the pool: nothing may arrive
+        if self._listener is None:  # idle in the pool: nothing may arrive
             self._close()
             return
         self._got = True
-        if not self._head.done():
-            self._buffer += data
-            self._parse_head()
-        elif self._sink is None:
-            self._buffer += data  # the head's reader has not attached yet
-        else:
+        if self._attached:
             self._feed(data)
+        else:
+            self._buffer += data
+            if not self._parsed:
+                self._parse_head()
 
     def eof_received(self) -> bool:
         return False  # close: a half-closed upstream ends the exchange (connection_lost)
@@ -159,25 +170,21 @@ class Upstream(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
         self._pool.forget(self)
-        head = self._head
-        if head is None:
-            return  # idle in the pool
-        if not head.done():
+        if self._listener is None:
+            return  # idle in the pool, or given up
+        if not self._parsed:
             stale = self._used and not self._got
-            head.set_exception(UpstreamError("the server closed the connection", stale=stale))
-        elif self._sink is not None:
+            self._fail(UpstreamError("the server closed the connection", stale=stale))
+        elif self._attached:
             self._ended()
         # else: attach() relays what was buffered, then ends the exchange
 
     def _ended(self) -> None:
         """The connection ended with the body underway: complete (close-delimited) or cut."""
-        if self._done is None or self._done.done():
-            return
         if self.framing == _CLOSE:
             self._finish()
         else:
-            self._detach()
-            self._done.set_exception(UpstreamError("the server closed the connection mid-answer"))
+            self._fail(UpstreamError("the server closed the connection mid-answer"))
 
     def pause_reading(self) -> None:
         """The sink's client cannot keep up: stop reading (the server then blocks)."""
@@ -192,41 +199,40 @@ class Upstream(asyncio.Protocol):
 
     # ------------------------------------------------------------------ an exchange
 
-    def send(self, request: list[bytes]) -> asyncio.Future[None]:
-        """Write a request; the future resolves once the response head is parsed."""
+    def send(self, request: list[bytes], listener: Listener) -> None:
+        """Write a request; ``listener`` hears of the answer."""
         assert self.transport is not None
-        loop = asyncio.get_running_loop()
-        self._head, self._done = loop.create_future(), loop.create_future()
-        self._sink, self._got = None, False
+        self._listener = listener
+        self._parsed = self._attached = self._got = False
         if sum(map(len, request)) <= _JOIN_MAX:
             self.transport.write(b"".join(request))  # one segment, one send
         else:
             self.transport.writelines(request)  # a large body is not copied
-        return self._head
 
-    def attach(self, sink: Sink) -> asyncio.Future[None]:
-        """Relay the body to ``sink``; the future resolves when it is complete."""
-        assert self._done is not None
-        self._sink = sink
+    def attach(self) -> None:
+        """Relay the body (after ``on_head``): what came already, then as it arrives."""
+        self._attached = True
         if self.framing == _NONE:
             self._finish()
-        elif self._buffer:
+            return
+        if self._buffer:
             data = bytes(self._buffer)
             self._buffer.clear()
             self._feed(data)
-        if self.transport is None:
-            self._ended()  # the connection ended before the reader attached
-        return self._done
+        if self.transport is None and self._listener is not None:
+            self._ended()  # the connection ended before the listener attached
 
     def abort(self) -> None:
-        """The exchange was given up (client gone, lease revoked): drop the connection."""
-        self._detach()
+        """The exchange was given up (client gone, lease revoked): drop the connection,
+        without a word to the listener."""
+        self._listener = None
         self._close()
 
-    def _detach(self) -> None:
-        sink, self._sink = self._sink, None
-        if sink is not None:
-            sink.detach()
+    def _fail(self, error: UpstreamError) -> None:
+        listener, self._listener = self._listener, None
+        self._close()
+        if listener is not None:
+            listener.on_error(error)
 
     def _close(self) -> None:
         if self.transport is not None:
@@ -294,6 +300,7 @@ class Upstream(asyncio.Protocol):
             return
         self.status, self.reason = status, reason
         self.fields, self.content_type = head[first:], content_type
+        self._parsed = True
         if status in (204, 304):
             self.framing = _NONE
         elif chunked:
@@ -303,17 +310,16 @@ class Upstream(asyncio.Protocol):
         else:
             self.framing = _CLOSE
         self._reusable = version == b"HTTP/1.1" and not close and self.framing != _CLOSE
-        assert self._head is not None
-        self._head.set_result(None)
+        assert self._listener is not None
+        self._listener.on_head(self)
 
     def _fail_head(self, message: str) -> None:
-        assert self._head is not None
-        self._head.set_exception(UpstreamError(message))
-        self._close()
+        self._fail(UpstreamError(message))
 
     def _feed(self, data: bytes) -> None:
-        sink = self._sink
-        assert sink is not None
+        sink = self._listener
+        if sink is None:
+            return  # given up while relaying
         framing = self.framing
         if framing == _LENGTH:
             if len(data) >= self._left:
@@ -332,7 +338,7 @@ class Upstream(asyncio.Protocol):
         else:
             sink.relay(data)
 
-    def _dechunk(self, data: bytes, sink: Sink) -> None:
+    def _dechunk(self, data: bytes, sink: Listener) -> None:
         """Decode chunked framing; the payload of this read goes to the sink as one piece."""
         if not self._buffer and self._chunk_state == _SIZE:
             # The common case of a stream: this read is one whole chunk (an event).
@@ -390,23 +396,18 @@ class Upstream(asyncio.Protocol):
             sink.relay(payload[0] if len(payload) == 1 else b"".join(payload))
 
     def _broken(self, message: str) -> None:
-        self._detach()
-        if self._done is not None and not self._done.done():
-            self._done.set_exception(UpstreamError(message))
-        self._close()
+        self._fail(UpstreamError(message))
 
     def _finish(self) -> None:
-        assert self._done is not None
-        self._detach()
+        listener, self._listener = self._listener, None
         self.resume_reading()  # paused by a slow client while its last bytes went out
-        if not self._done.done():
-            self._done.set_result(None)
-        self._head = None
         self._used = True
         if self._reusable and self.transport is not None and not self._buffer:
             self._pool.put(self._key, self)
         else:
             self._close()
+        if listener is not None:
+            listener.on_end()
 
 
 _CHUNK_SIZE: Final = re.compile(rb"[0-9A-Fa-f]{1,15}")
@@ -427,23 +428,17 @@ class UpstreamPool:
         self._clock = clock
         self.closed = False
 
-    async def exchange(self, key: tuple[str, int], request: list[bytes]) -> Upstream:
-        """Send ``request`` and wait for the response head; raises UpstreamError."""
+    def take(self, key: tuple[str, int]) -> Upstream | None:
+        """An idle kept-alive connection to ``key``, or None."""
         idle = self._idle.get(key)
         while idle:
             conn = idle.pop()
-            if conn.transport is None or conn.transport.is_closing():
-                continue
-            try:
-                await conn.send(request)
+            if conn.transport is not None and not conn.transport.is_closing():
                 return conn
-            except UpstreamError as exc:
-                if not exc.stale:
-                    raise
-                break  # closed while idle: once more on a fresh connection
-            except BaseException:
-                conn.abort()  # cancelled while the server works on it: stop it
-                raise
+        return None
+
+    async def connect(self, key: tuple[str, int]) -> Upstream:
+        """A fresh connection to ``key``; raises UpstreamError."""
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(_CONNECT_S):
@@ -455,11 +450,6 @@ class UpstreamPool:
             raise UpstreamError(
                 f"cannot connect to {key[0]}:{key[1]}: {detail}", unreachable=True
             ) from None
-        try:
-            await conn.send(request)
-        except BaseException:
-            conn.abort()
-            raise
         return conn
 
     def put(self, key: tuple[str, int], conn: Upstream) -> None:
