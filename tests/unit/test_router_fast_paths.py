@@ -1,0 +1,203 @@
+"""The router's wait-free steps (issue 12, item 1): each gives what the general path gives.
+
+- ``acquire_now`` (a lease without an await) and ``acquire_rest`` (the waits from where it
+  stopped) against a real SlotManager on FakeRuntime: a ready slot is leased at once, a
+  cold one is left to the wait in candidate order, a refusing candidate is skipped;
+- ``_json_object`` (json's C scanner called directly) against ``json.loads``;
+- the request series counted with plain updates against prometheus_client's own
+  Counter and Histogram: the same exposition, text and OpenMetrics.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
+
+from controller.api.metrics import REQUEST_BUCKETS, _RequestSeries
+from controller.api.router_request import (
+    Pending,
+    Refusal,
+    _json_object,
+    acquire,
+    acquire_now,
+    acquire_rest,
+    model_of,
+)
+from controller.errors import SlotNotFound
+from controller.lifecycle import SlotState
+from controller.slots import Lease
+from tests.unit.manager_fixtures import Harness, desired, model_spec, slot_spec
+
+S = SlotState
+
+
+async def two_slots(tmp_path: Path, *, load: tuple[str, ...]) -> Harness:
+    h = Harness(tmp_path)
+    specs = [slot_spec(n, "m", idle_timeout_s=10) for n in ("a", "b")]
+    await h.manager.set_desired(desired(specs, [model_spec("m", 1)]))
+    for name in load:
+        await h.manager.load(name)
+    return h
+
+
+# ============================================================================ leases
+
+
+async def test_a_ready_slot_is_leased_without_a_wait(tmp_path: Path) -> None:
+    h = await two_slots(tmp_path, load=("a",))
+    lease = acquire_now(h.manager, ["a", "b"])
+    assert isinstance(lease, Lease) and lease.slot == "a"
+    assert h.manager.view("a").state is S.SERVING
+    h.manager.release(lease)
+    assert h.manager.view("a").state is S.READY
+
+
+async def test_a_cold_first_candidate_is_waited_for_in_order(tmp_path: Path) -> None:
+    """The ready second candidate is not taken instead: the general path would wait for
+    the first one's load, and so does the rest of this one."""
+    h = await two_slots(tmp_path, load=("b",))
+    pending = acquire_now(h.manager, ["a", "b"])
+    assert isinstance(pending, Pending)
+    assert (pending.start, pending.tried, pending.errors) == (0, 0, [])
+    assert h.manager.view("a").state is S.OFFLINE  # nothing started by the wait-free step
+    lease = await acquire_rest(h.manager, pending)
+    assert lease.slot == "a" and h.manager.view("a").state is S.SERVING
+    assert h.manager.view("b").leases == 0
+
+
+async def test_a_refusing_candidate_is_skipped_and_all_refusing_raise_the_first(
+    tmp_path: Path,
+) -> None:
+    h = await two_slots(tmp_path, load=("b",))
+    lease = acquire_now(h.manager, ["gone", "b"])
+    assert isinstance(lease, Lease) and lease.slot == "b"
+    with pytest.raises(SlotNotFound, match="first"):
+        acquire_now(h.manager, ["first", "second"])
+    with pytest.raises(SlotNotFound, match="first"):
+        await acquire(h.manager, ["first", "second"])
+
+
+async def test_the_rest_keeps_the_refusals_before_the_wait(tmp_path: Path) -> None:
+    h = await two_slots(tmp_path, load=())
+    pending = acquire_now(h.manager, ["gone", "a"])
+    assert isinstance(pending, Pending) and pending.start == 1
+    assert [type(e) for e in pending.errors] == [SlotNotFound]
+    lease = await acquire_rest(h.manager, pending)
+    assert lease.slot == "a"
+
+
+# ============================================================================ the body's model
+
+
+CASES = [
+    b'{"model":"a"}',
+    b' {"model":"a"}',
+    b'{"model":"a"} \n\r\t',
+    b'{"model":"a"}x',
+    b'{"model":"a"}\x0b',
+    b'{"a":1}{"b":2}',
+    '{"model":"é"}'.encode(),
+    b'{"model":"\xff"}',
+    b'\xef\xbb\xbf{"model":"a"}',
+    b"{",
+    b"{}",
+    b"[1]",
+    b'{"model": NaN}',
+    b'{"model":"a","model":"b"}',
+    '{"model":"x"}'.encode("utf-16-le"),
+    b'{"a":' * 100_000,
+    b'{"messages":[{"content":"{\\"model\\":\\"no\\"}"}],"model":"yes"}',
+]
+
+
+@pytest.mark.parametrize("body", CASES, ids=range(len(CASES)))
+def test_the_direct_scan_reads_what_json_loads_reads(body: bytes) -> None:
+    try:
+        expected: object = json.loads(body)
+    except (ValueError, RecursionError):
+        expected = None
+    got = _json_object(body)
+    if got is not None:  # taken: exactly json.loads' object
+        assert got == expected
+    else:  # left to json.loads: anything it refuses, anything not a UTF-8 object
+        assert not isinstance(expected, dict) or body[:1] != b"{" or body[1:2] == b"\x00"
+
+
+def reference_model_of(body: bytes) -> str:
+    """``model_of`` of a JSON body before the direct scan (json.loads only)."""
+    if not body.strip():
+        raise Refusal(400, "a JSON request body is required", code="invalid_body")
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise Refusal(400, f"request body is not valid JSON: {exc}", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise Refusal(400, "request body must be a JSON object", code="invalid_body")
+    model = data.get("model")
+    if not isinstance(model, str) or not model:
+        raise Refusal(
+            400, "'model' is required and must be a non-empty string", code="invalid_model"
+        )
+    return model
+
+
+def outcome(read: Callable[[], str]) -> tuple[str, ...]:
+    try:
+        return ("model", read())
+    except Refusal as refusal:
+        return ("refused", str(refusal.status), refusal.message, refusal.code)
+
+
+@pytest.mark.parametrize("body", [*CASES, b"", b"  ", b'{"model":""}', b'{"model":1}'])
+def test_model_of_answers_as_before(body: bytes) -> None:
+    assert outcome(lambda: model_of("application/json", body)) == outcome(
+        lambda: reference_model_of(body)
+    )
+
+
+# ============================================================================ metrics
+
+
+def test_the_request_series_expose_what_prometheus_client_would() -> None:
+    reference = CollectorRegistry(auto_describe=False)
+    counter = Counter(
+        "slotctl_requests_total",
+        "Requests through the router by slot, model and HTTP status",
+        ["slot", "model", "status"],
+        registry=reference,
+    )
+    histogram = Histogram(
+        "slotctl_request_duration_seconds",
+        "Router request latency (until the last byte of the answer)",
+        ["slot", "model"],
+        buckets=REQUEST_BUCKETS,
+        registry=reference,
+    )
+    ours = CollectorRegistry(auto_describe=False)
+    series = _RequestSeries()
+    ours.register(series)
+
+    def created_as_t(text: bytes) -> str:
+        return re.sub(r"(_created\{[^}]*\}) \S+", r"\1 T", text.decode())
+
+    for exposition in (generate_latest, generate_openmetrics):
+        assert created_as_t(exposition(ours)) == created_as_t(exposition(reference))
+    for slot, model, status, seconds in [
+        ("a", "m", 200, 0.003),
+        ("a", "m", 200, 0.005),  # on a bound: counted in it (le)
+        ("a", "m", 503, 0.2),
+        ("b", "n", "client_closed", 700.0),  # past the last bound: +Inf only
+        ("a", "m", 200, -1.0),  # a clock step back: as 0
+        ("a", "m", 200, 0.01),
+    ]:
+        counter.labels(slot, model, str(status)).inc()
+        histogram.labels(slot, model).observe(max(0.0, seconds))
+        series.done(slot, model, status, seconds)
+    for exposition in (generate_latest, generate_openmetrics):
+        assert created_as_t(exposition(ours)) == created_as_t(exposition(reference))
