@@ -39,7 +39,7 @@ log = logging.getLogger("slotctl.manager")
 
 S = SlotState
 _HISTORY: Final = 10_000  # transitions kept for tests and the dashboard
-LAG_WRITE_S: Final = 0.05  # lease flips within this window reach state.json as one write
+LAG_WRITE_S: Final = 0.25  # lease flips within this window reach state.json as one write
 _LEASE_FLIP: Final = frozenset({S.READY, S.SERVING})
 
 
