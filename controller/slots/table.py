@@ -117,12 +117,16 @@ class SlotTable:
         to it), a slot by its name (a self-managed speech server has no catalogue model),
         or a self-managed provider (its model-less slots).
         """
-        active = [s for s in self.records.values() if s.spec.activated]
-        found = [s for s in active if s.model_id == model]
+        found = [s for s in self.records.values() if s.model_id == model and s.spec.activated]
         if not found:
-            found = [s for s in active if s.name == model]
+            named = self.records.get(model)
+            found = [named] if named is not None and named.spec.activated else []
         if not found:
-            found = [s for s in active if not s.model_id and s.spec.provider == model]
+            found = [
+                s
+                for s in self.records.values()
+                if not s.model_id and s.spec.provider == model and s.spec.activated
+            ]
         return [
             Candidate(s.name, s.state, s.spec.priority, s.last_used, s.idle_reason) for s in found
         ]
