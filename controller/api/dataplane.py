@@ -9,7 +9,9 @@ the protocol factory, so every connection starts here. A request this module ser
 bearer token, the body's ``model``; the body passes upstream unchanged), leased and sent
 over :mod:`controller.api.upstream`'s keep-alive pools; the answer's head is rebuilt from
 the upstream's and its body relayed as it arrives, from one transport to the other, with
-the transports' own flow control. Anything else — the REST API, the dashboard, a
+the transports' own flow control. A request is callbacks from its head to its last byte
+(no task, no future): a task runs only while it waits for a cold slot's load or for a
+new upstream connection. Anything else — the REST API, the dashboard, a
 chunked upload, a percent-encoded model id, a head this parser does not take — hands the
 connection, with the bytes read so far, to aiohttp's protocol for good, which serves it as
 if the data plane were not there (:mod:`controller.api.router` answers the ``/v1``
@@ -18,10 +20,10 @@ requests the data plane leaves).
 The answers are the aiohttp router's (SPEC §7): the same refusals from
 :mod:`controller.api.router_request`, the same events and metrics
 (:func:`~controller.api.router_proxy.report_refusal`,
-:func:`~controller.api.router_proxy.record_call`). A client that goes away cancels its
-request at once (``connection_lost``): the lease is released and the upstream connection
-dropped, so the server stops generating. A revoked lease is noticed within ``_WATCH_S``
-(one timer of the plane looks at every request's lease).
+:func:`~controller.api.router_proxy.record_call`). A client that goes away gives its
+request up at once (``connection_lost``): the lease is released and the upstream
+connection dropped, so the server stops generating. A revoked lease is noticed within
+``_WATCH_S`` (one timer of the plane looks at every request's lease).
 """
 
 from __future__ import annotations
