@@ -109,6 +109,7 @@ class Upstream(asyncio.Protocol):
         "_parsed",
         "_paused",
         "_pool",
+        "_reset",
         "_reusable",
         "_used",
         "content_type",
@@ -128,6 +129,7 @@ class Upstream(asyncio.Protocol):
         self._parsed = False  # the current answer's head is parsed
         self._attached = False  # its body goes to the listener
         self._got = False  # a byte of the current answer arrived
+        self._reset = False  # the connection ended with an error
         self._used = False  # an earlier exchange went over this connection
         self._reusable = False
         self._paused = False
@@ -169,6 +171,7 @@ class Upstream(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
+        self._reset = exc is not None  # not a clean end (a reset): a body to the end is cut
         self._pool.forget(self)
         if self._listener is None:
             return  # idle in the pool, or given up
@@ -180,8 +183,9 @@ class Upstream(asyncio.Protocol):
         # else: attach() relays what was buffered, then ends the exchange
 
     def _ended(self) -> None:
-        """The connection ended with the body underway: complete (close-delimited) or cut."""
-        if self.framing == _CLOSE:
+        """The connection ended with the body underway: complete (close-delimited and a
+        clean end) or cut."""
+        if self.framing == _CLOSE and not self._reset:
             self._finish()
         else:
             self._fail(UpstreamError("the server closed the connection mid-answer"))

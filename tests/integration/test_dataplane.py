@@ -476,6 +476,12 @@ async def test_a_broken_upstream_is_502_or_a_cut_answer(harness: Harness) -> Non
         assert b"Content-Length: 100000" in head
         rest = await asyncio.wait_for(c.reader.read(), 10)
         assert rest == b"x" * 10  # then the connection closed
+    async with wire(r) as c:  # a body to the end of the connection, cut by a reset: no end
+        c.send(post("/v1/completions", ask("reset-close")))
+        head = await asyncio.wait_for(c.reader.readuntil(b"\r\n\r\n"), 10)
+        assert b"Transfer-Encoding: chunked" in head
+        rest = await asyncio.wait_for(c.reader.read(), 10)
+        assert not rest.endswith(b"0\r\n\r\n"), rest  # closed without the last chunk
     await wait_for(lambda: r.manager.view("wire").state is S.READY)  # the leases ended
 
 

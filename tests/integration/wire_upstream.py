@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import socket
+import struct
 import sys
 from typing import Any
 
@@ -44,6 +46,14 @@ async def answer(writer: asyncio.StreamWriter, reader: asyncio.StreamReader, req
         writer.write(b"0\r\nX-Trailer: yes\r\n\r\n")
     elif mode == "close":  # HTTP/1.0, the body ends with the connection
         writer.write(_head("HTTP/1.0 200 OK", [json_type]) + payload)
+        return False
+    elif mode == "reset-close":  # HTTP/1.0, part of the body, then a reset (not an end)
+        writer.write(_head("HTTP/1.0 200 OK", [json_type]) + payload[:10])
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.transport.abort()  # an RST, with SO_LINGER 0
         return False
     elif mode == "204":
         writer.write(_head("HTTP/1.1 204 No Content", ["X-Empty: yes"]))
