@@ -21,6 +21,7 @@ import json
 import sys
 import time
 
+from controller import eventloop
 from controller.apply import StackPlan
 from controller.cli.backend import StackBackend, StackRejected, StackRequest
 from controller.cli.output import Style, print_json, render_problems
@@ -91,6 +92,9 @@ def cmd_apply(args: argparse.Namespace) -> ExitCode:
         _print_problems([*report.errors, *report.warnings], "nothing was applied")
         return ExitCode.NEGATIVE
     request = StackRequest.from_report(report)
+    # ``--once`` runs on the loop ``slotctl up`` runs on; a bad SLOTCTL_EVENT_LOOP is
+    # refused here, before anything is written.
+    loop = eventloop.loop_factory() if args.once and not args.dry_run else None
     with open_backend(args, remote=not args.once) as backend:
         # Refuse before anything is written: an error exit must mean "nothing changed".
         running = backend.remote or ControllerLock(args.state_dir).running() is not None
@@ -125,8 +129,9 @@ def cmd_apply(args: argparse.Namespace) -> ExitCode:
         if args.wait:
             converged = wait(backend, request, prune=args.prune, timeout=args.timeout)
             return ExitCode.OK if converged else ExitCode.NEGATIVE
-    if args.once:
-        return ExitCode.OK if asyncio.run(_converge_once(args)) else ExitCode.NEGATIVE
+    if loop is not None:
+        converged = eventloop.run(lambda: _converge_once(args), loop)
+        return ExitCode.OK if converged else ExitCode.NEGATIVE
     return ExitCode.OK
 
 
