@@ -301,8 +301,15 @@ class LogWatcher(Protocol):
     """A runtime that can follow a slot's server output (process and Docker runtimes can)."""
 
     def watch_log(self, slot: str, on_text: Callable[[str], None]) -> Callable[[], None] | None:
-        """Call ``on_text`` (on the event loop) with what the server writes from now on;
-        returns the function that stops watching, or None when the log cannot be followed."""
+        """Call ``on_text`` (on the event loop) with what the server writes from now on
+        (from its first line, when :meth:`logs_from_start`); returns the function that
+        stops watching, or None when the log cannot be followed."""
+        ...
+
+    def logs_from_start(self, slot: str) -> bool:
+        """True when :meth:`watch_log` reports the server's output from its first line
+        (a server the runtime has just started): its ready line cannot be missed, so the
+        probe need not try before the line (or the fallback schedule) says so."""
         ...
 
 
@@ -313,6 +320,7 @@ async def wait_ready(
     warmup_timeout_s: float,
     clock: Clock = SYSTEM_CLOCK,
     wake: asyncio.Event | None = None,
+    first_now: bool = True,
 ) -> ProbeResult:
     """Probe on the proportional schedule until ready, no_model, exited or timed out.
 
@@ -321,11 +329,21 @@ async def wait_ready(
     and keeps the sparser floor (``next_delay(armed=True)``); once it has fired (the server
     says it is ready, so an attempt that still finds it warming is a matter of moments) the
     dense schedule goes on from there.
+
+    ``first_now=False`` (with a ``wake`` that cannot miss the line: it reports the
+    server's output from its first line) skips the attempt at once: a server just
+    started is not ready yet, so the first attempt waits for the line or the fallback.
     """
     start = clock.monotonic()
     attempts = 0
     armed = wake is not None
     last = ProbeResult(ProbeOutcome.STILL_WARMING, "not probed yet", attempts=0)
+    if (
+        wake is not None
+        and not first_now
+        and await _pause(clock, next_delay(0.0, armed=True), wake)
+    ):
+        armed = False
     while True:
         if not await alive():
             return _final(
@@ -449,8 +467,10 @@ class HttpProber:
     ) -> ProbeResult:
         wake = asyncio.Event()
         unwatch = None
+        from_start = False
         if self.logs is not None and spec.ready_log:
             lines = LogLines(re.compile(spec.ready_log), wake.set)
+            from_start = self.logs.logs_from_start(slot)
             unwatch = self.logs.watch_log(slot, lines)
         try:
             return await wait_ready(
@@ -459,6 +479,7 @@ class HttpProber:
                 warmup_timeout_s=warmup_timeout_s,
                 clock=clock,
                 wake=wake if unwatch is not None else None,
+                first_now=not (unwatch is not None and from_start),
             )
         finally:
             if unwatch is not None:

@@ -89,6 +89,9 @@ class ProcessRuntime:
         self.kill_grace_s = kill_grace_s
         self.labelled = LabelledServers(self.owner)  # servers found by their labels
         self.records = ProcessRecords(self.store)
+        # Where the output of each server this runtime started begins in its log (after
+        # the runtime's own header line): the probe's log wake reads from there.
+        self._output_at: dict[str, int] = {}
 
     # ------------------------------------------------------------------ protocol
 
@@ -163,9 +166,15 @@ class ProcessRuntime:
         """Nothing to release: servers are processes of their own (they keep running)."""
 
     def watch_log(self, slot: str, on_text: Callable[[str], None]) -> Callable[[], None] | None:
-        """Follow the slot's log file from now on (the readiness probe's wake-up, see
-        :class:`controller.probe.LogWatcher`); None when it cannot be followed."""
-        return follow(self.log_path(slot), on_text)
+        """Follow the slot's log file (the readiness probe's wake-up, see
+        :class:`controller.probe.LogWatcher`): a server this runtime started from its
+        first line on, an adopted one from now on; None when it cannot be followed."""
+        return follow(self.log_path(slot), on_text, offset=self._output_at.get(slot))
+
+    def logs_from_start(self, slot: str) -> bool:
+        """Whether :meth:`watch_log` reports the slot's server output from its first line
+        (a server this runtime started: its log began at the spawn)."""
+        return slot in self._output_at
 
     def _record(self, slot: str) -> dict[str, Any] | None:
         """The slot's process record, or None when absent or not a usable record (a
@@ -210,6 +219,7 @@ class ProcessRuntime:
             log = log_path.open("ab")
             log.write(f"--- slotctl: starting {' '.join(launch.argv)}\n".encode())
             log.flush()
+            output_at = log.tell()
         except OSError as exc:  # disk full or read-only: typed, nothing started
             if log is not None:
                 with contextlib.suppress(OSError):
@@ -233,6 +243,7 @@ class ProcessRuntime:
                     argv=list(launch.argv),
                 ) from exc
         _CHILDREN[popen.pid] = popen
+        self._output_at[launch.slot] = output_at
         self.labelled.remember(launch.slot, popen.pid)
         try:
             create_time = psutil.Process(popen.pid).create_time()
@@ -343,6 +354,7 @@ class ProcessRuntime:
             await asyncio.sleep(_POLL_S)
 
     def _forget(self, slot: str) -> None:
+        self._output_at.pop(slot, None)
         record = self._record(slot)
         if record is not None:
             popen = _CHILDREN.get(int(record["pid"]))
