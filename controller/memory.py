@@ -81,7 +81,7 @@ def read_meminfo(path: str = "/proc/meminfo") -> tuple[int, int] | None:
     """(MemTotal, MemAvailable) in bytes from a meminfo file, or None when it cannot be
     read or lacks either figure."""
     try:
-        with open(path, "rb") as handle:  # noqa: PTH123  (a str path: no Path per sample)
+        with open(path, "rb") as handle:  # a str path: no Path built per sample
             data = handle.read()
     except OSError:
         return None

@@ -431,7 +431,7 @@ class ProcessRecords:
 
     def _stamp(self, slot: str) -> tuple[int, int, int, int] | None:
         try:
-            st = os.stat(self._path(slot))
+            st = os.stat(self._path(slot))  # noqa: PTH116  (a str path: no Path per look)
         except OSError:
             return None
         return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
