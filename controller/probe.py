@@ -154,36 +154,115 @@ async def _plain(
     last. This costs about half the CPU of aiohttp's client (0.26-0.33 ms against
     0.56-0.60 ms an attempt, measured against a loading demo server). None: not a plain
     ``http://`` endpoint (aiohttp then asks)."""
-    url = urlsplit(endpoint + path)
+    answers = await _plain_pair(endpoint, (method, path, body), None, timeout_s)
+    return answers[0] if answers else None
+
+
+_Request = tuple[str, str, Any]  # method, path, JSON body (None: none)
+
+
+class _Reusable(Exception):
+    """A kept-alive connection the server had closed before it answered (retry fresh)."""
+
+
+async def _plain_pair(
+    endpoint: str,
+    first: _Request,
+    then: Callable[[_Response], _Request | None] | None,
+    timeout_s: float,
+) -> list[_Response] | None:
+    """``first``, then the request ``then(first's answer)`` names (if any), over plain
+    asyncio streams (:func:`_plain`), on one connection where the server keeps it open:
+    a ready attempt's models list and sentinel cost one connection, not two. ``first``
+    asks to keep the connection only when a second request may follow; the second goes on
+    a fresh connection when the first answer ends it (``Connection: close``, a body to
+    EOF) or when the server closed it before answering (as a client retries a stale
+    keep-alive connection). None: not a plain ``http://`` endpoint."""
+    url = urlsplit(endpoint + first[1])
     if url.scheme != "http" or not url.hostname:
         return None
+    address = (url.hostname, url.port or 80)
+    answers: list[_Response] = []
+    kept: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+    request: _Request | None = first
+    try:
+        while request is not None:
+            follow = then if not answers else None
+            answer, kept = await _exchange(endpoint, address, request, kept, follow, timeout_s)
+            answers.append(answer)
+            request = follow(answer) if follow is not None else None
+    finally:
+        if kept is not None:
+            kept[1].close()
+    return answers
+
+
+async def _exchange(
+    endpoint: str,
+    address: tuple[str, int],
+    request: _Request,
+    kept: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None,
+    keep: object,
+    timeout_s: float,
+) -> tuple[_Response, tuple[asyncio.StreamReader, asyncio.StreamWriter] | None]:
+    """One request on ``kept`` (else a fresh connection); the answer and the connection
+    when it may carry the next request (``keep``: one may follow), else None (closed)."""
+    method, path, body = request
+    url = urlsplit(endpoint + path)
     target = (url.path or "/") + (f"?{url.query}" if url.query else "")
     payload = b"" if body is None else json.dumps(body).encode()
     content = "" if body is None else "Content-Type: application/json\r\n"
     if payload or method not in ("GET", "HEAD"):
         content += f"Content-Length: {len(payload)}\r\n"
-    request = (
+    connection = "keep-alive" if keep else "close"
+    data = (
         f"{method} {target} HTTP/1.1\r\nHost: {url.netloc}\r\nAccept: application/json\r\n"
-        f"User-Agent: slotctl-probe\r\n{content}Connection: close\r\n\r\n"
+        f"User-Agent: slotctl-probe\r\n{content}Connection: {connection}\r\n\r\n"
     ).encode("latin-1") + payload
+    conn = kept
     try:
         async with asyncio.timeout(timeout_s):
-            reader, writer = await asyncio.open_connection(url.hostname, url.port or 80)
-            try:
-                writer.write(request)
-                status, headers = _parse_head(await reader.readuntil(b"\r\n\r\n"))
-                answer = await _read_body(reader, status, headers)
-            finally:
-                writer.close()
+            while True:
+                if conn is None:
+                    conn = await asyncio.open_connection(*address)
+                    fresh = True
+                else:
+                    fresh = False
+                reader, writer = conn
+                try:
+                    writer.write(data)
+                    try:
+                        head = await reader.readuntil(b"\r\n\r\n")
+                    except asyncio.IncompleteReadError as exc:
+                        if fresh or exc.partial:
+                            raise
+                        raise _Reusable from exc
+                    except ConnectionError as exc:
+                        if fresh:
+                            raise
+                        raise _Reusable from exc
+                    status, headers = _parse_head(head)
+                    answer, reusable = await _read_body(reader, status, headers)
+                except _Reusable:
+                    writer.close()
+                    conn = None
+                    continue
+                except BaseException:
+                    writer.close()
+                    raise
+                break
     except (OSError, TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as exc:
-        return _Response(status=0, error=f"{type(exc).__name__}: {exc}".rstrip(": "))
+        return _Response(status=0, error=f"{type(exc).__name__}: {exc}".rstrip(": ")), None
     except ValueError as exc:  # not HTTP, or a body beyond MAX_BODY
-        return _Response(status=0, error=f"bad HTTP answer: {exc}")
+        return _Response(status=0, error=f"bad HTTP answer: {exc}"), None
+    if not (keep and reusable and "close" not in headers.get("connection", "").lower()):
+        writer.close()
+        conn = None
     try:
-        data = json.loads(answer) if answer.strip() else None
+        parsed = json.loads(answer) if answer.strip() else None
     except ValueError:  # UnicodeDecodeError is one
-        data = None
-    return _Response(status=status, body=data)
+        parsed = None
+    return _Response(status=status, body=parsed), conn
 
 
 def _parse_head(head: bytes) -> tuple[int, dict[str, str]]:
@@ -199,9 +278,13 @@ def _parse_head(head: bytes) -> tuple[int, dict[str, str]]:
     return int(rest[:3]), headers
 
 
-async def _read_body(reader: asyncio.StreamReader, status: int, headers: dict[str, str]) -> bytes:
+async def _read_body(
+    reader: asyncio.StreamReader, status: int, headers: dict[str, str]
+) -> tuple[bytes, bool]:
+    """The body, and whether the connection may carry another request after it (not
+    when the body ran to EOF)."""
     if status in (204, 304) or status < 200:
-        return b""
+        return b"", True
     if "chunked" in headers.get("transfer-encoding", "").lower():
         body = bytearray()
         while True:
@@ -209,7 +292,7 @@ async def _read_body(reader: asyncio.StreamReader, status: int, headers: dict[st
             if size == 0:
                 while (await reader.readuntil(b"\r\n")) != b"\r\n":  # trailers
                     pass
-                return bytes(body)
+                return bytes(body), True
             if len(body) + size > MAX_BODY:
                 raise ValueError("body too large")
             body += await reader.readexactly(size)
@@ -218,13 +301,13 @@ async def _read_body(reader: asyncio.StreamReader, status: int, headers: dict[st
         length = int(headers["content-length"])
         if not 0 <= length <= MAX_BODY:
             raise ValueError(f"Content-Length {length}")
-        return await reader.readexactly(length)
+        return await reader.readexactly(length), True
     rest = await reader.read(MAX_BODY + 1)  # no length given: the body ends at EOF
     while len(rest) <= MAX_BODY and (more := await reader.read(MAX_BODY + 1 - len(rest))):
         rest += more
     if len(rest) > MAX_BODY:
         raise ValueError("body too large")
-    return rest
+    return rest, False
 
 
 async def _list_models(
@@ -249,8 +332,21 @@ async def probe_once(
     *,
     timeout_s: float = 5.0,
 ) -> ProbeResult:
-    """One readiness attempt: models list, then the sentinel. Never raises."""
-    listed = await _list_models(session, endpoint, spec, timeout_s)
+    """One readiness attempt: models list, then the sentinel (on the same connection
+    where the server keeps it open). Never raises."""
+    sentinel = spec.sentinel
+
+    def then(listed: _Response) -> _Request | None:
+        if sentinel is None or not 0 < listed.status < 300 or not _model_ids(listed.body):
+            return None
+        return (sentinel.method, sentinel.path, sentinel.body)
+
+    answers = await _plain_pair(
+        endpoint, ("GET", spec.models_path, None), then if sentinel else None, timeout_s
+    )
+    if answers is None:  # not a plain http:// endpoint: aiohttp asks
+        answers = [await _request(session, "GET", endpoint + spec.models_path, None, timeout_s)]
+    listed = answers[0]
     if listed.status == 0:
         return ProbeResult(ProbeOutcome.STILL_WARMING, f"models list: {listed.error}")
     if listed.status >= 300:
@@ -258,11 +354,11 @@ async def probe_once(
     models = _model_ids(listed.body)
     if not models:
         return ProbeResult(ProbeOutcome.NO_MODEL, "server is up but lists no model")
-    if spec.sentinel is None:
+    if sentinel is None:
         return ProbeResult(ProbeOutcome.READY, "models listed", models)
-    sentinel = spec.sentinel
-    answer = await _plain(sentinel.method, endpoint, sentinel.path, sentinel.body, timeout_s)
-    if answer is None:
+    if len(answers) > 1:
+        answer = answers[1]
+    else:
         answer = await _request(
             session, sentinel.method, endpoint + sentinel.path, sentinel.body, timeout_s
         )
