@@ -20,6 +20,12 @@ schedule stays the fallback: while the wake is armed and has not fired, the sche
 floor is 250 ms instead of 20 ms (``clamp(elapsed * 2.5%, 250 ms, 1 s)``), so a 1 s load
 costs ~5 attempts instead of ~40, and a server whose line never comes is seen at most
 250 ms late (1 s after 40 s of loading, as before). After the line, the dense schedule.
+A server the runtime has just started, whose log it follows from the first line (the
+process runtime: :meth:`LogWatcher.logs_from_start`), is not tried at once either: its
+line cannot be missed, so the first attempt is the line's or the fallback's.
+
+A ready attempt's two requests (models list, sentinel) share one connection where the
+server keeps it open (HTTP/1.1 keep-alive); nothing is kept between attempts.
 """
 
 from __future__ import annotations
