@@ -5,7 +5,8 @@ The files are validated here first; then the stack backend chosen once per comma
 config and state dirs) plans, writes and observes, so the output and exit codes are the
 same on both. ``apply --wait`` follows the backend until the stack is in sync;
 ``apply --once`` (no controller running) converges in this process through the
-composition root, printing the manager's events.
+composition root, on the event loop ``slotctl up`` runs on (:mod:`controller.eventloop`),
+printing the manager's events.
 
 Exit codes (:class:`~controller.exitcode.ExitCode`) follow kubectl/Flux/Argo CD:
 ``diff --exit-code`` is 0 in sync, 1 drift, 2 error (any error, an unexpected one
