@@ -1,4 +1,5 @@
-"""Which asyncio event loop ``slotctl up`` runs on: uvloop when installed, else asyncio's.
+"""Which asyncio event loop ``slotctl up`` and ``stack apply --once`` run on: uvloop when
+installed, else asyncio's.
 
 At the bottom of the layers (no controller import). uvloop (libuv, written in C) is an
 optional dependency (``pip install 'slotctl[fast]'``): when it is importable it is the
@@ -50,10 +51,15 @@ def loop_factory(choice: str | None = None) -> tuple[str, Callable[[], asyncio.A
     return "asyncio", asyncio.new_event_loop
 
 
-def run(main: Callable[[], Coroutine[Any, Any, T]], choice: str | None = None) -> T:
-    """``asyncio.run(main())`` on the loop :func:`loop_factory` picks. ``main`` is called
-    only once the loop is chosen: a refused choice creates no coroutine to leak."""
-    name, factory = loop_factory(choice)
+def run(
+    main: Callable[[], Coroutine[Any, Any, T]],
+    choice: str | tuple[str, Callable[[], asyncio.AbstractEventLoop]] | None = None,
+) -> T:
+    """``asyncio.run(main())`` on the loop :func:`loop_factory` picks (or has picked:
+    ``choice`` may be its answer, taken early to refuse a bad setting before any work).
+    ``main`` is called only once the loop is chosen: a refused choice creates no
+    coroutine to leak."""
+    name, factory = choice if isinstance(choice, tuple) else loop_factory(choice)
     log.info("event loop: %s", name)
     with asyncio.Runner(loop_factory=factory) as runner:
         return runner.run(main())

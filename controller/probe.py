@@ -20,6 +20,12 @@ schedule stays the fallback: while the wake is armed and has not fired, the sche
 floor is 250 ms instead of 20 ms (``clamp(elapsed * 2.5%, 250 ms, 1 s)``), so a 1 s load
 costs ~5 attempts instead of ~40, and a server whose line never comes is seen at most
 250 ms late (1 s after 40 s of loading, as before). After the line, the dense schedule.
+A server the runtime has just started, whose log it follows from the first line (the
+process runtime: :meth:`LogWatcher.logs_from_start`), is not tried at once either: its
+line cannot be missed, so the first attempt is the line's or the fallback's.
+
+A ready attempt's two requests (models list, sentinel) share one connection where the
+server keeps it open (HTTP/1.1 keep-alive); nothing is kept between attempts.
 """
 
 from __future__ import annotations
@@ -154,36 +160,115 @@ async def _plain(
     last. This costs about half the CPU of aiohttp's client (0.26-0.33 ms against
     0.56-0.60 ms an attempt, measured against a loading demo server). None: not a plain
     ``http://`` endpoint (aiohttp then asks)."""
-    url = urlsplit(endpoint + path)
+    answers = await _plain_pair(endpoint, (method, path, body), None, timeout_s)
+    return answers[0] if answers else None
+
+
+_Request = tuple[str, str, Any]  # method, path, JSON body (None: none)
+
+
+class _Reusable(Exception):
+    """A kept-alive connection the server had closed before it answered (retry fresh)."""
+
+
+async def _plain_pair(
+    endpoint: str,
+    first: _Request,
+    then: Callable[[_Response], _Request | None] | None,
+    timeout_s: float,
+) -> list[_Response] | None:
+    """``first``, then the request ``then(first's answer)`` names (if any), over plain
+    asyncio streams (:func:`_plain`), on one connection where the server keeps it open:
+    a ready attempt's models list and sentinel cost one connection, not two. ``first``
+    asks to keep the connection only when a second request may follow; the second goes on
+    a fresh connection when the first answer ends it (``Connection: close``, a body to
+    EOF) or when the server closed it before answering (as a client retries a stale
+    keep-alive connection). None: not a plain ``http://`` endpoint."""
+    url = urlsplit(endpoint + first[1])
     if url.scheme != "http" or not url.hostname:
         return None
+    address = (url.hostname, url.port or 80)
+    answers: list[_Response] = []
+    kept: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+    request: _Request | None = first
+    try:
+        while request is not None:
+            follow = then if not answers else None
+            answer, kept = await _exchange(endpoint, address, request, kept, follow, timeout_s)
+            answers.append(answer)
+            request = follow(answer) if follow is not None else None
+    finally:
+        if kept is not None:
+            kept[1].close()
+    return answers
+
+
+async def _exchange(
+    endpoint: str,
+    address: tuple[str, int],
+    request: _Request,
+    kept: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None,
+    keep: object,
+    timeout_s: float,
+) -> tuple[_Response, tuple[asyncio.StreamReader, asyncio.StreamWriter] | None]:
+    """One request on ``kept`` (else a fresh connection); the answer and the connection
+    when it may carry the next request (``keep``: one may follow), else None (closed)."""
+    method, path, body = request
+    url = urlsplit(endpoint + path)
     target = (url.path or "/") + (f"?{url.query}" if url.query else "")
     payload = b"" if body is None else json.dumps(body).encode()
     content = "" if body is None else "Content-Type: application/json\r\n"
     if payload or method not in ("GET", "HEAD"):
         content += f"Content-Length: {len(payload)}\r\n"
-    request = (
+    connection = "keep-alive" if keep else "close"
+    data = (
         f"{method} {target} HTTP/1.1\r\nHost: {url.netloc}\r\nAccept: application/json\r\n"
-        f"User-Agent: slotctl-probe\r\n{content}Connection: close\r\n\r\n"
+        f"User-Agent: slotctl-probe\r\n{content}Connection: {connection}\r\n\r\n"
     ).encode("latin-1") + payload
+    conn = kept
     try:
         async with asyncio.timeout(timeout_s):
-            reader, writer = await asyncio.open_connection(url.hostname, url.port or 80)
-            try:
-                writer.write(request)
-                status, headers = _parse_head(await reader.readuntil(b"\r\n\r\n"))
-                answer = await _read_body(reader, status, headers)
-            finally:
-                writer.close()
+            while True:
+                if conn is None:
+                    conn = await asyncio.open_connection(*address)
+                    fresh = True
+                else:
+                    fresh = False
+                reader, writer = conn
+                try:
+                    writer.write(data)
+                    try:
+                        head = await reader.readuntil(b"\r\n\r\n")
+                    except asyncio.IncompleteReadError as exc:
+                        if fresh or exc.partial:
+                            raise
+                        raise _Reusable from exc
+                    except ConnectionError as exc:
+                        if fresh:
+                            raise
+                        raise _Reusable from exc
+                    status, headers = _parse_head(head)
+                    answer, reusable = await _read_body(reader, status, headers)
+                except _Reusable:
+                    writer.close()
+                    conn = None
+                    continue
+                except BaseException:
+                    writer.close()
+                    raise
+                break
     except (OSError, TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as exc:
-        return _Response(status=0, error=f"{type(exc).__name__}: {exc}".rstrip(": "))
+        return _Response(status=0, error=f"{type(exc).__name__}: {exc}".rstrip(": ")), None
     except ValueError as exc:  # not HTTP, or a body beyond MAX_BODY
-        return _Response(status=0, error=f"bad HTTP answer: {exc}")
+        return _Response(status=0, error=f"bad HTTP answer: {exc}"), None
+    if not (keep and reusable and "close" not in headers.get("connection", "").lower()):
+        writer.close()
+        conn = None
     try:
-        data = json.loads(answer) if answer.strip() else None
+        parsed = json.loads(answer) if answer.strip() else None
     except ValueError:  # UnicodeDecodeError is one
-        data = None
-    return _Response(status=status, body=data)
+        parsed = None
+    return _Response(status=status, body=parsed), conn
 
 
 def _parse_head(head: bytes) -> tuple[int, dict[str, str]]:
@@ -199,9 +284,13 @@ def _parse_head(head: bytes) -> tuple[int, dict[str, str]]:
     return int(rest[:3]), headers
 
 
-async def _read_body(reader: asyncio.StreamReader, status: int, headers: dict[str, str]) -> bytes:
+async def _read_body(
+    reader: asyncio.StreamReader, status: int, headers: dict[str, str]
+) -> tuple[bytes, bool]:
+    """The body, and whether the connection may carry another request after it (not
+    when the body ran to EOF)."""
     if status in (204, 304) or status < 200:
-        return b""
+        return b"", True
     if "chunked" in headers.get("transfer-encoding", "").lower():
         body = bytearray()
         while True:
@@ -209,7 +298,7 @@ async def _read_body(reader: asyncio.StreamReader, status: int, headers: dict[st
             if size == 0:
                 while (await reader.readuntil(b"\r\n")) != b"\r\n":  # trailers
                     pass
-                return bytes(body)
+                return bytes(body), True
             if len(body) + size > MAX_BODY:
                 raise ValueError("body too large")
             body += await reader.readexactly(size)
@@ -218,13 +307,13 @@ async def _read_body(reader: asyncio.StreamReader, status: int, headers: dict[st
         length = int(headers["content-length"])
         if not 0 <= length <= MAX_BODY:
             raise ValueError(f"Content-Length {length}")
-        return await reader.readexactly(length)
+        return await reader.readexactly(length), True
     rest = await reader.read(MAX_BODY + 1)  # no length given: the body ends at EOF
     while len(rest) <= MAX_BODY and (more := await reader.read(MAX_BODY + 1 - len(rest))):
         rest += more
     if len(rest) > MAX_BODY:
         raise ValueError("body too large")
-    return rest
+    return rest, False
 
 
 async def _list_models(
@@ -249,8 +338,21 @@ async def probe_once(
     *,
     timeout_s: float = 5.0,
 ) -> ProbeResult:
-    """One readiness attempt: models list, then the sentinel. Never raises."""
-    listed = await _list_models(session, endpoint, spec, timeout_s)
+    """One readiness attempt: models list, then the sentinel (on the same connection
+    where the server keeps it open). Never raises."""
+    sentinel = spec.sentinel
+
+    def then(listed: _Response) -> _Request | None:
+        if sentinel is None or not 0 < listed.status < 300 or not _model_ids(listed.body):
+            return None
+        return (sentinel.method, sentinel.path, sentinel.body)
+
+    answers = await _plain_pair(
+        endpoint, ("GET", spec.models_path, None), then if sentinel else None, timeout_s
+    )
+    if answers is None:  # not a plain http:// endpoint: aiohttp asks
+        answers = [await _request(session, "GET", endpoint + spec.models_path, None, timeout_s)]
+    listed = answers[0]
     if listed.status == 0:
         return ProbeResult(ProbeOutcome.STILL_WARMING, f"models list: {listed.error}")
     if listed.status >= 300:
@@ -258,11 +360,11 @@ async def probe_once(
     models = _model_ids(listed.body)
     if not models:
         return ProbeResult(ProbeOutcome.NO_MODEL, "server is up but lists no model")
-    if spec.sentinel is None:
+    if sentinel is None:
         return ProbeResult(ProbeOutcome.READY, "models listed", models)
-    sentinel = spec.sentinel
-    answer = await _plain(sentinel.method, endpoint, sentinel.path, sentinel.body, timeout_s)
-    if answer is None:
+    if len(answers) > 1:
+        answer = answers[1]
+    else:
         answer = await _request(
             session, sentinel.method, endpoint + sentinel.path, sentinel.body, timeout_s
         )
@@ -301,8 +403,15 @@ class LogWatcher(Protocol):
     """A runtime that can follow a slot's server output (process and Docker runtimes can)."""
 
     def watch_log(self, slot: str, on_text: Callable[[str], None]) -> Callable[[], None] | None:
-        """Call ``on_text`` (on the event loop) with what the server writes from now on;
-        returns the function that stops watching, or None when the log cannot be followed."""
+        """Call ``on_text`` (on the event loop) with what the server writes from now on
+        (from its first line, when :meth:`logs_from_start`); returns the function that
+        stops watching, or None when the log cannot be followed."""
+        ...
+
+    def logs_from_start(self, slot: str) -> bool:
+        """True when :meth:`watch_log` reports the server's output from its first line
+        (a server the runtime has just started): its ready line cannot be missed, so the
+        probe need not try before the line (or the fallback schedule) says so."""
         ...
 
 
@@ -313,6 +422,7 @@ async def wait_ready(
     warmup_timeout_s: float,
     clock: Clock = SYSTEM_CLOCK,
     wake: asyncio.Event | None = None,
+    first_now: bool = True,
 ) -> ProbeResult:
     """Probe on the proportional schedule until ready, no_model, exited or timed out.
 
@@ -321,11 +431,21 @@ async def wait_ready(
     and keeps the sparser floor (``next_delay(armed=True)``); once it has fired (the server
     says it is ready, so an attempt that still finds it warming is a matter of moments) the
     dense schedule goes on from there.
+
+    ``first_now=False`` (with a ``wake`` that cannot miss the line: it reports the
+    server's output from its first line) skips the attempt at once: a server just
+    started is not ready yet, so the first attempt waits for the line or the fallback.
     """
     start = clock.monotonic()
     attempts = 0
     armed = wake is not None
     last = ProbeResult(ProbeOutcome.STILL_WARMING, "not probed yet", attempts=0)
+    if (
+        wake is not None
+        and not first_now
+        and await _pause(clock, next_delay(0.0, armed=True), wake)
+    ):
+        armed = False
     while True:
         if not await alive():
             return _final(
@@ -449,8 +569,10 @@ class HttpProber:
     ) -> ProbeResult:
         wake = asyncio.Event()
         unwatch = None
+        from_start = False
         if self.logs is not None and spec.ready_log:
             lines = LogLines(re.compile(spec.ready_log), wake.set)
+            from_start = self.logs.logs_from_start(slot)
             unwatch = self.logs.watch_log(slot, lines)
         try:
             return await wait_ready(
@@ -459,6 +581,7 @@ class HttpProber:
                 warmup_timeout_s=warmup_timeout_s,
                 clock=clock,
                 wake=wake if unwatch is not None else None,
+                first_now=not (unwatch is not None and from_start),
             )
         finally:
             if unwatch is not None:

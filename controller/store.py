@@ -109,8 +109,13 @@ def atomic_write_bytes(path: Path, data: bytes, *, mode: int = 0o644, durable: b
         _fsync_dir(parent)
 
 
-def atomic_write_json(path: Path, data: Any, *, mode: int = 0o644, durable: bool = True) -> None:
-    text = json.dumps(data, indent=2, sort_keys=True) + "\n"
+def atomic_write_json(
+    path: Path, data: Any, *, mode: int = 0o644, durable: bool = True, indent: int | None = 2
+) -> None:
+    """``data`` as JSON, keys sorted; ``indent=None`` writes one line, through json's C
+    encoder (an indented dump takes the pure-Python one: ~3x the CPU of a small record;
+    the slots' state and process records, written at every transition, are one line)."""
+    text = json.dumps(data, indent=indent, sort_keys=True) + "\n"
     atomic_write_bytes(path, text.encode(), mode=mode, durable=durable)
 
 
@@ -190,7 +195,7 @@ class StateStore:
         """Raises :class:`StateWriteFailed` (the old file stays) when the disk says no."""
         path = self.path_for(record.name)
         try:
-            atomic_write_json(path, record.to_json(), durable=durable)
+            atomic_write_json(path, record.to_json(), durable=durable, indent=None)
         except OSError as exc:  # ENOSPC, EROFS, EIO, ...: typed, with path and errno
             raise StateWriteFailed(str(path), exc) from exc
 
@@ -243,7 +248,7 @@ class StateStore:
         crash of the controller must survive, and not one of the machine, need not be)."""
         path = self.slot_dir(name) / _aux_name(filename)
         try:
-            atomic_write_json(path, dict(data), durable=durable)
+            atomic_write_json(path, dict(data), durable=durable, indent=None)
         except OSError as exc:
             raise StateWriteFailed(str(path), exc) from exc
 

@@ -5,7 +5,8 @@ The files are validated here first; then the stack backend chosen once per comma
 config and state dirs) plans, writes and observes, so the output and exit codes are the
 same on both. ``apply --wait`` follows the backend until the stack is in sync;
 ``apply --once`` (no controller running) converges in this process through the
-composition root, printing the manager's events.
+composition root, on the event loop ``slotctl up`` runs on (:mod:`controller.eventloop`),
+printing the manager's events.
 
 Exit codes (:class:`~controller.exitcode.ExitCode`) follow kubectl/Flux/Argo CD:
 ``diff --exit-code`` is 0 in sync, 1 drift, 2 error (any error, an unexpected one
@@ -21,6 +22,7 @@ import json
 import sys
 import time
 
+from controller import eventloop
 from controller.apply import StackPlan
 from controller.cli.backend import StackBackend, StackRejected, StackRequest
 from controller.cli.output import Style, print_json, render_problems
@@ -91,6 +93,9 @@ def cmd_apply(args: argparse.Namespace) -> ExitCode:
         _print_problems([*report.errors, *report.warnings], "nothing was applied")
         return ExitCode.NEGATIVE
     request = StackRequest.from_report(report)
+    # ``--once`` runs on the loop ``slotctl up`` runs on; a bad SLOTCTL_EVENT_LOOP is
+    # refused here, before anything is written.
+    loop = eventloop.loop_factory() if args.once and not args.dry_run else None
     with open_backend(args, remote=not args.once) as backend:
         # Refuse before anything is written: an error exit must mean "nothing changed".
         running = backend.remote or ControllerLock(args.state_dir).running() is not None
@@ -125,8 +130,9 @@ def cmd_apply(args: argparse.Namespace) -> ExitCode:
         if args.wait:
             converged = wait(backend, request, prune=args.prune, timeout=args.timeout)
             return ExitCode.OK if converged else ExitCode.NEGATIVE
-    if args.once:
-        return ExitCode.OK if asyncio.run(_converge_once(args)) else ExitCode.NEGATIVE
+    if loop is not None:
+        converged = eventloop.run(lambda: _converge_once(args), loop)
+        return ExitCode.OK if converged else ExitCode.NEGATIVE
     return ExitCode.OK
 
 

@@ -290,6 +290,10 @@ class DockerRuntime:
 
         return follow_logs(slot, open_stream, on_text)
 
+    def logs_from_start(self, slot: str) -> bool:
+        """The engine's stream is followed from now on (see :meth:`watch_log`)."""
+        return False
+
     # ------------------------------------------------------------------ observing
 
     def _observe(self, container: Any, slot: str) -> Observed:

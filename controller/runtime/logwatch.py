@@ -2,7 +2,8 @@
 
 Used by :meth:`controller.runtime.process.ProcessRuntime.watch_log` so the readiness
 probe (:class:`controller.probe.HttpProber`) wakes the moment a server writes its "ready"
-line into the slot's log file. Only what is appended after :func:`follow` is reported; a
+line into the slot's log file. Only what is appended after :func:`follow` is reported (or,
+given an ``offset``, everything from there on: a server's output from its first line); a
 truncated file (the runtime's copy-truncate at its size cap) is read again from the top.
 Where inotify is missing (not Linux, no libc symbol, out of watches) :func:`follow`
 returns None and the probe keeps to its schedule.
@@ -43,14 +44,20 @@ _LIBC: Final = _libc()
 class _Follower:
     """One open log file and its inotify descriptor, registered with the loop."""
 
-    def __init__(self, path: Path, on_text: Callable[[str], None], notify_fd: int) -> None:
+    def __init__(
+        self, path: Path, on_text: Callable[[str], None], notify_fd: int, offset: int | None
+    ) -> None:
         self.on_text = on_text
         self.notify_fd = notify_fd
         self.file = path.open("rb")
-        self.file.seek(0, os.SEEK_END)
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.loop = asyncio.get_running_loop()
         self.loop.add_reader(notify_fd, self._readable)
+        if offset is None:
+            self.file.seek(0, os.SEEK_END)
+        else:  # what is there already is news too (the watch is set: nothing is missed)
+            self.file.seek(offset)
+            self.loop.call_soon(self._read_new)
 
     def _readable(self) -> None:
         try:
@@ -65,6 +72,8 @@ class _Follower:
         self._read_new()
 
     def _read_new(self) -> None:
+        if self.notify_fd < 0:  # closed before a scheduled first read
+            return
         size = os.fstat(self.file.fileno()).st_size
         position = self.file.tell()
         if size < position:  # copy-truncated under us: start over
@@ -89,10 +98,14 @@ class _Follower:
         self.file.close()
 
 
-def follow(path: Path, on_text: Callable[[str], None]) -> Callable[[], None] | None:
-    """Call ``on_text`` with text appended to ``path`` from now on; returns the function
-    that stops following, or None when the file cannot be followed (missing, no inotify).
-    Must be called on the running event loop, where ``on_text`` is then called."""
+def follow(
+    path: Path, on_text: Callable[[str], None], *, offset: int | None = None
+) -> Callable[[], None] | None:
+    """Call ``on_text`` with text appended to ``path`` from now on (``offset``: from that
+    byte on, what is already there included, reported soon after this returns); returns
+    the function that stops following, or None when the file cannot be followed
+    (missing, no inotify). Must be called on the running event loop, where ``on_text``
+    is then called."""
     if _LIBC is None:
         return None
     notify_fd = _LIBC.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -103,7 +116,7 @@ def follow(path: Path, on_text: Callable[[str], None]) -> Callable[[], None] | N
         os.close(notify_fd)
         return None
     try:
-        follower = _Follower(path, on_text, notify_fd)
+        follower = _Follower(path, on_text, notify_fd, offset)
     except OSError:
         os.close(notify_fd)
         return None

@@ -48,7 +48,7 @@ from controller.runtime.process_labels import (
 )
 from controller.store import StateStore
 
-__all__ = ["ProcessRuntime"]
+__all__ = ["ProcessRecords", "ProcessRuntime"]
 
 log = logging.getLogger("slotctl.runtime")
 
@@ -88,6 +88,10 @@ class ProcessRuntime:
         self.log_backups = log_backups
         self.kill_grace_s = kill_grace_s
         self.labelled = LabelledServers(self.owner)  # servers found by their labels
+        self.records = ProcessRecords(self.store)
+        # Where the output of each server this runtime started begins in its log (after
+        # the runtime's own header line): the probe's log wake reads from there.
+        self._output_at: dict[str, int] = {}
 
     # ------------------------------------------------------------------ protocol
 
@@ -143,7 +147,7 @@ class ProcessRuntime:
                 return observed or Observed(slot=slot, status=RunStatus.MISSING)
             record = self._record_from_labels(slot, found)
             try:
-                self.store.write_aux(slot, RECORD, record, durable=RECORD_DURABLE)
+                self.records.write(slot, record)
             except StateWriteFailed as exc:  # disk full: observing must still work
                 log.warning("slot %s: cannot re-record its server: %s", slot, exc.message)
             observed = self._observe(slot, record)
@@ -162,14 +166,20 @@ class ProcessRuntime:
         """Nothing to release: servers are processes of their own (they keep running)."""
 
     def watch_log(self, slot: str, on_text: Callable[[str], None]) -> Callable[[], None] | None:
-        """Follow the slot's log file from now on (the readiness probe's wake-up, see
-        :class:`controller.probe.LogWatcher`); None when it cannot be followed."""
-        return follow(self.log_path(slot), on_text)
+        """Follow the slot's log file (the readiness probe's wake-up, see
+        :class:`controller.probe.LogWatcher`): a server this runtime started from its
+        first line on, an adopted one from now on; None when it cannot be followed."""
+        return follow(self.log_path(slot), on_text, offset=self._output_at.get(slot))
+
+    def logs_from_start(self, slot: str) -> bool:
+        """Whether :meth:`watch_log` reports the slot's server output from its first line
+        (a server this runtime started: its log began at the spawn)."""
+        return slot in self._output_at
 
     def _record(self, slot: str) -> dict[str, Any] | None:
         """The slot's process record, or None when absent or not a usable record (a
         hand-edited or foreign file is treated as lost: the labels still find the server)."""
-        record = self.store.read_aux(slot, RECORD)
+        record = self.records.read(slot)
         if record is None:
             return None
         try:
@@ -209,6 +219,7 @@ class ProcessRuntime:
             log = log_path.open("ab")
             log.write(f"--- slotctl: starting {' '.join(launch.argv)}\n".encode())
             log.flush()
+            output_at = log.tell()
         except OSError as exc:  # disk full or read-only: typed, nothing started
             if log is not None:
                 with contextlib.suppress(OSError):
@@ -232,6 +243,7 @@ class ProcessRuntime:
                     argv=list(launch.argv),
                 ) from exc
         _CHILDREN[popen.pid] = popen
+        self._output_at[launch.slot] = output_at
         self.labelled.remember(launch.slot, popen.pid)
         try:
             create_time = psutil.Process(popen.pid).create_time()
@@ -248,7 +260,7 @@ class ProcessRuntime:
             "stack": launch.stack,
         }
         try:
-            self.store.write_aux(launch.slot, RECORD, record, durable=RECORD_DURABLE)
+            self.records.write(launch.slot, record)
         except StateWriteFailed:
             # No record, no server: one that runs unrecorded (disk full) would outlive us.
             with contextlib.suppress(ProcessLookupError):
@@ -342,12 +354,13 @@ class ProcessRuntime:
             await asyncio.sleep(_POLL_S)
 
     def _forget(self, slot: str) -> None:
+        self._output_at.pop(slot, None)
         record = self._record(slot)
         if record is not None:
             popen = _CHILDREN.get(int(record["pid"]))
             if popen is not None and popen.poll() is not None:
                 del _CHILDREN[popen.pid]
-        self.store.delete_aux(slot, RECORD)
+        self.records.delete(slot)
 
     # ------------------------------------------------------------------ logs
 
@@ -392,6 +405,59 @@ class ProcessRuntime:
             return []
         lines = data.decode(errors="replace").splitlines()
         return lines[-tail:] if tail > 0 else lines
+
+
+class ProcessRecords:
+    """The slots' ``process.json`` records, read again only when the file has changed.
+
+    Every look at a slot (``inspect``: each probe attempt asks whether the server is
+    alive) needs its record; the runtime writes it itself, so a read is mostly a parse of
+    what it wrote. A look ``stat``s the file (its inode, size, change and modification
+    times: an atomic rewrite is a new inode) and parses it only when that changed; what
+    this runtime writes it keeps as written. A record deleted or edited by hand is seen
+    at the next look, as before; a restarted controller reads every record from disk.
+    """
+
+    def __init__(self, store: StateStore) -> None:
+        self.store = store
+        self._paths: dict[str, str] = {}
+        self._known: dict[str, tuple[tuple[int, int, int, int], dict[str, Any]]] = {}
+
+    def _path(self, slot: str) -> str:
+        path = self._paths.get(slot)
+        if path is None:
+            path = self._paths[slot] = os.fspath(self.store.slot_dir(slot) / RECORD)
+        return path
+
+    def _stamp(self, slot: str) -> tuple[int, int, int, int] | None:
+        try:
+            st = os.stat(self._path(slot))  # noqa: PTH116  (a str path: no Path per look)
+        except OSError:
+            return None
+        return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+    def read(self, slot: str) -> dict[str, Any] | None:
+        """The record as on disk now (not to be mutated: it may be the one kept)."""
+        stamp = self._stamp(slot)
+        known = self._known.get(slot)
+        if known is not None and known[0] == stamp:
+            return known[1]
+        self._known.pop(slot, None)
+        record = self.store.read_aux(slot, RECORD) if stamp is not None else None
+        if stamp is not None and record is not None:
+            self._known[slot] = (stamp, record)  # read after the stat: newer costs a re-read
+        return record
+
+    def write(self, slot: str, record: dict[str, Any]) -> None:
+        self._known.pop(slot, None)
+        self.store.write_aux(slot, RECORD, record, durable=RECORD_DURABLE)
+        stamp = self._stamp(slot)
+        if stamp is not None:
+            self._known[slot] = (stamp, record)
+
+    def delete(self, slot: str) -> None:
+        self._known.pop(slot, None)
+        self.store.delete_aux(slot, RECORD)
 
 
 def _reap(pid: int) -> int | None:

@@ -201,3 +201,102 @@ async def test_the_sentinel_goes_over_the_same_plain_client_with_its_json_body()
     assert b"User-Agent: slotctl-probe\r\n" in head
     assert b"Content-Type: application/json\r\n" in head
     assert json.loads(sent) == body
+
+
+@asynccontextmanager
+async def keep_alive_server(
+    close_after: Callable[[bytes], bool] = lambda head: False,
+    models_head: tuple[str, ...] = (f"Content-Length: {len(MODELS)}",),
+) -> AsyncIterator[tuple[str, list[list[bytes]]]]:
+    """A raw HTTP/1.1 server that keeps connections open (as llama-server, uvicorn and
+    the demo server do) unless the request says ``Connection: close`` or
+    ``close_after(head)`` (then it closes without saying so). Yields the endpoint and the
+    request heads, one list per connection."""
+    connections: list[list[bytes]] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        heads: list[bytes] = []
+        connections.append(heads)
+        try:
+            while True:
+                try:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                except asyncio.IncompleteReadError:
+                    return
+                heads.append(head)
+                length = 0
+                for line in head.decode("latin-1").split("\r\n"):
+                    name, _, value = line.partition(":")
+                    if name.lower() == "content-length":
+                        length = int(value)
+                await reader.readexactly(length)
+                if head.startswith(b"GET /v1/models "):
+                    writer.write(reply("200 OK", MODELS, *models_head))
+                else:
+                    writer.write(reply("200 OK", b'{"ok": 1}', "Content-Length: 9"))
+                await writer.drain()
+                if b"Connection: close" in head or close_after(head):
+                    return
+        finally:
+            writer.close()
+
+    srv = await asyncio.start_server(handle, "127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{srv.sockets[0].getsockname()[1]}", connections
+    finally:
+        srv.close()
+        await srv.wait_closed()
+
+
+async def _ready_attempt(endpoint: str) -> tuple[ProbeOutcome, str]:
+    from controller.probe import SentinelRequest
+
+    spec = ProbeSpec(sentinel=SentinelRequest("POST", "/v1/completions", {"max_tokens": 1}))
+    prober = HttpProber()
+    try:
+        result = await prober.probe(endpoint, spec, slot="s")
+    finally:
+        await prober.close()
+    return result.outcome, result.message
+
+
+async def test_a_ready_attempt_sends_the_sentinel_on_the_models_list_connection() -> None:
+    """The models list asks to keep the connection when a sentinel may follow; the
+    sentinel goes on it and closes it: one connection a ready attempt, not two."""
+    async with keep_alive_server() as (endpoint, connections):
+        outcome, message = await _ready_attempt(endpoint)
+    assert (outcome, message) == (ProbeOutcome.READY, "/v1/completions answered")
+    assert len(connections) == 1 and len(connections[0]) == 2, connections
+    listed, sentinel = connections[0]
+    assert listed.startswith(b"GET /v1/models ") and b"Connection: keep-alive\r\n" in listed
+    assert sentinel.startswith(b"POST /v1/completions ") and b"Connection: close\r\n" in sentinel
+
+
+async def test_the_sentinel_takes_a_fresh_connection_when_the_first_cannot_carry_it() -> None:
+    """A models list answered with ``Connection: close``, or with a body that ends at
+    EOF, ends its connection; a server that closes a kept connection without saying so
+    (a stale keep-alive) is asked again on a fresh one. Each is still ready."""
+    cases: list[tuple[Callable[[bytes], bool], tuple[str, ...]]] = [
+        (lambda head: False, (f"Content-Length: {len(MODELS)}", "Connection: close")),
+        (lambda head: head.startswith(b"GET "), ()),  # no length: the body ends at EOF
+        (lambda head: head.startswith(b"GET "), (f"Content-Length: {len(MODELS)}",)),
+    ]
+    for close_after, models_head in cases:
+        async with keep_alive_server(close_after, models_head) as (endpoint, connections):
+            outcome, message = await _ready_attempt(endpoint)
+        assert (outcome, message) == (ProbeOutcome.READY, "/v1/completions answered"), models_head
+        heads = [head[:5] for conn in connections for head in conn]
+        assert heads == [b"GET /", b"POST "] and len(connections) == 2, connections
+
+
+async def test_without_a_sentinel_or_when_still_loading_the_connection_is_closed() -> None:
+    """Only a request that may be followed asks to keep the connection; a 503 (loading)
+    ends the attempt and its connection."""
+    async with keep_alive_server() as (endpoint, connections):
+        assert (await probe(endpoint))[0] is ProbeOutcome.READY  # no sentinel
+    assert b"Connection: close\r\n" in connections[0][0]
+    loading = reply("503 Service Unavailable", b"{}", "Content-Length: 2")
+    async with server(lambda _: loading) as (endpoint, heads):
+        outcome, message = await _ready_attempt(endpoint)
+    assert outcome is ProbeOutcome.STILL_WARMING and message == "models list: HTTP 503"
+    assert len(heads) == 1 and b"Connection: keep-alive\r\n" in heads[0]

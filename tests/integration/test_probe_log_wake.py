@@ -39,13 +39,73 @@ async def _wait_ready_stuck(runtime: ProcessRuntime, knobs: list[str]) -> ProbeR
 
 async def test_ready_line_wakes_the_probe(runtime: ProcessRuntime) -> None:
     result = await _wait_ready_stuck(runtime, ["--load-seconds", "0.5"])
-    # the first attempt (at once: 503 while loading), then the one the ready line woke
-    assert result.outcome is ProbeOutcome.READY and result.attempts == 2, result
+    # one attempt: the one the ready line woke (a server just started is not tried at
+    # once: its log is followed from its first line, so the line cannot be missed)
+    assert result.outcome is ProbeOutcome.READY and result.attempts == 1, result
 
 
 async def test_loaded_without_a_model_line_wakes_the_probe_too(runtime: ProcessRuntime) -> None:
     result = await _wait_ready_stuck(runtime, ["--load-seconds", "0.5", "--empty-models"])
-    assert result.outcome is ProbeOutcome.NO_MODEL and result.attempts == 2, result
+    assert result.outcome is ProbeOutcome.NO_MODEL and result.attempts == 1, result
+
+
+async def test_a_line_written_before_the_probe_watches_still_wakes_it(
+    runtime: ProcessRuntime,
+) -> None:
+    """The probe begins to watch after the spawn; a server quicker than that (its ready
+    line already in the log) is still seen at once: the log of a server this runtime
+    started is followed from its first line, not from the moment the watch began."""
+    launch = demo_launch("quick", ["--load-seconds", "0"])
+    await runtime.start(launch)
+    assert runtime.logs_from_start("quick")
+    deadline = asyncio.get_running_loop().time() + 20
+    while not any("slotctl-demo ready" in line for line in await runtime.logs("quick")):
+        assert asyncio.get_running_loop().time() < deadline, await runtime.logs("quick")
+        await asyncio.sleep(0.02)
+    result = await wait_ready_stuck(runtime, launch, timeout=10)
+    assert result.outcome is ProbeOutcome.READY and result.attempts == 1, result
+
+
+async def test_an_adopted_server_is_tried_at_once(runtime: ProcessRuntime, tmp_path: Path) -> None:
+    """A server the runtime did not start (adopted after a restart) has its log followed
+    from now on: its ready line may be long past, so the probe tries at once."""
+    launch = demo_launch("adopted", ["--load-seconds", "0"])
+    await runtime.start(launch)
+    await wait_ready_stuck(runtime, launch, timeout=20)
+    restarted = ProcessRuntime(tmp_path / "state")
+    assert (await restarted.start(launch)).running  # adopted, not started
+    assert not restarted.logs_from_start("adopted")
+    result = await wait_ready_stuck(restarted, launch, timeout=10)
+    assert result.outcome is ProbeOutcome.READY and result.attempts == 1, result
+
+
+async def test_follow_from_an_offset_reports_what_is_there_already(tmp_path: Path) -> None:
+    path = tmp_path / "server.log"
+    path.write_bytes(b"--- header\nfirst line\n")
+    seen: list[str] = []
+    got = asyncio.Event()
+
+    def on_text(text: str) -> None:
+        seen.append(text)
+        got.set()
+
+    stop = follow(path, on_text, offset=len(b"--- header\n"))
+    assert stop is not None
+    try:
+        await asyncio.wait_for(got.wait(), 5)
+        assert "".join(seen) == "first line\n"
+        got.clear()
+        with path.open("ab") as log:
+            log.write(b"second line\n")
+        await asyncio.wait_for(got.wait(), 5)
+        assert "".join(seen) == "first line\nsecond line\n"
+    finally:
+        stop()
+    stopped_at_once = follow(path, on_text, offset=0)  # stopped before its first read
+    assert stopped_at_once is not None
+    stopped_at_once()
+    await asyncio.sleep(0.05)
+    assert "".join(seen) == "first line\nsecond line\n"
 
 
 async def test_follow_reports_appended_text_until_stopped(tmp_path: Path) -> None:

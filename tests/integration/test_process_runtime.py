@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -11,6 +12,7 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import psutil
@@ -344,3 +346,61 @@ async def test_the_process_record_is_atomic_but_not_fsynced(
     assert synced == []
     runtime.store.write_aux("norec", "other.json", {"x": 1})  # the default stays durable
     assert len(synced) == 2 and synced[1] == str(runtime.store.slot_dir("norec"))
+
+
+async def test_the_process_record_is_parsed_again_only_when_the_file_changed(
+    runtime: ProcessRuntime, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each look at a slot needs its record: the runtime keeps what it wrote and parses
+    the file again only when it changed (a new inode, size or times). A record edited or
+    deleted by hand, a server killed from outside and a restarted runtime all see what
+    is on disk and in /proc now."""
+    parsed: list[str] = []
+    real = runtime.store.read_aux
+
+    def counted(slot: str, filename: str) -> dict[str, Any] | None:
+        parsed.append(slot)
+        return real(slot, filename)
+
+    monkeypatch.setattr(runtime.store, "read_aux", counted)
+    launch = demo_launch("kept")
+    first = await runtime.start(launch)  # no record yet: nothing to parse
+    for _ in range(5):
+        seen = await runtime.inspect("kept")
+        assert seen.running and seen.ident == first.ident
+    assert parsed == []  # what the runtime wrote is what it keeps
+
+    # edited by hand: the new content is read (here: a pid that is not ours)
+    path = tmp_path / "state" / "slots" / "kept" / RECORD
+    record = json.loads(path.read_bytes())
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        path.write_text(json.dumps({**record, "pid": stranger.pid, "create_time": 1.0}))
+        edited = await runtime.inspect("kept")
+        assert parsed == ["kept"]
+        assert edited.status is RunStatus.RUNNING  # the labels still find our server
+        assert json.loads(path.read_bytes())["pid"] == int(first.ident or 0)  # re-recorded
+        await runtime.inspect("kept")
+        assert parsed == ["kept"]
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+    # a restarted controller reads the record from disk and adopts the server
+    fresh = ProcessRuntime(tmp_path / "state")
+    adopted = await fresh.start(launch)
+    assert adopted.ident == first.ident
+    assert fresh.records.read("kept") == json.loads(path.read_bytes())
+
+    # killed from outside: the kept record does not hide it
+    os.killpg(int(first.ident or 0), signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while (await runtime.inspect("kept")).running and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    gone = await runtime.inspect("kept")
+    assert gone.status is RunStatus.EXITED and gone.message == "killed by SIGKILL"
+    assert (await fresh.inspect("kept")).status is RunStatus.EXITED
+
+    # deleted by hand: seen at the next look
+    runtime.store.delete_aux("kept", RECORD)
+    assert (await runtime.inspect("kept")).status is RunStatus.MISSING

@@ -13,14 +13,17 @@ controller: the config and state dirs of ``tmp_path``), with slots that are neve
 from __future__ import annotations
 
 import ast
+import importlib.util
 import io
 import json
+import logging
 import re
 from pathlib import Path
 
 import pytest
 
 import controller.cli.stack as cli_stack
+from controller import eventloop
 from controller.cli.main import main
 from controller.cli.output import Style
 from controller.cli.remote import _event_line
@@ -163,6 +166,32 @@ def test_failures_map_to_their_codes(
     with pytest.raises(SystemExit) as usage:
         main(["stack", "frobnicate"])
     assert usage.value.code == ExitCode.ERROR  # argparse's usage status is ours
+
+
+def test_apply_once_runs_on_the_event_loop_slotctl_up_chooses(
+    dirs: list[str],
+    stack: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``apply --once`` honours ``SLOTCTL_EVENT_LOOP`` as ``slotctl up`` does
+    (controller.eventloop); a value it does not know is refused before anything is
+    written."""
+    apply_once = [*dirs, "stack", "apply", str(stack), "--once", "--timeout", "30"]
+    monkeypatch.setenv(eventloop.ENV, "tokio")
+    assert main(apply_once) is ExitCode.ERROR
+    assert not (tmp_path / "config" / "slots").exists()
+    choices = ["asyncio", "uvloop"] if importlib.util.find_spec("uvloop") else ["asyncio"]
+    for choice in choices:
+        monkeypatch.setenv(eventloop.ENV, choice)
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="slotctl.eventloop"):
+            assert main(apply_once) is ExitCode.OK, choice
+        assert [r.getMessage() for r in caplog.records if r.name == "slotctl.eventloop"] == [
+            f"event loop: {choice}"
+        ]
+    assert (tmp_path / "config" / "slots" / "a.toml").exists()
 
 
 # ======================================================================= event_line

@@ -19,24 +19,59 @@ from controller.memory import (
     PsutilProbe,
     SystemMemoryProbe,
     check_admission,
+    read_meminfo,
 )
 
 # ----------------------------------------------------------------- psutil
 
 
 def test_psutil_probe_matches_virtual_memory() -> None:
+    """On Linux the figures come from /proc/meminfo directly: the same as psutil's."""
     before = psutil.virtual_memory()
     sample = PsutilProbe().sample("cpu")
     after = psutil.virtual_memory()
     assert sample is not None
     assert sample.device == "cpu"
-    assert sample.source == "psutil"
+    assert sample.source == ("meminfo" if Path("/proc/meminfo").exists() else "psutil")
     assert sample.total_bytes == before.total == after.total
     tolerance = max(256 * 1024**2, before.total // 50)  # other processes allocate meanwhile
     low = min(before.available, after.available) - tolerance
     high = max(before.available, after.available) + tolerance
     assert low <= sample.free_bytes <= high
     assert 0 < sample.free_bytes <= sample.total_bytes
+
+
+MEMINFO = """\
+MemTotal:       24684084 kB
+MemFree:        22494124 kB
+MemAvailable:   23953536 kB
+Buffers:          112344 kB
+"""
+
+
+def test_meminfo_is_read_as_psutil_reads_it(tmp_path: Path) -> None:
+    """The two figures, in bytes (psutil multiplies meminfo's kB by 1024)."""
+    path = tmp_path / "meminfo"
+    path.write_text(MEMINFO)
+    assert read_meminfo(str(path)) == (24684084 * 1024, 23953536 * 1024)
+    sample = PsutilProbe(path).sample("cpu")
+    assert sample == DeviceMemory("cpu", 24684084 * 1024, 23953536 * 1024, "meminfo")
+
+
+def test_meminfo_without_memavailable_falls_back_to_psutil(tmp_path: Path) -> None:
+    """A kernel before 3.14 has no MemAvailable (psutil estimates it); a file that
+    cannot be read, or a figure that is not a number, is psutil's turn too."""
+    old = tmp_path / "old"
+    old.write_text(MEMINFO.replace("MemAvailable:   23953536 kB\n", ""))
+    odd = tmp_path / "odd"
+    odd.write_text(MEMINFO.replace("23953536", "lots"))
+    inline = tmp_path / "inline"  # a key that is not at a line's start is not the key
+    inline.write_text(MEMINFO.replace("MemAvailable:", "XMemAvailable:"))
+    for path in (old, odd, inline, tmp_path / "missing"):
+        assert read_meminfo(str(path)) is None, path.name
+        sample = PsutilProbe(path).sample("cpu")
+        assert sample is not None and sample.source == "psutil", path.name
+        assert sample.total_bytes == psutil.virtual_memory().total
 
 
 def test_psutil_probe_serves_npu_too() -> None:
@@ -243,7 +278,7 @@ def test_system_probe_uses_psutil_for_cpu_and_npu(tmp_path: Path) -> None:
     for device in ("cpu", "npu"):
         sample = probe.sample(device)
         assert sample is not None
-        assert sample.source == "psutil" and sample.device == device
+        assert sample.source in ("meminfo", "psutil") and sample.device == device
         assert sample.total_bytes == psutil.virtual_memory().total
     assert nvml.calls == amd.calls == 0
 

@@ -139,3 +139,41 @@ async def test_after_the_wake_fires_the_dense_schedule_takes_over() -> None:
     assert before and all(d >= ARMED_BASE_DELAY_S for d in before)
     assert after and all(d < ARMED_BASE_DELAY_S for d in after), clock.sleeps
     assert calls[-1] - 1.1 <= 0.03
+
+
+async def test_a_server_just_started_is_first_tried_by_its_line_or_the_fallback() -> None:
+    """``first_now=False`` (the log is followed from the server's first line, so the line
+    cannot be missed): no attempt at once; without the line, the first attempt comes
+    after the armed floor and the fallback goes on; a line that comes during that first
+    wait is tried at once, and the dense schedule takes over from there."""
+    clock = FakeClock(start=0.0)
+    attempt, calls = _scripted(clock, ready_at=1.0)
+    result = await wait_ready(
+        attempt,
+        alive=_alive,
+        warmup_timeout_s=60,
+        clock=clock,
+        wake=asyncio.Event(),
+        first_now=False,
+    )
+    assert result.outcome is ProbeOutcome.READY
+    assert calls[0] == pytest.approx(ARMED_BASE_DELAY_S), calls
+    assert calls[-1] - 1.0 <= ARMED_BASE_DELAY_S + 1e-9
+    assert len(calls) == 4, calls  # 0.25, 0.5, 0.75, 1.0 (at once as well: 5)
+
+    clock = FakeClock(start=0.0)
+    wake = asyncio.Event()
+    seen: list[float] = []
+
+    async def woken() -> ProbeResult:
+        seen.append(clock.monotonic())
+        return ProbeResult(ProbeOutcome.STILL_WARMING, "HTTP 503")
+
+    wake.set()  # the line is in the log already (read at the watch's first read)
+    probing = asyncio.create_task(
+        wait_ready(woken, alive=_alive, warmup_timeout_s=1, clock=clock, wake=wake, first_now=False)
+    )
+    result = await probing
+    assert result.outcome is ProbeOutcome.TIMED_OUT
+    assert seen[0] == 0.0  # the wake, not the fallback, brought the first attempt
+    assert clock.sleeps[0] == pytest.approx(0.02), clock.sleeps  # dense from there

@@ -142,6 +142,27 @@ def test_atomic_write_json_content(tmp_path: Path) -> None:
     assert _entries(tmp_path) == ["d.json"]
 
 
+def test_state_and_process_records_are_one_line_through_the_c_encoder(tmp_path: Path) -> None:
+    """state.json and the runtime records are written at every transition: one line,
+    keys sorted (json's C encoder; an indented dump takes the pure-Python encoder), and
+    read back as written. Files written rarely (residency.json) stay indented."""
+    assert json.encoder.c_make_encoder is not None  # this interpreter has it
+    store = StateStore(tmp_path)
+    rec = _record("llm-a", SlotState.WARMING, model_id="m", port=8081, message="é")
+    store.write(rec)
+    store.write_aux("llm-a", "process.json", {"pid": 7, "argv": ["a", "b"]})
+    for name in ("state.json", "process.json"):
+        text = (tmp_path / "slots" / "llm-a" / name).read_text()
+        assert text.count("\n") == 1 and text.endswith("\n"), name
+        data = json.loads(text)
+        assert text == json.dumps(data, sort_keys=True) + "\n", name
+    assert store.read("llm-a") == rec
+    assert store.read_aux("llm-a", "process.json") == {"pid": 7, "argv": ["a", "b"]}
+    residency = ResidencyStore(tmp_path / "config")
+    residency.set("llm-a", "m")
+    assert residency.path.read_text().count("\n") > 1
+
+
 def test_atomic_write_json_unserialisable_leaves_old_file(tmp_path: Path) -> None:
     target = tmp_path / "d.json"
     atomic_write_json(target, {"v": 1})
