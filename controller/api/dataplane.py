@@ -41,11 +41,12 @@ from typing import Final
 from controller.api.app import ApiContext
 from controller.api.dataplane_head import (
     MODELS,
+    HeadTemplate,
     RequestHead,
     address,
     answer,
     authorized,
-    parse_head,
+    parse_head_like,
     refusal_answer,
     response_head,
     unauthorized,
@@ -162,6 +163,7 @@ class _Front(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.buffer = bytearray()
         self.head: RequestHead | None = None
+        self.template: HeadTemplate | None = None  # the last head, to read the next one
         self.head_end = 0
         self.head_at = 0.0  # when the head of the request whose body is read came
         self.call: Call | None = None  # the request being served (None: none is)
@@ -253,7 +255,7 @@ class _Front(asyncio.Protocol):
                 if len(buffer) > _HEAD_MAX or _BARE_LF.search(buffer):
                     self._hand_over()  # a bare LF never ends in CRLFCRLF: aiohttp's 400
                 return
-            head = parse_head(bytes(buffer[:end]))
+            head, self.template = parse_head_like(bytes(buffer[:end]), self.template)
             if head is None:
                 self._hand_over()
                 return

@@ -38,11 +38,13 @@ from controller.api.upstream import (
 )
 
 __all__ = [
+    "HeadTemplate",
     "RequestHead",
     "address",
     "answer",
     "authorized",
     "parse_head",
+    "parse_head_like",
     "refusal_answer",
     "response_head",
     "unauthorized",
@@ -157,6 +159,53 @@ def parse_head(raw: bytes) -> RequestHead | None:
     return RequestHead(
         method, target, limit, length, forward, authorization, content_type, close, expect
     )
+
+
+@dataclass(slots=True, frozen=True)
+class HeadTemplate:
+    """A connection's last request head, cut around its one ``Content-Length`` value: a
+    client on a kept-alive connection sends the same head again but for that value (an
+    SDK's headers do not change between calls), and such a head is read again at the
+    cost of a comparison, not of a parse."""
+
+    prefix: bytes
+    suffix: bytes
+    head: RequestHead
+
+
+_LENGTH_VALUE: Final = re.compile(rb"\r\ncontent-length:[ \t]*([0-9]+)", re.IGNORECASE)
+
+
+def parse_head_like(
+    raw: bytes, last: HeadTemplate | None
+) -> tuple[RequestHead | None, HeadTemplate | None]:
+    """:func:`parse_head` of ``raw`` and the template for the next head; when ``raw`` is
+    ``last``'s head with another ``Content-Length`` (digits, as :func:`parse_head` takes
+    them), that head with this length, unparsed."""
+    if last is not None and raw.startswith(last.prefix) and raw.endswith(last.suffix):
+        value = raw[len(last.prefix) : len(raw) - len(last.suffix)]
+        if value.isdigit() and len(value) <= _DIGITS_MAX and len(raw) <= _LINE_MAX:
+            h = last.head
+            head = RequestHead(
+                h.method,
+                h.target,
+                h.limit,
+                int(value),
+                h.forward,
+                h.authorization,
+                h.content_type,
+                h.close,
+                h.expect,
+            )
+            return head, last
+    parsed = parse_head(raw)
+    if parsed is None or len(raw) > _LINE_MAX:
+        return parsed, None
+    values = list(_LENGTH_VALUE.finditer(raw))
+    if len(values) != 1:
+        return parsed, None  # none (a GET), or repeated: parsed each time
+    start, end = values[0].span(1)
+    return parsed, HeadTemplate(raw[:start], raw[end:], parsed)
 
 
 def _bearer(given: bytes | None) -> bytes | None:

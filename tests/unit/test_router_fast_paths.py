@@ -19,6 +19,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
+from controller.api.dataplane_head import HeadTemplate, parse_head, parse_head_like
 from controller.api.metrics import REQUEST_BUCKETS, _RequestSeries
 from controller.api.router_request import (
     Pending,
@@ -201,3 +202,38 @@ def test_the_request_series_expose_what_prometheus_client_would() -> None:
         series.done(slot, model, status, seconds)
     for exposition in (generate_latest, generate_openmetrics):
         assert created_as_t(exposition(ours)) == created_as_t(exposition(reference))
+
+
+# ============================================================================ heads
+
+
+def test_a_head_read_again_from_its_template_is_the_head_parse_head_reads() -> None:
+    def head(length: str, *extra: str, first: str = "POST /v1/completions HTTP/1.1") -> bytes:
+        lines = [first, "Host: h", "Authorization: Bearer t", f"Content-Length: {length}"]
+        return "\r\n".join([*lines, *extra, "Content-Type: application/json"]).encode()
+
+    sequence = [
+        head("12"),
+        head("7"),  # the same head but its length: from the template
+        head("123456"),
+        head("07"),
+        head("1 "),  # OWS after the value: another template
+        head("2 "),
+        head("x"),  # not a length: parsed, refused
+        head("3", "X-New: 1"),  # another header: parsed again
+        head("3", "Content-Length: 3"),  # repeated (equal): parsed each time
+        head("4", "Content-Length: 4"),
+        head("9" * 19),  # past the digits parse_head takes
+        head("5", first="GET /v1/models HTTP/1.1"),
+        b"GET /v1/models HTTP/1.1\r\nHost: h",  # no length: no template
+        head("6", "X-Long: " + "a" * 9000),  # past the line limit: never a template
+        head("6", "X-Long: " + "a" * 9000),
+    ]
+    template: HeadTemplate | None = None
+    reused = 0
+    for raw in sequence:
+        before = template
+        got, template = parse_head_like(raw, template)
+        assert got == parse_head(raw), raw[:80]
+        reused += template is not None and template is before
+    assert reused == 4  # "7", "123456", "07" and "2 " came from a template
