@@ -39,6 +39,7 @@ log = logging.getLogger("slotctl.manager")
 
 S = SlotState
 _HISTORY: Final = 10_000  # transitions kept for tests and the dashboard
+_VALUE: Final = {state: state.value for state in S}  # without the enum's descriptor
 LAG_WRITE_S: Final = 0.25  # lease flips within this window reach state.json as one write
 _LEASE_FLIP: Final = frozenset({S.READY, S.SERVING})
 
@@ -221,7 +222,7 @@ class SlotTable:
         persists it off the event loop (coalesced); a refused lag write never fails a
         request, and :meth:`flush_unpersisted` writes it once the disk can.
         """
-        current = slot.state
+        current, name = slot.state, slot.name
         check_transition(current, to)
         durable = durable or {current, to} != _LEASE_FLIP  # only these may lag (SPEC §3)
         idle = idle_reason if to is S.IDLE else None
@@ -237,14 +238,15 @@ class SlotTable:
         slot.waiting = None  # any transition ends a wait for memory
         if not durable:
             self._lag(slot)
-        self.transitions.append((slot.name, current.value, to.value))
+        before, after = _VALUE[current], _VALUE[to]
+        self.transitions.append((name, before, after))
         self.events.emit(
             EventKind.TRANSITION,
             op,
-            slot=slot.name,
+            slot=name,
             model=slot.model_id,
-            from_state=current.value,
-            to_state=to.value,
+            from_state=before,
+            to_state=after,
             message=message,
             error=error.code if error else None,
             details={"idle_reason": slot.idle_reason} if slot.idle_reason else {},
@@ -287,17 +289,20 @@ class SlotTable:
 
     def _lag(self, slot: SlotRecord) -> None:
         """A lease flip committed in memory: have the lag writer persist it."""
-        self._intent(slot.name)
-        self.unpersisted.add(slot.name)
-        if slot.name in self._refused:
+        name = slot.name
+        self._intent(name)
+        self.unpersisted.add(name)
+        if name in self._refused:
             return  # the disk is refusing: housekeeping retries (flush_unpersisted)
+        writer = self._writer
+        if writer is not None and not writer.done() and not writer.get_loop().is_closed():
+            return  # it writes this flip with the others
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # no loop (a synchronous caller): write now, as before
             self._flush_one(slot)
             return
-        if self._writer is None or self._writer.done():
-            self._writer = loop.create_task(self._lag_writer(), name="state-lag-writer")
+        self._writer = loop.create_task(self._lag_writer(), name="state-lag-writer")
 
     async def _lag_writer(self) -> None:
         """Write the lagging slots' latest state in a worker thread, until none lags."""
