@@ -24,6 +24,7 @@ import re
 import socket
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Final, Protocol
 
 __all__ = [
@@ -111,6 +112,7 @@ class Upstream(asyncio.Protocol):
         "_pool",
         "_reset",
         "_reusable",
+        "_template",
         "_used",
         "content_type",
         "fields",
@@ -130,6 +132,7 @@ class Upstream(asyncio.Protocol):
         self._attached = False  # its body goes to the listener
         self._got = False  # a byte of the current answer arrived
         self._reset = False  # the connection ended with an error
+        self._template: _Template | None = None  # the last answer's head, to read the next
         self._used = False  # an earlier exchange went over this connection
         self._reusable = False
         self._paused = False
@@ -254,6 +257,8 @@ class Upstream(asyncio.Protocol):
                 return
             head = bytes(buffer[:end])
             del buffer[: end + 4]
+            if self._template is not None and self._again(head, self._template):
+                return
             first = head.find(b"\r\n")
             if first < 0:
                 first = len(head)
@@ -314,8 +319,44 @@ class Upstream(asyncio.Protocol):
         else:
             self.framing = _CLOSE
         self._reusable = version == b"HTTP/1.1" and not close and self.framing != _CLOSE
+        self._template = _template(head, first, self) if self.framing == _LENGTH else None
         assert self._listener is not None
         self._listener.on_head(self)
+
+    def _again(self, head: bytes, template: _Template) -> bool:
+        """``head`` read from the last answer's template, when it is that head with other
+        values in its holes (a Content-Length, a Date); False: parse it."""
+        pieces, at, stop = template.pieces, len(template.pieces[0]), len(head)
+        if not head.startswith(pieces[0]) or not head.endswith(pieces[-1]):
+            return False
+        stop -= len(pieces[-1])
+        length = -1
+        for i, dated in enumerate(template.dated):
+            end = stop if i + 2 == len(pieces) else head.find(pieces[i + 1], at, stop)
+            if end < at:
+                return False
+            value = head[at:end]
+            if dated:
+                if not value or BAD_VALUE.search(value):  # no control: the line stays one line
+                    return False
+            elif not value.isdigit() or len(value) > 18:
+                return False
+            else:
+                length = int(value)
+            at = end + len(pieces[i + 1])
+        if length <= 0:
+            return False  # no body: parsed (NONE framing)
+        self.status, self.reason, self.content_type = (
+            template.status,
+            template.reason,
+            template.content_type,
+        )
+        self.fields = head[template.first :]
+        self.framing, self._left, self._reusable = _LENGTH, length, template.reusable
+        self._parsed = True
+        assert self._listener is not None
+        self._listener.on_head(self)
+        return True
 
     def _fail_head(self, message: str) -> None:
         self._fail(UpstreamError(message))
@@ -412,6 +453,51 @@ class Upstream(asyncio.Protocol):
             self._close()
         if listener is not None:
             listener.on_end()
+
+
+@dataclass(frozen=True, slots=True)
+class _Template:
+    """A connection's last answer head with a ``Content-Length`` body, cut around the
+    values that change from one answer to the next (its length, its Date): a model
+    server answers with the same head again but for those, and such a head is read at
+    the cost of a comparison. ``pieces`` are the text around the holes; ``dated`` says,
+    hole by hole, whether it is the Date (else the length); the rest is the parse's."""
+
+    pieces: tuple[bytes, ...]
+    dated: tuple[bool, ...]
+    status: int
+    reason: bytes
+    content_type: bytes
+    first: int
+    reusable: bool
+
+
+# A Content-Length or Date line's value, without its OWS (well-formed lines only).
+_HOLE: Final = re.compile(
+    rb"\r\n(content-length|date):[ \t]*([^\r]*?)[ \t]*(?=\r\n|$)", re.IGNORECASE
+)
+
+
+def _template(head: bytes, first: int, answer: Upstream) -> _Template | None:
+    """The template of a parsed head with one Content-Length and at most one Date."""
+    holes = [(m.start(2), m.end(2), m.group(1).lower() == b"date") for m in _HOLE.finditer(head)]
+    dates = sum(dated for *_, dated in holes)
+    if len(holes) - dates != 1 or dates > 1 or any(start == end for start, end, _ in holes):
+        return None
+    pieces, at = [], 0
+    for start, end, _ in holes:
+        pieces.append(head[at:start])
+        at = end
+    pieces.append(head[at:])
+    return _Template(
+        tuple(pieces),
+        tuple(dated for *_, dated in holes),
+        answer.status,
+        answer.reason,
+        answer.content_type,
+        first,
+        answer._reusable,
+    )
 
 
 _CHUNK_SIZE: Final = re.compile(rb"[0-9A-Fa-f]{1,15}")

@@ -10,8 +10,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import re
+import socket
 from collections.abc import Callable
 from pathlib import Path
 
@@ -30,6 +33,7 @@ from controller.api.router_request import (
     acquire_rest,
     model_of,
 )
+from controller.api.upstream import Upstream, UpstreamError, UpstreamPool
 from controller.errors import SlotNotFound
 from controller.lifecycle import SlotState
 from controller.slots import Lease
@@ -237,3 +241,94 @@ def test_a_head_read_again_from_its_template_is_the_head_parse_head_reads() -> N
         assert got == parse_head(raw), raw[:80]
         reused += template is not None and template is before
     assert reused == 4  # "7", "123456", "07" and "2 " came from a template
+
+
+# ============================================================================ answer heads
+
+
+class Heard:
+    """The upstream client's listener: what it heard of each exchange."""
+
+    def __init__(self) -> None:
+        self.heads: list[tuple[object, ...]] = []
+        self.body = b""
+        self.ended = asyncio.Event()
+        self.error: UpstreamError | None = None
+
+    def on_head(self, up: Upstream) -> None:
+        self.heads.append((up.status, up.reason, up.fields, up.content_type, up.framing, up.length))
+        up.attach()
+
+    def relay(self, data: bytes) -> None:
+        self.body += data
+
+    def on_end(self) -> None:
+        self.ended.set()
+
+    def on_error(self, error: UpstreamError) -> None:
+        self.error = error
+        self.ended.set()
+
+
+async def exchange(up: Upstream, server: socket.socket, answer: bytes) -> Heard:
+    heard = Heard()
+    up.send([b"POST / HTTP/1.1\r\nContent-Length: 0\r\n\r\n"], heard)
+    await asyncio.get_running_loop().sock_sendall(server, answer)
+    await asyncio.wait_for(heard.ended.wait(), 5)
+    return heard
+
+
+async def test_an_answer_head_read_from_the_template_is_what_the_parser_reads() -> None:
+    """Two connections (real socket pairs) get the same answers: one reads each head with
+    the template of the last, the other parses every head afresh; they hear the same."""
+    loop = asyncio.get_running_loop()
+    pool = UpstreamPool()
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    pairs: list[tuple[Upstream, socket.socket]] = []
+    for _ in range(2):
+        _, up = await loop.create_connection(lambda: Upstream(pool, ("x", 1)), "127.0.0.1", port)
+        theirs, _ = listener.accept()
+        theirs.setblocking(False)
+        pairs.append((up, theirs))
+    (templated, _), (fresh, _) = pairs
+
+    def head(length: str, date: str = "Tue, 01 Dec 2026 05:09:06 GMT", *extra: str) -> bytes:
+        lines = ["HTTP/1.1 200 OK", "Content-Type: application/json", f"Date: {date}"]
+        return ("\r\n".join([*lines, f"Content-Length: {length}", *extra]) + "\r\n\r\n").encode()
+
+    answers = [
+        head("2") + b"{}",
+        head("3", "Tue, 01 Dec 2026 05:09:07 GMT") + b"[1]",  # both holes: from the template
+        head("10") + b"0123456789",
+        head("0"),  # no body: parsed
+        head("2", "Wed, 02 Dec 2026 00:00:00 GMT ") + b"{}",  # OWS after the date: parsed
+        head("2", "x") + b"{}",
+        head("2", "x", "X-Extra: 1") + b"{}",  # another header: parsed
+        head("2", "x", "Content-Length: 2") + b"{}",  # two lengths: parsed, no template
+        head("4") + b"abcd",
+        head("2").replace(b"200 OK", b"201 Created") + b"{}",  # another status: parsed
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}",  # no Date: one hole
+        b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\n[1]",
+    ]
+    used = 0
+    for answer in answers:
+        before = templated._template
+        got = await exchange(templated, pairs[0][1], answer)
+        fresh._template = None
+        expected = await exchange(fresh, pairs[1][1], answer)
+        assert got.error is None and expected.error is None
+        assert (got.heads, got.body) == (expected.heads, expected.body), answer[:60]
+        used += before is not None and templated._template is before
+        for _, theirs in pairs:  # the requests, read and dropped
+            with contextlib.suppress(BlockingIOError):
+                theirs.recv(65536)
+    assert used == 3  # the second and third answers, and the last (its one hole)
+    bad = head("2", "a\x01b") + b"{}"  # a control in the Date's hole: parsed, refused
+    refused = await exchange(templated, pairs[0][1], bad)
+    assert refused.error is not None and "malformed response header" in str(refused.error)
+    pool.close()
+    for up, theirs in pairs:
+        up.abort()
+        theirs.close()
+    listener.close()
