@@ -112,11 +112,13 @@ class DataPlane:
     def _watch(self) -> None:
         """Every ``_WATCH_S``: a request whose lease was revoked (its slot crashed or was
         unloaded) is cancelled; one timer for them all, not one per request."""
-        for front in self.fronts:
-            call = front.call
-            if call is not None and call.lease is not None and call.lease.revoked:
-                front.abort_request("lease")
-        self._watcher = self.loop.call_later(_WATCH_S, self._watch)
+        try:
+            for front in list(self.fronts):  # ending one may hand its connection over
+                call = front.call
+                if call is not None and call.lease is not None and call.lease.revoked:
+                    front.abort_request("lease")
+        finally:
+            self._watcher = self.loop.call_later(_WATCH_S, self._watch)
 
     def _sweep(self) -> None:
         horizon = time.monotonic() - KEEPALIVE_S
@@ -182,6 +184,8 @@ class _Front(asyncio.Protocol):
         self.sse = False  # the current answer is an event stream
         self.reading = True  # reading from the client (paused while a request is served)
         self.discard = 0  # bytes of a refused body still to read and drop before closing
+        self.serving = False  # in _next (a request answered at once asks for the next)
+        self.more = False  # _next goes round again
         self.active = time.monotonic()
 
     # ------------------------------------------------------------------ asyncio
@@ -241,7 +245,23 @@ class _Front(asyncio.Protocol):
         self.close()
 
     def _next(self) -> None:
-        """Serve the next complete request in the buffer, or hand the connection over."""
+        """Serve the complete requests in the buffer, in turn, or hand the connection
+        over. A request answered at once (a refusal, a 401, the models list) asks for
+        the next one from inside this call: that is a turn of this loop, not a deeper
+        call (thousands pipelined in one read would reach the recursion limit)."""
+        if self.serving:
+            self.more = True
+            return
+        self.serving = True
+        try:
+            self.more = True
+            while self.more:
+                self.more = False
+                self._next_one()
+        finally:
+            self.serving = False
+
+    def _next_one(self) -> None:
         transport = self.transport
         if transport is None:
             return
@@ -368,6 +388,11 @@ class _Front(asyncio.Protocol):
             self.task = None
             self._refuse(refusal)
             return
+        except Exception as exc:  # a bug in the load path: a 500, logged (as _start)
+            self.task = None
+            log.error("router: unexpected error in POST %r", head.target, exc_info=exc)
+            self._failed()
+            return
         self.task = None
         self._sending(head, body)
 
@@ -417,6 +442,11 @@ class _Front(asyncio.Protocol):
         except UpstreamError as exc:
             self.task = None
             self._refuse(upstream_error(call.slot, exc))
+            return
+        except Exception as exc:  # a bug: a 500, logged
+            self.task = None
+            log.error("router: unexpected error connecting for slot %r", call.slot, exc_info=exc)
+            self._failed()
             return
         self.task = None
         if self.paused:
@@ -476,7 +506,7 @@ class _Front(asyncio.Protocol):
         call = self.call
         assert call is not None
         call.status = refusal.status
-        self._write(refusal_answer(refusal))
+        self._write(refusal_answer(refusal, close=not self.keep))
         self._end(True)
 
     def _failed(self) -> None:
@@ -547,9 +577,10 @@ class _Front(asyncio.Protocol):
         if call is None or self.reason is not None:
             return
         self.reason = reason
-        if self.task is not None:
+        if self.task is not None and not self.task.done():
             self.task.cancel()  # the wait ends it
         else:
+            self.task = None
             self._end(self._interrupted(call))
 
     def _interrupted(self, call: Call) -> bool:
@@ -567,8 +598,9 @@ class _Front(asyncio.Protocol):
             refusal = Refusal(
                 503, "the router is shutting down", code="slot.not_ready", retry_after_s=1
             )
+            self.keep = False  # closed after it (and said so)
             self._broken(call, refusal)
-            return False  # closed after it
+            return False
         call.status = CLIENT_CLOSED
         return False
 
@@ -578,7 +610,7 @@ class _Front(asyncio.Protocol):
         call.status = refusal.status
         if not self.sent:
             self.pending = b""
-            self._write(refusal_answer(refusal))
+            self._write(refusal_answer(refusal, close=not self.keep))
             return True
         if self.sse and self.chunked:
             event = (

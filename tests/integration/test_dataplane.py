@@ -26,7 +26,9 @@ import aiohttp
 import pytest
 
 from controller.api.dataplane_head import parse_head
+from controller.errors import SlotNotReady
 from controller.lifecycle import SlotState
+from controller.slots import Lease
 from tests.integration.test_router import AUTH, TOKEN, Harness, Router, chat, model, wait_for
 
 S = SlotState
@@ -295,6 +297,80 @@ async def test_pipelined_requests_are_answered_in_order(harness: Harness) -> Non
         answers = [await c.answer() for _ in range(4)]
     assert [a.status for a in answers] == [200, 200, 201, 200]
     assert [json.loads(a.body)["n"] for a in answers] == [0, 1, 2, 3]
+
+
+async def test_thousands_of_pipelined_requests_answered_at_once_are_all_answered(
+    harness: Harness,
+) -> None:
+    """The models list, 401s and refused POSTs need no upstream: each asks for the next
+    request from inside the last one's answer, which must be a turn, not a deeper call
+    (a recursion error reset the connection after ~330 of them)."""
+    r = await start_wire(harness)
+    models = f"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n\r\n"
+    kinds = [
+        (models.encode(), 200),
+        (post("/v1/chat/completions", ask("length"), token="wrong"), 401),
+        (post("/v1/chat/completions", {"model": "no-such"}), 404),
+    ]
+    for one, status in kinds:
+        async with wire(r) as c:
+            c.send(one * 1500)
+            for _ in range(1500):
+                assert (await c.answer()).status == status
+    plane = r.server.plane
+    assert plane is not None and plane.in_flight == 0
+
+
+async def test_the_lease_watch_outlives_a_connection_handed_over_as_it_looks(
+    harness: Harness,
+) -> None:
+    """A revoked request with a REST request pipelined behind it: its end hands the
+    connection to aiohttp from inside the watch's pass over the connections; the watch
+    goes on (a second revoked request is still cut within the watch's period)."""
+    r = await start_wire(harness)
+    plane = r.server.plane
+    assert plane is not None
+
+    async def revoke_the_one_in_flight() -> None:
+        await wait_for(lambda: any(f.call and f.call.lease for f in plane.fronts))
+        front = next(f for f in plane.fronts if f.call and f.call.lease)
+        assert front.call is not None and front.call.lease is not None
+        front.call.lease.revoke(SlotNotReady("gone", slot="wire"))
+
+    rest = f"GET /api/slots HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n\r\n"
+    async with wire(r) as c:
+        c.send(post("/v1/chat/completions", ask("slow", delay=5)) + rest.encode())
+        await revoke_the_one_in_flight()
+        assert (await c.answer()).status == 503
+        assert (await c.answer()).status == 200  # the REST request, served by aiohttp
+    async with wire(r) as c:
+        c.send(post("/v1/chat/completions", ask("slow", delay=5)))
+        await revoke_the_one_in_flight()
+        started = time.monotonic()
+        assert (await c.answer()).status == 503
+        assert time.monotonic() - started < 2  # the watch still runs (not the 5 s answer)
+
+
+async def test_an_unexpected_error_while_a_request_waits_is_a_500(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug in a cold slot's wait (anything but a refusal) answers 500 and ends the
+    request, as the data plane's other steps and aiohttp's path do; it never hangs."""
+    r = await start_wire(harness)
+    plane = r.server.plane
+    assert plane is not None
+
+    async def broken(name: str) -> Lease:
+        raise RuntimeError("a bug in the load path")
+
+    monkeypatch.setattr(r.manager, "try_acquire", lambda name: None)  # a wait, then:
+    monkeypatch.setattr(r.manager, "acquire", broken)
+    async with wire(r) as c:
+        c.send(post("/v1/chat/completions", ask("length"), extra=("Connection: close",)))
+        answer = await c.answer()
+        assert answer.status == 500 and json.loads(answer.body)["error"]["code"] == "internal"
+        assert answer.headers["connection"] == "close" and await c.closed()
+    assert plane.in_flight == 0
 
 
 async def test_expect_continue_and_connection_close(harness: Harness) -> None:
