@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import re
@@ -286,8 +287,9 @@ class _Front(asyncio.Protocol):
                 )
             elif head.length > head.limit:
                 if not authorized(head.authorization, self.plane.ctx.token):
-                    head.close = True  # as aiohttp's: the token first, no body read
-                    self._unauthorized(head)
+                    # As aiohttp's: the token first, no body read (a copy: the head may
+                    # be the connection's template's).
+                    self._unauthorized(dataclasses.replace(head, close=True))
                     self._linger(head.length - (len(buffer) - end - 4))
                     return
                 refusal = Refusal(
