@@ -405,6 +405,12 @@ async def test_a_body_over_the_limit_is_413_dropped_and_the_connection_closed(
         c.send(b"x" * (9000000 - 1))  # the rest of the body is read and dropped, then closed
         assert await c.closed()
     assert r.manager.view("wire").state is S.OFFLINE  # no lease, no load
+    async with wire(r) as c:  # without a token: the 401 first (the body is not read)
+        c.send(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 9000000\r\n\r\n{")
+        answer = await c.answer()
+        assert answer.status == 401 and answer.headers["connection"] == "close"
+        c.send(b"x" * (9000000 - 1))
+        assert await c.closed()
 
 
 async def test_a_content_length_too_long_to_convert_is_refused_not_a_crash(
