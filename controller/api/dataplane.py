@@ -31,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import logging
 import re
 import socket
@@ -41,15 +40,15 @@ from typing import Final
 
 from controller.api.app import ApiContext
 from controller.api.dataplane_head import (
-    MODELS,
     HeadTemplate,
     RequestHead,
     address,
-    answer,
     authorized,
+    models_answer,
     parse_head_like,
     refusal_answer,
     response_head,
+    sse_error_end,
     unauthorized,
     upstream_error,
 )
@@ -64,12 +63,11 @@ from controller.api.router_proxy import (
 from controller.api.router_request import (
     Pending,
     Refusal,
-    error_body,
-    model_not_found,
     model_of,
+    shutting_down,
     slot_refusal,
 )
-from controller.api.selection import openai_model, served_ids
+from controller.api.selection import served_ids
 from controller.api.upstream import Upstream, UpstreamError, UpstreamPool
 from controller.errors import SlotctlError
 
@@ -282,9 +280,7 @@ class _Front(asyncio.Protocol):
                 return
             refusal = None
             if self.plane.closing:
-                refusal = Refusal(
-                    503, "the router is shutting down", code="slot.not_ready", retry_after_s=1
-                )
+                refusal = shutting_down()
             elif head.length > head.limit:
                 if not authorized(head.authorization, self.plane.ctx.token):
                     # As aiohttp's: the token first, no body read (a copy: the head may
@@ -354,7 +350,7 @@ class _Front(asyncio.Protocol):
             self._done(keep=not head.close)
             return
         if head.method == b"GET":
-            self._write(self._models(head))
+            self._write(models_answer(served_ids(self.plane.ctx.manager), head))
             self._done(keep=not head.close)
             return
         call = self.call = Call(started=time.monotonic())
@@ -362,9 +358,7 @@ class _Front(asyncio.Protocol):
         self.keep, self.reason, self.retried, self.headed = not head.close, None, False, False
         try:
             if ctx.store.get(CLOSED):
-                raise Refusal(
-                    503, "the router is shutting down", code="slot.not_ready", retry_after_s=1
-                )
+                raise shutting_down()
             now = lease_now(ctx, call, model_of(head.content_type, body))
         except Refusal as refusal:
             self._refuse(refusal)
@@ -551,19 +545,6 @@ class _Front(asyncio.Protocol):
                 self.transport.resume_reading()
             self._next()
 
-    def _models(self, head: RequestHead) -> bytes:
-        """``GET /v1/models`` and ``/v1/models/{id}``, as :mod:`controller.api.router`
-        answers them (a client that lists the models keeps its connection here)."""
-        served = served_ids(self.plane.ctx.manager)
-        path = head.target.partition(b"?")[0]
-        if path == MODELS:
-            listing = {"object": "list", "data": [openai_model(m) for m in served]}
-            return answer(200, listing, [], close=head.close)
-        model_id = path[len(MODELS) + 1 :].decode("ascii")
-        if model_id not in served:
-            return refusal_answer(model_not_found(model_id), close=head.close)
-        return answer(200, openai_model(model_id), [], close=head.close)
-
     def _unauthorized(self, head: RequestHead) -> None:
         self._write(unauthorized(head.authorization, close=head.close))
 
@@ -597,9 +578,7 @@ class _Front(asyncio.Protocol):
             )
             return self._broken(call, refusal)
         if reason == "shutdown":
-            refusal = Refusal(
-                503, "the router is shutting down", code="slot.not_ready", retry_after_s=1
-            )
+            refusal = shutting_down()
             self.keep = False  # closed after it (and said so)
             self._broken(call, refusal)
             return False
@@ -615,11 +594,6 @@ class _Front(asyncio.Protocol):
             self._write(refusal_answer(refusal, close=not self.keep))
             return True
         if self.sse and self.chunked:
-            event = (
-                b"data: "
-                + json.dumps(error_body(refusal.status, refusal.message, refusal.code)).encode()
-                + b"\n\n"
-            )
-            self._write(b"%x\r\n" % len(event) + event + b"\r\n" + _LAST_CHUNK)
+            self._write(sse_error_end(refusal))
             return True
         return False

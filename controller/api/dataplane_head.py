@@ -27,15 +27,17 @@ from controller.api.router_request import (
     JSON_MAX_BYTES,
     Refusal,
     error_body,
+    model_not_found,
 )
+from controller.api.selection import openai_model
 from controller.api.upstream import (
     CHUNKED,
     CLOSE,
-    HEADER_LINES,
     LENGTH,
     Upstream,
     UpstreamError,
 )
+from controller.api.upstream_head import HEADER_LINES
 
 __all__ = [
     "HeadTemplate",
@@ -43,10 +45,12 @@ __all__ = [
     "address",
     "answer",
     "authorized",
+    "models_answer",
     "parse_head",
     "parse_head_like",
     "refusal_answer",
     "response_head",
+    "sse_error_end",
     "unauthorized",
     "upstream_error",
 ]
@@ -262,6 +266,30 @@ def _reason(status: int) -> str:
         return HTTPStatus(status).phrase
     except ValueError:
         return "Unknown"
+
+
+def models_answer(served: list[str], head: RequestHead) -> bytes:
+    """``GET /v1/models`` and ``/v1/models/{id}`` over the ``served`` ids, as
+    :mod:`controller.api.router` answers them."""
+    path = head.target.partition(b"?")[0]
+    if path == MODELS:
+        listing = {"object": "list", "data": [openai_model(m) for m in served]}
+        return answer(200, listing, [], close=head.close)
+    model_id = path[len(MODELS) + 1 :].decode("ascii")
+    if model_id not in served:
+        return refusal_answer(model_not_found(model_id), close=head.close)
+    return answer(200, openai_model(model_id), [], close=head.close)
+
+
+def sse_error_end(refusal: Refusal) -> bytes:
+    """An event stream's end after a failure: its last event says why (OpenAI's error
+    shape), then the last chunk."""
+    event = (
+        b"data: "
+        + json.dumps(error_body(refusal.status, refusal.message, refusal.code)).encode()
+        + b"\n\n"
+    )
+    return b"%x\r\n" % len(event) + event + b"\r\n0\r\n\r\n"
 
 
 _ADDRESSES: dict[str, tuple[tuple[str, int], bytes, bytes]] = {}

@@ -54,6 +54,7 @@ from controller.api.router_request import (
     model_not_found,
     read_body,
     requested_model,
+    shutting_down,
     slot_refusal,
     upstream_path,
     upstream_refusal,
@@ -137,7 +138,7 @@ def _session(ctx: ApiContext) -> aiohttp.ClientSession:
     """The shared upstream session, created on first use (inside the running loop); none
     once the app is cleaning up (a request still running then gets a 503)."""
     if ctx.store.get(CLOSED):
-        raise Refusal(503, "the router is shutting down", code="slot.not_ready", retry_after_s=1)
+        raise shutting_down()
     session = ctx.store.get(SESSION)
     if session is not None and not session.closed:
         return session

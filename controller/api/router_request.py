@@ -47,6 +47,7 @@ __all__ = [
     "openai_error",
     "read_body",
     "requested_model",
+    "shutting_down",
     "slot_refusal",
     "upstream_path",
     "upstream_refusal",
@@ -108,6 +109,11 @@ def openai_error(
 
 def error_body(status: int, message: str, code: str, param: str | None = None) -> dict[str, Any]:
     return openai_error_body(status, message, code, param)
+
+
+def shutting_down() -> Refusal:
+    """The 503 of a request that comes (or is still running) as the router stops."""
+    return Refusal(503, "the router is shutting down", code="slot.not_ready", retry_after_s=1)
 
 
 def model_not_found(model: str) -> Refusal:

@@ -20,19 +20,22 @@ fresh one, as aiohttp's client does.
 from __future__ import annotations
 
 import asyncio
-import re
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Final, Protocol
 
+from controller.api.upstream_head import (
+    BAD_VALUE,
+    FRAMING,
+    HEADER_LINES,
+    AnswerTemplate,
+    chunk_size,
+)
+
 __all__ = [
-    "BAD_VALUE",
     "CHUNKED",
     "CLOSE",
-    "HEADER_LINES",
-    "HEADER_NAME",
     "IDLE_S",
     "LENGTH",
     "NONE",
@@ -51,17 +54,6 @@ _JOIN_MAX: Final = 256 * 1024  # a request up to this size is written as one pie
 # Framing of a response body: none, Content-Length, chunked, to the end of the connection.
 NONE, LENGTH, CHUNKED, CLOSE = 0, 1, 2, 3
 _NONE, _LENGTH, _CHUNKED, _CLOSE = NONE, LENGTH, CHUNKED, CLOSE
-_TOKEN: Final = rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+"
-HEADER_NAME: Final = re.compile(_TOKEN)
-BAD_VALUE: Final = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")  # not in a header value
-# The header lines of a head, from the CRLF ending its first line: each a token, a colon
-# and a value without controls (a folded line, a bare CR or LF, a NUL do not match).
-HEADER_LINES: Final = re.compile(rb"(?:\r\n" + _TOKEN + rb":[^\x00-\x08\x0a-\x1f\x7f]*)*")
-# The response headers that frame the body (and its type), in well-formed header lines.
-_FRAMING: Final = re.compile(
-    rb"\r\n(connection|content-length|content-type|transfer-encoding):[ \t]*([^\r]*)",
-    re.IGNORECASE,
-)
 # States of the chunked decoder.
 _SIZE, _DATA, _DATA_END, _TRAILER = 0, 1, 2, 3
 
@@ -132,7 +124,7 @@ class Upstream(asyncio.Protocol):
         self._attached = False  # its body goes to the listener
         self._got = False  # a byte of the current answer arrived
         self._reset = False  # the connection ended with an error
-        self._template: _Template | None = None  # the last answer's head, to read the next
+        self._template: AnswerTemplate | None = None  # the last answer's head, to read the next
         self._used = False  # an earlier exchange went over this connection
         self._reusable = False
         self._paused = False
@@ -284,7 +276,7 @@ class Upstream(asyncio.Protocol):
         length: int | None = None
         chunked = close = coded = False
         content_type = b""
-        for name, value in _FRAMING.findall(head, first):
+        for name, value in FRAMING.findall(head, first):
             lower = name.lower()
             value = value.rstrip(b" \t")
             if lower == b"content-length":
@@ -319,39 +311,22 @@ class Upstream(asyncio.Protocol):
         else:
             self.framing = _CLOSE
         self._reusable = version == b"HTTP/1.1" and not close and self.framing != _CLOSE
-        self._template = _template(head, first, self) if self.framing == _LENGTH else None
+        self._template = (
+            AnswerTemplate.of(head, first, status, reason, content_type, self._reusable)
+            if self.framing == _LENGTH
+            else None
+        )
         assert self._listener is not None
         self._listener.on_head(self)
 
-    def _again(self, head: bytes, template: _Template) -> bool:
-        """``head`` read from the last answer's template, when it is that head with other
-        values in its holes (a Content-Length, a Date); False: parse it."""
-        pieces, at, stop = template.pieces, len(template.pieces[0]), len(head)
-        if not head.startswith(pieces[0]) or not head.endswith(pieces[-1]):
+    def _again(self, head: bytes, template: AnswerTemplate) -> bool:
+        """``head`` read from the last answer's template (see :class:`AnswerTemplate`);
+        False: parse it."""
+        length = template.length_of(head)
+        if length is None:
             return False
-        stop -= len(pieces[-1])
-        length = -1
-        for i, dated in enumerate(template.dated):
-            end = stop if i + 2 == len(pieces) else head.find(pieces[i + 1], at, stop)
-            if end < at:
-                return False
-            value = head[at:end]
-            if dated:
-                if not value or BAD_VALUE.search(value):  # no control: the line stays one line
-                    return False
-            elif not value.isdigit() or len(value) > 18:
-                return False
-            else:
-                length = int(value)
-            at = end + len(pieces[i + 1])
-        if length <= 0:
-            return False  # no body: parsed (NONE framing)
-        self.status, self.reason, self.content_type = (
-            template.status,
-            template.reason,
-            template.content_type,
-        )
-        self.fields = head[template.first :]
+        self.status, self.reason = template.status, template.reason
+        self.fields, self.content_type = head[template.first :], template.content_type
         self.framing, self._left, self._reusable = _LENGTH, length, template.reusable
         self._parsed = True
         assert self._listener is not None
@@ -388,7 +363,7 @@ class Upstream(asyncio.Protocol):
         if not self._buffer and self._chunk_state == _SIZE:
             # The common case of a stream: this read is one whole chunk (an event).
             end = data.find(b"\r\n")
-            size = _chunk_size(data[:end]) if end > 0 else 0
+            size = chunk_size(data[:end]) if end > 0 else 0
             stop = end + 2 + size
             if size > 0 and len(data) == stop + 2 and data.endswith(b"\r\n"):
                 sink.relay(data[end + 2 : stop])
@@ -417,7 +392,7 @@ class Upstream(asyncio.Protocol):
             line = bytes(buffer[at:end])
             at = end + 2
             if state == _SIZE:
-                self._chunk_left = _chunk_size(line)
+                self._chunk_left = chunk_size(line)
                 if self._chunk_left < 0:
                     self._broken("a malformed chunk size")
                     return
@@ -453,61 +428,6 @@ class Upstream(asyncio.Protocol):
             self._close()
         if listener is not None:
             listener.on_end()
-
-
-@dataclass(frozen=True, slots=True)
-class _Template:
-    """A connection's last answer head with a ``Content-Length`` body, cut around the
-    values that change from one answer to the next (its length, its Date): a model
-    server answers with the same head again but for those, and such a head is read at
-    the cost of a comparison. ``pieces`` are the text around the holes; ``dated`` says,
-    hole by hole, whether it is the Date (else the length); the rest is the parse's."""
-
-    pieces: tuple[bytes, ...]
-    dated: tuple[bool, ...]
-    status: int
-    reason: bytes
-    content_type: bytes
-    first: int
-    reusable: bool
-
-
-# A Content-Length or Date line's value, without its OWS (well-formed lines only).
-_HOLE: Final = re.compile(
-    rb"\r\n(content-length|date):[ \t]*([^\r]*?)[ \t]*(?=\r\n|$)", re.IGNORECASE
-)
-
-
-def _template(head: bytes, first: int, answer: Upstream) -> _Template | None:
-    """The template of a parsed head with one Content-Length and at most one Date."""
-    holes = [(m.start(2), m.end(2), m.group(1).lower() == b"date") for m in _HOLE.finditer(head)]
-    dates = sum(dated for *_, dated in holes)
-    if len(holes) - dates != 1 or dates > 1 or any(start == end for start, end, _ in holes):
-        return None
-    pieces, at = [], 0
-    for start, end, _ in holes:
-        pieces.append(head[at:start])
-        at = end
-    pieces.append(head[at:])
-    return _Template(
-        tuple(pieces),
-        tuple(dated for *_, dated in holes),
-        answer.status,
-        answer.reason,
-        answer.content_type,
-        first,
-        answer._reusable,
-    )
-
-
-_CHUNK_SIZE: Final = re.compile(rb"[0-9A-Fa-f]{1,15}")
-
-
-def _chunk_size(line: bytes) -> int:
-    """The size of a chunk-size line (extensions ignored); -1 when malformed (``int``
-    alone would take ``0x10``, ``-5`` or ``1_0``)."""
-    size = line.split(b";", 1)[0].rstrip(b" \t")
-    return int(size, 16) if _CHUNK_SIZE.fullmatch(size) else -1
 
 
 class UpstreamPool:
