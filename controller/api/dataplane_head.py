@@ -37,7 +37,7 @@ from controller.api.upstream import (
     Upstream,
     UpstreamError,
 )
-from controller.api.upstream_head import HEADER_LINES
+from controller.api.upstream_head import HEADER_LINES, content_length
 
 __all__ = [
     "HeadTemplate",
@@ -56,7 +56,6 @@ __all__ = [
 ]
 
 _LINE_MAX: Final = 8190  # aiohttp's own line limit: a longer line goes to aiohttp
-_DIGITS_MAX: Final = 18  # a longer Content-Length goes to aiohttp (which refuses it)
 _JSON_PATHS: Final = frozenset((b"/v1/chat/completions", b"/v1/completions", b"/v1/embeddings"))
 _AUDIO: Final = b"/v1/audio/"
 MODELS: Final = b"/v1/models"
@@ -136,13 +135,9 @@ def parse_head(raw: bytes) -> RequestHead | None:
         lower = name.lower()
         value = value.rstrip(b" \t")
         if lower == b"content-length":
-            if (
-                not value.isdigit()
-                or len(value) > _DIGITS_MAX  # int() refuses 4300 digits and more
-                or (length is not None and int(value) != length)
-            ):
+            length = content_length(value, length)
+            if length is None:
                 return None  # aiohttp refuses it
-            length = int(value)
         elif lower == b"authorization":
             authorization = value
         elif lower == b"host":
@@ -187,14 +182,14 @@ def parse_head_like(
     ``last``'s head with another ``Content-Length`` (digits, as :func:`parse_head` takes
     them), that head with this length, unparsed."""
     if last is not None and raw.startswith(last.prefix) and raw.endswith(last.suffix):
-        value = raw[len(last.prefix) : len(raw) - len(last.suffix)]
-        if value.isdigit() and len(value) <= _DIGITS_MAX and len(raw) <= _LINE_MAX:
+        length = content_length(raw[len(last.prefix) : len(raw) - len(last.suffix)])
+        if length is not None and len(raw) <= _LINE_MAX:
             h = last.head
             head = RequestHead(
                 h.method,
                 h.target,
                 h.limit,
-                int(value),
+                length,
                 h.forward,
                 h.authorization,
                 h.content_type,

@@ -31,6 +31,7 @@ from controller.api.upstream_head import (
     HEADER_LINES,
     AnswerTemplate,
     chunk_size,
+    content_length,
 )
 
 __all__ = [
@@ -280,14 +281,10 @@ class Upstream(asyncio.Protocol):
             lower = name.lower()
             value = value.rstrip(b" \t")
             if lower == b"content-length":
-                if (
-                    not value.isdigit()
-                    or len(value) > 18  # int() refuses 4300 digits and more
-                    or (length is not None and int(value) != length)
-                ):
+                length = content_length(value, length)
+                if length is None:
                     self._fail_head("a malformed Content-Length")
                     return
-                length = int(value)
             elif lower == b"transfer-encoding":
                 chunked = value.lower().rsplit(b",", 1)[-1].strip() == b"chunked"
                 coded = True

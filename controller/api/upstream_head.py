@@ -19,6 +19,7 @@ __all__ = [
     "HEADER_NAME",
     "AnswerTemplate",
     "chunk_size",
+    "content_length",
 ]
 
 _TOKEN: Final = rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+"
@@ -37,6 +38,16 @@ _HOLE: Final = re.compile(
     rb"\r\n(content-length|date):[ \t]*([^\r]*?)[ \t]*(?=\r\n|$)", re.IGNORECASE
 )
 _CHUNK_SIZE: Final = re.compile(rb"[0-9A-Fa-f]{1,15}")
+_LENGTH_DIGITS_MAX: Final = 18  # int() refuses 4300 digits and more; no body is this long
+
+
+def content_length(value: bytes, earlier: int | None = None) -> int | None:
+    """A ``Content-Length`` value (OWS stripped) as a number; None when malformed: not
+    digits, too many of them, or unequal to an ``earlier`` one of the same head."""
+    if not value.isdigit() or len(value) > _LENGTH_DIGITS_MAX:
+        return None
+    length = int(value)
+    return None if earlier is not None and length != earlier else length
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,10 +117,11 @@ class AnswerTemplate:
             if dated:
                 if not value or BAD_VALUE.search(value):  # no control: the line stays one
                     return None
-            elif not value.isdigit() or len(value) > 18:
-                return None
             else:
-                length = int(value)
+                found = content_length(value)
+                if found is None:
+                    return None
+                length = found
             at = end + len(pieces[i + 1])
         return length if length > 0 else None  # no body: parsed (no framing to read)
 
