@@ -28,6 +28,7 @@ from controller.api.router_request import (
     Refusal,
     error_body,
     model_not_found,
+    shutting_down,
 )
 from controller.api.selection import openai_model
 from controller.api.upstream import (
@@ -45,6 +46,7 @@ __all__ = [
     "address",
     "answer",
     "authorized",
+    "early_answer",
     "models_answer",
     "parse_head",
     "parse_head_like",
@@ -205,6 +207,21 @@ def parse_head_like(
         return parsed, None  # none (a GET), or repeated: parsed each time
     start, end = values[0].span(1)
     return parsed, HeadTemplate(raw[:start], raw[end:], parsed)
+
+
+def early_answer(head: RequestHead, *, closing: bool, token: str) -> tuple[bytes, int] | None:
+    """The answer given before a request's body is read, with the status to record (0:
+    none): a 503 while the router stops; for a body over the endpoint's limit a 413, or
+    first the 401 of a request without the token (as aiohttp's: no body read). Each
+    closes the connection. None: read the body."""
+    if closing:
+        return refusal_answer(shutting_down(), close=True), 503
+    if head.length <= head.limit:
+        return None
+    if not authorized(head.authorization, token):
+        return unauthorized(head.authorization, close=True), 0
+    limit = Refusal(413, f"request body exceeds {head.limit} bytes", code="request_too_large")
+    return refusal_answer(limit, close=True), 413
 
 
 def _bearer(given: bytes | None) -> bytes | None:

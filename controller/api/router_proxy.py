@@ -76,6 +76,7 @@ __all__ = [
     "lease_rest",
     "record_call",
     "report_refusal",
+    "revoked",
     "route_request",
     "setup",
 ]
@@ -429,17 +430,21 @@ async def _internal_error(request: web.Request, call: Call) -> web.StreamRespons
     return call.response
 
 
+def revoked(call: Call) -> Refusal:
+    """The answer of a request whose lease was revoked (its slot crashed or went away);
+    both router paths give it."""
+    error = call.lease.error if call.lease is not None else None
+    if error is not None:
+        return slot_refusal(error)
+    return Refusal(502, f"slot {call.slot!r} went away", code="upstream.failed")
+
+
 async def _interrupted(request: web.Request, call: Call, reason: str) -> web.StreamResponse:
     """The answer after the watch cancelled the work (its lease is already released)."""
     if reason == "client":
         call.status = CLIENT_CLOSED
         return call.response or web.Response(status=CLIENT_CLOSED)
-    error = call.lease.error if call.lease is not None else None
-    refusal = (
-        slot_refusal(error)
-        if error is not None
-        else Refusal(502, f"slot {call.slot!r} went away", code="upstream.failed")
-    )
+    refusal = revoked(call)
     call.status = refusal.status
     if call.response is None:
         return refusal.response()

@@ -1,0 +1,499 @@
+"""One client connection of the router's data plane (:mod:`controller.api.dataplane`
+says the whole): its request heads read, the requests the data plane takes served as
+callbacks, anything else handed to aiohttp for good. :class:`Plane` is what it uses of
+the listening socket's protocol factory (the pool, the lease watch, the stop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import socket
+import time
+from collections.abc import Callable
+from typing import Final, Protocol
+
+from controller.api.app import ApiContext
+from controller.api.dataplane_head import (
+    HeadTemplate,
+    RequestHead,
+    address,
+    authorized,
+    early_answer,
+    models_answer,
+    parse_head_like,
+    refusal_answer,
+    response_head,
+    sse_error_end,
+    unauthorized,
+    upstream_error,
+)
+from controller.api.router_proxy import (
+    CLIENT_CLOSED,
+    CLOSED,
+    Call,
+    lease_now,
+    lease_rest,
+    record_call,
+    revoked,
+)
+from controller.api.router_request import (
+    Pending,
+    Refusal,
+    model_of,
+    shutting_down,
+    slot_refusal,
+)
+from controller.api.selection import served_ids
+from controller.api.upstream import Upstream, UpstreamError, UpstreamPool
+from controller.errors import SlotctlError
+
+__all__ = ["Connection", "Plane"]
+
+log = logging.getLogger("slotctl.router")
+
+_HEAD_MAX: Final = 64 * 1024  # a longer head goes to aiohttp (which refuses it)
+_PIPELINE_MAX: Final = 1024 * 1024  # read ahead while a request is served, then pause
+_LINGER_S: Final = 10.0  # a refused body is read (and dropped) this long at most, as aiohttp
+
+_BARE_LF: Final = re.compile(rb"(?<!\r)\n")
+_CONTINUE: Final = b"HTTP/1.1 100 Continue\r\n\r\n"
+_LAST_CHUNK: Final = b"0\r\n\r\n"
+
+
+class Plane(Protocol):
+    """What a connection uses of its plane (:class:`controller.api.dataplane.DataPlane`)."""
+
+    ctx: ApiContext
+    fallback: Callable[[], asyncio.BaseProtocol]  # aiohttp's protocol factory
+    pool: UpstreamPool
+    fronts: set[Connection]
+    closing: bool
+    in_flight: int
+    loop: asyncio.AbstractEventLoop
+
+    def ended(self) -> None: ...
+
+
+class Connection(asyncio.Protocol):
+    """One client connection, until it is handed to aiohttp."""
+
+    def __init__(self, plane: Plane) -> None:
+        self.plane = plane
+        self.transport: asyncio.Transport | None = None
+        self.buffer = bytearray()
+        self.head: RequestHead | None = None
+        self.template: HeadTemplate | None = None  # the last head, to read the next one
+        self.head_end = 0
+        self.head_at = 0.0  # when the head of the request whose body is read came
+        self.call: Call | None = None  # the request being served (None: none is)
+        self.task: asyncio.Task[None] | None = None  # while it waits: a cold lease, a connect
+        self.reason: str | None = None  # why it was given up: client, lease, shutdown
+        self.upstream: Upstream | None = None  # its exchange, once sent
+        self.keep = True  # the client wants the connection kept after this request
+        self.key: tuple[str, int] = ("", 0)  # its upstream
+        self.request: list[bytes] = []  # what was sent there (sent again on a stale one)
+        self.retried = False  # sent again already
+        self.headed = False  # the upstream's answer head came
+        self.paused = False  # the client's transport asked for no more writes for now
+        self.chunked = False  # the current answer is re-chunked
+        self.pending = b""  # the current answer's head, written with its first body bytes
+        self.sent = False  # the current answer's head went out
+        self.sse = False  # the current answer is an event stream
+        self.reading = True  # reading from the client (paused while a request is served)
+        self.discard = 0  # bytes of a refused body still to read and drop before closing
+        self.serving = False  # in _next (a request answered at once asks for the next)
+        self.more = False  # _next goes round again
+        self.active = time.monotonic()
+
+    # ------------------------------------------------------------------ asyncio
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's is no subclass
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.plane.fronts.add(self)
+
+    def data_received(self, data: bytes) -> None:
+        if self.discard:
+            self.discard -= len(data)
+            if self.discard <= 0:
+                self.close()
+            return
+        self.buffer += data
+        if self.call is None:
+            self._next()
+        elif len(self.buffer) > _PIPELINE_MAX and self.transport is not None and self.reading:
+            self.reading = False
+            self.transport.pause_reading()  # resumed once the request in flight is done
+
+    def eof_received(self) -> bool:
+        return False  # as aiohttp: a client that half-closes has left
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        self.plane.fronts.discard(self)
+        head = self.head
+        if head is not None and authorized(head.authorization, self.plane.ctx.token):
+            # Gone before its whole body: recorded as aiohttp's router records it.
+            record_call(self.plane.ctx, Call(started=self.head_at, status=CLIENT_CLOSED))
+            self.head = None
+        self.abort("client")
+
+    def pause_writing(self) -> None:
+        self.paused = True
+        if self.upstream is not None:
+            self.upstream.pause_reading()
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        if self.upstream is not None:
+            self.upstream.resume_reading()
+
+    # ------------------------------------------------------------------ connection
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+    def abort(self, reason: str) -> None:
+        """Cancel the request in flight (its lease is released on the way) and close."""
+        self.abort_request(reason)
+        self.close()
+
+    def _next(self) -> None:
+        """Serve the complete requests in the buffer, in turn, or hand the connection
+        over. A request answered at once (a refusal, a 401, the models list) asks for
+        the next one from inside this call: that is a turn of this loop, not a deeper
+        call (thousands pipelined in one read would reach the recursion limit)."""
+        if self.serving:
+            self.more = True
+            return
+        self.serving = True
+        try:
+            self.more = True
+            while self.more:
+                self.more = False
+                self._next_one()
+        finally:
+            self.serving = False
+
+    def _next_one(self) -> None:
+        transport = self.transport
+        if transport is None:
+            return
+        self.active = time.monotonic()
+        buffer, head = self.buffer, self.head
+        if not buffer:
+            return
+        if head is None:
+            end = buffer.find(b"\r\n\r\n")
+            if end < 0:
+                if len(buffer) > _HEAD_MAX or _BARE_LF.search(buffer):
+                    self._hand_over()  # a bare LF never ends in CRLFCRLF: aiohttp's 400
+                return
+            head, self.template = parse_head_like(bytes(buffer[:end]), self.template)
+            if head is None:
+                self._hand_over()
+                return
+            early = early_answer(head, closing=self.plane.closing, token=self.plane.ctx.token)
+            if early is not None:
+                answer, status = early
+                transport.write(answer)
+                self._linger(head.length - (len(buffer) - end - 4))  # the body is never used
+                if status:  # as aiohttp's router records them (not the API's 401)
+                    record_call(self.plane.ctx, Call(started=self.active, status=status))
+                return
+            self.head, self.head_end, self.head_at = head, end + 4, self.active
+            if head.expect and len(buffer) < end + 4 + head.length:
+                transport.write(_CONTINUE)
+        need = self.head_end + head.length
+        if len(buffer) < need:
+            return
+        body = bytes(buffer[self.head_end : need])
+        del buffer[:need]
+        self.head = None  # a leave from now on gives this request up
+        self._start(head, body)
+
+    def _linger(self, left: int) -> None:
+        """Close once the ``left`` bytes of a refused body are in (dropped), or after
+        ``_LINGER_S``: closed at once, the unread bytes reset the connection, and a client
+        still sending its body (http.client, requests) never reads the answer."""
+        self.buffer.clear()
+        if left <= 0:
+            self.close()
+            return
+        self.discard = left
+        self.plane.loop.call_later(_LINGER_S, self.close)
+
+    def _hand_over(self) -> None:
+        """aiohttp serves this connection from here on, from the bytes read so far."""
+        transport = self.transport
+        assert transport is not None
+        self.plane.fronts.discard(self)
+        self.transport = None
+        protocol = self.plane.fallback()
+        transport.set_protocol(protocol)
+        protocol.connection_made(transport)
+        data = bytes(self.buffer)
+        self.buffer.clear()
+        if data and isinstance(protocol, asyncio.Protocol):
+            protocol.data_received(data)
+
+    # ------------------------------------------------------------------ a request's life
+    #
+    # Callbacks from the request's head to its answer's last byte: ``_start`` (token,
+    # model, lease), ``_send`` (an idle pooled connection), then the upstream's
+    # ``on_head``, ``relay``, ``on_end`` or ``on_error``, and ``_end``. A task only while
+    # the request waits: for a cold slot's load (``_leasing``) or a new connection
+    # (``_connecting``). ``call`` is set from ``_start`` to ``_end``, which runs once.
+
+    def _start(self, head: RequestHead, body: bytes) -> None:
+        ctx = self.plane.ctx
+        self.pending = b""
+        self.sent = self.chunked = self.sse = False
+        if not authorized(head.authorization, ctx.token):
+            # As the API's auth: no event, no router metrics.
+            self._write(unauthorized(head.authorization, close=head.close))
+            self._done(keep=not head.close)
+            return
+        if head.method == b"GET":
+            self._write(models_answer(served_ids(self.plane.ctx.manager), head))
+            self._done(keep=not head.close)
+            return
+        call = self.call = Call(started=time.monotonic())
+        self.plane.in_flight += 1
+        self.keep, self.reason, self.retried, self.headed = not head.close, None, False, False
+        try:
+            if ctx.store.get(CLOSED):
+                raise shutting_down()
+            now = lease_now(ctx, call, model_of(head.content_type, body))
+        except Refusal as refusal:
+            self._refuse(refusal)
+            return
+        except Exception as exc:  # a bug: a 500, logged
+            log.error("router: unexpected error in POST %r", head.target, exc_info=exc)
+            self._failed()
+            return
+        if isinstance(now, Pending):
+            self.task = self.plane.loop.create_task(self._leasing(now, head, body))
+            return
+        self._sending(head, body)
+
+    async def _leasing(self, pending: Pending, head: RequestHead, body: bytes) -> None:
+        call = self.call
+        assert call is not None
+        try:
+            await lease_rest(self.plane.ctx, call, pending)
+        except asyncio.CancelledError:
+            self._cancelled()
+            return
+        except Refusal as refusal:
+            self.task = None
+            self._refuse(refusal)
+            return
+        except Exception as exc:  # a bug in the load path: a 500, logged (as _start)
+            self.task = None
+            log.error("router: unexpected error in POST %r", head.target, exc_info=exc)
+            self._failed()
+            return
+        self.task = None
+        self._sending(head, body)
+
+    def _sending(self, head: RequestHead, body: bytes) -> None:
+        try:
+            self._send(head, body)
+        except Refusal as refusal:
+            self._refuse(refusal)
+        except Exception as exc:  # a bug: a 500, logged, the lease released
+            log.error("router: unexpected error in POST %r", head.target, exc_info=exc)
+            self._failed()
+
+    def _send(self, head: RequestHead, body: bytes) -> None:
+        """The lease is held: the request goes to the slot's server."""
+        call = self.call
+        assert call is not None
+        try:
+            endpoint = self.plane.ctx.manager.endpoint(call.slot)
+        except SlotctlError as exc:  # e.g. the slot was removed while we looked it up
+            raise slot_refusal(exc) from None
+        if endpoint is None:
+            raise Refusal(
+                503, f"slot {call.slot!r} has no endpoint", code="slot.not_ready", retry_after_s=1
+            )
+        key, host, prefix = address(endpoint)
+        self.key = key
+        self.request = [
+            b"POST %s%s HTTP/1.1\r\nHost: %s\r\nContent-Length: %d%s\r\n\r\n"
+            % (prefix, head.target, host, len(body), head.forward),
+            body,
+        ]
+        upstream = self.plane.pool.take(key)
+        if upstream is None:
+            self.task = self.plane.loop.create_task(self._connecting())
+            return
+        self.upstream = upstream
+        upstream.send(self.request, self)
+
+    async def _connecting(self) -> None:
+        call = self.call
+        assert call is not None
+        try:
+            upstream = await self.plane.pool.connect(self.key)
+        except asyncio.CancelledError:
+            self._cancelled()
+            return
+        except UpstreamError as exc:
+            self.task = None
+            self._refuse(upstream_error(call.slot, exc))
+            return
+        except Exception as exc:  # a bug: a 500, logged
+            self.task = None
+            log.error("router: unexpected error connecting for slot %r", call.slot, exc_info=exc)
+            self._failed()
+            return
+        self.task = None
+        if self.paused:
+            upstream.pause_reading()
+        self.upstream = upstream
+        upstream.send(self.request, self)
+
+    # The upstream's listener.
+
+    def on_head(self, upstream: Upstream) -> None:
+        call = self.call
+        assert call is not None
+        self.headed = True
+        call.status = upstream.status
+        self.pending, self.chunked, self.sse = response_head(upstream, close=not self.keep)
+        if self.chunked and self.sse:  # an event stream: its head goes out now (the first
+            # token may be seconds away); a break before it is then an in-band error event
+            self._write(self.pending)
+            self.pending = b""
+        if self.paused:
+            upstream.pause_reading()
+        upstream.attach()
+
+    def relay(self, data: bytes) -> None:
+        """A piece of the upstream's body."""
+        transport = self.transport
+        if transport is None:
+            return  # the client left: connection_lost gives the request up
+        if self.chunked:
+            data = b"%x\r\n" % len(data) + data + b"\r\n"
+        if self.pending:
+            data, self.pending = self.pending + data, b""
+        self.sent = True
+        transport.write(data)
+
+    def on_end(self) -> None:
+        self.upstream = None  # back in its pool
+        tail = _LAST_CHUNK if self.chunked else b""
+        self._write(self.pending + tail if self.pending else tail)
+        self.pending = b""
+        self._end(True)
+
+    def on_error(self, error: UpstreamError) -> None:
+        self.upstream = None  # closed
+        call = self.call
+        assert call is not None
+        if not self.headed and error.stale and not self.retried:
+            self.retried = True  # a kept-alive connection closed while idle: once more
+            self.task = self.plane.loop.create_task(self._connecting())
+            return
+        self._end(self._broken(call, upstream_error(call.slot, error)))
+
+    # The end.
+
+    def _refuse(self, refusal: Refusal) -> None:
+        """A refusal before anything went upstream (after, :meth:`_broken` says it)."""
+        call = self.call
+        assert call is not None
+        call.status = refusal.status
+        self._write(refusal_answer(refusal, close=not self.keep))
+        self._end(True)
+
+    def _failed(self) -> None:
+        call = self.call
+        assert call is not None
+        self._end(self._broken(call, Refusal(500, "internal error (see the log)", code="internal")))
+
+    def _cancelled(self) -> None:
+        """A wait was cancelled by :meth:`abort_request`."""
+        task = asyncio.current_task()
+        if task is not None:
+            task.uncancel()
+        self.task = None
+        call = self.call
+        assert call is not None
+        self._end(self._interrupted(call))
+
+    def _end(self, keep: bool) -> None:
+        """The request is over: its upstream exchange dropped if unfinished, its lease
+        released, its call recorded; then the next request, or close."""
+        call, self.call = self.call, None
+        if call is None:
+            return
+        upstream, self.upstream = self.upstream, None
+        if upstream is not None:
+            upstream.abort()  # given up before its end
+        if call.lease is not None:
+            self.plane.ctx.manager.release(call.lease)
+        record_call(self.plane.ctx, call)
+        self.plane.ended()
+        self._done(keep and self.keep)
+
+    def _done(self, keep: bool) -> None:
+        """The request is answered: the next one, or close."""
+        if not keep or self.plane.closing:
+            self.close()
+        elif self.transport is not None:
+            if not self.reading:
+                self.reading = True
+                self.transport.resume_reading()
+            self._next()
+
+    def _write(self, data: bytes) -> None:
+        if data and self.transport is not None:
+            self.sent = True
+            self.transport.write(data)
+
+    def abort_request(self, reason: str) -> None:
+        """Give the request being served up; ``reason`` picks its answer
+        (:meth:`_interrupted`)."""
+        call = self.call
+        if call is None or self.reason is not None:
+            return
+        self.reason = reason
+        if self.task is not None and not self.task.done():
+            self.task.cancel()  # the wait ends it
+        else:
+            self.task = None
+            self._end(self._interrupted(call))
+
+    def _interrupted(self, call: Call) -> bool:
+        """The answer of a request given up; False: close."""
+        reason = self.reason
+        if reason == "lease":
+            return self._broken(call, revoked(call))
+        if reason == "shutdown":
+            self.keep = False  # closed after it (and said so)
+            self._broken(call, shutting_down())
+            return False
+        call.status = CLIENT_CLOSED
+        return False
+
+    def _broken(self, call: Call, refusal: Refusal) -> bool:
+        """A failed request: the refusal when nothing went out yet; else said in-band
+        (an SSE answer's last event) or cut short (closed: never a "complete" body)."""
+        call.status = refusal.status
+        if not self.sent:
+            self.pending = b""
+            self._write(refusal_answer(refusal, close=not self.keep))
+            return True
+        if self.sse and self.chunked:
+            self._write(sse_error_end(refusal))
+            return True
+        return False
