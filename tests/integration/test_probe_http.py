@@ -1,4 +1,4 @@
-"""The probe's models-list GET over plain asyncio streams (``controller.probe._get``),
+"""The probe's models-list GET over plain asyncio streams (``controller.probe_http.get``),
 against real servers on 127.0.0.1 that answer the ways HTTP/1.1 allows: Content-Length,
 chunked, a body to EOF, no answer, not HTTP. The outcome is what aiohttp's client gave."""
 
