@@ -7,6 +7,7 @@ metrics, views) uses. Only the slot manager *applies* transitions; it calls
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -24,6 +25,7 @@ __all__ = [
     "can_dispatch",
     "check_transition",
     "is_legal",
+    "legal_path",
     "rank_candidates",
     "selection_rank",
 ]
@@ -92,6 +94,24 @@ def check_transition(current: SlotState, target: SlotState) -> None:
         to_state=target.value,
         legal=legal,
     )
+
+
+def legal_path(start: SlotState, target: SlotState) -> list[SlotState]:
+    """Shortest sequence of legal transitions from ``start`` to ``target`` (BFS)."""
+    if start is target:
+        return []
+    frontier: deque[list[SlotState]] = deque([[start]])
+    seen = {start}
+    while frontier:
+        path = frontier.popleft()
+        for nxt in sorted(LEGAL_TRANSITIONS[path[-1]]):
+            if nxt in seen:
+                continue
+            if nxt is target:
+                return [*path[1:], nxt]
+            seen.add(nxt)
+            frontier.append([*path, nxt])
+    raise ValueError(f"no legal path from {start} to {target}")
 
 
 def can_dispatch(state: SlotState | str, idle_reason: str | None = None) -> bool:

@@ -27,7 +27,7 @@ from controller.clock import Clock
 from controller.errors import SlotctlError, SlotNotFound, StateWriteFailed
 from controller.events import EventBus, EventKind, Op
 from controller.eviction import EvictionCandidate
-from controller.lifecycle import LEGAL_TRANSITIONS, Candidate, SlotState, check_transition
+from controller.lifecycle import Candidate, SlotState, check_transition, legal_path
 from controller.slots.records import ADMITTED_STATES, LOADING_STATES, SlotRecord, SlotView
 from controller.slots.wishes import Wishes
 from controller.spec.schema import ModelSpec
@@ -135,23 +135,15 @@ class SlotTable:
     # ------------------------------------------------------------------ memory
 
     def admitted_bytes(self, device: str) -> int:
-        return sum(
-            s.memory_bytes
-            for s in self.records.values()
-            if s.where == device and s.state in ADMITTED_STATES
-        )
+        return self.device_bytes(device)[0]
 
     def reserved_bytes(self, device: str, requester: SlotRecord | None = None) -> int:
         """Admitted to loads still coming up: the probed free memory cannot show them yet."""
-        return sum(
-            s.memory_bytes
-            for s in self.records.values()
-            if s is not requester and s.where == device and s.state in LOADING_STATES
-        )
+        return self.device_bytes(device, requester)[1]
 
     def device_bytes(self, device: str, requester: SlotRecord | None = None) -> tuple[int, int]:
-        """(:meth:`admitted_bytes`, :meth:`reserved_bytes`) in one pass: admission asks for
-        both at every decision."""
+        """(admitted, reserved) on ``device`` in one pass: the bytes of the slots admitted
+        there, and of those among them still coming up (but ``requester``'s)."""
         admitted = reserved = 0
         for s in self.records.values():
             state = s.state
@@ -165,7 +157,8 @@ class SlotTable:
 
     def resident_bytes(self, device: str) -> int:
         """Bytes of the servers that are up on ``device`` (what a memory probe can see)."""
-        return self.admitted_bytes(device) - self.reserved_bytes(device)
+        admitted, reserved = self.device_bytes(device)
+        return admitted - reserved
 
     def candidates(self) -> list[EvictionCandidate]:
         """Every slot as the eviction planner sees it (it picks the eligible ones)."""
@@ -487,21 +480,3 @@ class SlotTable:
 def _held_for(slot: SlotRecord, now: float) -> float | None:
     holds = [lease.expires_at for lease in slot.leases.values() if lease.expires_at is not None]
     return round(max(0.0, max(holds) - now), 1) if holds else None
-
-
-def legal_path(start: SlotState, target: SlotState) -> list[SlotState]:
-    """Shortest sequence of legal transitions from ``start`` to ``target`` (BFS)."""
-    if start is target:
-        return []
-    frontier: deque[list[SlotState]] = deque([[start]])
-    seen = {start}
-    while frontier:
-        path = frontier.popleft()
-        for nxt in sorted(LEGAL_TRANSITIONS[path[-1]]):
-            if nxt in seen:
-                continue
-            if nxt is target:
-                return [*path[1:], nxt]
-            seen.add(nxt)
-            frontier.append([*path, nxt])
-    raise ValueError(f"no legal path from {start} to {target}")

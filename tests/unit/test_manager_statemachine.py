@@ -57,6 +57,7 @@ from controller.events import Event
 from controller.lifecycle import LEGAL_TRANSITIONS, SlotState
 from controller.memory import GIB, FakeMemoryProbe
 from controller.slots import ADMITTED_STATES, Lease, ManagerConfig, SlotManager
+from controller.slots.records import LOADING_STATES
 from controller.spec.loader import DesiredSlot
 from controller.spec.schema import ControllerSettings, SlotSpec
 from tests.unit.manager_fixtures import (
@@ -484,10 +485,17 @@ class ManagerMachine(RuleBasedStateMachine):
         for device, budget in BUDGET.items():
             admitted = self.m.admitted_bytes(device)
             # admission's one-pass sums are the two separate ones, for every requester
+            on_device = [s for s in table.records.values() if s.where == device]
+            summed = sum(s.memory_bytes for s in on_device if s.state in ADMITTED_STATES)
             for requester in (None, *table.records.values()):
                 both = table.device_bytes(device, requester)
-                alone = (admitted, table.reserved_bytes(device, requester))
-                if both != alone:
+                reserved = sum(
+                    s.memory_bytes
+                    for s in on_device
+                    if s is not requester and s.state in LOADING_STATES
+                )
+                alone = (summed, reserved)
+                if both != alone or admitted != summed:
                     self.violations.append(f"{device} {where}: device_bytes {both} != {alone}")
             if admitted > budget:
                 self.violations.append(
