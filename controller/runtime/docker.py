@@ -71,8 +71,10 @@ from controller.runtime.docker_spec import (
     container_name,
     create_options,
     device_options,
+    labels_of,
     observe,
     owned,
+    require_image,
 )
 from controller.runtime.docker_streams import follow_logs, pull_image
 from controller.runtime.ports import require_free_port
@@ -212,6 +214,13 @@ class DockerRuntime:
     def _lock(self, slot: str) -> asyncio.Lock:
         return self._slot_locks.setdefault(slot, asyncio.Lock())
 
+    def _find_owned(self, slot: str) -> Any:
+        """The slot's container when it carries this controller's labels, else None."""
+        container = self._find(slot)
+        if container is None or not owned(labels_of(container.attrs), slot, self.owner):
+            return None
+        return container
+
     def _find(self, slot: str) -> Any:
         """The container named for ``slot``, or None (worker thread)."""
         try:
@@ -234,7 +243,7 @@ class DockerRuntime:
         return False
 
     async def prepare(self, launch: LaunchSpec, progress: ProgressCallback | None = None) -> None:
-        image = self._require_image(launch)
+        image = require_image(launch)
         if not await self._call("prepare", launch.slot, self._image_missing, image):
             return
         client = await self._call("prepare", launch.slot, self._client)
@@ -257,7 +266,7 @@ class DockerRuntime:
         )
 
     async def start(self, launch: LaunchSpec) -> Observed:
-        self._require_image(launch)
+        require_image(launch)
         async with self._lock(launch.slot):
             return await self._call("start", launch.slot, self._start_sync, launch)
 
@@ -279,12 +288,10 @@ class DockerRuntime:
         :class:`controller.probe.LogWatcher`): the engine's log stream is read on a daemon
         thread of its own, ``on_text`` is called on the event loop. Any failure just ends
         the watch (the probe keeps its schedule); returns the function that stops it."""
-        owner = self.owner
 
         def open_stream(since: float) -> Any:
-            container = self._find(slot)
-            labels = (container.attrs.get("Config") or {}).get("Labels") if container else {}
-            if container is None or not owned(labels or {}, slot, owner):
+            container = self._find_owned(slot)
+            if container is None:
                 return None
             return container.logs(stdout=True, stderr=True, stream=True, follow=True, since=since)
 
@@ -314,33 +321,19 @@ class DockerRuntime:
         )
         found = []
         for container in containers:
-            labels = (container.attrs.get("Config") or {}).get("Labels") or {}
-            slot = labels.get(SLOT_LABEL)
+            slot = labels_of(container.attrs).get(SLOT_LABEL)
             if slot and container.name == container_name(slot):
                 found.append(self._observe(container, slot))
         return sorted(found, key=lambda o: o.slot)
 
     def _logs_sync(self, slot: str, tail: int) -> list[str]:
-        container = self._find(slot)
+        container = self._find_owned(slot)
         if container is None:
-            return []
-        labels = (container.attrs.get("Config") or {}).get("Labels") or {}
-        if not owned(labels, slot, self.owner):
             return []
         raw = container.logs(stdout=True, stderr=True, tail=tail if tail > 0 else "all")
         return bytes(raw).decode(errors="replace").splitlines()
 
     # ------------------------------------------------------------------ starting
-
-    @staticmethod
-    def _require_image(launch: LaunchSpec) -> str:
-        if not launch.image:
-            raise SlotSpawnFailed(
-                f"slot {launch.slot!r} (provider {launch.provider}) has no container image: "
-                "the docker runtime needs server.image",
-                slot=launch.slot,
-            )
-        return launch.image
 
     def _start_sync(self, launch: LaunchSpec) -> Observed:
         for _attempt in range(3):

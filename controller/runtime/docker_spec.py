@@ -125,10 +125,27 @@ def state_text(state: Mapping[str, Any], started_at: float | None, code: int | N
     return text
 
 
+def require_image(launch: LaunchSpec) -> str:
+    """The slot's image; a typed error when it has none (the docker runtime needs one)."""
+    if not launch.image:
+        raise SlotSpawnFailed(
+            f"slot {launch.slot!r} (provider {launch.provider}) has no container image: "
+            "the docker runtime needs server.image",
+            slot=launch.slot,
+        )
+    return launch.image
+
+
+def labels_of(attrs: Mapping[str, Any]) -> Mapping[str, str]:
+    """A container's labels, from its inspect attributes."""
+    labels: Mapping[str, str] = (attrs.get("Config") or {}).get("Labels") or {}
+    return labels
+
+
 def observe(attrs: Mapping[str, Any], slot: str, owner: str | None) -> Observed:
     """A container's inspect attributes as an :class:`Observed`; one without our labels
     (or another controller's) is reported ``managed=False`` and never touched."""
-    labels: Mapping[str, str] = (attrs.get("Config") or {}).get("Labels") or {}
+    labels = labels_of(attrs)
     state: Mapping[str, Any] = attrs.get("State") or {}
     ident = str(attrs.get("Id") or "")
     running = bool(state.get("Running"))
