@@ -109,6 +109,18 @@ def post(path: str, body: Any, *, extra: tuple[str, ...] = (), token: str = TOKE
     return ("\r\n".join(head) + "\r\n\r\n").encode() + data
 
 
+def sized_head(length: bytes, *, token: str | None = None) -> bytes:
+    """A chat completion's head that announces ``length`` (the body is the caller's)."""
+    auth = b"Authorization: Bearer " + token.encode() + b"\r\n" if token else b""
+    return (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+        + auth
+        + b"Content-Length: "
+        + length
+        + b"\r\n\r\n"
+    )
+
+
 def ask(mode: str, **more: Any) -> dict[str, Any]:
     return {"model": "wire", "mode": mode, **more}
 
@@ -393,11 +405,7 @@ async def test_a_body_over_the_limit_is_413_dropped_and_the_connection_closed(
 ) -> None:
     r = await start_wire(harness)
     async with wire(r) as c:
-        c.send(
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
-            + TOKEN.encode()
-            + b"\r\nContent-Length: 9000000\r\n\r\n{"
-        )
+        c.send(sized_head(b"9000000", token=TOKEN) + b"{")
         answer = await c.answer()
         assert (
             answer.status == 413 and json.loads(answer.body)["error"]["code"] == "request_too_large"
@@ -406,7 +414,7 @@ async def test_a_body_over_the_limit_is_413_dropped_and_the_connection_closed(
         assert await c.closed()
     assert r.manager.view("wire").state is S.OFFLINE  # no lease, no load
     async with wire(r) as c:  # without a token: the 401 first (the body is not read)
-        c.send(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 9000000\r\n\r\n{")
+        c.send(sized_head(b"9000000") + b"{")
         answer = await c.answer()
         assert answer.status == 401 and answer.headers["connection"] == "close"
         c.send(b"x" * (9000000 - 1))
@@ -420,13 +428,7 @@ async def test_a_content_length_too_long_to_convert_is_refused_not_a_crash(
     raised in data_received and reset the connection with no answer (and a traceback)."""
     r = await start_wire(harness)
     async with wire(r) as c:
-        c.send(
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
-            + TOKEN.encode()
-            + b"\r\nContent-Length: "
-            + b"9" * 5000
-            + b"\r\n\r\n{}"
-        )
+        c.send(sized_head(b"9" * 5000, token=TOKEN) + b"{}")
         answer = await c.answer()
         assert answer.status in (400, 413), answer
         assert await c.closed()

@@ -79,68 +79,73 @@ async def test_an_adopted_server_is_tried_at_once(runtime: ProcessRuntime, tmp_p
     assert result.outcome is ProbeOutcome.READY and result.attempts == 1, result
 
 
+class Heard:
+    """What a log follower reported (its ``on_text``), and a wait for the next report."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+        self.got = asyncio.Event()
+
+    def __call__(self, text: str) -> None:
+        self.seen.append(text)
+        self.got.set()
+
+    @property
+    def text(self) -> str:
+        return "".join(self.seen)
+
+    async def next(self) -> None:
+        await asyncio.wait_for(self.got.wait(), 5)
+        self.got.clear()
+
+
 async def test_follow_from_an_offset_reports_what_is_there_already(tmp_path: Path) -> None:
     path = tmp_path / "server.log"
     path.write_bytes(b"--- header\nfirst line\n")
-    seen: list[str] = []
-    got = asyncio.Event()
-
-    def on_text(text: str) -> None:
-        seen.append(text)
-        got.set()
-
-    stop = follow(path, on_text, offset=len(b"--- header\n"))
+    heard = Heard()
+    stop = follow(path, heard, offset=len(b"--- header\n"))
     assert stop is not None
     try:
-        await asyncio.wait_for(got.wait(), 5)
-        assert "".join(seen) == "first line\n"
-        got.clear()
+        await heard.next()
+        assert heard.text == "first line\n"
         with path.open("ab") as log:
             log.write(b"second line\n")
-        await asyncio.wait_for(got.wait(), 5)
-        assert "".join(seen) == "first line\nsecond line\n"
+        await heard.next()
+        assert heard.text == "first line\nsecond line\n"
     finally:
         stop()
-    stopped_at_once = follow(path, on_text, offset=0)  # stopped before its first read
+    stopped_at_once = follow(path, heard, offset=0)  # stopped before its first read
     assert stopped_at_once is not None
     stopped_at_once()
     await asyncio.sleep(0.05)
-    assert "".join(seen) == "first line\nsecond line\n"
+    assert heard.text == "first line\nsecond line\n"
 
 
 async def test_follow_reports_appended_text_until_stopped(tmp_path: Path) -> None:
     path = tmp_path / "server.log"
     path.write_bytes(b"before the watch\n")
-    seen: list[str] = []
-    got = asyncio.Event()
-
-    def on_text(text: str) -> None:
-        seen.append(text)
-        got.set()
-
-    stop = follow(path, on_text)
+    heard = Heard()
+    stop = follow(path, heard)
     assert stop is not None
     try:
         with path.open("ab") as log:
             log.write("one \u00e9".encode()[:-1])  # a UTF-8 character split across writes
             log.flush()
-            await asyncio.wait_for(got.wait(), 5)
-            got.clear()
+            await heard.next()
             log.write("\u00e9".encode()[-1:] + b"\n")
             log.flush()
-            await asyncio.wait_for(got.wait(), 5)
-        assert "".join(seen) == "one \u00e9\n"  # only what came after the watch began
-        got.clear()
+            await heard.next()
+        assert heard.text == "one \u00e9\n"  # only what came after the watch began
         path.write_bytes(b"after a truncation\n")  # copy-truncate: read from the top
-        await asyncio.wait_for(got.wait(), 5)
-        assert "".join(seen).endswith("after a truncation\n")
+        await heard.next()
+        assert heard.text.endswith("after a truncation\n")
     finally:
         stop()
-    count = len(seen)
+    count = len(heard.seen)
     with path.open("ab") as log:
         log.write(b"after the stop\n")
     await asyncio.sleep(0.1)
-    assert len(seen) == count
+    assert len(heard.seen) == count
 
 
 async def test_follow_of_a_missing_log_is_none(tmp_path: Path) -> None:
