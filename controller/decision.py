@@ -10,7 +10,11 @@ Checks, in this order; the first that fails is the refusal::
     model in catalogue   -> ModelNotFound
     crash-loop breaker   -> SlotCrashLooping (with retry_after_s)
     pinned group peer    -> SlotPinned (a pinned exclusive peer is never swapped out)
-    memory              -> load | evict-then-load | InsufficientMemory
+    placement, memory    -> load | evict-then-load | InsufficientMemory | DeviceUnavailable
+
+Where the load goes is :func:`controller.placement.place`'s choice (the GPU or GPUs, by
+best fit after the planned evictions); the decision carries it, and the manager records
+it before it starts the server.
 
 Memory is judged as if the exclusive-group peers were already unloaded (the load unloads
 them itself; they are never counted as victims). A *background* load — the reconciler
@@ -24,10 +28,11 @@ through the router, an API or CLI load) may evict any eligible slot (SPEC §6).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Final, Literal
 
 from controller.breaker import Breaker
+from controller.devices import GpuRef
 from controller.errors import (
     InsufficientMemory,
     ModelNotFound,
@@ -35,16 +40,17 @@ from controller.errors import (
     SlotctlError,
     SlotPinned,
 )
-from controller.eviction import EvictionCandidate, EvictionPlan, Victim, plan_eviction
-from controller.memory import Admission, DeviceMemory, check_admission
+from controller.eviction import EvictionCandidate, Victim
+from controller.memory import Admission
+from controller.placement import DeviceFacts, Need, Placement, place
 from controller.units import format_gib
 
 __all__ = [
     "WAITING_FOR_MEMORY",
+    "DeviceFacts",
     "GroupPeer",
     "LoadDecision",
     "LoadRequest",
-    "MemoryFacts",
     "decide_load",
     "insufficient",
     "not_activated",
@@ -61,7 +67,7 @@ class GroupPeer:
 
     name: str
     pinned: bool
-    bytes: int  # admitted on the requester's device (0: another device or not admitted)
+    bytes: int  # admitted in all (each device's share is in its DeviceFacts.peers)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,9 +75,8 @@ class LoadRequest:
     """What is known of the slot that wants to load."""
 
     slot: str
-    device: str
     priority: int
-    needed: int  # bytes
+    needed: int  # bytes, in all
     activated: bool
     model_id: str
     model_known: bool  # bound model in the catalogue (or no model needed)
@@ -79,33 +84,37 @@ class LoadRequest:
     max_failures: int
     peers: tuple[GroupPeer, ...] = ()
     background: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class MemoryFacts:
-    """The device's numbers, the requester's own admitted bytes excluded."""
-
-    admitted: int
-    sample: DeviceMemory | None
-    budget: int | None
-    margin: int
-    # Bytes admitted to loads the probe cannot see yet (pulling/starting/warming): two
-    # loads admitted a moment apart must not both count the same free memory.
-    reserved: int = 0
+    span: int = 1  # devices it spans (a slot's ``gpus``)
+    pins: tuple[str, ...] = ()  # pinned GPUs (indices or UUIDs)
 
 
 @dataclass(frozen=True, slots=True)
 class LoadDecision:
     verdict: Verdict
     error: SlotctlError | None = None
-    admission: Admission | None = None
+    admission: Admission | None = None  # on the first chosen device (or the closest's)
     peers: tuple[str, ...] = ()  # exclusive-group peers the load unloads first
     victims: tuple[Victim, ...] = ()
     waiting: bool = False  # a background load that waits for memory instead of evicting
+    placement: Placement | None = None
 
     @property
     def ok(self) -> bool:
         return self.verdict != "refuse"
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        """The devices the load goes to (empty for a refusal)."""
+        return self.placement.devices if self.placement is not None and self.ok else ()
+
+    @property
+    def gpus(self) -> tuple[GpuRef, ...]:
+        return self.placement.gpus if self.placement is not None and self.ok else ()
+
+    @property
+    def admissions(self) -> tuple[Admission, ...]:
+        option = self.placement.option if self.placement is not None else None
+        return option.admissions if option is not None else ()
 
 
 def not_activated(slot: str) -> SlotConfigError:
@@ -117,15 +126,40 @@ def not_activated(slot: str) -> SlotConfigError:
     )
 
 
-def insufficient(
-    slot: str, admission: Admission, plan: EvictionPlan, *, waiting: bool = False
-) -> InsufficientMemory:
-    extra = {"reason": WAITING_FOR_MEMORY, "waiting": True} if waiting else {}
+def _per_device(placement: Placement) -> list[dict[str, int | str]]:
+    """Each device tried, once: needed, free, budget room and evictable bytes there."""
+    seen: dict[str, dict[str, int | str]] = {}
+    for option in placement.tried:
+        evictable = option.plan.evictable if option.plan is not None else {}
+        for a in option.admissions:
+            seen.setdefault(
+                a.device,
+                {
+                    "device": a.device,
+                    "needed_bytes": a.needed,
+                    "free_bytes": max(0, a.free_room),
+                    "budget_room_bytes": max(0, a.budget_room),
+                    "evictable_bytes": evictable.get(a.device, 0),
+                },
+            )
+    return list(seen.values())
+
+
+def insufficient(slot: str, placement: Placement, *, waiting: bool = False) -> InsufficientMemory:
+    """The refusal of a load that fits on no device set, with the figures of each device."""
+    option = placement.option
+    assert option is not None
+    extra: dict[str, object] = {"reason": WAITING_FOR_MEMORY, "waiting": True} if waiting else {}
     evictable = (
         "evicting every slot of lower priority idle long enough"
         if waiting
         else "evicting every eligible slot"
     )
+    figures = _per_device(placement)
+    if len(figures) > 1:
+        extra["gpus"] = figures
+    admission = option.admissions[0]
+    freeable = option.plan.evictable_bytes if option.plan is not None else 0
     if admission.source == "none":
         return InsufficientMemory(
             f"slot {slot!r} cannot be admitted on {admission.device}: no memory probe answers "
@@ -133,20 +167,22 @@ def insufficient(
             f'device = "{admission.device}" slot on a host without one?)',
             needed_bytes=admission.needed,
             free_bytes=0,
-            evictable_bytes=plan.evictable_bytes,
+            evictable_bytes=freeable,
             slot=slot,
             device=admission.device,
             no_probe=True,
             **extra,
         )
+    if len(figures) > 1:
+        return _insufficient_on_gpus(slot, placement, figures, evictable, extra)
     return InsufficientMemory(
         f"slot {slot!r} needs {format_gib(admission.needed)} on {admission.device}: "
         f"{format_gib(max(0, admission.free_room))} free after the safety margin, "
         f"{format_gib(max(0, admission.budget_room))} left in the budget, and {evictable} "
-        f"would free only {format_gib(plan.evictable_bytes)}",
+        f"would free only {format_gib(freeable)}",
         needed_bytes=admission.needed,
         free_bytes=max(0, admission.free),
-        evictable_bytes=plan.evictable_bytes,
+        evictable_bytes=freeable,
         slot=slot,
         device=admission.device,
         budget_bytes=admission.budget,
@@ -155,15 +191,32 @@ def insufficient(
     )
 
 
-def admission_of(req: LoadRequest, memory: MemoryFacts) -> Admission:
-    """Admission as if the exclusive-group peers were already gone."""
-    freed = sum(p.bytes for p in req.peers)
-    sample = memory.sample
-    if sample is not None:
-        free = sample.free_bytes - memory.reserved + freed
-        sample = replace(sample, free_bytes=max(0, min(sample.total_bytes, free)))
-    return check_admission(
-        req.device, req.needed, memory.admitted - freed, sample, memory.budget, memory.margin
+def _insufficient_on_gpus(
+    slot: str,
+    placement: Placement,
+    figures: list[dict[str, int | str]],
+    evictable: str,
+    extra: dict[str, object],
+) -> InsufficientMemory:
+    option = placement.option
+    assert option is not None
+    span = len(option.admissions)
+    need = option.admissions[0].needed
+    each = f"on each of {span} GPUs" if span > 1 else "on one GPU"
+    parts = "; ".join(
+        f"{f['device']} {format_gib(int(f['free_bytes']))} free, "
+        f"{format_gib(int(f['evictable_bytes']))} evictable"
+        for f in figures
+    )
+    return InsufficientMemory(
+        f"slot {slot!r} needs {format_gib(need)} {each}, and no GPU set has room even "
+        f"{evictable.replace('evicting', 'after evicting')} ({parts})",
+        needed_bytes=need * span,
+        free_bytes=max(int(f["free_bytes"]) for f in figures),
+        evictable_bytes=sum(int(f["evictable_bytes"]) for f in figures),
+        slot=slot,
+        device=",".join(a.device for a in option.admissions),
+        **extra,
     )
 
 
@@ -181,7 +234,7 @@ def _allowed(
 
 def decide_load(
     req: LoadRequest,
-    memory: MemoryFacts,
+    devices: Sequence[DeviceFacts],
     candidates: Callable[[], Sequence[EvictionCandidate]],
     now: float,
     *,
@@ -189,8 +242,10 @@ def decide_load(
 ) -> LoadDecision:
     """The verdict on one load now (see the module docstring for the order of checks).
 
-    ``candidates`` lists every slot as the eviction planner sees it; it is called only
-    when the load does not fit (building the list is O(slots), and most loads fit).
+    ``devices`` are the devices the slot may go to (the host's GPUs for a GPU slot; the
+    one device otherwise); ``candidates`` lists every slot as the eviction planner sees
+    it; it is called only when no device set fits as it is (building the list is
+    O(slots), and most loads fit).
     """
     if not req.activated:
         return LoadDecision("refuse", error=not_activated(req.slot))
@@ -205,14 +260,33 @@ def decide_load(
     if pinned:
         refusal = SlotPinned(pinned[0].name, "exclusive-group swap")
         return LoadDecision("refuse", error=refusal, peers=peers)
-    admission = admission_of(req, memory)
-    if admission.ok:
-        return LoadDecision("load", admission=admission, peers=peers)
-    allowed = _allowed(req, candidates(), now, min_resident_s)
-    plan = plan_eviction(allowed, req.device, admission.shortfall, now, for_slot=req.slot)
-    if not plan.sufficient:
-        error = insufficient(req.slot, admission, plan, waiting=req.background)
+    need = Need(req.slot, req.needed, max(1, req.span), req.pins)
+    placement = place(
+        need,
+        devices,
+        lambda: _allowed(req, candidates(), now, min_resident_s),
+        now,
+    )
+    if placement.error is not None:
+        return LoadDecision("refuse", error=placement.error, peers=peers, placement=placement)
+    option = placement.option
+    assert option is not None
+    admission = option.admissions[0]
+    if not option.fits:
+        error = insufficient(req.slot, placement, waiting=req.background)
         return LoadDecision(
-            "refuse", error=error, admission=admission, peers=peers, waiting=req.background
+            "refuse",
+            error=error,
+            admission=admission,
+            peers=peers,
+            waiting=req.background,
+            placement=placement,
         )
-    return LoadDecision("evict-then-load", admission=admission, peers=peers, victims=plan.victims)
+    verdict: Verdict = "evict-then-load" if option.victims else "load"
+    return LoadDecision(
+        verdict,
+        admission=admission,
+        peers=peers,
+        victims=option.victims,
+        placement=placement,
+    )

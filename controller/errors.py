@@ -19,6 +19,7 @@ through :meth:`SlotctlError.to_dict`; nothing renders a bare traceback.
     ├── SlotOwnedByStack              slot.owned_by_stack           409  (+ stack, stack_dir)
     ├── SlotQueueFull                 slot.queue_full               429  (+ retry_after_s)
     ├── InsufficientMemory            model.insufficient_memory     409  (+ needed_bytes...)
+    ├── DeviceUnavailable             device.unavailable            409  (+ device, gpus)
     ├── ModelNotFound                 model.not_found               404
     ├── DockerEngineError             runtime.engine_error          502  (engine said no)
     │   └── DockerUnavailable         runtime.unavailable           503  (no engine)
@@ -36,6 +37,7 @@ from typing import Any, ClassVar
 
 __all__ = [
     "ControllerAlreadyRunning",
+    "DeviceUnavailable",
     "DockerEngineError",
     "DockerUnavailable",
     "IllegalSlotTransition",
@@ -213,6 +215,16 @@ class InsufficientMemory(SlotctlError):
             evictable_bytes=evictable_bytes,
             **details,
         )
+
+
+class DeviceUnavailable(SlotctlError):
+    """The GPU(s) a slot needs are not on this host: a pinned GPU that does not exist or
+    was lost (NVML error, card removed), or more GPUs than the host has. Details: the
+    slot's ``device``, the ``reason`` (``not_found``, ``lost``, ``too_few``) and the host's
+    ``gpus`` with their figures."""
+
+    code = "device.unavailable"
+    http_status = 409
 
 
 class ModelNotFound(SlotctlError):

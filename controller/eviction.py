@@ -5,14 +5,20 @@ unloads). SPEC §6: victims are resident (``ready``/``idle``), not pinned, have 
 lease and no operation in flight; lowest ``priority`` first, least recently used inside a
 tier, and the fewest victims that free enough. If even every eligible slot cannot free
 enough, the plan says so and nothing is unloaded.
+
+Room is planned per device (:func:`plan_room`): a load that spans GPUs 0 and 1 needs its
+share freed on each, and only slots that hold memory on one of the load's devices are
+candidates (a victim that spans a device the load does not use frees that one too: it
+is evicted whole). :func:`plan_eviction` is the one-device case.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
+from controller.devices import share
 from controller.lifecycle import SlotState
 from controller.units import format_gib
 
@@ -23,6 +29,7 @@ __all__ = [
     "Victim",
     "is_eligible",
     "plan_eviction",
+    "plan_room",
     "pressure_level",
     "pressure_victims",
 ]
@@ -33,8 +40,8 @@ _RESIDENT = frozenset({SlotState.READY, SlotState.IDLE})
 @dataclass(frozen=True, slots=True)
 class EvictionCandidate:
     name: str
-    device: str
-    bytes: int
+    devices: tuple[str, ...]  # the admission keys it holds memory on (its share on each)
+    bytes: int  # in all
     priority: int
     last_used: float  # monotonic seconds
     state: SlotState
@@ -43,6 +50,13 @@ class EvictionCandidate:
     busy: bool = False  # an operation (load/unload/swap) is in flight
     access: int = 0  # access counter at planning time (for revalidation)
     generation: int = 0  # load generation at planning time (a reload since: not a victim)
+
+    def on(self, device: str) -> int:
+        """Bytes it holds on ``device`` (its share there; 0 when it is not there)."""
+        devices = self.devices
+        if device not in devices:
+            return 0
+        return self.bytes if len(devices) == 1 else share(self.bytes, len(devices))
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,34 +68,96 @@ class Victim:
     access: int
     reason: str
     generation: int = 0
+    devices: tuple[str, ...] = ()  # where it frees memory
 
 
 @dataclass(frozen=True, slots=True)
 class EvictionPlan:
-    device: str
-    need_bytes: int
+    """The victims that free ``need`` on each device (or why they cannot: ``sufficient``)."""
+
+    need: Mapping[str, int]  # bytes to free per device
     victims: tuple[Victim, ...]
-    freed_bytes: int
-    evictable_bytes: int
+    freed: Mapping[str, int]  # bytes the victims free per device (of those in ``need``)
+    evictable: Mapping[str, int]  # bytes every eligible slot would free per device
 
     @property
     def sufficient(self) -> bool:
-        return self.freed_bytes >= self.need_bytes
+        return all(self.freed.get(d, 0) >= n for d, n in self.need.items())
+
+    @property
+    def need_bytes(self) -> int:
+        return sum(max(0, n) for n in self.need.values())
+
+    @property
+    def freed_bytes(self) -> int:
+        return sum(self.freed.values())
+
+    @property
+    def evictable_bytes(self) -> int:
+        return sum(self.evictable.values())
 
 
 def is_eligible(c: EvictionCandidate) -> bool:
     return c.state in _RESIDENT and not c.pinned and c.leases == 0 and not c.busy
 
 
-def _order(candidates: Iterable[EvictionCandidate], device: str) -> list[EvictionCandidate]:
-    eligible = [c for c in candidates if c.device == device and is_eligible(c)]
+def _order(
+    candidates: Iterable[EvictionCandidate], devices: Iterable[str]
+) -> list[EvictionCandidate]:
+    wanted = set(devices)
+    eligible = [c for c in candidates if not wanted.isdisjoint(c.devices) and is_eligible(c)]
     return sorted(eligible, key=lambda c: (c.priority, c.last_used, c.name))
 
 
 def _victim(c: EvictionCandidate, now: float, why: str) -> Victim:
     idle = max(0.0, now - c.last_used)
-    reason = f"{why}: priority {c.priority}, idle {idle:.0f}s, frees {format_gib(c.bytes)}"
-    return Victim(c.name, c.bytes, c.priority, idle, c.access, reason, c.generation)
+    where = f" on {'+'.join(c.devices)}" if c.devices else ""
+    reason = f"{why}: priority {c.priority}, idle {idle:.0f}s, frees {format_gib(c.bytes)}{where}"
+    return Victim(c.name, c.bytes, c.priority, idle, c.access, reason, c.generation, c.devices)
+
+
+def _met(need: Mapping[str, int], freed: Mapping[str, int]) -> bool:
+    return all(freed[d] >= n for d, n in need.items())
+
+
+def plan_room(
+    candidates: Sequence[EvictionCandidate],
+    need: Mapping[str, int],
+    now: float,
+    *,
+    for_slot: str = "",
+) -> EvictionPlan:
+    """The victims that free ``need[device]`` bytes on every device (empty if they cannot).
+
+    The shortest prefix, in (priority, LRU) order, of the eligible slots on the devices
+    that still need room; then every chosen slot not needed after all is spared, the most
+    valuable first (fewest victims).
+    """
+    devices = [d for d, n in need.items() if n > 0]
+    ordered = _order(candidates, need)
+    evictable = {d: sum(c.on(d) for c in ordered) for d in need}
+    freed = dict.fromkeys(need, 0)
+    if not devices:
+        return EvictionPlan(dict(need), (), freed, evictable)
+    if any(evictable[d] < need[d] for d in devices):
+        return EvictionPlan(dict(need), (), freed, evictable)
+    chosen: list[EvictionCandidate] = []
+    for c in ordered:
+        if not any(freed[d] < need[d] and c.on(d) for d in devices):
+            continue  # frees nothing where room is still missing
+        chosen.append(c)
+        for d in need:
+            freed[d] += c.on(d)
+        if _met(need, freed):
+            break
+    for c in sorted(chosen, key=lambda c: (-c.priority, -c.last_used)):
+        spared = {d: freed[d] - c.on(d) for d in need}
+        if _met(need, spared):
+            chosen.remove(c)
+            freed = spared
+    why = f"make room for {for_slot}" if for_slot else "make room"
+    victims = tuple(_victim(c, now, why) for c in chosen)
+    return EvictionPlan(dict(need), victims, freed, evictable)
 
 
 def plan_eviction(
@@ -93,27 +169,7 @@ def plan_eviction(
     for_slot: str = "",
 ) -> EvictionPlan:
     """The victims that free ``need_bytes`` on ``device`` (empty plan if it cannot)."""
-    ordered = _order(candidates, device)
-    evictable = sum(c.bytes for c in ordered)
-    if need_bytes <= 0:
-        return EvictionPlan(device, need_bytes, (), 0, evictable)
-    if evictable < need_bytes:
-        return EvictionPlan(device, need_bytes, (), 0, evictable)
-    chosen: list[EvictionCandidate] = []
-    freed = 0
-    for c in ordered:  # the shortest prefix in (priority, LRU) order that frees enough
-        chosen.append(c)
-        freed += c.bytes
-        if freed >= need_bytes:
-            break
-    # Fewest victims: spare any chosen slot (most valuable first) not needed after all.
-    for c in sorted(chosen, key=lambda c: (-c.priority, -c.last_used)):
-        if freed - c.bytes >= need_bytes:
-            chosen.remove(c)
-            freed -= c.bytes
-    why = f"make room for {for_slot}" if for_slot else "make room"
-    victims = tuple(_victim(c, now, why) for c in chosen)
-    return EvictionPlan(device, need_bytes, victims, freed, evictable)
+    return plan_room(candidates, {device: need_bytes}, now, for_slot=for_slot)
 
 
 class Pressure(StrEnum):
@@ -139,7 +195,7 @@ def pressure_victims(
     candidates: Sequence[EvictionCandidate], device: str, level: Pressure, now: float
 ) -> list[Victim]:
     """Elevated: the one best victim; critical: every eligible slot."""
-    ordered = _order(candidates, device)
+    ordered = _order(candidates, (device,))
     if level is Pressure.NORMAL or not ordered:
         return []
     chosen = ordered if level is Pressure.CRITICAL else ordered[:1]

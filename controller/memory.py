@@ -2,7 +2,12 @@
 admission.
 
 Called by the slot manager before every load. Probes sit behind :class:`MemoryProbe`
-(one seam; tests use :class:`FakeMemoryProbe` or fixture sysfs trees). Admission itself
+(one seam; tests use :class:`FakeMemoryProbe`, a fake ``pynvml`` module or fixture sysfs
+trees). Each GPU is its own device: :meth:`MemoryProbe.gpus` lists them (index, UUID,
+name, total, free) and ``sample("gpu:N")`` answers for one; ``sample("gpu")`` is the sum
+over them (what a dashboard's "all GPUs" line shows). :func:`gpu_inventory` merges what
+the probe sees with the configured budgets (``gpu`` = each GPU, ``"gpu:1"`` = one of
+them): the GPUs the placement (:mod:`controller.placement`) chooses from. Admission itself
 is a pure function of numbers (:func:`check_admission`), SPEC §6::
 
     admitted(device) + needed <= budget - margin     (what slotctl promised)
@@ -18,13 +23,14 @@ import contextlib
 import importlib
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol
 
 import psutil
 
+from controller.devices import GpuRef, gpu_key, key_index
 from controller.units import GIB  # re-exported: one definition
 
 __all__ = [
@@ -33,27 +39,61 @@ __all__ = [
     "AmdSysfsProbe",
     "DeviceMemory",
     "FakeMemoryProbe",
+    "GpuDevice",
     "MemoryProbe",
     "NvmlProbe",
     "PsutilProbe",
     "SystemMemoryProbe",
+    "budget_gb_for",
     "check_admission",
+    "gpu_inventory",
     "read_meminfo",
+    "sum_gpus",
 ]
 
 
 @dataclass(frozen=True, slots=True)
 class DeviceMemory:
-    device: str
+    device: str  # the admission key: gpu:N, cpu, npu (gpu: the sum over the GPUs)
     total_bytes: int
     free_bytes: int
     source: str  # nvml | amd-sysfs | meminfo | psutil | budget | fake
+    index: int | None = None  # a GPU's index (NVML's, or the amdgpu card's position)
+    uuid: str | None = None  # a GPU's UUID (NVML)
+    name: str | None = None  # a GPU's product name
+    vendor: str | None = None  # nvidia | amd
+    error: str | None = None  # a GPU that cannot be read now (lost): its figures are 0
 
 
 class MemoryProbe(Protocol):
     def sample(self, device: str) -> DeviceMemory | None:
         """Total and free memory of ``device`` now, or None when it cannot be probed."""
         ...
+
+    def gpus(self) -> tuple[DeviceMemory, ...]:
+        """Every GPU the probe sees now, in index order (empty: none, or no GPU probe);
+        one that cannot be read is listed with its ``error``."""
+        ...
+
+
+def sum_gpus(gpus: tuple[DeviceMemory, ...], device: str = "gpu") -> DeviceMemory | None:
+    """All GPUs as one figure (the ``gpu`` line), or None when there are none."""
+    gpus = tuple(g for g in gpus if g.error is None)
+    if not gpus:
+        return None
+    total = sum(g.total_bytes for g in gpus)
+    free = sum(g.free_bytes for g in gpus)
+    return DeviceMemory(device, total, free, gpus[0].source)
+
+
+def _one_gpu(gpus: tuple[DeviceMemory, ...], device: str) -> DeviceMemory | None:
+    """``sample(device)`` of a GPU probe: ``gpu`` the sum, ``gpu:N`` that GPU."""
+    if device == "gpu":
+        return sum_gpus(gpus)
+    index = key_index(device)
+    if index is None:
+        return None
+    return next((g for g in gpus if g.index == index and g.error is None), None)
 
 
 class PsutilProbe:
@@ -75,6 +115,9 @@ class PsutilProbe:
             return DeviceMemory(device, figures[0], figures[1], "meminfo")
         vm = psutil.virtual_memory()
         return DeviceMemory(device, int(vm.total), int(vm.available), "psutil")
+
+    def gpus(self) -> tuple[DeviceMemory, ...]:
+        return ()
 
 
 def read_meminfo(path: str = "/proc/meminfo") -> tuple[int, int] | None:
@@ -100,12 +143,18 @@ def read_meminfo(path: str = "/proc/meminfo") -> tuple[int, int] | None:
 
 
 class NvmlProbe:
-    """NVIDIA GPUs through NVML (``nvidia-ml-py``), summed over visible GPUs."""
+    """NVIDIA GPUs through NVML (``nvidia-ml-py``), one :class:`DeviceMemory` per handle.
+
+    A GPU whose handle or memory cannot be read (``NVMLError_GpuIsLost``, a card that fell
+    off the bus) is listed with its ``error`` (and no figures), so the placement never
+    picks it and a slot pinned to it is refused with the reason.
+    """
 
     def __init__(self, module: ModuleType | Any | None = None) -> None:
         self._nvml = module
         self._ready = False
         self.error: str | None = None
+        self._names: dict[int, tuple[str | None, str | None]] = {}  # index -> (uuid, name)
         if self._nvml is None:
             try:
                 self._nvml = importlib.import_module("pynvml")
@@ -127,23 +176,61 @@ class NvmlProbe:
         return True
 
     def sample(self, device: str) -> DeviceMemory | None:
-        if device != "gpu" or not self._init():
+        if not device.startswith("gpu"):
             return None
+        return _one_gpu(self.gpus(), device)
+
+    def gpus(self) -> tuple[DeviceMemory, ...]:
+        if not self._init():
+            return ()
         nvml = self._nvml
         assert nvml is not None
-        total = free = 0
-        count = int(nvml.nvmlDeviceGetCount())
+        try:
+            count = int(nvml.nvmlDeviceGetCount())
+        except Exception as exc:  # noqa: BLE001
+            self.error = f"NVML device count failed: {exc}"
+            return ()
+        out: list[DeviceMemory] = []
         for index in range(count):
-            info = nvml.nvmlDeviceGetMemoryInfo(nvml.nvmlDeviceGetHandleByIndex(index))
-            total += int(info.total)
-            free += int(info.free)
-        if count == 0:
+            key = gpu_key(index)
+            try:
+                handle = nvml.nvmlDeviceGetHandleByIndex(index)
+                info = nvml.nvmlDeviceGetMemoryInfo(handle)
+            except Exception as exc:  # noqa: BLE001  (a lost GPU: the others still count)
+                error = f"NVML: {exc}"
+                out.append(DeviceMemory(key, 0, 0, "nvml", index, vendor="nvidia", error=error))
+                continue
+            uuid, name = self._identity(index, handle)
+            total, free = int(info.total), int(info.free)
+            out.append(DeviceMemory(key, total, free, "nvml", index, uuid, name, "nvidia"))
+        return tuple(out)
+
+    def _identity(self, index: int, handle: Any) -> tuple[str | None, str | None]:
+        """(UUID, name) of a GPU, read once per index."""
+        known = self._names.get(index)
+        if known is None:
+            known = (self._ask("nvmlDeviceGetUUID", handle), self._ask("nvmlDeviceGetName", handle))
+            self._names[index] = known
+        return known
+
+    def _ask(self, call: str, handle: Any) -> str | None:
+        try:
+            return _text(getattr(self._nvml, call)(handle))
+        except Exception:  # noqa: BLE001  (an identity NVML cannot give: placed by index)
             return None
-        return DeviceMemory(device, total, free, "nvml")
+
+
+def _text(value: object) -> str | None:
+    """pynvml answers ``str`` (nvidia-ml-py >= 11.5) or ``bytes`` (older bindings)."""
+    if isinstance(value, bytes):
+        return value.decode(errors="replace")
+    return str(value) if value is not None else None
 
 
 class AmdSysfsProbe:
-    """AMD GPUs/APUs via amdgpu sysfs: VRAM plus GTT (APUs load models into GTT)."""
+    """AMD GPUs/APUs via amdgpu sysfs, one per card: VRAM plus GTT (APUs load models into
+    GTT). A card's index is its position among the amdgpu cards in card-number order (the
+    order ROCm enumerates them in on a usual host; ``HIP_VISIBLE_DEVICES`` takes it)."""
 
     def __init__(self, root: Path = Path("/sys/class/drm")) -> None:
         self.root = root
@@ -155,22 +242,36 @@ class AmdSysfsProbe:
         return None
 
     def sample(self, device: str) -> DeviceMemory | None:
-        if device != "gpu" or not self.root.is_dir():
+        if not device.startswith("gpu"):
             return None
+        return _one_gpu(self.gpus(), device)
+
+    def gpus(self) -> tuple[DeviceMemory, ...]:
+        if not self.root.is_dir():
+            return ()
+        cards = [c for c in self.root.glob("card[0-9]*") if c.name[4:].isdigit()]
+        out: list[DeviceMemory] = []
+        for card in sorted(cards, key=lambda c: int(c.name[4:])):
+            figures = self._card(card / "device")
+            if figures is not None:
+                index = len(out)
+                total, free = figures
+                out.append(
+                    DeviceMemory(gpu_key(index), total, free, "amd-sysfs", index, None, None, "amd")
+                )
+        return tuple(out)
+
+    def _card(self, dev: Path) -> tuple[int, int] | None:
         total = used = 0
         found = False
-        for card in sorted(self.root.glob("card[0-9]*")):
-            dev = card / "device"
-            for kind in ("vram", "gtt"):
-                t = self._read(dev / f"mem_info_{kind}_total")
-                u = self._read(dev / f"mem_info_{kind}_used")
-                if t is not None and u is not None:
-                    total += t
-                    used += u
-                    found = True
-        if not found:
-            return None
-        return DeviceMemory(device, total, max(0, total - used), "amd-sysfs")
+        for kind in ("vram", "gtt"):
+            t = self._read(dev / f"mem_info_{kind}_total")
+            u = self._read(dev / f"mem_info_{kind}_used")
+            if t is not None and u is not None:
+                total += t
+                used += u
+                found = True
+        return (total, max(0, total - used)) if found else None
 
 
 class SystemMemoryProbe:
@@ -187,13 +288,20 @@ class SystemMemoryProbe:
         self.ram = ram or PsutilProbe()
 
     def sample(self, device: str) -> DeviceMemory | None:
-        if device == "gpu":
-            return self.nvml.sample(device) or self.amd.sample(device)
+        if device.startswith("gpu"):
+            return _one_gpu(self.gpus(), device)
         return self.ram.sample(device)
+
+    def gpus(self) -> tuple[DeviceMemory, ...]:
+        return self.nvml.gpus() or self.amd.gpus()
 
 
 class FakeMemoryProbe:
-    """For tests: fixed totals; free = total - used_by(device) - external[device]."""
+    """For tests: fixed totals; free = total - used_by(device) - external[device].
+
+    GPUs are ``gpu:N`` keys; a plain ``gpu`` total is a host with one GPU (``gpu:0``, whose
+    ``external`` may be given as ``gpu`` too), as the tests of a one-GPU box write it.
+    """
 
     def __init__(
         self,
@@ -204,12 +312,84 @@ class FakeMemoryProbe:
         self.external: dict[str, int] = {}
         self.used_by = used_by or (lambda device: 0)
 
+    def _gpu_totals(self) -> dict[int, int]:
+        indexed = {key_index(k): v for k, v in self.totals.items() if key_index(k) is not None}
+        if not indexed and "gpu" in self.totals:
+            return {0: self.totals["gpu"]}
+        return {i: v for i, v in sorted(indexed.items()) if i is not None}
+
+    def _one(self, device: str, total: int, index: int | None = None) -> DeviceMemory:
+        external = self.external.get(device, 0)
+        if index is not None and "gpu" in self.totals and len(self._gpu_totals()) == 1:
+            external = external or self.external.get("gpu", 0)
+        free = total - self.used_by(device) - external
+        vendor = "nvidia" if index is not None else None
+        return DeviceMemory(device, total, max(0, free), "fake", index, None, None, vendor)
+
+    def gpus(self) -> tuple[DeviceMemory, ...]:
+        return tuple(self._one(gpu_key(i), t, i) for i, t in self._gpu_totals().items())
+
     def sample(self, device: str) -> DeviceMemory | None:
+        if device == "gpu" and "gpu" in self.totals and len(self._gpu_totals()) == 1:
+            return replace(self.gpus()[0], device="gpu", index=None, vendor=None)
+        if device == "gpu":
+            return sum_gpus(self.gpus())
+        if key_index(device) is not None:
+            return next((g for g in self.gpus() if g.device == device), None)
         if device not in self.totals:
             return None
-        total = self.totals[device]
-        free = total - self.used_by(device) - self.external.get(device, 0)
-        return DeviceMemory(device, total, max(0, free), "fake")
+        return self._one(device, self.totals[device])
+
+
+@dataclass(frozen=True, slots=True)
+class GpuDevice:
+    """One GPU as the placement sees it: its key, identity, probed figures and budget."""
+
+    key: str  # gpu:N
+    ref: GpuRef
+    sample: DeviceMemory | None  # None: not probed (a budget-only GPU)
+    budget: int | None  # bytes (memory_budget_gb), None: the probed total
+    name: str | None = None
+    error: str | None = None  # the probe cannot read it now (lost)
+
+
+def budget_gb_for(key: str, budgets: Mapping[str, float]) -> float | None:
+    """The configured budget of a device: ``"gpu:1"`` for GPU 1, else its kind's (``gpu``
+    = each GPU), else None."""
+    if key in budgets:
+        return budgets[key]
+    kind = key.rsplit("/", 1)[-1].split(":", 1)[0]
+    return budgets.get(kind)
+
+
+def gpu_inventory(
+    probed: tuple[DeviceMemory, ...], budgets: Mapping[str, float]
+) -> tuple[GpuDevice, ...]:
+    """The GPUs to place on: what the probe sees, else the GPUs the budgets name (a ``gpu``
+    budget alone is one GPU, ``gpu:0``; ``"gpu:N"`` keys add theirs). Pure."""
+
+    def budget(key: str) -> int | None:
+        gb = budget_gb_for(key, budgets)
+        return int(gb * GIB) if gb is not None else None
+
+    if probed:
+        return tuple(
+            GpuDevice(
+                g.device,
+                GpuRef(g.index if g.index is not None else i, g.uuid, g.vendor),
+                g if g.error is None else None,
+                budget(g.device),
+                g.name,
+                g.error,
+            )
+            for i, g in enumerate(probed)
+        )
+    indices = {i for k in budgets if (i := key_index(k)) is not None}
+    if "gpu" in budgets:
+        indices.add(0)
+    return tuple(
+        GpuDevice(gpu_key(i), GpuRef(i), None, budget(gpu_key(i))) for i in sorted(indices)
+    )
 
 
 @dataclass(frozen=True, slots=True)

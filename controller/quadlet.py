@@ -48,8 +48,11 @@ def render_quadlet(slot: DesiredSlot, models: Mapping[str, ModelSpec]) -> str:
     lines += [f"Environment={systemd_quote(f'{k}={v}')}" for k, v in sorted(launch.env.items())]
     for mount in launch.mounts:
         lines.append(f"Volume={mount.source}:{mount.target}{':ro' if mount.read_only else ''}")
-    if slot.spec.device == "gpu":
-        lines.append("AddDevice=nvidia.com/gpu=all")
+    if slot.spec.device_kind == "gpu":
+        # CDI names a GPU by index or UUID; an unpinned slot (placed by the controller
+        # when slotctl runs it) gets every GPU under podman
+        for pin in slot.spec.device_ref.pins or ("all",):
+            lines.append(f"AddDevice=nvidia.com/gpu={pin}")
     if launch.argv:
         lines.append("Exec=" + " ".join(systemd_quote(a) for a in launch.argv))
     lines += ["", "[Service]", "Restart=no", "TimeoutStopSec=30"]

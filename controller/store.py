@@ -34,6 +34,7 @@ from controller.runinfo import RECORD, running_controller
 __all__ = [
     "ControllerLock",
     "ControllerRecord",
+    "PlacedGpu",
     "ResidencyEntry",
     "ResidencyStore",
     "SlotStateRecord",
@@ -131,6 +132,16 @@ def sweep_temp_files(directory: Path) -> int:
     return removed
 
 
+class PlacedGpu(BaseModel):
+    """One GPU of a slot's placement, as ``state.json`` records it."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    index: int
+    uuid: str | None = None
+    vendor: str | None = None
+
+
 class StateExtra(BaseModel):
     """``state.json``'s ``extra``: the facts beyond the state itself, each one named.
 
@@ -147,6 +158,9 @@ class StateExtra(BaseModel):
     adopted: str | None = None  # the server adopted after a restart (pid, container)
     config_drift: bool = False  # the adopted server runs an older config
     waiting: str | None = None  # waiting_for_memory: a background load waits for room
+    # The GPUs the slot was placed on (while admitted): a restart, an adoption or a
+    # `stack diff` never re-places a running slot.
+    gpus: tuple[PlacedGpu, ...] = ()
 
 
 class SlotStateRecord(BaseModel):

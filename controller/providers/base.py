@@ -76,8 +76,9 @@ def require_model(slot: SlotSpec, model: ModelSpec | None) -> ModelSpec:
 
 
 def device_env(slot: SlotSpec) -> dict[str, str]:
-    """Device visibility is the controller's: a cpu slot sees no GPU."""
-    if slot.device == "cpu":
+    """Device visibility is the controller's: a cpu slot sees no GPU (a GPU slot sees the
+    GPUs it is placed on: the runtime sets them, :func:`controller.runtime.base.visibility_env`)."""
+    if slot.device_kind == "cpu":
         return {"CUDA_VISIBLE_DEVICES": "", "HIP_VISIBLE_DEVICES": ""}
     return {}
 

@@ -52,6 +52,14 @@ def _launch(
 ) -> LaunchSpec:
     model_id = model.id if model else slot.model_id
     merged_env = {**device_env(slot), **(env or {}), **slot.server.env}
+    if ctx.runtime == "kubernetes" and slot.device_ref.pinned:
+        raise SlotConfigError(
+            f"slot {slot.name!r}: device = {slot.device!r} pins GPUs, which the kubernetes "
+            "runtime cannot do (the device plugin picks a node's GPUs): use device = "
+            '"gpu" with gpus = K, and `node` to choose the node',
+            keys=["device"],
+            slot=slot.name,
+        )
     if path and ctx.runtime == "docker":
         mounts = (*mounts, Mount(path, path, read_only=True))
     if ctx.runtime == "kubernetes":
@@ -69,6 +77,7 @@ def _launch(
         provider=slot.provider,
         port=slot.port,
         device=slot.device,
+        gpus=slot.gpu_count,
         model_id=model_id,
         argv=tuple(argv),
         image=image,
@@ -136,7 +145,9 @@ class LlamaCppProvider:
         args += ["--alias", model.id]
         if model.context_length:
             args += ["--ctx-size", str(model.context_length)]
-        args += ["--n-gpu-layers", "0" if slot.device == "cpu" else "999"]
+        args += ["--n-gpu-layers", "0" if slot.device_kind == "cpu" else "999"]
+        if slot.device_kind == "gpu":  # across the GPUs it is given (it sees only those)
+            args += ["--split-mode", "layer" if slot.gpu_count > 1 else "none"]
         if model.mmproj:
             args += ["--mmproj", model.mmproj]
         if model.chat_template:
@@ -163,7 +174,9 @@ class LlamaCppPythonProvider:
         args += ["--host", ctx.host, "--port", str(slot.port), "--model_alias", model.id]
         if model.context_length:
             args += ["--n_ctx", str(model.context_length)]
-        args += ["--n_gpu_layers", "0" if slot.device == "cpu" else "-1"]
+        args += ["--n_gpu_layers", "0" if slot.device_kind == "cpu" else "-1"]
+        if slot.device_kind == "gpu":  # llama_cpp's LLAMA_SPLIT_MODE_LAYER (1) or _NONE (0)
+            args += ["--split_mode", "1" if slot.gpu_count > 1 else "0"]
         if slot.type == "embedding":
             args += ["--embedding", "true"]
         if model.chat_template and not any(c in model.chat_template for c in "{%"):
@@ -191,6 +204,8 @@ class VllmProvider:
             args += ["--max-model-len", str(model.context_length)]
         if slot.type == "embedding":
             args += ["--task", "embed"]
+        if slot.gpu_count > 1:  # tensor parallel over the GPUs it is given
+            args += ["--tensor-parallel-size", str(slot.gpu_count)]
         args += slot.server.extra_args
         image = _docker_image(slot, ctx, self.image)
         argv = (

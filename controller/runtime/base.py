@@ -21,6 +21,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Final, Protocol, runtime_checkable
 
+from controller.devices import GpuRef
 from controller.probe import ProbeSpec
 
 __all__ = [
@@ -34,6 +35,7 @@ __all__ = [
     "ProgressCallback",
     "RunStatus",
     "Runtime",
+    "visibility_env",
 ]
 
 MANAGED_LABEL: Final = "slotctl.managed"
@@ -76,6 +78,10 @@ class LaunchSpec:
     mounts: tuple[Mount, ...] = ()
     probe: ProbeSpec = field(default_factory=ProbeSpec)
     node: str | None = None  # kubernetes runtime: the node the slot is pinned to
+    gpus: int = 0  # GPUs the server spans (the slot's `gpus`; 0 off GPU)
+    # The GPUs admission placed it on: made visible by the runtime (not hashed: a placement
+    # is where a server runs, not what it is, and it is recorded in state.json).
+    visible: tuple[GpuRef, ...] = field(default=(), compare=False)
     # Where the server answers when the runtime decides it after start (a pod's IP): not
     # part of the config (a new pod IP is the same server config), so not hashed.
     address: str | None = field(default=None, compare=False)
@@ -107,7 +113,20 @@ class LaunchSpec:
             "mounts": [[m.source, m.target, m.read_only] for m in self.mounts],
             # only when set: the hashes of launches without a node stay as they were
             **({"node": self.node} if self.node is not None else {}),
+            **({"gpus": self.gpus} if self.gpus > 1 else {}),
         }
+
+    def placed_on(self, gpus: tuple[GpuRef, ...]) -> LaunchSpec:
+        """This launch on the GPUs admission chose (what the runtime makes visible)."""
+        if gpus == self.visible:
+            return self
+        placed = replace(self, visible=gpus)
+        object.__setattr__(placed, "_hash", self._hash)
+        return placed
+
+    @property
+    def device_kind(self) -> str:
+        return self.device.split(":", 1)[0]
 
     def reached_at(self, endpoint: str | None) -> LaunchSpec:
         """This launch answering at ``endpoint`` (what the runtime observed); same hash."""
@@ -132,6 +151,32 @@ class LaunchSpec:
             STACK_LABEL: self.stack,
             HASH_LABEL: self.config_hash(),
         }
+
+
+def visibility_env(gpus: tuple[GpuRef, ...], *, in_container: bool = False) -> dict[str, str]:
+    """The environment that shows a server exactly ``gpus`` (pure).
+
+    NVIDIA: ``CUDA_VISIBLE_DEVICES`` by UUID where NVML gave them (indices can be ordered
+    differently by CUDA), else by index with ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (NVML's
+    order). AMD: ``ROCR_VISIBLE_DEVICES`` by index, and ``HIP_VISIBLE_DEVICES`` counting the
+    GPUs ROCr leaves visible (0..K-1), so an inherited value cannot hide them. A GPU of
+    unknown vendor (a budget-only host) gets both. In a container the engine's device
+    request already chose the NVIDIA GPUs (renumbered from 0): indices are not set there.
+    """
+    if not gpus:
+        return {}
+    env: dict[str, str] = {}
+    vendors = {g.vendor for g in gpus}
+    if vendors & {"nvidia", None}:
+        if all(g.uuid for g in gpus):
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g.uuid) for g in gpus)
+        elif not in_container:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g.index) for g in gpus)
+            env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    if vendors & {"amd", None}:
+        env["ROCR_VISIBLE_DEVICES"] = ",".join(str(g.index) for g in gpus)
+        env["HIP_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(len(gpus)))
+    return env
 
 
 @dataclass(frozen=True, slots=True)

@@ -407,7 +407,7 @@ class DockerRuntime:
             owner=self.owner,
             base_mounts=self.base_mounts,
             network_mode=self.network_mode,
-            runtimes=self._engine_runtimes() if launch.device == "gpu" else (),
+            runtimes=self._engine_runtimes() if launch.device_kind == "gpu" else (),
         )
 
     def _engine_runtimes(self) -> tuple[str, ...]:

@@ -16,6 +16,7 @@ from typing import Any, Final
 
 import docker.types
 
+from controller.devices import GpuRef
 from controller.errors import SlotSpawnFailed
 from controller.runtime.base import (
     HASH_LABEL,
@@ -26,6 +27,7 @@ from controller.runtime.base import (
     Mount,
     Observed,
     RunStatus,
+    visibility_env,
 )
 
 CONTAINER_PREFIX: Final = "slotctl-"
@@ -44,19 +46,29 @@ def container_name(slot: str) -> str:
 
 
 def device_options(
-    device: str, runtimes: Sequence[str], exists: Callable[[str], bool] = os.path.exists
+    device: str,
+    runtimes: Sequence[str],
+    exists: Callable[[str], bool] = os.path.exists,
+    gpus: Sequence[GpuRef] = (),
 ) -> dict[str, Any]:
     """Container create options giving a ``device`` slot its accelerator (pure).
 
-    ``gpu``: every GPU as a device request when the engine has the NVIDIA runtime, else
-    the AMD device nodes when the host has them; ``npu``: ``/dev/accel``; ``cpu``: none.
-    Raises :class:`SlotSpawnFailed` when the host cannot provide what was asked for.
+    ``gpu``: the GPUs it was placed on (``gpus``; every GPU when none is given) as a
+    device request by UUID or index when the engine has the NVIDIA runtime, else the AMD
+    device nodes when the host has them (the visibility variables choose the GPUs:
+    :func:`~controller.runtime.base.visibility_env`); ``npu``: ``/dev/accel``; ``cpu``:
+    none. Raises :class:`SlotSpawnFailed` when the host cannot provide what was asked for.
     """
+    device = device.split(":", 1)[0]
     if device == "cpu":
         return {}
     if device == "gpu":
         if "nvidia" in runtimes:
-            request = docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])
+            if gpus:
+                ids = [g.uuid or str(g.index) for g in gpus]
+                request = docker.types.DeviceRequest(device_ids=ids, capabilities=[["gpu"]])
+            else:
+                request = docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])
             return {"device_requests": [request]}
         if all(exists(path) for path in AMD_DEVICES):
             return {"devices": [f"{path}:{path}:rwm" for path in AMD_DEVICES]}
@@ -211,7 +223,7 @@ def create_options(
         "command": list(launch.argv),
         "name": container_name(launch.slot),
         "labels": labels,
-        "environment": dict(launch.env),
+        "environment": {**launch.env, **visibility_env(launch.visible, in_container=True)},
         "mounts": [
             docker.types.Mount(m.target, m.source, type="bind", read_only=m.read_only)
             for m in mounts_for(launch, base_mounts)
@@ -225,5 +237,5 @@ def create_options(
     else:
         options["network_mode"] = network_mode
         options["ports"] = {f"{launch.port}/tcp": ("127.0.0.1", launch.port)}
-    options.update(device_options(launch.device, runtimes))
+    options.update(device_options(launch.device, runtimes, gpus=launch.visible))
     return options

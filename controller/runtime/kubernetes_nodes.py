@@ -109,6 +109,11 @@ class NodeMemory:
             return None
         return DeviceMemory(device=device, total_bytes=total, free_bytes=total, source="node")
 
+    def gpus(self) -> tuple[DeviceMemory, ...]:
+        """No host GPUs on a cluster: slots are admitted per ``NODE/DEVICE`` (the device
+        plugin picks a node's GPUs for the pod)."""
+        return ()
+
 
 class NodeReading:
     """The nodes' budgets read in the background every ``every_s`` (``read`` is the

@@ -152,6 +152,7 @@ def deployment_body(
         )
     annotations = {HASH_LABEL: launch.config_hash(), PORT_ANNOTATION: str(launch.port)}
     volumes, volume_mounts = _volumes(launch.mounts)
+    count = str(max(1, launch.gpus))  # the device plugin picks which of the node's GPUs
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": launch.image,
@@ -160,8 +161,8 @@ def deployment_body(
         "ports": [{"name": "http", "containerPort": launch.port}],
         "volumeMounts": volume_mounts,
         "resources": (
-            {"limits": {gpu_resource: "1"}, "requests": {gpu_resource: "1"}}
-            if launch.device == "gpu"
+            {"limits": {gpu_resource: count}, "requests": {gpu_resource: count}}
+            if launch.device_kind == "gpu"
             else {}
         ),
     }

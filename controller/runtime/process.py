@@ -33,7 +33,13 @@ from typing import IO, Any, Final
 import psutil
 
 from controller.errors import SlotSpawnFailed, SlotTerminateTimeout, StateWriteFailed
-from controller.runtime.base import LaunchSpec, Observed, ProgressCallback, RunStatus
+from controller.runtime.base import (
+    LaunchSpec,
+    Observed,
+    ProgressCallback,
+    RunStatus,
+    visibility_env,
+)
 from controller.runtime.logwatch import follow
 from controller.runtime.ports import require_free_port
 from controller.runtime.process_labels import (
@@ -198,6 +204,7 @@ class ProcessRuntime:
     def _env(self, launch: LaunchSpec) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k not in _SCRUBBED_ENV}
         env.update(launch.env)
+        env.update(visibility_env(launch.visible))  # exactly the GPUs it was placed on
         env.update(
             {
                 ENV_MANAGED: "true",

@@ -8,20 +8,24 @@ and its dry run (:meth:`Admission.explain`) both call it, so they never disagree
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from controller.decision import (
     WAITING_FOR_MEMORY,
+    DeviceFacts,
     GroupPeer,
     LoadDecision,
     LoadRequest,
-    MemoryFacts,
     decide_load,
 )
+from controller.devices import GpuRef, share
 from controller.errors import SlotctlError
 from controller.events import EventKind, EvictionReason, Op
 from controller.lifecycle import DISPATCHABLE_STATES, SlotState
-from controller.memory import GIB
+from controller.memory import GIB, DeviceMemory, budget_gb_for, gpu_inventory
+from controller.memory import Admission as AdmissionFigures
+from controller.placement import Need, place
 from controller.runtime.base import LaunchSpec
 from controller.slots.core import Core, Part
 from controller.slots.records import ADMITTED_STATES, SlotRecord
@@ -40,21 +44,15 @@ class Admission(Part):
 
     def decide(self, slot: SlotRecord, *, background: bool, evict: bool = True) -> LoadDecision:
         """The one load decision (:func:`controller.decision.decide_load`) on live state."""
-        device = slot.where  # the device, or NODE/DEVICE on a cluster
-        admitted, reserved = self.table.device_bytes(device, slot)
-        if slot.state in ADMITTED_STATES:
-            admitted -= slot.memory_bytes
+        devices = self.device_facts(slot)
         peers = tuple(
             GroupPeer(
-                p.name,
-                bool(p.spec.pinned),
-                p.memory_bytes if p.where == device and p.state in ADMITTED_STATES else 0,
+                p.name, bool(p.spec.pinned), p.memory_bytes if p.state in ADMITTED_STATES else 0
             )
             for p in self.table.group_peers(slot)
         )
         request = LoadRequest(
             slot=slot.name,
-            device=device,
             priority=slot.spec.priority,
             needed=slot.memory_bytes,
             activated=slot.spec.activated,
@@ -64,25 +62,69 @@ class Admission(Part):
             max_failures=slot.spec.max_consecutive_failures,
             peers=peers,
             background=background,
-        )
-        budget_gb = self.settings.memory_budget_gb.get(slot.spec.device)  # per node on a cluster
-        memory = MemoryFacts(
-            admitted=admitted,
-            sample=self.memory.sample(device),
-            budget=int(budget_gb * GIB) if budget_gb is not None else None,
-            margin=int(self.settings.safety_margin_gb * GIB),
-            reserved=reserved,
+            span=1 if slot.on_nodes else max(1, slot.spec.gpu_count),
+            pins=() if slot.on_nodes else slot.spec.device_ref.pins,
         )
         return decide_load(
             request,
-            memory,
+            devices,
             self.table.candidates if evict else lambda: (),
             self.clock.monotonic(),
             min_resident_s=self.settings.min_resident_s,
         )
 
+    def device_facts(self, slot: SlotRecord) -> list[DeviceFacts]:
+        """The devices ``slot`` could load on, as the placement sees them: every GPU of
+        the host for a GPU slot (the probe's, else those the budgets name), else the one
+        device (``cpu``, ``npu``, ``NODE/DEVICE`` on a cluster). The slot's own bytes and
+        its exclusive-group peers' are told apart (the load unloads the peers first)."""
+        figures = self.table.all_device_bytes(slot)
+        if slot.state in ADMITTED_STATES:
+            for key in slot.devices:
+                figures[key][0] -= share(slot.memory_bytes, len(slot.devices))
+        peers: dict[str, int] = {}
+        for p in self.table.group_peers(slot):
+            if p.state in ADMITTED_STATES:
+                for key in p.devices:
+                    peers[key] = peers.get(key, 0) + share(p.memory_bytes, len(p.devices))
+        budgets = self.settings.memory_budget_gb
+        margin = int(self.settings.safety_margin_gb * GIB)
+
+        def facts(
+            key: str,
+            sample: DeviceMemory | None,
+            budget: int | None,
+            gpu: GpuRef | None,
+            lost: str | None = None,
+        ) -> DeviceFacts:
+            admitted, reserved = figures.get(key, (0, 0))
+            return DeviceFacts(
+                key, admitted, sample, budget, margin, reserved, peers.get(key, 0), gpu, lost
+            )
+
+        if slot.on_nodes or slot.spec.device_kind != "gpu":
+            key = slot.where
+            budget_gb = budget_gb_for(key, budgets)
+            budget = int(budget_gb * GIB) if budget_gb is not None else None
+            return [facts(key, self.memory.sample(key), budget, None)]
+        inventory = gpu_inventory(self.memory.gpus(), budgets)
+        if not inventory:  # no probe, no budget: refused with the reason (device "gpu")
+            return [facts("gpu", None, None, None)]
+        return [facts(g.key, g.sample, g.budget, g.ref, g.error) for g in inventory]
+
+    def place_running(self, slot: SlotRecord) -> tuple[GpuRef, ...]:
+        """The GPUs to count a running server on that has none recorded (an adoption):
+        where the placement would put it without evicting, else the set closest to
+        fitting (it runs already: its memory must be counted somewhere). No breaker, no
+        exclusive group: nothing is loaded."""
+        need = Need(slot.name, slot.memory_bytes, max(1, slot.spec.gpu_count), ())
+        pins = slot.spec.device_ref.pins
+        placement = place(replace(need, pins=pins), self.device_facts(slot), lambda: (), 0.0)
+        return placement.gpus
+
     def explain(self, slot: SlotRecord) -> dict[str, Any]:
-        """Dry run of a load: would it fit, what would be evicted and why. Changes nothing."""
+        """Dry run of a load: would it fit, where, what would be evicted there and why.
+        Changes nothing."""
         if slot.state in DISPATCHABLE_STATES:
             return {"slot": slot.name, "action": "none", "reason": f"already {slot.state.value}"}
         decision = self.decide(slot, background=False)
@@ -91,12 +133,14 @@ class Admission(Part):
         if admission is not None:
             result.update(
                 device=slot.where,
-                needed_bytes=admission.needed,
+                devices=list(decision.devices),
+                needed_bytes=slot.memory_bytes,
                 free_bytes=admission.free,
                 budget_bytes=admission.budget,
                 admitted_bytes=admission.admitted,
                 probe=admission.source,
                 exclusive_peers=list(decision.peers),
+                placement=[_placed(a, decision) for a in decision.admissions],
             )
         if decision.error is not None:
             return {**result, "action": "refuse", "error": decision.error.to_dict()["error"]}
@@ -106,6 +150,7 @@ class Admission(Part):
                 "priority": v.priority,
                 "idle_s": round(v.idle_s, 1),
                 "bytes": v.bytes,
+                "devices": list(v.devices),
                 "reason": v.reason,
             }
             for v in decision.victims
@@ -157,19 +202,26 @@ class Admission(Part):
                 raise self.refuse(slot, decision)
             admission = decision.admission
             assert admission is not None
+            where = ", ".join(decision.devices) or device
             self.events.emit(
                 EventKind.ADMISSION,
                 Op.ADMIT,
                 slot=slot.name,
                 model=launch.model_id,
-                message=f"admitted {format_gib(slot.memory_bytes)} on {device}",
-                details={"needed_bytes": admission.needed, "free_bytes": admission.free},
+                message=f"admitted {format_gib(slot.memory_bytes)} on {where}",
+                details={
+                    "needed_bytes": admission.needed,
+                    "free_bytes": admission.free,
+                    "devices": list(decision.devices),
+                },
             )
             needs_pull = await self.runtime.needs_prepare(launch) or launch.model_missing()
             target = S.PULLING if needs_pull else S.STARTING
             if slot.state is not S.OFFLINE and slot.state is not S.ERROR:
                 self.table.walk(slot, S.OFFLINE, op=Op.LOAD, message="reset before load")
-            self.table.set(slot, target, op=Op.LOAD, message=f"admitted on {device}")
+            self.table.set(
+                slot, target, op=Op.LOAD, message=f"admitted on {where}", placement=decision.gpus
+            )
             if slot.admitted is not None:
                 slot.admitted.set()
             return needs_pull
@@ -197,3 +249,16 @@ class Admission(Part):
                 slot=slot.name,
                 message=f"admitted {format_gib(slot.memory_bytes)} on {slot.where} (landed)",
             )
+
+
+def _placed(admission: AdmissionFigures, decision: LoadDecision) -> dict[str, Any]:
+    """One device of a dry run: its figures and the victims that free memory there."""
+    return {
+        "device": admission.device,
+        "needed_bytes": admission.needed,
+        "free_bytes": admission.free,
+        "budget_bytes": admission.budget,
+        "admitted_bytes": admission.admitted,
+        "probe": admission.source,
+        "evict": [v.name for v in decision.victims if admission.device in v.devices],
+    }

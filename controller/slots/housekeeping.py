@@ -137,7 +137,7 @@ class Housekeeping(Part):
         """
         evicted: list[str] = []
         margin = int(self.settings.safety_margin_gb * GIB)
-        devices = {s.spec.device for s in self.table if s.state in ADMITTED_STATES}
+        devices = {d for s in self.table if s.state in ADMITTED_STATES for d in s.devices}
         for device in sorted(devices):
             sample = self.memory.sample(device)
             if sample is None:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Final, NamedTuple
 
 from controller.breaker import Breaker
+from controller.devices import GpuRef
 from controller.errors import SlotctlError
 from controller.lifecycle import SlotState, can_dispatch
 from controller.memory import GIB
@@ -128,6 +129,8 @@ class SlotView:
     held_for_s: float | None = None  # until the last batch hold (``hold``) expires
     holds: int = 0  # batch holds among ``leases`` (the rest are requests in flight)
     node: str | None = None  # kubernetes runtime: the node it is pinned to or landed on
+    gpus: tuple[int, ...] = ()  # the GPUs it is placed on (indices), while admitted
+    devices: tuple[str, ...] = ()  # its admission keys (gpu:N, cpu, NODE/gpu), while admitted
 
     @property
     def dispatchable(self) -> bool:
@@ -188,6 +191,9 @@ class SlotRecord:
     # Placed on nodes (the kubernetes runtime): admission is keyed per (node, device).
     on_nodes: bool = False
     landed: str | None = None  # the node the server last ran on (as the runtime saw it)
+    # The GPUs admission placed the slot on (recorded in state.json with the transition
+    # that reserved them; cleared when it goes offline or to error).
+    placement: tuple[GpuRef, ...] = ()
 
     @property
     def name(self) -> str:
@@ -217,13 +223,23 @@ class SlotRecord:
 
     @property
     def where(self) -> str:
-        """The admission key: the device, or ``NODE/DEVICE`` once a node is known.
+        """The admission scope: the device kind (``gpu``: every GPU of the host), or
+        ``NODE/DEVICE`` once a node is known.
 
-        Admission, reservations, eviction and the device lock are all keyed by it, so the
-        slots of one node never evict (or wait for) the slots of another.
+        The device lock is keyed by it (a GPU load's placement looks at every GPU), so the
+        slots of one node never wait for the slots of another.
         """
         node = self.node
-        return f"{node}/{self.spec.device}" if node else self.spec.device
+        kind = self.spec.device_kind
+        return f"{node}/{kind}" if node else kind
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        """The admission keys the slot holds memory on: its GPUs (``gpu:N``; none before
+        it is placed), ``cpu``/``npu``, or ``NODE/DEVICE`` on a cluster."""
+        if self.on_nodes or self.spec.device_kind != "gpu":
+            return (self.where,)
+        return tuple(g.key for g in self.placement)
 
     @property
     def busy(self) -> bool:

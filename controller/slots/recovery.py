@@ -81,6 +81,8 @@ class Recovery(Part):
             return
         drifted = observed.config_hash != launch.config_hash()
         launch = launch.reached_at(observed.endpoint)  # a pod's IP, on a cluster
+        self._keep_placement(slot)
+        launch = launch.placed_on(slot.placement)
         # An adopted server started with an older config reports *its* hash, so the
         # reconciler recreates it (it serves until then).
         slot.launch, slot.running_hash = launch, observed.config_hash if drifted else None
@@ -122,6 +124,18 @@ class Recovery(Part):
             slot.generation += 1
             warming = self._continue_warming(slot, launch, slot.generation)
             self.tasks.spawn(warming, f"warm:{slot.name}")
+
+    def _keep_placement(self, slot: SlotRecord) -> None:
+        """An adopted GPU server keeps the GPUs ``state.json`` recorded; one recorded
+        without them (by a controller before per-GPU placement, or a record written
+        before its load's) is placed now, where it fits without evicting anything,
+        and the choice recorded, so its memory is counted on a GPU."""
+        if slot.on_nodes or slot.spec.device_kind != "gpu" or slot.placement:
+            return
+        gpus = self.loading.admission.place_running(slot)
+        if gpus:
+            self.table.persist_placement(slot, gpus)
+            log.info("adopted %s: counted on %s", slot.name, ", ".join(g.key for g in gpus))
 
     async def _continue_warming(self, slot: SlotRecord, launch: LaunchSpec, gen: int) -> None:
         async with slot.lock:

@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from typing import Final
 
 from controller.clock import Clock
+from controller.devices import GpuRef, key_kind, share
 from controller.errors import SlotctlError, SlotNotFound, StateWriteFailed
 from controller.events import EventBus, EventKind, Op
 from controller.eviction import EvictionCandidate
@@ -31,7 +32,7 @@ from controller.lifecycle import Candidate, SlotState, check_transition, legal_p
 from controller.slots.records import ADMITTED_STATES, LOADING_STATES, SlotRecord, SlotView
 from controller.slots.wishes import Wishes
 from controller.spec.schema import ModelSpec
-from controller.store import SlotStateRecord, StateExtra, StateStore, utcnow
+from controller.store import PlacedGpu, SlotStateRecord, StateExtra, StateStore, utcnow
 
 __all__ = ["SlotTable"]
 
@@ -109,6 +110,8 @@ class SlotTable:
             held_for_s=_held_for(slot, now),
             holds=sum(1 for lease in slot.leases.values() if lease.expires_at is not None),
             node=slot.node,
+            gpus=tuple(g.index for g in slot.placement),
+            devices=slot.devices if slot.state in ADMITTED_STATES else (),
         )
 
     def routable(self, model: str) -> list[Candidate]:
@@ -143,17 +146,36 @@ class SlotTable:
 
     def device_bytes(self, device: str, requester: SlotRecord | None = None) -> tuple[int, int]:
         """(admitted, reserved) on ``device`` in one pass: the bytes of the slots admitted
-        there, and of those among them still coming up (but ``requester``'s)."""
+        there, and of those among them still coming up (but ``requester``'s). A device
+        kind (``gpu``) sums its devices (every GPU)."""
         admitted = reserved = 0
         for s in self.records.values():
             state = s.state
-            if state not in ADMITTED_STATES or s.where != device:
+            if state not in ADMITTED_STATES:
                 continue
-            size = s.memory_bytes
+            size = _bytes_on(s, device)
             admitted += size
             if state in LOADING_STATES and s is not requester:
                 reserved += size
         return admitted, reserved
+
+    def all_device_bytes(self, requester: SlotRecord | None = None) -> dict[str, list[int]]:
+        """Every admission key with its [admitted, reserved] bytes, in one pass (the
+        placement looks at every GPU of a host at once)."""
+        out: dict[str, list[int]] = {}
+        for s in self.records.values():
+            state = s.state
+            if state not in ADMITTED_STATES:
+                continue
+            devices = s.devices
+            size = share(s.memory_bytes, len(devices))
+            loading = state in LOADING_STATES and s is not requester
+            for key in devices:
+                figures = out.setdefault(key, [0, 0])
+                figures[0] += size
+                if loading:
+                    figures[1] += size
+        return out
 
     def resident_bytes(self, device: str) -> int:
         """Bytes of the servers that are up on ``device`` (what a memory probe can see)."""
@@ -165,7 +187,7 @@ class SlotTable:
         return [
             EvictionCandidate(
                 name=s.name,
-                device=s.where,
+                devices=s.devices,
                 bytes=s.memory_bytes,
                 priority=s.spec.priority,
                 last_used=s.last_used,
@@ -205,8 +227,12 @@ class SlotTable:
         idle_reason: str | None = None,
         error: SlotctlError | None = None,
         durable: bool = True,
+        placement: tuple[GpuRef, ...] | None = None,
     ) -> None:
         """The one place slot state changes: check, persist, then commit; emit, log.
+
+        ``placement``: the GPUs a load was admitted on (with the transition that reserves
+        them); going ``offline`` or to ``error`` releases them.
 
         Persist-then-commit: ``state.json`` is written first and only then does the slot
         change in memory, so memory never runs ahead of disk. A failed write raises
@@ -220,13 +246,17 @@ class SlotTable:
         durable = durable or {current, to} != _LEASE_FLIP  # only these may lag (SPEC §3)
         idle = idle_reason if to is S.IDLE else None
         since = utcnow()
+        if to is S.OFFLINE or to is S.ERROR:
+            placement = ()
         if durable:
-            record = self._record(slot, to, idle, message, since, waiting=None)
+            record = self._record(slot, to, idle, message, since, waiting=None, gpus=placement)
             try:
                 self._write_now(record, durable=True)
             except StateWriteFailed as exc:
                 self._write_failed(slot, op, f"{current.value} -> {to.value} not done", exc)
                 raise
+        if placement is not None:
+            slot.placement = placement
         slot.state, slot.idle_reason, slot.message, slot.since = to, idle, message, since
         slot.waiting = None  # any transition ends a wait for memory
         if not durable:
@@ -342,9 +372,14 @@ class SlotTable:
         self.flush_unpersisted()
 
     def walk(self, slot: SlotRecord, target: SlotState, *, op: Op, message: str = "") -> None:
-        """Reach ``target`` through the shortest chain of legal transitions."""
+        """Reach ``target`` through the shortest chain of legal transitions.
+
+        The slot's placement survives an ``offline``/``error`` step on the way (``ready ->
+        error -> starting -> warming`` re-walks an adopted server): only a target of
+        ``offline`` or ``error`` releases its GPUs."""
+        keep = slot.placement
         for step in legal_path(slot.state, target):
-            self.set(slot, step, op=op, message=message)
+            self.set(slot, step, op=op, message=message, placement=keep)
 
     def persist(self, slot: SlotRecord, *, waiting: str | None, message: str) -> None:
         """Write a fact that is no transition (waiting for memory, a cleared wait), then
@@ -354,6 +389,17 @@ class SlotTable:
             durable=True,
         )
         slot.waiting, slot.message = waiting, message
+
+    def persist_placement(self, slot: SlotRecord, gpus: tuple[GpuRef, ...]) -> None:
+        """Record the GPUs of a slot that has none recorded (an adopted server), then keep
+        them: a refused write (``StateWriteFailed``) changes nothing."""
+        self._write_now(
+            self._record(
+                slot, slot.state, slot.idle_reason, slot.message, slot.since, slot.waiting, gpus
+            ),
+            durable=True,
+        )
+        slot.placement = gpus
 
     def retry_unpersisted(self) -> None:
         """Housekeeping, each interval: write, on the loop, the lease states the disk
@@ -413,15 +459,18 @@ class SlotTable:
         message: str,
         since: str,
         waiting: str | None,
+        gpus: tuple[GpuRef, ...] | None = None,
     ) -> SlotStateRecord:
         """The slot as ``state.json`` holds it, with these values (the breaker serialises
-        itself)."""
+        itself; ``gpus``: a new placement, else the slot's own)."""
         breaker = slot.breaker.to_record(self.clock.monotonic(), self.clock.time())
+        placed = slot.placement if gpus is None else gpus
         extra = StateExtra(
             idle_reason=idle_reason,
             adopted=slot.adopted,
             config_drift=slot.running_hash is not None,
             waiting=waiting,
+            gpus=tuple(PlacedGpu(index=g.index, uuid=g.uuid, vendor=g.vendor) for g in placed),
             **breaker,
         )
         return SlotStateRecord(
@@ -445,6 +494,8 @@ class SlotTable:
             return
         slot.state, slot.message, slot.since = saved.state, saved.message, saved.updated_at
         slot.idle_reason = saved.extra.idle_reason
+        if slot.state in ADMITTED_STATES:
+            slot.placement = tuple(GpuRef(g.index, g.uuid, g.vendor) for g in saved.extra.gpus)
         if slot.state is S.SERVING:
             # A new table has no leases: a ``serving`` record (its lease flip back to ready
             # lagged, or the controller died mid-request) recovers as ``ready`` (SPEC §3),
@@ -475,6 +526,16 @@ class SlotTable:
             details={k: v for k, v in error.details.items() if k != "problems"},
         )
         return error
+
+
+def _bytes_on(slot: SlotRecord, device: str) -> int:
+    """The bytes ``slot`` holds on ``device`` (a key, or a kind: all of its devices)."""
+    devices = slot.devices
+    if device in devices:
+        return share(slot.memory_bytes, len(devices))
+    if devices and all(key_kind(k) == device and ":" in k for k in devices):
+        return slot.memory_bytes  # ``gpu``: the sum over the GPUs
+    return 0
 
 
 def _held_for(slot: SlotRecord, now: float) -> float | None:

@@ -11,8 +11,9 @@ import re
 from typing import Annotated, Any, Final, Literal, get_args
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from controller.devices import DEVICE_KINDS, DEVICE_PATTERN, DeviceRef, parse_device
 from controller.names import (
     MODEL_ID_PATTERN,
     SLOT_NAME_PATTERN,
@@ -61,8 +62,9 @@ SELF_MANAGED_PROVIDERS: Final[frozenset[str]] = frozenset(
     {"kokoro", "qwen3tts", "moonshine", "vibevoice"}
 )
 
-Device = Literal["gpu", "npu", "cpu"]
-DEVICES: Final[tuple[str, ...]] = get_args(Device)
+# The device kinds; a slot's ``device`` is a kind or pinned GPUs (controller.devices).
+DEVICES: Final[tuple[str, ...]] = DEVICE_KINDS
+_BUDGET_KEY_RE: Final = re.compile(r"^(?:gpu|npu|cpu|gpu:[0-9]{1,3})$")
 Kind = Literal["llm", "embedding", "tts", "stt", "image"]
 KINDS: Final[tuple[str, ...]] = get_args(Kind)
 
@@ -252,7 +254,11 @@ class SlotSpec(_Strict):
     name: Annotated[str, Field(pattern=SLOT_NAME_PATTERN)]
     provider: Provider
     model: SlotModelRef = Field(default_factory=SlotModelRef)
-    device: Device = "gpu"
+    # gpu (any GPU: placed by the controller), gpu:N / gpu:GPU-UUID / gpu:N,M (pinned), npu,
+    # cpu; see controller.devices
+    device: Annotated[str, Field(pattern=DEVICE_PATTERN)] = "gpu"
+    # GPUs the slot spans (tensor parallel); None: one, or as many as `device` pins
+    gpus: Annotated[int, Field(ge=1, le=16)] | None = None
     type: Kind = "llm"
     port: Annotated[int, Field(ge=1, le=65535)]
     autoload: bool | None = None  # None only before migration (see loader)
@@ -271,6 +277,35 @@ class SlotSpec(_Strict):
     # kubernetes runtime: pin the slot to this node (its nodeSelector); unset: the
     # scheduler places it and admission counts it on the node it lands on
     node: Annotated[str, Field(pattern=NODE_NAME_PATTERN, max_length=253)] | None = None
+
+    @model_validator(mode="after")
+    def _check_span(self) -> SlotSpec:
+        ref = parse_device(self.device)
+        if self.gpus is not None and ref.kind != "gpu" and self.gpus != 1:
+            raise ValueError(f"gpus = {self.gpus} needs a GPU slot (device is {self.device!r})")
+        if self.gpus is not None and ref.pins and self.gpus != len(ref.pins):
+            raise ValueError(
+                f"gpus = {self.gpus} but device {self.device!r} pins {len(ref.pins)} GPU(s): "
+                "leave gpus out or name as many GPUs"
+            )
+        return self
+
+    @property
+    def device_ref(self) -> DeviceRef:
+        return parse_device(self.device)
+
+    @property
+    def device_kind(self) -> str:
+        """``gpu``, ``npu`` or ``cpu`` (``gpu:1`` is a ``gpu`` slot)."""
+        return self.device.split(":", 1)[0]
+
+    @property
+    def gpu_count(self) -> int:
+        """GPUs the slot spans: as many as it pins, else ``gpus`` (default 1); 0 off GPU."""
+        if self.device_kind != "gpu":
+            return 0
+        pins = self.device_ref.pins
+        return len(pins) if pins else (self.gpus or 1)
 
     @property
     def model_id(self) -> str:
@@ -295,9 +330,12 @@ class ControllerSettings(_Strict):
     @field_validator("memory_budget_gb")
     @classmethod
     def _devices(cls, value: dict[str, float]) -> dict[str, float]:
-        unknown = sorted(set(value) - set(DEVICES))
+        unknown = sorted(key for key in value if not _BUDGET_KEY_RE.fullmatch(key))
         if unknown:
-            raise ValueError(f"unknown device(s) {unknown}; devices are {list(DEVICES)}")
+            raise ValueError(
+                f"unknown device(s) {unknown}; budgets are per kind ({', '.join(DEVICES)}; "
+                '`gpu` = each GPU) or per GPU index ("gpu:1")'
+            )
         return value
 
 

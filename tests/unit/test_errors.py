@@ -50,6 +50,7 @@ EXTRA_ERRORS: dict[str, tuple[str, int]] = {
     "Unauthorized": ("auth.unauthorized", 401),
     "SlotOwnedByStack": ("slot.owned_by_stack", 409),
     "StateWriteFailed": ("state.write_failed", 503),
+    "DeviceUnavailable": ("device.unavailable", 409),
 }
 ALL_ERRORS = {**SPEC_ERRORS, **EXTRA_ERRORS}
 
@@ -84,6 +85,13 @@ def _make(name: str) -> SlotctlError:
         "Unauthorized": lambda: errors_module.Unauthorized("missing bearer token"),
         "SlotOwnedByStack": lambda: errors_module.SlotOwnedByStack(
             "llm-a", "prod", "/srv/stacks", "remove"
+        ),
+        "DeviceUnavailable": lambda: errors_module.DeviceUnavailable(
+            "slot 'chat' is pinned to GPU 3, which this host does not have",
+            slot="chat",
+            device="3",
+            reason="not_found",
+            gpus=[],
         ),
         "StateWriteFailed": lambda: errors_module.StateWriteFailed(
             "/var/lib/slotctl/slots/llm-a/state.json", OSError(28, "No space left on device")

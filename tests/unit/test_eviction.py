@@ -26,7 +26,7 @@ def cand(
 ) -> EvictionCandidate:
     data: dict[str, Any] = {
         "name": name,
-        "device": "gpu",
+        "devices": ("gpu",),
         "bytes": int(gb * G),
         "priority": priority,
         "last_used": last_used,
@@ -96,7 +96,7 @@ def test_ineligible_slots_are_never_chosen() -> None:
         cand("unloading", 8, priority=0, state=SlotState.UNLOADING),
         cand("error", 8, priority=0, state=SlotState.ERROR),
         cand("offline", 8, priority=0, state=SlotState.OFFLINE),
-        cand("other-device", 8, priority=0, device="cpu"),
+        cand("other-device", 8, priority=0, devices=("cpu",)),
         cand("idle", 2, priority=99, state=SlotState.IDLE),
         cand("ok", 2, priority=99),
     ]
@@ -184,7 +184,7 @@ def test_pressure_victims_elevated_one_critical_all() -> None:
         cand("c", 1, priority=10, last_used=1),
         cand("pinned", 1, priority=0, pinned=True),
         cand("leased", 1, priority=0, leases=1),
-        cand("cpu", 1, priority=0, device="cpu"),
+        cand("cpu", 1, priority=0, devices=("cpu",)),
     ]
     assert pressure_victims(cs, "gpu", Pressure.NORMAL, NOW) == []
     elevated = pressure_victims(cs, "gpu", Pressure.ELEVATED, NOW)
@@ -201,7 +201,7 @@ _states = st.sampled_from(list(SlotState))
 _candidate = st.builds(
     EvictionCandidate,
     name=st.text(alphabet="abcdefgh", min_size=1, max_size=3),
-    device=st.sampled_from(["gpu", "cpu"]),
+    devices=st.sampled_from([("gpu",), ("cpu",)]),
     bytes=st.integers(min_value=0, max_value=40),
     priority=st.integers(min_value=0, max_value=100),
     last_used=st.floats(min_value=0, max_value=1000, allow_nan=False),
@@ -219,12 +219,12 @@ _candidate = st.builds(
 def test_plan_property(candidates: list[EvictionCandidate], need: int) -> None:
     plan = plan_eviction(candidates, "gpu", need, NOW)
     by_name = {c.name: c for c in candidates}
-    eligible = [c for c in candidates if c.device == "gpu" and is_eligible(c)]
+    eligible = [c for c in candidates if c.devices == ("gpu",) and is_eligible(c)]
     assert plan.evictable_bytes == sum(c.bytes for c in eligible)
     chosen = [by_name[v.name] for v in plan.victims]
     assert len({c.name for c in chosen}) == len(chosen)  # no duplicates
     for c in chosen:
-        assert c.device == "gpu" and is_eligible(c), c
+        assert c.devices == ("gpu",) and is_eligible(c), c
         assert c.state in (SlotState.READY, SlotState.IDLE)
         assert not c.pinned and c.leases == 0 and not c.busy
     assert plan.freed_bytes == sum(c.bytes for c in chosen)
@@ -244,7 +244,7 @@ def test_load_decision_lists_candidates_only_when_the_load_does_not_fit() -> Non
     # decide_load takes the candidate list as a callable: a load that fits never builds
     # it (O(slots) at every load); one that does not fit evicts from it as before.
     from controller.breaker import Breaker
-    from controller.decision import LoadRequest, MemoryFacts, decide_load
+    from controller.decision import DeviceFacts, LoadRequest, decide_load
     from controller.memory import DeviceMemory
 
     asked: list[int] = []
@@ -256,7 +256,6 @@ def test_load_decision_lists_candidates_only_when_the_load_does_not_fit() -> Non
     def decide(needed_gb: float) -> Any:
         request = LoadRequest(
             slot="new",
-            device="gpu",
             priority=50,
             needed=int(needed_gb * G),
             activated=True,
@@ -266,8 +265,8 @@ def test_load_decision_lists_candidates_only_when_the_load_does_not_fit() -> Non
             max_failures=3,
         )
         sample = DeviceMemory("gpu", total_bytes=8 * G, free_bytes=2 * G, source="fake")
-        memory = MemoryFacts(admitted=4 * G, sample=sample, budget=None, margin=0)
-        return decide_load(request, memory, candidates, NOW)
+        device = DeviceFacts("gpu", admitted=4 * G, sample=sample, budget=None, margin=0)
+        return decide_load(request, [device], candidates, NOW)
 
     fits = decide(1)
     assert fits.verdict == "load" and asked == []

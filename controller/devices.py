@@ -1,0 +1,100 @@
+"""Devices as data: what a slot's ``device`` field names, the admission keys, shares.
+
+Pure, at the bottom of the package (the schema, the memory probes, the placement and the
+runtimes all read it). A slot declares a device *kind* and, for GPUs, optionally which
+ones::
+
+    device = "gpu"              any GPU (the controller places it: controller.placement)
+    device = "gpu:1"            pinned to GPU index 1
+    device = "gpu:GPU-3f2a…"    pinned to the GPU with that NVML UUID
+    device = "gpu:2,3"          pinned to GPUs 2 and 3 (a slot that spans two)
+    device = "cpu" | "npu"      system memory
+
+Admission, reservations and eviction are keyed per device: ``gpu:0``, ``gpu:1``…, ``cpu``,
+``npu`` (``NODE/gpu`` on a cluster, where the device plugin picks a node's GPUs). A slot
+that spans ``K`` GPUs holds :func:`share` of its bytes on each.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Final
+
+__all__ = [
+    "DEVICE_KINDS",
+    "DEVICE_PATTERN",
+    "GPU_REF_PATTERN",
+    "DeviceRef",
+    "GpuRef",
+    "gpu_key",
+    "key_index",
+    "key_kind",
+    "parse_device",
+    "share",
+]
+
+DEVICE_KINDS: Final = ("gpu", "npu", "cpu")
+# One GPU: an index, or an NVML UUID (``GPU-…``, ``MIG-…``) as nvidia-smi prints it.
+GPU_REF_PATTERN: Final = r"(?:[0-9]{1,3}|(?:GPU|MIG)-[0-9A-Za-z-]{1,80})"
+DEVICE_PATTERN: Final = rf"^(?:gpu|npu|cpu|gpu:{GPU_REF_PATTERN}(?:,{GPU_REF_PATTERN}){{0,15}})$"
+_DEVICE_RE: Final = re.compile(DEVICE_PATTERN)
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceRef:
+    """A parsed ``device`` field: its kind and, for pinned GPUs, which ones."""
+
+    kind: str  # gpu | npu | cpu
+    pins: tuple[str, ...] = ()  # GPU indices ("1") or UUIDs ("GPU-…"), as written
+
+    @property
+    def pinned(self) -> bool:
+        return bool(self.pins)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuRef:
+    """One GPU a server is given: what the runtime needs to make it visible."""
+
+    index: int
+    uuid: str | None = None
+    vendor: str | None = None  # nvidia | amd | None (a budget-only GPU: not known)
+
+    @property
+    def key(self) -> str:
+        return gpu_key(self.index)
+
+
+def parse_device(value: str) -> DeviceRef:
+    """``gpu:1,2`` -> ``DeviceRef("gpu", ("1", "2"))``; raises ValueError when malformed."""
+    if not _DEVICE_RE.fullmatch(value):
+        raise ValueError(
+            f"invalid device {value!r}: use gpu, gpu:INDEX, gpu:GPU-UUID, gpu:I,J…, npu or cpu"
+        )
+    kind, _, pins = value.partition(":")
+    refs = tuple(pins.split(",")) if pins else ()
+    if len(set(refs)) != len(refs):
+        raise ValueError(f"invalid device {value!r}: a GPU is named twice")
+    return DeviceRef(kind, refs)
+
+
+def gpu_key(index: int) -> str:
+    return f"gpu:{index}"
+
+
+def key_kind(key: str) -> str:
+    """The kind of an admission key: ``gpu:1`` -> ``gpu``, ``node-a/gpu`` -> ``gpu``."""
+    return key.rsplit("/", 1)[-1].split(":", 1)[0]
+
+
+def key_index(key: str) -> int | None:
+    """The GPU index of a ``gpu:N`` key, else None."""
+    kind, _, index = key.partition(":")
+    return int(index) if kind == "gpu" and index.isdigit() else None
+
+
+def share(total: int, span: int) -> int:
+    """The bytes a slot of ``total`` bytes holds on each of the ``span`` devices it spans
+    (rounded up: a load never counts less than it needs)."""
+    return -(-total // max(1, span))

@@ -1,0 +1,255 @@
+"""Placement: on which device(s) a load goes, and what has to go first there. Pure.
+
+After kube-scheduler's filter → score → bind, on one host: the candidate device sets
+are *filtered* (the GPUs a slot pins, or every ``span``-sized set of the host's GPUs),
+each is *scored* by the admission it would get and the evictions it would need there,
+and the best one is returned as data; the manager binds it (records it in ``state.json``
+before it starts anything) and the runtimes carry it out (visibility variables, device
+requests, a pod's GPU count). :func:`controller.decision.decide_load` calls :func:`place`
+for every load, its dry run and every background load, so they cannot disagree.
+
+Scoring, best first::
+
+    fits without evicting anything   before   needs evictions
+    (evicting) lowest top victim priority, fewest victims, fewest bytes evicted
+    best fit: the least room left on the chosen devices after the load
+    ties: the lower GPU indices
+
+Best fit keeps the big holes for big models (a 20 GiB load is not refused because
+every GPU was filled to half by small ones). A slot spanning ``K`` GPUs needs
+``share(bytes, K)`` on each of them, and every device of the set must fit; the eviction
+plan frees room on exactly those devices (:func:`controller.eviction.plan_room`: a
+victim holds memory on at least one of them).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+from controller.devices import GpuRef, share
+from controller.errors import DeviceUnavailable
+from controller.eviction import EvictionCandidate, EvictionPlan, Victim, plan_room
+from controller.memory import Admission, DeviceMemory, check_admission
+from controller.units import format_gib
+
+__all__ = [
+    "DeviceFacts",
+    "Need",
+    "Option",
+    "Placement",
+    "describe",
+    "gpu_figures",
+    "place",
+    "resolve_pins",
+]
+
+# Device sets scored at most: C(8, 4) = 70 covers every span on an 8-GPU host.
+_MAX_SETS = 256
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceFacts:
+    """One device a load could use: its numbers with the requester's own bytes excluded."""
+
+    key: str  # gpu:N, cpu, npu, NODE/gpu
+    admitted: int  # bytes admitted here (pulling..unloading)
+    sample: DeviceMemory | None  # probed now; None: not probed (the budget rules)
+    budget: int | None  # bytes; None: the probed total
+    margin: int
+    # Admitted to loads the probe cannot see yet (pulling/starting/warming): two loads
+    # admitted a moment apart must not both count the same free memory.
+    reserved: int = 0
+    peers: int = 0  # bytes the exclusive-group peers hold here (unloaded first)
+    gpu: GpuRef | None = None  # a GPU: what the runtime needs to make it visible
+    lost: str | None = None  # the probe cannot read this GPU now: never chosen
+
+
+@dataclass(frozen=True, slots=True)
+class Need:
+    """What a load asks for."""
+
+    slot: str
+    bytes: int  # in all (a slot spanning K devices needs share(bytes, K) on each)
+    span: int = 1
+    pins: tuple[str, ...] = ()  # pinned GPUs: indices or UUIDs ("" none: any)
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    """One device set, judged: the admission on each device and the room plan."""
+
+    devices: tuple[DeviceFacts, ...]
+    admissions: tuple[Admission, ...]
+    plan: EvictionPlan | None  # None: fits as it is
+
+    @property
+    def fits(self) -> bool:
+        return self.plan is None or self.plan.sufficient
+
+    @property
+    def victims(self) -> tuple[Victim, ...]:
+        return self.plan.victims if self.plan is not None else ()
+
+    def score(self) -> tuple[int, int, int, int, int, tuple[int, ...]]:
+        """Lower is better (see the module docstring)."""
+        victims = self.victims
+        evicted = sum(v.bytes for v in victims)
+        top = max((v.priority for v in victims), default=-1)
+        room = sum(min(a.budget_room, a.free_room) - a.needed for a in self.admissions)
+        left = room + (self.plan.freed_bytes if self.plan is not None else 0)
+        order = tuple(d.gpu.index if d.gpu else 0 for d in self.devices)
+        return (1 if victims else 0, top, len(victims), evicted, left, order)
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """The verdict: the chosen devices and their victims, or why none will do.
+
+    ``option`` is the chosen set (or, for a refusal, the set that came closest: its
+    figures explain the refusal); ``error`` is set when nothing fits.
+    """
+
+    option: Option | None
+    error: DeviceUnavailable | None = None
+    tried: tuple[Option, ...] = ()  # every set judged (a refusal's figures per GPU)
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        return tuple(d.key for d in self.option.devices) if self.option else ()
+
+    @property
+    def gpus(self) -> tuple[GpuRef, ...]:
+        if self.option is None:
+            return ()
+        return tuple(d.gpu for d in self.option.devices if d.gpu is not None)
+
+
+def _admission(need: int, facts: DeviceFacts) -> Admission:
+    """Admission on one device as if the exclusive peers there were already gone."""
+    sample = facts.sample
+    if sample is not None:
+        free = sample.free_bytes - facts.reserved + facts.peers
+        sample = replace(sample, free_bytes=max(0, min(sample.total_bytes, free)))
+    return check_admission(
+        facts.key, need, facts.admitted - facts.peers, sample, facts.budget, facts.margin
+    )
+
+
+def resolve_pins(
+    need: Need, devices: Sequence[DeviceFacts]
+) -> tuple[DeviceFacts, ...] | DeviceUnavailable:
+    """The devices a pinned slot names (by index or UUID), or why they are not there."""
+    chosen = []
+    for pin in need.pins:
+        found = next((d for d in devices if d.gpu is not None and _names(d.gpu, pin)), None)
+        if found is None or found.lost:
+            return _unavailable(need, devices, pin, found.lost if found else None)
+        chosen.append(found)
+    return tuple(chosen)
+
+
+def _names(gpu: GpuRef, pin: str) -> bool:
+    return str(gpu.index) == pin if pin.isdigit() else gpu.uuid == pin
+
+
+def _unavailable(
+    need: Need, devices: Sequence[DeviceFacts], pin: str | None, lost: str | None = None
+) -> DeviceUnavailable:
+    have = ", ".join(d.key + (" (lost)" if d.lost else "") for d in devices) or "none"
+    if pin is None:
+        message = f"slot {need.slot!r} spans {need.span} GPUs, the host has {len(devices)} ({have})"
+        reason = "too_few"
+    elif lost:
+        message = f"slot {need.slot!r} is pinned to GPU {pin}, which cannot be read: {lost}"
+        reason = "lost"
+    else:
+        message = (
+            f"slot {need.slot!r} is pinned to GPU {pin}, which this host does not have "
+            f"(GPUs: {have})"
+        )
+        reason = "not_found"
+    return DeviceUnavailable(
+        message, slot=need.slot, device=pin or "gpu", reason=reason, gpus=gpu_figures(devices)
+    )
+
+
+def gpu_figures(devices: Sequence[DeviceFacts]) -> list[dict[str, object]]:
+    """Each device's figures, as a refusal's details carry them."""
+    return [
+        {
+            "device": d.key,
+            "uuid": d.gpu.uuid if d.gpu else None,
+            "total_bytes": d.sample.total_bytes if d.sample else None,
+            "free_bytes": d.sample.free_bytes if d.sample else None,
+            "budget_bytes": d.budget,
+            "admitted_bytes": d.admitted,
+            **({"error": d.lost} if d.lost else {}),
+        }
+        for d in devices
+    ]
+
+
+def _sets(need: Need, devices: Sequence[DeviceFacts]) -> list[tuple[DeviceFacts, ...]]:
+    sets = itertools.combinations(devices, need.span)
+    return list(itertools.islice(sets, _MAX_SETS))
+
+
+def place(
+    need: Need,
+    devices: Sequence[DeviceFacts],
+    candidates: Callable[[], Sequence[EvictionCandidate]],
+    now: float,
+) -> Placement:
+    """The best device set for ``need`` (see the module docstring for the order).
+
+    ``candidates`` lists the slots the load may evict (already filtered for a background
+    load); it is called only when no device set fits as it is.
+    """
+    if need.pins:
+        pinned = resolve_pins(need, devices)
+        if isinstance(pinned, DeviceUnavailable):
+            return Placement(None, error=pinned)
+        sets = [pinned]
+    else:
+        usable = [d for d in devices if not d.lost]
+        if need.span > len(usable):
+            return Placement(None, error=_unavailable(need, devices, None))
+        sets = _sets(need, usable)
+    per_device = share(need.bytes, need.span)
+    judged = [Option(s, tuple(_admission(per_device, d) for d in s), None) for s in sets]
+    fitting = [o for o in judged if all(a.ok for a in o.admissions)]
+    if fitting:
+        return Placement(min(fitting, key=Option.score), tried=tuple(judged))
+    evictable = candidates()
+    planned = [_with_plan(o, evictable, now, need.slot) for o in judged]
+    fitting = [o for o in planned if o.fits]
+    if fitting:
+        return Placement(min(fitting, key=Option.score), tried=tuple(planned))
+    return Placement(min(planned, key=_missing), tried=tuple(planned))
+
+
+def _missing(option: Option) -> int:
+    """Bytes still missing on the set after evicting every eligible slot (the closest set
+    explains a refusal)."""
+    plan = option.plan
+    if plan is None:
+        return 0
+    return sum(max(0, n - plan.evictable.get(d, 0)) for d, n in plan.need.items())
+
+
+def _with_plan(
+    option: Option, evictable: Sequence[EvictionCandidate], now: float, slot: str
+) -> Option:
+    need = {a.device: a.shortfall for a in option.admissions}
+    plan = plan_room(evictable, need, now, for_slot=slot)
+    return replace(option, plan=plan)
+
+
+def describe(option: Option) -> str:
+    """``gpu:0 (4.00 GiB free), gpu:1 (…)``: where a load would go, in words."""
+    return ", ".join(
+        f"{a.device} ({format_gib(max(0, min(a.free_room, a.budget_room)))} free)"
+        for a in option.admissions
+    )
