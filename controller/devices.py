@@ -23,6 +23,7 @@ from typing import Final
 
 __all__ = [
     "DEVICE_KINDS",
+    "DEVICE_MAX_LENGTH",
     "DEVICE_PATTERN",
     "GPU_REF_PATTERN",
     "DeviceRef",
@@ -37,7 +38,12 @@ __all__ = [
 DEVICE_KINDS: Final = ("gpu", "npu", "cpu")
 # One GPU: an index, or an NVML UUID (``GPU-…``, ``MIG-…``) as nvidia-smi prints it.
 GPU_REF_PATTERN: Final = r"(?:[0-9]{1,3}|(?:GPU|MIG)-[0-9A-Za-z-]{1,80})"
-DEVICE_PATTERN: Final = rf"^(?:gpu|npu|cpu|gpu:{GPU_REF_PATTERN}(?:,{GPU_REF_PATTERN}){{0,15}})$"
+_GPU_REF_RE: Final = re.compile(GPU_REF_PATTERN)
+# The schema's (and the CRD's) pattern: loose enough for RE2, which the API server runs
+# and which refuses nested repeat counts; parse_device checks each GPU strictly.
+DEVICE_PATTERN: Final = r"^(?:gpu|npu|cpu|gpu:[0-9A-Za-z-]+(?:,[0-9A-Za-z-]+)*)$"
+DEVICE_MAX_LENGTH: Final = 512
+MAX_PINS: Final = 16
 _DEVICE_RE: Final = re.compile(DEVICE_PATTERN)
 
 
@@ -74,6 +80,14 @@ def parse_device(value: str) -> DeviceRef:
         )
     kind, _, pins = value.partition(":")
     refs = tuple(pins.split(",")) if pins else ()
+    bad = [r for r in refs if not _GPU_REF_RE.fullmatch(r)]
+    if bad:
+        raise ValueError(
+            f"invalid device {value!r}: {bad[0]!r} is neither a GPU index nor a GPU UUID "
+            "(GPU-… or MIG-…, as nvidia-smi -L prints them)"
+        )
+    if len(refs) > MAX_PINS:
+        raise ValueError(f"invalid device {value!r}: at most {MAX_PINS} GPUs")
     if len(set(refs)) != len(refs):
         raise ValueError(f"invalid device {value!r}: a GPU is named twice")
     return DeviceRef(kind, refs)

@@ -66,7 +66,11 @@ _DOCS: Final[dict[str, str]] = {
     "speech server (kokoro, qwen3tts, moonshine, vibevoice).",
     "model": "The bound model: model.default names a Model's id. Non-empty activates the slot.",
     "default": "Id of the bound model (a Model's spec.id, or its metadata.name).",
-    "device": "Where the server runs: gpu, npu or cpu (default gpu).",
+    "device": (
+        "Where the server runs: gpu (any GPU, placed by the controller), npu or cpu "
+        "(default gpu); gpu:N or gpu:GPU-UUID pins GPUs on the process and docker runtimes."
+    ),
+    "gpus": "GPUs the slot spans (tensor parallel; default 1): nvidia.com/gpu on its pod.",
     "type": "What the slot serves: llm, embedding, tts, stt or image (default llm).",
     "port": "Port the server listens on, unique on the host (1..65535).",
     "autoload": "Keep it loaded: loaded at controller start and after faults "

@@ -13,7 +13,13 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from controller.devices import DEVICE_KINDS, DEVICE_PATTERN, DeviceRef, parse_device
+from controller.devices import (
+    DEVICE_KINDS,
+    DEVICE_MAX_LENGTH,
+    DEVICE_PATTERN,
+    DeviceRef,
+    parse_device,
+)
 from controller.names import (
     MODEL_ID_PATTERN,
     SLOT_NAME_PATTERN,
@@ -256,7 +262,7 @@ class SlotSpec(_Strict):
     model: SlotModelRef = Field(default_factory=SlotModelRef)
     # gpu (any GPU: placed by the controller), gpu:N / gpu:GPU-UUID / gpu:N,M (pinned), npu,
     # cpu; see controller.devices
-    device: Annotated[str, Field(pattern=DEVICE_PATTERN)] = "gpu"
+    device: Annotated[str, Field(pattern=DEVICE_PATTERN, max_length=DEVICE_MAX_LENGTH)] = "gpu"
     # GPUs the slot spans (tensor parallel); None: one, or as many as `device` pins
     gpus: Annotated[int, Field(ge=1, le=16)] | None = None
     type: Kind = "llm"
