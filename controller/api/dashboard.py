@@ -90,16 +90,24 @@ def setup(app: web.Application, ctx: ApiContext) -> None:
 
 
 class DeviceOut(BaseModel):
-    """One device's memory, in bytes; null where unknown (no probe, no budget)."""
+    """One device's memory, in bytes; null where unknown (no probe, no budget). Each GPU
+    is a device of its own (``gpu:0``, ``gpu:1``…, with its index, UUID and name)."""
 
     device: str
+    kind: str
     total_bytes: int | None
     free_bytes: int | None
     admitted_bytes: int
+    reserved_bytes: int
+    resident_bytes: int
     budget_bytes: int | None
     safety_margin_bytes: int
     source: str | None
     slots: list[str]
+    index: int | None
+    uuid: str | None
+    name: str | None
+    error: str | None
 
 
 class DeviceList(BaseModel):
@@ -143,7 +151,8 @@ async def dashboard_asset(request: web.Request) -> web.Response:
 @route(
     "GET",
     "/api/devices",
-    summary="device memory: probed total and free, admitted by slotctl, configured budget",
+    summary="device memory, each GPU its own: probed total and free, admitted (resident, "
+    "reserved) by slotctl, configured budget",
     tag="dashboard",
     responses={200: ("devices", DeviceList)},
 )

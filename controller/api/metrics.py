@@ -23,8 +23,7 @@ import bisect
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
-from typing import Any, Final, cast
+from typing import Final, cast
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -43,11 +42,11 @@ from controller import __version__
 from controller.api.app import API_CTX, REQUEST_RECORDER, ApiContext, CtxKey, RouteTable
 from controller.events import Event, EventKind
 from controller.lifecycle import SlotState
-from controller.memory import GIB
+from controller.slots.ports import MetricsPort
+from controller.slots.records import DeviceFigures
 
 __all__ = [
     "METRICS",
-    "DeviceFigures",
     "Metrics",
     "device_figures",
     "eviction_reason",
@@ -99,51 +98,9 @@ def eviction_reason(event: Event) -> str | None:
     return event.reason.value
 
 
-@dataclass(frozen=True, slots=True)
-class DeviceFigures:
-    """One device's memory now (bytes); None where it is not known."""
-
-    device: str
-    total_bytes: int | None
-    free_bytes: int | None
-    admitted_bytes: int
-    budget_bytes: int | None
-    safety_margin_bytes: int
-    source: str | None
-    slots: tuple[str, ...]
-
-
-def device_figures(manager: Any) -> list[DeviceFigures]:
-    """Every device a slot uses or a budget names, with probed and admitted memory."""
-    if manager is None:
-        return []
-    settings = manager.settings
-    budgets: dict[str, float] = dict(settings.memory_budget_gb)
-    by_device: dict[str, list[str]] = {}
-    for view in manager.views():
-        by_device.setdefault(view.device, []).append(view.name)
-    margin = int(settings.safety_margin_gb * GIB)
-    out = []
-    for device in sorted(set(by_device) | set(budgets)):
-        try:
-            sample = manager.memory.sample(device)
-        except Exception:  # a broken probe must not break a scrape or the dashboard
-            log.exception("memory probe for %s failed", device)
-            sample = None
-        budget_gb = budgets.get(device)
-        out.append(
-            DeviceFigures(
-                device=device,
-                total_bytes=int(sample.total_bytes) if sample is not None else None,
-                free_bytes=int(sample.free_bytes) if sample is not None else None,
-                admitted_bytes=int(manager.admitted_bytes(device)),
-                budget_bytes=int(budget_gb * GIB) if budget_gb is not None else None,
-                safety_margin_bytes=margin,
-                source=sample.source if sample is not None else None,
-                slots=tuple(by_device.get(device, ())),
-            )
-        )
-    return out
+def device_figures(manager: MetricsPort | None) -> list[DeviceFigures]:
+    """Every device (each GPU, cpu, npu, a cluster's nodes) with its memory figures."""
+    return manager.devices() if manager is not None else []
 
 
 class _LiveCollector(Collector):
@@ -191,7 +148,14 @@ class _LiveCollector(Collector):
             "instead of evicting",
             labels=["slot"],
         )
+        placed = GaugeMetricFamily(
+            "slotctl_slot_gpu",
+            "1 for each GPU a slot is placed on (while it is admitted: pulling..unloading)",
+            labels=["slot", "gpu"],
+        )
         for view in manager.views():
+            for index in view.gpus:
+                placed.add_metric([view.name, str(index)], 1.0)
             for name in _STATES:
                 state.add_metric([view.name, name], 1.0 if view.state.value == name else 0.0)
             slot_info.add_metric(
@@ -208,21 +172,25 @@ class _LiveCollector(Collector):
             queue.add_metric([view.name], float(view.waiters))
             blocked.add_metric([view.name], 1.0 if view.retry_after_s > 0 else 0.0)
             waiting.add_metric([view.name], 1.0 if view.waiting else 0.0)
-        yield from (state, slot_info, leases, queue, blocked, waiting)
+        yield from (state, slot_info, placed, leases, queue, blocked, waiting)
         memory = GaugeMetricFamily(
             "slotctl_device_memory_bytes",
-            "Device memory: total and free as probed, admitted by slotctl, configured budget",
-            labels=["device", "kind"],
+            "Device memory: total and free as probed, admitted by slotctl (resident: servers "
+            "up; reserved: loads coming up), configured budget; one series set per GPU",
+            labels=["device", "gpu", "kind"],
         )
         for figures in device_figures(manager):
+            gpu = str(figures.index) if figures.index is not None else ""
             for kind, value in (
                 ("total", figures.total_bytes),
                 ("free", figures.free_bytes),
                 ("admitted", figures.admitted_bytes),
+                ("resident", figures.resident_bytes),
+                ("reserved", figures.reserved_bytes),
                 ("budget", figures.budget_bytes),
             ):
                 if value is not None:
-                    memory.add_metric([figures.device, kind], float(value))
+                    memory.add_metric([figures.kind, gpu, kind], float(value))
         yield memory
 
 

@@ -75,6 +75,9 @@ class SlotOut(BaseModel):
     paused: bool = False  # autoload paused by a user's unload (until a user's load)
     held_for_s: float | None = None
     holds: int = 0
+    node: str | None = None  # kubernetes runtime: the node it is pinned to or landed on
+    gpus: list[int] = []  # the GPUs it is placed on (indices), while admitted
+    devices: list[str] = []  # its admission keys (gpu:N, cpu, NODE/gpu), while admitted
 
 
 class LoadAnswer(BaseModel):

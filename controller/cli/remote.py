@@ -156,13 +156,7 @@ def _explain(name: str, plan: dict[str, Any], style: Style) -> list[str]:
         lines.append(f"  nothing to do: {plan.get('reason', 'already loaded')}")
         return lines
     if "needed_bytes" in plan:
-        budget = plan.get("budget_bytes")
-        lines.append(
-            f"  device {plan.get('device')}: needs {_bytes(plan.get('needed_bytes'))}; "
-            f"free {_bytes(plan.get('free_bytes'))} ({plan.get('probe')}), "
-            f"budget {_bytes(budget) if budget is not None else 'none'}, "
-            f"admitted {_bytes(plan.get('admitted_bytes'))}"
-        )
+        lines += _placement_lines(plan)
     peers = plan.get("exclusive_peers") or []
     if peers:
         lines.append(f"  exclusive group: would first unload {', '.join(peers)}")
@@ -180,10 +174,36 @@ def _explain(name: str, plan: dict[str, Any], style: Style) -> list[str]:
         return lines
     lines.append(style.yellow(f"  would evict {len(victims)} slot(s) first") + ":")
     for victim in victims:
+        where = ", ".join(victim.get("devices") or [])
         lines.append(
             f"    {victim.get('slot')}: priority {victim.get('priority')}, idle "
             f"{victim.get('idle_s')}s, frees {_bytes(victim.get('bytes'))}"
+            + (f" on {where}" if where else "")
             + (f" ({victim['reason']})" if victim.get("reason") else "")
+        )
+    return lines
+
+
+def _placement_lines(plan: dict[str, Any]) -> list[str]:
+    """Where the load would go: each device of its placement with its figures (a refused
+    load: the device set that came closest)."""
+    devices = plan.get("placement") or [plan]
+    chosen = plan.get("devices") or []
+    lines = []
+    if chosen:
+        lines.append(
+            f"  {plan.get('device')}: would go on {', '.join(chosen)}, needs "
+            f"{_bytes(plan.get('needed_bytes'))} in all"
+        )
+    for device in devices:
+        budget = device.get("budget_bytes")
+        evict = device.get("evict") or []
+        lines.append(
+            f"  device {device.get('device')}: needs {_bytes(device.get('needed_bytes'))}; "
+            f"free {_bytes(device.get('free_bytes'))} ({device.get('probe')}), "
+            f"budget {_bytes(budget) if budget is not None else 'none'}, "
+            f"admitted {_bytes(device.get('admitted_bytes'))}"
+            + (f"; evicts {', '.join(evict)}" if evict else "")
         )
     return lines
 

@@ -30,6 +30,7 @@ _COLUMNS: Final = (
     "STATE",
     "MODEL",
     "DEVICE",
+    "GPU",
     "PRIO",
     "PINNED",
     "RESIDENT",
@@ -76,6 +77,7 @@ def _row_from_view(view: dict[str, Any]) -> dict[str, Any]:
         "idle_reason": view.get("idle_reason"),
         "model": view.get("model_id") or "",
         "device": view.get("device", "-"),
+        "gpus": list(view.get("gpus") or []),
         "priority": view.get("priority"),
         "pinned": view.get("pinned"),
         "autoload": view.get("autoload"),
@@ -123,6 +125,7 @@ def _rows_from_files(args: argparse.Namespace) -> list[dict[str, Any]]:
                     else (spec.model_id if spec else "")
                 ),
                 "device": spec.device if spec else "-",
+                "gpus": _placed_gpus(record),
                 "priority": spec.priority if spec else None,
                 "pinned": bool(spec.pinned) if spec else None,
                 "autoload": bool(spec.autoload) if spec else None,
@@ -139,6 +142,20 @@ def _rows_from_files(args: argparse.Namespace) -> list[dict[str, Any]]:
             }
         )
     return rows
+
+
+def _placed_gpus(record: Any) -> list[int]:
+    """The GPUs a slot's state.json records it on (while it is admitted)."""
+    from controller.slots.records import ADMITTED_STATES
+
+    if record is None or record.state not in ADMITTED_STATES:
+        return []
+    return [g.index for g in record.extra.gpus]
+
+
+def _gpu_cell(row: dict[str, Any]) -> str:
+    gpus = row.get("gpus") or []
+    return ",".join(str(i) for i in gpus) if gpus else "-"
 
 
 def _record(store: Any, name: str) -> Any:
@@ -186,6 +203,7 @@ def cmd_list(args: argparse.Namespace) -> ExitCode:
             _state_cell(r),
             r["model"] or "-",
             str(r["device"]),
+            _gpu_cell(r),
             "-" if r["priority"] is None else str(r["priority"]),
             "yes" if r["pinned"] else "no",
             "yes" if r["resident"] else "no",

@@ -274,11 +274,33 @@ def handle_models(state: DemoState, request: Request) -> Response:
         # Like llama-server: 503 "Loading model" until the weights are in. An empty list
         # is reserved for a server that is up without a model (--empty-models).
         raise ApiError(503, "Loading model", kind="unavailable_error", code="loading")
+    meta = {"visible_devices": visible_devices()}
     data = [
-        {"id": model, "object": "model", "created": state.created, "owned_by": "slotctl-demo"}
+        {
+            "id": model,
+            "object": "model",
+            "created": state.created,
+            "owned_by": "slotctl-demo",
+            "meta": meta,
+        }
         for model in state.served_models()
     ]
     return json_response({"object": "list", "data": data})
+
+
+# What a server is shown of the host's GPUs (the controller sets these from its placement);
+# the demo server reports them, so a test sees which GPUs a server was given.
+_VISIBILITY = (
+    "CUDA_VISIBLE_DEVICES",
+    "CUDA_DEVICE_ORDER",
+    "ROCR_VISIBLE_DEVICES",
+    "HIP_VISIBLE_DEVICES",
+)
+
+
+def visible_devices() -> dict[str, str]:
+    """The GPU visibility variables of this server's environment (those set)."""
+    return {name: os.environ[name] for name in _VISIBILITY if name in os.environ}
 
 
 def handle_health(state: DemoState, request: Request) -> Response:

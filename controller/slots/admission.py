@@ -8,6 +8,7 @@ and its dry run (:meth:`Admission.explain`) both call it, so they never disagree
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 from typing import Any
 
@@ -19,7 +20,7 @@ from controller.decision import (
     LoadRequest,
     decide_load,
 )
-from controller.devices import GpuRef, share
+from controller.devices import GpuRef, key_kind, share
 from controller.errors import SlotctlError
 from controller.events import EventKind, EvictionReason, Op
 from controller.lifecycle import DISPATCHABLE_STATES, SlotState
@@ -28,11 +29,13 @@ from controller.memory import Admission as AdmissionFigures
 from controller.placement import Need, place
 from controller.runtime.base import LaunchSpec
 from controller.slots.core import Core, Part
-from controller.slots.records import ADMITTED_STATES, SlotRecord
+from controller.slots.records import ADMITTED_STATES, DeviceFigures, SlotRecord
 from controller.slots.unloading import Unloading
 from controller.units import format_gib
 
 __all__ = ["Admission"]
+
+log = logging.getLogger("slotctl.manager")
 
 S = SlotState
 
@@ -111,6 +114,60 @@ class Admission(Part):
         if not inventory:  # no probe, no budget: refused with the reason (device "gpu")
             return [facts("gpu", None, None, None)]
         return [facts(g.key, g.sample, g.budget, g.ref, g.error) for g in inventory]
+
+    def figures(self) -> list[DeviceFigures]:
+        """Every device with its memory: each GPU of the host (probed, or named by a
+        budget), the other devices a slot uses or a budget names, a cluster's node keys."""
+        held = self.table.all_device_bytes()
+        slots: dict[str, list[str]] = {}
+        kinds: set[str] = set()
+        for s in self.table:
+            kinds.add(s.spec.device_kind)
+            if s.state in ADMITTED_STATES:
+                for key in s.devices:
+                    slots.setdefault(key, []).append(s.name)
+        budgets = self.settings.memory_budget_gb
+        margin = int(self.settings.safety_margin_gb * GIB)
+
+        def one(
+            key: str, sample: DeviceMemory | None, budget: int | None, **gpu: Any
+        ) -> DeviceFigures:
+            admitted, reserved = held.get(key, (0, 0))
+            return DeviceFigures(
+                device=key,
+                kind=key_kind(key),
+                total_bytes=sample.total_bytes if sample else None,
+                free_bytes=sample.free_bytes if sample else None,
+                admitted_bytes=admitted,
+                reserved_bytes=reserved,
+                resident_bytes=admitted - reserved,
+                budget_bytes=budget,
+                safety_margin_bytes=margin,
+                source=sample.source if sample else ("budget" if budget is not None else None),
+                slots=tuple(slots.get(key, ())),
+                **gpu,
+            )
+
+        out: list[DeviceFigures] = []
+        inventory = gpu_inventory(self.memory.gpus(), budgets)
+        for g in inventory:
+            info = {"index": g.ref.index, "uuid": g.ref.uuid, "name": g.name, "error": g.error}
+            out.append(one(g.key, g.sample, g.budget, **info))
+        others = {k for k in (kinds | set(budgets)) if ":" not in k} | {k for k in held if "/" in k}
+        if inventory:
+            others.discard("gpu")
+        for key in sorted(others):
+            budget_gb = budget_gb_for(key, budgets)
+            budget = int(budget_gb * GIB) if budget_gb is not None else None
+            out.append(one(key, self._sample(key), budget))
+        return out
+
+    def _sample(self, key: str) -> DeviceMemory | None:
+        try:
+            return self.memory.sample(key)
+        except Exception:  # a broken probe must not break a scrape or the dashboard
+            log.exception("memory probe for %s failed", key)
+            return None
 
     def place_running(self, slot: SlotRecord) -> tuple[GpuRef, ...]:
         """The GPUs to count a running server on that has none recorded (an adoption):

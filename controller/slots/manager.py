@@ -33,7 +33,14 @@ from controller.slots.housekeeping import Housekeeping
 from controller.slots.leases import Leases
 from controller.slots.loading import Loading
 from controller.slots.locks import Locks
-from controller.slots.records import Lease, ManagerConfig, SlotRecord, SlotStatus, SlotView
+from controller.slots.records import (
+    DeviceFigures,
+    Lease,
+    ManagerConfig,
+    SlotRecord,
+    SlotStatus,
+    SlotView,
+)
 from controller.slots.recovery import Recovery
 from controller.slots.table import SlotTable
 from controller.slots.unloading import Unloading
@@ -267,6 +274,10 @@ class SlotManager(Part):
 
     def admitted_bytes(self, device: str) -> int:
         return self.core.table.admitted_bytes(device)
+
+    def devices(self) -> list[DeviceFigures]:
+        """Every device (each GPU, cpu, npu, a cluster's nodes) with its memory figures."""
+        return self.admission.figures()
 
     def resident_bytes(self, device: str) -> int:
         return self.core.table.resident_bytes(device)

@@ -13,7 +13,7 @@ from controller.events import EventBus, Op
 from controller.lifecycle import Candidate
 from controller.memory import MemoryProbe
 from controller.runtime.base import Runtime
-from controller.slots.records import Lease, SlotStatus, SlotView
+from controller.slots.records import DeviceFigures, Lease, SlotStatus, SlotView
 from controller.spec.loader import DesiredSlot
 from controller.spec.schema import ControllerSettings, ModelSpec, SlotSpec
 
@@ -56,7 +56,7 @@ class MetricsPort(Protocol):
 
     def views(self) -> list[SlotView]: ...
 
-    def admitted_bytes(self, device: str) -> int: ...
+    def devices(self) -> list[DeviceFigures]: ...
 
 
 class ReconcilerPort(Protocol):

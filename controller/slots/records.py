@@ -26,6 +26,7 @@ from controller.store import utcnow
 __all__ = [
     "ADMITTED_STATES",
     "LOADING_STATES",
+    "DeviceFigures",
     "Lease",
     "ManagerConfig",
     "SlotRecord",
@@ -135,6 +136,28 @@ class SlotView:
     @property
     def dispatchable(self) -> bool:
         return can_dispatch(self.state, self.idle_reason)
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceFigures:
+    """One device's memory now, for ``/api/devices``, ``/metrics``, the dashboard and
+    ``slot list`` (bytes; None where it is not known: no probe, no budget)."""
+
+    device: str  # the admission key: gpu:N, cpu, npu, NODE/gpu (gpu: no GPU is known)
+    kind: str  # gpu | cpu | npu
+    total_bytes: int | None
+    free_bytes: int | None
+    admitted_bytes: int  # promised to slots pulling..unloading
+    reserved_bytes: int  # of those, loads still coming up (a probe cannot see them yet)
+    resident_bytes: int  # of those, servers that are up
+    budget_bytes: int | None
+    safety_margin_bytes: int
+    source: str | None
+    slots: tuple[str, ...]  # the slots admitted here
+    index: int | None = None  # a GPU's index
+    uuid: str | None = None
+    name: str | None = None  # a GPU's product name
+    error: str | None = None  # a GPU the probe cannot read now
 
 
 class SlotStatus(NamedTuple):

@@ -296,7 +296,7 @@ function slotRow(slot, flash) {
     h("td", { class: "c-state" }, badge(slot.state, slot.idle_reason)),
     h("td", {}, h("div", { class: "slot-name" }, slot.name, slot.pinned ? h("span", { class: "pin", title: "pinned: never evicted", text: "pinned" }) : null), sub),
     h("td", {}, h("span", { class: "model", text: slot.model_id || "—" })),
-    h("td", { class: "c-device" }, h("span", { class: "device", text: slot.device })),
+    h("td", { class: "c-device" }, h("span", { class: "device", title: slot.device, text: placedOn(slot) })),
     h("td", { class: "c-num", text: String(slot.priority) }),
     h("td", { class: "c-num", text: slot.waiters ? `${slot.leases} / ${slot.waiters} waiting` : String(slot.leases) }),
     h("td", { class: "c-num", text: bytes(slot.memory_bytes) }),
@@ -336,26 +336,40 @@ function seg(cls, from, width) {
   return el;
 }
 
+// Where a slot runs: its GPUs once placed ("gpu:0,1"), else what it declares ("gpu").
+function placedOn(slot) {
+  if (slot.gpus && slot.gpus.length) return `gpu:${slot.gpus.join(",")}`;
+  return slot.device;
+}
+
 function deviceCard(dev) {
   const admitted = dev.admitted_bytes || 0;
   const budget = dev.budget_bytes;
   const total = dev.total_bytes;
   const free = dev.free_bytes;
   const card = h("div", { class: "device-card", "data-device": dev.device });
+  const title = dev.name ? `${dev.device} · ${dev.name}` : dev.device;
+  const names = dev.slots.length ? `: ${dev.slots.join(", ")}` : "";
   card.append(
     h(
       "div",
       { class: "dev-head" },
-      h("span", { class: "dev-name", text: dev.device }),
-      h("span", { class: "dev-src", text: `${dev.slots.length} slot${dev.slots.length === 1 ? "" : "s"} · ${dev.source ? `probe: ${dev.source}` : "no probe"}` }),
+      h("span", { class: "dev-name", title: dev.uuid || "", text: title }),
+      h("span", { class: "dev-src", text: `${dev.slots.length} slot${dev.slots.length === 1 ? "" : "s"}${names} · ${dev.source ? `probe: ${dev.source}` : "no probe"}` }),
     ),
   );
+  if (dev.error) {
+    card.append(h("p", { class: "muted", text: `cannot be read: ${dev.error} (nothing is placed here)` }));
+    return card;
+  }
   // slotctl's promise: admitted against the budget (or the device when no budget is set).
   const cap = budget ?? total;
   if (cap) {
     const pct = (admitted / cap) * 100;
-    const bar = h("div", { class: "bar", title: `admitted ${bytes(admitted)} of ${bytes(cap)}` });
-    bar.append(seg(pct > 100 ? "over" : "admitted", 0, Math.min(100, pct)));
+    const reserved = dev.reserved_bytes || 0;
+    const bar = h("div", { class: "bar", title: `admitted ${bytes(admitted)} of ${bytes(cap)} (resident ${bytes(dev.resident_bytes || 0)}, loading ${bytes(reserved)})` });
+    const up = Math.min(100, ((admitted - reserved) / cap) * 100);
+    bar.append(seg(pct > 100 ? "over" : "admitted", 0, up), seg("loading", up, Math.max(0, Math.min(100, pct) - up)));
     card.append(
       h("div", { class: "bar-label" }, h("span", {}, "admitted ", h("b", { text: bytes(admitted) })), h("span", {}, budget !== null && budget !== undefined ? "budget " : "device ", h("b", { text: bytes(cap) }))),
       bar,
