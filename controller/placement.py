@@ -159,7 +159,8 @@ def _unavailable(
 ) -> DeviceUnavailable:
     have = ", ".join(d.key + (" (lost)" if d.lost else "") for d in devices) or "none"
     if pin is None:
-        message = f"slot {need.slot!r} spans {need.span} GPUs, the host has {len(devices)} ({have})"
+        usable = sum(1 for d in devices if not d.lost)
+        message = f"slot {need.slot!r} spans {need.span} GPUs, the host has {usable} ({have})"
         reason = "too_few"
     elif lost:
         message = f"slot {need.slot!r} is pinned to GPU {pin}, which cannot be read: {lost}"

@@ -320,42 +320,92 @@ def _autoload_over_budget(
     """Autoload slots that cannot all stay loaded within a device's configured budget.
 
     Greedy by priority (then declaration order), as the restore at start loads them: the
-    slots that do not fit after the ones before them will wait for memory.
+    slots that do not fit after the ones before them will wait for memory. GPUs are judged
+    as the controller sees a host without a probe: the GPUs the budgets name (``"gpu:N"``;
+    a bare ``gpu`` budget is one GPU). A slot pinned to GPUs counts its share on each of
+    them; unpinned GPU slots count on the one GPU, or, with several, against all of them
+    together with the pinned ones (how they pack is the placement's, at run time).
     """
-    out: list[Problem] = []
-    by_device: dict[str, list[tuple[SlotEntry, int]]] = {}
+    groups: dict[str, list[tuple[SlotEntry, int]]] = {}
+    gpus = _budget_gpus(settings)
+    pinned: set[str] = set()  # counted in the GPUs' total, warned about on their own GPU
     for entry in entries:
         spec = normalise(entry.spec, settings)
         if not spec.autoload or not spec.activated:
             continue
         model = models.get(spec.model_id)
         needed = spec.memory_gb if spec.memory_gb is not None else (model.memory_gb if model else 0)
-        by_device.setdefault(spec.device, []).append((entry, int(needed * GIB)))
-    for device, slots in sorted(by_device.items()):
-        budget_gb = settings.memory_budget_gb.get(device)
+        for key, share in _budget_keys(spec, int(needed * GIB), gpus):
+            groups.setdefault(key, []).append((entry, share))
+        if spec.device_kind == "gpu" and spec.device_ref.pins and len(gpus) > 1:
+            groups.setdefault("gpu", []).append((entry, int(needed * GIB)))
+            pinned.add(spec.name)
+    out: list[Problem] = []
+    for key, slots in sorted(groups.items()):
+        room = _room(key, gpus, settings)
+        if room is not None and (key != "gpu" or any(e.spec.name not in pinned for e, _ in slots)):
+            out += [p for p in _over(key, slots, room) if key != "gpu" or p.slot not in pinned]
+    return out
+
+
+def _budget_gpus(settings: ControllerSettings) -> list[int]:
+    """The GPU indices the budgets name (a bare ``gpu`` budget: GPU 0)."""
+    budgets = settings.memory_budget_gb
+    named = {int(k[4:]) for k in budgets if k.startswith("gpu:")}
+    return sorted(named | ({0} if "gpu" in budgets else set()))
+
+
+def _budget_keys(spec: SlotSpec, needed: int, gpus: list[int]) -> list[tuple[str, int]]:
+    """Where a slot's bytes count for the budget check: (key, bytes) pairs."""
+    if spec.device_kind != "gpu":
+        return [(spec.device, needed)]
+    pins = spec.device_ref.pins
+    if pins:
+        if not all(p.isdigit() for p in pins):
+            return []  # a UUID names a GPU only the host's probe knows
+        share = -(-needed // len(pins))
+        return [(f"gpu:{p}", share) for p in pins]
+    if len(gpus) == 1:
+        return [(f"gpu:{gpus[0]}", needed)]
+    return [("gpu", needed)] if gpus else []
+
+
+def _room(key: str, gpus: list[int], settings: ControllerSettings) -> int | None:
+    """Bytes a key's budget leaves after the safety margin (``gpu``: every named GPU)."""
+    budgets, margin = settings.memory_budget_gb, settings.safety_margin_gb
+    keys = [f"gpu:{i}" for i in gpus] if key == "gpu" else [key]
+    rooms = []
+    for one in keys:
+        budget_gb = budgets.get(one, budgets.get(one.split(":", 1)[0]))
         if budget_gb is None:
-            continue  # judged against the probed device memory at run time only
-        room = int((budget_gb - settings.safety_margin_gb) * GIB)
-        total = sum(needed for _, needed in slots)
-        if total <= room:
+            return None  # judged against the probed device memory at run time only
+        rooms.append(int((budget_gb - margin) * GIB))
+    return sum(rooms)
+
+
+def _over(key: str, slots: list[tuple[SlotEntry, int]], room: int) -> list[Problem]:
+    out: list[Problem] = []
+    total = sum(needed for _, needed in slots)
+    if total <= room:
+        return out
+    where = "the GPUs together" if key == "gpu" else key
+    ranked = sorted(enumerate(slots), key=lambda i_s: (-i_s[1][0].spec.priority, i_s[0]))
+    used = 0
+    for _, (entry, needed) in ranked:
+        if used + needed <= room:
+            used += needed
             continue
-        ranked = sorted(enumerate(slots), key=lambda i_s: (-i_s[1][0].spec.priority, i_s[0]))
-        used = 0
-        for _, (entry, needed) in ranked:
-            if used + needed <= room:
-                used += needed
-                continue
-            problem = entry.problem(
-                "slot.autoload_over_budget",
-                f"the autoload slots on {device} need {total / GIB:.1f} GiB together, the "
-                f"budget leaves {room / GIB:.1f} GiB (memory_budget_gb minus "
-                f"safety_margin_gb): {entry.spec.name!r} (priority {entry.spec.priority}, "
-                f"{needed / GIB:.1f} GiB) will wait for memory",
-                ("autoload",),
-                "raise the budget, lower memory estimates, or set autoload = false on a "
-                "slot that can load on demand",
-            )
-            out.append(replace(problem, severity="warning"))
+        problem = entry.problem(
+            "slot.autoload_over_budget",
+            f"the autoload slots on {where} need {total / GIB:.1f} GiB together, the "
+            f"budget leaves {room / GIB:.1f} GiB (memory_budget_gb minus "
+            f"safety_margin_gb): {entry.spec.name!r} (priority {entry.spec.priority}, "
+            f"{needed / GIB:.1f} GiB) will wait for memory",
+            ("autoload",),
+            "raise the budget, lower memory estimates, pin slots to other GPUs, or set "
+            "autoload = false on a slot that can load on demand",
+        )
+        out.append(replace(problem, severity="warning"))
     return out
 
 

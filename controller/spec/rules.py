@@ -55,6 +55,17 @@ def _flag_name(arg: str) -> str | None:
     return name.replace("_", "-") if name.startswith("--") else name
 
 
+def _owner_of(flag: str) -> str:
+    """Which slot field sets what a hardware flag would (the hint of its refusal)."""
+    if flag in ("--port", "--host"):
+        return "set `port` on the slot instead (the controller binds the server to it)"
+    return (
+        'set `device` ("cpu", "gpu" for any GPU, "gpu:1" or "gpu:GPU-…" to pin) and `gpus` '
+        "(GPUs to span) on the slot instead: the controller sets the GPU layers, split mode, "
+        "tensor-parallel size and visible GPUs from them"
+    )
+
+
 def _screen_server(server: Mapping[str, Any], owner: str) -> list[tuple[Problem, Loc]]:
     out: list[tuple[Problem, Loc]] = []
     args = server.get("extra_args")
@@ -67,7 +78,7 @@ def _screen_server(server: Mapping[str, Any], owner: str) -> list[tuple[Problem,
                     message=f"server.extra_args[{i}] sets {flag!r}: hardware and placement "
                     "flags are owned by the slot's `device` field and the controller",
                     key=f"server.extra_args[{i}]",
-                    hint=f"remove {arg!r}; set `device`/`port` on the slot instead",
+                    hint=f"remove {arg!r}; {_owner_of(flag)}",
                 )
                 out.append((problem, ("server", "extra_args", i)))
             elif flag in MODEL_OWNED_FLAGS:
@@ -89,7 +100,9 @@ def _screen_server(server: Mapping[str, Any], owner: str) -> list[tuple[Problem,
                     message=f"server.env sets {name}: device visibility is owned by the "
                     "slot's `device` field and the controller",
                     key=f"server.env.{name}",
-                    hint=f"remove {name}; the controller sets it from `device`",
+                    hint=f"remove {name}; the controller sets it to the GPUs it places the "
+                    'slot on: choose them with `device` ("gpu" any, "gpu:1", "gpu:GPU-…") '
+                    "and `gpus` (how many)",
                 )
                 out.append((problem, ("server", "env", name)))
     return out

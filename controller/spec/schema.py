@@ -11,7 +11,7 @@ import re
 from typing import Annotated, Any, Final, Literal, get_args
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from controller.devices import (
     DEVICE_KINDS,
@@ -284,17 +284,27 @@ class SlotSpec(_Strict):
     # scheduler places it and admission counts it on the node it lands on
     node: Annotated[str, Field(pattern=NODE_NAME_PATTERN, max_length=253)] | None = None
 
-    @model_validator(mode="after")
-    def _check_span(self) -> SlotSpec:
-        ref = parse_device(self.device)
-        if self.gpus is not None and ref.kind != "gpu" and self.gpus != 1:
-            raise ValueError(f"gpus = {self.gpus} needs a GPU slot (device is {self.device!r})")
-        if self.gpus is not None and ref.pins and self.gpus != len(ref.pins):
+    @field_validator("device")
+    @classmethod
+    def _check_device(cls, value: str) -> str:
+        parse_device(value)  # each pinned GPU an index or a UUID, none twice
+        return value
+
+    @field_validator("gpus")
+    @classmethod
+    def _check_span(cls, value: int | None, info: ValidationInfo) -> int | None:
+        device = info.data.get("device")
+        if value is None or not isinstance(device, str):
+            return value
+        ref = parse_device(device)
+        if ref.kind != "gpu" and value != 1:
+            raise ValueError(f"gpus = {value} needs a GPU slot (device is {device!r})")
+        if ref.pins and value != len(ref.pins):
             raise ValueError(
-                f"gpus = {self.gpus} but device {self.device!r} pins {len(ref.pins)} GPU(s): "
-                "leave gpus out or name as many GPUs"
+                f"gpus = {value} but device {device!r} pins {len(ref.pins)} GPU(s): leave "
+                "gpus out or name as many GPUs"
             )
-        return self
+        return value
 
     @property
     def device_ref(self) -> DeviceRef:

@@ -87,6 +87,7 @@ class Slotctl:
         self.config = tmp / "config"
         self.state = tmp / "state"
         self.controllers: list[tuple[subprocess.Popen[bytes], IO[bytes], Path]] = []
+        self.extra_env: dict[str, str] = {}  # e.g. a fake NVML for every command
 
     # ------------------------------------------------------------------ running the CLI
 
@@ -98,6 +99,8 @@ class Slotctl:
         }
         env["PYTHONPATH"] = str(REPO)
         env["NO_COLOR"] = "1"
+        for key, value in self.extra_env.items():
+            env[key] = f"{value}{os.pathsep}{env[key]}" if key == "PYTHONPATH" else value
         env["PYTHONFAULTHANDLER"] = "1"  # a hung controller dumps its threads on SIGABRT
         return env
 

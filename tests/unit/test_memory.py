@@ -367,3 +367,102 @@ def test_admission_without_probe_or_budget_is_refused() -> None:
 def test_admission_zero_budget_is_a_budget() -> None:
     a = check_admission("gpu", GIB, 0, _sample(24, 24), 0, 0)
     assert a.budget == 0 and not a.ok
+
+
+# ----------------------------------------------------------------- each GPU its own device
+
+
+class NamedNvml(FakeNvml):
+    """FakeNvml with identities (as nvidia-ml-py answers) and GPUs that can be lost."""
+
+    def __init__(self, gpus: list[tuple[int, int]], *, as_bytes: bool = False) -> None:
+        super().__init__(gpus)
+        self.as_bytes = as_bytes
+        self.lost: set[int] = set()
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+        if index in self.lost:
+            raise NVMLError("GPU is lost")
+        return index
+
+    def nvmlDeviceGetUUID(self, handle: int) -> str | bytes:
+        uuid = f"GPU-0000000{handle}-aaaa-bbbb-cccc-dddddddddddd"
+        return uuid.encode() if self.as_bytes else uuid
+
+    def nvmlDeviceGetName(self, handle: int) -> str | bytes:
+        name = f"NVIDIA Test {handle}"
+        return name.encode() if self.as_bytes else name
+
+
+@pytest.mark.parametrize("as_bytes", [False, True])
+def test_nvml_reports_each_gpu(as_bytes: bool) -> None:
+    probe = NvmlProbe(NamedNvml([(24 * GIB, 20 * GIB), (48 * GIB, 8 * GIB)], as_bytes=as_bytes))
+    gpus = probe.gpus()
+    assert [(g.device, g.index, g.total_bytes, g.free_bytes) for g in gpus] == [
+        ("gpu:0", 0, 24 * GIB, 20 * GIB),
+        ("gpu:1", 1, 48 * GIB, 8 * GIB),
+    ]
+    assert gpus[1].uuid == "GPU-00000001-aaaa-bbbb-cccc-dddddddddddd"
+    assert gpus[1].name == "NVIDIA Test 1" and gpus[1].vendor == "nvidia"
+    assert probe.sample("gpu:1") == gpus[1]
+    assert probe.sample("gpu:7") is None
+    total = probe.sample("gpu")  # all GPUs as one line
+    assert total is not None and (total.total_bytes, total.free_bytes) == (72 * GIB, 28 * GIB)
+
+
+def test_a_lost_gpu_is_listed_with_its_error_and_counts_nowhere() -> None:
+    nvml = NamedNvml([(24 * GIB, 20 * GIB), (24 * GIB, 24 * GIB)])
+    probe = NvmlProbe(nvml)
+    nvml.lost.add(0)
+    lost, ok = probe.gpus()
+    assert lost.device == "gpu:0" and lost.error is not None and "GPU is lost" in lost.error
+    assert ok.error is None and ok.free_bytes == 24 * GIB
+    assert probe.sample("gpu:0") is None  # cannot be read: no figures
+    total = probe.sample("gpu")
+    assert total is not None and total.total_bytes == 24 * GIB
+    nvml.lost.clear()  # the card came back (a driver reset)
+    assert probe.sample("gpu:0") is not None
+
+
+def test_amd_reports_each_card_in_card_order(tmp_path: Path) -> None:
+    _card(tmp_path, "card10", vram_total=16 * GIB, vram_used=GIB)
+    _card(tmp_path, "card2", vram_total=8 * GIB, vram_used=2 * GIB)
+    (tmp_path / "card2-DP-1" / "device").mkdir(parents=True)  # a connector
+    gpus = AmdSysfsProbe(tmp_path).gpus()
+    assert [(g.device, g.index, g.total_bytes, g.free_bytes, g.vendor) for g in gpus] == [
+        ("gpu:0", 0, 8 * GIB, 6 * GIB, "amd"),  # card2 before card10: numbers, not text
+        ("gpu:1", 1, 16 * GIB, 15 * GIB, "amd"),
+    ]
+    assert AmdSysfsProbe(tmp_path).sample("gpu:1") == gpus[1]
+
+
+def test_gpu_inventory_is_the_probe_else_the_budgets() -> None:
+    from controller.memory import gpu_inventory
+
+    probed = NvmlProbe(NamedNvml([(24 * GIB, 20 * GIB), (24 * GIB, 24 * GIB)])).gpus()
+    inventory = gpu_inventory(probed, {"gpu": 20, "gpu:1": 10})
+    assert [(g.key, g.budget, g.ref.uuid is not None) for g in inventory] == [
+        ("gpu:0", 20 * GIB, True),  # `gpu` = each GPU
+        ("gpu:1", 10 * GIB, True),  # `"gpu:1"` = that one
+    ]
+    assert [g.key for g in gpu_inventory(probed, {})] == ["gpu:0", "gpu:1"]
+    assert gpu_inventory(probed, {})[0].budget is None  # the probed total rules
+    # no probe: the GPUs the budgets name (a bare `gpu` budget: one GPU)
+    assert [(g.key, g.budget) for g in gpu_inventory((), {"gpu": 22})] == [("gpu:0", 22 * GIB)]
+    named = gpu_inventory((), {"gpu:0": 12, "gpu:2": 8})
+    assert [(g.key, g.budget, g.sample) for g in named] == [
+        ("gpu:0", 12 * GIB, None),
+        ("gpu:2", 8 * GIB, None),
+    ]
+    assert gpu_inventory((), {"cpu": 32}) == ()
+
+
+def test_fake_probe_with_several_gpus() -> None:
+    probe = FakeMemoryProbe({"gpu:0": 24 * GIB, "gpu:1": 12 * GIB}, used_by=lambda d: GIB)
+    probe.external["gpu:1"] = 2 * GIB
+    assert [(g.device, g.free_bytes) for g in probe.gpus()] == [
+        ("gpu:0", 23 * GIB),
+        ("gpu:1", 9 * GIB),
+    ]
+    one = FakeMemoryProbe({"gpu": 10 * GIB})  # a one-GPU host, written the old way
+    assert [g.device for g in one.gpus()] == ["gpu:0"]

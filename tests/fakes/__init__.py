@@ -1,0 +1,1 @@
+"""Test doubles for hardware the test machines do not have (the NVIDIA driver)."""
