@@ -212,7 +212,11 @@ def _drift(want: DesiredSlot | None, obs: ObservedSlot | None, resident: bool) -
     lines = []
     state = obs.state.value if obs.state else "never started"
     if obs.waiting:
-        state += ", waiting for memory"
+        state += (
+            ", waiting for its GPU"
+            if obs.waiting == "waiting_for_device"
+            else ", waiting for memory"
+        )
     if obs.state is SlotState.ERROR:
         lines.append(f"in error: {obs.message or 'no message'}")
     elif want.autoload and obs.paused and not obs.dispatchable:

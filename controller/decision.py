@@ -46,6 +46,7 @@ from controller.placement import DeviceFacts, Need, Placement, place
 from controller.units import format_gib
 
 __all__ = [
+    "WAITING_FOR_DEVICE",
     "WAITING_FOR_MEMORY",
     "DeviceFacts",
     "GroupPeer",
@@ -57,6 +58,9 @@ __all__ = [
 ]
 
 WAITING_FOR_MEMORY: Final = "waiting_for_memory"
+# A background load whose GPUs are not there (a pin to a GPU that is lost, or missing):
+# it waits, said once, and is tried again when the probe sees them (a card that comes back).
+WAITING_FOR_DEVICE: Final = "waiting_for_device"
 
 Verdict = Literal["load", "evict-then-load", "refuse"]
 
@@ -268,7 +272,15 @@ def decide_load(
         now,
     )
     if placement.error is not None:
-        return LoadDecision("refuse", error=placement.error, peers=peers, placement=placement)
+        if req.background:
+            placement.error.details.update(waiting=True, wait=WAITING_FOR_DEVICE)
+        return LoadDecision(
+            "refuse",
+            error=placement.error,
+            peers=peers,
+            waiting=req.background,
+            placement=placement,
+        )
     option = placement.option
     assert option is not None
     admission = option.admissions[0]

@@ -157,9 +157,12 @@ def _names(gpu: GpuRef, pin: str) -> bool:
 def _unavailable(
     need: Need, devices: Sequence[DeviceFacts], pin: str | None, lost: str | None = None
 ) -> DeviceUnavailable:
-    have = ", ".join(d.key + (" (lost)" if d.lost else "") for d in devices) or "none"
+    gpus = [d for d in devices if d.gpu is not None]
+    have = ", ".join(d.key + (" (lost)" if d.lost else "") for d in gpus) or (
+        "none: no GPU probe answers and no memory_budget_gb names a GPU"
+    )
     if pin is None:
-        usable = sum(1 for d in devices if not d.lost)
+        usable = sum(1 for d in gpus if not d.lost)
         message = f"slot {need.slot!r} spans {need.span} GPUs, the host has {usable} ({have})"
         reason = "too_few"
     elif lost:
@@ -172,7 +175,7 @@ def _unavailable(
         )
         reason = "not_found"
     return DeviceUnavailable(
-        message, slot=need.slot, device=pin or "gpu", reason=reason, gpus=gpu_figures(devices)
+        message, slot=need.slot, device=pin or "gpu", reason=reason, gpus=gpu_figures(gpus)
     )
 
 

@@ -193,7 +193,11 @@ def plan_slot(
             )
         state = obs.state.value if obs is not None and obs.state else "offline"
         if obs is not None and obs.waiting:
-            state += ", waiting for memory"
+            state += (
+                ", waiting for its GPU"
+                if obs.waiting == "waiting_for_device"
+                else ", waiting for memory"
+            )
         why = "autoload" if want.autoload else "resident"
         return Action("load", name, f"{why} and {state}")
     return Action("noop", name, "in sync")

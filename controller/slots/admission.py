@@ -13,6 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 from controller.decision import (
+    WAITING_FOR_DEVICE,
     WAITING_FOR_MEMORY,
     DeviceFacts,
     GroupPeer,
@@ -21,7 +22,7 @@ from controller.decision import (
     decide_load,
 )
 from controller.devices import GpuRef, key_kind, share
-from controller.errors import SlotctlError
+from controller.errors import DeviceUnavailable, SlotctlError
 from controller.events import EventKind, EvictionReason, Op
 from controller.lifecycle import DISPATCHABLE_STATES, SlotState
 from controller.memory import GIB, DeviceMemory, budget_gb_for, gpu_inventory
@@ -232,9 +233,11 @@ class Admission(Part):
         op = Op.ADMIT if decision.admission is not None else Op.LOAD
         if not decision.waiting:
             return self.table.refuse(slot, op, error)
-        if slot.waiting != WAITING_FOR_MEMORY:  # said once, not at every retry
-            message = f"waiting for memory: {error.message}"
-            self.table.persist(slot, waiting=WAITING_FOR_MEMORY, message=message)
+        device = isinstance(error, DeviceUnavailable)
+        wait = WAITING_FOR_DEVICE if device else WAITING_FOR_MEMORY
+        if slot.waiting != wait:  # said once, not at every retry
+            message = f"waiting for {'its GPU' if device else 'memory'}: {error.message}"
+            self.table.persist(slot, waiting=wait, message=message)
             self.table.refuse(slot, op, error)
         else:
             error.reported = True  # said when the wait began

@@ -382,3 +382,29 @@ def _check_budgets(host: Host, sizes: list[int]) -> None:
             assert len(view.gpus) == spec.gpu_count
             if spec.device_ref.pins:
                 assert [str(i) for i in view.gpus] == list(spec.device_ref.pins)
+
+
+async def test_an_autoload_slot_pinned_to_a_lost_gpu_waits_said_once_and_loads_when_it_is_back(
+    tmp_path: Path,
+) -> None:
+    host = Host(tmp_path, [24, 24])
+    host.memory.lost.add(1)
+    await host.declare([slot_spec("p", "m", device="gpu:1", autoload=True)], _models(m=4))
+    m = host.manager
+    sub = m.events.subscribe()
+    outcomes = await m.restore()
+    assert outcomes == {"p": "device.unavailable"}
+    for _ in range(3):  # the reconciler's retries: quiet
+        with pytest.raises(DeviceUnavailable):
+            await m.load("p", resident=False, background=True)
+    refusals = [e for e in events_of(sub) if e.kind == EventKind.REFUSAL]
+    assert len(refusals) == 1 and refusals[0].error == "device.unavailable"
+    view = m.view("p")
+    assert view.waiting == "waiting_for_device" and view.state is S.OFFLINE
+    assert view.message.startswith("waiting for its GPU: ") and "cannot be read" in view.message
+    assert m.waiting_with_room() == []
+    host.memory.lost.clear()  # the card is back (a driver reset)
+    assert m.waiting_with_room() == ["p"]
+    await m.load("p", resident=False, background=True)
+    assert m.view("p").state is S.READY and host.gpus_of("p") == (1,)
+    assert m.view("p").waiting is None
