@@ -107,7 +107,7 @@ def test_empty_lists_do_not_crash(ctl: Slotctl) -> None:
     result = ctl.run("slot", "list")
     assert result.returncode == 0, ctl.explain(result)
     assert result.stdout.split() == [
-        "NAME", "STATE", "MODEL", "DEVICE", "PRIO", "PINNED", "RESIDENT", "MEMORY", "SINCE",
+        "NAME", "STATE", "MODEL", "DEVICE", "GPU", "PRIO", "PINNED", "RESIDENT", "MEMORY", "SINCE",
         "MESSAGE",
     ]  # fmt: skip
     assert "no slots" in result.stderr
@@ -228,7 +228,7 @@ def test_hold_shows_held_until_and_memory_is_one_format(ctl: Slotctl) -> None:
     api = up_with(ctl, ONE)
     api.wait_state("one", "ready")
     table = ctl.ok("slot", "list")
-    assert re.search(r"\bone\s+ready\s+m-one\s+cpu\s+\d+\s+no\s+no\s+0\.05 GiB\s", table), table
+    assert re.search(r"\bone\s+ready\s+m-one\s+cpu\s+-\s+\d+\s+no\s+no\s+0\.05 GiB\s", table), table
     models = ctl.ok("model", "list")
     assert re.search(r"m-one\s+\S+\s+loaded\s+0\.05 GiB\s", models), models
 
@@ -257,7 +257,7 @@ def test_resident_wish_is_shown(ctl: Slotctl) -> None:
     ctl.ok("slot", "load", "two", "--wait", "--timeout", "60")
     [record] = json.loads(ctl.ok("slot", "list", "-o", "json"))
     assert record["resident"] is True
-    assert re.search(r"\btwo\s+ready\s+\S+\s+cpu\s+\d+\s+no\s+yes\s", ctl.ok("slot", "list"))
+    assert re.search(r"\btwo\s+ready\s+\S+\s+cpu\s+-\s+\d+\s+no\s+yes\s", ctl.ok("slot", "list"))
     assert json.loads(ctl.ok("slot", "get", "two", "-o", "json"))["resident"] is True
     api.call("POST", "/api/slots/two/unload")
     # without a controller: from residency.json

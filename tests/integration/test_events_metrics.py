@@ -536,13 +536,18 @@ async def test_metrics_after_activity_pass_promtool_and_count_right(live: Live) 
     # leases and queue depth (nothing in flight)
     assert value(table, "slotctl_leases_active", slot="alpha") == 0
     assert value(table, "slotctl_queue_depth", slot="gamma") == 0
-    # device memory: total/free from the probe, admitted by slotctl, the budget
+    # device memory, one series set per GPU (this host has one): total/free from the
+    # probe, admitted by slotctl (resident: up, reserved: coming up), the budget
     admitted = int(3.5 * GIB)  # alpha 1.5 + gamma 2
-    assert value(table, "slotctl_device_memory_bytes", device="gpu", kind="admitted") == admitted
-    assert value(table, "slotctl_device_memory_bytes", device="gpu", kind="budget") == 4 * GIB
-    assert value(table, "slotctl_device_memory_bytes", device="gpu", kind="total") == 8 * GIB
+    gpu0 = {"device": "gpu", "gpu": "0"}
+    assert value(table, "slotctl_device_memory_bytes", **gpu0, kind="admitted") == admitted
+    assert value(table, "slotctl_device_memory_bytes", **gpu0, kind="resident") == admitted
+    assert value(table, "slotctl_device_memory_bytes", **gpu0, kind="reserved") == 0
+    assert value(table, "slotctl_device_memory_bytes", **gpu0, kind="budget") == 4 * GIB
+    assert value(table, "slotctl_device_memory_bytes", **gpu0, kind="total") == 8 * GIB
     free = 8 * GIB - admitted
-    assert value(table, "slotctl_device_memory_bytes", device="gpu", kind="free") == free
+    assert value(table, "slotctl_device_memory_bytes", **gpu0, kind="free") == free
+    assert {s["slot"] for s in series(table, "slotctl_slot_gpu")} == {"alpha", "gamma"}
     # requests and their latency, from the router's request_done
     assert value(table, "slotctl_requests_total", slot="alpha", model="m-alpha", status="200") == 2
     assert value(table, "slotctl_requests_total", slot="gamma", model="m-gamma", status="503") == 1
@@ -558,19 +563,27 @@ async def test_metrics_after_activity_pass_promtool_and_count_right(live: Live) 
     assert value(table, "slotctl_reconcile_errors_total") >= 1
     assert value(table, "slotctl_build_info", version=__import__("controller").__version__) == 1
 
-    # /api/devices has the same figures for the dashboard
+    # /api/devices has the same figures for the dashboard: each GPU (here one), with the
+    # slots admitted on it
     devices = (await live.get_json("/api/devices"))["devices"]
     devices[0]["slots"].sort()
     assert devices == [
         {
-            "device": "gpu",
+            "device": "gpu:0",
+            "kind": "gpu",
             "total_bytes": 8 * GIB,
             "free_bytes": free,
             "admitted_bytes": admitted,
+            "reserved_bytes": 0,
+            "resident_bytes": admitted,
             "budget_bytes": 4 * GIB,
             "safety_margin_bytes": 0,
             "source": "fake",
-            "slots": sorted(s["name"] for s in SLOTS),
+            "slots": ["alpha", "gamma"],
+            "index": 0,
+            "uuid": None,
+            "name": None,
+            "error": None,
         }
     ]
 
