@@ -37,6 +37,8 @@ from controller.api.router_proxy import (
     lease_rest,
     record_call,
     revoked,
+    upstream_idle_s,
+    upstream_timeout,
 )
 from controller.api.router_request import (
     Pending,
@@ -46,7 +48,7 @@ from controller.api.router_request import (
     slot_refusal,
 )
 from controller.api.selection import served_ids
-from controller.api.upstream import Upstream, UpstreamError, UpstreamPool
+from controller.api.upstream import CONNECT_S, Upstream, UpstreamError, UpstreamPool
 from controller.errors import SlotctlError
 
 __all__ = ["Connection", "Plane"]
@@ -106,6 +108,11 @@ class Connection(asyncio.Protocol):
         self.serving = False  # in _next (a request answered at once asks for the next)
         self.more = False  # _next goes round again
         self.active = time.monotonic()
+        # The plane's stall sweep (once a second, no cost per request): the exchange it
+        # watches, since when its server has sent nothing, and the slot's upstream_idle_s.
+        self.watched: Upstream | None = None
+        self.quiet_since = 0.0
+        self.idle_s = 0.0
 
     # ------------------------------------------------------------------ asyncio
 
@@ -340,14 +347,18 @@ class Connection(asyncio.Protocol):
     async def _connecting(self) -> None:
         call = self.call
         assert call is not None
+        timeout = min(CONNECT_S, upstream_idle_s(self.plane.ctx, call.slot))
         try:
-            upstream = await self.plane.pool.connect(self.key)
+            upstream = await self.plane.pool.connect(self.key, timeout)
         except asyncio.CancelledError:
             self._cancelled()
             return
         except UpstreamError as exc:
             self.task = None
-            self._refuse(upstream_error(call.slot, exc))
+            if exc.timed_out:
+                self._refuse(upstream_timeout(self.plane.ctx, call, timeout, connecting=True))
+            else:
+                self._refuse(upstream_error(call.slot, exc))
             return
         except Exception as exc:  # a bug: a 500, logged
             self.task = None
@@ -460,6 +471,26 @@ class Connection(asyncio.Protocol):
             self.sent = True
             self.transport.write(data)
 
+    def stalled(self, now: float) -> bool:
+        """The stall sweep's look at this connection (see ``DataPlane._stall_sweep``):
+        True when its server has sent nothing for the slot's ``upstream_idle_s``. The
+        clock starts at the sweep's first sight of an exchange and restarts at each look
+        that finds a byte came (or that reading is paused for a slow client)."""
+        upstream, call = self.upstream, self.call
+        if upstream is None or call is None:
+            self.watched = None  # waiting for a lease or a connection: not the server's
+            return False
+        if upstream is not self.watched:
+            self.watched, self.quiet_since = upstream, now
+            self.idle_s = upstream_idle_s(self.plane.ctx, call.slot)
+            upstream.heard = False
+            return False
+        if upstream.heard or upstream.paused:
+            upstream.heard = False
+            self.quiet_since = now
+            return False
+        return now - self.quiet_since >= self.idle_s
+
     def abort_request(self, reason: str) -> None:
         """Give the request being served up; ``reason`` picks its answer
         (:meth:`_interrupted`)."""
@@ -478,6 +509,8 @@ class Connection(asyncio.Protocol):
         reason = self.reason
         if reason == "lease":
             return self._broken(call, revoked(call))
+        if reason == "timeout":  # the server went silent (the stall sweep)
+            return self._broken(call, upstream_timeout(self.plane.ctx, call, self.idle_s))
         if reason == "shutdown":
             self.keep = False  # closed after it (and said so)
             self._broken(call, shutting_down())
