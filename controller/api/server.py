@@ -23,6 +23,7 @@ from aiohttp import web
 from controller.api.app import ApiContext
 from controller.api.assembly import build_app
 from controller.api.dataplane import DataPlane
+from controller.api.refused import quiet_protocol
 from controller.errors import ListenUnavailable, SlotConfigError
 
 __all__ = ["ApiServer", "check_listen", "parse_listen"]
@@ -104,8 +105,11 @@ class ApiServer:
             shutdown_timeout=_SHUTDOWN_S,
         )
         await self.runner.setup()
-        handler = self.runner.server
-        assert handler is not None
+        server = self.runner.server
+        assert server is not None
+        # aiohttp's protocol, answering the requests its parser refuses without echoing
+        # or logging their bytes (controller.api.refused).
+        handler = quiet_protocol(server)
         factory: Callable[[], asyncio.BaseProtocol] = handler
         if self.data_plane and self.app_factory is build_app:
             self.plane = DataPlane(self.ctx, handler)
