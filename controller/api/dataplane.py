@@ -40,6 +40,7 @@ from typing import Final
 
 from controller.api.app import ApiContext
 from controller.api.dataplane_conn import Connection
+from controller.api.hosts import HostPolicy
 from controller.api.upstream import UpstreamPool
 
 __all__ = ["KEEPALIVE_S", "DataPlane"]
@@ -56,9 +57,16 @@ _STALL_S: Final = 1.0  # how often a request's upstream is looked at for silence
 class DataPlane:
     """The protocol factory of the API's listening socket (see the module docstring)."""
 
-    def __init__(self, ctx: ApiContext, fallback: Callable[[], asyncio.BaseProtocol]) -> None:
+    def __init__(
+        self,
+        ctx: ApiContext,
+        fallback: Callable[[], asyncio.BaseProtocol],
+        *,
+        hosts: HostPolicy,
+    ) -> None:
         self.ctx = ctx
         self.fallback = fallback  # aiohttp's protocol factory
+        self.hosts = hosts  # the Host values answered (others: 421, controller.api.hosts)
         self.pool = UpstreamPool()
         self.fronts: set[Connection] = set()
         self.closing = False

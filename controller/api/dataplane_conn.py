@@ -21,6 +21,7 @@ from controller.api.dataplane_head import (
     address,
     authorized,
     early_answer,
+    misdirected,
     models_answer,
     parse_head_like,
     refusal_answer,
@@ -29,6 +30,7 @@ from controller.api.dataplane_head import (
     unauthorized,
     upstream_error,
 )
+from controller.api.hosts import HostPolicy
 from controller.api.router_proxy import (
     CLIENT_CLOSED,
     CLOSED,
@@ -69,6 +71,7 @@ class Plane(Protocol):
 
     ctx: ApiContext
     fallback: Callable[[], asyncio.BaseProtocol]  # aiohttp's protocol factory
+    hosts: HostPolicy  # the Host values this listener answers (DNS rebinding)
     pool: UpstreamPool
     fronts: set[Connection]
     closing: bool
@@ -204,6 +207,10 @@ class Connection(asyncio.Protocol):
             head, self.template = parse_head_like(bytes(buffer[:end]), self.template)
             if head is None:
                 self._hand_over()
+                return
+            if not self.plane.hosts.allows_raw(head.host):
+                transport.write(misdirected(head))  # before the token: no oracle for it
+                self._linger(head.length - (len(buffer) - end - 4))
                 return
             early = early_answer(head, closing=self.plane.closing, token=self.plane.ctx.token)
             if early is not None:
