@@ -27,8 +27,8 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from controller import __version__
 from controller.api.ctxstore import REQUEST_RECORDER, CtxKey, CtxStore, RequestRecorder
-from controller.api.hosts import HostPolicy
-from controller.errors import HostNotAllowed, InvalidRequest, SlotctlError, Unauthorized
+from controller.api.hosts import hosts_middleware
+from controller.errors import InvalidRequest, SlotctlError, Unauthorized
 from controller.events import EventBus, EventKind, Op
 from controller.reconcile import Reconciler
 from controller.slots import SlotManager
@@ -37,7 +37,6 @@ from controller.tasks import TaskSet
 __all__ = [
     "API_CTX",
     "BAD_BEARER_MESSAGE",
-    "HOST_POLICY",
     "NO_BEARER_MESSAGE",
     "PROBE_PATHS",
     "REQUEST_RECORDER",
@@ -87,8 +86,6 @@ class ApiContext:
 
 
 API_CTX: Final = web.AppKey("slotctl_api", ApiContext)
-# The Host values the app answers (set by the server that serves it; absent: any).
-HOST_POLICY: Final = web.AppKey("slotctl_hosts", HostPolicy)
 
 
 class ErrorDetail(BaseModel):
@@ -311,20 +308,6 @@ def _report(request: web.Request, error: SlotctlError) -> None:
     )
 
 
-@web.middleware
-async def _hosts(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Refuse a ``Host`` this listener does not answer (DNS rebinding: see
-    :mod:`controller.api.hosts`), before the token or any route."""
-    policy = request.app.get(HOST_POLICY)
-    host = request.headers.get("Host")
-    if policy is not None and not policy.allows(host):
-        raise HostNotAllowed(
-            f"this API does not answer to Host {str(host)[:100]!r}: use its address or "
-            "localhost, or add the name with --allowed-host"
-        )
-    return await handler(request)
-
-
 NO_BEARER_MESSAGE: Final = "missing bearer token (Authorization: Bearer <token>)"
 BAD_BEARER_MESSAGE: Final = "wrong bearer token"
 
@@ -362,7 +345,9 @@ def build_app(
     setups: Sequence[Callable[[web.Application, ApiContext], None]] = (),
 ) -> web.Application:
     """The aiohttp app serving ``routes`` (auth and typed errors), then each ``setup``."""
-    app = web.Application(middlewares=[_errors, _hosts, _auth], client_max_size=8 * 1024 * 1024)
+    app = web.Application(
+        middlewares=[_errors, hosts_middleware, _auth], client_max_size=8 * 1024 * 1024
+    )
     app[API_CTX] = ctx
     app[_PUBLIC] = _public_routes(routes)
     for spec in routes:

@@ -41,9 +41,10 @@ from typing import Final
 from controller.api.app import ApiContext
 from controller.api.dataplane_conn import Connection
 from controller.api.hosts import HostPolicy
+from controller.api.router_proxy import upstream_idle_s
 from controller.api.upstream import UpstreamPool
 
-__all__ = ["KEEPALIVE_S", "DataPlane"]
+__all__ = ["KEEPALIVE_S", "DataPlane", "stalled"]
 
 KEEPALIVE_S: Final = 75.0  # an idle client connection is closed after this (aiohttp's default)
 _SWEEP_S: Final = 15.0  # how often idle connections are looked for
@@ -52,6 +53,27 @@ _STALL_S: Final = 1.0  # how often a request's upstream is looked at for silence
 
 
 # ----------------------------------------------------------------------------- the plane
+
+
+def stalled(front: Connection, now: float) -> bool:
+    """The stall sweep's look at one connection: True when the server of its request has
+    sent nothing for the slot's ``upstream_idle_s``. The clock starts at the sweep's first
+    sight of an exchange and restarts at each look that finds a byte came
+    (``Upstream.heard``) or that reading is paused for a slow client."""
+    upstream, call = front.upstream, front.call
+    if upstream is None or call is None:
+        front.watched = None  # waiting for a lease or a connection: not the server's
+        return False
+    if upstream is not front.watched:
+        front.watched, front.quiet_since = upstream, now
+        front.idle_s = upstream_idle_s(front.plane.ctx, call.slot)
+        upstream.heard = False
+        return False
+    if upstream.heard or upstream.paused:
+        upstream.heard = False
+        front.quiet_since = now
+        return False
+    return now - front.quiet_since >= front.idle_s
 
 
 class DataPlane:
@@ -99,7 +121,7 @@ class DataPlane:
         try:
             now = time.monotonic()
             for front in list(self.fronts):  # ending one may hand its connection over
-                if front.stalled(now):
+                if stalled(front, now):
                     front.abort_request("timeout")
         finally:
             self._staller = self.loop.call_later(_STALL_S, self._stall_sweep)

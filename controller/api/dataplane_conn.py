@@ -111,8 +111,9 @@ class Connection(asyncio.Protocol):
         self.serving = False  # in _next (a request answered at once asks for the next)
         self.more = False  # _next goes round again
         self.active = time.monotonic()
-        # The plane's stall sweep (once a second, no cost per request): the exchange it
-        # watches, since when its server has sent nothing, and the slot's upstream_idle_s.
+        # The plane's stall sweep (``dataplane.stalled``, once a second, no cost per
+        # request): the exchange it watches, since when its server has sent nothing, and
+        # the slot's upstream_idle_s.
         self.watched: Upstream | None = None
         self.quiet_since = 0.0
         self.idle_s = 0.0
@@ -477,26 +478,6 @@ class Connection(asyncio.Protocol):
         if data and self.transport is not None:
             self.sent = True
             self.transport.write(data)
-
-    def stalled(self, now: float) -> bool:
-        """The stall sweep's look at this connection (see ``DataPlane._stall_sweep``):
-        True when its server has sent nothing for the slot's ``upstream_idle_s``. The
-        clock starts at the sweep's first sight of an exchange and restarts at each look
-        that finds a byte came (or that reading is paused for a slow client)."""
-        upstream, call = self.upstream, self.call
-        if upstream is None or call is None:
-            self.watched = None  # waiting for a lease or a connection: not the server's
-            return False
-        if upstream is not self.watched:
-            self.watched, self.quiet_since = upstream, now
-            self.idle_s = upstream_idle_s(self.plane.ctx, call.slot)
-            upstream.heard = False
-            return False
-        if upstream.heard or upstream.paused:
-            upstream.heard = False
-            self.quiet_since = now
-            return False
-        return now - self.quiet_since >= self.idle_s
 
     def abort_request(self, reason: str) -> None:
         """Give the request being served up; ``reason`` picks its answer

@@ -8,17 +8,22 @@ name configured with ``--allowed-host`` (``.example.com`` takes its subdomains t
 any name); every other is refused with ``421`` (``request.host_not_allowed``) before any
 route or the token is looked at. A request without ``Host`` (HTTP/1.0) is no browser's.
 
-Pure; :class:`~controller.api.server.ApiServer` builds one policy per listener, the data
-plane and the app's middleware ask it.
+:class:`HostPolicy` is pure; :class:`~controller.api.server.ApiServer` builds one per
+listener (:data:`HOST_POLICY` on its app), the data plane and :func:`hosts_middleware`
+(the app's, for what aiohttp serves) ask it.
 """
 
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Final
 
-__all__ = ["HostPolicy", "host_name"]
+from aiohttp import web
+
+from controller.errors import HostNotAllowed
+
+__all__ = ["HOST_POLICY", "HostPolicy", "host_name", "hosts_middleware"]
 
 _CACHE_MAX: Final = 1024
 
@@ -71,3 +76,22 @@ class HostPolicy:
                 self._seen.clear()
             self._seen[host] = known
         return known
+
+
+# The Host values an app answers (set by the server that serves it; absent: any).
+HOST_POLICY: Final = web.AppKey("slotctl_hosts", HostPolicy)
+
+
+@web.middleware
+async def hosts_middleware(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Refuse a ``Host`` this listener does not answer, before the token or any route."""
+    policy = request.app.get(HOST_POLICY)
+    host = request.headers.get("Host")
+    if policy is not None and not policy.allows(host):
+        raise HostNotAllowed(
+            f"this API does not answer to Host {str(host)[:100]!r}: use its address or "
+            "localhost, or add the name with --allowed-host"
+        )
+    return await handler(request)

@@ -235,28 +235,17 @@ async def _open(
         total=None, sock_connect=min(_CONNECT_S, idle_s), sock_read=idle_s
     )
 
-    def data() -> bytes | io.BytesIO:
+    async def send() -> aiohttp.ClientResponse:
         # aiohttp writes large bytes in one go (and warns); a file-like goes in chunks.
-        return io.BytesIO(body) if len(body) > _RELAY_WHOLE_MAX else body
+        data = io.BytesIO(body) if len(body) > _RELAY_WHOLE_MAX else body
+        return await session.request(
+            request.method, url, data=data, headers=headers, allow_redirects=False, timeout=timeout
+        )
 
     try:
-        return await session.request(
-            request.method,
-            url,
-            data=data(),
-            headers=headers,
-            allow_redirects=False,
-            timeout=timeout,
-        )
+        return await send()
     except aiohttp.ServerDisconnectedError:
-        return await session.request(
-            request.method,
-            url,
-            data=data(),
-            headers=headers,
-            allow_redirects=False,
-            timeout=timeout,
-        )
+        return await send()
 
 
 def _failed(ctx: ApiContext, call: Call, exc: BaseException, idle_s: float) -> Refusal:

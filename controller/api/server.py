@@ -20,10 +20,10 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from controller.api.app import HOST_POLICY, ApiContext
+from controller.api.app import ApiContext
 from controller.api.assembly import build_app
 from controller.api.dataplane import DataPlane
-from controller.api.hosts import HostPolicy
+from controller.api.hosts import HOST_POLICY, HostPolicy
 from controller.api.refused import quiet_protocol
 from controller.errors import ListenUnavailable, SlotConfigError
 
