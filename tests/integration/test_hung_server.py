@@ -181,7 +181,7 @@ def fill_accept_queue(port: int, limit: int = 4096) -> list[socket.socket]:
         held.append(sock)
         if sock.connect_ex(("127.0.0.1", port)) not in (0, 115):  # EINPROGRESS
             break
-        deadline = time.monotonic() + 0.3
+        deadline = time.monotonic() + 1.0
         while True:
             try:
                 sock.getpeername()
