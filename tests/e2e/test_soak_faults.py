@@ -167,10 +167,11 @@ def _hang(ctl: Slotctl, model: str) -> str:
 def test_hung_servers_soak(ctl: Slotctl) -> None:
     rng = random.Random(int(os.environ.get("SLOTCTL_CRASH_SEED") or 26))
     breaker = (("max_consecutive_failures", "50"),)
+    ports = free_ports(4)
     slots = [
-        SlotDef(f"h{i}", extra=("--tokens-per-second", "50"), options=WATCHED + breaker)
-        for i in range(3)
-    ] + [SlotDef("wedge", extra=("--hang-after", "4"), options=WATCHED + breaker)]
+        SlotDef(f"h{i}", extra=("--tokens-per-second", "50"), options=WATCHED + breaker, port=p)
+        for i, p in enumerate(ports[:3])
+    ] + [SlotDef("wedge", extra=("--hang-after", "4"), options=WATCHED + breaker, port=ports[3])]
     write_stack(ctl.tmp / "gitops" / "soak.toml", slots)
     ctl.start_up(ctl.tmp / "gitops")
     ctl.wait_states({s.name: "ready" for s in slots}, timeout=120)
