@@ -24,7 +24,7 @@ help:
 	@echo "make demo    run the controller on the quickstart stack (the main job;"
 	@echo "             DEMO_LISTEN=$(DEMO_LISTEN) sets its address)"
 	@echo "make test    all gates (format, lint, mypy --strict, import contracts) + tests"
-	@echo "make soak    long-running property and crash tests"
+	@echo "make soak    long-running property, crash and hung-server tests"
 	@echo "make bench   benchmarks (print figures; never fail on timing)"
 	@echo "make k8s-apiserver  build kube-apiserver + kine for the real API server tier"
 	@echo "             (cached; SLOTCTL_K8S_APISERVER=1 make test builds it first)"

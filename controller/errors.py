@@ -13,8 +13,10 @@ through :meth:`SlotctlError.to_dict`; nothing renders a bare traceback.
     ├── SlotHealthFailed              slot.health_failed            503
     ├── SlotCrashLooping              slot.crash_looping            503  (+ retry_after_s)
     ├── SlotTerminateTimeout          slot.terminate_timeout        504
+    ├── SlotUpstreamTimeout           slot.upstream_timeout         504  (+ idle_s)
     ├── SlotConfigError               slot.config_error             400  (+ keys, problems)
-    │   └── NpuExclusivityViolation   slot.npu_exclusive            409
+    │   ├── NpuExclusivityViolation   slot.npu_exclusive            409
+    │   └── ServerNotAllowed          slot.server_not_allowed       403  (allowlists)
     ├── SlotPinned                    slot.pinned                   409
     ├── SlotOwnedByStack              slot.owned_by_stack           409  (+ stack, stack_dir)
     ├── SlotQueueFull                 slot.queue_full               429  (+ retry_after_s)
@@ -27,6 +29,7 @@ through :meth:`SlotctlError.to_dict`; nothing renders a bare traceback.
     ├── StateWriteFailed              state.write_failed            503  (+ path, errno...)
     ├── ListenUnavailable             controller.listen_unavailable 409  (--listen in use)
     ├── InvalidRequest                request.invalid               400  (bad JSON/params)
+    ├── HostNotAllowed                request.host_not_allowed      421  (DNS rebinding)
     └── Unauthorized                  auth.unauthorized             401  (missing/bad token)
 """
 
@@ -40,12 +43,14 @@ __all__ = [
     "DeviceUnavailable",
     "DockerEngineError",
     "DockerUnavailable",
+    "HostNotAllowed",
     "IllegalSlotTransition",
     "InsufficientMemory",
     "InvalidRequest",
     "ListenUnavailable",
     "ModelNotFound",
     "NpuExclusivityViolation",
+    "ServerNotAllowed",
     "SlotConfigError",
     "SlotCrashLooping",
     "SlotHealthFailed",
@@ -56,6 +61,7 @@ __all__ = [
     "SlotQueueFull",
     "SlotSpawnFailed",
     "SlotTerminateTimeout",
+    "SlotUpstreamTimeout",
     "SlotctlError",
     "StateWriteFailed",
     "Unauthorized",
@@ -132,6 +138,14 @@ class SlotTerminateTimeout(SlotctlError):
     http_status = 504
 
 
+class SlotUpstreamTimeout(SlotctlError):
+    """The router heard nothing from a slot's server for ``upstream_idle_s`` (or could
+    not connect within its connect timeout): the request is ended, its lease released."""
+
+    code = "slot.upstream_timeout"
+    http_status = 504
+
+
 class SlotConfigError(SlotctlError):
     """Bad desired state. ``problems`` lists every located problem (see ``spec.problems``)."""
 
@@ -154,6 +168,14 @@ class SlotConfigError(SlotctlError):
 class NpuExclusivityViolation(SlotConfigError):
     code = "slot.npu_exclusive"
     http_status = 409
+
+
+class ServerNotAllowed(SlotConfigError):
+    """A slot names a server binary or image outside the controller's allowlists
+    (``allowed_binaries`` / ``allowed_images`` in ``controller.toml``)."""
+
+    code = "slot.server_not_allowed"
+    http_status = 403
 
 
 class SlotPinned(SlotctlError):
@@ -295,6 +317,14 @@ class InvalidRequest(SlotctlError):
 
     code = "request.invalid"
     http_status = 400
+
+
+class HostNotAllowed(SlotctlError):
+    """A request whose ``Host`` is none of the names the API answers to (a DNS-rebinding
+    page would send its own name): refused before any route runs."""
+
+    code = "request.host_not_allowed"
+    http_status = 421
 
 
 class Unauthorized(SlotctlError):

@@ -47,6 +47,8 @@ SCHEDULING_KEYS: Final = frozenset(
         "drain_timeout_s",
         "liveness_interval_s",
         "liveness_failures",
+        "liveness_timeout_s",
+        "upstream_idle_s",
         "max_consecutive_failures",
         "max_queue",
         "memory_gb",

@@ -41,7 +41,14 @@ from typing import Any, Final, Protocol, runtime_checkable
 import aiohttp
 
 from controller.clock import SYSTEM_CLOCK, Clock
-from controller.probe_http import Request, Response, aiohttp_request, get, plain_pair
+from controller.probe_http import (
+    Request,
+    Response,
+    aiohttp_request,
+    first_bytes,
+    get,
+    plain_pair,
+)
 
 __all__ = [
     "HttpProber",
@@ -83,6 +90,9 @@ class ProbeSpec:
     # A regular expression for the log line with which the server announces readiness
     # (declared per provider); None: the schedule alone.
     ready_log: str | None = None
+    # The server's own cheap liveness endpoint (llama-server's, vLLM's and the demo
+    # server's ``/health``); None: the models list.
+    liveness_path: str | None = None
 
 
 class ProbeOutcome(StrEnum):
@@ -91,6 +101,7 @@ class ProbeOutcome(StrEnum):
     STILL_WARMING = "still_warming"  # refused / timeout / 5xx: still loading
     EXITED = "exited"  # the server process/container is gone
     TIMED_OUT = "timed_out"  # still warming after warmup_timeout_s -> error
+    HUNG = "hung"  # liveness: not one byte within the probe's timeout (a wedged server)
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,15 +312,25 @@ def _final(
 async def check_liveness(
     session: aiohttp.ClientSession, endpoint: str, spec: ProbeSpec, *, timeout_s: float = 5.0
 ) -> ProbeResult:
-    """Liveness for a ready slot: the models list still answers and is non-empty."""
-    listed = await _list_models(session, endpoint, spec, timeout_s)
-    if listed.status == 0 or listed.status >= 300:
-        reason = listed.error or f"HTTP {listed.status}"
-        return ProbeResult(ProbeOutcome.STILL_WARMING, f"liveness: {reason}")
-    models = _model_ids(listed.body)
-    if not models:
-        return ProbeResult(ProbeOutcome.NO_MODEL, "liveness: models list is empty")
-    return ProbeResult(ProbeOutcome.READY, "alive", models)
+    """Liveness of a loaded slot: does the server still answer at all?
+
+    ``GET`` of its liveness endpoint (``spec.liveness_path``, else the models list).
+    Only silence is a miss (:attr:`ProbeOutcome.HUNG`: not one byte within
+    ``timeout_s``): a busy server may answer slowly or with a 503 ("no slot available"),
+    and that is alive; a refused connection is not counted either (a server that exited
+    is the exit check's, within a second).
+    """
+    path = spec.liveness_path or spec.models_path
+    answer = await first_bytes(endpoint, path, timeout_s)
+    if answer is None:  # not a plain http:// endpoint: aiohttp asks (a timeout is silence)
+        answer = await aiohttp_request(session, "GET", endpoint + path, None, timeout_s)
+        if answer.status == 0 and answer.error.startswith("TimeoutError"):
+            answer.extra["hung"] = True
+    if answer.extra.get("hung"):
+        return ProbeResult(ProbeOutcome.HUNG, f"liveness: {path}: {answer.error}")
+    if answer.status == 0:
+        return ProbeResult(ProbeOutcome.STILL_WARMING, f"liveness: {path}: {answer.error}")
+    return ProbeResult(ProbeOutcome.READY, f"alive ({path}: HTTP {answer.status})")
 
 
 class Prober(Protocol):
@@ -328,7 +349,11 @@ class Prober(Protocol):
 
     async def probe(self, endpoint: str, spec: ProbeSpec, *, slot: str) -> ProbeResult: ...
 
-    async def liveness(self, endpoint: str, spec: ProbeSpec, *, slot: str) -> ProbeResult: ...
+    async def liveness(
+        self, endpoint: str, spec: ProbeSpec, *, slot: str, timeout_s: float | None = None
+    ) -> ProbeResult:
+        """:func:`check_liveness` (``timeout_s``: the slot's ``liveness_timeout_s``)."""
+        ...
 
     async def close(self) -> None:
         """Release the prober's connections."""
@@ -390,10 +415,13 @@ class HttpProber:
             return ProbeResult(ProbeOutcome.STILL_WARMING, "the prober is closed")
         return await probe_once(self._client(), endpoint, spec, timeout_s=self.timeout_s)
 
-    async def liveness(self, endpoint: str, spec: ProbeSpec, *, slot: str) -> ProbeResult:
+    async def liveness(
+        self, endpoint: str, spec: ProbeSpec, *, slot: str, timeout_s: float | None = None
+    ) -> ProbeResult:
         if self._closed:  # not a miss: nobody is looking any more
             return ProbeResult(ProbeOutcome.READY, "the prober is closed")
-        return await check_liveness(self._client(), endpoint, spec, timeout_s=self.timeout_s)
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        return await check_liveness(self._client(), endpoint, spec, timeout_s=timeout)
 
     async def close(self) -> None:
         """Close the session; a probe still running after this opens no new one."""

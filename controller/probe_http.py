@@ -21,6 +21,7 @@ __all__ = [
     "Request",
     "Response",
     "aiohttp_request",
+    "first_bytes",
     "get",
     "plain",
     "plain_pair",
@@ -79,6 +80,45 @@ async def plain(
 
 
 Request = tuple[str, str, Any]  # method, path, JSON body (None: none)
+
+
+async def first_bytes(endpoint: str, path: str, timeout_s: float) -> Response | None:
+    """``GET endpoint + path`` for liveness: did the server send *anything* within
+    ``timeout_s``? Only its status line is read (a busy server may be slow to finish an
+    answer, never to start one). ``extra["hung"]`` is True when not one byte came in time
+    (the connect included: a stopped server's full accept queue); a refused or closed
+    connection is not hung (the process may be gone: the exit check's case). None: not a
+    plain ``http://`` endpoint."""
+    url = urlsplit(endpoint + path)
+    if url.scheme != "http" or not url.hostname:
+        return None
+    target = (url.path or "/") + (f"?{url.query}" if url.query else "")
+    data = (
+        f"GET {target} HTTP/1.1\r\nHost: {url.netloc}\r\nUser-Agent: slotctl-probe\r\n"
+        "Connection: close\r\n\r\n"
+    ).encode("latin-1")
+    got = b""
+    try:
+        async with asyncio.timeout(timeout_s):
+            reader, writer = await asyncio.open_connection(url.hostname, url.port or 80)
+            try:
+                writer.write(data)
+                got = await reader.read(1)
+                if got:
+                    got += await reader.readline()
+            finally:
+                writer.close()
+    except TimeoutError:
+        if not got:
+            return Response(0, error=f"no byte within {timeout_s:g}s", extra={"hung": True})
+    except (OSError, ValueError, asyncio.LimitOverrunError) as exc:
+        if not got:
+            return Response(0, error=f"{type(exc).__name__}: {exc}".rstrip(": "))
+    if not got:
+        return Response(0, error="the server closed the connection without an answer")
+    parts = got.split(b" ", 2)
+    status = int(parts[1]) if len(parts) > 1 and parts[1][:3].isdigit() else 0
+    return Response(status, error="" if status else "an answer that is not HTTP")
 
 
 class _Reusable(Exception):

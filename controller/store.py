@@ -43,6 +43,7 @@ __all__ = [
     "atomic_write_bytes",
     "atomic_write_json",
     "check_slot_name",
+    "ensure_private_dir",
     "ensure_token",
     "utcnow",
 ]
@@ -405,11 +406,13 @@ class ControllerLock:
     def __init__(self, state_dir: Path) -> None:
         self.state_dir = Path(state_dir)
         self._fd: int | None = None
+        self.tightened = False  # acquire() made an existing state dir private (0700)
 
     def acquire(self, record: ControllerRecord) -> None:
         import fcntl
 
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+        if ensure_private_dir(self.state_dir):
+            self.tightened = True
         fd = os.open(self.state_dir / self.LOCK, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -453,6 +456,20 @@ class ControllerLock:
             return ControllerRecord.model_validate(data)
         except ValidationError:
             return None
+
+
+def ensure_private_dir(path: Path) -> bool:
+    """``path`` as a directory only its owner may enter (0700, as etcd keeps its data
+    dir): the state dir holds the token, the servers' logs and the state files, which
+    other local users have no business reading. Created so; an existing one with group or
+    other bits is tightened (True: it was; the caller says so)."""
+    path = Path(path)
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = path.stat()
+    if info.st_mode & 0o077 and info.st_uid == os.geteuid():
+        path.chmod(0o700)
+        return True
+    return False
 
 
 def ensure_token(state_dir: Path) -> str:

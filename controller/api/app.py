@@ -27,6 +27,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from controller import __version__
 from controller.api.ctxstore import REQUEST_RECORDER, CtxKey, CtxStore, RequestRecorder
+from controller.api.hosts import hosts_middleware
 from controller.errors import InvalidRequest, SlotctlError, Unauthorized
 from controller.events import EventBus, EventKind, Op
 from controller.reconcile import Reconciler
@@ -80,6 +81,8 @@ class ApiContext:
     # GitOps mode: the stack dir and the stacks it declares (the daemon's live set).
     stack_dir: Path | None = None
     gitops_stacks: set[str] = field(default_factory=set)
+    # ``--allowed-host``: names the API answers besides its address and localhost.
+    allowed_hosts: tuple[str, ...] = ()
 
 
 API_CTX: Final = web.AppKey("slotctl_api", ApiContext)
@@ -342,7 +345,9 @@ def build_app(
     setups: Sequence[Callable[[web.Application, ApiContext], None]] = (),
 ) -> web.Application:
     """The aiohttp app serving ``routes`` (auth and typed errors), then each ``setup``."""
-    app = web.Application(middlewares=[_errors, _auth], client_max_size=8 * 1024 * 1024)
+    app = web.Application(
+        middlewares=[_errors, hosts_middleware, _auth], client_max_size=8 * 1024 * 1024
+    )
     app[API_CTX] = ctx
     app[_PUBLIC] = _public_routes(routes)
     for spec in routes:

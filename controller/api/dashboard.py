@@ -12,7 +12,9 @@ up`` (and ``slotctl dashboard``, through ``POST /api/login-codes``) prints
 never send to a server, so it reaches no access log or Referer; the page posts it to the
 public ``POST /api/login``, which answers the token once: a code works a single time
 and for :data:`LOGIN_CODE_TTL_S` only. The page then drops the fragment from the
-address bar and its history entry.
+address bar and its history entry. ``POST /api/login`` takes ``application/json`` only
+(a cross-site page cannot send that without a CORS preflight, never granted); ``slotctl
+up`` prints a link only on a terminal (a log file or the journal must not hold one).
 
 :func:`setup` is the hook ``build_app`` calls for the live parts: the app's metrics object
 (:data:`~controller.api.metrics.METRICS` in ``ctx.store``) and the shutdown signal that
@@ -34,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from controller.api import metrics, sse
 from controller.api.app import API_CTX, ApiContext, CtxKey, RouteTable, json_response, read_body
-from controller.errors import Unauthorized
+from controller.errors import InvalidRequest, Unauthorized
 
 __all__ = [
     "LOGIN_CODE_TTL_S",
@@ -204,10 +206,21 @@ class LoginCode(BaseModel):
     tag="dashboard",
     public=True,
     body=LoginBody,
-    responses={200: ("the API token", LoginAnswer), 401: ("wrong, used or expired code", None)},
+    responses={
+        200: ("the API token", LoginAnswer),
+        400: ("not an application/json body, or not the schema's", None),
+        401: ("wrong, used or expired code", None),
+    },
 )
 async def login(request: web.Request) -> web.Response:
     ctx = request.app[API_CTX]
+    if request.content_type != "application/json":
+        # Any web page may send a text/plain (or form) POST cross-site without asking;
+        # application/json needs a CORS preflight, which this API never grants.
+        raise InvalidRequest(
+            "POST /api/login takes an application/json body only "
+            f"(got {request.content_type or 'none'!r})"
+        )
     body: LoginBody = await read_body(request, LoginBody)
     codes = ctx.store.setdefault(_LOGIN_CODES, LoginCodes)
     now = time.monotonic()

@@ -24,7 +24,10 @@ The answers are the aiohttp router's (SPEC §7): the same refusals from
 :func:`~controller.api.router_proxy.record_call`). A client that goes away gives its
 request up at once (``connection_lost``): the lease is released and the upstream
 connection dropped, so the server stops generating. A revoked lease is noticed within
-``_WATCH_S`` (one timer of the plane looks at every request's lease).
+``_WATCH_S`` (one timer of the plane looks at every request's lease); a server that sends
+nothing for its slot's ``upstream_idle_s`` (a hung one) within a second or two of it
+(another timer of the plane, :meth:`DataPlane._stall_sweep`), and the request ends with
+``slot.upstream_timeout``.
 """
 
 from __future__ import annotations
@@ -37,24 +40,55 @@ from typing import Final
 
 from controller.api.app import ApiContext
 from controller.api.dataplane_conn import Connection
+from controller.api.hosts import HostPolicy
+from controller.api.router_proxy import upstream_idle_s
 from controller.api.upstream import UpstreamPool
 
-__all__ = ["KEEPALIVE_S", "DataPlane"]
+__all__ = ["KEEPALIVE_S", "DataPlane", "stalled"]
 
 KEEPALIVE_S: Final = 75.0  # an idle client connection is closed after this (aiohttp's default)
 _SWEEP_S: Final = 15.0  # how often idle connections are looked for
 _WATCH_S: Final = 0.1  # how often a request's lease is looked at
+_STALL_S: Final = 1.0  # how often a request's upstream is looked at for silence
 
 
 # ----------------------------------------------------------------------------- the plane
 
 
+def stalled(front: Connection, now: float) -> bool:
+    """The stall sweep's look at one connection: True when the server of its request has
+    sent nothing for the slot's ``upstream_idle_s``. The clock starts at the sweep's first
+    sight of an exchange and restarts at each look that finds a byte came
+    (``Upstream.heard``) or that reading is paused for a slow client."""
+    upstream, call = front.upstream, front.call
+    if upstream is None or call is None:
+        front.watched = None  # waiting for a lease or a connection: not the server's
+        return False
+    if upstream is not front.watched:
+        front.watched, front.quiet_since = upstream, now
+        front.idle_s = upstream_idle_s(front.plane.ctx, call.slot)
+        upstream.heard = False
+        return False
+    if upstream.heard or upstream.paused:
+        upstream.heard = False
+        front.quiet_since = now
+        return False
+    return now - front.quiet_since >= front.idle_s
+
+
 class DataPlane:
     """The protocol factory of the API's listening socket (see the module docstring)."""
 
-    def __init__(self, ctx: ApiContext, fallback: Callable[[], asyncio.BaseProtocol]) -> None:
+    def __init__(
+        self,
+        ctx: ApiContext,
+        fallback: Callable[[], asyncio.BaseProtocol],
+        *,
+        hosts: HostPolicy,
+    ) -> None:
         self.ctx = ctx
         self.fallback = fallback  # aiohttp's protocol factory
+        self.hosts = hosts  # the Host values answered (others: 421, controller.api.hosts)
         self.pool = UpstreamPool()
         self.fronts: set[Connection] = set()
         self.closing = False
@@ -63,6 +97,7 @@ class DataPlane:
         self.loop = asyncio.get_running_loop()
         self._sweeper = self.loop.call_later(_SWEEP_S, self._sweep)
         self._watcher = self.loop.call_later(_WATCH_S, self._watch)
+        self._staller = self.loop.call_later(_STALL_S, self._stall_sweep)
 
     def __call__(self) -> asyncio.Protocol:
         return Connection(self)
@@ -77,6 +112,19 @@ class DataPlane:
                     front.abort_request("lease")
         finally:
             self._watcher = self.loop.call_later(_WATCH_S, self._watch)
+
+    def _stall_sweep(self) -> None:
+        """Every ``_STALL_S``: a request whose server sent nothing for its slot's
+        ``upstream_idle_s`` is ended with ``slot.upstream_timeout`` (its lease released,
+        its upstream connection dropped). One timer for every request, no timer per
+        request or per read: a read only sets ``Upstream.heard``."""
+        try:
+            now = time.monotonic()
+            for front in list(self.fronts):  # ending one may hand its connection over
+                if stalled(front, now):
+                    front.abort_request("timeout")
+        finally:
+            self._staller = self.loop.call_later(_STALL_S, self._stall_sweep)
 
     def _sweep(self) -> None:
         horizon = time.monotonic() - KEEPALIVE_S
@@ -100,6 +148,7 @@ class DataPlane:
         for front in list(self.fronts):
             front.close()
         self._watcher.cancel()
+        self._staller.cancel()
         self.pool.close()
 
     def ended(self) -> None:

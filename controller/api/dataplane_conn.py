@@ -21,6 +21,7 @@ from controller.api.dataplane_head import (
     address,
     authorized,
     early_answer,
+    misdirected,
     models_answer,
     parse_head_like,
     refusal_answer,
@@ -29,6 +30,7 @@ from controller.api.dataplane_head import (
     unauthorized,
     upstream_error,
 )
+from controller.api.hosts import HostPolicy
 from controller.api.router_proxy import (
     CLIENT_CLOSED,
     CLOSED,
@@ -37,6 +39,8 @@ from controller.api.router_proxy import (
     lease_rest,
     record_call,
     revoked,
+    upstream_idle_s,
+    upstream_timeout,
 )
 from controller.api.router_request import (
     Pending,
@@ -46,7 +50,7 @@ from controller.api.router_request import (
     slot_refusal,
 )
 from controller.api.selection import served_ids
-from controller.api.upstream import Upstream, UpstreamError, UpstreamPool
+from controller.api.upstream import CONNECT_S, Upstream, UpstreamError, UpstreamPool
 from controller.errors import SlotctlError
 
 __all__ = ["Connection", "Plane"]
@@ -67,6 +71,7 @@ class Plane(Protocol):
 
     ctx: ApiContext
     fallback: Callable[[], asyncio.BaseProtocol]  # aiohttp's protocol factory
+    hosts: HostPolicy  # the Host values this listener answers (DNS rebinding)
     pool: UpstreamPool
     fronts: set[Connection]
     closing: bool
@@ -106,6 +111,12 @@ class Connection(asyncio.Protocol):
         self.serving = False  # in _next (a request answered at once asks for the next)
         self.more = False  # _next goes round again
         self.active = time.monotonic()
+        # The plane's stall sweep (``dataplane.stalled``, once a second, no cost per
+        # request): the exchange it watches, since when its server has sent nothing, and
+        # the slot's upstream_idle_s.
+        self.watched: Upstream | None = None
+        self.quiet_since = 0.0
+        self.idle_s = 0.0
 
     # ------------------------------------------------------------------ asyncio
 
@@ -197,6 +208,10 @@ class Connection(asyncio.Protocol):
             head, self.template = parse_head_like(bytes(buffer[:end]), self.template)
             if head is None:
                 self._hand_over()
+                return
+            if not self.plane.hosts.allows_raw(head.host):
+                transport.write(misdirected(head))  # before the token: no oracle for it
+                self._linger(head.length - (len(buffer) - end - 4))
                 return
             early = early_answer(head, closing=self.plane.closing, token=self.plane.ctx.token)
             if early is not None:
@@ -340,14 +355,18 @@ class Connection(asyncio.Protocol):
     async def _connecting(self) -> None:
         call = self.call
         assert call is not None
+        timeout = min(CONNECT_S, upstream_idle_s(self.plane.ctx, call.slot))
         try:
-            upstream = await self.plane.pool.connect(self.key)
+            upstream = await self.plane.pool.connect(self.key, timeout)
         except asyncio.CancelledError:
             self._cancelled()
             return
         except UpstreamError as exc:
             self.task = None
-            self._refuse(upstream_error(call.slot, exc))
+            if exc.timed_out:
+                self._refuse(upstream_timeout(self.plane.ctx, call, timeout, connecting=True))
+            else:
+                self._refuse(upstream_error(call.slot, exc))
             return
         except Exception as exc:  # a bug: a 500, logged
             self.task = None
@@ -478,6 +497,8 @@ class Connection(asyncio.Protocol):
         reason = self.reason
         if reason == "lease":
             return self._broken(call, revoked(call))
+        if reason == "timeout":  # the server went silent (the stall sweep)
+            return self._broken(call, upstream_timeout(self.plane.ctx, call, self.idle_s))
         if reason == "shutdown":
             self.keep = False  # closed after it (and said so)
             self._broken(call, shutting_down())

@@ -39,6 +39,7 @@ from controller.api.upstream import (
     UpstreamError,
 )
 from controller.api.upstream_head import HEADER_LINES, content_length
+from controller.errors import HostNotAllowed
 
 __all__ = [
     "HeadTemplate",
@@ -47,6 +48,7 @@ __all__ = [
     "answer",
     "authorized",
     "early_answer",
+    "misdirected",
     "models_answer",
     "parse_head",
     "parse_head_like",
@@ -100,6 +102,7 @@ class RequestHead:
     content_type: str
     close: bool  # the client sent Connection: close
     expect: bool  # Expect: 100-continue
+    host: bytes = b""  # the Host header's value (the DNS-rebinding check)
 
 
 def parse_head(raw: bytes) -> RequestHead | None:
@@ -131,8 +134,9 @@ def parse_head(raw: bytes) -> RequestHead | None:
         return None  # aiohttp's line limit
     length: int | None = None
     authorization: bytes | None = None
+    host: bytes | None = None
     content_type = ""
-    close = expect = host = False
+    close = expect = False
     for name, value in _REQUEST_READ.findall(raw, first):
         lower = name.lower()
         value = value.rstrip(b" \t")
@@ -143,7 +147,9 @@ def parse_head(raw: bytes) -> RequestHead | None:
         elif lower == b"authorization":
             authorization = value
         elif lower == b"host":
-            host = True
+            if host is not None:
+                return None  # two Host headers: aiohttp's 400
+            host = value
         elif lower == b"content-type":
             content_type = value.decode("latin-1")
         elif lower == b"connection":
@@ -154,11 +160,11 @@ def parse_head(raw: bytes) -> RequestHead | None:
             return None
     if method == b"GET" and not length and not expect:
         length = 0
-    if length is None or not host:  # HTTP/1.1 without Host: aiohttp's 400
+    if length is None or host is None:  # HTTP/1.1 without Host: aiohttp's 400
         return None
     forward = _REQUEST_DROPPED.sub(b"", raw[first:])
     return RequestHead(
-        method, target, limit, length, forward, authorization, content_type, close, expect
+        method, target, limit, length, forward, authorization, content_type, close, expect, host
     )
 
 
@@ -197,6 +203,7 @@ def parse_head_like(
                 h.content_type,
                 h.close,
                 h.expect,
+                h.host,
             )
             return head, last
     parsed = parse_head(raw)
@@ -222,6 +229,19 @@ def early_answer(head: RequestHead, *, closing: bool, token: str) -> tuple[bytes
         return unauthorized(head.authorization, close=True), 0
     limit = Refusal(413, f"request body exceeds {head.limit} bytes", code="request_too_large")
     return refusal_answer(limit, close=True), 413
+
+
+def misdirected(head: RequestHead) -> bytes:
+    """The ``421`` of a request whose ``Host`` this listener does not answer (DNS
+    rebinding, :mod:`controller.api.hosts`); the connection is closed after it."""
+    name = head.host.decode("latin-1")[:100]
+    refusal = Refusal(
+        421,
+        f"this API does not answer to Host {name!r}: use its address or localhost, or add "
+        "the name with --allowed-host",
+        code=HostNotAllowed.code,
+    )
+    return refusal_answer(refusal, close=True)
 
 
 def _bearer(given: bytes | None) -> bytes | None:

@@ -5,7 +5,8 @@ Two kinds of series:
 * **counters and histograms fed by events** — a synchronous listener on the event bus
   (:meth:`EventBus.add_listener`) counts transitions, admission refusals, evictions (by a
   short reason class), reconcile errors, background-task failures (contained and
-  restarted by the daemon), refused state writes and measures load durations (the transition into
+  restarted by the daemon), refused state writes, routed requests ended by an upstream
+  timeout (``slot.upstream_timeout``) and measures load durations (the transition into
   ``pulling``/``starting`` of a load to ``ready``); the router reports each request with
   :meth:`Metrics.request_done`, the reconciler each pass through its pass observers;
 * **gauges computed at scrape time** from the SlotManager (:class:`_LiveCollector`): the
@@ -40,6 +41,7 @@ from prometheus_client.utils import floatToGoString
 
 from controller import __version__
 from controller.api.app import API_CTX, REQUEST_RECORDER, ApiContext, CtxKey, RouteTable
+from controller.errors import SlotUpstreamTimeout
 from controller.events import Event, EventKind
 from controller.lifecycle import SlotState
 from controller.slots.ports import MetricsPort
@@ -308,6 +310,13 @@ class Metrics:
             ["slot"],
             registry=r,
         )
+        self.upstream_timeouts = Counter(
+            "slotctl_upstream_timeouts_total",
+            "Routed requests ended because the slot's server sent nothing for "
+            "upstream_idle_s (or took no connection)",
+            ["slot"],
+            registry=r,
+        )
         self._load_started: dict[str, float] = {}
         r.register(_LiveCollector(ctx))
 
@@ -327,6 +336,8 @@ class Metrics:
             self._load_timing(event)
         elif event.kind == "refusal" and event.op in ("admit", "load"):
             self.refusals.labels(slot).inc()
+        elif event.kind == "refusal" and event.error == SlotUpstreamTimeout.code:
+            self.upstream_timeouts.labels(slot).inc()
         elif event.kind == "error" and event.op == "reconcile":
             self.reconcile_errors.inc()
         elif event.kind == "error" and event.op == "background":

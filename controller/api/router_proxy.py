@@ -60,7 +60,7 @@ from controller.api.router_request import (
     upstream_refusal,
 )
 from controller.api.selection import serving
-from controller.errors import ModelNotFound, SlotctlError
+from controller.errors import ModelNotFound, SlotctlError, SlotUpstreamTimeout
 from controller.events import EventKind, Op
 from controller.slots import Lease
 
@@ -79,6 +79,8 @@ __all__ = [
     "revoked",
     "route_request",
     "setup",
+    "upstream_idle_s",
+    "upstream_timeout",
 ]
 
 log = logging.getLogger("slotctl.router")
@@ -89,6 +91,8 @@ CLOSED: Final = CtxKey("router_closed", bool)  # set by the app's cleanup
 _RELAY_WHOLE_MAX: Final = 1024 * 1024  # sized non-stream bodies up to this are relayed whole
 _WATCH_S: Final = 0.1  # how often the watch looks at the client connection and the lease
 CLIENT_CLOSED: Final = 499  # nginx's status for "client closed the request" (metrics only)
+_CONNECT_S: Final = 10.0  # connect timeout (the slot's upstream_idle_s when shorter)
+_IDLE_DEFAULT_S: Final = 120.0  # a slot the manager no longer knows: the schema's default
 
 # Never forwarded in either direction: hop-by-hop headers (RFC 9110 §7.6.1), the
 # controller's own credentials, and lengths/encodings the two connections set themselves.
@@ -147,9 +151,10 @@ def _session(ctx: ApiContext) -> aiohttp.ClientSession:
         # Keep-alive pools per upstream (host, port); no cap per host: a slot's server
         # takes as many concurrent requests as clients send (it queues them itself).
         connector=aiohttp.TCPConnector(limit=1024, limit_per_host=0, keepalive_timeout=30),
-        # No total or read timeout: a generation may take long, and a client that gives
-        # up disconnects (the watch then cancels the upstream request).
-        timeout=aiohttp.ClientTimeout(total=None, sock_connect=10.0),
+        # No total timeout: a generation may take long, and a client that gives up
+        # disconnects (the watch then cancels the upstream request). The read timeout is
+        # per request: the slot's upstream_idle_s (_open).
+        timeout=aiohttp.ClientTimeout(total=None, sock_connect=_CONNECT_S),
         auto_decompress=False,  # bytes pass through with their Content-Encoding
         cookie_jar=aiohttp.DummyCookieJar(),  # never carry one client's cookies to another
         skip_auto_headers=(hdrs.USER_AGENT, hdrs.ACCEPT_ENCODING),  # the client's own pass
@@ -168,6 +173,32 @@ class Call:
     status: int = 0
     lease: Lease | None = None
     response: web.StreamResponse | None = None  # set once streaming headers went out
+
+
+def upstream_idle_s(ctx: ApiContext, slot: str) -> float:
+    """The slot's ``upstream_idle_s``: how long its server may send nothing."""
+    spec = ctx.manager.known(slot)
+    return spec.upstream_idle_s if spec is not None else _IDLE_DEFAULT_S
+
+
+def upstream_timeout(
+    ctx: ApiContext, call: Call, seconds: float, *, connecting: bool = False
+) -> Refusal:
+    """The answer of a request whose server went silent for ``seconds`` (or took no
+    connection within them): ``504 slot.upstream_timeout`` (in-band once the answer
+    began), reported once (an event; the metrics count it). Both router paths give it."""
+    what = (
+        f"took no connection within {seconds:g}s"
+        if connecting
+        else f"sent nothing for {seconds:g}s (upstream_idle_s)"
+    )
+    error = SlotUpstreamTimeout(
+        f"slot {call.slot!r}: its server {what}; the request was ended",
+        slot=call.slot,
+        idle_s=seconds,
+    )
+    report_refusal(ctx, error, call.model)
+    return slot_refusal(error)
 
 
 def record_call(ctx: ApiContext, call: Call) -> None:
@@ -194,23 +225,35 @@ def _relay_headers(upstream: aiohttp.ClientResponse) -> CIMultiDict[str]:
 
 
 async def _open(
-    session: aiohttp.ClientSession, request: web.Request, url: str, body: bytes
+    session: aiohttp.ClientSession, request: web.Request, url: str, body: bytes, idle_s: float
 ) -> aiohttp.ClientResponse:
-    """Send the request upstream; once more if a kept-alive connection was found closed."""
+    """Send the request upstream; once more if a kept-alive connection was found closed.
+    No byte for ``idle_s`` (the head's wait included; aiohttp's ``sock_read``, whose timer
+    stops while reading is paused for a slow client) raises ``ServerTimeoutError``."""
     headers = _forward_headers(request)
+    timeout = aiohttp.ClientTimeout(
+        total=None, sock_connect=min(_CONNECT_S, idle_s), sock_read=idle_s
+    )
 
-    def data() -> bytes | io.BytesIO:
+    async def send() -> aiohttp.ClientResponse:
         # aiohttp writes large bytes in one go (and warns); a file-like goes in chunks.
-        return io.BytesIO(body) if len(body) > _RELAY_WHOLE_MAX else body
+        data = io.BytesIO(body) if len(body) > _RELAY_WHOLE_MAX else body
+        return await session.request(
+            request.method, url, data=data, headers=headers, allow_redirects=False, timeout=timeout
+        )
 
     try:
-        return await session.request(
-            request.method, url, data=data(), headers=headers, allow_redirects=False
-        )
+        return await send()
     except aiohttp.ServerDisconnectedError:
-        return await session.request(
-            request.method, url, data=data(), headers=headers, allow_redirects=False
-        )
+        return await send()
+
+
+def _failed(ctx: ApiContext, call: Call, exc: BaseException, idle_s: float) -> Refusal:
+    """The refusal of an upstream failure: a timeout is ``slot.upstream_timeout``."""
+    if isinstance(exc, aiohttp.ServerTimeoutError):
+        connecting = isinstance(exc, aiohttp.ConnectionTimeoutError)
+        return upstream_timeout(ctx, call, idle_s, connecting=connecting)
+    return upstream_refusal(call.slot, exc)
 
 
 async def _proxy(
@@ -221,10 +264,12 @@ async def _proxy(
         raise Refusal(
             503, f"slot {call.slot!r} has no endpoint", code="slot.not_ready", retry_after_s=1
         )
+    idle_s = upstream_idle_s(ctx, call.slot)
+    url = endpoint + upstream_path(request)
     try:
-        upstream = await _open(_session(ctx), request, endpoint + upstream_path(request), body)
+        upstream = await _open(_session(ctx), request, url, body, idle_s)
     except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-        raise upstream_refusal(call.slot, exc) from None
+        raise _failed(ctx, call, exc, idle_s) from None
     async with upstream:
         headers = _relay_headers(upstream)
         sse = upstream.content_type == "text/event-stream"
@@ -233,10 +278,10 @@ async def _proxy(
             try:
                 data = await upstream.read()
             except (aiohttp.ClientError, OSError) as exc:
-                raise upstream_refusal(call.slot, exc) from None
+                raise _failed(ctx, call, exc, idle_s) from None
             call.status = upstream.status
             return web.Response(status=upstream.status, body=data, headers=headers)
-        return await _relay_stream(request, upstream, headers, call, sse=sse)
+        return await _relay_stream(request, upstream, headers, call, sse=sse, idle_s=idle_s)
 
 
 async def _relay_stream(
@@ -246,6 +291,7 @@ async def _relay_stream(
     call: Call,
     *,
     sse: bool,
+    idle_s: float,
 ) -> web.StreamResponse:
     """Write what arrived as soon as it arrives (no buffering, no re-framing): each
     ``readany`` returns everything the upstream delivered since the last one."""
@@ -260,8 +306,9 @@ async def _relay_stream(
         try:
             chunk = await content.readany()
         except (aiohttp.ClientError, OSError) as exc:
-            call.status = 502
-            await _end_broken(request, response, upstream_refusal(call.slot, exc), sse=sse)
+            refusal = _failed(request.app[API_CTX], call, exc, idle_s)
+            call.status = refusal.status
+            await _end_broken(request, response, refusal, sse=sse)
             return response
         if not chunk:
             break

@@ -23,6 +23,8 @@ from aiohttp import web
 from controller.api.app import ApiContext
 from controller.api.assembly import build_app
 from controller.api.dataplane import DataPlane
+from controller.api.hosts import HOST_POLICY, HostPolicy
+from controller.api.refused import quiet_protocol
 from controller.errors import ListenUnavailable, SlotConfigError
 
 __all__ = ["ApiServer", "check_listen", "parse_listen"]
@@ -97,18 +99,26 @@ class ApiServer:
 
     async def start(self) -> str:
         """Start serving; returns the bound ``host:port`` (the real port when 0 was asked)."""
+        # The Host values answered: the listen host, localhost, address literals and
+        # --allowed-host (controller.api.hosts: against DNS rebinding).
+        hosts = HostPolicy(self.host, self.ctx.allowed_hosts)
+        app = self.app_factory(self.ctx)
+        app[HOST_POLICY] = hosts
         self.runner = web.AppRunner(
-            self.app_factory(self.ctx),
+            app,
             access_log=None,
             handle_signals=False,
             shutdown_timeout=_SHUTDOWN_S,
         )
         await self.runner.setup()
-        handler = self.runner.server
-        assert handler is not None
+        server = self.runner.server
+        assert server is not None
+        # aiohttp's protocol, answering the requests its parser refuses without echoing
+        # or logging their bytes (controller.api.refused).
+        handler = quiet_protocol(server)
         factory: Callable[[], asyncio.BaseProtocol] = handler
         if self.data_plane and self.app_factory is build_app:
-            self.plane = DataPlane(self.ctx, handler)
+            self.plane = DataPlane(self.ctx, handler, hosts=hosts)
             factory = self.plane
         loop = asyncio.get_running_loop()
         try:

@@ -37,6 +37,7 @@ from controller.api.upstream_head import (
 __all__ = [
     "CHUNKED",
     "CLOSE",
+    "CONNECT_S",
     "IDLE_S",
     "LENGTH",
     "NONE",
@@ -47,7 +48,10 @@ __all__ = [
 ]
 
 IDLE_S: Final = 30.0  # an idle kept-alive upstream connection is closed after this
-_CONNECT_S: Final = 10.0  # connect timeout (no read timeout: a generation may take long)
+# Connect timeout (the slot's upstream_idle_s when shorter). There is no read timeout per
+# read (a timer per read is costly): the data plane's stall sweep ends an exchange whose
+# server sent nothing for the slot's upstream_idle_s (``Upstream.heard``).
+CONNECT_S: Final = 10.0
 _HEAD_MAX: Final = 64 * 1024  # a response head larger than this is a broken upstream
 _POOL_MAX: Final = 256  # idle connections kept per upstream
 _JOIN_MAX: Final = 256 * 1024  # a request up to this size is written as one piece
@@ -62,10 +66,18 @@ _SIZE, _DATA, _DATA_END, _TRAILER = 0, 1, 2, 3
 class UpstreamError(Exception):
     """The upstream could not be reached (``unreachable``) or broke (``failed``)."""
 
-    def __init__(self, message: str, *, unreachable: bool = False, stale: bool = False) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        unreachable: bool = False,
+        stale: bool = False,
+        timed_out: bool = False,
+    ) -> None:
         super().__init__(message)
         self.unreachable = unreachable
         self.stale = stale  # a reused connection closed before any byte: retry on a new one
+        self.timed_out = timed_out  # the connect timed out (slot.upstream_timeout)
 
 
 class Listener(Protocol):
@@ -110,6 +122,7 @@ class Upstream(asyncio.Protocol):
         "content_type",
         "fields",
         "framing",
+        "heard",
         "idle_since",
         "reason",
         "status",
@@ -136,6 +149,9 @@ class Upstream(asyncio.Protocol):
         self._left = 0  # Content-Length bytes still to come
         self._chunk_state, self._chunk_left = _SIZE, 0
         self.idle_since = 0.0
+        # A byte came since the stall sweep last looked (it clears this): the one cost of
+        # the upstream idle timeout per read, an attribute store.
+        self.heard = False
 
     @property
     def length(self) -> int:
@@ -154,7 +170,7 @@ class Upstream(asyncio.Protocol):
         if self._listener is None:  # idle in the pool: nothing may arrive
             self._close()
             return
-        self._got = True
+        self._got = self.heard = True
         if self._attached:
             self._feed(data)
         else:
@@ -185,6 +201,11 @@ class Upstream(asyncio.Protocol):
             self._finish()
         else:
             self._fail(UpstreamError("the server closed the connection mid-answer"))
+
+    @property
+    def paused(self) -> bool:
+        """Reading is paused for a slow client (the server's silence is then ours)."""
+        return self._paused
 
     def pause_reading(self) -> None:
         """The sink's client cannot keep up: stop reading (the server then blocks)."""
@@ -444,14 +465,17 @@ class UpstreamPool:
                 return conn
         return None
 
-    async def connect(self, key: tuple[str, int]) -> Upstream:
+    async def connect(self, key: tuple[str, int], timeout_s: float = CONNECT_S) -> Upstream:
         """A fresh connection to ``key``; raises UpstreamError."""
         loop = asyncio.get_running_loop()
         try:
-            async with asyncio.timeout(_CONNECT_S):
+            async with asyncio.timeout(timeout_s):
                 _, conn = await loop.create_connection(lambda: Upstream(self, key), *key)
-        except TimeoutError:  # as aiohttp's path: a timeout is a failure, not a refusal
-            raise UpstreamError(f"connecting to {key[0]}:{key[1]} timed out") from None
+        except TimeoutError:  # a server that accepts no connection (a full accept queue)
+            raise UpstreamError(
+                f"connecting to {key[0]}:{key[1]} timed out after {timeout_s:g}s",
+                timed_out=True,
+            ) from None
         except OSError as exc:
             detail = str(exc) or type(exc).__name__
             raise UpstreamError(

@@ -375,6 +375,15 @@ def _controller_commands(tree: Tree, sub: SubParsers) -> None:
         help="API bearer token (or SLOTCTL_TOKEN); default: generated into "
         "<state_dir>/token. Required for a non-loopback --listen",
     )
+    up.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a Host name the API also answers (repeatable; '.example.com' takes its "
+        "subdomains, '*' any): besides its address, localhost and IP literals, every other "
+        "Host is refused with 421 (DNS rebinding)",
+    )
     up.set_defaults(func=cmd("control:cmd_up"))
 
     dashboard = tree.add(
@@ -456,6 +465,15 @@ def _kubernetes_commands(tree: Tree, sub: SubParsers) -> None:
         help="the slotctl API and OpenAI router (HOST:PORT, default none)",
     )
     op.add_argument("--token", default=None, help="API bearer token (or SLOTCTL_TOKEN)")
+    op.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a Host name the API also answers (repeatable; '.example.com' takes its "
+        "subdomains, '*' any): besides its address, localhost and IP literals, every other "
+        "Host is refused with 421 (DNS rebinding)",
+    )
     op.add_argument(
         "--liveness",
         default=None,

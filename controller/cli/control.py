@@ -45,6 +45,7 @@ def cmd_up(args: argparse.Namespace) -> ExitCode:
         or getattr(args, "api_token", None)
         or os.environ.get("SLOTCTL_TOKEN")
         or None,
+        allowed_hosts=tuple(args.allowed_host),
     )
     if args.stack_dir is not None and not args.stack_dir.is_dir():
         print(f"slotctl: {args.stack_dir} is not a directory", file=sys.stderr)

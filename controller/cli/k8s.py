@@ -78,6 +78,7 @@ def cmd_operator(args: argparse.Namespace) -> ExitCode:
         all_namespaces=args.all_namespaces or not args.namespace,
         listen=None if args.listen == "none" else args.listen,
         token=args.token or os.environ.get("SLOTCTL_TOKEN") or None,
+        allowed_hosts=tuple(args.allowed_host),
         liveness=args.liveness,
         resync_s=args.resync,
         quiet=args.log_format == "json",

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import sys
 import time
@@ -39,7 +40,7 @@ from controller.root import Root, controller_record, open_root
 from controller.slots import SlotManager
 from controller.store import ControllerLock, ensure_token
 
-__all__ = ["Controller", "DaemonOptions", "stop_everything"]
+__all__ = ["Controller", "DaemonOptions", "root_warning", "stop_everything"]
 
 log = logging.getLogger("slotctl.daemon")
 
@@ -57,6 +58,7 @@ class DaemonOptions:
     listen: str | None = "127.0.0.1:8800"  # None: no API
     metrics_listen: str | None = None  # /metrics, /healthz, /readyz without a token
     token: str | None = None  # None: generated into <state_dir>/token
+    allowed_hosts: tuple[str, ...] = ()  # --allowed-host: Host names answered (and below)
     quiet: bool = False  # --log-format json: the structured log replaces progress lines
     reap_orphans: bool = True  # False: until the reconciler's ``reap`` is set (operator)
 
@@ -146,6 +148,14 @@ class Controller:
         opts = self.opts
         if root.swept:
             self.say(f"removed {root.swept} temp file(s) left by an interrupted write")
+        warning = root_warning(os.geteuid(), opts.runtime)
+        if warning is not None:
+            self.say(warning)
+        if root.lock.tightened:
+            self.say(
+                f"the state dir {opts.state_dir} was open to other users: made it private "
+                "(0700; it holds the API token and the servers' logs)"
+            )
         for problem in root.problems:
             self.say(f"config {problem.where()}: {problem.message}")
         manager, reconciler = root.manager, root.reconciler
@@ -217,6 +227,7 @@ class Controller:
             events=manager.events,
             stack_dir=opts.stack_dir,
             gitops_stacks=self.gitops.stacks if self.gitops is not None else set(),
+            allowed_hosts=opts.allowed_hosts,
         )
         servers: list[ApiServer] = []
         try:
@@ -232,7 +243,7 @@ class Controller:
                     + ("--token/SLOTCTL_TOKEN" if opts.token else f"{opts.state_dir}/token")
                     + ")"
                 )
-                self._say_login(f"http://{address}{login_path(mint_login_code(ctx))}")
+                self._offer_login(ctx, address)
             if opts.metrics_listen:
                 host, port = check_listen(opts.metrics_listen, "--metrics-listen")
                 probes = ApiServer(
@@ -283,16 +294,26 @@ class Controller:
             await printer
         self.say("controller stopped")
 
-    def _say_login(self, url: str) -> None:
-        """The one-time dashboard link: on the terminal, never into the structured log
-        (with ``--log-format json`` it goes to stderr, outside the log stream)."""
+    def _offer_login(self, ctx: ApiContext, address: str) -> None:
+        """The one-time dashboard link, only on a terminal: the code buys the token, and
+        a log file or the journal (stdout under systemd) is readable by others. With
+        ``--log-format json`` it goes to stderr (on a terminal), outside the log stream;
+        elsewhere the line says where to get one."""
+        stream = sys.stderr if self.opts.quiet else self.opts.out
+        if not _is_terminal(stream):
+            self.say(
+                "dashboard login: `slotctl dashboard` prints a one-time link (none is "
+                "printed here: the output is not a terminal)"
+            )
+            return
+        url = f"http://{address}{login_path(mint_login_code(ctx))}"
         text = (
             f"dashboard login: {url}  (one-time link, valid {LOGIN_CODE_TTL_S / 60:g} min; "
             "`slotctl dashboard` prints a new one)"
         )
         if self.opts.quiet:
-            sys.stderr.write(text + "\n")
-            sys.stderr.flush()
+            stream.write(text + "\n")
+            stream.flush()
         else:
             self.say(text)
 
@@ -318,6 +339,29 @@ class Controller:
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, self._interrupt)
+
+
+def root_warning(euid: int, runtime: str) -> str | None:
+    """The start's warning for a root controller on the process runtime (None: none).
+
+    Its servers run as the controller's user, and a stack file chooses their binary,
+    arguments and environment (docs/reliability.md, "Security model"): as root, whoever
+    may write a stack file (the GitOps dir) or holds the API token runs code as root."""
+    if euid != 0 or runtime != "process":
+        return None
+    return (
+        "warning: slotctl runs as root with the process runtime: every server runs as root, "
+        "and whoever can write a stack file or holds the API token chooses what runs; run "
+        "it as an unprivileged user, set allowed_binaries in controller.toml, or use "
+        "--runtime docker (docs/reliability.md, Security model)"
+    )
+
+
+def _is_terminal(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # no isatty, or closed
+        return False
 
 
 async def stop_everything(

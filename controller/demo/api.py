@@ -52,6 +52,13 @@ class DemoState:
         self.inference_requests = 0
         self.ballast: bytearray | None = None  # the --memory-mb allocation, held for life
         self.lock = threading.Lock()
+        self.hung = threading.Event()  # --hang-after: set once the server hangs, for good
+
+    def stall_if_hung(self) -> None:
+        """Once hung, the calling thread never goes on (it waits on an event nobody sets):
+        no byte more for its request. SIGTERM still stops the process (the main thread)."""
+        if self.hung.is_set():
+            threading.Event().wait()
 
     def served_models(self) -> list[str]:
         """Model ids listed by ``/v1/models`` once loaded: none with --empty-models."""
@@ -119,6 +126,16 @@ def _count_inference(state: DemoState) -> None:
     with state.lock:
         state.inference_requests += 1
         count = state.inference_requests
+    hang = state.config.hang_after
+    if hang and count > hang:
+        if not state.hung.is_set():
+            print(
+                f"slotctl-demo hanging: request {count} arrived after {hang} served (--hang-after)",
+                file=sys.stderr,
+                flush=True,
+            )
+            state.hung.set()
+        state.stall_if_hung()
     limit = state.config.crash_after
     if limit and count > limit:
         print(
@@ -211,13 +228,20 @@ class Generation:
     """One response being generated: its envelope fields and its paced tokens."""
 
     def __init__(
-        self, kind: str, model: str, tokens: list[str], prompt_tokens: int, rate: float
+        self,
+        kind: str,
+        model: str,
+        tokens: list[str],
+        prompt_tokens: int,
+        rate: float,
+        state: DemoState | None = None,
     ) -> None:
         self.kind = kind  # "text_completion" or "chat.completion"
         self.model = model
         self.tokens = tokens
         self.prompt_tokens = prompt_tokens
         self.tokens_per_second = rate
+        self.state = state  # a stream in flight stalls once the server hangs
         self.id = os.urandom(12).hex()
         self.created = int(time.time())
 
@@ -242,6 +266,8 @@ class Generation:
                 delay = start + (i + 1) / self.tokens_per_second - time.monotonic()
                 if delay > 0:
                     time.sleep(delay)
+            if self.state is not None:
+                self.state.stall_if_hung()
             yield token
 
     def text(self) -> str:
@@ -252,7 +278,9 @@ def _generation(state: DemoState, kind: str, model: str, prompt: str, count: int
     tokens = pseudo_tokens(model, prompt, count)
     if kind.startswith("chat") and tokens:
         tokens[0] = tokens[0].lstrip()  # chat content starts without the joining space
-    return Generation(kind, model, tokens, count_tokens(prompt), state.config.tokens_per_second)
+    return Generation(
+        kind, model, tokens, count_tokens(prompt), state.config.tokens_per_second, state
+    )
 
 
 def _stream(events: Iterator[JSON]) -> Stream:
@@ -390,6 +418,7 @@ ROUTES: tuple[tuple[str, str, StateHandler], ...] = (
 
 def _bound(state: DemoState, handler: StateHandler) -> Handler:
     def handle(request: Request) -> Response | Stream:
+        state.stall_if_hung()  # a hung server answers nothing, /health included
         try:
             return handler(state, request)
         except ApiError as err:

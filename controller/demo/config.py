@@ -46,6 +46,7 @@ class DemoConfig:
         "embedding_dim",
         "empty_models",
         "fail_on_load",
+        "hang_after",
         "hang_on_load",
         "host",
         "load_seconds",
@@ -70,6 +71,7 @@ class DemoConfig:
         hang_on_load: bool = False,
         empty_models: bool = False,
         crash_after: int = 0,
+        hang_after: int = 0,
         slow_stop: float = 0.0,
     ) -> None:
         self.model = model
@@ -83,6 +85,7 @@ class DemoConfig:
         self.hang_on_load = hang_on_load
         self.empty_models = empty_models
         self.crash_after = crash_after
+        self.hang_after = hang_after
         self.slow_stop = slow_stop
 
     def __repr__(self) -> str:
@@ -187,6 +190,16 @@ def _add_fault_flags(parser: argparse.ArgumentParser) -> None:
         "one arrives; 0 = never (default: 0)",
     )
     faults.add_argument(
+        "--hang-after",
+        type=_int_between(0, 1 << 31),
+        default=0,
+        metavar="N",
+        help="serve N inference requests, then hang when the next one arrives: from then "
+        "on no request gets another byte (that one, every stream in flight, every later "
+        "request, /health included), as a wedged GPU server; SIGTERM still stops it; "
+        "0 = never (default: 0)",
+    )
+    faults.add_argument(
         "--slow-stop",
         type=_float_at_least(0),
         default=0.0,
@@ -242,5 +255,6 @@ def parse_args(argv: Sequence[str] | None = None) -> DemoConfig:
         hang_on_load=ns.hang_on_load,
         empty_models=ns.empty_models,
         crash_after=ns.crash_after,
+        hang_after=ns.hang_after,
         slow_stop=ns.slow_stop,
     )

@@ -83,6 +83,9 @@ _DOCS: Final[dict[str, str]] = {
     "drain_timeout_s": "Seconds an unload waits for requests in flight (default 30).",
     "liveness_interval_s": "Seconds between liveness probes once ready (default 15).",
     "liveness_failures": "Missed liveness probes in a row before error (default 3).",
+    "liveness_timeout_s": "Seconds a liveness probe waits for the server's first byte (default 5).",
+    "upstream_idle_s": "Seconds the router waits for a byte from the server before it ends "
+    "the request with slot.upstream_timeout (default 120).",
     "max_consecutive_failures": "Crash-loop breaker threshold (default 5).",
     "max_queue": "Requests waiting for the slot before the router answers 429 (default 64).",
     "memory_gb": "Admission estimate in GiB of device memory.",

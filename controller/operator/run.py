@@ -63,6 +63,7 @@ class OperatorOptions:
     all_namespaces: bool = False
     listen: str | None = None  # the slotctl API and router (None: off)
     token: str | None = None
+    allowed_hosts: tuple[str, ...] = ()  # --allowed-host: the Service's names
     liveness: str | None = None  # kopf's probe, e.g. http://0.0.0.0:8080/healthz
     resync_s: float = 30.0
     status_resync_s: float = 5.0
@@ -123,6 +124,7 @@ class Operator:
                 resync_s=opts.resync_s,
                 listen=opts.listen,
                 token=opts.token,
+                allowed_hosts=opts.allowed_hosts,
                 quiet=opts.quiet,
                 reap_orphans=False,  # from the first sync on (see _sync)
             )

@@ -18,6 +18,7 @@ from controller.runtime.base import LaunchSpec
 from controller.spec.schema import ModelSpec, SlotSpec
 
 __all__ = [
+    "LIVENESS_PATH",
     "READY_LOG",
     "BuildContext",
     "Provider",
@@ -90,6 +91,16 @@ def device_env(slot: SlotSpec) -> dict[str, str]:
 # "Application startup complete" *before* it binds its port when it binds the port
 # itself (``uvicorn.run``), and "Uvicorn running on" after; vLLM binds the socket first
 # and hands it to uvicorn, which then logs only the former.
+# The providers' own liveness endpoints (a capability: the probe asks it, never the
+# provider's name). llama-server's /health answers 200 once loaded (503 while loading or,
+# in older builds, with no free slot); vLLM's answers 200, or 503 once its engine died;
+# the demo server's 200 (503 while loading). Any answer is alive (probe.check_liveness).
+LIVENESS_PATH: Final[Mapping[str, str]] = {
+    "demo": "/health",
+    "llamacpp": "/health",
+    "vllm": "/health",
+}
+
 READY_LOG: Final[Mapping[str, str]] = {
     "demo": r"^slotctl-demo (ready|loaded without a model) ",
     "llamacpp": r"server is listening on ",  # llama-server, once the model is loaded

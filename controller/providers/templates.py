@@ -16,6 +16,7 @@ import controller
 from controller.errors import SlotConfigError
 from controller.probe import ProbeSpec
 from controller.providers.base import (
+    LIVENESS_PATH,
     READY_LOG,
     BuildContext,
     default_probe,
@@ -71,6 +72,8 @@ def _launch(
     probe = probe or default_probe(slot, model_id)
     if probe.ready_log is None and slot.provider in READY_LOG:
         probe = replace(probe, ready_log=READY_LOG[slot.provider])
+    if probe.liveness_path is None and slot.provider in LIVENESS_PATH:
+        probe = replace(probe, liveness_path=LIVENESS_PATH[slot.provider])
     return LaunchSpec(
         slot=slot.name,
         stack=ctx.stack,

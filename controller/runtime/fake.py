@@ -194,7 +194,9 @@ class FakeProber:
     async def probe(self, endpoint: str, spec: ProbeSpec, *, slot: str) -> ProbeResult:
         return self.runtime.probe(slot)
 
-    async def liveness(self, endpoint: str, spec: ProbeSpec, *, slot: str) -> ProbeResult:
+    async def liveness(
+        self, endpoint: str, spec: ProbeSpec, *, slot: str, timeout_s: float | None = None
+    ) -> ProbeResult:
         if slot in self.liveness_down:
-            return ProbeResult(ProbeOutcome.STILL_WARMING, "liveness: timeout")
+            return ProbeResult(ProbeOutcome.HUNG, "liveness: no byte within the timeout")
         return self.runtime.probe(slot)

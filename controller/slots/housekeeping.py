@@ -5,7 +5,8 @@ A part of the manager (:mod:`controller.slots`), above :mod:`.leases` and
 ``error`` at once), :meth:`~Housekeeping.holds` (batch leases expire),
 :meth:`~Housekeeping.idle_and_ttl` (``ready -> idle``; ``ttl_s`` gives the memory back),
 :meth:`~Housekeeping.breakers` (60 s healthy ends a crash loop),
-:meth:`~Housekeeping.liveness` (a wedged server goes to ``error``) and
+:meth:`~Housekeeping.liveness` (a hung server — silent for ``liveness_failures`` probes in
+a row — is stopped and goes to ``error``) and
 :meth:`~Housekeeping.pressure` (evictions when other memory use grows). Each decision is
 revalidated under the slot's lock before it acts.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from typing import Final
 
 from controller.errors import SlotctlError, SlotHealthFailed
 from controller.events import EvictionReason, Op
@@ -33,6 +35,9 @@ __all__ = ["Housekeeping"]
 log = logging.getLogger("slotctl.manager")
 
 S = SlotState
+# Loaded slots, whose server the liveness probe watches (``serving`` too: SPEC §5 once
+# skipped it, and a server that hung mid-request then held its leases forever).
+LIVE_STATES: Final = frozenset({S.READY, S.SERVING, S.IDLE})
 
 
 class Housekeeping(Part):
@@ -100,31 +105,72 @@ class Housekeeping(Part):
             slot.breaker.reset()
 
     async def liveness(self, now: float) -> None:
-        for slot in self.table:
-            due = now - slot.last_liveness >= slot.spec.liveness_interval_s
-            if slot.state not in (S.READY, S.IDLE) or slot.busy or not due:
-                continue
-            if slot.launch is None or slot.idle_reason == IdleReason.NO_MODEL:
-                continue
-            slot.last_liveness = now
-            gen = slot.generation
-            result = await self.prober.liveness(
-                slot.launch.endpoint, slot.launch.probe, slot=slot.name
+        """Probe every loaded slot that is due, all at once (a hung one costs the tick its
+        ``liveness_timeout_s`` once, not once per slot)."""
+        due = [slot for slot in self.table if self._liveness_due(slot, now)]
+        if due:
+            await asyncio.gather(*(self._probe_liveness(slot, now) for slot in due))
+
+    @staticmethod
+    def _liveness_due(slot: SlotRecord, now: float) -> bool:
+        if slot.state not in LIVE_STATES or slot.busy or slot.launch is None:
+            return False
+        if slot.idle_reason == IdleReason.NO_MODEL:
+            return False
+        return now - slot.last_liveness >= slot.spec.liveness_interval_s
+
+    async def _probe_liveness(self, slot: SlotRecord, now: float) -> None:
+        """One liveness probe; only silence counts (``ProbeOutcome.HUNG``: a busy server
+        answers late or with a 503, and that is alive). ``serving`` slots are probed too:
+        a server that hangs mid-stream holds its leases, and the router's upstream idle
+        timeout only ends the requests, not the server."""
+        assert slot.launch is not None
+        slot.last_liveness = now
+        gen = slot.generation
+        result = await self.prober.liveness(
+            slot.launch.endpoint,
+            slot.launch.probe,
+            slot=slot.name,
+            timeout_s=slot.spec.liveness_timeout_s,
+        )
+        if slot.generation != gen or slot.state not in LIVE_STATES:
+            return  # unloaded or reloaded since: the answer is stale
+        if result.outcome is not ProbeOutcome.HUNG:
+            slot.liveness_misses = 0
+            return
+        slot.liveness_misses += 1
+        failures = slot.spec.liveness_failures
+        log.warning(
+            "slot %s: liveness probe missed (%d of %d): %s",
+            slot.name,
+            slot.liveness_misses,
+            failures,
+            result.message,
+        )
+        if slot.liveness_misses >= failures:
+            error = SlotHealthFailed(
+                f"liveness probe failed {slot.liveness_misses} times in a row "
+                f"({result.message}): the server is hung, stopping it",
+                slot=slot.name,
             )
-            if slot.generation != gen or slot.state not in (S.READY, S.IDLE):
-                continue  # unloaded, reloaded or serving since: the answer is stale
-            if result.outcome is ProbeOutcome.READY:
-                slot.liveness_misses = 0
-                continue
-            slot.liveness_misses += 1
-            if slot.liveness_misses >= slot.spec.liveness_failures and not slot.busy:
-                error = SlotHealthFailed(
-                    f"liveness probe failed {slot.liveness_misses} times in a row "
-                    f"({result.message})",
-                    slot=slot.name,
-                )
-                async with slot.lock:
-                    await self.loading.fail(slot, Op.PROBE, error, stop=True)
+            await self._stop_hung(slot, gen, error)
+
+    async def _stop_hung(self, slot: SlotRecord, gen: int, error: SlotHealthFailed) -> None:
+        """A hung server: its requests end now (every lease revoked, before the stop,
+        which can take ``stop_timeout_s`` and the SIGKILL), no new lease reaches it, then
+        it fails as a crash does (stopped, ``error``, counted by the breaker), and the
+        reconciler restarts it under the breaker."""
+        async with slot.lock:
+            if slot.generation != gen or slot.state not in LIVE_STATES:
+                return
+            for lease in list(slot.leases.values()):
+                lease.revoke(error)
+            slot.leases.clear()
+            slot.draining = True  # a new request waits for the restart instead
+            try:
+                await self.loading.fail(slot, Op.PROBE, error, stop=True)
+            finally:
+                slot.draining = False
 
     async def pressure(self) -> list[str]:
         """Evict under memory pressure: elevated -> one victim, critical -> all eligible.

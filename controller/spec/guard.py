@@ -28,9 +28,15 @@ import tomlkit.items
 from tomlkit.container import Container
 from tomlkit.toml_document import TOMLDocument
 
-from controller.errors import SlotConfigError, SlotPinned
+from controller.errors import ServerNotAllowed, SlotConfigError, SlotPinned
 from controller.names import is_valid_slot_name
-from controller.spec.configdir import CATALOGUE_FILE, SLOTS_SUBDIR, read_config_dir
+from controller.spec.configdir import (
+    CATALOGUE_FILE,
+    SETTINGS_FILE,
+    SLOTS_SUBDIR,
+    read_config_dir,
+    read_settings,
+)
 from controller.spec.problems import raise_for_problems
 from controller.spec.render import toml_table
 from controller.spec.rules import (
@@ -38,10 +44,11 @@ from controller.spec.rules import (
     check_slot_payload,
     cross_slot_problems,
 )
-from controller.spec.schema import ModelSpec, SlotSpec
+from controller.spec.schema import ControllerSettings, ModelSpec, SlotSpec
 from controller.store import atomic_write_bytes, check_slot_name
 
 __all__ = [
+    "check_allowed",
     "config_lock",
     "delete_slot_config",
     "guard_slot_write_payload",
@@ -58,12 +65,14 @@ def guard_slot_write_payload(
     *,
     others: Sequence[SlotSpec] = (),
     catalogue: Mapping[str, ModelSpec] | None = None,
+    settings: ControllerSettings | None = None,
 ) -> SlotSpec:
     """Validate one slot write against the schema, key ownership and the other slots.
 
     ``others`` are the slots that stay as they are (the one being replaced excluded).
     Raises ``SlotConfigError`` (``NpuExclusivityViolation`` for the NPU rule) naming every
-    offending key; returns the validated spec otherwise. Changes nothing.
+    offending key, ``ServerNotAllowed`` for a server outside ``settings``' allowlists;
+    returns the validated spec otherwise. Changes nothing.
     """
     check = check_slot_payload(payload)
     raise_for_problems([p for p, _ in check.errors])
@@ -71,7 +80,64 @@ def guard_slot_write_payload(
     entries = [SlotEntry(spec=o) for o in others] + [SlotEntry(spec=check.spec)]
     problems = [p for p in cross_slot_problems(entries, catalogue) if p.slot == check.spec.name]
     raise_for_problems(problems)
+    if settings is not None:
+        check_allowed(check.spec, settings)
     return check.spec
+
+
+def check_allowed(spec: SlotSpec, settings: ControllerSettings) -> None:
+    """The controller's allowlists (``allowed_binaries``, ``allowed_images`` in
+    ``controller.toml``; None: anything): a slot file chooses what the controller runs,
+    so where they are set, ``server.binary`` and ``server.cmd[0]`` must be one of the
+    allowed binaries (exactly), ``server.image`` one of the allowed images (exactly, or
+    a pattern ending in ``*`` as a prefix: ``ghcr.io/ggml-org/llama.cpp:*``). A provider's
+    own default binary or image is the controller's choice, not the file's, and passes.
+    Raises :class:`ServerNotAllowed` naming the key."""
+    server = spec.server
+    binaries = settings.allowed_binaries
+    if binaries is not None:
+        for key, value in (("server.binary", server.binary), ("server.cmd", _argv0(server.cmd))):
+            if value is not None and value not in binaries:
+                raise ServerNotAllowed(
+                    f"slot {spec.name!r}: {key} {value!r} is not in the controller's "
+                    f"allowed_binaries {binaries} (controller.toml)",
+                    keys=[key],
+                    slot=spec.name,
+                )
+    images = settings.allowed_images
+    if images is not None and server.image is not None and not _image_allowed(server.image, images):
+        raise ServerNotAllowed(
+            f"slot {spec.name!r}: server.image {server.image!r} is not in the controller's "
+            f"allowed_images {images} (controller.toml)",
+            keys=["server.image"],
+            slot=spec.name,
+        )
+
+
+def _settings(config_dir: Path) -> ControllerSettings:
+    """The controller settings the guard judges by. An invalid ``controller.toml`` fails
+    closed: it may be hiding allowlists, so nothing is written until it is fixed."""
+    settings, problems = read_settings(config_dir)
+    errors = [p for p in problems if p.severity == "error"]
+    if errors:
+        raise SlotConfigError(
+            f"{SETTINGS_FILE} is invalid ({errors[0].message}): no slot config is written "
+            "until it is fixed (its allowlists cannot be read)",
+            keys=[SETTINGS_FILE],
+            problems=[p.to_dict() for p in errors],
+        )
+    return settings
+
+
+def _argv0(cmd: Sequence[str] | None) -> str | None:
+    return cmd[0] if cmd else None
+
+
+def _image_allowed(image: str, allowed: Sequence[str]) -> bool:
+    return any(
+        image == pattern or (pattern.endswith("*") and image.startswith(pattern[:-1]))
+        for pattern in allowed
+    )
 
 
 # --------------------------------------------------------------------------- writing
@@ -192,7 +258,9 @@ def write_slot_config(
             wanted["autoload"] = False
         if others is None:
             others = [s.spec for n, s in snapshot.slots.items() if n != name]
-        spec = guard_slot_write_payload(wanted, others=others, catalogue=snapshot.models)
+        spec = guard_slot_write_payload(
+            wanted, others=others, catalogue=snapshot.models, settings=_settings(config_dir)
+        )
         owner = stack if stack is not None else snapshot.owner(name)
         _write_slot_file(path, spec, owner, existing)
         return spec
@@ -219,6 +287,7 @@ def write_slot_configs(
             cross_slot_problems([SlotEntry(spec=spec) for spec in final], catalogue),
             "desired state",
         )
+        settings = _settings(config_dir)
         checked: list[tuple[SlotSpec, str | None]] = []
         for payload, stack in writes:
             wanted = dict(payload)
@@ -227,6 +296,7 @@ def write_slot_configs(
             check = check_slot_payload(wanted)
             raise_for_problems([p for p, _ in check.errors])
             assert check.spec is not None
+            check_allowed(check.spec, settings)
             checked.append((check.spec, stack))
         for spec, stack in checked:
             path = slot_config_path(config_dir, spec.name)

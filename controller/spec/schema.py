@@ -276,6 +276,10 @@ class SlotSpec(_Strict):
     drain_timeout_s: NonNegFloat = 30.0
     liveness_interval_s: PosFloat = 15.0
     liveness_failures: Annotated[int, Field(ge=1)] = 3
+    liveness_timeout_s: PosFloat = 5.0  # a liveness probe with no byte by then is a miss
+    # The router ends a request after this long without a byte from the server (the head
+    # included: it allows a slow first token) and answers slot.upstream_timeout.
+    upstream_idle_s: PosFloat = 120.0
     max_consecutive_failures: Annotated[int, Field(ge=1)] = 5
     max_queue: Annotated[int, Field(ge=0)] = 64
     memory_gb: NonNegFloat | None = None  # admission estimate override (self-managed)
@@ -342,6 +346,11 @@ class ControllerSettings(_Strict):
     # Hysteresis of background loads (an autoload slot coming back, the restore at start):
     # they may only evict slots of lower priority idle for at least this long.
     min_resident_s: NonNegFloat = 60.0
+    # Allowlists of what a slot may run (None: anything; see docs/reliability.md, "Security
+    # model"): the guard refuses a slot whose server.binary or server.cmd[0] is not in
+    # allowed_binaries, or whose server.image is not in allowed_images.
+    allowed_binaries: list[Annotated[str, Field(min_length=1)]] | None = None
+    allowed_images: list[Annotated[str, Field(min_length=1)]] | None = None
 
     @field_validator("memory_budget_gb")
     @classmethod

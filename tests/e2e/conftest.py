@@ -55,6 +55,7 @@ class SlotDef:
     load_seconds: float = 0.3
     extra: tuple[str, ...] = ()
     port: int = field(default_factory=free_port)
+    options: tuple[tuple[str, str], ...] = ()  # more slot keys, as TOML (key, value) pairs
 
     @property
     def extra_args(self) -> list[str]:
@@ -74,7 +75,8 @@ def stack_text(stack: str, slots: Sequence[SlotDef]) -> str:
             f'model.default = "m-{slot.name}"\ndevice = "cpu"\nport = {slot.port}\n'
             f"autoload = {'true' if slot.autoload else 'false'}\n"
             f"priority = {slot.priority}\n"
-            f"[slot.server]\nextra_args = [{args}]\n"
+            + "".join(f"{key} = {value}\n" for key, value in slot.options)
+            + f"[slot.server]\nextra_args = [{args}]\n"
         )
     return "".join(out)
 

@@ -119,6 +119,7 @@ class Harness:
     controller: Controller | None = None
     helpers: list[subprocess.Popen[bytes]] = field(default_factory=list)
     lifetimes: int = 0
+    up_args: tuple[str, ...] = ()  # e.g. the stack dir: GitOps mode
 
     def __post_init__(self) -> None:
         self.config_dir = self.root / "config"
@@ -165,7 +166,7 @@ class Harness:
         self.log.write(f"\n===== lifetime {self.lifetimes}\n".encode())
         self.log.flush()
         proc = subprocess.Popen(
-            self.argv("up", "--listen", "127.0.0.1:0"),  # the API too, on any free port
+            self.argv("up", *self.up_args, "--listen", "127.0.0.1:0"),  # the API on any port
             stdin=subprocess.DEVNULL,
             stdout=self.log,
             stderr=subprocess.STDOUT,

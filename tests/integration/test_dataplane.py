@@ -100,7 +100,7 @@ def post(path: str, body: Any, *, extra: tuple[str, ...] = (), token: str = TOKE
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
     head = [
         f"POST {path} HTTP/1.1",
-        "Host: slotctl",
+        "Host: 127.0.0.1",
         f"Authorization: Bearer {token}",
         "Content-Type: application/json",
         f"Content-Length: {len(data)}",
@@ -113,7 +113,7 @@ def sized_head(length: bytes, *, token: str | None = None) -> bytes:
     """A chat completion's head that announces ``length`` (the body is the caller's)."""
     auth = b"Authorization: Bearer " + token.encode() + b"\r\n" if token else b""
     return (
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
         + auth
         + b"Content-Length: "
         + length
@@ -218,7 +218,8 @@ async def test_one_connection_serves_routed_then_rest_then_routed_requests(
         first = await c.answer()
         assert first.status == 200 and json.loads(first.body)["n"] == 1
         c.send(
-            f"GET /api/slots HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n\r\n".encode()
+            f"GET /api/slots HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            f"Authorization: Bearer {TOKEN}\r\n\r\n".encode()
         )
         listed = await c.answer()
         assert listed.status == 200 and "wire" in {
@@ -235,7 +236,7 @@ async def test_the_models_list_keeps_a_connection_on_the_data_plane(harness: Har
     """``GET /v1/models`` (as an SDK's pool sends before its completions) is answered
     here, as aiohttp's router answers it, so the connection's next POST is too."""
     r = await start_wire(harness)
-    get = "GET {} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + TOKEN + "\r\n\r\n"
+    get = "GET {} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer " + TOKEN + "\r\n\r\n"
     async with wire(r) as c:
         c.send(get.format("/v1/models").encode())
         listed = await c.answer()
@@ -254,7 +255,7 @@ async def test_the_models_list_keeps_a_connection_on_the_data_plane(harness: Har
         routed = await c.answer()
         assert routed.status == 200 and "server" not in routed.headers
     async with wire(r) as c:  # no token: 401 in OpenAI's shape, as for the POSTs
-        c.send(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+        c.send(b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         refused = await c.answer()
         assert refused.status == 401
         assert json.loads(refused.body)["error"]["code"] == "invalid_api_key"
@@ -318,7 +319,7 @@ async def test_thousands_of_pipelined_requests_answered_at_once_are_all_answered
     request from inside the last one's answer, which must be a turn, not a deeper call
     (a recursion error reset the connection after ~330 of them)."""
     r = await start_wire(harness)
-    models = f"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n\r\n"
+    models = f"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {TOKEN}\r\n\r\n"
     kinds = [
         (models.encode(), 200),
         (post("/v1/chat/completions", ask("length"), token="wrong"), 401),
@@ -349,7 +350,7 @@ async def test_the_lease_watch_outlives_a_connection_handed_over_as_it_looks(
         assert front.call is not None and front.call.lease is not None
         front.call.lease.revoke(SlotNotReady("gone", slot="wire"))
 
-    rest = f"GET /api/slots HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n\r\n"
+    rest = f"GET /api/slots HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {TOKEN}\r\n\r\n"
     async with wire(r) as c:
         c.send(post("/v1/chat/completions", ask("slow", delay=5)) + rest.encode())
         await revoke_the_one_in_flight()
@@ -462,7 +463,7 @@ async def test_requests_the_data_plane_leaves_are_served_by_aiohttp(harness: Har
     async with wire(r) as c:  # a chunked upload: aiohttp's router serves it
         data = json.dumps(ask("length", n=7)).encode()
         c.send(
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer "
             + TOKEN.encode()
             + b"\r\nTransfer-Encoding: chunked\r\n\r\n"
             + b"%x\r\n" % len(data)
@@ -473,12 +474,12 @@ async def test_requests_the_data_plane_leaves_are_served_by_aiohttp(harness: Har
         assert answer.status == 200 and json.loads(answer.body)["n"] == 7
     async with wire(r) as c:  # a malformed head: aiohttp's 400
         c.send(
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 2\r\n"
             b"Broken header\r\n\r\n{}"
         )
         assert (await c.answer()).status == 400
     async with wire(r) as c:  # bare LFs: aiohttp's 400 at once (the head never ends in CRLF)
-        c.send(b"POST /v1/chat/completions HTTP/1.1\nHost: x\nContent-Length: 2\n\n{}")
+        c.send(b"POST /v1/chat/completions HTTP/1.1\nHost: 127.0.0.1\nContent-Length: 2\n\n{}")
         assert (await c.answer()).status == 400
     async with wire(r) as c:  # no token: the data plane's 401 in OpenAI's shape
         c.send(post("/v1/embeddings", ask("length"), token="nope\xff"))

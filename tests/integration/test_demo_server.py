@@ -389,6 +389,29 @@ async def test_crash_after_2_exits_on_the_third_request(
     assert "--crash-after" in demo.stderr_text()
 
 
+async def test_hang_after_1_answers_nothing_from_the_second_request_on(
+    spawn: Spawn, http: aiohttp.ClientSession
+) -> None:
+    """``--hang-after N`` (issue 26): a wedged server. The request after the N-th gets no
+    byte, nor does anything after it, ``/health`` included; SIGTERM still stops it."""
+    demo = await started(spawn, "--hang-after", "1", "--tokens-per-second", "50")
+    status, _body = await post_json(http, f"{demo.base}/v1/completions", {"prompt": "x"})
+    assert status == 200
+    quick = aiohttp.ClientTimeout(total=1.0)
+    with pytest.raises(TimeoutError):
+        async with http.post(
+            f"{demo.base}/v1/completions", json={"prompt": "x"}, timeout=quick
+        ) as resp:
+            await resp.read()
+    for path in ("/health", "/v1/models"):
+        with pytest.raises(TimeoutError):
+            async with http.get(demo.base + path, timeout=quick) as resp:
+                await resp.read()
+    assert "--hang-after" in demo.stderr_text()
+    demo.proc.send_signal(signal.SIGTERM)
+    assert await demo.exit_code(timeout=10) == 0
+
+
 async def test_sigterm_and_sigint_stop_promptly(spawn: Spawn) -> None:
     demos = [spawn(), spawn()]
     for demo in demos:

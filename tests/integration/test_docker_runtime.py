@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import signal
 import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -18,6 +19,7 @@ from typing import Any
 
 import aiohttp
 import docker.errors
+import psutil
 import pytest
 
 from controller.errors import SlotctlError, SlotSpawnFailed
@@ -279,6 +281,28 @@ async def test_stop_escalates_to_kill(
     assert stopped.status is RunStatus.EXITED
     assert stopped.exit_code == 137, stopped  # SIGKILL
     assert (await runtime.inspect(launch.slot)).status is RunStatus.MISSING
+
+
+async def test_a_stopped_container_is_killed_after_the_stop_timeout(
+    runtime: DockerRuntime, launch_for: Callable[..., LaunchSpec], docker_client: Any
+) -> None:
+    """A hung server in a container (its processes stopped with SIGSTOP: the engine's
+    SIGTERM stays pending) is stopped all the same: SIGKILL after the timeout (issue 26)."""
+    launch = launch_for("frozen")
+    await runtime.start(launch)
+    await wait_listed(launch.endpoint)
+    container = docker_client.containers.get(container_name(launch.slot))
+    init = psutil.Process(int(container.attrs["State"]["Pid"]))
+    for proc in [init, *init.children(recursive=True)]:
+        proc.send_signal(signal.SIGSTOP)
+    began = time.monotonic()
+    stopped = await runtime.stop(launch.slot, timeout=1)
+    elapsed = time.monotonic() - began
+    assert elapsed < 8, elapsed
+    assert stopped.status is RunStatus.EXITED
+    assert stopped.exit_code == 137, stopped  # SIGKILL
+    assert (await runtime.inspect(launch.slot)).status is RunStatus.MISSING
+    assert not init.is_running() or init.status() == psutil.STATUS_ZOMBIE
 
 
 # --------------------------------------------------------------------------- faults

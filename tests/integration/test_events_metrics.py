@@ -41,7 +41,7 @@ from controller.runtime.process import ProcessRuntime
 from controller.slots import ManagerConfig, SlotManager
 from controller.spec.configdir import read_settings
 from controller.spec.loader import load_stack_texts
-from tests.integration.helpers import free_port
+from tests.integration.helpers import free_ports
 
 TOKEN = "test-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -116,11 +116,12 @@ def stack_toml(slots: Sequence[dict[str, Any]]) -> str:
             f'[[model]]\nid = "m-{slot["name"]}"\nsource = "demo://{slot["name"]}"\n'
             f"memory_gb = {slot['gb']}\n"
         )
-    for slot in slots:
+    # Distinct ports (one free_port() per slot may hand the same one out twice).
+    for slot, port in zip(slots, free_ports(len(slots)), strict=True):
         args = ["--load-seconds", str(slot.get("load", 0.3)), *slot.get("args", [])]
         out.append(
             f'\n[[slot]]\nname = "{slot["name"]}"\nprovider = "demo"\n'
-            f'model.default = "m-{slot["name"]}"\ndevice = "gpu"\nport = {free_port()}\n'
+            f'model.default = "m-{slot["name"]}"\ndevice = "gpu"\nport = {port}\n'
             f"autoload = {str(slot.get('autoload', False)).lower()}\n"
             f"priority = {slot.get('priority', 50)}\n"
             f"max_consecutive_failures = {slot.get('max_failures', 5)}\n"

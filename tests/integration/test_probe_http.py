@@ -126,16 +126,53 @@ async def test_no_answer_not_http_cut_short_or_refused_read_as_still_warming() -
     assert outcome is ProbeOutcome.STILL_WARMING and "ConnectionRefusedError" in message
 
 
-async def test_liveness_uses_the_same_get() -> None:
-    answer = reply("200 OK", MODELS, f"Content-Length: {len(MODELS)}")
+async def test_liveness_gets_its_own_endpoint_else_the_models_list() -> None:
+    answer = reply("200 OK", b"{}", "Content-Length: 2")
     async with server(lambda _: answer) as (endpoint, heads):
         prober = HttpProber()
         try:
-            result = await prober.liveness(endpoint, ProbeSpec(), slot="s")
+            own = await prober.liveness(endpoint, ProbeSpec(liveness_path="/health"), slot="s")
+            models = await prober.liveness(endpoint, ProbeSpec(), slot="s")
         finally:
             await prober.close()
-    assert result.outcome is ProbeOutcome.READY and result.models == ("m1", "m2")
-    assert heads and heads[0].startswith(b"GET /v1/models HTTP/1.1\r\n")
+    assert own.outcome is models.outcome is ProbeOutcome.READY
+    assert heads[0].startswith(b"GET /health HTTP/1.1\r\n")
+    assert heads[1].startswith(b"GET /v1/models HTTP/1.1\r\n")
+
+
+async def test_liveness_counts_only_silence() -> None:
+    """Issue 26: a liveness probe is a miss (``HUNG``) only when not one byte comes within
+    its timeout. A 503 (a busy llama-server: "no slot available") or an answer that
+    starts in time and ends late are alive; one that is not HTTP at all, or a refused
+    connection, is not hung either (a gone server is the exit check's)."""
+
+    async def outcome(answer: Answer, timeout_s: float = 0.3) -> tuple[ProbeOutcome, str]:
+        async with server(answer) as (endpoint, _):
+            prober = HttpProber(timeout_s=5.0)
+            try:
+                result = await prober.liveness(endpoint, ProbeSpec(), slot="s", timeout_s=timeout_s)
+            finally:
+                await prober.close()
+        return result.outcome, result.message
+
+    hung, message = await outcome(lambda _: None)
+    assert hung is ProbeOutcome.HUNG and "no byte within 0.3s" in message
+    busy = reply("503 Service Unavailable", b"{}", "Content-Length: 2")
+    assert (await outcome(lambda _: busy))[0] is ProbeOutcome.READY
+    started = reply("200 OK", b"{", "Content-Length: 999")  # the head came, the body never
+    assert (await outcome(lambda _: started))[0] is ProbeOutcome.READY
+    not_http = await outcome(lambda _: b"SSH-2.0-OpenSSH\r\n")
+    assert not_http == (
+        ProbeOutcome.STILL_WARMING,
+        "liveness: /v1/models: an answer that is not HTTP",
+    )
+    prober = HttpProber()
+    try:
+        refused = await prober.liveness(f"http://127.0.0.1:{free_port()}", ProbeSpec(), slot="s")
+    finally:
+        await prober.close()
+    assert refused.outcome is ProbeOutcome.STILL_WARMING
+    assert "ConnectionRefusedError" in refused.message
 
 
 async def test_a_closed_prober_opens_no_new_session() -> None:

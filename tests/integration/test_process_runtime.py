@@ -124,6 +124,21 @@ async def test_slow_stop_escalates_to_sigkill(runtime: ProcessRuntime) -> None:
     assert elapsed < 5, elapsed
 
 
+async def test_a_stopped_server_is_killed_after_the_stop_timeout(runtime: ProcessRuntime) -> None:
+    """A hung server (here stopped with SIGSTOP: the SIGTERM stays pending, never
+    handled) is stopped all the same: SIGKILL after the stop timeout (issue 26)."""
+    launch = demo_launch("frozen", [])
+    started = await runtime.start(launch)
+    assert (await probe_until_settled(runtime, launch)).outcome is ProbeOutcome.READY
+    os.kill(int(started.ident or 0), signal.SIGSTOP)
+    began = time.monotonic()
+    stopped = await runtime.stop("frozen", timeout=0.5)
+    elapsed = time.monotonic() - began
+    assert stopped.status is RunStatus.EXITED
+    assert stopped.exit_code == -signal.SIGKILL
+    assert 0.5 <= elapsed < 5, elapsed
+
+
 async def test_fail_on_load_exits(runtime: ProcessRuntime) -> None:
     launch = demo_launch("fail", ["--fail-on-load", "--load-seconds", "0.2"])
     await runtime.start(launch)

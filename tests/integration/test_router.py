@@ -763,7 +763,7 @@ async def test_requests_are_recorded_in_metrics(harness: Harness) -> None:
     host, _, port = r.base.removeprefix("http://").rpartition(":")
     _, writer = await asyncio.open_connection(host, int(port))
     writer.write(  # a client that leaves halfway through its body: 499
-        f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}"
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {TOKEN}"
         '\r\nContent-Length: 1000\r\n\r\n{"model"'.encode()
     )
     await writer.drain()

@@ -18,7 +18,12 @@ CUSTOM = {
     "image": {"repository": "registry.local/slotctl", "tag": "dev", "pullPolicy": "Always"},
     "runtime": "docker",
     "watchNamespaces": ["team-a", "team-b"],
-    "api": {"enabled": True, "port": 9900, "tokenSecret": "slotctl-token"},
+    "api": {
+        "enabled": True,
+        "port": 9900,
+        "tokenSecret": "slotctl-token",
+        "allowedHosts": ["models.example.com"],
+    },
     "liveness": {"port": 9090},
     "nodeSelector": {"gpu": "true"},
     "resources": {"limits": {"memory": "1Gi"}},
@@ -74,6 +79,16 @@ def test_custom_render() -> None:
     assert "--namespace=team-a" in container["args"] and "--namespace=team-b" in container["args"]
     assert "--all-namespaces" not in container["args"]
     assert "--listen=0.0.0.0:9900" in container["args"]
+    # The Service's names (and the values' own) are Host names the API answers (issue 26)
+    service_name = by_kind(docs, "Service")[0]["metadata"]["name"]
+    hosts = [a.removeprefix("--allowed-host=") for a in container["args"] if "allowed-host" in a]
+    assert hosts == [
+        service_name,
+        f"{service_name}.ops",
+        f"{service_name}.ops.svc",
+        f"{service_name}.ops.svc.cluster.local",
+        "models.example.com",
+    ]
     env = {e["name"]: e for e in container["env"]}
     assert env["SLOTCTL_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "slotctl-token"
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
@@ -140,3 +155,4 @@ def test_the_containers_arguments_parse_as_slotctl_arguments(values: dict[str, A
     assert args.runtime == values.get("runtime", "process")
     assert args.all_namespaces == (not values.get("watchNamespaces"))
     assert args.namespace == values.get("watchNamespaces", [])
+    assert len(args.allowed_host) == (5 if values.get("api", {}).get("enabled") else 0)

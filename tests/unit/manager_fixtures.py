@@ -99,9 +99,11 @@ class YieldingProber(FakeProber):
         await self.runtime._turn()
         return await super().probe(endpoint, spec, slot=slot)
 
-    async def liveness(self, endpoint: str, spec: ProbeSpec, *, slot: str) -> ProbeResult:
+    async def liveness(
+        self, endpoint: str, spec: ProbeSpec, *, slot: str, timeout_s: float | None = None
+    ) -> ProbeResult:
         await self.runtime._turn(self.liveness_turns)
-        return await super().liveness(endpoint, spec, slot=slot)
+        return await super().liveness(endpoint, spec, slot=slot, timeout_s=timeout_s)
 
 
 class Harness:

@@ -51,6 +51,10 @@ EXTRA_ERRORS: dict[str, tuple[str, int]] = {
     "SlotOwnedByStack": ("slot.owned_by_stack", 409),
     "StateWriteFailed": ("state.write_failed", 503),
     "DeviceUnavailable": ("device.unavailable", 409),
+    # Issue 26: a hung server, the allowlists, DNS rebinding.
+    "SlotUpstreamTimeout": ("slot.upstream_timeout", 504),
+    "ServerNotAllowed": ("slot.server_not_allowed", 403),
+    "HostNotAllowed": ("request.host_not_allowed", 421),
 }
 ALL_ERRORS = {**SPEC_ERRORS, **EXTRA_ERRORS}
 
@@ -93,6 +97,13 @@ def _make(name: str) -> SlotctlError:
             reason="not_found",
             gpus=[],
         ),
+        "SlotUpstreamTimeout": lambda: errors_module.SlotUpstreamTimeout(
+            "no byte for 120s", slot="llm-a", idle_s=120.0
+        ),
+        "ServerNotAllowed": lambda: errors_module.ServerNotAllowed(
+            "binary not allowed", keys=["server.binary"]
+        ),
+        "HostNotAllowed": lambda: errors_module.HostNotAllowed("Host 'evil.example'"),
         "StateWriteFailed": lambda: errors_module.StateWriteFailed(
             "/var/lib/slotctl/slots/llm-a/state.json", OSError(28, "No space left on device")
         ),
