@@ -108,6 +108,8 @@ class Leases(Part):
             return  # revoked or from a previous generation: nothing to undo
         slot.last_used = self.clock.monotonic()
         slot.access += 1
+        if lease.expires_at is None:  # a request (a batch hold has an expiry)
+            slot.requests += 1
         if not slot.leases and slot.state is S.SERVING:
             message = "idle since last request"
             self.table.set(slot, S.READY, op=Op.LEASE, message=message, durable=False)

@@ -128,6 +128,7 @@ class SlotView:
     held_for_s: float | None = None  # until the last batch hold (``hold``) expires
     holds: int = 0  # batch holds among ``leases`` (the rest are requests in flight)
     node: str | None = None  # kubernetes runtime: the node it is pinned to or landed on
+    requests: int = 0  # requests served (leases released, holds aside) since the start
 
     @property
     def dispatchable(self) -> bool:
@@ -167,6 +168,7 @@ class SlotRecord:
     draining: bool = False
     last_used: float = 0.0
     access: int = 0
+    requests: int = 0  # requests served since the start (the lease flips carry it)
     ready_at: float | None = None
     launch: LaunchSpec | None = None
     # Config hash of the server that actually runs when it is not ``launch``'s: a server

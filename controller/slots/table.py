@@ -109,6 +109,7 @@ class SlotTable:
             held_for_s=_held_for(slot, now),
             holds=sum(1 for lease in slot.leases.values() if lease.expires_at is not None),
             node=slot.node,
+            requests=slot.requests,
         )
 
     def routable(self, model: str) -> list[Candidate]:
@@ -242,8 +243,17 @@ class SlotTable:
             to_state=after,
             message=message,
             error=error.code if error else None,
-            details={"idle_reason": slot.idle_reason} if slot.idle_reason else {},
+            details=self._details(slot, op),
         )
+
+    @staticmethod
+    def _details(slot: SlotRecord, op: Op) -> dict[str, object]:
+        """A transition's details: why a slot is idle; a lease flip's the slot's request
+        count (readers fold the flips into it: ``events.LeaseFold``)."""
+        details: dict[str, object] = {"idle_reason": slot.idle_reason} if slot.idle_reason else {}
+        if op is Op.LEASE:
+            details["requests"] = slot.requests
+        return details
 
     def _write_failed(self, slot: SlotRecord, op: Op, what: str, exc: StateWriteFailed) -> None:
         self.events.emit(
