@@ -111,7 +111,7 @@ class Leases(Part):
         if lease.expires_at is None:  # a request (a batch hold has an expiry)
             slot.requests += 1
         if not slot.leases and slot.state is S.SERVING:
-            message = "idle since last request"
+            message = "no request in flight"  # ready (not idle: that is idle_timeout_s later)
             self.table.set(slot, S.READY, op=Op.LEASE, message=message, durable=False)
 
     async def hold(self, name: str, ttl_s: float) -> Lease:
