@@ -111,8 +111,12 @@ def test_dashboard_shows_traffic_the_queue_folded_requests_and_a_log(
             expect(flips).to_have_count(0)
 
             wrap = "document.querySelector('.table-wrap')"
-            widths = page.evaluate("[...document.querySelectorAll('#slots tr:first-child td, #slots th')].map(e => e.textContent.trim().slice(0,12) + '=' + e.offsetWidth)")
-            assert page.evaluate(f"{wrap}.scrollWidth <= {wrap}.clientWidth"), " ".join(widths) + str(page.evaluate(f"[{wrap}.scrollWidth, {wrap}.clientWidth]"))
+            widths = page.evaluate(
+                "[...document.querySelectorAll('#slots tr:first-child td, #slots th')].map(e => e.textContent.trim().slice(0,12) + '=' + e.offsetWidth)"
+            )
+            assert page.evaluate(f"{wrap}.scrollWidth <= {wrap}.clientWidth"), " ".join(
+                widths
+            ) + str(page.evaluate(f"[{wrap}.scrollWidth, {wrap}.clientWidth]"))
             page.mouse.move(0, 0)
             page.wait_for_timeout(300)
             page.screenshot(path=str(ARTIFACTS / "dashboard-traffic.png"), full_page=True)
