@@ -61,6 +61,7 @@ class EventKind(StrEnum):
     PLAN = "plan"  # the reconciler's plan for a slot
     ERROR = "error"  # a failed reconcile pass or background task
     REQUESTS = "requests"  # lease flips folded by a reader (LeaseFold); never on the bus
+    STATE = "state"  # a slot's state as a waiting command first saw it; never on the bus
 
 
 class Op(StrEnum):
@@ -165,7 +166,9 @@ def event_line(
     if event.id:
         parts.append(f"#{event.id}")
     parts += [f"{event.kind:<10}", f"{event.slot or '-':<16}"]
-    if event.to_state:
+    if event.kind == EventKind.STATE and event.to_state:
+        parts.append(event.to_state)  # a state seen, not a transition
+    elif event.to_state:
         parts.append(f"{event.from_state or '-'} -> {event.to_state}")
     else:
         parts.append(str(event.op))

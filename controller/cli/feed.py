@@ -29,7 +29,7 @@ from controller.errors import SlotctlError
 from controller.events import Event, LeaseFold, event_line
 from controller.exitcode import ExitCode
 
-__all__ = ["cmd_events"]
+__all__ = ["cmd_events", "render_line"]
 
 _RECONNECT_S: Final = 5.0  # a stream that cannot be resumed for this long has ended
 _TICK_S: Final = 0.25  # how often a quiet burst is looked for
@@ -65,14 +65,20 @@ class _Printer:
         return any(self._show(e, None) for e in self.fold.quiet(time.time()))
 
     def _show(self, event: Event, raw: str | None) -> bool:
-        if self.output == "json":
-            return self._line(raw if raw is not None else _compact(event))
-        return self._line(event_line(event, red=self.style.red))
+        return self._line(render_line(event, raw, self.output, self.style))
 
     def _line(self, text: str) -> bool:
         print(text, flush=True)
         self.seen += 1
         return bool(self.count) and self.seen >= self.count
+
+
+def render_line(event: Event, raw: str | None, output: str, style: Style) -> str:
+    """One event as printed: its wire form as it came (``raw``; made for a folded one)
+    with ``-o json``, else :func:`event_line`'s text, as ``slotctl up`` prints it."""
+    if output == "json":
+        return raw if raw is not None else _compact(event)
+    return event_line(event, red=style.red)
 
 
 def _compact(event: Event) -> str:

@@ -390,6 +390,15 @@ def test_stack_apply_and_diff_through_the_api(ctl: Slotctl) -> None:
     ]
     assert any("x1" in line and "ready" in line for line in lines), lines
     assert lines[-1].startswith("converged in ")
+    # again, converged already: the slot's state, no transition that never happened
+    result = run_with(ctl, [*remote, "stack", "apply", str(stack_dir), "--wait", "--timeout", "60"])
+    assert result.returncode == 0, result
+    again = result.stdout.splitlines()
+    assert again[1:3] == ["  (no changes)", "configured: nothing changed"], again
+    assert not any("->" in line for line in again), again
+    (seen,) = [line for line in again if " x1 " in line]
+    assert seen.split()[1:4] == ["state", "x1", "ready"], again
+    assert again[-1].startswith("converged in ")
     assert (ctl.config / "slots" / "x1.toml").exists()  # the controller's config dir
     assert not (ctl.tmp / "cc" / "slots").exists()  # not the client's
 
