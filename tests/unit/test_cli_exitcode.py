@@ -24,9 +24,9 @@ import pytest
 
 import controller.cli.stack as cli_stack
 from controller import eventloop
+from controller.cli.feed import render_line
 from controller.cli.main import main
 from controller.cli.output import Style
-from controller.cli.feed import render_line
 from controller.daemon import Controller, DaemonOptions
 from controller.errors import SlotConfigError
 from controller.events import Event, EventKind, EvictionReason, Op, event_line
