@@ -68,7 +68,8 @@ _DOCS: Final[dict[str, str]] = {
     "default": "Id of the bound model (a Model's spec.id, or its metadata.name).",
     "device": "Where the server runs: gpu, npu or cpu (default gpu).",
     "type": "What the slot serves: llm, embedding, tts, stt or image (default llm).",
-    "port": "Port the server listens on, unique on the host (1..65535).",
+    "port": "Port the server listens on, unique on the host (1..65535). Unset: the "
+    "controller chooses a free one and keeps it across restarts.",
     "autoload": "Keep it loaded: loaded at controller start and after faults "
     "(default: true when a model is bound).",
     "priority": "Eviction order, lowest first (0..100, default 50).",

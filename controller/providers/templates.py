@@ -63,6 +63,8 @@ def _launch(
     probe = probe or default_probe(slot, model_id)
     if probe.ready_log is None and slot.provider in READY_LOG:
         probe = replace(probe, ready_log=READY_LOG[slot.provider])
+    if slot.port is None:  # build_launch refuses it first
+        raise SlotConfigError(f"slot {slot.name!r}: no port chosen yet", keys=["port"])
     return LaunchSpec(
         slot=slot.name,
         stack=ctx.stack,

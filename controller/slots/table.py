@@ -438,7 +438,7 @@ class SlotTable:
             name=slot.name,
             state=state,
             model_id=slot.model_id,
-            port=slot.spec.port,
+            port=slot.launch.port if slot.launch is not None else slot.spec.port,
             updated_at=since,
             message=message,
             extra=extra,

@@ -22,6 +22,7 @@ from controller.names import (
 )
 
 __all__ = [
+    "AUTO_PORT",
     "DEVICES",
     "HARDWARE_ENV_VARS",
     "HARDWARE_FLAGS",
@@ -57,6 +58,8 @@ Provider = Literal[
 ]
 PROVIDERS: Final[tuple[str, ...]] = get_args(Provider)
 # These serve a baked-in model: no model.default is needed to dispatch to them.
+AUTO_PORT: Final = "auto"  # ``port = "auto"``: as the key absent, the controller chooses
+
 SELF_MANAGED_PROVIDERS: Final[frozenset[str]] = frozenset(
     {"kokoro", "qwen3tts", "moonshine", "vibevoice"}
 )
@@ -254,7 +257,9 @@ class SlotSpec(_Strict):
     model: SlotModelRef = Field(default_factory=SlotModelRef)
     device: Device = "gpu"
     type: Kind = "llm"
-    port: Annotated[int, Field(ge=1, le=65535)]
+    # None (the key absent, or "auto"): a free port the controller chooses and records in
+    # the state dir, the same across restarts (controller.slots.core.Core.auto_port).
+    port: Annotated[int, Field(ge=1, le=65535)] | None = None
     autoload: bool | None = None  # None only before migration (see loader)
     priority: Annotated[int, Field(ge=0, le=100)] = 50
     pinned: bool | None = None  # None: pinned when named in settings.default_pinned
@@ -271,6 +276,11 @@ class SlotSpec(_Strict):
     # kubernetes runtime: pin the slot to this node (its nodeSelector); unset: the
     # scheduler places it and admission counts it on the node it lands on
     node: Annotated[str, Field(pattern=NODE_NAME_PATTERN, max_length=253)] | None = None
+
+    @field_validator("port", mode="before")
+    @classmethod
+    def _auto_port(cls, value: object) -> object:
+        return None if value == AUTO_PORT else value
 
     @property
     def model_id(self) -> str:
