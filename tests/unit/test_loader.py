@@ -261,9 +261,7 @@ def test_a_port_left_out_or_auto_is_chosen_by_the_controller(tmp_path: Path) -> 
     report, _ = load(tmp_path, text)
     assert report.ok and report.state is not None, report.errors
     assert [s.spec.port for s in report.state.slots.values()] == [None, None]
-    report, _ = load(
-        tmp_path, HEAD + '\n[[slot]]\nname = "c"\nprovider = "demo"\nport = "any"\n'
-    )
+    report, _ = load(tmp_path, HEAD + '\n[[slot]]\nname = "c"\nprovider = "demo"\nport = "any"\n')
     assert located(only_error(report))[1:] == (7, "c", "port", "slot.invalid_value")
 
 
