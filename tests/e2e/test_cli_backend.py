@@ -118,7 +118,8 @@ def test_the_api_refuses_an_invalid_stack_with_its_problems(ctl: Slotctl) -> Non
     ctl.start_up()
     valid = request_for(ctl, [SlotDef("v1")])
     broken = StackRequest(
-        state=valid.state, files=(("broken.toml", '[[slot]]\nname = "v1"\nprovider = "demo"\n'),)
+        state=valid.state,
+        files=(("broken.toml", '[[slot]]\nname = "v1"\n'),),  # no provider
     )
     with backend_of("api", ctl) as backend, pytest.raises(StackRejected) as refused:
         backend.apply(broken, prune=False, force=False, dry_run=False)
