@@ -143,6 +143,9 @@ _SOURCE_SCHEMES: Final = frozenset({"file", "hf", "demo"})
 
 NonNegFloat = Annotated[float, Field(ge=0)]
 PosFloat = Annotated[float, Field(gt=0)]
+# An admission estimate in GiB: bounded (1 PiB), so its bytes are an integer (1e308 GiB
+# would be an infinity of bytes).
+MemoryGb = Annotated[float, Field(ge=0, le=1024**2)]
 
 
 def provider_requires_model(provider: str) -> bool:
@@ -169,7 +172,7 @@ class ModelSpec(_Strict):
     id: Annotated[str, Field(pattern=MODEL_ID_PATTERN)]
     source: str | None = None  # path, file://, hf://org/repo[/file], demo://name
     kind: Kind = "llm"
-    memory_gb: NonNegFloat = 0.0  # admission estimate (device memory); 0 = not counted
+    memory_gb: MemoryGb = 0.0  # admission estimate (device memory); 0 = not counted
     exclusive_group: Annotated[str, Field(min_length=1, max_length=63)] | None = None
     context_length: Annotated[int, Field(gt=0)] | None = None
     chat_template: str | None = None
@@ -271,7 +274,7 @@ class SlotSpec(_Strict):
     liveness_failures: Annotated[int, Field(ge=1)] = 3
     max_consecutive_failures: Annotated[int, Field(ge=1)] = 5
     max_queue: Annotated[int, Field(ge=0)] = 64
-    memory_gb: NonNegFloat | None = None  # admission estimate override (self-managed)
+    memory_gb: MemoryGb | None = None  # admission estimate override (self-managed)
     server: ServerSpec = Field(default_factory=ServerSpec)
     # kubernetes runtime: pin the slot to this node (its nodeSelector); unset: the
     # scheduler places it and admission counts it on the node it lands on

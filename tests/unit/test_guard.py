@@ -222,6 +222,8 @@ CASES: list[Case] = [
     _invalid("env-bad-name", "server.env", server={"env": {"1X": "a"}}),
     _invalid("env-int-value", "server.env.OMP_NUM_THREADS", server={"env": {"OMP_NUM_THREADS": 4}}),
     _invalid("port-not-auto", "port", port="automatic"),
+    # its bytes would be infinite (int() of it raised OverflowError in admission: a 500)
+    _invalid("memory-gb-absurd", "memory_gb", memory_gb=1e308),
     _invalid("port-zero", "port", port=0),
     Case(
         id="missing-provider",
