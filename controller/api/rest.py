@@ -75,6 +75,7 @@ class SlotOut(BaseModel):
     paused: bool = False  # autoload paused by a user's unload (until a user's load)
     held_for_s: float | None = None
     holds: int = 0
+    requests: int = 0  # requests served since the controller started (lease flips carry it)
 
 
 class LoadAnswer(BaseModel):
