@@ -64,6 +64,12 @@ class _Printer:
             return False
         return any(self._show(e, None) for e in self.fold.quiet(time.time()))
 
+    def flush(self) -> None:
+        """The bursts still folded (the stream ended)."""
+        for event in self.fold.flush() if self.fold is not None else ():
+            if self._show(event, None):
+                return
+
     def _show(self, event: Event, raw: str | None) -> bool:
         return self._line(render_line(event, raw, self.output, self.style))
 
@@ -139,17 +145,19 @@ def cmd_events(args: argparse.Namespace) -> ExitCode:
         target=_stream, args=(ApiClient(endpoint, timeout=30.0), last_id, out), daemon=True
     )
     reader.start()
-    history_gap = last_id == "0"  # the history is what is left: its gap is no news
+    # The history is what the controller still keeps: the gap it opens with is no news.
+    history_gap = last_id == "0"
     # Ctrl-C ends it like ``slot logs -f``: quietly, exit 130 (``cli.main``).
     for item in _items(out, reader):
         if item is _END:
+            printer.flush()
             print("slotctl: the event stream ended (the controller stopped)", file=sys.stderr)
             return ExitCode.OK
         if isinstance(item, BaseException):
             raise item
         if isinstance(item, SseEvent):
-            if item.event == "gap" and history_gap:
-                history_gap = False
+            opening, history_gap = history_gap, False
+            if item.event == "gap" and opening:
                 continue
             if printer.event(item):
                 return ExitCode.OK
