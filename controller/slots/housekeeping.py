@@ -84,9 +84,9 @@ class Housekeeping(Part):
             self.table.set(
                 slot,
                 S.IDLE,
-                op=Op.UNLOAD,
+                op=Op.IDLE,  # nothing is unloaded: the server stays up and serves
                 idle_reason=IdleReason.TIMEOUT,
-                message=f"no request for {quiet:.0f}s",
+                message=f"no request for {quiet:.0f}s: the server stays up and loaded",
             )
         ttl = slot.spec.ttl_s
         # ttl_s: give the memory back after this long without requests (keep-loaded

@@ -112,6 +112,7 @@ class SlotTable:
             node=slot.node,
             gpus=tuple(g.index for g in slot.placement),
             devices=slot.devices if slot.state in ADMITTED_STATES else (),
+            requests=slot.requests,
         )
 
     def routable(self, model: str) -> list[Candidate]:
@@ -272,8 +273,17 @@ class SlotTable:
             to_state=after,
             message=message,
             error=error.code if error else None,
-            details={"idle_reason": slot.idle_reason} if slot.idle_reason else {},
+            details=self._details(slot, op),
         )
+
+    @staticmethod
+    def _details(slot: SlotRecord, op: Op) -> dict[str, object]:
+        """A transition's details: why a slot is idle; a lease flip's the slot's request
+        count (readers fold the flips into it: ``events.LeaseFold``)."""
+        details: dict[str, object] = {"idle_reason": slot.idle_reason} if slot.idle_reason else {}
+        if op is Op.LEASE:
+            details["requests"] = slot.requests
+        return details
 
     def _write_failed(self, slot: SlotRecord, op: Op, what: str, exc: StateWriteFailed) -> None:
         self.events.emit(
@@ -477,7 +487,7 @@ class SlotTable:
             name=slot.name,
             state=state,
             model_id=slot.model_id,
-            port=slot.spec.port,
+            port=slot.launch.port if slot.launch is not None else slot.spec.port,
             updated_at=since,
             message=message,
             extra=extra,
