@@ -52,6 +52,8 @@ class Housekeeping(Part):
         now = self.clock.monotonic()
         for slot in self.table:
             self.leases.expire_holds(slot, now)
+            if slot.queued:  # leases revoked by a crash end without a release
+                self.leases.admit_waiters(slot)
             await self.idle_and_ttl(slot, now)
             self.breakers(slot, now)
         await self.liveness(now)

@@ -37,6 +37,7 @@ from controller.slots.records import (
     DeviceFigures,
     Lease,
     ManagerConfig,
+    Requester,
     SlotRecord,
     SlotStatus,
     SlotView,
@@ -377,13 +378,13 @@ class SlotManager(Part):
 
     # ================================================================= leases
 
-    async def acquire(self, name: str) -> Lease:
-        """A lease for one request (see :mod:`.leases`)."""
-        return await self.leasing.acquire(name)
+    async def acquire(self, name: str, who: Requester | None = None) -> Lease:
+        """A lease for one request (see :mod:`.leases`); ``who`` says whose turn it is."""
+        return await self.leasing.acquire(name, who)
 
-    def try_acquire(self, name: str) -> Lease | None:
+    def try_acquire(self, name: str, who: Requester | None = None) -> Lease | None:
         """A lease when one needs no wait, else None (see :mod:`.leases`)."""
-        return self.leasing.try_acquire(name)
+        return self.leasing.try_acquire(name, who)
 
     def release(self, lease: Lease) -> None:
         self.leasing.release(lease)

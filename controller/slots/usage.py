@@ -80,7 +80,7 @@ class Usage:
                 state=s.state,
                 pinned=bool(s.spec.pinned),
                 leases=len(s.leases),
-                busy=s.busy or s.draining or s.waiters > 0,
+                busy=s.busy or s.draining or s.waiters > 0 or s.queued > 0,
                 access=s.access,
                 generation=s.generation,
             )
