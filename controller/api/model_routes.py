@@ -19,7 +19,7 @@ from controller.api.rest import (
     ctx_of,
     start_load,
 )
-from controller.api.selection import ranked
+from controller.router.selection import ranked
 from controller.errors import (
     ModelNotFound,
     SlotConfigError,

@@ -3,7 +3,7 @@ embeddings, audio.
 
 The routes only declare themselves (summary, body schema, answers) and hand the request
 to :func:`~controller.api.router_proxy.route_request`: reading and refusing live in
-:mod:`controller.api.router_request`, leasing, forwarding and streaming in
+:mod:`controller.router.request`, leasing, forwarding and streaming in
 :mod:`controller.api.router_proxy`.
 
 Errors leave in OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``:
@@ -23,14 +23,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from controller.api.app import API_CTX, RouteTable, json_response
 from controller.api.router_proxy import route_request
 from controller.api.router_proxy import setup as setup
-from controller.api.router_request import (
+from controller.router.request import (
     AUDIO_MAX_BYTES,
     AUDIO_TAIL,
     JSON_MAX_BYTES,
     model_not_found,
     openai_error,
 )
-from controller.api.selection import openai_model, served_ids, served_models
+from controller.router.selection import openai_model, served_ids, served_models
 from controller.slots import SlotManager
 
 __all__ = ["openai_error", "served_ids", "setup"]

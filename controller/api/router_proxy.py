@@ -1,15 +1,15 @@
 """Forwarding a routed request: lease, proxy, relay, release — and the watch that cuts it.
 
 Part of the OpenAI router (:mod:`controller.api.router` is its route table,
-:mod:`controller.api.router_request` reads and refuses). Most routed requests never get
-here: the data plane (:mod:`controller.api.dataplane`) serves them at the socket and
+:mod:`controller.router.request` reads and refuses). Most routed requests never get
+here: the data plane (:mod:`controller.dataplane.plane`) serves them at the socket and
 shares this module's records, metrics and events (:class:`Call`, :func:`record_call`,
 :func:`report_refusal`). This is the path of what it leaves to aiohttp (a chunked
 upload, ``HTTP/1.0``, a head it does not take, any server built without it), with the
 same answers. One request's path:
 
 1. read the body and take its ``model``; rank the activated slots serving it
-   (:func:`~controller.api.selection.serving`, no view built) and lease the best that
+   (:func:`~controller.router.selection.serving`, no view built) and lease the best that
    grants one (a cold slot loads; concurrent cold requests join that one load);
 2. proxy the body unchanged to the slot's endpoint with one shared keep-alive
    :class:`aiohttp.ClientSession` (:data:`SESSION` in ``ctx.store``; its connector pools
@@ -45,7 +45,7 @@ from aiohttp import hdrs, web
 from multidict import CIMultiDict
 
 from controller.api.app import API_CTX, REQUEST_RECORDER, ApiContext, CtxKey
-from controller.api.router_request import (
+from controller.router.request import (
     Pending,
     Refusal,
     acquire_now,
@@ -60,7 +60,7 @@ from controller.api.router_request import (
     upstream_refusal,
     wrong_endpoint,
 )
-from controller.api.selection import endpoint_of, fitting, serving
+from controller.router.selection import endpoint_of, fitting, serving
 from controller.errors import ModelNotFound, SlotctlError, SlotUpstreamTimeout
 from controller.events import EventKind, Op
 from controller.slots import Lease
@@ -362,7 +362,7 @@ async def _work(
 
 async def lease_model(ctx: ApiContext, call: Call, model: str, endpoint: str | None) -> Lease:
     """A lease on the best activated slot serving ``model`` whose type serves
-    ``endpoint`` (:func:`~controller.api.selection.endpoint_of`; ``call`` records the
+    ``endpoint`` (:func:`~controller.router.selection.endpoint_of`; ``call`` records the
     model and the slot); else the refusal, reported once. Both router paths lease
     through it (the data plane in its two steps)."""
     now = lease_now(ctx, call, model, endpoint)

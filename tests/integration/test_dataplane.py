@@ -25,7 +25,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from controller.api.dataplane_head import parse_head
+from controller.dataplane.head import parse_head
 from controller.errors import SlotNotReady
 from controller.lifecycle import SlotState
 from controller.slots import Lease

@@ -22,9 +22,9 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
-from controller.api.dataplane_head import HeadTemplate, parse_head, parse_head_like
+from controller.dataplane.head import HeadTemplate, parse_head, parse_head_like
 from controller.api.metrics import REQUEST_BUCKETS, _RequestSeries
-from controller.api.router_request import (
+from controller.router.request import (
     Pending,
     Refusal,
     _json_object,
@@ -33,7 +33,7 @@ from controller.api.router_request import (
     acquire_rest,
     model_of,
 )
-from controller.api.upstream import Upstream, UpstreamError, UpstreamPool
+from controller.dataplane.upstream import Upstream, UpstreamError, UpstreamPool
 from controller.errors import SlotNotFound
 from controller.lifecycle import SlotState
 from controller.slots import Lease

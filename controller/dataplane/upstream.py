@@ -1,7 +1,7 @@
 """The data plane's HTTP/1.1 client: keep-alive pools per upstream, a response head parsed
 once, the body handed to a listener as it arrives.
 
-Part of the router's data plane (:mod:`controller.api.dataplane` is its server side). It
+Part of the router's data plane (:mod:`controller.dataplane.plane` is its server side). It
 speaks just what a model server answers: a status line and headers, then a body framed by
 ``Content-Length``, ``Transfer-Encoding: chunked`` or the end of the connection (none for
 1xx, 204 and 304). Interim 1xx answers are skipped. A chunked body is de-chunked here; the
@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from typing import Final, Protocol
 
-from controller.api.upstream_head import (
+from controller.dataplane.upstream_head import (
     BAD_VALUE,
     FRAMING,
     HEADER_LINES,

@@ -22,7 +22,7 @@ import aiohttp
 from aiohttp import hdrs, web
 
 from controller.api.app import json_response, openai_error_body
-from controller.api.selection import ENDPOINTS, SERVES
+from controller.router.selection import ENDPOINTS, SERVES
 from controller.errors import (
     InsufficientMemory,
     ModelNotFound,

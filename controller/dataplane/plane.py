@@ -3,12 +3,12 @@ for everything else.
 
 Where it sits: :class:`~controller.api.server.ApiServer` listens with :class:`DataPlane` as
 the protocol factory, so every connection starts here, as a
-:class:`~controller.api.dataplane_conn.Connection`. A request this module serves —
+:class:`~controller.dataplane.connection.Connection`. A request this module serves —
 ``POST /v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings`` or
 ``/v1/audio/…`` over HTTP/1.1 with a ``Content-Length`` body (and ``GET /v1/models``,
 ``/v1/models/{id}``, answered here) — is read (its head, the
 bearer token, the body's ``model``; the body passes upstream unchanged), leased and sent
-over :mod:`controller.api.upstream`'s keep-alive pools; the answer's head is rebuilt from
+over :mod:`controller.dataplane.upstream`'s keep-alive pools; the answer's head is rebuilt from
 the upstream's and its body relayed as it arrives, from one transport to the other, with
 the transports' own flow control. A request is callbacks from its head to its last byte
 (no task, no future): a task runs only while it waits for a cold slot's load or for a
@@ -19,7 +19,7 @@ if the data plane were not there (:mod:`controller.api.router` answers the ``/v1
 requests the data plane leaves).
 
 The answers are the aiohttp router's (SPEC §7): the same refusals from
-:mod:`controller.api.router_request`, the same events and metrics
+:mod:`controller.router.request`, the same events and metrics
 (:func:`~controller.api.router_proxy.report_refusal`,
 :func:`~controller.api.router_proxy.record_call`). A client that goes away gives its
 request up at once (``connection_lost``): the lease is released and the upstream
@@ -39,10 +39,10 @@ from collections.abc import Callable
 from typing import Final
 
 from controller.api.app import ApiContext
-from controller.api.dataplane_conn import Connection
+from controller.dataplane.connection import Connection
 from controller.api.hosts import HostPolicy
 from controller.api.router_proxy import upstream_idle_s
-from controller.api.upstream import UpstreamPool
+from controller.dataplane.upstream import UpstreamPool
 
 __all__ = ["KEEPALIVE_S", "DataPlane", "stalled"]
 

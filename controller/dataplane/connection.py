@@ -1,4 +1,4 @@
-"""One client connection of the router's data plane (:mod:`controller.api.dataplane`
+"""One client connection of the router's data plane (:mod:`controller.dataplane.plane`
 says the whole): its request heads read, the requests the data plane takes served as
 callbacks, anything else handed to aiohttp for good. :class:`Plane` is what it uses of
 the listening socket's protocol factory (the pool, the lease watch, the stop).
@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Final, Protocol
 
 from controller.api.app import ApiContext
-from controller.api.dataplane_head import (
+from controller.dataplane.head import (
     HeadTemplate,
     RequestHead,
     address,
@@ -42,15 +42,15 @@ from controller.api.router_proxy import (
     upstream_idle_s,
     upstream_timeout,
 )
-from controller.api.router_request import (
+from controller.router.request import (
     Pending,
     Refusal,
     model_of,
     shutting_down,
     slot_refusal,
 )
-from controller.api.selection import served_models
-from controller.api.upstream import CONNECT_S, Upstream, UpstreamError, UpstreamPool
+from controller.router.selection import served_models
+from controller.dataplane.upstream import CONNECT_S, Upstream, UpstreamError, UpstreamPool
 from controller.errors import SlotctlError
 
 __all__ = ["Connection", "Plane"]
@@ -67,7 +67,7 @@ _LAST_CHUNK: Final = b"0\r\n\r\n"
 
 
 class Plane(Protocol):
-    """What a connection uses of its plane (:class:`controller.api.dataplane.DataPlane`)."""
+    """What a connection uses of its plane (:class:`controller.dataplane.plane.DataPlane`)."""
 
     ctx: ApiContext
     fallback: Callable[[], asyncio.BaseProtocol]  # aiohttp's protocol factory

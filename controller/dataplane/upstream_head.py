@@ -1,4 +1,4 @@
-"""The text of a model server's answer head, for :mod:`controller.api.upstream`: the
+"""The text of a model server's answer head, for :mod:`controller.dataplane.upstream`: the
 patterns a header line must match, the headers that frame the body, a chunk's size, and
 a connection's answer-head template.
 

@@ -1,7 +1,7 @@
 """The data plane's HTTP/1.1 text: a request's head read, the data plane's own answers
 written, an upstream's answer head rebuilt for the client, an endpoint's address.
 
-Pure (no I/O): the protocol of :mod:`controller.api.dataplane` uses it. What the head's
+Pure (no I/O): the protocol of :mod:`controller.dataplane.plane` uses it. What the head's
 parser does not take (``None``) goes to aiohttp, which answers it as it would without
 the data plane (a 400 for a malformed head, the router's path for a chunked upload).
 """
@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 from controller.api.app import BAD_BEARER_MESSAGE, NO_BEARER_MESSAGE, openai_error_body
 from controller.api.router_proxy import REQUEST_DROP, RESPONSE_DROP
-from controller.api.router_request import (
+from controller.router.request import (
     AUDIO_MAX_BYTES,
     AUDIO_TAIL,
     JSON_MAX_BYTES,
@@ -30,15 +30,15 @@ from controller.api.router_request import (
     model_not_found,
     shutting_down,
 )
-from controller.api.selection import endpoint_of, openai_model
-from controller.api.upstream import (
+from controller.router.selection import endpoint_of, openai_model
+from controller.dataplane.upstream import (
     CHUNKED,
     CLOSE,
     LENGTH,
     Upstream,
     UpstreamError,
 )
-from controller.api.upstream_head import HEADER_LINES, content_length
+from controller.dataplane.upstream_head import HEADER_LINES, content_length
 from controller.errors import HostNotAllowed
 
 __all__ = [
