@@ -22,9 +22,9 @@ from aiohttp import web
 
 from controller.api.app import ApiContext
 from controller.api.assembly import build_app
-from controller.dataplane.plane import DataPlane
 from controller.api.hosts import HOST_POLICY, HostPolicy
 from controller.api.refused import quiet_protocol
+from controller.dataplane.plane import DataPlane
 from controller.errors import ListenUnavailable, SlotConfigError
 
 __all__ = ["ApiServer", "check_listen", "parse_listen"]

@@ -1,46 +1,40 @@
-"""The data plane's HTTP/1.1 client: keep-alive pools per upstream, a response head parsed
-once, the body handed to a listener as it arrives.
+"""The data plane's HTTP/1.1 client: keep-alive pools per upstream, each answer parsed by
+llhttp (``httptools``), its body handed to a listener as it arrives.
 
-Part of the router's data plane (:mod:`controller.dataplane.plane` is its server side). It
-speaks just what a model server answers: a status line and headers, then a body framed by
-``Content-Length``, ``Transfer-Encoding: chunked`` or the end of the connection (none for
-1xx, 204 and 304). Interim 1xx answers are skipped. A chunked body is de-chunked here; the
-listener gets the payload of each read as one piece (no per-event work). Flow control is the
-transports': the listener pauses this connection's reading while its client cannot keep up.
-An exchange is callbacks, no future and no task: the listener hears of the head, each
-piece of the body, the end or the failure, from this connection's own ``data_received``
-and ``connection_lost``.
+Part of the router's data plane (:mod:`controller.dataplane.connection` is its listener).
+llhttp reads the answer (status line, headers, the body's framing: ``Content-Length``,
+``chunked`` with its extensions checked, or the end of the connection; none for 204 and
+304): every verdict on the bytes is its own. Interim answers (100, 102, 103) are skipped; a
+``101`` (we never ask for an upgrade), a transfer coding other than ``chunked`` (which the
+relay would drop) and any malformed answer fail the exchange. The listener gets the
+payload of each read as one piece, from outside llhttp's callbacks (so nothing a listener
+does runs inside the parser). Flow control is the transports': the listener pauses this
+connection's reading while its client cannot keep up. An exchange is callbacks, no future
+and no task: the listener hears of the head, each piece of the body, the end or the
+failure, from this connection's own ``data_received`` and ``connection_lost``.
 
-A connection goes back to its pool only after a whole response (HTTP/1.1, no
-``Connection: close``); idle ones are closed after :data:`IDLE_S`. A kept-alive connection
-found closed before any byte of the answer fails ``stale``: the listener retries once on a
-fresh one, as aiohttp's client does.
+A connection goes back to its pool only after a whole answer (llhttp's keep-alive verdict:
+HTTP/1.1, no ``Connection: close``, nothing after the answer); idle ones are closed after
+:data:`IDLE_S`. A kept-alive connection found closed before any byte of the answer fails
+``stale``: the listener retries once on a fresh one, as aiohttp's client does.
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import socket
 import time
 from collections.abc import Callable
 from typing import Final, Protocol
 
-from controller.dataplane.upstream_head import (
-    BAD_VALUE,
-    FRAMING,
-    HEADER_LINES,
-    AnswerTemplate,
-    chunk_size,
-    content_length,
-)
+from httptools import HttpParserError, HttpParserUpgrade, HttpResponseParser
+from httptools.parser.errors import HttpParserCallbackError
 
 __all__ = [
-    "CHUNKED",
-    "CLOSE",
     "CONNECT_S",
     "IDLE_S",
-    "LENGTH",
-    "NONE",
+    "Framing",
     "Listener",
     "Upstream",
     "UpstreamError",
@@ -56,11 +50,24 @@ _HEAD_MAX: Final = 64 * 1024  # a response head larger than this is a broken ups
 _POOL_MAX: Final = 256  # idle connections kept per upstream
 _JOIN_MAX: Final = 256 * 1024  # a request up to this size is written as one piece
 
-# Framing of a response body: none, Content-Length, chunked, to the end of the connection.
-NONE, LENGTH, CHUNKED, CLOSE = 0, 1, 2, 3
-_NONE, _LENGTH, _CHUNKED, _CLOSE = NONE, LENGTH, CHUNKED, CLOSE
-# States of the chunked decoder.
-_SIZE, _DATA, _DATA_END, _TRAILER = 0, 1, 2, 3
+
+class Framing(enum.Enum):
+    """How an answer's body is framed."""
+
+    NONE = "none"  # 204, 304, Content-Length: 0
+    LENGTH = "length"  # Content-Length
+    CHUNKED = "chunked"
+    CLOSE = "close"  # to the end of the connection
+
+
+class _Phase(enum.Enum):
+    """Where a connection is in its exchange."""
+
+    IDLE = "idle"  # in the pool (or not yet sent on)
+    WAITING = "waiting"  # the request went out, no byte of the answer yet
+    HEAD = "head"  # the answer's head is coming
+    BODY = "body"  # the head was handed over; the body relayed as it comes
+    DONE = "done"  # the answer is whole (or the exchange failed)
 
 
 class UpstreamError(Exception):
@@ -85,8 +92,7 @@ class Listener(Protocol):
     ``relay``; after ``on_end`` or ``on_error`` nothing more."""
 
     def on_head(self, upstream: Upstream) -> None:
-        """The answer's head is parsed (``status``, ``fields``…); :meth:`Upstream.attach`
-        then relays its body."""
+        """The answer's head is parsed (``status``, ``fields``, ``framing``…)."""
 
     def relay(self, data: bytes) -> None:
         """A piece of the body (de-chunked)."""
@@ -100,30 +106,35 @@ class Listener(Protocol):
         kept-alive connection closed before any byte, worth one retry)."""
 
 
+class _Stop(Exception):
+    """Raised from a callback to stop llhttp (bytes after a whole answer)."""
+
+
 class Upstream(asyncio.Protocol):
     """One connection to a model server, one exchange at a time."""
 
     __slots__ = (
-        "_attached",
-        "_buffer",
-        "_chunk_left",
-        "_chunk_state",
-        "_got",
+        "_complete",
+        "_extra",
+        "_keep",
         "_key",
-        "_left",
         "_listener",
-        "_parsed",
+        "_parser",
         "_paused",
+        "_phase",
+        "_pieces",
         "_pool",
         "_reset",
-        "_reusable",
-        "_template",
+        "_seen",
+        "_told",
         "_used",
+        "codings",
         "content_type",
         "fields",
         "framing",
         "heard",
         "idle_since",
+        "length",
         "reason",
         "status",
         "transport",
@@ -132,31 +143,28 @@ class Upstream(asyncio.Protocol):
     def __init__(self, pool: UpstreamPool, key: tuple[str, int]) -> None:
         self._pool, self._key = pool, key
         self.transport: asyncio.Transport | None = None
-        self._buffer = bytearray()
         self._listener: Listener | None = None  # None: idle in the pool (or given up)
-        self._parsed = False  # the current answer's head is parsed
-        self._attached = False  # its body goes to the listener
-        self._got = False  # a byte of the current answer arrived
+        self._parser = HttpResponseParser(self)
+        self._phase = _Phase.IDLE
+        self._pieces: list[bytes] = []  # the body of this read, relayed after the parse
+        self._complete = False  # llhttp saw the answer's end in this read
+        self._extra = False  # bytes came after the answer: not reused
+        self._seen = 0  # bytes of the current answer's head so far
+        self._told = False  # the listener heard of the head
+        self._keep = False  # llhttp's keep-alive verdict on the answer
         self._reset = False  # the connection ended with an error
-        self._template: AnswerTemplate | None = None  # the last answer's head, to read the next
         self._used = False  # an earlier exchange went over this connection
-        self._reusable = False
         self._paused = False
         self.status, self.reason = 0, b""
-        self.fields = b""  # the answer's header lines, each after a CRLF, as they came
+        self.fields: list[tuple[bytes, bytes]] = []  # the answer's headers, as they came
+        self.codings: list[bytes] = []  # its Transfer-Encoding values
         self.content_type = b""
-        self.framing = _NONE
-        self._left = 0  # Content-Length bytes still to come
-        self._chunk_state, self._chunk_left = _SIZE, 0
+        self.framing = Framing.NONE
+        self.length = 0  # the body's Content-Length (LENGTH framing)
         self.idle_since = 0.0
         # A byte came since the stall sweep last looked (it clears this): the one cost of
         # the upstream idle timeout per read, an attribute store.
         self.heard = False
-
-    @property
-    def length(self) -> int:
-        """The body's Content-Length (``LENGTH`` framing), before any of it is relayed."""
-        return self._left
 
     # ------------------------------------------------------------------ asyncio
 
@@ -170,13 +178,26 @@ class Upstream(asyncio.Protocol):
         if self._listener is None:  # idle in the pool: nothing may arrive
             self._close()
             return
-        self._got = self.heard = True
-        if self._attached:
-            self._feed(data)
-        else:
-            self._buffer += data
-            if not self._parsed:
-                self._parse_head()
+        self.heard = True
+        if self._phase is _Phase.WAITING:
+            self._phase = _Phase.HEAD
+        try:
+            self._parser.feed_data(data)
+        except HttpParserUpgrade:
+            self._fail("the server switched protocols (101): not asked for")
+            return
+        except HttpParserCallbackError as exc:
+            if not self._extra:  # a bug in a callback, not the server's bytes
+                raise exc.__context__ or exc from None
+        except HttpParserError as exc:
+            self._fail(f"a malformed answer ({exc})")
+            return
+        if self._phase is _Phase.HEAD:
+            self._seen += len(data)
+            if self._seen > _HEAD_MAX:
+                self._fail("the response head is too large")
+                return
+        self._deliver()
 
     def eof_received(self) -> bool:
         return False  # close: a half-closed upstream ends the exchange (connection_lost)
@@ -187,20 +208,15 @@ class Upstream(asyncio.Protocol):
         self._pool.forget(self)
         if self._listener is None:
             return  # idle in the pool, or given up
-        if not self._parsed:
-            stale = self._used and not self._got
-            self._fail(UpstreamError("the server closed the connection", stale=stale))
-        elif self._attached:
-            self._ended()
-        # else: attach() relays what was buffered, then ends the exchange
-
-    def _ended(self) -> None:
-        """The connection ended with the body underway: complete (close-delimited and a
-        clean end) or cut."""
-        if self.framing == _CLOSE and not self._reset:
-            self._finish()
-        else:
-            self._fail(UpstreamError("the server closed the connection mid-answer"))
+        phase = self._phase
+        if phase is _Phase.WAITING or phase is _Phase.HEAD:
+            stale = self._used and phase is _Phase.WAITING
+            self._fail("the server closed the connection", stale=stale)
+        elif phase is _Phase.BODY:
+            if self.framing is Framing.CLOSE and not self._reset:
+                self._finish()  # a body to the end of the connection, whole
+            else:
+                self._fail("the server closed the connection mid-answer")
 
     @property
     def paused(self) -> bool:
@@ -218,30 +234,90 @@ class Upstream(asyncio.Protocol):
             self._paused = False
             self.transport.resume_reading()
 
+    # ------------------------------------------------------------------ llhttp's callbacks
+
+    def on_message_begin(self) -> None:
+        if self._complete:  # bytes after the whole answer: the connection is not reused
+            self._extra = True
+            raise _Stop
+
+    def on_status(self, reason: bytes) -> None:
+        self.reason += reason
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.fields.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        status = self._parser.get_status_code()
+        if 100 <= status < 200 and status != 101:  # an interim answer: skip it
+            self.fields, self.reason = [], b""
+            return
+        self.status = status
+        self._keep = self._parser.should_keep_alive()
+        length: int | None = None
+        for name, value in self.fields:
+            lower = name.lower()
+            if lower == b"content-length":
+                length = int(value)  # digits, llhttp checked (and refused a second one)
+            elif lower == b"transfer-encoding":
+                self.codings.append(value)
+            elif lower == b"content-type":
+                self.content_type = value.strip()
+        if status in (204, 304):
+            self.framing = Framing.NONE
+        elif self.codings:
+            self.framing = Framing.CHUNKED  # llhttp took it: chunked is the last coding
+        elif length is not None:
+            self.framing, self.length = (Framing.LENGTH, length) if length else (Framing.NONE, 0)
+        else:
+            self.framing = Framing.CLOSE
+        self._phase = _Phase.BODY
+
+    def on_body(self, body: bytes) -> None:
+        self._pieces.append(body)
+
+    def on_message_complete(self) -> None:
+        if self._phase is _Phase.BODY:  # not an interim answer's end
+            self._complete = True
+
     # ------------------------------------------------------------------ an exchange
 
     def send(self, request: list[bytes], listener: Listener) -> None:
         """Write a request; ``listener`` hears of the answer."""
         assert self.transport is not None
         self._listener = listener
-        self._parsed = self._attached = self._got = False
+        self._phase = _Phase.WAITING
+        self._seen, self._complete, self._extra, self._told = 0, False, False, False
+        self.status, self.reason, self.content_type = 0, b"", b""
+        self.fields, self.codings = [], []
+        self.framing, self.length = Framing.NONE, 0
         if sum(map(len, request)) <= _JOIN_MAX:
             self.transport.write(b"".join(request))  # one segment, one send
         else:
             self.transport.writelines(request)  # a large body is not copied
 
-    def attach(self) -> None:
-        """Relay the body (after ``on_head``): what came already, then as it arrives."""
-        self._attached = True
-        if self.framing == _NONE:
-            self._finish()
+    def _deliver(self) -> None:
+        """After a read: the head to the listener (once), this read's body, the end."""
+        listener = self._listener
+        if listener is None or self._phase is _Phase.HEAD:
             return
-        if self._buffer:
-            data = bytes(self._buffer)
-            self._buffer.clear()
-            self._feed(data)
-        if self.transport is None and self._listener is not None:
-            self._ended()  # the connection ended before the listener attached
+        if self._phase is _Phase.BODY:
+            if not self._told:  # the head came in this read
+                self._told = True
+                if self.codings and b", ".join(self.codings).lower() != b"chunked":
+                    self._fail("an unsupported Transfer-Encoding")  # a coding would be lost
+                    return
+                listener.on_head(self)
+                if self._listener is not listener:
+                    return  # given up in on_head
+            pieces = self._pieces
+            if pieces:
+                self._pieces = []
+                listener.relay(pieces[0] if len(pieces) == 1 else b"".join(pieces))
+                if self._listener is not listener:
+                    return  # given up while relaying
+        if self._complete:
+            self._finish()
 
     def abort(self) -> None:
         """The exchange was given up (client gone, lease revoked): drop the connection,
@@ -249,198 +325,24 @@ class Upstream(asyncio.Protocol):
         self._listener = None
         self._close()
 
-    def _fail(self, error: UpstreamError) -> None:
+    def _fail(self, message: str, *, stale: bool = False) -> None:
         listener, self._listener = self._listener, None
+        self._phase = _Phase.DONE
         self._close()
         if listener is not None:
-            listener.on_error(error)
+            listener.on_error(UpstreamError(message, stale=stale))
 
     def _close(self) -> None:
         if self.transport is not None:
             self.transport.close()
 
-    # ------------------------------------------------------------------ parsing
-
-    def _parse_head(self) -> None:
-        buffer = self._buffer
-        while True:
-            end = buffer.find(b"\r\n\r\n")
-            if end < 0:
-                if len(buffer) > _HEAD_MAX:
-                    self._fail_head("the response head is too large")
-                return
-            head = bytes(buffer[:end])
-            del buffer[: end + 4]
-            if self._template is not None and self._again(head, self._template):
-                return
-            first = head.find(b"\r\n")
-            if first < 0:
-                first = len(head)
-            version, _, rest = head[:first].partition(b" ")
-            code, _, reason = rest.partition(b" ")
-            if (
-                not version.startswith(b"HTTP/1.")
-                or len(code) != 3
-                or not code.isdigit()
-                or BAD_VALUE.search(reason)
-            ):
-                self._fail_head("the answer is not HTTP/1.x")
-                return
-            status = int(code)
-            if 100 <= status < 200:
-                continue  # an interim answer (100 Continue, 103 Early Hints): skip it
-            break
-        # Every header line checked in one pass (never relayed to a client otherwise), then
-        # only the ones that frame the body are looked at.
-        if not HEADER_LINES.fullmatch(head, first):
-            self._fail_head("a malformed response header")
-            return
-        length: int | None = None
-        chunked = close = coded = False
-        content_type = b""
-        for name, value in FRAMING.findall(head, first):
-            lower = name.lower()
-            value = value.rstrip(b" \t")
-            if lower == b"content-length":
-                length = content_length(value, length)
-                if length is None:
-                    self._fail_head("a malformed Content-Length")
-                    return
-            elif lower == b"transfer-encoding":
-                chunked = value.lower().rsplit(b",", 1)[-1].strip() == b"chunked"
-                coded = True
-            elif lower == b"connection":
-                close = b"close" in value.lower()
-            else:
-                content_type = value
-        if coded and (not chunked or length is not None):
-            # A coding other than chunked last, or both framings: aiohttp refuses it too.
-            self._fail_head("an unsupported Transfer-Encoding")
-            return
-        self.status, self.reason = status, reason
-        self.fields, self.content_type = head[first:], content_type
-        self._parsed = True
-        if status in (204, 304):
-            self.framing = _NONE
-        elif chunked:
-            self.framing, self._chunk_state = _CHUNKED, _SIZE
-        elif length is not None:
-            self.framing, self._left = (_LENGTH, length) if length else (_NONE, 0)
-        else:
-            self.framing = _CLOSE
-        self._reusable = version == b"HTTP/1.1" and not close and self.framing != _CLOSE
-        self._template = (
-            AnswerTemplate.of(head, first, status, reason, content_type, self._reusable)
-            if self.framing == _LENGTH
-            else None
-        )
-        assert self._listener is not None
-        self._listener.on_head(self)
-
-    def _again(self, head: bytes, template: AnswerTemplate) -> bool:
-        """``head`` read from the last answer's template (see :class:`AnswerTemplate`);
-        False: parse it."""
-        length = template.length_of(head)
-        if length is None:
-            return False
-        self.status, self.reason = template.status, template.reason
-        self.fields, self.content_type = head[template.first :], template.content_type
-        self.framing, self._left, self._reusable = _LENGTH, length, template.reusable
-        self._parsed = True
-        assert self._listener is not None
-        self._listener.on_head(self)
-        return True
-
-    def _fail_head(self, message: str) -> None:
-        self._fail(UpstreamError(message))
-
-    def _feed(self, data: bytes) -> None:
-        sink = self._listener
-        if sink is None:
-            return  # given up while relaying
-        framing = self.framing
-        if framing == _LENGTH:
-            if len(data) >= self._left:
-                data, extra = data[: self._left], len(data) > self._left
-                self._left = 0
-                if data:
-                    sink.relay(data)
-                if extra:
-                    self._reusable = False  # bytes beyond the answer: do not reuse
-                self._finish()
-                return
-            self._left -= len(data)
-            sink.relay(data)
-        elif framing == _CHUNKED:
-            self._dechunk(data, sink)
-        else:
-            sink.relay(data)
-
-    def _dechunk(self, data: bytes, sink: Listener) -> None:
-        """Decode chunked framing; the payload of this read goes to the sink as one piece."""
-        if not self._buffer and self._chunk_state == _SIZE:
-            # The common case of a stream: this read is one whole chunk (an event).
-            end = data.find(b"\r\n")
-            size = chunk_size(data[:end]) if end > 0 else 0
-            stop = end + 2 + size
-            if size > 0 and len(data) == stop + 2 and data.endswith(b"\r\n"):
-                sink.relay(data[end + 2 : stop])
-                return
-        buffer = self._buffer
-        buffer += data
-        payload: list[bytes] = []
-        at = 0
-        size = len(buffer)
-        while at < size:
-            state = self._chunk_state
-            if state == _DATA:
-                take = min(self._chunk_left, size - at)
-                payload.append(bytes(buffer[at : at + take]))
-                at += take
-                self._chunk_left -= take
-                if not self._chunk_left:
-                    self._chunk_state = _DATA_END
-                continue
-            end = buffer.find(b"\r\n", at)
-            if end < 0:
-                if size - at > 4096:
-                    self._broken("a malformed chunk")
-                    return
-                break
-            line = bytes(buffer[at:end])
-            at = end + 2
-            if state == _SIZE:
-                self._chunk_left = chunk_size(line)
-                if self._chunk_left < 0:
-                    self._broken("a malformed chunk size")
-                    return
-                self._chunk_state = _DATA if self._chunk_left else _TRAILER
-            elif state == _DATA_END:
-                if line:
-                    self._broken("a chunk without its CRLF")
-                    return
-                self._chunk_state = _SIZE
-            elif not line:  # the empty line after the trailers: the end of the body
-                del buffer[:at]
-                if payload:
-                    sink.relay(b"".join(payload))
-                if buffer:
-                    self._reusable = False
-                    buffer.clear()
-                self._finish()
-                return
-        del buffer[:at]
-        if payload:
-            sink.relay(payload[0] if len(payload) == 1 else b"".join(payload))
-
-    def _broken(self, message: str) -> None:
-        self._fail(UpstreamError(message))
-
     def _finish(self) -> None:
         listener, self._listener = self._listener, None
+        self._phase = _Phase.IDLE
         self.resume_reading()  # paused by a slow client while its last bytes went out
         self._used = True
-        if self._reusable and self.transport is not None and not self._buffer:
+        reusable = self._keep and not self._extra and self.framing is not Framing.CLOSE
+        if reusable and self.transport is not None:
             self._pool.put(self._key, self)
         else:
             self._close()

@@ -1,4 +1,4 @@
-"""The router's data plane on the wire (controller/api/dataplane.py, upstream.py).
+"""The router's data plane on the wire (controller/dataplane/).
 
 The routed requests of tests/integration/test_router.py already go through the data plane
 (the API server listens through it); these tests take the paths it adds, over raw TCP on
@@ -25,7 +25,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from controller.dataplane.head import parse_head
+from controller.dataplane.request import parse_head
 from controller.errors import SlotNotReady
 from controller.lifecycle import SlotState
 from controller.slots import Lease
@@ -179,9 +179,9 @@ def test_parse_head_takes_only_what_the_data_plane_serves() -> None:
         12,
         b"Bearer t",
     )
-    # No hop-by-hop or credential header; the others as they came (OWS and all).
-    assert ok.forward == b"\r\nContent-Type: application/json\r\nX-Custom:  kept "
-    assert ok.expect and ok.close and ok.content_type == "application/json"
+    # No hop-by-hop or credential header; the others as llhttp read them.
+    assert ok.forward == b"\r\nContent-Type: application/json\r\nX-Custom: kept"
+    assert ok.expect and not ok.keep and ok.content_type == "application/json"
     audio = parse_head(head("POST /v1/audio/transcriptions HTTP/1.1", "Content-Length: 0"))
     assert audio is not None and audio.limit > ok.limit
     for refused in (
@@ -549,7 +549,7 @@ async def test_a_broken_upstream_is_502_or_a_cut_answer(harness: Harness) -> Non
             error = json.loads(answer.body)["error"]
             assert error["code"] == "upstream.failed"
             if mode == "hugelength":  # refused as such, not a crash of data_received
-                assert error["message"].endswith("a malformed Content-Length"), error
+                assert "Content-Length" in error["message"], error  # llhttp says why
         c.send(post("/v1/completions", ask("cut-sse")))  # in-band: the stream's last event
         answer = await c.answer()
         events = [e for e in answer.body.split(b"\n\n") if e]
