@@ -184,11 +184,41 @@ def upstream_error(slot: str, exc: UpstreamError) -> Refusal:
     return upstream_failed(slot, str(exc))
 
 
+# The passed header lines of the answer heads seen lately, by status, reason and fields: a
+# model server answers with the same head again but for its length and Date.
+_LINES: dict[tuple[int, bytes, tuple[tuple[bytes, bytes], ...]], tuple[bytes, bool]] = {}
+_LINES_MAX: Final = 256
+
+
+def _lines(status: int, reason: bytes, fields: list[tuple[bytes, bytes]]) -> tuple[bytes, bool]:
+    """The header lines passed to the client (each after a CRLF) and whether the answer is
+    an event stream."""
+    key = (status, reason, tuple(fields))
+    found = _LINES.get(key)
+    if found is None:
+        named = connection_names(
+            v.decode("latin-1") for n, v in fields if n.lower() == b"connection"
+        )
+        lines = b"".join(
+            b"\r\n%s: %s" % (name, value)
+            for name, value in fields
+            if passes(name.lower().decode("latin-1"), _RESPONSE_DROP, named)
+        )
+        sse = any(
+            n.lower() == b"content-type" and v.strip().lower().startswith(b"text/event-stream")
+            for n, v in fields
+        )
+        if len(_LINES) >= _LINES_MAX:
+            _LINES.clear()
+        found = _LINES[key] = (lines, sse)
+    return found
+
+
 def response_head(upstream: Upstream, *, close: bool) -> tuple[bytes, bool, bool]:
     """The client's head of an upstream's answer: ``(head, chunked, event stream)``.
-    Hop-by-hop headers (and those ``Connection`` names) go, the others pass as they came;
-    a sized body keeps its length (it passes verbatim), a chunked or to-the-end one is
-    re-chunked (a chunk a read)."""
+    Hop-by-hop headers (and those ``Connection`` names) go, the others pass in the order
+    they came, the upstream's Date after them; a sized body keeps its length (it passes
+    verbatim), a chunked or to-the-end one is re-chunked (a chunk a read)."""
     framing = upstream.framing
     chunked = framing is Framing.CHUNKED or framing is Framing.CLOSE
     if framing is Framing.LENGTH:
@@ -199,19 +229,13 @@ def response_head(upstream: Upstream, *, close: bool) -> tuple[bytes, bool, bool
         tail = b"\r\nContent-Length: 0"
     else:
         tail = b""
-    fields = upstream.fields
-    named = connection_names(v.decode("latin-1") for n, v in fields if n.lower() == b"connection")
-    lines = b"".join(
-        b"\r\n%s: %s" % (name, value)
-        for name, value in fields
-        if passes(name.lower().decode("latin-1"), _RESPONSE_DROP, named)
-    )
-    head = b"HTTP/1.1 %d %s%s%s%s\r\n\r\n" % (
+    lines, sse = _lines(upstream.status, upstream.reason, upstream.fields)
+    head = b"HTTP/1.1 %d %s%s%s%s%s\r\n\r\n" % (
         upstream.status,
         upstream.reason,
         lines,
+        b"\r\nDate: " + upstream.date if upstream.date else b"",
         tail,
         b"\r\nConnection: close" if close else b"",
     )
-    sse = upstream.content_type.lower().startswith(b"text/event-stream")
     return head, chunked, sse

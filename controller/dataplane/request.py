@@ -130,39 +130,34 @@ def _limit_of(method: bytes, path: bytes) -> int:
     return -1
 
 
-def head_of(
-    method: bytes,
-    target: bytes,
-    version: str,
-    fields: _Fields,
-    length: int | None,
-    keep: bool,
-) -> RequestHead | None:
-    """The head of a request the data plane takes, or None (aiohttp's)."""
+def head_of(method: bytes, target: bytes, version: str, fields: _Fields) -> RequestHead | None:
+    """The head of a request the data plane takes, or None (aiohttp's); its ``length``
+    and ``keep`` are the reader's to set (they change from one request to the next)."""
     if version != "1.1" or not _TARGET.fullmatch(target) or fields.foreign:
         return None
     path = target.partition(b"?")[0]
     limit = _limit_of(method, path)
     if limit < 0 or fields.host is None:  # HTTP/1.1 without Host: aiohttp's 400
         return None
-    if length is None:
-        if method != b"GET":
-            return None  # a POST without a length: aiohttp's
-        length = 0
     endpoint = endpoint_of(path.decode("ascii")) if method == b"POST" else None
     return RequestHead(
         method,
         target,
         limit,
-        length,
+        0,
         fields.forward,
         fields.authorization,
         fields.content_type,
-        keep,
+        True,
         fields.expect,
         fields.host,
         endpoint,
     )
+
+
+def _long_line(head: bytes) -> bool:
+    """A line longer than aiohttp's limit (which refuses it)."""
+    return any(len(line) > _LINE_MAX for line in head.split(b"\r\n"))
 
 
 class _Stop(Exception):
@@ -197,7 +192,10 @@ class RequestReader:
 
     def __init__(self) -> None:
         self._parser = HttpRequestParser(self)
-        self._last: tuple[list[tuple[bytes, bytes]], _Fields] | None = None
+        # The last head, by (method, target, version) and header fields: its RequestHead.
+        self._last: (
+            tuple[tuple[bytes, bytes, str], list[tuple[bytes, bytes]], RequestHead | None] | None
+        ) = None
         self.head: RequestHead | None = None
         self.body = b""
         self.rest = b""
@@ -229,22 +227,26 @@ class RequestReader:
     def on_headers_complete(self) -> None:
         parser, raw = self._parser, self.raw
         start = len(raw) - len(raw.lstrip(b"\r\n"))  # llhttp skips empty lines before it
-        self._head_len = raw.find(b"\r\n\r\n", start) + 4
-        head = None
-        if self._head_len <= _LINE_MAX or all(
-            len(line) <= _LINE_MAX for line in raw[: self._head_len].split(b"\r\n")
+        self._head_len = head_len = raw.find(b"\r\n\r\n", start) + 4
+        key = (parser.get_method(), self._url, parser.get_http_version())
+        memo, fields = self._last, self._fields
+        if memo is not None and memo[0] == key and memo[1] == fields:
+            head = memo[2]  # the same head as the last one but its length (an SDK's)
+        else:
+            head = head_of(*key, _fields_of(fields))
+            self._last = (key, fields, head)
+        length = self._length
+        if (
+            head is None
+            or (length is None and key[0] != b"GET")  # a POST without a length: aiohttp's
+            or (head_len > _LINE_MAX and _long_line(raw[start:head_len]))
         ):
-            head = head_of(
-                parser.get_method(),
-                self._url,
-                parser.get_http_version(),
-                self._fields_now(),
-                self._length,
-                parser.should_keep_alive(),
-            )
-        if head is None:
             self._stop = Got.FOREIGN
             raise _Stop
+        # One head object a connection, reused: a request is read only once the one
+        # before it ended (RequestReader.done), so nothing holds the last one's values.
+        head.length = length or 0
+        head.keep = parser.should_keep_alive()
         self.head, self.fresh = head, True
 
     def on_body(self, body: bytes) -> None:
@@ -259,14 +261,6 @@ class RequestReader:
             self._stop = Got.REQUEST
             raise _Stop
         self._stop = Got.REQUEST
-
-    def _fields_now(self) -> _Fields:
-        fields, last = self._fields, self._last
-        if last is not None and last[0] == fields:
-            return last[1]
-        found = _fields_of(fields)
-        self._last = (fields, found)
-        return found
 
     # ------------------------------------------------------------------ reading
 

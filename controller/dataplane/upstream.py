@@ -118,6 +118,7 @@ class Upstream(asyncio.Protocol):
         "_extra",
         "_keep",
         "_key",
+        "_length",
         "_listener",
         "_parser",
         "_paused",
@@ -130,6 +131,7 @@ class Upstream(asyncio.Protocol):
         "_used",
         "codings",
         "content_type",
+        "date",
         "fields",
         "framing",
         "heard",
@@ -156,11 +158,15 @@ class Upstream(asyncio.Protocol):
         self._used = False  # an earlier exchange went over this connection
         self._paused = False
         self.status, self.reason = 0, b""
-        self.fields: list[tuple[bytes, bytes]] = []  # the answer's headers, as they came
-        self.codings: list[bytes] = []  # its Transfer-Encoding values
+        # The answer's headers as they came, but its framing (Content-Length,
+        # Transfer-Encoding: ``codings``, ``length``) and its ``date``.
+        self.fields: list[tuple[bytes, bytes]] = []
+        self.codings: list[bytes] = []
         self.content_type = b""
+        self.date = b""
         self.framing = Framing.NONE
         self.length = 0  # the body's Content-Length (LENGTH framing)
+        self._length: int | None = None
         self.idle_since = 0.0
         # A byte came since the stall sweep last looked (it clears this): the one cost of
         # the upstream idle timeout per read, an attribute store.
@@ -245,24 +251,28 @@ class Upstream(asyncio.Protocol):
         self.reason += reason
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.fields.append((name, value))
+        # The framing headers, the type and the Date apart (by their length first: most
+        # names are none of them); the others kept as they came, for the relay.
+        size = len(name)
+        if size == 14 and name.lower() == b"content-length":
+            self._length = int(value)  # digits, llhttp checked (and refused a second one)
+        elif size == 17 and name.lower() == b"transfer-encoding":
+            self.codings.append(value)
+        elif size == 4 and name.lower() == b"date":
+            self.date = value
+        else:
+            if size == 12 and name.lower() == b"content-type":
+                self.content_type = value.strip()
+            self.fields.append((name, value))
 
     def on_headers_complete(self) -> None:
         status = self._parser.get_status_code()
         if 100 <= status < 200 and status != 101:  # an interim answer: skip it
-            self.fields, self.reason = [], b""
+            self._begin()
             return
         self.status = status
         self._keep = self._parser.should_keep_alive()
-        length: int | None = None
-        for name, value in self.fields:
-            lower = name.lower()
-            if lower == b"content-length":
-                length = int(value)  # digits, llhttp checked (and refused a second one)
-            elif lower == b"transfer-encoding":
-                self.codings.append(value)
-            elif lower == b"content-type":
-                self.content_type = value.strip()
+        length = self._length
         if status in (204, 304):
             self.framing = Framing.NONE
         elif self.codings:
@@ -282,15 +292,19 @@ class Upstream(asyncio.Protocol):
 
     # ------------------------------------------------------------------ an exchange
 
+    def _begin(self) -> None:
+        """An answer's head to come: nothing of it known."""
+        self.status, self.reason, self.content_type, self.date = 0, b"", b"", b""
+        self.fields, self.codings = [], []
+        self.framing, self.length, self._length = Framing.NONE, 0, None
+
     def send(self, request: list[bytes], listener: Listener) -> None:
         """Write a request; ``listener`` hears of the answer."""
         assert self.transport is not None
         self._listener = listener
         self._phase = _Phase.WAITING
         self._seen, self._complete, self._extra, self._told = 0, False, False, False
-        self.status, self.reason, self.content_type = 0, b"", b""
-        self.fields, self.codings = [], []
-        self.framing, self.length = Framing.NONE, 0
+        self._begin()
         if sum(map(len, request)) <= _JOIN_MAX:
             self.transport.write(b"".join(request))  # one segment, one send
         else:

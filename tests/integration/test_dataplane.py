@@ -520,6 +520,34 @@ async def test_every_upstream_framing_reaches_the_client_whole(harness: Harness)
     assert seen["post_connections"] == 2 and seen["closed_post_connections"] == 1
 
 
+@pytest.mark.parametrize("data_plane", [True, False], ids=["dataplane", "aiohttp"])
+async def test_hop_by_hop_headers_stay_on_their_hop(tmp_path: Path, data_plane: bool) -> None:
+    """Issue 27: the headers a Connection header names were relayed (both directions),
+    and a framing header spelt with "_" went upstream as it came (a server that folds "_"
+    into "-" would read a Transfer-Encoding nobody checked)."""
+    h = Harness(tmp_path, data_plane=data_plane)
+    try:
+        r = await start_wire(h)
+        async with wire(r) as c:
+            extra = (
+                "Connection: keep-alive, X-Hop",
+                "X-Hop: 1",
+                "X-Kept: 1",
+                "Transfer_Encoding: chunked",
+                "Content_Length: 5",
+            )
+            c.send(post("/v1/chat/completions", ask("hop"), extra=extra))
+            answer = await c.answer()
+            assert answer.status == 200, answer
+            got = json.loads(answer.body)["_headers"]
+            assert got["x-kept"] == "1"
+            assert not {"x-hop", "transfer_encoding", "content_length"} & set(got), got
+            assert answer.headers["x-kept-answer"] == "1"
+            assert "x-hop-answer" not in answer.headers, answer.headers
+    finally:
+        await h.close()
+
+
 async def test_a_pooled_connection_closed_while_idle_is_replaced(harness: Harness) -> None:
     r = await start_wire(harness)
     async with wire(r) as c:
