@@ -9,18 +9,22 @@ the manager runs, so parts never keep a copy).
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pydantic import BaseModel
 
 from controller.clock import Clock
-from controller.errors import SlotctlError
 from controller.events import EventBus
 from controller.memory import MemoryProbe
 from controller.probe import Prober
-from controller.providers import BuildContext, build_launch, with_port
+from controller.providers import (
+    build_launch,
+    default_models_dir,
+    launch_context,
+    launch_hash,
+    with_port,
+)
 from controller.runtime.base import LaunchSpec, Runtime
 from controller.runtime.ports import can_bind, pick_free_port
 from controller.slots.locks import Locks
@@ -54,13 +58,12 @@ class Core:
 
     def __post_init__(self) -> None:
         configured = self.config.models_dir
-        self.models_dir = configured or Path(os.environ.get("SLOTCTL_MODELS_DIR", "/models"))
+        self.models_dir = configured or default_models_dir()
 
     def build_launch(self, slot: SlotRecord, *, starting: bool = False) -> LaunchSpec:
         """The effective runtime config of ``slot`` on this manager's runtime; a slot that
         leaves its port to the controller gets its chosen one (:meth:`auto_port`)."""
-        runtime = self.runtime.kind if self.runtime.kind != "fake" else "process"
-        ctx = BuildContext(runtime=runtime, stack=slot.stack, models_dir=self.models_dir)
+        ctx = launch_context(self.runtime.kind, slot.stack, self.models_dir)
         spec = slot.spec
         if spec.port is None:
             spec = with_port(spec, self.auto_port(slot, starting=starting))
@@ -117,10 +120,12 @@ class Core:
             if same(spec, slot.spec) and same(model, slot.model):  # a re-read: new, equal
                 slot.hashed = (slot.spec, slot.model, slot.stack, memo[3])
                 return memo[3]
-        try:
-            value: str | None = self.build_launch(slot).config_hash()
-        except SlotctlError:
-            value = None
+        spec = slot.spec
+        if spec.port is None:
+            spec = with_port(spec, self.auto_port(slot))
+        value = launch_hash(
+            spec, slot.model, launch_context(self.runtime.kind, slot.stack, self.models_dir)
+        )
         slot.hashed = (slot.spec, slot.model, slot.stack, value)
         return value
 

@@ -26,7 +26,7 @@ from controller.eviction import Victim
 from controller.lifecycle import Candidate
 from controller.memory import MemoryProbe, SystemMemoryProbe
 from controller.probe import HttpProber, Prober
-from controller.runtime.base import RunStatus, Runtime
+from controller.runtime.base import RunStatus, Runtime, RuntimeKind
 from controller.slots.admission import Admission
 from controller.slots.core import Core, Part, same
 from controller.slots.housekeeping import Housekeeping
@@ -103,6 +103,11 @@ class SlotManager(Part):
         return self.core.table.models
 
     @property
+    def models_dir(self) -> Path:
+        """Where hf:// and relative model sources resolve (the launches' models dir)."""
+        return self.core.models_dir
+
+    @property
     def transitions(self) -> deque[tuple[str, str, str]]:
         return self.core.table.transitions
 
@@ -151,7 +156,7 @@ class SlotManager(Part):
         if slot is None:
             breaker = Breaker(self.config.breaker_base_s, self.config.breaker_cap_s)
             slot = SlotRecord(spec=desired.spec, stack=desired.stack, model=model, breaker=breaker)
-            slot.on_nodes = self.runtime.kind == "kubernetes"
+            slot.on_nodes = self.runtime.kind is RuntimeKind.KUBERNETES
             table.load_persisted(slot)
             table.records[desired.name] = slot
             self.core.port_declared(desired.name, desired.spec.port)
