@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 from controller.dataplane.request import MODELS, RequestHead
 from controller.dataplane.upstream import Framing, Upstream, UpstreamError
 from controller.router.headers import RESPONSE_DROP_BYTES, connection_names, passes
+from controller.router.hosts import HostPolicy
 from controller.router.refusals import (
     BAD_BEARER_MESSAGE,
     NO_BEARER_MESSAGE,
@@ -40,7 +41,6 @@ __all__ = [
     "answer",
     "authorized",
     "early_answer",
-    "misdirected_answer",
     "models_answer",
     "refusal_answer",
     "response_head",
@@ -52,11 +52,16 @@ __all__ = [
 _RESPONSE_DROP: Final = frozenset(n.decode() for n in RESPONSE_DROP_BYTES)
 
 
-def early_answer(head: RequestHead, *, closing: bool, token: str) -> tuple[bytes, int] | None:
+def early_answer(
+    head: RequestHead, hosts: HostPolicy, *, closing: bool, token: str
+) -> tuple[bytes, int] | None:
     """The answer given before a request's body is read, with the status to record (0:
-    none): a 503 while the router stops; for a body over the endpoint's limit a 413, or
+    none): a 421 for a ``Host`` this listener does not answer (before the token: no oracle
+    for it), a 503 while the router stops; for a body over the endpoint's limit a 413, or
     first the 401 of a request without the token (as aiohttp's: no body read). Each
-    closes the connection. None: read the body."""
+    closes the connection (after the body, dropped). None: read the body."""
+    if not hosts.allows_raw(head.host):
+        return refusal_answer(misdirected(head.host.decode("latin-1")), close=True), 0
     if closing:
         return refusal_answer(shutting_down(), close=True), 503
     if head.length <= head.limit:
@@ -170,12 +175,6 @@ def unauthorized(authorization: bytes | None, *, close: bool) -> bytes:
     message = NO_BEARER_MESSAGE if _bearer(authorization) is None else BAD_BEARER_MESSAGE
     payload = openai_error_body(401, message, "invalid_api_key")
     return answer(401, payload, [("WWW-Authenticate", 'Bearer realm="slotctl"')], close=close)
-
-
-def misdirected_answer(head: RequestHead) -> bytes:
-    """The ``421`` of a request whose ``Host`` this listener does not answer; the
-    connection is closed after it."""
-    return refusal_answer(misdirected(head.host.decode("latin-1")), close=True)
 
 
 def upstream_error(slot: str, exc: UpstreamError) -> Refusal:

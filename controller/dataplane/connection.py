@@ -1,36 +1,24 @@
-"""One client connection of the router's data plane (:mod:`controller.dataplane.plane`
-says the whole): its requests read with llhttp (:mod:`controller.dataplane.request`), the
-requests the data plane takes served as callbacks, anything else handed to aiohttp for
-good. :class:`Plane` is what it uses of the listening socket's protocol factory (the
-pool, the lease watch, the stop); :class:`State` where the connection is (after h11's
-``_state.py``: one state, not a flag per step).
+"""One client connection of the router's data plane (:mod:`.plane` says the whole): its
+requests read with llhttp (:mod:`.request`), the ones the data plane takes served as
+callbacks, anything else handed to aiohttp for good; where it is, one :class:`State`.
+:class:`Plane` is what it uses of the listening socket's protocol factory.
 """
 
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
 import socket
 import time
 from collections.abc import Callable
 from typing import Final, Protocol
 
-from controller.dataplane.answers import (
-    address,
-    authorized,
-    early_answer,
-    misdirected_answer,
-    models_answer,
-    refusal_answer,
-    response_head,
-    sse_error_end,
-    unauthorized,
-    upstream_error,
-)
+from controller.dataplane import answers as out
 from controller.dataplane.request import Got, RequestHead, RequestReader
+from controller.dataplane.states import READING, State
 from controller.dataplane.upstream import CONNECT_S, Upstream, UpstreamError, UpstreamPool
 from controller.errors import SlotctlError
+from controller.router import refusals
 from controller.router.context import (
     CLIENT_CLOSED,
     Call,
@@ -40,17 +28,11 @@ from controller.router.context import (
 )
 from controller.router.hosts import HostPolicy
 from controller.router.leasing import Pending, lease_now, lease_rest
-from controller.router.refusals import (
-    Refusal,
-    revoked,
-    shutting_down,
-    slot_refusal,
-    upstream_timeout,
-)
+from controller.router.refusals import Refusal
 from controller.router.request import model_of
 from controller.router.selection import served_models
 
-__all__ = ["Connection", "Plane", "State"]
+__all__ = ["Connection", "Plane"]
 
 log = logging.getLogger("slotctl.router")
 
@@ -59,23 +41,6 @@ _LINGER_S: Final = 10.0  # a refused body is read (and dropped) this long at mos
 
 _CONTINUE: Final = b"HTTP/1.1 100 Continue\r\n\r\n"
 _LAST_CHUNK: Final = b"0\r\n\r\n"
-
-
-class State(enum.Enum):
-    """Where a client connection is. ``call`` is set from LEASING to the request's end."""
-
-    IDLE = "idle"  # no request: the next head is read as it comes
-    BODY = "body"  # a head taken, its body coming
-    LEASING = "leasing"  # a task waits for a cold slot's lease
-    CONNECTING = "connecting"  # a task waits for a new upstream connection
-    SENT = "sent"  # the request went upstream; no answer head yet
-    RELAYING = "relaying"  # the answer's head came; its body is relayed as it comes
-    LINGERING = "lingering"  # answered before its body: the body dropped, then closed
-    HANDED_OVER = "handed_over"  # aiohttp's from here on
-    CLOSED = "closed"
-
-
-_READING: Final = frozenset((State.IDLE, State.BODY))
 
 
 class Plane(Protocol):
@@ -120,9 +85,8 @@ class Connection(asyncio.Protocol):
         self.pending = b""
         self.chunked = self.sse = self.sent = False
         self.active = time.monotonic()
-        # The plane's stall sweep (``plane.stalled``, once a second, no cost per
-        # request): the exchange it watches, since when its server has sent nothing, and
-        # the slot's upstream_idle_s.
+        # The stall sweep's (``plane.stalled``): the exchange it watches, since when its
+        # server has sent nothing, the slot's upstream_idle_s.
         self.watched: Upstream | None = None
         self.quiet_since = 0.0
         self.idle_s = 0.0
@@ -138,7 +102,7 @@ class Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         state = self.state
-        if state in _READING:
+        if state in READING:
             if self.buffer or self.looping:
                 self.buffer += data
                 self._next()
@@ -163,7 +127,7 @@ class Connection(asyncio.Protocol):
         self.transport = None
         self.plane.fronts.discard(self)
         head = self.reader.head if self.state is State.BODY else None
-        if head is not None and authorized(head.authorization, self.plane.ctx.token):
+        if head is not None and out.authorized(head.authorization, self.plane.ctx.token):
             # Gone before its whole body: recorded as aiohttp's router records it.
             record_call(self.plane.ctx, Call(started=self.head_at, status=CLIENT_CLOSED))
         self.state = State.CLOSED
@@ -200,7 +164,7 @@ class Connection(asyncio.Protocol):
         self.looping = True
         try:
             buffer = self.buffer
-            while buffer and self.state in _READING and self.transport is not None:
+            while buffer and self.state in READING and self.transport is not None:
                 data = bytes(buffer)
                 buffer.clear()
                 self._read(data)
@@ -233,20 +197,15 @@ class Connection(asyncio.Protocol):
     def _admit(self, head: RequestHead, got: Got) -> bool:
         """The checks of a head before its body is read: the Host, the stop, the body's
         limit (and the token with it). False: answered (and closed after the body)."""
-        transport = self.transport
+        transport, plane = self.transport, self.plane
         assert transport is not None
-        left = 0 if got is Got.REQUEST else head.length - self.reader.body_seen()
-        if not self.plane.hosts.allows_raw(head.host):
-            transport.write(misdirected_answer(head))  # before the token: no oracle for it
-            self._linger(left)
-            return False
-        early = early_answer(head, closing=self.plane.closing, token=self.plane.ctx.token)
+        early = out.early_answer(head, plane.hosts, closing=plane.closing, token=plane.ctx.token)
         if early is not None:
             answer, status = early
             transport.write(answer)
-            self._linger(left)  # the body is never used
-            if status:  # as aiohttp's router records them (not the API's 401)
-                record_call(self.plane.ctx, Call(started=self.active, status=status))
+            self._linger(0 if got is Got.REQUEST else head.length - self.reader.body_seen())
+            if status:  # as aiohttp's router records them (not the API's 401 nor the 421)
+                record_call(plane.ctx, Call(started=self.active, status=status))
             return False
         self.head_at = self.active
         if got is Got.HEAD and head.expect:
@@ -292,13 +251,13 @@ class Connection(asyncio.Protocol):
         ctx = self.plane.ctx
         self.pending = b""
         self.sent = self.chunked = self.sse = False
-        if not authorized(head.authorization, ctx.token):
+        if not out.authorized(head.authorization, ctx.token):
             # As the API's auth: no event, no router metrics.
-            self._write(unauthorized(head.authorization, close=not head.keep))
+            self._write(out.unauthorized(head.authorization, close=not head.keep))
             self._done(keep=head.keep)
             return
         if head.method == b"GET":
-            self._write(models_answer(served_models(ctx.manager), head))
+            self._write(out.models_answer(served_models(ctx.manager), head))
             self._done(keep=head.keep)
             return
         call = self.call = Call(started=time.monotonic())
@@ -307,14 +266,13 @@ class Connection(asyncio.Protocol):
         self.state = State.LEASING
         try:
             if ctx.closed:
-                raise shutting_down()
+                raise refusals.shutting_down()
             now = lease_now(ctx, call, model_of(head.content_type, body), head.endpoint)
         except Refusal as refusal:
             self._refuse(refusal)
             return
-        except Exception as exc:  # a bug: a 500, logged
-            log.error("router: unexpected error in POST %r", head.target, exc_info=exc)
-            self._failed()
+        except Exception as exc:  # noqa: BLE001  # a bug: _failed logs it (a 500)
+            self._failed(exc)
             return
         if isinstance(now, Pending):
             self.task = self.plane.loop.create_task(self._leasing(now, head, body))
@@ -333,10 +291,9 @@ class Connection(asyncio.Protocol):
             self.task = None
             self._refuse(refusal)
             return
-        except Exception as exc:  # a bug in the load path: a 500, logged (as _start)
+        except Exception as exc:  # noqa: BLE001  # a bug: _failed logs it (a 500)
             self.task = None
-            log.error("router: unexpected error in POST %r", head.target, exc_info=exc)
-            self._failed()
+            self._failed(exc)
             return
         self.task = None
         self._sending(head, body)
@@ -346,9 +303,8 @@ class Connection(asyncio.Protocol):
             self._send(head, body)
         except Refusal as refusal:
             self._refuse(refusal)
-        except Exception as exc:  # a bug: a 500, logged, the lease released
-            log.error("router: unexpected error in POST %r", head.target, exc_info=exc)
-            self._failed()
+        except Exception as exc:  # noqa: BLE001  # a bug: _failed logs it (a 500)
+            self._failed(exc)
 
     def _send(self, head: RequestHead, body: bytes) -> None:
         """The lease is held: the request goes to the slot's server."""
@@ -357,12 +313,12 @@ class Connection(asyncio.Protocol):
         try:
             endpoint = self.plane.ctx.manager.endpoint(call.slot)
         except SlotctlError as exc:  # e.g. the slot was removed while we looked it up
-            raise slot_refusal(exc) from None
+            raise refusals.slot_refusal(exc) from None
         if endpoint is None:
             raise Refusal(
                 503, f"slot {call.slot!r} has no endpoint", code="slot.not_ready", retry_after_s=1
             )
-        key, host, prefix = address(endpoint)
+        key, host, prefix = out.address(endpoint)
         self.key = key
         self.request = [
             b"POST %s%s HTTP/1.1\r\nHost: %s\r\nContent-Length: %d%s\r\n\r\n"
@@ -389,14 +345,15 @@ class Connection(asyncio.Protocol):
         except UpstreamError as exc:
             self.task = None
             if exc.timed_out:
-                self._refuse(upstream_timeout(self.plane.ctx, call, timeout, connecting=True))
+                self._refuse(
+                    refusals.upstream_timeout(self.plane.ctx, call, timeout, connecting=True)
+                )
             else:
-                self._refuse(upstream_error(call.slot, exc))
+                self._refuse(out.upstream_error(call.slot, exc))
             return
-        except Exception as exc:  # a bug: a 500, logged
+        except Exception as exc:  # noqa: BLE001  # a bug: _failed logs it (a 500)
             self.task = None
-            log.error("router: unexpected error connecting for slot %r", call.slot, exc_info=exc)
-            self._failed()
+            self._failed(exc)
             return
         self.task = None
         if self.paused:
@@ -411,7 +368,7 @@ class Connection(asyncio.Protocol):
         assert call is not None
         self.state = State.RELAYING
         call.status = upstream.status
-        self.pending, self.chunked, self.sse = response_head(upstream, close=not self.keep)
+        self.pending, self.chunked, self.sse = out.response_head(upstream, close=not self.keep)
         if self.chunked and self.sse:  # an event stream: its head goes out now (the first
             # token may be seconds away); a break before it is then an in-band error event
             self._write(self.pending)
@@ -447,7 +404,7 @@ class Connection(asyncio.Protocol):
             self.state = State.CONNECTING
             self.task = self.plane.loop.create_task(self._connecting())
             return
-        self._end(self._broken(call, upstream_error(call.slot, error)))
+        self._end(self._broken(call, out.upstream_error(call.slot, error)))
 
     # The end.
 
@@ -456,12 +413,14 @@ class Connection(asyncio.Protocol):
         call = self.call
         assert call is not None
         call.status = refusal.status
-        self._write(refusal_answer(refusal, close=not self.keep))
+        self._write(out.refusal_answer(refusal, close=not self.keep))
         self._end(True)
 
-    def _failed(self) -> None:
+    def _failed(self, exc: Exception) -> None:
+        """A bug: a 500, logged, the lease released."""
         call = self.call
         assert call is not None
+        log.error("router: unexpected error serving a request for %r", call.model, exc_info=exc)
         self._end(self._broken(call, Refusal(500, "internal error (see the log)", code="internal")))
 
     def _cancelled(self) -> None:
@@ -523,12 +482,12 @@ class Connection(asyncio.Protocol):
         """The answer of a request given up; False: close."""
         reason = self.reason
         if reason == "lease":
-            return self._broken(call, revoked(call))
+            return self._broken(call, refusals.revoked(call))
         if reason == "timeout":  # the server went silent (the stall sweep)
-            return self._broken(call, upstream_timeout(self.plane.ctx, call, self.idle_s))
+            return self._broken(call, refusals.upstream_timeout(self.plane.ctx, call, self.idle_s))
         if reason == "shutdown":
             self.keep = False  # closed after it (and said so)
-            self._broken(call, shutting_down())
+            self._broken(call, refusals.shutting_down())
             return False
         call.status = CLIENT_CLOSED
         return False
@@ -539,9 +498,9 @@ class Connection(asyncio.Protocol):
         call.status = refusal.status
         if not self.sent:
             self.pending = b""
-            self._write(refusal_answer(refusal, close=not self.keep))
+            self._write(out.refusal_answer(refusal, close=not self.keep))
             return True
         if self.sse and self.chunked:
-            self._write(sse_error_end(refusal))
+            self._write(out.sse_error_end(refusal))
             return True
         return False

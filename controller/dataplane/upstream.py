@@ -31,6 +31,8 @@ from typing import Final, Protocol
 from httptools import HttpParserError, HttpParserUpgrade, HttpResponseParser
 from httptools.parser.errors import HttpParserCallbackError
 
+from controller.dataplane.states import Phase
+
 __all__ = [
     "CONNECT_S",
     "IDLE_S",
@@ -58,16 +60,6 @@ class Framing(enum.Enum):
     LENGTH = "length"  # Content-Length
     CHUNKED = "chunked"
     CLOSE = "close"  # to the end of the connection
-
-
-class _Phase(enum.Enum):
-    """Where a connection is in its exchange."""
-
-    IDLE = "idle"  # in the pool (or not yet sent on)
-    WAITING = "waiting"  # the request went out, no byte of the answer yet
-    HEAD = "head"  # the answer's head is coming
-    BODY = "body"  # the head was handed over; the body relayed as it comes
-    DONE = "done"  # the answer is whole (or the exchange failed)
 
 
 class UpstreamError(Exception):
@@ -147,7 +139,7 @@ class Upstream(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self._listener: Listener | None = None  # None: idle in the pool (or given up)
         self._parser = HttpResponseParser(self)
-        self._phase = _Phase.IDLE
+        self._phase = Phase.IDLE
         self._pieces: list[bytes] = []  # the body of this read, relayed after the parse
         self._complete = False  # llhttp saw the answer's end in this read
         self._extra = False  # bytes came after the answer: not reused
@@ -185,8 +177,8 @@ class Upstream(asyncio.Protocol):
             self._close()
             return
         self.heard = True
-        if self._phase is _Phase.WAITING:
-            self._phase = _Phase.HEAD
+        if self._phase is Phase.WAITING:
+            self._phase = Phase.HEAD
         try:
             self._parser.feed_data(data)
         except HttpParserUpgrade:
@@ -198,7 +190,7 @@ class Upstream(asyncio.Protocol):
         except HttpParserError as exc:
             self._fail(f"a malformed answer ({exc})")
             return
-        if self._phase is _Phase.HEAD:
+        if self._phase is Phase.HEAD:
             self._seen += len(data)
             if self._seen > _HEAD_MAX:
                 self._fail("the response head is too large")
@@ -215,10 +207,10 @@ class Upstream(asyncio.Protocol):
         if self._listener is None:
             return  # idle in the pool, or given up
         phase = self._phase
-        if phase is _Phase.WAITING or phase is _Phase.HEAD:
-            stale = self._used and phase is _Phase.WAITING
+        if phase is Phase.WAITING or phase is Phase.HEAD:
+            stale = self._used and phase is Phase.WAITING
             self._fail("the server closed the connection", stale=stale)
-        elif phase is _Phase.BODY:
+        elif phase is Phase.BODY:
             if self.framing is Framing.CLOSE and not self._reset:
                 self._finish()  # a body to the end of the connection, whole
             else:
@@ -281,13 +273,13 @@ class Upstream(asyncio.Protocol):
             self.framing, self.length = (Framing.LENGTH, length) if length else (Framing.NONE, 0)
         else:
             self.framing = Framing.CLOSE
-        self._phase = _Phase.BODY
+        self._phase = Phase.BODY
 
     def on_body(self, body: bytes) -> None:
         self._pieces.append(body)
 
     def on_message_complete(self) -> None:
-        if self._phase is _Phase.BODY:  # not an interim answer's end
+        if self._phase is Phase.BODY:  # not an interim answer's end
             self._complete = True
 
     # ------------------------------------------------------------------ an exchange
@@ -302,7 +294,7 @@ class Upstream(asyncio.Protocol):
         """Write a request; ``listener`` hears of the answer."""
         assert self.transport is not None
         self._listener = listener
-        self._phase = _Phase.WAITING
+        self._phase = Phase.WAITING
         self._seen, self._complete, self._extra, self._told = 0, False, False, False
         self._begin()
         if sum(map(len, request)) <= _JOIN_MAX:
@@ -313,9 +305,9 @@ class Upstream(asyncio.Protocol):
     def _deliver(self) -> None:
         """After a read: the head to the listener (once), this read's body, the end."""
         listener = self._listener
-        if listener is None or self._phase is _Phase.HEAD:
+        if listener is None or self._phase is Phase.HEAD:
             return
-        if self._phase is _Phase.BODY:
+        if self._phase is Phase.BODY:
             if not self._told:  # the head came in this read
                 self._told = True
                 if self.codings and b", ".join(self.codings).lower() != b"chunked":
@@ -341,7 +333,7 @@ class Upstream(asyncio.Protocol):
 
     def _fail(self, message: str, *, stale: bool = False) -> None:
         listener, self._listener = self._listener, None
-        self._phase = _Phase.DONE
+        self._phase = Phase.DONE
         self._close()
         if listener is not None:
             listener.on_error(UpstreamError(message, stale=stale))
@@ -352,7 +344,7 @@ class Upstream(asyncio.Protocol):
 
     def _finish(self) -> None:
         listener, self._listener = self._listener, None
-        self._phase = _Phase.IDLE
+        self._phase = Phase.IDLE
         self.resume_reading()  # paused by a slow client while its last bytes went out
         self._used = True
         reusable = self._keep and not self._extra and self.framing is not Framing.CLOSE
