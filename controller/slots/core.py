@@ -137,34 +137,21 @@ def same(have: BaseModel | None, want: BaseModel | None) -> bool:
 
 
 class Part:
-    """A part of the manager: the shared :class:`Core` under short names."""
+    """A part of the manager: the shared :class:`Core`'s seams under short names (fixed for
+    the manager's life, but ``settings``, which every part reads through the core)."""
 
     def __init__(self, core: Core) -> None:
         self.core = core
-
-    @property
-    def runtime(self) -> Runtime:
-        return self.core.runtime
-
-    @property
-    def prober(self) -> Prober:
-        return self.core.prober
-
-    @property
-    def memory(self) -> MemoryProbe:
-        return self.core.memory
-
-    @property
-    def clock(self) -> Clock:
-        return self.core.clock
-
-    @property
-    def events(self) -> EventBus:
-        return self.core.events
-
-    @property
-    def config(self) -> ManagerConfig:
-        return self.core.config
+        self.runtime: Runtime = core.runtime
+        self.prober: Prober = core.prober
+        self.memory: MemoryProbe = core.memory
+        self.clock: Clock = core.clock
+        self.events: EventBus = core.events
+        self.config: ManagerConfig = core.config
+        self.table: SlotTable = core.table
+        self.wishes: Wishes = core.wishes
+        self.locks: Locks = core.locks
+        self.tasks: TaskSet = core.tasks
 
     @property
     def settings(self) -> ControllerSettings:
@@ -173,19 +160,3 @@ class Part:
     @settings.setter
     def settings(self, value: ControllerSettings) -> None:
         self.core.settings = value  # every part reads it through the core: all see it
-
-    @property
-    def table(self) -> SlotTable:
-        return self.core.table
-
-    @property
-    def wishes(self) -> Wishes:
-        return self.core.wishes
-
-    @property
-    def locks(self) -> Locks:
-        return self.core.locks
-
-    @property
-    def tasks(self) -> TaskSet:
-        return self.core.tasks
