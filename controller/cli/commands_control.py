@@ -34,7 +34,9 @@ def _events(p: argparse.ArgumentParser) -> None:
         metavar="DURATION|ID",
         help="the history of the last DURATION (90s, 10m, 2h), or after event ID (resume)",
     )
-    p.add_argument("--watch-only", action="store_true", help="no history: only the events from now on")
+    p.add_argument(
+        "--watch-only", action="store_true", help="no history: only the events from now on"
+    )
     p.add_argument(
         "--all", action="store_true", help="every lease flip too (folded into 'requests' lines)"
     )
