@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Final
 
+from controller.devices import GpuRef
 from controller.errors import SlotConfigError, SlotctlError
 from controller.providers.base import BuildContext, Provider, default_models_dir, model_path
 from controller.providers.templates import (
@@ -30,6 +31,7 @@ __all__ = [
     "launch_context",
     "launch_hash",
     "model_path",
+    "placement_args",
     "with_port",
 ]
 
@@ -57,6 +59,13 @@ def build_launch(slot: SlotSpec, model: ModelSpec | None, ctx: BuildContext) -> 
         # In its own pod the server is reached at the pod's IP, from outside the pod.
         ctx = replace(ctx, host="0.0.0.0")  # noqa: S104
     return PROVIDER_REGISTRY[slot.provider].build(slot, model, ctx)
+
+
+def placement_args(slot: SlotSpec, gpus: tuple[GpuRef, ...], share_bytes: int) -> tuple[str, ...]:
+    """The arguments a provider's server needs for where it was placed (a capability:
+    providers that size themselves as a fraction of a GPU have ``placement_args``)."""
+    capability = getattr(PROVIDER_REGISTRY[slot.provider], "placement_args", None)
+    return tuple(capability(slot, gpus, share_bytes)) if capability is not None else ()
 
 
 def with_port(slot: SlotSpec, port: int | None) -> SlotSpec:
