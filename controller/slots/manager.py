@@ -171,7 +171,7 @@ class SlotManager(Part):
         if slot is None:
             breaker = Breaker(self.config.breaker_base_s, self.config.breaker_cap_s)
             slot = SlotRecord(spec=desired.spec, stack=desired.stack, model=model, breaker=breaker)
-            slot.on_nodes = self.runtime.kind is RuntimeKind.KUBERNETES
+            slot.on_nodes = self.runtime.kind == RuntimeKind.KUBERNETES
             table.load_persisted(slot)
             table.records[desired.name] = slot
             self.core.port_declared(desired.name, desired.spec.port)
