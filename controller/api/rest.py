@@ -8,7 +8,6 @@ changes through the SlotManager, and every write wakes the reconciler.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 from typing import Any
@@ -25,7 +24,8 @@ from controller.errors import (
 )
 from controller.lifecycle import SlotState
 from controller.slots import SlotView
-from controller.spec.configdir import ConfigSnapshot, read_config_dir
+from controller.spec.configdir import ConfigSnapshot
+from controller.spec.desired import DesiredCache
 from controller.spec.loader import DesiredSlot
 
 __all__ = [
@@ -133,11 +133,13 @@ async def wake(ctx: ApiContext, name: str | None = None) -> None:
 
 
 async def desired_state(ctx: ApiContext) -> ConfigSnapshot:
-    """The desired state as the reconciler holds it: one cache, refreshed by the watcher,
-    the resync and every API write (:func:`_wake`); read off the loop only without one."""
+    """The desired state as its owner holds it (the reconciler's
+    :class:`~controller.spec.desired.DesiredCache`, refreshed by the watcher, the resync
+    and every API write: :func:`wake`); without a reconciler (a test's API), a cache of
+    the API's own, refreshed off the loop at each look."""
     if ctx.reconciler is not None:
         return ctx.reconciler.snapshot
-    return await asyncio.to_thread(read_config_dir, ctx.config_dir)
+    return await DesiredCache(ctx.config_dir).refresh_async()
 
 
 async def declared_slot(ctx: ApiContext, name: str) -> DesiredSlot:

@@ -117,7 +117,12 @@ async def apply_stack(request: web.Request) -> web.Response:
     async with lock:
         prune = bool(body.prune)
         plan = await plan_stack(
-            state, ctx.config_dir, ctx.state_dir, ctx.manager.runtime, prune=prune
+            state,
+            ctx.config_dir,
+            ctx.state_dir,
+            ctx.manager.runtime,
+            prune=prune,
+            models_dir=ctx.manager.models_dir,
         )
         changed: list[str] = []
         if not body.dry_run:
@@ -142,7 +147,14 @@ async def diff_stack(request: web.Request) -> web.Response:
     ctx = ctx_of(request)
     body, state = await _load_stack_body(ctx, request)
     prune = True if body.prune is None else body.prune
-    plan = await plan_stack(state, ctx.config_dir, ctx.state_dir, ctx.manager.runtime, prune=prune)
+    plan = await plan_stack(
+        state,
+        ctx.config_dir,
+        ctx.state_dir,
+        ctx.manager.runtime,
+        prune=prune,
+        models_dir=ctx.manager.models_dir,
+    )
     data = plan.to_dict()
     data["json_patch"] = plan.json_patch()
     return json_response(data)

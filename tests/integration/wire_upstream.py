@@ -55,6 +55,10 @@ async def answer(writer: asyncio.StreamWriter, reader: asyncio.StreamReader, req
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         writer.transport.abort()  # an RST, with SO_LINGER 0
         return False
+    elif mode == "hop":  # a hop-by-hop header the Connection header names
+        names = ["Connection: X-Hop-Answer", "X-Hop-Answer: 1", "X-Kept-Answer: 1", json_type]
+        writer.write(_head("HTTP/1.1 200 OK", [*names, f"Content-Length: {len(payload)}"]))
+        writer.write(payload)
     elif mode == "204":
         writer.write(_head("HTTP/1.1 204 No Content", ["X-Empty: yes"]))
     elif mode == "interim":
