@@ -43,10 +43,14 @@ __all__ = [
     "DeviceUnavailable",
     "DockerEngineError",
     "DockerUnavailable",
+    "Forbidden",
     "HostNotAllowed",
     "IllegalSlotTransition",
     "InsufficientMemory",
     "InvalidRequest",
+    "KeyConcurrencyLimited",
+    "KeyLimited",
+    "KeyNotFound",
     "ListenUnavailable",
     "ModelNotFound",
     "NpuExclusivityViolation",
@@ -325,6 +329,37 @@ class HostNotAllowed(SlotctlError):
 
     code = "request.host_not_allowed"
     http_status = 421
+
+
+class Forbidden(SlotctlError):
+    """A key whose scope does not reach the route, or a model its patterns do not name."""
+
+    code = "auth.forbidden"
+    http_status = 403
+
+
+class KeyNotFound(SlotctlError):
+    """No API key of that name (``slotctl key revoke``)."""
+
+    code = "key.not_found"
+    http_status = 404
+
+
+class KeyLimited(SlotctlError):
+    """A key over its ``rpm`` (429 with ``Retry-After``)."""
+
+    code = "key.rate_limited"
+    http_status = 429
+
+    def __init__(self, message: str, *, retry_after_s: float, **details: Any) -> None:
+        super().__init__(message, retry_after_s=retry_after_s, **details)
+        self.retry_after_s = retry_after_s
+
+
+class KeyConcurrencyLimited(KeyLimited):
+    """A key at its ``max_concurrency`` requests in flight (429 with ``Retry-After``)."""
+
+    code = "key.concurrency_limit"
 
 
 class Unauthorized(SlotctlError):

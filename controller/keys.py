@@ -24,9 +24,11 @@ import contextlib
 import fnmatch
 import hashlib
 import hmac
+import math
 import re
 import secrets
 import time
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -35,12 +37,20 @@ from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from controller.errors import InvalidRequest, SlotctlError
+from controller.errors import (
+    InvalidRequest,
+    KeyConcurrencyLimited,
+    KeyLimited,
+    KeyNotFound,
+    SlotctlError,
+)
 from controller.store import atomic_write_json
 
 __all__ = [
     "KEY_PREFIX",
+    "NAME_PATTERN",
     "KeyEntry",
+    "KeyLimits",
     "KeyRing",
     "Principal",
     "Scope",
@@ -54,6 +64,7 @@ KEY_PREFIX: Final = "sk-slotctl-"
 KEYS_FILE: Final = "keys.json"
 NAME_PATTERN: Final = r"^[a-z0-9]([-a-z0-9_.]{0,61}[a-z0-9])?$"
 _RECHECK_S: Final = 1.0
+_WINDOW_S: Final = 60.0  # rpm: the requests of the last minute
 _DURATION: Final = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([smhdw])$")
 _UNITS: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
@@ -197,7 +208,7 @@ def revoke_key(state_dir: Path, name: str) -> KeyEntry:
     entries = read_entries(state_dir)
     found = [e for e in entries if e.name == name]
     if not found:
-        raise InvalidRequest(f"no key named {name!r}", name=name)
+        raise KeyNotFound(f"no key named {name!r}", name=name)
     _write(state_dir, [e for e in entries if e.name != name])
     return found[0]
 
@@ -242,6 +253,11 @@ class KeyRing:
         self._by_hash = {e.sha256: e for e in entries}
         self._identity, self.error = identity, None
 
+    def refresh(self) -> None:
+        """Read ``keys.json`` again now (after this process changed it)."""
+        self._checked = -1e9
+        self._identity = None
+
     def identify(self, presented: str, now: float, wall: float) -> Principal | None:
         """Who presents this secret: the token's admin, a key's principal, or None."""
         if hmac.compare_digest(presented.encode("utf-8", "surrogateescape"), self.token.encode()):
@@ -274,3 +290,48 @@ def _public(entry: KeyEntry, last_used: float | None, wall: float) -> dict[str, 
     data["last_used"] = last_used
     data["expired"] = entry.expires_at is not None and wall >= entry.expires_at
     return data
+
+
+class KeyLimits:
+    """Per key: its requests in flight (``max_concurrency``) and those of the last minute
+    (``rpm``); the API token has none. One per controller, shared by both router paths."""
+
+    def __init__(self) -> None:
+        self.in_flight: dict[str, int] = {}
+        self._recent: dict[str, deque[float]] = {}
+
+    def admit(self, principal: Principal, now: float) -> KeyLimited | None:
+        """Count one more request of ``principal`` (None), or the 429 that refuses it."""
+        name = principal.name
+        if principal.max_concurrency is not None:
+            running = self.in_flight.get(name, 0)
+            if running >= principal.max_concurrency:
+                return KeyConcurrencyLimited(
+                    f"the key {name!r} has {running} requests in flight "
+                    f"(max_concurrency={principal.max_concurrency})",
+                    retry_after_s=1.0,
+                    key=name,
+                )
+        if principal.rpm is not None:
+            recent = self._recent.setdefault(name, deque())
+            while recent and recent[0] <= now - _WINDOW_S:
+                recent.popleft()
+            if len(recent) >= principal.rpm:
+                return KeyLimited(
+                    f"the key {name!r} made {len(recent)} requests in the last minute "
+                    f"(rpm={principal.rpm})",
+                    retry_after_s=max(1.0, math.ceil(recent[0] + _WINDOW_S - now)),
+                    key=name,
+                )
+            recent.append(now)
+        if name:
+            self.in_flight[name] = self.in_flight.get(name, 0) + 1
+        return None
+
+    def done(self, principal: Principal) -> None:
+        """One request of ``principal`` that :meth:`admit` counted ended."""
+        left = self.in_flight.get(principal.name, 0) - 1
+        if left > 0:
+            self.in_flight[principal.name] = left
+        else:
+            self.in_flight.pop(principal.name, None)

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from typing import Final, Protocol
 
 from controller.events import EventBus
+from controller.keys import KeyLimits, KeyRing, Principal
 from controller.slots.ports import RouterPort
-from controller.slots.records import Lease
+from controller.slots.records import Lease, Requester
 
 __all__ = [
     "CLIENT_CLOSED",
@@ -39,6 +40,10 @@ class RequestRecorder(Protocol):
 
     def request_done(self, slot: str, model: str, status: int | str, seconds: float) -> None: ...
 
+    def key_done(self, key: str, cls: str, status: int | str, waited: float | None) -> None:
+        """One request of ``key`` (its name; "" the API token) in class ``cls`` ended;
+        ``waited``: the seconds it waited for its turn (None: it did not wait)."""
+
 
 class RouterContext(Protocol):
     """What the router uses of the API it runs in (``ApiContext`` satisfies it)."""
@@ -50,7 +55,12 @@ class RouterContext(Protocol):
     def events(self) -> EventBus: ...
 
     @property
-    def token(self) -> str: ...
+    def keys(self) -> KeyRing:
+        """The API token and the keys of ``keys.json``: who a request is."""
+
+    @property
+    def limits(self) -> KeyLimits:
+        """The keys' requests in flight and a minute (their 429s)."""
 
     @property
     def recorder(self) -> RequestRecorder | None:
@@ -70,6 +80,10 @@ class Call:
     slot: str = ""
     status: int = 0
     lease: Lease | None = None
+    principal: Principal | None = None  # who asks (the key; the token's admin)
+    who: Requester | None = None  # the key and the class it waits in
+    counted: bool = False  # in the key's limits until the call is recorded
+    waited: float | None = None  # seconds it waited for its lease (None: no wait)
 
 
 def upstream_idle_s(ctx: RouterContext, slot: str) -> float:
@@ -79,10 +93,16 @@ def upstream_idle_s(ctx: RouterContext, slot: str) -> float:
 
 
 def record_call(ctx: RouterContext, call: Call) -> None:
+    """The call ended: out of its key's limits, reported to the metrics (once)."""
+    if call.counted and call.principal is not None:
+        call.counted = False
+        ctx.limits.done(call.principal)
     recorder = ctx.recorder
     if recorder is None:
         return
     try:
         recorder.request_done(call.slot, call.model, call.status, time.monotonic() - call.started)
+        if call.who is not None:
+            recorder.key_done(call.who.key, call.who.cls, call.status, call.waited)
     except Exception:  # metrics must never fail a request: log it and answer anyway
         log.exception("metrics request_done failed")

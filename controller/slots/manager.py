@@ -35,7 +35,6 @@ from controller.slots.locks import Locks
 from controller.slots.records import (
     DeviceFigures,
     ManagerConfig,
-    Requester,
     SlotRecord,
     SlotStatus,
     SlotView,

@@ -26,6 +26,10 @@ class RouterPort(Protocol):
     @property
     def models(self) -> dict[str, ModelSpec]: ...
 
+    @property
+    def settings(self) -> ControllerSettings:
+        """The controller settings (the priority classes requests wait in)."""
+
     def views(self) -> list[SlotView]: ...
 
     def view(self, name: str) -> SlotView: ...

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.errors import InvalidRequest, SlotctlError
+from controller.errors import InvalidRequest, KeyNotFound, SlotctlError
 from controller.keys import (
     KEY_PREFIX,
     KeyRing,
@@ -57,7 +57,7 @@ def test_new_and_revoked_keys_are_seen_within_a_second(tmp_path: Path) -> None:
     assert ring.identify(key, now=1.5, wall=2.0) is not None
     revoke_key(tmp_path, "late")
     assert ring.identify(key, now=3.0, wall=3.0) is None
-    with pytest.raises(InvalidRequest, match="no key named"):
+    with pytest.raises(KeyNotFound, match="no key named"):
         revoke_key(tmp_path, "late")
 
 
