@@ -30,7 +30,11 @@ through :meth:`SlotctlError.to_dict`; nothing renders a bare traceback.
     ├── ListenUnavailable             controller.listen_unavailable 409  (--listen in use)
     ├── InvalidRequest                request.invalid               400  (bad JSON/params)
     ├── HostNotAllowed                request.host_not_allowed      421  (DNS rebinding)
-    └── Unauthorized                  auth.unauthorized             401  (missing/bad token)
+    ├── Forbidden                     auth.forbidden                403  (a key's scope, models)
+    ├── KeyNotFound                   key.not_found                 404
+    ├── KeyLimited                    key.rate_limited              429  (rpm; + retry_after_s)
+    │   └── KeyConcurrencyLimited     key.concurrency_limit         429  (max_concurrency)
+    └── Unauthorized                  auth.unauthorized             401  (missing/bad key)
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -219,10 +219,6 @@ class RouteTable:
         return register
 
 
-def _route_scopes(routes: Iterable[RouteSpec]) -> dict[tuple[str, str], Scope | None]:
-    return {(r.method, r.path): route_scope(r) for r in routes}
-
-
 def _jsonable(value: Any) -> Any:
     """Strict JSON: non-finite floats become null (never ``Infinity``)."""
     if isinstance(value, float) and not math.isfinite(value):
@@ -323,7 +319,7 @@ def _report(request: web.Request, error: SlotctlError) -> None:
     its one event and log line here; a malformed or unauthenticated request does not."""
     if error.reported or request.method == "GET":
         return
-    if isinstance(error, InvalidRequest | Unauthorized):
+    if isinstance(error, InvalidRequest | Unauthorized | Forbidden):
         return
     error.reported = True
     request.app[API_CTX].events.emit(
@@ -394,9 +390,13 @@ def build_app(
         middlewares=[_errors, hosts_middleware, _auth], client_max_size=8 * 1024 * 1024
     )
     app[API_CTX] = ctx
-    app[_SCOPES] = _route_scopes(routes)
+    scopes: dict[tuple[str, str], Scope | None] = {}
     for spec in routes:
-        app.router.add_route(spec.method, spec.path, spec.handler)
+        added = app.router.add_route(spec.method, spec.path, spec.handler)
+        resource = added.resource
+        canonical = resource.canonical if resource is not None else spec.path
+        scopes[(spec.method, canonical)] = route_scope(spec)  # as _auth finds it
+    app[_SCOPES] = scopes
     for setup in setups:
         setup(app, ctx)
     return app
