@@ -84,6 +84,10 @@ class FairQueue(Generic[T]):
     def waiting(self, cls: str) -> int:
         return self.classes[cls].size
 
+    def waiting_classes(self) -> list[str]:
+        """The classes with someone waiting."""
+        return [name for name, group in self.classes.items() if group.size]
+
     def push(self, waiter: Waiter[T]) -> QueueRefusal | None:
         """Queue ``waiter`` (its class must be known); a refusal when the class is full."""
         group = self.classes[waiter.cls]

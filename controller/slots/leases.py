@@ -54,10 +54,10 @@ class Leases(Part):
         while True:
             ready = self.loading.loaded(slot) and not slot.draining
             if ready and self._has_room(slot):
-                return self._take_now(slot)
+                return self._take_now(slot, who)
             if slot.spec.max_concurrency is None:  # no turns: join the load, then take one
-                await self._wait_cold(slot)
-                return self._take_now(slot)
+                await self._wait_cold(slot, who)
+                return self._take_now(slot, who)
             lease = await self._wait_turn(slot, who or Requester())
             if lease is not None:
                 return lease
@@ -70,7 +70,7 @@ class Leases(Part):
         slot = self.table.get(name)
         if not self.loading.loaded(slot) or slot.draining or not self._has_room(slot):
             return None
-        return self._take_now(slot)
+        return self._take_now(slot, who)
 
     @staticmethod
     def _has_room(slot: SlotRecord) -> bool:
@@ -139,34 +139,48 @@ class Leases(Part):
             lease: Lease | None = None
             if dispatchable:
                 with contextlib.suppress(SlotctlError):
-                    lease = self._take_now(slot)
+                    lease = self._take_now(slot, Requester(waiter.key, waiter.cls))
             waiter.item.set_result(lease)
 
-    def _take_now(self, slot: SlotRecord) -> Lease:
+    def _take_now(self, slot: SlotRecord, who: Requester | None = None) -> Lease:
         if slot.draining or slot.state is S.UNLOADING:
             raise SlotNotReady(f"slot {slot.name!r} is unloading", slot=slot.name)
         if not can_dispatch(slot.state, slot.idle_reason):
             raise SlotNotReady(
                 f"slot {slot.name!r} is up but serves no model ({slot.message})", slot=slot.name
             )
-        return self._take(slot)
+        lease = self._take(slot)
+        if who is not None:
+            slot.class_used[self.settings.priority_class(who.cls).name] = slot.last_used
+        return lease
 
-    async def _wait_cold(self, slot: SlotRecord) -> None:
+    async def _wait_cold(self, slot: SlotRecord, who: Requester | None = None) -> None:
         if slot.waiters + slot.queued >= slot.spec.max_queue:
             raise self._full(slot, f"(max_queue={slot.spec.max_queue})")
         if not slot.spec.activated:
             raise self.table.refuse(slot, Op.LOAD, not_activated(slot.name))
+        cls = self.settings.priority_class(who.cls).name if who is not None else ""
         slot.waiters += 1
+        slot.cold_classes[cls] = slot.cold_classes.get(cls, 0) + 1  # the load's demand
         try:
             await self.loading.ensure_loaded(slot)
         except asyncio.CancelledError:
-            slot.waiters -= 1
+            self._left_cold(slot, cls)
             self._after_waiter_cancel(slot)
             raise
         except BaseException:
-            slot.waiters -= 1
+            self._left_cold(slot, cls)
             raise
+        self._left_cold(slot, cls)
+
+    @staticmethod
+    def _left_cold(slot: SlotRecord, cls: str) -> None:
         slot.waiters -= 1
+        left = slot.cold_classes.get(cls, 0) - 1
+        if left > 0:
+            slot.cold_classes[cls] = left
+        else:
+            slot.cold_classes.pop(cls, None)
 
     def _take(self, slot: SlotRecord, expires_at: float | None = None) -> Lease:
         if slot.state in (S.READY, S.IDLE):

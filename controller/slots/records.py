@@ -233,6 +233,10 @@ class SlotRecord:
     # Requests waiting for their turn at max_concurrency, served by class (made when one
     # first waits): each waiter's future gets its lease, or None (try from the start).
     turns: FairQueue[asyncio.Future[Lease | None]] | None = None
+    # The classes of the requests waiting for its load (no max_concurrency: no turns),
+    # and when each class last took a lease (the eviction plan's preference).
+    cold_classes: dict[str, int] = field(default_factory=dict)
+    class_used: dict[str, float] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
