@@ -9,7 +9,7 @@ virtual-finish-time fair queueing), **round-robin per key inside a class** (one 
 cannot starve another key of the same class), **first come, first served inside a key**
 (and class: a request that lowered its own class waits in that class),
 and with **aging**: a waiter older than ``age_s`` goes first whatever its class, so
-nothing starves forever. A class may bound its waiters (``limit``): beyond it a push is
+nothing starves forever (``age_s = 0``: plain first come, first served). A class may bound its waiters (``limit``): beyond it a push is
 refused (the router answers 429).
 
 A class that had nothing waiting joins at the current pass of the others, so a class that
@@ -148,7 +148,7 @@ class FairQueue(Generic[T]):
                 head = line[0]
                 if oldest is None or head.seq < oldest.seq:
                     oldest, home = head, group
-        if oldest is None or now - oldest.since <= self.age_s or home is None:
+        if oldest is None or home is None or (self.age_s and now - oldest.since <= self.age_s):
             return None
         # the oldest waiter's key goes first in its class, so the oldest one is served
         home.keys.move_to_end(oldest.key, last=False)

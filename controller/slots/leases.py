@@ -112,7 +112,7 @@ class Leases(Part):
                 c.name: ClassSpec(c.name, c.weight, c.queue_limit)
                 for c in self.settings.priority_classes
             }
-            slot.turns = FairQueue(classes)
+            slot.turns = FairQueue(classes, age_s=self.settings.queue_aging_s)
         return slot.turns
 
     def _full(self, slot: SlotRecord, why: str) -> SlotctlError:

@@ -381,6 +381,9 @@ class ControllerSettings(_Strict):
         default_factory=lambda: list(DEFAULT_PRIORITY_CLASSES)
     )
     default_priority: Annotated[str, Field(min_length=1)] = "interactive"
+    # A waiter older than this goes first whatever its class (nothing starves); 0: plain
+    # first come, first served (classes and keys ignored).
+    queue_aging_s: Annotated[float, Field(ge=0, le=3600)] = 30.0
 
     @field_validator("priority_classes")
     @classmethod

@@ -92,9 +92,7 @@ async def test_scope_matrix_over_every_route(harness: Harness) -> None:
         if needed is None:
             assert await status_of(r, spec.method, path, {}) != 401, spec.path
     assert tried >= 3 * 30  # the table was walked, not skipped
-    async with r.client.get(
-        r.url("/api/events"), headers=bearer(keys[Scope.INFERENCE])
-    ) as resp:
+    async with r.client.get(r.url("/api/events"), headers=bearer(keys[Scope.INFERENCE])) as resp:
         assert resp.status == 403
     async with r.client.get(r.url("/api/events"), headers=bearer(keys[Scope.READ])) as resp:
         assert resp.status == 200 and resp.content_type == "text/event-stream"
