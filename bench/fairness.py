@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from controller.memory import GIB, FakeMemoryProbe
+from controller.memory import FakeMemoryProbe
 from controller.runtime.fake import FakeProber, FakeRuntime
 from controller.slots import ManagerConfig, SlotManager
 from controller.slots.records import Requester

@@ -9,8 +9,8 @@ virtual-finish-time fair queueing), **round-robin per key inside a class** (one 
 cannot starve another key of the same class), **first come, first served inside a key**
 (and class: a request that lowered its own class waits in that class),
 and with **aging**: a waiter older than ``age_s`` goes first whatever its class, so
-nothing starves forever (``age_s = 0``: plain first come, first served). A class may bound its waiters (``limit``): beyond it a push is
-refused (the router answers 429).
+nothing starves forever (``age_s = 0``: plain first come, first served). A class may
+bound its waiters (``limit``): beyond it a push is refused (the router answers 429).
 
 A class that had nothing waiting joins at the current pass of the others, so a class that
 was idle cannot claim a burst of turns for the time it did not wait.

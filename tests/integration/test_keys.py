@@ -288,6 +288,5 @@ async def test_a_wrong_key_is_401_on_rest_and_v1(harness: Harness) -> None:
             method, r.url(path), json=chat("m-chat"), headers=bearer("sk-slotctl-wrong")
         ) as resp:
             assert resp.status == 401
-    async with aiohttp.ClientSession() as anon:
-        async with anon.get(r.url("/v1/models")) as resp:
-            assert resp.status == 401
+    async with aiohttp.ClientSession() as anon, anon.get(r.url("/v1/models")) as resp:
+        assert resp.status == 401
