@@ -358,6 +358,12 @@ class Metrics:
             ["key", "class", "code"],
             registry=r,
         )
+        self.key_tokens_total = Counter(
+            "slotctl_key_tokens_total",
+            "Tokens of keys' routed requests, as their servers reported them (usage)",
+            ["key", "class", "kind"],
+            registry=r,
+        )
         self.queue_wait = Histogram(
             "slotctl_queue_wait_seconds",
             "Time routed requests waited for their lease (a cold load, a wake, a swap, a "
@@ -412,6 +418,10 @@ class Metrics:
     def request_done(self, slot: str, model: str, status: int | str, seconds: float) -> None:
         """One routed request finished (the router calls this)."""
         self.requests.done(slot, model, status, seconds)
+
+    def key_tokens(self, key: str, cls: str, prompt: int, completion: int) -> None:
+        self.key_tokens_total.labels(key or "@token", cls, "prompt").inc(prompt)
+        self.key_tokens_total.labels(key or "@token", cls, "completion").inc(completion)
 
     def key_done(self, key: str, cls: str, status: int | str, waited: float | None) -> None:
         """One routed request of a key finished (the router calls this)."""

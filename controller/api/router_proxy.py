@@ -199,6 +199,7 @@ async def _proxy(
             except (aiohttp.ClientError, OSError) as exc:
                 raise _failed(ctx, call, exc, idle_s) from None
             call.status = upstream.status
+            call.keep(data)
             return web.Response(status=upstream.status, body=data, headers=headers)
         return await _relay_stream(request, upstream, headers, call, sse=sse, idle_s=idle_s)
 
@@ -231,6 +232,7 @@ async def _relay_stream(
             return response
         if not chunk:
             break
+        call.keep(chunk)
         try:
             await write(chunk)
         except ConnectionError:

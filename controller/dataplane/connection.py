@@ -385,6 +385,9 @@ class Connection(asyncio.Protocol):
         transport = self.transport
         if transport is None:
             return  # the client left: connection_lost gives the request up
+        call = self.call
+        if call is not None and call.tail is not None:
+            call.keep(data)
         if self.chunked:
             data = b"%x\r\n" % len(data) + data + b"\r\n"
         if self.pending:

@@ -135,6 +135,8 @@ def lease_now(ctx: RouterContext, call: Call, model: str, endpoint: str | None) 
         if limited is not None:
             raise slot_refusal(limited)
         call.counted = True
+        if principal.name:  # a key's call: its answer's usage counts for it
+            call.tail = bytearray()
     try:
         now = acquire_now(manager, candidates, call.who)
     except SlotctlError as exc:

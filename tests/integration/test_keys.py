@@ -290,3 +290,32 @@ async def test_a_wrong_key_is_401_on_rest_and_v1(harness: Harness) -> None:
             assert resp.status == 401
     async with aiohttp.ClientSession() as anon, anon.get(r.url("/v1/models")) as resp:
         assert resp.status == 401
+
+
+def _metric(text: str, name: str, **labels: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+async def test_a_keys_tokens_are_counted_where_the_server_reports_usage(harness: Harness) -> None:
+    r = await harness.start([harness.slot("chat", "m-chat")], [model("m-chat")])
+    key = await create(r, "counted", priority="batch")
+    async with r.post("/v1/chat/completions", chat("m-chat", 5), headers=bearer(key)) as resp:
+        usage = (await resp.json())["usage"]
+    body = chat("m-chat", 3, stream=True) | {"stream_options": {"include_usage": True}}
+    async with r.post("/v1/chat/completions", body, headers=bearer(key)) as resp:
+        events = [line for line in (await resp.read()).split(b"\n") if b'"usage"' in line]
+    streamed = json.loads(events[-1].removeprefix(b"data: "))["usage"]
+    async with r.post("/v1/chat/completions", chat("m-chat", 2, stream=True), headers=bearer(key)):
+        pass  # a stream without include_usage reports none: nothing counted for it
+    await wait_for(lambda: r.ctx.limits.in_flight.get("counted", 0) == 0)
+    async with r.get("/metrics") as resp:
+        text = await resp.text()
+    tokens = "slotctl_key_tokens_total"
+    prompt = _metric(text, tokens, key="counted", kind="prompt", **{"class": "batch"})
+    completion = _metric(text, tokens, key="counted", kind="completion", **{"class": "batch"})
+    assert prompt == usage["prompt_tokens"] + streamed["prompt_tokens"]
+    assert completion == usage["completion_tokens"] + streamed["completion_tokens"] > 0
+    assert _metric(text, tokens, key="@token") == 0  # the API token's calls are not kept
