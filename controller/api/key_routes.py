@@ -58,6 +58,9 @@ class KeyOut(BaseModel):
 
 class KeyList(BaseModel):
     keys: list[KeyOut]
+    waiting: dict[str, int] = Field(
+        description="requests waiting now (a load, a turn), by priority class"
+    )
 
 
 class KeyCreated(KeyOut):
@@ -88,7 +91,8 @@ def _listing(ctx: ApiContext) -> list[dict[str, Any]]:
     responses={200: ("keys", KeyList)},
 )
 async def list_keys(request: web.Request) -> web.Response:
-    return json_response({"keys": _listing(request.app[API_CTX])})
+    ctx = request.app[API_CTX]
+    return json_response({"keys": _listing(ctx), "waiting": ctx.manager.waiting_by_class()})
 
 
 @route(
