@@ -494,11 +494,22 @@ def openapi_document(routes: Sequence[RouteSpec]) -> dict[str, Any]:
                     "content": {"application/json": {"schema": error_ref}},
                 },
             )
-        if not spec.public:
+        scope = route_scope(spec)
+        if scope is not None:
+            op["x-slotctl-scope"] = scope.label  # the key scope the route needs
+            op["security"] = [{"bearer": []}, {"apiKey": []}]
             op["responses"].setdefault(
                 "401",
                 {
-                    "description": "missing or wrong bearer token",
+                    "description": "missing or wrong key (Authorization: Bearer, x-api-key)",
+                    "content": {"application/json": {"schema": error_ref}},
+                },
+            )
+            op["responses"].setdefault(
+                "403",
+                {
+                    "description": f"the key's scope is below {scope.label} (or, on /v1, "
+                    "a model its patterns do not name)",
                     "content": {"application/json": {"schema": error_ref}},
                 },
             )
@@ -513,9 +524,12 @@ def openapi_document(routes: Sequence[RouteSpec]) -> dict[str, Any]:
         "paths": paths,
         "components": {
             "schemas": components,
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer"},
+                "apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key"},
+            },
         },
-        "security": [{"bearer": []}],
+        "security": [{"bearer": []}, {"apiKey": []}],
     }
 
 

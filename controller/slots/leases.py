@@ -150,8 +150,8 @@ class Leases(Part):
                 f"slot {slot.name!r} is up but serves no model ({slot.message})", slot=slot.name
             )
         lease = self._take(slot)
-        if who is not None:
-            slot.class_used[self.settings.priority_class(who.cls).name] = slot.last_used
+        if who is not None:  # its class resolved by the router (a declared one, or "")
+            slot.class_used[who.cls] = slot.last_used
         return lease
 
     async def _wait_cold(self, slot: SlotRecord, who: Requester | None = None) -> None:

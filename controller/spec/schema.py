@@ -405,8 +405,14 @@ class ControllerSettings(_Strict):
 
     def priority_class(self, name: str | None) -> PriorityClass:
         """The class named (a key's), else the default one."""
-        by_name = {c.name: c for c in self.priority_classes}
-        return by_name.get(name or "", by_name.get(self.default_priority, self.priority_classes[0]))
+        classes = self.priority_classes  # a few: a scan beats a dict made every request
+        for c in classes:
+            if c.name == name:
+                return c
+        for c in classes:
+            if c.name == self.default_priority:
+                return c
+        return classes[0]
 
     @field_validator("memory_budget_gb")
     @classmethod
