@@ -25,7 +25,7 @@ from controller.providers.base import (
     model_path,
     require_model,
 )
-from controller.runtime.base import LaunchSpec, Mount
+from controller.runtime.base import LaunchSpec, Mount, RuntimeKind
 from controller.spec.schema import ModelSpec, SlotSpec
 
 __all__ = [
@@ -54,7 +54,9 @@ def _launch(
 ) -> LaunchSpec:
     model_id = model.id if model else slot.model_id
     merged_env = {**device_env(slot), **(env or {}), **slot.server.env}
-    if ctx.runtime == "kubernetes" and slot.device_ref.pinned:  # the load refused it first
+    if (
+        ctx.runtime is RuntimeKind.KUBERNETES and slot.device_ref.pinned
+    ):  # the load refused it first
         raise SlotConfigError(
             f"slot {slot.name!r}: device = {slot.device!r} pins GPUs, which the kubernetes "
             "runtime cannot do (the device plugin picks a node's GPUs): use device = "
@@ -62,9 +64,9 @@ def _launch(
             keys=["device"],
             slot=slot.name,
         )
-    if path and ctx.runtime == "docker":
+    if path and ctx.runtime is RuntimeKind.DOCKER:
         mounts = (*mounts, Mount(path, path, read_only=True))
-    if ctx.runtime == "kubernetes":
+    if ctx.runtime is RuntimeKind.KUBERNETES:
         # The model file is in the pod (the slot's volume at the models dir, or the image):
         # the controller cannot look for it, and host paths mean nothing on another node.
         path, mounts = None, ()
@@ -93,12 +95,12 @@ def _launch(
         model_path=path,
         mounts=mounts,
         probe=probe,
-        node=slot.node if ctx.runtime == "kubernetes" else None,
+        node=slot.node if ctx.runtime is RuntimeKind.KUBERNETES else None,
     )
 
 
 def _docker_image(slot: SlotSpec, ctx: BuildContext, default: str | None) -> str | None:
-    if ctx.runtime not in ("docker", "kubernetes"):
+    if ctx.runtime not in (RuntimeKind.DOCKER, RuntimeKind.KUBERNETES):
         return None
     image = slot.server.image or default
     if not image:
@@ -126,7 +128,7 @@ class DemoProvider:
         mounts: tuple[Mount, ...] = ()
         image = _docker_image(slot, ctx, None)
         env: dict[str, str] = {}
-        if image and ctx.runtime == "kubernetes":
+        if image and ctx.runtime is RuntimeKind.KUBERNETES:
             argv[0] = slot.server.binary or "python3"  # the image's own (slotctl's image)
         elif image:
             # The container runs the host's interpreter and this package, read-only.
