@@ -8,6 +8,7 @@ changes through the SlotManager, and every write wakes the reconciler.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 from typing import Any
@@ -34,6 +35,7 @@ __all__ = [
     "ctx_of",
     "declared_slot",
     "desired_state",
+    "disk_snapshot",
     "name_of",
     "slot_out",
     "start_load",
@@ -140,6 +142,14 @@ async def desired_state(ctx: ApiContext) -> ConfigSnapshot:
     if ctx.reconciler is not None:
         return ctx.reconciler.snapshot
     return await DesiredCache(ctx.config_dir).refresh_async()
+
+
+async def disk_snapshot(ctx: ApiContext) -> ConfigSnapshot:
+    """The config dir as it is on disk now, read through its owner (the reconciler's
+    :class:`~controller.spec.desired.DesiredCache`: ``read_fresh``, published to nobody)
+    off the loop: what a stack diff or apply plans against before it writes."""
+    desired = ctx.reconciler.desired if ctx.reconciler is not None else None
+    return await asyncio.to_thread((desired or DesiredCache(ctx.config_dir)).read_fresh)
 
 
 async def declared_slot(ctx: ApiContext, name: str) -> DesiredSlot:

@@ -17,6 +17,7 @@ from controller.api.app import (
 )
 from controller.api.rest import (
     ctx_of,
+    disk_snapshot,
     wake,
 )
 from controller.apply import apply_to_config, plan_stack
@@ -116,18 +117,25 @@ async def apply_stack(request: web.Request) -> web.Response:
     lock = ctx.apply_lock
     async with lock:
         prune = bool(body.prune)
+        snapshot = await disk_snapshot(ctx)  # what is planned is what is written over
         plan = await plan_stack(
             state,
             ctx.config_dir,
             ctx.state_dir,
             ctx.manager.runtime,
             prune=prune,
+            snapshot=snapshot,
             models_dir=ctx.manager.models_dir,
         )
         changed: list[str] = []
         if not body.dry_run:
             changed = await asyncio.to_thread(
-                apply_to_config, state, ctx.config_dir, prune=prune, force=body.force
+                apply_to_config,
+                state,
+                ctx.config_dir,
+                prune=prune,
+                force=body.force,
+                snapshot=snapshot,
             )
             await wake(ctx)
     return json_response(
@@ -153,6 +161,7 @@ async def diff_stack(request: web.Request) -> web.Response:
         ctx.state_dir,
         ctx.manager.runtime,
         prune=prune,
+        snapshot=await disk_snapshot(ctx),
         models_dir=ctx.manager.models_dir,
     )
     data = plan.to_dict()
