@@ -83,6 +83,8 @@ class Leases(Part):
         its turn comes (None: its turn came while the slot could not serve: start over)."""
         turns = self._turns(slot)
         cls = self.settings.priority_class(who.cls).name
+        if cls not in turns.classes:  # the classes changed while others wait: the first
+            cls = next(iter(turns.classes))
         if slot.waiters + len(turns) >= slot.spec.max_queue:
             raise self._full(slot, f"(max_queue={slot.spec.max_queue})")
         if not slot.spec.activated:
@@ -107,7 +109,9 @@ class Leases(Part):
             raise
 
     def _turns(self, slot: SlotRecord) -> FairQueue[asyncio.Future[Lease | None]]:
-        if slot.turns is None:
+        names = {c.name for c in self.settings.priority_classes}
+        if slot.turns is None or (not len(slot.turns) and set(slot.turns.classes) != names):
+            # made when one first waits; made again once empty after the classes changed
             classes = {
                 c.name: ClassSpec(c.name, c.weight, c.queue_limit)
                 for c in self.settings.priority_classes

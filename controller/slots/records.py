@@ -284,6 +284,17 @@ class SlotRecord:
             return (self.where,)
         return tuple(g.key for g in self.placement)
 
+    def end_turns(self) -> None:
+        """Every request waiting for its turn starts over (the slot is gone: each then
+        gets the typed answer of a slot that does not exist)."""
+        turns = self.turns
+        if turns is None:
+            return
+        for waiter in list(turns):
+            turns.remove(waiter)
+            if not waiter.item.done():
+                waiter.item.set_result(None)
+
     @property
     def in_flight(self) -> int:
         """Requests holding a lease now (batch holds aside)."""

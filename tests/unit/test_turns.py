@@ -171,3 +171,41 @@ async def test_no_limit_no_turns(tmp_path: Path) -> None:
     assert h.manager.view("s").leases == 50 and h.manager.core.table.get("s").turns is None
     for lease in leases:
         h.manager.release(lease)
+
+
+async def test_a_removed_slots_waiters_get_its_typed_error_not_a_hang(tmp_path: Path) -> None:
+    from controller.errors import SlotNotFound
+
+    h = await _harness(tmp_path, max_concurrency=1)
+    m = h.manager
+    holder = await m.acquire("s", UI)
+    waiter = asyncio.ensure_future(m.acquire("s", CI))
+    await _queued(h, 1)
+    m.core.table.forget("s")  # what a removal does last
+    with pytest.raises(SlotNotFound):
+        await asyncio.wait_for(waiter, 5)
+    assert holder.slot == "s"
+
+
+async def test_the_classes_changed_while_requests_wait(tmp_path: Path) -> None:
+    h = await _harness(tmp_path, max_concurrency=1)
+    m = h.manager
+    holder = await m.acquire("s", UI)
+    first = asyncio.ensure_future(m.acquire("s", CI))
+    await _queued(h, 1)
+    m.settings = ControllerSettings(
+        priority_classes=[PriorityClass(name="gold", weight=4)],
+        default_priority="gold",
+        default_pinned=[],
+    )
+    second = asyncio.ensure_future(m.acquire("s", Requester("x", "gold")))
+    await _queued(h, 2)  # waits in the queue's own classes until it empties (as the first)
+    m.release(holder)
+    m.release(await second)  # the queue's first class goes before its batch waiter
+    m.release(await first)
+    held = await m.acquire("s", Requester("x", "gold"))
+    third = asyncio.ensure_future(m.acquire("s", Requester("x", "gold")))
+    await _queued(h, 1)  # the empty queue made anew with the new classes
+    assert set(m.core.table.get("s").turns.classes) == {"gold"}  # type: ignore[union-attr]
+    m.release(held)
+    m.release(await third)
