@@ -50,6 +50,9 @@ class EvictionCandidate:
     busy: bool = False  # an operation (load/unload/swap) is in flight
     access: int = 0  # access counter at planning time (for revalidation)
     generation: int = 0  # load generation at planning time (a reload since: not a victim)
+    # The best priority-class weight among its recent users (0: none): inside a priority
+    # tier, a slot used only by batch keys goes before one a person used (issue 23).
+    recent_weight: float = 0.0
 
     def on(self, device: str) -> int:
         """Bytes it holds on ``device`` (its share there; 0 when it is not there)."""
@@ -106,7 +109,7 @@ def _order(
 ) -> list[EvictionCandidate]:
     wanted = set(devices)
     eligible = [c for c in candidates if not wanted.isdisjoint(c.devices) and is_eligible(c)]
-    return sorted(eligible, key=lambda c: (c.priority, c.last_used, c.name))
+    return sorted(eligible, key=lambda c: (c.priority, c.recent_weight, c.last_used, c.name))
 
 
 def _victim(c: EvictionCandidate, now: float, why: str) -> Victim:

@@ -46,6 +46,9 @@ class Admission(Part):
         super().__init__(core)
         self.unloading = unloading
 
+    def _recent(self, slot: SlotRecord) -> float:
+        return self.core.recent_weight(slot, self.clock.monotonic())
+
     def decide(self, slot: SlotRecord, *, background: bool, evict: bool = True) -> LoadDecision:
         """The one load decision (:func:`controller.decision.decide_load`) on live state."""
         if slot.on_nodes and slot.spec.device_ref.pins:
@@ -74,7 +77,7 @@ class Admission(Part):
         return decide_load(
             request,
             devices,
-            self.table.candidates if evict else lambda: (),
+            (lambda: self.table.candidates(self._recent)) if evict else lambda: (),
             self.clock.monotonic(),
             min_resident_s=self.settings.min_resident_s,
         )
@@ -254,7 +257,7 @@ class Admission(Part):
         taken again here (the exclusive peers are gone now, other loads may have run).
         """
         device = slot.where
-        async with self.locks.device(device):
+        async with self.locks.device(device, lambda: self.core.demand(slot)):
             decision = self.decide(slot, background=slot.background)
             if decision.victims:
                 await self.unloading.evict(decision.victims, reason=EvictionReason.PRELOAD)
@@ -298,7 +301,7 @@ class Admission(Part):
         """
         if slot.where == before:
             return
-        async with self.locks.device(slot.where):
+        async with self.locks.device(slot.where, lambda: self.core.demand(slot)):
             decision = self.decide(slot, background=slot.background)
             if decision.victims:
                 await self.unloading.evict(decision.victims, reason=EvictionReason.PRELOAD)

@@ -17,6 +17,7 @@ from typing import Final, NamedTuple
 from controller.breaker import Breaker
 from controller.devices import GpuRef
 from controller.errors import SlotctlError
+from controller.fairqueue import FairQueue
 from controller.lifecycle import SlotState, can_dispatch
 from controller.memory import GIB
 from controller.runtime.base import LaunchSpec
@@ -29,6 +30,7 @@ __all__ = [
     "DeviceFigures",
     "Lease",
     "ManagerConfig",
+    "Requester",
     "SlotRecord",
     "SlotStatus",
     "SlotView",
@@ -56,6 +58,15 @@ class ManagerConfig:
     elevated_free_frac: float = 0.10
     critical_free_frac: float = 0.05
     models_dir: Path | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Requester:
+    """Who asks for a lease: the API key's name ("" for the API token) and the priority
+    class it waits in (where requests wait, :mod:`controller.fairqueue`)."""
+
+    key: str = ""
+    cls: str = ""  # "": the controller's default class
 
 
 class Lease:
@@ -219,6 +230,13 @@ class SlotRecord:
     # The GPUs admission placed the slot on (recorded in state.json with the transition
     # that reserved them; cleared when it goes offline or to error).
     placement: tuple[GpuRef, ...] = ()
+    # Requests waiting for their turn at max_concurrency, served by class (made when one
+    # first waits): each waiter's future gets its lease, or None (try from the start).
+    turns: FairQueue[asyncio.Future[Lease | None]] | None = None
+    # The classes of the requests waiting for its load (no max_concurrency: no turns),
+    # and when each class last took a lease (the eviction plan's preference).
+    cold_classes: dict[str, int] = field(default_factory=dict)
+    class_used: dict[str, float] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -265,6 +283,27 @@ class SlotRecord:
         if self.on_nodes or self.spec.device_kind != "gpu":
             return (self.where,)
         return tuple(g.key for g in self.placement)
+
+    def end_turns(self) -> None:
+        """Every request waiting for its turn starts over (the slot is gone: each then
+        gets the typed answer of a slot that does not exist)."""
+        turns = self.turns
+        if turns is None:
+            return
+        for waiter in list(turns):
+            turns.remove(waiter)
+            if not waiter.item.done():
+                waiter.item.set_result(None)
+
+    @property
+    def in_flight(self) -> int:
+        """Requests holding a lease now (batch holds aside)."""
+        return sum(1 for lease in self.leases.values() if lease.expires_at is None)
+
+    @property
+    def queued(self) -> int:
+        """Requests waiting for their turn (max_concurrency)."""
+        return len(self.turns) if self.turns is not None else 0
 
     @property
     def busy(self) -> bool:

@@ -8,6 +8,8 @@ its devices.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from controller.devices import key_kind, share
 from controller.eviction import EvictionCandidate
 from controller.lifecycle import SlotState
@@ -68,8 +70,11 @@ class Usage:
         admitted, reserved = self.device_bytes(device)
         return admitted - reserved
 
-    def candidates(self) -> list[EvictionCandidate]:
-        """Every slot as the eviction planner sees it (it picks the eligible ones)."""
+    def candidates(
+        self, recent_weight: Callable[[SlotRecord], float] | None = None
+    ) -> list[EvictionCandidate]:
+        """Every slot as the eviction planner sees it (it picks the eligible ones);
+        ``recent_weight``: the best class weight among its recent users."""
         return [
             EvictionCandidate(
                 name=s.name,
@@ -80,9 +85,10 @@ class Usage:
                 state=s.state,
                 pinned=bool(s.spec.pinned),
                 leases=len(s.leases),
-                busy=s.busy or s.draining or s.waiters > 0,
+                busy=s.busy or s.draining or s.waiters > 0 or s.queued > 0,
                 access=s.access,
                 generation=s.generation,
+                recent_weight=recent_weight(s) if recent_weight is not None else 0.0,
             )
             for s in self.records.values()
         ]
