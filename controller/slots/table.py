@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from typing import Final
 
 from controller.clock import Clock
-from controller.devices import GpuRef, key_kind, share
+from controller.devices import GpuRef, share
 from controller.errors import SlotctlError, SlotNotFound, StateWriteFailed
 from controller.events import EventBus, EventKind, Op
 from controller.eviction import EvictionCandidate
@@ -470,7 +470,9 @@ class SlotTable:
             adopted=slot.adopted,
             config_drift=slot.running_hash is not None,
             waiting=waiting,
-            gpus=tuple(PlacedGpu(index=g.index, uuid=g.uuid, vendor=g.vendor) for g in placed),
+            gpus=tuple(
+                PlacedGpu(index=g.index, uuid=g.uuid, vendor=g.vendor, node=g.node) for g in placed
+            ),
             **breaker,
         )
         return SlotStateRecord(
@@ -495,7 +497,9 @@ class SlotTable:
         slot.state, slot.message, slot.since = saved.state, saved.message, saved.updated_at
         slot.idle_reason = saved.extra.idle_reason
         if slot.state in ADMITTED_STATES:
-            slot.placement = tuple(GpuRef(g.index, g.uuid, g.vendor) for g in saved.extra.gpus)
+            slot.placement = tuple(
+                GpuRef(g.index, g.uuid, g.vendor, g.node) for g in saved.extra.gpus
+            )
         if slot.state is S.SERVING:
             # A new table has no leases: a ``serving`` record (its lease flip back to ready
             # lagged, or the controller died mid-request) recovers as ``ready`` (SPEC §3),
@@ -529,11 +533,13 @@ class SlotTable:
 
 
 def _bytes_on(slot: SlotRecord, device: str) -> int:
-    """The bytes ``slot`` holds on ``device`` (a key, or a kind: all of its devices)."""
+    """The bytes ``slot`` holds on ``device`` (a key, or a kind: all of its devices;
+    ``NODE/gpu``: all of its GPUs on that node)."""
     devices = slot.devices
     if device in devices:
         return share(slot.memory_bytes, len(devices))
-    if devices and all(key_kind(k) == device and ":" in k for k in devices):
+    prefix = device + ":"
+    if devices and all(k.startswith(prefix) for k in devices):
         return slot.memory_bytes  # ``gpu``: the sum over the GPUs
     return 0
 
