@@ -126,8 +126,9 @@ class ClusterCache:
     async def changed(self, slot: str, timeout: float) -> None:
         """Until one of ``slot``'s objects (or a node) changes, or ``timeout``."""
         event = self._wake.setdefault(slot, asyncio.Event())
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(event.wait(), timeout)
+        with contextlib.suppress(TimeoutError):  # (wait_for could lose a cancellation)
+            async with asyncio.timeout(timeout):
+                await event.wait()
 
     # ------------------------------------------------------------------ events
 
@@ -142,7 +143,7 @@ class ClusterCache:
         pod = new or old
         assert pod is not None
         if _bound(new) or _bound(old):
-            self.memory.touch()
+            self.memory.stale()
         slot = self.slot_of(pod)
         if slot is None:
             return
@@ -154,7 +155,7 @@ class ClusterCache:
         self._wake_slot(slot)
 
     def _node_event(self, kind: str, old: Node | None, new: Node | None) -> None:
-        self.memory.touch()
+        self.memory.stale()
         node = new or old
         assert node is not None
         name = str(node.metadata.name) if node.metadata else ""

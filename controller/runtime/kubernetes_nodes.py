@@ -168,7 +168,7 @@ class NodeMemory:
     :meth:`cluster` answers every GPU node (:func:`node_gpus`); ``NODE/cpu`` keys answer
     with the node's allocatable memory, ``NODE/gpu:N`` with its per-GPU memory (when a
     label states it). Nothing measures a remote GPU: free = total, and the admitted bytes
-    per key do the accounting. :meth:`touch` marks the caches changed (read again when
+    per key do the accounting. :meth:`stale` marks the caches changed (read again when
     asked next).
     """
 
@@ -189,9 +189,9 @@ class NodeMemory:
     ) -> None:
         """Read these caches (the runtime's, kept in place by their watches)."""
         self._nodes, self._pods, self._ours = nodes, pods, ours
-        self.touch()
+        self.stale()
 
-    def touch(self) -> None:
+    def stale(self) -> None:
         self._cluster = None
 
     def cluster(self) -> tuple[NodeGpus, ...]:

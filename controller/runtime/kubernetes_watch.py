@@ -127,6 +127,12 @@ class Informer(Generic[R]):
                 log.warning("watching %s: %s (again in %.1fs)", self.name, _why(exc), backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, BACKOFF_S[1])
+            except Exception:  # a bug, a malformed object: logged, listed again later
+                self.stats.errors += 1
+                log.exception("watching %s failed (listed again in %.1fs)", self.name, backoff)
+                self.version = None
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, BACKOFF_S[1])
 
     # ------------------------------------------------------------------ list
 

@@ -153,10 +153,13 @@ class Loading(Part):
                 slot.admitted.set()
 
     async def _load_locked(self, slot: SlotRecord, gen: int) -> None:
-        decision = self.admission.decide(slot, background=slot.background)
-        if not decision.ok:
-            raise self.admission.refuse(slot, decision)
-        await self.unloading.unload_group_peers(slot)
+        if self.table.group_peers(slot):
+            # Decided before the exclusive-group peers are unloaded for it (a refused load
+            # unloads nothing); without peers admit_and_reserve's decision is the first.
+            decision = self.admission.decide(slot, background=slot.background)
+            if not decision.ok:
+                raise self.admission.refuse(slot, decision)
+            await self.unloading.unload_group_peers(slot)
         launch = self.core.build_launch(slot)
         pulling = await self.admission.admit_and_reserve(slot, launch)
         launch = launch.placed_on(slot.placement)  # the GPUs admission chose (recorded)

@@ -61,10 +61,8 @@ CONTROLLERS = (
 def binaries() -> Path | None:
     """The folder holding every binary of this tier, or None when one is not built."""
     folder = Path(os.environ.get("SLOTCTL_K8S_BIN") or realapi.cache_dir())
-    if all(os.access(folder / name, os.X_OK) for name in NAMES):
-        if (folder / "kwok-stages.yaml").is_file():
-            return folder
-    return None
+    built = all(os.access(folder / name, os.X_OK) for name in NAMES)
+    return folder if built and (folder / "kwok-stages.yaml").is_file() else None
 
 
 def gpu_node(
@@ -74,10 +72,12 @@ def gpu_node(
     gpus: int = 1,
     gib_per_gpu: int | None = 16,
     replicas: int | None = None,
+    pods: int = 110,
 ) -> dict[str, Any]:
     """A kwok-managed node with ``gpus`` allocatable ``nvidia.com/gpu`` (``replicas``:
     time-sliced), GPU feature discovery's labels when ``gib_per_gpu`` is given (None: the
-    device plugin alone), and the loopback podCIDR ``127.1.<index>.0/24``."""
+    device plugin alone), room for ``pods`` pods, and the loopback podCIDR
+    ``127.1.<index>.0/24``."""
     labels = {"kubernetes.io/hostname": name, "type": "kwok"}
     if gib_per_gpu is not None:
         labels["nvidia.com/gpu.count"] = str(gpus)
@@ -95,13 +95,13 @@ def gpu_node(
             "allocatable": {
                 "cpu": "32",
                 "memory": "256Gi",
-                "pods": "110",
+                "pods": str(pods),
                 "nvidia.com/gpu": str(replicas or gpus),
             },
             "capacity": {
                 "cpu": "32",
                 "memory": "256Gi",
-                "pods": "110",
+                "pods": str(pods),
                 "nvidia.com/gpu": str(replicas or gpus),
             },
         },

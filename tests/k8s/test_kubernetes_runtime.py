@@ -24,6 +24,7 @@ from tests.integration.helpers import free_ports
 from tests.k8s.chart import permissions, render
 from tests.k8s.conftest import TEST_AGENT, Cluster, eventually
 from tests.k8s.kubelet import Kubelet, answers, declare_workloads, gpu_node
+from tests.unit.manager_fixtures import events_of
 
 pytestmark = pytest.mark.timeout(180)
 IMAGE = "slotctl:test"
@@ -445,41 +446,60 @@ async def test_the_runtime_alone_unschedulable_pods_and_foreign_objects(
         await client.close()
 
 
-async def test_an_unpinned_slot_is_admitted_against_the_node_it_lands_on(
+async def test_an_unpinned_slot_goes_where_its_memory_fits(
     cluster: Cluster, kubelet: Kubelet, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The scheduler counts GPUs, not GPU memory: it puts the 6 GiB slot on the node with
-    the most free GPUs, a 4 GiB one. Admission on landing refuses it there (the pod is
-    stopped, the error says why), and the next load is judged against that node."""
+    """The scheduler counts GPUs, not GPU memory: on its own it put the 6 GiB slot on the
+    node with the most free GPUs, a 4 GiB one, where it was then refused. The controller
+    places it: on the 16 GiB node, pinned there with a required node affinity."""
     (port,) = free_ports(1)
     await kubelet.create(gpu_node("big", gpus=1, gib_per_gpu=16, replicas=2))
     await kubelet.create(gpu_node("small", gpus=1, gib_per_gpu=4, replicas=8))
     await cluster.create(model("m6", 6))
     async with operator(cluster, tmp_path / "state", monkeypatch) as op:
         await cluster.create(slot("chat", "m6", port))
-
-        async def refused() -> dict[str, Any] | None:
-            obj = await cluster.get("slots", "chat")
-            error = ((obj or {}).get("status") or {}).get("lastError") or {}
-            return obj if error.get("code") == "model.insufficient_memory" else None
-
-        obj = await eventually(refused, "refused on the node it landed on", timeout=60)
-        assert "small/gpu" in obj["status"]["lastError"]["message"]
-        assert obj["status"]["node"] == "small"
-        await eventually(lambda: _true(not kubelet.alive("chat")), "its pod stopped")
-        dep = await kubelet.get("deployments", "slotctl-chat")
-        assert dep is not None and dep["spec"]["replicas"] == 0
+        obj = await eventually(lambda: ready(cluster, "chat"), "chat Ready", timeout=60)
+        assert obj["status"]["node"] == "big"
+        assert op.manager.admitted_bytes("big/gpu") == 6 * GIB
         assert op.manager.admitted_bytes("small/gpu") == 0
+        assert len(kubelet.created) == 1  # no pod was tried on the small node first
+        dep = await kubelet.get("deployments", "slotctl-chat")
+        assert dep is not None
+        affinity = dep["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
+        (term,) = affinity["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        assert term == {
+            "matchFields": [{"key": "metadata.name", "operator": "In", "values": ["big"]}]
+        }
 
-        async def judged_on_small() -> dict[str, Any] | None:
-            explained = op.manager.explain_load("chat")  # once the breaker's backoff is over
-            code = (explained.get("error") or {}).get("code")
-            return explained if code == "model.insufficient_memory" else None
 
-        explained = await eventually(judged_on_small, "the next load judged on small")
-        assert explained["device"] == "small/gpu"
-        await asyncio.sleep(2)  # the reconciler's retries: refused before anything scales
-        assert len(kubelet.created) == 1
+async def test_unpinned_slots_come_up_together_without_gfd_labels_too(
+    cluster: Cluster, kubelet: Kubelet, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three unpinned 10 GiB slots, three one-GPU nodes, the third without GPU feature
+    discovery's memory label (the device plugin alone): one slot per node, admitted side
+    by side. They were admitted one after another against one budget the size of the
+    largest node (the second refused until the first landed), and the node without the
+    label refused every slot forever ("no memory probe answers")."""
+    ports = free_ports(3)
+    await kubelet.create(gpu_node("gpu-a", gpus=1, gib_per_gpu=16))
+    await kubelet.create(gpu_node("gpu-b", gpus=1, gib_per_gpu=16))
+    plain = gpu_node("gpu-c", gpus=1, gib_per_gpu=16)
+    for label in ("nvidia.com/gpu.memory", "nvidia.com/gpu.count"):
+        del plain["metadata"]["labels"][label]
+    await kubelet.create(plain)
+    await cluster.create(model("m10", 10))
+    async with operator(cluster, tmp_path / "state", monkeypatch) as op:
+        with op.manager.events.subscribe() as sub:
+            for i, name in enumerate(("s1", "s2", "s3")):
+                await cluster.create(slot(name, "m10", ports[i]))
+            nodes = set()
+            for name in ("s1", "s2", "s3"):
+                obj = await eventually(lambda n=name: ready(cluster, n), f"{name} Ready", 60)
+                nodes.add(obj["status"]["node"])
+            refused = [e for e in events_of(sub) if e.error == "model.insufficient_memory"]
+        assert nodes == {"gpu-a", "gpu-b", "gpu-c"}
+        assert not refused, [e.message for e in refused]
+        assert {p.slot for p in kubelet.pods.values()} == {"s1", "s2", "s3"}
 
 
 async def _true(value: bool) -> bool:
