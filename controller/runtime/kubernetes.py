@@ -237,13 +237,24 @@ class KubernetesRuntime(KubernetesApi):
         began = loop.time()
         slot, wanted = launch.slot, launch.config_hash()
         pending: tuple[float, str] | None = None  # since, the scheduler's reason
+        seen = False  # the cache may not have the Deployment just applied yet
         while True:
             deployment = self.cache.deployment(slot)
-            if deployment is None:
+            if deployment is None and seen:
                 raise SlotSpawnFailed(
                     f"cannot start slot {slot!r}: its Deployment was deleted meanwhile",
                     slot=slot,
                 )
+            seen = seen or deployment is not None
+            if deployment is None:
+                if loop.time() - began >= self.start_timeout_s:
+                    raise SlotSpawnFailed(
+                        f"cannot start slot {slot!r}: its Deployment never showed in the "
+                        f"watch within {self.start_timeout_s:g}s",
+                        slot=slot,
+                    )
+                await self.cache.changed(slot, 1.0)
+                continue
             pods = [
                 p
                 for p in self.cache.slot_pods(slot)

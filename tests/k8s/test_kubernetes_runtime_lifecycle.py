@@ -1,8 +1,8 @@
 """The kubernetes runtime alone against KMock and the fake kubelet (:mod:`tests.k8s.kubelet`),
 for what a real cluster does between "scaled" and "gone": a pod that terminates for a while,
 a container that crash-loops or cannot pull its image, a start cancelled or refused after
-the Deployment was scaled up, two operators (owners) in one namespace, and a node reading
-that fails in an unexpected way.
+the Deployment was scaled up, two operators (owners) in one namespace, a node reading
+that fails in an unexpected way, and a watch that lags behind the runtime's own write.
 """
 
 from __future__ import annotations
@@ -213,3 +213,26 @@ async def _scaled(kubelet: Kubelet, slot: str, wanted: int) -> bool:
 
 async def _true(value: bool) -> bool:
     return value
+
+
+async def test_a_start_waits_for_a_watch_that_lags_behind_its_apply(
+    cluster: Cluster, kubelet: Kubelet
+) -> None:
+    """A watch delivers an event a moment after the write it follows (on a loaded API
+    server, longer): a start whose Deployment the cache has not seen yet waits for it; it
+    does not take the missing Deployment for one deleted meanwhile."""
+    async with runtime(cluster) as rt:
+        await rt.cache.synced(10)
+        informer = rt.cache.deployments
+        deliver = informer._on_line
+        loop = asyncio.get_running_loop()
+        lagged: list[str] = []
+
+        def late(line: str) -> None:  # every event of the Deployments, 0.5 s late, in order
+            lagged.append(line)
+            loop.call_later(0.5, deliver, line)
+
+        informer._on_line = late  # type: ignore[method-assign]
+        started = await rt.start(demo_launch("lag", runtime="kubernetes", image=IMAGE))
+        assert started.running and kubelet.alive("lag")
+        assert lagged  # the Deployment did reach the cache through the lagging watch
