@@ -232,3 +232,20 @@ def test_the_runtime_flag_remembers_that_it_was_given(monkeypatch: pytest.Monkey
     assert parser.parse_args(["operator"]).runtime_given is False
     assert parser.parse_args(["operator", "--runtime", "process"]).runtime_given is True
     assert parser.parse_args(["--runtime", "kubernetes", "operator"]).runtime == "kubernetes"
+
+
+def test_drift_is_measured_on_slotctl_s_fields_only() -> None:
+    """What the runtime puts back: the replica count, its labels and annotations, the pod
+    template's config hash; another manager's label is not drift."""
+    from lightkube.resources.apps_v1 import Deployment
+
+    from controller.runtime.kubernetes_drift import drifted
+
+    body = deployment_body(launch(), "ml")
+    live = Deployment.from_dict(body)
+    assert drifted(body, live) == []
+    scaled = Deployment.from_dict({**body, "spec": {**body["spec"], "replicas": 0}})
+    assert drifted(body, scaled) == ["replicas 0 (want 1)"]
+    labels = {**body["metadata"]["labels"], "slotctl.stack": "other", "team": "ml"}
+    relabelled = Deployment.from_dict({**body, "metadata": {**body["metadata"], "labels": labels}})
+    assert drifted(body, relabelled) == ["label slotctl.stack='other' (want 's')"]
