@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -69,6 +70,14 @@ def key_of(obj: Any) -> str:
 def _version(obj: Any) -> str | None:
     meta = getattr(obj, "metadata", None)
     return getattr(meta, "resourceVersion", None) if meta is not None else None
+
+
+def _bookmark_version(raw: Any) -> str | None:
+    """A bookmark's ``metadata.resourceVersion`` (a Deployment or Pod bookmark has no
+    ``spec``: decoding it as one fails)."""
+    meta = json.loads(bytes(raw)).get("metadata") or {}
+    version = meta.get("resourceVersion")
+    return str(version) if version else None
 
 
 class Informer(Generic[R]):
@@ -201,12 +210,12 @@ class Informer(Generic[R]):
             if status.code == 410:
                 raise Gone
             raise ValueError(f"watch error {status.code}: {status.message}")
+        if kind == "BOOKMARK":  # only metadata: not a valid object of the kind
+            self.stats.bookmarks += 1
+            self.version = _bookmark_version(event.object) or self.version
+            return
         obj: Any = decoders.decode_object(event.object, self.res)
         version = _version(obj)
-        if kind == "BOOKMARK":
-            self.stats.bookmarks += 1
-            self.version = version or self.version
-            return
         key = key_of(obj)
         before = self.items.get(key)
         if kind == "DELETED":

@@ -15,6 +15,7 @@ from typing import Any
 import aiohttp.web
 import pytest
 from lightkube import AsyncClient, KubeConfig
+from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.core_v1 import Node
 
 from controller.runtime import kubernetes_watch
@@ -35,6 +36,7 @@ class Script:
 
     def __init__(self) -> None:
         self.requests: list[dict[str, str]] = []
+        self.kind = "NodeList"
         self.lists = [
             {"items": [node("n1", 1)], "version": "10"},
             {"items": [node("n2", 11), node("n3", 20)], "version": "20"},  # n1 went meanwhile
@@ -52,7 +54,7 @@ class Script:
         if request.query.get("watch") != "true":
             answer = self.lists.pop(0)
             body = {
-                "kind": "NodeList",
+                "kind": self.kind,
                 "apiVersion": "v1",
                 "metadata": {"resourceVersion": answer["version"]},
                 "items": answer["items"],
@@ -77,6 +79,7 @@ async def server() -> AsyncIterator[tuple[Script, str]]:
     script = Script()
     app = aiohttp.web.Application()
     app.router.add_get("/api/v1/nodes", script.handle)
+    app.router.add_get("/apis/apps/v1/namespaces/ml/deployments", script.handle)
     runner = aiohttp.web.AppRunner(app)
     await runner.setup()
     site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)
@@ -93,15 +96,7 @@ async def test_list_watch_bookmarks_relist_on_410_and_backoff(
 ) -> None:
     script, url = server
     monkeypatch.setattr(kubernetes_watch, "BACKOFF_S", (0.05, 0.2))
-    config = KubeConfig.from_dict(
-        {
-            "clusters": [{"name": "c", "cluster": {"server": url}}],
-            "users": [{"name": "u", "user": {"token": "t"}}],
-            "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
-            "current-context": "x",
-        }
-    )
-    client = AsyncClient(config=config)
+    client = _client(url)
     seen: list[tuple[str, str]] = []
 
     def on_event(kind: str, old: Node | None, new: Node | None) -> None:
@@ -137,6 +132,56 @@ async def test_list_watch_bookmarks_relist_on_410_and_backoff(
     assert all(r.get("allowWatchBookmarks") == "true" for r in script.requests if r.get("watch"))
     stats = informer.stats
     assert (stats.lists, stats.relists, stats.bookmarks) == (2, 1, 1) and stats.errors == 1
+
+
+def _client(url: str) -> AsyncClient:
+    config = KubeConfig.from_dict(
+        {
+            "clusters": [{"name": "c", "cluster": {"server": url}}],
+            "users": [{"name": "u", "user": {"token": "t"}}],
+            "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+            "current-context": "x",
+        }
+    )
+    return AsyncClient(config=config)
+
+
+async def test_a_bookmark_of_a_kind_with_a_required_spec_moves_the_version_on(
+    server: tuple[Script, str],
+) -> None:
+    """The API server's bookmark is an object of the kind with only its metadata (a
+    Deployment without ``spec.selector``, a Pod without ``spec.containers``): it moves
+    the version on and is no error (decoded as a Deployment it failed, every minute)."""
+    script, url = server
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "d", "namespace": "ml", "resourceVersion": "3"},
+        "spec": {"selector": {}, "template": {}},
+    }
+    bookmark = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "resourceVersion": "42",
+            "annotations": {"k8s.io/initial-events-end": "true"},
+        },
+    }
+    script.kind = "DeploymentList"
+    script.lists = [{"items": [deployment], "version": "5"}]
+    script.watches = [[("BOOKMARK", bookmark)]]
+    client = _client(url)
+    informer: Informer[Deployment] = Informer(lambda: client, Deployment, namespace="ml")
+    informer.start()
+    try:
+        await eventually(lambda: _set(script.held), "the next watch held open", timeout=10)
+    finally:
+        await informer.stop()
+        await client.close()
+    versions = [(r.get("watch"), r.get("resourceVersion")) for r in script.requests]
+    assert versions == [(None, None), ("true", "5"), ("true", "42")]
+    assert (informer.stats.bookmarks, informer.stats.errors) == (1, 0)
+    assert list(informer.items) == ["ml/d"]
 
 
 async def _set(event: asyncio.Event) -> bool:
