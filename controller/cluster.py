@@ -48,6 +48,10 @@ class Held:
     peers: Mapping[str, int]  # key -> bytes its exclusive-group peers hold (unloaded first)
     holders: Mapping[str, int]  # key -> slots admitted there (peers left out)
     units: Mapping[str, Mapping[str, int]]  # node -> slot -> GPUs it is admitted to there
+    # the requester: its own pods are its Deployment's (strategy Recreate), which its start
+    # replaces or adopts, so they never count against it (a user's `kubectl scale` put
+    # back brings one up while the slot is in error, say)
+    own: str | None = None
 
 
 def by_count(nodes: Sequence[NodeGpus], per_gpu: int | None) -> list[str]:
@@ -85,10 +89,11 @@ def cluster_devices(
 
 
 def _ours(n: NodeGpus, held: Held) -> tuple[int, int]:
-    """(GPUs the table admits there, GPUs others request there): the pods of a slot of ours
-    that the table does not count there (an old pod still terminating, say) are others'."""
+    """(GPUs the table admits there, GPUs others request there): the pods of another slot
+    of ours that the table does not count there (an old pod still terminating, say) are
+    others'; the requester's own are not (see :class:`Held`)."""
     admitted = held.units.get(n.name, {})
-    stray = sum(g for slot, g in n.pods.items() if slot not in admitted)
+    stray = sum(g for slot, g in n.pods.items() if slot not in admitted and slot != held.own)
     return sum(admitted.values()), n.others + stray
 
 

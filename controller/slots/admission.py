@@ -155,7 +155,7 @@ class Admission(Part):
         self._say_by_count(nodes, per_gpu)
         now = self.clock.monotonic()
         avoid = {n: why for n, (until, why) in slot.avoid.items() if until > now}
-        held = Held(figures, peers, holders, units)
+        held = Held(figures, peers, holders, units, own=slot.name)
         span = max(1, slot.spec.gpu_count)
         return cluster_devices(
             nodes, held, span=span, margin=margin, per_gpu=per_gpu, node=slot.spec.node, avoid=avoid

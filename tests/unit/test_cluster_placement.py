@@ -358,3 +358,16 @@ def test_which_nodes_a_slot_may_go_to() -> None:
     assert unusable(gpu_taint) is None  # the slot's pod tolerates its GPU resource's taint
     soft = _node(spec={"taints": [{"key": "x", "effect": "PreferNoSchedule"}]})
     assert unusable(soft) is None
+
+
+async def test_a_slot_s_own_pod_never_counts_against_its_load(tmp_path: Path) -> None:
+    """A slot in error whose Deployment runs a pod again (a user's ``kubectl scale
+    --replicas=0`` put back by the drift repair while the slot failed): its load goes to
+    that GPU (its start adopts or replaces its own pod: strategy Recreate). Another slot's
+    stray pod still holds the GPU for every other load."""
+    cluster = Cluster(tmp_path, [node("a", pods={"chat": 1})])
+    await cluster.declare([cslot("chat", "m4"), cslot("other", "m4")], [model_spec("m4", 4)])
+    with pytest.raises(DeviceUnavailable, match="requested by other pods"):
+        await cluster.manager.load("other")
+    await cluster.manager.load("chat")
+    assert cluster.manager.view("chat").devices == ("a/gpu:0",)
