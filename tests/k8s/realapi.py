@@ -303,7 +303,7 @@ def start(workdir: Path, bin_dir: Path, timeout: float = 120.0, *, audit: bool =
                     "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
                     f"--service-account-key-file={pki['sa-pub']}",
                     f"--service-account-signing-key-file={pki['sa-key']}",
-                    "--service-cluster-ip-range=10.0.0.0/24",
+                    "--service-cluster-ip-range=10.0.0.0/16",  # a Service per slot: room for 1000s
                     "--profiling=false",
                     "--enable-priority-and-fairness=false",
                     "--v=1",

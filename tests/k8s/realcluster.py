@@ -191,6 +191,7 @@ class ContainerRuntime:
     started: list[str] = field(default_factory=list)  # every pod it ever started
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
+    _resp: Any = None  # the open watch
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="container-runtime", daemon=True)
@@ -201,7 +202,8 @@ class ContainerRuntime:
             try:
                 version = self._list()
                 self._watch(version)
-            except (OSError, ValueError, urllib.error.URLError):
+            except (OSError, ValueError, AttributeError, urllib.error.URLError):
+                # (AttributeError: http.client's read of a response stop() closed)
                 time.sleep(0.2)
 
     def _get(self, path: str, timeout: float) -> Any:
@@ -232,6 +234,9 @@ class ContainerRuntime:
             }
         )
         with self._get(f"/api/v1/pods?{query}", 90) as resp:
+            self._resp = resp
+            if self._stop.is_set():  # stop() may have closed the one before, not this one
+                return
             for line in resp:
                 if self._stop.is_set():
                     return
@@ -292,6 +297,16 @@ class ContainerRuntime:
 
     def stop(self) -> None:
         self._stop.set()
+        if self._resp is not None:  # an open watch holds the API server's shutdown
+            # shut down, not closed: close() waits for the reading thread's lock, that is
+            # for the watch's next event (up to its timeout)
+            with (
+                contextlib.suppress(OSError, ValueError),
+                socket.fromfd(self._resp.fileno(), socket.AF_INET, socket.SOCK_STREAM) as sock,
+            ):
+                sock.shutdown(socket.SHUT_RDWR)
+        if self._thread is not None:
+            self._thread.join(10)
         for name in list(self.ips):
             self._kill(name)
         if self.inproc is not None:
@@ -341,6 +356,21 @@ class Cluster:
         status, node = self.api.request("GET", f"/api/v1/nodes/{name}")
         conditions = (node.get("status") or {}).get("conditions") or [] if status == 200 else []
         return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+    def ready_seen(self, name: str, seconds: int) -> list[str]:
+        """Every status of the node's Ready condition for ``seconds``, from a watch (one
+        that lasts a moment is seen too)."""
+        query = urllib.parse.urlencode(
+            {"watch": "true", "fieldSelector": f"metadata.name={name}", "timeoutSeconds": seconds}
+        )
+        seen = []
+        with self.containers._get(f"/api/v1/nodes?{query}", seconds + 30) as resp:
+            for line in resp:
+                node = json.loads(line)["object"]
+                for c in (node.get("status") or {}).get("conditions") or []:
+                    if c["type"] == "Ready":
+                        seen.append(c["status"])
+        return seen
 
     def lose_node(self, name: str) -> None:
         """The node's kubelet is gone: kwok stops managing it (no more heartbeats) and its
@@ -451,6 +481,11 @@ def start(
                     f"--config={bin_dir / 'kwok-stages.yaml'}",
                     f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}=fake",
                     "--cidr=127.2.0.0/16",
+                    # leases, renewed every quarter of their duration (here half the node
+                    # lifecycle controller's grace period, as a kubelet's 10 s): without
+                    # them kwok's node heartbeat is every 10 minutes and the nodes turn
+                    # NotReady after the grace period, over and over
+                    f"--node-lease-duration-seconds={2 * node_monitor_grace_s}",
                     "--node-ip=127.0.0.1",
                 ],
                 workdir,

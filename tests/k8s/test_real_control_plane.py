@@ -16,7 +16,6 @@ then a missing build fails.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import subprocess
 import sys
@@ -45,14 +44,21 @@ PENDING_S = 3  # its SLOTCTL_K8S_PENDING_S
 pytestmark = pytest.mark.timeout(300)
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    bin_dir = realcluster.binaries()
-    if bin_dir is None:
+@pytest.fixture(scope="module")
+def bin_dir() -> Path:
+    """The built binaries (module-scoped: this module's tests run one after another on
+    one worker of a parallel run, each control plane being a handful of processes)."""
+    found = realcluster.binaries()
+    if found is None:
         message = f"the control plane and kwok are not built in {realapi.cache_dir()}"
         if realapi.requested():
             pytest.fail(f"SLOTCTL_K8S_APISERVER=1 but {message} (run tools/k8s/build.sh)")
         pytest.skip(f"{message}: run tools/k8s/build.sh or set SLOTCTL_K8S_APISERVER=1")
+    return found
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, bin_dir: Path) -> Iterator[Cluster]:
     with realcluster.running(tmp_path / "cluster", bin_dir) as running:
         realapi.install_crds(running.api, REPO / "crds")
         yield running
@@ -382,4 +388,13 @@ def test_the_build_script_builds_the_whole_tier() -> None:
     assert replaced and all(line.rstrip().endswith(staging) for line in replaced)
 
 
-_ = asyncio  # (the fixtures are async)
+def test_kwok_nodes_stay_ready_past_the_node_monitor_grace_period(
+    bin_dir: Path, tmp_path: Path
+) -> None:
+    """The fixture's nodes renew their leases as kubelets do: a node stays Ready through
+    three grace periods of the node lifecycle controller (without leases, kwok's heartbeat
+    comes every 10 minutes and the nodes flap NotReady: a slot there is taken for lost)."""
+    with realcluster.running(tmp_path / "cluster", bin_dir, node_monitor_grace_s=4) as cluster:
+        cluster.add_node("gpu-a", gpus=1, gib_per_gpu=16)
+        seen = cluster.ready_seen("gpu-a", 14)
+        assert seen and set(seen) == {"True"}, seen
