@@ -32,6 +32,7 @@ import datetime
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
@@ -279,6 +280,7 @@ def main() -> None:
     parser.add_argument("--baseline", default=None, help="also measure this checkout first")
     parser.add_argument("--baseline-slots", type=int, default=None)
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the cluster is stopped on the way out
     print(
         f"slotctl bench/k8s_scale.py — {platform.python_implementation()} "
         f"{platform.python_version()}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}"
