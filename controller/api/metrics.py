@@ -106,13 +106,13 @@ def device_figures(manager: MetricsPort | None) -> list[DeviceFigures]:
 
 
 class _LiveCollector(Collector):
-    """Gauges read from the SlotManager at scrape time."""
+    """Gauges read from the slot manager at scrape time, through its metrics port."""
 
-    def __init__(self, ctx: ApiContext) -> None:
-        self._ctx = ctx
+    def __init__(self, manager: Callable[[], MetricsPort | None]) -> None:
+        self._manager = manager  # the context's manager, as it is at each scrape
 
     def collect(self) -> Iterable[Metric]:
-        manager = self._ctx.manager
+        manager = self._manager()
         info = GaugeMetricFamily(
             "slotctl_build_info", "slotctl version (always 1)", labels=["version"]
         )
@@ -181,19 +181,36 @@ class _LiveCollector(Collector):
             "up; reserved: loads coming up), configured budget; one series set per GPU",
             labels=["device", "gpu", "kind"],
         )
+        nodes = GaugeMetricFamily(
+            "slotctl_node_memory_bytes",
+            "A cluster node's device memory as the kubernetes runtime admits on it: its "
+            "budget (total), admitted by slotctl (resident, reserved)",
+            labels=["node", "device", "kind"],
+        )
         for figures in device_figures(manager):
+            node, _, kind_of = figures.device.rpartition("/")
             gpu = str(figures.index) if figures.index is not None else ""
-            for kind, value in (
-                ("total", figures.total_bytes),
-                ("free", figures.free_bytes),
-                ("admitted", figures.admitted_bytes),
-                ("resident", figures.resident_bytes),
-                ("reserved", figures.reserved_bytes),
-                ("budget", figures.budget_bytes),
-            ):
-                if value is not None:
+            for kind, value in _memory_kinds(figures):
+                if node:
+                    nodes.add_metric([node, kind_of, kind], float(value))
+                else:
                     memory.add_metric([figures.kind, gpu, kind], float(value))
         yield memory
+        yield nodes
+
+
+def _memory_kinds(figures: DeviceFigures) -> Iterator[tuple[str, int]]:
+    """The figures of one device that are known, by kind."""
+    for kind, value in (
+        ("total", figures.total_bytes),
+        ("free", figures.free_bytes),
+        ("admitted", figures.admitted_bytes),
+        ("resident", figures.resident_bytes),
+        ("reserved", figures.reserved_bytes),
+        ("budget", figures.budget_bytes),
+    ):
+        if value is not None:
+            yield kind, value
 
 
 _go_float = cast(Callable[[float], str], floatToGoString)  # the bound's text, as theirs
@@ -223,6 +240,22 @@ class _RequestSeries(Collector):
         seconds = max(0.0, seconds)
         series[bisect.bisect_left(REQUEST_BUCKETS, seconds)] += 1
         series[-2] += seconds
+
+    def slot_totals(self) -> dict[str, tuple[int, int, list[float]]]:
+        """Per slot, summed over models and statuses: requests, errors (5xx) and the
+        latency histogram's counts (per bucket of REQUEST_BUCKETS, then +Inf, then the sum
+        of seconds) — cumulative, for :mod:`controller.api.traffic`'s sampler."""
+        out: dict[str, tuple[int, int, list[float]]] = {}
+        for (slot, _, status), (count, _) in list(self._counts.items()):
+            n, errors, series = out.get(slot, (0, 0, [0.0] * (len(REQUEST_BUCKETS) + 2)))
+            failed = count if status.isdigit() and int(status) >= 500 else 0
+            out[slot] = (n + int(count), errors + int(failed), series)
+        for (slot, _), durations in list(self._durations.items()):
+            if slot in out:
+                series = out[slot][2]
+                for i, value in enumerate(durations[:-1]):
+                    series[i] += value
+        return out
 
     def collect(self) -> Iterable[Metric]:
         requests = CounterMetricFamily(
@@ -318,7 +351,7 @@ class Metrics:
             registry=r,
         )
         self._load_started: dict[str, float] = {}
-        r.register(_LiveCollector(ctx))
+        r.register(_LiveCollector(lambda: ctx.manager))
 
     # ---------------------------------------------------------------- feeds
 

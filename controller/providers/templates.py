@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import controller
+from controller.devices import GpuRef
 from controller.errors import SlotConfigError
 from controller.probe import ProbeSpec
 from controller.providers.base import (
@@ -24,7 +25,7 @@ from controller.providers.base import (
     model_path,
     require_model,
 )
-from controller.runtime.base import LaunchSpec, Mount
+from controller.runtime.base import LaunchSpec, Mount, RuntimeKind
 from controller.spec.schema import ModelSpec, SlotSpec
 
 __all__ = [
@@ -53,7 +54,9 @@ def _launch(
 ) -> LaunchSpec:
     model_id = model.id if model else slot.model_id
     merged_env = {**device_env(slot), **(env or {}), **slot.server.env}
-    if ctx.runtime == "kubernetes" and slot.device_ref.pinned:
+    if (
+        ctx.runtime is RuntimeKind.KUBERNETES and slot.device_ref.pinned
+    ):  # the load refused it first
         raise SlotConfigError(
             f"slot {slot.name!r}: device = {slot.device!r} pins GPUs, which the kubernetes "
             "runtime cannot do (the device plugin picks a node's GPUs): use device = "
@@ -61,9 +64,9 @@ def _launch(
             keys=["device"],
             slot=slot.name,
         )
-    if path and ctx.runtime == "docker":
+    if path and ctx.runtime is RuntimeKind.DOCKER:
         mounts = (*mounts, Mount(path, path, read_only=True))
-    if ctx.runtime == "kubernetes":
+    if ctx.runtime is RuntimeKind.KUBERNETES:
         # The model file is in the pod (the slot's volume at the models dir, or the image):
         # the controller cannot look for it, and host paths mean nothing on another node.
         path, mounts = None, ()
@@ -74,6 +77,8 @@ def _launch(
         probe = replace(probe, ready_log=READY_LOG[slot.provider])
     if probe.liveness_path is None and slot.provider in LIVENESS_PATH:
         probe = replace(probe, liveness_path=LIVENESS_PATH[slot.provider])
+    if slot.port is None:  # build_launch refuses it first
+        raise SlotConfigError(f"slot {slot.name!r}: no port chosen yet", keys=["port"])
     return LaunchSpec(
         slot=slot.name,
         stack=ctx.stack,
@@ -90,12 +95,12 @@ def _launch(
         model_path=path,
         mounts=mounts,
         probe=probe,
-        node=slot.node if ctx.runtime == "kubernetes" else None,
+        node=slot.node if ctx.runtime is RuntimeKind.KUBERNETES else None,
     )
 
 
 def _docker_image(slot: SlotSpec, ctx: BuildContext, default: str | None) -> str | None:
-    if ctx.runtime not in ("docker", "kubernetes"):
+    if ctx.runtime not in (RuntimeKind.DOCKER, RuntimeKind.KUBERNETES):
         return None
     image = slot.server.image or default
     if not image:
@@ -123,7 +128,7 @@ class DemoProvider:
         mounts: tuple[Mount, ...] = ()
         image = _docker_image(slot, ctx, None)
         env: dict[str, str] = {}
-        if image and ctx.runtime == "kubernetes":
+        if image and ctx.runtime is RuntimeKind.KUBERNETES:
             argv[0] = slot.server.binary or "python3"  # the image's own (slotctl's image)
         elif image:
             # The container runs the host's interpreter and this package, read-only.
@@ -194,10 +199,27 @@ class LlamaCppPythonProvider:
 
 @dataclass(frozen=True, slots=True)
 class VllmProvider:
-    """vLLM's OpenAI server (``vllm serve`` or the vllm-openai image)."""
+    """vLLM's OpenAI server (``vllm serve`` or the vllm-openai image).
+
+    vLLM preallocates ``--gpu-memory-utilization`` (default 0.9) of *each* GPU it is given,
+    whatever the slot's estimate says: two slots placed on one GPU would each claim 90 %
+    of it. So it is told its admitted share (``placement_args``).
+    """
 
     name: str = "vllm"
     image: str = "vllm/vllm-openai:latest"
+
+    def placement_args(
+        self, slot: SlotSpec, gpus: tuple[GpuRef, ...], share_bytes: int
+    ) -> tuple[str, ...]:
+        """``--gpu-memory-utilization`` = the admitted share of the smallest of its GPUs
+        (0.05..0.95); nothing when the share is not counted (``memory_gb = 0``) or a GPU's
+        size is not known."""
+        totals = [g.total_bytes for g in gpus]
+        if not gpus or share_bytes <= 0 or any(not t for t in totals):
+            return ()
+        fraction = min(0.95, max(0.05, share_bytes / min(t for t in totals if t)))
+        return ("--gpu-memory-utilization", f"{fraction:.3f}")
 
     def build(self, slot: SlotSpec, model: ModelSpec | None, ctx: BuildContext) -> LaunchSpec:
         model = require_model(slot, model)

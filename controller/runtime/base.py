@@ -36,6 +36,7 @@ __all__ = [
     "ProgressCallback",
     "RunStatus",
     "Runtime",
+    "RuntimeKind",
     "visibility_env",
 ]
 
@@ -83,6 +84,9 @@ class LaunchSpec:
     # The GPUs admission placed it on: made visible by the runtime (not hashed: a placement
     # is where a server runs, not what it is, and it is recorded in state.json).
     visible: tuple[GpuRef, ...] = field(default=(), compare=False)
+    # Arguments that follow the placement (vLLM's share of the GPU), appended at start:
+    # not hashed, for the same reason (``run_argv``).
+    placed_args: tuple[str, ...] = field(default=(), compare=False)
     # Where the server answers when the runtime decides it after start (a pod's IP): not
     # part of the config (a new pod IP is the same server config), so not hashed.
     address: str | None = field(default=None, compare=False)
@@ -117,13 +121,19 @@ class LaunchSpec:
             **({"gpus": self.gpus} if self.gpus > 1 else {}),
         }
 
-    def placed_on(self, gpus: tuple[GpuRef, ...]) -> LaunchSpec:
-        """This launch on the GPUs admission chose (what the runtime makes visible)."""
-        if gpus == self.visible:
+    def placed_on(self, gpus: tuple[GpuRef, ...], args: tuple[str, ...] = ()) -> LaunchSpec:
+        """This launch on the GPUs admission chose (what the runtime makes visible), with
+        the arguments that follow from them (the provider's ``placement_args``)."""
+        if gpus == self.visible and args == self.placed_args:
             return self
-        placed = replace(self, visible=gpus)
+        placed = replace(self, visible=gpus, placed_args=args)
         object.__setattr__(placed, "_hash", self._hash)
         return placed
+
+    @property
+    def run_argv(self) -> tuple[str, ...]:
+        """The argv (or container args) a runtime starts: ``argv`` and the placement's."""
+        return self.argv + self.placed_args if self.placed_args else self.argv
 
     @property
     def device_kind(self) -> str:
@@ -201,11 +211,21 @@ class Observed:
         return self.status is RunStatus.RUNNING
 
 
+class RuntimeKind(StrEnum):
+    """The runtimes (SPEC §4), and the fake one of the tests. A launch is built for one
+    (:func:`controller.providers.launch_context`: the fake one builds as ``process``)."""
+
+    PROCESS = "process"
+    DOCKER = "docker"
+    KUBERNETES = "kubernetes"
+    FAKE = "fake"
+
+
 @runtime_checkable
 class Runtime(Protocol):
     """One interface, several implementations. All methods are coroutines."""
 
-    kind: str
+    kind: RuntimeKind
 
     async def prepare(self, launch: LaunchSpec, progress: ProgressCallback | None = None) -> None:
         """Fetch what start needs (e.g. pull the image); no-op when present."""

@@ -62,6 +62,7 @@ from controller.runtime.base import (
     Observed,
     ProgressCallback,
     RunStatus,
+    RuntimeKind,
 )
 from controller.runtime.kubernetes_api import KubernetesApi
 from controller.runtime.kubernetes_spec import (
@@ -87,7 +88,7 @@ log = logging.getLogger("slotctl.runtime")
 class KubernetesRuntime(KubernetesApi):
     """Runtime for servers run as pods of per-slot Deployments (see module docstring)."""
 
-    kind = "kubernetes"
+    kind = RuntimeKind.KUBERNETES
 
     # ------------------------------------------------------------------ observing
 

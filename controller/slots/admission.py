@@ -23,17 +23,18 @@ from controller.decision import (
     decide_load,
 )
 from controller.devices import GpuRef, key_kind, share
-from controller.errors import DeviceUnavailable, SlotctlError
+from controller.errors import DeviceUnavailable, SlotConfigError, SlotctlError
 from controller.events import EventKind, EvictionReason, Op
 from controller.lifecycle import DISPATCHABLE_STATES, SlotState
 from controller.memory import GIB, DeviceMemory, budget_gb_for, gpu_inventory
 from controller.memory import Admission as AdmissionFigures
 from controller.nodes import ClusterProbe, NodeGpus
-from controller.placement import Need, place
+from controller.placement import Need, place_first
 from controller.runtime.base import LaunchSpec
 from controller.slots.core import Core, Part
 from controller.slots.records import ADMITTED_STATES, DeviceFigures, SlotRecord
 from controller.slots.unloading import Unloading
+from controller.spec.schema import SlotSpec
 from controller.units import format_gib
 
 __all__ = ["Admission"]
@@ -51,6 +52,8 @@ class Admission(Part):
 
     def decide(self, slot: SlotRecord, *, background: bool, evict: bool = True) -> LoadDecision:
         """The one load decision (:func:`controller.decision.decide_load`) on live state."""
+        if slot.on_nodes and slot.spec.device_ref.pins:
+            return LoadDecision("refuse", error=pinned_on_a_cluster(slot.spec))
         devices = self.device_facts(slot)
         peers = tuple(
             GroupPeer(
@@ -229,16 +232,17 @@ class Admission(Part):
 
     def place_running(self, slot: SlotRecord) -> tuple[GpuRef, ...]:
         """The GPUs to count a running server on that has none recorded (an adoption):
-        where the placement would put it without evicting, else the set closest to
-        fitting (it runs already: its memory must be counted somewhere). No breaker, no
-        exclusive group: nothing is loaded."""
-        need = Need(slot.name, slot.memory_bytes, max(1, slot.spec.gpu_count), ())
+        where its pod runs on a cluster; on a host the first GPUs in index order that hold
+        it (a server of a controller before per-GPU placement saw every GPU, and frameworks
+        take GPU 0 first); else the set closest to fitting (it runs already: its memory
+        must be counted somewhere). No breaker, no exclusive group, no eviction: nothing
+        is loaded."""
         pins = () if slot.on_nodes else slot.spec.device_ref.pins
+        need = Need(slot.name, slot.memory_bytes, max(1, slot.spec.gpu_count), pins)
         devices = self.device_facts(slot)
         if slot.on_nodes:  # where its pod runs, even on a GPU the count says is taken
             devices = [replace(d, lost=None) for d in devices if d.group == slot.landed]
-        placement = place(replace(need, pins=pins), devices, lambda: (), 0.0)
-        return placement.gpus
+        return place_first(need, devices).gpus
 
     def explain(self, slot: SlotRecord) -> dict[str, Any]:
         """Dry run of a load: would it fit, where, what would be evicted there and why.
@@ -387,3 +391,15 @@ def _placed(admission: AdmissionFigures, decision: LoadDecision) -> dict[str, An
 def _spans(slot: SlotRecord, devices: list[DeviceFacts]) -> bool:
     """The slot's ``gpus`` apply: a host's GPUs, or a cluster's node GPUs."""
     return not slot.on_nodes or any(d.group for d in devices)
+
+
+def pinned_on_a_cluster(spec: SlotSpec) -> SlotConfigError:
+    """A slot that pins GPUs on the kubernetes runtime, where the device plugin picks a
+    node's GPUs: refused before anything (an exclusive-group peer) is unloaded."""
+    return SlotConfigError(
+        f"slot {spec.name!r}: device = {spec.device!r} pins GPUs, which the kubernetes "
+        'runtime cannot do (the device plugin picks a node\'s GPUs): use device = "gpu" '
+        "with gpus = K, and `node` to choose the node",
+        keys=["device"],
+        slot=spec.name,
+    )

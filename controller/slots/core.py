@@ -9,19 +9,26 @@ the manager runs, so parts never keep a copy).
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pydantic import BaseModel
 
 from controller.clock import Clock
-from controller.errors import SlotctlError
+from controller.devices import share
 from controller.events import EventBus
 from controller.memory import MemoryProbe
 from controller.probe import Prober
-from controller.providers import BuildContext, build_launch
+from controller.providers import (
+    build_launch,
+    default_models_dir,
+    launch_context,
+    launch_hash,
+    placement_args,
+    with_port,
+)
 from controller.runtime.base import LaunchSpec, Runtime
+from controller.runtime.ports import can_bind, pick_free_port
 from controller.slots.locks import Locks
 from controller.slots.records import ManagerConfig, SlotRecord
 from controller.slots.table import SlotTable
@@ -53,13 +60,59 @@ class Core:
 
     def __post_init__(self) -> None:
         configured = self.config.models_dir
-        self.models_dir = configured or Path(os.environ.get("SLOTCTL_MODELS_DIR", "/models"))
+        self.models_dir = configured or default_models_dir()
 
-    def build_launch(self, slot: SlotRecord) -> LaunchSpec:
-        """The effective runtime config of ``slot`` on this manager's runtime."""
-        runtime = self.runtime.kind if self.runtime.kind != "fake" else "process"
-        ctx = BuildContext(runtime=runtime, stack=slot.stack, models_dir=self.models_dir)
-        return build_launch(slot.spec, slot.model, ctx)
+    def build_launch(self, slot: SlotRecord, *, starting: bool = False) -> LaunchSpec:
+        """The effective runtime config of ``slot`` on this manager's runtime; a slot that
+        leaves its port to the controller gets its chosen one (:meth:`auto_port`)."""
+        ctx = launch_context(self.runtime.kind, slot.stack, self.models_dir)
+        spec = slot.spec
+        if spec.port is None:
+            spec = with_port(spec, self.auto_port(slot, starting=starting))
+        return build_launch(spec, slot.model, ctx)
+
+    def auto_port(self, slot: SlotRecord, *, starting: bool = False) -> int:
+        """The port chosen for a slot without one: the one recorded in its state dir (the
+        same across restarts), else a free one, recorded first. Chosen again when another
+        slot now declares it, or — ``starting`` its server — when it cannot be bound."""
+        name, store = slot.name, self.table.store
+        port = store.read_port(name)
+        taken = self._ports_taken(name)
+        if port is None or port in taken or (starting and not can_bind("127.0.0.1", port)):
+            port = pick_free_port(taken)
+            store.write_port(name, port)
+            slot.hashed = None  # its hash memo holds the old port
+            log.info("slot %s: port %d chosen by the controller", name, port)
+        return port
+
+    def port_declared(self, by: str, port: int | None) -> None:
+        """Slot ``by`` now declares ``port``: a slot that was given it chooses another at
+        its next build (its hash memo goes, so the reconciler sees the change)."""
+        if port is None:
+            return
+        for other in self.table:
+            auto = other.name != by and other.spec.port is None
+            if auto and self.table.store.read_port(other.name) == port:
+                other.hashed = None
+
+    def _ports_taken(self, name: str) -> set[int]:
+        """The ports of the other slots: declared, or chosen for them."""
+        taken: set[int] = set()
+        for other in self.table:
+            if other.name != name:
+                port = other.spec.port or self.table.store.read_port(other.name)
+                if port is not None:
+                    taken.add(port)
+        return taken
+
+    def placed(self, slot: SlotRecord, launch: LaunchSpec) -> LaunchSpec:
+        """``launch`` on the GPUs the slot was placed on, with what its provider needs to
+        know of them (vLLM: its share of the GPU)."""
+        gpus = slot.placement
+        if not gpus:
+            return launch.placed_on(())
+        part = share(slot.memory_bytes, len(gpus))
+        return launch.placed_on(gpus, placement_args(slot.spec, gpus, part))
 
     def launch_hash(self, slot: SlotRecord) -> str | None:
         """The config hash ``slot`` would run with (None: its launch cannot be built).
@@ -78,10 +131,12 @@ class Core:
             if same(spec, slot.spec) and same(model, slot.model):  # a re-read: new, equal
                 slot.hashed = (slot.spec, slot.model, slot.stack, memo[3])
                 return memo[3]
-        try:
-            value: str | None = self.build_launch(slot).config_hash()
-        except SlotctlError:
-            value = None
+        spec = slot.spec
+        if spec.port is None:
+            spec = with_port(spec, self.auto_port(slot))
+        value = launch_hash(
+            spec, slot.model, launch_context(self.runtime.kind, slot.stack, self.models_dir)
+        )
         slot.hashed = (slot.spec, slot.model, slot.stack, value)
         return value
 
@@ -93,34 +148,21 @@ def same(have: BaseModel | None, want: BaseModel | None) -> bool:
 
 
 class Part:
-    """A part of the manager: the shared :class:`Core` under short names."""
+    """A part of the manager: the shared :class:`Core`'s seams under short names (fixed for
+    the manager's life, but ``settings``, which every part reads through the core)."""
 
     def __init__(self, core: Core) -> None:
         self.core = core
-
-    @property
-    def runtime(self) -> Runtime:
-        return self.core.runtime
-
-    @property
-    def prober(self) -> Prober:
-        return self.core.prober
-
-    @property
-    def memory(self) -> MemoryProbe:
-        return self.core.memory
-
-    @property
-    def clock(self) -> Clock:
-        return self.core.clock
-
-    @property
-    def events(self) -> EventBus:
-        return self.core.events
-
-    @property
-    def config(self) -> ManagerConfig:
-        return self.core.config
+        self.runtime: Runtime = core.runtime
+        self.prober: Prober = core.prober
+        self.memory: MemoryProbe = core.memory
+        self.clock: Clock = core.clock
+        self.events: EventBus = core.events
+        self.config: ManagerConfig = core.config
+        self.table: SlotTable = core.table
+        self.wishes: Wishes = core.wishes
+        self.locks: Locks = core.locks
+        self.tasks: TaskSet = core.tasks
 
     @property
     def settings(self) -> ControllerSettings:
@@ -129,19 +171,3 @@ class Part:
     @settings.setter
     def settings(self, value: ControllerSettings) -> None:
         self.core.settings = value  # every part reads it through the core: all see it
-
-    @property
-    def table(self) -> SlotTable:
-        return self.core.table
-
-    @property
-    def wishes(self) -> Wishes:
-        return self.core.wishes
-
-    @property
-    def locks(self) -> Locks:
-        return self.core.locks
-
-    @property
-    def tasks(self) -> TaskSet:
-        return self.core.tasks

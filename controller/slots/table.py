@@ -28,12 +28,12 @@ from collections.abc import Iterator
 from typing import Final
 
 from controller.clock import Clock
-from controller.devices import GpuRef, share
+from controller.devices import GpuRef
 from controller.errors import SlotctlError, SlotNotFound, StateWriteFailed
 from controller.events import EventBus, EventKind, Op
-from controller.eviction import EvictionCandidate
 from controller.lifecycle import Candidate, SlotState, check_transition, legal_path
-from controller.slots.records import ADMITTED_STATES, LOADING_STATES, SlotRecord, SlotView
+from controller.slots.records import ADMITTED_STATES, SlotRecord, SlotView
+from controller.slots.usage import Usage
 from controller.slots.wishes import Wishes
 from controller.spec.schema import ModelSpec
 from controller.store import PlacedGpu, SlotStateRecord, StateExtra, StateStore, utcnow
@@ -50,7 +50,7 @@ LAG_WRITE_S: Final = 0.25  # observations within this window reach state.json as
 OBSERVED: Final = frozenset({S.WARMING, S.READY, S.IDLE, S.SERVING})
 
 
-class SlotTable:
+class SlotTable(Usage):
     def __init__(self, store: StateStore, events: EventBus, clock: Clock, wishes: Wishes) -> None:
         self.store = store
         self.events = events
@@ -117,6 +117,7 @@ class SlotTable:
             node=slot.node,
             gpus=tuple(g.index for g in slot.placement),
             devices=slot.devices if slot.state in ADMITTED_STATES else (),
+            requests=slot.requests,
         )
 
     def routable(self, model: str) -> list[Candidate]:
@@ -138,86 +139,6 @@ class SlotTable:
             ]
         return [
             Candidate(s.name, s.state, s.spec.priority, s.last_used, s.idle_reason) for s in found
-        ]
-
-    # ------------------------------------------------------------------ memory
-
-    def admitted_bytes(self, device: str) -> int:
-        return self.device_bytes(device)[0]
-
-    def reserved_bytes(self, device: str, requester: SlotRecord | None = None) -> int:
-        """Admitted to loads still coming up: the probed free memory cannot show them yet."""
-        return self.device_bytes(device, requester)[1]
-
-    def device_bytes(self, device: str, requester: SlotRecord | None = None) -> tuple[int, int]:
-        """(admitted, reserved) on ``device`` in one pass: the bytes of the slots admitted
-        there, and of those among them still coming up (but ``requester``'s). A device
-        kind (``gpu``) sums its devices (every GPU)."""
-        admitted = reserved = 0
-        for s in self.records.values():
-            state = s.state
-            if state not in ADMITTED_STATES:
-                continue
-            size = _bytes_on(s, device)
-            admitted += size
-            if state in LOADING_STATES and s is not requester:
-                reserved += size
-        return admitted, reserved
-
-    def all_device_bytes(self, requester: SlotRecord | None = None) -> dict[str, list[int]]:
-        """Every admission key with its [admitted, reserved] bytes, in one pass (the
-        placement looks at every GPU of a host at once)."""
-        out: dict[str, list[int]] = {}
-        for s in self.records.values():
-            state = s.state
-            if state not in ADMITTED_STATES:
-                continue
-            devices = s.devices
-            size = share(s.memory_bytes, len(devices))
-            loading = state in LOADING_STATES and s is not requester
-            for key in devices:
-                figures = out.setdefault(key, [0, 0])
-                figures[0] += size
-                if loading:
-                    figures[1] += size
-        return out
-
-    def resident_bytes(self, device: str) -> int:
-        """Bytes of the servers that are up on ``device`` (what a memory probe can see)."""
-        admitted, reserved = self.device_bytes(device)
-        return admitted - reserved
-
-    def candidates(self) -> list[EvictionCandidate]:
-        """Every slot as the eviction planner sees it (it picks the eligible ones)."""
-        return [
-            EvictionCandidate(
-                name=s.name,
-                devices=s.devices,
-                bytes=s.memory_bytes,
-                priority=s.spec.priority,
-                last_used=s.last_used,
-                state=s.state,
-                pinned=bool(s.spec.pinned),
-                leases=len(s.leases),
-                busy=s.busy or s.draining or s.waiters > 0,
-                access=s.access,
-                generation=s.generation,
-            )
-            for s in self.records.values()
-        ]
-
-    def group_peers(self, slot: SlotRecord) -> list[SlotRecord]:
-        """The members of ``slot``'s exclusive group that hold it (loading or loaded)."""
-        group = slot.model.exclusive_group if slot.model else None
-        if not group:
-            return []
-        return [
-            s
-            for s in self.records.values()
-            if s is not slot
-            and s.model is not None
-            and s.model.exclusive_group == group
-            and s.state not in (S.OFFLINE, S.ERROR)
         ]
 
     # ------------------------------------------------------------------ the writer
@@ -279,8 +200,17 @@ class SlotTable:
             to_state=after,
             message=message,
             error=error.code if error else None,
-            details={"idle_reason": slot.idle_reason} if slot.idle_reason else {},
+            details=self._details(slot, op),
         )
+
+    @staticmethod
+    def _details(slot: SlotRecord, op: Op) -> dict[str, object]:
+        """A transition's details: why a slot is idle; a lease flip's the slot's request
+        count (readers fold the flips into it: ``events.LeaseFold``)."""
+        details: dict[str, object] = {"idle_reason": slot.idle_reason} if slot.idle_reason else {}
+        if op is Op.LEASE:
+            details["requests"] = slot.requests
+        return details
 
     def _write_failed(self, slot: SlotRecord, op: Op, what: str, exc: StateWriteFailed) -> None:
         self.events.emit(
@@ -486,7 +416,7 @@ class SlotTable:
             name=slot.name,
             state=state,
             model_id=slot.model_id,
-            port=slot.spec.port,
+            port=slot.launch.port if slot.launch is not None else slot.spec.port,
             updated_at=since,
             message=message,
             extra=extra,
@@ -537,18 +467,6 @@ class SlotTable:
             details={k: v for k, v in error.details.items() if k != "problems"},
         )
         return error
-
-
-def _bytes_on(slot: SlotRecord, device: str) -> int:
-    """The bytes ``slot`` holds on ``device`` (a key, or a kind: all of its devices;
-    ``NODE/gpu``: all of its GPUs on that node)."""
-    devices = slot.devices
-    if device in devices:
-        return share(slot.memory_bytes, len(devices))
-    prefix = device + ":"
-    if devices and all(k.startswith(prefix) for k in devices):
-        return slot.memory_bytes  # ``gpu``: the sum over the GPUs
-    return 0
 
 
 def _held_for(slot: SlotRecord, now: float) -> float | None:

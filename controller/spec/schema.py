@@ -17,6 +17,7 @@ from controller.devices import (
     DEVICE_KINDS,
     DEVICE_MAX_LENGTH,
     DEVICE_PATTERN,
+    VISIBILITY_ENV_VARS,
     DeviceRef,
     parse_device,
 )
@@ -29,6 +30,7 @@ from controller.names import (
 )
 
 __all__ = [
+    "AUTO_PORT",
     "DEVICES",
     "HARDWARE_ENV_VARS",
     "HARDWARE_FLAGS",
@@ -64,6 +66,8 @@ Provider = Literal[
 ]
 PROVIDERS: Final[tuple[str, ...]] = get_args(Provider)
 # These serve a baked-in model: no model.default is needed to dispatch to them.
+AUTO_PORT: Final = "auto"  # ``port = "auto"``: as the key absent, the controller chooses
+
 SELF_MANAGED_PROVIDERS: Final[frozenset[str]] = frozenset(
     {"kokoro", "qwen3tts", "moonshine", "vibevoice"}
 )
@@ -117,15 +121,7 @@ HARDWARE_FLAGS: Final[frozenset[str]] = frozenset(
         "--host",
     }
 )
-HARDWARE_ENV_VARS: Final[frozenset[str]] = frozenset(
-    {
-        "CUDA_VISIBLE_DEVICES",
-        "HIP_VISIBLE_DEVICES",
-        "ROCR_VISIBLE_DEVICES",
-        "NVIDIA_VISIBLE_DEVICES",
-        "GPU_DEVICE_ORDINAL",
-    }
-)
+HARDWARE_ENV_VARS: Final[frozenset[str]] = VISIBILITY_ENV_VARS
 # Server flags that set what a model owns: refused in extra_args, naming the model key.
 MODEL_OWNED_FLAGS: Final[dict[str, str]] = {
     "--ctx-size": "context_length",
@@ -148,6 +144,9 @@ _SOURCE_SCHEMES: Final = frozenset({"file", "hf", "demo"})
 
 NonNegFloat = Annotated[float, Field(ge=0)]
 PosFloat = Annotated[float, Field(gt=0)]
+# An admission estimate in GiB: bounded (1 PiB), so its bytes are an integer (1e308 GiB
+# would be an infinity of bytes).
+MemoryGb = Annotated[float, Field(ge=0, le=1024**2)]
 
 
 def provider_requires_model(provider: str) -> bool:
@@ -174,7 +173,7 @@ class ModelSpec(_Strict):
     id: Annotated[str, Field(pattern=MODEL_ID_PATTERN)]
     source: str | None = None  # path, file://, hf://org/repo[/file], demo://name
     kind: Kind = "llm"
-    memory_gb: NonNegFloat = 0.0  # admission estimate (device memory); 0 = not counted
+    memory_gb: MemoryGb = 0.0  # admission estimate (device memory); 0 = not counted
     exclusive_group: Annotated[str, Field(min_length=1, max_length=63)] | None = None
     context_length: Annotated[int, Field(gt=0)] | None = None
     chat_template: str | None = None
@@ -266,7 +265,9 @@ class SlotSpec(_Strict):
     # GPUs the slot spans (tensor parallel); None: one, or as many as `device` pins
     gpus: Annotated[int, Field(ge=1, le=16)] | None = None
     type: Kind = "llm"
-    port: Annotated[int, Field(ge=1, le=65535)]
+    # None (the key absent, or "auto"): a free port the controller chooses and records in
+    # the state dir, the same across restarts (controller.slots.core.Core.auto_port).
+    port: Annotated[int, Field(ge=1, le=65535)] | None = None
     autoload: bool | None = None  # None only before migration (see loader)
     priority: Annotated[int, Field(ge=0, le=100)] = 50
     pinned: bool | None = None  # None: pinned when named in settings.default_pinned
@@ -282,7 +283,7 @@ class SlotSpec(_Strict):
     upstream_idle_s: PosFloat = 120.0
     max_consecutive_failures: Annotated[int, Field(ge=1)] = 5
     max_queue: Annotated[int, Field(ge=0)] = 64
-    memory_gb: NonNegFloat | None = None  # admission estimate override (self-managed)
+    memory_gb: MemoryGb | None = None  # admission estimate override (self-managed)
     server: ServerSpec = Field(default_factory=ServerSpec)
     # kubernetes runtime: pin the slot to this node (its nodeSelector); unset: the
     # scheduler places it and admission counts it on the node it lands on
@@ -326,6 +327,11 @@ class SlotSpec(_Strict):
             return 0
         pins = self.device_ref.pins
         return len(pins) if pins else (self.gpus or 1)
+
+    @field_validator("port", mode="before")
+    @classmethod
+    def _auto_port(cls, value: object) -> object:
+        return None if value == AUTO_PORT else value
 
     @property
     def model_id(self) -> str:
