@@ -88,7 +88,8 @@ def proc_rss(pid: int) -> tuple[float, float]:
 
 
 def audit_counts(cluster: Cluster, user: str, since: float, until: float) -> Counter[str]:
-    """The operator's requests by verb in [since, until) (wall clock), from the audit log."""
+    """The operator's requests by verb and resource in [since, until) (wall clock), from
+    the audit log."""
     out: Counter[str] = Counter()
     for line in (cluster.api.workdir / "audit.log").read_text().splitlines():
         event = json.loads(line)
@@ -97,7 +98,9 @@ def audit_counts(cluster: Cluster, user: str, since: float, until: float) -> Cou
         stamp = event.get("requestReceivedTimestamp", "")
         when = datetime.datetime.fromisoformat(stamp).timestamp()
         if since <= when < until:
-            out[event["verb"]] += 1
+            ref = event.get("objectRef") or {}
+            what = "/".join(x for x in (ref.get("resource"), ref.get("subresource")) if x)
+            out[f"{event['verb']} {what}".strip()] += 1
     return out
 
 
