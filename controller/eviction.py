@@ -9,7 +9,9 @@ enough, the plan says so and nothing is unloaded.
 Room is planned per device (:func:`plan_room`): a load that spans GPUs 0 and 1 needs its
 share freed on each, and only slots that hold memory on one of the load's devices are
 candidates (a victim that spans a device the load does not use frees that one too: it
-is evicted whole). :func:`plan_eviction` is the one-device case.
+is evicted whole). :func:`plan_eviction` is the one-device case. A *whole* device (a
+cluster node's GPU without time-slicing, one pod per GPU) is cleared instead
+(:func:`plan_clear`): every slot on it goes, or the load does not go there.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ __all__ = [
     "Pressure",
     "Victim",
     "is_eligible",
+    "plan_clear",
     "plan_eviction",
     "plan_room",
     "pressure_level",
@@ -82,9 +85,14 @@ class EvictionPlan:
     victims: tuple[Victim, ...]
     freed: Mapping[str, int]  # bytes the victims free per device (of those in ``need``)
     evictable: Mapping[str, int]  # bytes every eligible slot would free per device
+    # Whole devices that cannot be cleared: a holder is not eligible, or the load does
+    # not fit there even alone (plan_clear).
+    blocked: frozenset[str] = frozenset()
 
     @property
     def sufficient(self) -> bool:
+        if self.blocked:
+            return False
         return all(self.freed.get(d, 0) >= n for d, n in self.need.items())
 
     @property
@@ -161,6 +169,29 @@ def plan_room(
     why = f"make room for {for_slot}" if for_slot else "make room"
     victims = tuple(_victim(c, now, why) for c in chosen)
     return EvictionPlan(dict(need), victims, freed, evictable)
+
+
+def plan_clear(
+    candidates: Sequence[EvictionCandidate],
+    holders: Mapping[str, int],
+    now: float,
+    *,
+    unfit: Iterable[str] = (),
+    for_slot: str = "",
+) -> EvictionPlan:
+    """The victims that empty whole devices: every slot on each of ``holders``' devices
+    (``holders[d]``: how many hold it). A device is *blocked* when fewer of its holders
+    are eligible than hold it, or when it is in ``unfit`` (the load does not fit there
+    even alone): then the plan is not sufficient, and nothing is evicted for it."""
+    ordered = _order(candidates, holders)
+    chosen = [c for c in ordered if any(d in holders for d in c.devices)]
+    on = {d: [c for c in chosen if d in c.devices] for d in holders}
+    blocked = {d for d, n in holders.items() if len(on[d]) < n} | set(unfit)
+    bytes_on = {d: sum(c.on(d) for c in on[d]) for d in holders}
+    why = f"make room for {for_slot}" if for_slot else "make room"
+    victims = () if blocked else tuple(_victim(c, now, why) for c in chosen)
+    freed = bytes_on if not blocked else dict.fromkeys(holders, 0)
+    return EvictionPlan(bytes_on, victims, freed, bytes_on, frozenset(blocked))
 
 
 def plan_eviction(

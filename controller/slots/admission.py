@@ -9,8 +9,10 @@ and its dry run (:meth:`Admission.explain`) both call it, so they never disagree
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Any
 
+from controller.cluster import Held, by_count, cluster_devices
 from controller.decision import (
     WAITING_FOR_DEVICE,
     WAITING_FOR_MEMORY,
@@ -26,6 +28,7 @@ from controller.events import EventKind, EvictionReason, Op
 from controller.lifecycle import DISPATCHABLE_STATES, SlotState
 from controller.memory import GIB, DeviceMemory, budget_gb_for, gpu_inventory
 from controller.memory import Admission as AdmissionFigures
+from controller.nodes import ClusterProbe, NodeGpus
 from controller.placement import Need, place_first
 from controller.runtime.base import LaunchSpec
 from controller.slots.core import Core, Part
@@ -45,6 +48,7 @@ class Admission(Part):
     def __init__(self, core: Core, unloading: Unloading) -> None:
         super().__init__(core)
         self.unloading = unloading
+        self._by_count: set[str] = set()  # nodes said to be admitted by GPU count
 
     def _recent(self, slot: SlotRecord) -> float:
         return self.core.recent_weight(slot, self.clock.monotonic())
@@ -71,7 +75,8 @@ class Admission(Part):
             max_failures=slot.spec.max_consecutive_failures,
             peers=peers,
             background=background,
-            span=1 if slot.on_nodes else max(1, slot.spec.gpu_count),
+            # a node's GPUs when the cluster is known; else the one NODE/gpu key
+            span=max(1, slot.spec.gpu_count) if _spans(slot, devices) else 1,
             pins=() if slot.on_nodes else slot.spec.device_ref.pins,
         )
         return decide_load(
@@ -111,6 +116,10 @@ class Admission(Part):
                 key, admitted, sample, budget, margin, reserved, peers.get(key, 0), gpu, lost
             )
 
+        if slot.on_nodes and slot.spec.device_kind == "gpu":
+            nodes = self._cluster()
+            if nodes is not None:
+                return self._cluster_facts(slot, nodes, figures, peers, margin)
         if slot.on_nodes or slot.spec.device_kind != "gpu":
             key = slot.where
             budget_gb = budget_gb_for(key, budgets)
@@ -120,6 +129,55 @@ class Admission(Part):
         if not inventory:  # no probe, no budget: refused with the reason (device "gpu")
             return [facts("gpu", None, None, None)]
         return [facts(g.key, g.sample, g.budget, g.ref, g.error) for g in inventory]
+
+    def _cluster(self) -> list[NodeGpus] | None:
+        """The cluster's nodes when the memory probe knows them (the kubernetes runtime)."""
+        probe = self.memory
+        return list(probe.cluster()) if isinstance(probe, ClusterProbe) else None
+
+    def _cluster_facts(
+        self,
+        slot: SlotRecord,
+        nodes: list[NodeGpus],
+        figures: dict[str, list[int]],
+        peers: dict[str, int],
+        margin: int,
+    ) -> list[DeviceFacts]:
+        """The cluster's GPUs for ``slot`` (see :mod:`controller.cluster`): what the other
+        slots hold on each, and the nodes it avoids for now."""
+        group = {p.name for p in self.table.group_peers(slot)}
+        holders: dict[str, int] = {}
+        units: dict[str, dict[str, int]] = {}
+        for s in self.table:
+            if s is slot or s.name in group or s.state not in ADMITTED_STATES:
+                continue
+            for g in s.placement:
+                if g.node is not None:
+                    holders[g.key] = holders.get(g.key, 0) + 1
+                    on = units.setdefault(g.node, {})
+                    on[s.name] = on.get(s.name, 0) + 1
+        budget_gb = self.settings.memory_budget_gb.get("gpu")
+        per_gpu = int(budget_gb * GIB) if budget_gb is not None else None
+        self._say_by_count(nodes, per_gpu)
+        now = self.clock.monotonic()
+        avoid = {n: why for n, (until, why) in slot.avoid.items() if until > now}
+        held = Held(figures, peers, holders, units, own=slot.name)
+        span = max(1, slot.spec.gpu_count)
+        return cluster_devices(
+            nodes, held, span=span, margin=margin, per_gpu=per_gpu, node=slot.spec.node, avoid=avoid
+        )
+
+    def _say_by_count(self, nodes: list[NodeGpus], per_gpu: int | None) -> None:
+        """Once per node: its GPUs' memory is not known, slots go there by count."""
+        for name in by_count(nodes, per_gpu):
+            if name not in self._by_count:
+                self._by_count.add(name)
+                log.warning(
+                    "node %s offers GPUs without a nvidia.com/gpu.memory label (no GPU "
+                    "feature discovery?) and memory_budget_gb.gpu is not set: slots are "
+                    "admitted there by GPU count (one slot per GPU, memory not checked)",
+                    name,
+                )
 
     def figures(self) -> list[DeviceFigures]:
         """Every device with its memory: each GPU of the host (probed, or named by a
@@ -177,14 +235,17 @@ class Admission(Part):
 
     def place_running(self, slot: SlotRecord) -> tuple[GpuRef, ...]:
         """The GPUs to count a running server on that has none recorded (an adoption):
-        the first GPUs in index order that hold it (a server of a controller before
-        per-GPU placement saw every GPU, and frameworks take GPU 0 first), else the set
-        closest to fitting (it runs already: its memory must be counted somewhere). No
-        breaker, no exclusive group, no eviction: nothing is loaded."""
-        need = Need(
-            slot.name, slot.memory_bytes, max(1, slot.spec.gpu_count), slot.spec.device_ref.pins
-        )
-        return place_first(need, self.device_facts(slot)).gpus
+        where its pod runs on a cluster; on a host the first GPUs in index order that hold
+        it (a server of a controller before per-GPU placement saw every GPU, and frameworks
+        take GPU 0 first); else the set closest to fitting (it runs already: its memory
+        must be counted somewhere). No breaker, no exclusive group, no eviction: nothing
+        is loaded."""
+        pins = () if slot.on_nodes else slot.spec.device_ref.pins
+        need = Need(slot.name, slot.memory_bytes, max(1, slot.spec.gpu_count), pins)
+        devices = self.device_facts(slot)
+        if slot.on_nodes:  # where its pod runs, even on a GPU the count says is taken
+            devices = [replace(d, lost=None) for d in devices if d.group == slot.landed]
+        return place_first(need, devices).gpus
 
     def explain(self, slot: SlotRecord) -> dict[str, Any]:
         """Dry run of a load: would it fit, where, what would be evicted there and why.
@@ -257,7 +318,7 @@ class Admission(Part):
         taken again here (the exclusive peers are gone now, other loads may have run).
         """
         device = slot.where
-        async with self.locks.device(device, lambda: self.core.demand(slot)):
+        async with self.locks.device(slot.lock_key, lambda: self.core.demand(slot)):
             decision = self.decide(slot, background=slot.background)
             if decision.victims:
                 await self.unloading.evict(decision.victims, reason=EvictionReason.PRELOAD)
@@ -328,6 +389,11 @@ def _placed(admission: AdmissionFigures, decision: LoadDecision) -> dict[str, An
         "probe": admission.source,
         "evict": [v.name for v in decision.victims if admission.device in v.devices],
     }
+
+
+def _spans(slot: SlotRecord, devices: list[DeviceFacts]) -> bool:
+    """The slot's ``gpus`` apply: a host's GPUs, or a cluster's node GPUs."""
+    return not slot.on_nodes or any(d.group for d in devices)
 
 
 def pinned_on_a_cluster(spec: SlotSpec) -> SlotConfigError:

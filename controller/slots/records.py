@@ -227,6 +227,9 @@ class SlotRecord:
     # Placed on nodes (the kubernetes runtime): admission is keyed per (node, device).
     on_nodes: bool = False
     landed: str | None = None  # the node the server last ran on (as the runtime saw it)
+    # Nodes a load of this slot avoids until (monotonic) when, and why: the scheduler left
+    # its pod Pending there (controller.cluster marks their GPUs unusable for it).
+    avoid: dict[str, tuple[float, str]] = field(default_factory=dict)
     # The GPUs admission placed the slot on (recorded in state.json with the transition
     # that reserved them; cleared when it goes offline or to error).
     placement: tuple[GpuRef, ...] = ()
@@ -261,8 +264,12 @@ class SlotRecord:
 
     @property
     def node(self) -> str | None:
-        """The node the slot is pinned to, else the one it last landed on (if any)."""
-        return (self.spec.node or self.landed) if self.on_nodes else None
+        """The node the slot is pinned to, else the one admission placed it on, else the
+        one it last landed on (if any)."""
+        if not self.on_nodes:
+            return None
+        placed = self.placement[0].node if self.placement else None
+        return self.spec.node or placed or self.landed
 
     @property
     def where(self) -> str:
@@ -277,12 +284,21 @@ class SlotRecord:
         return f"{node}/{kind}" if node else kind
 
     @property
+    def lock_key(self) -> str:
+        """The device lock admission takes: ``gpu`` for every GPU slot (a placement looks
+        at every GPU of the host, or of the cluster's nodes), else :attr:`where`."""
+        return "gpu" if self.spec.device_kind == "gpu" else self.where
+
+    @property
     def devices(self) -> tuple[str, ...]:
-        """The admission keys the slot holds memory on: its GPUs (``gpu:N``; none before
-        it is placed), ``cpu``/``npu``, or ``NODE/DEVICE`` on a cluster."""
+        """The admission keys the slot holds memory on: its GPUs (``gpu:N``, on a cluster
+        ``NODE/gpu:N``; none before it is placed), ``cpu``/``npu``, or ``NODE/DEVICE`` on a
+        cluster (a slot recorded without GPUs: ``NODE/gpu``)."""
+        if self.spec.device_kind == "gpu" and self.placement:
+            return tuple(g.key for g in self.placement)
         if self.on_nodes or self.spec.device_kind != "gpu":
             return (self.where,)
-        return tuple(g.key for g in self.placement)
+        return ()
 
     def end_turns(self) -> None:
         """Every request waiting for its turn starts over (the slot is gone: each then

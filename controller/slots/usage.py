@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from controller.devices import key_kind, share
+from controller.devices import share
 from controller.eviction import EvictionCandidate
 from controller.lifecycle import SlotState
 from controller.slots.records import ADMITTED_STATES, LOADING_STATES, SlotRecord
@@ -109,10 +109,12 @@ class Usage:
 
 
 def _bytes_on(slot: SlotRecord, device: str) -> int:
-    """The bytes ``slot`` holds on ``device`` (a key, or a kind: all of its devices)."""
+    """The bytes ``slot`` holds on ``device`` (a key, or a kind: all of its devices;
+    ``NODE/gpu``: all of its GPUs on that node)."""
     devices = slot.devices
     if device in devices:
         return share(slot.memory_bytes, len(devices))
-    if devices and all(key_kind(k) == device and ":" in k for k in devices):
+    prefix = device + ":"
+    if devices and all(k.startswith(prefix) for k in devices):
         return slot.memory_bytes  # ``gpu``: the sum over the GPUs
     return 0
