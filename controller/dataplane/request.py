@@ -321,6 +321,10 @@ class RequestReader:
             got = self._recalled(data, self._recall)
             if got is not None:
                 return got
+        return self._parse(data)
+
+    def _parse(self, data: bytes) -> Got:
+        """``data`` read by llhttp."""
         if self.head is None:  # the head still coming: kept for a hand-over
             self.raw = self.raw + data if self.raw else data
             if len(self.raw) > HEAD_MAX and b"\r\n\r\n" not in self.raw:

@@ -15,12 +15,12 @@ failure, from this connection's own ``data_received`` and ``connection_lost``.
 
 A model server answers with the same head again but for its ``Content-Length`` and its
 ``Date``: a connection keeps the bytes of the last answer head llhttp read (sized, no
-transfer coding, no interim answer before it: :class:`_Recall`), and an answer whose head
-is those bytes exactly, but for the digits of its length (1 to 18 of ``0-9``) and a
-``Date`` value of the same IMF-fixdate shape (letters, digits, spaces, commas, colons:
-bytes llhttp reads in any field value alike), gets that head's verdict again without
-llhttp's callbacks; its body is ``Content-Length`` bytes, as llhttp reads it. Any other
-byte that differs goes through llhttp.
+transfer coding, no interim answer before it: :class:`~.recall.AnswerRecall`), and an
+answer whose head is those bytes exactly, but for the digits of its length (1 to 18 of
+``0-9``) and a ``Date`` value of the same IMF-fixdate shape (letters, digits, spaces,
+commas, colons: bytes llhttp reads in any field value alike), gets that head's verdict
+again without llhttp's callbacks; its body is ``Content-Length`` bytes, as llhttp reads
+it. Any other byte that differs goes through llhttp.
 
 A connection goes back to its pool only after a whole answer (llhttp's keep-alive verdict:
 HTTP/1.1, no ``Connection: close``, nothing after the answer); idle ones are closed after
@@ -195,14 +195,16 @@ class Upstream(asyncio.Protocol):
         self.heard = True
         if self._left:
             self._more_body(data)
-            self._deliver()
+        elif self._phase is not Phase.WAITING or not self._recalled(data):
+            self._parse(data)
             return
+        self._deliver()
+
+    def _parse(self, data: bytes) -> None:
+        """``data`` read by llhttp; then the listener hears of it."""
         first = self._phase is Phase.WAITING
         if first:
             self._phase = Phase.HEAD
-            if self._recall is not None and self._recalled(data, self._recall):
-                self._deliver()
-                return
         try:
             self._parser.feed_data(data)
         except HttpParserUpgrade:
@@ -234,10 +236,11 @@ class Upstream(asyncio.Protocol):
             (self.status, self.reason, self.fields, self.content_type, self._keep),
         )
 
-    def _recalled(self, data: bytes, recall: AnswerRecall) -> bool:
+    def _recalled(self, data: bytes) -> bool:
         """``data`` read as the recalled head and its body; False: another head (llhttp's)."""
-        found = recall.pattern.match(data)
-        if found is None:
+        recall = self._recall
+        found = recall.pattern.match(data) if recall is not None else None
+        if recall is None or found is None:
             return False
         self.status, self.reason, self.fields, self.content_type, self._keep = recall.said
         self.date = found.group("d") if recall.date is None else recall.date
@@ -360,7 +363,7 @@ class Upstream(asyncio.Protocol):
         self._listener = listener
         self._phase = Phase.WAITING
         self._seen, self._complete, self._extra, self._told = 0, False, False, False
-        self._interim = False
+        self._interim, self._left = False, 0
         self._begin()
         if sum(map(len, request)) <= _JOIN_MAX:
             self.transport.write(b"".join(request))  # one segment, one send
