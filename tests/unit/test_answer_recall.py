@@ -73,13 +73,26 @@ class Heard:
         self.ended.set()
 
 
-async def verdicts(answers: list[bytes]) -> list[Verdict]:
-    """Each answer's verdict, in turn on one connection (while it is pooled again)."""
+class Counted(Upstream):
+    """An upstream connection that counts llhttp's header callbacks."""
+
+    def __init__(self, pool: UpstreamPool, key: tuple[str, int]) -> None:
+        super().__init__(pool, key)
+        self.headers_read = 0
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers_read += 1
+        super().on_header(name, value)
+
+
+async def verdicts(answers: list[bytes], up_type: type[Upstream] = Upstream) -> list[Verdict]:
+    """Each answer's verdict, in turn on one connection (while it is pooled again); the
+    last item, for a :class:`Counted` connection, the header callbacks llhttp made."""
     loop = asyncio.get_running_loop()
     pool = UpstreamPool()
     listener = socket.create_server(("127.0.0.1", 0))
     _, up = await loop.create_connection(
-        lambda: Upstream(pool, KEY), "127.0.0.1", listener.getsockname()[1]
+        lambda: up_type(pool, KEY), "127.0.0.1", listener.getsockname()[1]
     )
     theirs, _ = listener.accept()
     theirs.setblocking(False)
@@ -106,6 +119,8 @@ async def verdicts(answers: list[bytes]) -> list[Verdict]:
         up.abort()
         theirs.close()
         listener.close()
+    if isinstance(up, Counted):
+        seen.append((up.headers_read,))
     return seen
 
 
@@ -174,3 +189,11 @@ async def test_a_recalled_answer_keeps_its_date_and_length() -> None:
         (DATE, 2, b"{}"),
     ]
     assert all(v[3] for v in seen)
+
+
+async def test_a_repeated_answer_head_is_not_parsed_again() -> None:
+    """The point of the recall: llhttp's callbacks run for the first head only."""
+    later = GOOD.replace(DATE, b"Thu, 03 Dec 2026 00:00:01 GMT")
+    *seen, (headers_read,) = await verdicts([GOOD, answer(b"[1, 2]"), later], Counted)
+    assert [v[1] for v in seen] == [b"{}", b"[1, 2]", b"{}"] and all(v[3] for v in seen)
+    assert headers_read == 4  # Server, Date, Content-Type, Content-Length: once
