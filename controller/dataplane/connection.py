@@ -41,6 +41,9 @@ _PIPELINE_MAX: Final = 1024 * 1024  # read ahead while a request is served, then
 _LINGER_S: Final = 10.0  # a refused body is read (and dropped) this long at most, as aiohttp
 
 _CONTINUE: Final = b"HTTP/1.1 100 Continue\r\n\r\n"
+# READING's states, by identity in the hot path (an enum member's hash is a Python call).
+_IDLE: Final = State.IDLE
+_BODY: Final = State.BODY
 _LAST_CHUNK: Final = b"0\r\n\r\n"
 
 
@@ -103,7 +106,7 @@ class Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         state = self.state
-        if state in READING:
+        if state is _IDLE or state is _BODY:  # in READING
             if self.buffer or self.looping:
                 self.buffer += data
                 self._next()

@@ -15,6 +15,15 @@ endpoints; anything else is foreign too.
 llhttp parses on past a request's end into the next; the reader stops it there (a
 callback's exception, the parser then replaced) when bytes of a pipelined request follow
 in the same read, and gives them back (:attr:`RequestReader.rest`) for their turn.
+
+A kept-alive client sends the same head again but for its ``Content-Length`` (an SDK's
+requests): the reader keeps the bytes of the last head it took (:class:`_Recall`), and a
+head that is those bytes exactly, but for the digits of its length, gets that head's
+verdict again without llhttp's callbacks (one per field and event). The same bytes get
+the same verdict: the digits are 1 to 18 of ``0-9`` (no overflow), the lines stay under
+aiohttp's limit, and the head starts the read (no empty lines before it); any other byte
+that differs goes through llhttp. The body that follows is ``Content-Length`` bytes, as
+llhttp reads it.
 """
 
 from __future__ import annotations
@@ -45,6 +54,8 @@ _MODEL_PATH: Final = re.compile(rb"/v1/models/[\x21-\x24\x26-\x3e\x40-\x7e]+")
 _AUDIO_TAIL: Final = re.compile(AUDIO_TAIL.pattern.encode())  # the router's, on bytes
 _TARGET: Final = re.compile(rb"/[\x21-\x7e]*")  # origin-form only, printable ASCII
 _CONTENT_LENGTH: Final = b"content-length"
+_LENGTH_LINE: Final = b"\r\ncontent-length:"
+_DIGITS: Final = re.compile(rb"[0-9]{1,18}")  # a length llhttp takes (no uint64 overflow)
 
 
 class Got(enum.Enum):
@@ -176,6 +187,37 @@ class _Stop(Exception):
     """Raised from a callback to stop llhttp (at a head not taken, or a request's end)."""
 
 
+@dataclass(slots=True, frozen=True)
+class _Recall:
+    """The bytes of a head llhttp read and the data plane took, split around the digits
+    of its ``Content-Length`` (``suffix`` None: it had none, ``prefix`` is all of it,
+    the blank line included), with what llhttp said of it."""
+
+    prefix: bytes
+    suffix: bytes | None
+    head: RequestHead
+    keep: bool
+
+
+def _recall_of(raw: bytes, head: RequestHead, keep: bool, length: int | None) -> _Recall | None:
+    """What to recall of the head ``raw`` (its bytes from the read's start to its blank
+    line); None: not recalled (a line could grow past aiohttp's limit)."""
+    if len(raw) + 18 > _LINE_MAX:
+        return None
+    if length is None:
+        return _Recall(raw, None, head, keep)
+    at = raw.lower().find(_LENGTH_LINE)  # one: llhttp refuses a second Content-Length
+    if at < 0:
+        return None
+    start = at + len(_LENGTH_LINE)
+    while raw[start : start + 1] in (b" ", b"\t"):
+        start += 1
+    found = _DIGITS.match(raw, start)
+    if found is None or int(found.group()) != length:
+        return None
+    return _Recall(raw[:start], raw[found.end() :], head, keep)
+
+
 class RequestReader:
     """One connection's requests, one at a time, through llhttp (see the module docstring).
 
@@ -190,9 +232,11 @@ class RequestReader:
         "_fields",
         "_head_len",
         "_last",
+        "_left",
         "_length",
         "_parser",
         "_pieces",
+        "_recall",
         "_stop",
         "_url",
         "body",
@@ -208,6 +252,7 @@ class RequestReader:
         self._last: (
             tuple[tuple[bytes, bytes, str], list[tuple[bytes, bytes]], RequestHead | None] | None
         ) = None
+        self._recall: _Recall | None = None  # the last head taken, by its bytes
         self.head: RequestHead | None = None
         self.body = b""
         self.rest = b""
@@ -221,6 +266,7 @@ class RequestReader:
         self._length: int | None = None
         self._pieces: list[bytes] = []
         self._head_len = 0
+        self._left = 0  # a recalled head's body: bytes still to come (llhttp not fed)
         self._before = 0  # bytes of this request fed before this read
         self._stop: Got | None = None
         self._data = b""
@@ -258,8 +304,10 @@ class RequestReader:
         # One head object a connection, reused: a request is read only once the one
         # before it ended (RequestReader.done), so nothing holds the last one's values.
         head.length = length or 0
-        head.keep = parser.should_keep_alive()
+        head.keep = keep = parser.should_keep_alive()
         self.head, self.fresh = head, True
+        if start == 0:
+            self._recall = _recall_of(raw[:head_len], head, keep, length)
 
     def on_body(self, body: bytes) -> None:
         head = self.head
@@ -279,6 +327,16 @@ class RequestReader:
     def feed(self, data: bytes) -> Got:
         """Read ``data`` (see the class docstring)."""
         self.fresh, self.rest = False, b""
+        if self._left:
+            return self._more_body(data)
+        if self.head is None and not self.raw and self._recall is not None:
+            got = self._recalled(data, self._recall)
+            if got is not None:
+                return got
+        return self._parse(data)
+
+    def _parse(self, data: bytes) -> Got:
+        """``data`` read by llhttp."""
         if self.head is None:  # the head still coming: kept for a hand-over
             self.raw = self.raw + data if self.raw else data
             if len(self.raw) > HEAD_MAX and b"\r\n\r\n" not in self.raw:
@@ -310,6 +368,50 @@ class RequestReader:
             return got
         self._before += len(data)
         return Got.MORE if self.head is None else Got.HEAD
+
+    def _recalled(self, data: bytes, recall: _Recall) -> Got | None:
+        """``data`` read as the recalled head and its body; None: another head (llhttp's)."""
+        prefix, suffix = recall.prefix, recall.suffix
+        if not data.startswith(prefix):
+            return None
+        if suffix is None:
+            length, end = None, len(prefix)
+        else:
+            digits = _DIGITS.match(data, len(prefix))
+            if digits is None or not data.startswith(suffix, digits.end()):
+                return None
+            length, end = int(digits.group()), digits.end() + len(suffix)
+        head = recall.head
+        head.length = size = length or 0
+        head.keep = recall.keep
+        self.head, self.fresh, self._length, self._head_len = head, True, length, end
+        need = end + size
+        if len(data) >= need:
+            self.body = data[end:need] if head.method == b"POST" else b""
+            self._begin()
+            self.rest = data[need:]
+            return Got.REQUEST
+        if head.method == b"POST":
+            self._pieces.append(data[end:])
+        self._before, self._left = len(data), need - len(data)
+        return Got.HEAD
+
+    def _more_body(self, data: bytes) -> Got:
+        """More of a recalled head's body (see :meth:`_recalled`)."""
+        left, post = self._left, self.head is not None and self.head.method == b"POST"
+        if len(data) < left:
+            if post:
+                self._pieces.append(data)
+            self._before += len(data)
+            self._left = left - len(data)
+            return Got.HEAD
+        if post:
+            self._pieces.append(data[:left])
+        pieces = self._pieces
+        self.body = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        self._begin()
+        self.rest = data[left:]
+        return Got.REQUEST
 
     def body_seen(self) -> int:
         """How many bytes of the current request's body were read (after :data:`Got.HEAD`)."""

@@ -13,6 +13,15 @@ connection's reading while its client cannot keep up. An exchange is callbacks, 
 and no task: the listener hears of the head, each piece of the body, the end or the
 failure, from this connection's own ``data_received`` and ``connection_lost``.
 
+A model server answers with the same head again but for its ``Content-Length`` and its
+``Date``: a connection keeps the bytes of the last answer head llhttp read (sized, no
+transfer coding, no interim answer before it: :class:`~.recall.AnswerRecall`), and an
+answer whose head is those bytes exactly, but for the digits of its length (1 to 18 of
+``0-9``) and a ``Date`` value of the same IMF-fixdate shape (letters, digits, spaces,
+commas, colons: bytes llhttp reads in any field value alike), gets that head's verdict
+again without llhttp's callbacks; its body is ``Content-Length`` bytes, as llhttp reads
+it. Any other byte that differs goes through llhttp.
+
 A connection goes back to its pool only after a whole answer (llhttp's keep-alive verdict:
 HTTP/1.1, no ``Connection: close``, nothing after the answer); idle ones are closed after
 :data:`IDLE_S`. A kept-alive connection found closed before any byte of the answer fails
@@ -31,6 +40,7 @@ from typing import Final, Protocol
 from httptools import HttpParserError, HttpParserUpgrade, HttpResponseParser
 from httptools.parser.errors import HttpParserCallbackError
 
+from controller.dataplane.recall import AnswerRecall, answer_recall
 from controller.dataplane.states import Phase
 
 __all__ = [
@@ -108,8 +118,10 @@ class Upstream(asyncio.Protocol):
     __slots__ = (
         "_complete",
         "_extra",
+        "_interim",
         "_keep",
         "_key",
+        "_left",
         "_length",
         "_listener",
         "_parser",
@@ -117,6 +129,7 @@ class Upstream(asyncio.Protocol):
         "_phase",
         "_pieces",
         "_pool",
+        "_recall",
         "_reset",
         "_seen",
         "_told",
@@ -149,6 +162,9 @@ class Upstream(asyncio.Protocol):
         self._reset = False  # the connection ended with an error
         self._used = False  # an earlier exchange went over this connection
         self._paused = False
+        self._recall: AnswerRecall | None = None  # the last answer head llhttp read, by its bytes
+        self._left = 0  # a recalled answer's body: bytes still to come (llhttp not fed)
+        self._interim = False  # an interim answer came before this one
         self.status, self.reason = 0, b""
         # The answer's headers as they came, but its framing (Content-Length,
         # Transfer-Encoding: ``codings``, ``length``) and its ``date``.
@@ -177,7 +193,17 @@ class Upstream(asyncio.Protocol):
             self._close()
             return
         self.heard = True
-        if self._phase is Phase.WAITING:
+        if self._left:
+            self._more_body(data)
+        elif self._phase is not Phase.WAITING or not self._recalled(data):
+            self._parse(data)
+            return
+        self._deliver()
+
+    def _parse(self, data: bytes) -> None:
+        """``data`` read by llhttp; then the listener hears of it."""
+        first = self._phase is Phase.WAITING
+        if first:
             self._phase = Phase.HEAD
         try:
             self._parser.feed_data(data)
@@ -195,7 +221,47 @@ class Upstream(asyncio.Protocol):
             if self._seen > _HEAD_MAX:
                 self._fail("the response head is too large")
                 return
+        elif first and not self._interim and self._phase is Phase.BODY:
+            self._recall = self._recall_of(data[: data.find(b"\r\n\r\n") + 4])
         self._deliver()
+
+    def _recall_of(self, raw: bytes) -> AnswerRecall | None:
+        """The recall of the head ``raw`` llhttp just read; None: not sized, or coded."""
+        if self._length is None or self.codings or self.status in (204, 304):
+            return None
+        return answer_recall(
+            raw,
+            self._length,
+            self.date,
+            (self.status, self.reason, self.fields, self.content_type, self._keep),
+        )
+
+    def _recalled(self, data: bytes) -> bool:
+        """``data`` read as the recalled head and its body; False: another head (llhttp's)."""
+        recall = self._recall
+        found = recall.pattern.match(data) if recall is not None else None
+        if recall is None or found is None:
+            return False
+        self.status, self.reason, self.fields, self.content_type, self._keep = recall.said
+        self.date = found.group("d") if recall.date is None else recall.date
+        self._length = self.length = length = int(found.group("n"))
+        self.framing = Framing.LENGTH if length else Framing.NONE
+        self._phase = Phase.BODY
+        end = found.end()
+        self._left = length
+        self._more_body(data[end:] if end < len(data) else b"")
+        return True
+
+    def _more_body(self, data: bytes) -> None:
+        """More of a recalled answer's body (see :meth:`_recalled`)."""
+        left = self._left
+        if len(data) > left:
+            self._extra = True  # bytes after the answer: the connection is not reused
+            data = data[:left]
+        if data:
+            self._pieces.append(data)
+        self._left = left - len(data)
+        self._complete = not self._left
 
     def eof_received(self) -> bool:
         return False  # close: a half-closed upstream ends the exchange (connection_lost)
@@ -261,6 +327,7 @@ class Upstream(asyncio.Protocol):
         status = self._parser.get_status_code()
         if 100 <= status < 200 and status != 101:  # an interim answer: skip it
             self._begin()
+            self._interim = True
             return
         self.status = status
         self._keep = self._parser.should_keep_alive()
@@ -296,6 +363,7 @@ class Upstream(asyncio.Protocol):
         self._listener = listener
         self._phase = Phase.WAITING
         self._seen, self._complete, self._extra, self._told = 0, False, False, False
+        self._interim, self._left = False, 0
         self._begin()
         if sum(map(len, request)) <= _JOIN_MAX:
             self.transport.write(b"".join(request))  # one segment, one send
