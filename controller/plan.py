@@ -52,6 +52,8 @@ SCHEDULING_KEYS: Final = frozenset(
         "max_consecutive_failures",
         "max_queue",
         "memory_gb",
+        "sleep_level",
+        "wake_timeout_s",
     }
 )
 ACTION_KINDS: Final = ("create", "recreate", "load", "unload", "update", "delete", "adopt", "noop")

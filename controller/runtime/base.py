@@ -23,6 +23,7 @@ from typing import Any, Final, Protocol, runtime_checkable
 
 from controller.devices import GpuRef
 from controller.probe import ProbeSpec
+from controller.sleepmode import SleepMode
 
 __all__ = [
     "HASH_LABEL",
@@ -82,6 +83,9 @@ class LaunchSpec:
     # The GPUs admission placed it on: made visible by the runtime (not hashed: a placement
     # is where a server runs, not what it is, and it is recorded in state.json).
     visible: tuple[GpuRef, ...] = field(default=(), compare=False)
+    # How the server sleeps and wakes (a provider capability; None: it cannot, or the slot
+    # opted out). What it changes in the server's argv and environment is hashed there.
+    sleep: SleepMode | None = field(default=None, compare=False)
     # Where the server answers when the runtime decides it after start (a pod's IP): not
     # part of the config (a new pod IP is the same server config), so not hashed.
     address: str | None = field(default=None, compare=False)

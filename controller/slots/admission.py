@@ -25,7 +25,8 @@ from controller.devices import GpuRef, key_kind, share
 from controller.errors import DeviceUnavailable, SlotctlError
 from controller.events import EventKind, EvictionReason, Op
 from controller.lifecycle import DISPATCHABLE_STATES, SlotState
-from controller.memory import GIB, DeviceMemory, budget_gb_for, gpu_inventory
+from controller.eviction import Victim
+from controller.memory import GIB, DeviceMemory, budget_gb_for, check_admission, gpu_inventory
 from controller.memory import Admission as AdmissionFigures
 from controller.placement import Need, place
 from controller.runtime.base import LaunchSpec
@@ -47,7 +48,11 @@ class Admission(Part):
         self.unloading = unloading
 
     def decide(self, slot: SlotRecord, *, background: bool, evict: bool = True) -> LoadDecision:
-        """The one load decision (:func:`controller.decision.decide_load`) on live state."""
+        """The one load decision (:func:`controller.decision.decide_load`) on live state.
+
+        An asleep slot's load is a wake: pinned to the GPUs its server sleeps on. The
+        victims' actions come with it (sleep where host memory holds them: :meth:`host_room`).
+        """
         devices = self.device_facts(slot)
         peers = tuple(
             GroupPeer(
@@ -67,7 +72,7 @@ class Admission(Part):
             peers=peers,
             background=background,
             span=1 if slot.on_nodes else max(1, slot.spec.gpu_count),
-            pins=() if slot.on_nodes else slot.spec.device_ref.pins,
+            pins=self._pins(slot),
         )
         return decide_load(
             request,
@@ -75,7 +80,34 @@ class Admission(Part):
             self.table.candidates if evict else lambda: (),
             self.clock.monotonic(),
             min_resident_s=self.settings.min_resident_s,
+            host=self.host_room,
         )
+
+    @staticmethod
+    def _pins(slot: SlotRecord) -> tuple[str, ...]:
+        """The GPUs a load must go to: a wake's are the ones its server sleeps on."""
+        if slot.on_nodes:
+            return ()
+        if slot.asleep and slot.placement:
+            return tuple(str(g.index) for g in slot.placement)
+        return slot.spec.device_ref.pins
+
+    def host_room(self) -> dict[str, int]:
+        """The room per host key for sleepers' weights (SPEC §6's two inequalities, with
+        the host's own margin ``host_margin_gb``): every host key a slot could sleep on."""
+        held = self.table.all_device_bytes()
+        margin = int(self.settings.host_margin_gb * GIB)
+        room: dict[str, int] = {}
+        for key in sorted({s.host for s in self.table}):
+            budget_gb = budget_gb_for(key, self.settings.memory_budget_gb)
+            budget = int(budget_gb * GIB) if budget_gb is not None else None
+            admitted, reserved = held.get(key, (0, 0))
+            sample = self._sample(key)
+            if sample is not None:
+                sample = replace(sample, free_bytes=max(0, sample.free_bytes - reserved))
+            figures = check_admission(key, 0, admitted, sample, budget, margin)
+            room[key] = max(0, min(figures.budget_room, figures.free_room))
+        return room
 
     def device_facts(self, slot: SlotRecord) -> list[DeviceFacts]:
         """The devices ``slot`` could load on, as the placement sees them: every GPU of
@@ -83,14 +115,12 @@ class Admission(Part):
         device (``cpu``, ``npu``, ``NODE/DEVICE`` on a cluster). The slot's own bytes and
         its exclusive-group peers' are told apart (the load unloads the peers first)."""
         figures = self.table.all_device_bytes(slot)
-        if slot.state in ADMITTED_STATES:
-            for key in slot.devices:
-                figures[key][0] -= share(slot.memory_bytes, len(slot.devices))
+        for key, size, _loading in slot.holdings():
+            figures[key][0] -= size
         peers: dict[str, int] = {}
         for p in self.table.group_peers(slot):
-            if p.state in ADMITTED_STATES:
-                for key in p.devices:
-                    peers[key] = peers.get(key, 0) + share(p.memory_bytes, len(p.devices))
+            for key, size, _loading in p.holdings():
+                peers[key] = peers.get(key, 0) + size
         budgets = self.settings.memory_budget_gb
         margin = int(self.settings.safety_margin_gb * GIB)
 
@@ -181,12 +211,17 @@ class Admission(Part):
         return placement.gpus
 
     def explain(self, slot: SlotRecord) -> dict[str, Any]:
-        """Dry run of a load: would it fit, where, what would be evicted there and why.
-        Changes nothing."""
-        if slot.state in DISPATCHABLE_STATES:
+        """Dry run of a load (or of an asleep slot's wake): would it fit, where, what would
+        be evicted there, how (``sleep`` or ``unload``) and why, and what each device
+        gets back. Changes nothing."""
+        if slot.state in DISPATCHABLE_STATES and not slot.asleep:
             return {"slot": slot.name, "action": "none", "reason": f"already {slot.state.value}"}
         decision = self.decide(slot, background=False)
-        result: dict[str, Any] = {"slot": slot.name}
+        result: dict[str, Any] = {"slot": slot.name, "wake": bool(slot.asleep)}
+        load_s, wake_s = slot.reload_s()
+        result["reload"] = {"load_s": round(load_s, 3), "wake_s": round(wake_s, 3)}
+        if slot.costs is not None:
+            result["reload"]["measured"] = slot.costs.model_dump(mode="json")
         admission = decision.admission
         if admission is not None:
             result.update(
@@ -202,18 +237,13 @@ class Admission(Part):
             )
         if decision.error is not None:
             return {**result, "action": "refuse", "error": decision.error.to_dict()["error"]}
-        evict = [
-            {
-                "slot": v.name,
-                "priority": v.priority,
-                "idle_s": round(v.idle_s, 1),
-                "bytes": v.bytes,
-                "devices": list(v.devices),
-                "reason": v.reason,
-            }
-            for v in decision.victims
-        ]
-        return {**result, "action": decision.verdict, "evict": evict}
+        evict = [_evicted(v) for v in decision.victims]
+        return {
+            **result,
+            "action": decision.verdict,
+            "evict": evict,
+            "freed": _freed(decision.victims),
+        }
 
     def waiting_with_room(self) -> list[str]:
         """Waiting slots whose background load would be admitted now (memory came back)."""
@@ -252,14 +282,7 @@ class Admission(Part):
         """
         device = slot.where
         async with self.locks.device(device):
-            decision = self.decide(slot, background=slot.background)
-            if decision.victims:
-                await self.unloading.evict(decision.victims, reason=EvictionReason.PRELOAD)
-                decision = self.decide(slot, background=slot.background)
-                if decision.victims:  # a victim got a request meanwhile: not enough room
-                    decision = self.decide(slot, background=slot.background, evict=False)
-            if not decision.ok:
-                raise self.refuse(slot, decision)
+            decision = await self._decide_evicting(slot)
             admission = decision.admission
             assert admission is not None
             where = ", ".join(decision.devices) or device
@@ -282,9 +305,43 @@ class Admission(Part):
             self.table.set(
                 slot, target, op=Op.LOAD, message=f"admitted on {where}", placement=decision.gpus
             )
+            slot.reserved_at = self.clock.monotonic()  # its cold load is timed from here
             if slot.admitted is not None:
                 slot.admitted.set()
             return needs_pull
+
+    async def _decide_evicting(self, slot: SlotRecord) -> LoadDecision:
+        """The decision under the device lock, its victims evicted (each slept or unloaded
+        as the plan says) and the decision taken again; raises the refusal."""
+        decision = self.decide(slot, background=slot.background)
+        if decision.victims:
+            await self.unloading.evict(decision.victims, reason=EvictionReason.PRELOAD)
+            decision = self.decide(slot, background=slot.background)
+            if decision.victims:  # a victim got a request meanwhile: not enough room
+                decision = self.decide(slot, background=slot.background, evict=False)
+        if not decision.ok:
+            raise self.refuse(slot, decision)
+        return decision
+
+    async def admit_wake(self, slot: SlotRecord) -> None:
+        """A wake's admission on the GPUs its server sleeps on (evicting for it as for a
+        load), then its reservation: the tier ``waking`` (its device memory counted again,
+        reserved), durable before the wake calls go out. Raises the refusal."""
+        async with self.locks.device(slot.where):
+            decision = await self._decide_evicting(slot)
+            where = ", ".join(decision.devices) or slot.where
+            self.events.emit(
+                EventKind.ADMISSION,
+                Op.ADMIT,
+                slot=slot.name,
+                model=slot.model_id,
+                message=f"admitted {format_gib(slot.memory_bytes)} on {where} (wake)",
+                details={"devices": list(decision.devices), "wake": True},
+            )
+            message = f"waking on {where}"
+            self.table.set_tier(slot, asleep=slot.asleep, waking=True, op=Op.LOAD, message=message)
+            if slot.admitted is not None:
+                slot.admitted.set()
 
     async def admit_landed(self, slot: SlotRecord, before: str) -> None:
         """A slot the scheduler placed landed on a node other than the one it was admitted
@@ -309,6 +366,36 @@ class Admission(Part):
                 slot=slot.name,
                 message=f"admitted {format_gib(slot.memory_bytes)} on {slot.where} (landed)",
             )
+
+
+def _evicted(v: Victim) -> dict[str, Any]:
+    """One victim of a dry run: what it is, why, and how (``sleep`` or ``unload``)."""
+    return {
+        "slot": v.name,
+        "action": v.action,
+        "level": v.level,
+        "priority": v.priority,
+        "idle_s": round(v.idle_s, 1),
+        "bytes": v.bytes,
+        "devices": list(v.devices),
+        "host": v.host or None,
+        "host_bytes": v.host_bytes,
+        "load_s": round(v.load_s, 3),
+        "wake_s": round(v.wake_s, 3),
+        "score": v.score,
+        "reason": v.reason,
+    }
+
+
+def _freed(victims: tuple[Victim, ...]) -> dict[str, int]:
+    """The memory the victims give back per device (a sleeper's host memory: negative)."""
+    freed: dict[str, int] = {}
+    for v in victims:
+        for key in v.devices:
+            freed[key] = freed.get(key, 0) + (share(v.bytes, len(v.devices)))
+        if v.host_bytes:
+            freed[v.host] = freed.get(v.host, 0) - v.host_bytes
+    return freed
 
 
 def _placed(admission: AdmissionFigures, decision: LoadDecision) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from controller.memory import MemoryProbe
 from controller.probe import Prober
 from controller.providers import BuildContext, build_launch
 from controller.runtime.base import LaunchSpec, Runtime
+from controller.sleepmode import Sleeper
 from controller.slots.locks import Locks
 from controller.slots.records import ManagerConfig, SlotRecord
 from controller.slots.table import SlotTable
@@ -47,6 +48,7 @@ class Core:
     wishes: Wishes
     locks: Locks
     tasks: TaskSet
+    sleeper: Sleeper  # sleeps, wakes and asks servers that can sleep (the launch says)
     # Where hf:// and relative model sources resolve: the config's, else
     # $SLOTCTL_MODELS_DIR (default /models) as it is when the manager is built.
     models_dir: Path = field(init=False)
@@ -145,3 +147,7 @@ class Part:
     @property
     def tasks(self) -> TaskSet:
         return self.core.tasks
+
+    @property
+    def sleeper(self) -> Sleeper:
+        return self.core.sleeper

@@ -200,7 +200,8 @@ class Housekeeping(Part):
                 critical_frac=self.config.critical_free_frac,
             )
             now = self.clock.monotonic()
-            victims = pressure_victims(self.table.candidates(), device, level, now)
+            host = self.loading.admission.host_room()  # a victim sleeps where it fits
+            victims = pressure_victims(self.table.candidates(), device, level, now, host=host)
             evicted += await self.loading.unloading.evict(victims, reason=EvictionReason.PRESSURE)
         return evicted
 

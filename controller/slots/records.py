@@ -15,17 +15,20 @@ from pathlib import Path
 from typing import Final, NamedTuple
 
 from controller.breaker import Breaker
-from controller.devices import GpuRef
+from controller.devices import GpuRef, share
 from controller.errors import SlotctlError
 from controller.lifecycle import SlotState, can_dispatch
 from controller.memory import GIB
 from controller.runtime.base import LaunchSpec
 from controller.spec.schema import ModelSpec, SlotSpec
-from controller.store import utcnow
+from controller.store import ReloadCosts, utcnow
 
 __all__ = [
     "ADMITTED_STATES",
+    "ASLEEP",
+    "AWAKE",
     "LOADING_STATES",
+    "WAKING",
     "DeviceFigures",
     "Lease",
     "ManagerConfig",
@@ -42,6 +45,13 @@ ADMITTED_STATES: Final = frozenset(
 )
 # Admitted, but the server is not up yet: a memory probe cannot see these.
 LOADING_STATES: Final = frozenset({S.PULLING, S.STARTING, S.WARMING})
+# The residency tiers of a slot's server (a view's ``residency``): awake, asleep (device
+# memory released; at level 1 its weights held in host memory), waking (a wake holds its
+# device memory again, not up yet: reserved, like a load coming up).
+COST_WEIGHT: Final = 0.3  # a new measured reload cost's weight in its moving average
+AWAKE: Final = "awake"
+ASLEEP: Final = "asleep"
+WAKING: Final = "waking"
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +142,12 @@ class SlotView:
     node: str | None = None  # kubernetes runtime: the node it is pinned to or landed on
     gpus: tuple[int, ...] = ()  # the GPUs it is placed on (indices), while admitted
     devices: tuple[str, ...] = ()  # its admission keys (gpu:N, cpu, NODE/gpu), while admitted
+    residency: str = AWAKE  # awake | asleep | waking (the tier of an idle slot's server)
+    sleep_level: int = 0  # while asleep or waking: 1 (weights in host memory) or 2
+    host_bytes: int = 0  # what it holds in host memory asleep (its weights, level 1)
+    can_sleep: bool = False  # its running server can sleep (provider, slot's `sleep`)
+    load_s: float | None = None  # measured cold load and wake times (moving averages)
+    wake_s: float | None = None
 
     @property
     def dispatchable(self) -> bool:
@@ -215,8 +231,15 @@ class SlotRecord:
     on_nodes: bool = False
     landed: str | None = None  # the node the server last ran on (as the runtime saw it)
     # The GPUs admission placed the slot on (recorded in state.json with the transition
-    # that reserved them; cleared when it goes offline or to error).
+    # that reserved them; cleared when it goes offline or to error). An asleep server
+    # keeps them (it wakes where it sleeps).
     placement: tuple[GpuRef, ...] = ()
+    # The residency tier (issue 22): the level its server sleeps at (0: awake), and
+    # whether a wake holds its device memory again (reserved until it is ready).
+    asleep: int = 0
+    waking: bool = False
+    costs: ReloadCosts | None = None  # measured reload costs of its model
+    reserved_at: float | None = None  # monotonic time its load reserved memory (cost)
 
     @property
     def name(self) -> str:
@@ -257,12 +280,73 @@ class SlotRecord:
         return f"{node}/{kind}" if node else kind
 
     @property
-    def devices(self) -> tuple[str, ...]:
-        """The admission keys the slot holds memory on: its GPUs (``gpu:N``; none before
-        it is placed), ``cpu``/``npu``, or ``NODE/DEVICE`` on a cluster."""
+    def placed(self) -> tuple[str, ...]:
+        """The admission keys of its placement: its GPUs (``gpu:N``; none before it is
+        placed), ``cpu``/``npu``, or ``NODE/DEVICE`` on a cluster."""
         if self.on_nodes or self.spec.device_kind != "gpu":
             return (self.where,)
         return tuple(g.key for g in self.placement)
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        """The admission keys the slot holds memory on now: its placement's, or, asleep,
+        its host's (level 1: its weights) or none (level 2)."""
+        if self.asleep and not self.waking:
+            return (self.host,) if self.asleep == 1 else ()
+        return self.placed
+
+    @property
+    def host(self) -> str:
+        """The host memory key a sleeper's weights are counted on (``cpu``, or the node's
+        on a cluster)."""
+        node = self.node
+        return f"{node}/cpu" if node else "cpu"
+
+    @property
+    def residency(self) -> str:
+        if self.waking:
+            return WAKING
+        return ASLEEP if self.asleep else AWAKE
+
+    def holdings(self) -> tuple[tuple[str, int, bool], ...]:
+        """(key, bytes, coming up) for every key the slot holds memory on now (nothing
+        unless admitted). Asleep: its weights on its host (level 1). Waking: its device
+        memory again, reserved (a probe cannot see it yet), and the host's until ready."""
+        if self.state not in ADMITTED_STATES:
+            return ()
+        size = self.memory_bytes
+        host = ((self.host, size, False),) if self.asleep == 1 else ()
+        if self.asleep and not self.waking:
+            return host
+        placed = self.placed
+        each = share(size, len(placed)) if placed else 0
+        loading = self.waking or self.state in LOADING_STATES
+        return tuple((key, each, loading) for key in placed) + (host if self.waking else ())
+
+    def reload_s(self) -> tuple[float, float]:
+        """(cold load, wake) seconds of its model: measured (moving averages), else a
+        prior — 1 s per GiB of its memory estimate (at least 1 s) for a load, a twentieth
+        of that for a wake (vLLM's sleep-mode figures: a wake is 18-200x faster)."""
+        prior = max(1.0, self.memory_bytes / GIB)
+        costs = self.costs if self.costs is not None and self.costs.model == self.model_id else None
+        load = costs.load_s if costs is not None and costs.load_s else prior
+        wake = costs.wake_s if costs is not None and costs.wake_s else max(0.05, prior / 20)
+        return load, wake
+
+    def measured(self, *, load_s: float | None = None, wake_s: float | None = None) -> None:
+        """Fold one measured cold load or wake into the moving averages (weight 0.3)."""
+        costs = self.costs
+        if costs is None or costs.model != self.model_id:
+            costs = ReloadCosts(model=self.model_id)
+
+        def fold(old: float | None, new: float | None) -> float | None:
+            if new is None:
+                return old
+            return round(new if old is None else old + COST_WEIGHT * (new - old), 4)
+
+        self.costs = costs.model_copy(
+            update={"load_s": fold(costs.load_s, load_s), "wake_s": fold(costs.wake_s, wake_s)}
+        )
 
     @property
     def busy(self) -> bool:

@@ -24,12 +24,18 @@ from collections.abc import Iterator
 from typing import Final
 
 from controller.clock import Clock
-from controller.devices import GpuRef, key_kind, share
+from controller.devices import GpuRef, key_kind
 from controller.errors import SlotctlError, SlotNotFound, StateWriteFailed
 from controller.events import EventBus, EventKind, Op
 from controller.eviction import EvictionCandidate
-from controller.lifecycle import Candidate, SlotState, check_transition, legal_path
-from controller.slots.records import ADMITTED_STATES, LOADING_STATES, SlotRecord, SlotView
+from controller.lifecycle import (
+    Candidate,
+    IdleReason,
+    SlotState,
+    check_transition,
+    legal_path,
+)
+from controller.slots.records import ADMITTED_STATES, ASLEEP, WAKING, SlotRecord, SlotView
 from controller.slots.wishes import Wishes
 from controller.spec.schema import ModelSpec
 from controller.store import PlacedGpu, SlotStateRecord, StateExtra, StateStore, utcnow
@@ -112,6 +118,12 @@ class SlotTable:
             node=slot.node,
             gpus=tuple(g.index for g in slot.placement),
             devices=slot.devices if slot.state in ADMITTED_STATES else (),
+            residency=slot.residency,
+            sleep_level=slot.asleep,
+            host_bytes=slot.memory_bytes if slot.asleep == 1 else 0,
+            can_sleep=launch is not None and launch.sleep is not None,
+            load_s=slot.costs.load_s if slot.costs else None,
+            wake_s=slot.costs.wake_s if slot.costs else None,
         )
 
     def routable(self, model: str) -> list[Candidate]:
@@ -150,30 +162,27 @@ class SlotTable:
         kind (``gpu``) sums its devices (every GPU)."""
         admitted = reserved = 0
         for s in self.records.values():
-            state = s.state
-            if state not in ADMITTED_STATES:
+            if s.state not in ADMITTED_STATES:
                 continue
-            size = _bytes_on(s, device)
+            size, loading = _bytes_on(s, device)
             admitted += size
-            if state in LOADING_STATES and s is not requester:
+            if loading and s is not requester:
                 reserved += size
         return admitted, reserved
 
     def all_device_bytes(self, requester: SlotRecord | None = None) -> dict[str, list[int]]:
         """Every admission key with its [admitted, reserved] bytes, in one pass (the
-        placement looks at every GPU of a host at once)."""
+        placement looks at every GPU of a host at once). A sleeper counts on its host
+        only (its weights, level 1); a wake holds its devices again, reserved."""
         out: dict[str, list[int]] = {}
         for s in self.records.values():
-            state = s.state
-            if state not in ADMITTED_STATES:
+            if s.state not in ADMITTED_STATES:
                 continue
-            devices = s.devices
-            size = share(s.memory_bytes, len(devices))
-            loading = state in LOADING_STATES and s is not requester
-            for key in devices:
+            mine = s is requester
+            for key, size, loading in s.holdings():
                 figures = out.setdefault(key, [0, 0])
                 figures[0] += size
-                if loading:
+                if loading and not mine:
                     figures[1] += size
         return out
 
@@ -184,22 +193,7 @@ class SlotTable:
 
     def candidates(self) -> list[EvictionCandidate]:
         """Every slot as the eviction planner sees it (it picks the eligible ones)."""
-        return [
-            EvictionCandidate(
-                name=s.name,
-                devices=s.devices,
-                bytes=s.memory_bytes,
-                priority=s.spec.priority,
-                last_used=s.last_used,
-                state=s.state,
-                pinned=bool(s.spec.pinned),
-                leases=len(s.leases),
-                busy=s.busy or s.draining or s.waiters > 0,
-                access=s.access,
-                generation=s.generation,
-            )
-            for s in self.records.values()
-        ]
+        return [_candidate(s) for s in self.records.values()]
 
     def group_peers(self, slot: SlotRecord) -> list[SlotRecord]:
         """The members of ``slot``'s exclusive group that hold it (loading or loaded)."""
@@ -228,11 +222,15 @@ class SlotTable:
         error: SlotctlError | None = None,
         durable: bool = True,
         placement: tuple[GpuRef, ...] | None = None,
+        asleep: int = 0,
     ) -> None:
         """The one place slot state changes: check, persist, then commit; emit, log.
 
         ``placement``: the GPUs a load was admitted on (with the transition that reserves
-        them); going ``offline`` or to ``error`` releases them.
+        them); going ``offline`` or to ``error`` releases them. ``asleep``: the sleep
+        level of a slot going ``idle`` because its server sleeps (the residency tier);
+        any transition ends a wake, and only ``unloading`` keeps a sleeper's level (its
+        host memory is held until the server is gone).
 
         Persist-then-commit: ``state.json`` is written first and only then does the slot
         change in memory, so memory never runs ahead of disk. A failed write raises
@@ -244,12 +242,17 @@ class SlotTable:
         current, name = slot.state, slot.name
         check_transition(current, to)
         durable = durable or {current, to} != _LEASE_FLIP  # only these may lag (SPEC §3)
+        if to is S.IDLE and asleep:
+            idle_reason = IdleReason.ASLEEP
         idle = idle_reason if to is S.IDLE else None
+        level = asleep if to is S.IDLE else slot.asleep if to is S.UNLOADING else 0
         since = utcnow()
         if to is S.OFFLINE or to is S.ERROR:
             placement = ()
         if durable:
-            record = self._record(slot, to, idle, message, since, waiting=None, gpus=placement)
+            record = self._record(
+                slot, to, idle, message, since, waiting=None, gpus=placement, tier=(level, False)
+            )
             try:
                 self._write_now(record, durable=True)
             except StateWriteFailed as exc:
@@ -257,6 +260,7 @@ class SlotTable:
                 raise
         if placement is not None:
             slot.placement = placement
+        slot.asleep, slot.waking = level, False
         slot.state, slot.idle_reason, slot.message, slot.since = to, idle, message, since
         slot.waiting = None  # any transition ends a wait for memory
         if not durable:
@@ -272,7 +276,7 @@ class SlotTable:
             to_state=after,
             message=message,
             error=error.code if error else None,
-            details={"idle_reason": slot.idle_reason} if slot.idle_reason else {},
+            details=_transition_details(slot),
         )
 
     def _write_failed(self, slot: SlotRecord, op: Op, what: str, exc: StateWriteFailed) -> None:
@@ -390,6 +394,31 @@ class SlotTable:
         )
         slot.waiting, slot.message = waiting, message
 
+    def set_tier(self, slot: SlotRecord, *, asleep: int, waking: bool, op: Op, message: str) -> None:
+        """An idle slot's residency tier changes (its server fell asleep, or a wake holds
+        its device memory again): no transition, but durable before the controller acts
+        on it (SPEC §3); one event and log line. A refused write changes nothing."""
+        assert slot.state is S.IDLE, slot.state
+        before = slot.residency
+        record = self._record(
+            slot, S.IDLE, IdleReason.ASLEEP, message, slot.since, slot.waiting, tier=(asleep, waking)
+        )
+        try:
+            self._write_now(record, durable=True)
+        except StateWriteFailed as exc:
+            self._write_failed(slot, op, f"{before} -> {WAKING if waking else ASLEEP} not done", exc)
+            raise
+        slot.asleep, slot.waking = asleep, waking
+        slot.idle_reason, slot.message = IdleReason.ASLEEP, message
+        self.events.emit(
+            EventKind.RESIDENCY,
+            op,
+            slot=slot.name,
+            model=slot.model_id,
+            message=message,
+            details={"residency": slot.residency, "from": before, "level": asleep},
+        )
+
     def persist_placement(self, slot: SlotRecord, gpus: tuple[GpuRef, ...]) -> None:
         """Record the GPUs of a slot that has none recorded (an adopted server), then keep
         them: a refused write (``StateWriteFailed``) changes nothing."""
@@ -460,17 +489,23 @@ class SlotTable:
         since: str,
         waiting: str | None,
         gpus: tuple[GpuRef, ...] | None = None,
+        tier: tuple[int, bool] | None = None,
     ) -> SlotStateRecord:
         """The slot as ``state.json`` holds it, with these values (the breaker serialises
-        itself; ``gpus``: a new placement, else the slot's own)."""
+        itself; ``gpus``: a new placement, else the slot's own; ``tier``: (sleep level,
+        waking), else the slot's own)."""
         breaker = slot.breaker.to_record(self.clock.monotonic(), self.clock.time())
         placed = slot.placement if gpus is None else gpus
+        level, waking = (slot.asleep, slot.waking) if tier is None else tier
         extra = StateExtra(
             idle_reason=idle_reason,
             adopted=slot.adopted,
             config_drift=slot.running_hash is not None,
             waiting=waiting,
             gpus=tuple(PlacedGpu(index=g.index, uuid=g.uuid, vendor=g.vendor) for g in placed),
+            residency=(WAKING if waking else ASLEEP) if level else None,
+            sleep_level=level,
+            reload=slot.costs,
             **breaker,
         )
         return SlotStateRecord(
@@ -494,8 +529,15 @@ class SlotTable:
             return
         slot.state, slot.message, slot.since = saved.state, saved.message, saved.updated_at
         slot.idle_reason = saved.extra.idle_reason
+        slot.costs = saved.extra.reload
         if slot.state in ADMITTED_STATES:
             slot.placement = tuple(GpuRef(g.index, g.uuid, g.vendor) for g in saved.extra.gpus)
+        if slot.state in (S.IDLE, S.UNLOADING) and saved.extra.residency in (ASLEEP, WAKING):
+            # A wake the previous controller died in is a sleeper until its server says
+            # otherwise (recovery asks it): counted once, on the host.
+            slot.asleep = saved.extra.sleep_level if saved.extra.sleep_level in (1, 2) else 1
+            if slot.state is S.IDLE:
+                slot.idle_reason = IdleReason.ASLEEP
         if slot.state is S.SERVING:
             # A new table has no leases: a ``serving`` record (its lease flip back to ready
             # lagged, or the controller died mid-request) recovers as ``ready`` (SPEC §3),
@@ -528,14 +570,54 @@ class SlotTable:
         return error
 
 
-def _bytes_on(slot: SlotRecord, device: str) -> int:
-    """The bytes ``slot`` holds on ``device`` (a key, or a kind: all of its devices)."""
-    devices = slot.devices
-    if device in devices:
-        return share(slot.memory_bytes, len(devices))
-    if devices and all(key_kind(k) == device and ":" in k for k in devices):
-        return slot.memory_bytes  # ``gpu``: the sum over the GPUs
-    return 0
+def _bytes_on(slot: SlotRecord, device: str) -> tuple[int, bool]:
+    """The bytes ``slot`` holds on ``device`` (a key, or a kind: all of its GPUs), and
+    whether they are coming up (reserved)."""
+    held = slot.holdings()
+    for key, size, loading in held:
+        if key == device:
+            return size, loading
+    gpus = [loading for key, _size, loading in held if ":" in key and key_kind(key) == device]
+    if gpus:
+        return slot.memory_bytes, gpus[0]  # ``gpu``: the sum over the GPUs
+    return 0, False
+
+
+def _transition_details(slot: SlotRecord) -> dict[str, object]:
+    """A transition event's details: why it is idle, and its tier when it sleeps."""
+    details: dict[str, object] = {}
+    if slot.idle_reason:
+        details["idle_reason"] = slot.idle_reason
+    if slot.asleep:
+        details.update(residency=slot.residency, level=slot.asleep)
+    return details
+
+
+def _candidate(s: SlotRecord) -> EvictionCandidate:
+    """One slot as the eviction planner sees it: where it holds memory now, whether its
+    running server can sleep (the launch's capability, the slot's level), its costs."""
+    launch = s.launch
+    can = launch is not None and launch.sleep is not None and s.idle_reason != IdleReason.NO_MODEL
+    level = s.spec.sleep_level if can else 0
+    load_s, wake_s = s.reload_s()
+    return EvictionCandidate(
+        name=s.name,
+        devices=s.devices,
+        bytes=s.memory_bytes,
+        priority=s.spec.priority,
+        last_used=s.last_used,
+        state=s.state,
+        pinned=bool(s.spec.pinned),
+        leases=len(s.leases),
+        busy=s.busy or s.draining or s.waiters > 0 or s.waking,
+        access=s.access,
+        generation=s.generation,
+        sleep_level=0 if s.asleep else level,
+        asleep=s.asleep,
+        host=s.host,
+        load_s=load_s,
+        wake_s=wake_s,
+    )
 
 
 def _held_for(slot: SlotRecord, now: float) -> float | None:
