@@ -24,8 +24,8 @@ from controller.decision import (
 from controller.devices import GpuRef, key_kind, share
 from controller.errors import DeviceUnavailable, SlotctlError
 from controller.events import EventKind, EvictionReason, Op
-from controller.lifecycle import DISPATCHABLE_STATES, SlotState
 from controller.eviction import Victim
+from controller.lifecycle import DISPATCHABLE_STATES, SlotState
 from controller.memory import GIB, DeviceMemory, budget_gb_for, check_admission, gpu_inventory
 from controller.memory import Admission as AdmissionFigures
 from controller.placement import Need, place

@@ -41,9 +41,7 @@ class Residency(Part):
         mode = launch.sleep if launch is not None else None
         if launch is None or mode is None or slot.state not in (S.READY, S.IDLE):
             return False
-        failed = await self.sleeper.sleep(
-            launch.endpoint, mode, level, slot.spec.wake_timeout_s
-        )
+        failed = await self.sleeper.sleep(launch.endpoint, mode, level, slot.spec.wake_timeout_s)
         if failed:
             log.warning("slot %s: sleep failed (%s): unloading instead", slot.name, failed)
             return False
@@ -140,7 +138,9 @@ class Residency(Part):
         if mode is None:
             return None
         try:
-            return await self.sleeper.asleep(launch.endpoint, mode, min(5.0, slot.spec.wake_timeout_s))
+            return await self.sleeper.asleep(
+                launch.endpoint, mode, min(5.0, slot.spec.wake_timeout_s)
+            )
         except (OSError, SlotctlError):
             return None
 

@@ -394,19 +394,29 @@ class SlotTable:
         )
         slot.waiting, slot.message = waiting, message
 
-    def set_tier(self, slot: SlotRecord, *, asleep: int, waking: bool, op: Op, message: str) -> None:
+    def set_tier(
+        self, slot: SlotRecord, *, asleep: int, waking: bool, op: Op, message: str
+    ) -> None:
         """An idle slot's residency tier changes (its server fell asleep, or a wake holds
         its device memory again): no transition, but durable before the controller acts
         on it (SPEC §3); one event and log line. A refused write changes nothing."""
         assert slot.state is S.IDLE, slot.state
         before = slot.residency
         record = self._record(
-            slot, S.IDLE, IdleReason.ASLEEP, message, slot.since, slot.waiting, tier=(asleep, waking)
+            slot,
+            S.IDLE,
+            IdleReason.ASLEEP,
+            message,
+            slot.since,
+            slot.waiting,
+            tier=(asleep, waking),
         )
         try:
             self._write_now(record, durable=True)
         except StateWriteFailed as exc:
-            self._write_failed(slot, op, f"{before} -> {WAKING if waking else ASLEEP} not done", exc)
+            self._write_failed(
+                slot, op, f"{before} -> {WAKING if waking else ASLEEP} not done", exc
+            )
             raise
         slot.asleep, slot.waking = asleep, waking
         slot.idle_reason, slot.message = IdleReason.ASLEEP, message
