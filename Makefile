@@ -59,7 +59,7 @@ demo: install-run
 	@echo "  export $(DEMO_ENV)"
 	@echo "  $(BIN)/slotctl slot list                      # states, models, memory"
 	@echo "  curl -s $(DEMO_LISTEN)/v1/chat/completions -H \"Authorization: Bearer \$$(cat $(DEMO_DIR)/state/token)\" -d '{\"model\":\"demo-chat\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}'"
-	@echo "  $(BIN)/slotctl events                         # follow every transition"
+	@echo "  $(BIN)/slotctl events                         # recent history, then follow"
 	@echo "  edit examples/quickstart/quickstart.toml      # only the changed slot restarts"
 	@echo "  $(BIN)/slotctl stack diff examples/quickstart --exit-code"
 	@echo

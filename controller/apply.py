@@ -24,7 +24,7 @@ import tomlkit
 from controller.errors import SlotctlError, SlotPinned
 from controller.lifecycle import DISPATCHABLE_STATES, SlotState
 from controller.plan import Action, ObservedSlot, plans_for
-from controller.providers import BuildContext, build_launch
+from controller.providers import BuildContext, build_launch, with_port
 from controller.runtime.base import Runtime
 from controller.spec.configdir import ConfigSnapshot, read_config_dir
 from controller.spec.guard import delete_slot_config, write_catalogue, write_slot_configs
@@ -146,11 +146,17 @@ def _config_diff(name: str, have: DesiredSlot | None, want: DesiredSlot | None) 
     return "".join(lines)
 
 
-def _hash(slot: DesiredSlot, models: Mapping[str, ModelSpec], runtime: str) -> str | None:
+def _hash(
+    slot: DesiredSlot, models: Mapping[str, ModelSpec], runtime: str, chosen_port: int | None
+) -> str | None:
+    """The config hash ``slot`` would run with; a slot that leaves its port to the
+    controller with the one it chose (``chosen_port``, read, never chosen here: a diff
+    changes nothing), so a chosen port is no drift. None: it cannot be built (yet)."""
     model = models.get(slot.spec.model_id) if slot.spec.model_id else None
+    spec = with_port(slot.spec, chosen_port)
     try:
         return build_launch(
-            slot.spec, model, BuildContext(runtime=runtime, stack=slot.stack)
+            spec, model, BuildContext(runtime=runtime, stack=slot.stack)
         ).config_hash()
     except SlotctlError:
         return None
@@ -173,7 +179,8 @@ async def plan_stack(
     names = list(state.slots) + sorted(owned - set(state.slots))
     observed = await observe_files(names, state_dir, runtime, config_dir)
     kind = runtime.kind if runtime.kind in ("process", "docker") else "process"
-    hashes = {n: _hash(s, state.models, kind) for n, s in state.slots.items()}
+    store = StateStore(state_dir)
+    hashes = {n: _hash(s, state.models, kind, store.read_port(n)) for n, s in state.slots.items()}
     residents = list(ResidencyStore(config_dir).read())
     actions = plans_for(
         names,

@@ -11,6 +11,12 @@ Every event is also one structured log line on the ``slotctl.lifecycle`` logger 
 For people, :func:`event_line` is the one text form of an event: ``slotctl up`` prints
 it, and so do ``slotctl events`` (from the wire form, :meth:`Event.from_dict`) and the
 progress of ``slotctl stack apply --once|--wait``.
+
+The lease flips of every request (``ready -> serving -> ready``, :func:`is_lease_flip`)
+are not events a person reads: they sit in a ring of their own, so a burst of requests
+never pushes the loads, evictions and applies out of the replay buffer, and readers fold
+them into a per-slot request count (:class:`LeaseFold`: each flip carries the slot's
+``requests``), shown in their place unless asked for (``slotctl events --all``).
 """
 
 from __future__ import annotations
@@ -30,9 +36,11 @@ __all__ = [
     "EventBus",
     "EventKind",
     "EvictionReason",
+    "LeaseFold",
     "Op",
     "Subscription",
     "event_line",
+    "is_lease_flip",
 ]
 
 log = logging.getLogger("slotctl.lifecycle")
@@ -55,6 +63,8 @@ class EventKind(StrEnum):
     RESIDENCY = "residency"
     PLAN = "plan"  # the reconciler's plan for a slot
     ERROR = "error"  # a failed reconcile pass or background task
+    REQUESTS = "requests"  # lease flips folded by a reader (LeaseFold); never on the bus
+    STATE = "state"  # a slot's state as a waiting command first saw it; never on the bus
 
 
 class Op(StrEnum):
@@ -71,6 +81,7 @@ class Op(StrEnum):
     API = "api"  # a refusal answered by the HTTP API
     ROUTE = "route"  # a refusal answered by the OpenAI router
     BACKGROUND = "background"  # a background task of the controller
+    IDLE = "idle"  # ready -> idle: no request for idle_timeout_s (still loaded)
 
 
 class EvictionReason(StrEnum):
@@ -165,7 +176,9 @@ def event_line(
     if event.id:
         parts.append(f"#{event.id}")
     parts += [f"{event.kind:<10}", f"{event.slot or '-':<16}"]
-    if event.to_state:
+    if event.kind == EventKind.STATE and event.to_state:
+        parts.append(event.to_state)  # a state seen, not a transition
+    elif event.to_state:
         parts.append(f"{event.from_state or '-'} -> {event.to_state}")
     else:
         parts.append(str(event.op))
@@ -174,6 +187,86 @@ def event_line(
     if event.message:
         parts.append(event.message)
     return "  ".join(parts)
+
+
+_FLIP_STATES: Final = frozenset({"ready", "serving", "idle"})
+
+
+def is_lease_flip(event: Event) -> bool:
+    """A request's ``ready``/``idle`` -> ``serving`` -> ``ready`` (op ``lease``)."""
+    return (
+        event.kind == EventKind.TRANSITION
+        and event.op == Op.LEASE
+        and event.from_state in _FLIP_STATES
+        and event.to_state in _FLIP_STATES
+    )
+
+
+@dataclass(slots=True)
+class _Burst:
+    first: float  # when its first flip came
+    last: float  # when its last flip came
+    base: int  # the slot's request count before the burst
+    total: int  # the count at its last flip
+    serving: bool  # its last flip went to serving (requests in flight)
+    model: str | None
+
+
+class LeaseFold:
+    """Lease flips folded into one ``requests`` event a slot and burst (a reader's, as
+    ``slotctl events`` and the dashboard show them): :meth:`feed` takes the events in
+    order and returns what to show now; a slot's burst is shown before its next other
+    event, by :meth:`quiet` once the slot has been out of ``serving`` for ``quiet_s``,
+    and by :meth:`flush`. The count comes from the flips' ``details["requests"]`` (the
+    slot's requests served): exact, whatever the flips in between that were not seen."""
+
+    def __init__(self, quiet_s: float = 2.0) -> None:
+        self.quiet_s = quiet_s
+        self._bursts: dict[str, _Burst] = {}
+
+    def feed(self, event: Event) -> list[Event]:
+        slot = event.slot or ""
+        if not is_lease_flip(event):
+            return [*self._end(slot), event] if slot in self._bursts else [event]
+        count = event.details.get("requests")
+        total = count if isinstance(count, int) else 0
+        serving = event.to_state == "serving"
+        burst = self._bursts.get(slot)
+        if burst is None:  # a flip out of serving: at least one request ended there
+            base = total if serving else max(0, total - 1)
+            burst = self._bursts[slot] = _Burst(event.time, event.time, base, total, serving, None)
+        burst.last, burst.total, burst.serving = event.time, max(burst.total, total), serving
+        burst.model = event.model or burst.model
+        return []
+
+    def quiet(self, now: float) -> list[Event]:
+        """The bursts of slots out of ``serving`` for ``quiet_s`` (``now``: a ``time.time()``)."""
+        done = [
+            s for s, b in self._bursts.items() if not b.serving and now - b.last >= self.quiet_s
+        ]
+        return [e for s in done for e in self._end(s)]
+
+    def flush(self) -> list[Event]:
+        return [e for s in list(self._bursts) for e in self._end(s)]
+
+    def _end(self, slot: str) -> list[Event]:
+        burst = self._bursts.pop(slot)
+        served = burst.total - burst.base
+        span = time.strftime("%H:%M:%S", time.localtime(burst.first))
+        text = f"{served} request{'s' if served != 1 else ''} since {span}"
+        text += f" ({burst.total} in all{'; serving' if burst.serving else ''})"
+        return [
+            Event(
+                id=0,
+                kind=EventKind.REQUESTS,
+                op=Op.LEASE,
+                slot=slot or None,
+                model=burst.model,
+                message=text,
+                time=burst.last,
+                details={"requests": served, "total": burst.total, "first": burst.first},
+            )
+        ]
 
 
 class Subscription:
@@ -225,8 +318,13 @@ class Subscription:
 
 
 class EventBus:
-    def __init__(self, buffer_size: int = 1000) -> None:
+    """Emits events to subscribers and listeners and keeps the recent ones for a replay:
+    ``buffer_size`` of them, and ``flip_buffer_size`` lease flips in a ring of their own
+    (a burst of requests does not push the rest out)."""
+
+    def __init__(self, buffer_size: int = 1000, flip_buffer_size: int = 200) -> None:
         self._buffer: collections.deque[Event] = collections.deque(maxlen=buffer_size)
+        self._flips: collections.deque[Event] = collections.deque(maxlen=flip_buffer_size)
         self._subscribers: set[Subscription] = set()
         self._listeners: list[Callable[[Event], None]] = []
         self._next_id = 1
@@ -234,7 +332,7 @@ class EventBus:
     def emit(self, kind: EventKind, op: Op, **fields: Any) -> Event:
         event = Event(id=self._next_id, kind=kind, op=op, **fields)
         self._next_id += 1
-        self._buffer.append(event)
+        (self._flips if is_lease_flip(event) else self._buffer).append(event)
         for sub in list(self._subscribers):
             sub._offer(event)
         for listener in self._listeners:
@@ -254,8 +352,13 @@ class EventBus:
         return sub
 
     def since(self, last_id: int) -> list[Event]:
-        """Buffered events after ``last_id`` (for Last-Event-ID resume)."""
-        return [e for e in self._buffer if e.id > last_id]
+        """Buffered events after ``last_id``, in order (for Last-Event-ID resume); the
+        ones no longer buffered are ``last_id - len(...)`` short of :attr:`last_id`."""
+        kept = [e for e in self._buffer if e.id > last_id]
+        flips = [e for e in self._flips if e.id > last_id]
+        if not flips:
+            return kept
+        return sorted(kept + flips, key=lambda e: e.id)
 
     @property
     def last_id(self) -> int:

@@ -24,6 +24,7 @@ __all__ = [
     "SlotState",
     "can_dispatch",
     "check_transition",
+    "describe",
     "is_legal",
     "legal_path",
     "rank_candidates",
@@ -59,6 +60,35 @@ _NOT_SERVING: Final = frozenset({IdleReason.NO_MODEL, IdleReason.ASLEEP})
 
 
 S = SlotState
+
+# What each state means for a person (``slotctl slot get``): whether the server is up, and
+# what to expect of a request now.
+_MEANINGS: Final[Mapping[str, tuple[str, str]]] = MappingProxyType(
+    {
+        "offline": ("down", "not running; a request for its model loads it (cold start)"),
+        "pulling": ("down", "fetching the model file or image; the server is not started"),
+        "starting": ("starting", "the server is starting; requests wait for it"),
+        "warming": ("up", "the server is up, loading its model; requests wait for it"),
+        "ready": ("up", "loaded and serving"),
+        "serving": ("up", "loaded, with requests in flight"),
+        "idle": (
+            "up",
+            "loaded and serving, no request for idle_timeout_s: nothing was unloaded "
+            "(ttl_s or an eviction unloads it)",
+        ),
+        "idle/no_model": ("up", "the server is up but lists no model: not dispatchable"),
+        "unloading": ("stopping", "draining its requests, then stopping the server"),
+        "error": ("down", "failed: see message and `slotctl slot logs`"),
+    }
+)
+
+
+def describe(state: str, idle_reason: str | None = None) -> tuple[str, str]:
+    """``(server, meaning)`` of a state: ``up``, ``down``, ``starting`` or ``stopping``,
+    and one sentence of what it means (an unknown state: ``unknown``)."""
+    key = f"{state}/{idle_reason}" if state == "idle" and idle_reason == "no_model" else state
+    return _MEANINGS.get(key, ("unknown", f"unknown state {state!r}"))
+
 
 LEGAL_TRANSITIONS: Final[Mapping[SlotState, frozenset[SlotState]]] = MappingProxyType(
     {

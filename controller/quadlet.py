@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Final
 
 from controller.errors import SlotctlError
-from controller.providers import BuildContext, build_launch
+from controller.providers import BuildContext, build_launch, with_port
 from controller.spec.loader import DesiredSlot
 from controller.spec.schema import ModelSpec
 
@@ -27,10 +27,20 @@ def systemd_quote(arg: str) -> str:
     return escaped
 
 
-def render_quadlet(slot: DesiredSlot, models: Mapping[str, ModelSpec]) -> str:
-    """The ``slotctl-<name>.container`` unit for a slot (raises for slots without image)."""
+def render_quadlet(
+    slot: DesiredSlot, models: Mapping[str, ModelSpec], chosen_port: int | None = None
+) -> str:
+    """The ``slotctl-<name>.container`` unit for a slot (raises for slots without image);
+    a slot that leaves its port to the controller takes ``chosen_port``, the one the
+    controller chose for it (raises when none was chosen yet)."""
+    if slot.spec.port is None and chosen_port is None:
+        raise SlotctlError(
+            f"slot {slot.name!r} leaves its port to the controller, which chose none yet: "
+            "set port to export it (or start it once)"
+        )
     model = models.get(slot.spec.model_id) if slot.spec.model_id else None
-    launch = build_launch(slot.spec, model, BuildContext(runtime="docker", stack=slot.stack))
+    spec = with_port(slot.spec, chosen_port)
+    launch = build_launch(spec, model, BuildContext(runtime="docker", stack=slot.stack))
     if not launch.image:
         raise SlotctlError(f"slot {slot.name!r} has no image: set server.image to export it")
     lines = [

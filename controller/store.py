@@ -17,7 +17,7 @@ import threading
 from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -260,9 +260,11 @@ class StateStore:
                 yield record
 
     def delete(self, name: str) -> None:
+        """A removed slot's state and chosen port (a new slot of its name starts afresh)."""
         path = self.path_for(name)
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
+        self.delete_aux(name, PORT_FILE)
         with contextlib.suppress(OSError):
             path.parent.rmdir()
 
@@ -299,6 +301,22 @@ class StateStore:
     def delete_aux(self, name: str, filename: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             (self.slot_dir(name) / _aux_name(filename)).unlink()
+
+    # The port the controller chose for a slot that leaves it to the controller (``port``
+    # absent or "auto"): kept beside its state, so a restart gives it the same one.
+
+    def read_port(self, name: str) -> int | None:
+        data = self.read_aux(name, PORT_FILE)
+        port = data.get("port") if data else None
+        valid = isinstance(port, int) and not isinstance(port, bool) and 0 < port < 65536
+        return port if valid else None
+
+    def write_port(self, name: str, port: int) -> None:
+        """Durably, before a server is started on it (an intent, SPEC §3)."""
+        self.write_aux(name, PORT_FILE, {"port": port})
+
+
+PORT_FILE: Final = "port.json"  # the port chosen for an auto-port slot
 
 
 def _aux_name(filename: str) -> str:

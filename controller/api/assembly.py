@@ -12,7 +12,16 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from controller.api import dashboard, metrics, model_routes, router, routes, sse, stack_routes
+from controller.api import (
+    dashboard,
+    metrics,
+    model_routes,
+    router,
+    routes,
+    sse,
+    stack_routes,
+    traffic,
+)
 from controller.api.app import (
     ApiContext,
     RouteSpec,
@@ -44,6 +53,7 @@ ROUTES: Final[tuple[RouteSpec, ...]] = (
     *metrics.routes,
     *sse.routes,
     *dashboard.routes,
+    *traffic.routes,
     *router.routes,
     *routes.routes,
     *model_routes.routes,
@@ -58,7 +68,7 @@ def _router_setup(app: web.Application, ctx: ApiContext) -> None:
 
 def build_app(ctx: ApiContext) -> web.Application:
     """The whole API: REST, router, events, metrics, dashboard (bearer auth but public)."""
-    return build_kernel_app(ctx, ROUTES, (dashboard.setup, _router_setup))
+    return build_kernel_app(ctx, ROUTES, (dashboard.setup, _router_setup, traffic.setup))
 
 
 def build_probe_app(ctx: ApiContext) -> web.Application:

@@ -49,7 +49,7 @@ from controller.api.router_request import (
     shutting_down,
     slot_refusal,
 )
-from controller.api.selection import served_ids
+from controller.api.selection import served_models
 from controller.api.upstream import CONNECT_S, Upstream, UpstreamError, UpstreamPool
 from controller.errors import SlotctlError
 
@@ -275,7 +275,7 @@ class Connection(asyncio.Protocol):
             self._done(keep=not head.close)
             return
         if head.method == b"GET":
-            self._write(models_answer(served_ids(self.plane.ctx.manager), head))
+            self._write(models_answer(served_models(self.plane.ctx.manager), head))
             self._done(keep=not head.close)
             return
         call = self.call = Call(started=time.monotonic())
@@ -284,7 +284,7 @@ class Connection(asyncio.Protocol):
         try:
             if ctx.store.get(CLOSED):
                 raise shutting_down()
-            now = lease_now(ctx, call, model_of(head.content_type, body))
+            now = lease_now(ctx, call, model_of(head.content_type, body), head.endpoint)
         except Refusal as refusal:
             self._refuse(refusal)
             return

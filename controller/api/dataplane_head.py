@@ -30,7 +30,7 @@ from controller.api.router_request import (
     model_not_found,
     shutting_down,
 )
-from controller.api.selection import openai_model
+from controller.api.selection import endpoint_of, openai_model
 from controller.api.upstream import (
     CHUNKED,
     CLOSE,
@@ -103,6 +103,7 @@ class RequestHead:
     close: bool  # the client sent Connection: close
     expect: bool  # Expect: 100-continue
     host: bytes = b""  # the Host header's value (the DNS-rebinding check)
+    endpoint: str | None = None  # what a POST asks for (selection.endpoint_of)
 
 
 def parse_head(raw: bytes) -> RequestHead | None:
@@ -163,8 +164,19 @@ def parse_head(raw: bytes) -> RequestHead | None:
     if length is None or host is None:  # HTTP/1.1 without Host: aiohttp's 400
         return None
     forward = _REQUEST_DROPPED.sub(b"", raw[first:])
+    endpoint = endpoint_of(path.decode("ascii")) if method == b"POST" else None
     return RequestHead(
-        method, target, limit, length, forward, authorization, content_type, close, expect, host
+        method,
+        target,
+        limit,
+        length,
+        forward,
+        authorization,
+        content_type,
+        close,
+        expect,
+        host,
+        endpoint,
     )
 
 
@@ -204,6 +216,7 @@ def parse_head_like(
                 h.close,
                 h.expect,
                 h.host,
+                h.endpoint,
             )
             return head, last
     parsed = parse_head(raw)
@@ -300,17 +313,18 @@ def _reason(status: int) -> str:
         return "Unknown"
 
 
-def models_answer(served: list[str], head: RequestHead) -> bytes:
-    """``GET /v1/models`` and ``/v1/models/{id}`` over the ``served`` ids, as
-    :mod:`controller.api.router` answers them."""
+def models_answer(served: dict[str, str], head: RequestHead) -> bytes:
+    """``GET /v1/models`` and ``/v1/models/{id}`` over the ``served`` ids (and their slot
+    types), as :mod:`controller.api.router` answers them."""
     path = head.target.partition(b"?")[0]
     if path == MODELS:
-        listing = {"object": "list", "data": [openai_model(m) for m in served]}
+        listing = {"object": "list", "data": [openai_model(m, t) for m, t in served.items()]}
         return answer(200, listing, [], close=head.close)
     model_id = path[len(MODELS) + 1 :].decode("ascii")
-    if model_id not in served:
+    kind = served.get(model_id)
+    if kind is None:
         return refusal_answer(model_not_found(model_id), close=head.close)
-    return answer(200, openai_model(model_id), [], close=head.close)
+    return answer(200, openai_model(model_id, kind), [], close=head.close)
 
 
 def sse_error_end(refusal: Refusal) -> bytes:

@@ -247,6 +247,22 @@ class _RequestSeries(Collector):
         series[bisect.bisect_left(REQUEST_BUCKETS, seconds)] += 1
         series[-2] += seconds
 
+    def slot_totals(self) -> dict[str, tuple[int, int, list[float]]]:
+        """Per slot, summed over models and statuses: requests, errors (5xx) and the
+        latency histogram's counts (per bucket of REQUEST_BUCKETS, then +Inf, then the sum
+        of seconds) — cumulative, for :mod:`controller.api.traffic`'s sampler."""
+        out: dict[str, tuple[int, int, list[float]]] = {}
+        for (slot, _, status), (count, _) in list(self._counts.items()):
+            n, errors, series = out.get(slot, (0, 0, [0.0] * (len(REQUEST_BUCKETS) + 2)))
+            failed = count if status.isdigit() and int(status) >= 500 else 0
+            out[slot] = (n + int(count), errors + int(failed), series)
+        for (slot, _), durations in list(self._durations.items()):
+            if slot in out:
+                series = out[slot][2]
+                for i, value in enumerate(durations[:-1]):
+                    series[i] += value
+        return out
+
     def collect(self) -> Iterable[Metric]:
         requests = CounterMetricFamily(
             "slotctl_requests",

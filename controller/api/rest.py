@@ -78,6 +78,7 @@ class SlotOut(BaseModel):
     node: str | None = None  # kubernetes runtime: the node it is pinned to or landed on
     gpus: list[int] = []  # the GPUs it is placed on (indices), while admitted
     devices: list[str] = []  # its admission keys (gpu:N, cpu, NODE/gpu), while admitted
+    requests: int = 0  # requests served since the controller started (lease flips carry it)
 
 
 class LoadAnswer(BaseModel):

@@ -30,7 +30,7 @@ from controller.api.router_request import (
     model_not_found,
     openai_error,
 )
-from controller.api.selection import openai_model, served_ids
+from controller.api.selection import openai_model, served_ids, served_models
 from controller.slots import SlotManager
 
 __all__ = ["openai_error", "served_ids", "setup"]
@@ -55,6 +55,8 @@ class OpenAIModel(BaseModel):
     object: str = "model"
     created: int
     owned_by: str
+    type: str = Field(description="the slot type serving it: llm, embedding, tts, stt, image")
+    endpoints: list[str] = Field(description="the OpenAI endpoints that serve it")
 
 
 class OpenAIModelList(BaseModel):
@@ -64,7 +66,7 @@ class OpenAIModelList(BaseModel):
 
 _PROXY_RESPONSES: Final = {
     200: ("the upstream's answer (JSON, or text/event-stream when streaming)", None),
-    400: ("no JSON body or no model", None),
+    400: ("no JSON body, no model, or a model whose slot type does not serve the endpoint", None),
     404: ("model_not_found", None),
     413: ("body too large", None),
     429: ("queue full (Retry-After)", None),
@@ -85,7 +87,7 @@ _PROXY_RESPONSES: Final = {
 )
 async def v1_models(request: web.Request) -> web.Response:
     manager: SlotManager = request.app[API_CTX].manager
-    data = [openai_model(model_id) for model_id in served_ids(manager)]
+    data = [openai_model(m, kind) for m, kind in served_models(manager).items()]
     return json_response({"object": "list", "data": data})
 
 
@@ -99,9 +101,10 @@ async def v1_models(request: web.Request) -> web.Response:
 async def v1_model(request: web.Request) -> web.Response:
     manager: SlotManager = request.app[API_CTX].manager
     model_id = request.match_info["model_id"]
-    if model_id not in served_ids(manager):
+    kind = served_models(manager).get(model_id)
+    if kind is None:
         return model_not_found(model_id).response()
-    return json_response(openai_model(model_id))
+    return json_response(openai_model(model_id, kind))
 
 
 @route(

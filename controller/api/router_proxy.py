@@ -58,8 +58,9 @@ from controller.api.router_request import (
     slot_refusal,
     upstream_path,
     upstream_refusal,
+    wrong_endpoint,
 )
-from controller.api.selection import serving
+from controller.api.selection import endpoint_of, fitting, serving
 from controller.errors import ModelNotFound, SlotctlError, SlotUpstreamTimeout
 from controller.events import EventKind, Op
 from controller.slots import Lease
@@ -347,7 +348,8 @@ async def _work(
     manager = ctx.manager
     try:
         body = await read_body(request, limit)
-        lease = await lease_model(ctx, call, requested_model(request, body))
+        model = requested_model(request, body)
+        lease = await lease_model(ctx, call, model, endpoint_of(request.path))
         try:
             return await _proxy(request, ctx, call, body)
         finally:
@@ -358,23 +360,29 @@ async def _work(
         return slot_refusal(exc).response()
 
 
-async def lease_model(ctx: ApiContext, call: Call, model: str) -> Lease:
-    """A lease on the best activated slot serving ``model`` (``call`` records the model
-    and the slot); else the refusal, reported once. Both router paths lease through it
-    (the data plane in its two steps)."""
-    now = lease_now(ctx, call, model)
+async def lease_model(ctx: ApiContext, call: Call, model: str, endpoint: str | None) -> Lease:
+    """A lease on the best activated slot serving ``model`` whose type serves
+    ``endpoint`` (:func:`~controller.api.selection.endpoint_of`; ``call`` records the
+    model and the slot); else the refusal, reported once. Both router paths lease
+    through it (the data plane in its two steps)."""
+    now = lease_now(ctx, call, model, endpoint)
     return now if isinstance(now, Lease) else await lease_rest(ctx, call, now)
 
 
-def lease_now(ctx: ApiContext, call: Call, model: str) -> Lease | Pending:
+def lease_now(ctx: ApiContext, call: Call, model: str, endpoint: str | None) -> Lease | Pending:
     """:func:`lease_model` without a wait: the lease, or where it has to wait
-    (:func:`lease_rest` goes on from there)."""
+    (:func:`lease_rest` goes on from there). A model whose slots' type does not serve
+    ``endpoint`` is refused here, before anything is leased or loaded (400)."""
     manager = ctx.manager
     candidates = serving(manager, model)
     if not candidates:
         report_refusal(ctx, ModelNotFound(model), model)
         raise model_not_found(model)
     call.model = model
+    if endpoint is not None:
+        candidates, refused = fitting(manager, candidates, endpoint)
+        if not candidates:
+            raise wrong_endpoint(model, endpoint, refused)
     try:
         now = acquire_now(manager, candidates)
     except SlotctlError as exc:

@@ -22,6 +22,7 @@ import aiohttp
 from aiohttp import hdrs, web
 
 from controller.api.app import json_response, openai_error_body
+from controller.api.selection import ENDPOINTS, SERVES
 from controller.errors import (
     InsufficientMemory,
     ModelNotFound,
@@ -51,6 +52,7 @@ __all__ = [
     "slot_refusal",
     "upstream_path",
     "upstream_refusal",
+    "wrong_endpoint",
 ]
 
 JSON_MAX_BYTES: Final = 8 * 1024 * 1024
@@ -121,6 +123,24 @@ def model_not_found(model: str) -> Refusal:
         404,
         f"The model '{model}' does not exist or no activated slot serves it",
         code="model_not_found",
+        param="model",
+    )
+
+
+def wrong_endpoint(model: str, endpoint: str, slot_type: str) -> Refusal:
+    """The 400 of a request whose model's slot type does not serve its endpoint (an
+    embedding request to a chat model...), as OpenAI answers it: before any load."""
+    path = next((p for p, kind in ENDPOINTS.items() if kind == endpoint), "this endpoint")
+    if endpoint == "audio":
+        path = "/v1/audio/*"
+    serves = [p for p, kind in ENDPOINTS.items() if kind in SERVES.get(slot_type, ())]
+    wanted = [t for t, kinds in SERVES.items() if endpoint in kinds and t != "image"]
+    return Refusal(
+        400,
+        f"The model {model!r} is served by a slot of type {slot_type!r}, which does not "
+        f"serve {path} (it serves {', '.join(serves) or 'no routed endpoint'}); "
+        f"{path} needs a model whose slot has type {' or '.join(map(repr, wanted))}",
+        code="model_not_supported",
         param="model",
     )
 

@@ -3,6 +3,11 @@
 SPEC §1's selection ranking (:func:`controller.lifecycle.rank_candidates`: dispatchable
 first; ties by priority, most recent use, name) over the views the manager gives, so
 ``POST /api/models/{id}/load`` picks the slot a request for that model would get.
+
+And what a slot is for: its ``type`` says which OpenAI endpoints it serves
+(:data:`SERVES`); both router paths keep only the candidates whose type serves the
+request's endpoint (:func:`fitting`) before anything is leased or loaded, and
+``/v1/models`` says it of every model (:func:`openai_model`).
 """
 
 from __future__ import annotations
@@ -15,9 +20,64 @@ from controller.lifecycle import Candidate, rank_candidates
 from controller.slots import SlotView
 from controller.slots.ports import RouterPort
 
-__all__ = ["openai_model", "ranked", "served_ids", "serving"]
+__all__ = [
+    "ENDPOINTS",
+    "SERVES",
+    "endpoint_of",
+    "fitting",
+    "openai_model",
+    "ranked",
+    "served_ids",
+    "served_models",
+    "serving",
+]
 
 _CREATED: Final = int(time.time())  # the ``created`` of every model in /v1/models
+
+# The routed endpoints by their path (``/v1/audio/`` tails other than these: "audio").
+ENDPOINTS: Final = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completions",
+    "/v1/embeddings": "embeddings",
+    "/v1/audio/speech": "speech",
+    "/v1/audio/transcriptions": "transcriptions",
+    "/v1/audio/translations": "translations",
+}
+_AUDIO: Final = "/v1/audio/"
+# What each slot ``type`` serves. A request for an endpoint its slot's type does not
+# serve is refused before any lease or load (a real server would answer it with an error
+# of its own, after a cold load). ``image`` (a vision model) is refused audio only: it
+# may answer chat and completions, and image embeddings.
+SERVES: Final[dict[str, frozenset[str]]] = {
+    "llm": frozenset({"chat", "completions"}),
+    "embedding": frozenset({"embeddings"}),
+    "tts": frozenset({"speech", "audio"}),
+    "stt": frozenset({"transcriptions", "translations", "audio"}),
+    "image": frozenset({"chat", "completions", "embeddings"}),
+}
+_NONE: Final[frozenset[str]] = frozenset()
+
+
+def endpoint_of(path: str) -> str | None:
+    """The endpoint a routed request's path names (None: none the router checks)."""
+    found = ENDPOINTS.get(path)
+    if found is None and path.startswith(_AUDIO):
+        return "audio"
+    return found
+
+
+def fitting(manager: RouterPort, names: list[str], endpoint: str) -> tuple[list[str], str]:
+    """``names`` (best first) whose slot type serves ``endpoint``, and the type of the
+    first that does not (empty when all do): the caller refuses when none is left."""
+    kept: list[str] = []
+    refused = ""
+    for name in names:
+        spec = manager.known(name)
+        if spec is None or endpoint in SERVES.get(spec.type, _NONE):
+            kept.append(name)  # (None: removed meanwhile; its lease says so)
+        elif not refused:
+            refused = spec.type
+    return kept, refused
 
 
 def ranked(manager: RouterPort, views: Iterable[SlotView]) -> list[SlotView]:
@@ -44,24 +104,40 @@ def serving(manager: RouterPort, model: str) -> list[str]:
     return [c.name for c in rank_candidates(candidates)]
 
 
-def served_ids(manager: RouterPort) -> list[str]:
-    """What ``model`` may name: catalogue models with an activated slot, in catalogue
-    order, then the model-less (self-managed) activated slots by name."""
-    served: set[str] = set()
-    modelless: list[str] = []
+def served_models(manager: RouterPort) -> dict[str, str]:
+    """What ``model`` may name, with the slot type that serves it: catalogue models with
+    an activated slot, in catalogue order, then the model-less (self-managed) activated
+    slots by name. A model bound by slots of several types takes the first one's."""
+    served: dict[str, str] = {}
+    modelless: dict[str, str] = {}
     for view in manager.views():
         spec = manager.known(view.name)
         if spec is None or not spec.activated:
             continue
         if view.model_id:
-            served.add(view.model_id)
+            served.setdefault(view.model_id, spec.type)
         else:
-            modelless.append(view.name)
-    return [m for m in manager.models if m in served] + [
-        n for n in modelless if n not in manager.models
-    ]
+            modelless[view.name] = spec.type
+    out = {m: served[m] for m in manager.models if m in served}
+    out.update((n, t) for n, t in modelless.items() if n not in manager.models)
+    return out
 
 
-def openai_model(model_id: str) -> dict[str, Any]:
-    """One entry of ``GET /v1/models`` (OpenAI's model object)."""
-    return {"id": model_id, "object": "model", "created": _CREATED, "owned_by": "slotctl"}
+def served_ids(manager: RouterPort) -> list[str]:
+    """The ids of :func:`served_models`."""
+    return list(served_models(manager))
+
+
+def openai_model(model_id: str, slot_type: str) -> dict[str, Any]:
+    """One entry of ``GET /v1/models``: OpenAI's model object, and what the model is for
+    (as LM Studio's ``type`` and Ollama's ``capabilities`` say it): its slot ``type`` and
+    the endpoints that serve it (other ``/v1/audio/`` routes pass to a speech slot too)."""
+    endpoints = [path for path, kind in ENDPOINTS.items() if kind in SERVES.get(slot_type, ())]
+    return {
+        "id": model_id,
+        "object": "model",
+        "created": _CREATED,
+        "owned_by": "slotctl",
+        "type": slot_type,
+        "endpoints": endpoints,
+    }

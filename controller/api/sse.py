@@ -107,13 +107,13 @@ def _replay(bus: EventBus, last: int) -> tuple[list[Event], dict[str, Any] | Non
             "message": "the controller restarted: event ids start again; re-read the state",
         }
     events = bus.since(last)
-    first_kept = events[0].id if events else bus.last_id + 1
-    if first_kept > last + 1:
+    missed = bus.last_id - last - len(events)  # left the buffers (lease flips sooner)
+    if missed > 0:
         return events, {
             "reason": "expired",
             "last_event_id": last,
-            "first_available": first_kept if events else None,
-            "missed": first_kept - last - 1,
+            "first_available": events[0].id if events else None,
+            "missed": missed,
             "message": "events after Last-Event-ID left the buffer; re-read the state",
         }
     return events, None

@@ -12,7 +12,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeAlias
 
-from controller.cli.flags import Tree, cmd, output, parse_duration
+from controller.cli.flags import Tree, cmd, output, parse_duration, parse_since
 
 __all__ = ["add_commands"]
 
@@ -302,17 +302,36 @@ def _model_commands(tree: Tree, sub: SubParsers) -> None:
     events = tree.add(
         sub,
         "events",
-        "follow the controller's event stream (one line per event)",
-        description="Follow the controller's event stream, one line per event, until "
-        "Ctrl-C (exit 130, quietly) or -n N events (exit 0).",
-        examples=("slotctl events", "slotctl events -o json -n 10", "slotctl events --since 42"),
+        "the controller's recent events, then the new ones as they come",
+        description="The controller's recent history first (what it still keeps, as "
+        "kubectl events), then the events as they come, one line each, until Ctrl-C "
+        "(exit 130, quietly) or -n N events (exit 0). The lease flips of every request "
+        "(ready -> serving -> ready) are folded into one 'requests' line a slot and burst; "
+        "--all prints each one.",
+        examples=(
+            "slotctl events",
+            "slotctl events --since 10m",
+            "slotctl events --watch-only -o json",
+            "slotctl events --since 42 -n 10",
+        ),
     )
-    events.add_argument("--since", metavar="ID", help="resume after this event id (Last-Event-ID)")
+    events.add_argument(
+        "--since",
+        type=parse_since,
+        metavar="DURATION|ID",
+        help="the history of the last DURATION (90s, 10m, 2h), or after event ID (resume)",
+    )
+    events.add_argument(
+        "--watch-only", action="store_true", help="no history: only the events from now on"
+    )
+    events.add_argument(
+        "--all", action="store_true", help="every lease flip too (folded into 'requests' lines)"
+    )
     events.add_argument(
         "-n", "--count", type=int, default=0, metavar="N", help="exit after N events"
     )
     output(events)
-    events.set_defaults(func=cmd("remote:cmd_events"))
+    events.set_defaults(func=cmd("feed:cmd_events"))
 
 
 # ====================================================================== up, down

@@ -51,12 +51,15 @@ def cmd_export(args: argparse.Namespace) -> ExitCode:
 
 
 def _export_quadlet(args: argparse.Namespace, snapshot: ConfigSnapshot) -> ExitCode:
+    from controller.store import StateStore
+
+    store = StateStore(args.state_dir)  # the ports chosen for the slots that leave theirs
     failed = 0
     for slot in snapshot.slots.values():
         if args.stack and slot.stack != args.stack:
             continue
         try:
-            unit = render_quadlet(slot, snapshot.models)
+            unit = render_quadlet(slot, snapshot.models, store.read_port(slot.name))
         except SlotctlError as exc:
             print(f"slotctl: skipped {slot.name}: {exc.message}", file=sys.stderr)
             failed += 1

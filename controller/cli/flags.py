@@ -36,6 +36,7 @@ __all__ = [
     "examples_text",
     "output",
     "parse_duration",
+    "parse_since",
 ]
 
 SERVER_ENV: Final = "SLOTCTL_SERVER"
@@ -62,6 +63,20 @@ def parse_duration(text: str) -> float:
             f"invalid duration {text!r}: use e.g. 90s, 15m, 2h, 1d or 1h30m"
         )
     return total
+
+
+def parse_since(text: str) -> tuple[int | None, float | None]:
+    """``--since``: an event id (digits: resume after it) or a duration (``10m``, ``2h``:
+    the history of that long) -> ``(id, seconds)``."""
+    value = text.strip()
+    if re.fullmatch(r"#?\d+", value):
+        return int(value.lstrip("#")), None
+    try:
+        return None, parse_duration(value)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"invalid --since {text!r}: an event id (42) or a duration (90s, 10m, 2h, 1d)"
+        ) from None
 
 
 class Lazy:

@@ -34,22 +34,30 @@ __all__ = ["cmd_crd_generate", "cmd_export", "cmd_import", "cmd_operator", "oper
 
 
 def cmd_crd_generate(args: argparse.Namespace) -> ExitCode:
+    """Write (or ``--check``) the CRDs in each ``--output-dir``, and say what it did."""
     dirs: list[Path] = args.output_dir or [Path("crds")]
-    differs = []
+    files = crd_files()
+    differs: list[Path] = []
     for directory in dirs:
-        for name, text in crd_files().items():
+        stale = []
+        for name, text in files.items():
             path = directory / name
             current = path.read_text(encoding="utf-8") if path.exists() else None
             if current == text:
                 continue
-            differs.append(str(path))
+            stale.append(path)
             if not args.check:
                 directory.mkdir(parents=True, exist_ok=True)
                 path.write_text(text, encoding="utf-8")
                 print(f"wrote {path}")
+        if not stale:
+            print(f"{directory}: the {len(files)} CRDs are current (nothing written)")
+        elif not args.check:
+            print(f"{directory}: {len(stale)} written, {len(files) - len(stale)} unchanged")
+        differs += stale
     if args.check and differs:
-        for stale in differs:
-            print(f"out of date: {stale} (run `slotctl crd generate`)", file=sys.stderr)
+        for path in differs:
+            print(f"out of date: {path} (run `slotctl crd generate`)", file=sys.stderr)
         return ExitCode.NEGATIVE
     return ExitCode.OK
 

@@ -3,9 +3,12 @@
 A waiting command polls the state of its slots; every change it sees is printed as one
 :func:`controller.events.event_line` (the same text as ``slotctl events`` and ``slotctl
 up``), the first column the seconds since the command started and no ``#id`` (a change
-seen by polling, not an event of the controller's stream)::
+seen by polling, not an event of the controller's stream). A slot's first sight is its
+state, no transition (an already converged stack shows its slots ``ready``, not a
+``- -> ready`` that never happened)::
 
-       0.3s  transition  chat              - -> starting
+       0.0s  state       chat              offline
+       0.3s  transition  chat              offline -> starting
        2.1s  transition  chat              starting -> ready
 """
 
@@ -40,7 +43,8 @@ class Progress:
             return
         change = Event(
             id=0,
-            kind=EventKind.TRANSITION,
+            # the first sight: where the slot is, not a transition
+            kind=EventKind.TRANSITION if before is not None else EventKind.STATE,
             op=Op.RECONCILE,
             slot=slot,
             from_state=before,

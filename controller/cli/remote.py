@@ -1,7 +1,7 @@
 """Imperative commands through the controller's API.
 
-``slotctl slot load|unload|swap|reset|hold NAME``, ``slotctl model list|load|unload`` and
-``slotctl events`` talk to a running controller (``cli.client`` finds it: ``--server`` /
+``slotctl slot load|unload|swap|reset|hold NAME`` and ``slotctl model list|load|unload``
+talk to a running controller (``cli.client`` finds it: ``--server`` /
 ``$SLOTCTL_SERVER``, else the local one of ``--state-dir``). ``-o json`` prints the API's
 answer as it came; the text output is one line per result.
 
@@ -18,7 +18,7 @@ import sys
 import time
 from typing import Any, Final
 
-from controller.cli.client import ApiClient, ControllerUnreachable, find_controller, quote_segment
+from controller.cli.client import ApiClient, find_controller, quote_segment
 from controller.cli.flags import parse_duration
 from controller.cli.output import GIB, Style, format_memory, table
 from controller.exitcode import ExitCode
@@ -319,49 +319,3 @@ def cmd_dashboard(args: argparse.Namespace) -> ExitCode:
     minutes = float(answer.get("expires_in_s", 0)) / 60
     print(f"(one-time link, valid {minutes:g} min)", file=sys.stderr)
     return ExitCode.OK
-
-
-# ====================================================================== events
-
-_RECONNECT_S: Final = 5.0
-
-
-def cmd_events(args: argparse.Namespace) -> ExitCode:
-    """Follow ``/api/events``; reconnects (resuming by id) if the stream drops."""
-    client = _client(args, timeout=30.0)
-    last_id: str | None = args.since
-    seen = 0
-    style = Style(sys.stdout)
-    lost_at: float | None = None
-    # Ctrl-C ends it like ``slot logs -f``: quietly, exit 130 (``cli.main``).
-    while True:
-        try:
-            for event in client.events(last_event_id=last_id):
-                lost_at = None
-                if event.id:
-                    last_id = event.id
-                print(_event_line(event.event, event.data, args.output, style), flush=True)
-                seen += 1
-                if args.count and seen >= args.count:
-                    return ExitCode.OK
-        except ControllerUnreachable:
-            if lost_at is None:
-                raise
-        now = time.monotonic()
-        lost_at = lost_at or now
-        if now - lost_at > _RECONNECT_S:
-            print("slotctl: the event stream ended (the controller stopped)", file=sys.stderr)
-            return ExitCode.OK
-        time.sleep(0.2)
-
-
-def _event_line(kind: str, data: str, output: str, style: Style) -> str:
-    """One event of the stream: as it came (``-o json``) or :func:`event_line`'s text."""
-    if output == "json":
-        return data
-    from controller.events import Event, event_line
-
-    try:
-        return event_line(Event.from_dict(json.loads(data)), red=style.red)
-    except (ValueError, TypeError, AttributeError):  # not an event of ours: shown as it came
-        return f"{style.yellow(kind)}: {data}"

@@ -241,6 +241,7 @@ def _get_from_api(api: ApiClient, name: str) -> dict[str, Any]:
     """The same document as from the files; ``status`` is the controller's live view."""
     view: dict[str, Any] = api.get(f"/api/slots/{quote_segment(name)}")
     spec = view.pop("spec", None)
+    _explain(view)
     return {
         "name": view.get("name", name),
         "stack": view.get("stack"),
@@ -270,13 +271,23 @@ def _get_from_files(args: argparse.Namespace) -> dict[str, Any]:
         "resident": args.name in ResidencyStore(args.config_dir).read(),
         "held_until": None,  # a hold lives in the controller's memory only
         "spec": slot_effective(desired.spec) if desired else None,
-        "status": record.model_dump(mode="json") if record else None,
+        "status": _explain(record.model_dump(mode="json")) if record else None,
     }
     if desired and desired.spec.model_id in snapshot.models:
         model = snapshot.models[desired.spec.model_id]
         data["model"] = model.model_dump(mode="json", exclude_none=True)
         data["memory_bytes"] = int(model.memory_gb * GIB)
     return data
+
+
+def _explain(status: dict[str, Any]) -> dict[str, Any]:
+    """``server`` (up, down, starting, stopping) and ``meaning`` beside the state."""
+    from controller.lifecycle import describe
+
+    extra = status.get("extra")
+    reason = status.get("idle_reason") or (extra.get("idle_reason") if extra else None)
+    status["server"], status["meaning"] = describe(str(status.get("state")), reason)
+    return status
 
 
 # ====================================================================== logs

@@ -72,7 +72,8 @@ _DOCS: Final[dict[str, str]] = {
     ),
     "gpus": "GPUs the slot spans (tensor parallel; default 1): nvidia.com/gpu on its pod.",
     "type": "What the slot serves: llm, embedding, tts, stt or image (default llm).",
-    "port": "Port the server listens on, unique on the host (1..65535).",
+    "port": "Port the server listens on, unique on the host (1..65535). Unset: the "
+    "controller chooses a free one and keeps it across restarts.",
     "autoload": "Keep it loaded: loaded at controller start and after faults "
     "(default: true when a model is bound).",
     "priority": "Eviction order, lowest first (0..100, default 50).",

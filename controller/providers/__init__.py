@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Final
 
+from controller.errors import SlotConfigError
 from controller.providers.base import BuildContext, Provider, model_path
 from controller.providers.templates import (
     DemoProvider,
@@ -17,7 +18,14 @@ from controller.providers.templates import (
 from controller.runtime.base import LaunchSpec
 from controller.spec.schema import PROVIDERS, SELF_MANAGED_PROVIDERS, ModelSpec, SlotSpec
 
-__all__ = ["PROVIDER_REGISTRY", "BuildContext", "Provider", "build_launch", "model_path"]
+__all__ = [
+    "PROVIDER_REGISTRY",
+    "BuildContext",
+    "Provider",
+    "build_launch",
+    "model_path",
+    "with_port",
+]
 
 PROVIDER_REGISTRY: Final[Mapping[str, Provider]] = {
     "demo": DemoProvider(),
@@ -31,7 +39,23 @@ assert set(PROVIDER_REGISTRY) == set(PROVIDERS), "every schema provider has a te
 
 
 def build_launch(slot: SlotSpec, model: ModelSpec | None, ctx: BuildContext) -> LaunchSpec:
+    """The slot's effective runtime config. A slot whose port the controller chooses
+    (``port`` absent or ``"auto"``) comes with its chosen port already (``with_port``);
+    without one it cannot be built (:class:`SlotConfigError`)."""
+    if slot.port is None:
+        raise SlotConfigError(
+            f"slot {slot.name!r}: its port is chosen by the controller and not chosen yet",
+            keys=["port"],
+        )
     if ctx.runtime == "kubernetes" and ctx.host == "127.0.0.1":
         # In its own pod the server is reached at the pod's IP, from outside the pod.
         ctx = replace(ctx, host="0.0.0.0")  # noqa: S104
     return PROVIDER_REGISTRY[slot.provider].build(slot, model, ctx)
+
+
+def with_port(slot: SlotSpec, port: int | None) -> SlotSpec:
+    """``slot`` with the port the controller chose for it (an auto port; a slot that
+    names its own port, or ``port`` None, as it is)."""
+    if slot.port is not None or port is None:
+        return slot
+    return slot.model_copy(update={"port": port})

@@ -79,6 +79,8 @@ def _launch(
         probe = replace(probe, ready_log=READY_LOG[slot.provider])
     if probe.liveness_path is None and slot.provider in LIVENESS_PATH:
         probe = replace(probe, liveness_path=LIVENESS_PATH[slot.provider])
+    if slot.port is None:  # build_launch refuses it first
+        raise SlotConfigError(f"slot {slot.name!r}: no port chosen yet", keys=["port"])
     return LaunchSpec(
         slot=slot.name,
         stack=ctx.stack,

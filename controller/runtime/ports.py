@@ -1,6 +1,7 @@
 """Whether a slot's port is free, and who holds it when not: the process and docker
 (host network) runtimes refuse a start on a taken port before the server would fail to
-bind, less clearly. Sits under both runtimes; no controller state.
+bind, less clearly. And a free port for a slot that leaves its port to the controller
+(:func:`pick_free_port`). Sits under both runtimes; no controller state.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ import psutil
 from controller.errors import SlotSpawnFailed
 from controller.runtime.base import LaunchSpec
 
-__all__ = ["port_holder", "require_free_port"]
+__all__ = ["can_bind", "pick_free_port", "port_holder", "require_free_port"]
+
+_PICK_TRIES = 64
 
 
 def require_free_port(launch: LaunchSpec) -> None:
@@ -52,3 +55,26 @@ def port_holder(host: str, port: int) -> str | None:
     except psutil.AccessDenied:
         pass
     return "another process"
+
+
+def can_bind(host: str, port: int) -> bool:
+    """Whether ``host:port`` can be listened on now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host if host not in ("", "localhost") else "127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def pick_free_port(taken: set[int], host: str = "127.0.0.1") -> int:
+    """A port free on ``host`` now (the kernel's choice, as a bind to port 0 makes it) and
+    not in ``taken`` (the ports other slots declare or were given)."""
+    for _ in range(_PICK_TRIES):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((host if host not in ("", "localhost") else "127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port not in taken:
+            return port
+    raise SlotSpawnFailed(f"no free port found in {_PICK_TRIES} tries", taken=sorted(taken))

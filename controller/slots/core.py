@@ -20,8 +20,9 @@ from controller.errors import SlotctlError
 from controller.events import EventBus
 from controller.memory import MemoryProbe
 from controller.probe import Prober
-from controller.providers import BuildContext, build_launch
+from controller.providers import BuildContext, build_launch, with_port
 from controller.runtime.base import LaunchSpec, Runtime
+from controller.runtime.ports import can_bind, pick_free_port
 from controller.sleepmode import Sleeper
 from controller.slots.locks import Locks
 from controller.slots.records import ManagerConfig, SlotRecord
@@ -57,11 +58,49 @@ class Core:
         configured = self.config.models_dir
         self.models_dir = configured or Path(os.environ.get("SLOTCTL_MODELS_DIR", "/models"))
 
-    def build_launch(self, slot: SlotRecord) -> LaunchSpec:
-        """The effective runtime config of ``slot`` on this manager's runtime."""
+    def build_launch(self, slot: SlotRecord, *, starting: bool = False) -> LaunchSpec:
+        """The effective runtime config of ``slot`` on this manager's runtime; a slot that
+        leaves its port to the controller gets its chosen one (:meth:`auto_port`)."""
         runtime = self.runtime.kind if self.runtime.kind != "fake" else "process"
         ctx = BuildContext(runtime=runtime, stack=slot.stack, models_dir=self.models_dir)
-        return build_launch(slot.spec, slot.model, ctx)
+        spec = slot.spec
+        if spec.port is None:
+            spec = with_port(spec, self.auto_port(slot, starting=starting))
+        return build_launch(spec, slot.model, ctx)
+
+    def auto_port(self, slot: SlotRecord, *, starting: bool = False) -> int:
+        """The port chosen for a slot without one: the one recorded in its state dir (the
+        same across restarts), else a free one, recorded first. Chosen again when another
+        slot now declares it, or — ``starting`` its server — when it cannot be bound."""
+        name, store = slot.name, self.table.store
+        port = store.read_port(name)
+        taken = self._ports_taken(name)
+        if port is None or port in taken or (starting and not can_bind("127.0.0.1", port)):
+            port = pick_free_port(taken)
+            store.write_port(name, port)
+            slot.hashed = None  # its hash memo holds the old port
+            log.info("slot %s: port %d chosen by the controller", name, port)
+        return port
+
+    def port_declared(self, by: str, port: int | None) -> None:
+        """Slot ``by`` now declares ``port``: a slot that was given it chooses another at
+        its next build (its hash memo goes, so the reconciler sees the change)."""
+        if port is None:
+            return
+        for other in self.table:
+            auto = other.name != by and other.spec.port is None
+            if auto and self.table.store.read_port(other.name) == port:
+                other.hashed = None
+
+    def _ports_taken(self, name: str) -> set[int]:
+        """The ports of the other slots: declared, or chosen for them."""
+        taken: set[int] = set()
+        for other in self.table:
+            if other.name != name:
+                port = other.spec.port or self.table.store.read_port(other.name)
+                if port is not None:
+                    taken.add(port)
+        return taken
 
     def launch_hash(self, slot: SlotRecord) -> str | None:
         """The config hash ``slot`` would run with (None: its launch cannot be built).

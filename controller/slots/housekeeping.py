@@ -84,9 +84,9 @@ class Housekeeping(Part):
             self.table.set(
                 slot,
                 S.IDLE,
-                op=Op.UNLOAD,
+                op=Op.IDLE,  # nothing is unloaded: the server stays up and serves
                 idle_reason=IdleReason.TIMEOUT,
-                message=f"no request for {quiet:.0f}s",
+                message=f"no request for {quiet:.0f}s: the server stays up and loaded",
             )
         ttl = slot.spec.ttl_s
         # ttl_s: give the memory back after this long without requests (keep-loaded
@@ -124,12 +124,14 @@ class Housekeeping(Part):
         answers late or with a 503, and that is alive). ``serving`` slots are probed too:
         a server that hangs mid-stream holds its leases, and the router's upstream idle
         timeout only ends the requests, not the server."""
-        assert slot.launch is not None
+        launch = slot.launch
+        if launch is None or slot.state not in LIVE_STATES:
+            return  # unloaded between the choice of the due slots and this probe's turn
         slot.last_liveness = now
         gen = slot.generation
         result = await self.prober.liveness(
-            slot.launch.endpoint,
-            slot.launch.probe,
+            launch.endpoint,
+            launch.probe,
             slot=slot.name,
             timeout_s=slot.spec.liveness_timeout_s,
         )

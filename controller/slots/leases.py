@@ -108,8 +108,10 @@ class Leases(Part):
             return  # revoked or from a previous generation: nothing to undo
         slot.last_used = self.clock.monotonic()
         slot.access += 1
+        if lease.expires_at is None:  # a request (a batch hold has an expiry)
+            slot.requests += 1
         if not slot.leases and slot.state is S.SERVING:
-            message = "idle since last request"
+            message = "no request in flight"  # ready (not idle: that is idle_timeout_s later)
             self.table.set(slot, S.READY, op=Op.LEASE, message=message, durable=False)
 
     async def hold(self, name: str, ttl_s: float) -> Lease:

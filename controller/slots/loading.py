@@ -159,7 +159,7 @@ class Loading(Part):
         if not decision.ok:
             raise self.admission.refuse(slot, decision)
         await self.unloading.unload_group_peers(slot)
-        launch = self.core.build_launch(slot)
+        launch = self.core.build_launch(slot, starting=True)  # an auto port that is free
         pulling = await self.admission.admit_and_reserve(slot, launch)
         launch = launch.placed_on(slot.placement)  # the GPUs admission chose (recorded)
         if pulling:

@@ -159,6 +159,7 @@ class SlotManager(Part):
             slot.on_nodes = self.runtime.kind == "kubernetes"
             table.load_persisted(slot)
             table.records[desired.name] = slot
+            self.core.port_declared(desired.name, desired.spec.port)
             return
         if (
             slot.stack == desired.stack
@@ -170,6 +171,8 @@ class SlotManager(Part):
             slot.spec, slot.model = desired.spec, model
         else:
             old_hash = self.core.launch_hash(slot)
+            if desired.spec.port != slot.spec.port:
+                self.core.port_declared(desired.name, desired.spec.port)
             slot.spec, slot.stack, slot.model = desired.spec, desired.stack, model
             if old_hash != self.core.launch_hash(slot):
                 slot.breaker.reset()

@@ -142,6 +142,7 @@ class SlotView:
     node: str | None = None  # kubernetes runtime: the node it is pinned to or landed on
     gpus: tuple[int, ...] = ()  # the GPUs it is placed on (indices), while admitted
     devices: tuple[str, ...] = ()  # its admission keys (gpu:N, cpu, NODE/gpu), while admitted
+    requests: int = 0  # requests served (leases released, holds aside) since the start
     residency: str = AWAKE  # awake | asleep | waking (the tier of an idle slot's server)
     sleep_level: int = 0  # while asleep or waking: 1 (weights in host memory) or 2
     host_bytes: int = 0  # what it holds in host memory asleep (its weights, level 1)
@@ -209,6 +210,7 @@ class SlotRecord:
     draining: bool = False
     last_used: float = 0.0
     access: int = 0
+    requests: int = 0  # requests served since the start (the lease flips carry it)
     ready_at: float | None = None
     launch: LaunchSpec | None = None
     # Config hash of the server that actually runs when it is not ``launch``'s: a server

@@ -118,6 +118,7 @@ class SlotTable:
             node=slot.node,
             gpus=tuple(g.index for g in slot.placement),
             devices=slot.devices if slot.state in ADMITTED_STATES else (),
+            requests=slot.requests,
             residency=slot.residency,
             sleep_level=slot.asleep,
             host_bytes=slot.memory_bytes if slot.asleep == 1 else 0,
@@ -276,8 +277,19 @@ class SlotTable:
             to_state=after,
             message=message,
             error=error.code if error else None,
-            details=_transition_details(slot),
+            details=self._details(slot, op),
         )
+
+    @staticmethod
+    def _details(slot: SlotRecord, op: Op) -> dict[str, object]:
+        """A transition's details: why a slot is idle; a lease flip's the slot's request
+        count (readers fold the flips into it: ``events.LeaseFold``)."""
+        details: dict[str, object] = {"idle_reason": slot.idle_reason} if slot.idle_reason else {}
+        if op is Op.LEASE:
+            details["requests"] = slot.requests
+        if slot.asleep:  # the residency tier of an idle slot
+            details.update(residency=slot.residency, level=slot.asleep)
+        return details
 
     def _write_failed(self, slot: SlotRecord, op: Op, what: str, exc: StateWriteFailed) -> None:
         self.events.emit(
@@ -522,7 +534,7 @@ class SlotTable:
             name=slot.name,
             state=state,
             model_id=slot.model_id,
-            port=slot.spec.port,
+            port=slot.launch.port if slot.launch is not None else slot.spec.port,
             updated_at=since,
             message=message,
             extra=extra,
@@ -591,16 +603,6 @@ def _bytes_on(slot: SlotRecord, device: str) -> tuple[int, bool]:
     if gpus:
         return slot.memory_bytes, gpus[0]  # ``gpu``: the sum over the GPUs
     return 0, False
-
-
-def _transition_details(slot: SlotRecord) -> dict[str, object]:
-    """A transition event's details: why it is idle, and its tier when it sleeps."""
-    details: dict[str, object] = {}
-    if slot.idle_reason:
-        details["idle_reason"] = slot.idle_reason
-    if slot.asleep:
-        details.update(residency=slot.residency, level=slot.asleep)
-    return details
 
 
 def _candidate(s: SlotRecord) -> EvictionCandidate:

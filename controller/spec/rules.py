@@ -228,7 +228,9 @@ def cross_slot_problems(
             )
             continue
         names[spec.name] = entry
-        if spec.port in ports:
+        if spec.port is None:
+            pass  # auto: the controller gives each such slot a port of its own
+        elif spec.port in ports:
             first = ports[spec.port]
             out.append(
                 entry.problem(
@@ -240,7 +242,7 @@ def cross_slot_problems(
                 )
             )
         else:
-            ports[spec.port] = entry
+            ports[spec.port] = entry  # (a port taken by an auto slot is its to give up)
         if spec.activated and spec.device == "npu" and spec.type == "llm":
             if npu_llm is not None:
                 out.append(

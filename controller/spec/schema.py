@@ -29,6 +29,7 @@ from controller.names import (
 )
 
 __all__ = [
+    "AUTO_PORT",
     "DEVICES",
     "HARDWARE_ENV_VARS",
     "HARDWARE_FLAGS",
@@ -64,6 +65,8 @@ Provider = Literal[
 ]
 PROVIDERS: Final[tuple[str, ...]] = get_args(Provider)
 # These serve a baked-in model: no model.default is needed to dispatch to them.
+AUTO_PORT: Final = "auto"  # ``port = "auto"``: as the key absent, the controller chooses
+
 SELF_MANAGED_PROVIDERS: Final[frozenset[str]] = frozenset(
     {"kokoro", "qwen3tts", "moonshine", "vibevoice"}
 )
@@ -148,6 +151,9 @@ _SOURCE_SCHEMES: Final = frozenset({"file", "hf", "demo"})
 
 NonNegFloat = Annotated[float, Field(ge=0)]
 PosFloat = Annotated[float, Field(gt=0)]
+# An admission estimate in GiB: bounded (1 PiB), so its bytes are an integer (1e308 GiB
+# would be an infinity of bytes).
+MemoryGb = Annotated[float, Field(ge=0, le=1024**2)]
 
 
 def provider_requires_model(provider: str) -> bool:
@@ -174,7 +180,7 @@ class ModelSpec(_Strict):
     id: Annotated[str, Field(pattern=MODEL_ID_PATTERN)]
     source: str | None = None  # path, file://, hf://org/repo[/file], demo://name
     kind: Kind = "llm"
-    memory_gb: NonNegFloat = 0.0  # admission estimate (device memory); 0 = not counted
+    memory_gb: MemoryGb = 0.0  # admission estimate (device memory); 0 = not counted
     exclusive_group: Annotated[str, Field(min_length=1, max_length=63)] | None = None
     context_length: Annotated[int, Field(gt=0)] | None = None
     chat_template: str | None = None
@@ -266,7 +272,9 @@ class SlotSpec(_Strict):
     # GPUs the slot spans (tensor parallel); None: one, or as many as `device` pins
     gpus: Annotated[int, Field(ge=1, le=16)] | None = None
     type: Kind = "llm"
-    port: Annotated[int, Field(ge=1, le=65535)]
+    # None (the key absent, or "auto"): a free port the controller chooses and records in
+    # the state dir, the same across restarts (controller.slots.core.Core.auto_port).
+    port: Annotated[int, Field(ge=1, le=65535)] | None = None
     autoload: bool | None = None  # None only before migration (see loader)
     priority: Annotated[int, Field(ge=0, le=100)] = 50
     pinned: bool | None = None  # None: pinned when named in settings.default_pinned
@@ -282,7 +290,7 @@ class SlotSpec(_Strict):
     upstream_idle_s: PosFloat = 120.0
     max_consecutive_failures: Annotated[int, Field(ge=1)] = 5
     max_queue: Annotated[int, Field(ge=0)] = 64
-    memory_gb: NonNegFloat | None = None  # admission estimate override (self-managed)
+    memory_gb: MemoryGb | None = None  # admission estimate override (self-managed)
     # The residency tier (docs/lifecycle.md): may an eviction put the server to sleep
     # (its provider permitting) instead of unloading it? None: the provider's default
     # (vllm: yes; demo: no, it is the test double: opt in). A GPU slot's only.
@@ -336,6 +344,11 @@ class SlotSpec(_Strict):
             return 0
         pins = self.device_ref.pins
         return len(pins) if pins else (self.gpus or 1)
+
+    @field_validator("port", mode="before")
+    @classmethod
+    def _auto_port(cls, value: object) -> object:
+        return None if value == AUTO_PORT else value
 
     @property
     def model_id(self) -> str:

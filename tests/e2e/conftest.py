@@ -27,6 +27,7 @@ import psutil
 import pytest
 
 from controller.store import ControllerLock
+from tests.children import CHILD
 from tests.integration.helpers import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -127,6 +128,7 @@ class Slotctl:
             env=self.env,
             cwd=self.tmp,
             check=False,
+            **CHILD,
         )
 
     def ok(self, *args: str | Path, timeout: float = 90.0) -> str:
@@ -161,6 +163,7 @@ class Slotctl:
             stdin=subprocess.DEVNULL,
             env=self.env,
             cwd=self.tmp,
+            **CHILD,
         )
         self.controllers.append((proc, log, log_path))
         wait_until(

@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from controller.cli.remote import parse_duration
+from tests.children import CHILD
 from tests.e2e.conftest import Slotctl, wait_until
 from tests.integration.helpers import free_port
 from tests.integration.test_api import Api, model, slot, start_api, write_settings
@@ -72,6 +73,7 @@ def run_with(
         env={**ctl.env, **(env or {})},
         cwd=ctl.tmp,
         check=False,
+        **CHILD,
     )
 
 
@@ -197,6 +199,7 @@ class Follower:
             text=True,
             env=ctl.env,
             cwd=ctl.tmp,
+            **CHILD,
         )
         self.lines: queue.Queue[str] = queue.Queue()
         self.thread = threading.Thread(target=self._read, daemon=True)
@@ -221,16 +224,21 @@ class Follower:
         raise AssertionError(f"no {text!r} in the event lines: {seen}")
 
     def stop(self) -> str:
+        """Ends it; its pipes are closed however it ends (killed after a timeout too)."""
         if self.proc.poll() is None:
             self.proc.terminate()
-        self.proc.wait(timeout=10)
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
         self.thread.join(timeout=10)
-        assert self.proc.stderr is not None
-        err = self.proc.stderr.read()
-        self.proc.stderr.close()
-        if self.proc.stdout is not None:
+        assert self.proc.stderr is not None and self.proc.stdout is not None
+        try:
+            return self.proc.stderr.read()
+        finally:
+            self.proc.stderr.close()
             self.proc.stdout.close()
-        return err
 
 
 def test_events_follow(ctl: Slotctl) -> None:
@@ -390,6 +398,15 @@ def test_stack_apply_and_diff_through_the_api(ctl: Slotctl) -> None:
     ]
     assert any("x1" in line and "ready" in line for line in lines), lines
     assert lines[-1].startswith("converged in ")
+    # again, converged already: the slot's state, no transition that never happened
+    result = run_with(ctl, [*remote, "stack", "apply", str(stack_dir), "--wait", "--timeout", "60"])
+    assert result.returncode == 0, result
+    again = result.stdout.splitlines()
+    assert again[1:3] == ["  (no changes)", "configured: nothing changed"], again
+    assert not any("->" in line for line in again), again
+    (seen,) = [line for line in again if " x1 " in line]
+    assert seen.split()[1:4] == ["state", "x1", "ready"], again
+    assert again[-1].startswith("converged in ")
     assert (ctl.config / "slots" / "x1.toml").exists()  # the controller's config dir
     assert not (ctl.tmp / "cc" / "slots").exists()  # not the client's
 
@@ -415,7 +432,7 @@ def test_stack_apply_and_diff_through_the_api(ctl: Slotctl) -> None:
 
     # invalid stacks: apply exits 1 and diff 2, nothing sent, nothing changed
     bad = ctl.tmp / "bad.toml"
-    bad.write_text('[stack]\nname = "extra"\n[[slot]]\nname = "x1"\nprovider = "demo"\n')
+    bad.write_text('[stack]\nname = "extra"\n[[slot]]\nname = "x1"\nprovider = "demo"\nbogus = 1\n')
     result = run_with(ctl, [*remote, "stack", "apply", str(bad)])
     assert result.returncode == 1 and "nothing was applied" in result.stderr, result
     result = run_with(ctl, [*remote, "stack", "diff", str(bad), "--exit-code"])

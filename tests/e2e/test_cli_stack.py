@@ -119,9 +119,9 @@ BAD = [
         id="unknown-key",
     ),
     pytest.param(
-        HEAD + '\n[[slot]]\nname = "a"\nprovider = "demo"\n',
-        4, "a", "port", "slot.missing_key", "add the required key 'port'",
-        id="missing-port",
+        HEAD + '\n[[slot]]\nname = "a"\nport = 1\n',
+        4, "a", "provider", "slot.missing_key", "add the required key 'provider'",
+        id="missing-provider",
     ),
     pytest.param(
         HEAD + '[[slot]]\nname = "a"\nprovider = "demo"\nport = "8081"\n',
@@ -335,7 +335,7 @@ def test_help_documents_exit_codes(home: Path) -> None:
 
 
 def test_no_color_output_has_no_escape_codes(home: Path, tmp_path: Path) -> None:
-    bad = write(tmp_path, "bad.toml", HEAD + '[[slot]]\nname = "a"\nprovider = "demo"\n')
+    bad = write(tmp_path, "bad.toml", HEAD + '[[slot]]\nname = "a"\n')  # no provider
     forced = slotctl("stack", "validate", bad, WORKSTATION, home=home, env={"FORCE_COLOR": "1"})
     assert "\x1b[" in forced.stdout  # the check below can fail: colour does exist
     plain = slotctl(
@@ -420,7 +420,7 @@ def test_show_migrates_autoload_and_pinned(home: Path, tmp_path: Path) -> None:
 
 
 def test_show_of_an_invalid_stack(home: Path, tmp_path: Path) -> None:
-    path = write(tmp_path, "bad.toml", HEAD + '[[slot]]\nname = "a"\nprovider = "demo"\n')
+    path = write(tmp_path, "bad.toml", HEAD + '[[slot]]\nname = "a"\n')  # no provider
     result = slotctl("stack", "show", "-o", "json", path, home=home)
     assert result.returncode == 1
     assert result.stdout == ""

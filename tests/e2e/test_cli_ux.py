@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from tests.children import CHILD
 from tests.e2e.conftest import Slotctl, wait_until
 from tests.integration.helpers import free_port
 from tests.integration.test_api import Api, model, slot, start_api, write_settings
@@ -284,23 +285,26 @@ def test_pinned_refusal_names_the_cli_flag(ctl: Slotctl) -> None:
 def test_ctrl_c_of_a_follower_exits_130_quietly(ctl: Slotctl, command: list[str]) -> None:
     api = up_with(ctl, ONE)
     api.wait_state("one", "ready")
-    proc = subprocess.Popen(
+    # Its SIGINT as a foreground job's (CHILD), whatever the shell running the tests
+    # ignores; `with`: its pipes are closed however this ends (a timeout included).
+    with subprocess.Popen(
         ctl.argv(*command),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         env=ctl.env,
         cwd=ctl.tmp,
-    )
-    try:
-        time.sleep(2.0)  # following
-        assert proc.poll() is None
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        **CHILD,
+    ) as proc:
+        try:
+            time.sleep(2.0)  # following
+            assert proc.poll() is None
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
     assert proc.returncode == 130, (out, err)
     assert err == ""
 
@@ -377,6 +381,8 @@ def test_openai_error_shape_and_model_retrieve(ctl: Slotctl) -> None:
         "object": "model",
         "created": api.ok("GET", "/v1/models")["data"][0]["created"],
         "owned_by": "slotctl",
+        "type": "llm",  # what it is for (issue 24)
+        "endpoints": ["/v1/chat/completions", "/v1/completions"],
     }
     error = openai_error(api.call("GET", "/v1/models/nosuch"), 404)
     assert (error["code"], error["param"]) == ("model_not_found", "model")

@@ -27,6 +27,8 @@ import aiohttp
 import psutil
 import pytest
 
+from tests.children import CHILD
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MODEL = "demo-model"
 START_TIMEOUT_S = 20.0
@@ -53,6 +55,7 @@ class Demo:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            **CHILD,  # its SIGINT/SIGTERM as a foreground job's, whatever the shell ignores
         )
         self.stdout: list[tuple[float, str]] = []
         self.stderr: list[tuple[float, str]] = []

@@ -204,13 +204,24 @@ async def test_missing_binary_is_a_typed_error(runtime: ProcessRuntime) -> None:
         await runtime.start(launch)
 
 
+def execed(pid: int, marker: str, timeout: float = 10.0) -> psutil.Process:
+    """The process once it runs its own program (``marker`` in its command line): between
+    fork and exec, /proc shows the parent's environment, not the labels."""
+    proc = psutil.Process(pid)
+    deadline = time.monotonic() + timeout
+    while marker not in " ".join(proc.cmdline()):
+        assert time.monotonic() < deadline, f"pid {pid} never ran {marker!r}"
+        time.sleep(0.01)
+    return proc
+
+
 async def test_labels_env_and_secret_scrubbed(
     runtime: ProcessRuntime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("SLOTCTL_TOKEN", "secret")
     launch = demo_launch("env")
     observed = await runtime.start(launch)
-    env = psutil.Process(int(observed.ident or 0)).environ()
+    env = execed(int(observed.ident or 0), "controller.demo").environ()
     assert env["SLOTCTL_MANAGED"] == "true" and env["SLOTCTL_SLOT"] == "env"
     assert env["SLOTCTL_CONFIG_HASH"] == launch.config_hash()
     assert env["CUDA_VISIBLE_DEVICES"] == ""  # device = cpu
@@ -314,9 +325,11 @@ def test_strays_are_those_of_the_first_scan_and_of_each_full_scan(tmp_path: Path
             "SLOTCTL_SLOT": slot,
             "SLOTCTL_PORT": "1",
         }
-        return subprocess.Popen(
+        proc = subprocess.Popen(
             [sys.executable, "-c", "import time; time.sleep(60)"], env=env, start_new_session=True
         )
+        execed(proc.pid, "time.sleep(60)")  # its labels are in /proc from here on
+        return proc
 
     early = stray("early")
     try:

@@ -394,10 +394,13 @@ async def test_audio_multipart_body_passes_through_byte_for_byte(harness: Harnes
                 assert_openai_error(await resp.json())
     assert r.manager.lease_count() == 0
 
-    speech = {"model": "m-stt", "input": "hello", "voice": "alloy"}
-    async with r.post("/v1/audio/speech", speech) as resp:
+    as_json = {"model": "m-stt", "input": "hello", "voice": "alloy"}  # a JSON audio body
+    async with r.post("/v1/audio/translations", as_json) as resp:
         assert resp.status == 200
-        assert json.loads(await resp.read()) == speech
+        assert json.loads(await resp.read()) == as_json
+    async with r.post("/v1/audio/speech", as_json) as resp:  # speech is a tts slot's
+        assert resp.status == 400
+        assert assert_openai_error(await resp.json())["param"] == "model"
 
     missing = body.replace(b'name="model"', b'name="other"')
     async with r.post(

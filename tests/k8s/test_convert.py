@@ -180,8 +180,20 @@ def test_model_ids_that_are_not_object_names() -> None:
 
 
 def test_crd_generate_check(tmp_path: Path) -> None:
-    assert slotctl("crd", "generate", "--check", "--output-dir", "crds").returncode == 0
-    assert slotctl("crd", "generate", "--output-dir", str(tmp_path)).returncode == 0
+    current = slotctl("crd", "generate", "--check", "--output-dir", "crds")
+    assert (
+        current.returncode == 0
+        and current.stdout == "crds: the 2 CRDs are current (nothing written)\n"
+    )
+    fresh = slotctl("crd", "generate", "--output-dir", str(tmp_path))
+    assert fresh.returncode == 0
+    assert fresh.stdout.splitlines() == [
+        f"wrote {tmp_path / 'slotctl.io_models.yaml'}",
+        f"wrote {tmp_path / 'slotctl.io_slots.yaml'}",
+        f"{tmp_path}: 2 written, 0 unchanged",
+    ]
+    again = slotctl("crd", "generate", "--output-dir", str(tmp_path))  # says so, too
+    assert again.stdout == f"{tmp_path}: the 2 CRDs are current (nothing written)\n"
     (tmp_path / "slotctl.io_slots.yaml").write_text("stale")
     result = slotctl("crd", "generate", "--check", "--output-dir", str(tmp_path))
-    assert result.returncode == 1 and "out of date" in result.stderr
+    assert result.returncode == 1 and "out of date" in result.stderr and result.stdout == ""

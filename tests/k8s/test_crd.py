@@ -90,7 +90,7 @@ def test_slot_spec_has_no_model_owned_keys_and_no_name() -> None:
     assert not MODEL_OWNED_KEYS & set(spec["properties"])
     assert not MODEL_OWNED_KEYS & set(spec["properties"]["model"]["properties"])
     assert "name" not in spec["properties"]  # metadata.name is the slot's name
-    assert set(spec["required"]) == {"provider", "port"}
+    assert set(spec["required"]) == {"provider"}  # no port: the controller chooses one
     model = version_schema(CRDS["Model"])["properties"]["spec"]
     assert set(model["properties"]) == set(ModelSpec.model_fields)  # id optional: metadata.name
 
@@ -139,7 +139,6 @@ SCHEMA_REJECTS = {
     "port as a string": _slot(port="8081"),
     "priority 101": _slot(priority=101),
     "unknown provider": _slot(provider="ollama"),
-    "missing port": _slot(port=None),
     "zero warmup": _slot(warmup_timeout_s=0),
     "env value not a string": _slot(server={"env": {"A": 1}}),
     "name in spec": _slot(name="chat"),

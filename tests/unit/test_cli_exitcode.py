@@ -24,9 +24,9 @@ import pytest
 
 import controller.cli.stack as cli_stack
 from controller import eventloop
+from controller.cli.feed import render_line
 from controller.cli.main import main
 from controller.cli.output import Style
-from controller.cli.remote import _event_line
 from controller.daemon import Controller, DaemonOptions
 from controller.errors import SlotConfigError
 from controller.events import Event, EventKind, EvictionReason, Op, event_line
@@ -262,8 +262,8 @@ def test_slotctl_events_and_up_print_the_same_line() -> None:
     style = Style(io.StringIO())  # not a terminal: no colour
     for event in _events():
         wire = json.dumps(event.to_dict())
-        assert _event_line(str(event.kind), wire, "text", style) == event_line(event)
-        assert _event_line(str(event.kind), wire, "json", style) == wire
+        again = Event.from_dict(json.loads(wire))
+        assert render_line(again, wire, "text", style) == event_line(event)
+        assert render_line(again, wire, "json", style) == wire
         daemon._print_event(event)
     assert out.getvalue().splitlines() == [event_line(e) for e in _events()]
-    assert _event_line("message", "not json", "text", style) == "message: not json"

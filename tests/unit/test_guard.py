@@ -221,12 +221,10 @@ CASES: list[Case] = [
     _invalid("extra-args-int", "server.extra_args[0]", server={"extra_args": [2]}),
     _invalid("env-bad-name", "server.env", server={"env": {"1X": "a"}}),
     _invalid("env-int-value", "server.env.OMP_NUM_THREADS", server={"env": {"OMP_NUM_THREADS": 4}}),
-    Case(
-        id="missing-port",
-        payload={"name": "a", "provider": "demo"},
-        key="port",
-        problem="slot.missing_key",
-    ),
+    _invalid("port-not-auto", "port", port="automatic"),
+    # its bytes would be infinite (int() of it raised OverflowError in admission: a 500)
+    _invalid("memory-gb-absurd", "memory_gb", memory_gb=1e308),
+    _invalid("port-zero", "port", port=0),
     Case(
         id="missing-provider",
         payload={"name": "a", "port": 1},
@@ -414,6 +412,17 @@ def test_accepted_payload(payload: dict[str, Any]) -> None:
     assert isinstance(spec, SlotSpec)
     assert spec.name == payload["name"]
     assert spec.port == payload["port"]
+
+
+def test_a_port_left_out_or_auto_is_the_controllers_to_choose() -> None:
+    """Issue 24: no port (or ``"auto"``) is no error, and two such slots do not clash
+    (the controller gives each its own); a declared port is still unique."""
+    auto = SlotSpec(name="auto-a", provider="demo")
+    for payload in ({"name": "a", "provider": "demo"}, _with(port="auto")):
+        spec = guard_slot_write_payload(payload, others=[OTHER, auto], catalogue=CATALOGUE)
+        assert spec.port is None
+    fixed = guard_slot_write_payload(_with(port=9002), others=[auto], catalogue=CATALOGUE)
+    assert fixed.port == 9002
 
 
 def test_every_provider_device_and_type_is_accepted() -> None:

@@ -103,10 +103,11 @@ def test_quickstart_loads() -> None:
     assert state is not None
     assert state.stacks == ("quickstart",)
     assert set(state.models) == {"demo-chat", "demo-coder", "demo-embed"}
+    # ports left to the controller (None): a second demo on the same box never collides
     assert {n: (s.spec.port, s.autoload, s.pinned) for n, s in state.slots.items()} == {
-        "chat": (18081, True, False),
-        "coder": (18082, False, False),
-        "embed": (18083, True, True),
+        "chat": (None, True, False),
+        "coder": (None, False, False),
+        "embed": (None, True, True),
     }
     assert all(s.spec.provider == "demo" and s.spec.device == "cpu" for s in state.slots.values())
     assert state.slots["coder"].spec.ttl_s == 120
@@ -252,11 +253,16 @@ def test_enabled_is_not_a_key(tmp_path: Path) -> None:
     assert located(only_error(report)) == (file, 8, "chat", "enabled", "slot.unknown_key")
 
 
-def test_missing_port_points_at_the_slot_header(tmp_path: Path) -> None:
-    report, file = load(tmp_path, HEAD + '\n[[slot]]\nname = "chat"\nprovider = "demo"\n')
-    problem = only_error(report)
-    assert located(problem) == (file, 4, "chat", "port", "slot.missing_key")
-    assert problem.hint == "add the required key 'port'"
+def test_a_port_left_out_or_auto_is_chosen_by_the_controller(tmp_path: Path) -> None:
+    """Issue 24: no ``port`` (or ``port = "auto"``) is no error, and two such slots do
+    not clash; another string is still refused, located."""
+    text = HEAD + '\n[[slot]]\nname = "a"\nprovider = "demo"\n'
+    text += '\n[[slot]]\nname = "b"\nprovider = "demo"\nport = "auto"\n'
+    report, _ = load(tmp_path, text)
+    assert report.ok and report.state is not None, report.errors
+    assert [s.spec.port for s in report.state.slots.values()] == [None, None]
+    report, _ = load(tmp_path, HEAD + '\n[[slot]]\nname = "c"\nprovider = "demo"\nport = "any"\n')
+    assert located(only_error(report))[1:] == (7, "c", "port", "slot.invalid_value")
 
 
 @pytest.mark.parametrize(
@@ -608,13 +614,13 @@ def test_every_error_is_fully_located(tmp_path: Path) -> None:
         HEAD
         + '[[model]]\nid = "m"\n'
         + '[[slot]]\nname = "a"\nprovider = "demo"\nport = 1\nbogus = 1\n'
-        + '[[slot]]\nname = "b"\nprovider = "demo"\n'
+        + '[[slot]]\nname = "b"\nprovider = "demo"\n'  # no port: fine (auto)
         + '[[slot]]\nname = "c"\nprovider = "demo"\nport = 3\nmodel.default = "nope"\n'
         + '[[slot]]\nname = "d"\nprovider = "demo"\nport = 3\n'
         + slot("e", 5, 'server.env = { HIP_VISIBLE_DEVICES = "0" }')
     )
     report, file = load(tmp_path, text)
-    assert len(report.errors) == 5
+    assert len(report.errors) == 4
     for problem in report.errors:
         assert problem.file == file
         assert problem.line is not None and problem.line > 2

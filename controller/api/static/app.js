@@ -7,7 +7,11 @@
 "use strict";
 
 const TOKEN_KEY = "slotctl.token";
-const MAX_EVENTS = 80;
+const FLIPS_KEY = "slotctl.show-flips";
+const MAX_EVENTS = 80; // shown
+const KEEP_EVENTS = 300; // kept (the lease flips apart, up to KEEP_FLIPS)
+const KEEP_FLIPS = 400;
+const FLIP_STATES = new Set(["ready", "serving", "idle"]);
 const LOADED = new Set(["pulling", "starting", "warming", "ready", "serving", "idle", "unloading"]);
 const STATE_ORDER = ["serving", "ready", "idle", "warming", "starting", "pulling", "unloading", "error", "offline"];
 
@@ -20,6 +24,7 @@ const ui = {
   events: document.getElementById("events"),
   eventsEmpty: document.getElementById("events-empty"),
   eventsCount: document.getElementById("events-count"),
+  flipsToggle: document.getElementById("flips-toggle"),
   conn: document.getElementById("conn"),
   connText: document.getElementById("conn-text"),
   host: document.getElementById("host"),
@@ -35,7 +40,9 @@ const state = {
   token: localStorage.getItem(TOKEN_KEY) || "",
   slots: new Map(), // name -> slot object (GET /api/slots shape)
   devices: [],
-  events: [],
+  events: [], // newest first, the lease flips apart:
+  flips: [], // each request's ready -> serving -> ready, folded unless showFlips
+  showFlips: localStorage.getItem(FLIPS_KEY) === "1",
   lastEventId: null,
   stream: null, // AbortController of the running stream
   refreshTimer: null,
@@ -146,7 +153,7 @@ async function refreshDevices() {
 function refreshSoon(delay = 300) {
   clearTimeout(state.refreshTimer);
   state.refreshTimer = setTimeout(() => {
-    Promise.all([refreshSlots(), refreshDevices()]).catch(() => {});
+    Promise.all([refreshSlots(), refreshDevices(), refreshTraffic()]).catch(() => {});
   }, delay);
 }
 
@@ -242,7 +249,7 @@ function applyEvent(event) {
       slot.idle_reason = (event.details && event.details.idle_reason) || null;
       slot.residency = (event.details && event.details.residency) || "awake";
       slot.sleep_level = (event.details && event.details.level) || 0;
-      queueRender("slots", event.slot);
+      queueRender("slots", isFlip(event) ? null : event.slot);
     }
   }
   if (event.kind === "residency" && event.slot && event.details && event.details.residency) {
@@ -252,12 +259,22 @@ function applyEvent(event) {
       queueRender("slots", event.slot);
     }
   }
+  if (isFlip(event)) {
+    // The slot's request count rides on its flips: the counter moves with no refresh.
+    const slot = state.slots.get(event.slot);
+    const count = event.details && event.details.requests;
+    if (slot && typeof count === "number") slot.requests = Math.max(slot.requests || 0, count);
+    state.flips.unshift(event);
+    state.flips.length = Math.min(state.flips.length, KEEP_FLIPS);
+    queueRender("events");
+    return;
+  }
   if (event.kind !== "progress" || state.events.length === 0 || state.events[0].kind !== "progress") {
     state.events.unshift(event);
   } else {
     state.events[0] = event; // pull progress replaces itself
   }
-  state.events.length = Math.min(state.events.length, MAX_EVENTS);
+  state.events.length = Math.min(state.events.length, KEEP_EVENTS);
   queueRender("events");
   if (event.slot) refreshSoon();
 }
@@ -306,19 +323,19 @@ function slotRow(slot, flash) {
   const row = h(
     "tr",
     { "data-slot": slot.name, "data-state": slot.state, "data-residency": slot.residency || "awake", class: flash ? "flash" : "" },
-    h("td", { class: "c-state" }, badge(slot.state, slot.idle_reason, slot.residency, slot.sleep_level)),
+    h("td", { class: "c-state" }, badge(slot.state, slot.idle_reason, slot.residency, slot.sleep_level), h("div", { class: "c-since", title: "in this state since", "data-since": slot.since, text: ago(slot.since) })),
     h("td", {}, h("div", { class: "slot-name" }, slot.name, slot.pinned ? h("span", { class: "pin", title: "pinned: never evicted", text: "pinned" }) : null), sub),
     h("td", {}, h("span", { class: "model", text: slot.model_id || "—" })),
     h("td", { class: "c-device" }, h("span", { class: "device", title: slot.device, text: placedOn(slot) })),
     h("td", { class: "c-num", text: String(slot.priority) }),
-    h("td", { class: "c-num", text: slot.waiters ? `${slot.leases} / ${slot.waiters} waiting` : String(slot.leases) }),
+    ...trafficCells(slot),
     h("td", { class: "c-num", text: bytes(slot.memory_bytes) }),
-    h("td", { class: "c-since", "data-since": slot.since, text: ago(slot.since) }),
     h(
       "td",
       { class: "c-actions" },
       h("button", { type: "button", class: `load${pending === "load" ? " busy" : ""}`, "data-action": "load", disabled: !canLoad, title: `load ${slot.name}`, onclick: () => act(slot.name, "load") }, "Load"),
       h("button", { type: "button", class: `unload${pending === "unload" ? " busy" : ""}`, "data-action": "unload", disabled: !canUnload, title: `unload ${slot.name}`, onclick: () => act(slot.name, "unload") }, "Unload"),
+      h("button", { type: "button", class: "ghost logs", "data-action": "logs", title: `the last lines of ${slot.name}'s server, followed`, onclick: () => openLogs(slot.name) }, "Log"),
     ),
   );
   return row;
@@ -339,6 +356,8 @@ function renderSlots(changed) {
     h("span", { class: "chip", "data-state": name }, h("span", { class: "dot" }), h("span", { class: "n", text: String(counts.get(name)) }), name),
   );
   if (slots.length) chips.push(h("span", { class: "chip" }, h("span", { class: "n", text: String(leases) }), leases === 1 ? "lease" : "leases"));
+  const queued = queuedTotal(slots);
+  if (queued) chips.push(h("span", { class: "chip queued", title: "requests waiting for a cold load" }, h("span", { class: "n", text: String(queued) }), "queued"));
   ui.summary.replaceChildren(...chips);
 }
 
@@ -415,6 +434,7 @@ function renderDevices() {
 }
 
 function eventItem(event, fresh) {
+  if (event.kind === "requests") return burstItem(event, fresh);
   const main = h("div", { class: "ev-main" });
   if (event.kind !== "transition") main.append(h("span", { class: `ev-kind k-${event.kind}`, text: event.kind }));
   if (event.slot) main.append(h("span", { class: "ev-slot", text: event.slot }));
@@ -436,13 +456,21 @@ function eventItem(event, fresh) {
 }
 
 function renderEvents(fresh) {
-  ui.events.replaceChildren(...state.events.map((e, i) => eventItem(e, fresh && i === 0)));
-  ui.eventsEmpty.hidden = state.events.length > 0;
-  ui.eventsCount.textContent = state.events.length ? `last ${state.events.length}` : "";
+  const shown = shownEvents();
+  ui.events.replaceChildren(...shown.map((e, i) => eventItem(e, fresh && i === 0)));
+  ui.eventsEmpty.hidden = shown.length > 0;
+  ui.eventsCount.textContent = shown.length ? `last ${shown.length}` : "";
 }
 
+ui.flipsToggle.checked = state.showFlips;
+ui.flipsToggle.addEventListener("change", () => {
+  state.showFlips = ui.flipsToggle.checked;
+  localStorage.setItem(FLIPS_KEY, state.showFlips ? "1" : "0");
+  renderEvents(false);
+});
+
 function tick() {
-  for (const cell of ui.rows.querySelectorAll("td[data-since]")) cell.textContent = ago(cell.dataset.since);
+  for (const cell of ui.rows.querySelectorAll("[data-since]")) cell.textContent = ago(cell.dataset.since);
 }
 
 // ------------------------------------------------------------------ actions
@@ -512,8 +540,9 @@ function start() {
   state.stream = new AbortController();
   state.lastEventId = "0"; // first connect: replay the buffered history for the list
   state.events = [];
+  state.flips = [];
   setConn("connecting", "connecting");
-  Promise.all([refreshSlots(), refreshDevices()]).catch((err) => {
+  Promise.all([refreshSlots(), refreshDevices(), refreshTraffic()]).catch((err) => {
     if (err.status !== 401) toast(`Cannot read the state: ${err.message}`, "err");
   });
   streamEvents(state.stream.signal);
@@ -524,6 +553,11 @@ setInterval(tick, 1000);
 setInterval(() => {
   if (state.token && ui.conn.dataset.conn === "live") refreshDevices().catch(() => {});
 }, 5000);
+setInterval(() => {
+  // the traffic samples (every 2 s) and the slots' counters with them
+  if (state.token && ui.conn.dataset.conn === "live") Promise.all([refreshSlots(), refreshTraffic()]).catch(() => {});
+}, 2000);
+setupLogs();
 // ------------------------------------------------------------------ one-time login link
 
 // `slotctl up` / `slotctl dashboard` print http://HOST/#login=CODE: the fragment is never
