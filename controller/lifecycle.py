@@ -77,6 +77,11 @@ _MEANINGS: Final[Mapping[str, tuple[str, str]]] = MappingProxyType(
             "(ttl_s or an eviction unloads it)",
         ),
         "idle/no_model": ("up", "the server is up but lists no model: not dispatchable"),
+        "idle/asleep": (
+            "asleep",
+            "the server sleeps, its device memory released: a request wakes it (a fraction "
+            "of a cold start)",
+        ),
         "unloading": ("stopping", "draining its requests, then stopping the server"),
         "error": ("down", "failed: see message and `slotctl slot logs`"),
     }
@@ -84,9 +89,9 @@ _MEANINGS: Final[Mapping[str, tuple[str, str]]] = MappingProxyType(
 
 
 def describe(state: str, idle_reason: str | None = None) -> tuple[str, str]:
-    """``(server, meaning)`` of a state: ``up``, ``down``, ``starting`` or ``stopping``,
-    and one sentence of what it means (an unknown state: ``unknown``)."""
-    key = f"{state}/{idle_reason}" if state == "idle" and idle_reason == "no_model" else state
+    """``(server, meaning)`` of a state: ``up``, ``down``, ``starting``, ``stopping`` or
+    ``asleep``, and one sentence of what it means (an unknown state: ``unknown``)."""
+    key = f"{state}/{idle_reason}" if state == "idle" and idle_reason in _NOT_SERVING else state
     return _MEANINGS.get(key, ("unknown", f"unknown state {state!r}"))
 
 

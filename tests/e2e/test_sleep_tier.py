@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from tests.e2e.conftest import Slotctl, wait_until
-from tests.integration.helpers import free_ports
 from tests.integration.test_events_metrics import promtool_check, samples
 
 GIB = 1024**3
@@ -33,9 +32,9 @@ def _settings(config: Path, *, gpu_gb: float = 1.5, cpu_gb: float = 8.0) -> None
     )
 
 
-def _stack(slots: dict[str, dict[str, Any]]) -> tuple[str, dict[str, int]]:
-    """Demo slots (name -> options: gb, args, device, sleep, autoload); their ports."""
-    ports = dict(zip(slots, free_ports(len(slots)), strict=True))  # distinct
+def _stack(slots: dict[str, dict[str, Any]]) -> str:
+    """Demo slots (name -> options: gb, args, device, sleep, autoload); the controller
+    chooses their ports (no port two tests could both be handed)."""
     text = '[stack]\nname = "tier"\n'
     for name, o in slots.items():
         text += f'[[model]]\nid = "m-{name}"\nsource = "demo://{name}"\n'
@@ -45,13 +44,13 @@ def _stack(slots: dict[str, dict[str, Any]]) -> tuple[str, dict[str, int]]:
         args += o.get("args", [])
         text += (
             f'[[slot]]\nname = "{name}"\nprovider = "demo"\nmodel.default = "m-{name}"\n'
-            f'device = "{o.get("device", "gpu")}"\nport = {ports[name]}\n'
+            f'device = "{o.get("device", "gpu")}"\n'
             f"autoload = {json.dumps(o.get('autoload', False))}\n"
             f"sleep = {json.dumps(o.get('sleep', True))}\ndrain_timeout_s = 1.0\n"
             f"wake_timeout_s = {o.get('wake_timeout_s', 10)}\n"
             f"[slot.server]\nextra_args = {json.dumps(args)}\n"
         )
-    return text, ports
+    return text
 
 
 def _api(ctl: Slotctl, path: str, body: Any = None, *, raw: bool = False) -> Any:
@@ -78,9 +77,25 @@ def _ask(ctl: Slotctl, name: str) -> dict[str, Any]:
     return answer
 
 
-def _sleeping(port: int) -> bool:
+class Servers:
+    """Each slot's server, where the controller put it (its endpoint, recorded before the
+    server started)."""
+
+    def __init__(self, ctl: Slotctl) -> None:
+        self.ctl = ctl
+        self.known: dict[str, str] = {}
+
+    def __getitem__(self, name: str) -> str:
+        if name not in self.known:
+            endpoint = _api(self.ctl, f"/api/slots/{name}")["endpoint"]
+            assert endpoint, name
+            self.known[name] = str(endpoint)
+        return self.known[name]
+
+
+def _sleeping(endpoint: str) -> bool:
     """What the server itself says (vLLM's GET /is_sleeping)."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/is_sleeping", timeout=5) as answer:
+    with urllib.request.urlopen(f"{endpoint}/is_sleeping", timeout=5) as answer:
         return bool(json.load(answer)["is_sleeping"])
 
 
@@ -93,15 +108,14 @@ def _state(ctl: Slotctl, name: str) -> dict[str, Any]:
     return data
 
 
-def _up(ctl: Slotctl, slots: dict[str, dict[str, Any]], **settings: float) -> dict[str, int]:
+def _up(ctl: Slotctl, slots: dict[str, dict[str, Any]], **settings: float) -> Servers:
     _settings(ctl.config, **settings)
-    text, ports = _stack(slots)
     stack = ctl.tmp / "tier.toml"
-    stack.write_text(text)
+    stack.write_text(_stack(slots))
     ctl.ok("stack", "apply", stack)
     ctl.start_up()
     ctl.wait_log("API and dashboard on")
-    return ports
+    return Servers(ctl)
 
 
 def test_swap_by_sleep_and_wake_on_request(ctl: Slotctl) -> None:

@@ -350,3 +350,11 @@ def test_rank_candidates_is_deterministic_for_any_input_order() -> None:
     assert _names([]) == []
     # Accepts any iterable, e.g. a generator.
     assert [c.name for c in rank_candidates(c for c in cands)] == ["w", "x", "y"]
+
+
+def test_slot_get_says_an_asleep_server_sleeps() -> None:
+    from controller.lifecycle import describe
+
+    server, meaning = describe("idle", "asleep")
+    assert server == "asleep" and "wakes it" in meaning
+    assert describe("idle", "timeout")[0] == "up"
