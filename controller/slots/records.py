@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Final, NamedTuple
 
 from controller.breaker import Breaker
-from controller.devices import GpuRef, share
+from controller.devices import GpuRef, key_kind, share
 from controller.errors import SlotctlError
-from controller.lifecycle import SlotState, can_dispatch
+from controller.eviction import EvictionCandidate
+from controller.lifecycle import IdleReason, SlotState, can_dispatch
 from controller.memory import GIB
 from controller.runtime.base import LaunchSpec
 from controller.spec.schema import ModelSpec, SlotSpec
@@ -324,6 +325,44 @@ class SlotRecord:
         each = share(size, len(placed)) if placed else 0
         loading = self.waking or self.state in LOADING_STATES
         return tuple((key, each, loading) for key in placed) + (host if self.waking else ())
+
+    def bytes_on(self, device: str) -> tuple[int, bool]:
+        """The bytes it holds on ``device`` (a key, or a kind: all of its GPUs), and
+        whether they are coming up (reserved)."""
+        held = self.holdings()
+        for key, size, loading in held:
+            if key == device:
+                return size, loading
+        gpus = [loading for key, _size, loading in held if ":" in key and key_kind(key) == device]
+        if gpus:
+            return self.memory_bytes, gpus[0]  # ``gpu``: the sum over the GPUs
+        return 0, False
+
+    def candidate(self) -> EvictionCandidate:
+        """The slot as the eviction planner sees it: where it holds memory now, whether its
+        running server can sleep (the launch's capability, the slot's level), its costs."""
+        launch = self.launch
+        can = launch is not None and launch.sleep is not None
+        level = self.spec.sleep_level if can and self.idle_reason != IdleReason.NO_MODEL else 0
+        load_s, wake_s = self.reload_s()
+        return EvictionCandidate(
+            name=self.name,
+            devices=self.devices,
+            bytes=self.memory_bytes,
+            priority=self.spec.priority,
+            last_used=self.last_used,
+            state=self.state,
+            pinned=bool(self.spec.pinned),
+            leases=len(self.leases),
+            busy=self.busy or self.draining or self.waiters > 0 or self.waking,
+            access=self.access,
+            generation=self.generation,
+            sleep_level=0 if self.asleep else level,
+            asleep=self.asleep,
+            host=self.host,
+            load_s=load_s,
+            wake_s=wake_s,
+        )
 
     def reload_s(self) -> tuple[float, float]:
         """(cold load, wake) seconds of its model: measured (moving averages), else a

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from typing import Final
 
 from controller.clock import Clock
-from controller.devices import GpuRef, key_kind
+from controller.devices import GpuRef
 from controller.errors import SlotctlError, SlotNotFound, StateWriteFailed
 from controller.events import EventBus, EventKind, Op
 from controller.eviction import EvictionCandidate
@@ -165,7 +165,7 @@ class SlotTable:
         for s in self.records.values():
             if s.state not in ADMITTED_STATES:
                 continue
-            size, loading = _bytes_on(s, device)
+            size, loading = s.bytes_on(device)
             admitted += size
             if loading and s is not requester:
                 reserved += size
@@ -194,7 +194,7 @@ class SlotTable:
 
     def candidates(self) -> list[EvictionCandidate]:
         """Every slot as the eviction planner sees it (it picks the eligible ones)."""
-        return [_candidate(s) for s in self.records.values()]
+        return [s.candidate() for s in self.records.values()]
 
     def group_peers(self, slot: SlotRecord) -> list[SlotRecord]:
         """The members of ``slot``'s exclusive group that hold it (loading or loaded)."""
@@ -590,46 +590,6 @@ class SlotTable:
             details={k: v for k, v in error.details.items() if k != "problems"},
         )
         return error
-
-
-def _bytes_on(slot: SlotRecord, device: str) -> tuple[int, bool]:
-    """The bytes ``slot`` holds on ``device`` (a key, or a kind: all of its GPUs), and
-    whether they are coming up (reserved)."""
-    held = slot.holdings()
-    for key, size, loading in held:
-        if key == device:
-            return size, loading
-    gpus = [loading for key, _size, loading in held if ":" in key and key_kind(key) == device]
-    if gpus:
-        return slot.memory_bytes, gpus[0]  # ``gpu``: the sum over the GPUs
-    return 0, False
-
-
-def _candidate(s: SlotRecord) -> EvictionCandidate:
-    """One slot as the eviction planner sees it: where it holds memory now, whether its
-    running server can sleep (the launch's capability, the slot's level), its costs."""
-    launch = s.launch
-    can = launch is not None and launch.sleep is not None and s.idle_reason != IdleReason.NO_MODEL
-    level = s.spec.sleep_level if can else 0
-    load_s, wake_s = s.reload_s()
-    return EvictionCandidate(
-        name=s.name,
-        devices=s.devices,
-        bytes=s.memory_bytes,
-        priority=s.spec.priority,
-        last_used=s.last_used,
-        state=s.state,
-        pinned=bool(s.spec.pinned),
-        leases=len(s.leases),
-        busy=s.busy or s.draining or s.waiters > 0 or s.waking,
-        access=s.access,
-        generation=s.generation,
-        sleep_level=0 if s.asleep else level,
-        asleep=s.asleep,
-        host=s.host,
-        load_s=load_s,
-        wake_s=wake_s,
-    )
 
 
 def _held_for(slot: SlotRecord, now: float) -> float | None:
