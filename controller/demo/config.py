@@ -27,6 +27,8 @@ _EPILOG = """\
 output (stdout, one line each, flushed):
   slotctl-demo listening host=H port=P model=ID pid=N   when the socket is bound
   slotctl-demo ready model=ID port=P t=UNIX_TIME        when the model is listed
+  slotctl-demo asleep level=N model=ID                  when it falls asleep (sleep mode)
+  slotctl-demo awake model=ID t=UNIX_TIME               when a wake restored everything
 While loading, GET /v1/models, GET /health and the inference
 endpoints answer 503. Without --slow-stop, SIGTERM and SIGINT stop it gracefully.
 
@@ -227,8 +229,9 @@ def _add_fault_flags(parser: argparse.ArgumentParser) -> None:
 
 def _add_sleep_flags(parser: argparse.ArgumentParser) -> None:
     sleep = parser.add_argument_group(
-        "sleep mode (vLLM's dev-mode API: POST /sleep?level=1|2, POST /wake_up[?tags=...], "
-        "POST /collective_rpc, GET /is_sleeping)"
+        "sleep mode",
+        "vLLM's dev-mode API: POST /sleep?level=1|2, POST /wake_up[?tags=...],\n"
+        "POST /collective_rpc, GET /is_sleeping",
     )
     sleep.add_argument(
         "--enable-sleep-mode",
