@@ -39,6 +39,7 @@ from typing import Final, Literal
 from controller.breaker import Breaker
 from controller.devices import GpuRef
 from controller.errors import (
+    DeviceUnavailable,
     InsufficientMemory,
     ModelNotFound,
     SlotConfigError,
@@ -281,14 +282,11 @@ def decide_load(
         host=host,
     )
     if placement.error is not None:
-        if req.background:
+        waits = req.background and isinstance(placement.error, DeviceUnavailable)
+        if waits:  # its GPU may come back (a card that was lost): it waits, said once
             placement.error.details.update(waiting=True, wait=WAITING_FOR_DEVICE)
         return LoadDecision(
-            "refuse",
-            error=placement.error,
-            peers=peers,
-            waiting=req.background,
-            placement=placement,
+            "refuse", error=placement.error, peers=peers, waiting=waits, placement=placement
         )
     option = placement.option
     assert option is not None

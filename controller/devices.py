@@ -18,7 +18,7 @@ that spans ``K`` GPUs holds :func:`share` of its bytes on each.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 __all__ = [
@@ -26,6 +26,7 @@ __all__ = [
     "DEVICE_MAX_LENGTH",
     "DEVICE_PATTERN",
     "GPU_REF_PATTERN",
+    "VISIBILITY_ENV_VARS",
     "DeviceRef",
     "GpuRef",
     "gpu_key",
@@ -36,8 +37,20 @@ __all__ = [
 ]
 
 DEVICE_KINDS: Final = ("gpu", "npu", "cpu")
-# One GPU: an index, or an NVML UUID (``GPU-…``, ``MIG-…``) as nvidia-smi prints it.
-GPU_REF_PATTERN: Final = r"(?:[0-9]{1,3}|(?:GPU|MIG)-[0-9A-Za-z-]{1,80})"
+# The environment variables that choose which GPUs a process sees: the controller's to set
+# (from a slot's placement), a slot's env may not, and a server never inherits them.
+VISIBILITY_ENV_VARS: Final = frozenset(
+    {
+        "CUDA_VISIBLE_DEVICES",
+        "HIP_VISIBLE_DEVICES",
+        "ROCR_VISIBLE_DEVICES",
+        "NVIDIA_VISIBLE_DEVICES",
+        "GPU_DEVICE_ORDINAL",
+    }
+)
+# One GPU: an index, or an NVML UUID (``GPU-…``) as ``nvidia-smi -L`` prints it. MIG
+# instances are not placed (the probe lists physical GPUs): a ``MIG-…`` pin is refused.
+GPU_REF_PATTERN: Final = r"(?:[0-9]{1,3}|GPU-[0-9A-Za-z-]{1,80})"
 _GPU_REF_RE: Final = re.compile(GPU_REF_PATTERN)
 # The schema's (and the CRD's) pattern: loose enough for RE2, which the API server runs
 # and which refuses nested repeat counts; parse_device checks each GPU strictly.
@@ -66,6 +79,10 @@ class GpuRef:
     index: int
     uuid: str | None = None
     vendor: str | None = None  # nvidia | amd | None (a budget-only GPU: not known)
+    # Its memory (the probe's total, or its budget) when placed: what a server that sizes
+    # itself as a fraction of the GPU is told (vLLM's --gpu-memory-utilization). Not
+    # recorded: a restarted controller does not restart a running server.
+    total_bytes: int | None = field(default=None, compare=False)
 
     @property
     def key(self) -> str:
@@ -84,7 +101,7 @@ def parse_device(value: str) -> DeviceRef:
     if bad:
         raise ValueError(
             f"invalid device {value!r}: {bad[0]!r} is neither a GPU index nor a GPU UUID "
-            "(GPU-… or MIG-…, as nvidia-smi -L prints them)"
+            "(GPU-…, as nvidia-smi -L prints it; MIG instances are not placed)"
         )
     if len(refs) > MAX_PINS:
         raise ValueError(f"invalid device {value!r}: at most {MAX_PINS} GPUs")

@@ -22,16 +22,19 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 import psutil
 
 from controller.devices import GpuRef, gpu_key, key_index
 from controller.units import GIB  # re-exported: one definition
+
+INIT_RETRY_S: Final = 30.0  # a failed nvmlInit is tried again after this long
 
 __all__ = [
     "GIB",
@@ -155,6 +158,8 @@ class NvmlProbe:
         self._ready = False
         self.error: str | None = None
         self._names: dict[int, tuple[str | None, str | None]] = {}  # index -> (uuid, name)
+        self._retry_at = 0.0  # monotonic: when a failed nvmlInit is tried again
+        self._last: tuple[DeviceMemory, ...] = ()  # the GPUs of the last good reading
         if self._nvml is None:
             try:
                 self._nvml = importlib.import_module("pynvml")
@@ -162,17 +167,19 @@ class NvmlProbe:
                 self.error = "nvidia-ml-py is not installed"
 
     def _init(self) -> bool:
+        """NVML initialised; a failed init (no driver yet, a driver being reloaded) is
+        tried again every ``INIT_RETRY_S``, not at every sample."""
         if self._ready:
             return True
-        if self._nvml is None:
+        if self._nvml is None or time.monotonic() < self._retry_at:
             return False
         try:
             self._nvml.nvmlInit()
         except Exception as exc:  # noqa: BLE001  (NVMLError_* subclasses Exception only)
             self.error = f"NVML unavailable: {exc}"
-            self._nvml = None
+            self._retry_at = time.monotonic() + INIT_RETRY_S
             return False
-        self._ready = True
+        self._ready, self.error = True, None
         return True
 
     def sample(self, device: str) -> DeviceMemory | None:
@@ -187,9 +194,11 @@ class NvmlProbe:
         assert nvml is not None
         try:
             count = int(nvml.nvmlDeviceGetCount())
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001  (the GPUs seen before, each lost now)
             self.error = f"NVML device count failed: {exc}"
-            return ()
+            return tuple(
+                replace(g, total_bytes=0, free_bytes=0, error=self.error) for g in self._last
+            )
         out: list[DeviceMemory] = []
         for index in range(count):
             key = gpu_key(index)
@@ -198,12 +207,16 @@ class NvmlProbe:
                 info = nvml.nvmlDeviceGetMemoryInfo(handle)
             except Exception as exc:  # noqa: BLE001  (a lost GPU: the others still count)
                 error = f"NVML: {exc}"
-                out.append(DeviceMemory(key, 0, 0, "nvml", index, vendor="nvidia", error=error))
+                uuid = self._names.get(index, (None, None))[0]  # known from before it was lost
+                out.append(
+                    DeviceMemory(key, 0, 0, "nvml", index, uuid, vendor="nvidia", error=error)
+                )
                 continue
             uuid, name = self._identity(index, handle)
             total, free = int(info.total), int(info.free)
             out.append(DeviceMemory(key, total, free, "nvml", index, uuid, name, "nvidia"))
-        return tuple(out)
+        self._last = tuple(out)
+        return self._last
 
     def _identity(self, index: int, handle: Any) -> tuple[str | None, str | None]:
         """(UUID, name) of a GPU, read once per index."""
@@ -252,14 +265,27 @@ class AmdSysfsProbe:
         cards = [c for c in self.root.glob("card[0-9]*") if c.name[4:].isdigit()]
         out: list[DeviceMemory] = []
         for card in sorted(cards, key=lambda c: int(c.name[4:])):
-            figures = self._card(card / "device")
-            if figures is not None:
-                index = len(out)
-                total, free = figures
-                out.append(
-                    DeviceMemory(gpu_key(index), total, free, "amd-sysfs", index, None, None, "amd")
-                )
+            dev = card / "device"
+            if not self._is_amd(dev):
+                continue
+            index, key = len(out), gpu_key(len(out))
+            figures = self._card(dev)
+            if figures is None:  # an AMD card whose memory cannot be read now: lost
+                error = f"amdgpu sysfs: cannot read {dev}/mem_info_*"
+                out.append(DeviceMemory(key, 0, 0, "amd-sysfs", index, vendor="amd", error=error))
+                continue
+            total, free = figures
+            out.append(DeviceMemory(key, total, free, "amd-sysfs", index, None, None, "amd"))
         return tuple(out)
+
+    @staticmethod
+    def _is_amd(dev: Path) -> bool:
+        """An amdgpu card: AMD's PCI vendor id, or (a fixture tree, an odd driver) its
+        memory files. A card keeps its index while its files cannot be read (it is lost,
+        not renumbered); one that leaves sysfs renumbers those after it, as ROCm does."""
+        with contextlib.suppress(OSError):
+            return (dev / "vendor").read_text().strip().lower() == "0x1002"
+        return (dev / "mem_info_vram_total").exists() or (dev / "mem_info_gtt_total").exists()
 
     def _card(self, dev: Path) -> tuple[int, int] | None:
         total = used = 0

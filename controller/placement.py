@@ -27,11 +27,12 @@ is unloaded (``host``: the room in host memory for sleepers, see :mod:`controlle
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from controller.devices import GpuRef, share
-from controller.errors import DeviceUnavailable
+from controller.errors import DeviceUnavailable, SlotConfigError
 from controller.eviction import EvictionCandidate, EvictionPlan, Victim, plan_room
 from controller.memory import Admission, DeviceMemory, check_admission
 from controller.units import format_gib
@@ -44,10 +45,12 @@ __all__ = [
     "describe",
     "gpu_figures",
     "place",
+    "place_first",
     "resolve_pins",
 ]
 
-# Device sets scored at most: C(8, 4) = 70 covers every span on an 8-GPU host.
+# Device sets scored at most: every set on a host of up to 8 GPUs (C(8, 4) = 70); on a
+# bigger one, the sets of the GPUs that suit the load best on their own (see _sets).
 _MAX_SETS = 256
 
 
@@ -115,7 +118,7 @@ class Placement:
     """
 
     option: Option | None
-    error: DeviceUnavailable | None = None
+    error: DeviceUnavailable | SlotConfigError | None = None
     tried: tuple[Option, ...] = ()  # every set judged (a refusal's figures per GPU)
 
     @property
@@ -124,9 +127,19 @@ class Placement:
 
     @property
     def gpus(self) -> tuple[GpuRef, ...]:
+        """The chosen GPUs, each with its memory (what the server is told it may use)."""
         if self.option is None:
             return ()
-        return tuple(d.gpu for d in self.option.devices if d.gpu is not None)
+        return tuple(
+            replace(d.gpu, total_bytes=_total(d)) for d in self.option.devices if d.gpu is not None
+        )
+
+
+def _total(facts: DeviceFacts) -> int | None:
+    """A GPU's memory as admission counts it: its budget, else the probed total."""
+    if facts.budget is not None:
+        return facts.budget
+    return facts.sample.total_bytes if facts.sample is not None else None
 
 
 def _admission(need: int, facts: DeviceFacts) -> Admission:
@@ -142,13 +155,21 @@ def _admission(need: int, facts: DeviceFacts) -> Admission:
 
 def resolve_pins(
     need: Need, devices: Sequence[DeviceFacts]
-) -> tuple[DeviceFacts, ...] | DeviceUnavailable:
-    """The devices a pinned slot names (by index or UUID), or why they are not there."""
-    chosen = []
+) -> tuple[DeviceFacts, ...] | DeviceUnavailable | SlotConfigError:
+    """The devices a pinned slot names (by index or UUID), or why they are not there (or
+    that two of its pins name one GPU: by its index and by its UUID)."""
+    chosen: list[DeviceFacts] = []
     for pin in need.pins:
         found = next((d for d in devices if d.gpu is not None and _names(d.gpu, pin)), None)
         if found is None or found.lost:
             return _unavailable(need, devices, pin, found.lost if found else None)
+        if found in chosen:
+            return SlotConfigError(
+                f"slot {need.slot!r}: device pins {found.key} twice (by its index and its "
+                f"UUID {found.gpu.uuid if found.gpu else '?'})",
+                keys=["device"],
+                slot=need.slot,
+            )
         chosen.append(found)
     return tuple(chosen)
 
@@ -178,7 +199,13 @@ def _unavailable(
         )
         reason = "not_found"
     return DeviceUnavailable(
-        message, slot=need.slot, device=pin or "gpu", reason=reason, gpus=gpu_figures(gpus)
+        message,
+        slot=need.slot,
+        device=pin or "gpu",
+        reason=reason,
+        needed_bytes=share(need.bytes, need.span),  # on each GPU it would use
+        span=need.span,
+        gpus=gpu_figures(gpus),
     )
 
 
@@ -199,8 +226,26 @@ def gpu_figures(devices: Sequence[DeviceFacts]) -> list[dict[str, object]]:
 
 
 def _sets(need: Need, devices: Sequence[DeviceFacts]) -> list[tuple[DeviceFacts, ...]]:
-    sets = itertools.combinations(devices, need.span)
-    return list(itertools.islice(sets, _MAX_SETS))
+    """Every ``span``-sized set of ``devices`` while there are at most ``_MAX_SETS``;
+    beyond, the sets of the ``m`` GPUs that suit the load best on their own (fits as it
+    is first, then best fit, then the lower index; ``m`` as many as keep the sets
+    within the bound), so a big host's empty GPUs are never left out."""
+    k = need.span
+    m = len(devices)
+    while m > k and math.comb(m, k) > _MAX_SETS:
+        m -= 1
+    if m < len(devices):
+        per = share(need.bytes, k)
+        devices = sorted(devices, key=lambda d: _alone(per, d))[:m]
+        devices = sorted(devices, key=lambda d: d.gpu.index if d.gpu else 0)
+    return list(itertools.combinations(devices, k))
+
+
+def _alone(need: int, facts: DeviceFacts) -> tuple[int, int, int]:
+    """How well one device takes a share on its own (lower is better)."""
+    a = _admission(need, facts)
+    room = min(a.budget_room, a.free_room) - need
+    return (0 if a.ok else 1, room if a.ok else -room, facts.gpu.index if facts.gpu else 0)
 
 
 def place(
@@ -220,7 +265,7 @@ def place(
     """
     if need.pins:
         pinned = resolve_pins(need, devices)
-        if isinstance(pinned, DeviceUnavailable):
+        if not isinstance(pinned, tuple):
             return Placement(None, error=pinned)
         sets = [pinned]
     else:
@@ -249,6 +294,20 @@ def _missing(option: Option) -> int:
     if plan is None:
         return 0
     return sum(max(0, n - plan.evictable.get(d, 0)) for d, n in plan.need.items())
+
+
+def place_first(need: Need, devices: Sequence[DeviceFacts]) -> Placement:
+    """The first device set in GPU order that fits as it is, else :func:`place`'s closest
+    (no evictions). For a running server whose GPUs nobody recorded (a controller before
+    per-GPU placement showed it every GPU, and its framework then takes GPU 0 first)."""
+    if need.pins or need.span > len(devices):
+        return place(need, devices, lambda: (), 0.0)
+    per_device = share(need.bytes, need.span)
+    for devices_set in _sets(need, [d for d in devices if not d.lost]):
+        option = Option(devices_set, tuple(_admission(per_device, d) for d in devices_set), None)
+        if all(a.ok for a in option.admissions):
+            return Placement(option, tried=(option,))
+    return place(need, devices, lambda: (), 0.0)
 
 
 def _with_plan(

@@ -204,19 +204,36 @@ class _LiveCollector(Collector):
             "up; reserved: loads coming up), configured budget; one series set per GPU",
             labels=["device", "gpu", "kind"],
         )
+        nodes = GaugeMetricFamily(
+            "slotctl_node_memory_bytes",
+            "A cluster node's device memory as the kubernetes runtime admits on it: its "
+            "budget (total), admitted by slotctl (resident, reserved)",
+            labels=["node", "device", "kind"],
+        )
         for figures in device_figures(manager):
+            node, _, kind_of = figures.device.rpartition("/")
             gpu = str(figures.index) if figures.index is not None else ""
-            for kind, value in (
-                ("total", figures.total_bytes),
-                ("free", figures.free_bytes),
-                ("admitted", figures.admitted_bytes),
-                ("resident", figures.resident_bytes),
-                ("reserved", figures.reserved_bytes),
-                ("budget", figures.budget_bytes),
-            ):
-                if value is not None:
+            for kind, value in _memory_kinds(figures):
+                if node:
+                    nodes.add_metric([node, kind_of, kind], float(value))
+                else:
                     memory.add_metric([figures.kind, gpu, kind], float(value))
         yield memory
+        yield nodes
+
+
+def _memory_kinds(figures: DeviceFigures) -> Iterator[tuple[str, int]]:
+    """The figures of one device that are known, by kind."""
+    for kind, value in (
+        ("total", figures.total_bytes),
+        ("free", figures.free_bytes),
+        ("admitted", figures.admitted_bytes),
+        ("resident", figures.resident_bytes),
+        ("reserved", figures.reserved_bytes),
+        ("budget", figures.budget_bytes),
+    ):
+        if value is not None:
+            yield kind, value
 
 
 _go_float = cast(Callable[[float], str], floatToGoString)  # the bound's text, as theirs

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Final
 
+from controller.devices import GpuRef
 from controller.errors import SlotConfigError
 from controller.providers.base import BuildContext, Provider, model_path
 from controller.providers.templates import (
@@ -24,6 +25,7 @@ __all__ = [
     "Provider",
     "build_launch",
     "model_path",
+    "placement_args",
     "with_port",
 ]
 
@@ -51,6 +53,13 @@ def build_launch(slot: SlotSpec, model: ModelSpec | None, ctx: BuildContext) -> 
         # In its own pod the server is reached at the pod's IP, from outside the pod.
         ctx = replace(ctx, host="0.0.0.0")  # noqa: S104
     return PROVIDER_REGISTRY[slot.provider].build(slot, model, ctx)
+
+
+def placement_args(slot: SlotSpec, gpus: tuple[GpuRef, ...], share_bytes: int) -> tuple[str, ...]:
+    """The arguments a provider's server needs for where it was placed (a capability:
+    providers that size themselves as a fraction of a GPU have ``placement_args``)."""
+    capability = getattr(PROVIDER_REGISTRY[slot.provider], "placement_args", None)
+    return tuple(capability(slot, gpus, share_bytes)) if capability is not None else ()
 
 
 def with_port(slot: SlotSpec, port: int | None) -> SlotSpec:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import controller
+from controller.devices import GpuRef
 from controller.errors import SlotConfigError
 from controller.probe import ProbeSpec
 from controller.providers.base import (
@@ -58,7 +59,7 @@ def _launch(
     if sleep is not None:  # the controller's, after the slot's own (VLLM_SERVER_DEV_MODE)
         argv = [*argv, *sleep.argv]
         merged_env.update(sleep.env)
-    if ctx.runtime == "kubernetes" and slot.device_ref.pinned:
+    if ctx.runtime == "kubernetes" and slot.device_ref.pinned:  # the load refused it first
         raise SlotConfigError(
             f"slot {slot.name!r}: device = {slot.device!r} pins GPUs, which the kubernetes "
             "runtime cannot do (the device plugin picks a node's GPUs): use device = "
@@ -202,10 +203,27 @@ class LlamaCppPythonProvider:
 
 @dataclass(frozen=True, slots=True)
 class VllmProvider:
-    """vLLM's OpenAI server (``vllm serve`` or the vllm-openai image)."""
+    """vLLM's OpenAI server (``vllm serve`` or the vllm-openai image).
+
+    vLLM preallocates ``--gpu-memory-utilization`` (default 0.9) of *each* GPU it is given,
+    whatever the slot's estimate says: two slots placed on one GPU would each claim 90 %
+    of it. So it is told its admitted share (``placement_args``).
+    """
 
     name: str = "vllm"
     image: str = "vllm/vllm-openai:latest"
+
+    def placement_args(
+        self, slot: SlotSpec, gpus: tuple[GpuRef, ...], share_bytes: int
+    ) -> tuple[str, ...]:
+        """``--gpu-memory-utilization`` = the admitted share of the smallest of its GPUs
+        (0.05..0.95); nothing when the share is not counted (``memory_gb = 0``) or a GPU's
+        size is not known."""
+        totals = [g.total_bytes for g in gpus]
+        if not gpus or share_bytes <= 0 or any(not t for t in totals):
+            return ()
+        fraction = min(0.95, max(0.05, share_bytes / min(t for t in totals if t)))
+        return ("--gpu-memory-utilization", f"{fraction:.3f}")
 
     def build(self, slot: SlotSpec, model: ModelSpec | None, ctx: BuildContext) -> LaunchSpec:
         model = require_model(slot, model)

@@ -86,6 +86,9 @@ class LaunchSpec:
     # How the server sleeps and wakes (a provider capability; None: it cannot, or the slot
     # opted out). What it changes in the server's argv and environment is hashed there.
     sleep: SleepMode | None = field(default=None, compare=False)
+    # Arguments that follow the placement (vLLM's share of the GPU), appended at start:
+    # not hashed, for the same reason (``run_argv``).
+    placed_args: tuple[str, ...] = field(default=(), compare=False)
     # Where the server answers when the runtime decides it after start (a pod's IP): not
     # part of the config (a new pod IP is the same server config), so not hashed.
     address: str | None = field(default=None, compare=False)
@@ -120,13 +123,19 @@ class LaunchSpec:
             **({"gpus": self.gpus} if self.gpus > 1 else {}),
         }
 
-    def placed_on(self, gpus: tuple[GpuRef, ...]) -> LaunchSpec:
-        """This launch on the GPUs admission chose (what the runtime makes visible)."""
-        if gpus == self.visible:
+    def placed_on(self, gpus: tuple[GpuRef, ...], args: tuple[str, ...] = ()) -> LaunchSpec:
+        """This launch on the GPUs admission chose (what the runtime makes visible), with
+        the arguments that follow from them (the provider's ``placement_args``)."""
+        if gpus == self.visible and args == self.placed_args:
             return self
-        placed = replace(self, visible=gpus)
+        placed = replace(self, visible=gpus, placed_args=args)
         object.__setattr__(placed, "_hash", self._hash)
         return placed
+
+    @property
+    def run_argv(self) -> tuple[str, ...]:
+        """The argv (or container args) a runtime starts: ``argv`` and the placement's."""
+        return self.argv + self.placed_args if self.placed_args else self.argv
 
     @property
     def device_kind(self) -> str:

@@ -220,7 +220,7 @@ def create_options(
         labels[OWNER_LABEL] = owner
     options: dict[str, Any] = {
         "image": launch.image,
-        "command": list(launch.argv),
+        "command": list(launch.run_argv),
         "name": container_name(launch.slot),
         "labels": labels,
         "environment": {**launch.env, **visibility_env(launch.visible, in_container=True)},

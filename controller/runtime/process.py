@@ -32,6 +32,7 @@ from typing import IO, Any, Final
 
 import psutil
 
+from controller.devices import VISIBILITY_ENV_VARS
 from controller.errors import SlotSpawnFailed, SlotTerminateTimeout, StateWriteFailed
 from controller.runtime.base import (
     LaunchSpec,
@@ -66,7 +67,10 @@ RECORD: Final = "process.json"
 RECORD_DURABLE: Final = False
 LOG: Final = "server.log"
 # Never leak the controller's secrets into a model server's environment.
-_SCRUBBED_ENV: Final = frozenset({"SLOTCTL_TOKEN"})
+# Device visibility is the controller's too: one inherited from its own environment (a
+# CUDA_VISIBLE_DEVICES the user started it with; HIP also honours CUDA_VISIBLE_DEVICES and
+# GPU_DEVICE_ORDINAL) would hide the GPUs a server was placed on.
+_SCRUBBED_ENV: Final = frozenset({"SLOTCTL_TOKEN", *VISIBILITY_ENV_VARS, "CUDA_DEVICE_ORDER"})
 _POLL_S: Final = 0.02
 # Children of this controller process, by pid. Process-wide (not per runtime object): a
 # child belongs to the OS process, and whoever observes its exit must reap it through its
@@ -224,7 +228,7 @@ class ProcessRuntime:
             log_path.parent.mkdir(parents=True, exist_ok=True)
             self._rotate(log_path)
             log = log_path.open("ab")
-            log.write(f"--- slotctl: starting {' '.join(launch.argv)}\n".encode())
+            log.write(f"--- slotctl: starting {' '.join(launch.run_argv)}\n".encode())
             log.flush()
             output_at = log.tell()
         except OSError as exc:  # disk full or read-only: typed, nothing started
@@ -235,7 +239,7 @@ class ProcessRuntime:
         with log:
             try:
                 popen = subprocess.Popen(
-                    list(launch.argv),
+                    list(launch.run_argv),
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,
@@ -260,7 +264,7 @@ class ProcessRuntime:
             "pid": popen.pid,
             "create_time": create_time,
             "started_at": time.time(),
-            "argv": list(launch.argv),
+            "argv": list(launch.run_argv),
             "config_hash": launch.config_hash(),
             "endpoint": launch.endpoint,
             "port": launch.port,

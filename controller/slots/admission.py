@@ -22,17 +22,18 @@ from controller.decision import (
     decide_load,
 )
 from controller.devices import GpuRef, key_kind, share
-from controller.errors import DeviceUnavailable, SlotctlError
+from controller.errors import DeviceUnavailable, SlotConfigError, SlotctlError
 from controller.events import EventKind, EvictionReason, Op
 from controller.eviction import Victim
 from controller.lifecycle import DISPATCHABLE_STATES, SlotState
 from controller.memory import GIB, DeviceMemory, budget_gb_for, check_admission, gpu_inventory
 from controller.memory import Admission as AdmissionFigures
-from controller.placement import Need, place
+from controller.placement import Need, place_first
 from controller.runtime.base import LaunchSpec
 from controller.slots.core import Core, Part
 from controller.slots.records import ADMITTED_STATES, DeviceFigures, SlotRecord
 from controller.slots.unloading import Unloading
+from controller.spec.schema import SlotSpec
 from controller.units import format_gib
 
 __all__ = ["Admission"]
@@ -53,6 +54,8 @@ class Admission(Part):
         An asleep slot's load is a wake: pinned to the GPUs its server sleeps on. The
         victims' actions come with it (sleep where host memory holds them: :meth:`host_room`).
         """
+        if slot.on_nodes and slot.spec.device_ref.pins:
+            return LoadDecision("refuse", error=pinned_on_a_cluster(slot.spec))
         devices = self.device_facts(slot)
         peers = tuple(
             GroupPeer(
@@ -202,13 +205,14 @@ class Admission(Part):
 
     def place_running(self, slot: SlotRecord) -> tuple[GpuRef, ...]:
         """The GPUs to count a running server on that has none recorded (an adoption):
-        where the placement would put it without evicting, else the set closest to
-        fitting (it runs already: its memory must be counted somewhere). No breaker, no
-        exclusive group: nothing is loaded."""
-        need = Need(slot.name, slot.memory_bytes, max(1, slot.spec.gpu_count), ())
-        pins = slot.spec.device_ref.pins
-        placement = place(replace(need, pins=pins), self.device_facts(slot), lambda: (), 0.0)
-        return placement.gpus
+        the first GPUs in index order that hold it (a server of a controller before
+        per-GPU placement saw every GPU, and frameworks take GPU 0 first), else the set
+        closest to fitting (it runs already: its memory must be counted somewhere). No
+        breaker, no exclusive group, no eviction: nothing is loaded."""
+        need = Need(
+            slot.name, slot.memory_bytes, max(1, slot.spec.gpu_count), slot.spec.device_ref.pins
+        )
+        return place_first(need, self.device_facts(slot)).gpus
 
     def explain(self, slot: SlotRecord) -> dict[str, Any]:
         """Dry run of a load (or of an asleep slot's wake): would it fit, where, what would
@@ -409,3 +413,15 @@ def _placed(admission: AdmissionFigures, decision: LoadDecision) -> dict[str, An
         "probe": admission.source,
         "evict": [v.name for v in decision.victims if admission.device in v.devices],
     }
+
+
+def pinned_on_a_cluster(spec: SlotSpec) -> SlotConfigError:
+    """A slot that pins GPUs on the kubernetes runtime, where the device plugin picks a
+    node's GPUs: refused before anything (an exclusive-group peer) is unloaded."""
+    return SlotConfigError(
+        f"slot {spec.name!r}: device = {spec.device!r} pins GPUs, which the kubernetes "
+        'runtime cannot do (the device plugin picks a node\'s GPUs): use device = "gpu" '
+        "with gpus = K, and `node` to choose the node",
+        keys=["device"],
+        slot=spec.name,
+    )

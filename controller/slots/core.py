@@ -16,11 +16,12 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from controller.clock import Clock
+from controller.devices import share
 from controller.errors import SlotctlError
 from controller.events import EventBus
 from controller.memory import MemoryProbe
 from controller.probe import Prober
-from controller.providers import BuildContext, build_launch, with_port
+from controller.providers import BuildContext, build_launch, placement_args, with_port
 from controller.runtime.base import LaunchSpec, Runtime
 from controller.runtime.ports import can_bind, pick_free_port
 from controller.sleepmode import Sleeper
@@ -101,6 +102,15 @@ class Core:
                 if port is not None:
                     taken.add(port)
         return taken
+
+    def placed(self, slot: SlotRecord, launch: LaunchSpec) -> LaunchSpec:
+        """``launch`` on the GPUs the slot was placed on, with what its provider needs to
+        know of them (vLLM: its share of the GPU)."""
+        gpus = slot.placement
+        if not gpus:
+            return launch.placed_on(())
+        part = share(slot.memory_bytes, len(gpus))
+        return launch.placed_on(gpus, placement_args(slot.spec, gpus, part))
 
     def launch_hash(self, slot: SlotRecord) -> str | None:
         """The config hash ``slot`` would run with (None: its launch cannot be built).

@@ -161,7 +161,7 @@ class Loading(Part):
         await self.unloading.unload_group_peers(slot)
         launch = self.core.build_launch(slot, starting=True)  # an auto port that is free
         pulling = await self.admission.admit_and_reserve(slot, launch)
-        launch = launch.placed_on(slot.placement)  # the GPUs admission chose (recorded)
+        launch = self.core.placed(slot, launch)  # the GPUs admission chose (recorded)
         if pulling:
             await self._pull(slot, launch, gen)
         await self._start_and_probe(slot, launch, gen)

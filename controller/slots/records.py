@@ -36,6 +36,7 @@ __all__ = [
     "SlotRecord",
     "SlotStatus",
     "SlotView",
+    "tier_name",
 ]
 
 S = SlotState
@@ -154,6 +155,11 @@ class SlotView:
     @property
     def dispatchable(self) -> bool:
         return can_dispatch(self.state, self.idle_reason)
+
+
+def tier_name(level: int, waking: bool) -> str | None:
+    """``extra.residency`` of a slot at this sleep level (None: awake)."""
+    return (WAKING if waking else ASLEEP) if level else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -325,6 +331,14 @@ class SlotRecord:
         each = share(size, len(placed)) if placed else 0
         loading = self.waking or self.state in LOADING_STATES
         return tuple((key, each, loading) for key in placed) + (host if self.waking else ())
+
+    def restore_tier(self, residency: str | None, level: int) -> None:
+        """The tier ``state.json`` recorded: a wake the previous controller died in is a
+        sleeper until its server says otherwise (recovery asks it), counted once."""
+        if self.state in (S.IDLE, S.UNLOADING) and residency in (ASLEEP, WAKING):
+            self.asleep = level if level in (1, 2) else 1
+            if self.state is S.IDLE:
+                self.idle_reason = IdleReason.ASLEEP
 
     def bytes_on(self, device: str) -> tuple[int, bool]:
         """The bytes it holds on ``device`` (a key, or a kind: all of its GPUs), and

@@ -82,7 +82,7 @@ class Recovery(Part):
         drifted = observed.config_hash != launch.config_hash()
         launch = launch.reached_at(observed.endpoint)  # a pod's IP, on a cluster
         self._keep_placement(slot)
-        launch = launch.placed_on(slot.placement)
+        launch = self.core.placed(slot, launch)
         # An adopted server started with an older config reports *its* hash, so the
         # reconciler recreates it (it serves until then).
         slot.launch, slot.running_hash = launch, observed.config_hash if drifted else None

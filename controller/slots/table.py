@@ -27,15 +27,9 @@ from controller.clock import Clock
 from controller.devices import GpuRef
 from controller.errors import SlotctlError, SlotNotFound, StateWriteFailed
 from controller.events import EventBus, EventKind, Op
-from controller.eviction import EvictionCandidate
-from controller.lifecycle import (
-    Candidate,
-    IdleReason,
-    SlotState,
-    check_transition,
-    legal_path,
-)
-from controller.slots.records import ADMITTED_STATES, ASLEEP, WAKING, SlotRecord, SlotView
+from controller.lifecycle import Candidate, IdleReason, SlotState, check_transition, legal_path
+from controller.slots.records import ADMITTED_STATES, SlotRecord, SlotView, tier_name
+from controller.slots.usage import Usage
 from controller.slots.wishes import Wishes
 from controller.spec.schema import ModelSpec
 from controller.store import PlacedGpu, SlotStateRecord, StateExtra, StateStore, utcnow
@@ -51,7 +45,7 @@ LAG_WRITE_S: Final = 0.25  # lease flips within this window reach state.json as 
 _LEASE_FLIP: Final = frozenset({S.READY, S.SERVING})
 
 
-class SlotTable:
+class SlotTable(Usage):
     def __init__(self, store: StateStore, events: EventBus, clock: Clock, wishes: Wishes) -> None:
         self.store = store
         self.events = events
@@ -146,68 +140,6 @@ class SlotTable:
             ]
         return [
             Candidate(s.name, s.state, s.spec.priority, s.last_used, s.idle_reason) for s in found
-        ]
-
-    # ------------------------------------------------------------------ memory
-
-    def admitted_bytes(self, device: str) -> int:
-        return self.device_bytes(device)[0]
-
-    def reserved_bytes(self, device: str, requester: SlotRecord | None = None) -> int:
-        """Admitted to loads still coming up: the probed free memory cannot show them yet."""
-        return self.device_bytes(device, requester)[1]
-
-    def device_bytes(self, device: str, requester: SlotRecord | None = None) -> tuple[int, int]:
-        """(admitted, reserved) on ``device`` in one pass: the bytes of the slots admitted
-        there, and of those among them still coming up (but ``requester``'s). A device
-        kind (``gpu``) sums its devices (every GPU)."""
-        admitted = reserved = 0
-        for s in self.records.values():
-            if s.state not in ADMITTED_STATES:
-                continue
-            size, loading = s.bytes_on(device)
-            admitted += size
-            if loading and s is not requester:
-                reserved += size
-        return admitted, reserved
-
-    def all_device_bytes(self, requester: SlotRecord | None = None) -> dict[str, list[int]]:
-        """Every admission key with its [admitted, reserved] bytes, in one pass (the
-        placement looks at every GPU of a host at once). A sleeper counts on its host
-        only (its weights, level 1); a wake holds its devices again, reserved."""
-        out: dict[str, list[int]] = {}
-        for s in self.records.values():
-            if s.state not in ADMITTED_STATES:
-                continue
-            mine = s is requester
-            for key, size, loading in s.holdings():
-                figures = out.setdefault(key, [0, 0])
-                figures[0] += size
-                if loading and not mine:
-                    figures[1] += size
-        return out
-
-    def resident_bytes(self, device: str) -> int:
-        """Bytes of the servers that are up on ``device`` (what a memory probe can see)."""
-        admitted, reserved = self.device_bytes(device)
-        return admitted - reserved
-
-    def candidates(self) -> list[EvictionCandidate]:
-        """Every slot as the eviction planner sees it (it picks the eligible ones)."""
-        return [s.candidate() for s in self.records.values()]
-
-    def group_peers(self, slot: SlotRecord) -> list[SlotRecord]:
-        """The members of ``slot``'s exclusive group that hold it (loading or loaded)."""
-        group = slot.model.exclusive_group if slot.model else None
-        if not group:
-            return []
-        return [
-            s
-            for s in self.records.values()
-            if s is not slot
-            and s.model is not None
-            and s.model.exclusive_group == group
-            and s.state not in (S.OFFLINE, S.ERROR)
         ]
 
     # ------------------------------------------------------------------ the writer
@@ -413,25 +345,15 @@ class SlotTable:
         its device memory again): no transition, but durable before the controller acts
         on it (SPEC §3); one event and log line. A refused write changes nothing."""
         assert slot.state is S.IDLE, slot.state
-        before = slot.residency
-        record = self._record(
-            slot,
-            S.IDLE,
-            IdleReason.ASLEEP,
-            message,
-            slot.since,
-            slot.waiting,
-            tier=(asleep, waking),
-        )
+        before, reason = slot.residency, IdleReason.ASLEEP
+        tier = (asleep, waking)
+        record = self._record(slot, S.IDLE, reason, message, slot.since, slot.waiting, tier=tier)
         try:
             self._write_now(record, durable=True)
         except StateWriteFailed as exc:
-            self._write_failed(
-                slot, op, f"{before} -> {WAKING if waking else ASLEEP} not done", exc
-            )
+            self._write_failed(slot, op, f"{before} -> {record.extra.residency} not done", exc)
             raise
-        slot.asleep, slot.waking = asleep, waking
-        slot.idle_reason, slot.message = IdleReason.ASLEEP, message
+        slot.asleep, slot.waking, slot.idle_reason, slot.message = asleep, waking, reason, message
         self.events.emit(
             EventKind.RESIDENCY,
             op,
@@ -525,7 +447,7 @@ class SlotTable:
             config_drift=slot.running_hash is not None,
             waiting=waiting,
             gpus=tuple(PlacedGpu(index=g.index, uuid=g.uuid, vendor=g.vendor) for g in placed),
-            residency=(WAKING if waking else ASLEEP) if level else None,
+            residency=tier_name(level, waking),
             sleep_level=level,
             reload=slot.costs,
             **breaker,
@@ -554,12 +476,7 @@ class SlotTable:
         slot.costs = saved.extra.reload
         if slot.state in ADMITTED_STATES:
             slot.placement = tuple(GpuRef(g.index, g.uuid, g.vendor) for g in saved.extra.gpus)
-        if slot.state in (S.IDLE, S.UNLOADING) and saved.extra.residency in (ASLEEP, WAKING):
-            # A wake the previous controller died in is a sleeper until its server says
-            # otherwise (recovery asks it): counted once, on the host.
-            slot.asleep = saved.extra.sleep_level if saved.extra.sleep_level in (1, 2) else 1
-            if slot.state is S.IDLE:
-                slot.idle_reason = IdleReason.ASLEEP
+        slot.restore_tier(saved.extra.residency, saved.extra.sleep_level)
         if slot.state is S.SERVING:
             # A new table has no leases: a ``serving`` record (its lease flip back to ready
             # lagged, or the controller died mid-request) recovers as ``ready`` (SPEC §3),

@@ -17,6 +17,7 @@ from controller.devices import (
     DEVICE_KINDS,
     DEVICE_MAX_LENGTH,
     DEVICE_PATTERN,
+    VISIBILITY_ENV_VARS,
     DeviceRef,
     parse_device,
 )
@@ -120,15 +121,7 @@ HARDWARE_FLAGS: Final[frozenset[str]] = frozenset(
         "--host",
     }
 )
-HARDWARE_ENV_VARS: Final[frozenset[str]] = frozenset(
-    {
-        "CUDA_VISIBLE_DEVICES",
-        "HIP_VISIBLE_DEVICES",
-        "ROCR_VISIBLE_DEVICES",
-        "NVIDIA_VISIBLE_DEVICES",
-        "GPU_DEVICE_ORDINAL",
-    }
-)
+HARDWARE_ENV_VARS: Final[frozenset[str]] = VISIBILITY_ENV_VARS
 # Server flags that set what a model owns: refused in extra_args, naming the model key.
 MODEL_OWNED_FLAGS: Final[dict[str, str]] = {
     "--ctx-size": "context_length",

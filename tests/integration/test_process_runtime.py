@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -226,6 +227,40 @@ async def test_labels_env_and_secret_scrubbed(
     assert env["SLOTCTL_CONFIG_HASH"] == launch.config_hash()
     assert env["CUDA_VISIBLE_DEVICES"] == ""  # device = cpu
     assert "SLOTCTL_TOKEN" not in env
+
+
+async def test_a_gpu_server_sees_its_placement_never_the_controllers_visibility(
+    runtime: ProcessRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The controller started with CUDA_VISIBLE_DEVICES (or HIP's variables) set: a server
+    placed on GPU 1 is shown GPU 1 (its UUID), and inherits none of the controller's."""
+    from controller.devices import GpuRef
+    from controller.providers import BuildContext, build_launch
+    from controller.spec.schema import ModelSpec, SlotSpec
+
+    for name, value in (("CUDA_VISIBLE_DEVICES", "0"), ("GPU_DEVICE_ORDINAL", "0")):
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "FASTEST_FIRST")
+    uuid = "GPU-11111111-0000-4000-8000-000000000001"
+    slot = SlotSpec.model_validate(
+        {"name": "placed", "provider": "demo", "port": free_port(), "model": {"default": "m"}}
+    )
+    model = ModelSpec(id="m", source="demo://m")
+    launch = build_launch(slot, model, BuildContext()).placed_on((GpuRef(1, uuid, "nvidia"),))
+    observed = await runtime.start(launch)
+    env = execed(int(observed.ident or 0), "controller.demo").environ()
+    assert env["CUDA_VISIBLE_DEVICES"] == uuid
+    assert "GPU_DEVICE_ORDINAL" not in env and "CUDA_DEVICE_ORDER" not in env
+    async with aiohttp.ClientSession() as session:
+        for _ in range(200):
+            with contextlib.suppress(aiohttp.ClientError):
+                async with session.get(f"{launch.endpoint}/v1/models") as answer:
+                    if answer.status == 200:
+                        models = await answer.json()
+                        break
+            await asyncio.sleep(0.05)
+    assert models["data"][0]["meta"]["visible_devices"] == {"CUDA_VISIBLE_DEVICES": uuid}
+    await runtime.stop("placed", 5.0)
 
 
 async def test_log_rotated_at_each_start(runtime: ProcessRuntime) -> None:

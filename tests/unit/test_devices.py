@@ -50,7 +50,6 @@ MODEL = ModelSpec(id="qwen", source="/models/qwen", memory_gb=16)
         ("gpu:1", "gpu", ("1",)),
         (f"gpu:{UUID0}", "gpu", (UUID0,)),
         ("gpu:2,3", "gpu", ("2", "3")),
-        ("gpu:MIG-abc-1", "gpu", ("MIG-abc-1",)),
     ],
 )
 def test_device_values(value: str, kind: str, pins: tuple[str, ...]) -> None:
@@ -62,7 +61,19 @@ def test_device_values(value: str, kind: str, pins: tuple[str, ...]) -> None:
 
 
 @pytest.mark.parametrize(
-    "value", ["GPU", "gpu:", "gpu:x", "gpu:1,1", "cpu:0", "gpu:1,", "gpu:01234", "tpu", "gpu: 1"]
+    "value",
+    [
+        "GPU",
+        "gpu:",
+        "gpu:x",
+        "gpu:1,1",
+        "cpu:0",
+        "gpu:1,",
+        "gpu:01234",
+        "tpu",
+        "gpu: 1",
+        "gpu:MIG-1",
+    ],
 )
 def test_bad_devices_are_refused(value: str) -> None:
     with pytest.raises(ValueError, match="device"):
@@ -262,3 +273,16 @@ def test_quadlet_adds_the_pinned_gpus() -> None:
     pinned = unit(device="gpu:1,2")
     assert "AddDevice=nvidia.com/gpu=1" in pinned and "AddDevice=nvidia.com/gpu=2" in pinned
     assert "AddDevice=nvidia.com/gpu=all" in unit()
+
+
+def test_vllm_is_told_its_share_of_the_gpu_and_the_others_are_not() -> None:
+    from controller.providers import placement_args
+
+    gpus = (GpuRef(0, UUID0, "nvidia", total_bytes=24 * 1024**3),)
+    assert placement_args(_slot(), gpus, 8 * 1024**3) == ("--gpu-memory-utilization", "0.333")
+    tp = (gpus[0], GpuRef(1, UUID1, "nvidia", total_bytes=16 * 1024**3))
+    assert placement_args(_slot(gpus=2), tp, 8 * 1024**3) == ("--gpu-memory-utilization", "0.500")
+    assert placement_args(_slot(), gpus, 40 * 1024**3)[1] == "0.950"  # capped
+    assert placement_args(_slot(), gpus, 0) == ()  # not counted: vLLM's own default
+    assert placement_args(_slot(), (GpuRef(0),), 8 * 1024**3) == ()  # size unknown
+    assert placement_args(_slot(provider="llamacpp"), gpus, 8 * 1024**3) == ()

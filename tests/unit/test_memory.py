@@ -466,3 +466,53 @@ def test_fake_probe_with_several_gpus() -> None:
     ]
     one = FakeMemoryProbe({"gpu": 10 * GIB})  # a one-GPU host, written the old way
     assert [g.device for g in one.gpus()] == ["gpu:0"]
+
+
+def test_a_lost_gpu_keeps_its_uuid_for_a_pin_by_uuid(monkeypatch: pytest.MonkeyPatch) -> None:
+    nvml = NamedNvml([(24 * GIB, 20 * GIB), (24 * GIB, 24 * GIB)])
+    probe = NvmlProbe(nvml)
+    known = probe.gpus()[1].uuid
+    nvml.lost.add(1)
+    lost = probe.gpus()[1]
+    assert lost.error is not None and lost.uuid == known
+
+
+def test_a_failed_nvml_init_is_tried_again_later(monkeypatch: pytest.MonkeyPatch) -> None:
+    import controller.memory as memory
+
+    clock = [1000.0]
+    monkeypatch.setattr(memory.time, "monotonic", lambda: clock[0])
+    nvml = FakeNvml([(GIB, GIB)], init_error=NVMLError("Driver Not Loaded"))
+    probe = NvmlProbe(nvml)
+    assert probe.gpus() == () and probe.gpus() == () and nvml.inits == 1
+    nvml.init_error = None  # the driver is loaded
+    clock[0] += memory.INIT_RETRY_S + 1
+    assert [g.device for g in probe.gpus()] == ["gpu:0"] and probe.error is None
+
+
+def test_a_failed_device_count_keeps_the_gpus_seen_as_lost() -> None:
+    nvml = NamedNvml([(24 * GIB, 20 * GIB), (24 * GIB, 24 * GIB)])
+    probe = NvmlProbe(nvml)
+    assert len(probe.gpus()) == 2
+
+    def broken() -> int:
+        raise NVMLError("Unknown Error")
+
+    nvml.nvmlDeviceGetCount = broken  # type: ignore[method-assign]
+    gpus = probe.gpus()
+    assert [g.device for g in gpus] == ["gpu:0", "gpu:1"]  # not a budget-only host
+    assert all(g.error is not None and "Unknown Error" in g.error for g in gpus)
+
+
+def test_an_amd_card_whose_memory_cannot_be_read_keeps_its_index(tmp_path: Path) -> None:
+    for n in (0, 1, 2):
+        dev = _card(tmp_path, f"card{n}", vram_total=(n + 1) * 8 * GIB, vram_used=0)
+        (dev / "vendor").write_text("0x1002\n")
+    (tmp_path / "card1" / "device" / "mem_info_vram_used").unlink()  # a driver reset
+    gpus = AmdSysfsProbe(tmp_path).gpus()
+    assert [(g.device, g.error is None) for g in gpus] == [
+        ("gpu:0", True),
+        ("gpu:1", False),
+        ("gpu:2", True),
+    ]
+    assert gpus[2].total_bytes == 24 * GIB  # the third card is still gpu:2

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from controller.clock import FakeClock
 from controller.devices import GpuRef
-from controller.errors import DeviceUnavailable, InsufficientMemory
+from controller.errors import DeviceUnavailable, InsufficientMemory, SlotConfigError
 from controller.events import EventKind
 from controller.lifecycle import SlotState
 from controller.memory import GIB, DeviceMemory, FakeMemoryProbe
@@ -354,17 +354,21 @@ async def _run_property(
         elif op == "load":
             with_gpus = {s: set(host.gpus_of(s)) for s in host.manager.names()}
             dry = host.manager.explain_load(name)
+            refused = False
             try:
                 await host.manager.load(name)
             except (InsufficientMemory, DeviceUnavailable):
-                assert dry["action"] == "refuse", dry
+                refused = True
             await settle(host.manager)
             mine = set(host.gpus_of(name))
-            if dry["action"] in ("load", "evict-then-load"):  # the dry run is the action
+            evicted = [e.slot for e in events_of(sub) if e.kind == EventKind.EVICTION]
+            # the dry run is the action: refused, or on its GPUs evicting its victims
+            assert refused == (dry["action"] == "refuse"), (dry, refused)
+            if dry["action"] in ("load", "evict-then-load"):
                 assert sorted(f"gpu:{i}" for i in mine) == sorted(dry["devices"]), dry
-            for event in events_of(sub):
-                if event.kind == EventKind.EVICTION:
-                    assert with_gpus[event.slot] & mine, (event.slot, with_gpus, mine)
+                assert evicted == [v["slot"] for v in dry["evict"]], (dry, evicted)
+            for victim in evicted:
+                assert with_gpus[victim] & mine, (victim, with_gpus, mine)
         else:
             await host.manager.unload(name, force=True)
         _check_budgets(host, sizes)
@@ -408,3 +412,115 @@ async def test_an_autoload_slot_pinned_to_a_lost_gpu_waits_said_once_and_loads_w
     await m.load("p", resident=False, background=True)
     assert m.view("p").state is S.READY and host.gpus_of("p") == (1,)
     assert m.view("p").waiting is None
+
+
+async def test_two_small_vllm_slots_on_one_gpu_are_each_told_their_share(tmp_path: Path) -> None:
+    """Best fit puts both on GPU 0; vLLM would claim 90 % of it each without being told."""
+    host = Host(tmp_path, [24, 24])
+    slots = [slot_spec(n, f"m-{n}", provider="vllm") for n in ("a", "b")]
+    await host.declare(slots, _models(**{"m-a": 8, "m-b": 8}))
+    await host.manager.load("a")
+    await host.manager.load("b")
+    assert host.gpus_of("a") == host.gpus_of("b") == (0,)
+    for name in ("a", "b"):
+        launch = host.runtime.objects[name].launch
+        assert launch.placed_args == ("--gpu-memory-utilization", "0.333")
+        assert launch.run_argv[-2:] == launch.placed_args
+        assert "--gpu-memory-utilization" not in launch.argv  # not part of the config hash
+
+
+async def test_an_adopted_server_without_a_record_is_counted_on_the_first_gpu_that_holds_it(
+    tmp_path: Path,
+) -> None:
+    """Best fit would say GPU 1 (the tighter one); a server of an older controller saw
+    every GPU and sits on GPU 0, where it is counted."""
+    host = Host(tmp_path, [24, 12])
+    await host.declare([slot_spec("a", "ma", device="gpu:0")], _models(ma=10))
+    await host.manager.load("a")
+    record = host.manager.store.read("a")
+    assert record is not None
+    host.manager.store.write(
+        record.model_copy(update={"extra": record.extra.model_copy(update={"gpus": ()})})
+    )
+    await host.manager.close()
+    host.manager = host.new_manager()
+    await host.declare([slot_spec("a", "ma")], _models(ma=10))  # unpinned now
+    await host.manager.recover()
+    assert host.gpus_of("a") == (0,)
+
+
+async def test_pins_on_the_kubernetes_runtime_are_refused_before_a_peer_is_unloaded(
+    tmp_path: Path,
+) -> None:
+    host = Host(tmp_path, [24, 24])
+    host.runtime.kind = "kubernetes"
+    image = {"server": {"image": "slotctl:test"}}
+    slots = [slot_spec("peer", "mp", **image), slot_spec("pinned", "mq", device="gpu:1", **image)]
+    models = [model_spec("mp", 4, group="x"), model_spec("mq", 4, group="x")]
+    await host.manager.set_desired(desired(slots, models))
+    m = host.manager
+    await m.load("peer")
+    assert m.explain_load("pinned")["action"] == "refuse"
+    sub = m.events.subscribe()
+    with pytest.raises(SlotConfigError, match="device plugin"):
+        await m.load("pinned")
+    assert m.view("peer").state is S.READY  # the exclusive peer was not swapped out
+    refusals = [e for e in events_of(sub) if e.kind == EventKind.REFUSAL]
+    assert [e.error for e in refusals] == ["slot.config_error"]
+
+
+async def test_a_clusters_nodes_have_a_metric_family_of_their_own(tmp_path: Path) -> None:
+    """On the kubernetes runtime the admission keys are NODE/gpu: each node's series carry
+    its name (one `device="gpu"` series per node would repeat the same labels)."""
+    from lightkube.models.core_v1 import NodeStatus
+    from lightkube.models.meta_v1 import ObjectMeta
+    from lightkube.resources.core_v1 import Node
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from controller.api.app import ApiContext
+    from controller.api.metrics import Metrics
+    from controller.runtime.kubernetes_nodes import NodeMemory
+
+    gfd = {"nvidia.com/gpu.memory": "24576", "nvidia.com/gpu.count": "1"}
+    nodes = NodeMemory()
+    nodes.update(
+        [
+            Node(
+                metadata=ObjectMeta(name=name, labels=gfd),
+                status=NodeStatus(allocatable={"nvidia.com/gpu": "1"}),
+            )
+            for name in ("node-a", "node-b")
+        ]
+    )
+    host = Host(tmp_path, [])
+    host.runtime.kind = "kubernetes"
+    host.memory = nodes  # type: ignore[assignment]
+    host.manager = host.new_manager()
+    image = {"server": {"image": "slotctl:test"}}
+    slots = [slot_spec(n, f"m-{n}", node=f"node-{n}", **image) for n in ("a", "b")]
+    await host.declare(slots, _models(**{"m-a": 4, "m-b": 6}))
+    await host.manager.load("a")
+    await host.manager.load("b")
+    ctx = ApiContext(
+        manager=host.manager,
+        reconciler=None,
+        config_dir=tmp_path,
+        state_dir=tmp_path,
+        token="t",
+        events=host.manager.events,
+    )
+    text = generate_latest(Metrics(ctx).registry).decode()
+    seen: list[tuple[str, frozenset[tuple[str, str]]]] = []
+    values = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = frozenset(sample.labels.items())
+            seen.append((sample.name, labels))
+            values[(sample.name, labels)] = sample.value
+    assert len(seen) == len(set(seen))  # no series twice
+    key = (
+        "slotctl_node_memory_bytes",
+        frozenset({("node", "node-b"), ("device", "gpu"), ("kind", "admitted")}),
+    )
+    assert values[key] == 6 * GIB

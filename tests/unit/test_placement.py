@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from controller.breaker import Breaker
 from controller.decision import LoadRequest, decide_load
 from controller.devices import GpuRef, share
-from controller.errors import DeviceUnavailable, InsufficientMemory
+from controller.errors import DeviceUnavailable, InsufficientMemory, SlotConfigError
 from controller.eviction import EvictionCandidate, is_eligible
 from controller.lifecycle import SlotState
 from controller.memory import DeviceMemory
@@ -84,7 +84,9 @@ def test_best_fit_keeps_the_big_hole_for_the_big_model() -> None:
     assert sorted(admitted.values()) == [0.0, 16.0]
     facts = [gpu(i, 24, admitted_gb=admitted[i]) for i in (0, 1)]
     assert place(Need("big", 20 * G), facts, lambda: (), NOW).option.fits  # type: ignore[union-attr]
-    assert devices  # the host did not change
+    first_fit_spread = [gpu(0, 24, admitted_gb=8), gpu(1, 24, admitted_gb=8)]
+    assert not place(Need("big", 20 * G), first_fit_spread, lambda: (), NOW).option.fits  # type: ignore[union-attr]
+    assert len(devices) == 2
 
 
 def test_a_load_that_fits_somewhere_never_evicts() -> None:
@@ -163,6 +165,36 @@ def test_a_lost_gpu_is_never_chosen_and_a_pin_to_it_says_why() -> None:
     assert isinstance(too_many.error, DeviceUnavailable)
     assert too_many.error.details["reason"] == "too_few"
     assert "the host has 2" in too_many.error.message
+
+
+def test_one_gpu_pinned_twice_by_index_and_uuid_is_a_config_error() -> None:
+    devices = [gpu(0, 24), gpu(1, 24, admitted_gb=14)]
+    placement = place(Need("s", 16 * G, span=2, pins=("1", "GPU-1")), devices, lambda: (), NOW)
+    assert isinstance(placement.error, SlotConfigError) and placement.option is None
+    assert placement.error.keys == ["device"] and "gpu:1 twice" in placement.error.message
+
+
+def test_a_big_host_never_leaves_its_empty_gpus_out() -> None:
+    """12 GPUs, the first two full, a span of 4: C(12, 4) = 495 sets are more than are
+    scored, but the sets scored are those of the GPUs that suit the load best."""
+    devices = [gpu(i, 24, admitted_gb=24 if i < 2 else 0) for i in range(12)]
+    placement = place(Need("tp", 40 * G, span=4), devices, lambda: (), NOW)
+    assert placement.option is not None and placement.option.fits
+    assert chosen(placement) == ["gpu:2", "gpu:3", "gpu:4", "gpu:5"]
+    sixteen = [gpu(i, 80, admitted_gb=70 if i == 0 else 0) for i in range(16)]
+    assert chosen(place(Need("tp", 4 * 30 * G, span=4), sixteen, lambda: (), NOW)) == [
+        "gpu:1",
+        "gpu:2",
+        "gpu:3",
+        "gpu:4",
+    ]
+
+
+def test_the_chosen_gpus_carry_their_memory() -> None:
+    devices = [gpu(0, 24), gpu(1, 48, budget=40 * G)]
+    placement = place(Need("s", 30 * G), devices, lambda: (), NOW)
+    (only,) = placement.gpus
+    assert (only.index, only.total_bytes) == (1, 40 * G)  # the budget is what is admitted
 
 
 def test_more_gpus_than_the_host_has_is_refused() -> None:

@@ -391,7 +391,8 @@ function deviceCard(dev) {
     ),
   );
   if (dev.error) {
-    card.append(h("p", { class: "muted", text: `cannot be read: ${dev.error} (nothing is placed here)` }));
+    const held = dev.slots.length ? `recorded here: ${dev.slots.join(", ")}` : "nothing new is placed here";
+    card.append(h("p", { class: "muted", text: `cannot be read: ${dev.error} (${held})` }));
     return card;
   }
   // slotctl's promise: admitted against the budget (or the device when no budget is set).

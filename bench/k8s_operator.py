@@ -9,7 +9,7 @@ same emulator (what any client pays), and the ratio between the two.
 
 Prints a table; never fails on timing.
 
-    python bench/operator.py [--edits 20]
+    python bench/k8s_operator.py [--edits 20]
 """
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ def main() -> None:
     results = asyncio.run(run(args.edits))
     ms = {k: sorted(v) for k, v in results.items()}
     p50 = {k: statistics.median(v) * 1000 for k, v in ms.items()}
-    print(f"# bench/operator.py  {platform.python_version()}  {os.cpu_count()} cores")
+    print(f"# bench/k8s_operator.py  {platform.python_version()}  {os.cpu_count()} cores")
     print(f"{'measurement':<58} {'p50':>9} {'max':>9}")
     print(
         f"{'Slot priority edit -> status.observedGeneration updated':<58} "

@@ -1,0 +1,84 @@
+"""What the slots hold: memory per device, eviction candidates, exclusive-group holders.
+
+The read side of :class:`~.table.SlotTable` (its base): sums and lists over the records,
+no writes. Each GPU is a device of its own (``gpu:N``); a slot spanning several holds
+:func:`controller.devices.share` of its bytes on each, and a device *kind* (``gpu``) sums
+its devices. What a slot holds is its :meth:`~.records.SlotRecord.holdings`: an asleep
+server holds its weights on its host (level 1) and nothing on its GPUs.
+"""
+
+from __future__ import annotations
+
+from controller.eviction import EvictionCandidate
+from controller.lifecycle import SlotState
+from controller.slots.records import ADMITTED_STATES, SlotRecord
+
+__all__ = ["Usage"]
+
+S = SlotState
+
+
+class Usage:
+    """Sums and lists over ``records`` (the table's)."""
+
+    records: dict[str, SlotRecord]
+
+    def admitted_bytes(self, device: str) -> int:
+        return self.device_bytes(device)[0]
+
+    def reserved_bytes(self, device: str, requester: SlotRecord | None = None) -> int:
+        """Admitted to loads still coming up: the probed free memory cannot show them yet."""
+        return self.device_bytes(device, requester)[1]
+
+    def device_bytes(self, device: str, requester: SlotRecord | None = None) -> tuple[int, int]:
+        """(admitted, reserved) on ``device`` in one pass: the bytes of the slots admitted
+        there, and of those among them still coming up (but ``requester``'s). A device
+        kind (``gpu``) sums its devices (every GPU)."""
+        admitted = reserved = 0
+        for s in self.records.values():
+            if s.state not in ADMITTED_STATES:
+                continue
+            size, loading = s.bytes_on(device)
+            admitted += size
+            if loading and s is not requester:
+                reserved += size
+        return admitted, reserved
+
+    def all_device_bytes(self, requester: SlotRecord | None = None) -> dict[str, list[int]]:
+        """Every admission key with its [admitted, reserved] bytes, in one pass (the
+        placement looks at every GPU of a host at once). A sleeper counts on its host
+        only (its weights, level 1); a wake holds its devices again, reserved."""
+        out: dict[str, list[int]] = {}
+        for s in self.records.values():
+            if s.state not in ADMITTED_STATES:
+                continue
+            mine = s is requester
+            for key, size, loading in s.holdings():
+                figures = out.setdefault(key, [0, 0])
+                figures[0] += size
+                if loading and not mine:
+                    figures[1] += size
+        return out
+
+    def resident_bytes(self, device: str) -> int:
+        """Bytes of the servers that are up on ``device`` (what a memory probe can see)."""
+        admitted, reserved = self.device_bytes(device)
+        return admitted - reserved
+
+    def candidates(self) -> list[EvictionCandidate]:
+        """Every slot as the eviction planner sees it (it picks the eligible ones)."""
+        return [s.candidate() for s in self.records.values()]
+
+    def group_peers(self, slot: SlotRecord) -> list[SlotRecord]:
+        """The members of ``slot``'s exclusive group that hold it (loading or loaded)."""
+        group = slot.model.exclusive_group if slot.model else None
+        if not group:
+            return []
+        return [
+            s
+            for s in self.records.values()
+            if s is not slot
+            and s.model is not None
+            and s.model.exclusive_group == group
+            and s.state not in (S.OFFLINE, S.ERROR)
+        ]
