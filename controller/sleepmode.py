@@ -24,6 +24,7 @@ calls, so the tier is tested for real.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
@@ -127,8 +128,13 @@ class HttpSleeper:
         return await self._call(endpoint, mode.sleep, level, timeout_s)
 
     async def wake(self, endpoint: str, mode: SleepMode, level: int, timeout_s: float) -> str:
+        """Every call of the level's wake within ``timeout_s`` in all (level 2 makes three)."""
+        deadline = time.monotonic() + timeout_s
         for call in mode.wake.get(level, mode.wake.get(1, (_WAKE,))):
-            failed = await self._call(endpoint, call, level, timeout_s)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return f"{call.method} {_path(call, level)}: TimeoutError ({timeout_s:g}s spent)"
+            failed = await self._call(endpoint, call, level, left)
             if failed:
                 return failed
         return ""

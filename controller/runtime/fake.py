@@ -200,6 +200,9 @@ class FakeSleeper:
             return "connection refused"
         script = self.runtime._script(slot)
         self.runtime.wakes[slot] += 1
+        if script.wake_s > timeout_s:  # as HttpSleeper's: the wake's budget is spent
+            await self.runtime.clock.sleep(timeout_s)
+            return f"POST /wake_up: TimeoutError ({timeout_s:g}s spent)"
         if script.wake_s:
             await self.runtime.clock.sleep(script.wake_s)
         if script.wake_error:

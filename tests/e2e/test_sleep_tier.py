@@ -18,6 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.e2e.conftest import Slotctl, wait_until
 from tests.integration.test_events_metrics import promtool_check, samples
 
@@ -162,8 +164,16 @@ def test_swap_by_sleep_and_wake_on_request(ctl: Slotctl) -> None:
     assert table[("slotctl_slot_residency", tier)] == 1
 
 
-def test_a_failed_wake_restarts_the_server_once(ctl: Slotctl) -> None:
-    ports = _up(ctl, {"a": {"args": ["--fail-wake"]}, "b": {}})
+@pytest.mark.parametrize(
+    "wake",
+    [
+        {"args": ["--fail-wake"]},  # POST /wake_up answers 500
+        {"args": ["--wake-seconds", "5"], "wake_timeout_s": 1},  # it takes too long
+    ],
+    ids=["fails", "times-out"],
+)
+def test_a_failed_wake_restarts_the_server_once(ctl: Slotctl, wake: dict[str, Any]) -> None:
+    ports = _up(ctl, {"a": wake, "b": {}})
     _ask(ctl, "a")
     _ask(ctl, "b")
     assert _sleeping(ports["a"])

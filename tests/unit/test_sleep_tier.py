@@ -129,6 +129,24 @@ async def test_a_wake_that_fails_restarts_the_server_once_with_one_event(tmp_pat
     assert_legal_history(m.transitions)
 
 
+async def test_a_wake_past_its_timeout_restarts_the_server_once(tmp_path: Path) -> None:
+    slots = [sleepy("a", wake_timeout_s=5.0), sleepy("b")]
+    h, m = await setup(tmp_path, slots, [model_spec("a-m", 6), model_spec("b-m", 6)], gpu_gb=8)
+    await m.load("a")
+    h.clock.advance(30)
+    await m.load("b")
+    h.runtime.script("a", wake_s=20.0)  # longer than wake_timeout_s
+    h.clock.advance(30)
+    sub = m.events.subscribe()
+    lease = await m.acquire("a")
+    m.release(lease)
+    assert h.runtime.wakes["a"] == 1 and h.runtime.starts["a"] == 2  # restarted, once
+    failed = [e for e in events_of(sub) if e.error == "slot.wake_failed"]
+    assert len(failed) == 1 and "TimeoutError" in failed[0].message
+    assert m.view("a").state is S.READY and m.view("a").residency == "awake"
+    assert_legal_history(m.transitions)
+
+
 async def test_host_memory_that_cannot_hold_the_weights_turns_the_sleep_into_an_unload(
     tmp_path: Path,
 ) -> None:
