@@ -153,6 +153,8 @@ def _explain(name: str, plan: dict[str, Any], style: Style) -> list[str]:
     action = plan.get("action")
     what = "wake" if plan.get("wake") else "load"
     lines = [style.bold(f"dry run: {what} of slot {name}") + " (nothing changes)"]
+    if plan.get("fallback"):  # asleep, but its wake cannot happen where it sleeps
+        lines.append(f"  asleep: {plan['fallback']} (its server is stopped first)")
     if action == "none":
         lines.append(f"  nothing to do: {plan.get('reason', 'already loaded')}")
         return lines

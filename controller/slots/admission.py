@@ -48,11 +48,14 @@ class Admission(Part):
         super().__init__(core)
         self.unloading = unloading
 
-    def decide(self, slot: SlotRecord, *, background: bool, evict: bool = True) -> LoadDecision:
+    def decide(
+        self, slot: SlotRecord, *, background: bool, evict: bool = True, cold: bool = False
+    ) -> LoadDecision:
         """The one load decision (:func:`controller.decision.decide_load`) on live state.
 
-        An asleep slot's load is a wake: pinned to the GPUs its server sleeps on. The
-        victims' actions come with it (sleep where host memory holds them: :meth:`host_room`).
+        An asleep slot's load is a wake: pinned to the GPUs its server sleeps on (``cold``:
+        a cold load instead, placed anew). The victims' actions come with it (sleep where
+        host memory holds them: :meth:`host_room`).
         """
         if slot.on_nodes and slot.spec.device_ref.pins:
             return LoadDecision("refuse", error=pinned_on_a_cluster(slot.spec))
@@ -75,7 +78,7 @@ class Admission(Part):
             peers=peers,
             background=background,
             span=1 if slot.on_nodes else max(1, slot.spec.gpu_count),
-            pins=self._pins(slot),
+            pins=self._pins(slot, cold),
         )
         return decide_load(
             request,
@@ -86,12 +89,22 @@ class Admission(Part):
             host=self.host_room,
         )
 
+    def decide_wake(self, slot: SlotRecord, *, background: bool) -> tuple[LoadDecision, bool]:
+        """An asleep slot's load and whether it is a wake (True): the wake where its server
+        sleeps, else — no room can be made on those GPUs (a pinned slot holds them), but a
+        cold load placed anew is admitted — that cold load (False)."""
+        decision = self.decide(slot, background=background)
+        if decision.ok or not slot.asleep or not slot.placement:
+            return decision, bool(slot.asleep)
+        cold = self.decide(slot, background=background, cold=True)
+        return (cold, False) if cold.ok else (decision, True)
+
     @staticmethod
-    def _pins(slot: SlotRecord) -> tuple[str, ...]:
+    def _pins(slot: SlotRecord, cold: bool = False) -> tuple[str, ...]:
         """The GPUs a load must go to: a wake's are the ones its server sleeps on."""
         if slot.on_nodes:
             return ()
-        if slot.asleep and slot.placement:
+        if slot.asleep and slot.placement and not cold:
             return tuple(str(g.index) for g in slot.placement)
         return slot.spec.device_ref.pins
 
@@ -220,8 +233,11 @@ class Admission(Part):
         gets back. Changes nothing."""
         if slot.state in DISPATCHABLE_STATES and not slot.asleep:
             return {"slot": slot.name, "action": "none", "reason": f"already {slot.state.value}"}
-        decision = self.decide(slot, background=False)
-        result: dict[str, Any] = {"slot": slot.name, "wake": bool(slot.asleep)}
+        decision, wake = self.decide_wake(slot, background=False)
+        result: dict[str, Any] = {"slot": slot.name, "wake": wake}
+        if slot.asleep and not wake:
+            where = ", ".join(g.key for g in slot.placement)
+            result["fallback"] = f"no room on {where}, where it sleeps: a cold load"
         load_s, wake_s = slot.reload_s()
         result["reload"] = {"load_s": round(load_s, 3), "wake_s": round(wake_s, 3)}
         if slot.costs is not None:
@@ -257,7 +273,7 @@ class Admission(Part):
             if s.waiting is not None
             and not s.busy
             and not self.table.group_peers(s)  # the group is held: the reconciler waits
-            and self.decide(s, background=True).ok
+            and self.decide_wake(s, background=True)[0].ok
         ]
 
     def refuse(self, slot: SlotRecord, decision: LoadDecision) -> SlotctlError:

@@ -169,11 +169,16 @@ class Loading(Part):
     async def _wake(self, slot: SlotRecord) -> bool:
         """Wake an asleep slot (its lock held): the one decision (pinned to the GPUs it
         sleeps on), exclusive peers out, its victims evicted, the tier ``waking``, the wake
-        calls and the readiness probe. True: ``ready``. False: the wake failed (one event)
-        and its server is stopped (``offline``): the caller loads it cold, once."""
-        decision = self.admission.decide(slot, background=slot.background)
+        calls and the readiness probe. True: ``ready``. False: the wake failed, or no room
+        can be made where it sleeps but a cold load fits elsewhere (one event either way);
+        its server is stopped (``offline``): the caller loads it cold, once."""
+        decision, wake = self.admission.decide_wake(slot, background=slot.background)
         if not decision.ok:
             raise self.admission.refuse(slot, decision)  # it stays asleep
+        if not wake:  # no room where it sleeps, room elsewhere: loaded cold there
+            where = ", ".join(g.key for g in slot.placement)
+            await self._drop_sleeper(slot, f"no room on {where}, where it sleeps")
+            return False
         await self.unloading.unload_group_peers(slot)
         await self.admission.admit_wake(slot)
         reason = "background" if slot.background else "request" if slot.waiters else "load"
@@ -188,12 +193,17 @@ class Loading(Part):
             self.table.set(slot, S.READY, op=Op.LOAD, message=f"woke in {now - started:.2f}s")
             self.tiers.woke(slot, now - started, reason)
             return True
-        error = self.tiers.wake_failed(slot, failed)
+        await self._drop_sleeper(slot, failed)
+        return False
+
+    async def _drop_sleeper(self, slot: SlotRecord, why: str) -> None:
+        """A wake that failed (or cannot happen where it sleeps): one event, its server
+        stopped, ``offline`` (its memory released), for the cold load that follows."""
+        error = self.tiers.wake_failed(slot, why)
         with contextlib.suppress(SlotctlError):
             await self.runtime.stop(slot.name, self.config.stop_timeout_s)
         slot.launch, slot.running_hash, slot.adopted = None, None, None
         self.table.walk(slot, S.OFFLINE, op=Op.LOAD, message=error.message)
-        return False
 
     async def _pull(self, slot: SlotRecord, launch: LaunchSpec, gen: int) -> None:
         if launch.model_missing():

@@ -325,3 +325,38 @@ async def test_the_order_divides_idle_time_by_the_cost_to_bring_back(tmp_path: P
     big = m.store.read("big")
     assert big is not None and big.extra.reload is not None
     assert big.extra.reload.load_s is not None and big.extra.reload.load_s >= 119
+
+
+async def test_a_sleeper_whose_gpu_cannot_be_freed_is_loaded_cold_on_another(
+    tmp_path: Path,
+) -> None:
+    """Multi-GPU: a wake is pinned to the GPUs its server sleeps on. When a pinned slot
+    holds them and another GPU has room, the request is not refused: the sleeper's wake
+    fails over to a cold load there (one wake_failed event, no wake call)."""
+    h, m = await setup(
+        tmp_path,
+        [sleepy("a"), slot_spec("p", device="gpu:0", pinned=True)],
+        [model_spec("a-m", 6), model_spec("p-m", 6)],
+        gpu_gb=8,
+    )
+    h.memory.totals.pop("gpu")
+    h.memory.totals.update({"gpu:0": 8 * GIB, "gpu:1": 8 * GIB})
+    await m.load("a")
+    assert m.view("a").gpus == (0,)
+    h.clock.advance(30)
+    await m.load("p")  # pinned to GPU 0: a sleeps there
+    assert tier(m, "a") == ("idle", "asleep", "asleep", 1)
+    h.clock.advance(30)
+    plan = m.explain_load("a")  # the dry run says what the load will do
+    assert (plan["action"], plan["wake"], plan["devices"]) == ("load", False, ["gpu:1"]), plan
+    assert "no room on gpu:0" in plan["fallback"]
+    sub = m.events.subscribe()
+    lease = await m.acquire("a")
+    m.release(lease)
+    assert m.view("a").gpus == (1,) and m.view("a").residency == "awake"
+    assert h.runtime.wakes["a"] == 0 and h.runtime.starts["a"] == 2
+    assert m.view("p").state is S.READY and m.view("p").gpus == (0,)
+    failed = [e for e in events_of(sub) if e.error == "slot.wake_failed"]
+    assert len(failed) == 1 and "gpu:0" in failed[0].message, failed
+    assert m.admitted_bytes("cpu") == 0  # its host memory went with the old server
+    assert_legal_history(m.transitions)
