@@ -116,8 +116,23 @@ def _up(ctl: Slotctl, slots: dict[str, dict[str, Any]], **settings: float) -> Se
     stack.write_text(_stack(slots))
     ctl.ok("stack", "apply", stack)
     ctl.start_up()
-    ctl.wait_log("API and dashboard on")
+    _ready(ctl)
     return Servers(ctl)
+
+
+def _ready(ctl: Slotctl) -> None:
+    """The API answers before the controller has read its desired state (the router would
+    not know the models yet): wait for ``/readyz``."""
+    ctl.wait_log("API and dashboard on")
+
+    def ready() -> bool:
+        try:
+            _api(ctl, "/readyz")
+        except AssertionError:  # 503 while it recovers
+            return False
+        return True
+
+    wait_until(ready, "the controller to be ready", 60)
 
 
 def test_swap_by_sleep_and_wake_on_request(ctl: Slotctl) -> None:
@@ -194,7 +209,7 @@ def test_a_restarted_controller_adopts_a_sleeper(ctl: Slotctl) -> None:
     os.kill(proc.pid, signal.SIGKILL)  # the servers keep running
     proc.wait(timeout=10)
     ctl.start_up()
-    ctl.wait_log("API and dashboard on")
+    _ready(ctl)
     wait_until(lambda: "adopted a asleep at level 1" in ctl.controller_log(), "the adoption")
     rows = _rows(ctl)
     assert rows["a"]["residency"] == "asleep" and rows["b"]["state"] == "ready"
