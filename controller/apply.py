@@ -24,7 +24,7 @@ import tomlkit
 from controller.errors import SlotctlError, SlotPinned
 from controller.lifecycle import DISPATCHABLE_STATES, SlotState
 from controller.plan import Action, ObservedSlot, plans_for
-from controller.providers import BuildContext, build_launch, with_port
+from controller.providers import BuildContext, launch_context, launch_hash, with_port
 from controller.runtime.base import Runtime
 from controller.spec.configdir import ConfigSnapshot, read_config_dir
 from controller.spec.guard import delete_slot_config, write_catalogue, write_slot_configs
@@ -147,19 +147,14 @@ def _config_diff(name: str, have: DesiredSlot | None, want: DesiredSlot | None) 
 
 
 def _hash(
-    slot: DesiredSlot, models: Mapping[str, ModelSpec], runtime: str, chosen_port: int | None
+    slot: DesiredSlot, models: Mapping[str, ModelSpec], ctx: BuildContext, chosen_port: int | None
 ) -> str | None:
-    """The config hash ``slot`` would run with; a slot that leaves its port to the
-    controller with the one it chose (``chosen_port``, read, never chosen here: a diff
-    changes nothing), so a chosen port is no drift. None: it cannot be built (yet)."""
+    """The config hash ``slot`` would run with (:func:`controller.providers.launch_hash`,
+    the manager's own); a slot that leaves its port to the controller with the one it
+    chose (``chosen_port``, read, never chosen here: a diff changes nothing), so a chosen
+    port is no drift. None: it cannot be built (yet)."""
     model = models.get(slot.spec.model_id) if slot.spec.model_id else None
-    spec = with_port(slot.spec, chosen_port)
-    try:
-        return build_launch(
-            spec, model, BuildContext(runtime=runtime, stack=slot.stack)
-        ).config_hash()
-    except SlotctlError:
-        return None
+    return launch_hash(with_port(slot.spec, chosen_port), model, ctx)
 
 
 async def plan_stack(
@@ -170,17 +165,24 @@ async def plan_stack(
     *,
     prune: bool,
     snapshot: ConfigSnapshot | None = None,
+    models_dir: Path | None = None,
 ) -> StackPlan:
-    """Plan applying ``state``: config changes, runtime actions and drift, with reasons."""
+    """Plan applying ``state``: config changes, runtime actions and drift, with reasons.
+    Config hashes are built as the manager on ``runtime`` builds them (``models_dir``: its
+    models dir, None the default)."""
     _require_dir(config_dir, "config dir")  # else it would read as empty: all "drift"
     if snapshot is None:
         snapshot = await asyncio.to_thread(read_config_dir, config_dir)
     owned = {n for n, s in snapshot.slots.items() if s.stack in state.stacks}
     names = list(state.slots) + sorted(owned - set(state.slots))
     observed = await observe_files(names, state_dir, runtime, config_dir)
-    kind = runtime.kind if runtime.kind in ("process", "docker") else "process"
     store = StateStore(state_dir)
-    hashes = {n: _hash(s, state.models, kind, store.read_port(n)) for n, s in state.slots.items()}
+    hashes = {
+        n: _hash(
+            s, state.models, launch_context(runtime.kind, s.stack, models_dir), store.read_port(n)
+        )
+        for n, s in state.slots.items()
+    }
     residents = list(ResidencyStore(config_dir).read())
     actions = plans_for(
         names,

@@ -1,6 +1,7 @@
 """The readiness probe's HTTP: a plain HTTP/1.1 client over asyncio streams (a fresh
-connection an attempt, its two requests on it where the server keeps it open), and
-aiohttp's client for what it does not take (not a plain ``http://`` endpoint).
+connection an attempt, its two requests on it where the server keeps it open; each answer
+read by llhttp, ``httptools``), and aiohttp's client for what it does not take (not a
+plain ``http://`` endpoint).
 
 Below :mod:`controller.probe`, which decides what the answers mean.
 """
@@ -15,6 +16,8 @@ from typing import Any, Final
 from urllib.parse import urlsplit
 
 import aiohttp
+from httptools import HttpParserError, HttpParserUpgrade, HttpResponseParser
+from httptools.parser.errors import HttpParserCallbackError
 
 __all__ = [
     "MAX_BODY",
@@ -116,9 +119,17 @@ async def first_bytes(endpoint: str, path: str, timeout_s: float) -> Response | 
             return Response(0, error=f"{type(exc).__name__}: {exc}".rstrip(": "))
     if not got:
         return Response(0, error="the server closed the connection without an answer")
-    parts = got.split(b" ", 2)
-    status = int(parts[1]) if len(parts) > 1 and parts[1][:3].isdigit() else 0
-    return Response(status, error="" if status else "an answer that is not HTTP")
+    return Response(status := _status(got), error="" if status else "an answer that is not HTTP")
+
+
+def _status(line: bytes) -> int:
+    """The status a status line gives, as llhttp reads it (0: none, not HTTP)."""
+    parser = HttpResponseParser(object())
+    try:
+        parser.feed_data(line)
+    except HttpParserError:
+        return 0
+    return parser.get_status_code() if line.endswith(b"\n") else 0
 
 
 class _Reusable(Exception):
@@ -191,18 +202,7 @@ async def _exchange(
                 reader, writer = conn
                 try:
                     writer.write(data)
-                    try:
-                        head = await reader.readuntil(b"\r\n\r\n")
-                    except asyncio.IncompleteReadError as exc:
-                        if fresh or exc.partial:
-                            raise
-                        raise _Reusable from exc
-                    except ConnectionError as exc:
-                        if fresh:
-                            raise
-                        raise _Reusable from exc
-                    status, headers = _parse_head(head)
-                    answer, reusable = await _read_body(reader, status, headers)
+                    answer, status, reusable = await _read_answer(reader, fresh)
                 except _Reusable:
                     writer.close()
                     conn = None
@@ -213,9 +213,9 @@ async def _exchange(
                 break
     except (OSError, TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as exc:
         return Response(status=0, error=f"{type(exc).__name__}: {exc}".rstrip(": ")), None
-    except ValueError as exc:  # not HTTP, or a body beyond MAX_BODY
+    except (ValueError, HttpParserError) as exc:  # not HTTP (llhttp says), a body too large
         return Response(status=0, error=f"bad HTTP answer: {exc}"), None
-    if not (keep and reusable and "close" not in headers.get("connection", "").lower()):
+    if not (keep and reusable):  # llhttp's keep-alive verdict, and a length or chunks
         writer.close()
         conn = None
     try:
@@ -225,46 +225,102 @@ async def _exchange(
     return Response(status=status, body=parsed), conn
 
 
-def _parse_head(head: bytes) -> tuple[int, dict[str, str]]:
-    status_line, *lines = head.decode("latin-1").split("\r\n")
-    version, _, rest = status_line.partition(" ")
-    if not version.startswith("HTTP/1.") or not rest[:3].isdigit():
-        raise ValueError(f"status line {status_line[:80]!r}")
-    headers = {}
-    for line in lines:
-        name, sep, value = line.partition(":")
-        if sep:
-            headers[name.strip().lower()] = value.strip()
-    return int(rest[:3]), headers
+_HEAD_MAX: Final = 64 * 1024  # an answer's head beyond this is no server's (as aiohttp)
 
 
-async def _read_body(
-    reader: asyncio.StreamReader, status: int, headers: dict[str, str]
-) -> tuple[bytes, bool]:
-    """The body, and whether the connection may carry another request after it (not
-    when the body ran to EOF)."""
-    if status in (204, 304) or status < 200:
-        return b"", True
-    if "chunked" in headers.get("transfer-encoding", "").lower():
-        body = bytearray()
-        while True:
-            size = int((await reader.readuntil(b"\r\n")).split(b";")[0].strip(), 16)
-            if size == 0:
-                while (await reader.readuntil(b"\r\n")) != b"\r\n":  # trailers
-                    pass
-                return bytes(body), True
-            if len(body) + size > MAX_BODY:
-                raise ValueError("body too large")
-            body += await reader.readexactly(size)
-            await reader.readexactly(2)
-    if "content-length" in headers:
-        length = int(headers["content-length"])
-        if not 0 <= length <= MAX_BODY:
-            raise ValueError(f"Content-Length {length}")
-        return await reader.readexactly(length), True
-    rest = await reader.read(MAX_BODY + 1)  # no length given: the body ends at EOF
-    while len(rest) <= MAX_BODY and (more := await reader.read(MAX_BODY + 1 - len(rest))):
-        rest += more
-    if len(rest) > MAX_BODY:
-        raise ValueError("body too large")
-    return rest, False
+class _TooLarge(ValueError):
+    """A body beyond :data:`MAX_BODY`, or a head beyond :data:`_HEAD_MAX`."""
+
+
+class _After(Exception):
+    """Raised from a callback to stop llhttp: bytes came after the whole answer."""
+
+
+class _Answer:
+    """One answer as llhttp reads it (``httptools``, strict): its status, body, framing."""
+
+    def __init__(self) -> None:
+        self.parser = HttpResponseParser(self)
+        self.status = 0
+        self.length: str | None = None  # Content-Length (digits: llhttp checks them)
+        self.codings: list[str] = []  # Transfer-Encoding, each header's value
+        self.body = bytearray()
+        self.headed = False  # the final (not interim) head came
+        self.done = False  # the whole answer came
+        self.after = False  # bytes came after it: the connection is not reused
+        self.keep = False  # llhttp's keep-alive verdict (a body to EOF is none)
+        self.head = 0  # the header lines' bytes so far
+
+    def on_message_begin(self) -> None:
+        if self.done:
+            self.after = True
+            raise _After
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.head += len(name) + len(value) + 4
+        if self.head > _HEAD_MAX:
+            raise _TooLarge("the answer's head is too large")
+        key = name.lower()
+        if key == b"content-length":
+            self.length = value.decode("latin-1").strip()
+        elif key == b"transfer-encoding":
+            self.codings.append(value.decode("latin-1"))
+
+    def on_headers_complete(self) -> None:
+        status = self.parser.get_status_code()
+        if 100 <= status < 200:  # an interim answer (a 101: llhttp raises the upgrade)
+            self.length, self.codings = None, []
+            return
+        self.status, self.headed = status, True
+        self.keep = self.parser.should_keep_alive()
+        if self.length is not None and int(self.length) > MAX_BODY:
+            raise _TooLarge(f"Content-Length {self.length}")
+
+    def on_body(self, body: bytes) -> None:
+        if len(self.body) + len(body) > MAX_BODY:
+            raise _TooLarge("body too large")
+        self.body += body
+
+    def on_message_complete(self) -> None:
+        self.done = self.done or self.headed
+
+    @property
+    def to_the_end(self) -> bool:
+        """The body runs to the end of the connection, as llhttp frames an answer with
+        neither a length nor chunked as its last coding."""
+        last = ",".join(self.codings).rsplit(",", 1)[-1].strip().lower()
+        return self.length is None and last != "chunked"
+
+    def feed(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except HttpParserCallbackError as exc:
+            if not self.after:
+                raise exc.__context__ or exc from None  # a body too large
+        except HttpParserUpgrade:
+            raise ValueError("the server switched protocols (101): not asked for") from None
+
+
+async def _read_answer(reader: asyncio.StreamReader, fresh: bool) -> tuple[bytes, int, bool]:
+    """One answer read by llhttp: its body, status and whether the connection may
+    carry another request. A kept-alive connection closed before any byte is
+    :class:`_Reusable` (the request goes again on a fresh one)."""
+    answer, seen = _Answer(), 0
+    while not answer.done:
+        try:
+            data = await reader.read(65536)
+        except ConnectionError as exc:
+            if fresh or seen:
+                raise
+            raise _Reusable from exc
+        if not data:
+            if answer.headed and answer.to_the_end:
+                return bytes(answer.body), answer.status, False  # ended with the connection
+            if not fresh and not seen:
+                raise _Reusable
+            raise asyncio.IncompleteReadError(bytes(answer.body), None)
+        seen += len(data)
+        answer.feed(data)
+        if not answer.headed and seen > _HEAD_MAX:
+            raise _TooLarge("the answer's head is too large")
+    return bytes(answer.body), answer.status, answer.keep and not answer.after

@@ -11,6 +11,7 @@ from typing import Final
 
 from controller.errors import SlotctlError
 from controller.providers import BuildContext, build_launch, with_port
+from controller.runtime.base import RuntimeKind
 from controller.spec.loader import DesiredSlot
 from controller.spec.schema import ModelSpec
 
@@ -40,7 +41,7 @@ def render_quadlet(
         )
     model = models.get(slot.spec.model_id) if slot.spec.model_id else None
     spec = with_port(slot.spec, chosen_port)
-    launch = build_launch(spec, model, BuildContext(runtime="docker", stack=slot.stack))
+    launch = build_launch(spec, model, BuildContext(runtime=RuntimeKind.DOCKER, stack=slot.stack))
     if not launch.image:
         raise SlotctlError(f"slot {slot.name!r} has no image: set server.image to export it")
     lines = [

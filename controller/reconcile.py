@@ -4,13 +4,12 @@
 currently applied, and what is observed go in; one :class:`Action` with its reason comes
 out. ``stack diff`` prints exactly the plan ``stack apply`` and the daemon execute.
 
-:class:`Reconciler` runs the plan against the :class:`~controller.slots.SlotManager`
-through a work queue that carries slot *names* only: every pass re-reads desired and
-observed state, so merged or missed events are harmless. One slot is never reconciled
-twice at once; different slots reconcile concurrently. Outcomes map to queue actions in
-one place (:func:`requeue_delay`): a delayed requeue, a rate-limited exponential retry,
-or done.
-"""
+:class:`Reconciler` runs the plan against the slot manager (through its port,
+:class:`~controller.slots.ports.ReconcilerPort`) through a work queue that carries slot
+*names* only: every pass re-reads desired and observed state, so merged or missed events
+are harmless. One slot is never reconciled twice at once; different slots reconcile
+concurrently. Outcomes map to queue actions in one place (:func:`requeue_delay`): a
+delayed requeue, a rate-limited exponential retry, or done."""
 
 from __future__ import annotations
 
@@ -38,9 +37,10 @@ from controller.plan import (
     requeue_delay,
     spec_changes,
 )
-from controller.slots import SlotManager
+from controller.slots.ports import ReconcilerPort
 from controller.slots.records import SlotStatus
-from controller.spec.configdir import ConfigSnapshot, read_config_dir
+from controller.spec.configdir import ConfigSnapshot
+from controller.spec.desired import DesiredCache
 
 # The plan lives in controller.plan (pure); re-exported for the callers of the loop.
 __all__ = [
@@ -75,7 +75,7 @@ def _gone(event: Event) -> bool:
     return event.kind == EventKind.TRANSITION and event.to_state in _GONE_STATES
 
 
-def observe_manager(manager: SlotManager, name: str) -> ObservedSlot | None:
+def observe_manager(manager: ReconcilerPort, name: str) -> ObservedSlot | None:
     status = manager.observe(name)
     return None if status is None else observed_slot(name, status)
 
@@ -102,25 +102,28 @@ class Reconciler:
 
     def __init__(
         self,
-        manager: SlotManager,
+        manager: ReconcilerPort,
         config_dir: Path,
         *,
         resync_s: float = 30.0,
         workers: int = WORKERS,
         on_plan: Callable[[Action], None] | None = None,
+        desired: DesiredCache | None = None,
     ) -> None:
         self.manager = manager
         self.config_dir = Path(config_dir)
+        # The desired state's one owner (the daemon's, shared with the API, GitOps and the
+        # operator); its every snapshot sets the manager's catalogue.
+        self.desired = desired if desired is not None else DesiredCache(self.config_dir)
+        self.desired.subscribe(self._catalogue)
+        self.desired.snapshot  # noqa: B018  # read now, as the reconciler starts (a first look)
         self.resync_s = resync_s
         self.workers = workers
         self.on_plan = on_plan
-        self.snapshot: ConfigSnapshot = read_config_dir(self.config_dir)
-        self.broken: set[str] = set()  # slots whose config file is present but invalid
         # Orphans are stopped at each resync; the operator holds that off until its first
         # sync (before it, a fresh config dir declares nothing: everything would look
         # like an orphan, such as the Deployments a moved operator pod should adopt).
         self.reap = True
-        self._keep_last_good(self.snapshot, None)
         self._queue: asyncio.Queue[str] = asyncio.Queue()
         self._queued: set[str] = set()
         self._active: set[str] = set()
@@ -129,7 +132,6 @@ class Reconciler:
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._idle = asyncio.Event()
         self._idle.set()
-        self._read_lock = asyncio.Lock()
         self.errors: dict[str, str] = {}
         # What was last said of each slot (plan, error): a retry that would say the same
         # again is quiet; it is said again once it changes or after a success.
@@ -144,60 +146,27 @@ class Reconciler:
 
     # ---------------------------------------------------------------- desired
 
+    @property
+    def snapshot(self) -> ConfigSnapshot:
+        """The desired state in force (:class:`~controller.spec.desired.DesiredCache`)."""
+        return self.desired.snapshot
+
+    @property
+    def broken(self) -> set[str]:
+        """Slots whose config file is present but invalid right now."""
+        return self.desired.broken
+
+    def _catalogue(self, snapshot: ConfigSnapshot) -> None:
+        self.manager.set_models(snapshot.models, order=list(snapshot.slots))
+
     def refresh(self, fresh: ConfigSnapshot | None = None) -> ConfigSnapshot:
-        """Re-read the config dir (or take ``fresh``, read off the event loop); the manager's
-        catalogue follows at once. A missing or unlistable config dir changes nothing."""
-        fresh = fresh if fresh is not None else read_config_dir(self.config_dir)
-        if not fresh.readable:
-            for problem in fresh.errors:
-                log.error("config dir: %s", problem.message)
-            return self.snapshot
-        self._keep_last_good(fresh, self.snapshot)
-        self.snapshot = fresh
-        self.manager.set_models(self.snapshot.models, order=list(self.snapshot.slots))
-        for problem in self.snapshot.errors:
-            log.warning("config dir: %s: %s", problem.where(), problem.message)
-        return self.snapshot
+        """Re-read the config dir (or take ``fresh``); the manager's catalogue follows at
+        once. A missing or unlistable config dir changes nothing."""
+        return self.desired.refresh(fresh)
 
     async def refresh_async(self) -> ConfigSnapshot:
-        """:meth:`refresh` with the read (parsing every file) in a worker thread.
-
-        One at a time, so a slower, older read never replaces a newer one.
-        """
-        async with self._read_lock:
-            fresh = await asyncio.to_thread(read_config_dir, self.config_dir)
-            return self.refresh(fresh)
-
-    def _keep_last_good(self, fresh: ConfigSnapshot, last: ConfigSnapshot | None) -> None:
-        """A slot file that is present but invalid keeps the slot's last good spec.
-
-        The reader leaves an invalid file out; without this, a bad hand edit would read as
-        "no longer declared" and the slot would be unloaded and removed (SPEC §8: what
-        fails validation changes nothing; the last good desired state stays in force).
-        """
-        invalid = {
-            Path(p.file).resolve()
-            for p in fresh.errors
-            if p.file and p.severity == "error" and Path(p.file).exists()
-        }
-        if not fresh.catalogue_ok and last is not None:
-            # A broken catalogue keeps the last good one: otherwise every slot bound to a
-            # model would read as changed (recreate) or unknown (unload).
-            fresh.models = dict(last.models)
-        kept = set()
-        for name, good in last.slots.items() if last is not None else ():
-            if name not in fresh.slots and good.file and Path(good.file).resolve() in invalid:
-                fresh.slots[name] = good
-                kept.add(name)
-        # Also without a last good spec (a controller started while the file is broken):
-        # the slot a broken file names is not an orphan. The catalogue and the settings
-        # sit in the config dir itself; slot files below it.
-        config_dir = self.config_dir.resolve()
-        self.broken = kept | {
-            path.stem
-            for path in invalid
-            if path.parent != config_dir and path.stem not in fresh.slots
-        }
+        """:meth:`refresh` with the read in a worker thread, one at a time."""
+        return await self.desired.refresh_async()
 
     def all_names(self) -> list[str]:
         names = list(self.snapshot.slots)

@@ -29,6 +29,7 @@ from controller.runtime import make_runtime
 from controller.runtime.base import Runtime
 from controller.slots import ManagerConfig, SlotManager
 from controller.spec.configdir import ConfigSnapshot, read_settings
+from controller.spec.desired import DesiredCache
 from controller.spec.problems import Problem
 from controller.store import ControllerLock, ControllerRecord, sweep_temp_files
 
@@ -83,6 +84,7 @@ async def open_root(
     *,
     resync_s: float = 30.0,
     on_plan: Callable[[Action], None] | None = None,
+    desired: DesiredCache | None = None,
 ) -> AsyncIterator[Root]:
     """Take the lock, build the runtime, manager and reconciler; close them and release
     the lock however the body ends (servers keep running unless the body stops them)."""
@@ -106,7 +108,9 @@ async def open_root(
             settings=settings,
             config=ManagerConfig(),
         )
-        reconciler = Reconciler(manager, config_dir, resync_s=resync_s, on_plan=on_plan)
+        reconciler = Reconciler(
+            manager, config_dir, resync_s=resync_s, on_plan=on_plan, desired=desired
+        )
         root = Root(
             Path(config_dir),
             Path(state_dir),

@@ -26,17 +26,24 @@ from aiohttp import web
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from controller import __version__
-from controller.api.ctxstore import REQUEST_RECORDER, CtxKey, CtxStore, RequestRecorder
+from controller.api.ctxstore import REQUEST_RECORDER, CtxKey, CtxStore
 from controller.api.hosts import hosts_middleware
 from controller.errors import InvalidRequest, SlotctlError, Unauthorized
 from controller.events import EventBus, EventKind, Op
 from controller.reconcile import Reconciler
+from controller.router.context import RequestRecorder
+from controller.router.refusals import (
+    BAD_BEARER_MESSAGE,
+    NO_BEARER_MESSAGE,
+    openai_error_body,
+)
 from controller.slots import SlotManager
 from controller.tasks import TaskSet
 
 __all__ = [
     "API_CTX",
     "BAD_BEARER_MESSAGE",
+    "CLOSED",
     "NO_BEARER_MESSAGE",
     "PROBE_PATHS",
     "REQUEST_RECORDER",
@@ -62,6 +69,9 @@ log = logging.getLogger("slotctl.api")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+CLOSED: Final = CtxKey("router_closed", bool)  # set by the app's cleanup (the router's)
+
+
 @dataclass(slots=True)
 class ApiContext:
     """What handlers share: the manager and the reconciler (None where a test or the
@@ -83,6 +93,17 @@ class ApiContext:
     gitops_stacks: set[str] = field(default_factory=set)
     # ``--allowed-host``: names the API answers besides its address and localhost.
     allowed_hosts: tuple[str, ...] = ()
+
+    @property
+    def recorder(self) -> RequestRecorder | None:
+        """Where routed requests are reported (the metrics, when they run)."""
+        return self.store.get(REQUEST_RECORDER)
+
+    @property
+    def closed(self) -> bool:
+        """The app is cleaning up (set by the router's cleanup)."""
+        closed: bool | None = self.store.get(CLOSED)
+        return closed is True
 
 
 API_CTX: Final = web.AppKey("slotctl_api", ApiContext)
@@ -191,28 +212,6 @@ def json_response(
 
 
 # OpenAI's error ``type`` by HTTP status (``/v1/*`` answers in OpenAI's shape).
-OPENAI_ERROR_TYPES: Final = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "invalid_request_error",
-    405: "invalid_request_error",
-    413: "invalid_request_error",
-    429: "rate_limit_error",
-    503: "unavailable_error",
-}
-
-
-def openai_error_body(
-    status: int, message: str, code: str | None, param: str | None = None
-) -> dict[str, Any]:
-    """``{"error": {"message", "type", "param", "code"}}``: OpenAI's error shape."""
-    kind = OPENAI_ERROR_TYPES.get(
-        status, "server_error" if status >= 500 else "invalid_request_error"
-    )
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
-
-
 def _is_openai(request: web.Request) -> bool:
     return request.path == "/v1" or request.path.startswith("/v1/")
 
@@ -306,10 +305,6 @@ def _report(request: web.Request, error: SlotctlError) -> None:
         error=error.code,
         details={"method": request.method, "path": request.path},
     )
-
-
-NO_BEARER_MESSAGE: Final = "missing bearer token (Authorization: Bearer <token>)"
-BAD_BEARER_MESSAGE: Final = "wrong bearer token"
 
 
 def _bearer(request: web.Request) -> str | None:

@@ -9,7 +9,9 @@ upstream session, the metrics, the dashboard's login codes, the SSE keepalive.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Final, Generic, Protocol, TypeVar, cast, final
+from typing import Final, Generic, TypeVar, cast, final
+
+from controller.router.context import RequestRecorder
 
 __all__ = ["REQUEST_RECORDER", "CtxKey", "CtxStore", "RequestRecorder"]
 
@@ -58,12 +60,6 @@ class CtxStore:
             found = factory()
             self.set(key, found)
         return found
-
-
-class RequestRecorder(Protocol):
-    """What the router reports each routed request to (the metrics implement it)."""
-
-    def request_done(self, slot: str, model: str, status: int | str, seconds: float) -> None: ...
 
 
 # The kernel declares the keys two route modules share (the router writes, metrics reads);

@@ -111,13 +111,13 @@ def device_figures(manager: MetricsPort | None) -> list[DeviceFigures]:
 
 
 class _LiveCollector(Collector):
-    """Gauges read from the SlotManager at scrape time."""
+    """Gauges read from the slot manager at scrape time, through its metrics port."""
 
-    def __init__(self, ctx: ApiContext) -> None:
-        self._ctx = ctx
+    def __init__(self, manager: Callable[[], MetricsPort | None]) -> None:
+        self._manager = manager  # the context's manager, as it is at each scrape
 
     def collect(self) -> Iterable[Metric]:
-        manager = self._ctx.manager
+        manager = self._manager()
         info = GaugeMetricFamily(
             "slotctl_build_info", "slotctl version (always 1)", labels=["version"]
         )
@@ -394,7 +394,7 @@ class Metrics:
             registry=r,
         )
         self._load_started: dict[str, float] = {}
-        r.register(_LiveCollector(ctx))
+        r.register(_LiveCollector(lambda: ctx.manager))
 
     # ---------------------------------------------------------------- feeds
 

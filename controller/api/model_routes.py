@@ -19,13 +19,13 @@ from controller.api.rest import (
     ctx_of,
     start_load,
 )
-from controller.api.selection import ranked
 from controller.errors import (
     ModelNotFound,
     SlotConfigError,
     SlotPinned,
 )
 from controller.lifecycle import SlotState
+from controller.router.selection import ranked
 from controller.slots import SlotManager, SlotView
 from controller.spec.schema import ModelSpec
 

@@ -25,7 +25,8 @@ from controller.errors import (
 )
 from controller.lifecycle import SlotState
 from controller.slots import SlotView
-from controller.spec.configdir import ConfigSnapshot, read_config_dir
+from controller.spec.configdir import ConfigSnapshot
+from controller.spec.desired import DesiredCache
 from controller.spec.loader import DesiredSlot
 
 __all__ = [
@@ -34,6 +35,7 @@ __all__ = [
     "ctx_of",
     "declared_slot",
     "desired_state",
+    "disk_snapshot",
     "name_of",
     "slot_out",
     "start_load",
@@ -141,11 +143,21 @@ async def wake(ctx: ApiContext, name: str | None = None) -> None:
 
 
 async def desired_state(ctx: ApiContext) -> ConfigSnapshot:
-    """The desired state as the reconciler holds it: one cache, refreshed by the watcher,
-    the resync and every API write (:func:`_wake`); read off the loop only without one."""
+    """The desired state as its owner holds it (the reconciler's
+    :class:`~controller.spec.desired.DesiredCache`, refreshed by the watcher, the resync
+    and every API write: :func:`wake`); without a reconciler (a test's API), a cache of
+    the API's own, refreshed off the loop at each look."""
     if ctx.reconciler is not None:
         return ctx.reconciler.snapshot
-    return await asyncio.to_thread(read_config_dir, ctx.config_dir)
+    return await DesiredCache(ctx.config_dir).refresh_async()
+
+
+async def disk_snapshot(ctx: ApiContext) -> ConfigSnapshot:
+    """The config dir as it is on disk now, read through its owner (the reconciler's
+    :class:`~controller.spec.desired.DesiredCache`: ``read_fresh``, published to nobody)
+    off the loop: what a stack diff or apply plans against before it writes."""
+    desired = ctx.reconciler.desired if ctx.reconciler is not None else None
+    return await asyncio.to_thread((desired or DesiredCache(ctx.config_dir)).read_fresh)
 
 
 async def declared_slot(ctx: ApiContext, name: str) -> DesiredSlot:

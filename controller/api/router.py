@@ -2,9 +2,9 @@
 embeddings, audio.
 
 The routes only declare themselves (summary, body schema, answers) and hand the request
-to :func:`~controller.api.router_proxy.route_request`: reading and refusing live in
-:mod:`controller.api.router_request`, leasing, forwarding and streaming in
-:mod:`controller.api.router_proxy`.
+to :func:`~controller.api.router_proxy.route_request` (leasing, forwarding, streaming);
+reading and refusals are :mod:`controller.api.router_answers` over what both router paths
+share, :mod:`controller.router`.
 
 Errors leave in OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``:
 unknown model 404 ``model_not_found``, bad body 400, queue full 429, crash looping,
@@ -21,16 +21,12 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
 from controller.api.app import API_CTX, RouteTable, json_response
+from controller.api.router_answers import openai_error, refusal_response
 from controller.api.router_proxy import route_request
 from controller.api.router_proxy import setup as setup
-from controller.api.router_request import (
-    AUDIO_MAX_BYTES,
-    AUDIO_TAIL,
-    JSON_MAX_BYTES,
-    model_not_found,
-    openai_error,
-)
-from controller.api.selection import openai_model, served_ids, served_models
+from controller.router.refusals import model_not_found
+from controller.router.request import AUDIO_MAX_BYTES, AUDIO_TAIL, JSON_MAX_BYTES
+from controller.router.selection import openai_model, served_ids, served_models
 from controller.slots import SlotManager
 
 __all__ = ["openai_error", "served_ids", "setup"]
@@ -103,7 +99,7 @@ async def v1_model(request: web.Request) -> web.Response:
     model_id = request.match_info["model_id"]
     kind = served_models(manager).get(model_id)
     if kind is None:
-        return model_not_found(model_id).response()
+        return refusal_response(model_not_found(model_id))
     return json_response(openai_model(model_id, kind))
 
 

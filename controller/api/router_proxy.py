@@ -1,15 +1,15 @@
 """Forwarding a routed request: lease, proxy, relay, release — and the watch that cuts it.
 
-Part of the OpenAI router (:mod:`controller.api.router` is its route table,
-:mod:`controller.api.router_request` reads and refuses). Most routed requests never get
-here: the data plane (:mod:`controller.api.dataplane`) serves them at the socket and
-shares this module's records, metrics and events (:class:`Call`, :func:`record_call`,
-:func:`report_refusal`). This is the path of what it leaves to aiohttp (a chunked
+Part of the OpenAI router's aiohttp path (:mod:`controller.api.router` is its route
+table, :mod:`controller.api.router_answers` reads and renders refusals). Most routed
+requests never get here: the data plane (:mod:`controller.dataplane`) serves them at the
+socket; both paths share :mod:`controller.router` (the records, the lease, the refusals,
+the headers passed). This is the path of what the data plane leaves to aiohttp (a chunked
 upload, ``HTTP/1.0``, a head it does not take, any server built without it), with the
 same answers. One request's path:
 
 1. read the body and take its ``model``; rank the activated slots serving it
-   (:func:`~controller.api.selection.serving`, no view built) and lease the best that
+   (:func:`~controller.router.selection.serving`, no view built) and lease the best that
    grants one (a cold slot loads; concurrent cold requests join that one load);
 2. proxy the body unchanged to the slot's endpoint with one shared keep-alive
    :class:`aiohttp.ClientSession` (:data:`SESSION` in ``ctx.store``; its connector pools
@@ -37,6 +37,7 @@ import io
 import json
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
@@ -44,84 +45,37 @@ import aiohttp
 from aiohttp import hdrs, web
 from multidict import CIMultiDict
 
-from controller.api.app import API_CTX, REQUEST_RECORDER, ApiContext, CtxKey
-from controller.api.router_request import (
-    Pending,
-    Refusal,
-    acquire_now,
-    acquire_rest,
-    error_body,
-    model_not_found,
+from controller.api.app import API_CTX, CLOSED, ApiContext, CtxKey
+from controller.api.router_answers import (
     read_body,
+    refusal_response,
     requested_model,
-    shutting_down,
-    slot_refusal,
     upstream_path,
     upstream_refusal,
-    wrong_endpoint,
 )
-from controller.api.selection import endpoint_of, fitting, serving
-from controller.errors import ModelNotFound, SlotctlError, SlotUpstreamTimeout
-from controller.events import EventKind, Op
-from controller.slots import Lease
+from controller.errors import SlotctlError
+from controller.router.context import CLIENT_CLOSED, Call, record_call, upstream_idle_s
+from controller.router.headers import REQUEST_DROP, RESPONSE_DROP, connection_names, passes
+from controller.router.leasing import lease_model
+from controller.router.refusals import (
+    Refusal,
+    error_body,
+    revoked,
+    shutting_down,
+    slot_refusal,
+    upstream_timeout,
+)
+from controller.router.selection import endpoint_of
 
-__all__ = [
-    "CLIENT_CLOSED",
-    "CLOSED",
-    "REQUEST_DROP",
-    "RESPONSE_DROP",
-    "SESSION",
-    "Call",
-    "lease_model",
-    "lease_now",
-    "lease_rest",
-    "record_call",
-    "report_refusal",
-    "revoked",
-    "route_request",
-    "setup",
-    "upstream_idle_s",
-    "upstream_timeout",
-]
+__all__ = ["SESSION", "route_request", "setup"]
 
 log = logging.getLogger("slotctl.router")
 
 SESSION: Final = CtxKey("router_session", aiohttp.ClientSession)  # the upstream session
-CLOSED: Final = CtxKey("router_closed", bool)  # set by the app's cleanup
 
 _RELAY_WHOLE_MAX: Final = 1024 * 1024  # sized non-stream bodies up to this are relayed whole
 _WATCH_S: Final = 0.1  # how often the watch looks at the client connection and the lease
-CLIENT_CLOSED: Final = 499  # nginx's status for "client closed the request" (metrics only)
 _CONNECT_S: Final = 10.0  # connect timeout (the slot's upstream_idle_s when shorter)
-_IDLE_DEFAULT_S: Final = 120.0  # a slot the manager no longer knows: the schema's default
-
-# Never forwarded in either direction: hop-by-hop headers (RFC 9110 §7.6.1), the
-# controller's own credentials, and lengths/encodings the two connections set themselves.
-_HOP_BY_HOP: Final = frozenset(
-    h.lower()
-    for h in (
-        hdrs.CONNECTION,
-        hdrs.KEEP_ALIVE,
-        hdrs.PROXY_AUTHENTICATE,
-        hdrs.PROXY_AUTHORIZATION,
-        hdrs.TE,
-        hdrs.TRAILER,
-        hdrs.TRANSFER_ENCODING,
-        hdrs.UPGRADE,
-        hdrs.CONTENT_LENGTH,
-        hdrs.HOST,
-    )
-)
-REQUEST_DROP: Final = _HOP_BY_HOP | {
-    hdrs.AUTHORIZATION.lower(),
-    hdrs.COOKIE.lower(),
-    hdrs.EXPECT.lower(),  # answered by this server already
-}
-RESPONSE_DROP: Final = _HOP_BY_HOP | {
-    hdrs.SET_COOKIE.lower(),
-    hdrs.SERVER.lower(),
-    hdrs.DATE.lower(),
-}
 
 
 # ----------------------------------------------------------------------------- session
@@ -143,7 +97,7 @@ async def _close_session(app: web.Application) -> None:
 def _session(ctx: ApiContext) -> aiohttp.ClientSession:
     """The shared upstream session, created on first use (inside the running loop); none
     once the app is cleaning up (a request still running then gets a 503)."""
-    if ctx.store.get(CLOSED):
+    if ctx.closed:
         raise shutting_down()
     session = ctx.store.get(SESSION)
     if session is not None and not session.closed:
@@ -165,64 +119,27 @@ def _session(ctx: ApiContext) -> aiohttp.ClientSession:
 
 
 @dataclass(slots=True)
-class Call:
-    """One routed request, for the watch, the metrics and the final answer."""
+class ProxyCall(Call):
+    """A routed request on aiohttp's path: its streamed response once the head went out."""
 
-    started: float
-    model: str = ""
-    slot: str = ""
-    status: int = 0
-    lease: Lease | None = None
-    response: web.StreamResponse | None = None  # set once streaming headers went out
-
-
-def upstream_idle_s(ctx: ApiContext, slot: str) -> float:
-    """The slot's ``upstream_idle_s``: how long its server may send nothing."""
-    spec = ctx.manager.known(slot)
-    return spec.upstream_idle_s if spec is not None else _IDLE_DEFAULT_S
-
-
-def upstream_timeout(
-    ctx: ApiContext, call: Call, seconds: float, *, connecting: bool = False
-) -> Refusal:
-    """The answer of a request whose server went silent for ``seconds`` (or took no
-    connection within them): ``504 slot.upstream_timeout`` (in-band once the answer
-    began), reported once (an event; the metrics count it). Both router paths give it."""
-    what = (
-        f"took no connection within {seconds:g}s"
-        if connecting
-        else f"sent nothing for {seconds:g}s (upstream_idle_s)"
-    )
-    error = SlotUpstreamTimeout(
-        f"slot {call.slot!r}: its server {what}; the request was ended",
-        slot=call.slot,
-        idle_s=seconds,
-    )
-    report_refusal(ctx, error, call.model)
-    return slot_refusal(error)
-
-
-def record_call(ctx: ApiContext, call: Call) -> None:
-    recorder = ctx.store.get(REQUEST_RECORDER)
-    if recorder is None:
-        return
-    try:
-        recorder.request_done(call.slot, call.model, call.status, time.monotonic() - call.started)
-    except Exception:  # metrics must never fail a request: log it and answer anyway
-        log.exception("metrics request_done failed")
+    response: web.StreamResponse | None = None
 
 
 # ----------------------------------------------------------------------------- forwarding
 
 
+def _passed(headers: Mapping[str, str], drop: frozenset[str]) -> CIMultiDict[str]:
+    """The headers passed on (:mod:`controller.router.headers`)."""
+    named = connection_names(headers.getall("Connection", ()))  # type: ignore[attr-defined]
+    return CIMultiDict((k, v) for k, v in headers.items() if passes(k.lower(), drop, named))
+
+
 def _forward_headers(request: web.Request) -> CIMultiDict[str]:
-    return CIMultiDict((k, v) for k, v in request.headers.items() if k.lower() not in REQUEST_DROP)
+    return _passed(request.headers, REQUEST_DROP)
 
 
 def _relay_headers(upstream: aiohttp.ClientResponse) -> CIMultiDict[str]:
-    return CIMultiDict(
-        (k, v) for k, v in upstream.headers.items() if k.lower() not in RESPONSE_DROP
-    )
+    return _passed(upstream.headers, RESPONSE_DROP)
 
 
 async def _open(
@@ -249,7 +166,7 @@ async def _open(
         return await send()
 
 
-def _failed(ctx: ApiContext, call: Call, exc: BaseException, idle_s: float) -> Refusal:
+def _failed(ctx: ApiContext, call: ProxyCall, exc: BaseException, idle_s: float) -> Refusal:
     """The refusal of an upstream failure: a timeout is ``slot.upstream_timeout``."""
     if isinstance(exc, aiohttp.ServerTimeoutError):
         connecting = isinstance(exc, aiohttp.ConnectionTimeoutError)
@@ -258,7 +175,7 @@ def _failed(ctx: ApiContext, call: Call, exc: BaseException, idle_s: float) -> R
 
 
 async def _proxy(
-    request: web.Request, ctx: ApiContext, call: Call, body: bytes
+    request: web.Request, ctx: ApiContext, call: ProxyCall, body: bytes
 ) -> web.StreamResponse:
     endpoint = ctx.manager.endpoint(call.slot)
     if endpoint is None:
@@ -289,7 +206,7 @@ async def _relay_stream(
     request: web.Request,
     upstream: aiohttp.ClientResponse,
     headers: CIMultiDict[str],
-    call: Call,
+    call: ProxyCall,
     *,
     sse: bool,
     idle_s: float,
@@ -342,7 +259,7 @@ async def _end_broken(
 
 
 async def _work(
-    request: web.Request, ctx: ApiContext, call: Call, limit: int
+    request: web.Request, ctx: ApiContext, call: ProxyCall, limit: int
 ) -> web.StreamResponse:
     """Read, pick, lease, proxy; the lease is released however this ends."""
     manager = ctx.manager
@@ -355,67 +272,9 @@ async def _work(
         finally:
             manager.release(lease)
     except Refusal as refusal:
-        return refusal.response()
+        return refusal_response(refusal)
     except SlotctlError as exc:  # e.g. the slot was removed while we looked it up
-        return slot_refusal(exc).response()
-
-
-async def lease_model(ctx: ApiContext, call: Call, model: str, endpoint: str | None) -> Lease:
-    """A lease on the best activated slot serving ``model`` whose type serves
-    ``endpoint`` (:func:`~controller.api.selection.endpoint_of`; ``call`` records the
-    model and the slot); else the refusal, reported once. Both router paths lease
-    through it (the data plane in its two steps)."""
-    now = lease_now(ctx, call, model, endpoint)
-    return now if isinstance(now, Lease) else await lease_rest(ctx, call, now)
-
-
-def lease_now(ctx: ApiContext, call: Call, model: str, endpoint: str | None) -> Lease | Pending:
-    """:func:`lease_model` without a wait: the lease, or where it has to wait
-    (:func:`lease_rest` goes on from there). A model whose slots' type does not serve
-    ``endpoint`` is refused here, before anything is leased or loaded (400)."""
-    manager = ctx.manager
-    candidates = serving(manager, model)
-    if not candidates:
-        report_refusal(ctx, ModelNotFound(model), model)
-        raise model_not_found(model)
-    call.model = model
-    if endpoint is not None:
-        candidates, refused = fitting(manager, candidates, endpoint)
-        if not candidates:
-            raise wrong_endpoint(model, endpoint, refused)
-    try:
-        now = acquire_now(manager, candidates)
-    except SlotctlError as exc:
-        report_refusal(ctx, exc, model)
-        raise slot_refusal(exc) from None
-    if isinstance(now, Lease):
-        call.lease, call.slot = now, now.slot
-    return now
-
-
-async def lease_rest(ctx: ApiContext, call: Call, pending: Pending) -> Lease:
-    try:
-        lease = await acquire_rest(ctx.manager, pending)
-    except SlotctlError as exc:
-        report_refusal(ctx, exc, call.model)
-        raise slot_refusal(exc) from None
-    call.lease, call.slot = lease, lease.slot
-    return lease
-
-
-def report_refusal(ctx: ApiContext, error: SlotctlError, model: str) -> None:
-    """A refusal the manager did not report already gets its one event and log line."""
-    if error.reported:
-        return
-    error.reported = True
-    ctx.events.emit(
-        EventKind.REFUSAL,
-        Op.ROUTE,
-        slot=error.details.get("slot"),
-        model=model,
-        message=error.message,
-        error=error.code,
-    )
+        return refusal_response(slot_refusal(exc))
 
 
 class _Watch:
@@ -447,7 +306,7 @@ class _Watch:
 async def route_request(request: web.Request, *, limit: int) -> web.StreamResponse:
     """One routed request, from its body to its last byte (see the module docstring)."""
     ctx = request.app[API_CTX]
-    call = Call(started=time.monotonic())
+    call = ProxyCall(started=time.monotonic())
     task = asyncio.current_task()
     assert task is not None  # a handler always runs in a task
     watch = _Watch(request, call, task)
@@ -476,25 +335,16 @@ async def route_request(request: web.Request, *, limit: int) -> web.StreamRespon
     return response
 
 
-async def _internal_error(request: web.Request, call: Call) -> web.StreamResponse:
+async def _internal_error(request: web.Request, call: ProxyCall) -> web.StreamResponse:
     call.status = 500
     refusal = Refusal(500, "internal error (see the log)", code="internal")
     if call.response is None:
-        return refusal.response()
+        return refusal_response(refusal)
     await _end_broken(request, call.response, refusal, sse=_is_sse(call.response))
     return call.response
 
 
-def revoked(call: Call) -> Refusal:
-    """The answer of a request whose lease was revoked (its slot crashed or went away);
-    both router paths give it."""
-    error = call.lease.error if call.lease is not None else None
-    if error is not None:
-        return slot_refusal(error)
-    return Refusal(502, f"slot {call.slot!r} went away", code="upstream.failed")
-
-
-async def _interrupted(request: web.Request, call: Call, reason: str) -> web.StreamResponse:
+async def _interrupted(request: web.Request, call: ProxyCall, reason: str) -> web.StreamResponse:
     """The answer after the watch cancelled the work (its lease is already released)."""
     if reason == "client":
         call.status = CLIENT_CLOSED
@@ -502,7 +352,7 @@ async def _interrupted(request: web.Request, call: Call, reason: str) -> web.Str
     refusal = revoked(call)
     call.status = refusal.status
     if call.response is None:
-        return refusal.response()
+        return refusal_response(refusal)
     await _end_broken(request, call.response, refusal, sse=_is_sse(call.response))
     return call.response
 

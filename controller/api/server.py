@@ -5,7 +5,7 @@ test-bound before the controller writes anything, so an address in use is a type
 :class:`ListenUnavailable` (exit 2) that changed nothing. ``ApiServer`` serves the full
 API (``build_app``) or, for ``--metrics-listen``, only the unauthenticated probes
 (``build_probe_app``). The full API listens through the router's data plane
-(:mod:`controller.api.dataplane`), which serves the OpenAI ``POST`` endpoints itself and
+(:mod:`controller.dataplane.plane`), which serves the OpenAI ``POST`` endpoints itself and
 hands every other connection to aiohttp.
 """
 
@@ -22,9 +22,9 @@ from aiohttp import web
 
 from controller.api.app import ApiContext
 from controller.api.assembly import build_app
-from controller.api.dataplane import DataPlane
 from controller.api.hosts import HOST_POLICY, HostPolicy
 from controller.api.refused import quiet_protocol
+from controller.dataplane.plane import DataPlane
 from controller.errors import ListenUnavailable, SlotConfigError
 
 __all__ = ["ApiServer", "check_listen", "parse_listen"]

@@ -17,6 +17,7 @@ from controller.api.app import (
 )
 from controller.api.rest import (
     ctx_of,
+    disk_snapshot,
     wake,
 )
 from controller.apply import apply_to_config, plan_stack
@@ -116,13 +117,25 @@ async def apply_stack(request: web.Request) -> web.Response:
     lock = ctx.apply_lock
     async with lock:
         prune = bool(body.prune)
+        snapshot = await disk_snapshot(ctx)  # what is planned is what is written over
         plan = await plan_stack(
-            state, ctx.config_dir, ctx.state_dir, ctx.manager.runtime, prune=prune
+            state,
+            ctx.config_dir,
+            ctx.state_dir,
+            ctx.manager.runtime,
+            prune=prune,
+            snapshot=snapshot,
+            models_dir=ctx.manager.models_dir,
         )
         changed: list[str] = []
         if not body.dry_run:
             changed = await asyncio.to_thread(
-                apply_to_config, state, ctx.config_dir, prune=prune, force=body.force
+                apply_to_config,
+                state,
+                ctx.config_dir,
+                prune=prune,
+                force=body.force,
+                snapshot=snapshot,
             )
             await wake(ctx)
     return json_response(
@@ -142,7 +155,15 @@ async def diff_stack(request: web.Request) -> web.Response:
     ctx = ctx_of(request)
     body, state = await _load_stack_body(ctx, request)
     prune = True if body.prune is None else body.prune
-    plan = await plan_stack(state, ctx.config_dir, ctx.state_dir, ctx.manager.runtime, prune=prune)
+    plan = await plan_stack(
+        state,
+        ctx.config_dir,
+        ctx.state_dir,
+        ctx.manager.runtime,
+        prune=prune,
+        snapshot=await disk_snapshot(ctx),
+        models_dir=ctx.manager.models_dir,
+    )
     data = plan.to_dict()
     data["json_patch"] = plan.json_patch()
     return json_response(data)

@@ -6,9 +6,10 @@ the line (as kubectl does): every sub-parser carries them with a suppressed defa
 a value given after the command wins over one given before it, and one not given
 leaves the top-level default alone (:func:`add_globals`, :meth:`Tree.finish`).
 
-A command's function is named ``"module:function"`` (:func:`cmd`) and imported only when
-that command runs (:class:`Lazy`). The standard library only (and ``controller.exitcode``):
-``slotctl --help`` and every command pay for this module.
+A command is data (:class:`Command`: name, help, options, the handler itself); its
+module is imported only when that command runs (:class:`LazyModule`). The standard
+library only (and ``controller.exitcode``): ``slotctl --help`` and every command pay for
+this module.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import os
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from controller.exitcode import ExitCode
 
@@ -27,12 +28,13 @@ __all__ = [
     "RUNTIME_KINDS",
     "SERVER_ENV",
     "TOKEN_ENV",
+    "Command",
     "Formatter",
+    "Handler",
     "HelpOf",
-    "Lazy",
+    "LazyModule",
     "Tree",
     "add_globals",
-    "cmd",
     "examples_text",
     "output",
     "parse_duration",
@@ -79,20 +81,32 @@ def parse_since(text: str) -> tuple[int | None, float | None]:
         ) from None
 
 
-class Lazy:
-    """A command function named ``module:function``, imported when the command runs."""
-
-    def __init__(self, target: str) -> None:
-        self.target = target
-
-    def __call__(self, args: argparse.Namespace) -> int:
-        module, _, name = self.target.partition(":")
-        func: Callable[[argparse.Namespace], int] = getattr(importlib.import_module(module), name)
-        return func(args)
+Handler = Callable[[argparse.Namespace], int]
+Options = Callable[[argparse.ArgumentParser], None]
 
 
-def cmd(target: str) -> Lazy:
-    return Lazy(f"controller.cli.{target}")
+class Command(NamedTuple):
+    """One ``slotctl`` command as data: what ``--help`` says, its options, its handler (a
+    NamedTuple: ``dataclasses`` would cost every start-up ~20 ms of imports)."""
+
+    name: str
+    help: str
+    run: Handler
+    options: Options | None = None
+    description: str | None = None
+    examples: tuple[str, ...] = ()
+    skip: tuple[str, ...] = ()  # global options it does not take
+
+
+class LazyModule:
+    """A module imported at the first look at one of its attributes (a command's handler
+    module: imported when that command runs, not at start-up)."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(importlib.import_module(self._name), attr)
 
 
 class Formatter(argparse.HelpFormatter):
@@ -199,6 +213,25 @@ class Tree:
         )
         self.parsers.append((parser, skip))
         return parser
+
+    def declare(
+        self,
+        sub: argparse._SubParsersAction[argparse.ArgumentParser],
+        commands: tuple[Command, ...],
+    ) -> None:
+        """A sub-parser for each of ``commands``, in their order."""
+        for command in commands:
+            parser = self.add(
+                sub,
+                command.name,
+                command.help,
+                description=command.description,
+                examples=command.examples,
+                skip=command.skip,
+            )
+            if command.options is not None:
+                command.options(parser)
+            parser.set_defaults(func=command.run)
 
     def group(
         self, parser: argparse.ArgumentParser, dest: str

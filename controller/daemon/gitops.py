@@ -16,7 +16,8 @@ from pathlib import Path
 
 from controller.apply import apply_to_config, pruned_pinned
 from controller.errors import SlotctlError
-from controller.spec.configdir import read_config_dir, read_settings
+from controller.spec.configdir import read_settings
+from controller.spec.desired import DesiredCache
 from controller.spec.loader import DesiredState, load_stacks
 
 __all__ = ["GitOps"]
@@ -25,9 +26,17 @@ __all__ = ["GitOps"]
 class GitOps:
     """Applies one stack dir to one config dir; see the module docstring."""
 
-    def __init__(self, stack_dir: Path, config_dir: Path, say: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        stack_dir: Path,
+        config_dir: Path,
+        say: Callable[[str], None],
+        *,
+        desired: DesiredCache | None = None,
+    ) -> None:
         self.stack_dir = stack_dir
         self.config_dir = config_dir
+        self.desired = desired if desired is not None else DesiredCache(config_dir)
         self.say = say
         # The stacks the dir declares (ever, this run): the API refuses writes to them.
         self.stacks: set[str] = set()
@@ -55,7 +64,7 @@ class GitOps:
             models=report.state.models,
             slots=report.state.slots,
         )
-        snapshot = read_config_dir(self.config_dir)
+        snapshot = self.desired.read_fresh()  # the disk as it is now, before writing
         for name in pruned_pinned(state, snapshot):
             self.say(
                 f"warning: pinned slot {name} is no longer in {self.stack_dir}: kept (remove "

@@ -38,6 +38,7 @@ from controller.exitcode import ExitCode
 from controller.reconcile import Action, Reconciler
 from controller.root import Root, controller_record, open_root
 from controller.slots import SlotManager
+from controller.spec.desired import DesiredCache
 from controller.store import ControllerLock, ensure_token
 
 __all__ = ["Controller", "DaemonOptions", "root_warning", "stop_everything"]
@@ -73,7 +74,14 @@ class Controller:
         self.reconciler: Reconciler | None = None
         self.supervisor: Supervisor | None = None
         self.watcher: DirWatcher | None = None
-        self.gitops = GitOps(opts.stack_dir, opts.config_dir, self.say) if opts.stack_dir else None
+        # The desired state's one owner: the reconciler's, read by the API, GitOps and the
+        # operator's CR source.
+        self.desired = DesiredCache(opts.config_dir)
+        self.gitops = (
+            GitOps(opts.stack_dir, opts.config_dir, self.say, desired=self.desired)
+            if opts.stack_dir
+            else None
+        )
         self._forced = False  # a second interrupt: drains end at once
 
     @property
@@ -140,6 +148,7 @@ class Controller:
             record,
             resync_s=opts.resync_s,
             on_plan=self._print_plan,
+            desired=self.desired,
         ) as root:
             self.root = root
             return await self._run_locked(root)

@@ -129,7 +129,7 @@ class Operator:
                 reap_orphans=False,  # from the first sync on (see _sync)
             )
         )
-        self.source = CrSource(config_dir)
+        self.source = CrSource(config_dir, desired=self.controller.desired)
         self.board = StatusBoard()
         self.registry = kopf.OperatorRegistry()
         self._handled: set[CrKey] = set()  # CRs whose own handler ran (status may follow)

@@ -25,7 +25,8 @@ from controller.apply import apply_to_config
 from controller.errors import SlotctlError
 from controller.operator.convert import model_payload, slot_payload
 from controller.operator.status import Verdict
-from controller.spec.configdir import ConfigSnapshot, read_config_dir
+from controller.spec.configdir import ConfigSnapshot
+from controller.spec.desired import DesiredCache
 from controller.spec.loader import DesiredSlot, DesiredState, normalise
 from controller.spec.problems import Problem, problems_from_validation
 from controller.spec.rules import SlotEntry, check_slot_payload, cross_slot_problems
@@ -66,9 +67,13 @@ def cr_key(kind: str, body: Mapping[str, Any]) -> CrKey:
 class CrSource:
     """Every known CR, the last good spec of each, and the verdicts of the last sync."""
 
-    def __init__(self, config_dir: Path, stack: str = STACK) -> None:
+    def __init__(
+        self, config_dir: Path, stack: str = STACK, *, desired: DesiredCache | None = None
+    ) -> None:
         self.config_dir = Path(config_dir)
         self.stack = stack
+        # The desired state's owner (the controller's): the disk read through it.
+        self.desired = desired if desired is not None else DesiredCache(self.config_dir)
         self._crs: dict[CrKey, _Cr] = {}
         self._good_slots: dict[CrKey, SlotSpec] = {}
         self._good_models: dict[CrKey, ModelSpec] = {}
@@ -213,7 +218,7 @@ class CrSource:
     def sync(self) -> SyncResult:
         """Judge every CR and write the resulting desired state through the guard."""
         problems: dict[CrKey, list[Problem]] = {}
-        snapshot = read_config_dir(self.config_dir)
+        snapshot = self.desired.read_fresh()
         models = self._models(problems)
         catalogue = {**snapshot.models, **{m.id: m for m in models.values()}}
         candidates = self._slot_candidates(problems)

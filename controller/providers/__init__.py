@@ -1,14 +1,17 @@
-"""Provider registry: ``build_launch(slot, model, ctx)`` -> the slot's LaunchSpec."""
+"""Provider registry: ``build_launch(slot, model, ctx)`` -> the slot's LaunchSpec, and the
+one launch hash (:func:`launch_hash`) the manager and ``stack diff``/``apply`` share, over
+the one build context (:func:`launch_context`)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
+from pathlib import Path
 from typing import Final
 
 from controller.devices import GpuRef
-from controller.errors import SlotConfigError
-from controller.providers.base import BuildContext, Provider, model_path
+from controller.errors import SlotConfigError, SlotctlError
+from controller.providers.base import BuildContext, Provider, default_models_dir, model_path
 from controller.providers.templates import (
     DemoProvider,
     GenericProvider,
@@ -16,7 +19,7 @@ from controller.providers.templates import (
     LlamaCppPythonProvider,
     VllmProvider,
 )
-from controller.runtime.base import LaunchSpec
+from controller.runtime.base import LaunchSpec, RuntimeKind
 from controller.spec.schema import PROVIDERS, SELF_MANAGED_PROVIDERS, ModelSpec, SlotSpec
 
 __all__ = [
@@ -24,6 +27,9 @@ __all__ = [
     "BuildContext",
     "Provider",
     "build_launch",
+    "default_models_dir",
+    "launch_context",
+    "launch_hash",
     "model_path",
     "placement_args",
     "with_port",
@@ -49,7 +55,7 @@ def build_launch(slot: SlotSpec, model: ModelSpec | None, ctx: BuildContext) -> 
             f"slot {slot.name!r}: its port is chosen by the controller and not chosen yet",
             keys=["port"],
         )
-    if ctx.runtime == "kubernetes" and ctx.host == "127.0.0.1":
+    if ctx.runtime is RuntimeKind.KUBERNETES and ctx.host == "127.0.0.1":
         # In its own pod the server is reached at the pod's IP, from outside the pod.
         ctx = replace(ctx, host="0.0.0.0")  # noqa: S104
     return PROVIDER_REGISTRY[slot.provider].build(slot, model, ctx)
@@ -68,3 +74,24 @@ def with_port(slot: SlotSpec, port: int | None) -> SlotSpec:
     if slot.port is not None or port is None:
         return slot
     return slot.model_copy(update={"port": port})
+
+
+def launch_context(
+    runtime: RuntimeKind | str, stack: str, models_dir: Path | None = None
+) -> BuildContext:
+    """The build context of a slot of ``stack`` on ``runtime``: the one both the manager and
+    ``stack diff``/``apply`` build with, so they hash alike. The fake runtime builds as
+    ``process``; ``models_dir`` None is the default (:func:`default_models_dir`)."""
+    kind = RuntimeKind(runtime)
+    if kind is RuntimeKind.FAKE:
+        kind = RuntimeKind.PROCESS
+    return BuildContext(runtime=kind, stack=stack, models_dir=models_dir or default_models_dir())
+
+
+def launch_hash(slot: SlotSpec, model: ModelSpec | None, ctx: BuildContext) -> str | None:
+    """The config hash ``slot`` would run with (its labels' ``slotctl.config-hash``); None
+    when its launch cannot be built (yet: a port still to choose, a refused config)."""
+    try:
+        return build_launch(slot, model, ctx).config_hash()
+    except SlotctlError:
+        return None

@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 from controller.errors import SlotConfigError
 from controller.probe import ProbeSpec, SentinelRequest
-from controller.runtime.base import LaunchSpec
+from controller.runtime.base import LaunchSpec, RuntimeKind
 from controller.sleepmode import VLLM_SLEEP, SleepMode
 from controller.spec.schema import ModelSpec, SlotSpec
 
@@ -24,6 +24,7 @@ __all__ = [
     "SLEEP_MODES",
     "BuildContext",
     "Provider",
+    "default_models_dir",
     "default_probe",
     "device_env",
     "model_path",
@@ -31,14 +32,24 @@ __all__ = [
 ]
 
 
+def default_models_dir() -> Path:
+    """Where hf:// and relative model sources resolve when no models dir is configured:
+    ``$SLOTCTL_MODELS_DIR``, else ``/models``."""
+    return Path(os.environ.get("SLOTCTL_MODELS_DIR", "/models"))
+
+
 @dataclass(frozen=True, slots=True)
 class BuildContext:
-    runtime: str = "process"  # process | docker | kubernetes
+    """What a launch is built for besides the slot and its model (build it with
+    :func:`controller.providers.launch_context`, which every caller shares)."""
+
+    runtime: RuntimeKind = RuntimeKind.PROCESS  # never FAKE: the fake runtime builds as process
     stack: str = ""
-    models_dir: Path = field(
-        default_factory=lambda: Path(os.environ.get("SLOTCTL_MODELS_DIR", "/models"))
-    )
+    models_dir: Path = field(default_factory=default_models_dir)
     host: str = "127.0.0.1"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "runtime", RuntimeKind(self.runtime))  # a kind's name taken
 
 
 class Provider(Protocol):

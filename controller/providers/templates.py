@@ -26,7 +26,7 @@ from controller.providers.base import (
     require_model,
     sleep_mode,
 )
-from controller.runtime.base import LaunchSpec, Mount
+from controller.runtime.base import LaunchSpec, Mount, RuntimeKind
 from controller.spec.schema import ModelSpec, SlotSpec
 
 __all__ = [
@@ -59,7 +59,9 @@ def _launch(
     if sleep is not None:  # the controller's, after the slot's own (VLLM_SERVER_DEV_MODE)
         argv = [*argv, *sleep.argv]
         merged_env.update(sleep.env)
-    if ctx.runtime == "kubernetes" and slot.device_ref.pinned:  # the load refused it first
+    if (
+        ctx.runtime is RuntimeKind.KUBERNETES and slot.device_ref.pinned
+    ):  # the load refused it first
         raise SlotConfigError(
             f"slot {slot.name!r}: device = {slot.device!r} pins GPUs, which the kubernetes "
             "runtime cannot do (the device plugin picks a node's GPUs): use device = "
@@ -67,9 +69,9 @@ def _launch(
             keys=["device"],
             slot=slot.name,
         )
-    if path and ctx.runtime == "docker":
+    if path and ctx.runtime is RuntimeKind.DOCKER:
         mounts = (*mounts, Mount(path, path, read_only=True))
-    if ctx.runtime == "kubernetes":
+    if ctx.runtime is RuntimeKind.KUBERNETES:
         # The model file is in the pod (the slot's volume at the models dir, or the image):
         # the controller cannot look for it, and host paths mean nothing on another node.
         path, mounts = None, ()
@@ -98,13 +100,13 @@ def _launch(
         model_path=path,
         mounts=mounts,
         probe=probe,
-        node=slot.node if ctx.runtime == "kubernetes" else None,
+        node=slot.node if ctx.runtime is RuntimeKind.KUBERNETES else None,
         sleep=sleep,
     )
 
 
 def _docker_image(slot: SlotSpec, ctx: BuildContext, default: str | None) -> str | None:
-    if ctx.runtime not in ("docker", "kubernetes"):
+    if ctx.runtime not in (RuntimeKind.DOCKER, RuntimeKind.KUBERNETES):
         return None
     image = slot.server.image or default
     if not image:
@@ -132,7 +134,7 @@ class DemoProvider:
         mounts: tuple[Mount, ...] = ()
         image = _docker_image(slot, ctx, None)
         env: dict[str, str] = {}
-        if image and ctx.runtime == "kubernetes":
+        if image and ctx.runtime is RuntimeKind.KUBERNETES:
             argv[0] = slot.server.binary or "python3"  # the image's own (slotctl's image)
         elif image:
             # The container runs the host's interpreter and this package, read-only.

@@ -36,6 +36,7 @@ __all__ = [
     "ProgressCallback",
     "RunStatus",
     "Runtime",
+    "RuntimeKind",
     "visibility_env",
 ]
 
@@ -213,11 +214,21 @@ class Observed:
         return self.status is RunStatus.RUNNING
 
 
+class RuntimeKind(StrEnum):
+    """The runtimes (SPEC §4), and the fake one of the tests. A launch is built for one
+    (:func:`controller.providers.launch_context`: the fake one builds as ``process``)."""
+
+    PROCESS = "process"
+    DOCKER = "docker"
+    KUBERNETES = "kubernetes"
+    FAKE = "fake"
+
+
 @runtime_checkable
 class Runtime(Protocol):
     """One interface, several implementations. All methods are coroutines."""
 
-    kind: str
+    kind: RuntimeKind
 
     async def prepare(self, launch: LaunchSpec, progress: ProgressCallback | None = None) -> None:
         """Fetch what start needs (e.g. pull the image); no-op when present."""

@@ -62,6 +62,7 @@ from controller.runtime.base import (
     Observed,
     ProgressCallback,
     RunStatus,
+    RuntimeKind,
 )
 from controller.runtime.docker_spec import (
     CONTAINER_PREFIX,
@@ -108,7 +109,7 @@ def _explanation(exc: BaseException) -> str:
 class DockerRuntime:
     """Runtime for servers run as containers on a Docker engine (see module docstring)."""
 
-    kind = "docker"
+    kind = RuntimeKind.DOCKER
 
     def __init__(
         self,

@@ -17,7 +17,7 @@ from typing import Literal
 from controller.clock import SYSTEM_CLOCK, Clock
 from controller.errors import SlotSpawnFailed, SlotTerminateTimeout
 from controller.probe import ProbeOutcome, ProbeResult, ProbeSpec, wait_ready
-from controller.runtime.base import LaunchSpec, Observed, ProgressCallback, RunStatus
+from controller.runtime.base import LaunchSpec, Observed, ProgressCallback, RunStatus, RuntimeKind
 from controller.sleepmode import SleepMode
 
 __all__ = ["FakeProber", "FakeRuntime", "FakeScript", "FakeSleeper"]
@@ -52,7 +52,7 @@ class _FakeObject:
 class FakeRuntime:
     """Scriptable in-memory runtime. ``starts`` counts start() calls that created a server."""
 
-    kind = "fake"
+    kind = RuntimeKind.FAKE
 
     def __init__(self, clock: Clock = SYSTEM_CLOCK) -> None:
         self.clock = clock

@@ -66,6 +66,7 @@ from controller.runtime.base import (
     Observed,
     ProgressCallback,
     RunStatus,
+    RuntimeKind,
 )
 from controller.runtime.kubernetes_nodes import GPU_RESOURCES, NodeMemory, NodeReading
 from controller.runtime.kubernetes_spec import (
@@ -99,7 +100,7 @@ T = TypeVar("T")
 class KubernetesRuntime:
     """Runtime for servers run as pods of per-slot Deployments (see module docstring)."""
 
-    kind = "kubernetes"
+    kind = RuntimeKind.KUBERNETES
 
     def __init__(
         self,

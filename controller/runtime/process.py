@@ -39,6 +39,7 @@ from controller.runtime.base import (
     Observed,
     ProgressCallback,
     RunStatus,
+    RuntimeKind,
     visibility_env,
 )
 from controller.runtime.logwatch import follow
@@ -82,7 +83,7 @@ _CTIME_TOLERANCE_S: Final = 0.05
 class ProcessRuntime:
     """Runtime for servers started as local child processes."""
 
-    kind = "process"
+    kind = RuntimeKind.PROCESS
 
     def __init__(
         self,

@@ -9,7 +9,6 @@ the manager runs, so parts never keep a copy).
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,11 +16,17 @@ from pydantic import BaseModel
 
 from controller.clock import Clock
 from controller.devices import share
-from controller.errors import SlotctlError
 from controller.events import EventBus
 from controller.memory import MemoryProbe
 from controller.probe import Prober
-from controller.providers import BuildContext, build_launch, placement_args, with_port
+from controller.providers import (
+    build_launch,
+    default_models_dir,
+    launch_context,
+    launch_hash,
+    placement_args,
+    with_port,
+)
 from controller.runtime.base import LaunchSpec, Runtime
 from controller.runtime.ports import can_bind, pick_free_port
 from controller.sleepmode import Sleeper
@@ -57,13 +62,12 @@ class Core:
 
     def __post_init__(self) -> None:
         configured = self.config.models_dir
-        self.models_dir = configured or Path(os.environ.get("SLOTCTL_MODELS_DIR", "/models"))
+        self.models_dir = configured or default_models_dir()
 
     def build_launch(self, slot: SlotRecord, *, starting: bool = False) -> LaunchSpec:
         """The effective runtime config of ``slot`` on this manager's runtime; a slot that
         leaves its port to the controller gets its chosen one (:meth:`auto_port`)."""
-        runtime = self.runtime.kind if self.runtime.kind != "fake" else "process"
-        ctx = BuildContext(runtime=runtime, stack=slot.stack, models_dir=self.models_dir)
+        ctx = launch_context(self.runtime.kind, slot.stack, self.models_dir)
         spec = slot.spec
         if spec.port is None:
             spec = with_port(spec, self.auto_port(slot, starting=starting))
@@ -129,10 +133,12 @@ class Core:
             if same(spec, slot.spec) and same(model, slot.model):  # a re-read: new, equal
                 slot.hashed = (slot.spec, slot.model, slot.stack, memo[3])
                 return memo[3]
-        try:
-            value: str | None = self.build_launch(slot).config_hash()
-        except SlotctlError:
-            value = None
+        spec = slot.spec
+        if spec.port is None:
+            spec = with_port(spec, self.auto_port(slot))
+        value = launch_hash(
+            spec, slot.model, launch_context(self.runtime.kind, slot.stack, self.models_dir)
+        )
         slot.hashed = (slot.spec, slot.model, slot.stack, value)
         return value
 
@@ -144,34 +150,22 @@ def same(have: BaseModel | None, want: BaseModel | None) -> bool:
 
 
 class Part:
-    """A part of the manager: the shared :class:`Core` under short names."""
+    """A part of the manager: the shared :class:`Core`'s seams under short names (fixed for
+    the manager's life, but ``settings``, which every part reads through the core)."""
 
     def __init__(self, core: Core) -> None:
         self.core = core
-
-    @property
-    def runtime(self) -> Runtime:
-        return self.core.runtime
-
-    @property
-    def prober(self) -> Prober:
-        return self.core.prober
-
-    @property
-    def memory(self) -> MemoryProbe:
-        return self.core.memory
-
-    @property
-    def clock(self) -> Clock:
-        return self.core.clock
-
-    @property
-    def events(self) -> EventBus:
-        return self.core.events
-
-    @property
-    def config(self) -> ManagerConfig:
-        return self.core.config
+        self.runtime: Runtime = core.runtime
+        self.prober: Prober = core.prober
+        self.memory: MemoryProbe = core.memory
+        self.clock: Clock = core.clock
+        self.events: EventBus = core.events
+        self.config: ManagerConfig = core.config
+        self.table: SlotTable = core.table
+        self.wishes: Wishes = core.wishes
+        self.locks: Locks = core.locks
+        self.tasks: TaskSet = core.tasks
+        self.sleeper: Sleeper = core.sleeper
 
     @property
     def settings(self) -> ControllerSettings:
@@ -180,23 +174,3 @@ class Part:
     @settings.setter
     def settings(self, value: ControllerSettings) -> None:
         self.core.settings = value  # every part reads it through the core: all see it
-
-    @property
-    def table(self) -> SlotTable:
-        return self.core.table
-
-    @property
-    def wishes(self) -> Wishes:
-        return self.core.wishes
-
-    @property
-    def locks(self) -> Locks:
-        return self.core.locks
-
-    @property
-    def tasks(self) -> TaskSet:
-        return self.core.tasks
-
-    @property
-    def sleeper(self) -> Sleeper:
-        return self.core.sleeper

@@ -22,11 +22,10 @@ from controller.clock import SYSTEM_CLOCK, Clock
 from controller.decision import LoadDecision
 from controller.errors import ModelNotFound, SlotctlError, SlotNotReady, StateWriteFailed
 from controller.events import EventBus, EventKind, EvictionReason, Op
-from controller.eviction import Victim
 from controller.lifecycle import Candidate
 from controller.memory import MemoryProbe, SystemMemoryProbe
 from controller.probe import HttpProber, Prober
-from controller.runtime.base import RunStatus, Runtime
+from controller.runtime.base import RunStatus, Runtime, RuntimeKind
 from controller.sleepmode import HttpSleeper, Sleeper
 from controller.slots.admission import Admission
 from controller.slots.core import Core, Part, same
@@ -36,7 +35,6 @@ from controller.slots.loading import Loading
 from controller.slots.locks import Locks
 from controller.slots.records import (
     DeviceFigures,
-    Lease,
     ManagerConfig,
     SlotRecord,
     SlotStatus,
@@ -99,6 +97,23 @@ class SlotManager(Part):
         self.leasing = Leases(self.core, self.loading)
         self.housekeeping = Housekeeping(self.core, self.loading, self.leasing)
         self.recovery = Recovery(self.core, self.loading)
+        # What only forwards is the part's own method, bound here (one signature and one
+        # docstring, the part's; the ports in .ports name what each caller may call).
+        self.waiting_with_room = self.admission.waiting_with_room
+        self.unload = self.unloading.unload  # drain, stop, offline
+        self.evict = self.unloading.evict  # each victim revalidated first
+        self.reset = self.unloading.reset  # the crash-loop breaker cleared
+        self.acquire = self.leasing.acquire  # a lease for one request
+        self.try_acquire = self.leasing.try_acquire  # one that needs no wait, else None
+        self.release = self.leasing.release
+        self.hold = self.leasing.hold  # a batch lease for ttl_s
+        self.tick = self.housekeeping.tick
+        self.check_exits = self.housekeeping.exits
+        self.reap_pressure = self.housekeeping.pressure
+        self.run = self.housekeeping.run
+        self.recover = self.recovery.recover
+        self.report_unknown_residents = self.recovery.report_unknown_residents
+        self.restore = self.recovery.restore
 
     # ================================================================= the seams
     # runtime, prober, memory, clock, events, config, settings: from :class:`.core.Part`.
@@ -106,6 +121,11 @@ class SlotManager(Part):
     @property
     def models(self) -> dict[str, ModelSpec]:
         return self.core.table.models
+
+    @property
+    def models_dir(self) -> Path:
+        """Where hf:// and relative model sources resolve (the launches' models dir)."""
+        return self.core.models_dir
 
     @property
     def transitions(self) -> deque[tuple[str, str, str]]:
@@ -156,7 +176,7 @@ class SlotManager(Part):
         if slot is None:
             breaker = Breaker(self.config.breaker_base_s, self.config.breaker_cap_s)
             slot = SlotRecord(spec=desired.spec, stack=desired.stack, model=model, breaker=breaker)
-            slot.on_nodes = self.runtime.kind == "kubernetes"
+            slot.on_nodes = self.runtime.kind == RuntimeKind.KUBERNETES
             table.load_persisted(slot)
             table.records[desired.name] = slot
             self.core.port_declared(desired.name, desired.spec.port)
@@ -301,9 +321,6 @@ class SlotManager(Part):
         """Slots whose background load waits for memory (the reconciler retries them)."""
         return [s.name for s in self.core.table if s.waiting is not None]
 
-    def waiting_with_room(self) -> list[str]:
-        return self.admission.waiting_with_room()
-
     # ================================================================= loads and unloads
 
     async def load(self, name: str, *, resident: bool = True, background: bool = False) -> SlotView:
@@ -338,25 +355,6 @@ class SlotManager(Part):
         """The load decision for ``name`` now (what :meth:`explain_load` renders)."""
         return self.admission.decide(self.core.table.get(name), background=background)
 
-    async def unload(
-        self,
-        name: str,
-        *,
-        force: bool = False,
-        reason: str = "unloaded on request",
-        clear_residency: bool = True,
-        op: Op = Op.UNLOAD,
-        pause: bool = False,
-    ) -> SlotView:
-        """Drain, stop and go offline (see :meth:`.unloading.Unloading.unload`)."""
-        return await self.unloading.unload(
-            name, force=force, reason=reason, clear_residency=clear_residency, op=op, pause=pause
-        )
-
-    async def evict(self, victims: list[Victim], *, reason: EvictionReason) -> list[str]:
-        """Unload each victim after revalidating the decision (a request since cancels it)."""
-        return await self.unloading.evict(victims, reason=reason)
-
     async def swap(self, declared: DesiredSlot) -> SlotView:
         """Serve another catalogue model on a slot: unload, take the declared spec, load.
 
@@ -376,51 +374,11 @@ class SlotManager(Part):
         self.upsert(declared)
         return await self.load(name)
 
-    async def reset(self, name: str) -> SlotView:
-        """Clear the crash-loop breaker; an errored slot goes offline."""
-        return await self.unloading.reset(name)
-
     # ================================================================= leases
-
-    async def acquire(self, name: str) -> Lease:
-        """A lease for one request (see :mod:`.leases`)."""
-        return await self.leasing.acquire(name)
-
-    def try_acquire(self, name: str) -> Lease | None:
-        """A lease when one needs no wait, else None (see :mod:`.leases`)."""
-        return self.leasing.try_acquire(name)
-
-    def release(self, lease: Lease) -> None:
-        self.leasing.release(lease)
-
-    async def hold(self, name: str, ttl_s: float) -> Lease:
-        """A batch lease: keeps the slot loaded and unevictable for ``ttl_s`` seconds."""
-        return await self.leasing.hold(name, ttl_s)
 
     # ================================================================= time-driven work
 
-    async def tick(self) -> None:
-        await self.housekeeping.tick()
-
-    async def check_exits(self) -> None:
-        await self.housekeeping.exits()
-
-    async def reap_pressure(self) -> list[str]:
-        return await self.housekeeping.pressure()
-
-    async def run(self, stop: asyncio.Event) -> None:
-        await self.housekeeping.run(stop)
-
     # ================================================================= start and stop
-
-    async def recover(self) -> None:
-        await self.recovery.recover()
-
-    def report_unknown_residents(self) -> list[str]:
-        return self.recovery.report_unknown_residents()
-
-    async def restore(self, *, wait: bool = True) -> dict[str, str]:
-        return await self.recovery.restore(wait=wait)
 
     async def close(self) -> None:
         await self.core.tasks.cancel()

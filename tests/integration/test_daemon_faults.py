@@ -30,7 +30,7 @@ import pytest
 import controller.api.stack_routes as routes
 import controller.daemon.gitops as gitops
 import controller.daemon.supervise as supervise
-import controller.reconcile as reconcile
+import controller.spec.desired as desired
 from controller.daemon import Controller, DaemonOptions, stop_everything
 from controller.errors import ControllerAlreadyRunning
 from controller.memory import GIB, FakeMemoryProbe
@@ -230,9 +230,9 @@ async def test_stack_files_are_parsed_off_the_event_loop_and_size_limited(
 
     monkeypatch.setattr(gitops, "load_stacks", spy("load_stacks", gitops.load_stacks))
     monkeypatch.setattr(gitops, "apply_to_config", spy("apply_to_config", gitops.apply_to_config))
-    monkeypatch.setattr(
-        reconcile, "read_config_dir", spy("read_config_dir", reconcile.read_config_dir)
-    )
+    # The desired state's one owner reads the config dir (issue 27): for the reconciler,
+    # GitOps and the API alike.
+    monkeypatch.setattr(desired, "read_config_dir", spy("read_config_dir", desired.read_config_dir))
     monkeypatch.setattr(
         routes, "load_stack_texts", spy("load_stack_texts", routes.load_stack_texts)
     )
@@ -259,6 +259,10 @@ async def test_stack_files_are_parsed_off_the_event_loop_and_size_limited(
     await running.until(lambda: "off-c" in running.manager.names(), "off-c to be applied")
     names = {name for name, _ in threads}
     assert {"load_stack_texts", "read_config_dir", "api_apply_to_config"} <= names, threads
+    # Issue 27: what the API plans against is read through the desired state's owner
+    # (before the write), not by the planner itself.
+    order = [name for name, _ in threads]
+    assert order.index("read_config_dir") < order.index("api_apply_to_config"), order
     on_loop = [name for name, ident in threads if ident == loop_thread]
     assert on_loop == [], f"parsed or written on the event loop: {on_loop}"
 

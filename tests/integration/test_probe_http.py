@@ -161,11 +161,12 @@ async def test_liveness_counts_only_silence() -> None:
     assert (await outcome(lambda _: busy))[0] is ProbeOutcome.READY
     started = reply("200 OK", b"{", "Content-Length: 999")  # the head came, the body never
     assert (await outcome(lambda _: started))[0] is ProbeOutcome.READY
-    not_http = await outcome(lambda _: b"SSH-2.0-OpenSSH\r\n")
-    assert not_http == (
-        ProbeOutcome.STILL_WARMING,
-        "liveness: /v1/models: an answer that is not HTTP",
-    )
+    for bad in (b"SSH-2.0-OpenSSH\r\n", b"HTTP/1.7 200 OK\r\n", b"HTTP/1.1 2000 OK\r\n"):
+        # Issue 27: the status line is llhttp's to read (a hand split took 1.7 and 2000)
+        assert await outcome(lambda _, bad=bad: bad) == (
+            ProbeOutcome.STILL_WARMING,
+            "liveness: /v1/models: an answer that is not HTTP",
+        ), bad
     prober = HttpProber()
     try:
         refused = await prober.liveness(f"http://127.0.0.1:{free_port()}", ProbeSpec(), slot="s")
@@ -337,3 +338,37 @@ async def test_without_a_sentinel_or_when_still_loading_the_connection_is_closed
         outcome, message = await _ready_attempt(endpoint)
     assert outcome is ProbeOutcome.STILL_WARMING and message == "models list: HTTP 503"
     assert len(heads) == 1 and b"Connection: keep-alive\r\n" in heads[0]
+
+
+async def test_answers_llhttp_refuses_are_no_models_list() -> None:
+    """Issue 27: the probe read answers with a parser of its own that took what llhttp
+    (and aiohttp's client) refuse: a chunk size ``int(..., 16)`` takes (``0x…``, ``-…``),
+    an HTTP/1.7 status line, a folded header, two lengths (the last won), a length beside
+    chunks, a 101 (read as interim), a head too large (a stream error, not HTTP's). Each
+    is now "bad HTTP answer": still warming, never a models list."""
+    chunked = "Transfer-Encoding: chunked"
+    for bad in (
+        reply("200 OK", b"0x%x\r\n" % len(MODELS) + MODELS + b"\r\n0\r\n\r\n", chunked),
+        reply("200 OK", MODELS, f"Content-Length: {len(MODELS)}").replace(b"1.1", b"1.7", 1),
+        reply("200 OK", MODELS, "X-Fold: a", " b", f"Content-Length: {len(MODELS)}"),
+        reply("200 OK", MODELS, f"Content-Length: {len(MODELS)}", "Content-Length: 2"),
+        reply("200 OK", MODELS, f"Content-Length: {len(MODELS)}", chunked),
+        reply("101 Switching Protocols", MODELS, "Upgrade: websocket", "Connection: upgrade"),
+        reply("200 OK", MODELS, "X-Big: " + "a" * 70_000, f"Content-Length: {len(MODELS)}"),
+    ):
+        async with server(lambda _, bad=bad: bad) as (endpoint, _):
+            outcome, message, models = await probe(endpoint)
+        assert outcome is ProbeOutcome.STILL_WARMING and "bad HTTP answer" in message, message
+        assert models == ()
+
+
+async def test_bytes_after_a_whole_answer_are_not_the_next_answer() -> None:
+    """Issue 27: bytes after the models list's whole answer (a second answer nobody asked
+    for) were left on the kept connection and read as the sentinel's answer (HTTP 500
+    here). The connection is now not reused: the sentinel goes on a fresh one."""
+    answer = reply("200 OK", MODELS, f"Content-Length: {len(MODELS)}")
+    extra = reply("500 Internal Server Error", b"", "Content-Length: 0")
+    async with server(lambda _: answer + extra) as (endpoint, heads):
+        outcome, message = await _ready_attempt(endpoint)
+    assert (outcome, message) == (ProbeOutcome.READY, "/v1/completions answered")
+    assert [head[:5] for head in heads] == [b"GET /", b"POST "]

@@ -176,7 +176,7 @@ class Harness:
 @pytest.fixture(params=[True, False], ids=["dataplane", "aiohttp"])
 async def harness(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
     """Each test runs against both paths a routed request can take: the data plane
-    (controller/api/dataplane.py, what serves them) and aiohttp's router (what serves the
+    (controller/dataplane/, what serves them) and aiohttp's router (what serves the
     requests the data plane leaves, e.g. chunked uploads)."""
     h = Harness(tmp_path, data_plane=request.param)
     try:

@@ -55,6 +55,10 @@ async def answer(writer: asyncio.StreamWriter, reader: asyncio.StreamReader, req
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         writer.transport.abort()  # an RST, with SO_LINGER 0
         return False
+    elif mode == "hop":  # a hop-by-hop header the Connection header names
+        names = ["Connection: X-Hop-Answer", "X-Hop-Answer: 1", "X-Kept-Answer: 1", json_type]
+        writer.write(_head("HTTP/1.1 200 OK", [*names, f"Content-Length: {len(payload)}"]))
+        writer.write(payload)
     elif mode == "204":
         writer.write(_head("HTTP/1.1 204 No Content", ["X-Empty: yes"]))
     elif mode == "interim":
@@ -124,6 +128,23 @@ async def answer(writer: asyncio.StreamWriter, reader: asyncio.StreamReader, req
         writer.write(_chunk(b'data: {"late": true}\n\n') + b"0\r\n\r\n")
     elif mode == "gzip-te":  # a coding this client does not decode
         writer.write(_head("HTTP/1.1 200 OK", ["Transfer-Encoding: gzip"]) + b"zz")
+        return False
+    elif mode == "two-te":  # two Transfer-Encoding headers: gzip, then chunked
+        codings = ["Transfer-Encoding: gzip", "Transfer-Encoding: chunked"]
+        writer.write(_head("HTTP/1.1 200 OK", [json_type, *codings]) + _chunk(b"zz") + b"0\r\n\r\n")
+        return False
+    elif mode == "switch-101":  # a 101 nobody asked for, then what looks like an answer
+        writer.write(_head("HTTP/1.1 101 Switching Protocols", ["Upgrade: h2c"]))
+        writer.write(_head("HTTP/1.1 200 OK", [json_type, f"Content-Length: {len(payload)}"]))
+        writer.write(payload)
+        return False
+    elif mode == "http-1.7":  # a version that is no HTTP/1.x this client knows
+        writer.write(_head("HTTP/1.7 200 OK", [json_type, f"Content-Length: {len(payload)}"]))
+        writer.write(payload)
+        return False
+    elif mode == "badext":  # a control character in a chunk extension
+        writer.write(_head("HTTP/1.1 200 OK", [json_type, "Transfer-Encoding: chunked"]))
+        writer.write(_chunk(payload, ";\x01") + b"0\r\n\r\n")
         return False
     elif mode == "hang":  # never answers; ends when the other side closes
         await reader.read()

@@ -62,7 +62,7 @@ async def test_the_router_opens_no_session_after_the_app_cleanup(tmp_path: Path)
 
     from controller.api import router_proxy
     from controller.api.app import API_CTX
-    from controller.api.router_request import Refusal
+    from controller.router.refusals import Refusal
 
     ctx = ApiContext(None, None, tmp_path, tmp_path, "t", EventBus())  # type: ignore[arg-type]
     app = web.Application()

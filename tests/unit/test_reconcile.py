@@ -652,18 +652,18 @@ async def test_converge_reads_the_config_dir_once(
     """``apply --once`` reads every slot file once: the loop it starts takes the read it
     has just made (its own first resync used to read them all again); orphans are still
     reaped at that first resync (test_orphans_are_reaped)."""
-    import controller.reconcile as reconcile_module
+    import controller.spec.desired as desired_module
 
     h = harness(tmp_path)
     r = reconciler(h, quad())
     reads: list[Path] = []
-    real = reconcile_module.read_config_dir
+    real = desired_module.read_config_dir
 
     def counted(config_dir: Path) -> ConfigSnapshot:
         reads.append(config_dir)
         return real(config_dir)
 
-    monkeypatch.setattr(reconcile_module, "read_config_dir", counted)
+    monkeypatch.setattr(desired_module, "read_config_dir", counted)
     assert await r.converge(timeout=10, poll_s=0.01)
     await h.manager.close()
     assert reads == [h.tmp / "config"]

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 import controller.slots.core as core_module
+from controller import providers
 from controller.apply import apply_to_config
 from controller.lifecycle import SlotState
 from controller.providers import BuildContext, build_launch
@@ -66,7 +67,8 @@ class Builds:
             self.count += 1
             return real(slot, model, ctx)
 
-        monkeypatch.setattr(core_module, "build_launch", counting)
+        monkeypatch.setattr(core_module, "build_launch", counting)  # a start's build
+        monkeypatch.setattr(providers, "build_launch", counting)  # launch_hash's build
 
 
 async def converged(tmp: Path) -> tuple[Harness, Reconciler]:

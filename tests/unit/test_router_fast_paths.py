@@ -15,27 +15,20 @@ import contextlib
 import json
 import re
 import socket
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
-from controller.api.dataplane_head import HeadTemplate, parse_head, parse_head_like
 from controller.api.metrics import REQUEST_BUCKETS, _RequestSeries
-from controller.api.router_request import (
-    Pending,
-    Refusal,
-    _json_object,
-    acquire,
-    acquire_now,
-    acquire_rest,
-    model_of,
-)
-from controller.api.upstream import Upstream, UpstreamError, UpstreamPool
+from controller.dataplane.upstream import Upstream, UpstreamError, UpstreamPool
 from controller.errors import SlotNotFound
 from controller.lifecycle import SlotState
+from controller.router.leasing import Pending, acquire, acquire_now, acquire_rest
+from controller.router.refusals import Refusal
+from controller.router.request import _json_object, model_of
 from controller.slots import Lease
 from tests.unit.manager_fixtures import Harness, desired, model_spec, slot_spec
 
@@ -208,41 +201,6 @@ def test_the_request_series_expose_what_prometheus_client_would() -> None:
         assert created_as_t(exposition(ours)) == created_as_t(exposition(reference))
 
 
-# ============================================================================ heads
-
-
-def test_a_head_read_again_from_its_template_is_the_head_parse_head_reads() -> None:
-    def head(length: str, *extra: str, first: str = "POST /v1/completions HTTP/1.1") -> bytes:
-        lines = [first, "Host: h", "Authorization: Bearer t", f"Content-Length: {length}"]
-        return "\r\n".join([*lines, *extra, "Content-Type: application/json"]).encode()
-
-    sequence = [
-        head("12"),
-        head("7"),  # the same head but its length: from the template
-        head("123456"),
-        head("07"),
-        head("1 "),  # OWS after the value: another template
-        head("2 "),
-        head("x"),  # not a length: parsed, refused
-        head("3", "X-New: 1"),  # another header: parsed again
-        head("3", "Content-Length: 3"),  # repeated (equal): parsed each time
-        head("4", "Content-Length: 4"),
-        head("9" * 19),  # past the digits parse_head takes
-        head("5", first="GET /v1/models HTTP/1.1"),
-        b"GET /v1/models HTTP/1.1\r\nHost: h",  # no length: no template
-        head("6", "X-Long: " + "a" * 9000),  # past the line limit: never a template
-        head("6", "X-Long: " + "a" * 9000),
-    ]
-    template: HeadTemplate | None = None
-    reused = 0
-    for raw in sequence:
-        before = template
-        got, template = parse_head_like(raw, template)
-        assert got == parse_head(raw), raw[:80]
-        reused += template is not None and template is before
-    assert reused == 4  # "7", "123456", "07" and "2 " came from a template
-
-
 # ============================================================================ answer heads
 
 
@@ -257,7 +215,6 @@ class Heard:
 
     def on_head(self, up: Upstream) -> None:
         self.heads.append((up.status, up.reason, up.fields, up.content_type, up.framing, up.length))
-        up.attach()
 
     def relay(self, data: bytes) -> None:
         self.body += data
@@ -278,57 +235,84 @@ async def exchange(up: Upstream, server: socket.socket, answer: bytes) -> Heard:
     return heard
 
 
-async def test_an_answer_head_read_from_the_template_is_what_the_parser_reads() -> None:
-    """Two connections (real socket pairs) get the same answers: one reads each head with
-    the template of the last, the other parses every head afresh; they hear the same."""
+@contextlib.asynccontextmanager
+async def upstream_pair() -> AsyncIterator[Callable[[bytes], Awaitable[Heard]]]:
+    """An upstream connection (a real socket pair); each call answers one exchange on
+    it, on a fresh connection when the last one was closed."""
     loop = asyncio.get_running_loop()
     pool = UpstreamPool()
     listener = socket.create_server(("127.0.0.1", 0))
     port = listener.getsockname()[1]
-    pairs: list[tuple[Upstream, socket.socket]] = []
-    for _ in range(2):
-        _, up = await loop.create_connection(lambda: Upstream(pool, ("x", 1)), "127.0.0.1", port)
-        theirs, _ = listener.accept()
-        theirs.setblocking(False)
-        pairs.append((up, theirs))
-    (templated, _), (fresh, _) = pairs
+    held: list[tuple[Upstream, socket.socket]] = []
 
-    def head(length: str, date: str = "Tue, 01 Dec 2026 05:09:06 GMT", *extra: str) -> bytes:
-        lines = ["HTTP/1.1 200 OK", "Content-Type: application/json", f"Date: {date}"]
-        return ("\r\n".join([*lines, f"Content-Length: {length}", *extra]) + "\r\n\r\n").encode()
+    async def answer(data: bytes) -> Heard:
+        if not held or held[-1][0].transport is None:
+            _, up = await loop.create_connection(
+                lambda: Upstream(pool, ("x", 1)), "127.0.0.1", port
+            )
+            theirs, _ = listener.accept()
+            theirs.setblocking(False)
+            held.append((up, theirs))
+        up, theirs = held[-1]
+        heard = await exchange(up, theirs, data)
+        with contextlib.suppress(BlockingIOError):
+            theirs.recv(65536)  # the request, read and dropped
+        return heard
 
-    answers = [
-        head("2") + b"{}",
-        head("3", "Tue, 01 Dec 2026 05:09:07 GMT") + b"[1]",  # both holes: from the template
-        head("10") + b"0123456789",
-        head("0"),  # no body: parsed
-        head("2", "Wed, 02 Dec 2026 00:00:00 GMT ") + b"{}",  # OWS after the date: parsed
-        head("2", "x") + b"{}",
-        head("2", "x", "X-Extra: 1") + b"{}",  # another header: parsed
-        head("2", "x", "Content-Length: 2") + b"{}",  # two lengths: parsed, no template
-        head("4") + b"abcd",
-        head("2").replace(b"200 OK", b"201 Created") + b"{}",  # another status: parsed
-        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}",  # no Date: one hole
-        b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\n[1]",
-    ]
-    used = 0
-    for answer in answers:
-        before = templated._template
-        got = await exchange(templated, pairs[0][1], answer)
-        fresh._template = None
-        expected = await exchange(fresh, pairs[1][1], answer)
-        assert got.error is None and expected.error is None
-        assert (got.heads, got.body) == (expected.heads, expected.body), answer[:60]
-        used += before is not None and templated._template is before
-        for _, theirs in pairs:  # the requests, read and dropped
-            with contextlib.suppress(BlockingIOError):
-                theirs.recv(65536)
-    assert used == 3  # the second and third answers, and the last (its one hole)
-    bad = head("2", "a\x01b") + b"{}"  # a control in the Date's hole: parsed, refused
-    refused = await exchange(templated, pairs[0][1], bad)
-    assert refused.error is not None and "malformed response header" in str(refused.error)
-    pool.close()
-    for up, theirs in pairs:
-        up.abort()
-        theirs.close()
-    listener.close()
+    try:
+        yield answer
+    finally:
+        pool.close()
+        for up, theirs in held:
+            up.abort()
+            theirs.close()
+        listener.close()
+
+
+async def test_the_upstream_client_reads_what_llhttp_reads() -> None:
+    """Each answer as llhttp frames it: sized, chunked with a valid extension and a
+    trailer, interim answers skipped, no body for a 204."""
+    async with upstream_pair() as answer:
+        sized = await answer(
+            b"HTTP/1.1 200 OK\r\nContent-Type: a/b \r\nContent-Length: 2\r\n\r\n{}"
+        )
+        assert sized.error is None and sized.body == b"{}"
+        assert sized.heads[0][:2] == (200, b"OK") and sized.heads[0][3] == b"a/b"
+        chunked = await answer(
+            b"HTTP/1.1 201 Created\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"2;ext=1\r\nab\r\n1\r\nc\r\n0\r\nX-Trailer: 1\r\n\r\n"
+        )
+        assert chunked.error is None and chunked.body == b"abc"
+        interim = await answer(
+            b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: x\r\n\r\n"
+            b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\nz"
+        )
+        assert interim.error is None and [h[0] for h in interim.heads] == [200]
+        empty = await answer(b"HTTP/1.1 204 No Content\r\nX: y\r\n\r\n")
+        assert empty.error is None and empty.body == b""
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        # Issue 27: each was taken before llhttp read the answers.
+        b"HTTP/1.7 200 OK\r\nContent-Length: 2\r\n\r\n{}",  # no such version
+        b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\nConnection: upgrade\r\n\r\n",
+        b"HTTP/1.1 101 Switching Protocols\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",
+        # Two Transfer-Encoding headers: the last one won, and gzip was dropped on the way.
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"2\r\nab\r\n0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n2\r\nab\r\n0\r\n\r\n",
+        # Chunk extensions were never looked at.
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2;\x01\r\nab\r\n0\r\n\r\n",
+        b'HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2;a="b\r\nab\r\n0\r\n\r\n',
+        # Refused before too.
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}",
+        b"HTTP/1.1 200 OK\r\nX: a\r\n b\r\nContent-Length: 0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n-6\r\nab\r\n0\r\n\r\n",
+    ],
+)
+async def test_an_answer_llhttp_refuses_fails_the_exchange(answer: bytes) -> None:
+    async with upstream_pair() as exchange_with:
+        heard = await exchange_with(answer)
+        assert heard.error is not None and not heard.heads and not heard.body, heard.heads

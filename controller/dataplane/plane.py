@@ -1,27 +1,28 @@
 """The router's data plane: the OpenAI ``POST`` endpoints served at the socket, aiohttp
 for everything else.
 
-Where it sits: :class:`~controller.api.server.ApiServer` listens with :class:`DataPlane` as
-the protocol factory, so every connection starts here, as a
-:class:`~controller.api.dataplane_conn.Connection`. A request this module serves —
+Where it sits: :class:`~controller.api.server.ApiServer` listens with :class:`DataPlane`
+as the protocol factory, so every connection starts here, as a
+:class:`~controller.dataplane.connection.Connection`. A request this module serves —
 ``POST /v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings`` or
 ``/v1/audio/…`` over HTTP/1.1 with a ``Content-Length`` body (and ``GET /v1/models``,
-``/v1/models/{id}``, answered here) — is read (its head, the
-bearer token, the body's ``model``; the body passes upstream unchanged), leased and sent
-over :mod:`controller.api.upstream`'s keep-alive pools; the answer's head is rebuilt from
-the upstream's and its body relayed as it arrives, from one transport to the other, with
-the transports' own flow control. A request is callbacks from its head to its last byte
-(no task, no future): a task runs only while it waits for a cold slot's load or for a
-new upstream connection. Anything else — the REST API, the dashboard, a
-chunked upload, a percent-encoded model id, a head this parser does not take — hands the
-connection, with the bytes read so far, to aiohttp's protocol for good, which serves it as
-if the data plane were not there (:mod:`controller.api.router` answers the ``/v1``
-requests the data plane leaves).
+``/v1/models/{id}``, answered here) — is read by llhttp
+(:mod:`controller.dataplane.request`: its head, the bearer token, the body's ``model``;
+the body passes upstream unchanged), leased and sent over
+:mod:`controller.dataplane.upstream`'s keep-alive pools (their answers read by llhttp
+too); the answer's head is rebuilt from the upstream's and its body relayed as it
+arrives, from one transport to the other, with the transports' own flow control. A
+request is callbacks from its head to its last byte (no task, no future): a task runs
+only while it waits for a cold slot's load or for a new upstream connection. Anything
+else — the REST API, the dashboard, a chunked upload, a percent-encoded model id, a head
+llhttp refuses — hands the connection, with the bytes read so far, to aiohttp's protocol
+for good, which serves it as if the data plane were not there
+(:mod:`controller.api.router` answers the ``/v1`` requests the data plane leaves).
 
-The answers are the aiohttp router's (SPEC §7): the same refusals from
-:mod:`controller.api.router_request`, the same events and metrics
-(:func:`~controller.api.router_proxy.report_refusal`,
-:func:`~controller.api.router_proxy.record_call`). A client that goes away gives its
+The answers are the aiohttp router's (SPEC §7): both paths take their decisions from
+:mod:`controller.router` (the lease, the refusals, the events and metrics, the headers
+passed on), and this package imports nothing of :mod:`controller.api` nor aiohttp (an
+import contract says so). A client that goes away gives its
 request up at once (``connection_lost``): the lease is released and the upstream
 connection dropped, so the server stops generating. A revoked lease is noticed within
 ``_WATCH_S`` (one timer of the plane looks at every request's lease); a server that sends
@@ -38,11 +39,10 @@ import time
 from collections.abc import Callable
 from typing import Final
 
-from controller.api.app import ApiContext
-from controller.api.dataplane_conn import Connection
-from controller.api.hosts import HostPolicy
-from controller.api.router_proxy import upstream_idle_s
-from controller.api.upstream import UpstreamPool
+from controller.dataplane.connection import Connection
+from controller.dataplane.upstream import UpstreamPool
+from controller.router.context import RouterContext, upstream_idle_s
+from controller.router.hosts import HostPolicy
 
 __all__ = ["KEEPALIVE_S", "DataPlane", "stalled"]
 
@@ -81,7 +81,7 @@ class DataPlane:
 
     def __init__(
         self,
-        ctx: ApiContext,
+        ctx: RouterContext,
         fallback: Callable[[], asyncio.BaseProtocol],
         *,
         hosts: HostPolicy,

@@ -1,75 +1,52 @@
-"""One client connection of the router's data plane (:mod:`controller.api.dataplane`
-says the whole): its request heads read, the requests the data plane takes served as
-callbacks, anything else handed to aiohttp for good. :class:`Plane` is what it uses of
-the listening socket's protocol factory (the pool, the lease watch, the stop).
+"""One client connection of the router's data plane (:mod:`.plane` says the whole): its
+requests read with llhttp (:mod:`.request`), the ones the data plane takes served as
+callbacks, anything else handed to aiohttp for good; where it is, one :class:`State`.
+:class:`Plane` is what it uses of the listening socket's protocol factory.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import socket
 import time
 from collections.abc import Callable
 from typing import Final, Protocol
 
-from controller.api.app import ApiContext
-from controller.api.dataplane_head import (
-    HeadTemplate,
-    RequestHead,
-    address,
-    authorized,
-    early_answer,
-    misdirected,
-    models_answer,
-    parse_head_like,
-    refusal_answer,
-    response_head,
-    sse_error_end,
-    unauthorized,
-    upstream_error,
-)
-from controller.api.hosts import HostPolicy
-from controller.api.router_proxy import (
-    CLIENT_CLOSED,
-    CLOSED,
-    Call,
-    lease_now,
-    lease_rest,
-    record_call,
-    revoked,
-    upstream_idle_s,
-    upstream_timeout,
-)
-from controller.api.router_request import (
-    Pending,
-    Refusal,
-    model_of,
-    shutting_down,
-    slot_refusal,
-)
-from controller.api.selection import served_models
-from controller.api.upstream import CONNECT_S, Upstream, UpstreamError, UpstreamPool
+from controller.dataplane import answers as out
+from controller.dataplane.request import Got, RequestHead, RequestReader
+from controller.dataplane.states import READING, State
+from controller.dataplane.upstream import CONNECT_S, Upstream, UpstreamError, UpstreamPool
 from controller.errors import SlotctlError
+from controller.router import refusals
+from controller.router.context import (
+    CLIENT_CLOSED,
+    Call,
+    RouterContext,
+    record_call,
+    upstream_idle_s,
+)
+from controller.router.hosts import HostPolicy
+from controller.router.leasing import Pending, lease_now, lease_rest
+from controller.router.refusals import Refusal
+from controller.router.request import model_of
+from controller.router.selection import served_models
 
 __all__ = ["Connection", "Plane"]
 
 log = logging.getLogger("slotctl.router")
 
-_HEAD_MAX: Final = 64 * 1024  # a longer head goes to aiohttp (which refuses it)
 _PIPELINE_MAX: Final = 1024 * 1024  # read ahead while a request is served, then pause
 _LINGER_S: Final = 10.0  # a refused body is read (and dropped) this long at most, as aiohttp
 
-_BARE_LF: Final = re.compile(rb"(?<!\r)\n")
 _CONTINUE: Final = b"HTTP/1.1 100 Continue\r\n\r\n"
 _LAST_CHUNK: Final = b"0\r\n\r\n"
 
 
 class Plane(Protocol):
-    """What a connection uses of its plane (:class:`controller.api.dataplane.DataPlane`)."""
+    """What a connection uses of its plane (:class:`controller.dataplane.plane.DataPlane`)."""
 
-    ctx: ApiContext
+    ctx: RouterContext
     fallback: Callable[[], asyncio.BaseProtocol]  # aiohttp's protocol factory
     hosts: HostPolicy  # the Host values this listener answers (DNS rebinding)
     pool: UpstreamPool
@@ -86,34 +63,30 @@ class Connection(asyncio.Protocol):
 
     def __init__(self, plane: Plane) -> None:
         self.plane = plane
+        self.state = State.IDLE
         self.transport: asyncio.Transport | None = None
-        self.buffer = bytearray()
-        self.head: RequestHead | None = None
-        self.template: HeadTemplate | None = None  # the last head, to read the next one
-        self.head_end = 0
+        self.reader = RequestReader()
+        self.buffer = bytearray()  # bytes read while a request is served, for their turn
         self.head_at = 0.0  # when the head of the request whose body is read came
         self.call: Call | None = None  # the request being served (None: none is)
         self.task: asyncio.Task[None] | None = None  # while it waits: a cold lease, a connect
         self.reason: str | None = None  # why it was given up: client, lease, shutdown
         self.upstream: Upstream | None = None  # its exchange, once sent
-        self.keep = True  # the client wants the connection kept after this request
+        self.keep = True  # the client keeps the connection after this request (llhttp's)
         self.key: tuple[str, int] = ("", 0)  # its upstream
         self.request: list[bytes] = []  # what was sent there (sent again on a stale one)
         self.retried = False  # sent again already
-        self.headed = False  # the upstream's answer head came
         self.paused = False  # the client's transport asked for no more writes for now
-        self.chunked = False  # the current answer is re-chunked
-        self.pending = b""  # the current answer's head, written with its first body bytes
-        self.sent = False  # the current answer's head went out
-        self.sse = False  # the current answer is an event stream
         self.reading = True  # reading from the client (paused while a request is served)
-        self.discard = 0  # bytes of a refused body still to read and drop before closing
-        self.serving = False  # in _next (a request answered at once asks for the next)
-        self.more = False  # _next goes round again
+        self.looping = False  # in _next (a request answered at once asks for the next)
+        self.discard = 0  # LINGERING: bytes of the refused body still to drop
+        # The answer being written: its head held until its first body bytes, whether it
+        # is re-chunked, an event stream, whether any byte of it went out.
+        self.pending = b""
+        self.chunked = self.sse = self.sent = False
         self.active = time.monotonic()
-        # The plane's stall sweep (``dataplane.stalled``, once a second, no cost per
-        # request): the exchange it watches, since when its server has sent nothing, and
-        # the slot's upstream_idle_s.
+        # The stall sweep's (``plane.stalled``): the exchange it watches, since when its
+        # server has sent nothing, the slot's upstream_idle_s.
         self.watched: Upstream | None = None
         self.quiet_since = 0.0
         self.idle_s = 0.0
@@ -128,17 +101,24 @@ class Connection(asyncio.Protocol):
         self.plane.fronts.add(self)
 
     def data_received(self, data: bytes) -> None:
-        if self.discard:
+        state = self.state
+        if state in READING:
+            if self.buffer or self.looping:
+                self.buffer += data
+                self._next()
+            else:
+                self._read(data)
+                if self.buffer:
+                    self._next()
+        elif state is State.LINGERING:
             self.discard -= len(data)
             if self.discard <= 0:
                 self.close()
-            return
-        self.buffer += data
-        if self.call is None:
-            self._next()
-        elif len(self.buffer) > _PIPELINE_MAX and self.transport is not None and self.reading:
-            self.reading = False
-            self.transport.pause_reading()  # resumed once the request in flight is done
+        elif state is not State.CLOSED:  # a request in flight: their turn comes after it
+            self.buffer += data
+            if len(self.buffer) > _PIPELINE_MAX and self.transport is not None and self.reading:
+                self.reading = False
+                self.transport.pause_reading()  # resumed once the request in flight is done
 
     def eof_received(self) -> bool:
         return False  # as aiohttp: a client that half-closes has left
@@ -146,12 +126,12 @@ class Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
         self.plane.fronts.discard(self)
-        head = self.head
-        if head is not None and authorized(head.authorization, self.plane.ctx.token):
+        head = self.reader.head if self.state is State.BODY else None
+        if head is not None and out.authorized(head.authorization, self.plane.ctx.token):
             # Gone before its whole body: recorded as aiohttp's router records it.
             record_call(self.plane.ctx, Call(started=self.head_at, status=CLIENT_CLOSED))
-            self.head = None
-        self.abort("client")
+        self.state = State.CLOSED
+        self.abort_request("client")
 
     def pause_writing(self) -> None:
         self.paused = True
@@ -175,84 +155,86 @@ class Connection(asyncio.Protocol):
         self.close()
 
     def _next(self) -> None:
-        """Serve the complete requests in the buffer, in turn, or hand the connection
-        over. A request answered at once (a refusal, a 401, the models list) asks for
-        the next one from inside this call: that is a turn of this loop, not a deeper
-        call (thousands pipelined in one read would reach the recursion limit)."""
-        if self.serving:
-            self.more = True
+        """Read the buffered bytes, request by request, while no request is in flight. A
+        request answered at once (a refusal, a 401, the models list) asks for the next one
+        from inside this call: that is a turn of this loop, not a deeper call (thousands
+        pipelined in one read would reach the recursion limit)."""
+        if self.looping:
             return
-        self.serving = True
+        self.looping = True
         try:
-            self.more = True
-            while self.more:
-                self.more = False
-                self._next_one()
+            buffer = self.buffer
+            while buffer and self.state in READING and self.transport is not None:
+                data = bytes(buffer)
+                buffer.clear()
+                self._read(data)
         finally:
-            self.serving = False
+            self.looping = False
 
-    def _next_one(self) -> None:
-        transport = self.transport
-        if transport is None:
-            return
+    def _read(self, data: bytes) -> None:
+        """Feed a read to llhttp; act on what it gave (see :class:`RequestReader`)."""
         self.active = time.monotonic()
-        buffer, head = self.buffer, self.head
-        if not buffer:
+        reader = self.reader
+        got = reader.feed(data)
+        if got is Got.MORE:
             return
-        if head is None:
-            end = buffer.find(b"\r\n\r\n")
-            if end < 0:
-                if len(buffer) > _HEAD_MAX or _BARE_LF.search(buffer):
-                    self._hand_over()  # a bare LF never ends in CRLFCRLF: aiohttp's 400
-                return
-            head, self.template = parse_head_like(bytes(buffer[:end]), self.template)
-            if head is None:
-                self._hand_over()
-                return
-            if not self.plane.hosts.allows_raw(head.host):
-                transport.write(misdirected(head))  # before the token: no oracle for it
-                self._linger(head.length - (len(buffer) - end - 4))
-                return
-            early = early_answer(head, closing=self.plane.closing, token=self.plane.ctx.token)
-            if early is not None:
-                answer, status = early
-                transport.write(answer)
-                self._linger(head.length - (len(buffer) - end - 4))  # the body is never used
-                if status:  # as aiohttp's router records them (not the API's 401)
-                    record_call(self.plane.ctx, Call(started=self.active, status=status))
-                return
-            self.head, self.head_end, self.head_at = head, end + 4, self.active
-            if head.expect and len(buffer) < end + 4 + head.length:
-                transport.write(_CONTINUE)
-        need = self.head_end + head.length
-        if len(buffer) < need:
+        if got is Got.FOREIGN:
+            self._hand_over(reader.raw)
             return
-        body = bytes(buffer[self.head_end : need])
-        del buffer[:need]
-        self.head = None  # a leave from now on gives this request up
+        head = reader.head
+        assert head is not None
+        if reader.fresh and not self._admit(head, got):
+            return
+        if got is Got.HEAD:
+            self.state = State.BODY
+            return
+        if reader.rest:
+            self.buffer[:0] = reader.rest
+        body = reader.body
+        reader.done()
         self._start(head, body)
+
+    def _admit(self, head: RequestHead, got: Got) -> bool:
+        """The checks of a head before its body is read: the Host, the stop, the body's
+        limit (and the token with it). False: answered (and closed after the body)."""
+        transport, plane = self.transport, self.plane
+        assert transport is not None
+        early = out.early_answer(head, plane.hosts, closing=plane.closing, token=plane.ctx.token)
+        if early is not None:
+            answer, status = early
+            transport.write(answer)
+            self._linger(0 if got is Got.REQUEST else head.length - self.reader.body_seen())
+            if status:  # as aiohttp's router records them (not the API's 401 nor the 421)
+                record_call(plane.ctx, Call(started=self.active, status=status))
+            return False
+        self.head_at = self.active
+        if got is Got.HEAD and head.expect:
+            transport.write(_CONTINUE)
+        return True
 
     def _linger(self, left: int) -> None:
         """Close once the ``left`` bytes of a refused body are in (dropped), or after
         ``_LINGER_S``: closed at once, the unread bytes reset the connection, and a client
         still sending its body (http.client, requests) never reads the answer."""
         self.buffer.clear()
+        self.state = State.LINGERING
         if left <= 0:
             self.close()
             return
         self.discard = left
         self.plane.loop.call_later(_LINGER_S, self.close)
 
-    def _hand_over(self) -> None:
+    def _hand_over(self, raw: bytes) -> None:
         """aiohttp serves this connection from here on, from the bytes read so far."""
         transport = self.transport
         assert transport is not None
         self.plane.fronts.discard(self)
         self.transport = None
+        self.state = State.HANDED_OVER
         protocol = self.plane.fallback()
         transport.set_protocol(protocol)
         protocol.connection_made(transport)
-        data = bytes(self.buffer)
+        data = raw + bytes(self.buffer)
         self.buffer.clear()
         if data and isinstance(protocol, asyncio.Protocol):
             protocol.data_received(data)
@@ -269,28 +251,28 @@ class Connection(asyncio.Protocol):
         ctx = self.plane.ctx
         self.pending = b""
         self.sent = self.chunked = self.sse = False
-        if not authorized(head.authorization, ctx.token):
+        if not out.authorized(head.authorization, ctx.token):
             # As the API's auth: no event, no router metrics.
-            self._write(unauthorized(head.authorization, close=head.close))
-            self._done(keep=not head.close)
+            self._write(out.unauthorized(head.authorization, close=not head.keep))
+            self._done(keep=head.keep)
             return
         if head.method == b"GET":
-            self._write(models_answer(served_models(self.plane.ctx.manager), head))
-            self._done(keep=not head.close)
+            self._write(out.models_answer(served_models(ctx.manager), head))
+            self._done(keep=head.keep)
             return
         call = self.call = Call(started=time.monotonic())
         self.plane.in_flight += 1
-        self.keep, self.reason, self.retried, self.headed = not head.close, None, False, False
+        self.keep, self.reason, self.retried = head.keep, None, False
+        self.state = State.LEASING
         try:
-            if ctx.store.get(CLOSED):
-                raise shutting_down()
+            if ctx.closed:
+                raise refusals.shutting_down()
             now = lease_now(ctx, call, model_of(head.content_type, body), head.endpoint)
         except Refusal as refusal:
             self._refuse(refusal)
             return
-        except Exception as exc:  # a bug: a 500, logged
-            log.error("router: unexpected error in POST %r", head.target, exc_info=exc)
-            self._failed()
+        except Exception as exc:  # noqa: BLE001  # a bug: _failed logs it (a 500)
+            self._failed(exc)
             return
         if isinstance(now, Pending):
             self.task = self.plane.loop.create_task(self._leasing(now, head, body))
@@ -309,10 +291,9 @@ class Connection(asyncio.Protocol):
             self.task = None
             self._refuse(refusal)
             return
-        except Exception as exc:  # a bug in the load path: a 500, logged (as _start)
+        except Exception as exc:  # noqa: BLE001  # a bug: _failed logs it (a 500)
             self.task = None
-            log.error("router: unexpected error in POST %r", head.target, exc_info=exc)
-            self._failed()
+            self._failed(exc)
             return
         self.task = None
         self._sending(head, body)
@@ -322,9 +303,8 @@ class Connection(asyncio.Protocol):
             self._send(head, body)
         except Refusal as refusal:
             self._refuse(refusal)
-        except Exception as exc:  # a bug: a 500, logged, the lease released
-            log.error("router: unexpected error in POST %r", head.target, exc_info=exc)
-            self._failed()
+        except Exception as exc:  # noqa: BLE001  # a bug: _failed logs it (a 500)
+            self._failed(exc)
 
     def _send(self, head: RequestHead, body: bytes) -> None:
         """The lease is held: the request goes to the slot's server."""
@@ -333,12 +313,12 @@ class Connection(asyncio.Protocol):
         try:
             endpoint = self.plane.ctx.manager.endpoint(call.slot)
         except SlotctlError as exc:  # e.g. the slot was removed while we looked it up
-            raise slot_refusal(exc) from None
+            raise refusals.slot_refusal(exc) from None
         if endpoint is None:
             raise Refusal(
                 503, f"slot {call.slot!r} has no endpoint", code="slot.not_ready", retry_after_s=1
             )
-        key, host, prefix = address(endpoint)
+        key, host, prefix = out.address(endpoint)
         self.key = key
         self.request = [
             b"POST %s%s HTTP/1.1\r\nHost: %s\r\nContent-Length: %d%s\r\n\r\n"
@@ -347,9 +327,10 @@ class Connection(asyncio.Protocol):
         ]
         upstream = self.plane.pool.take(key)
         if upstream is None:
+            self.state = State.CONNECTING
             self.task = self.plane.loop.create_task(self._connecting())
             return
-        self.upstream = upstream
+        self.upstream, self.state = upstream, State.SENT
         upstream.send(self.request, self)
 
     async def _connecting(self) -> None:
@@ -364,19 +345,20 @@ class Connection(asyncio.Protocol):
         except UpstreamError as exc:
             self.task = None
             if exc.timed_out:
-                self._refuse(upstream_timeout(self.plane.ctx, call, timeout, connecting=True))
+                self._refuse(
+                    refusals.upstream_timeout(self.plane.ctx, call, timeout, connecting=True)
+                )
             else:
-                self._refuse(upstream_error(call.slot, exc))
+                self._refuse(out.upstream_error(call.slot, exc))
             return
-        except Exception as exc:  # a bug: a 500, logged
+        except Exception as exc:  # noqa: BLE001  # a bug: _failed logs it (a 500)
             self.task = None
-            log.error("router: unexpected error connecting for slot %r", call.slot, exc_info=exc)
-            self._failed()
+            self._failed(exc)
             return
         self.task = None
         if self.paused:
             upstream.pause_reading()
-        self.upstream = upstream
+        self.upstream, self.state = upstream, State.SENT
         upstream.send(self.request, self)
 
     # The upstream's listener.
@@ -384,16 +366,15 @@ class Connection(asyncio.Protocol):
     def on_head(self, upstream: Upstream) -> None:
         call = self.call
         assert call is not None
-        self.headed = True
+        self.state = State.RELAYING
         call.status = upstream.status
-        self.pending, self.chunked, self.sse = response_head(upstream, close=not self.keep)
+        self.pending, self.chunked, self.sse = out.response_head(upstream, close=not self.keep)
         if self.chunked and self.sse:  # an event stream: its head goes out now (the first
             # token may be seconds away); a break before it is then an in-band error event
             self._write(self.pending)
             self.pending = b""
         if self.paused:
             upstream.pause_reading()
-        upstream.attach()
 
     def relay(self, data: bytes) -> None:
         """A piece of the upstream's body."""
@@ -418,11 +399,12 @@ class Connection(asyncio.Protocol):
         self.upstream = None  # closed
         call = self.call
         assert call is not None
-        if not self.headed and error.stale and not self.retried:
+        if self.state is State.SENT and error.stale and not self.retried:
             self.retried = True  # a kept-alive connection closed while idle: once more
+            self.state = State.CONNECTING
             self.task = self.plane.loop.create_task(self._connecting())
             return
-        self._end(self._broken(call, upstream_error(call.slot, error)))
+        self._end(self._broken(call, out.upstream_error(call.slot, error)))
 
     # The end.
 
@@ -431,12 +413,14 @@ class Connection(asyncio.Protocol):
         call = self.call
         assert call is not None
         call.status = refusal.status
-        self._write(refusal_answer(refusal, close=not self.keep))
+        self._write(out.refusal_answer(refusal, close=not self.keep))
         self._end(True)
 
-    def _failed(self) -> None:
+    def _failed(self, exc: Exception) -> None:
+        """A bug: a 500, logged, the lease released."""
         call = self.call
         assert call is not None
+        log.error("router: unexpected error serving a request for %r", call.model, exc_info=exc)
         self._end(self._broken(call, Refusal(500, "internal error (see the log)", code="internal")))
 
     def _cancelled(self) -> None:
@@ -466,6 +450,8 @@ class Connection(asyncio.Protocol):
 
     def _done(self, keep: bool) -> None:
         """The request is answered: the next one, or close."""
+        if self.state is not State.CLOSED:
+            self.state = State.IDLE
         if not keep or self.plane.closing:
             self.close()
         elif self.transport is not None:
@@ -496,12 +482,12 @@ class Connection(asyncio.Protocol):
         """The answer of a request given up; False: close."""
         reason = self.reason
         if reason == "lease":
-            return self._broken(call, revoked(call))
+            return self._broken(call, refusals.revoked(call))
         if reason == "timeout":  # the server went silent (the stall sweep)
-            return self._broken(call, upstream_timeout(self.plane.ctx, call, self.idle_s))
+            return self._broken(call, refusals.upstream_timeout(self.plane.ctx, call, self.idle_s))
         if reason == "shutdown":
             self.keep = False  # closed after it (and said so)
-            self._broken(call, shutting_down())
+            self._broken(call, refusals.shutting_down())
             return False
         call.status = CLIENT_CLOSED
         return False
@@ -512,9 +498,9 @@ class Connection(asyncio.Protocol):
         call.status = refusal.status
         if not self.sent:
             self.pending = b""
-            self._write(refusal_answer(refusal, close=not self.keep))
+            self._write(out.refusal_answer(refusal, close=not self.keep))
             return True
         if self.sse and self.chunked:
-            self._write(sse_error_end(refusal))
+            self._write(out.sse_error_end(refusal))
             return True
         return False

@@ -1,0 +1,1 @@
+"""The router's data plane: the API's listening socket, served by callbacks."""

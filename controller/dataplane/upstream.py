@@ -1,0 +1,420 @@
+"""The data plane's HTTP/1.1 client: keep-alive pools per upstream, each answer parsed by
+llhttp (``httptools``), its body handed to a listener as it arrives.
+
+Part of the router's data plane (:mod:`controller.dataplane.connection` is its listener).
+llhttp reads the answer (status line, headers, the body's framing: ``Content-Length``,
+``chunked`` with its extensions checked, or the end of the connection; none for 204 and
+304): every verdict on the bytes is its own. Interim answers (100, 102, 103) are skipped; a
+``101`` (we never ask for an upgrade), a transfer coding other than ``chunked`` (which the
+relay would drop) and any malformed answer fail the exchange. The listener gets the
+payload of each read as one piece, from outside llhttp's callbacks (so nothing a listener
+does runs inside the parser). Flow control is the transports': the listener pauses this
+connection's reading while its client cannot keep up. An exchange is callbacks, no future
+and no task: the listener hears of the head, each piece of the body, the end or the
+failure, from this connection's own ``data_received`` and ``connection_lost``.
+
+A connection goes back to its pool only after a whole answer (llhttp's keep-alive verdict:
+HTTP/1.1, no ``Connection: close``, nothing after the answer); idle ones are closed after
+:data:`IDLE_S`. A kept-alive connection found closed before any byte of the answer fails
+``stale``: the listener retries once on a fresh one, as aiohttp's client does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import socket
+import time
+from collections.abc import Callable
+from typing import Final, Protocol
+
+from httptools import HttpParserError, HttpParserUpgrade, HttpResponseParser
+from httptools.parser.errors import HttpParserCallbackError
+
+from controller.dataplane.states import Phase
+
+__all__ = [
+    "CONNECT_S",
+    "IDLE_S",
+    "Framing",
+    "Listener",
+    "Upstream",
+    "UpstreamError",
+    "UpstreamPool",
+]
+
+IDLE_S: Final = 30.0  # an idle kept-alive upstream connection is closed after this
+# Connect timeout (the slot's upstream_idle_s when shorter). There is no read timeout per
+# read (a timer per read is costly): the data plane's stall sweep ends an exchange whose
+# server sent nothing for the slot's upstream_idle_s (``Upstream.heard``).
+CONNECT_S: Final = 10.0
+_HEAD_MAX: Final = 64 * 1024  # a response head larger than this is a broken upstream
+_POOL_MAX: Final = 256  # idle connections kept per upstream
+_JOIN_MAX: Final = 256 * 1024  # a request up to this size is written as one piece
+
+
+class Framing(enum.Enum):
+    """How an answer's body is framed."""
+
+    NONE = "none"  # 204, 304, Content-Length: 0
+    LENGTH = "length"  # Content-Length
+    CHUNKED = "chunked"
+    CLOSE = "close"  # to the end of the connection
+
+
+class UpstreamError(Exception):
+    """The upstream could not be reached (``unreachable``) or broke (``failed``)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        unreachable: bool = False,
+        stale: bool = False,
+        timed_out: bool = False,
+    ) -> None:
+        super().__init__(message)
+        self.unreachable = unreachable
+        self.stale = stale  # a reused connection closed before any byte: retry on a new one
+        self.timed_out = timed_out  # the connect timed out (slot.upstream_timeout)
+
+
+class Listener(Protocol):
+    """Who hears of an exchange (the client connection): each call at most once but
+    ``relay``; after ``on_end`` or ``on_error`` nothing more."""
+
+    def on_head(self, upstream: Upstream) -> None:
+        """The answer's head is parsed (``status``, ``fields``, ``framing``…)."""
+
+    def relay(self, data: bytes) -> None:
+        """A piece of the body (de-chunked)."""
+
+    def on_end(self) -> None:
+        """The whole body was relayed; the connection is no longer the listener's (it is
+        back in its pool, or closed)."""
+
+    def on_error(self, error: UpstreamError) -> None:
+        """The exchange broke (before the head: nothing was relayed; ``error.stale``: a
+        kept-alive connection closed before any byte, worth one retry)."""
+
+
+class _Stop(Exception):
+    """Raised from a callback to stop llhttp (bytes after a whole answer)."""
+
+
+class Upstream(asyncio.Protocol):
+    """One connection to a model server, one exchange at a time."""
+
+    __slots__ = (
+        "_complete",
+        "_extra",
+        "_keep",
+        "_key",
+        "_length",
+        "_listener",
+        "_parser",
+        "_paused",
+        "_phase",
+        "_pieces",
+        "_pool",
+        "_reset",
+        "_seen",
+        "_told",
+        "_used",
+        "codings",
+        "content_type",
+        "date",
+        "fields",
+        "framing",
+        "heard",
+        "idle_since",
+        "length",
+        "reason",
+        "status",
+        "transport",
+    )
+
+    def __init__(self, pool: UpstreamPool, key: tuple[str, int]) -> None:
+        self._pool, self._key = pool, key
+        self.transport: asyncio.Transport | None = None
+        self._listener: Listener | None = None  # None: idle in the pool (or given up)
+        self._parser = HttpResponseParser(self)
+        self._phase = Phase.IDLE
+        self._pieces: list[bytes] = []  # the body of this read, relayed after the parse
+        self._complete = False  # llhttp saw the answer's end in this read
+        self._extra = False  # bytes came after the answer: not reused
+        self._seen = 0  # bytes of the current answer's head so far
+        self._told = False  # the listener heard of the head
+        self._keep = False  # llhttp's keep-alive verdict on the answer
+        self._reset = False  # the connection ended with an error
+        self._used = False  # an earlier exchange went over this connection
+        self._paused = False
+        self.status, self.reason = 0, b""
+        # The answer's headers as they came, but its framing (Content-Length,
+        # Transfer-Encoding: ``codings``, ``length``) and its ``date``.
+        self.fields: list[tuple[bytes, bytes]] = []
+        self.codings: list[bytes] = []
+        self.content_type = b""
+        self.date = b""
+        self.framing = Framing.NONE
+        self.length = 0  # the body's Content-Length (LENGTH framing)
+        self._length: int | None = None
+        self.idle_since = 0.0
+        # A byte came since the stall sweep last looked (it clears this): the one cost of
+        # the upstream idle timeout per read, an attribute store.
+        self.heard = False
+
+    # ------------------------------------------------------------------ asyncio
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's is no subclass
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        if self._listener is None:  # idle in the pool: nothing may arrive
+            self._close()
+            return
+        self.heard = True
+        if self._phase is Phase.WAITING:
+            self._phase = Phase.HEAD
+        try:
+            self._parser.feed_data(data)
+        except HttpParserUpgrade:
+            self._fail("the server switched protocols (101): not asked for")
+            return
+        except HttpParserCallbackError as exc:
+            if not self._extra:  # a bug in a callback, not the server's bytes
+                raise exc.__context__ or exc from None
+        except HttpParserError as exc:
+            self._fail(f"a malformed answer ({exc})")
+            return
+        if self._phase is Phase.HEAD:
+            self._seen += len(data)
+            if self._seen > _HEAD_MAX:
+                self._fail("the response head is too large")
+                return
+        self._deliver()
+
+    def eof_received(self) -> bool:
+        return False  # close: a half-closed upstream ends the exchange (connection_lost)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        self._reset = exc is not None  # not a clean end (a reset): a body to the end is cut
+        self._pool.forget(self)
+        if self._listener is None:
+            return  # idle in the pool, or given up
+        phase = self._phase
+        if phase is Phase.WAITING or phase is Phase.HEAD:
+            stale = self._used and phase is Phase.WAITING
+            self._fail("the server closed the connection", stale=stale)
+        elif phase is Phase.BODY:
+            if self.framing is Framing.CLOSE and not self._reset:
+                self._finish()  # a body to the end of the connection, whole
+            else:
+                self._fail("the server closed the connection mid-answer")
+
+    @property
+    def paused(self) -> bool:
+        """Reading is paused for a slow client (the server's silence is then ours)."""
+        return self._paused
+
+    def pause_reading(self) -> None:
+        """The sink's client cannot keep up: stop reading (the server then blocks)."""
+        if self.transport is not None and not self._paused:
+            self._paused = True
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self.transport is not None and self._paused:
+            self._paused = False
+            self.transport.resume_reading()
+
+    # ------------------------------------------------------------------ llhttp's callbacks
+
+    def on_message_begin(self) -> None:
+        if self._complete:  # bytes after the whole answer: the connection is not reused
+            self._extra = True
+            raise _Stop
+
+    def on_status(self, reason: bytes) -> None:
+        self.reason += reason
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        # The framing headers, the type and the Date apart (by their length first: most
+        # names are none of them); the others kept as they came, for the relay.
+        size = len(name)
+        if size == 14 and name.lower() == b"content-length":
+            self._length = int(value)  # digits, llhttp checked (and refused a second one)
+        elif size == 17 and name.lower() == b"transfer-encoding":
+            self.codings.append(value)
+        elif size == 4 and name.lower() == b"date":
+            self.date = value
+        else:
+            if size == 12 and name.lower() == b"content-type":
+                self.content_type = value.strip()
+            self.fields.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        status = self._parser.get_status_code()
+        if 100 <= status < 200 and status != 101:  # an interim answer: skip it
+            self._begin()
+            return
+        self.status = status
+        self._keep = self._parser.should_keep_alive()
+        length = self._length
+        if status in (204, 304):
+            self.framing = Framing.NONE
+        elif self.codings:
+            self.framing = Framing.CHUNKED  # llhttp took it: chunked is the last coding
+        elif length is not None:
+            self.framing, self.length = (Framing.LENGTH, length) if length else (Framing.NONE, 0)
+        else:
+            self.framing = Framing.CLOSE
+        self._phase = Phase.BODY
+
+    def on_body(self, body: bytes) -> None:
+        self._pieces.append(body)
+
+    def on_message_complete(self) -> None:
+        if self._phase is Phase.BODY:  # not an interim answer's end
+            self._complete = True
+
+    # ------------------------------------------------------------------ an exchange
+
+    def _begin(self) -> None:
+        """An answer's head to come: nothing of it known."""
+        self.status, self.reason, self.content_type, self.date = 0, b"", b"", b""
+        self.fields, self.codings = [], []
+        self.framing, self.length, self._length = Framing.NONE, 0, None
+
+    def send(self, request: list[bytes], listener: Listener) -> None:
+        """Write a request; ``listener`` hears of the answer."""
+        assert self.transport is not None
+        self._listener = listener
+        self._phase = Phase.WAITING
+        self._seen, self._complete, self._extra, self._told = 0, False, False, False
+        self._begin()
+        if sum(map(len, request)) <= _JOIN_MAX:
+            self.transport.write(b"".join(request))  # one segment, one send
+        else:
+            self.transport.writelines(request)  # a large body is not copied
+
+    def _deliver(self) -> None:
+        """After a read: the head to the listener (once), this read's body, the end."""
+        listener = self._listener
+        if listener is None or self._phase is Phase.HEAD:
+            return
+        if self._phase is Phase.BODY:
+            if not self._told:  # the head came in this read
+                self._told = True
+                if self.codings and b", ".join(self.codings).lower() != b"chunked":
+                    self._fail("an unsupported Transfer-Encoding")  # a coding would be lost
+                    return
+                listener.on_head(self)
+                if self._listener is not listener:
+                    return  # given up in on_head
+            pieces = self._pieces
+            if pieces:
+                self._pieces = []
+                listener.relay(pieces[0] if len(pieces) == 1 else b"".join(pieces))
+                if self._listener is not listener:
+                    return  # given up while relaying
+        if self._complete:
+            self._finish()
+
+    def abort(self) -> None:
+        """The exchange was given up (client gone, lease revoked): drop the connection,
+        without a word to the listener."""
+        self._listener = None
+        self._close()
+
+    def _fail(self, message: str, *, stale: bool = False) -> None:
+        listener, self._listener = self._listener, None
+        self._phase = Phase.DONE
+        self._close()
+        if listener is not None:
+            listener.on_error(UpstreamError(message, stale=stale))
+
+    def _close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+    def _finish(self) -> None:
+        listener, self._listener = self._listener, None
+        self._phase = Phase.IDLE
+        self.resume_reading()  # paused by a slow client while its last bytes went out
+        self._used = True
+        reusable = self._keep and not self._extra and self.framing is not Framing.CLOSE
+        if reusable and self.transport is not None:
+            self._pool.put(self._key, self)
+        else:
+            self._close()
+        if listener is not None:
+            listener.on_end()
+
+
+class UpstreamPool:
+    """Idle kept-alive connections per upstream ``(host, port)``."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._idle: dict[tuple[str, int], list[Upstream]] = {}
+        self._clock = clock
+        self.closed = False
+
+    def take(self, key: tuple[str, int]) -> Upstream | None:
+        """An idle kept-alive connection to ``key``, or None."""
+        idle = self._idle.get(key)
+        while idle:
+            conn = idle.pop()
+            if conn.transport is not None and not conn.transport.is_closing():
+                return conn
+        return None
+
+    async def connect(self, key: tuple[str, int], timeout_s: float = CONNECT_S) -> Upstream:
+        """A fresh connection to ``key``; raises UpstreamError."""
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(timeout_s):
+                _, conn = await loop.create_connection(lambda: Upstream(self, key), *key)
+        except TimeoutError:  # a server that accepts no connection (a full accept queue)
+            raise UpstreamError(
+                f"connecting to {key[0]}:{key[1]} timed out after {timeout_s:g}s",
+                timed_out=True,
+            ) from None
+        except OSError as exc:
+            detail = str(exc) or type(exc).__name__
+            raise UpstreamError(
+                f"cannot connect to {key[0]}:{key[1]}: {detail}", unreachable=True
+            ) from None
+        return conn
+
+    def put(self, key: tuple[str, int], conn: Upstream) -> None:
+        idle = self._idle.setdefault(key, [])
+        if self.closed or len(idle) >= _POOL_MAX:
+            conn.abort()
+            return
+        conn.idle_since = self._clock()
+        idle.append(conn)
+
+    def forget(self, conn: Upstream) -> None:
+        for idle in self._idle.values():
+            if conn in idle:
+                idle.remove(conn)
+                return
+
+    def sweep(self) -> None:
+        """Close connections idle for longer than :data:`IDLE_S`."""
+        horizon = self._clock() - IDLE_S
+        for idle in self._idle.values():
+            for conn in [c for c in idle if c.idle_since < horizon]:
+                conn.abort()  # connection_lost forgets it
+
+    def close(self) -> None:
+        self.closed = True
+        for idle in self._idle.values():
+            for conn in list(idle):
+                conn.abort()
+        self._idle.clear()

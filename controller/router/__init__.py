@@ -1,0 +1,1 @@
+"""The routing decisions both router paths share."""

@@ -1,0 +1,137 @@
+"""Leasing a slot for a routed request: the model's candidates (best first, of a type that
+serves the endpoint), the first that grants a lease, the refusal otherwise.
+
+Both router paths lease here. :func:`lease_now` goes as far as it can without a wait (the
+common case: a warm slot, no task, no await); :func:`lease_rest` goes on from the
+:class:`Pending` it stopped at (a cold slot's load; concurrent cold requests join one load).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+from controller.errors import ModelNotFound, SlotctlError, SlotNotReady
+from controller.router.context import Call, RouterContext
+from controller.router.refusals import (
+    model_not_found,
+    report_refusal,
+    slot_refusal,
+    wrong_endpoint,
+)
+from controller.router.selection import fitting, serving
+from controller.slots.ports import RouterPort
+from controller.slots.records import Lease
+
+__all__ = [
+    "Pending",
+    "acquire",
+    "acquire_now",
+    "acquire_rest",
+    "lease_model",
+    "lease_now",
+    "lease_rest",
+]
+
+_NOT_READY_TRIES: Final = 3  # a slot swapped out between its load and our lease: queue again
+
+
+@dataclass(slots=True)
+class Pending:
+    """Where :func:`acquire_now` stopped: candidate ``start`` needs a wait (cold, or not
+    ready ``tried`` times already); ``errors`` holds the refusals of those before it."""
+
+    candidates: list[str]
+    start: int
+    tried: int
+    errors: list[SlotctlError]
+
+
+async def acquire(manager: RouterPort, candidates: list[str]) -> Lease:
+    """A lease on the best candidate that grants one; else the best one's refusal."""
+    now = acquire_now(manager, candidates)
+    return now if isinstance(now, Lease) else await acquire_rest(manager, now)
+
+
+def acquire_now(manager: RouterPort, candidates: list[str]) -> Lease | Pending:
+    """:func:`acquire` up to the first candidate that needs a wait (none in the router's
+    common case: no task, no await); raises the best one's refusal when all refuse."""
+    errors: list[SlotctlError] = []
+    for i, name in enumerate(candidates):
+        try:
+            lease = manager.try_acquire(name)
+        except SlotNotReady:
+            return Pending(candidates, i, 1, errors)  # unloading: queue again (awaited)
+        except SlotctlError as exc:
+            errors.append(exc)
+            continue
+        return lease if lease is not None else Pending(candidates, i, 0, errors)
+    raise errors[0]
+
+
+async def acquire_rest(manager: RouterPort, pending: Pending) -> Lease:
+    """:func:`acquire` from where :func:`acquire_now` stopped."""
+    errors, tried = pending.errors, pending.tried
+    for name in pending.candidates[pending.start :]:
+        try:
+            return await _acquire_one(manager, name, tried)
+        except SlotctlError as exc:
+            errors.append(exc)
+        tried = 0
+    raise errors[0]
+
+
+async def _acquire_one(manager: RouterPort, name: str, tried: int = 0) -> Lease:
+    attempt = tried + 1
+    while True:
+        try:
+            return await manager.acquire(name)
+        except SlotNotReady:
+            # Unloading (an exclusive peer's swap, an eviction) or a superseded load just
+            # before our turn: queue again (bounded) rather than answer 503 at once.
+            if attempt >= _NOT_READY_TRIES:
+                raise
+            attempt += 1
+
+
+async def lease_model(ctx: RouterContext, call: Call, model: str, endpoint: str | None) -> Lease:
+    """A lease on the best activated slot serving ``model`` whose type serves
+    ``endpoint`` (:func:`~controller.router.selection.endpoint_of`; ``call`` records the
+    model and the slot); else the refusal, reported once. Both router paths lease
+    through it (the data plane in its two steps)."""
+    now = lease_now(ctx, call, model, endpoint)
+    return now if isinstance(now, Lease) else await lease_rest(ctx, call, now)
+
+
+def lease_now(ctx: RouterContext, call: Call, model: str, endpoint: str | None) -> Lease | Pending:
+    """:func:`lease_model` without a wait: the lease, or where it has to wait
+    (:func:`lease_rest` goes on from there). A model whose slots' type does not serve
+    ``endpoint`` is refused here, before anything is leased or loaded (400)."""
+    manager = ctx.manager
+    candidates = serving(manager, model)
+    if not candidates:
+        report_refusal(ctx, ModelNotFound(model), model)
+        raise model_not_found(model)
+    call.model = model
+    if endpoint is not None:
+        candidates, refused = fitting(manager, candidates, endpoint)
+        if not candidates:
+            raise wrong_endpoint(model, endpoint, refused)
+    try:
+        now = acquire_now(manager, candidates)
+    except SlotctlError as exc:
+        report_refusal(ctx, exc, model)
+        raise slot_refusal(exc) from None
+    if isinstance(now, Lease):
+        call.lease, call.slot = now, now.slot
+    return now
+
+
+async def lease_rest(ctx: RouterContext, call: Call, pending: Pending) -> Lease:
+    try:
+        lease = await acquire_rest(ctx.manager, pending)
+    except SlotctlError as exc:
+        report_refusal(ctx, exc, call.model)
+        raise slot_refusal(exc) from None
+    call.lease, call.slot = lease, lease.slot
+    return lease

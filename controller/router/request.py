@@ -1,0 +1,111 @@
+"""Reading a routed request: the body's ``model``, the body limits, the audio paths.
+
+Part of :mod:`controller.router`, for both router paths. Parses only what routing needs:
+the body is read whole by each path (bounded: 413 beyond the limit) and passed upstream
+unchanged; the router reads its ``model`` (a JSON object, or a multipart form field for
+``/v1/audio/*``) and nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+import json.scanner
+import re
+from email.message import Message
+from typing import Any, Final
+
+from controller.router.refusals import Refusal
+
+__all__ = ["AUDIO_MAX_BYTES", "AUDIO_TAIL", "JSON_MAX_BYTES", "model_of"]
+
+JSON_MAX_BYTES: Final = 8 * 1024 * 1024
+AUDIO_MAX_BYTES: Final = 64 * 1024 * 1024  # uploads of a long recording
+# ``/v1/audio/{path}`` takes plain segments only, so ``..`` or ``%2e%2e`` cannot reach a
+# server's other routes (llama-server's ``/slots``, vLLM's admin endpoints).
+AUDIO_TAIL: Final = re.compile(r"[A-Za-z0-9_-]+(/[A-Za-z0-9_-]+)*")
+
+
+def model_of(content_type: str, body: bytes) -> str:
+    """``model`` of a body whose ``Content-Type`` header is ``content_type``."""
+    if (
+        content_type != "application/json"
+        and content_type.partition(";")[0].strip().lower() == "multipart/form-data"
+    ):
+        model = _multipart_field(content_type, body, "model")
+    else:
+        data = _json_object(body)
+        if data is None:
+            if not body.strip():
+                raise Refusal(400, "a JSON request body is required", code="invalid_body")
+            try:
+                data = json.loads(body)
+            except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+                raise Refusal(
+                    400, f"request body is not valid JSON: {exc}", code="invalid_json"
+                ) from None
+        if not isinstance(data, dict):
+            raise Refusal(400, "request body must be a JSON object", code="invalid_body")
+        model = data.get("model")
+    if not isinstance(model, str) or not model:
+        raise Refusal(
+            400,
+            "'model' is required and must be a non-empty string",
+            code="invalid_model",
+            param="model",
+        )
+    return model
+
+
+# json.loads' own scanner (C); typeshed types make_scanner's argument as itself
+_SCAN: Final = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-type]
+_SPACE: Final = re.compile(r"[ \t\n\r]*")  # JSON's whitespace
+
+
+def _json_object(body: bytes) -> dict[str, Any] | None:
+    """The body parsed as ``json.loads`` would, when it is a UTF-8 JSON object (the common
+    case: the scanner is called directly, without ``loads``' wrappers); None otherwise,
+    and for anything ``loads`` would refuse, which then says why itself."""
+    if body[:1] != b"{" or body[1:2] == b"\x00":  # json.loads would take UTF-16 or -32
+        return None
+    try:
+        text = body.decode("utf-8")
+        data, end = _SCAN(text, 0)
+    except (StopIteration, ValueError, RecursionError):
+        return None
+    space = _SPACE.match(text, end)
+    if space is None or space.end() != len(text) or not isinstance(data, dict):
+        return None
+    return data
+
+
+def _multipart_field(content_type: str, body: bytes, name: str) -> str | None:
+    """The value of one text field of a multipart/form-data body (None when absent)."""
+    header = Message()
+    header["content-type"] = content_type
+    boundary = header.get_param("boundary")
+    if not isinstance(boundary, str) or not boundary:
+        raise Refusal(400, "multipart body without a boundary", code="invalid_body")
+    delimiter = b"--" + boundary.encode("latin-1")
+    position = body.find(delimiter)
+    while position >= 0:
+        start = position + len(delimiter)
+        if body.startswith(b"--", start):
+            return None  # the closing delimiter
+        end = body.find(delimiter, start)
+        part = body[start : end if end >= 0 else len(body)]
+        head, sep, value = part.lstrip(b"\r\n").partition(b"\r\n\r\n")
+        if sep and _form_name(head) == name:
+            return value.removesuffix(b"\r\n").decode("utf-8", errors="replace").strip()
+        position = end
+    return None
+
+
+def _form_name(head: bytes) -> str | None:
+    for line in head.decode("latin-1").split("\r\n"):
+        key, _, value = line.partition(":")
+        if key.strip().lower() == "content-disposition":
+            disposition = Message()
+            disposition["content-disposition"] = value.strip()
+            found = disposition.get_param("name", header="content-disposition")
+            return found if isinstance(found, str) else None
+    return None
