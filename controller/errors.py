@@ -31,7 +31,11 @@ through :meth:`SlotctlError.to_dict`; nothing renders a bare traceback.
     ├── ListenUnavailable             controller.listen_unavailable 409  (--listen in use)
     ├── InvalidRequest                request.invalid               400  (bad JSON/params)
     ├── HostNotAllowed                request.host_not_allowed      421  (DNS rebinding)
-    └── Unauthorized                  auth.unauthorized             401  (missing/bad token)
+    ├── Forbidden                     auth.forbidden                403  (a key's scope, models)
+    ├── KeyNotFound                   key.not_found                 404
+    ├── KeyLimited                    key.rate_limited              429  (rpm; + retry_after_s)
+    │   └── KeyConcurrencyLimited     key.concurrency_limit         429  (max_concurrency)
+    └── Unauthorized                  auth.unauthorized             401  (missing/bad key)
 """
 
 from __future__ import annotations
@@ -44,10 +48,14 @@ __all__ = [
     "DeviceUnavailable",
     "DockerEngineError",
     "DockerUnavailable",
+    "Forbidden",
     "HostNotAllowed",
     "IllegalSlotTransition",
     "InsufficientMemory",
     "InvalidRequest",
+    "KeyConcurrencyLimited",
+    "KeyLimited",
+    "KeyNotFound",
     "ListenUnavailable",
     "ModelNotFound",
     "NpuExclusivityViolation",
@@ -336,6 +344,37 @@ class HostNotAllowed(SlotctlError):
 
     code = "request.host_not_allowed"
     http_status = 421
+
+
+class Forbidden(SlotctlError):
+    """A key whose scope does not reach the route, or a model its patterns do not name."""
+
+    code = "auth.forbidden"
+    http_status = 403
+
+
+class KeyNotFound(SlotctlError):
+    """No API key of that name (``slotctl key revoke``)."""
+
+    code = "key.not_found"
+    http_status = 404
+
+
+class KeyLimited(SlotctlError):
+    """A key over its ``rpm`` (429 with ``Retry-After``)."""
+
+    code = "key.rate_limited"
+    http_status = 429
+
+    def __init__(self, message: str, *, retry_after_s: float, **details: Any) -> None:
+        super().__init__(message, retry_after_s=retry_after_s, **details)
+        self.retry_after_s = retry_after_s
+
+
+class KeyConcurrencyLimited(KeyLimited):
+    """A key at its ``max_concurrency`` requests in flight (429 with ``Retry-After``)."""
+
+    code = "key.concurrency_limit"
 
 
 class Unauthorized(SlotctlError):

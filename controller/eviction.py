@@ -94,6 +94,10 @@ class EvictionCandidate:
             return max(_MIN_COST_S, self.load_s - self.wake_s)
         return max(_MIN_COST_S, self.wake_s if self.sleep_level else self.load_s)
 
+    # The best priority-class weight among its recent users (0: none): inside a priority
+    # tier, a slot used only by batch keys goes before one a person used (issue 23).
+    recent_weight: float = 0.0
+
     def on(self, device: str) -> int:
         """Bytes it holds on ``device`` (its share there; 0 when it is not there)."""
         devices = self.devices
@@ -161,8 +165,11 @@ def score(c: EvictionCandidate, now: float) -> float:
     return max(0.0, now - c.last_used) / c.cost_s
 
 
-def _key(c: EvictionCandidate, now: float) -> tuple[int, float, str]:
-    return (c.priority, -score(c, now), c.name)
+def _key(c: EvictionCandidate, now: float) -> tuple[int, float, float, str]:
+    """Priority first (SPEC §6), then the best class weight among its recent users (a
+    slot used only by batch keys goes before one a person used: issue 23), then the
+    reload-cost score (issue 22)."""
+    return (c.priority, c.recent_weight, -score(c, now), c.name)
 
 
 def _order(

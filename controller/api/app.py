@@ -1,10 +1,12 @@
 """The HTTP application: route registry, bearer-token auth, typed errors, OpenAPI.
 
 Every route is declared once with :func:`route` (method, path, summary, request and
-response types, whether it is public). The same registry builds the aiohttp router, the
-auth rule (everything but the routes marked public needs ``Authorization: Bearer``) and
-the OpenAPI 3 document — so a route cannot exist without its documentation or its auth
-decision, and ``tests`` enumerate the registry to prove it.
+response types, whether it is public, the scope it needs). The same registry builds the
+aiohttp router, the auth rule (everything but the routes marked public needs a key:
+``Authorization: Bearer`` or ``x-api-key``, the API token or one of ``keys.json``, whose
+scope reaches the route's: :func:`route_scope`) and the OpenAPI 3 document — so a route
+cannot exist without its documentation or its auth decision, and ``tests`` enumerate the
+registry to prove it.
 
 Errors leave as the typed JSON body of :mod:`controller.errors` (``Retry-After`` when the
 error carries ``retry_after_s``); anything unexpected is ``500 internal`` with a log line.
@@ -13,11 +15,11 @@ error carries ``retry_after_s``); anything unexpected is ``500 internal`` with a
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 import math
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+import time
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -28,9 +30,11 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from controller import __version__
 from controller.api.ctxstore import REQUEST_RECORDER, CtxKey, CtxStore
 from controller.api.hosts import hosts_middleware
-from controller.errors import InvalidRequest, SlotctlError, Unauthorized
+from controller.errors import Forbidden, InvalidRequest, SlotctlError, Unauthorized
 from controller.events import EventBus, EventKind, Op
+from controller.keys import KeyLimits, KeyRing, Principal, Scope
 from controller.reconcile import Reconciler
+from controller.router.access import bearer, identify
 from controller.router.context import RequestRecorder
 from controller.router.refusals import (
     BAD_BEARER_MESSAGE,
@@ -45,6 +49,7 @@ __all__ = [
     "BAD_BEARER_MESSAGE",
     "CLOSED",
     "NO_BEARER_MESSAGE",
+    "PRINCIPAL",
     "PROBE_PATHS",
     "REQUEST_RECORDER",
     "ApiContext",
@@ -61,7 +66,9 @@ __all__ = [
     "openai_error_body",
     "openapi_document",
     "openapi_path",
+    "principal_of",
     "read_body",
+    "route_scope",
 ]
 
 log = logging.getLogger("slotctl.api")
@@ -93,6 +100,13 @@ class ApiContext:
     gitops_stacks: set[str] = field(default_factory=set)
     # ``--allowed-host``: names the API answers besides its address and localhost.
     allowed_hosts: tuple[str, ...] = ()
+    # Who a request is (the token, the keys of <state_dir>/keys.json) and the keys'
+    # requests in flight and a minute.
+    keys: KeyRing = field(init=False)
+    limits: KeyLimits = field(default_factory=KeyLimits)
+
+    def __post_init__(self) -> None:
+        self.keys = KeyRing(Path(self.state_dir), self.token)
 
     @property
     def recorder(self) -> RequestRecorder | None:
@@ -139,6 +153,20 @@ class RouteSpec:
     responses: Mapping[int, tuple[str, Any]] = field(default_factory=dict)
     query: Sequence[Query] = ()
     content_type: str = "application/json"
+    scope: Scope | None = None  # None: route_scope's rule
+
+
+def route_scope(spec: RouteSpec) -> Scope | None:
+    """The scope a key needs for a route (None: public): ``inference`` the ``/v1``
+    routes, ``read`` every other ``GET`` (the event stream and metrics too), ``admin``
+    everything else — unless the route declares its own."""
+    if spec.public:
+        return None
+    if spec.scope is not None:
+        return spec.scope
+    if spec.path == "/v1" or spec.path.startswith("/v1/"):
+        return Scope.INFERENCE
+    return Scope.READ if spec.method in ("GET", "HEAD") else Scope.ADMIN
 
 
 class RouteTable:
@@ -166,6 +194,7 @@ class RouteTable:
         responses: Mapping[int, tuple[str, Any]] | None = None,
         query: Sequence[Query] = (),
         content_type: str = "application/json",
+        scope: Scope | None = None,
     ) -> Callable[[Handler], Handler]:
         """Declare a route (see the module docstring)."""
 
@@ -182,15 +211,12 @@ class RouteTable:
                     responses=responses or {200: ("OK", None)},
                     query=query,
                     content_type=content_type,
+                    scope=scope,
                 )
             )
             return handler
 
         return register
-
-
-def _public_routes(routes: Iterable[RouteSpec]) -> frozenset[tuple[str, str]]:
-    return frozenset((r.method, r.path) for r in routes if r.public)
 
 
 def _jsonable(value: Any) -> Any:
@@ -293,7 +319,7 @@ def _report(request: web.Request, error: SlotctlError) -> None:
     its one event and log line here; a malformed or unauthenticated request does not."""
     if error.reported or request.method == "GET":
         return
-    if isinstance(error, InvalidRequest | Unauthorized):
+    if isinstance(error, InvalidRequest | Unauthorized | Forbidden):
         return
     error.reported = True
     request.app[API_CTX].events.emit(
@@ -307,31 +333,51 @@ def _report(request: web.Request, error: SlotctlError) -> None:
     )
 
 
-def _bearer(request: web.Request) -> str | None:
-    header = request.headers.get("Authorization", "")
-    scheme, _, value = header.partition(" ")
-    return value.strip() if scheme.lower() == "bearer" and value.strip() else None
-
-
 @web.middleware
 async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Who the request is, and whether its key's scope reaches the route (an unknown
+    path needs a key, any scope, before its 404)."""
     info = request.match_info
     resource = info.route.resource
     canonical = resource.canonical if resource is not None else request.path
-    if (request.method, canonical) in request.app[_PUBLIC]:
+    scopes = request.app[_SCOPES]
+    needed = scopes.get((request.method, canonical), Scope.INFERENCE)
+    if needed is None:
         return await handler(request)
-    token = request.app[API_CTX].token
-    given = _bearer(request)
-    if given is None:
-        raise Unauthorized(NO_BEARER_MESSAGE)
-    # aiohttp decodes header bytes as UTF-8 with surrogateescape: encode them back the
-    # same way (a non-UTF-8 token is a wrong token, never a 500).
-    if not hmac.compare_digest(given.encode("utf-8", "surrogateescape"), token.encode()):
-        raise Unauthorized(BAD_BEARER_MESSAGE)
+    headers = request.headers
+    authorization, api_key = headers.get("Authorization"), headers.get("x-api-key")
+    ctx = request.app[API_CTX]
+    principal = identify(ctx.keys, authorization, api_key, _now(), _wall())
+    if principal is None:
+        given = bearer(authorization) or api_key
+        raise Unauthorized(BAD_BEARER_MESSAGE if given else NO_BEARER_MESSAGE)
+    if principal.scope < needed:
+        raise Forbidden(
+            f"the key {principal.name!r} has the {principal.scope.label} scope: "
+            f"{request.method} {canonical} needs {needed.label}",
+            key=principal.name,
+            scope=principal.scope.label,
+            needs=needed.label,
+        )
+    request[PRINCIPAL] = principal
     return await handler(request)
 
 
-_PUBLIC: Final = web.AppKey("slotctl_public", frozenset)
+PRINCIPAL: Final = web.RequestKey("slotctl_principal", Principal)
+_SCOPES: Final = web.AppKey("slotctl_scopes", dict)
+
+
+def principal_of(request: web.Request) -> Principal | None:
+    """Who an authenticated request is (None on a public route)."""
+    return request.get(PRINCIPAL)
+
+
+def _now() -> float:
+    return time.monotonic()
+
+
+def _wall() -> float:
+    return time.time()
 
 
 def build_app(
@@ -344,9 +390,13 @@ def build_app(
         middlewares=[_errors, hosts_middleware, _auth], client_max_size=8 * 1024 * 1024
     )
     app[API_CTX] = ctx
-    app[_PUBLIC] = _public_routes(routes)
+    scopes: dict[tuple[str, str], Scope | None] = {}
     for spec in routes:
-        app.router.add_route(spec.method, spec.path, spec.handler)
+        added = app.router.add_route(spec.method, spec.path, spec.handler)
+        resource = added.resource
+        canonical = resource.canonical if resource is not None else spec.path
+        scopes[(spec.method, canonical)] = route_scope(spec)  # as _auth finds it
+    app[_SCOPES] = scopes
     for setup in setups:
         setup(app, ctx)
     return app
@@ -444,11 +494,22 @@ def openapi_document(routes: Sequence[RouteSpec]) -> dict[str, Any]:
                     "content": {"application/json": {"schema": error_ref}},
                 },
             )
-        if not spec.public:
+        scope = route_scope(spec)
+        if scope is not None:
+            op["x-slotctl-scope"] = scope.label  # the key scope the route needs
+            op["security"] = [{"bearer": []}, {"apiKey": []}]
             op["responses"].setdefault(
                 "401",
                 {
-                    "description": "missing or wrong bearer token",
+                    "description": "missing or wrong key (Authorization: Bearer, x-api-key)",
+                    "content": {"application/json": {"schema": error_ref}},
+                },
+            )
+            op["responses"].setdefault(
+                "403",
+                {
+                    "description": f"the key's scope is below {scope.label} (or, on /v1, "
+                    "a model its patterns do not name)",
                     "content": {"application/json": {"schema": error_ref}},
                 },
             )
@@ -471,9 +532,12 @@ def openapi_document(routes: Sequence[RouteSpec]) -> dict[str, Any]:
         "paths": paths,
         "components": {
             "schemas": components,
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer"},
+                "apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key"},
+            },
         },
-        "security": [{"bearer": []}],
+        "security": [{"bearer": []}, {"apiKey": []}],
     }
 
 

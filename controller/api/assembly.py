@@ -14,6 +14,7 @@ from aiohttp import web
 
 from controller.api import (
     dashboard,
+    key_routes,
     metrics,
     model_routes,
     router,
@@ -58,6 +59,7 @@ ROUTES: Final[tuple[RouteSpec, ...]] = (
     *routes.routes,
     *model_routes.routes,
     *stack_routes.routes,
+    *key_routes.routes,
     *_own,
 )
 

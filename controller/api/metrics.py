@@ -91,6 +91,7 @@ RECONCILE_BUCKETS: Final = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 
 # A wake: tens of milliseconds (the demo server) to tens of seconds (a big level-2 reload).
 WAKE_BUCKETS: Final = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _TIERS: Final = ("awake", "asleep", "waking")
+QUEUE_BUCKETS: Final = (0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 
 
 def eviction_reason(event: Event) -> str | None:
@@ -393,6 +394,27 @@ class Metrics:
             ["slot", "reason"],
             registry=r,
         )
+        self.key_requests = Counter(
+            "slotctl_key_requests_total",
+            "Routed requests by API key (its name; @token: the API token), priority class "
+            "and answer status (429: over a key's or a queue's limit)",
+            ["key", "class", "code"],
+            registry=r,
+        )
+        self.key_tokens_total = Counter(
+            "slotctl_key_tokens_total",
+            "Tokens of keys' routed requests, as their servers reported them (usage)",
+            ["key", "class", "kind"],
+            registry=r,
+        )
+        self.queue_wait = Histogram(
+            "slotctl_queue_wait_seconds",
+            "Time routed requests waited for their lease (a cold load, a wake, a swap, a "
+            "slot at its max_concurrency), by priority class",
+            ["class"],
+            buckets=QUEUE_BUCKETS,
+            registry=r,
+        )
         self._load_started: dict[str, float] = {}
         r.register(_LiveCollector(lambda: ctx.manager))
 
@@ -454,6 +476,16 @@ class Metrics:
     def request_done(self, slot: str, model: str, status: int | str, seconds: float) -> None:
         """One routed request finished (the router calls this)."""
         self.requests.done(slot, model, status, seconds)
+
+    def key_tokens(self, key: str, cls: str, prompt: int, completion: int) -> None:
+        self.key_tokens_total.labels(key or "@token", cls, "prompt").inc(prompt)
+        self.key_tokens_total.labels(key or "@token", cls, "completion").inc(completion)
+
+    def key_done(self, key: str, cls: str, status: int | str, waited: float | None) -> None:
+        """One routed request of a key finished (the router calls this)."""
+        self.key_requests.labels(key or "@token", cls, str(status)).inc()
+        if waited is not None:
+            self.queue_wait.labels(cls).observe(max(0.0, waited))
 
     def reconcile_pass(self, slot: str, seconds: float, ok: bool) -> None:
         """One reconcile pass finished (a reconciler pass observer)."""

@@ -20,7 +20,7 @@ from typing import Final
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
-from controller.api.app import API_CTX, RouteTable, json_response
+from controller.api.app import API_CTX, RouteTable, json_response, principal_of
 from controller.api.router_answers import openai_error, refusal_response
 from controller.api.router_proxy import route_request
 from controller.api.router_proxy import setup as setup
@@ -83,7 +83,8 @@ _PROXY_RESPONSES: Final = {
 )
 async def v1_models(request: web.Request) -> web.Response:
     manager: SlotManager = request.app[API_CTX].manager
-    data = [openai_model(m, kind) for m, kind in served_models(manager).items()]
+    served = served_models(manager, principal_of(request))
+    data = [openai_model(m, kind) for m, kind in served.items()]
     return json_response({"object": "list", "data": data})
 
 
@@ -97,7 +98,7 @@ async def v1_models(request: web.Request) -> web.Response:
 async def v1_model(request: web.Request) -> web.Response:
     manager: SlotManager = request.app[API_CTX].manager
     model_id = request.match_info["model_id"]
-    kind = served_models(manager).get(model_id)
+    kind = served_models(manager, principal_of(request)).get(model_id)
     if kind is None:
         return refusal_response(model_not_found(model_id))
     return json_response(openai_model(model_id, kind))

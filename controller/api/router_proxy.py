@@ -45,7 +45,7 @@ import aiohttp
 from aiohttp import hdrs, web
 from multidict import CIMultiDict
 
-from controller.api.app import API_CTX, CLOSED, ApiContext, CtxKey
+from controller.api.app import API_CTX, CLOSED, ApiContext, CtxKey, principal_of
 from controller.api.router_answers import (
     read_body,
     refusal_response,
@@ -54,6 +54,7 @@ from controller.api.router_answers import (
     upstream_refusal,
 )
 from controller.errors import SlotctlError
+from controller.router.access import PRIORITY_HEADER, requester
 from controller.router.context import CLIENT_CLOSED, Call, record_call, upstream_idle_s
 from controller.router.headers import REQUEST_DROP, RESPONSE_DROP, connection_names, passes
 from controller.router.leasing import lease_model
@@ -198,6 +199,7 @@ async def _proxy(
             except (aiohttp.ClientError, OSError) as exc:
                 raise _failed(ctx, call, exc, idle_s) from None
             call.status = upstream.status
+            call.keep(data)
             return web.Response(status=upstream.status, body=data, headers=headers)
         return await _relay_stream(request, upstream, headers, call, sse=sse, idle_s=idle_s)
 
@@ -230,6 +232,7 @@ async def _relay_stream(
             return response
         if not chunk:
             break
+        call.keep(chunk)
         try:
             await write(chunk)
         except ConnectionError:
@@ -264,6 +267,10 @@ async def _work(
     """Read, pick, lease, proxy; the lease is released however this ends."""
     manager = ctx.manager
     try:
+        principal = call.principal = principal_of(request)
+        if principal is not None:
+            asked = request.headers.get(PRIORITY_HEADER)
+            call.who = requester(manager.settings, principal, asked)
         body = await read_body(request, limit)
         model = requested_model(request, body)
         lease = await lease_model(ctx, call, model, endpoint_of(request.path))

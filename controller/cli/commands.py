@@ -22,6 +22,7 @@ __all__ = ["add_commands"]
 if TYPE_CHECKING:
     from controller.cli import declarative as cli_declarative
     from controller.cli import k8s as cli_k8s
+    from controller.cli import keys as cli_keys
     from controller.cli import remote as cli_remote
     from controller.cli import slot as cli_slot
     from controller.cli import stack as cli_stack
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     SubParsers: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
 else:  # imported when a command of theirs runs
     cli_declarative = LazyModule("controller.cli.declarative")
+    cli_keys = LazyModule("controller.cli.keys")
     cli_k8s = LazyModule("controller.cli.k8s")
     cli_remote = LazyModule("controller.cli.remote")
     cli_slot = LazyModule("controller.cli.slot")
@@ -40,6 +42,7 @@ def add_commands(tree: Tree, sub: SubParsers) -> None:
     _stack_commands(tree, sub)
     _slot_commands(tree, sub)
     _model_commands(tree, sub)
+    _key_commands(tree, sub)
     controller_commands(tree, sub)
 
 
@@ -372,3 +375,71 @@ def _model_commands(tree: Tree, sub: SubParsers) -> None:
     cmds = tree.group(model, "model_cmd")
     tree.declare(cmds, _MODEL)
     tree.declare(sub, EVENTS)
+
+
+def _key_create(p: argparse.ArgumentParser) -> None:
+    p.add_argument("name", help="the key's name (lower-case letters, digits, - _ .)")
+    p.add_argument(
+        "--scope",
+        choices=["inference", "read", "admin"],
+        default="inference",
+        help="inference: /v1 only; read: also every GET, events, metrics; admin: all",
+    )
+    p.add_argument(
+        "--models", nargs="+", metavar="PATTERN", help="only these models (fnmatch patterns)"
+    )
+    p.add_argument("--priority", metavar="CLASS", help="its priority class (a declared one)")
+    p.add_argument("--max-concurrency", type=int, metavar="N", help="requests in flight at once")
+    p.add_argument("--rpm", type=int, metavar="N", help="requests a minute")
+    p.add_argument("--expires", metavar="DURATION", help="e.g. 12h, 30d (default: never)")
+    output(p, ("table", "json"))
+
+
+def _key_list_options(p: argparse.ArgumentParser) -> None:
+    output(p, ("table", "json"))
+
+
+def _key_name(p: argparse.ArgumentParser) -> None:
+    p.add_argument("name")
+    output(p, ("table", "json"))
+
+
+_KEY: Final[tuple[Command, ...]] = (
+    Command(
+        "create",
+        "create an API key (printed once)",
+        lambda a: cli_keys.cmd_key_create(a),
+        _key_create,
+        description="Create an API key with a scope, the models it may use, its priority "
+        "class and limits. The key is printed once, on stdout; keys.json keeps only its "
+        "hash. The running controller accepts it at once.",
+        examples=(
+            "slotctl key create chat-ui --scope inference --priority interactive",
+            "slotctl key create ci --priority batch --max-concurrency 8 --rpm 600 --expires 30d",
+            "slotctl key create grafana --scope read",
+        ),
+    ),
+    Command(
+        "list",
+        "the API keys with their scope, limits and last use (never a secret)",
+        lambda a: cli_keys.cmd_key_list(a),
+        _key_list_options,
+    ),
+    Command(
+        "revoke",
+        "revoke an API key (its requests in flight finish)",
+        lambda a: cli_keys.cmd_key_revoke(a),
+        _key_name,
+    ),
+)
+
+
+def _key_commands(tree: Tree, sub: SubParsers) -> None:
+    key = tree.add(
+        sub,
+        "key",
+        "API keys: scopes, priority classes, limits (through the API, admin scope)",
+        examples=("slotctl key create ci --priority batch", "slotctl key list"),
+    )
+    cmds = tree.group(key, "key_cmd")
+    tree.declare(cmds, _KEY)

@@ -321,3 +321,8 @@ def cmd_dashboard(args: argparse.Namespace) -> ExitCode:
     minutes = float(answer.get("expires_in_s", 0)) / 60
     print(f"(one-time link, valid {minutes:g} min)", file=sys.stderr)
     return ExitCode.OK
+
+
+# For the other command modules that talk to the API (:mod:`controller.cli.keys`).
+client_of = _client
+print_data = _print

@@ -8,7 +8,6 @@ router's (:mod:`controller.router.refusals`), written as bytes.
 
 from __future__ import annotations
 
-import hmac
 import json
 import math
 import time
@@ -19,6 +18,8 @@ from urllib.parse import urlsplit
 
 from controller.dataplane.request import MODELS, RequestHead
 from controller.dataplane.upstream import Framing, Upstream, UpstreamError
+from controller.keys import KeyRing, Principal
+from controller.router.access import bearer, identify
 from controller.router.headers import RESPONSE_DROP_BYTES, connection_names, passes
 from controller.router.hosts import HostPolicy
 from controller.router.refusals import (
@@ -39,9 +40,9 @@ from controller.router.selection import openai_model
 __all__ = [
     "address",
     "answer",
-    "authorized",
     "early_answer",
     "models_answer",
+    "principal",
     "refusal_answer",
     "response_head",
     "sse_error_end",
@@ -53,7 +54,7 @@ _RESPONSE_DROP: Final = frozenset(n.decode() for n in RESPONSE_DROP_BYTES)
 
 
 def early_answer(
-    head: RequestHead, hosts: HostPolicy, *, closing: bool, token: str
+    head: RequestHead, hosts: HostPolicy, *, closing: bool, keys: KeyRing
 ) -> tuple[bytes, int] | None:
     """The answer given before a request's body is read, with the status to record (0:
     none): a 421 for a ``Host`` this listener does not answer (before the token: no oracle
@@ -66,23 +67,20 @@ def early_answer(
         return refusal_answer(shutting_down(), close=True), 503
     if head.length <= head.limit:
         return None
-    if not authorized(head.authorization, token):
-        return unauthorized(head.authorization, close=True), 0
+    if principal(head, keys) is None:
+        return unauthorized(head, close=True), 0
     return refusal_answer(too_large(head.limit), close=True), 413
 
 
-def _bearer(given: bytes | None) -> bytes | None:
-    """The bearer token of an ``Authorization`` value (None: none), as the API's auth."""
-    if given is None:
-        return None
-    scheme, _, value = given.partition(b" ")
-    value = value.strip()
-    return value if scheme.lower() == b"bearer" and value else None
+def _text(value: bytes | None) -> str | None:
+    # as aiohttp decodes a header (a non-UTF-8 key is a wrong key, never a 500)
+    return value.decode("utf-8", "surrogateescape") if value is not None else None
 
 
-def authorized(given: bytes | None, token: str) -> bool:
-    value = _bearer(given)
-    return value is not None and hmac.compare_digest(value, token.encode())
+def principal(head: RequestHead, keys: KeyRing) -> Principal | None:
+    """Who the request is (the API's auth: a bearer token, else ``x-api-key``)."""
+    authorization, api_key = _text(head.authorization), _text(head.api_key)
+    return identify(keys, authorization, api_key, time.monotonic(), time.time())
 
 
 def answer(
@@ -170,9 +168,10 @@ def address(endpoint: str) -> tuple[tuple[str, int], bytes, bytes]:
     return found
 
 
-def unauthorized(authorization: bytes | None, *, close: bool) -> bytes:
+def unauthorized(head: RequestHead, *, close: bool) -> bytes:
     """The 401 of the API's auth, in OpenAI's shape."""
-    message = NO_BEARER_MESSAGE if _bearer(authorization) is None else BAD_BEARER_MESSAGE
+    given = bearer(_text(head.authorization)) or head.api_key
+    message = BAD_BEARER_MESSAGE if given else NO_BEARER_MESSAGE
     payload = openai_error_body(401, message, "invalid_api_key")
     return answer(401, payload, [("WWW-Authenticate", 'Bearer realm="slotctl"')], close=close)
 

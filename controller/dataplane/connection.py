@@ -19,6 +19,7 @@ from controller.dataplane.states import READING, State
 from controller.dataplane.upstream import CONNECT_S, Upstream, UpstreamError, UpstreamPool
 from controller.errors import SlotctlError
 from controller.router import refusals
+from controller.router.access import requester
 from controller.router.context import (
     CLIENT_CLOSED,
     Call,
@@ -127,7 +128,7 @@ class Connection(asyncio.Protocol):
         self.transport = None
         self.plane.fronts.discard(self)
         head = self.reader.head if self.state is State.BODY else None
-        if head is not None and out.authorized(head.authorization, self.plane.ctx.token):
+        if head is not None and out.principal(head, self.plane.ctx.keys) is not None:
             # Gone before its whole body: recorded as aiohttp's router records it.
             record_call(self.plane.ctx, Call(started=self.head_at, status=CLIENT_CLOSED))
         self.state = State.CLOSED
@@ -199,7 +200,7 @@ class Connection(asyncio.Protocol):
         limit (and the token with it). False: answered (and closed after the body)."""
         transport, plane = self.transport, self.plane
         assert transport is not None
-        early = out.early_answer(head, plane.hosts, closing=plane.closing, token=plane.ctx.token)
+        early = out.early_answer(head, plane.hosts, closing=plane.closing, keys=plane.ctx.keys)
         if early is not None:
             answer, status = early
             transport.write(answer)
@@ -251,22 +252,25 @@ class Connection(asyncio.Protocol):
         ctx = self.plane.ctx
         self.pending = b""
         self.sent = self.chunked = self.sse = False
-        if not out.authorized(head.authorization, ctx.token):
+        principal = out.principal(head, ctx.keys)
+        if principal is None:
             # As the API's auth: no event, no router metrics.
-            self._write(out.unauthorized(head.authorization, close=not head.keep))
+            self._write(out.unauthorized(head, close=not head.keep))
             self._done(keep=head.keep)
             return
         if head.method == b"GET":
-            self._write(out.models_answer(served_models(ctx.manager), head))
+            self._write(out.models_answer(served_models(ctx.manager, principal), head))
             self._done(keep=head.keep)
             return
-        call = self.call = Call(started=time.monotonic())
+        call = self.call = Call(started=time.monotonic(), principal=principal)
         self.plane.in_flight += 1
         self.keep, self.reason, self.retried = head.keep, None, False
         self.state = State.LEASING
         try:
             if ctx.closed:
                 raise refusals.shutting_down()
+            asked = head.priority.decode("latin-1") if head.priority is not None else None
+            call.who = requester(ctx.manager.settings, principal, asked)
             now = lease_now(ctx, call, model_of(head.content_type, body), head.endpoint)
         except Refusal as refusal:
             self._refuse(refusal)
@@ -381,6 +385,9 @@ class Connection(asyncio.Protocol):
         transport = self.transport
         if transport is None:
             return  # the client left: connection_lost gives the request up
+        call = self.call
+        if call is not None and call.tail is not None:
+            call.keep(data)
         if self.chunked:
             data = b"%x\r\n" % len(data) + data + b"\r\n"
         if self.pending:

@@ -71,6 +71,8 @@ class RequestHead:
     expect: bool  # Expect: 100-continue
     host: bytes = b""  # the Host header's value (the DNS-rebinding check)
     endpoint: str | None = None  # what a POST asks for (selection.endpoint_of)
+    api_key: bytes | None = None  # x-api-key (a key sent as other servers' clients do)
+    priority: bytes | None = None  # X-Slotctl-Priority (a lower class for this request)
 
 
 @dataclass(slots=True, frozen=True)
@@ -83,10 +85,14 @@ class _Fields:
     expect: bool
     host: bytes | None
     foreign: bool
+    api_key: bytes | None = None
+    priority: bytes | None = None
 
 
 def _fields_of(fields: list[tuple[bytes, bytes]]) -> _Fields:
     authorization: bytes | None = None
+    api_key: bytes | None = None
+    priority: bytes | None = None
     host: bytes | None = None
     content_type = ""
     expect = foreign = False
@@ -96,6 +102,10 @@ def _fields_of(fields: list[tuple[bytes, bytes]]) -> _Fields:
         lower = name.lower()
         if lower == b"authorization":
             authorization = value
+        elif lower == b"x-api-key":
+            api_key = value
+        elif lower == b"x-slotctl-priority":
+            priority = value
         elif lower == b"host":
             foreign = foreign or host is not None  # two: aiohttp's (and h11's) 400
             host = value
@@ -113,7 +123,7 @@ def _fields_of(fields: list[tuple[bytes, bytes]]) -> _Fields:
         for name, value in fields
         if passes(name.lower().decode("latin-1"), _REQUEST_DROP, named)
     )
-    return _Fields(forward, authorization, content_type, expect, host, foreign)
+    return _Fields(forward, authorization, content_type, expect, host, foreign, api_key, priority)
 
 
 _REQUEST_DROP: Final = frozenset(n.decode() for n in REQUEST_DROP_BYTES)
@@ -152,6 +162,8 @@ def head_of(method: bytes, target: bytes, version: str, fields: _Fields) -> Requ
         fields.expect,
         fields.host,
         endpoint,
+        fields.api_key,
+        fields.priority,
     )
 
 

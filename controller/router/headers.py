@@ -36,7 +36,15 @@ _HOP_BY_HOP: Final = frozenset(
         "host",
     )
 )
-REQUEST_DROP: Final = _HOP_BY_HOP | {"authorization", "cookie", "expect"}
+# A key (as a bearer token or x-api-key) and the class header are the router's, never
+# the server's.
+REQUEST_DROP: Final = _HOP_BY_HOP | {
+    "authorization",
+    "cookie",
+    "expect",
+    "x-api-key",
+    "x-slotctl-priority",
+}
 RESPONSE_DROP: Final = _HOP_BY_HOP | {"set-cookie", "server", "date"}
 REQUEST_DROP_BYTES: Final = frozenset(h.encode() for h in REQUEST_DROP)
 # The data plane passes the upstream's Date (aiohttp, which adds its own, drops it).

@@ -8,10 +8,12 @@ common case: a warm slot, no task, no await); :func:`lease_rest` goes on from th
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Final
 
 from controller.errors import ModelNotFound, SlotctlError, SlotNotReady
+from controller.router.access import model_refused
 from controller.router.context import Call, RouterContext
 from controller.router.refusals import (
     model_not_found,
@@ -21,7 +23,7 @@ from controller.router.refusals import (
 )
 from controller.router.selection import fitting, serving
 from controller.slots.ports import RouterPort
-from controller.slots.records import Lease
+from controller.slots.records import Lease, Requester
 
 __all__ = [
     "Pending",
@@ -47,19 +49,23 @@ class Pending:
     errors: list[SlotctlError]
 
 
-async def acquire(manager: RouterPort, candidates: list[str]) -> Lease:
+async def acquire(
+    manager: RouterPort, candidates: list[str], who: Requester | None = None
+) -> Lease:
     """A lease on the best candidate that grants one; else the best one's refusal."""
-    now = acquire_now(manager, candidates)
-    return now if isinstance(now, Lease) else await acquire_rest(manager, now)
+    now = acquire_now(manager, candidates, who)
+    return now if isinstance(now, Lease) else await acquire_rest(manager, now, who)
 
 
-def acquire_now(manager: RouterPort, candidates: list[str]) -> Lease | Pending:
+def acquire_now(
+    manager: RouterPort, candidates: list[str], who: Requester | None = None
+) -> Lease | Pending:
     """:func:`acquire` up to the first candidate that needs a wait (none in the router's
     common case: no task, no await); raises the best one's refusal when all refuse."""
     errors: list[SlotctlError] = []
     for i, name in enumerate(candidates):
         try:
-            lease = manager.try_acquire(name)
+            lease = manager.try_acquire(name, who)
         except SlotNotReady:
             return Pending(candidates, i, 1, errors)  # unloading: queue again (awaited)
         except SlotctlError as exc:
@@ -69,23 +75,27 @@ def acquire_now(manager: RouterPort, candidates: list[str]) -> Lease | Pending:
     raise errors[0]
 
 
-async def acquire_rest(manager: RouterPort, pending: Pending) -> Lease:
+async def acquire_rest(
+    manager: RouterPort, pending: Pending, who: Requester | None = None
+) -> Lease:
     """:func:`acquire` from where :func:`acquire_now` stopped."""
     errors, tried = pending.errors, pending.tried
     for name in pending.candidates[pending.start :]:
         try:
-            return await _acquire_one(manager, name, tried)
+            return await _acquire_one(manager, name, who, tried)
         except SlotctlError as exc:
             errors.append(exc)
         tried = 0
     raise errors[0]
 
 
-async def _acquire_one(manager: RouterPort, name: str, tried: int = 0) -> Lease:
+async def _acquire_one(
+    manager: RouterPort, name: str, who: Requester | None, tried: int = 0
+) -> Lease:
     attempt = tried + 1
     while True:
         try:
-            return await manager.acquire(name)
+            return await manager.acquire(name, who)
         except SlotNotReady:
             # Unloading (an exclusive peer's swap, an eviction) or a superseded load just
             # before our turn: queue again (bounded) rather than answer 503 at once.
@@ -109,6 +119,9 @@ def lease_now(ctx: RouterContext, call: Call, model: str, endpoint: str | None) 
     ``endpoint`` is refused here, before anything is leased or loaded (400)."""
     manager = ctx.manager
     candidates = serving(manager, model)
+    principal = call.principal
+    if principal is not None and not principal.may_use(model):
+        raise model_refused(principal, model)
     if not candidates:
         report_refusal(ctx, ModelNotFound(model), model)
         raise model_not_found(model)
@@ -117,8 +130,15 @@ def lease_now(ctx: RouterContext, call: Call, model: str, endpoint: str | None) 
         candidates, refused = fitting(manager, candidates, endpoint)
         if not candidates:
             raise wrong_endpoint(model, endpoint, refused)
+    if principal is not None:
+        limited = ctx.limits.admit(principal, time.monotonic())
+        if limited is not None:
+            raise slot_refusal(limited)
+        call.counted = True
+        if principal.name:  # a key's call: its answer's usage counts for it
+            call.tail = bytearray()
     try:
-        now = acquire_now(manager, candidates)
+        now = acquire_now(manager, candidates, call.who)
     except SlotctlError as exc:
         report_refusal(ctx, exc, model)
         raise slot_refusal(exc) from None
@@ -128,10 +148,13 @@ def lease_now(ctx: RouterContext, call: Call, model: str, endpoint: str | None) 
 
 
 async def lease_rest(ctx: RouterContext, call: Call, pending: Pending) -> Lease:
+    began = time.monotonic()
     try:
-        lease = await acquire_rest(ctx.manager, pending)
+        lease = await acquire_rest(ctx.manager, pending, call.who)
     except SlotctlError as exc:
         report_refusal(ctx, exc, call.model)
         raise slot_refusal(exc) from None
+    finally:
+        call.waited = time.monotonic() - began
     call.lease, call.slot = lease, lease.slot
     return lease

@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterable
 from typing import Any, Final
 
+from controller.keys import Principal
 from controller.lifecycle import Candidate, rank_candidates
 from controller.slots import SlotView
 from controller.slots.ports import RouterPort
@@ -104,10 +105,11 @@ def serving(manager: RouterPort, model: str) -> list[str]:
     return [c.name for c in rank_candidates(candidates)]
 
 
-def served_models(manager: RouterPort) -> dict[str, str]:
+def served_models(manager: RouterPort, principal: Principal | None = None) -> dict[str, str]:
     """What ``model`` may name, with the slot type that serves it: catalogue models with
     an activated slot, in catalogue order, then the model-less (self-managed) activated
-    slots by name. A model bound by slots of several types takes the first one's."""
+    slots by name. A model bound by slots of several types takes the first one's. With a
+    ``principal``: only the models its key may use."""
     served: dict[str, str] = {}
     modelless: dict[str, str] = {}
     for view in manager.views():
@@ -120,6 +122,8 @@ def served_models(manager: RouterPort) -> dict[str, str]:
             modelless[view.name] = spec.type
     out = {m: served[m] for m in manager.models if m in served}
     out.update((n, t) for n, t in modelless.items() if n not in manager.models)
+    if principal is not None and principal.models:
+        return {m: t for m, t in out.items() if principal.may_use(m)}
     return out
 
 

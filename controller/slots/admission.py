@@ -48,6 +48,9 @@ class Admission(Part):
         super().__init__(core)
         self.unloading = unloading
 
+    def _recent(self, slot: SlotRecord) -> float:
+        return self.core.recent_weight(slot, self.clock.monotonic())
+
     def decide(
         self, slot: SlotRecord, *, background: bool, evict: bool = True, cold: bool = False
     ) -> LoadDecision:
@@ -83,7 +86,7 @@ class Admission(Part):
         return decide_load(
             request,
             devices,
-            self.table.candidates if evict else lambda: (),
+            (lambda: self.table.candidates(self._recent)) if evict else lambda: (),
             self.clock.monotonic(),
             min_resident_s=self.settings.min_resident_s,
             host=self.host_room,
@@ -301,7 +304,7 @@ class Admission(Part):
         taken again here (the exclusive peers are gone now, other loads may have run).
         """
         device = slot.where
-        async with self.locks.device(device):
+        async with self.locks.device(device, lambda: self.core.demand(slot)):
             decision = await self._decide_evicting(slot)
             admission = decision.admission
             assert admission is not None
@@ -347,7 +350,7 @@ class Admission(Part):
         """A wake's admission on the GPUs its server sleeps on (evicting for it as for a
         load), then its reservation: the tier ``waking`` (its device memory counted again,
         reserved), durable before the wake calls go out. Raises the refusal."""
-        async with self.locks.device(slot.where):
+        async with self.locks.device(slot.where, lambda: self.core.demand(slot)):
             decision = await self._decide_evicting(slot)
             where = ", ".join(decision.devices) or slot.where
             self.events.emit(
@@ -372,7 +375,7 @@ class Admission(Part):
         """
         if slot.where == before:
             return
-        async with self.locks.device(slot.where):
+        async with self.locks.device(slot.where, lambda: self.core.demand(slot)):
             decision = self.decide(slot, background=slot.background)
             if decision.victims:
                 await self.unloading.evict(decision.victims, reason=EvictionReason.PRELOAD)

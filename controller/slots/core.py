@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Final
 
 from pydantic import BaseModel
 
@@ -39,6 +40,8 @@ from controller.tasks import TaskSet
 
 __all__ = ["Core", "Part", "same"]
 
+RECENT_USE_S: Final = 600.0  # "used recently" for the eviction preference by class
+
 log = logging.getLogger("slotctl.manager")
 
 
@@ -63,6 +66,26 @@ class Core:
     def __post_init__(self) -> None:
         configured = self.config.models_dir
         self.models_dir = configured or default_models_dir()
+
+    def demand(self, slot: SlotRecord) -> float:
+        """How much the requests waiting for ``slot`` weigh: the best weight among their
+        priority classes (0: nobody waits, a background load). The locks serve the
+        loads, wakes and swaps by it (:mod:`.locks`)."""
+        waiting = [c for c, n in slot.cold_classes.items() if n > 0]
+        if slot.turns is not None:
+            waiting += slot.turns.waiting_classes()
+        weights = {c.name: c.weight for c in self.settings.priority_classes}
+        return max((weights.get(c, 0.0) for c in waiting), default=0.0)
+
+    def recent_weight(self, slot: SlotRecord, now: float) -> float:
+        """The best weight among the classes that used ``slot`` in the last
+        :data:`RECENT_USE_S` (0: none): inside a priority tier the eviction plan takes
+        the slots used only by lower classes (batch) first."""
+        weights = {c.name: c.weight for c in self.settings.priority_classes}
+        return max(
+            (weights.get(c, 0.0) for c, at in slot.class_used.items() if now - at <= RECENT_USE_S),
+            default=0.0,
+        )
 
     def build_launch(self, slot: SlotRecord, *, starting: bool = False) -> LaunchSpec:
         """The effective runtime config of ``slot`` on this manager's runtime; a slot that

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from typing import Final
 
@@ -52,6 +53,8 @@ class Housekeeping(Part):
         now = self.clock.monotonic()
         for slot in self.table:
             self.leases.expire_holds(slot, now)
+            if slot.queued:  # leases revoked by a crash end without a release
+                self.leases.admit_waiters(slot)
             await self.idle_and_ttl(slot, now)
             self.breakers(slot, now)
         await self.liveness(now)
@@ -174,6 +177,9 @@ class Housekeeping(Part):
             finally:
                 slot.draining = False
 
+    def _recent(self, slot: SlotRecord, *, now: float) -> float:
+        return self.core.recent_weight(slot, now)
+
     async def pressure(self) -> list[str]:
         """Evict under memory pressure: elevated -> one victim, critical -> all eligible.
 
@@ -203,7 +209,8 @@ class Housekeeping(Part):
             )
             now = self.clock.monotonic()
             host = self.loading.admission.host_room()  # a victim sleeps where it fits
-            victims = pressure_victims(self.table.candidates(), device, level, now, host=host)
+            candidates = self.table.candidates(functools.partial(self._recent, now=now))
+            victims = pressure_victims(candidates, device, level, now, host=host)
             evicted += await self.loading.unloading.evict(victims, reason=EvictionReason.PRESSURE)
         return evicted
 

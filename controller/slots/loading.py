@@ -142,7 +142,7 @@ class Loading(Part):
         """One load; returns the generation it produced (for stale-cleanup checks)."""
         group = slot.model.exclusive_group if slot.model else None
         try:
-            async with self.locks.group(group), slot.lock:
+            async with self.locks.group(group, lambda: self.core.demand(slot)), slot.lock:
                 if self.loaded(slot):
                     return slot.generation
                 slot.generation += 1

@@ -313,6 +313,18 @@ class SlotManager(Part):
     def lease_count(self) -> int:
         return sum(len(s.leases) for s in self.core.table)
 
+    def waiting_by_class(self) -> dict[str, int]:
+        """Requests waiting now (for a load or a turn), by priority class, every class
+        listed ("" counts the waiters of no class: the API's own leases)."""
+        out = {c.name: 0 for c in self.settings.priority_classes}
+        for slot in self.core.table:
+            for cls, count in slot.cold_classes.items():
+                out[cls] = out.get(cls, 0) + count
+            if slot.turns is not None:
+                for cls in slot.turns.waiting_classes():
+                    out[cls] = out.get(cls, 0) + slot.turns.waiting(cls)
+        return out
+
     def last_used(self, name: str) -> float:
         """Monotonic time of the slot's last lease or release (the ranking's recency)."""
         return self.core.table.get(name).last_used

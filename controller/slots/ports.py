@@ -13,7 +13,7 @@ from controller.events import EventBus, Op
 from controller.lifecycle import Candidate
 from controller.memory import MemoryProbe
 from controller.runtime.base import Runtime
-from controller.slots.records import DeviceFigures, Lease, SlotStatus, SlotView
+from controller.slots.records import DeviceFigures, Lease, Requester, SlotStatus, SlotView
 from controller.spec.loader import DesiredSlot
 from controller.spec.schema import ControllerSettings, ModelSpec, SlotSpec
 
@@ -25,6 +25,10 @@ class RouterPort(Protocol):
 
     @property
     def models(self) -> dict[str, ModelSpec]: ...
+
+    @property
+    def settings(self) -> ControllerSettings:
+        """The controller settings (the priority classes requests wait in)."""
 
     def views(self) -> list[SlotView]: ...
 
@@ -38,9 +42,9 @@ class RouterPort(Protocol):
 
     def endpoint(self, name: str) -> str | None: ...
 
-    async def acquire(self, name: str) -> Lease: ...
+    async def acquire(self, name: str, who: Requester | None = None) -> Lease: ...
 
-    def try_acquire(self, name: str) -> Lease | None: ...
+    def try_acquire(self, name: str, who: Requester | None = None) -> Lease | None: ...
 
     def release(self, lease: Lease) -> None: ...
 

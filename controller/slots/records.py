@@ -18,6 +18,7 @@ from controller.breaker import Breaker
 from controller.devices import GpuRef, key_kind, share
 from controller.errors import SlotctlError
 from controller.eviction import EvictionCandidate
+from controller.fairqueue import FairQueue
 from controller.lifecycle import IdleReason, SlotState, can_dispatch
 from controller.memory import GIB
 from controller.runtime.base import LaunchSpec
@@ -33,6 +34,7 @@ __all__ = [
     "DeviceFigures",
     "Lease",
     "ManagerConfig",
+    "Requester",
     "SlotRecord",
     "SlotStatus",
     "SlotView",
@@ -68,6 +70,15 @@ class ManagerConfig:
     elevated_free_frac: float = 0.10
     critical_free_frac: float = 0.05
     models_dir: Path | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Requester:
+    """Who asks for a lease: the API key's name ("" for the API token) and the priority
+    class it waits in (where requests wait, :mod:`controller.fairqueue`)."""
+
+    key: str = ""
+    cls: str = ""  # "": the controller's default class
 
 
 class Lease:
@@ -249,6 +260,13 @@ class SlotRecord:
     waking: bool = False
     costs: ReloadCosts | None = None  # measured reload costs of its model
     reserved_at: float | None = None  # monotonic time its load reserved memory (cost)
+    # Requests waiting for their turn at max_concurrency, served by class (made when one
+    # first waits): each waiter's future gets its lease, or None (try from the start).
+    turns: FairQueue[asyncio.Future[Lease | None]] | None = None
+    # The classes of the requests waiting for its load (no max_concurrency: no turns),
+    # and when each class last took a lease (the eviction plan's preference).
+    cold_classes: dict[str, int] = field(default_factory=dict)
+    class_used: dict[str, float] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -295,6 +313,27 @@ class SlotRecord:
         if self.on_nodes or self.spec.device_kind != "gpu":
             return (self.where,)
         return tuple(g.key for g in self.placement)
+
+    def end_turns(self) -> None:
+        """Every request waiting for its turn starts over (the slot is gone: each then
+        gets the typed answer of a slot that does not exist)."""
+        turns = self.turns
+        if turns is None:
+            return
+        for waiter in list(turns):
+            turns.remove(waiter)
+            if not waiter.item.done():
+                waiter.item.set_result(None)
+
+    @property
+    def in_flight(self) -> int:
+        """Requests holding a lease now (batch holds aside)."""
+        return sum(1 for lease in self.leases.values() if lease.expires_at is None)
+
+    @property
+    def queued(self) -> int:
+        """Requests waiting for their turn (max_concurrency)."""
+        return len(self.turns) if self.turns is not None else 0
 
     @property
     def devices(self) -> tuple[str, ...]:
@@ -352,9 +391,10 @@ class SlotRecord:
             return self.memory_bytes, gpus[0]  # ``gpu``: the sum over the GPUs
         return 0, False
 
-    def candidate(self) -> EvictionCandidate:
+    def candidate(self, recent_weight: float = 0.0) -> EvictionCandidate:
         """The slot as the eviction planner sees it: where it holds memory now, whether its
-        running server can sleep (the launch's capability, the slot's level), its costs."""
+        running server can sleep (the launch's capability, the slot's level), its costs;
+        ``recent_weight``: the best priority-class weight among its recent users."""
         launch = self.launch
         can = launch is not None and launch.sleep is not None
         level = self.spec.sleep_level if can and self.idle_reason != IdleReason.NO_MODEL else 0
@@ -368,7 +408,7 @@ class SlotRecord:
             state=self.state,
             pinned=bool(self.spec.pinned),
             leases=len(self.leases),
-            busy=self.busy or self.draining or self.waiters > 0 or self.waking,
+            busy=self.busy or self.draining or self.waiters > 0 or self.queued > 0 or self.waking,
             access=self.access,
             generation=self.generation,
             sleep_level=0 if self.asleep else level,
@@ -376,6 +416,7 @@ class SlotRecord:
             host=self.host,
             load_s=load_s,
             wake_s=wake_s,
+            recent_weight=recent_weight,
         )
 
     def reload_s(self) -> tuple[float, float]:

@@ -411,7 +411,9 @@ class SlotTable(Usage):
 
     def forget(self, name: str) -> None:
         """Drop a removed slot and its state file (a lag write in flight is skipped)."""
-        self.records.pop(name, None)
+        gone = self.records.pop(name, None)
+        if gone is not None:
+            gone.end_turns()
         self._intent(name)
         self.unpersisted.discard(name)
         self._refused.discard(name)

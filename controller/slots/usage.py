@@ -9,6 +9,8 @@ server holds its weights on its host (level 1) and nothing on its GPUs.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from controller.eviction import EvictionCandidate
 from controller.lifecycle import SlotState
 from controller.slots.records import ADMITTED_STATES, SlotRecord
@@ -65,9 +67,15 @@ class Usage:
         admitted, reserved = self.device_bytes(device)
         return admitted - reserved
 
-    def candidates(self) -> list[EvictionCandidate]:
-        """Every slot as the eviction planner sees it (it picks the eligible ones)."""
-        return [s.candidate() for s in self.records.values()]
+    def candidates(
+        self, recent_weight: Callable[[SlotRecord], float] | None = None
+    ) -> list[EvictionCandidate]:
+        """Every slot as the eviction planner sees it (it picks the eligible ones);
+        ``recent_weight``: the best class weight among its recent users."""
+        return [
+            s.candidate(recent_weight(s) if recent_weight is not None else 0.0)
+            for s in self.records.values()
+        ]
 
     def group_peers(self, slot: SlotRecord) -> list[SlotRecord]:
         """The members of ``slot``'s exclusive group that hold it (loading or loaded)."""

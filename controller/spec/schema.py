@@ -42,6 +42,7 @@ __all__ = [
     "ControllerSettings",
     "ModelId",
     "ModelSpec",
+    "PriorityClass",
     "ServerSpec",
     "SlotModelRef",
     "SlotName",
@@ -283,6 +284,9 @@ class SlotSpec(_Strict):
     upstream_idle_s: PosFloat = 120.0
     max_consecutive_failures: Annotated[int, Field(ge=1)] = 5
     max_queue: Annotated[int, Field(ge=0)] = 64
+    # Requests in flight at once (None: no limit); beyond it they wait, served by their
+    # keys' priority classes (controller/fairqueue.py)
+    max_concurrency: Annotated[int, Field(ge=1)] | None = None
     memory_gb: MemoryGb | None = None  # admission estimate override (self-managed)
     # The residency tier (docs/lifecycle.md): may an eviction put the server to sleep
     # (its provider permitting) instead of unloading it? None: the provider's default
@@ -353,6 +357,20 @@ class SlotSpec(_Strict):
         return bool(self.model.default) or not provider_requires_model(self.provider)
 
 
+class PriorityClass(_Strict):
+    """A request priority class: keys carry one; waiters are served by its weight."""
+
+    name: Annotated[str, Field(pattern=r"^[a-z0-9]([-a-z0-9]{0,30}[a-z0-9])?$")]
+    weight: Annotated[float, Field(gt=0, le=1000)]
+    queue_limit: Annotated[int, Field(ge=0)] | None = None  # waiters per slot; beyond: 429
+
+
+DEFAULT_PRIORITY_CLASSES: Final = (
+    PriorityClass(name="interactive", weight=8.0),
+    PriorityClass(name="batch", weight=1.0),
+)
+
+
 class ControllerSettings(_Strict):
     """Controller-wide settings (``<config_dir>/controller.toml``, all optional)."""
 
@@ -370,6 +388,44 @@ class ControllerSettings(_Strict):
     # allowed_binaries, or whose server.image is not in allowed_images.
     allowed_binaries: list[Annotated[str, Field(min_length=1)]] | None = None
     allowed_images: list[Annotated[str, Field(min_length=1)]] | None = None
+    # Request priority classes (keys carry one; the API token and keys without one get
+    # default_priority); where requests wait they are served by class weight.
+    priority_classes: list[PriorityClass] = Field(
+        default_factory=lambda: list(DEFAULT_PRIORITY_CLASSES)
+    )
+    default_priority: Annotated[str, Field(min_length=1)] = "interactive"
+    # A waiter older than this goes first whatever its class (nothing starves); 0: plain
+    # first come, first served (classes and keys ignored).
+    queue_aging_s: Annotated[float, Field(ge=0, le=3600)] = 30.0
+
+    @field_validator("priority_classes")
+    @classmethod
+    def _classes(cls, value: list[PriorityClass]) -> list[PriorityClass]:
+        names = [c.name for c in value]
+        if not names:
+            raise ValueError("at least one priority class is needed")
+        if len(set(names)) != len(names):
+            raise ValueError(f"priority classes are named twice: {sorted(names)}")
+        return value
+
+    @field_validator("default_priority")
+    @classmethod
+    def _default_class(cls, value: str, info: ValidationInfo) -> str:
+        classes = info.data.get("priority_classes") or []
+        if classes and value not in {c.name for c in classes}:
+            raise ValueError(f"default_priority {value!r} is not one of the priority classes")
+        return value
+
+    def priority_class(self, name: str | None) -> PriorityClass:
+        """The class named (a key's), else the default one."""
+        classes = self.priority_classes  # a few: a scan beats a dict made every request
+        for c in classes:
+            if c.name == name:
+                return c
+        for c in classes:
+            if c.name == self.default_priority:
+                return c
+        return classes[0]
 
     @field_validator("memory_budget_gb")
     @classmethod

@@ -57,6 +57,11 @@ EXTRA_ERRORS: dict[str, tuple[str, int]] = {
     "HostNotAllowed": ("request.host_not_allowed", 421),
     # Issue 22: a wake that failed (the server is restarted instead).
     "SlotWakeFailed": ("slot.wake_failed", 503),
+    # Issue 23: keys, their scopes and limits.
+    "Forbidden": ("auth.forbidden", 403),
+    "KeyNotFound": ("key.not_found", 404),
+    "KeyLimited": ("key.rate_limited", 429),
+    "KeyConcurrencyLimited": ("key.concurrency_limit", 429),
 }
 ALL_ERRORS = {**SPEC_ERRORS, **EXTRA_ERRORS}
 
@@ -89,6 +94,12 @@ def _make(name: str) -> SlotctlError:
         "ListenUnavailable": lambda: errors_module.ListenUnavailable("in use", listen="x:1"),
         "InvalidRequest": lambda: errors_module.InvalidRequest("body is not JSON"),
         "Unauthorized": lambda: errors_module.Unauthorized("missing bearer token"),
+        "Forbidden": lambda: errors_module.Forbidden("read scope", key="k", needs="admin"),
+        "KeyNotFound": lambda: errors_module.KeyNotFound("no key named 'k'", name="k"),
+        "KeyLimited": lambda: errors_module.KeyLimited("2 a minute", retry_after_s=30.0, key="k"),
+        "KeyConcurrencyLimited": lambda: errors_module.KeyConcurrencyLimited(
+            "1 at once", retry_after_s=1.0, key="k"
+        ),
         "SlotOwnedByStack": lambda: errors_module.SlotOwnedByStack(
             "llm-a", "prod", "/srv/stacks", "remove"
         ),

@@ -36,6 +36,8 @@ FILE_WRITERS: dict[str, str] = {
     "(<config_dir>/slots/*.toml) and the catalogue (models.toml), plus its lock file",
     "controller/runtime/process.py": "the process runtime writes and rotates server logs "
     "under the state dir (never the config dir)",
+    "controller/keys.py": "keys.json (0600): the API keys created and revoked, through the "
+    "store's atomic writer (never the config dir)",
     "controller/cli/export.py": "`stack export --output-dir` writes exported stack "
     "files / Quadlet units where the user asks (never the config dir)",
     "controller/cli/k8s.py": "`crd generate` writes the CRD manifests, `stack export --format "

@@ -2,6 +2,8 @@
 // SVG sparklines from GET /api/traffic: the router's own counters, sampled by the
 // controller), the per-slot log view (GET /api/slots/NAME/logs, its last lines, then
 // followed) and the lease flips folded into one "requests" item a slot and burst.
+// The keys panel (GET /api/keys: each key's scope, class, requests in flight and last
+// use, and the requests waiting now by priority class).
 // Loaded before app.js, whose helpers (h, api, state, clock) it uses when called.
 "use strict";
 
@@ -261,3 +263,46 @@ function burstItem(burst, fresh) {
   );
 }
 
+
+// ------------------------------------------------------------------ keys
+
+function lastUsed(wall) {
+  if (!wall) return "never";
+  const s = Math.max(0, Date.now() / 1000 - wall);
+  if (s < 60) return `${Math.round(s)}s ago`;
+  if (s < 3600) return `${Math.round(s / 60)}m ago`;
+  return `${Math.round(s / 3600)}h ago`;
+}
+
+async function refreshKeys() {
+  const panel = document.querySelector(".keys-panel");
+  let body;
+  try {
+    ({ body } = await api("/api/keys"));
+  } catch (err) {
+    if (err.status !== 403) throw err;
+    panel.hidden = true; // a key below admin: its keys are not this page's to show
+    return;
+  }
+  panel.hidden = false;
+  const rows = document.getElementById("key-rows");
+  const keys = body.keys || [];
+  rows.replaceChildren(
+    ...keys.map((k) =>
+      h(
+        "tr",
+        { "data-key": k.name, class: k.expired ? "expired" : "" },
+        h("td", { class: "mono" }, k.name),
+        h("td", {}, k.scope),
+        h("td", {}, k.priority || "default"),
+        h("td", { class: "num" }, String(k.in_flight || 0)),
+        h("td", { class: "muted" }, k.expired ? "expired" : lastUsed(k.last_used)),
+      ),
+    ),
+  );
+  document.getElementById("keys-empty").hidden = keys.length > 0;
+  const waiting = Object.entries(body.waiting || {}).filter(([cls]) => cls);
+  document.getElementById("queue-by-class").textContent = waiting.length
+    ? "waiting: " + waiting.map(([cls, n]) => `${cls} ${n}`).join(" · ")
+    : "";
+}
