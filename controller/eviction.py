@@ -5,7 +5,8 @@ SPEC §6: victims are resident (``ready``/``idle``), not pinned, have no active 
 operation in flight; lowest ``priority`` first, and the fewest victims that free enough.
 If even every eligible slot cannot free enough, the plan says so and nothing is evicted.
 
-Inside a priority tier the order is a *reload-cost score* (issue 22), not plain LRU::
+Inside a priority tier (and after the best priority-class weight of a slot's recent users,
+issue 23) the order is a *reload-cost score* (issue 22), not plain LRU::
 
     score = idle time / cost to bring it back      (highest first)
 
