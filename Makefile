@@ -26,7 +26,8 @@ help:
 	@echo "make test    all gates (format, lint, mypy --strict, import contracts) + tests"
 	@echo "make soak    long-running property, crash and hung-server tests"
 	@echo "make bench   benchmarks (print figures; never fail on timing)"
-	@echo "make k8s-apiserver  build kube-apiserver + kine for the real API server tier"
+	@echo "make k8s-apiserver  build the real Kubernetes tiers' binaries (apiserver, kine,"
+	@echo "             scheduler, controller-manager, kubectl, kwok)"
 	@echo "             (cached; SLOTCTL_K8S_APISERVER=1 make test builds it first)"
 
 $(BIN)/python:
@@ -84,10 +85,12 @@ imports: install
 
 check: lint typecheck imports
 
-# The real API server tier (tests/k8s/test_real_apiserver.py) runs when its binaries are
-# in ~/.cache/slotctl/k8s; SLOTCTL_K8S_APISERVER=1 builds them first (Go and the module
-# proxy; about 10-25 minutes the first time on 2 cores, then cached) and makes a missing
-# build a test failure instead of a skip. .ci/run sets it.
+# The real Kubernetes tiers (tests/k8s/test_real_apiserver.py: kube-apiserver + kine;
+# tests/k8s/test_real_control_plane.py: + kube-scheduler, kube-controller-manager, kubectl
+# and kwok) run when their binaries are in ~/.cache/slotctl/k8s; SLOTCTL_K8S_APISERVER=1
+# builds them first (Go and the module proxy; the first time on 2 cores, then cached: see
+# docs/kubernetes.md for the measured times) and makes a missing build a test failure
+# instead of a skip. .ci/run sets it.
 K8S_BUILD := $(if $(filter 1,$(SLOTCTL_K8S_APISERVER)),k8s-apiserver,)
 
 k8s-apiserver:

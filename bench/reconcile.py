@@ -22,10 +22,10 @@
 (a) also times the first pass after the desired state is read again unchanged (new, equal
 spec objects: a resync), which compares values once instead of identities.
 
-``--baseline DIR`` runs (a) and (b) a second time against another checkout's
+``--baseline DIR`` runs (a), (b) and (d) a second time against another checkout's
 ``controller`` package (e.g. ``git archive main | tar -x -C DIR``), in a subprocess, size
-by size interleaved with this tree's, and prints both side by side. ``--parts`` picks
-sections (default ``abcd``).
+by size interleaved with this tree's ((d): the baseline first, then this tree), and prints
+both side by side. ``--parts`` picks sections (default ``abcd``).
 
 Prints a table; never fails on timing.
 
@@ -462,6 +462,18 @@ async def bench_converge(
     return lines
 
 
+def converge_baseline(args: argparse.Namespace) -> list[str]:
+    """(d) against the ``--baseline`` tree, in a subprocess (its lines, headed so)."""
+    env = {**os.environ, "SLOTCTL_BENCH_TREE": args.baseline, "PYTHONPATH": args.baseline}
+    argv = [sys.executable, __file__, "--parts", "d", "--slots", str(args.slots)]
+    argv += ["--load-seconds", f"{args.load_seconds:g}", "--loop", args.loop]
+    argv += ["--no-sequential"] if args.no_sequential else []
+    argv += ["--workers", str(args.workers)] if args.workers else []
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, check=True)
+    body = [line for line in done.stdout.splitlines() if line.startswith(("(d)", "  "))]
+    return [f"before: {args.baseline}", *body, f"after: {TREE}"]
+
+
 # ============================================================================ main
 
 
@@ -488,6 +500,8 @@ async def main_async(args: argparse.Namespace) -> None:
     if "c" in args.parts:
         sections.append(await bench_gitops(args.saves))
     if "d" in args.parts:
+        if args.baseline:
+            sections.append(converge_baseline(args))
         sections.append(
             await bench_converge(
                 args.slots, args.load_seconds, args.workers, not args.no_sequential
@@ -509,7 +523,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=None, help="(d): reconciler workers")
     parser.add_argument("--no-sequential", action="store_true", help="(d): skip the baseline")
     parser.add_argument("--parts", default="abcd", help="sections to run (default abcd)")
-    parser.add_argument("--baseline", default=None, help="(a), (b): also measure this tree")
+    parser.add_argument("--baseline", default=None, help="(a), (b), (d): also measure this tree")
     parser.add_argument(
         "--loop",
         default="auto",

@@ -183,6 +183,8 @@ def insufficient(slot: str, placement: Placement, *, waiting: bool = False) -> I
             no_probe=True,
             **extra,
         )
+    if option.devices and option.devices[0].exclusive:
+        return _no_whole_gpu(slot, placement, evictable, extra)
     if len(figures) > 1:
         return _insufficient_on_gpus(slot, placement, figures, evictable, extra)
     return InsufficientMemory(
@@ -224,6 +226,42 @@ def _insufficient_on_gpus(
         needed_bytes=need * span,
         free_bytes=max(int(f["free_bytes"]) for f in figures),
         evictable_bytes=sum(int(f["evictable_bytes"]) for f in figures),
+        slot=slot,
+        device=",".join(a.device for a in option.admissions),
+        **extra,
+    )
+
+
+def _no_whole_gpu(
+    slot: str, placement: Placement, evictable: str, extra: dict[str, object]
+) -> InsufficientMemory:
+    """The refusal on a cluster's whole GPUs (one slot per GPU): each node's free GPUs,
+    those held by slots, and those too small for the load."""
+    option = placement.option
+    assert option is not None
+    span = len(option.admissions)
+    nodes: dict[str, list[int]] = {}  # node -> [GPUs, held, too small]
+    seen: set[str] = set()
+    for tried in placement.tried:
+        for d, a in zip(tried.devices, tried.admissions, strict=True):
+            if d.key not in seen:
+                seen.add(d.key)
+                counts = nodes.setdefault(d.group or "", [0, 0, 0])
+                counts[0] += 1
+                counts[1] += 1 if d.holders else 0
+                counts[2] += 1 if a.shortfall else 0
+    parts = ", ".join(
+        f"{n}: {c[0] - c[1]} of {c[0]} free" + (f", {c[2]} too small" if c[2] else "")
+        for n, c in sorted(nodes.items())
+    )
+    need = option.admissions[0].needed
+    each = "a whole GPU" if span == 1 else f"{span} whole GPUs on one node"
+    return InsufficientMemory(
+        f"slot {slot!r} needs {each} ({format_gib(need)} on each): none has room, and "
+        f"{evictable} would not clear one ({parts})",
+        needed_bytes=need * span,
+        free_bytes=0,
+        evictable_bytes=option.plan.evictable_bytes if option.plan is not None else 0,
         slot=slot,
         device=",".join(a.device for a in option.admissions),
         **extra,

@@ -11,8 +11,9 @@ ones::
     device = "cpu" | "npu"      system memory
 
 Admission, reservations and eviction are keyed per device: ``gpu:0``, ``gpu:1``…, ``cpu``,
-``npu`` (``NODE/gpu`` on a cluster, where the device plugin picks a node's GPUs). A slot
-that spans ``K`` GPUs holds :func:`share` of its bytes on each.
+``npu``; on a cluster ``NODE/gpu:N`` (the node's GPUs as the controller counts them: the
+device plugin picks which physical GPU a pod gets) and ``NODE/cpu``. A slot that spans
+``K`` GPUs holds :func:`share` of its bytes on each.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ __all__ = [
     "gpu_key",
     "key_index",
     "key_kind",
+    "key_node",
     "parse_device",
     "share",
 ]
@@ -79,6 +81,7 @@ class GpuRef:
     index: int
     uuid: str | None = None
     vendor: str | None = None  # nvidia | amd | None (a budget-only GPU: not known)
+    node: str | None = None  # on a cluster: the node it is on (the index counts its GPUs)
     # Its memory (the probe's total, or its budget) when placed: what a server that sizes
     # itself as a fraction of the GPU is told (vLLM's --gpu-memory-utilization). Not
     # recorded: a restarted controller does not restart a running server.
@@ -86,7 +89,8 @@ class GpuRef:
 
     @property
     def key(self) -> str:
-        return gpu_key(self.index)
+        key = gpu_key(self.index)
+        return f"{self.node}/{key}" if self.node else key
 
 
 def parse_device(value: str) -> DeviceRef:
@@ -117,6 +121,12 @@ def gpu_key(index: int) -> str:
 def key_kind(key: str) -> str:
     """The kind of an admission key: ``gpu:1`` -> ``gpu``, ``node-a/gpu`` -> ``gpu``."""
     return key.rsplit("/", 1)[-1].split(":", 1)[0]
+
+
+def key_node(key: str) -> str | None:
+    """The node of a cluster key: ``node-a/gpu:1`` -> ``node-a``; None on a host."""
+    node, sep, _ = key.rpartition("/")
+    return node if sep else None
 
 
 def key_index(key: str) -> int | None:

@@ -26,7 +26,10 @@ evicts sleepers like any resident slot there.
 Room is planned per device (:func:`plan_room`): a load that spans GPUs 0 and 1 needs its
 share freed on each, and only slots that hold memory on one of the load's devices are
 candidates (a victim that spans a device the load does not use frees that one too: it
-is evicted whole). :func:`plan_eviction` is the one-device case.
+is evicted whole). :func:`plan_eviction` is the one-device case. A *whole* device (a
+cluster node's GPU without time-slicing, one pod per GPU) is cleared instead
+(:func:`plan_clear`): every slot on it goes, or the load does not go there — unloaded,
+a sleeper too (a sleeping server's pod still holds its GPU).
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ __all__ = [
     "Pressure",
     "Victim",
     "is_eligible",
+    "plan_clear",
     "plan_eviction",
     "plan_room",
     "pressure_level",
@@ -79,12 +83,19 @@ class EvictionCandidate:
     host: str = "cpu"  # the host memory key its weights go to when it sleeps
     load_s: float = 1.0  # what a cold load of it takes (measured, moving average)
     wake_s: float = 1.0  # what a wake of it takes (measured, moving average)
+    # The keys of its placement, asleep too (a sleeping pod still holds a whole GPU).
+    placed: tuple[str, ...] = ()
 
     @property
     def host_bytes(self) -> int:
         """What it would hold (or holds) in host memory asleep: its weights at level 1."""
         level = self.asleep or self.sleep_level
         return self.bytes if level == 1 else 0
+
+    @property
+    def holds(self) -> tuple[str, ...]:
+        """The devices it holds memory on or is placed on (:func:`plan_clear`)."""
+        return self.devices + tuple(d for d in self.placed if d not in self.devices)
 
     @property
     def cost_s(self) -> float:
@@ -135,6 +146,9 @@ class EvictionPlan:
     freed: Mapping[str, int]  # bytes the victims free per device (of those in ``need``)
     evictable: Mapping[str, int]  # bytes every eligible slot would free per device
     host: Mapping[str, int] | None = None  # bytes the sleepers add per host key, net
+    # Whole devices that cannot be cleared: a holder is not eligible, or the load does
+    # not fit there even alone (plan_clear).
+    blocked: frozenset[str] = frozenset()
 
     @property
     def unloads(self) -> int:
@@ -142,6 +156,8 @@ class EvictionPlan:
 
     @property
     def sufficient(self) -> bool:
+        if self.blocked:
+            return False
         return all(self.freed.get(d, 0) >= n for d, n in self.need.items())
 
     @property
@@ -305,6 +321,32 @@ def plan_room(
     why = f"make room for {for_slot}" if for_slot else "make room"
     victims, added = _act(chosen, candidates, host, now, why)
     return EvictionPlan(dict(need), tuple(victims), freed, evictable, added)
+
+
+def plan_clear(
+    candidates: Sequence[EvictionCandidate],
+    holders: Mapping[str, int],
+    now: float,
+    *,
+    unfit: Iterable[str] = (),
+    for_slot: str = "",
+) -> EvictionPlan:
+    """The victims that empty whole devices: every slot on each of ``holders``' devices
+    (``holders[d]``: how many hold it; a sleeper holds the GPUs it is placed on). A device
+    is *blocked* when fewer of its holders are eligible than hold it, or when it is in
+    ``unfit`` (the load does not fit there even alone): then the plan is not sufficient,
+    and nothing is evicted for it. Every victim is unloaded (sleeping frees no GPU)."""
+    eligible = [c for c in candidates if is_eligible(c)]
+    chosen = sorted(
+        (c for c in eligible if any(d in holders for d in c.holds)), key=lambda c: _key(c, now)
+    )
+    on = {d: [c for c in chosen if d in c.holds] for d in holders}
+    blocked = {d for d, n in holders.items() if len(on[d]) < n} | set(unfit)
+    bytes_on = {d: sum(c.on(d) for c in on[d]) for d in holders}
+    why = f"make room for {for_slot}" if for_slot else "make room"
+    victims = () if blocked else tuple(_victim(c, now, why) for c in chosen)
+    freed = bytes_on if not blocked else dict.fromkeys(holders, 0)
+    return EvictionPlan(bytes_on, victims, freed, bytes_on, blocked=frozenset(blocked))
 
 
 def plan_eviction(

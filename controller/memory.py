@@ -429,6 +429,10 @@ class Admission:
     free: int
     margin: int
     source: str
+    # A whole device (a cluster node's GPU without time-slicing: one pod per GPU): the
+    # slots that hold it now. The figures above are the load's alone there; it fits only
+    # once they are gone (the placement plans to evict them all).
+    holders: int = 0
 
     @property
     def budget_room(self) -> int:
@@ -445,7 +449,7 @@ class Admission:
 
     @property
     def ok(self) -> bool:
-        return self.shortfall == 0
+        return self.shortfall == 0 and self.holders == 0
 
 
 def check_admission(

@@ -13,8 +13,9 @@ Scoring, best first::
     fits without evicting anything   before   needs evictions
     (evicting) lowest top victim priority, fewest unloads (a victim that sleeps costs
                a wake, not a cold start), fewest victims, fewest bytes evicted
+    GPUs whose memory is known before GPUs admitted by count (a cluster's)
     best fit: the least room left on the chosen devices after the load
-    ties: the lower GPU indices
+    ties: the node's name, then the lower GPU indices
 
 Best fit keeps the big holes for big models (a 20 GiB load is not refused because
 every GPU was filled to half by small ones). A slot spanning ``K`` GPUs needs
@@ -22,6 +23,13 @@ every GPU was filled to half by small ones). A slot spanning ``K`` GPUs needs
 plan frees room on exactly those devices (:func:`controller.eviction.plan_room`: a
 victim holds memory on at least one of them), and says per victim whether it sleeps or
 is unloaded (``host``: the room in host memory for sleepers, see :mod:`controller.eviction`).
+
+On a cluster the devices are the nodes' GPUs (``NODE/gpu:N``, built by
+:mod:`controller.cluster`): a set never spans two nodes (each device's ``group`` is its
+node; multi-node tensor parallel is out of scope), and a node's GPU without time-slicing
+is *exclusive* (one pod per GPU): a load needs it to itself, so every slot on it has to
+go first, unloaded (:func:`controller.eviction.plan_clear`); one whose memory nobody states
+(no GPU feature discovery label, no ``memory_budget_gb.gpu``) is admitted by count alone.
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ from dataclasses import dataclass, replace
 
 from controller.devices import GpuRef, share
 from controller.errors import DeviceUnavailable, SlotConfigError
-from controller.eviction import EvictionCandidate, EvictionPlan, Victim, plan_room
+from controller.eviction import EvictionCandidate, EvictionPlan, Victim, plan_clear, plan_room
 from controller.memory import Admission, DeviceMemory, check_admission
 from controller.units import format_gib
 
@@ -69,6 +77,12 @@ class DeviceFacts:
     peers: int = 0  # bytes the exclusive-group peers hold here (unloaded first)
     gpu: GpuRef | None = None  # a GPU: what the runtime needs to make it visible
     lost: str | None = None  # the probe cannot read this GPU now: never chosen
+    group: str | None = None  # a cluster's node: a device set stays within one group
+    # A whole device (a node's GPU without time-slicing): one slot at a time. ``holders``
+    # is how many hold it now (the requester and its group peers not counted); with no
+    # sample and no budget its memory is unknown and a load is admitted by count alone.
+    exclusive: bool = False
+    holders: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,16 +111,19 @@ class Option:
     def victims(self) -> tuple[Victim, ...]:
         return self.plan.victims if self.plan is not None else ()
 
-    def score(self) -> tuple[int, int, int, int, int, int, tuple[int, ...]]:
-        """Lower is better (see the module docstring)."""
+    def score(self) -> tuple[int, int, int, int, int, int, int, str, tuple[int, ...]]:
+        """Lower is better (see the module docstring); a GPU whose memory is known
+        before one admitted by count."""
         victims = self.victims
         evicted = sum(v.bytes for v in victims)
         top = max((v.priority for v in victims), default=-1)
         unloads = self.plan.unloads if self.plan is not None else 0
         room = sum(min(a.budget_room, a.free_room) - a.needed for a in self.admissions)
         left = room + (self.plan.freed_bytes if self.plan is not None else 0)
+        blind = sum(1 for a in self.admissions if a.source == "gpu-count")
+        group = self.devices[0].group or "" if self.devices else ""
         order = tuple(d.gpu.index if d.gpu else 0 for d in self.devices)
-        return (1 if victims else 0, top, unloads, len(victims), evicted, left, order)
+        return (1 if victims else 0, top, unloads, len(victims), evicted, blind, left, group, order)
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +161,8 @@ def _total(facts: DeviceFacts) -> int | None:
 
 def _admission(need: int, facts: DeviceFacts) -> Admission:
     """Admission on one device as if the exclusive peers there were already gone."""
+    if facts.exclusive:
+        return _whole(need, facts)
     sample = facts.sample
     if sample is not None:
         free = sample.free_bytes - facts.reserved + facts.peers
@@ -151,6 +170,17 @@ def _admission(need: int, facts: DeviceFacts) -> Admission:
     return check_admission(
         facts.key, need, facts.admitted - facts.peers, sample, facts.budget, facts.margin
     )
+
+
+def _whole(need: int, facts: DeviceFacts) -> Admission:
+    """Admission on a whole device: the load alone there (its holders must go first). Its
+    memory unknown: by count (any load fits a free one, said as ``gpu-count``)."""
+    if facts.sample is None and facts.budget is None:
+        room = need + facts.margin
+        alone = Admission(facts.key, need, 0, room, room, facts.margin, "gpu-count")
+    else:
+        alone = check_admission(facts.key, need, 0, facts.sample, facts.budget, facts.margin)
+    return replace(alone, holders=facts.holders)
 
 
 def resolve_pins(
@@ -185,7 +215,10 @@ def _unavailable(
     have = ", ".join(d.key + (" (lost)" if d.lost else "") for d in gpus) or (
         "none: no GPU probe answers and no memory_budget_gb names a GPU"
     )
-    if pin is None:
+    if pin is None and any(d.group for d in gpus):
+        message = _no_node(need, gpus)
+        reason = "too_few"
+    elif pin is None:
         usable = sum(1 for d in gpus if not d.lost)
         message = f"slot {need.slot!r} spans {need.span} GPUs, the host has {usable} ({have})"
         reason = "too_few"
@@ -209,6 +242,22 @@ def _unavailable(
     )
 
 
+def _no_node(need: Need, gpus: Sequence[DeviceFacts]) -> str:
+    """Why no node of a cluster can take the load: each node's usable GPUs, or why none."""
+    nodes: dict[str, list[DeviceFacts]] = {}
+    for d in gpus:
+        nodes.setdefault(d.group or "", []).append(d)
+    parts = []
+    for node, devices in sorted(nodes.items()):
+        usable = sum(1 for d in devices if not d.lost)
+        why = sorted({d.lost for d in devices if d.lost})
+        parts.append(
+            f"{node}: {usable} of {len(devices)}" + (f" ({'; '.join(why)})" if why else "")
+        )
+    each = "a GPU" if need.span == 1 else f"{need.span} GPUs on one node"
+    return f"slot {need.slot!r} needs {each}, and no node has that free: " + ", ".join(parts)
+
+
 def gpu_figures(devices: Sequence[DeviceFacts]) -> list[dict[str, object]]:
     """Each device's figures, as a refusal's details carry them."""
     return [
@@ -219,6 +268,7 @@ def gpu_figures(devices: Sequence[DeviceFacts]) -> list[dict[str, object]]:
             "free_bytes": d.sample.free_bytes if d.sample else None,
             "budget_bytes": d.budget,
             "admitted_bytes": d.admitted,
+            **({"node": d.group} if d.group else {}),
             **({"error": d.lost} if d.lost else {}),
         }
         for d in devices
@@ -226,10 +276,21 @@ def gpu_figures(devices: Sequence[DeviceFacts]) -> list[dict[str, object]]:
 
 
 def _sets(need: Need, devices: Sequence[DeviceFacts]) -> list[tuple[DeviceFacts, ...]]:
-    """Every ``span``-sized set of ``devices`` while there are at most ``_MAX_SETS``;
-    beyond, the sets of the ``m`` GPUs that suit the load best on their own (fits as it
-    is first, then best fit, then the lower index; ``m`` as many as keep the sets
-    within the bound), so a big host's empty GPUs are never left out."""
+    """Every ``span``-sized set, never across groups (a cluster's nodes): within a group
+    every set while there are at most ``_MAX_SETS``; beyond, the sets of the ``m`` GPUs
+    that suit the load best on their own (fits as it is first, then best fit, then the
+    lower index; ``m`` as many as keep the sets within the bound), so a big host's empty
+    GPUs are never left out."""
+    groups: dict[str | None, list[DeviceFacts]] = {}
+    for d in devices:
+        groups.setdefault(d.group, []).append(d)
+    out: list[tuple[DeviceFacts, ...]] = []
+    for members in groups.values():
+        out.extend(_group_sets(need, members))
+    return out
+
+
+def _group_sets(need: Need, devices: Sequence[DeviceFacts]) -> list[tuple[DeviceFacts, ...]]:
     k = need.span
     m = len(devices)
     while m > k and math.comb(m, k) > _MAX_SETS:
@@ -270,9 +331,9 @@ def place(
         sets = [pinned]
     else:
         usable = [d for d in devices if not d.lost]
-        if need.span > len(usable):
-            return Placement(None, error=_unavailable(need, devices, None))
         sets = _sets(need, usable)
+        if not sets:
+            return Placement(None, error=_unavailable(need, devices, None))
     per_device = share(need.bytes, need.span)
     judged = [Option(s, tuple(_admission(per_device, d) for d in s), None) for s in sets]
     fitting = [o for o in judged if all(a.ok for a in o.admissions)]
@@ -293,7 +354,8 @@ def _missing(option: Option) -> int:
     plan = option.plan
     if plan is None:
         return 0
-    return sum(max(0, n - plan.evictable.get(d, 0)) for d, n in plan.need.items())
+    blocked = sum(a.needed or 1 for a in option.admissions if a.device in plan.blocked)
+    return blocked + sum(max(0, n - plan.evictable.get(d, 0)) for d, n in plan.need.items())
 
 
 def place_first(need: Need, devices: Sequence[DeviceFacts]) -> Placement:
@@ -317,6 +379,11 @@ def _with_plan(
     slot: str,
     host: Mapping[str, int] | None = None,
 ) -> Option:
+    if any(d.exclusive for d in option.devices):  # a node's whole GPUs: cleared
+        holders = {d.key: d.holders for d in option.devices}
+        unfit = [a.device for a in option.admissions if a.shortfall]
+        plan = plan_clear(evictable, holders, now, unfit=unfit, for_slot=slot)
+        return replace(option, plan=plan)
     need = {a.device: a.shortfall for a in option.admissions}
     plan = plan_room(evictable, need, now, for_slot=slot, host=host)
     return replace(option, plan=plan)

@@ -3,7 +3,7 @@
 A *capability*, not a provider name (DESIGN.md): a provider template hands the manager a
 :class:`SleepMode` in the slot's launch (``LaunchSpec.sleep``) when its server can sleep;
 the manager asks that, never ``provider == "vllm"``. The HTTP is vLLM's dev-mode API, as its
-docs give it (docs/design/0010-sleep-tier.md cites them)::
+docs give it (docs/design/0011-sleep-tier.md cites them)::
 
     POST /sleep?level=1|2      level 1: weights to host RAM, KV cache dropped; level 2:
                                both dropped (the buffers stay in host RAM); 200 when done

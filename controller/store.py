@@ -142,6 +142,7 @@ class PlacedGpu(BaseModel):
     index: int
     uuid: str | None = None
     vendor: str | None = None
+    node: str | None = None  # on a cluster: the node the controller placed the slot on
 
 
 class ReloadCosts(BaseModel):

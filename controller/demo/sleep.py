@@ -3,7 +3,7 @@ tested against a real server.
 
 Served only with ``--enable-sleep-mode`` (vLLM serves these only with
 ``VLLM_SERVER_DEV_MODE=1`` and sleeps only with ``--enable-sleep-mode``; see
-docs/design/0010-sleep-tier.md for the vLLM documentation this follows):
+docs/design/0011-sleep-tier.md for the vLLM documentation this follows):
 
 ``POST /sleep?level=1|2``
     level 1: the weights move to host RAM (``--sleep-memory-mb``, allocated and touched)

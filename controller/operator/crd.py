@@ -291,6 +291,11 @@ def _slot_status_schema() -> dict[str, Any]:
             "observedGeneration": {"type": "integer", "format": "int64"},
             "conditions": _conditions_schema(),
             "state": {"type": "string", "description": "Lifecycle state of the slot."},
+            "reason": {
+                "type": "string",
+                "description": "Why the slot is not as it should be, in one word "
+                "(WaitingForMemory, Unschedulable, CrashLoopBackOff, ...); empty when fine.",
+            },
             "idleReason": {"type": "string", "nullable": True},
             "model": {"type": "string", "description": "The model the slot serves."},
             "endpoint": {"type": "string", "nullable": True},
@@ -402,6 +407,7 @@ def slot_crd() -> dict[str, Any]:
         status=_slot_status_schema(),
         columns=[
             {"name": "State", "type": "string", "jsonPath": ".status.state"},
+            {"name": "Reason", "type": "string", "jsonPath": ".status.reason"},
             {"name": "Model", "type": "string", "jsonPath": ".spec.model.default"},
             {"name": "Port", "type": "integer", "jsonPath": ".spec.port"},
             {"name": "Node", "type": "string", "jsonPath": ".status.node"},

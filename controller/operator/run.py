@@ -361,6 +361,7 @@ class Operator:
             dispatchable=view.dispatchable,
             last_error=self.board.last_error.get(slot),
             node=view.node,
+            waiting=view.waiting,
         )
 
     def _slot_status(self, key: CrKey, old: Mapping[str, Any]) -> dict[str, Any]:

@@ -23,6 +23,7 @@ __all__ = [
     "condition",
     "model_status",
     "reason_of",
+    "slot_reason",
     "slot_status",
 ]
 
@@ -68,6 +69,20 @@ class Observed:
     last_error: tuple[str, str] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     node: str | None = None  # kubernetes runtime
+    waiting: str | None = None  # waiting_for_memory | waiting_for_device
+
+
+# A failed server's words that say more than its error code (the kubernetes runtime's
+# container and scheduler verdicts), as ``kubectl get pods`` shows them.
+_REASONS: Final = (
+    ("CrashLoopBackOff", "CrashLoopBackOff"),
+    ("ImagePullBackOff", "ImagePullBackOff"),
+    ("ErrImagePull", "ErrImagePull"),
+    ("InvalidImageName", "InvalidImageName"),
+    ("unschedulable", "Unschedulable"),
+    ("pod Pending", "Unschedulable"),
+    ("is lost", "NodeLost"),
+)
 
 
 def _now() -> str:
@@ -79,6 +94,26 @@ def reason_of(text: str) -> str:
     parts = [p for p in "".join(c if c.isalnum() else " " for c in text).split() if p]
     out = "".join(p[:1].upper() + p[1:] for p in parts)
     return out if out[:1].isalpha() else "Unknown"
+
+
+def slot_reason(observed: Observed | None, verdict: Verdict) -> str:
+    """One word for why a Slot is not as it should be (the ``REASON`` column, as
+    ``kubectl get pods`` shows ``CrashLoopBackOff``); empty when nothing is amiss."""
+    if verdict.problems:
+        return "InvalidSpec"
+    if observed is None:
+        return ""
+    if observed.waiting:
+        return reason_of(observed.waiting)  # WaitingForMemory, WaitingForDevice
+    busy = observed.state in (SlotState.PULLING, SlotState.STARTING)
+    if observed.state is SlotState.ERROR or busy:
+        found = next((r for words, r in _REASONS if words in observed.message), None)
+        if found is not None:
+            return found
+    if observed.state is SlotState.ERROR:
+        code = observed.last_error[0] if observed.last_error else ""
+        return reason_of(code) if code else "ServerError"
+    return ""
 
 
 def condition(
@@ -150,6 +185,7 @@ def slot_status(
     status: dict[str, Any] = {
         "observedGeneration": gen,
         "state": state,
+        "reason": slot_reason(observed, verdict),
         "conditions": [
             condition("Ready", *ready, gen, old_conditions, now),
             condition("Progressing", *progressing, gen, old_conditions, now),

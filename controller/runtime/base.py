@@ -32,6 +32,7 @@ __all__ = [
     "STACK_LABEL",
     "LaunchSpec",
     "Mount",
+    "Notifying",
     "Observed",
     "ProgressCallback",
     "RunStatus",
@@ -264,4 +265,15 @@ class Runtime(Protocol):
 
     async def close(self) -> None:
         """Release the runtime's own resources (an engine client); servers keep running."""
+        ...
+
+
+@runtime_checkable
+class Notifying(Protocol):
+    """A runtime that tells the manager what it sees change (the kubernetes runtime's
+    watches): ``changed(slot)`` when a slot's server may have changed, ``note(slot,
+    words)`` for what a start waits for (a pod the scheduler leaves Pending)."""
+
+    def subscribe(self, changed: Callable[[str], None], note: Callable[[str, str], None]) -> None:
+        """Take the two hooks (the manager's)."""
         ...

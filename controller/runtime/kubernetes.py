@@ -4,35 +4,37 @@ Sits beside :mod:`controller.runtime.docker` under the ``Runtime`` seam (``slotc
 --runtime kubernetes``, the default inside a pod); the slot manager is its only caller.
 It talks to the API server through lightkube's typed async client (design record 0005):
 
-* **objects** (their bodies: :mod:`~controller.runtime.kubernetes_spec`): one Deployment
-  per slot (``replicas`` 1 while loaded, 0 once unloaded, strategy ``Recreate``) and one
-  Service; an object with a slot's name but without slotctl's labels is reported
-  (``Observed(managed=False)``) and never patched, scaled or deleted; a labelled
-  Deployment that runs the same config is adopted;
-* **readiness**: :meth:`start` returns once the pod runs and has an IP; the manager
-  probes ``http://<pod IP>:<port>`` like any other server (:attr:`Observed.endpoint`);
-* **memory**: :attr:`KubernetesRuntime.memory`, the admission's probe for ``NODE/DEVICE``
-  keys (:mod:`~controller.runtime.kubernetes_nodes`).
+* **reads** come from caches kept by watches (:mod:`~controller.runtime.kubernetes_cache`:
+  nodes, every pod, this namespace's Deployments and Services, list + watch as an
+  informer does), so inspecting a slot, waiting for its pod or for it to go costs no
+  request; a change reaches whoever waits, and the manager (:meth:`subscribe`), in one
+  event. The one read of the API itself: before a start writes an object the cache does
+  not have, a ``get`` makes sure nobody else just made one of that name;
+* **writes** go to the API: server-side apply (field manager ``slotctl``, forced) of the
+  Deployment and Service bodies (:mod:`~controller.runtime.kubernetes_spec`), so a
+  field someone else set stays theirs, and a change to one of ours (``kubectl scale``, a
+  label edited) is drift: the Deployment's next event puts it back (:meth:`_drift`,
+  backing off if something keeps changing it);
+* **placement**: the node the controller's placement chose (the launch's GPUs) becomes a
+  required node affinity; a pod the scheduler leaves Pending is reported with its
+  reason (the ``note`` hook) and, after ``unschedulable_s``, fails the start
+  (``SlotSpawnFailed`` with the node, so the next load avoids it);
+* **lost nodes**: a pod on a node not ready for ``node_lost_s`` does not run
+  (:attr:`Observed.running` is False, so the slot fails and is placed again elsewhere); a
+  stop deletes, with grace 0, pods on a node that is not ready (their kubelet cannot);
+* **memory**: :attr:`KubernetesRuntime.memory`, the admission's probe of the nodes
+  (:mod:`~controller.runtime.kubernetes_nodes`).
 
 ``stop`` scales a running slot to 0 and waits for its pod to go — a terminating pod
-(``deletionTimestamp`` set, its server still running within its grace period) counts as
-still there; the kubelet sends SIGTERM and, after the pod's grace period, SIGKILL. Still
-there after the stop's timeout + that grace: :class:`~controller.errors.SlotTerminateTimeout`
-(nothing is force-deleted). A stop of a slot already at 0 with no pod left deletes the
-Deployment and the Service (a slot nobody declares any more: the reconciler's orphan
-sweep). A start that fails after it scaled the Deployment to 1 (the Service refused, a
-crash-looping or unpullable container, an API error, a cancellation) scales it back to 0
-before it raises. Slot names too long for a Service name are refused (``check_launch``).
-
-**Ownership**: every Deployment and Service carries ``slotctl.owner`` (the operator's
-identity: ``SLOTCTL_K8S_OWNER``, the chart sets the Helm release name; default
-``slotctl``) in its metadata labels, not in its selector; only objects with this
-runtime's owner are listed, adopted, scaled or deleted, so two releases in one namespace
-leave each other's slots alone. API failures become typed errors:
+(``deletionTimestamp`` set) counts as still there; after the stop's timeout + the pod's
+grace: :class:`~controller.errors.SlotTerminateTimeout`. A stop of a slot already at 0
+with no pod left deletes the Deployment and the Service (the orphan sweep). A start that
+fails after it wrote the Deployment scales it back to 0 before it raises. Objects with a
+slot's name but without slotctl's labels (or of another ``slotctl.owner``) are reported
+(``Observed(managed=False)``) and never written. API failures become typed errors:
 :class:`~controller.errors.SlotSpawnFailed` from ``start``,
-:class:`~controller.errors.DockerEngineError` (``runtime.engine_error``: the API said no)
-or :class:`~controller.errors.DockerUnavailable` (``runtime.unavailable``: no API server)
-from the rest.
+:class:`~controller.errors.DockerEngineError` (``runtime.engine_error``) or
+:class:`~controller.errors.DockerUnavailable` (``runtime.unavailable``) from the rest.
 """
 
 from __future__ import annotations
@@ -41,26 +43,20 @@ import asyncio
 import contextlib
 import logging
 import math
-import os
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar, cast
+from typing import Any
 
 import httpx2
-from lightkube import AsyncClient, ConfigError
 from lightkube.resources.apps_v1 import Deployment
-from lightkube.resources.core_v1 import Node, Pod, Service
+from lightkube.resources.core_v1 import Pod, Service
 from lightkube.types import PatchType
 
 from controller.errors import (
-    DockerEngineError,
-    DockerUnavailable,
     SlotctlError,
     SlotSpawnFailed,
     SlotTerminateTimeout,
 )
 from controller.runtime.base import (
     HASH_LABEL,
-    MANAGED_LABEL,
     SLOT_LABEL,
     LaunchSpec,
     Observed,
@@ -68,210 +64,69 @@ from controller.runtime.base import (
     RunStatus,
     RuntimeKind,
 )
-from controller.runtime.kubernetes_nodes import GPU_RESOURCES, NodeMemory, NodeReading
+from controller.runtime.kubernetes_api import KubernetesApi
 from controller.runtime.kubernetes_spec import (
     CONTAINER,
-    DEFAULT_OWNER,
-    FIELD_MANAGER,
-    OWNER_LABEL,
-    api_reason,
-    check_gpu_resource,
     check_launch,
-    check_owner,
     deployment_body,
     object_name,
     observe,
     ours,
     owned,
+    placed_node,
     service_body,
     start_verdict,
     terminating,
     unschedulable,
-    without_nulls,
 )
 
 __all__ = ["KubernetesRuntime"]
 
 log = logging.getLogger("slotctl.runtime")
 
-T = TypeVar("T")
 
-
-class KubernetesRuntime:
+class KubernetesRuntime(KubernetesApi):
     """Runtime for servers run as pods of per-slot Deployments (see module docstring)."""
 
     kind = RuntimeKind.KUBERNETES
 
-    def __init__(
-        self,
-        client: AsyncClient | None = None,
-        *,
-        namespace: str | None = None,
-        gpu_resource: str | None = None,
-        owner: str | None = None,
-        start_timeout_s: float = 900.0,
-        unschedulable_s: float = 120.0,
-        stop_grace_s: float = 10.0,
-        termination_grace_s: float = 30.0,
-        poll_s: float = 0.2,
-        node_refresh_s: float = 15.0,
-    ) -> None:
-        """``client``: a lightkube ``AsyncClient`` (default: the in-cluster service account,
-        else ``KUBECONFIG`` / ``~/.kube/config``, created on first use). ``namespace``: where
-        the Deployments live (default ``SLOTCTL_K8S_NAMESPACE``, else the client's).
-        ``gpu_resource``: the extended resource of a gpu slot whose node does not say
-        (default ``SLOTCTL_K8S_GPU_RESOURCE`` or ``nvidia.com/gpu``). ``owner``: the
-        ``slotctl.owner`` label value of this operator's objects (default
-        ``SLOTCTL_K8S_OWNER``, else ``slotctl``). ``start_timeout_s``:
-        how long a pod may take to run (image pull included); ``unschedulable_s``: how
-        long it may stay unschedulable; ``termination_grace_s``: the pods' grace period
-        between SIGTERM and SIGKILL; ``node_refresh_s``: how often node budgets are read.
-        """
-        self._api = client
-        self._owns_client = client is None
-        self._namespace = namespace or os.environ.get("SLOTCTL_K8S_NAMESPACE") or None
-        self.gpu_resource = check_gpu_resource(
-            gpu_resource or os.environ.get("SLOTCTL_K8S_GPU_RESOURCE") or GPU_RESOURCES[0]
-        )
-        self.owner = check_owner(owner or os.environ.get("SLOTCTL_K8S_OWNER") or DEFAULT_OWNER)
-        self.start_timeout_s = start_timeout_s
-        self.unschedulable_s = unschedulable_s
-        self.stop_grace_s = stop_grace_s
-        self.termination_grace_s = termination_grace_s
-        self.poll_s = poll_s
-        self.node_refresh_s = node_refresh_s
-        self.memory = NodeMemory()
-        self._locks: dict[str, asyncio.Lock] = {}
-        self._nodes = NodeReading(self.refresh_nodes, node_refresh_s)
-
-    # ------------------------------------------------------------------ API access
-
-    @property
-    def namespace(self) -> str:
-        if self._namespace is None:
-            self._namespace = str(self._client().namespace or "default")
-        return self._namespace
-
-    def _client(self) -> AsyncClient:
-        if self._api is None:
-            try:
-                self._api = AsyncClient(field_manager=FIELD_MANAGER)
-            except ConfigError as exc:
-                raise DockerUnavailable(
-                    f"no Kubernetes API configured (in-cluster service account, KUBECONFIG "
-                    f"or ~/.kube/config): {exc}"
-                ) from exc
-        self._nodes.start()
-        return self._api
-
-    async def _call(self, op: str, slot: str | None, fn: Callable[[], Awaitable[T]]) -> T:
-        """One API call; failures become typed errors (SlotSpawnFailed when starting)."""
-        where = f" slot {slot!r}" if slot else ""
-        try:
-            await self._nodes_read()
-            return await fn()
-        except SlotctlError:
-            raise
-        except httpx2.HTTPStatusError as exc:  # lightkube's ApiError among them
-            cls: type[SlotctlError] = SlotSpawnFailed if op == "start" else DockerEngineError
-            raise cls(f"cannot {op}{where}: Kubernetes API: {api_reason(exc)}", slot=slot) from exc
-        except (httpx2.HTTPError, OSError) as exc:
-            cls = SlotSpawnFailed if op == "start" else DockerUnavailable
-            raise cls(f"cannot {op}{where}: the Kubernetes API is unreachable ({exc})") from exc
-
-    async def _get_deployment(self, slot: str) -> Deployment | None:
-        try:
-            return await self._client().get(Deployment, object_name(slot), namespace=self.namespace)
-        except httpx2.HTTPStatusError as exc:  # lightkube's ApiError among them
-            if exc.response.status_code == 404:
-                return None
-            raise
-
-    async def _get_service(self, slot: str) -> Service | None:
-        try:
-            return await self._client().get(Service, object_name(slot), namespace=self.namespace)
-        except httpx2.HTTPStatusError as exc:  # lightkube's ApiError among them
-            if exc.response.status_code == 404:
-                return None
-            raise
-
-    async def _pods(self, slot: str | None = None) -> list[Pod]:
-        """Our pods (of ``slot``), terminating ones included (their server may still run:
-        they count until they are gone); labels checked here as well (a server that
-        filters by label selector, or one that does not)."""
-        selector: dict[str, Any] = {MANAGED_LABEL: "true", **({SLOT_LABEL: slot} if slot else {})}
-        pods = []
-        async for pod in self._client().list(Pod, namespace=self.namespace, labels=selector):
-            labels = (pod.metadata.labels if pod.metadata else None) or {}
-            if labels.get(MANAGED_LABEL) != "true" or (slot and labels.get(SLOT_LABEL) != slot):
-                continue
-            pods.append(pod)
-        return pods
-
-    async def refresh_nodes(self) -> None:
-        """Read every node's allocatable resources into :attr:`memory`."""
-        nodes = [node async for node in self._client().list(Node)]
-        self.memory.update(nodes)
-
-    async def warm_up(self) -> None:
-        """Read the nodes once before the first admission (the composition root's
-        ``recover`` calls it); an unreachable API is logged and read again later."""
-        try:
-            await self._nodes_read()
-        except SlotctlError as exc:
-            log.warning("kubernetes runtime: %s", exc.message)
-
-    async def _nodes_read(self) -> None:
-        """The first reading of the nodes is done (admission needs their budgets)."""
-        self._client()
-        await self._nodes.first_read()
-
-    async def close(self) -> None:
-        await self._nodes.stop()
-        if self._owns_client and self._api is not None:
-            api, self._api = self._api, None
-            await api.close()
-
-    def _lock(self, slot: str) -> asyncio.Lock:
-        return self._locks.setdefault(slot, asyncio.Lock())
-
     # ------------------------------------------------------------------ observing
 
-    def _observe(self, slot: str, deployment: Deployment, pods: Sequence[Pod]) -> Observed:
-        return observe(slot, deployment, pods, owner=self.owner, namespace=self.namespace)
+    def _observe(
+        self, slot: str, deployment: Deployment, pods: list[Pod] | None = None
+    ) -> Observed:
+        cache = self.cache
+        found = cache.slot_pods(slot) if pods is None else pods
+        lost = cache.lost(self.node_lost_s)
+        return observe(
+            slot, deployment, found, owner=self.owner, namespace=self.namespace, lost=lost
+        )
 
     async def inspect(self, slot: str) -> Observed:
         async def look() -> Observed:
-            deployment = await self._get_deployment(slot)
+            deployment = self.cache.deployment(slot)
             if deployment is None:
                 return Observed(slot=slot, status=RunStatus.MISSING)
-            return self._observe(slot, deployment, await self._pods(slot))
+            return self._observe(slot, deployment)
 
         return await self._call("inspect", slot, look)
 
     async def list_managed(self) -> list[Observed]:
         async def look() -> list[Observed]:
-            pods: dict[str, list[Pod]] = {}
-            for pod in await self._pods():
-                slot = ((pod.metadata.labels if pod.metadata else None) or {}).get(SLOT_LABEL, "")
-                pods.setdefault(slot, []).append(pod)
             found = []
-            selector: dict[str, Any] = {MANAGED_LABEL: "true", OWNER_LABEL: self.owner}
-            async for dep in self._client().list(
-                Deployment, namespace=self.namespace, labels=selector
-            ):
+            for dep in list(self.cache.deployments.items.values()):
                 labels = (dep.metadata.labels if dep.metadata else None) or {}
                 slot = labels.get(SLOT_LABEL, "")
                 name = dep.metadata.name if dep.metadata else None
                 if slot and name == object_name(slot) and owned(labels, slot, self.owner):
-                    found.append(self._observe(slot, dep, pods.get(slot, [])))
+                    found.append(self._observe(slot, dep))
             return sorted(found, key=lambda o: o.slot)
 
         return await self._call("list", None, look)
 
     async def logs(self, slot: str, tail: int = 100) -> list[str]:
         async def read() -> list[str]:
-            pods = sorted(await self._pods(slot), key=terminating)  # the live one first
+            pods = sorted(self.cache.slot_pods(slot), key=terminating)  # the live one first
             if not pods or pods[0].metadata is None or not pods[0].metadata.name:
                 return []
             lines = []
@@ -307,8 +162,8 @@ class KubernetesRuntime:
 
     async def _start(self, launch: LaunchSpec) -> Observed:
         slot, name = launch.slot, object_name(launch.slot)
-        deployment = await self._get_deployment(slot)
-        service = await self._get_service(slot)
+        deployment: Deployment | None = await self._confirmed(Deployment, slot)
+        service: Service | None = await self._confirmed(Service, slot)
         foreign = next((o for o in (deployment, service) if not ours(o, slot, self.owner)), None)
         if foreign is not None:
             raise SlotSpawnFailed(
@@ -317,34 +172,38 @@ class KubernetesRuntime:
                 "its labels: remove or rename it",
                 slot=slot,
             )
+        body = self._deployment(launch)
         exists = deployment is not None
         try:
             if deployment is not None:
-                current = self._observe(slot, deployment, await self._pods(slot))
-                if current.running and current.config_hash == launch.config_hash():
+                current = self._observe(slot, deployment)
+                node = placed_node(launch)
+                if (
+                    current.running
+                    and current.config_hash == launch.config_hash()
+                    and node in (None, current.node)
+                ):
                     await self._ensure_service(launch, service)
+                    self.drift.intend(slot, body)
                     return current  # adopted: the same config already runs
-            body = deployment_body(
-                launch,
-                self.namespace,
-                gpu_resource=self._gpu_resource(launch.node),
-                termination_grace_s=math.ceil(self.termination_grace_s),
-                owner=self.owner,
-            )
-            api = self._client()
-            if deployment is None:
-                await api.create(cast(Deployment, Deployment.from_dict(without_nulls(body))))
-                exists = True
-            else:
-                await api.patch(
-                    Deployment, name, body, namespace=self.namespace, patch_type=PatchType.MERGE
-                )
+            self.drift.intend(slot, body)
+            await self._apply(body)
+            exists = True
             await self._ensure_service(launch, service)
             return await self._wait_running(launch)
         except BaseException:  # an API error, a refused start, a cancellation: re-raised
             if exists:
                 await self._scale_down_after_failure(slot)
             raise
+
+    def _deployment(self, launch: LaunchSpec) -> dict[str, Any]:
+        return deployment_body(
+            launch,
+            self.namespace,
+            gpu_resource=self._gpu_resource(placed_node(launch) or launch.node),
+            termination_grace_s=math.ceil(self.termination_grace_s),
+            owner=self.owner,
+        )
 
     async def _scale_down_after_failure(self, slot: str) -> None:
         """A failed start leaves no pod running (best effort: the start's error is what
@@ -357,82 +216,104 @@ class KubernetesRuntime:
                 log.warning("slot %s: scaling back to 0 after a failed start failed: %s", slot, exc)
 
     def _gpu_resource(self, node: str | None) -> str:
-        if node is not None and node in self.memory.gpu_resources:
-            return self.memory.gpu_resources[node]
+        resources = self.memory.gpu_resources
+        if node is not None and node in resources:
+            return resources[node]
         return self.gpu_resource
 
     async def _ensure_service(self, launch: LaunchSpec, service: Service | None) -> None:
-        body = service_body(launch, self.namespace, self.owner)
-        api = self._client()
-        if service is None:
-            await api.create(cast(Service, Service.from_dict(body)))
-            return
         ports = [
-            (p.port, p.targetPort) for p in (service.spec.ports if service.spec else None) or []
+            (p.port, p.targetPort)
+            for p in ((service.spec.ports if service.spec else None) or [] if service else [])
         ]
-        if ports != [(launch.port, launch.port)]:
-            await api.patch(
-                Service,
-                object_name(launch.slot),
-                body,
-                namespace=self.namespace,
-                patch_type=PatchType.MERGE,
-            )
+        if service is None or ports != [(launch.port, launch.port)]:
+            await self._apply(service_body(launch, self.namespace, self.owner))
 
     async def _wait_running(self, launch: LaunchSpec) -> Observed:
         """Until the pod of this config runs with an IP; the scheduler's or the kubelet's
         verdict when it cannot (unschedulable for too long, failed, a container in
-        CrashLoopBackOff or unable to pull its image, timed out). The caller scales the
-        Deployment back to 0 when this raises."""
+        CrashLoopBackOff or unable to pull its image, timed out). Woken by the caches'
+        events. The caller scales the Deployment back to 0 when this raises."""
         loop = asyncio.get_running_loop()
         began = loop.time()
-        unschedulable_since: float | None = None
-        wanted = launch.config_hash()
+        slot, wanted = launch.slot, launch.config_hash()
+        pending: tuple[float, str] | None = None  # since, the scheduler's reason
+        seen = False  # the cache may not have the Deployment just applied yet
         while True:
-            deployment = await self._get_deployment(launch.slot)
-            if deployment is None:
+            deployment = self.cache.deployment(slot)
+            if deployment is None and seen:
                 raise SlotSpawnFailed(
-                    f"cannot start slot {launch.slot!r}: its Deployment was deleted meanwhile",
-                    slot=launch.slot,
+                    f"cannot start slot {slot!r}: its Deployment was deleted meanwhile",
+                    slot=slot,
                 )
+            seen = seen or deployment is not None
+            if deployment is None:
+                if loop.time() - began >= self.start_timeout_s:
+                    raise SlotSpawnFailed(
+                        f"cannot start slot {slot!r}: its Deployment never showed in the "
+                        f"watch within {self.start_timeout_s:g}s",
+                        slot=slot,
+                    )
+                await self.cache.changed(slot, 1.0)
+                continue
             pods = [
                 p
-                for p in await self._pods(launch.slot)
+                for p in self.cache.slot_pods(slot)
                 if not terminating(p)
                 and ((p.metadata.annotations if p.metadata else None) or {}).get(HASH_LABEL)
                 == wanted
             ]
-            observed = self._observe(launch.slot, deployment, pods)
+            observed = self._observe(slot, deployment, pods)
             if observed.running and observed.endpoint:
                 return observed
             now = loop.time()
-            reason = next((r for r in map(unschedulable, pods) if r), None)
-            if reason is None:
-                unschedulable_since = None
-            elif unschedulable_since is None:
-                unschedulable_since = now
-            elif now - unschedulable_since >= self.unschedulable_s:
-                raise SlotSpawnFailed(
-                    f"cannot start slot {launch.slot!r}: its pod stayed unschedulable for "
-                    f"{self.unschedulable_s:g}s: {reason}",
-                    slot=launch.slot,
-                )
+            pending = self._pending(launch, pods, pending, now)
             verdict = start_verdict(pods)
             if verdict is not None:
                 raise SlotSpawnFailed(
-                    f"cannot start slot {launch.slot!r}: {verdict[0]}",
-                    slot=launch.slot,
-                    exit_code=verdict[1],
+                    f"cannot start slot {slot!r}: {verdict[0]}", slot=slot, exit_code=verdict[1]
                 )
             if now - began >= self.start_timeout_s:
                 raise SlotSpawnFailed(
-                    f"cannot start slot {launch.slot!r}: no running pod within "
+                    f"cannot start slot {slot!r}: no running pod within "
                     f"{self.start_timeout_s:g}s ({observed.message})",
-                    slot=launch.slot,
+                    slot=slot,
                 )
-            await asyncio.sleep(self.poll_s)
+            left = self.start_timeout_s - (now - began)
+            if pending is not None:
+                left = min(left, pending[0] + self.unschedulable_s - now)
+            await self.cache.changed(slot, max(0.05, min(left, 5.0)))
+
+    def _pending(
+        self, launch: LaunchSpec, pods: list[Pod], pending: tuple[float, str] | None, now: float
+    ) -> tuple[float, str] | None:
+        """Track a pod the scheduler leaves Pending: said once per reason (``note``), a
+        failure once it stayed so for ``unschedulable_s`` (naming the node, to avoid)."""
+        reason = next((r for r in map(unschedulable, pods) if r), None)
+        if reason is None:
+            return None
+        if pending is None or pending[1] != reason:
+            if self._note is not None:
+                self._note(launch.slot, f"pod Pending: {reason}")
+            pending = (pending[0] if pending else now, reason)
+        if now - pending[0] >= self.unschedulable_s:
+            node = placed_node(launch) or launch.node
+            raise SlotSpawnFailed(
+                f"cannot start slot {launch.slot!r}: its pod stayed unschedulable for "
+                f"{self.unschedulable_s:g}s" + (f" on {node}" if node else "") + f": {reason}",
+                slot=launch.slot,
+                unschedulable=reason,
+                **({"node": node} if node else {}),
+            )
+        return pending
 
     async def _scale(self, slot: str, replicas: int) -> None:
+        """Through the intended body when there is one (server-side apply keeps owning
+        the field), else a merge patch of ``spec.replicas``."""
+        body = self.drift.rescale(slot, replicas)
+        if body is not None:
+            await self._apply(body)
+            return
         await self._client().patch(
             Deployment,
             object_name(slot),
@@ -448,20 +329,21 @@ class KubernetesRuntime:
             return await self._call("stop", slot, lambda: self._stop(slot, timeout))
 
     async def _stop(self, slot: str, timeout: float) -> Observed:
-        deployment = await self._get_deployment(slot)
+        deployment = self.cache.deployment(slot)
         if deployment is None:
             await self._delete_service(slot)
+            self.drift.forget(slot)
             return Observed(slot=slot, status=RunStatus.MISSING)
-        pods = await self._pods(slot)
+        pods = self.cache.slot_pods(slot)
         observed = self._observe(slot, deployment, pods)
         if not observed.managed:
             return observed  # reported, never touched
         replicas = (deployment.spec.replicas if deployment.spec else None) or 0
         if not replicas and not pods:
             # Already unloaded: a stop now is the cleanup of a slot nobody declares.
-            api = self._client()
+            self.drift.forget(slot)
             with contextlib.suppress(httpx2.HTTPStatusError):
-                await api.delete(Deployment, object_name(slot), namespace=self.namespace)
+                await self._client().delete(Deployment, object_name(slot), namespace=self.namespace)
             await self._delete_service(slot)
             return Observed(slot=slot, status=RunStatus.EXITED, message="Deployment removed")
         if replicas:
@@ -485,16 +367,33 @@ class KubernetesRuntime:
         )
 
     async def _pods_gone(self, slot: str, timeout: float) -> bool:
+        """Until the slot's pods are gone (woken by the pods' events); a pod on a node
+        that is not ready is deleted with grace 0 (no kubelet there to stop it)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        while await self._pods(slot):
-            if loop.time() >= deadline:
+        deleted: set[str] = set()
+        while pods := self.cache.slot_pods(slot):
+            await self._release_lost(pods, deleted)
+            left = deadline - loop.time()
+            if left <= 0:
                 return False
-            await asyncio.sleep(self.poll_s)
+            await self.cache.changed(slot, min(left, 5.0))
         return True
 
+    async def _release_lost(self, pods: list[Pod], deleted: set[str]) -> None:
+        lost = self.cache.lost(0.0)
+        for pod in pods:
+            name = pod.metadata.name if pod.metadata else None
+            node = pod.spec.nodeName if pod.spec else None
+            if not name or name in deleted or node not in lost:
+                continue
+            deleted.add(name)
+            log.warning("pod %s: its node %s is %s: deleted with grace 0", name, node, lost[node])
+            with contextlib.suppress(httpx2.HTTPStatusError):
+                await self._client().delete(Pod, name, namespace=self.namespace, grace_period=0)
+
     async def _delete_service(self, slot: str) -> None:
-        service = await self._get_service(slot)
+        service = self.cache.service(slot)
         labels = service.metadata.labels if service is not None and service.metadata else None
         if service is not None and owned(labels, slot, self.owner):
             with contextlib.suppress(httpx2.HTTPStatusError):

@@ -1,32 +1,36 @@
 """The nodes of a cluster as the kubernetes runtime's admission sees them: each node's
-memory budget per device (from its allocatable resources and NVIDIA's GPU feature
-discovery labels), answered as a :class:`controller.memory.MemoryProbe` for ``NODE/DEVICE``
-keys, and read again in the background (:class:`NodeReading`).
+GPUs (:class:`controller.nodes.NodeGpus`: allocatable, GPU feature discovery's labels,
+what every pod bound there requests, whether a slot may go there at all), answered as a
+:class:`controller.memory.MemoryProbe` and a :class:`controller.nodes.ClusterProbe`.
 
-Sits under :mod:`controller.runtime.kubernetes`; :func:`node_budgets` and
-:class:`NodeMemory` are pure.
+Sits under :mod:`controller.runtime.kubernetes`, which feeds it from its node and pod
+caches (:mod:`controller.runtime.kubernetes_watch`): :class:`NodeMemory` reads them when
+asked, after a change only. :func:`node_gpus`, :func:`unusable` and :func:`pod_gpus` are
+pure.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import logging
 import re
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from typing import Final
 
-import httpx2
-from lightkube.resources.core_v1 import Node
+from lightkube.resources.core_v1 import Node, Pod
 
 from controller.memory import DeviceMemory
-
-log = logging.getLogger("slotctl.runtime")
+from controller.nodes import NodeGpus
 
 GPU_RESOURCES: Final = ("nvidia.com/gpu", "amd.com/gpu")
 # MiB per GPU, as NVIDIA's GPU feature discovery labels a node.
 GPU_MEMORY_LABEL: Final = "nvidia.com/gpu.memory"
 GPU_COUNT_LABEL: Final = "nvidia.com/gpu.count"
+MANAGED: Final = "slotctl.managed"
+SLOT: Final = "slotctl.slot"
+# Taints a slot's pod tolerates (kubernetes_spec adds the tolerations): a GPU node's own
+# resource taint, and a lost node's (the node's readiness decides there).
+_TOLERATED: Final = frozenset(
+    {*GPU_RESOURCES, "node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"}
+)
 _QUANTITY_RE: Final = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([a-zA-Z]*)$")
 _SUFFIXES: Final[dict[str, int | float]] = {
     "": 1,
@@ -50,13 +54,95 @@ def parse_quantity(text: str) -> int | None:
     return int(float(match.group(1)) * _SUFFIXES[match.group(2)])
 
 
+def _name(obj: Node | Pod) -> str:
+    return str(obj.metadata.name) if obj.metadata and obj.metadata.name else ""
+
+
+def unusable(node: Node) -> str | None:
+    """Why no slot may go to ``node`` (pure): not Ready, cordoned, or a ``NoSchedule`` /
+    ``NoExecute`` taint a slot's pod does not tolerate; None: it may."""
+    status = node.status
+    ready = next(
+        (c for c in (status.conditions if status else None) or [] if c.type == "Ready"), None
+    )
+    if ready is None or ready.status != "True":
+        why = f" ({ready.reason})" if ready is not None and ready.reason else ""
+        return f"NotReady{why}"
+    if node.spec and node.spec.unschedulable:
+        return "cordoned (spec.unschedulable)"
+    for taint in (node.spec.taints if node.spec else None) or []:
+        if taint.effect in ("NoSchedule", "NoExecute") and taint.key not in _TOLERATED:
+            value = f"={taint.value}" if taint.value else ""
+            return f"tainted {taint.key}{value}:{taint.effect} (not tolerated)"
+    return None
+
+
+def pod_gpus(pod: Pod, resource: str) -> int:
+    """GPUs of ``resource`` a pod requests (what the scheduler counts): its containers'
+    requests (or limits) summed, or its largest init container's if more."""
+    spec = pod.spec
+    if spec is None:
+        return 0
+
+    def asked(containers: Iterable[object]) -> list[int]:
+        out = []
+        for c in containers:
+            res = getattr(c, "resources", None)
+            wanted = (
+                (getattr(res, "requests", None) or getattr(res, "limits", None) or {})
+                if res
+                else {}
+            )
+            out.append(parse_quantity(str(wanted.get(resource, "0"))) or 0)
+        return out
+
+    return max(sum(asked(spec.containers or [])), max(asked(spec.initContainers or []), default=0))
+
+
+def _finished(pod: Pod) -> bool:
+    return bool(pod.status and pod.status.phase in ("Succeeded", "Failed"))
+
+
+def node_gpus(
+    node: Node, pods: Iterable[Pod], ours: Callable[[Pod], str | None]
+) -> NodeGpus | None:
+    """``node``'s GPUs with what ``pods`` (those bound to it, unfinished) request there;
+    ``ours(pod)`` names the slot of a pod of this controller's. None: it offers no GPU."""
+    allocatable = dict((node.status.allocatable if node.status else None) or {})
+    labels = dict((node.metadata.labels if node.metadata else None) or {})
+    offered = [(r, parse_quantity(allocatable.get(r, "0")) or 0) for r in GPU_RESOURCES]
+    resource, count = max(offered, key=lambda rc: rc[1])
+    if count <= 0:
+        return None
+    physical = parse_quantity(labels.get(GPU_COUNT_LABEL, "")) or count
+    mib = parse_quantity(labels.get(GPU_MEMORY_LABEL, ""))
+    slots: dict[str, int] = {}
+    others = 0
+    for pod in pods:
+        gpus = pod_gpus(pod, resource)
+        if not gpus or _finished(pod):
+            continue
+        slot = ours(pod)
+        if slot is None:
+            others += gpus
+        else:
+            slots[slot] = slots.get(slot, 0) + gpus
+    return NodeGpus(
+        name=_name(node),
+        resource=resource,
+        allocatable=count,
+        physical=physical,
+        per_gpu=mib * 2**20 if mib else None,
+        pods=slots,
+        others=others,
+        unusable=unusable(node),
+    )
+
+
 def node_budgets(allocatable: Mapping[str, str], labels: Mapping[str, str]) -> dict[str, int]:
-    """Device -> bytes a node offers (pure): ``gpu`` = its GPUs (the ``nvidia.com/gpu.count``
-    label, else the allocatable ``nvidia.com/gpu`` / ``amd.com/gpu``) x the per-GPU memory
-    its ``nvidia.com/gpu.memory`` label states (MiB); ``cpu`` = allocatable memory.
-    A device the node says nothing about is absent (the controller settings apply)."""
+    """Device -> bytes a node offers in all (pure): ``gpu`` = its GPUs x the per-GPU memory
+    its ``nvidia.com/gpu.memory`` label states (MiB); ``cpu`` = allocatable memory."""
     budgets: dict[str, int] = {}
-    # physical GPUs (GFD's count label: time-slicing advertises more allocatable replicas)
     gpus = parse_quantity(labels.get(GPU_COUNT_LABEL, "")) or max(
         (parse_quantity(allocatable.get(r, "0")) or 0) for r in GPU_RESOURCES
     )
@@ -69,89 +155,76 @@ def node_budgets(allocatable: Mapping[str, str], labels: Mapping[str, str]) -> d
     return budgets
 
 
-class NodeMemory:
-    """The admission's memory probe on a cluster (a :class:`controller.memory.MemoryProbe`).
+def _budgets(node: Node) -> dict[str, int]:
+    allocatable = dict((node.status.allocatable if node.status else None) or {})
+    labels = dict((node.metadata.labels if node.metadata else None) or {})
+    return node_budgets(allocatable, labels)
 
-    ``NODE/DEVICE`` keys answer with that node's budget (:func:`node_budgets`); a bare
-    device (a slot the scheduler has not placed yet) with the largest node's, so a slot
-    that fits on no node is refused before anything is scaled. Nothing measures a remote
-    GPU: free = total, and the admitted bytes per key do the accounting. A node or
-    device the nodes say nothing about answers None (``memory_budget_gb`` applies).
+
+class NodeMemory:
+    """The admission's probes on a cluster (a :class:`controller.memory.MemoryProbe` and a
+    :class:`controller.nodes.ClusterProbe`), over the runtime's caches of nodes and pods.
+
+    :meth:`cluster` answers every GPU node (:func:`node_gpus`); ``NODE/cpu`` keys answer
+    with the node's allocatable memory, ``NODE/gpu:N`` with its per-GPU memory (when a
+    label states it). Nothing measures a remote GPU: free = total, and the admitted bytes
+    per key do the accounting. :meth:`stale` marks the caches changed (read again when
+    asked next).
     """
 
-    def __init__(self) -> None:
-        self.nodes: dict[str, dict[str, int]] = {}
+    def __init__(
+        self,
+        nodes: Mapping[str, Node] | None = None,
+        pods: Mapping[str, Pod] | None = None,
+        ours: Callable[[Pod], str | None] = lambda pod: None,
+    ) -> None:
+        self._nodes = nodes if nodes is not None else {}
+        self._pods = pods if pods is not None else {}
+        self._ours = ours
+        self._cluster: tuple[NodeGpus, ...] | None = None
         self.gpu_resources: dict[str, str] = {}  # node -> the GPU resource it offers
 
-    def update(self, nodes: Sequence[Node]) -> None:
-        seen: dict[str, dict[str, int]] = {}
-        resources: dict[str, str] = {}
-        for node in nodes:
-            name = node.metadata.name if node.metadata else None
-            if not name:
-                continue
-            allocatable = dict((node.status.allocatable if node.status else None) or {})
-            labels = dict((node.metadata.labels if node.metadata else None) or {})
-            seen[name] = node_budgets(allocatable, labels)
-            for resource in GPU_RESOURCES:
-                if parse_quantity(allocatable.get(resource, "0")):
-                    resources[name] = resource
-        self.nodes, self.gpu_resources = seen, resources
+    def bind(
+        self, nodes: Mapping[str, Node], pods: Mapping[str, Pod], ours: Callable[[Pod], str | None]
+    ) -> None:
+        """Read these caches (the runtime's, kept in place by their watches)."""
+        self._nodes, self._pods, self._ours = nodes, pods, ours
+        self.stale()
+
+    def stale(self) -> None:
+        self._cluster = None
+
+    def cluster(self) -> tuple[NodeGpus, ...]:
+        if self._cluster is None:
+            bound: dict[str, list[Pod]] = {}
+            for pod in self._pods.values():
+                node = pod.spec.nodeName if pod.spec else None
+                if node:
+                    bound.setdefault(node, []).append(pod)
+            found = []
+            for key, item in sorted(self._nodes.items()):
+                gpus = node_gpus(item, bound.get(key, ()), self._ours)
+                if gpus is not None:
+                    found.append(gpus)
+            self._cluster = tuple(found)
+            self.gpu_resources = {n.name: n.resource for n in found}
+        return self._cluster
 
     def sample(self, device: str) -> DeviceMemory | None:
-        node, sep, kind = device.rpartition("/")
-        if sep:
-            total = self.nodes.get(node, {}).get(kind)
-        else:
-            totals = [b[kind] for b in self.nodes.values() if kind in b]
+        node_name, sep, kind = device.rpartition("/")
+        if kind.startswith("gpu:"):
+            found = next((n for n in self.cluster() if n.name == node_name), None)
+            total = found.per_gpu if found is not None else None
+        elif sep:
+            node = self._nodes.get(node_name)
+            total = _budgets(node).get(kind) if node is not None else None
+        else:  # not placed yet (a cpu slot the scheduler places): the largest node's
+            totals = [b[kind] for b in map(_budgets, self._nodes.values()) if kind in b]
             total = max(totals) if totals else None
         if total is None:
             return None
         return DeviceMemory(device=device, total_bytes=total, free_bytes=total, source="node")
 
     def gpus(self) -> tuple[DeviceMemory, ...]:
-        """No host GPUs on a cluster: slots are admitted per ``NODE/DEVICE`` (the device
-        plugin picks a node's GPUs for the pod)."""
+        """No host GPUs on a cluster: slots are placed on the nodes' (:meth:`cluster`)."""
         return ()
-
-
-class NodeReading:
-    """The nodes' budgets read in the background every ``every_s`` (``read`` is the
-    runtime's :meth:`KubernetesRuntime.refresh_nodes`). Supervised: a failed reading is
-    logged and the next one comes; whatever happens, the first reading counts as done
-    (API calls wait for it, 10 s at most)."""
-
-    def __init__(self, read: Callable[[], Awaitable[None]], every_s: float) -> None:
-        self.read, self.every_s = read, every_s
-        self._task: asyncio.Task[None] | None = None
-        self._first = asyncio.Event()
-
-    def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(
-                self._loop(), name="slotctl-k8s-nodes"
-            )
-
-    async def first_read(self) -> None:
-        if not self._first.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._first.wait(), 10.0)
-
-    async def _loop(self) -> None:
-        while True:
-            try:
-                await self.read()
-            except (httpx2.HTTPError, OSError) as exc:
-                log.warning("reading the nodes' allocatable resources failed: %s", exc)
-            except Exception:  # a bug or a malformed Node: logged, the loop lives on
-                log.exception("reading the nodes' allocatable resources failed")
-            finally:
-                self._first.set()
-            await asyncio.sleep(self.every_s)
-
-    async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task

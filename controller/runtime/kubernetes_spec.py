@@ -11,10 +11,12 @@ names and labels, the Deployment and Service bodies, and the
   name but without those labels is reported (``Observed(managed=False)``) and never
   patched, scaled or deleted; a labelled Deployment that runs the same config is
   adopted (no second pod after an operator restart);
-* **placement**: GPUs as extended resources (``nvidia.com/gpu`` or ``amd.com/gpu``, one
-  per slot), the slot's ``node`` as a ``nodeSelector`` (``kubernetes.io/hostname``);
-  without one the scheduler places the pod and the slot is admitted against the node it
-  lands on (:attr:`Observed.node`, see :mod:`controller.slots.admission`);
+* **placement**: GPUs as extended resources (``nvidia.com/gpu`` or ``amd.com/gpu``, the
+  slot's ``gpus`` of them), the slot's ``node`` as a ``nodeSelector``
+  (``kubernetes.io/hostname``), and the node the controller's placement chose as a
+  *required* node affinity on its name (:attr:`LaunchSpec.visible` carries it: not config,
+  so not hashed); the pod tolerates the GPU resource's ``NoSchedule`` taint, and a node
+  that is not ready or unreachable for :data:`LOST_TOLERATION_S`;
 * **model files**: a LaunchSpec mount whose source is a name is a PersistentVolumeClaim
   (the slot's ``server.volume``, read-only at the models dir); one whose source is a path
   is a hostPath.
@@ -63,6 +65,10 @@ LABEL_VALUE_RE: Final = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9
 FATAL_WAITING: Final = frozenset(
     {"CrashLoopBackOff", "ErrImagePull", "ImagePullBackOff", "InvalidImageName"}
 )
+# How long a pod stays on a node that is not ready or unreachable before the node
+# controller evicts it (the default toleration is 300 s); the controller moves the slot
+# itself (the runtime's node_lost_s), this bounds how long its pod lingers there.
+LOST_TOLERATION_S: Final = 30
 
 
 def object_name(slot: str) -> str:
@@ -152,6 +158,7 @@ def deployment_body(
         )
     annotations = {HASH_LABEL: launch.config_hash(), PORT_ANNOTATION: str(launch.port)}
     volumes, volume_mounts = _volumes(launch.mounts)
+    gpu = launch.device_kind == "gpu"
     count = str(max(1, launch.gpus))  # the device plugin picks which of the node's GPUs
     container: dict[str, Any] = {
         "name": CONTAINER,
@@ -161,9 +168,7 @@ def deployment_body(
         "ports": [{"name": "http", "containerPort": launch.port}],
         "volumeMounts": volume_mounts,
         "resources": (
-            {"limits": {gpu_resource: count}, "requests": {gpu_resource: count}}
-            if launch.device_kind == "gpu"
-            else {}
+            {"limits": {gpu_resource: count}, "requests": {gpu_resource: count}} if gpu else {}
         ),
     }
     pod_spec: dict[str, Any] = {
@@ -173,8 +178,9 @@ def deployment_body(
         # the server needs no API access: no service-account token in the pod
         "automountServiceAccountToken": False,
         "terminationGracePeriodSeconds": termination_grace_s,
-        # a merge patch: None removes a node a previous config had
         "nodeSelector": {HOSTNAME_LABEL: launch.node} if launch.node else None,
+        "affinity": _affinity(placed_node(launch)),
+        "tolerations": _tolerations(gpu_resource if gpu else None),
     }
     return {
         "apiVersion": "apps/v1",
@@ -195,6 +201,42 @@ def deployment_body(
             },
         },
     }
+
+
+def placed_node(launch: LaunchSpec) -> str | None:
+    """The node the controller placed the launch on (its GPUs'), if any."""
+    return next((g.node for g in launch.visible if g.node), None)
+
+
+def _affinity(node: str | None) -> dict[str, Any] | None:
+    """A required node affinity on the node's name (not its hostname label, which a
+    cluster may set otherwise): the scheduler binds the pod there or leaves it Pending."""
+    if node is None:
+        return None
+    term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+    required = {"nodeSelectorTerms": [term]}
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}}
+
+
+def _tolerations(gpu_resource: str | None) -> list[dict[str, Any]]:
+    """GPU nodes are often tainted with their resource (``nvidia.com/gpu:NoSchedule``):
+    a GPU slot's pod tolerates that; and it leaves a lost node after
+    :data:`LOST_TOLERATION_S` instead of the default 300 s."""
+    lost = [
+        {
+            "key": key,
+            "operator": "Exists",
+            "effect": "NoExecute",
+            "tolerationSeconds": LOST_TOLERATION_S,
+        }
+        for key in ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+    ]
+    gpu = (
+        [{"key": gpu_resource, "operator": "Exists", "effect": "NoSchedule"}]
+        if gpu_resource
+        else []
+    )
+    return gpu + lost
 
 
 def service_body(launch: LaunchSpec, namespace: str, owner: str = DEFAULT_OWNER) -> dict[str, Any]:
@@ -293,11 +335,18 @@ def unschedulable(pod: Pod) -> str | None:
 
 
 def observe(
-    slot: str, deployment: Deployment, pods: Sequence[Pod], *, owner: str, namespace: str
+    slot: str,
+    deployment: Deployment,
+    pods: Sequence[Pod],
+    *,
+    owner: str,
+    namespace: str,
+    lost: Mapping[str, str] | None = None,
 ) -> Observed:
     """A slot's Deployment and pods as an :class:`Observed` (pure): one without this
     owner's labels is reported ``managed=False``; else the pod to talk to (running, of
-    the wanted config first; terminating ones only counted)."""
+    the wanted config first; terminating ones only counted). A pod on a node in ``lost``
+    (node -> why: not ready for too long) does not run, whatever its status says."""
     meta = deployment.metadata
     labels = (meta.labels if meta else None) or {}
     annotations = (meta.annotations if meta else None) or {}
@@ -337,6 +386,9 @@ def observe(
             message=words if best is None else f"{words}; {best[3]}",
         )
     pod, running, code, words = best
+    node = pod.spec.nodeName if pod.spec else None
+    if node is not None and lost and node in lost:
+        running, words = False, f"its node {node} is lost: {lost[node]}"
     pod_ip = pod.status.podIP if pod.status else None
     pod_meta = pod.metadata
     started = _timestamp(pod.status.startTime if pod.status else None)
@@ -350,7 +402,7 @@ def observe(
         endpoint=f"http://{pod_ip}:{port}" if pod_ip and port.isdigit() else None,
         stack=labels.get(STACK_LABEL),
         message=words,
-        node=pod.spec.nodeName if pod.spec else None,
+        node=node,
     )
 
 

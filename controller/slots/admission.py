@@ -12,6 +12,7 @@ import logging
 from dataclasses import replace
 from typing import Any
 
+from controller.cluster import Held, by_count, cluster_devices
 from controller.decision import (
     WAITING_FOR_DEVICE,
     WAITING_FOR_MEMORY,
@@ -28,6 +29,7 @@ from controller.eviction import Victim
 from controller.lifecycle import DISPATCHABLE_STATES, SlotState
 from controller.memory import GIB, DeviceMemory, budget_gb_for, check_admission, gpu_inventory
 from controller.memory import Admission as AdmissionFigures
+from controller.nodes import ClusterProbe, NodeGpus
 from controller.placement import Need, place_first
 from controller.runtime.base import LaunchSpec
 from controller.slots.core import Core, Part
@@ -47,6 +49,7 @@ class Admission(Part):
     def __init__(self, core: Core, unloading: Unloading) -> None:
         super().__init__(core)
         self.unloading = unloading
+        self._by_count: set[str] = set()  # nodes said to be admitted by GPU count
 
     def _recent(self, slot: SlotRecord) -> float:
         return self.core.recent_weight(slot, self.clock.monotonic())
@@ -62,7 +65,7 @@ class Admission(Part):
         """
         if slot.on_nodes and slot.spec.device_ref.pins:
             return LoadDecision("refuse", error=pinned_on_a_cluster(slot.spec))
-        devices = self.device_facts(slot)
+        devices = self._where_it_sleeps(slot, self.device_facts(slot), cold)
         peers = tuple(
             GroupPeer(
                 p.name, bool(p.spec.pinned), p.memory_bytes if p.state in ADMITTED_STATES else 0
@@ -80,7 +83,8 @@ class Admission(Part):
             max_failures=slot.spec.max_consecutive_failures,
             peers=peers,
             background=background,
-            span=1 if slot.on_nodes else max(1, slot.spec.gpu_count),
+            # a node's GPUs when the cluster is known; else the one NODE/gpu key
+            span=max(1, slot.spec.gpu_count) if _spans(slot, devices) else 1,
             pins=self._pins(slot, cold),
         )
         return decide_load(
@@ -101,6 +105,18 @@ class Admission(Part):
             return decision, bool(slot.asleep)
         cold = self.decide(slot, background=background, cold=True)
         return (cold, False) if cold.ok else (decision, True)
+
+    @staticmethod
+    def _where_it_sleeps(
+        slot: SlotRecord, devices: list[DeviceFacts], cold: bool
+    ) -> list[DeviceFacts]:
+        """A wake on a cluster's GPUs: the GPUs its pod sleeps on (it wakes there; a host's
+        wake is pinned instead, :meth:`_pins`); any other load: every device."""
+        if cold or not (slot.on_nodes and slot.asleep and slot.placement):
+            return devices
+        keys = {g.key for g in slot.placement}
+        there = [d for d in devices if d.key in keys]
+        return there if len(there) == len(keys) else devices
 
     @staticmethod
     def _pins(slot: SlotRecord, cold: bool = False) -> tuple[str, ...]:
@@ -155,6 +171,10 @@ class Admission(Part):
                 key, admitted, sample, budget, margin, reserved, peers.get(key, 0), gpu, lost
             )
 
+        if slot.on_nodes and slot.spec.device_kind == "gpu":
+            nodes = self._cluster()
+            if nodes is not None:
+                return self._cluster_facts(slot, nodes, figures, peers, margin)
         if slot.on_nodes or slot.spec.device_kind != "gpu":
             key = slot.where
             budget_gb = budget_gb_for(key, budgets)
@@ -164,6 +184,55 @@ class Admission(Part):
         if not inventory:  # no probe, no budget: refused with the reason (device "gpu")
             return [facts("gpu", None, None, None)]
         return [facts(g.key, g.sample, g.budget, g.ref, g.error) for g in inventory]
+
+    def _cluster(self) -> list[NodeGpus] | None:
+        """The cluster's nodes when the memory probe knows them (the kubernetes runtime)."""
+        probe = self.memory
+        return list(probe.cluster()) if isinstance(probe, ClusterProbe) else None
+
+    def _cluster_facts(
+        self,
+        slot: SlotRecord,
+        nodes: list[NodeGpus],
+        figures: dict[str, list[int]],
+        peers: dict[str, int],
+        margin: int,
+    ) -> list[DeviceFacts]:
+        """The cluster's GPUs for ``slot`` (see :mod:`controller.cluster`): what the other
+        slots hold on each, and the nodes it avoids for now."""
+        group = {p.name for p in self.table.group_peers(slot)}
+        holders: dict[str, int] = {}
+        units: dict[str, dict[str, int]] = {}
+        for s in self.table:
+            if s is slot or s.name in group or s.state not in ADMITTED_STATES:
+                continue
+            for g in s.placement:
+                if g.node is not None:
+                    holders[g.key] = holders.get(g.key, 0) + 1
+                    on = units.setdefault(g.node, {})
+                    on[s.name] = on.get(s.name, 0) + 1
+        budget_gb = self.settings.memory_budget_gb.get("gpu")
+        per_gpu = int(budget_gb * GIB) if budget_gb is not None else None
+        self._say_by_count(nodes, per_gpu)
+        now = self.clock.monotonic()
+        avoid = {n: why for n, (until, why) in slot.avoid.items() if until > now}
+        held = Held(figures, peers, holders, units, own=slot.name)
+        span = max(1, slot.spec.gpu_count)
+        return cluster_devices(
+            nodes, held, span=span, margin=margin, per_gpu=per_gpu, node=slot.spec.node, avoid=avoid
+        )
+
+    def _say_by_count(self, nodes: list[NodeGpus], per_gpu: int | None) -> None:
+        """Once per node: its GPUs' memory is not known, slots go there by count."""
+        for name in by_count(nodes, per_gpu):
+            if name not in self._by_count:
+                self._by_count.add(name)
+                log.warning(
+                    "node %s offers GPUs without a nvidia.com/gpu.memory label (no GPU "
+                    "feature discovery?) and memory_budget_gb.gpu is not set: slots are "
+                    "admitted there by GPU count (one slot per GPU, memory not checked)",
+                    name,
+                )
 
     def figures(self) -> list[DeviceFigures]:
         """Every device with its memory: each GPU of the host (probed, or named by a
@@ -221,14 +290,17 @@ class Admission(Part):
 
     def place_running(self, slot: SlotRecord) -> tuple[GpuRef, ...]:
         """The GPUs to count a running server on that has none recorded (an adoption):
-        the first GPUs in index order that hold it (a server of a controller before
-        per-GPU placement saw every GPU, and frameworks take GPU 0 first), else the set
-        closest to fitting (it runs already: its memory must be counted somewhere). No
-        breaker, no exclusive group, no eviction: nothing is loaded."""
-        need = Need(
-            slot.name, slot.memory_bytes, max(1, slot.spec.gpu_count), slot.spec.device_ref.pins
-        )
-        return place_first(need, self.device_facts(slot)).gpus
+        where its pod runs on a cluster; on a host the first GPUs in index order that hold
+        it (a server of a controller before per-GPU placement saw every GPU, and frameworks
+        take GPU 0 first); else the set closest to fitting (it runs already: its memory
+        must be counted somewhere). No breaker, no exclusive group, no eviction: nothing
+        is loaded."""
+        pins = () if slot.on_nodes else slot.spec.device_ref.pins
+        need = Need(slot.name, slot.memory_bytes, max(1, slot.spec.gpu_count), pins)
+        devices = self.device_facts(slot)
+        if slot.on_nodes:  # where its pod runs, even on a GPU the count says is taken
+            devices = [replace(d, lost=None) for d in devices if d.group == slot.landed]
+        return place_first(need, devices).gpus
 
     def explain(self, slot: SlotRecord) -> dict[str, Any]:
         """Dry run of a load (or of an asleep slot's wake): would it fit, where, what would
@@ -304,7 +376,7 @@ class Admission(Part):
         taken again here (the exclusive peers are gone now, other loads may have run).
         """
         device = slot.where
-        async with self.locks.device(device, lambda: self.core.demand(slot)):
+        async with self.locks.device(slot.lock_key, lambda: self.core.demand(slot)):
             decision = await self._decide_evicting(slot)
             admission = decision.admission
             assert admission is not None
@@ -350,7 +422,7 @@ class Admission(Part):
         """A wake's admission on the GPUs its server sleeps on (evicting for it as for a
         load), then its reservation: the tier ``waking`` (its device memory counted again,
         reserved), durable before the wake calls go out. Raises the refusal."""
-        async with self.locks.device(slot.where, lambda: self.core.demand(slot)):
+        async with self.locks.device(slot.lock_key, lambda: self.core.demand(slot)):
             decision = await self._decide_evicting(slot)
             where = ", ".join(decision.devices) or slot.where
             self.events.emit(
@@ -375,7 +447,7 @@ class Admission(Part):
         """
         if slot.where == before:
             return
-        async with self.locks.device(slot.where, lambda: self.core.demand(slot)):
+        async with self.locks.device(slot.lock_key, lambda: self.core.demand(slot)):
             decision = self.decide(slot, background=slot.background)
             if decision.victims:
                 await self.unloading.evict(decision.victims, reason=EvictionReason.PRELOAD)
@@ -432,6 +504,11 @@ def _placed(admission: AdmissionFigures, decision: LoadDecision) -> dict[str, An
         "probe": admission.source,
         "evict": [v.name for v in decision.victims if admission.device in v.devices],
     }
+
+
+def _spans(slot: SlotRecord, devices: list[DeviceFacts]) -> bool:
+    """The slot's ``gpus`` apply: a host's GPUs, or a cluster's node GPUs."""
+    return not slot.on_nodes or any(d.group for d in devices)
 
 
 def pinned_on_a_cluster(spec: SlotSpec) -> SlotConfigError:

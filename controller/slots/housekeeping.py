@@ -14,7 +14,6 @@ revalidated under the slot's lock before it acts.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 from typing import Final
@@ -46,6 +45,16 @@ class Housekeeping(Part):
         super().__init__(core)
         self.loading = loading
         self.leases = leases
+        # A runtime that tells of changes (its watches, :meth:`mark`): between ticks the
+        # exit checks look only at the slots it named, woken at once.
+        self.pushed = False
+        self.changed: set[str] = set()
+        self._wake = asyncio.Event()
+
+    def mark(self, slot: str) -> None:
+        """The runtime saw ``slot``'s server change: check it now."""
+        self.changed.add(slot)
+        self._wake.set()
 
     async def tick(self) -> None:
         """One pass of every engine. ``run()`` calls it; fake-clock tests call it directly."""
@@ -60,9 +69,12 @@ class Housekeeping(Part):
         await self.liveness(now)
         await self.pressure()
 
-    async def exits(self) -> None:
-        """A server that exits goes to error at once; its leases get a typed error."""
+    async def exits(self, only: set[str] | None = None) -> None:
+        """A server that exits goes to error at once; its leases get a typed error.
+        ``only``: these slots (the ones a runtime said changed), else all."""
         for slot in self.table:
+            if only is not None and slot.name not in only:
+                continue
             if slot.state not in DISPATCHABLE_STATES or slot.busy:
                 continue
             gen = slot.generation
@@ -221,13 +233,30 @@ class Housekeeping(Part):
             try:
                 self.table.retry_unpersisted()
                 if self.clock.monotonic() >= next_tick:
+                    self.changed.clear()
                     await self.tick()
                     next_tick = self.clock.monotonic() + self.config.tick_interval_s
-                else:
+                elif not self.pushed:
                     await self.exits()
+                elif self.changed:
+                    names, self.changed = self.changed, set()
+                    await self.exits(names)
             except SlotctlError as exc:
                 log.warning("background tick: %s", exc.message)
             except Exception:  # e.g. OSError (disk full): log it, keep watching the slots
                 log.exception("background tick failed; retrying at the next interval")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self.config.monitor_interval_s)
+            await self._pause(stop)
+
+    async def _pause(self, stop: asyncio.Event) -> None:
+        """The monitor interval, or less: a stop, or a change the runtime told of."""
+        if self.changed:
+            return
+        self._wake.clear()
+        waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._wake.wait())]
+        try:
+            await asyncio.wait(
+                waits, timeout=self.config.monitor_interval_s, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            for w in waits:
+                w.cancel()

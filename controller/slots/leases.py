@@ -189,8 +189,8 @@ class Leases(Part):
     def _take(self, slot: SlotRecord, expires_at: float | None = None) -> Lease:
         if slot.state in (S.READY, S.IDLE):
             # ready -> serving is a coalesced flip (SPEC §3: written off the loop, a moment
-            # later); idle -> serving is durable like every other transition (a refused
-            # write refuses the request, typed, and takes no lease).
+            # later); idle -> serving is written first (a refused write refuses the
+            # request, typed, and takes no lease).
             durable = slot.state is S.IDLE
             message = "request in flight"
             self.table.set(slot, S.SERVING, op=Op.LEASE, message=message, durable=durable)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Final
 
 from controller.decision import not_activated
 from controller.errors import (
@@ -35,6 +35,8 @@ from controller.slots.unloading import Unloading
 __all__ = ["Loading"]
 
 S = SlotState
+# How long a load avoids a node the scheduler left the slot's pod Pending on.
+AVOID_S: Final = 300.0
 
 
 class Loading(Part):
@@ -155,10 +157,13 @@ class Loading(Part):
     async def _load_locked(self, slot: SlotRecord, gen: int) -> None:
         if slot.asleep and await self._wake(slot):
             return  # else the wake failed: the server was stopped, a cold load follows
-        decision = self.admission.decide(slot, background=slot.background)
-        if not decision.ok:
-            raise self.admission.refuse(slot, decision)
-        await self.unloading.unload_group_peers(slot)
+        if self.table.group_peers(slot):
+            # Decided before the exclusive-group peers are unloaded for it (a refused load
+            # unloads nothing); without peers admit_and_reserve's decision is the first.
+            decision = self.admission.decide(slot, background=slot.background)
+            if not decision.ok:
+                raise self.admission.refuse(slot, decision)
+            await self.unloading.unload_group_peers(slot)
         launch = self.core.build_launch(slot, starting=True)  # an auto port that is free
         pulling = await self.admission.admit_and_reserve(slot, launch)
         launch = self.core.placed(slot, launch)  # the GPUs admission chose (recorded)
@@ -237,6 +242,7 @@ class Loading(Part):
         try:
             observed = await self.runtime.start(launch)
         except SlotctlError as exc:
+            _avoid(slot, exc, self.clock.monotonic())
             await self.fail(slot, Op.LOAD, exc, stop=False)
             raise
         launch = launch.reached_at(observed.endpoint)  # a pod's IP, on a cluster
@@ -326,6 +332,15 @@ class Loading(Part):
             self.table.set(slot, S.UNLOADING, op=op, message=message)
         if slot.state is not S.ERROR:
             self.table.set(slot, S.ERROR, op=op, message=message, error=error)
+
+
+def _avoid(slot: SlotRecord, error: SlotctlError, now: float) -> None:
+    """A pod the scheduler left Pending on the node the placement chose (the kubernetes
+    runtime says which, and why): the next loads go elsewhere for :data:`AVOID_S`."""
+    node, reason = error.details.get("node"), error.details.get("unschedulable")
+    if isinstance(node, str) and reason:
+        why = f"the scheduler left the slot's pod Pending there ({reason})"
+        slot.avoid[node] = (now + AVOID_S, why)
 
 
 def _settled(task: asyncio.Task[int]) -> None:

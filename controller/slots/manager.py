@@ -22,10 +22,10 @@ from controller.clock import SYSTEM_CLOCK, Clock
 from controller.decision import LoadDecision
 from controller.errors import ModelNotFound, SlotctlError, SlotNotReady, StateWriteFailed
 from controller.events import EventBus, EventKind, EvictionReason, Op
-from controller.lifecycle import Candidate
+from controller.lifecycle import Candidate, SlotState
 from controller.memory import MemoryProbe, SystemMemoryProbe
 from controller.probe import HttpProber, Prober
-from controller.runtime.base import RunStatus, Runtime, RuntimeKind
+from controller.runtime.base import Notifying, RunStatus, Runtime, RuntimeKind
 from controller.sleepmode import HttpSleeper, Sleeper
 from controller.slots.admission import Admission
 from controller.slots.core import Core, Part, same
@@ -114,6 +114,9 @@ class SlotManager(Part):
         self.recover = self.recovery.recover
         self.report_unknown_residents = self.recovery.report_unknown_residents
         self.restore = self.recovery.restore
+        if isinstance(runtime, Notifying):  # its watches tell of changes: no polling
+            runtime.subscribe(self.housekeeping.mark, self.note)
+            self.housekeeping.pushed = True
 
     # ================================================================= the seams
     # runtime, prober, memory, clock, events, config, settings: from :class:`.core.Part`.
@@ -262,6 +265,18 @@ class SlotManager(Part):
             reason=EvictionReason.ORPHAN,
         )
         return True
+
+    def note(self, name: str, words: str) -> None:
+        """What a load of ``name`` waits for, as the runtime says it (a pod the scheduler
+        leaves Pending, with its reason): the slot's message and one progress event."""
+        slot = self.core.table.records.get(name)
+        if slot is None or slot.state not in (SlotState.PULLING, SlotState.STARTING):
+            return
+        if slot.message == words:
+            return
+        with contextlib.suppress(StateWriteFailed):  # said in the event regardless
+            self.core.table.persist(slot, waiting=slot.waiting, message=words)
+        self.events.emit(EventKind.PROGRESS, Op.LOAD, slot=name, model=slot.model_id, message=words)
 
     # ================================================================= views
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Final, NamedTuple
 
 from controller.breaker import Breaker
-from controller.devices import GpuRef, key_kind, share
+from controller.devices import GpuRef, share
 from controller.errors import SlotctlError
 from controller.eviction import EvictionCandidate
 from controller.fairqueue import FairQueue
@@ -250,6 +250,9 @@ class SlotRecord:
     # Placed on nodes (the kubernetes runtime): admission is keyed per (node, device).
     on_nodes: bool = False
     landed: str | None = None  # the node the server last ran on (as the runtime saw it)
+    # Nodes a load of this slot avoids until (monotonic) when, and why: the scheduler left
+    # its pod Pending there (controller.cluster marks their GPUs unusable for it).
+    avoid: dict[str, tuple[float, str]] = field(default_factory=dict)
     # The GPUs admission placed the slot on (recorded in state.json with the transition
     # that reserved them; cleared when it goes offline or to error). An asleep server
     # keeps them (it wakes where it sleeps).
@@ -291,8 +294,12 @@ class SlotRecord:
 
     @property
     def node(self) -> str | None:
-        """The node the slot is pinned to, else the one it last landed on (if any)."""
-        return (self.spec.node or self.landed) if self.on_nodes else None
+        """The node the slot is pinned to, else the one admission placed it on, else the
+        one it last landed on (if any)."""
+        if not self.on_nodes:
+            return None
+        placed = self.placement[0].node if self.placement else None
+        return self.spec.node or placed or self.landed
 
     @property
     def where(self) -> str:
@@ -307,12 +314,21 @@ class SlotRecord:
         return f"{node}/{kind}" if node else kind
 
     @property
+    def lock_key(self) -> str:
+        """The device lock admission takes: ``gpu`` for every GPU slot (a placement looks
+        at every GPU of the host, or of the cluster's nodes), else :attr:`where`."""
+        return "gpu" if self.spec.device_kind == "gpu" else self.where
+
+    @property
     def placed(self) -> tuple[str, ...]:
-        """The admission keys of its placement: its GPUs (``gpu:N``; none before it is
-        placed), ``cpu``/``npu``, or ``NODE/DEVICE`` on a cluster."""
+        """The admission keys of its placement: its GPUs (``gpu:N``, on a cluster
+        ``NODE/gpu:N``; none before it is placed), ``cpu``/``npu``, or ``NODE/DEVICE`` on a
+        cluster (a slot recorded without GPUs: ``NODE/gpu``)."""
+        if self.spec.device_kind == "gpu" and self.placement:
+            return tuple(g.key for g in self.placement)
         if self.on_nodes or self.spec.device_kind != "gpu":
             return (self.where,)
-        return tuple(g.key for g in self.placement)
+        return ()
 
     def end_turns(self) -> None:
         """Every request waiting for its turn starts over (the slot is gone: each then
@@ -380,13 +396,14 @@ class SlotRecord:
                 self.idle_reason = IdleReason.ASLEEP
 
     def bytes_on(self, device: str) -> tuple[int, bool]:
-        """The bytes it holds on ``device`` (a key, or a kind: all of its GPUs), and
-        whether they are coming up (reserved)."""
+        """The bytes it holds on ``device`` (a key, or a kind: all of its GPUs; ``NODE/gpu``:
+        all of its GPUs on that node), and whether they are coming up (reserved)."""
         held = self.holdings()
         for key, size, loading in held:
             if key == device:
                 return size, loading
-        gpus = [loading for key, _size, loading in held if ":" in key and key_kind(key) == device]
+        prefix = device + ":"
+        gpus = [loading for key, _size, loading in held if key.startswith(prefix)]
         if gpus:
             return self.memory_bytes, gpus[0]  # ``gpu``: the sum over the GPUs
         return 0, False
@@ -414,6 +431,7 @@ class SlotRecord:
             sleep_level=0 if self.asleep else level,
             asleep=self.asleep,
             host=self.host,
+            placed=self.placed if self.state in ADMITTED_STATES else (),
             load_s=load_s,
             wake_s=wake_s,
             recent_weight=recent_weight,

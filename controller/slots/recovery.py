@@ -81,12 +81,12 @@ class Recovery(Part):
             return
         drifted = observed.config_hash != launch.config_hash()
         launch = launch.reached_at(observed.endpoint)  # a pod's IP, on a cluster
+        slot.adopted, slot.landed = observed.ident, observed.node or slot.landed
         self._keep_placement(slot)
         launch = self.core.placed(slot, launch)
         # An adopted server started with an older config reports *its* hash, so the
         # reconciler recreates it (it serves until then).
         slot.launch, slot.running_hash = launch, observed.config_hash if drifted else None
-        slot.adopted, slot.landed = observed.ident, observed.node or slot.landed
         if await self.loading.tiers.asleep_now(slot, launch):
             self._adopt_sleeper(slot, observed)
             return
@@ -149,7 +149,13 @@ class Recovery(Part):
         without them (by a controller before per-GPU placement, or a record written
         before its load's) is placed now, where it fits without evicting anything,
         and the choice recorded, so its memory is counted on a GPU."""
-        if slot.on_nodes or slot.spec.device_kind != "gpu" or slot.placement:
+        if slot.spec.device_kind != "gpu":
+            return
+        if slot.on_nodes:  # a cluster: counted on the node its pod runs on
+            placed = slot.placement[0].node if slot.placement else None
+            if slot.landed is None or placed == slot.landed:
+                return
+        elif slot.placement:
             return
         gpus = self.loading.admission.place_running(slot)
         if gpus:

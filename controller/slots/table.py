@@ -5,12 +5,16 @@ The bottom of the manager's parts (above the plain records, the wishes and the l
 against the legal table, persists ``state.json`` atomically, emits the event and logs the
 line. Every other part reads the table and asks it to write.
 
-One exception to "disk first" (SPEC §3): the ``ready``↔``serving`` flips of leases carry no
-recovery value (a restarted controller has no leases; a ``serving`` record recovers as
-``ready``), so they commit in memory at once and a *lag writer* writes the slot's latest
-state a moment later in a worker thread, coalescing the flips in between. A request never
-waits on a disk write. Every write intent takes a sequence number and the writes of one
-table are serialised by one lock, so a late lag write never overwrites a newer durable one.
+One exception to "disk first" (SPEC §3): *observations*, the transitions a restarted
+controller derives again by probing — to ``warming``, ``ready``, ``idle`` and the
+``ready``↔``serving`` flips of leases (a restarted controller has no leases; a ``serving``
+record recovers as ``ready``) — commit in memory at once, and a *lag writer* writes the
+slot's latest state within :data:`LAG_WRITE_S` in a worker thread, coalescing the
+transitions in between. No request and no load waits on a disk write for them. Intents and
+outcomes (``pulling``, ``starting`` with its process record, ``unloading``, ``offline``,
+``error``, and any transition that changes the placement) are durable before the slot
+changes in memory. Every write intent takes a sequence number and the writes of one table
+are serialised by one lock, so a late lag write never overwrites a newer durable one.
 """
 
 from __future__ import annotations
@@ -41,8 +45,9 @@ log = logging.getLogger("slotctl.manager")
 S = SlotState
 _HISTORY: Final = 10_000  # transitions kept for tests and the dashboard
 _VALUE: Final = {state: state.value for state in S}  # without the enum's descriptor
-LAG_WRITE_S: Final = 0.25  # lease flips within this window reach state.json as one write
-_LEASE_FLIP: Final = frozenset({S.READY, S.SERVING})
+LAG_WRITE_S: Final = 0.25  # observations within this window reach state.json as one write
+# Transitions to these are observations (SPEC §3): they may lag the disk by LAG_WRITE_S.
+OBSERVED: Final = frozenset({S.WARMING, S.READY, S.IDLE, S.SERVING})
 
 
 class SlotTable(Usage):
@@ -153,7 +158,7 @@ class SlotTable(Usage):
         message: str = "",
         idle_reason: str | None = None,
         error: SlotctlError | None = None,
-        durable: bool = True,
+        durable: bool | None = None,
         placement: tuple[GpuRef, ...] | None = None,
         asleep: int = 0,
     ) -> None:
@@ -167,21 +172,24 @@ class SlotTable(Usage):
 
         Persist-then-commit: ``state.json`` is written first and only then does the slot
         change in memory, so memory never runs ahead of disk. A failed write raises
-        :class:`StateWriteFailed` and changes nothing. The exception is a non-``durable``
-        lease flip (``ready``↔``serving``, SPEC §3): it commits at once and the lag writer
-        persists it off the event loop (coalesced); a refused lag write never fails a
-        request, and :meth:`flush_unpersisted` writes it once the disk can.
+        :class:`StateWriteFailed` and changes nothing. The exception are observations
+        (to :data:`OBSERVED`, SPEC §3; ``durable=True`` makes one durable all the same):
+        they commit at once and the lag writer persists them off the event loop
+        (coalesced); a refused lag write fails nothing, and :meth:`flush_unpersisted`
+        writes it once the disk can. A transition that changes the placement or the
+        residency tier (what the slot holds) is durable.
         """
         current, name = slot.state, slot.name
         check_transition(current, to)
-        durable = durable or {current, to} != _LEASE_FLIP  # only these may lag (SPEC §3)
-        if to is S.IDLE and asleep:
-            idle_reason = IdleReason.ASLEEP
-        idle = idle_reason if to is S.IDLE else None
-        level = asleep if to is S.IDLE else slot.asleep if to is S.UNLOADING else 0
-        since = utcnow()
         if to is S.OFFLINE or to is S.ERROR:
             placement = ()
+        if to is S.IDLE and asleep:
+            idle_reason = IdleReason.ASLEEP
+        level = asleep if to is S.IDLE else slot.asleep if to is S.UNLOADING else 0
+        placed = placement is not None and placement != slot.placement
+        durable = durable is True or to not in OBSERVED or placed or level != slot.asleep
+        idle = idle_reason if to is S.IDLE else None
+        since = utcnow()
         if durable:
             record = self._record(
                 slot, to, idle, message, since, waiting=None, gpus=placement, tier=(level, False)
@@ -259,7 +267,7 @@ class SlotTable(Usage):
             return True
 
     def _lag(self, slot: SlotRecord) -> None:
-        """A lease flip committed in memory: have the lag writer persist it."""
+        """An observation committed in memory: have the lag writer persist it."""
         name = slot.name
         self._intent(name)
         self.unpersisted.add(name)
@@ -295,7 +303,7 @@ class SlotTable(Usage):
                     slot = self.records.get(name)
                     if slot is not None and name not in self._refused:
                         self._refused.add(name)
-                        self._write_failed(slot, Op.LEASE, "lease state not written", done)
+                        self._write_failed(slot, Op.LEASE, "observed state not written", done)
                 elif done and self._seq.get(name) == seq:
                     self.unpersisted.discard(name)
 
@@ -405,7 +413,7 @@ class SlotTable(Usage):
         except StateWriteFailed as exc:
             if slot.name not in self._refused:
                 self._refused.add(slot.name)
-                self._write_failed(slot, Op.LEASE, "lease state not written", exc)
+                self._write_failed(slot, Op.LEASE, "observed state not written", exc)
             return False
         return True
 
@@ -448,7 +456,9 @@ class SlotTable(Usage):
             adopted=slot.adopted,
             config_drift=slot.running_hash is not None,
             waiting=waiting,
-            gpus=tuple(PlacedGpu(index=g.index, uuid=g.uuid, vendor=g.vendor) for g in placed),
+            gpus=tuple(
+                PlacedGpu(index=g.index, uuid=g.uuid, vendor=g.vendor, node=g.node) for g in placed
+            ),
             residency=tier_name(level, waking),
             sleep_level=level,
             reload=slot.costs,
@@ -477,7 +487,9 @@ class SlotTable(Usage):
         slot.idle_reason = saved.extra.idle_reason
         slot.costs = saved.extra.reload
         if slot.state in ADMITTED_STATES:
-            slot.placement = tuple(GpuRef(g.index, g.uuid, g.vendor) for g in saved.extra.gpus)
+            slot.placement = tuple(
+                GpuRef(g.index, g.uuid, g.vendor, g.node) for g in saved.extra.gpus
+            )
         slot.restore_tier(saved.extra.residency, saved.extra.sleep_level)
         if slot.state is S.SERVING:
             # A new table has no leases: a ``serving`` record (its lease flip back to ready

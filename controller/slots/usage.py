@@ -2,9 +2,10 @@
 
 The read side of :class:`~.table.SlotTable` (its base): sums and lists over the records,
 no writes. Each GPU is a device of its own (``gpu:N``); a slot spanning several holds
-:func:`controller.devices.share` of its bytes on each, and a device *kind* (``gpu``) sums
-its devices. What a slot holds is its :meth:`~.records.SlotRecord.holdings`: an asleep
-server holds its weights on its host (level 1) and nothing on its GPUs.
+:func:`controller.devices.share` of its bytes on each, and a device *kind* (``gpu``; on a
+cluster ``NODE/gpu``: that node's ``NODE/gpu:N``) sums its devices. What a slot holds is
+its :meth:`~.records.SlotRecord.holdings`: an asleep server holds its weights on its host
+(level 1) and nothing on its GPUs.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ class Usage:
     def device_bytes(self, device: str, requester: SlotRecord | None = None) -> tuple[int, int]:
         """(admitted, reserved) on ``device`` in one pass: the bytes of the slots admitted
         there, and of those among them still coming up (but ``requester``'s). A device
-        kind (``gpu``) sums its devices (every GPU)."""
+        kind (``gpu``, or ``NODE/gpu``) sums its devices (every GPU, or the node's)."""
         admitted = reserved = 0
         for s in self.records.values():
             if s.state not in ADMITTED_STATES:

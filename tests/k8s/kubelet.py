@@ -6,10 +6,10 @@ runtime relies on, through the API as they would:
 * the Deployment controller: a Deployment with ``replicas: 1`` gets one Pod from its
   template (a changed template: the old pod goes first, ``Recreate``), ``replicas: 0``
   none;
-* the scheduler: ``nodeSelector`` (``kubernetes.io/hostname``) picks the node; without
-  one, the node with the most free GPUs (extended resources requested by the pods
-  already there) wins, ties by name; no room: the pod stays Pending with
-  ``PodScheduled=False`` (``Unschedulable``);
+* the scheduler: ``nodeSelector`` (``kubernetes.io/hostname``) or a required node
+  affinity on ``metadata.name`` picks the node; without one, the node with the most free
+  GPUs (extended resources requested by the pods already there) wins, ties by name; no
+  room: the pod stays Pending with ``PodScheduled=False`` (``Unschedulable``);
 * the kubelet: it runs the container's args as a real process (the demo server) on a
   loopback address of its own — the pod IP, ``127.0.0.N``, so a probe of 127.0.0.1
   would miss it — and writes the Pod ``Running`` with that ``podIP``; a deleted pod's
@@ -88,7 +88,8 @@ def gpu_node(
                 "nvidia.com/gpu": str(replicas or gpus),
                 "memory": "64Gi",
                 "cpu": "16",
-            }
+            },
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}],
         },
     }
 
@@ -376,7 +377,7 @@ class Kubelet:
     def _schedule(
         spec: dict[str, Any], pods: list[dict[str, Any]], nodes: list[dict[str, Any]]
     ) -> str | None:
-        wanted = (spec.get("nodeSelector") or {}).get("kubernetes.io/hostname")
+        wanted = (spec.get("nodeSelector") or {}).get("kubernetes.io/hostname") or _affinity(spec)
         requests = spec["containers"][0].get("resources", {}).get("requests") or {}
         need = {r: int(requests.get(r, 0)) for r in GPU_RESOURCES}
         best: tuple[int, str] | None = None
@@ -424,6 +425,19 @@ class Kubelet:
 
     def alive(self, slot: str) -> list[RunningPod]:
         return [p for p in self.pods.values() if p.slot == slot and p.process.poll() is None]
+
+
+def _affinity(spec: dict[str, Any]) -> str | None:
+    """The node a required node affinity on ``metadata.name`` names (the one term the
+    runtime writes), if any."""
+    required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ) or {}
+    for term in required.get("nodeSelectorTerms") or []:
+        for field_ in term.get("matchFields") or []:
+            if field_.get("key") == "metadata.name" and field_.get("operator") == "In":
+                return str(field_["values"][0])
+    return None
 
 
 async def answers(endpoint: str) -> bool:

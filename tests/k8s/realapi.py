@@ -230,8 +230,9 @@ def _wait_port(port: int, proc: subprocess.Popen[bytes], what: str, timeout: flo
     raise RuntimeError(f"{what} did not listen on {port} within {timeout:g}s")
 
 
-def start(workdir: Path, bin_dir: Path, timeout: float = 120.0) -> ApiServer:
-    """Start kine and kube-apiserver under ``workdir``; returns once ``/readyz`` is ok."""
+def start(workdir: Path, bin_dir: Path, timeout: float = 120.0, *, audit: bool = True) -> ApiServer:
+    """Start kine and kube-apiserver under ``workdir``; returns once ``/readyz`` is ok.
+    ``audit``: write the audit log (every request: the least-privilege checks read it)."""
     workdir.mkdir(parents=True, exist_ok=True)
     pki = write_pki(workdir / "pki")
     admin_token = secrets.token_hex(16)
@@ -290,13 +291,19 @@ def start(workdir: Path, bin_dir: Path, timeout: float = 120.0) -> ApiServer:
                     f"--tls-private-key-file={pki['key']}",
                     f"--token-auth-file={tokens}",
                     "--authorization-mode=RBAC",
-                    f"--audit-policy-file={audit_policy}",
-                    f"--audit-log-path={workdir / 'audit.log'}",
-                    "--audit-log-mode=blocking",
+                    *(
+                        [
+                            f"--audit-policy-file={audit_policy}",
+                            f"--audit-log-path={workdir / 'audit.log'}",
+                            "--audit-log-mode=blocking",
+                        ]
+                        if audit
+                        else []
+                    ),
                     "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
                     f"--service-account-key-file={pki['sa-pub']}",
                     f"--service-account-signing-key-file={pki['sa-key']}",
-                    "--service-cluster-ip-range=10.0.0.0/24",
+                    "--service-cluster-ip-range=10.0.0.0/16",  # a Service per slot: room for 1000s
                     "--profiling=false",
                     "--enable-priority-and-fairness=false",
                     "--v=1",

@@ -79,9 +79,11 @@ def test_crd_is_structural_and_complete(kind: str) -> None:
 def test_slot_printer_columns() -> None:
     columns = CRDS["Slot"]["spec"]["versions"][0]["additionalPrinterColumns"]
     default = [c["name"].upper() for c in columns if not c.get("priority")]
-    assert default == ["STATE", "MODEL", "PORT", "NODE", "READY", "AGE"]  # NAME comes first
+    # NAME comes first; REASON as kubectl get pods shows CrashLoopBackOff
+    assert default == ["STATE", "REASON", "MODEL", "PORT", "NODE", "READY", "AGE"]
     slot_status = version_schema(CRDS["Slot"])["properties"]["status"]["properties"]
-    for key in ("state", "model", "endpoint", "memory", "lastError", "observedGeneration"):
+    keys = ("state", "reason", "model", "endpoint", "memory", "lastError", "observedGeneration")
+    for key in keys:
         assert key in slot_status
 
 

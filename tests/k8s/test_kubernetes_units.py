@@ -11,6 +11,7 @@ from lightkube.resources.core_v1 import Node
 
 from controller.breaker import Breaker
 from controller.cli.k8s import operator_runtime
+from controller.devices import GpuRef
 from controller.errors import SlotConfigError, SlotSpawnFailed
 from controller.memory import GIB
 from controller.providers import BuildContext, build_launch
@@ -67,20 +68,30 @@ def test_node_budgets_from_allocatable_and_gpu_labels() -> None:
     assert node_budgets({"nvidia.com/gpu": "1"}, {}) == {}  # no memory stated: settings apply
 
 
-def test_node_memory_answers_per_node_and_for_unplaced_slots() -> None:
+def test_node_memory_answers_per_node_from_the_caches() -> None:
+    """The admission's probe over the runtime's caches: each GPU node's GPUs (the pods
+    bound there counted), ``NODE/gpu:N`` with the per-GPU memory, ``NODE/cpu`` with the
+    allocatable memory, a bare ``cpu`` with the largest node's; read again once marked stale."""
+    nodes = {
+        "a": Node.from_dict(gpu_node("a", gpus=1, gib_per_gpu=16, replicas=4)),
+        "b": Node.from_dict(gpu_node("b", gpus=2, gib_per_gpu=16)),
+    }
     memory = NodeMemory()
-    memory.update(
-        [
-            Node.from_dict(gpu_node("a", gpus=1, gib_per_gpu=16, replicas=4)),
-            Node.from_dict(gpu_node("b", gpus=2, gib_per_gpu=16)),
-        ]
-    )
-    sample = memory.sample("a/gpu")
+    memory.bind(nodes, {}, lambda pod: None)
+    a, b = memory.cluster()
+    assert (a.name, a.allocatable, a.physical, a.sliced) == ("a", 4, 1, True)
+    assert (b.name, b.allocatable, b.per_gpu, b.unusable) == ("b", 2, 16 * GIB, None)
+    sample = memory.sample("b/gpu:1")
     assert sample is not None and sample.total_bytes == sample.free_bytes == 16 * GIB
-    sample = memory.sample("gpu")  # not placed yet: the largest node
-    assert sample is not None and sample.total_bytes == 32 * GIB
-    assert memory.sample("c/gpu") is None and memory.sample("a/npu") is None
+    cpu = memory.sample("a/cpu")
+    assert cpu is not None and cpu.total_bytes == 64 * GIB
+    assert memory.sample("cpu") is not None and memory.sample("c/gpu:0") is None
+    assert memory.sample("a/npu") is None and memory.gpus() == ()
     assert memory.gpu_resources == {"a": "nvidia.com/gpu", "b": "nvidia.com/gpu"}
+    del nodes["a"]
+    assert len(memory.cluster()) == 2  # a snapshot until told the caches changed
+    memory.stale()
+    assert [n.name for n in memory.cluster()] == ["b"]
 
 
 def test_deployment_body() -> None:
@@ -103,6 +114,19 @@ def test_deployment_body() -> None:
     assert pod["automountServiceAccountToken"] is False  # the server needs no API token
     assert "slotctl.owner" not in spec_["template"]["metadata"]["labels"]
     assert pod["nodeSelector"] == {"kubernetes.io/hostname": "gpu-a"}
+    assert pod["affinity"] is None  # not placed yet: no required affinity
+    assert {t["key"] for t in pod["tolerations"]} == {
+        "nvidia.com/gpu",
+        "node.kubernetes.io/not-ready",
+        "node.kubernetes.io/unreachable",
+    }
+    placed = launch().placed_on((GpuRef(0, vendor="nvidia", node="gpu-b"),))
+    affinity = deployment_body(placed, "ml")["spec"]["template"]["spec"]["affinity"]
+    terms = affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert terms["nodeSelectorTerms"] == [
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["gpu-b"]}]}
+    ]
+    assert placed.config_hash() == launch().config_hash()  # where it runs is not config
     (container,) = pod["containers"]
     assert container["resources"]["limits"] == {"nvidia.com/gpu": "1"}
     assert "--host" in container["args"] and "0.0.0.0" in container["args"]
@@ -180,15 +204,16 @@ def test_a_node_is_config_and_a_pod_ip_is_not() -> None:
     assert plain.reached_at(None) is plain
 
 
-def test_the_admission_key_is_per_node_on_a_cluster_only() -> None:
+def test_the_admission_keys_are_per_node_and_gpu_on_a_cluster_only() -> None:
     record = SlotRecord(spec=spec(node="gpu-a"), stack="s", model=MODEL, breaker=Breaker())
     assert record.where == "gpu"  # process/docker: `node` means nothing
     record.on_nodes = True
     assert record.where == "gpu-a/gpu"
     unplaced = SlotRecord(spec=spec(), stack="s", model=MODEL, breaker=Breaker(), on_nodes=True)
-    assert unplaced.where == "gpu"  # before it lands
-    unplaced.landed = "gpu-b"
-    assert unplaced.where == "gpu-b/gpu" and unplaced.node == "gpu-b"
+    assert unplaced.where == "gpu" and unplaced.lock_key == "gpu"  # before it is placed
+    unplaced.placement = (GpuRef(1, vendor="nvidia", node="gpu-b"),)
+    assert unplaced.node == "gpu-b" and unplaced.devices == ("gpu-b/gpu:1",)
+    assert unplaced.lock_key == "gpu"  # one lock for every GPU placement of the cluster
 
 
 def test_operator_runtime_defaults_to_kubernetes_inside_a_pod() -> None:
@@ -207,3 +232,20 @@ def test_the_runtime_flag_remembers_that_it_was_given(monkeypatch: pytest.Monkey
     assert parser.parse_args(["operator"]).runtime_given is False
     assert parser.parse_args(["operator", "--runtime", "process"]).runtime_given is True
     assert parser.parse_args(["--runtime", "kubernetes", "operator"]).runtime == "kubernetes"
+
+
+def test_drift_is_measured_on_slotctl_s_fields_only() -> None:
+    """What the runtime puts back: the replica count, its labels and annotations, the pod
+    template's config hash; another manager's label is not drift."""
+    from lightkube.resources.apps_v1 import Deployment
+
+    from controller.runtime.kubernetes_drift import drifted
+
+    body = deployment_body(launch(), "ml")
+    live = Deployment.from_dict(body)
+    assert drifted(body, live) == []
+    scaled = Deployment.from_dict({**body, "spec": {**body["spec"], "replicas": 0}})
+    assert drifted(body, scaled) == ["replicas 0 (want 1)"]
+    labels = {**body["metadata"]["labels"], "slotctl.stack": "other", "team": "ml"}
+    relabelled = Deployment.from_dict({**body, "metadata": {**body["metadata"], "labels": labels}})
+    assert drifted(body, relabelled) == ["label slotctl.stack='other' (want 's')"]

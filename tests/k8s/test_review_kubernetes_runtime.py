@@ -66,7 +66,7 @@ async def test_stop_waits_for_a_terminating_pod(cluster: Cluster, tmp_path: Path
     assert await kube.get("pods", "slotctl-slow-abc") is not None
     client = AsyncClient(config=KubeConfig.from_file(str(cluster.kubeconfig)))
     runtime = KubernetesRuntime(
-        client, namespace="default", termination_grace_s=0.2, stop_grace_s=0.2, poll_s=0.05
+        client, namespace="default", termination_grace_s=0.2, stop_grace_s=0.2
     )
     try:
         # The pod still exists (terminating): the stop must not report the slot stopped,
@@ -139,7 +139,7 @@ async def test_a_crash_looping_pod_fails_the_start_promptly(
         )
 
     client = AsyncClient(config=KubeConfig.from_file(str(cluster.kubeconfig)))
-    runtime = KubernetesRuntime(client, namespace="default", start_timeout_s=20, poll_s=0.05)
+    runtime = KubernetesRuntime(client, namespace="default", start_timeout_s=20)
     writer = asyncio.create_task(crash_looping_pod())
     try:
         async with asyncio.timeout(5):  # well before start_timeout_s
@@ -173,17 +173,17 @@ async def test_a_start_that_fails_after_scaling_up_leaves_no_pod_running(
     declare_workloads(cluster.emulator)
     kube = Kubelet(cluster, tmp_path)  # not started: nothing runs a pod
     client = AsyncClient(config=KubeConfig.from_file(str(cluster.kubeconfig)))
-    real_create = client.create
+    real_patch = client.patch
 
-    async def create(obj, *args, **kwargs):  # type: ignore[no-untyped-def]
-        if isinstance(obj, Service):
-            request = httpx2.Request("POST", "https://api/api/v1/namespaces/default/services")
+    async def patch(res, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if res is Service:  # the Service's server-side apply is refused
+            request = httpx2.Request("PATCH", "https://api/api/v1/namespaces/default/services")
             response = httpx2.Response(422, request=request, json={"message": "name too long"})
             raise httpx2.HTTPStatusError("422", request=request, response=response)
-        return await real_create(obj, *args, **kwargs)
+        return await real_patch(res, *args, **kwargs)
 
-    client.create = create  # type: ignore[method-assign]
-    runtime = KubernetesRuntime(client, namespace="default", start_timeout_s=5, poll_s=0.05)
+    client.patch = patch  # type: ignore[method-assign]
+    runtime = KubernetesRuntime(client, namespace="default", start_timeout_s=5)
     try:
         launch = demo_launch("svcfail", runtime="kubernetes", image="slotctl:test")
         with pytest.raises(SlotSpawnFailed, match="name too long"):

@@ -38,6 +38,7 @@ async def test_an_auto_port_is_chosen_recorded_and_the_same_after_a_restart(
     pa, pb = port_of(h, "a"), port_of(h, "b")
     assert len({pa, pb, c.port}) == 3
     assert h.manager.store.read_port("a") == pa  # recorded beside its state
+    h.manager.core.table.flush_unpersisted()  # `ready` is an observation: it lags (SPEC §3)
     state = json.loads((tmp_path / "state/slots/a/state.json").read_text())
     assert state["port"] == pa
     hash_a = h.manager.launch_hash(DesiredSlot(spec=a, stack="t"))

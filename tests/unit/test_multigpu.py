@@ -470,9 +470,9 @@ async def test_pins_on_the_kubernetes_runtime_are_refused_before_a_peer_is_unloa
 
 
 async def test_a_clusters_nodes_have_a_metric_family_of_their_own(tmp_path: Path) -> None:
-    """On the kubernetes runtime the admission keys are NODE/gpu: each node's series carry
+    """On the kubernetes runtime the admission keys are NODE/gpu:N: each node's series carry
     its name (one `device="gpu"` series per node would repeat the same labels)."""
-    from lightkube.models.core_v1 import NodeStatus
+    from lightkube.models.core_v1 import NodeCondition, NodeStatus
     from lightkube.models.meta_v1 import ObjectMeta
     from lightkube.resources.core_v1 import Node
     from prometheus_client import generate_latest
@@ -483,15 +483,17 @@ async def test_a_clusters_nodes_have_a_metric_family_of_their_own(tmp_path: Path
     from controller.runtime.kubernetes_nodes import NodeMemory
 
     gfd = {"nvidia.com/gpu.memory": "24576", "nvidia.com/gpu.count": "1"}
-    nodes = NodeMemory()
-    nodes.update(
-        [
-            Node(
+    nodes = NodeMemory(
+        {
+            name: Node(
                 metadata=ObjectMeta(name=name, labels=gfd),
-                status=NodeStatus(allocatable={"nvidia.com/gpu": "1"}),
+                status=NodeStatus(
+                    allocatable={"nvidia.com/gpu": "1"},
+                    conditions=[NodeCondition(type="Ready", status="True")],
+                ),
             )
             for name in ("node-a", "node-b")
-        ]
+        }
     )
     host = Host(tmp_path, [])
     host.runtime.kind = "kubernetes"
@@ -521,6 +523,6 @@ async def test_a_clusters_nodes_have_a_metric_family_of_their_own(tmp_path: Path
     assert len(seen) == len(set(seen))  # no series twice
     key = (
         "slotctl_node_memory_bytes",
-        frozenset({("node", "node-b"), ("device", "gpu"), ("kind", "admitted")}),
+        frozenset({("node", "node-b"), ("device", "gpu:0"), ("kind", "admitted")}),  # per GPU
     )
     assert values[key] == 6 * GIB

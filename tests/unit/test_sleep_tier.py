@@ -322,6 +322,7 @@ async def test_the_order_divides_idle_time_by_the_cost_to_bring_back(tmp_path: P
     assert victim["load_s"] == pytest.approx(2, abs=1.5)
     costs = {v["slot"]: v for v in plan["evict"]}
     assert costs["small"]["score"] > 0
+    m.core.table.flush_unpersisted()  # `ready` is an observation: it lags (SPEC §3)
     big = m.store.read("big")
     assert big is not None and big.extra.reload is not None
     assert big.extra.reload.load_s is not None and big.extra.reload.load_s >= 119

@@ -1,0 +1,301 @@
+"""The kubernetes runtime at scale, on the real control plane (``tests/k8s/realcluster.py``):
+kube-apiserver + kine, kube-controller-manager, kube-scheduler and kwok nodes.
+
+``--nodes`` kwok nodes with ``--gpus`` GPUs each (``--gib`` per GPU, GPU feature
+discovery's labels, time-sliced to ``--replicas`` allocatable each), one Model and
+``--slots`` Slots of ``--slot-gib`` (unpinned, autoload) in one namespace;
+``slotctl operator --runtime kubernetes`` as a subprocess with the chart's RBAC; the
+pods' demo servers all in this process (one socket per pod on its 127.x IP: a process a
+pod does not fit here). Measured, from ``kubectl apply`` of every Slot:
+
+* the time until every Slot is placed (``status.node``) and until every one is Ready;
+* the operator's CPU seconds (user + system, ``/proc``) and its RSS (now and peak);
+* the API server's requests by verb, from its ``/metrics`` (every client: the
+  controller-manager, the scheduler, kwok and this bench included) and the operator's
+  own, from the audit log (its ServiceAccount), during the run and during ``--steady``
+  seconds of steady state afterwards.
+
+``--baseline DIR`` runs the same against another checkout (``git archive main | tar -x
+-C DIR``: today's polling runtime) first, ``--baseline-slots`` of them (the polling
+operator at the full size can keep the API server from ever converging on a small
+machine; ``--timeout`` bounds each run), and prints both side by side.
+
+Prints a table; never fails on timing.
+
+    python bench/k8s_scale.py [--nodes 100 --gpus 4 --slots 1000] [--baseline DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import yaml
+
+from tests.integration.helpers import free_ports
+from tests.k8s import chart, realapi, realcluster
+from tests.k8s.realcluster import Cluster
+
+REPO = Path(__file__).resolve().parent.parent
+RBAC_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
+NAMESPACE = "scale"
+
+
+@dataclass
+class Run:
+    label: str
+    slots: int
+    placed_s: float | None = None
+    ready_s: float | None = None
+    ready: int = 0
+    cpu_s: float = 0.0
+    rss_mb: float = 0.0
+    peak_mb: float = 0.0
+    run_all: Counter[str] = field(default_factory=Counter)
+    run_operator: Counter[str] = field(default_factory=Counter)
+    steady_all: Counter[str] = field(default_factory=Counter)
+    steady_operator: Counter[str] = field(default_factory=Counter)
+    steady_s: float = 0.0
+    watch_stats: str = ""
+
+
+def proc_cpu(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / ticks  # utime + stime
+
+
+def proc_rss(pid: int) -> tuple[float, float]:
+    """(RSS, peak RSS) in MB."""
+    status = dict(
+        line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+    )
+    return int(status["VmRSS"].split()[0]) / 1024, int(status["VmHWM"].split()[0]) / 1024
+
+
+def audit_counts(cluster: Cluster, user: str, since: float, until: float) -> Counter[str]:
+    """The operator's requests by verb and resource in [since, until) (wall clock), from
+    the audit log."""
+    out: Counter[str] = Counter()
+    for line in (cluster.api.workdir / "audit.log").read_text().splitlines():
+        event = json.loads(line)
+        if event["user"].get("username") != user:
+            continue
+        stamp = event.get("requestReceivedTimestamp", "")
+        when = datetime.datetime.fromisoformat(stamp).timestamp()
+        if since <= when < until:
+            ref = event.get("objectRef") or {}
+            what = "/".join(x for x in (ref.get("resource"), ref.get("subresource")) if x)
+            out[f"{event['verb']} {what}".strip()] += 1
+    return out
+
+
+def delta(after: dict[str, float], before: dict[str, float]) -> Counter[str]:
+    return Counter({k: int(v - before.get(k, 0)) for k, v in after.items() if v > before.get(k, 0)})
+
+
+def manifests(slots: int, slot_gib: float, ports: list[int]) -> str:
+    docs: list[dict[str, Any]] = [
+        {
+            "apiVersion": "slotctl.io/v1alpha1",
+            "kind": "Model",
+            "metadata": {"name": "m", "namespace": NAMESPACE},
+            "spec": {"source": "demo://m", "memory_gb": slot_gib},
+        }
+    ]
+    for i in range(slots):
+        docs.append(
+            {
+                "apiVersion": "slotctl.io/v1alpha1",
+                "kind": "Slot",
+                "metadata": {"name": f"s{i:04d}", "namespace": NAMESPACE},
+                "spec": {
+                    "provider": "demo",
+                    "model": {"default": "m"},
+                    "port": ports[i],
+                    "autoload": True,
+                    "server": {"image": "slotctl:bench", "extra_args": ["--load-seconds", "0.5"]},
+                },
+            }
+        )
+    return yaml.safe_dump_all(docs)
+
+
+def slot_status(cluster: Cluster) -> tuple[int, int]:
+    """(placed, Ready) Slots, from one list."""
+    status, body = cluster.api.request(
+        "GET", f"/apis/slotctl.io/v1alpha1/namespaces/{NAMESPACE}/slots"
+    )
+    assert status == 200, body
+    placed = ready = 0
+    for item in body.get("items", []):
+        st = item.get("status") or {}
+        placed += 1 if st.get("node") else 0
+        conditions = st.get("conditions") or []
+        ready += any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+    return placed, ready
+
+
+def start_operator(cluster: Cluster, tree: Path, workdir: Path) -> subprocess.Popen[bytes]:
+    docs = chart.render({"watchNamespaces": [NAMESPACE], "runtime": "kubernetes"}, NAMESPACE)
+    realapi.apply(cluster.api, [d for d in docs if d["kind"] in RBAC_KINDS])
+    token = realapi.service_account_token(cluster.api, NAMESPACE, "slotctl")
+    kubeconfig = cluster.api.kubeconfig(workdir / "operator.kubeconfig", token=token)
+    state = workdir / "state"
+    (state / "config").mkdir(parents=True)
+    env = {
+        **os.environ,
+        "KUBECONFIG": str(kubeconfig),
+        "PYTHONPATH": str(tree),
+        "SLOTCTL_K8S_NAMESPACE": NAMESPACE,
+    }
+    for name in ("SLOTCTL_CONFIG_DIR", "SLOTCTL_STATE_DIR", "KUBERNETES_SERVICE_HOST"):
+        env.pop(name, None)
+    command = [sys.executable, "-m", "controller", "operator", "-n", NAMESPACE]
+    command += ["--runtime", "kubernetes", "--state-dir", str(state)]
+    command += ["--config-dir", str(state / "config")]
+    log = (workdir / "operator.log").open("ab")
+    return subprocess.Popen(command, env=env, cwd=tree, stdout=log, stderr=subprocess.STDOUT)
+
+
+def one_run(args: argparse.Namespace, label: str, tree: Path, slots: int) -> Run:
+    bin_dir = realcluster.binaries()
+    assert bin_dir is not None, "build the tier first: tools/k8s/build.sh"
+    run = Run(label, slots)
+    with tempfile.TemporaryDirectory(prefix="slotctl-k8s-scale-") as tmp:
+        workdir = Path(tmp)
+        with realcluster.running(workdir / "cluster", bin_dir, inproc=True) as cluster:
+            realapi.install_crds(cluster.api, REPO / "crds")
+            for i in range(args.nodes):
+                cluster.add_node(
+                    f"n{i:03d}", gpus=args.gpus, gib_per_gpu=args.gib, replicas=args.replicas
+                )
+            realapi.create_namespace(cluster.api, NAMESPACE)
+            realcluster.wait_service_account(cluster.api, NAMESPACE)
+            proc = start_operator(cluster, tree, workdir)
+            try:
+                time.sleep(args.settle)  # its start: kopf's discovery, the caches' first lists
+                user = f"system:serviceaccount:{NAMESPACE}:slotctl"
+                files = workdir / "slots.yaml"
+                files.write_text(manifests(slots, args.slot_gib, free_ports(slots)))
+                cpu0 = proc_cpu(proc.pid)
+                metrics0, wall0 = cluster.metrics(), time.time()
+                began = time.monotonic()
+                cluster.kubectl("apply", "-f", str(files), timeout=600)
+                while time.monotonic() - began < args.timeout:
+                    placed, ready = slot_status(cluster)
+                    now = time.monotonic() - began
+                    if run.placed_s is None and placed >= slots:
+                        run.placed_s = now
+                    run.ready = ready
+                    if ready >= slots:
+                        run.ready_s = now
+                        break
+                    time.sleep(1.0)
+                wall1 = time.time()
+                metrics1 = cluster.metrics()
+                run.cpu_s = proc_cpu(proc.pid) - cpu0
+                run.rss_mb, run.peak_mb = proc_rss(proc.pid)
+                run.run_all = delta(metrics1, metrics0)
+                time.sleep(2.0)  # the last status writes
+                metrics2, wall2 = cluster.metrics(), time.time()
+                time.sleep(args.steady)
+                metrics3, wall3 = cluster.metrics(), time.time()
+                run.steady_s = wall3 - wall2
+                run.steady_all = delta(metrics3, metrics2)
+                run.run_operator = audit_counts(cluster, user, wall0, wall1)
+                run.steady_operator = audit_counts(cluster, user, wall2, wall3)
+            finally:
+                proc.terminate()
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+    return run
+
+
+def _verbs(counts: Counter[str]) -> str:
+    return ", ".join(f"{v} {n}" for v, n in counts.most_common()) or "none"
+
+
+def report(runs: list[Run], args: argparse.Namespace) -> list[str]:
+    lines = [
+        f"{args.nodes} kwok nodes x {args.gpus} GPUs ({args.gib} GiB, {args.replicas} "
+        f"allocatable each: time-sliced), Slots of {args.slot_gib:g} GiB, unpinned",
+    ]
+    for run in runs:
+        placed = f"{run.placed_s:.1f} s" if run.placed_s is not None else "not all"
+        ready = (
+            f"{run.ready_s:.1f} s"
+            if run.ready_s is not None
+            else f"not within {args.timeout:g} s ({run.ready} of {run.slots} Ready)"
+        )
+        steady_all = sum(run.steady_all.values()) / run.steady_s if run.steady_s else 0.0
+        steady_op = sum(run.steady_operator.values()) / run.steady_s if run.steady_s else 0.0
+        lines += [
+            "",
+            f"[{run.label}] {run.slots} Slots",
+            f"  kubectl apply -> all placed: {placed}; all Ready: {ready}",
+            f"  operator: {run.cpu_s:.1f} CPU s over the run, RSS {run.rss_mb:.0f} MB "
+            f"(peak {run.peak_mb:.0f} MB)",
+            f"  API requests during the run, every client: {sum(run.run_all.values())} "
+            f"({_verbs(run.run_all)})",
+            f"  ... of them the operator's: {sum(run.run_operator.values())} "
+            f"({_verbs(run.run_operator)})",
+            f"  steady state, {run.steady_s:.0f} s: every client {steady_all:.2f} req/s "
+            f"({_verbs(run.steady_all)}); the operator {steady_op:.2f} req/s "
+            f"({_verbs(run.steady_operator)})",
+        ]
+    lines += [
+        "",
+        "goals: steady state < 1 request/s for 1,000 slots (the operator's), converge < 60 s, "
+        "operator RSS < 300 MB",
+    ]
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, default=100)
+    parser.add_argument("--gpus", type=int, default=4)
+    parser.add_argument("--gib", type=int, default=24)
+    parser.add_argument("--replicas", type=int, default=12)
+    parser.add_argument("--slots", type=int, default=1000)
+    parser.add_argument("--slot-gib", type=float, default=6.0)
+    parser.add_argument("--steady", type=float, default=60.0)
+    parser.add_argument("--settle", type=float, default=10.0)
+    parser.add_argument("--timeout", type=float, default=900.0)
+    parser.add_argument("--baseline", default=None, help="also measure this checkout first")
+    parser.add_argument("--baseline-slots", type=int, default=None)
+    args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the cluster is stopped on the way out
+    print(
+        f"slotctl bench/k8s_scale.py — {platform.python_implementation()} "
+        f"{platform.python_version()}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}"
+    )
+    runs = []
+    if args.baseline:
+        slots = args.baseline_slots or args.slots
+        runs.append(one_run(args, f"before: {args.baseline}", Path(args.baseline), slots))
+    runs.append(one_run(args, f"after: {REPO}", REPO, args.slots))
+    for line in report(runs, args):
+        print(line)
+
+
+if __name__ == "__main__":
+    main()
