@@ -220,6 +220,8 @@ def _drift(want: DesiredSlot | None, obs: ObservedSlot | None, resident: bool) -
         return []
     lines = []
     state = obs.state.value if obs.state else "never started"
+    if obs.idle_reason == "asleep":
+        state += ", asleep"
     if obs.waiting:
         state += (
             ", waiting for its GPU"

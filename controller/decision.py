@@ -16,6 +16,11 @@ Where the load goes is :func:`controller.placement.place`'s choice (the GPU or G
 best fit after the planned evictions); the decision carries it, and the manager records
 it before it starts the server.
 
+Each victim of the plan comes with its action: ``sleep`` when its server can and host
+memory holds its weights, else ``unload`` (:mod:`controller.eviction`). A *wake* of an
+asleep slot is a load like the others, decided here too: pinned to the GPUs it sleeps on
+(its server keeps its context there), its victims planned the same way.
+
 Memory is judged as if the exclusive-group peers were already unloaded (the load unloads
 them itself; they are never counted as victims). A *background* load — the reconciler
 keeping an autoload or resident slot loaded, the restore at start — may only evict slots
@@ -27,7 +32,7 @@ through the router, an API or CLI load) may evict any eligible slot (SPEC §6).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
@@ -282,13 +287,16 @@ def decide_load(
     now: float,
     *,
     min_resident_s: float = 0.0,
+    host: Callable[[], Mapping[str, int]] | None = None,
 ) -> LoadDecision:
     """The verdict on one load now (see the module docstring for the order of checks).
 
     ``devices`` are the devices the slot may go to (the host's GPUs for a GPU slot; the
     one device otherwise); ``candidates`` lists every slot as the eviction planner sees
     it; it is called only when no device set fits as it is (building the list is
-    O(slots), and most loads fit).
+    O(slots), and most loads fit). ``host`` gives the room in host memory (per host key,
+    after its margin) for the victims that can sleep, asked only then too; each victim
+    says ``sleep`` or ``unload``.
     """
     if not req.activated:
         return LoadDecision("refuse", error=not_activated(req.slot))
@@ -309,6 +317,7 @@ def decide_load(
         devices,
         lambda: _allowed(req, candidates(), now, min_resident_s),
         now,
+        host=host,
     )
     if placement.error is not None:
         waits = req.background and isinstance(placement.error, DeviceUnavailable)

@@ -14,6 +14,7 @@ through :meth:`SlotctlError.to_dict`; nothing renders a bare traceback.
     ├── SlotCrashLooping              slot.crash_looping            503  (+ retry_after_s)
     ├── SlotTerminateTimeout          slot.terminate_timeout        504
     ├── SlotUpstreamTimeout           slot.upstream_timeout         504  (+ idle_s)
+    ├── SlotWakeFailed                slot.wake_failed              503  (restarted instead)
     ├── SlotConfigError               slot.config_error             400  (+ keys, problems)
     │   ├── NpuExclusivityViolation   slot.npu_exclusive            409
     │   └── ServerNotAllowed          slot.server_not_allowed       403  (allowlists)
@@ -70,6 +71,7 @@ __all__ = [
     "SlotSpawnFailed",
     "SlotTerminateTimeout",
     "SlotUpstreamTimeout",
+    "SlotWakeFailed",
     "SlotctlError",
     "StateWriteFailed",
     "Unauthorized",
@@ -152,6 +154,15 @@ class SlotUpstreamTimeout(SlotctlError):
 
     code = "slot.upstream_timeout"
     http_status = 504
+
+
+class SlotWakeFailed(SlotctlError):
+    """An asleep server did not wake (its wake calls failed, or it was not ready within
+    ``wake_timeout_s``): it is stopped and loaded cold instead, once (an event, not an
+    answer: the request that woke it waits for that load)."""
+
+    code = "slot.wake_failed"
+    http_status = 503
 
 
 class SlotConfigError(SlotctlError):

@@ -58,6 +58,9 @@ class EventKind(StrEnum):
     PROGRESS = "progress"  # pull progress
     LEASE = "lease"  # batch leases (holds)
     ADOPT = "adopt"  # a running server adopted after a restart
+    # An idle slot's residency tier changed (its server fell asleep, a wake began, woke,
+    # or a wake failed): ``details.residency`` is the new tier, ``details.reason`` why.
+    RESIDENCY = "residency"
     PLAN = "plan"  # the reconciler's plan for a slot
     ERROR = "error"  # a failed reconcile pass or background task
     REQUESTS = "requests"  # lease flips folded by a reader (LeaseFold); never on the bus
@@ -137,7 +140,14 @@ class Event:
 # What a person following the controller is shown (``slotctl up``, ``apply --once``):
 # the rest (admissions, pull progress, leases, plans) is in ``slotctl events`` and the log.
 PROGRESS_KINDS: Final = frozenset(
-    {EventKind.TRANSITION, EventKind.ADOPT, EventKind.REFUSAL, EventKind.EVICTION, EventKind.ERROR}
+    {
+        EventKind.TRANSITION,
+        EventKind.ADOPT,
+        EventKind.REFUSAL,
+        EventKind.EVICTION,
+        EventKind.RESIDENCY,
+        EventKind.ERROR,
+    }
 )
 
 

@@ -28,6 +28,7 @@ __all__ = [
     "is_legal",
     "legal_path",
     "rank_candidates",
+    "selection_key",
     "selection_rank",
 ]
 
@@ -49,6 +50,13 @@ class IdleReason(StrEnum):
 
     NO_MODEL = "no_model"  # warming -> idle: server up, /v1/models empty. Not dispatchable.
     TIMEOUT = "timeout"  # ready -> idle: no request for idle_timeout_s. Dispatchable.
+    # The residency tier below ``idle`` (issue 22): the server runs but sleeps (its weights
+    # in host memory, or dropped), its device memory released. Not dispatchable: a request
+    # wakes it first (``idle -> ready``). The record's ``extra.residency`` says more.
+    ASLEEP = "asleep"
+
+
+_NOT_SERVING: Final = frozenset({IdleReason.NO_MODEL, IdleReason.ASLEEP})
 
 
 S = SlotState
@@ -69,6 +77,11 @@ _MEANINGS: Final[Mapping[str, tuple[str, str]]] = MappingProxyType(
             "(ttl_s or an eviction unloads it)",
         ),
         "idle/no_model": ("up", "the server is up but lists no model: not dispatchable"),
+        "idle/asleep": (
+            "asleep",
+            "the server sleeps, its device memory released: a request wakes it (a fraction "
+            "of a cold start)",
+        ),
         "unloading": ("stopping", "draining its requests, then stopping the server"),
         "error": ("down", "failed: see message and `slotctl slot logs`"),
     }
@@ -76,9 +89,9 @@ _MEANINGS: Final[Mapping[str, tuple[str, str]]] = MappingProxyType(
 
 
 def describe(state: str, idle_reason: str | None = None) -> tuple[str, str]:
-    """``(server, meaning)`` of a state: ``up``, ``down``, ``starting`` or ``stopping``,
-    and one sentence of what it means (an unknown state: ``unknown``)."""
-    key = f"{state}/{idle_reason}" if state == "idle" and idle_reason == "no_model" else state
+    """``(server, meaning)`` of a state: ``up``, ``down``, ``starting``, ``stopping`` or
+    ``asleep``, and one sentence of what it means (an unknown state: ``unknown``)."""
+    key = f"{state}/{idle_reason}" if state == "idle" and idle_reason in _NOT_SERVING else state
     return _MEANINGS.get(key, ("unknown", f"unknown state {state!r}"))
 
 
@@ -147,23 +160,33 @@ def legal_path(start: SlotState, target: SlotState) -> list[SlotState]:
 def can_dispatch(state: SlotState | str, idle_reason: str | None = None) -> bool:
     """True when a request can be sent to the slot now.
 
-    The one place the ``idle(no_model)`` exception lives: an idle slot whose server came
-    up without a model is not dispatchable, an idle slot that merely timed out is.
+    The one place the ``idle`` exceptions live: an idle slot whose server came up without
+    a model, or that sleeps (the residency tier), is not dispatchable; an idle slot that
+    merely timed out is.
     """
     if state not in DISPATCHABLE_STATES:
         return False
-    return not (state == S.IDLE and idle_reason == IdleReason.NO_MODEL)
+    return not (state == S.IDLE and idle_reason in _NOT_SERVING)
 
 
 def selection_rank(state: SlotState | str, idle_reason: str | None = None) -> int:
     """Tier of a state in the selection ranking: 0 is best; unknown states rank as error."""
     if state in DISPATCHABLE_STATES and not can_dispatch(state, idle_reason):
-        # Up, but without a model: as good as a slot that still has to load.
+        # Up, but without a model (or asleep): it has to (re)load before it serves.
         return 1
     for tier, members in enumerate(_TIERS):
         if state in members:
             return tier
     return len(_TIERS) - 1
+
+
+def selection_key(state: SlotState | str, idle_reason: str | None = None) -> tuple[int, int]:
+    """The ranking's key for a state: its tier, then its place inside the tier. An asleep
+    slot is in the tier of the slots that still have to load, and first there: a wake
+    takes a fraction of a cold load (so: after every dispatchable slot, before
+    ``warming``)."""
+    asleep = state == S.IDLE and idle_reason == IdleReason.ASLEEP
+    return (selection_rank(state, idle_reason), 0 if asleep else 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,8 +201,9 @@ class Candidate:
 
 
 def rank_candidates(candidates: Iterable[Candidate]) -> Sequence[Candidate]:
-    """Best first: state tier, then higher priority, then most recently used, then name."""
+    """Best first: state tier (an asleep slot first among those that have to load), then
+    higher priority, then most recently used, then name."""
     return sorted(
         candidates,
-        key=lambda c: (selection_rank(c.state, c.idle_reason), -c.priority, -c.last_used, c.name),
+        key=lambda c: (selection_key(c.state, c.idle_reason), -c.priority, -c.last_used, c.name),
     )

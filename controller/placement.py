@@ -11,7 +11,8 @@ for every load, its dry run and every background load, so they cannot disagree.
 Scoring, best first::
 
     fits without evicting anything   before   needs evictions
-    (evicting) lowest top victim priority, fewest victims, fewest bytes evicted
+    (evicting) lowest top victim priority, fewest unloads (a victim that sleeps costs
+               a wake, not a cold start), fewest victims, fewest bytes evicted
     GPUs whose memory is known before GPUs admitted by count (a cluster's)
     best fit: the least room left on the chosen devices after the load
     ties: the node's name, then the lower GPU indices
@@ -20,13 +21,14 @@ Best fit keeps the big holes for big models (a 20 GiB load is not refused becaus
 every GPU was filled to half by small ones). A slot spanning ``K`` GPUs needs
 ``share(bytes, K)`` on each of them, and every device of the set must fit; the eviction
 plan frees room on exactly those devices (:func:`controller.eviction.plan_room`: a
-victim holds memory on at least one of them).
+victim holds memory on at least one of them), and says per victim whether it sleeps or
+is unloaded (``host``: the room in host memory for sleepers, see :mod:`controller.eviction`).
 
 On a cluster the devices are the nodes' GPUs (``NODE/gpu:N``, built by
 :mod:`controller.cluster`): a set never spans two nodes (each device's ``group`` is its
 node; multi-node tensor parallel is out of scope), and a node's GPU without time-slicing
 is *exclusive* (one pod per GPU): a load needs it to itself, so every slot on it has to
-go first (:func:`controller.eviction.plan_clear`); one whose memory nobody states
+go first, unloaded (:func:`controller.eviction.plan_clear`); one whose memory nobody states
 (no GPU feature discovery label, no ``memory_budget_gb.gpu``) is admitted by count alone.
 """
 
@@ -34,7 +36,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from controller.devices import GpuRef, share
@@ -109,18 +111,19 @@ class Option:
     def victims(self) -> tuple[Victim, ...]:
         return self.plan.victims if self.plan is not None else ()
 
-    def score(self) -> tuple[int, int, int, int, int, int, str, tuple[int, ...]]:
+    def score(self) -> tuple[int, int, int, int, int, int, int, str, tuple[int, ...]]:
         """Lower is better (see the module docstring); a GPU whose memory is known
         before one admitted by count."""
         victims = self.victims
         evicted = sum(v.bytes for v in victims)
         top = max((v.priority for v in victims), default=-1)
+        unloads = self.plan.unloads if self.plan is not None else 0
         room = sum(min(a.budget_room, a.free_room) - a.needed for a in self.admissions)
         left = room + (self.plan.freed_bytes if self.plan is not None else 0)
         blind = sum(1 for a in self.admissions if a.source == "gpu-count")
         group = self.devices[0].group or "" if self.devices else ""
         order = tuple(d.gpu.index if d.gpu else 0 for d in self.devices)
-        return (1 if victims else 0, top, len(victims), evicted, blind, left, group, order)
+        return (1 if victims else 0, top, unloads, len(victims), evicted, blind, left, group, order)
 
 
 @dataclass(frozen=True, slots=True)
@@ -311,11 +314,15 @@ def place(
     devices: Sequence[DeviceFacts],
     candidates: Callable[[], Sequence[EvictionCandidate]],
     now: float,
+    *,
+    host: Callable[[], Mapping[str, int]] | None = None,
 ) -> Placement:
     """The best device set for ``need`` (see the module docstring for the order).
 
     ``candidates`` lists the slots the load may evict (already filtered for a background
-    load); it is called only when no device set fits as it is.
+    load); it is called only when no device set fits as it is. ``host``: the room in host
+    memory per host key for victims that sleep (None: every victim is unloaded); called
+    only then too.
     """
     if need.pins:
         pinned = resolve_pins(need, devices)
@@ -333,7 +340,8 @@ def place(
     if fitting:
         return Placement(min(fitting, key=Option.score), tried=tuple(judged))
     evictable = candidates()
-    planned = [_with_plan(o, evictable, now, need.slot) for o in judged]
+    room = host() if host is not None else None
+    planned = [_with_plan(o, evictable, now, need.slot, room) for o in judged]
     fitting = [o for o in planned if o.fits]
     if fitting:
         return Placement(min(fitting, key=Option.score), tried=tuple(planned))
@@ -365,7 +373,11 @@ def place_first(need: Need, devices: Sequence[DeviceFacts]) -> Placement:
 
 
 def _with_plan(
-    option: Option, evictable: Sequence[EvictionCandidate], now: float, slot: str
+    option: Option,
+    evictable: Sequence[EvictionCandidate],
+    now: float,
+    slot: str,
+    host: Mapping[str, int] | None = None,
 ) -> Option:
     if any(d.exclusive for d in option.devices):  # a node's whole GPUs: cleared
         holders = {d.key: d.holders for d in option.devices}
@@ -373,7 +385,7 @@ def _with_plan(
         plan = plan_clear(evictable, holders, now, unfit=unfit, for_slot=slot)
         return replace(option, plan=plan)
     need = {a.device: a.shortfall for a in option.admissions}
-    plan = plan_room(evictable, need, now, for_slot=slot)
+    plan = plan_room(evictable, need, now, for_slot=slot, host=host)
     return replace(option, plan=plan)
 
 

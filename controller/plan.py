@@ -52,6 +52,8 @@ SCHEDULING_KEYS: Final = frozenset(
         "max_consecutive_failures",
         "max_queue",
         "memory_gb",
+        "sleep_level",
+        "wake_timeout_s",
     }
 )
 ACTION_KINDS: Final = ("create", "recreate", "load", "unload", "update", "delete", "adopt", "noop")
@@ -194,6 +196,8 @@ def plan_slot(
                 "`slotctl slot unload` and load again)",
             )
         state = obs.state.value if obs is not None and obs.state else "offline"
+        if obs is not None and obs.idle_reason == "asleep":
+            state += " (asleep: a load wakes it)"
         if obs is not None and obs.waiting:
             state += (
                 ", waiting for its GPU"

@@ -35,6 +35,7 @@ __all__ = [
     "ControllerLock",
     "ControllerRecord",
     "PlacedGpu",
+    "ReloadCosts",
     "ResidencyEntry",
     "ResidencyStore",
     "SlotStateRecord",
@@ -144,6 +145,18 @@ class PlacedGpu(BaseModel):
     node: str | None = None  # on a cluster: the node the controller placed the slot on
 
 
+class ReloadCosts(BaseModel):
+    """What bringing a slot's model back costs, measured: moving averages of its cold loads
+    (admitted -> ready) and wakes (``/wake_up`` -> ready), in seconds (None: not measured
+    yet). The eviction order's reload-cost score divides idle time by them."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    model: str  # the model they were measured with (another model starts over)
+    load_s: float | None = None
+    wake_s: float | None = None
+
+
 class StateExtra(BaseModel):
     """``state.json``'s ``extra``: the facts beyond the state itself, each one named.
 
@@ -163,6 +176,12 @@ class StateExtra(BaseModel):
     # The GPUs the slot was placed on (while admitted): a restart, an adoption or a
     # `stack diff` never re-places a running slot.
     gpus: tuple[PlacedGpu, ...] = ()
+    # The residency tier of an idle slot (issue 22): "asleep" (its server sleeps, its
+    # device memory released) or "waking" (a wake holds its device memory again);
+    # None: awake. ``sleep_level``: 1 (weights in host memory) or 2 (weights dropped).
+    residency: str | None = None
+    sleep_level: int = 0
+    reload: ReloadCosts | None = None  # measured reload costs (the eviction order)
 
 
 class SlotStateRecord(BaseModel):

@@ -513,6 +513,14 @@ def openapi_document(routes: Sequence[RouteSpec]) -> dict[str, Any]:
                     "content": {"application/json": {"schema": error_ref}},
                 },
             )
+        # The Host check (api/hosts.py) answers every route before it is looked at.
+        op["responses"].setdefault(
+            "421",
+            {
+                "description": "a Host this API does not answer (request.host_not_allowed)",
+                "content": {"application/json": {"schema": error_ref}},
+            },
+        )
         paths.setdefault(openapi_path(spec.path), {})[spec.method.lower()] = op
     return {
         "openapi": "3.1.0",

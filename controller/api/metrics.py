@@ -6,12 +6,14 @@ Two kinds of series:
   (:meth:`EventBus.add_listener`) counts transitions, admission refusals, evictions (by a
   short reason class), reconcile errors, background-task failures (contained and
   restarted by the daemon), refused state writes, routed requests ended by an upstream
-  timeout (``slot.upstream_timeout``) and measures load durations (the transition into
-  ``pulling``/``starting`` of a load to ``ready``); the router reports each request with
+  timeout (``slot.upstream_timeout``), sleeps and wakes (by reason), and measures load
+  durations (the transition into ``pulling``/``starting`` of a load to ``ready``) and
+  wake durations (``slotctl_wake_seconds``); the router reports each request with
   :meth:`Metrics.request_done`, the reconciler each pass through its pass observers;
 * **gauges computed at scrape time** from the SlotManager (:class:`_LiveCollector`): the
-  one-hot slot state, active leases, cold waiters, crash-loop blocked slots and device
-  memory (total and free from the probe, admitted by slotctl, configured budget).
+  one-hot slot state and residency tier, active leases, cold waiters, crash-loop blocked
+  slots, the host memory sleepers hold and device memory (total and free from the probe,
+  admitted by slotctl, configured budget).
 
 Names follow the Prometheus conventions: ``slotctl_`` prefix, base units in the name
 (``_seconds``, ``_bytes``), ``_total`` on counters. ``promtool check metrics`` lints the
@@ -86,6 +88,9 @@ REQUEST_BUCKETS: Final = (
     300.0,
 )
 RECONCILE_BUCKETS: Final = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0)
+# A wake: tens of milliseconds (the demo server) to tens of seconds (a big level-2 reload).
+WAKE_BUCKETS: Final = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_TIERS: Final = ("awake", "asleep", "waking")
 QUEUE_BUCKETS: Final = (0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 
 
@@ -156,7 +161,23 @@ class _LiveCollector(Collector):
             "1 for each GPU a slot is placed on (while it is admitted: pulling..unloading)",
             labels=["slot", "gpu"],
         )
+        tier = GaugeMetricFamily(
+            "slotctl_slot_residency",
+            "Residency tier of a slot's server, one-hot: awake, asleep (device memory "
+            "released) or waking",
+            labels=["slot", "residency"],
+        )
+        sleepers = GaugeMetricFamily(
+            "slotctl_sleeper_host_bytes",
+            "Host memory held by asleep servers' weights (sleep level 1), per host key",
+            labels=["device"],
+        )
+        held: dict[str, float] = {}
         for view in manager.views():
+            for name in _TIERS:
+                tier.add_metric([view.name, name], 1.0 if view.residency == name else 0.0)
+            if view.host_bytes and view.devices:
+                held[view.devices[0]] = held.get(view.devices[0], 0.0) + view.host_bytes
             for index in view.gpus:
                 placed.add_metric([view.name, str(index)], 1.0)
             for name in _STATES:
@@ -175,7 +196,9 @@ class _LiveCollector(Collector):
             queue.add_metric([view.name], float(view.waiters))
             blocked.add_metric([view.name], 1.0 if view.retry_after_s > 0 else 0.0)
             waiting.add_metric([view.name], 1.0 if view.waiting else 0.0)
-        yield from (state, slot_info, placed, leases, queue, blocked, waiting)
+        for device, host_bytes in sorted(held.items()):
+            sleepers.add_metric([device], host_bytes)
+        yield from (state, slot_info, placed, leases, queue, blocked, waiting, tier, sleepers)
         memory = GaugeMetricFamily(
             "slotctl_device_memory_bytes",
             "Device memory: total and free as probed, admitted by slotctl (resident: servers "
@@ -351,6 +374,26 @@ class Metrics:
             ["slot"],
             registry=r,
         )
+        self.wake_duration = Histogram(
+            "slotctl_wake_seconds",
+            "Time a wake of an asleep server took (its wake calls and the readiness probe)",
+            ["slot"],
+            buckets=WAKE_BUCKETS,
+            registry=r,
+        )
+        self.sleeps = Counter(
+            "slotctl_sleeps_total",
+            "Servers put to sleep instead of unloaded, by eviction reason",
+            ["slot", "reason"],
+            registry=r,
+        )
+        self.wakes = Counter(
+            "slotctl_wakes_total",
+            "Asleep servers woken, by reason (request, load, background; wake_failed: "
+            "restarted instead)",
+            ["slot", "reason"],
+            registry=r,
+        )
         self.key_requests = Counter(
             "slotctl_key_requests_total",
             "Routed requests by API key (its name; @token: the API token), priority class "
@@ -399,9 +442,24 @@ class Metrics:
             self.background_failures.labels(str(event.details.get("task", ""))).inc()
         elif event.kind == "error" and event.error == "state.write_failed":
             self.state_write_failures.labels(slot).inc()
+        elif event.kind == "residency":
+            self._residency(slot, event)
         reason = eviction_reason(event)
         if reason is not None:
             self.evictions.labels(slot, reason).inc()
+            if event.details.get("action") == "sleep":
+                self.sleeps.labels(slot, reason).inc()
+
+    def _residency(self, slot: str, event: Event) -> None:
+        """A wake that ended (woken, or failed and restarted)."""
+        reason = str(event.details.get("reason", ""))
+        if event.details.get("residency") == "awake":
+            self.wakes.labels(slot, reason).inc()
+            seconds = event.details.get("seconds")
+            if isinstance(seconds, int | float):
+                self.wake_duration.labels(slot).observe(max(0.0, float(seconds)))
+        elif reason == "wake_failed":
+            self.wakes.labels(slot, reason).inc()
 
     def _load_timing(self, event: Event) -> None:
         slot, to = event.slot or "", event.to_state

@@ -81,6 +81,14 @@ class SlotOut(BaseModel):
     gpus: list[int] = []  # the GPUs it is placed on (indices), while admitted
     devices: list[str] = []  # its admission keys (gpu:N, cpu, NODE/gpu), while admitted
     requests: int = 0  # requests served since the controller started (lease flips carry it)
+    # The residency tier (idle_reason "asleep"): awake | asleep (device memory released)
+    # | waking; the sleep level; the host memory an asleep server's weights hold (level 1).
+    residency: str = "awake"
+    sleep_level: int = 0
+    host_bytes: int = 0
+    can_sleep: bool = False  # its running server can sleep (its provider, the slot's sleep)
+    load_s: float | None = None  # measured cold load and wake times (moving averages)
+    wake_s: float | None = None
 
 
 class LoadAnswer(BaseModel):

@@ -151,7 +151,10 @@ def cmd_slot_load(args: argparse.Namespace) -> ExitCode:
 def _explain(name: str, plan: dict[str, Any], style: Style) -> list[str]:
     """The dry-run plan in words: what would be evicted and why, or why it is refused."""
     action = plan.get("action")
-    lines = [style.bold(f"dry run: load of slot {name}") + " (nothing changes)"]
+    what = "wake" if plan.get("wake") else "load"
+    lines = [style.bold(f"dry run: {what} of slot {name}") + " (nothing changes)"]
+    if plan.get("fallback"):  # asleep, but its wake cannot happen where it sleeps
+        lines.append(f"  asleep: {plan['fallback']} (its server is stopped first)")
     if action == "none":
         lines.append(f"  nothing to do: {plan.get('reason', 'already loaded')}")
         return lines
@@ -175,12 +178,20 @@ def _explain(name: str, plan: dict[str, Any], style: Style) -> list[str]:
     lines.append(style.yellow(f"  would evict {len(victims)} slot(s) first") + ":")
     for victim in victims:
         where = ", ".join(victim.get("devices") or [])
+        how = "sleep" if victim.get("action") == "sleep" else "unload"
         lines.append(
-            f"    {victim.get('slot')}: priority {victim.get('priority')}, idle "
+            f"    {how} {victim.get('slot')}: priority {victim.get('priority')}, idle "
             f"{victim.get('idle_s')}s, frees {_bytes(victim.get('bytes'))}"
             + (f" on {where}" if where else "")
             + (f" ({victim['reason']})" if victim.get("reason") else "")
         )
+    freed = plan.get("freed") or {}
+    if freed:
+        parts = [
+            f"{key} {'+' if int(n) >= 0 else '-'}{_bytes(abs(int(n)))}"
+            for key, n in sorted(freed.items())
+        ]
+        lines.append("  memory given back: " + ", ".join(parts))
     return lines
 
 

@@ -75,6 +75,8 @@ def _row_from_view(view: dict[str, Any]) -> dict[str, Any]:
         "name": view["name"],
         "state": view["state"],
         "idle_reason": view.get("idle_reason"),
+        "residency": view.get("residency") or "awake",
+        "sleep_level": int(view.get("sleep_level") or 0),
         "model": view.get("model_id") or "",
         "device": view.get("device", "-"),
         "gpus": list(view.get("gpus") or []),
@@ -119,6 +121,8 @@ def _rows_from_files(args: argparse.Namespace) -> list[dict[str, Any]]:
                 "name": name,
                 "state": record.state.value if record else SlotState.OFFLINE.value,
                 "idle_reason": record.extra.idle_reason if record else None,
+                "residency": (record.extra.residency if record else None) or "awake",
+                "sleep_level": record.extra.sleep_level if record else 0,
                 "model": (
                     record.model_id
                     if record and record.model_id
@@ -169,7 +173,10 @@ def _record(store: Any, name: str) -> Any:
 def _state_cell(row: dict[str, Any]) -> str:
     if row.get("held_until"):
         return "held until " + str(row["held_until"])[11:16]
-    return str(row["state"]) + (f"({row['idle_reason']})" if row.get("idle_reason") else "")
+    reason = row.get("idle_reason")
+    if reason == "asleep" and row.get("sleep_level"):  # the residency tier: idle(asleep:1)
+        reason = f"{row.get('residency') or reason}:{row['sleep_level']}"
+    return str(row["state"]) + (f"({reason})" if reason else "")
 
 
 def _message_cell(row: dict[str, Any]) -> str:

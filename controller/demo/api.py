@@ -3,7 +3,8 @@
 Called by :mod:`controller.demo.httpd` (one thread per connection) through the
 :class:`~controller.demo.httpd.App` that :func:`build_app` builds; the lifecycle in
 ``server`` flips :attr:`DemoState.loaded`, these handlers only read it (and count
-inference requests for ``--crash-after``). Errors leave as OpenAI-style bodies
+inference requests for ``--crash-after``); asleep (:mod:`controller.demo.sleep`), inference
+answers 503. Errors leave as OpenAI-style bodies
 ``{"error": {"message", "type", "param", "code"}}``: 400 bad request, 404 unknown model
 or path, 405 wrong method, 413 body over 1 MiB, 503 while loading (``/v1/models``
 included, as llama-server does).
@@ -50,9 +51,16 @@ class DemoState:
         self.created = int(time.time())
         self.loaded = False
         self.inference_requests = 0
-        self.ballast: bytearray | None = None  # the --memory-mb allocation, held for life
+        self.ballast: bytearray | None = None  # the --memory-mb allocation (device memory)
         self.lock = threading.Lock()
         self.hung = threading.Event()  # --hang-after: set once the server hangs, for good
+        # Sleep mode (controller.demo.sleep): the memory tags asleep, the level, the host
+        # RAM a level-1 sleeper holds, and whether a level-2 sleep discarded the weights.
+        self.sleep_lock = threading.Lock()
+        self.asleep: set[str] = set()
+        self.level = 0
+        self.host_ballast: bytearray | None = None
+        self.weights_lost = False
 
     def stall_if_hung(self) -> None:
         """Once hung, the calling thread never goes on (it waits on an event nobody sets):
@@ -117,6 +125,11 @@ def admit(state: DemoState, request: Request) -> tuple[JSON, str]:
     """Gate an inference request: loaded? crash due? valid JSON? served model?"""
     if not state.loaded:
         raise ApiError(503, "the model is still loading", kind="unavailable_error", code="loading")
+    if state.asleep:
+        raise ApiError(503, "the engine is sleeping", kind="unavailable_error", code="sleeping")
+    if state.weights_lost:
+        message = "the weights were discarded by a level-2 sleep: reload_weights first"
+        raise ApiError(500, message, kind="internal_error", code="weights_discarded")
     _count_inference(state)
     body = _json_body(request)
     return body, _served_model(state, body)
@@ -427,9 +440,10 @@ def _bound(state: DemoState, handler: StateHandler) -> Handler:
     return handle
 
 
-def build_app(state: DemoState) -> App:
-    """The HTTP app serving ``state``: :data:`ROUTES`, errors as OpenAI-style bodies."""
+def build_app(state: DemoState, extra: tuple[tuple[str, str, StateHandler], ...] = ()) -> App:
+    """The HTTP app serving ``state``: :data:`ROUTES` (and ``extra``: the sleep mode's),
+    errors as OpenAI-style bodies."""
     routes: dict[str, dict[str, Handler]] = {}
-    for method, path, handler in ROUTES:
+    for method, path, handler in (*ROUTES, *extra):
         routes.setdefault(path, {})[method] = _bound(state, handler)
     return App(routes, error_response)

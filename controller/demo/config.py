@@ -27,6 +27,8 @@ _EPILOG = """\
 output (stdout, one line each, flushed):
   slotctl-demo listening host=H port=P model=ID pid=N   when the socket is bound
   slotctl-demo ready model=ID port=P t=UNIX_TIME        when the model is listed
+  slotctl-demo asleep level=N model=ID                  when it falls asleep (sleep mode)
+  slotctl-demo awake model=ID t=UNIX_TIME               when a wake restored everything
 While loading, GET /v1/models, GET /health and the inference
 endpoints answer 503. Without --slow-stop, SIGTERM and SIGINT stop it gracefully.
 
@@ -45,7 +47,9 @@ class DemoConfig:
         "crash_after",
         "embedding_dim",
         "empty_models",
+        "enable_sleep_mode",
         "fail_on_load",
+        "fail_wake",
         "hang_after",
         "hang_on_load",
         "host",
@@ -53,8 +57,11 @@ class DemoConfig:
         "memory_mb",
         "model",
         "port",
+        "reload_seconds",
+        "sleep_memory_mb",
         "slow_stop",
         "tokens_per_second",
+        "wake_seconds",
     )
 
     def __init__(
@@ -73,6 +80,11 @@ class DemoConfig:
         crash_after: int = 0,
         hang_after: int = 0,
         slow_stop: float = 0.0,
+        enable_sleep_mode: bool = False,
+        wake_seconds: float = 0.0,
+        reload_seconds: float = 0.0,
+        sleep_memory_mb: int | None = None,
+        fail_wake: bool = False,
     ) -> None:
         self.model = model
         self.host = host
@@ -87,6 +99,12 @@ class DemoConfig:
         self.crash_after = crash_after
         self.hang_after = hang_after
         self.slow_stop = slow_stop
+        self.enable_sleep_mode = enable_sleep_mode
+        self.wake_seconds = wake_seconds
+        self.reload_seconds = reload_seconds
+        # host RAM held asleep at level 1 (the weights moved off the device): --memory-mb
+        self.sleep_memory_mb = memory_mb if sleep_memory_mb is None else sleep_memory_mb
+        self.fail_wake = fail_wake
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__)
@@ -209,6 +227,48 @@ def _add_fault_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_sleep_flags(parser: argparse.ArgumentParser) -> None:
+    sleep = parser.add_argument_group(
+        "sleep mode",
+        "vLLM's dev-mode API: POST /sleep?level=1|2, POST /wake_up[?tags=...],\n"
+        "POST /collective_rpc, GET /is_sleeping",
+    )
+    sleep.add_argument(
+        "--enable-sleep-mode",
+        action="store_true",
+        help="serve the sleep endpoints (as vLLM's --enable-sleep-mode with "
+        "VLLM_SERVER_DEV_MODE=1); asleep, inference answers 503",
+    )
+    sleep.add_argument(
+        "--wake-seconds",
+        type=_float_at_least(0),
+        default=0.0,
+        metavar="S",
+        help="a POST /wake_up takes S seconds (default: 0)",
+    )
+    sleep.add_argument(
+        "--reload-seconds",
+        type=_float_at_least(0),
+        default=0.0,
+        metavar="S",
+        help="reloading the weights after a level-2 sleep (collective_rpc reload_weights) "
+        "takes S seconds (default: 0)",
+    )
+    sleep.add_argument(
+        "--sleep-memory-mb",
+        type=_int_between(0, 1 << 20),
+        default=None,
+        metavar="N",
+        help="host RAM held asleep at level 1, allocated and touched (the weights moved off "
+        "the device; --memory-mb is released meanwhile); default: --memory-mb",
+    )
+    sleep.add_argument(
+        "--fail-wake",
+        action="store_true",
+        help="every POST /wake_up fails (HTTP 500) after --wake-seconds: the server stays asleep",
+    )
+
+
 class _Formatter(argparse.RawDescriptionHelpFormatter):
     """argparse's formatter, sized without importing ``shutil`` (a few ms of every start)."""
 
@@ -237,6 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_serving_flags(parser)
     _add_fault_flags(parser)
+    _add_sleep_flags(parser)
     return parser
 
 
@@ -257,4 +318,9 @@ def parse_args(argv: Sequence[str] | None = None) -> DemoConfig:
         crash_after=ns.crash_after,
         hang_after=ns.hang_after,
         slow_stop=ns.slow_stop,
+        enable_sleep_mode=ns.enable_sleep_mode,
+        wake_seconds=ns.wake_seconds,
+        reload_seconds=ns.reload_seconds,
+        sleep_memory_mb=ns.sleep_memory_mb,
+        fail_wake=ns.fail_wake,
     )

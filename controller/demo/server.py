@@ -35,11 +35,10 @@ from collections.abc import Sequence
 from controller.demo.api import DemoState, build_app
 from controller.demo.config import DemoConfig, parse_args
 from controller.demo.httpd import App, Tracker, listen, serve_connection
+from controller.demo.sleep import SLEEP_ROUTES, hold_memory
 
 __all__ = ["LoadError", "build_app", "hold_memory", "main", "serve"]
 
-MIB = 1 << 20
-PAGE_SIZE = 4096
 # After a stop signal in-flight requests get this long to finish; then the process exits
 # and their connections drop: a stop takes at most ~0.5 s even mid-stream.
 SHUTDOWN_TIMEOUT_S = 0.5
@@ -56,14 +55,6 @@ def _say(line: str) -> None:
 
 def _complain(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
-
-
-def hold_memory(mb: int) -> bytearray:
-    """Allocate ``mb`` MiB and write one byte per page, so it is resident, not just reserved."""
-    buffer = bytearray(mb * MIB)
-    pages = len(range(0, len(buffer), PAGE_SIZE))
-    buffer[::PAGE_SIZE] = b"\x01" * pages
-    return buffer
 
 
 def load(state: DemoState, port: int, stopped: threading.Event) -> None:
@@ -201,7 +192,8 @@ def serve(config: DemoConfig) -> int:
     state = DemoState(config)
     loader = _Loader(state, port, waker)
     loader.start()
-    return _run_until_stopped(listeners, build_app(state), loader, _Stopper(config.slow_stop), wake)
+    app = build_app(state, SLEEP_ROUTES if config.enable_sleep_mode else ())
+    return _run_until_stopped(listeners, app, loader, _Stopper(config.slow_stop), wake)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

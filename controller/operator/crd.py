@@ -90,6 +90,12 @@ _DOCS: Final[dict[str, str]] = {
     "max_consecutive_failures": "Crash-loop breaker threshold (default 5).",
     "max_queue": "Requests waiting for the slot before the router answers 429 (default 64).",
     "memory_gb": "Admission estimate in GiB of device memory.",
+    "sleep": "May an eviction put the server to sleep instead of unloading it (a GPU slot "
+    "whose provider can sleep: vllm by default, demo when true)? Default: the provider's.",
+    "sleep_level": "1: weights kept in host memory (counted there), fastest wake; 2: "
+    "weights dropped, reloaded at the wake (default 1).",
+    "wake_timeout_s": "Seconds a sleep or a wake (with the readiness probe after it) may "
+    "take; a wake past it restarts the server, once (default 60).",
     "server": "How the runtime starts the server.",
     "image": "Container image (docker runtime).",
     "binary": "Executable (process runtime).",

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Final, Protocol
 from urllib.parse import urlsplit
@@ -15,17 +15,20 @@ from urllib.parse import urlsplit
 from controller.errors import SlotConfigError
 from controller.probe import ProbeSpec, SentinelRequest
 from controller.runtime.base import LaunchSpec, RuntimeKind
+from controller.sleepmode import VLLM_SLEEP, SleepMode
 from controller.spec.schema import ModelSpec, SlotSpec
 
 __all__ = [
     "LIVENESS_PATH",
     "READY_LOG",
+    "SLEEP_MODES",
     "BuildContext",
     "Provider",
     "default_models_dir",
     "default_probe",
     "device_env",
     "model_path",
+    "sleep_mode",
 ]
 
 
@@ -111,6 +114,28 @@ LIVENESS_PATH: Final[Mapping[str, str]] = {
     "llamacpp": "/health",
     "vllm": "/health",
 }
+
+# The providers whose servers can sleep (a capability: the manager asks the launch's
+# ``sleep``, never the provider's name). vLLM's sleep mode (--enable-sleep-mode, the dev-mode
+# endpoints behind VLLM_SERVER_DEV_MODE=1) is on by default: a wake is 18-200x faster than a
+# reload (vLLM's figures). The demo server answers the same calls; its sleep is opt-in
+# (`sleep = true`), as it is the test double of every other test. llama.cpp cannot sleep.
+SLEEP_MODES: Final[Mapping[str, SleepMode]] = {
+    "vllm": VLLM_SLEEP,
+    "demo": replace(VLLM_SLEEP, env={}, default_on=False),
+}
+
+
+def sleep_mode(slot: SlotSpec) -> SleepMode | None:
+    """The slot's sleep mode: its provider's, unless the slot opts out (``sleep = false``,
+    or the provider's default is off and the slot does not say ``sleep = true``). A GPU
+    slot's only: sleeping releases device memory into host memory."""
+    mode = SLEEP_MODES.get(slot.provider)
+    if mode is None or slot.device_kind != "gpu":
+        return None
+    wanted = mode.default_on if slot.sleep is None else slot.sleep
+    return mode if wanted and slot.sleep_level in mode.levels else None
+
 
 READY_LOG: Final[Mapping[str, str]] = {
     "demo": r"^slotctl-demo (ready|loaded without a model) ",

@@ -24,6 +24,7 @@ from controller.providers.base import (
     device_env,
     model_path,
     require_model,
+    sleep_mode,
 )
 from controller.runtime.base import LaunchSpec, Mount, RuntimeKind
 from controller.spec.schema import ModelSpec, SlotSpec
@@ -53,7 +54,11 @@ def _launch(
     env: dict[str, str] | None = None,
 ) -> LaunchSpec:
     model_id = model.id if model else slot.model_id
+    sleep = sleep_mode(slot)
     merged_env = {**device_env(slot), **(env or {}), **slot.server.env}
+    if sleep is not None:  # the controller's, after the slot's own (VLLM_SERVER_DEV_MODE)
+        argv = [*argv, *sleep.argv]
+        merged_env.update(sleep.env)
     if (
         ctx.runtime is RuntimeKind.KUBERNETES and slot.device_ref.pinned
     ):  # the load refused it first
@@ -96,6 +101,7 @@ def _launch(
         mounts=mounts,
         probe=probe,
         node=slot.node if ctx.runtime is RuntimeKind.KUBERNETES else None,
+        sleep=sleep,
     )
 
 

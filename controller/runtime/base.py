@@ -23,6 +23,7 @@ from typing import Any, Final, Protocol, runtime_checkable
 
 from controller.devices import GpuRef
 from controller.probe import ProbeSpec
+from controller.sleepmode import SleepMode
 
 __all__ = [
     "HASH_LABEL",
@@ -84,6 +85,9 @@ class LaunchSpec:
     # The GPUs admission placed it on: made visible by the runtime (not hashed: a placement
     # is where a server runs, not what it is, and it is recorded in state.json).
     visible: tuple[GpuRef, ...] = field(default=(), compare=False)
+    # How the server sleeps and wakes (a provider capability; None: it cannot, or the slot
+    # opted out). What it changes in the server's argv and environment is hashed there.
+    sleep: SleepMode | None = field(default=None, compare=False)
     # Arguments that follow the placement (vLLM's share of the GPU), appended at start:
     # not hashed, for the same reason (``run_argv``).
     placed_args: tuple[str, ...] = field(default=(), compare=False)

@@ -18,8 +18,9 @@ from controller.clock import SYSTEM_CLOCK, Clock
 from controller.errors import SlotSpawnFailed, SlotTerminateTimeout
 from controller.probe import ProbeOutcome, ProbeResult, ProbeSpec, wait_ready
 from controller.runtime.base import LaunchSpec, Observed, ProgressCallback, RunStatus, RuntimeKind
+from controller.sleepmode import SleepMode
 
-__all__ = ["FakeProber", "FakeRuntime", "FakeScript"]
+__all__ = ["FakeProber", "FakeRuntime", "FakeScript", "FakeSleeper"]
 
 Outcome = Literal["ready", "no_model", "hang", "exit"]
 
@@ -35,6 +36,9 @@ class FakeScript:
     needs_pull: bool = False  # prepare() has work to do (then it is cleared)
     unkillable: bool = False  # stop() raises SlotTerminateTimeout
     log: list[str] = field(default_factory=list)
+    sleep_error: str | None = None  # FakeSleeper.sleep fails with this
+    wake_error: str | None = None  # FakeSleeper.wake fails with this
+    wake_s: float = 0.0  # a wake takes this long (on the runtime's clock)
 
 
 @dataclass(slots=True)
@@ -56,6 +60,9 @@ class FakeRuntime:
         self.objects: dict[str, _FakeObject] = {}
         self.starts: Counter[str] = Counter()
         self.stops: Counter[str] = Counter()
+        self.sleeping: dict[str, int] = {}  # slot -> the level its server sleeps at
+        self.sleeps: Counter[str] = Counter()
+        self.wakes: Counter[str] = Counter()
         self._next_ident = 1000
 
     def script(self, slot: str, **changes: object) -> FakeScript:
@@ -111,6 +118,7 @@ class FakeRuntime:
         observed = await self.inspect(slot)
         if slot in self.objects:
             self.stops[slot] += 1
+            self.sleeping.pop(slot, None)
             obj = self.objects.pop(slot)
             code = obj.exit_code if obj.exit_code is not None else 0
             return replace(observed, status=RunStatus.EXITED, exit_code=code)
@@ -158,7 +166,53 @@ class FakeRuntime:
             return ProbeResult(ProbeOutcome.STILL_WARMING, "HTTP 503 (loading)")
         if script.outcome == "no_model":
             return ProbeResult(ProbeOutcome.NO_MODEL, "server is up but lists no model")
+        if slot in self.sleeping:
+            return ProbeResult(ProbeOutcome.STILL_WARMING, "sentinel: HTTP 503 (asleep)")
         return ProbeResult(ProbeOutcome.READY, "ready", (obj.launch.model_id,))
+
+
+class FakeSleeper:
+    """The sleep seam for a :class:`FakeRuntime`: its servers sleep and wake in memory
+    (``FakeScript.sleep_error``, ``wake_error`` and ``wake_s`` script them)."""
+
+    def __init__(self, runtime: FakeRuntime) -> None:
+        self.runtime = runtime
+
+    def _running(self, endpoint: str) -> str | None:
+        return next(
+            (n for n, o in self.runtime.objects.items() if o.launch.endpoint == endpoint), None
+        )
+
+    async def sleep(self, endpoint: str, mode: SleepMode, level: int, timeout_s: float) -> str:
+        slot = self._running(endpoint)
+        if slot is None:
+            return "connection refused"
+        error = self.runtime._script(slot).sleep_error
+        if error:
+            return error
+        self.runtime.sleeping[slot] = level
+        self.runtime.sleeps[slot] += 1
+        return ""
+
+    async def wake(self, endpoint: str, mode: SleepMode, level: int, timeout_s: float) -> str:
+        slot = self._running(endpoint)
+        if slot is None:
+            return "connection refused"
+        script = self.runtime._script(slot)
+        self.runtime.wakes[slot] += 1
+        if script.wake_s > timeout_s:  # as HttpSleeper's: the wake's budget is spent
+            await self.runtime.clock.sleep(timeout_s)
+            return f"POST /wake_up: TimeoutError ({timeout_s:g}s spent)"
+        if script.wake_s:
+            await self.runtime.clock.sleep(script.wake_s)
+        if script.wake_error:
+            return script.wake_error
+        self.runtime.sleeping.pop(slot, None)
+        return ""
+
+    async def asleep(self, endpoint: str, mode: SleepMode, timeout_s: float) -> bool | None:
+        slot = self._running(endpoint)
+        return None if slot is None else slot in self.runtime.sleeping
 
 
 class FakeProber:

@@ -6,9 +6,11 @@
     housekeeping   time-driven engines: exits, holds, idle/TTL, breakers, liveness, pressure
     recovery       adopt / finish-unload / mark-gone after a restart; restore in order
     leases         acquire (cold slots joined), release, hold — the router's surface
-    loading        the load flow: wish, join, pull, start, probe, settle, fail
+    loading        the load flow: wish, join, pull, start, probe, settle, fail; a wake
     admission      the one load decision on live state, the dry run, the reservation
-    unloading      drain, stop, evict (revalidated), exclusive-group swaps
+    unloading      drain, stop, evict (revalidated: each victim slept or unloaded),
+                   exclusive-group swaps
+    residency      the residency tier: a victim put to sleep, a wake's calls, asking
     core           the shared seams (runtime, prober, memory, clock, events, settings)
     table          the records, views, memory sums and the one state writer
     wishes, locks  residency/pause wishes; the locks and their one order

@@ -25,8 +25,9 @@ from controller.decision import (
 from controller.devices import GpuRef, key_kind, share
 from controller.errors import DeviceUnavailable, SlotConfigError, SlotctlError
 from controller.events import EventKind, EvictionReason, Op
+from controller.eviction import Victim
 from controller.lifecycle import DISPATCHABLE_STATES, SlotState
-from controller.memory import GIB, DeviceMemory, budget_gb_for, gpu_inventory
+from controller.memory import GIB, DeviceMemory, budget_gb_for, check_admission, gpu_inventory
 from controller.memory import Admission as AdmissionFigures
 from controller.nodes import ClusterProbe, NodeGpus
 from controller.placement import Need, place_first
@@ -53,11 +54,18 @@ class Admission(Part):
     def _recent(self, slot: SlotRecord) -> float:
         return self.core.recent_weight(slot, self.clock.monotonic())
 
-    def decide(self, slot: SlotRecord, *, background: bool, evict: bool = True) -> LoadDecision:
-        """The one load decision (:func:`controller.decision.decide_load`) on live state."""
+    def decide(
+        self, slot: SlotRecord, *, background: bool, evict: bool = True, cold: bool = False
+    ) -> LoadDecision:
+        """The one load decision (:func:`controller.decision.decide_load`) on live state.
+
+        An asleep slot's load is a wake: pinned to the GPUs its server sleeps on (``cold``:
+        a cold load instead, placed anew). The victims' actions come with it (sleep where
+        host memory holds them: :meth:`host_room`).
+        """
         if slot.on_nodes and slot.spec.device_ref.pins:
             return LoadDecision("refuse", error=pinned_on_a_cluster(slot.spec))
-        devices = self.device_facts(slot)
+        devices = self._where_it_sleeps(slot, self.device_facts(slot), cold)
         peers = tuple(
             GroupPeer(
                 p.name, bool(p.spec.pinned), p.memory_bytes if p.state in ADMITTED_STATES else 0
@@ -77,7 +85,7 @@ class Admission(Part):
             background=background,
             # a node's GPUs when the cluster is known; else the one NODE/gpu key
             span=max(1, slot.spec.gpu_count) if _spans(slot, devices) else 1,
-            pins=() if slot.on_nodes else slot.spec.device_ref.pins,
+            pins=self._pins(slot, cold),
         )
         return decide_load(
             request,
@@ -85,7 +93,56 @@ class Admission(Part):
             (lambda: self.table.candidates(self._recent)) if evict else lambda: (),
             self.clock.monotonic(),
             min_resident_s=self.settings.min_resident_s,
+            host=self.host_room,
         )
+
+    def decide_wake(self, slot: SlotRecord, *, background: bool) -> tuple[LoadDecision, bool]:
+        """An asleep slot's load and whether it is a wake (True): the wake where its server
+        sleeps, else — no room can be made on those GPUs (a pinned slot holds them), but a
+        cold load placed anew is admitted — that cold load (False)."""
+        decision = self.decide(slot, background=background)
+        if decision.ok or not slot.asleep or not slot.placement:
+            return decision, bool(slot.asleep)
+        cold = self.decide(slot, background=background, cold=True)
+        return (cold, False) if cold.ok else (decision, True)
+
+    @staticmethod
+    def _where_it_sleeps(
+        slot: SlotRecord, devices: list[DeviceFacts], cold: bool
+    ) -> list[DeviceFacts]:
+        """A wake on a cluster's GPUs: the GPUs its pod sleeps on (it wakes there; a host's
+        wake is pinned instead, :meth:`_pins`); any other load: every device."""
+        if cold or not (slot.on_nodes and slot.asleep and slot.placement):
+            return devices
+        keys = {g.key for g in slot.placement}
+        there = [d for d in devices if d.key in keys]
+        return there if len(there) == len(keys) else devices
+
+    @staticmethod
+    def _pins(slot: SlotRecord, cold: bool = False) -> tuple[str, ...]:
+        """The GPUs a load must go to: a wake's are the ones its server sleeps on."""
+        if slot.on_nodes:
+            return ()
+        if slot.asleep and slot.placement and not cold:
+            return tuple(str(g.index) for g in slot.placement)
+        return slot.spec.device_ref.pins
+
+    def host_room(self) -> dict[str, int]:
+        """The room per host key for sleepers' weights (SPEC §6's two inequalities, with
+        the host's own margin ``host_margin_gb``): every host key a slot could sleep on."""
+        held = self.table.all_device_bytes()
+        margin = int(self.settings.host_margin_gb * GIB)
+        room: dict[str, int] = {}
+        for key in sorted({s.host for s in self.table}):
+            budget_gb = budget_gb_for(key, self.settings.memory_budget_gb)
+            budget = int(budget_gb * GIB) if budget_gb is not None else None
+            admitted, reserved = held.get(key, (0, 0))
+            sample = self._sample(key)
+            if sample is not None:
+                sample = replace(sample, free_bytes=max(0, sample.free_bytes - reserved))
+            figures = check_admission(key, 0, admitted, sample, budget, margin)
+            room[key] = max(0, min(figures.budget_room, figures.free_room))
+        return room
 
     def device_facts(self, slot: SlotRecord) -> list[DeviceFacts]:
         """The devices ``slot`` could load on, as the placement sees them: every GPU of
@@ -93,14 +150,12 @@ class Admission(Part):
         device (``cpu``, ``npu``, ``NODE/DEVICE`` on a cluster). The slot's own bytes and
         its exclusive-group peers' are told apart (the load unloads the peers first)."""
         figures = self.table.all_device_bytes(slot)
-        if slot.state in ADMITTED_STATES:
-            for key in slot.devices:
-                figures[key][0] -= share(slot.memory_bytes, len(slot.devices))
+        for key, size, _loading in slot.holdings():
+            figures[key][0] -= size
         peers: dict[str, int] = {}
         for p in self.table.group_peers(slot):
-            if p.state in ADMITTED_STATES:
-                for key in p.devices:
-                    peers[key] = peers.get(key, 0) + share(p.memory_bytes, len(p.devices))
+            for key, size, _loading in p.holdings():
+                peers[key] = peers.get(key, 0) + size
         budgets = self.settings.memory_budget_gb
         margin = int(self.settings.safety_margin_gb * GIB)
 
@@ -248,12 +303,20 @@ class Admission(Part):
         return place_first(need, devices).gpus
 
     def explain(self, slot: SlotRecord) -> dict[str, Any]:
-        """Dry run of a load: would it fit, where, what would be evicted there and why.
-        Changes nothing."""
-        if slot.state in DISPATCHABLE_STATES:
+        """Dry run of a load (or of an asleep slot's wake): would it fit, where, what would
+        be evicted there, how (``sleep`` or ``unload``) and why, and what each device
+        gets back. Changes nothing."""
+        if slot.state in DISPATCHABLE_STATES and not slot.asleep:
             return {"slot": slot.name, "action": "none", "reason": f"already {slot.state.value}"}
-        decision = self.decide(slot, background=False)
-        result: dict[str, Any] = {"slot": slot.name}
+        decision, wake = self.decide_wake(slot, background=False)
+        result: dict[str, Any] = {"slot": slot.name, "wake": wake}
+        if slot.asleep and not wake:
+            where = ", ".join(g.key for g in slot.placement)
+            result["fallback"] = f"no room on {where}, where it sleeps: a cold load"
+        load_s, wake_s = slot.reload_s()
+        result["reload"] = {"load_s": round(load_s, 3), "wake_s": round(wake_s, 3)}
+        if slot.costs is not None:
+            result["reload"]["measured"] = slot.costs.model_dump(mode="json")
         admission = decision.admission
         if admission is not None:
             result.update(
@@ -269,18 +332,13 @@ class Admission(Part):
             )
         if decision.error is not None:
             return {**result, "action": "refuse", "error": decision.error.to_dict()["error"]}
-        evict = [
-            {
-                "slot": v.name,
-                "priority": v.priority,
-                "idle_s": round(v.idle_s, 1),
-                "bytes": v.bytes,
-                "devices": list(v.devices),
-                "reason": v.reason,
-            }
-            for v in decision.victims
-        ]
-        return {**result, "action": decision.verdict, "evict": evict}
+        evict = [_evicted(v) for v in decision.victims]
+        return {
+            **result,
+            "action": decision.verdict,
+            "evict": evict,
+            "freed": _freed(decision.victims),
+        }
 
     def waiting_with_room(self) -> list[str]:
         """Waiting slots whose background load would be admitted now (memory came back)."""
@@ -290,7 +348,7 @@ class Admission(Part):
             if s.waiting is not None
             and not s.busy
             and not self.table.group_peers(s)  # the group is held: the reconciler waits
-            and self.decide(s, background=True).ok
+            and self.decide_wake(s, background=True)[0].ok
         ]
 
     def refuse(self, slot: SlotRecord, decision: LoadDecision) -> SlotctlError:
@@ -319,14 +377,7 @@ class Admission(Part):
         """
         device = slot.where
         async with self.locks.device(slot.lock_key, lambda: self.core.demand(slot)):
-            decision = self.decide(slot, background=slot.background)
-            if decision.victims:
-                await self.unloading.evict(decision.victims, reason=EvictionReason.PRELOAD)
-                decision = self.decide(slot, background=slot.background)
-                if decision.victims:  # a victim got a request meanwhile: not enough room
-                    decision = self.decide(slot, background=slot.background, evict=False)
-            if not decision.ok:
-                raise self.refuse(slot, decision)
+            decision = await self._decide_evicting(slot)
             admission = decision.admission
             assert admission is not None
             where = ", ".join(decision.devices) or device
@@ -349,9 +400,43 @@ class Admission(Part):
             self.table.set(
                 slot, target, op=Op.LOAD, message=f"admitted on {where}", placement=decision.gpus
             )
+            slot.reserved_at = self.clock.monotonic()  # its cold load is timed from here
             if slot.admitted is not None:
                 slot.admitted.set()
             return needs_pull
+
+    async def _decide_evicting(self, slot: SlotRecord) -> LoadDecision:
+        """The decision under the device lock, its victims evicted (each slept or unloaded
+        as the plan says) and the decision taken again; raises the refusal."""
+        decision = self.decide(slot, background=slot.background)
+        if decision.victims:
+            await self.unloading.evict(decision.victims, reason=EvictionReason.PRELOAD)
+            decision = self.decide(slot, background=slot.background)
+            if decision.victims:  # a victim got a request meanwhile: not enough room
+                decision = self.decide(slot, background=slot.background, evict=False)
+        if not decision.ok:
+            raise self.refuse(slot, decision)
+        return decision
+
+    async def admit_wake(self, slot: SlotRecord) -> None:
+        """A wake's admission on the GPUs its server sleeps on (evicting for it as for a
+        load), then its reservation: the tier ``waking`` (its device memory counted again,
+        reserved), durable before the wake calls go out. Raises the refusal."""
+        async with self.locks.device(slot.lock_key, lambda: self.core.demand(slot)):
+            decision = await self._decide_evicting(slot)
+            where = ", ".join(decision.devices) or slot.where
+            self.events.emit(
+                EventKind.ADMISSION,
+                Op.ADMIT,
+                slot=slot.name,
+                model=slot.model_id,
+                message=f"admitted {format_gib(slot.memory_bytes)} on {where} (wake)",
+                details={"devices": list(decision.devices), "wake": True},
+            )
+            message = f"waking on {where}"
+            self.table.set_tier(slot, asleep=slot.asleep, waking=True, op=Op.LOAD, message=message)
+            if slot.admitted is not None:
+                slot.admitted.set()
 
     async def admit_landed(self, slot: SlotRecord, before: str) -> None:
         """A slot the scheduler placed landed on a node other than the one it was admitted
@@ -362,7 +447,7 @@ class Admission(Part):
         """
         if slot.where == before:
             return
-        async with self.locks.device(slot.where, lambda: self.core.demand(slot)):
+        async with self.locks.device(slot.lock_key, lambda: self.core.demand(slot)):
             decision = self.decide(slot, background=slot.background)
             if decision.victims:
                 await self.unloading.evict(decision.victims, reason=EvictionReason.PRELOAD)
@@ -376,6 +461,36 @@ class Admission(Part):
                 slot=slot.name,
                 message=f"admitted {format_gib(slot.memory_bytes)} on {slot.where} (landed)",
             )
+
+
+def _evicted(v: Victim) -> dict[str, Any]:
+    """One victim of a dry run: what it is, why, and how (``sleep`` or ``unload``)."""
+    return {
+        "slot": v.name,
+        "action": v.action,
+        "level": v.level,
+        "priority": v.priority,
+        "idle_s": round(v.idle_s, 1),
+        "bytes": v.bytes,
+        "devices": list(v.devices),
+        "host": v.host or None,
+        "host_bytes": v.host_bytes,
+        "load_s": round(v.load_s, 3),
+        "wake_s": round(v.wake_s, 3),
+        "score": v.score,
+        "reason": v.reason,
+    }
+
+
+def _freed(victims: tuple[Victim, ...]) -> dict[str, int]:
+    """The memory the victims give back per device (a sleeper's host memory: negative)."""
+    freed: dict[str, int] = {}
+    for v in victims:
+        for key in v.devices:
+            freed[key] = freed.get(key, 0) + (share(v.bytes, len(v.devices)))
+        if v.host_bytes:
+            freed[v.host] = freed.get(v.host, 0) - v.host_bytes
+    return freed
 
 
 def _placed(admission: AdmissionFigures, decision: LoadDecision) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from controller.providers import (
 )
 from controller.runtime.base import LaunchSpec, Runtime
 from controller.runtime.ports import can_bind, pick_free_port
+from controller.sleepmode import Sleeper
 from controller.slots.locks import Locks
 from controller.slots.records import ManagerConfig, SlotRecord
 from controller.slots.table import SlotTable
@@ -57,6 +58,7 @@ class Core:
     wishes: Wishes
     locks: Locks
     tasks: TaskSet
+    sleeper: Sleeper  # sleeps, wakes and asks servers that can sleep (the launch says)
     # Where hf:// and relative model sources resolve: the config's, else
     # $SLOTCTL_MODELS_DIR (default /models) as it is when the manager is built.
     models_dir: Path = field(init=False)
@@ -186,6 +188,7 @@ class Part:
         self.wishes: Wishes = core.wishes
         self.locks: Locks = core.locks
         self.tasks: TaskSet = core.tasks
+        self.sleeper: Sleeper = core.sleeper
 
     @property
     def settings(self) -> ControllerSettings:

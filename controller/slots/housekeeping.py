@@ -220,8 +220,9 @@ class Housekeeping(Part):
                 critical_frac=self.config.critical_free_frac,
             )
             now = self.clock.monotonic()
+            host = self.loading.admission.host_room()  # a victim sleeps where it fits
             candidates = self.table.candidates(functools.partial(self._recent, now=now))
-            victims = pressure_victims(candidates, device, level, now)
+            victims = pressure_victims(candidates, device, level, now, host=host)
             evicted += await self.loading.unloading.evict(victims, reason=EvictionReason.PRESSURE)
         return evicted
 

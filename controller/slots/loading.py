@@ -44,10 +44,12 @@ class Loading(Part):
         super().__init__(core)
         self.admission = admission
         self.unloading = unloading
+        self.tiers = unloading.residency
 
     @staticmethod
     def loaded(slot: SlotRecord) -> bool:
-        return slot.state in DISPATCHABLE_STATES
+        """Up and serving its model (an asleep server has to wake first)."""
+        return slot.state in DISPATCHABLE_STATES and not slot.asleep
 
     async def load(self, slot: SlotRecord, *, resident: bool, background: bool) -> None:
         """Load (or join the load of) a slot. ``resident`` records the wish to keep it."""
@@ -153,6 +155,8 @@ class Loading(Part):
                 slot.admitted.set()
 
     async def _load_locked(self, slot: SlotRecord, gen: int) -> None:
+        if slot.asleep and await self._wake(slot):
+            return  # else the wake failed: the server was stopped, a cold load follows
         if self.table.group_peers(slot):
             # Decided before the exclusive-group peers are unloaded for it (a refused load
             # unloads nothing); without peers admit_and_reserve's decision is the first.
@@ -166,6 +170,45 @@ class Loading(Part):
         if pulling:
             await self._pull(slot, launch, gen)
         await self._start_and_probe(slot, launch, gen)
+
+    async def _wake(self, slot: SlotRecord) -> bool:
+        """Wake an asleep slot (its lock held): the one decision (pinned to the GPUs it
+        sleeps on), exclusive peers out, its victims evicted, the tier ``waking``, the wake
+        calls and the readiness probe. True: ``ready``. False: the wake failed, or no room
+        can be made where it sleeps but a cold load fits elsewhere (one event either way);
+        its server is stopped (``offline``): the caller loads it cold, once."""
+        decision, wake = self.admission.decide_wake(slot, background=slot.background)
+        if not decision.ok:
+            raise self.admission.refuse(slot, decision)  # it stays asleep
+        if not wake:  # no room where it sleeps, room elsewhere: loaded cold there
+            where = ", ".join(g.key for g in slot.placement)
+            await self._drop_sleeper(slot, f"no room on {where}, where it sleeps")
+            return False
+        await self.unloading.unload_group_peers(slot)
+        await self.admission.admit_wake(slot)
+        reason = "background" if slot.background else "request" if slot.waiters else "load"
+        started = self.clock.monotonic()
+        launch = slot.launch
+        failed = "no server" if launch is None else await self.tiers.wake_server(slot, launch)
+        if not failed:
+            now = self.clock.monotonic()
+            slot.ready_at = slot.last_used = slot.last_liveness = now
+            slot.liveness_misses = 0
+            slot.measured(wake_s=now - started)  # recorded with the transition
+            self.table.set(slot, S.READY, op=Op.LOAD, message=f"woke in {now - started:.2f}s")
+            self.tiers.woke(slot, now - started, reason)
+            return True
+        await self._drop_sleeper(slot, failed)
+        return False
+
+    async def _drop_sleeper(self, slot: SlotRecord, why: str) -> None:
+        """A wake that failed (or cannot happen where it sleeps): one event, its server
+        stopped, ``offline`` (its memory released), for the cold load that follows."""
+        error = self.tiers.wake_failed(slot, why)
+        with contextlib.suppress(SlotctlError):
+            await self.runtime.stop(slot.name, self.config.stop_timeout_s)
+        slot.launch, slot.running_hash, slot.adopted = None, None, None
+        self.table.walk(slot, S.OFFLINE, op=Op.LOAD, message=error.message)
 
     async def _pull(self, slot: SlotRecord, launch: LaunchSpec, gen: int) -> None:
         if launch.model_missing():
@@ -236,6 +279,9 @@ class Loading(Part):
         if result.outcome is ProbeOutcome.READY:
             slot.ready_at = slot.last_used = slot.last_liveness = now
             slot.liveness_misses = 0
+            if slot.reserved_at is not None:  # a cold load's cost (recorded with the state)
+                slot.measured(load_s=now - slot.reserved_at)
+            slot.reserved_at = None
             self.table.set(slot, S.READY, op=Op.LOAD, message=result.message)
             return
         if result.outcome is ProbeOutcome.NO_MODEL:
@@ -269,6 +315,7 @@ class Loading(Part):
             with contextlib.suppress(SlotctlError):
                 await self.runtime.stop(slot.name, self.config.stop_timeout_s)
             slot.launch, slot.running_hash, slot.adopted = None, None, None
+        slot.reserved_at = None
         backoff = slot.breaker.record_failure(
             self.clock.monotonic(), error.message, slot.spec.max_consecutive_failures
         )

@@ -26,6 +26,7 @@ from controller.lifecycle import Candidate, SlotState
 from controller.memory import MemoryProbe, SystemMemoryProbe
 from controller.probe import HttpProber, Prober
 from controller.runtime.base import Notifying, RunStatus, Runtime, RuntimeKind
+from controller.sleepmode import HttpSleeper, Sleeper
 from controller.slots.admission import Admission
 from controller.slots.core import Core, Part, same
 from controller.slots.housekeeping import Housekeeping
@@ -40,6 +41,7 @@ from controller.slots.records import (
     SlotView,
 )
 from controller.slots.recovery import Recovery
+from controller.slots.residency import Residency
 from controller.slots.table import SlotTable
 from controller.slots.unloading import Unloading
 from controller.slots.wishes import Wishes
@@ -68,6 +70,7 @@ class SlotManager(Part):
         clock: Clock = SYSTEM_CLOCK,
         events: EventBus | None = None,
         config: ManagerConfig | None = None,
+        sleeper: Sleeper | None = None,
     ) -> None:
         events = events or EventBus()
         wishes = Wishes(config_dir)
@@ -84,9 +87,11 @@ class SlotManager(Part):
             wishes=wishes,
             locks=Locks(),
             tasks=TaskSet(log),
+            sleeper=sleeper or HttpSleeper(),
         )
         super().__init__(core)
-        self.unloading = Unloading(self.core)
+        self.tiers = Residency(self.core)  # sleep and wake (``residency``: the wishes' file)
+        self.unloading = Unloading(self.core, self.tiers)
         self.admission = Admission(self.core, self.unloading)
         self.loading = Loading(self.core, self.admission, self.unloading)
         self.leasing = Leases(self.core, self.loading)

@@ -15,18 +15,22 @@ from pathlib import Path
 from typing import Final, NamedTuple
 
 from controller.breaker import Breaker
-from controller.devices import GpuRef
+from controller.devices import GpuRef, share
 from controller.errors import SlotctlError
+from controller.eviction import EvictionCandidate
 from controller.fairqueue import FairQueue
-from controller.lifecycle import SlotState, can_dispatch
+from controller.lifecycle import IdleReason, SlotState, can_dispatch
 from controller.memory import GIB
 from controller.runtime.base import LaunchSpec
 from controller.spec.schema import ModelSpec, SlotSpec
-from controller.store import utcnow
+from controller.store import ReloadCosts, utcnow
 
 __all__ = [
     "ADMITTED_STATES",
+    "ASLEEP",
+    "AWAKE",
     "LOADING_STATES",
+    "WAKING",
     "DeviceFigures",
     "Lease",
     "ManagerConfig",
@@ -34,6 +38,7 @@ __all__ = [
     "SlotRecord",
     "SlotStatus",
     "SlotView",
+    "tier_name",
 ]
 
 S = SlotState
@@ -44,6 +49,13 @@ ADMITTED_STATES: Final = frozenset(
 )
 # Admitted, but the server is not up yet: a memory probe cannot see these.
 LOADING_STATES: Final = frozenset({S.PULLING, S.STARTING, S.WARMING})
+# The residency tiers of a slot's server (a view's ``residency``): awake, asleep (device
+# memory released; at level 1 its weights held in host memory), waking (a wake holds its
+# device memory again, not up yet: reserved, like a load coming up).
+COST_WEIGHT: Final = 0.3  # a new measured reload cost's weight in its moving average
+AWAKE: Final = "awake"
+ASLEEP: Final = "asleep"
+WAKING: Final = "waking"
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,10 +156,21 @@ class SlotView:
     gpus: tuple[int, ...] = ()  # the GPUs it is placed on (indices), while admitted
     devices: tuple[str, ...] = ()  # its admission keys (gpu:N, cpu, NODE/gpu), while admitted
     requests: int = 0  # requests served (leases released, holds aside) since the start
+    residency: str = AWAKE  # awake | asleep | waking (the tier of an idle slot's server)
+    sleep_level: int = 0  # while asleep or waking: 1 (weights in host memory) or 2
+    host_bytes: int = 0  # what it holds in host memory asleep (its weights, level 1)
+    can_sleep: bool = False  # its running server can sleep (provider, slot's `sleep`)
+    load_s: float | None = None  # measured cold load and wake times (moving averages)
+    wake_s: float | None = None
 
     @property
     def dispatchable(self) -> bool:
         return can_dispatch(self.state, self.idle_reason)
+
+
+def tier_name(level: int, waking: bool) -> str | None:
+    """``extra.residency`` of a slot at this sleep level (None: awake)."""
+    return (WAKING if waking else ASLEEP) if level else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,8 +254,15 @@ class SlotRecord:
     # its pod Pending there (controller.cluster marks their GPUs unusable for it).
     avoid: dict[str, tuple[float, str]] = field(default_factory=dict)
     # The GPUs admission placed the slot on (recorded in state.json with the transition
-    # that reserved them; cleared when it goes offline or to error).
+    # that reserved them; cleared when it goes offline or to error). An asleep server
+    # keeps them (it wakes where it sleeps).
     placement: tuple[GpuRef, ...] = ()
+    # The residency tier (issue 22): the level its server sleeps at (0: awake), and
+    # whether a wake holds its device memory again (reserved until it is ready).
+    asleep: int = 0
+    waking: bool = False
+    costs: ReloadCosts | None = None  # measured reload costs of its model
+    reserved_at: float | None = None  # monotonic time its load reserved memory (cost)
     # Requests waiting for their turn at max_concurrency, served by class (made when one
     # first waits): each waiter's future gets its lease, or None (try from the start).
     turns: FairQueue[asyncio.Future[Lease | None]] | None = None
@@ -290,8 +320,8 @@ class SlotRecord:
         return "gpu" if self.spec.device_kind == "gpu" else self.where
 
     @property
-    def devices(self) -> tuple[str, ...]:
-        """The admission keys the slot holds memory on: its GPUs (``gpu:N``, on a cluster
+    def placed(self) -> tuple[str, ...]:
+        """The admission keys of its placement: its GPUs (``gpu:N``, on a cluster
         ``NODE/gpu:N``; none before it is placed), ``cpu``/``npu``, or ``NODE/DEVICE`` on a
         cluster (a slot recorded without GPUs: ``NODE/gpu``)."""
         if self.spec.device_kind == "gpu" and self.placement:
@@ -320,6 +350,117 @@ class SlotRecord:
     def queued(self) -> int:
         """Requests waiting for their turn (max_concurrency)."""
         return len(self.turns) if self.turns is not None else 0
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        """The admission keys the slot holds memory on now: its placement's, or, asleep,
+        its host's (level 1: its weights) or none (level 2)."""
+        if self.asleep and not self.waking:
+            return (self.host,) if self.asleep == 1 else ()
+        return self.placed
+
+    @property
+    def host(self) -> str:
+        """The host memory key a sleeper's weights are counted on (``cpu``, or the node's
+        on a cluster)."""
+        node = self.node
+        return f"{node}/cpu" if node else "cpu"
+
+    @property
+    def residency(self) -> str:
+        if self.waking:
+            return WAKING
+        return ASLEEP if self.asleep else AWAKE
+
+    def holdings(self) -> tuple[tuple[str, int, bool], ...]:
+        """(key, bytes, coming up) for every key the slot holds memory on now (nothing
+        unless admitted). Asleep: its weights on its host (level 1). Waking: its device
+        memory again, reserved (a probe cannot see it yet), and the host's until ready."""
+        if self.state not in ADMITTED_STATES:
+            return ()
+        size = self.memory_bytes
+        host = ((self.host, size, False),) if self.asleep == 1 else ()
+        if self.asleep and not self.waking:
+            return host
+        placed = self.placed
+        each = share(size, len(placed)) if placed else 0
+        loading = self.waking or self.state in LOADING_STATES
+        return tuple((key, each, loading) for key in placed) + (host if self.waking else ())
+
+    def restore_tier(self, residency: str | None, level: int) -> None:
+        """The tier ``state.json`` recorded: a wake the previous controller died in is a
+        sleeper until its server says otherwise (recovery asks it), counted once."""
+        if self.state in (S.IDLE, S.UNLOADING) and residency in (ASLEEP, WAKING):
+            self.asleep = level if level in (1, 2) else 1
+            if self.state is S.IDLE:
+                self.idle_reason = IdleReason.ASLEEP
+
+    def bytes_on(self, device: str) -> tuple[int, bool]:
+        """The bytes it holds on ``device`` (a key, or a kind: all of its GPUs; ``NODE/gpu``:
+        all of its GPUs on that node), and whether they are coming up (reserved)."""
+        held = self.holdings()
+        for key, size, loading in held:
+            if key == device:
+                return size, loading
+        prefix = device + ":"
+        gpus = [loading for key, _size, loading in held if key.startswith(prefix)]
+        if gpus:
+            return self.memory_bytes, gpus[0]  # ``gpu``: the sum over the GPUs
+        return 0, False
+
+    def candidate(self, recent_weight: float = 0.0) -> EvictionCandidate:
+        """The slot as the eviction planner sees it: where it holds memory now, whether its
+        running server can sleep (the launch's capability, the slot's level), its costs;
+        ``recent_weight``: the best priority-class weight among its recent users."""
+        launch = self.launch
+        can = launch is not None and launch.sleep is not None
+        level = self.spec.sleep_level if can and self.idle_reason != IdleReason.NO_MODEL else 0
+        load_s, wake_s = self.reload_s()
+        return EvictionCandidate(
+            name=self.name,
+            devices=self.devices,
+            bytes=self.memory_bytes,
+            priority=self.spec.priority,
+            last_used=self.last_used,
+            state=self.state,
+            pinned=bool(self.spec.pinned),
+            leases=len(self.leases),
+            busy=self.busy or self.draining or self.waiters > 0 or self.queued > 0 or self.waking,
+            access=self.access,
+            generation=self.generation,
+            sleep_level=0 if self.asleep else level,
+            asleep=self.asleep,
+            host=self.host,
+            placed=self.placed if self.state in ADMITTED_STATES else (),
+            load_s=load_s,
+            wake_s=wake_s,
+            recent_weight=recent_weight,
+        )
+
+    def reload_s(self) -> tuple[float, float]:
+        """(cold load, wake) seconds of its model: measured (moving averages), else a
+        prior — 1 s per GiB of its memory estimate (at least 1 s) for a load, a twentieth
+        of that for a wake (vLLM's sleep-mode figures: a wake is 18-200x faster)."""
+        prior = max(1.0, self.memory_bytes / GIB)
+        costs = self.costs if self.costs is not None and self.costs.model == self.model_id else None
+        load = costs.load_s if costs is not None and costs.load_s else prior
+        wake = costs.wake_s if costs is not None and costs.wake_s else max(0.05, prior / 20)
+        return load, wake
+
+    def measured(self, *, load_s: float | None = None, wake_s: float | None = None) -> None:
+        """Fold one measured cold load or wake into the moving averages (weight 0.3)."""
+        costs = self.costs
+        if costs is None or costs.model != self.model_id:
+            costs = ReloadCosts(model=self.model_id)
+
+        def fold(old: float | None, new: float | None) -> float | None:
+            if new is None:
+                return old
+            return round(new if old is None else old + COST_WEIGHT * (new - old), 4)
+
+        self.costs = costs.model_copy(
+            update={"load_s": fold(costs.load_s, load_s), "wake_s": fold(costs.wake_s, wake_s)}
+        )
 
     @property
     def busy(self) -> bool:

@@ -87,6 +87,9 @@ class Recovery(Part):
         # An adopted server started with an older config reports *its* hash, so the
         # reconciler recreates it (it serves until then).
         slot.launch, slot.running_hash = launch, observed.config_hash if drifted else None
+        if await self.loading.tiers.asleep_now(slot, launch):
+            self._adopt_sleeper(slot, observed)
+            return
         endpoint = launch.endpoint
         result = await self.prober.probe(endpoint, launch.probe, slot=slot.name)
         if drifted and result.outcome is not ProbeOutcome.READY:
@@ -108,7 +111,7 @@ class Recovery(Part):
         if result.outcome is ProbeOutcome.READY:
             now = self.clock.monotonic()
             slot.ready_at = slot.last_used = slot.last_liveness = now
-            if slot.state is not S.IDLE:
+            if slot.state is not S.IDLE or slot.asleep:  # recorded asleep, but it is awake
                 self.table.walk(slot, S.READY, op=Op.RESTORE, message="adopted running server")
         elif result.outcome is ProbeOutcome.NO_MODEL:
             self.table.walk(slot, S.WARMING, op=Op.RESTORE, message="adopted")
@@ -124,6 +127,22 @@ class Recovery(Part):
             slot.generation += 1
             warming = self._continue_warming(slot, launch, slot.generation)
             self.tasks.spawn(warming, f"warm:{slot.name}")
+
+    def _adopt_sleeper(self, slot: SlotRecord, observed: Observed) -> None:
+        """A running server that says it sleeps (``/is_sleeping``): adopted asleep, at the
+        level ``state.json`` recorded (else the slot's), counted once: on its host (level
+        1), never on its GPUs, which it keeps for its wake."""
+        level = slot.asleep or slot.spec.sleep_level
+        what = f"pid {observed.ident}" if str(observed.ident).isdigit() else observed.ident
+        message = f"adopted {slot.name} asleep at level {level} ({what})"
+        self.events.emit(EventKind.ADOPT, Op.RESTORE, slot=slot.name, message=message)
+        slot.last_used = slot.last_liveness = self.clock.monotonic()
+        if slot.state is S.IDLE:
+            self.table.set_tier(slot, asleep=level, waking=False, op=Op.RESTORE, message=message)
+            return
+        if slot.state is not S.READY:
+            self.table.walk(slot, S.WARMING, op=Op.RESTORE, message="adopted")
+        self.table.set(slot, S.IDLE, op=Op.RESTORE, message=message, asleep=level)
 
     def _keep_placement(self, slot: SlotRecord) -> None:
         """An adopted GPU server keeps the GPUs ``state.json`` recorded; one recorded

@@ -31,8 +31,8 @@ from controller.clock import Clock
 from controller.devices import GpuRef
 from controller.errors import SlotctlError, SlotNotFound, StateWriteFailed
 from controller.events import EventBus, EventKind, Op
-from controller.lifecycle import Candidate, SlotState, check_transition, legal_path
-from controller.slots.records import ADMITTED_STATES, SlotRecord, SlotView
+from controller.lifecycle import Candidate, IdleReason, SlotState, check_transition, legal_path
+from controller.slots.records import ADMITTED_STATES, SlotRecord, SlotView, tier_name
 from controller.slots.usage import Usage
 from controller.slots.wishes import Wishes
 from controller.spec.schema import ModelSpec
@@ -118,6 +118,12 @@ class SlotTable(Usage):
             gpus=tuple(g.index for g in slot.placement),
             devices=slot.devices if slot.state in ADMITTED_STATES else (),
             requests=slot.requests,
+            residency=slot.residency,
+            sleep_level=slot.asleep,
+            host_bytes=slot.memory_bytes if slot.asleep == 1 else 0,
+            can_sleep=launch is not None and launch.sleep is not None,
+            load_s=slot.costs.load_s if slot.costs else None,
+            wake_s=slot.costs.wake_s if slot.costs else None,
         )
 
     def routable(self, model: str) -> list[Candidate]:
@@ -154,11 +160,15 @@ class SlotTable(Usage):
         error: SlotctlError | None = None,
         durable: bool | None = None,
         placement: tuple[GpuRef, ...] | None = None,
+        asleep: int = 0,
     ) -> None:
         """The one place slot state changes: check, persist, then commit; emit, log.
 
         ``placement``: the GPUs a load was admitted on (with the transition that reserves
-        them); going ``offline`` or to ``error`` releases them.
+        them); going ``offline`` or to ``error`` releases them. ``asleep``: the sleep
+        level of a slot going ``idle`` because its server sleeps (the residency tier);
+        any transition ends a wake, and only ``unloading`` keeps a sleeper's level (its
+        host memory is held until the server is gone).
 
         Persist-then-commit: ``state.json`` is written first and only then does the slot
         change in memory, so memory never runs ahead of disk. A failed write raises
@@ -166,18 +176,24 @@ class SlotTable(Usage):
         (to :data:`OBSERVED`, SPEC §3; ``durable=True`` makes one durable all the same):
         they commit at once and the lag writer persists them off the event loop
         (coalesced); a refused lag write fails nothing, and :meth:`flush_unpersisted`
-        writes it once the disk can. A transition that changes the placement is durable.
+        writes it once the disk can. A transition that changes the placement or the
+        residency tier (what the slot holds) is durable.
         """
         current, name = slot.state, slot.name
         check_transition(current, to)
         if to is S.OFFLINE or to is S.ERROR:
             placement = ()
+        if to is S.IDLE and asleep:
+            idle_reason = IdleReason.ASLEEP
+        level = asleep if to is S.IDLE else slot.asleep if to is S.UNLOADING else 0
         placed = placement is not None and placement != slot.placement
-        durable = durable is True or to not in OBSERVED or placed
+        durable = durable is True or to not in OBSERVED or placed or level != slot.asleep
         idle = idle_reason if to is S.IDLE else None
         since = utcnow()
         if durable:
-            record = self._record(slot, to, idle, message, since, waiting=None, gpus=placement)
+            record = self._record(
+                slot, to, idle, message, since, waiting=None, gpus=placement, tier=(level, False)
+            )
             try:
                 self._write_now(record, durable=True)
             except StateWriteFailed as exc:
@@ -185,6 +201,7 @@ class SlotTable(Usage):
                 raise
         if placement is not None:
             slot.placement = placement
+        slot.asleep, slot.waking = level, False
         slot.state, slot.idle_reason, slot.message, slot.since = to, idle, message, since
         slot.waiting = None  # any transition ends a wait for memory
         if not durable:
@@ -210,6 +227,8 @@ class SlotTable(Usage):
         details: dict[str, object] = {"idle_reason": slot.idle_reason} if slot.idle_reason else {}
         if op is Op.LEASE:
             details["requests"] = slot.requests
+        if slot.asleep:  # the residency tier of an idle slot
+            details.update(residency=slot.residency, level=slot.asleep)
         return details
 
     def _write_failed(self, slot: SlotRecord, op: Op, what: str, exc: StateWriteFailed) -> None:
@@ -327,6 +346,31 @@ class SlotTable(Usage):
         )
         slot.waiting, slot.message = waiting, message
 
+    def set_tier(
+        self, slot: SlotRecord, *, asleep: int, waking: bool, op: Op, message: str
+    ) -> None:
+        """An idle slot's residency tier changes (its server fell asleep, or a wake holds
+        its device memory again): no transition, but durable before the controller acts
+        on it (SPEC §3); one event and log line. A refused write changes nothing."""
+        assert slot.state is S.IDLE, slot.state
+        before, reason = slot.residency, IdleReason.ASLEEP
+        tier = (asleep, waking)
+        record = self._record(slot, S.IDLE, reason, message, slot.since, slot.waiting, tier=tier)
+        try:
+            self._write_now(record, durable=True)
+        except StateWriteFailed as exc:
+            self._write_failed(slot, op, f"{before} -> {record.extra.residency} not done", exc)
+            raise
+        slot.asleep, slot.waking, slot.idle_reason, slot.message = asleep, waking, reason, message
+        self.events.emit(
+            EventKind.RESIDENCY,
+            op,
+            slot=slot.name,
+            model=slot.model_id,
+            message=message,
+            details={"residency": slot.residency, "from": before, "level": asleep},
+        )
+
     def persist_placement(self, slot: SlotRecord, gpus: tuple[GpuRef, ...]) -> None:
         """Record the GPUs of a slot that has none recorded (an adopted server), then keep
         them: a refused write (``StateWriteFailed``) changes nothing."""
@@ -399,11 +443,14 @@ class SlotTable(Usage):
         since: str,
         waiting: str | None,
         gpus: tuple[GpuRef, ...] | None = None,
+        tier: tuple[int, bool] | None = None,
     ) -> SlotStateRecord:
         """The slot as ``state.json`` holds it, with these values (the breaker serialises
-        itself; ``gpus``: a new placement, else the slot's own)."""
+        itself; ``gpus``: a new placement, else the slot's own; ``tier``: (sleep level,
+        waking), else the slot's own)."""
         breaker = slot.breaker.to_record(self.clock.monotonic(), self.clock.time())
         placed = slot.placement if gpus is None else gpus
+        level, waking = (slot.asleep, slot.waking) if tier is None else tier
         extra = StateExtra(
             idle_reason=idle_reason,
             adopted=slot.adopted,
@@ -412,6 +459,9 @@ class SlotTable(Usage):
             gpus=tuple(
                 PlacedGpu(index=g.index, uuid=g.uuid, vendor=g.vendor, node=g.node) for g in placed
             ),
+            residency=tier_name(level, waking),
+            sleep_level=level,
+            reload=slot.costs,
             **breaker,
         )
         return SlotStateRecord(
@@ -435,10 +485,12 @@ class SlotTable(Usage):
             return
         slot.state, slot.message, slot.since = saved.state, saved.message, saved.updated_at
         slot.idle_reason = saved.extra.idle_reason
+        slot.costs = saved.extra.reload
         if slot.state in ADMITTED_STATES:
             slot.placement = tuple(
                 GpuRef(g.index, g.uuid, g.vendor, g.node) for g in saved.extra.gpus
             )
+        slot.restore_tier(saved.extra.residency, saved.extra.sleep_level)
         if slot.state is S.SERVING:
             # A new table has no leases: a ``serving`` record (its lease flip back to ready
             # lagged, or the controller died mid-request) recovers as ``ready`` (SPEC §3),

@@ -17,10 +17,11 @@ from typing import Final
 
 from controller.errors import SlotctlError, SlotNotReady, SlotPinned, SlotTerminateTimeout
 from controller.events import EventKind, EvictionReason, Op
-from controller.eviction import Victim
+from controller.eviction import SLEEP, Victim
 from controller.lifecycle import SlotState
 from controller.slots.core import Core, Part
 from controller.slots.records import LOADING_STATES, SlotRecord, SlotView
+from controller.slots.residency import Residency
 
 __all__ = ["Unloading"]
 
@@ -32,8 +33,9 @@ _SETTLE_SPINS: Final = 50  # loop iterations for resuming waiters (a few suffice
 
 
 class Unloading(Part):
-    def __init__(self, core: Core) -> None:
+    def __init__(self, core: Core, residency: Residency) -> None:
         super().__init__(core)
+        self.residency = residency
         self.drains_ended = False  # a second Ctrl-C: drains revoke their leases at once
 
     async def unload(
@@ -131,7 +133,8 @@ class Unloading(Part):
             slot.draining = False
 
     async def evict(self, victims: Iterable[Victim], *, reason: EvictionReason) -> list[str]:
-        """Unload each victim after revalidating the decision (a request since cancels it)."""
+        """Carry out each victim's action (put to sleep, or unload) after revalidating the
+        decision (a request since cancels it)."""
         done = []
         for victim in victims:
             slot = self.table.records.get(victim.name)
@@ -139,14 +142,25 @@ class Unloading(Part):
                 continue  # a request came since the decision: not a victim any more
             if slot.generation != victim.generation:
                 continue  # unloaded and loaded again (maybe another model) since
-            if await self.evict_one(slot, f"evicted to {victim.reason}", reason=reason):
+            if victim.action == SLEEP and slot.asleep:
+                continue  # asleep already (its device memory is free)
+            level = victim.level if victim.action == SLEEP else 0
+            why = f"{'put to sleep' if level else 'evicted'} to {victim.reason}"
+            if await self.evict_one(slot, why, reason=reason, sleep=level):
                 done.append(victim.name)
         return done
 
     async def evict_one(
-        self, slot: SlotRecord, why: str, *, reason: EvictionReason, clear_residency: bool = False
+        self,
+        slot: SlotRecord,
+        why: str,
+        *,
+        reason: EvictionReason,
+        clear_residency: bool = False,
+        sleep: int = 0,
     ) -> bool:
-        """Unload one victim (``reason``: its class, a field of the eviction event)."""
+        """Evict one victim (``reason``: its class, a field of the eviction event): its
+        server put to sleep at level ``sleep`` (0: unloaded; a sleep that fails unloads)."""
         if slot.state not in (S.READY, S.IDLE) or slot.leases or slot.busy or slot.spec.pinned:
             return False  # revalidation failed: it got busy since the decision
         if slot.draining or slot.waiters:
@@ -154,10 +168,15 @@ class Unloading(Part):
         if clear_residency:
             self.clear_resident(slot.name)
         async with slot.lock:  # free (checked above): acquired without waiting
+            if sleep and await self.residency.sleep_locked(slot, sleep, why, reason):
+                return True
             await self.unload_locked(slot, why, Op.EVICT, evicted=reason)
         return True
 
     def emit_eviction(self, slot: SlotRecord, why: str, reason: EvictionReason) -> None:
+        details: dict[str, object] = {"bytes": slot.memory_bytes, "action": "unload"}
+        if slot.asleep:
+            details["was"] = "asleep"  # a sleeper unloaded from host memory
         self.events.emit(
             EventKind.EVICTION,
             Op.EVICT,
@@ -165,7 +184,7 @@ class Unloading(Part):
             model=slot.spec.model_id,
             message=why,
             reason=reason,
-            details={"bytes": slot.memory_bytes},
+            details=details,
         )
 
     async def reset(self, name: str) -> SlotView:

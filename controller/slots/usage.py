@@ -2,18 +2,19 @@
 
 The read side of :class:`~.table.SlotTable` (its base): sums and lists over the records,
 no writes. Each GPU is a device of its own (``gpu:N``); a slot spanning several holds
-:func:`controller.devices.share` of its bytes on each, and a device *kind* (``gpu``) sums
-its devices.
+:func:`controller.devices.share` of its bytes on each, and a device *kind* (``gpu``; on a
+cluster ``NODE/gpu``: that node's ``NODE/gpu:N``) sums its devices. What a slot holds is
+its :meth:`~.records.SlotRecord.holdings`: an asleep server holds its weights on its host
+(level 1) and nothing on its GPUs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from controller.devices import share
 from controller.eviction import EvictionCandidate
 from controller.lifecycle import SlotState
-from controller.slots.records import ADMITTED_STATES, LOADING_STATES, SlotRecord
+from controller.slots.records import ADMITTED_STATES, SlotRecord
 
 __all__ = ["Usage"]
 
@@ -35,33 +36,30 @@ class Usage:
     def device_bytes(self, device: str, requester: SlotRecord | None = None) -> tuple[int, int]:
         """(admitted, reserved) on ``device`` in one pass: the bytes of the slots admitted
         there, and of those among them still coming up (but ``requester``'s). A device
-        kind (``gpu``) sums its devices (every GPU)."""
+        kind (``gpu``, or ``NODE/gpu``) sums its devices (every GPU, or the node's)."""
         admitted = reserved = 0
         for s in self.records.values():
-            state = s.state
-            if state not in ADMITTED_STATES:
+            if s.state not in ADMITTED_STATES:
                 continue
-            size = _bytes_on(s, device)
+            size, loading = s.bytes_on(device)
             admitted += size
-            if state in LOADING_STATES and s is not requester:
+            if loading and s is not requester:
                 reserved += size
         return admitted, reserved
 
     def all_device_bytes(self, requester: SlotRecord | None = None) -> dict[str, list[int]]:
         """Every admission key with its [admitted, reserved] bytes, in one pass (the
-        placement looks at every GPU of a host at once)."""
+        placement looks at every GPU of a host at once). A sleeper counts on its host
+        only (its weights, level 1); a wake holds its devices again, reserved."""
         out: dict[str, list[int]] = {}
         for s in self.records.values():
-            state = s.state
-            if state not in ADMITTED_STATES:
+            if s.state not in ADMITTED_STATES:
                 continue
-            devices = s.devices
-            size = share(s.memory_bytes, len(devices))
-            loading = state in LOADING_STATES and s is not requester
-            for key in devices:
+            mine = s is requester
+            for key, size, loading in s.holdings():
                 figures = out.setdefault(key, [0, 0])
                 figures[0] += size
-                if loading:
+                if loading and not mine:
                     figures[1] += size
         return out
 
@@ -76,20 +74,7 @@ class Usage:
         """Every slot as the eviction planner sees it (it picks the eligible ones);
         ``recent_weight``: the best class weight among its recent users."""
         return [
-            EvictionCandidate(
-                name=s.name,
-                devices=s.devices,
-                bytes=s.memory_bytes,
-                priority=s.spec.priority,
-                last_used=s.last_used,
-                state=s.state,
-                pinned=bool(s.spec.pinned),
-                leases=len(s.leases),
-                busy=s.busy or s.draining or s.waiters > 0 or s.queued > 0,
-                access=s.access,
-                generation=s.generation,
-                recent_weight=recent_weight(s) if recent_weight is not None else 0.0,
-            )
+            s.candidate(recent_weight(s) if recent_weight is not None else 0.0)
             for s in self.records.values()
         ]
 
@@ -106,15 +91,3 @@ class Usage:
             and s.model.exclusive_group == group
             and s.state not in (S.OFFLINE, S.ERROR)
         ]
-
-
-def _bytes_on(slot: SlotRecord, device: str) -> int:
-    """The bytes ``slot`` holds on ``device`` (a key, or a kind: all of its devices;
-    ``NODE/gpu``: all of its GPUs on that node)."""
-    devices = slot.devices
-    if device in devices:
-        return share(slot.memory_bytes, len(devices))
-    prefix = device + ":"
-    if devices and all(k.startswith(prefix) for k in devices):
-        return slot.memory_bytes  # ``gpu``: the sum over the GPUs
-    return 0

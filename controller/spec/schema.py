@@ -288,6 +288,16 @@ class SlotSpec(_Strict):
     # keys' priority classes (controller/fairqueue.py)
     max_concurrency: Annotated[int, Field(ge=1)] | None = None
     memory_gb: MemoryGb | None = None  # admission estimate override (self-managed)
+    # The residency tier (docs/lifecycle.md): may an eviction put the server to sleep
+    # (its provider permitting) instead of unloading it? None: the provider's default
+    # (vllm: yes; demo: no, it is the test double: opt in). A GPU slot's only.
+    sleep: bool | None = None
+    # 1: weights to host memory (counted there), fastest wake; 2: weights dropped (nothing
+    # held on the host), a wake reloads them in place.
+    sleep_level: Annotated[int, Field(ge=1, le=2)] = 1
+    # A wake (its calls and the readiness probe after it) longer than this falls back to
+    # a restart of the server, once.
+    wake_timeout_s: PosFloat = 60.0
     server: ServerSpec = Field(default_factory=ServerSpec)
     # kubernetes runtime: pin the slot to this node (its nodeSelector); unset: the
     # scheduler places it and admission counts it on the node it lands on
@@ -370,6 +380,9 @@ class ControllerSettings(_Strict):
     # Hysteresis of background loads (an autoload slot coming back, the restore at start):
     # they may only evict slots of lower priority idle for at least this long.
     min_resident_s: NonNegFloat = 60.0
+    # Kept free in host memory when the eviction plan puts a slot to sleep (a level-1
+    # sleeper holds its weights in host RAM): a sleeper that would leave less is unloaded.
+    host_margin_gb: NonNegFloat = 2.0
     # Allowlists of what a slot may run (None: anything; see docs/reliability.md, "Security
     # model"): the guard refuses a slot whose server.binary or server.cmd[0] is not in
     # allowed_binaries, or whose server.image is not in allowed_images.

@@ -13,7 +13,7 @@ from controller.lifecycle import LEGAL_TRANSITIONS, SlotState
 from controller.memory import GIB, FakeMemoryProbe
 from controller.probe import ProbeResult, ProbeSpec
 from controller.runtime.base import LaunchSpec, Observed, ProgressCallback
-from controller.runtime.fake import FakeProber, FakeRuntime
+from controller.runtime.fake import FakeProber, FakeRuntime, FakeSleeper
 from controller.slots import ManagerConfig, SlotManager
 from controller.spec.loader import DesiredSlot, DesiredState, normalise
 from controller.spec.schema import ControllerSettings, ModelSpec, SlotSpec
@@ -139,6 +139,7 @@ class Harness:
             memory=self.memory,
             clock=self.clock,
             config=self.config,
+            sleeper=FakeSleeper(self.runtime),
         )
         # A memory probe sees a server's memory once it is up, not while it is admitted
         # and still coming up (the manager reserves that memory itself).

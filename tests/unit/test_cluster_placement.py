@@ -29,7 +29,7 @@ from controller.lifecycle import SlotState
 from controller.memory import GIB, DeviceMemory
 from controller.nodes import ClusterProbe, NodeGpus
 from controller.placement import Need, place
-from controller.runtime.fake import FakeProber, FakeRuntime
+from controller.runtime.fake import FakeProber, FakeRuntime, FakeSleeper
 from controller.runtime.kubernetes_nodes import node_gpus, pod_gpus, unusable
 from controller.slots import ManagerConfig, SlotManager
 from controller.spec.schema import ControllerSettings, ModelSpec, SlotSpec
@@ -74,15 +74,21 @@ class Cluster:
         self.clock = FakeClock(start=100.0)
         self.runtime = ClusterRuntime(self.clock)
         self.probe = FakeCluster(nodes)
-        self.manager = SlotManager(
+        self.tmp, self.margin_gb = tmp, margin_gb
+        self.manager = self.new_manager()
+
+    def new_manager(self) -> SlotManager:
+        """A manager over this cluster (a restarted controller: the same runtime)."""
+        return SlotManager(
             runtime=self.runtime,
-            state_dir=tmp / "state",
-            config_dir=tmp / "config",
-            settings=ControllerSettings(safety_margin_gb=margin_gb, min_resident_s=0),
+            state_dir=self.tmp / "state",
+            config_dir=self.tmp / "config",
+            settings=ControllerSettings(safety_margin_gb=self.margin_gb, min_resident_s=0),
             prober=FakeProber(self.runtime),
             memory=self.probe,
             clock=self.clock,
             config=ManagerConfig(stop_timeout_s=1.0),
+            sleeper=FakeSleeper(self.runtime),
         )
 
     async def declare(self, slots: list[SlotSpec], models: list[ModelSpec]) -> None:
@@ -371,3 +377,52 @@ async def test_a_slot_s_own_pod_never_counts_against_its_load(tmp_path: Path) ->
         await cluster.manager.load("other")
     await cluster.manager.load("chat")
     assert cluster.manager.view("chat").devices == ("a/gpu:0",)
+
+
+async def test_a_sleeper_holds_its_whole_gpu_and_is_unloaded_to_clear_it(tmp_path: Path) -> None:
+    """A sleeping pod still holds its GPU (one pod per GPU, no time-slicing): it counts as
+    the GPU's holder, and a load that needs that GPU unloads it — nobody is put to sleep to
+    clear a whole GPU (issue 22's tier on issue 28's placement). Before, the sleeper (its
+    memory counted on its node's host key) was no candidate there: the GPU stayed blocked."""
+    cluster = Cluster(tmp_path, [node("a")])
+    slots = [cslot("low", "m4", sleep=True, priority=10), cslot("high", "m4b", priority=90)]
+    models = [model_spec("m4", 4), model_spec("m4b", 4)]
+    await cluster.declare(slots, models)
+    await cluster.manager.load("low")
+    cluster.runtime.sleeping["low"] = 1  # its server sleeps (a previous controller's doing)
+    await cluster.manager.core.table.close()
+    m = cluster.manager = cluster.new_manager()
+    await cluster.declare(slots, models)
+    await m.recover()
+    view = m.view("low")
+    assert view.residency == "asleep" and view.devices == ("a/cpu",)  # its weights there
+    assert m.admitted_bytes("a/gpu") == 0  # no memory on the GPU, but the pod holds it
+    plan = m.explain_load("high")
+    assert [(v["slot"], v["action"]) for v in plan["evict"]] == [("low", "unload")], plan
+    await m.load("high")
+    assert m.view("low").state is S.OFFLINE and "low" not in cluster.runtime.sleeping
+    assert m.view("high").devices == ("a/gpu:0",)
+
+
+async def test_a_wake_on_a_cluster_makes_room_where_its_pod_sleeps(tmp_path: Path) -> None:
+    """A sleeper wakes on the GPU its pod sleeps on: room is made there (a time-sliced
+    node's memory), not judged on another node's free GPU while it wakes on its own."""
+    sliced = {"gpus": 1, "gib": 16, "allocatable": 4}
+    cluster = Cluster(tmp_path, [node("a", **sliced), node("b", **sliced)])
+    slots = [cslot("low", "m8", sleep=True), cslot("mid", "m12")]
+    models = [model_spec("m8", 8), model_spec("m12", 12)]
+    await cluster.declare(slots, models)
+    await cluster.manager.load("low")
+    assert cluster.node_of("low") == "a"
+    cluster.runtime.sleeping["low"] = 1  # its server sleeps (a previous controller's doing)
+    await cluster.manager.core.table.close()
+    m = cluster.manager = cluster.new_manager()
+    await cluster.declare(slots, models)
+    await m.recover()
+    assert m.view("low").residency == "asleep"
+    await m.load("mid")  # a's GPU memory is free while low sleeps: mid goes there
+    assert cluster.node_of("mid") == "a"
+    await m.load("low")  # the wake, on a
+    assert m.view("low").residency == "awake" and m.view("low").devices == ("a/gpu:0",)
+    assert m.view("mid").state is S.OFFLINE  # evicted there for the wake
+    assert m.admitted_bytes("a/gpu:0") == 8 * GIB

@@ -55,6 +55,8 @@ EXTRA_ERRORS: dict[str, tuple[str, int]] = {
     "SlotUpstreamTimeout": ("slot.upstream_timeout", 504),
     "ServerNotAllowed": ("slot.server_not_allowed", 403),
     "HostNotAllowed": ("request.host_not_allowed", 421),
+    # Issue 22: a wake that failed (the server is restarted instead).
+    "SlotWakeFailed": ("slot.wake_failed", 503),
     # Issue 23: keys, their scopes and limits.
     "Forbidden": ("auth.forbidden", 403),
     "KeyNotFound": ("key.not_found", 404),
@@ -115,6 +117,7 @@ def _make(name: str) -> SlotctlError:
             "binary not allowed", keys=["server.binary"]
         ),
         "HostNotAllowed": lambda: errors_module.HostNotAllowed("Host 'evil.example'"),
+        "SlotWakeFailed": lambda: errors_module.SlotWakeFailed("no wake", slot="llm-a"),
         "StateWriteFailed": lambda: errors_module.StateWriteFailed(
             "/var/lib/slotctl/slots/llm-a/state.json", OSError(28, "No space left on device")
         ),

@@ -21,6 +21,7 @@ from controller.lifecycle import (
     check_transition,
     is_legal,
     rank_candidates,
+    selection_key,
     selection_rank,
 )
 
@@ -232,7 +233,31 @@ def test_idle_reason_only_matters_for_idle() -> None:
 
 
 def test_idle_reason_values() -> None:
-    assert {r.value for r in IdleReason} == {"no_model", "timeout"}
+    # asleep: the residency tier of idle (issue 22), not a tenth state
+    assert {r.value for r in IdleReason} == {"no_model", "timeout", "asleep"}
+    assert {s.value for s in SlotState} == set(SPEC_STATES)
+
+
+def test_an_asleep_slot_is_idle_and_not_dispatchable() -> None:
+    assert can_dispatch(SlotState.IDLE, IdleReason.ASLEEP) is False
+    assert can_dispatch(SlotState.IDLE, "asleep") is False
+    assert can_dispatch(SlotState.READY, IdleReason.ASLEEP) is True  # only idle has a reason
+    # waking it is idle -> ready, a transition the table already has
+    assert is_legal(SlotState.IDLE, SlotState.READY)
+
+
+def test_an_asleep_slot_ranks_after_the_dispatchable_ones_and_before_warming() -> None:
+    cands = [
+        Candidate("w", SlotState.WARMING, priority=100, last_used=99),
+        Candidate("n", SlotState.IDLE, priority=100, last_used=99, idle_reason="no_model"),
+        Candidate("z", SlotState.IDLE, priority=0, last_used=0, idle_reason="asleep"),
+        Candidate("i", SlotState.IDLE, priority=0, last_used=0, idle_reason="timeout"),
+        Candidate("o", SlotState.OFFLINE, priority=100, last_used=99),
+    ]
+    assert [c.name for c in rank_candidates(cands)] == ["i", "z", "n", "w", "o"]
+    key = selection_key
+    assert key(SlotState.READY) < key(SlotState.IDLE, "asleep") < key(SlotState.WARMING)
+    assert selection_rank(SlotState.IDLE, "asleep") == SPEC_TIER["warming"]  # SPEC's tiers
 
 
 def test_unknown_state_is_not_dispatchable() -> None:
@@ -325,3 +350,11 @@ def test_rank_candidates_is_deterministic_for_any_input_order() -> None:
     assert _names([]) == []
     # Accepts any iterable, e.g. a generator.
     assert [c.name for c in rank_candidates(c for c in cands)] == ["w", "x", "y"]
+
+
+def test_slot_get_says_an_asleep_server_sleeps() -> None:
+    from controller.lifecycle import describe
+
+    server, meaning = describe("idle", "asleep")
+    assert server == "asleep" and "wakes it" in meaning
+    assert describe("idle", "timeout")[0] == "up"

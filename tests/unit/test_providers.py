@@ -134,3 +134,53 @@ def test_config_hash_ignores_scheduling_knobs_and_sees_runtime_config() -> None:
     assert other_model.config_hash() != base.config_hash()
     assert base.labels()["slotctl.config-hash"] == base.config_hash()
     assert base.labels()["slotctl.managed"] == "true"
+
+
+# ----------------------------------------------------------------- sleep mode (issue 22)
+
+
+def test_vllm_sleeps_by_default_with_the_dev_mode_the_controller_sets() -> None:
+    from controller.sleepmode import VLLM_SLEEP
+
+    slot = _slot(provider="vllm", server={"env": {"VLLM_SERVER_DEV_MODE": "0"}})
+    launch = build_launch(slot, MODEL, BuildContext())
+    assert launch.sleep is VLLM_SLEEP
+    assert "--enable-sleep-mode" in launch.argv
+    assert launch.env["VLLM_SERVER_DEV_MODE"] == "1"  # the controller's, not the slot's
+    docker = build_launch(slot, MODEL, BuildContext(runtime="docker"))
+    assert "--enable-sleep-mode" in docker.argv and docker.env["VLLM_SERVER_DEV_MODE"] == "1"
+    assert VLLM_SLEEP.sleep.path == "/sleep?level={level}"
+    assert [c.path for c in VLLM_SLEEP.wake[1]] == ["/wake_up"]
+    assert [c.path for c in VLLM_SLEEP.wake[2]] == [
+        "/wake_up?tags=weights",
+        "/collective_rpc",
+        "/wake_up?tags=kv_cache",
+    ]
+    assert VLLM_SLEEP.ask.path == "/is_sleeping"
+
+
+def test_a_slot_opts_out_and_providers_without_sleep_keep_full_unloads() -> None:
+    optout = build_launch(_slot(provider="vllm", sleep=False), MODEL, BuildContext())
+    assert optout.sleep is None and "--enable-sleep-mode" not in optout.argv
+    assert "VLLM_SERVER_DEV_MODE" not in optout.env
+    assert build_launch(_slot(), MODEL, BuildContext()).sleep is None  # llamacpp
+    assert build_launch(_slot(sleep=True), MODEL, BuildContext()).sleep is None
+    cpu = build_launch(_slot(provider="vllm", device="cpu"), MODEL, BuildContext())
+    assert cpu.sleep is None  # sleeping releases device memory: a GPU slot's only
+
+
+def test_the_demo_server_sleeps_when_the_slot_asks() -> None:
+    demo = ModelSpec(id="qwen", source="demo://qwen")
+    assert build_launch(_slot(provider="demo"), demo, BuildContext()).sleep is None
+    launch = build_launch(_slot(provider="demo", sleep=True), demo, BuildContext())
+    assert launch.sleep is not None and launch.argv[-1] == "--enable-sleep-mode"
+    assert "VLLM_SERVER_DEV_MODE" not in launch.env
+    level2 = build_launch(_slot(provider="demo", sleep=True, sleep_level=2), demo, BuildContext())
+    assert level2.sleep is not None  # both levels offered
+
+
+def test_sleep_changes_the_config_hash_its_level_does_not() -> None:
+    base = build_launch(_slot(provider="vllm"), MODEL, BuildContext()).config_hash()
+    off = build_launch(_slot(provider="vllm", sleep=False), MODEL, BuildContext()).config_hash()
+    two = build_launch(_slot(provider="vllm", sleep_level=2), MODEL, BuildContext()).config_hash()
+    assert base != off and base == two

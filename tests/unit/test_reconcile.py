@@ -182,6 +182,25 @@ def test_noop_when_up_without_a_model() -> None:
     assert action.kind == "noop" and "serves no model" in action.reason
 
 
+@pytest.mark.parametrize("autoload", [True, False])
+def test_an_asleep_slot_is_woken_only_when_it_is_kept_loaded(autoload: bool) -> None:
+    """Asleep is idle, not dispatchable: an autoload slot comes back (a background load,
+    which is a wake), any other sleeps on until a request wakes it."""
+    spec = slot_spec("a", autoload=autoload, sleep=True)
+    obs = ObservedSlot(
+        name="a",
+        state=S.IDLE,
+        idle_reason=IdleReason.ASLEEP,
+        running=True,
+        config_hash=launch_hash(spec),
+    )
+    action = plan_slot("a", want(spec), spec, obs, want_hash=launch_hash(spec))
+    if autoload:
+        assert action == Action("load", "a", "autoload and idle (asleep: a load wakes it)")
+    else:
+        assert action == Action("noop", "a", "in sync")
+
+
 def test_noop_when_crash_loop_blocked() -> None:
     spec = slot_spec("a", autoload=True)
     obs = ObservedSlot(name="a", state=S.ERROR, blocked=True, retry_after_s=30.0)

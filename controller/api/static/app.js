@@ -247,7 +247,16 @@ function applyEvent(event) {
       slot.since = new Date(event.time * 1000).toISOString();
       slot.message = event.message || "";
       slot.idle_reason = (event.details && event.details.idle_reason) || null;
+      slot.residency = (event.details && event.details.residency) || "awake";
+      slot.sleep_level = (event.details && event.details.level) || 0;
       queueRender("slots", isFlip(event) ? null : event.slot);
+    }
+  }
+  if (event.kind === "residency" && event.slot && event.details && event.details.residency) {
+    const slot = state.slots.get(event.slot);
+    if (slot) {
+      slot.residency = event.details.residency; // asleep, waking, awake (the tier of idle)
+      queueRender("slots", event.slot);
     }
   }
   if (isFlip(event)) {
@@ -293,15 +302,19 @@ function setConn(kind, text) {
 
 // ------------------------------------------------------------------ rendering
 
-function badge(stateName, idleReason) {
-  const label = stateName === "idle" && idleReason === "no_model" ? "idle · no model" : stateName;
+function badge(stateName, idleReason, residency, level) {
+  let label = stateName;
+  if (stateName === "idle" && idleReason === "no_model") label = "idle · no model";
+  if (stateName === "idle" && residency === "waking") label = "idle · waking";
+  else if (stateName === "idle" && idleReason === "asleep") label = `idle · asleep${level ? " L" + level : ""}`;
   return h("span", { class: "badge" }, h("span", { class: "dot" }), label);
 }
 
 function slotRow(slot, flash) {
   const pending = state.busy.get(slot.name);
   const busy = pending !== undefined;
-  const canLoad = !busy && !LOADED.has(slot.state) && Boolean(slot.model_id);
+  const asleep = slot.idle_reason === "asleep"; // the residency tier: a load wakes it
+  const canLoad = !busy && (!LOADED.has(slot.state) || asleep) && Boolean(slot.model_id);
   const canUnload = !busy && slot.state !== "offline" && slot.state !== "unloading";
   const isError = slot.state === "error";
   const sub = slot.message
@@ -309,8 +322,8 @@ function slotRow(slot, flash) {
     : h("div", { class: "slot-sub", text: slot.stack ? `stack ${slot.stack}` : "" });
   const row = h(
     "tr",
-    { "data-slot": slot.name, "data-state": slot.state, class: flash ? "flash" : "" },
-    h("td", { class: "c-state" }, badge(slot.state, slot.idle_reason), h("div", { class: "c-since", title: "in this state since", "data-since": slot.since, text: ago(slot.since) })),
+    { "data-slot": slot.name, "data-state": slot.state, "data-residency": slot.residency || "awake", class: flash ? "flash" : "" },
+    h("td", { class: "c-state" }, badge(slot.state, slot.idle_reason, slot.residency, slot.sleep_level), h("div", { class: "c-since", title: "in this state since", "data-since": slot.since, text: ago(slot.since) })),
     h("td", {}, h("div", { class: "slot-name" }, slot.name, slot.pinned ? h("span", { class: "pin", title: "pinned: never evicted", text: "pinned" }) : null), sub),
     h("td", {}, h("span", { class: "model", text: slot.model_id || "—" })),
     h("td", { class: "c-device" }, h("span", { class: "device", title: slot.device, text: placedOn(slot) })),
