@@ -71,6 +71,7 @@ class Run:
     steady_operator: Counter[str] = field(default_factory=Counter)
     steady_s: float = 0.0
     steady_fields: Counter[str] = field(default_factory=Counter)
+    quiet_after_s: float | None = None  # the operator's last write, after all Ready
     watch_stats: str = ""
 
 
@@ -103,6 +104,19 @@ def audit_counts(cluster: Cluster, user: str, since: float, until: float) -> Cou
             what = "/".join(x for x in (ref.get("resource"), ref.get("subresource")) if x)
             out[f"{event['verb']} {what}".strip()] += 1
     return out
+
+
+def last_write(cluster: Cluster, user: str, since: float) -> float | None:
+    """The wall-clock time of the operator's last write (not a read) from ``since`` on."""
+    last = None
+    for line in (cluster.api.workdir / "audit.log").read_text().splitlines():
+        event = json.loads(line)
+        if event["user"].get("username") != user or event["verb"] in ("get", "list", "watch"):
+            continue
+        when = datetime.datetime.fromisoformat(event["requestReceivedTimestamp"]).timestamp()
+        if when >= since:
+            last = when if last is None else max(last, when)
+    return last
 
 
 def patched_fields(cluster: Cluster, user: str, since: float, until: float) -> Counter[str]:
@@ -240,6 +254,8 @@ def one_run(args: argparse.Namespace, label: str, tree: Path, slots: int) -> Run
                 run.run_operator = audit_counts(cluster, user, wall0, wall1)
                 run.steady_operator = audit_counts(cluster, user, wall2, wall3)
                 run.steady_fields = patched_fields(cluster, user, wall2, wall3)
+                last = last_write(cluster, user, wall1)
+                run.quiet_after_s = None if last is None else max(0.0, last - wall1)
                 if args.keep:
                     keep = Path(args.keep) / label.split(":")[0]
                     keep.mkdir(parents=True, exist_ok=True)
@@ -288,6 +304,12 @@ def report(runs: list[Run], args: argparse.Namespace) -> list[str]:
             f"({_verbs(run.steady_operator)})",
             f"  ... the fields its steady-state patches of Slots and Models wrote: "
             f"{_verbs(run.steady_fields)}",
+            "  the operator's last write: "
+            + (
+                "none after all Ready"
+                if run.quiet_after_s is None
+                else f"{run.quiet_after_s:.1f} s after all Ready"
+            ),
         ]
     lines += [
         "",
