@@ -70,6 +70,8 @@ class Run:
     steady_all: Counter[str] = field(default_factory=Counter)
     steady_operator: Counter[str] = field(default_factory=Counter)
     steady_s: float = 0.0
+    steady_fields: Counter[str] = field(default_factory=Counter)
+    quiet_after_s: float | None = None  # the operator's last write, after all Ready
     watch_stats: str = ""
 
 
@@ -101,6 +103,38 @@ def audit_counts(cluster: Cluster, user: str, since: float, until: float) -> Cou
             ref = event.get("objectRef") or {}
             what = "/".join(x for x in (ref.get("resource"), ref.get("subresource")) if x)
             out[f"{event['verb']} {what}".strip()] += 1
+    return out
+
+
+def last_write(cluster: Cluster, user: str, since: float) -> float | None:
+    """The wall-clock time of the operator's last write (not a read) from ``since`` on."""
+    last = None
+    for line in (cluster.api.workdir / "audit.log").read_text().splitlines():
+        event = json.loads(line)
+        if event["user"].get("username") != user or event["verb"] in ("get", "list", "watch"):
+            continue
+        when = datetime.datetime.fromisoformat(event["requestReceivedTimestamp"]).timestamp()
+        if when >= since:
+            last = when if last is None else max(last, when)
+    return last
+
+
+def patched_fields(cluster: Cluster, user: str, since: float, until: float) -> Counter[str]:
+    """What the operator's patches of slotctl's CRs in [since, until) wrote: each
+    top-level key of the body, its ``status`` and ``metadata`` ones one level down
+    (``status.conditions``, ``metadata.annotations``), counted once a patch."""
+    out: Counter[str] = Counter()
+    for line in (cluster.api.workdir / "audit.log").read_text().splitlines():
+        event = json.loads(line)
+        body = event.get("requestObject")
+        if event["user"].get("username") != user or not isinstance(body, dict):
+            continue
+        when = datetime.datetime.fromisoformat(event["requestReceivedTimestamp"]).timestamp()
+        if since <= when < until:
+            for key, value in body.items():
+                inner = value if key in ("status", "metadata") and isinstance(value, dict) else {}
+                for name in inner or [""]:
+                    out[f"{key}.{name}" if name else key] += 1
     return out
 
 
@@ -219,6 +253,14 @@ def one_run(args: argparse.Namespace, label: str, tree: Path, slots: int) -> Run
                 run.steady_all = delta(metrics3, metrics2)
                 run.run_operator = audit_counts(cluster, user, wall0, wall1)
                 run.steady_operator = audit_counts(cluster, user, wall2, wall3)
+                run.steady_fields = patched_fields(cluster, user, wall2, wall3)
+                last = last_write(cluster, user, wall1)
+                run.quiet_after_s = None if last is None else max(0.0, last - wall1)
+                if args.keep:
+                    keep = Path(args.keep) / label.split(":")[0]
+                    keep.mkdir(parents=True, exist_ok=True)
+                    for path in (cluster.api.workdir / "audit.log", workdir / "operator.log"):
+                        keep.joinpath(path.name).write_bytes(path.read_bytes())
             finally:
                 proc.terminate()
                 try:
@@ -260,6 +302,14 @@ def report(runs: list[Run], args: argparse.Namespace) -> list[str]:
             f"  steady state, {run.steady_s:.0f} s: every client {steady_all:.2f} req/s "
             f"({_verbs(run.steady_all)}); the operator {steady_op:.2f} req/s "
             f"({_verbs(run.steady_operator)})",
+            f"  ... the fields its steady-state patches of Slots and Models wrote: "
+            f"{_verbs(run.steady_fields)}",
+            "  the operator's last write: "
+            + (
+                "none after all Ready"
+                if run.quiet_after_s is None
+                else f"{run.quiet_after_s:.1f} s after all Ready"
+            ),
         ]
     lines += [
         "",
@@ -282,6 +332,7 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument("--baseline", default=None, help="also measure this checkout first")
     parser.add_argument("--baseline-slots", type=int, default=None)
+    parser.add_argument("--keep", default=None, help="copy the audit and operator logs here")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the cluster is stopped on the way out
     print(

@@ -39,6 +39,7 @@ from controller.operator.source import CrKey, CrSource, SyncResult, cr_key
 from controller.operator.status import (
     Observed,
     Verdict,
+    Written,
     changed_fields,
     model_status,
     reason_of,
@@ -67,6 +68,7 @@ class OperatorOptions:
     liveness: str | None = None  # kopf's probe, e.g. http://0.0.0.0:8080/healthz
     resync_s: float = 30.0
     status_resync_s: float = 5.0
+    status_trust_s: float = 30.0  # a status write kopf's view does not show by then: again
     quiet: bool = False
 
 
@@ -134,6 +136,7 @@ class Operator:
         self.registry = kopf.OperatorRegistry()
         self._handled: set[CrKey] = set()  # CRs whose own handler ran (status may follow)
         self._seen: dict[CrKey, int] = {}  # the board version each status timer last saw
+        self._written = Written(opts.status_trust_s)  # status patched, maybe not seen yet
         self.kopf_stop = asyncio.Event()
         self.kopf_ready = asyncio.Event()
         self.indexed = False  # a Model or Slot was listed: its handler's sync enables reaping
@@ -285,6 +288,7 @@ class Operator:
             self.source.remove(key)
             self._handled.discard(key)
             self._seen.pop(key, None)
+            self._written.forget(key)
             if kind == "Slot" and slot is not None and slot not in self.source.slot_names.values():
                 await self._wait_stopped(slot)
                 kopf.info(body, reason="Stopped", message=f"slot {slot}: server stopped")
@@ -312,7 +316,8 @@ class Operator:
             await self._next_change(key, stopped)
             if stopped or key not in self._handled:
                 return  # not handled yet: nothing true to say (and no racing kopf's patches)
-            old = body.get("status") or {}
+            now = asyncio.get_running_loop().time()
+            old = self._written.believed(key, body.get("status") or {}, now)
             if kind == "Slot":
                 new = self._slot_status(key, old)
                 slot = self.source.slot_of(key)
@@ -320,8 +325,10 @@ class Operator:
                     kopf.event(body, type=event_type, reason=reason, message=message)
             else:
                 new = self._model_status(key, old)
-            for name, value in changed_fields(new, old).items():
+            changes = changed_fields(new, old)
+            for name, value in changes.items():
                 patch.status[name] = value
+            self._written.wrote(key, changes, now)
 
         return status
 

@@ -246,7 +246,16 @@ def start(workdir: Path, bin_dir: Path, timeout: float = 120.0, *, audit: bool =
                 "apiVersion": "audit.k8s.io/v1",
                 "kind": "Policy",
                 "omitStages": ["RequestReceived"],
-                "rules": [{"level": "Metadata"}],
+                "rules": [
+                    # the bodies of the patches to slotctl's CRs (bench/k8s_scale.py
+                    # tells which fields a steady state's writes change)
+                    {
+                        "level": "Request",
+                        "verbs": ["patch"],
+                        "resources": [{"group": "slotctl.io"}],
+                    },
+                    {"level": "Metadata"},
+                ],
             }
         )
     )

@@ -9,7 +9,7 @@ from typing import Any
 
 from controller.lifecycle import SlotState
 from controller.operator.source import STACK, CrSource
-from controller.operator.status import Observed, Verdict, model_status, slot_status
+from controller.operator.status import Observed, Verdict, Written, model_status, slot_status
 from controller.spec.configdir import read_config_dir
 from controller.spec.problems import Problem
 
@@ -153,6 +153,28 @@ def test_status_conditions_move_only_when_they_flip() -> None:
     fourth = slot_status(crashed, verdict, third, now="T4")
     assert _conditions(fourth)["Degraded"]["reason"] == "ServerError"
     assert fourth["lastError"] == {"code": "x", "message": "y"}
+
+
+def test_written_status_is_believed_until_the_body_shows_it_or_for_a_while() -> None:
+    written = Written(trust_s=30.0)
+    old = {"state": "starting", "node": "n1"}
+    written.wrote("s", {"state": "warming"}, now=0.0)
+    written.wrote("s", {"state": "ready", "endpoint": "http://e"}, now=1.0)
+    # kopf's body lags: the writes over it (an older one than the last, too)
+    assert written.believed("s", old, now=2.0) == {**old, "state": "ready", "endpoint": "http://e"}
+    assert written.believed("s", {**old, "state": "warming"}, now=2.0)["state"] == "ready"
+    assert written.believed("t", old, now=2.0) == old  # another CR
+    # the body shows them all: it is the truth again, whatever it says next
+    caught_up = {**old, "state": "ready", "endpoint": "http://e"}
+    assert written.believed("s", caught_up, now=3.0) == caught_up
+    assert written.believed("s", old, now=3.0) == old
+    # a write the body never shows (a lost patch, someone else's status): only for trust_s
+    written.wrote("s", {"state": "ready"}, now=10.0)
+    assert written.believed("s", old, now=40.0)["state"] == "ready"
+    assert written.believed("s", old, now=40.1) == old
+    written.wrote("s", {"state": "ready"}, now=50.0)
+    written.forget("s")  # the CR deleted
+    assert written.believed("s", old, now=50.0) == old
 
 
 def test_model_status() -> None:
