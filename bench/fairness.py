@@ -6,9 +6,10 @@ request takes a lease (waiting for its turn when the slot is at its limit), hold
 the service time, releases it. HTTP is left out on purpose: the router adds ~0.2 ms a
 request and has no say in the order; what is measured is who waits how long.
 
-1. a batch key with 50 requests in flight and an interactive key with 1, against one
-   slot with ``max_concurrency = 4``: the interactive key's wait p50/p99 and the batch
-   throughput, with classes (interactive 8, batch 1) and with FIFO (``queue_aging_s=0``).
+1. a batch key with 50 requests in flight and an interactive key with 1 (a person: it
+   pauses 200 ms after each answer), against one slot with ``max_concurrency = 4``: the
+   interactive key's wait p50/p99 and the batch throughput, with classes (interactive 8,
+   batch 1) and with FIFO (``queue_aging_s=0``).
    Goal: interactive p99 wait <= one service time; batch throughput within 10 % of FIFO.
 2. two batch keys with 50 and 5 in flight: each one's share of the requests served.
    Goal: within 20 % of equal shares.
@@ -34,6 +35,8 @@ from controller.slots import ManagerConfig, SlotManager
 from controller.slots.records import Requester
 from controller.spec.loader import DesiredSlot, DesiredState, normalise
 from controller.spec.schema import ControllerSettings, ModelSpec, SlotSpec
+
+THINK_S = 0.2  # the interactive client's pause between an answer and its next request
 
 
 def _manager(tmp: Path, aging_s: float) -> SlotManager:
@@ -69,7 +72,11 @@ def _desired() -> DesiredState:
 
 
 async def _run(
-    aging_s: float, clients: dict[Requester, int], seconds: float, service_s: float
+    aging_s: float,
+    clients: dict[Requester, int],
+    seconds: float,
+    service_s: float,
+    think_s: dict[Requester, float] | None = None,
 ) -> dict[Requester, list[float]]:
     """Each requester's waits (seconds) over ``seconds`` of closed-loop clients."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -86,6 +93,9 @@ async def _run(
                 waits[who].append(time.monotonic() - asked)
                 await asyncio.sleep(service_s)
                 m.release(lease)
+                pause = (think_s or {}).get(who, 0.0)
+                if pause:
+                    await asyncio.sleep(pause)  # a person reads the answer before the next
 
         await asyncio.gather(*(client(w) for w, n in clients.items() for _ in range(n)))
         await m.stop_all(reason="bench")
@@ -104,14 +114,17 @@ async def main(seconds: float, service_ms: float) -> None:
     service = service_ms / 1000
     ui, ci = Requester("chat-ui", "interactive"), Requester("ci", "batch")
     print(f"max_concurrency 4, service time {service_ms:.0f} ms, {seconds:.0f} s a run\n")
-    print("1. batch key x50 and interactive key x1 against one slot")
+    print(
+        f"1. batch key x50 and interactive key x1 (a person: {THINK_S * 1000:.0f} ms between "
+        "an answer and the next request) against one slot"
+    )
     print(
         f"{'':10} {'ui p50 ms':>10} {'ui p99 ms':>10} {'ui reqs':>8} {'batch req/s':>12} "
         f"{'all req/s':>10}"
     )
     rows = {}
     for label, aging in (("FIFO", 0.0), ("classes", 30.0)):
-        waits = await _run(aging, {ci: 50, ui: 1}, seconds, service)
+        waits = await _run(aging, {ci: 50, ui: 1}, seconds, service, {ui: THINK_S})
         rows[label] = waits
         p50, p99 = _pct(waits[ui], 0.5) * 1000, _pct(waits[ui], 0.99) * 1000
         rate = len(waits[ci]) / seconds
