@@ -540,13 +540,27 @@ def test_temp_files_of_interrupted_writes_are_swept(harness: Harness) -> None:
         path.write_text('{"torn": ')
     h.start_up()
     h.wait_locked()
-    # A temp file of a write the new controller itself has in flight (its token, its
-    # state) may show for an instant: what must not stay is anything, the leftovers first.
-    deadline = time.monotonic() + 10
-    while temp_files(h.state_dir) and time.monotonic() < deadline:
+    # Until the API listens (the token is written before it): a leftover swept before the
+    # controller's own first writes would otherwise read as "none left" too early.
+    lock = ControllerLock(h.state_dir)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        record = lock.running()
+        if record is not None and record.listen:
+            break
         time.sleep(0.05)
+    assert (h.state_dir / "token").exists()
+    # A temp file of a write the new controller itself has in flight (its state) may show
+    # for an instant, and another may follow it: what must hold is that none stays, and
+    # that the leftovers are gone for good. (Reading twice raced a write that began
+    # between the loop's last look and the assertion's.)
+    deadline = time.monotonic() + 10
+    seen = temp_files(h.state_dir)
+    while seen and time.monotonic() < deadline:
+        time.sleep(0.05)
+        seen = temp_files(h.state_dir)
+    assert seen == []
     assert [p for p in leftovers if p.exists()] == []
-    assert temp_files(h.state_dir) == []
     finish(h)
 
 
