@@ -540,16 +540,9 @@ def test_temp_files_of_interrupted_writes_are_swept(harness: Harness) -> None:
         path.write_text('{"torn": ')
     h.start_up()
     h.wait_locked()
-    # Until the API listens (the token is written before it): a leftover swept before the
+    # Until the token is written (before the API listens): a leftover swept before the
     # controller's own first writes would otherwise read as "none left" too early.
-    lock = ControllerLock(h.state_dir)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        record = lock.running()
-        if record is not None and record.listen:
-            break
-        time.sleep(0.05)
-    assert (h.state_dir / "token").exists()
+    wait_until(lambda: (h.state_dir / "token").exists(), "the API token", timeout=30)
     # A temp file of a write the new controller itself has in flight (its state) may show
     # for an instant, and another may follow it: what must hold is that none stays, and
     # that the leftovers are gone for good. (Reading twice raced a write that began
