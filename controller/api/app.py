@@ -1,12 +1,12 @@
-"""The HTTP application: route registry, bearer-token auth, typed errors, OpenAPI.
+"""The HTTP application: route registry, bearer-token auth, typed errors.
 
 Every route is declared once with :func:`route` (method, path, summary, request and
 response types, whether it is public, the scope it needs). The same registry builds the
 aiohttp router, the auth rule (everything but the routes marked public needs a key:
 ``Authorization: Bearer`` or ``x-api-key``, the API token or one of ``keys.json``, whose
-scope reaches the route's: :func:`route_scope`) and the OpenAPI 3 document — so a route
-cannot exist without its documentation or its auth decision, and ``tests`` enumerate the
-registry to prove it.
+scope reaches the route's: :func:`route_scope`) and the OpenAPI 3 document
+(:mod:`controller.api.openapi`) — so a route cannot exist without its documentation or
+its auth decision, and ``tests`` enumerate the registry to prove it.
 
 Errors leave as the typed JSON body of :mod:`controller.errors` (``Retry-After`` when the
 error carries ``retry_after_s``); anything unexpected is ``500 internal`` with a log line.
@@ -27,7 +27,6 @@ from typing import Any, Final
 from aiohttp import web
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from controller import __version__
 from controller.api.ctxstore import REQUEST_RECORDER, CtxKey, CtxStore
 from controller.api.hosts import hosts_middleware
 from controller.errors import Forbidden, InvalidRequest, SlotctlError, Unauthorized
@@ -64,8 +63,6 @@ __all__ = [
     "build_probe_app",
     "json_response",
     "openai_error_body",
-    "openapi_document",
-    "openapi_path",
     "principal_of",
     "read_body",
     "route_scope",
@@ -417,143 +414,3 @@ def build_probe_app(ctx: ApiContext, routes: Sequence[RouteSpec]) -> web.Applica
         if spec.method == "GET" and spec.path in PROBE_PATHS:
             app.router.add_route(spec.method, spec.path, spec.handler)
     return app
-
-
-# ----------------------------------------------------------------------------- OpenAPI
-
-
-def _schema(tp: Any, components: dict[str, Any]) -> dict[str, Any]:
-    adapter = TypeAdapter(tp)
-    schema = adapter.json_schema(ref_template="#/components/schemas/{model}")
-    for name, definition in schema.pop("$defs", {}).items():
-        components[name] = definition
-    title = schema.get("title")
-    if isinstance(title, str) and schema.get("type") == "object":
-        components[title] = schema
-        return {"$ref": f"#/components/schemas/{title}"}
-    return schema
-
-
-def openapi_document(routes: Sequence[RouteSpec]) -> dict[str, Any]:
-    """The OpenAPI 3.1 document generated from ``routes`` and their pydantic types."""
-    components: dict[str, Any] = {}
-    error_ref = _schema(ErrorBody, components)
-    paths: dict[str, Any] = {}
-    for spec in routes:
-        op: dict[str, Any] = {
-            "summary": spec.summary,
-            "operationId": f"{spec.method.lower()}_{spec.handler.__name__}",
-            "tags": [spec.tag],
-            "responses": {},
-        }
-        if spec.public:
-            op["security"] = []
-        params = [
-            {"name": p, "in": "path", "required": True, "schema": {"type": "string"}}
-            for p in _path_params(spec.path)
-        ]
-        params += [
-            {
-                "name": q.name,
-                "in": "query",
-                "required": False,
-                "description": q.description,
-                "schema": {"type": q.type},
-            }
-            for q in spec.query
-        ]
-        if params:
-            op["parameters"] = params
-        if spec.body is not None:
-            op["requestBody"] = {
-                "required": True,
-                "content": {"application/json": {"schema": _schema(spec.body, components)}},
-            }
-        for status, (description, tp) in sorted(spec.responses.items()):
-            response: dict[str, Any] = {"description": description}
-            if status >= 400:
-                response["content"] = {"application/json": {"schema": error_ref}}
-            elif tp is not None:
-                response["content"] = {spec.content_type: {"schema": _schema(tp, components)}}
-            op["responses"][str(status)] = response
-        # Answers every route can give without declaring them: a malformed request (400)
-        # where there is a body or a query, an unknown name (404) where the path has one.
-        if spec.body is not None or spec.query:
-            op["responses"].setdefault(
-                "400",
-                {
-                    "description": "malformed request (body or query parameters)",
-                    "content": {"application/json": {"schema": error_ref}},
-                },
-            )
-        if _path_params(spec.path):
-            op["responses"].setdefault(
-                "404",
-                {
-                    "description": "not found",
-                    "content": {"application/json": {"schema": error_ref}},
-                },
-            )
-        scope = route_scope(spec)
-        if scope is not None:
-            op["x-slotctl-scope"] = scope.label  # the key scope the route needs
-            op["security"] = [{"bearer": []}, {"apiKey": []}]
-            op["responses"].setdefault(
-                "401",
-                {
-                    "description": "missing or wrong key (Authorization: Bearer, x-api-key)",
-                    "content": {"application/json": {"schema": error_ref}},
-                },
-            )
-            op["responses"].setdefault(
-                "403",
-                {
-                    "description": f"the key's scope is below {scope.label} (or, on /v1, "
-                    "a model its patterns do not name)",
-                    "content": {"application/json": {"schema": error_ref}},
-                },
-            )
-        # The Host check (api/hosts.py) answers every route before it is looked at.
-        op["responses"].setdefault(
-            "421",
-            {
-                "description": "a Host this API does not answer (request.host_not_allowed)",
-                "content": {"application/json": {"schema": error_ref}},
-            },
-        )
-        paths.setdefault(openapi_path(spec.path), {})[spec.method.lower()] = op
-    return {
-        "openapi": "3.1.0",
-        "info": {
-            "title": "slotctl",
-            "version": __version__,
-            "description": "Slot lifecycle controller API and OpenAI-compatible router.",
-        },
-        "paths": paths,
-        "components": {
-            "schemas": components,
-            "securitySchemes": {
-                "bearer": {"type": "http", "scheme": "bearer"},
-                "apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key"},
-            },
-        },
-        "security": [{"bearer": []}, {"apiKey": []}],
-    }
-
-
-def openapi_path(path: str) -> str:
-    """The OpenAPI path template of an aiohttp path: ``{model_id:.+}`` -> ``{model_id}``."""
-    return "/".join(
-        "{" + part[1:-1].split(":")[0] + "}"
-        if part.startswith("{") and part.endswith("}")
-        else part
-        for part in path.split("/")
-    )
-
-
-def _path_params(path: str) -> list[str]:
-    out = []
-    for part in path.split("/"):
-        if part.startswith("{") and part.endswith("}"):
-            out.append(part[1:-1].split(":")[0])
-    return out

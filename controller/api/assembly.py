@@ -31,7 +31,7 @@ from controller.api.app import (
 )
 from controller.api.app import build_app as build_kernel_app
 from controller.api.app import build_probe_app as build_kernel_probe_app
-from controller.api.app import openapi_document as kernel_openapi_document
+from controller.api.openapi import openapi_document as kernel_openapi_document
 
 __all__ = ["ROUTES", "build_app", "build_probe_app", "openapi_document"]
 
