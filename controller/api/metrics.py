@@ -10,10 +10,11 @@ Two kinds of series:
   durations (the transition into ``pulling``/``starting`` of a load to ``ready``) and
   wake durations (``slotctl_wake_seconds``); the router reports each request with
   :meth:`Metrics.request_done`, the reconciler each pass through its pass observers;
-* **gauges computed at scrape time** from the SlotManager (:class:`_LiveCollector`): the
-  one-hot slot state and residency tier, active leases, cold waiters, crash-loop blocked
-  slots, the host memory sleepers hold and device memory (total and free from the probe,
-  admitted by slotctl, configured budget).
+* **gauges computed at scrape time** from the SlotManager
+  (:class:`controller.api.gauges.LiveCollector`): the one-hot slot state and residency
+  tier, active leases, cold waiters, crash-loop blocked slots, the host memory sleepers
+  hold and device memory (total and free from the probe, admitted by slotctl, configured
+  budget).
 
 Names follow the Prometheus conventions: ``slotctl_`` prefix, base units in the name
 (``_seconds``, ``_bytes``), ``_total`` on counters. ``promtool check metrics`` lints the
@@ -32,7 +33,6 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import (
     CounterMetricFamily,
-    GaugeMetricFamily,
     HistogramMetricFamily,
     Metric,
 )
@@ -41,13 +41,11 @@ from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
-from controller import __version__
 from controller.api.app import API_CTX, REQUEST_RECORDER, ApiContext, CtxKey, RouteTable
+from controller.api.gauges import LiveCollector, device_figures
 from controller.errors import SlotUpstreamTimeout
 from controller.events import Event, EventKind
 from controller.lifecycle import SlotState
-from controller.slots.ports import MetricsPort
-from controller.slots.records import DeviceFigures
 
 __all__ = [
     "METRICS",
@@ -63,7 +61,6 @@ routes = RouteTable()  # this module's routes (collected by controller.api.assem
 route = routes.route
 
 
-_STATES: Final = tuple(s.value for s in SlotState)
 _LOAD_START: Final = frozenset({SlotState.PULLING.value, SlotState.STARTING.value})
 _LOAD_END: Final = frozenset({SlotState.OFFLINE.value, SlotState.ERROR.value})
 
@@ -90,7 +87,6 @@ REQUEST_BUCKETS: Final = (
 RECONCILE_BUCKETS: Final = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0)
 # A wake: tens of milliseconds (the demo server) to tens of seconds (a big level-2 reload).
 WAKE_BUCKETS: Final = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-_TIERS: Final = ("awake", "asleep", "waking")
 QUEUE_BUCKETS: Final = (0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 
 
@@ -104,137 +100,6 @@ def eviction_reason(event: Event) -> str | None:
     if event.kind is not EventKind.EVICTION or event.reason is None:
         return None
     return event.reason.value
-
-
-def device_figures(manager: MetricsPort | None) -> list[DeviceFigures]:
-    """Every device (each GPU, cpu, npu, a cluster's nodes) with its memory figures."""
-    return manager.devices() if manager is not None else []
-
-
-class _LiveCollector(Collector):
-    """Gauges read from the slot manager at scrape time, through its metrics port."""
-
-    def __init__(self, manager: Callable[[], MetricsPort | None]) -> None:
-        self._manager = manager  # the context's manager, as it is at each scrape
-
-    def collect(self) -> Iterable[Metric]:
-        manager = self._manager()
-        info = GaugeMetricFamily(
-            "slotctl_build_info", "slotctl version (always 1)", labels=["version"]
-        )
-        info.add_metric([__version__], 1.0)
-        yield info
-        if manager is None:
-            return
-        state = GaugeMetricFamily(
-            "slotctl_slot_state",
-            "Slot lifecycle state, one-hot: 1 for the current state, 0 for the others",
-            labels=["slot", "state"],
-        )
-        slot_info = GaugeMetricFamily(
-            "slotctl_slot_info",
-            "Static facts of a slot (always 1): model, device, priority, pinned",
-            labels=["slot", "model", "device", "priority", "pinned"],
-        )
-        leases = GaugeMetricFamily(
-            "slotctl_leases_active", "Leases (requests and batch holds) held now", labels=["slot"]
-        )
-        queue = GaugeMetricFamily(
-            "slotctl_queue_depth",
-            "Requests waiting for a cold slot to finish loading",
-            labels=["slot"],
-        )
-        blocked = GaugeMetricFamily(
-            "slotctl_crash_loop_blocked",
-            "1 while the crash-loop breaker refuses loads of the slot (backing off, or open "
-            "until its next half-open try)",
-            labels=["slot"],
-        )
-        waiting = GaugeMetricFamily(
-            "slotctl_slot_waiting_for_memory",
-            "1 while a background load of the slot (autoload, resident) waits for memory "
-            "instead of evicting",
-            labels=["slot"],
-        )
-        placed = GaugeMetricFamily(
-            "slotctl_slot_gpu",
-            "1 for each GPU a slot is placed on (while it is admitted: pulling..unloading)",
-            labels=["slot", "gpu"],
-        )
-        tier = GaugeMetricFamily(
-            "slotctl_slot_residency",
-            "Residency tier of a slot's server, one-hot: awake, asleep (device memory "
-            "released) or waking",
-            labels=["slot", "residency"],
-        )
-        sleepers = GaugeMetricFamily(
-            "slotctl_sleeper_host_bytes",
-            "Host memory held by asleep servers' weights (sleep level 1), per host key",
-            labels=["device"],
-        )
-        held: dict[str, float] = {}
-        for view in manager.views():
-            for name in _TIERS:
-                tier.add_metric([view.name, name], 1.0 if view.residency == name else 0.0)
-            if view.host_bytes and view.devices:
-                held[view.devices[0]] = held.get(view.devices[0], 0.0) + view.host_bytes
-            for index in view.gpus:
-                placed.add_metric([view.name, str(index)], 1.0)
-            for name in _STATES:
-                state.add_metric([view.name, name], 1.0 if view.state.value == name else 0.0)
-            slot_info.add_metric(
-                [
-                    view.name,
-                    view.model_id or "",
-                    view.device,
-                    str(view.priority),
-                    "true" if view.pinned else "false",
-                ],
-                1.0,
-            )
-            leases.add_metric([view.name], float(view.leases))
-            queue.add_metric([view.name], float(view.waiters))
-            blocked.add_metric([view.name], 1.0 if view.retry_after_s > 0 else 0.0)
-            waiting.add_metric([view.name], 1.0 if view.waiting else 0.0)
-        for device, host_bytes in sorted(held.items()):
-            sleepers.add_metric([device], host_bytes)
-        yield from (state, slot_info, placed, leases, queue, blocked, waiting, tier, sleepers)
-        memory = GaugeMetricFamily(
-            "slotctl_device_memory_bytes",
-            "Device memory: total and free as probed, admitted by slotctl (resident: servers "
-            "up; reserved: loads coming up), configured budget; one series set per GPU",
-            labels=["device", "gpu", "kind"],
-        )
-        nodes = GaugeMetricFamily(
-            "slotctl_node_memory_bytes",
-            "A cluster node's device memory as the kubernetes runtime admits on it: its "
-            "budget (total), admitted by slotctl (resident, reserved)",
-            labels=["node", "device", "kind"],
-        )
-        for figures in device_figures(manager):
-            node, _, kind_of = figures.device.rpartition("/")
-            gpu = str(figures.index) if figures.index is not None else ""
-            for kind, value in _memory_kinds(figures):
-                if node:
-                    nodes.add_metric([node, kind_of, kind], float(value))
-                else:
-                    memory.add_metric([figures.kind, gpu, kind], float(value))
-        yield memory
-        yield nodes
-
-
-def _memory_kinds(figures: DeviceFigures) -> Iterator[tuple[str, int]]:
-    """The figures of one device that are known, by kind."""
-    for kind, value in (
-        ("total", figures.total_bytes),
-        ("free", figures.free_bytes),
-        ("admitted", figures.admitted_bytes),
-        ("resident", figures.resident_bytes),
-        ("reserved", figures.reserved_bytes),
-        ("budget", figures.budget_bytes),
-    ):
-        if value is not None:
-            yield kind, value
 
 
 _go_float = cast(Callable[[float], str], floatToGoString)  # the bound's text, as theirs
@@ -416,7 +281,7 @@ class Metrics:
             registry=r,
         )
         self._load_started: dict[str, float] = {}
-        r.register(_LiveCollector(lambda: ctx.manager))
+        r.register(LiveCollector(lambda: ctx.manager))
 
     # ---------------------------------------------------------------- feeds
 
