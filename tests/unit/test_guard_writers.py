@@ -30,8 +30,12 @@ REPO_ROOT = PACKAGE_ROOT.parent
 
 # module (path relative to the repo root) -> why it may write files
 FILE_WRITERS: dict[str, str] = {
-    "controller/store.py": "defines the atomic writers (temp file + fsync + os.replace) and "
-    "writes observed state (state.json, residency.json); sweeps its own temp files",
+    "controller/store/__init__.py": "writes observed state (state.json, the aux records, "
+    "residency.json) through the store's atomic writers",
+    "controller/store/files.py": "defines the atomic writers (temp file + fsync + "
+    "os.replace) and sweeps their temp files",
+    "controller/store/lock.py": "the controller lock file, controller.json and the API "
+    "token (0600), through the store's atomic writers",
     "controller/spec/guard.py": "the write boundary: the one writer of slot config "
     "(<config_dir>/slots/*.toml) and the catalogue (models.toml), plus its lock file",
     "controller/runtime/process.py": "the process runtime writes and rotates server logs "
@@ -210,7 +214,7 @@ def package_modules() -> dict[str, str]:
         str(path.relative_to(REPO_ROOT)): path.read_text(encoding="utf-8")
         for path in sorted(PACKAGE_ROOT.rglob("*.py"))
     }
-    assert "controller/spec/guard.py" in modules and "controller/store.py" in modules
+    assert "controller/spec/guard.py" in modules and "controller/store/files.py" in modules
     return modules
 
 

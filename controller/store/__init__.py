@@ -1,6 +1,8 @@
 """Observed-state persistence: atomic files under the state dir (and residency.json).
 
-The only module that writes state files. Every write goes through :func:`atomic_write_bytes`:
+The only package that writes state files (``files``: the atomic writers and the sweep of
+their temp files; ``lock``: one controller per state dir, its record and the API token).
+Every write goes through :func:`atomic_write_bytes`:
 a temp file in the same directory, fsync, ``os.replace``, then fsync of the directory, so
 a reader (or a controller restarted after SIGKILL) sees the old file or the new one, never
 a torn one. Slot names are validated before they become part of a path. A state write the
@@ -12,24 +14,28 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import threading
 from collections.abc import Iterator, Mapping
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from controller.errors import (
-    ControllerAlreadyRunning,
-    SlotConfigError,
-    SlotctlError,
-    StateWriteFailed,
-)
+from controller.errors import SlotctlError, StateWriteFailed
 from controller.lifecycle import SlotState
-from controller.names import SLOT_NAME_PATTERN, is_valid_slot_name
-from controller.runinfo import RECORD, running_controller
+from controller.names import is_valid_slot_name
+from controller.store.files import (
+    atomic_write_bytes,
+    atomic_write_json,
+    check_slot_name,
+    sweep_temp_files,
+    utcnow,
+)
+from controller.store.lock import (
+    ControllerLock,
+    ControllerRecord,
+    ensure_private_dir,
+    ensure_token,
+)
 
 __all__ = [
     "ControllerLock",
@@ -46,92 +52,11 @@ __all__ = [
     "check_slot_name",
     "ensure_private_dir",
     "ensure_token",
+    "sweep_temp_files",
     "utcnow",
 ]
 
-_TMP_SUFFIX = ".tmp"
 _PATHS_KEPT = 10_000  # slot names whose paths a store keeps (more: it starts over)
-
-
-def utcnow() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-def check_slot_name(name: str) -> str:
-    """Refuse anything that is not a DNS-1123 label before it touches a path."""
-    if not is_valid_slot_name(name):
-        raise SlotConfigError(
-            f"invalid slot name {name!r}: must match {SLOT_NAME_PATTERN}",
-            keys=["name"],
-        )
-    return name
-
-
-def _fsync_dir(directory: Path | str) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write_bytes(path: Path, data: bytes, *, mode: int = 0o644, durable: bool = True) -> None:
-    """Replace ``path`` with ``data`` atomically; ``durable`` also fsyncs file and dir.
-
-    Without ``durable`` the write is still atomic (readers see old or new, never torn)
-    but may be lost on power failure; used for high-rate, low-value transitions.
-
-    The temp file is named by process and thread (``.NAME.PID.TID.tmp``): one writer
-    thread writes it at a time, so no random name is needed (``mkstemp`` cost more than
-    a quarter of a non-durable write); one a killed writer left is truncated and reused.
-    """
-    parent = os.fspath(path.parent)
-    tmp = f"{parent}/.{path.name}.{os.getpid()}.{threading.get_ident()}{_TMP_SUFFIX}"
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW
-    try:
-        fd = os.open(tmp, flags, mode)
-    except FileNotFoundError:  # the first write there (a mkdir every time cost ~0.5 ms)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(tmp, flags, mode)
-    try:
-        try:
-            os.fchmod(fd, mode)  # exactly ``mode`` (not masked by the umask)
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            if durable:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)  # noqa: PTH105  (str paths: no Path built per write)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)  # noqa: PTH108
-        raise
-    if durable:
-        _fsync_dir(parent)
-
-
-def atomic_write_json(
-    path: Path, data: Any, *, mode: int = 0o644, durable: bool = True, indent: int | None = 2
-) -> None:
-    """``data`` as JSON, keys sorted; ``indent=None`` writes one line, through json's C
-    encoder (an indented dump takes the pure-Python one: ~3x the CPU of a small record;
-    the slots' state and process records, written at every transition, are one line)."""
-    text = json.dumps(data, indent=indent, sort_keys=True) + "\n"
-    atomic_write_bytes(path, text.encode(), mode=mode, durable=durable)
-
-
-def sweep_temp_files(directory: Path) -> int:
-    """Remove temp files a killed writer left behind; returns how many."""
-    removed = 0
-    if not directory.is_dir():
-        return 0
-    for tmp in directory.rglob(f".*{_TMP_SUFFIX}"):
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-            removed += 1
-    return removed
 
 
 class PlacedGpu(BaseModel):
@@ -415,112 +340,3 @@ class ResidencyStore:
             return False
         self._write(self.read(), paused)
         return True
-
-
-class ControllerRecord(BaseModel):
-    """``<state_dir>/controller.json`` while a controller runs on that state dir."""
-
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-    pid: int
-    create_time: float
-    started_at: str = Field(default_factory=utcnow)
-    runtime: str = "process"
-    listen: str | None = None
-    config_dir: str = ""
-    version: str = ""
-
-
-class ControllerLock:
-    """One controller per state dir: an exclusive ``flock`` plus ``controller.json``.
-
-    The lock dies with the process (kill -9 included), so a stale ``controller.json``
-    never blocks the next start; :meth:`running` checks pid *and* start time.
-    """
-
-    LOCK = "controller.lock"
-    RECORD = RECORD
-
-    def __init__(self, state_dir: Path) -> None:
-        self.state_dir = Path(state_dir)
-        self._fd: int | None = None
-        self.tightened = False  # acquire() made an existing state dir private (0700)
-
-    def acquire(self, record: ControllerRecord) -> None:
-        import fcntl
-
-        if ensure_private_dir(self.state_dir):
-            self.tightened = True
-        fd = os.open(self.state_dir / self.LOCK, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            other = self.read()
-            who = f" (pid {other.pid}, started {other.started_at})" if other else ""
-            raise ControllerAlreadyRunning(
-                f"another controller already runs on {self.state_dir}{who}",
-                state_dir=str(self.state_dir),
-            ) from None
-        self._fd = fd
-        atomic_write_json(self.state_dir / self.RECORD, record.model_dump(mode="json"))
-
-    def update(self, record: ControllerRecord) -> None:
-        """Rewrite ``controller.json`` (e.g. with the API's real port) while holding the lock."""
-        if self._fd is None:
-            raise SlotctlError("the controller lock is not held")
-        atomic_write_json(self.state_dir / self.RECORD, record.model_dump(mode="json"))
-
-    def release(self) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            (self.state_dir / self.RECORD).unlink()
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
-    def read(self) -> ControllerRecord | None:
-        try:
-            data = json.loads((self.state_dir / self.RECORD).read_bytes())
-            return ControllerRecord.model_validate(data)
-        except (OSError, ValueError, ValidationError):
-            return None
-
-    def running(self) -> ControllerRecord | None:
-        """The live controller's record, or None (absent, dead, or a recycled pid)."""
-        data = running_controller(self.state_dir)
-        if data is None:
-            return None
-        try:
-            return ControllerRecord.model_validate(data)
-        except ValidationError:
-            return None
-
-
-def ensure_private_dir(path: Path) -> bool:
-    """``path`` as a directory only its owner may enter (0700, as etcd keeps its data
-    dir): the state dir holds the token, the servers' logs and the state files, which
-    other local users have no business reading. Created so; an existing one with group or
-    other bits is tightened (True: it was; the caller says so)."""
-    path = Path(path)
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    info = path.stat()
-    if info.st_mode & 0o077 and info.st_uid == os.geteuid():
-        path.chmod(0o700)
-        return True
-    return False
-
-
-def ensure_token(state_dir: Path) -> str:
-    """The API bearer token in ``<state_dir>/token`` (mode 0600), generated on first use."""
-    import secrets
-
-    path = Path(state_dir) / "token"
-    try:
-        token = path.read_text(encoding="utf-8").strip()
-    except FileNotFoundError:
-        token = ""
-    if token:
-        return token
-    token = secrets.token_urlsafe(32)
-    atomic_write_bytes(path, (token + "\n").encode(), mode=0o600)
-    return token
