@@ -9,8 +9,9 @@ Below :mod:`controller.probe`, which decides what the answers mean.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Final
 from urllib.parse import urlsplit
@@ -28,6 +29,7 @@ __all__ = [
     "get",
     "plain",
     "plain_pair",
+    "within_server_time",
 ]
 
 
@@ -101,16 +103,20 @@ async def first_bytes(endpoint: str, path: str, timeout_s: float) -> Response | 
         "Connection: close\r\n\r\n"
     ).encode("latin-1")
     got = b""
+
+    async def exchange() -> None:
+        nonlocal got
+        reader, writer = await asyncio.open_connection(url.hostname, url.port or 80)
+        try:
+            writer.write(data)
+            got = await reader.read(1)
+            if got:
+                got += await reader.readline()
+        finally:
+            writer.close()
+
     try:
-        async with asyncio.timeout(timeout_s):
-            reader, writer = await asyncio.open_connection(url.hostname, url.port or 80)
-            try:
-                writer.write(data)
-                got = await reader.read(1)
-                if got:
-                    got += await reader.readline()
-            finally:
-                writer.close()
+        await within_server_time(exchange(), timeout_s)
     except TimeoutError:
         if not got:
             return Response(0, error=f"no byte within {timeout_s:g}s", extra={"hung": True})
@@ -120,6 +126,50 @@ async def first_bytes(endpoint: str, path: str, timeout_s: float) -> Response | 
     if not got:
         return Response(0, error="the server closed the connection without an answer")
     return Response(status := _status(got), error="" if status else "an answer that is not HTTP")
+
+
+# How often :func:`within_server_time` looks at the clock, and how late a look may be
+# before the lateness is the loop's own (not counted against the server).
+LAG_TICK_S: Final = 0.25
+LAG_TOLERANCE_S: Final = 0.05
+
+
+async def within_server_time(work: Coroutine[Any, Any, None], timeout_s: float) -> float:
+    """Run ``work`` for ``timeout_s`` of the *server's* time; TimeoutError past it.
+
+    A controller whose event loop is busy (a thousand probes, a burst of watch events)
+    runs its callbacks late: the answer a server sent at once may sit in the socket while
+    the loop catches up, and a plain ``asyncio.timeout`` counts that wait as the server's
+    silence (a healthy server taken for hung). Here the deadline moves out by the loop's
+    own lateness, seen as a tick that wakes later than it was due. Returns the lateness
+    forgiven (seconds)."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(work)
+    forgiven = 0.0
+    start = loop.time()
+    try:
+        while True:
+            left = start + forgiven + timeout_s - loop.time()
+            if left <= 0:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+                if task.cancelled():
+                    raise TimeoutError
+                task.result()  # it finished as it was cancelled: its outcome stands
+                return forgiven
+            step = min(LAG_TICK_S, left)
+            due = loop.time() + step
+            done, _ = await asyncio.wait((task,), timeout=step)
+            if done:
+                task.result()
+                return forgiven
+            late = loop.time() - due
+            if late > LAG_TOLERANCE_S:
+                forgiven += late
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
 
 
 def _status(line: bytes) -> int:

@@ -29,6 +29,8 @@ def failing_slot(name: str, model_id: str) -> str:
     return (
         f'[[slot]]\nname = "{name}"\nprovider = "demo"\nmodel.default = "{model_id}"\n'
         f'device = "cpu"\nport = {free_port()}\nautoload = false\n'
+        # one failure opens the breaker: no retry moves the count the tests read
+        "max_consecutive_failures = 1\n"
         '[slot.server]\nextra_args = ["--load-seconds", "0.2", "--fail-on-load"]\n'
     )
 

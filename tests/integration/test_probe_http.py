@@ -6,8 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+
+import pytest
 
 from controller.probe import HttpProber, ProbeOutcome, ProbeSpec
 from tests.integration.helpers import free_port
@@ -174,6 +179,69 @@ async def test_liveness_counts_only_silence() -> None:
         await prober.close()
     assert refused.outcome is ProbeOutcome.STILL_WARMING
     assert "ConnectionRefusedError" in refused.message
+
+
+@contextmanager
+def thread_server(answers: bool, busy: Callable[[], None]) -> Iterator[str]:
+    """A TCP server on its own thread: for each request it first calls ``busy`` (the
+    test makes the event loop busy with it), then answers an HTTP 200 at once, or
+    (``answers=False``) nothing."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def serve() -> None:
+        listener.settimeout(0.05)
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            held.append(conn)
+            conn.recv(65536)
+            busy()
+            if answers:
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        stop.set()
+        thread.join()
+        for conn in held:
+            conn.close()
+        listener.close()
+
+
+@pytest.mark.parametrize("answers", [True, False])
+async def test_the_loops_own_lateness_is_not_the_servers_silence(answers: bool) -> None:
+    """Issue 28: an operator with a thousand slots runs its callbacks late. The server
+    here answers the moment it has the request, but the loop is blocked for 1 s (three
+    liveness timeouts) from just before the answer: the answer waits in the socket while
+    the timeout falls due. That server is alive, not hung (it was taken for hung, and
+    restarted, before); one that sends nothing is still hung."""
+    loop = asyncio.get_running_loop()
+    blocked = threading.Event()
+
+    def busy() -> None:  # on the server's thread: the loop sleeps 1 s, then it answers
+        loop.call_soon_threadsafe(lambda: (blocked.set(), time.sleep(1.0)))
+        blocked.wait(5)
+        time.sleep(0.05)
+
+    with thread_server(answers, busy) as endpoint:
+        prober = HttpProber()
+        try:
+            result = await prober.liveness(endpoint, ProbeSpec(), slot="s", timeout_s=0.3)
+        finally:
+            await prober.close()
+    assert blocked.is_set()
+    if answers:
+        assert result.outcome is ProbeOutcome.READY, result.message
+    else:
+        assert result.outcome is ProbeOutcome.HUNG, result.message
+        assert "no byte within 0.3s" in result.message
 
 
 async def test_a_closed_prober_opens_no_new_session() -> None:

@@ -147,7 +147,8 @@ def test_sigkill_never_leaves_a_torn_state_file(tmp_path: Path) -> None:
     assert reader.reads > 200, reader.reads
     assert len({g for g, _ in reader.seen}) >= KILLS // 2, sorted(reader.seen)[:20]
     assert len(gens_on_disk) >= KILLS // 2
-    assert elapsed < 60, elapsed
+    # a figure, not a gate (timing is the benchmarks' to judge)
+    print(f"{KILLS} writers killed, {reader.reads} reads in {elapsed:.1f}s")
 
     # Killed writers may leave temp files; the sweep removes them and nothing else.
     store.sweep()
