@@ -85,6 +85,8 @@ class EvictionCandidate:
     wake_s: float = 1.0  # what a wake of it takes (measured, moving average)
     # The keys of its placement, asleep too (a sleeping pod still holds a whole GPU).
     placed: tuple[str, ...] = ()
+    # Its co-loaded unit (controller/coload.py): a unit is evicted whole or not at all.
+    unit: str | None = None
 
     @property
     def host_bytes(self) -> int:

@@ -47,6 +47,7 @@ from controller.units import format_gib
 
 __all__ = [
     "DeviceFacts",
+    "JointPlacement",
     "Need",
     "Option",
     "Placement",
@@ -54,6 +55,7 @@ __all__ = [
     "gpu_figures",
     "place",
     "place_first",
+    "place_joint",
     "resolve_pins",
 ]
 
@@ -394,4 +396,71 @@ def describe(option: Option) -> str:
     return ", ".join(
         f"{a.device} ({format_gib(max(0, min(a.free_room, a.budget_room)))} free)"
         for a in option.admissions
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class JointPlacement:
+    """A co-loaded unit's placement (:func:`place_joint`): each member's, in the order
+    placed, and the member that fits nowhere beside those before it (None: all fit)."""
+
+    members: tuple[tuple[str, Placement], ...]
+    failed: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.failed is None
+
+    @property
+    def victims(self) -> tuple[Victim, ...]:
+        """Every member's victims, each once."""
+        seen: dict[str, Victim] = {}
+        for _, placement in self.members:
+            if placement.option is not None:
+                for v in placement.option.victims:
+                    seen.setdefault(v.name, v)
+        return tuple(seen.values())
+
+
+def place_joint(
+    needs: Sequence[tuple[Need, Sequence[DeviceFacts]]],
+    candidates: Callable[[], Sequence[EvictionCandidate]],
+    now: float,
+    *,
+    host: Callable[[], Mapping[str, int]] | None = None,
+) -> JointPlacement:
+    """A unit's members placed together, all or nothing (docs/design/0013): greedy, the
+    biggest member first, each by :func:`place` on its devices as the members before it
+    leave them (their bytes admitted and reserved there, their victims' bytes freed, their
+    victims no longer candidates). ``failed`` names the first member that fits nowhere."""
+    added: dict[str, int] = {}
+    gone: set[str] = set()
+    placed: list[tuple[str, Placement]] = []
+    for need, devices in sorted(needs, key=lambda nd: (-nd[0].bytes, nd[0].slot)):
+        facts = [_with_added(d, added.get(d.key, 0)) for d in devices]
+        placement = place(
+            need, facts, lambda: [c for c in candidates() if c.name not in gone], now, host=host
+        )
+        placed.append((need.slot, placement))
+        option = placement.option
+        if placement.error is not None or option is None or not option.fits:
+            return JointPlacement(tuple(placed), failed=need.slot)
+        for d in option.devices:
+            added[d.key] = added.get(d.key, 0) + share(need.bytes, need.span)
+        for v in option.victims:
+            if v.name not in gone:
+                gone.add(v.name)
+                for key in v.devices:
+                    added[key] = added.get(key, 0) - share(v.bytes, len(v.devices))
+    return JointPlacement(tuple(placed))
+
+
+def _with_added(facts: DeviceFacts, extra: int) -> DeviceFacts:
+    """A device as a member placed before leaves it: ``extra`` bytes more admitted (and
+    reserved: no probe sees them yet), fewer when its victims free more than it takes."""
+    if not extra:
+        return facts
+    holders = facts.holders + (1 if facts.exclusive and extra > 0 else 0)
+    return replace(
+        facts, admitted=facts.admitted + extra, reserved=facts.reserved + extra, holders=holders
     )

@@ -54,6 +54,7 @@ SCHEDULING_KEYS: Final = frozenset(
         "memory_gb",
         "sleep_level",
         "wake_timeout_s",
+        "unit",  # co-loaded units (controller/spec/coload.py): who loads with whom
     }
 )
 ACTION_KINDS: Final = ("create", "recreate", "load", "unload", "update", "delete", "adopt", "noop")

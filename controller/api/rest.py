@@ -78,6 +78,7 @@ class SlotOut(BaseModel):
     held_for_s: float | None = None
     holds: int = 0
     node: str | None = None  # kubernetes runtime: the node it is pinned to or landed on
+    unit: str | None = None  # its co-loaded unit: loads, evicts, sleeps with its members
     gpus: list[int] = []  # the GPUs it is placed on (indices), while admitted
     devices: list[str] = []  # its admission keys (gpu:N, cpu, NODE/gpu), while admitted
     requests: int = 0  # requests served since the controller started (lease flips carry it)

@@ -106,6 +106,8 @@ _DOCS: Final[dict[str, str]] = {
     "dir (kubernetes runtime).",
     "node": "Node the slot runs on (kubernetes runtime: its nodeSelector); unset: the "
     "scheduler places it.",
+    "unit": "Co-loaded unit: the slots of one unit load, evict, sleep and restore "
+    "together (a stack's [[unit]] or a slot's `with` sets it).",
     "id": "Model id (defaults to metadata.name); may contain . : / @ + = -.",
     "source": "Path, file://, hf://org/repo[/file] or demo://name.",
     "kind": "What the model is: llm, embedding, tts, stt or image (default llm).",

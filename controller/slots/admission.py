@@ -13,6 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 from controller.cluster import Held, by_count, cluster_devices
+from controller.coload import without_unit
 from controller.decision import (
     WAITING_FOR_DEVICE,
     WAITING_FOR_MEMORY,
@@ -90,7 +91,10 @@ class Admission(Part):
         return decide_load(
             request,
             devices,
-            (lambda: self.table.candidates(self._recent)) if evict else lambda: (),
+            # never a member of its own co-loaded unit (controller.coload)
+            (lambda: without_unit(slot.spec.unit, self.table.candidates(self._recent)))
+            if evict
+            else lambda: (),
             self.clock.monotonic(),
             min_resident_s=self.settings.min_resident_s,
             host=self.host_room,

@@ -28,6 +28,7 @@ from controller.lifecycle import DISPATCHABLE_STATES, IdleReason, SlotState
 from controller.probe import ProbeOutcome, ProbeResult
 from controller.runtime.base import LaunchSpec
 from controller.slots.admission import Admission
+from controller.slots.coload import UnitLoads
 from controller.slots.core import Core, Part
 from controller.slots.records import SlotRecord
 from controller.slots.unloading import Unloading
@@ -45,6 +46,7 @@ class Loading(Part):
         self.admission = admission
         self.unloading = unloading
         self.tiers = unloading.residency
+        self.units = UnitLoads(core, admission, unloading, self._load_flow)
 
     @staticmethod
     def loaded(slot: SlotRecord) -> bool:
@@ -116,6 +118,9 @@ class Loading(Part):
         """The slot's load task (started if none runs); None when already loaded."""
         if self.loaded(slot) and not slot.draining:
             return None
+        members = self.units.members(slot)
+        if members:  # a co-loaded unit: one load task for its members (slots/coload.py)
+            return self.units.task(slot, members, background=background)
         task = slot.load_task
         if task is None or task.done():
             slot.background = background

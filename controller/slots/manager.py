@@ -375,8 +375,10 @@ class SlotManager(Part):
         return self.core.table.view(slot)
 
     def explain_load(self, name: str) -> dict[str, Any]:
-        """Dry run of a load: the same decision the load takes. Changes nothing."""
-        return self.admission.explain(self.core.table.get(name))
+        """Dry run of a load: the same decision the load takes (a unit member's: the
+        unit's, every member explained). Changes nothing."""
+        slot = self.core.table.get(name)
+        return self.loading.units.explain(slot, self.admission.explain(slot))
 
     def decide(self, name: str, *, background: bool = False) -> LoadDecision:
         """The load decision for ``name`` now (what :meth:`explain_load` renders)."""

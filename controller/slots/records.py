@@ -153,6 +153,7 @@ class SlotView:
     held_for_s: float | None = None  # until the last batch hold (``hold``) expires
     holds: int = 0  # batch holds among ``leases`` (the rest are requests in flight)
     node: str | None = None  # kubernetes runtime: the node it is pinned to or landed on
+    unit: str | None = None  # its co-loaded unit (docs/design/0013)
     gpus: tuple[int, ...] = ()  # the GPUs it is placed on (indices), while admitted
     devices: tuple[str, ...] = ()  # its admission keys (gpu:N, cpu, NODE/gpu), while admitted
     requests: int = 0  # requests served (leases released, holds aside) since the start
@@ -435,6 +436,7 @@ class SlotRecord:
             load_s=load_s,
             wake_s=wake_s,
             recent_weight=recent_weight,
+            unit=self.spec.unit,
         )
 
     def reload_s(self) -> tuple[float, float]:

@@ -115,6 +115,7 @@ class SlotTable(Usage):
             held_for_s=_held_for(slot, now),
             holds=sum(1 for lease in slot.leases.values() if lease.expires_at is not None),
             node=slot.node,
+            unit=slot.spec.unit,
             gpus=tuple(g.index for g in slot.placement),
             devices=slot.devices if slot.state in ADMITTED_STATES else (),
             requests=slot.requests,

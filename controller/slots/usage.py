@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from controller.coload import unified
 from controller.eviction import EvictionCandidate
 from controller.lifecycle import SlotState
 from controller.slots.records import ADMITTED_STATES, SlotRecord
@@ -72,11 +73,14 @@ class Usage:
         self, recent_weight: Callable[[SlotRecord], float] | None = None
     ) -> list[EvictionCandidate]:
         """Every slot as the eviction planner sees it (it picks the eligible ones);
-        ``recent_weight``: the best class weight among its recent users."""
-        return [
-            s.candidate(recent_weight(s) if recent_weight is not None else 0.0)
-            for s in self.records.values()
-        ]
+        ``recent_weight``: the best class weight among its recent users; a unit's
+        members as their unit."""
+        return unified(  # a co-loaded unit is judged, and evicted, as one (controller.coload)
+            [
+                s.candidate(recent_weight(s) if recent_weight is not None else 0.0)
+                for s in self.records.values()
+            ]
+        )
 
     def group_peers(self, slot: SlotRecord) -> list[SlotRecord]:
         """The members of ``slot``'s exclusive group that hold it (loading or loaded)."""

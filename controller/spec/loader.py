@@ -18,6 +18,7 @@ from typing import Any
 import tomlkit
 from pydantic import ValidationError
 
+from controller.spec.coload import UnitDecl, parse_units, resolve_units, take_with
 from controller.spec.locate import LineIndex
 from controller.spec.problems import Problem, problems_from_validation
 from controller.spec.rules import Origin, SlotEntry, check_slot_payload, cross_slot_problems
@@ -38,7 +39,7 @@ __all__ = [
     "parse_toml_text",
 ]
 
-_TOP_LEVEL = ("stack", "model", "slot")
+_TOP_LEVEL = ("stack", "model", "slot", "unit")
 
 # One stack (or config) file is parsed whole, in a worker thread; beyond this size it is
 # refused unparsed (``stack.too_large``) rather than occupying the controller for seconds.
@@ -191,6 +192,7 @@ class _FileResult:
     slots: list[SlotEntry] = field(default_factory=list)
     errors: list[Problem] = field(default_factory=list)
     warnings: list[Problem] = field(default_factory=list)
+    units: list[UnitDecl] = field(default_factory=list)  # co-loaded units (spec.coload)
 
 
 def _locate(problem: Problem, file: str, index: LineIndex, loc: Sequence[str | int]) -> Problem:
@@ -231,7 +233,7 @@ def _load_document(file: str, parsed: Parsed) -> _FileResult:
                     file=file,
                     key=key,
                     line=index.line_of((key,)),
-                    hint="a stack file has [stack], [[model]] and [[slot]] tables",
+                    hint="a stack file has [stack], [[model]], [[slot]] and [[unit]] tables",
                 )
             )
     _load_meta(data, res, file, index)
@@ -245,9 +247,17 @@ def _load_document(file: str, parsed: Parsed) -> _FileResult:
                 res.errors.append(_locate(problem, file, index, loc))
             continue
         res.models.append((model, Origin(file=file, base=("model", i), index=index)))
+    units, unit_problems = parse_units(
+        _table_list(data, "unit", res, file, index), file, Origin(file=file, index=index)
+    )
+    res.units.extend(units)
+    res.errors.extend(unit_problems)
     for i, raw in enumerate(_table_list(data, "slot", res, file, index)):
-        check = check_slot_payload(raw)
         base = ("slot", i)
+        raw, unit, unit_problems = take_with(raw, Origin(file=file, base=base, index=index))
+        res.units.extend([unit] if unit is not None else [])
+        res.errors.extend(unit_problems)
+        check = check_slot_payload(raw)
         res.errors.extend(_locate(p, file, index, (*base, *loc)) for p, loc in check.errors)
         res.warnings.extend(_locate(p, file, index, (*base, *loc)) for p, loc in check.warnings)
         if check.spec is not None:
@@ -409,6 +419,16 @@ def _over(key: str, slots: list[tuple[SlotEntry, int]], room: int) -> list[Probl
     return out
 
 
+def _units(
+    entries: list[SlotEntry], units: list[UnitDecl], owners: dict[int, str]
+) -> tuple[list[SlotEntry], list[Problem], list[Problem]]:
+    """Each member's ``unit`` set (:func:`controller.spec.coload.resolve_units`), owners kept."""
+    resolved, errors, warnings = resolve_units(entries, units)
+    for old, new in zip(entries, resolved, strict=True):
+        owners[id(new)] = owners[id(old)]
+    return resolved, errors, warnings
+
+
 def load_stack_texts(
     texts: Sequence[tuple[str, str]], settings: ControllerSettings | None = None
 ) -> LoadReport:
@@ -426,6 +446,7 @@ def _merge(
     models: dict[str, ModelSpec] = {}
     model_where: dict[str, str] = {}
     entries: list[SlotEntry] = []
+    units: list[UnitDecl] = []
     owners: dict[int, str] = {}
     stacks: list[str] = []
     for file, parsed in documents:
@@ -450,10 +471,14 @@ def _merge(
                 continue
             models[model.id] = model
             model_where[model.id] = where.where(("id",))
+        units.extend(res.units)
         for entry in res.slots:
             owners[id(entry)] = res.stack or ""
             entries.append(entry)
     report.errors.extend(cross_slot_problems(entries, models))
+    entries, unit_errors, unit_warnings = _units(entries, units, owners)
+    report.errors.extend(unit_errors)
+    report.warnings.extend(unit_warnings)
     report.warnings.extend(_exclusive_autoload(entries, models, settings))
     report.warnings.extend(_autoload_over_budget(entries, models, settings))
     if report.errors:

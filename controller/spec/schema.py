@@ -302,6 +302,10 @@ class SlotSpec(_Strict):
     # kubernetes runtime: pin the slot to this node (its nodeSelector); unset: the
     # scheduler places it and admission counts it on the node it lands on
     node: Annotated[str, Field(pattern=NODE_NAME_PATTERN, max_length=253)] | None = None
+    # The co-loaded unit the slot belongs to (controller/spec/coload.py: a stack's
+    # [[unit]] or a member's `with` set it): its members load, evict, sleep and restore
+    # together. A scheduling key: changing it restarts no server.
+    unit: Annotated[str, Field(pattern=SLOT_NAME_PATTERN)] | None = None
 
     @field_validator("device")
     @classmethod

@@ -324,7 +324,7 @@ function slotRow(slot, flash) {
     "tr",
     { "data-slot": slot.name, "data-state": slot.state, "data-residency": slot.residency || "awake", class: flash ? "flash" : "" },
     h("td", { class: "c-state" }, badge(slot.state, slot.idle_reason, slot.residency, slot.sleep_level), h("div", { class: "c-since", title: "in this state since", "data-since": slot.since, text: ago(slot.since) })),
-    h("td", {}, h("div", { class: "slot-name" }, slot.name, slot.pinned ? h("span", { class: "pin", title: "pinned: never evicted", text: "pinned" }) : null), sub),
+    h("td", {}, h("div", { class: "slot-name" }, slot.name, slot.pinned ? h("span", { class: "pin", title: "pinned: never evicted", text: "pinned" }) : null, slot.unit ? h("span", { class: "pin unit", title: `unit ${slot.unit}: loads, evicts and sleeps with its members`, text: `unit ${slot.unit}` }) : null), sub),
     h("td", {}, h("span", { class: "model", text: slot.model_id || "—" })),
     h("td", { class: "c-device" }, h("span", { class: "device", title: slot.device, text: placedOn(slot) })),
     h("td", { class: "c-num", text: String(slot.priority) }),
