@@ -141,7 +141,9 @@ def cmd_slot_load(args: argparse.Namespace) -> ExitCode:
     if args.dry_run:
         _, answer = client.post(path, query={"dry_run": True})
         plan = (answer.get("plan") or {}) if isinstance(answer, dict) else {}
-        _print(args, answer, "\n".join(_explain(args.name, plan, Style(sys.stdout))))
+        style = Style(sys.stdout)
+        lines = _explain(args.name, plan, style) + _unit_lines(plan, style)
+        _print(args, answer, "\n".join(lines))
         return ExitCode.NEGATIVE if plan.get("action") == "refuse" else ExitCode.OK
     started = time.monotonic()
     _, answer = client.post(path)
@@ -192,6 +194,27 @@ def _explain(name: str, plan: dict[str, Any], style: Style) -> list[str]:
             for key, n in sorted(freed.items())
         ]
         lines.append("  memory given back: " + ", ".join(parts))
+    return lines
+
+
+def _unit_lines(plan: dict[str, Any], style: Style) -> list[str]:
+    """A unit member's dry run: the unit, how its members would load, what it evicts."""
+    unit = plan.get("unit")
+    if not isinstance(unit, dict):
+        return []
+    members = [m for m in unit.get("members") or [] if isinstance(m, dict)]
+    order = unit.get("order") or [m.get("slot") for m in members]
+    lines = [style.bold(f"  unit {unit.get('name')}") + f": {', '.join(order)} load together"]
+    if unit.get("failed"):
+        lines.append(style.red(f"    {unit['failed']} does not fit beside the other members"))
+    if unit.get("evict"):
+        lines.append(f"    the unit would evict {', '.join(unit['evict'])}")
+    for m in members:
+        together = m.get("together") or {}
+        where = together.get("where") or m.get("reason") or ""
+        lines.append(
+            f"    member {m.get('slot')}: {m.get('action')}" + (f", {where}" if where else "")
+        )
     return lines
 
 

@@ -179,7 +179,7 @@ def _with_units(
 
 
 def _unknown(d: UnitDecl, member: str, key: str) -> Problem:
-    where = f"unit {d.name!r}" if d.via == "unit" else f"slot {d.slots[0]!r}'s `with`"
+    where = f"unit {d.name!r}" if d.via == "unit" else f"`with` of slot {d.slots[0]!r}"
     return d.problem(
         "unit.unknown_member",
         f"{where} names slot {member!r}, which no stack file declares",

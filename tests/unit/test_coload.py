@@ -4,11 +4,14 @@ unit whole (FakeRuntime + FakeClock)."""
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from controller.cli.output import Style
+from controller.cli.remote import _unit_lines
 from controller.coload import unified, without_unit
 from controller.errors import InsufficientMemory, SlotSpawnFailed
 from controller.eviction import EvictionCandidate
@@ -17,7 +20,7 @@ from controller.memory import DeviceMemory
 from controller.placement import DeviceFacts, Need, place_joint
 from controller.plan import plan_slot
 from controller.spec.loader import LoadReport, load_stack_texts
-from controller.spec.schema import SlotSpec
+from controller.spec.schema import ControllerSettings, SlotSpec
 from tests.unit.manager_fixtures import Harness, desired, model_spec, settle, slot_spec
 
 S = SlotState
@@ -253,6 +256,9 @@ async def test_a_unit_that_does_not_fit_together_changes_nothing(tmp_path: Path)
     plan = m.explain_load("chat")
     assert plan["action"] == "refuse" and plan["unit"]["failed"] == "embed"
     assert [p["slot"] for p in plan["unit"]["members"]] == ["chat", "embed"]
+    lines = _unit_lines(plan, Style(io.StringIO()))  # what `slot load --dry-run` prints
+    assert lines[0] == "  unit rag: chat, embed load together"
+    assert lines[1] == "    embed does not fit beside the other members"
 
 
 async def test_eviction_takes_the_unit_whole_and_never_a_member_for_a_member(
@@ -293,3 +299,44 @@ async def test_a_lease_on_one_member_protects_the_unit(tmp_path: Path) -> None:
 
 def test_unit_is_a_slot_spec_field() -> None:
     assert SlotSpec.model_validate({"name": "a", "provider": "demo", "unit": "rag"}).unit == "rag"
+
+
+async def test_the_restore_brings_the_unit_back_together(tmp_path: Path) -> None:
+    h = Harness(tmp_path, gpu_gb=12)
+    slots = [
+        slot_spec("chat", unit="rag", autoload=False, priority=60),
+        slot_spec("embed", unit="rag", autoload=False, priority=40),
+    ]
+    models = [model_spec("chat-m", 4), model_spec("embed-m", 2)]
+    h.manager.residency.set("embed", "embed-m")  # only one member was wished resident
+    m = h.new_manager()
+    await m.set_desired(desired(slots, models))
+    outcome = await m.restore()
+    assert outcome == {"embed": "ready"}
+    assert m.view("chat").state is S.READY  # restored with its unit
+    assert h.runtime.starts == {"chat": 1, "embed": 1}
+    await settle(m)
+
+
+async def test_a_unit_sleeps_together_and_wakes_together(tmp_path: Path) -> None:
+    h = Harness(tmp_path, gpu_gb=10)
+    h.memory.totals["cpu"] = 64 * G
+    h.manager.settings = ControllerSettings(safety_margin_gb=0.0, host_margin_gb=0.0)
+    slots = [
+        slot_spec("chat", unit="rag", sleep=True, priority=60),
+        slot_spec("embed", unit="rag", sleep=True, priority=40),
+        slot_spec("big", priority=90),
+    ]
+    models = [model_spec("chat-m", 4), model_spec("embed-m", 2), model_spec("big-m", 8)]
+    m = h.manager
+    await m.set_desired(desired(slots, models))
+    await m.load("embed")
+    h.clock.advance(600)
+    await m.load("big")
+    assert h.runtime.sleeping == {"chat": 1, "embed": 1}
+    await m.unload("big")
+    lease = await m.acquire("chat")  # a request for one member wakes both
+    assert h.runtime.sleeping == {}
+    assert m.view("embed").state is S.READY and m.view("embed").residency == "awake"
+    m.release(lease)
+    await settle(m)
