@@ -67,13 +67,14 @@ class UnitLoads(Part):
         self, slot: SlotRecord, members: list[SlotRecord], *, background: bool
     ) -> asyncio.Task[int]:
         """The unit's load task: the one running (any member's), else a new one that every
-        member's waiters join."""
+        member's waiters join (a member's own load still running from before it joined
+        the unit is waited for by that member's turn: its slot lock)."""
+        name = f"load-unit:{slot.spec.unit}"
         for m in members:
-            if m.load_task is not None and not m.load_task.done():
-                return m.load_task
-        task = asyncio.create_task(
-            self._flow(slot, members, background), name=f"load-unit:{slot.spec.unit}"
-        )
+            task = m.load_task
+            if task is not None and not task.done() and task.get_name() == name:
+                return task
+        task = asyncio.create_task(self._flow(slot, members, background), name=name)
         task.add_done_callback(_settled)
         for m in members:
             m.background = background

@@ -340,3 +340,19 @@ async def test_a_unit_sleeps_together_and_wakes_together(tmp_path: Path) -> None
     assert m.view("embed").state is S.READY and m.view("embed").residency == "awake"
     m.release(lease)
     await settle(m)
+
+
+async def test_a_member_is_never_evicted_for_its_own_mate(tmp_path: Path) -> None:
+    h = await unit_setup(tmp_path)
+    m = h.manager
+    await m.load("chat")
+    await m.unload("embed")  # a person unloads one member: that one only
+    assert m.view("chat").state is S.READY and m.view("embed").state is S.OFFLINE
+    h.memory.totals["gpu"] = 5 * G  # chat (4) leaves 1: embed (2) needs chat's room
+    h.clock.advance(600)
+    plan = m.explain_load("embed")
+    assert plan["action"] == "refuse"
+    with pytest.raises(InsufficientMemory):
+        await m.load("embed")
+    assert m.view("chat").state is S.READY
+    await settle(m)
