@@ -6,7 +6,7 @@ member's, its last use the latest member's, pinned when a member is, busy or lea
 member is (:func:`unified`; the manager's table hands out candidates this way). A member is
 never the victim of a load of its own unit (:func:`without_unit`), and a victim that is a
 member takes its mates with it (the manager evicts them right after it: the slot manager's
-``Unloading.evict``; :func:`mates` names them).
+``Unloading.evict_mates``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import replace
 
 from controller.eviction import EvictionCandidate
 
-__all__ = ["mates", "unified", "without_unit"]
+__all__ = ["unified", "without_unit"]
 
 
 def _by_unit(candidates: Iterable[EvictionCandidate]) -> dict[str, list[EvictionCandidate]]:
@@ -57,10 +57,3 @@ def without_unit(
 ) -> list[EvictionCandidate]:
     """The candidates a load of a member of ``unit`` may evict: none of its own unit."""
     return [c for c in candidates if unit is None or c.unit != unit]
-
-
-def mates(name: str, unit: str | None, names_units: Iterable[tuple[str, str | None]]) -> list[str]:
-    """The other members of ``name``'s unit (in the order given)."""
-    if unit is None:
-        return []
-    return [n for n, u in names_units if u == unit and n != name]

@@ -105,13 +105,19 @@ class Housekeeping(Part):
             )
         ttl = slot.spec.ttl_s
         # ttl_s: give the memory back after this long without requests (keep-loaded
-        # autoload slots are exempt: autoload means "keep it loaded").
-        expired = ttl > 0 and quiet >= ttl and not slot.spec.autoload
+        # autoload slots are exempt: autoload means "keep it loaded"). A co-loaded unit's
+        # member: after the whole unit's quiet time, and the unit goes (docs/design/0013).
+        mates = self.table.unit_mates(slot)
+        quiet = now - max([slot.last_used, *(m.last_used for m in mates)])
+        keep = slot.spec.autoload or any(m.spec.autoload or m.busy or m.leases for m in mates)
+        expired = ttl > 0 and quiet >= ttl and not keep
         serving_model = slot.idle_reason != IdleReason.NO_MODEL
         if expired and slot.state in (S.READY, S.IDLE) and serving_model:
             why = f"ttl: no request for {quiet:.0f}s (ttl_s={ttl:g})"
             unloading = self.loading.unloading
-            await unloading.evict_one(slot, why, reason=EvictionReason.TTL, clear_residency=True)
+            ttl_reason = EvictionReason.TTL
+            if await unloading.evict_one(slot, why, reason=ttl_reason, clear_residency=True):
+                await unloading.evict_mates(slot, why, ttl_reason, 0, clear_residency=True)
 
     def breakers(self, slot: SlotRecord, now: float) -> None:
         """Healthy for ``stable_reset_s``: the crash loop is over, the count starts again."""

@@ -15,7 +15,6 @@ import logging
 from collections.abc import Iterable
 from typing import Final
 
-from controller.coload import mates
 from controller.errors import SlotctlError, SlotNotReady, SlotPinned, SlotTerminateTimeout
 from controller.events import EventKind, EvictionReason, Op
 from controller.eviction import SLEEP, Victim
@@ -149,24 +148,30 @@ class Unloading(Part):
             why = f"{'put to sleep' if level else 'evicted'} to {victim.reason}"
             if await self.evict_one(slot, why, reason=reason, sleep=level):
                 done.append(victim.name)
-                done += await self._evict_mates(slot, why, reason, level)
+                done += await self.evict_mates(slot, why, reason, level)
         return done
 
-    async def _evict_mates(
-        self, slot: SlotRecord, why: str, reason: EvictionReason, level: int
+    async def evict_mates(
+        self,
+        slot: SlotRecord,
+        why: str,
+        reason: EvictionReason,
+        level: int,
+        *,
+        clear_residency: bool = False,
     ) -> list[str]:
         """A co-loaded unit goes whole (controller.coload): ``slot``'s mates evicted with
         it, each put to sleep too when it slept and its server can."""
         done = []
-        units = ((s.name, s.spec.unit) for s in self.table)
-        for name in mates(slot.name, slot.spec.unit, list(units)):
-            mate = self.table.records[name]
+        for mate in self.table.unit_mates(slot):
             if mate.state not in (S.READY, S.IDLE) or mate.asleep:
                 continue
             sleep = level if level and mate.candidate().sleep_level else 0
             also = f"{why} (unit {slot.spec.unit!r}: goes with {slot.name})"
-            if await self.evict_one(mate, also, reason=reason, sleep=sleep):
-                done.append(name)
+            if await self.evict_one(
+                mate, also, reason=reason, sleep=sleep, clear_residency=clear_residency
+            ):
+                done.append(mate.name)
         return done
 
     async def evict_one(

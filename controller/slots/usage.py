@@ -82,6 +82,13 @@ class Usage:
             ]
         )
 
+    def unit_mates(self, slot: SlotRecord) -> list[SlotRecord]:
+        """The other members of ``slot``'s co-loaded unit (docs/design/0013)."""
+        unit = slot.spec.unit
+        if unit is None:
+            return []
+        return [s for s in self.records.values() if s is not slot and s.spec.unit == unit]
+
     def group_peers(self, slot: SlotRecord) -> list[SlotRecord]:
         """The members of ``slot``'s exclusive group that hold it (loading or loaded)."""
         group = slot.model.exclusive_group if slot.model else None

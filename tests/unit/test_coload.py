@@ -356,3 +356,25 @@ async def test_a_member_is_never_evicted_for_its_own_mate(tmp_path: Path) -> Non
         await m.load("embed")
     assert m.view("chat").state is S.READY
     await settle(m)
+
+
+async def test_ttl_counts_the_units_quiet_time_and_unloads_it_whole(tmp_path: Path) -> None:
+    h = Harness(tmp_path, gpu_gb=12)
+    slots = [
+        slot_spec("chat", unit="rag", autoload=False, ttl_s=100),
+        slot_spec("embed", unit="rag", autoload=False, ttl_s=0),
+    ]
+    m = h.manager
+    await m.set_desired(desired(slots, [model_spec("chat-m", 4), model_spec("embed-m", 2)]))
+    await m.load("chat")
+    h.clock.advance(80)
+    m.release(await m.acquire("embed"))  # the unit is in use: chat's ttl waits
+    h.clock.advance(80)
+    await m.tick()
+    assert m.view("chat").state is not S.OFFLINE
+    h.clock.advance(30)
+    await m.tick()
+    assert m.view("chat").state is S.OFFLINE and m.view("embed").state is S.OFFLINE
+    assert not m.view("chat").resident and not m.view("embed").resident
+    assert "goes with chat" in m.view("embed").message
+    await settle(m)
