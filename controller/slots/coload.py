@@ -103,6 +103,18 @@ class UnitLoads(Part):
                 if m.admitted is not None:
                     m.admitted.set()
 
+    def waiting_with_room(self) -> list[str]:
+        """The waiting slots whose background load would be admitted now
+        (``Admission.waiting_with_room``), a unit member's only when its whole unit would
+        be: else the reconciler would try it again every second, refused every time."""
+        out = []
+        for name in self.admission.waiting_with_room():
+            slot = self.table.records.get(name)
+            todo = [m for m in self.members(slot) if not _loaded(m)] if slot else []
+            if slot is None or len(todo) < 2 or self.joint(slot, todo, background=True).ok:
+                out.append(name)
+        return out
+
     def _decide(
         self, slot: SlotRecord, members: list[SlotRecord], background: bool
     ) -> list[SlotRecord]:

@@ -99,7 +99,7 @@ class SlotManager(Part):
         self.recovery = Recovery(self.core, self.loading)
         # What only forwards is the part's own method, bound here (one signature and one
         # docstring, the part's; the ports in .ports name what each caller may call).
-        self.waiting_with_room = self.admission.waiting_with_room
+        self.waiting_with_room = self.loading.units.waiting_with_room  # units: all fit
         self.unload = self.unloading.unload  # drain, stop, offline
         self.evict = self.unloading.evict  # each victim revalidated first
         self.reset = self.unloading.reset  # the crash-loop breaker cleared

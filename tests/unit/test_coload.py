@@ -378,3 +378,16 @@ async def test_ttl_counts_the_units_quiet_time_and_unloads_it_whole(tmp_path: Pa
     assert not m.view("chat").resident and not m.view("embed").resident
     assert "goes with chat" in m.view("embed").message
     await settle(m)
+
+
+async def test_a_waiting_member_is_woken_only_when_its_unit_fits(tmp_path: Path) -> None:
+    h = await unit_setup(tmp_path, gpu_gb=5)  # chat 4 + embed 2: each fits, not both
+    m = h.manager
+    with pytest.raises(InsufficientMemory) as err:
+        await m.load("chat", resident=False, background=True)
+    assert err.value.details.get("waiting") is True
+    assert m.view("chat").waiting == "waiting_for_memory"
+    assert m.admission.waiting_with_room() == ["chat"]  # chat alone would fit
+    assert m.waiting_with_room() == []  # its unit does not
+    h.memory.totals["gpu"] = 6 * G
+    assert m.waiting_with_room() == ["chat"]
