@@ -124,6 +124,18 @@ def test_unit_problems_are_typed_and_located(text: str, code: str) -> None:
     assert problem.file == "s.toml" and problem.line is not None
 
 
+def test_a_unit_may_name_slots_of_other_stack_files() -> None:
+    first = HEAD + _slot("chat", 9001) + '[[unit]]\nname = "rag"\nslots = ["chat", "embed"]\n'
+    second = '[stack]\nname = "u"\n' + _slot("embed", 9002)
+    report = load_stack_texts([("a.toml", first), ("b.toml", second)])
+    assert units_of(report) == {"chat": "rag", "embed": "rag"}
+    assert report.state is not None and report.state.slots["embed"].stack == "u"
+    again = '[stack]\nname = "v"\n[[unit]]\nname = "rag"\nslots = ["embed"]\n'
+    report = load_stack_texts([("a.toml", first), ("b.toml", second), ("c.toml", again)])
+    (problem,) = report.errors
+    assert problem.code == "unit.duplicate" and problem.file == "c.toml" and problem.line == 4
+
+
 def test_a_unit_of_one_is_a_warning() -> None:
     report = load(_slot("chat", 9001) + '[[unit]]\nname = "rag"\nslots = ["chat"]\n')
     assert report.ok
