@@ -32,6 +32,7 @@ def _spec_schema() -> dict[str, Any]:
     for key, text in _DOCS.items():
         schema["properties"][key]["description"] = text
     schema["properties"]["models"]["maxItems"] = 16
+    schema["properties"]["models"]["items"]["maxLength"] = 200
     schema["properties"]["models"]["x-kubernetes-validations"] = [
         {
             "rule": "size(self) >= 1 && self.all(m, self.exists_one(n, n == m))",

@@ -43,6 +43,9 @@ def _same(a: DesiredState, b: DesiredState) -> None:
     assert {n: (s.spec, s.stack) for n, s in a.slots.items()} == {
         n: (s.spec, s.stack) for n, s in b.slots.items()
     }
+    assert {i: (e.spec, e.stack) for i, e in a.aliases.items()} == {
+        i: (e.spec, e.stack) for i, e in b.aliases.items()
+    }
 
 
 @pytest.mark.parametrize("stack", ["examples/quickstart", "stacks"])
@@ -74,6 +77,8 @@ def test_round_trip_toml_to_cr_to_toml_changes_nothing(stack: str, tmp_path: Pat
     assert after.ok and after.state is not None, after.errors
     _same(before.state, after.state)
     assert set(after.state.stacks) == set(before.state.stacks)
+    if stack == "examples/quickstart":  # its [[alias]] went through an Alias and back
+        assert "Alias" in {o["kind"] for o in objects} and after.state.aliases
 
 
 def _state_of(objects: list[dict[str, Any]]) -> DesiredState:
@@ -103,7 +108,7 @@ def test_round_trip_cr_to_toml_to_cr_changes_nothing() -> None:
     expected = []
     for obj in objects:
         spec = dict(obj["spec"])
-        if obj["kind"] == "Model":
+        if obj["kind"] in ("Model", "Alias"):
             spec.setdefault("id", obj["metadata"]["name"])
         else:
             slot_spec = first.slots[obj["metadata"]["name"]].spec
