@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 
+from controller.spec.loader import load_stack_texts, load_stacks
 from tests.e2e.conftest import Slotctl, wait_until
 from tests.integration.test_api import model, slot, start_api, write_settings
 
@@ -58,6 +59,12 @@ def test_an_alias_from_validate_to_a_routed_request(ctl: Slotctl) -> None:
     assert ctl.states()["big"] == "offline"
     table = ctl.ok("model", "list")
     assert "ALIAS" in table and "chat" in table and "m-small" in table.split("chat", 1)[1]
+
+    # the live config dir exports back to a stack file with the same alias
+    exported = load_stack_texts([("al.toml", ctl.ok("stack", "export", "--stack", "al"))])
+    assert exported.state is not None, exported.errors
+    assert exported.state.aliases["chat"].spec == load_stacks([path]).state.aliases["chat"].spec
+    assert "[[alias]]" in ctl.ok("stack", "show", path)
 
     path.write_text(stack_text())
     diff = ctl.run("stack", "diff", path)
