@@ -88,9 +88,9 @@ def choose(prefer: str, seats: Sequence[Seat], fits: Callable[[str], bool]) -> C
     if warm:
         return Choice(warm[0].model, of(warm[0].model))
     for model in members:
-        first = next(s for s in seats if s.model == model)
-        if first.loading or fits(first.slot):
-            return Choice(model, of(model))
+        for seat in (s for s in seats if s.model == model):
+            if seat.loading or fits(seat.slot):  # that slot first, then its peers
+                return Choice(model, [seat.slot, *(n for n in of(model) if n != seat.slot)])
     return Choice(members[0], of(members[0]))
 
 
@@ -143,8 +143,10 @@ def alias_candidates(
             raise model_refused(principal, alias.models[0])
     choice = resolve(ctx.manager, alias, allowed, endpoint)
     if choice is None:
-        if endpoint is not None and resolve(ctx.manager, alias, allowed) is not None:
-            raise wrong_endpoint(alias.id, endpoint, "")
+        served = resolve(ctx.manager, alias, allowed) if endpoint is not None else None
+        if endpoint is not None and served is not None:
+            spec = ctx.manager.known(served.candidates[0])
+            raise wrong_endpoint(alias.id, endpoint, spec.type if spec is not None else "")
         report_refusal(ctx, ModelNotFound(alias.id), alias.id)
         raise model_not_found(alias.id)
     call.alias = alias.id

@@ -183,6 +183,8 @@ async def test_an_alias_of_the_wrong_type_is_refused_before_a_load(harness: Harn
     aliases(r, alias("vectors", "e"))
     status, answer = await ask(r, "vectors")
     assert status == 400, answer
+    assert answer["error"]["code"] == "model_not_supported"
+    assert "'embedding'" in answer["error"]["message"]  # the member's slot type
     assert r.manager.view("emb").state is S.OFFLINE
     async with r.post("/v1/embeddings", {"model": "vectors", "input": "hi"}) as resp:
         assert resp.status == 200, await resp.text()

@@ -131,6 +131,12 @@ def test_warm_cold_loads_the_first_member_that_fits() -> None:
     assert got is not None and got.model == "small"
 
 
+def test_warm_takes_the_slot_that_fits_first() -> None:
+    two = seats(("a1", "big", False, 0), ("a2", "big", False, 0), ("b", "small", False, 0))
+    got = choose("warm", two, {"a2"}.__contains__)
+    assert got is not None and (got.model, got.candidates) == ("big", ["a2", "a1"])
+
+
 def test_warm_with_nothing_that_fits_goes_to_the_first_member() -> None:
     got = choose("warm", seats(("a", "big", False, 0), ("b", "small", False, 0)), NONE_FIT)
     assert got is not None and got.model == "big"
