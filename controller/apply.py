@@ -26,8 +26,14 @@ from controller.lifecycle import DISPATCHABLE_STATES, SlotState
 from controller.plan import Action, ObservedSlot, plans_for
 from controller.providers import BuildContext, launch_context, launch_hash, with_port
 from controller.runtime.base import Runtime
+from controller.spec.aliases import AliasEntry, alias_problems
 from controller.spec.configdir import ConfigSnapshot, read_config_dir
-from controller.spec.guard import delete_slot_config, write_catalogue, write_slot_configs
+from controller.spec.guard import (
+    delete_slot_config,
+    write_aliases,
+    write_catalogue,
+    write_slot_configs,
+)
 from controller.spec.loader import DesiredSlot, DesiredState
 from controller.spec.problems import raise_for_problems
 from controller.spec.render import slot_effective
@@ -56,6 +62,7 @@ class StackPlan:
     notes: dict[str, list[str]] = field(default_factory=dict)
     orphans: list[str] = field(default_factory=list)  # managed objects nobody declares
     models_changed: list[str] = field(default_factory=list)
+    aliases_changed: list[str] = field(default_factory=list)  # "+ id", "- id", "~ id" lines
     desired_doc: dict[str, Any] = field(default_factory=dict)
     observed_doc: dict[str, Any] = field(default_factory=dict)
 
@@ -67,6 +74,7 @@ class StackPlan:
             and not any(self.drift.values())
             and not self.orphans
             and not self.models_changed
+            and not self.aliases_changed
         )
 
     def json_patch(self) -> list[dict[str, Any]]:
@@ -85,6 +93,7 @@ class StackPlan:
             "notes": {k: v for k, v in self.notes.items() if v},
             "orphans": self.orphans,
             "models_changed": self.models_changed,
+            "aliases_changed": self.aliases_changed,
         }
 
 
@@ -207,6 +216,7 @@ async def plan_stack(
     plan.models_changed = sorted(
         m.id for m in state.models.values() if snapshot.models.get(m.id) != m
     )
+    plan.aliases_changed = alias_changes(state, snapshot)
     managed = [o.slot for o in await runtime.list_managed()]
     plan.orphans = sorted(n for n in managed if n not in state.slots and n not in snapshot.slots)
     plan.desired_doc = _document(state.slots)
@@ -305,10 +315,15 @@ def apply_to_config(
     final = {n: s.spec for n, s in snapshot.slots.items() if n not in pruned}
     final.update({n: s.spec for n, s in state.slots.items()})
     entries = [SlotEntry(spec=spec) for spec in final.values()]
-    raise_for_problems(cross_slot_problems(entries, merged), "desired state")
+    aliases = final_aliases(state, snapshot)
+    problems = cross_slot_problems(entries, merged) + alias_problems(aliases, merged, final)
+    raise_for_problems(problems, "desired state")
     if merged != snapshot.models:
         write_catalogue(config_dir, list(merged.values()))
         changed.append("models")
+    if alias_changes(state, snapshot):
+        write_aliases(config_dir, [(a.spec, a.stack) for a in aliases])
+        changed.append("aliases")
     writes: list[tuple[dict[str, Any], str | None]] = []
     for name, slot in state.slots.items():
         current = snapshot.slots.get(name)
@@ -324,3 +339,27 @@ def apply_to_config(
         delete_slot_config(config_dir, name)
         changed.append(name)
     return changed
+
+
+def final_aliases(state: DesiredState, snapshot: ConfigSnapshot) -> list[AliasEntry]:
+    """The aliases after applying ``state``: its own, and the config dir's that no stack
+    of ``state`` owns (a stack's aliases dropped from its files are removed)."""
+    kept = [a for n, a in snapshot.aliases.items() if a.stack not in state.stacks]
+    kept = [a for a in kept if a.spec.id not in state.aliases]
+    return kept + list(state.aliases.values())
+
+
+def alias_changes(state: DesiredState, snapshot: ConfigSnapshot) -> list[str]:
+    """What applying ``state`` changes of the aliases: ``+ id`` (new), ``~ id`` (changed),
+    ``- id`` (removed), each with its members and ``prefer``."""
+    out = []
+    after = {a.spec.id: a for a in final_aliases(state, snapshot)}
+    for alias_id, entry in after.items():
+        have = snapshot.aliases.get(alias_id)
+        shown = f"{alias_id} -> {', '.join(entry.spec.models)} (prefer {entry.spec.prefer})"
+        if have is None:
+            out.append(f"+ {shown}")
+        elif have.spec != entry.spec or have.stack != entry.stack:
+            out.append(f"~ {shown}")
+    out += [f"- {alias_id}" for alias_id in snapshot.aliases if alias_id not in after]
+    return out

@@ -158,6 +158,7 @@ class Reconciler:
 
     def _catalogue(self, snapshot: ConfigSnapshot) -> None:
         self.manager.set_models(snapshot.models, order=list(snapshot.slots))
+        self.manager.set_aliases({i: a.spec for i, a in snapshot.aliases.items()})
 
     def refresh(self, fresh: ConfigSnapshot | None = None) -> ConfigSnapshot:
         """Re-read the config dir (or take ``fresh``); the manager's catalogue follows at

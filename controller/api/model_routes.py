@@ -25,6 +25,7 @@ from controller.errors import (
     SlotPinned,
 )
 from controller.lifecycle import SlotState
+from controller.router.aliases import resolve
 from controller.router.selection import ranked
 from controller.slots import SlotManager, SlotView
 from controller.spec.schema import ModelSpec
@@ -65,8 +66,16 @@ class ModelOut(BaseModel):
     reason: str | None = None  # why an unloaded model is not loaded (waiting_for_memory)
 
 
+class AliasOut(BaseModel):
+    id: str
+    models: list[str]
+    prefer: str
+    serves: str | None = None  # the member a request for it would go to now (None: none)
+
+
 class ModelList(BaseModel):
     models: list[ModelOut]
+    aliases: list[AliasOut] = []
 
 
 # ----------------------------------------------------------------------------- models
@@ -116,7 +125,23 @@ def _catalogue_model(ctx: ApiContext, model_id: str) -> ModelSpec:
 )
 async def list_models(request: web.Request) -> web.Response:
     ctx = ctx_of(request)
-    return json_response({"models": [_model_out(ctx, m) for m in ctx.manager.models.values()]})
+    models = [_model_out(ctx, m) for m in ctx.manager.models.values()]
+    return json_response({"models": models, "aliases": _aliases_out(ctx.manager)})
+
+
+def _aliases_out(manager: SlotManager) -> list[dict[str, Any]]:
+    out = []
+    for alias in manager.aliases.values():
+        choice = resolve(manager, alias)
+        out.append(
+            {
+                "id": alias.id,
+                "models": list(alias.models),
+                "prefer": alias.prefer,
+                "serves": choice.model if choice is not None else None,
+            }
+        )
+    return out
 
 
 @route(

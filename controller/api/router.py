@@ -24,9 +24,10 @@ from controller.api.app import API_CTX, RouteTable, json_response, principal_of
 from controller.api.router_answers import openai_error, refusal_response
 from controller.api.router_proxy import route_request
 from controller.api.router_proxy import setup as setup
+from controller.router.aliases import model_entries
 from controller.router.refusals import model_not_found
 from controller.router.request import AUDIO_MAX_BYTES, AUDIO_TAIL, JSON_MAX_BYTES
-from controller.router.selection import openai_model, served_ids, served_models
+from controller.router.selection import served_ids
 from controller.slots import SlotManager
 
 __all__ = ["openai_error", "served_ids", "setup"]
@@ -53,6 +54,9 @@ class OpenAIModel(BaseModel):
     owned_by: str
     type: str = Field(description="the slot type serving it: llm, embedding, tts, stt, image")
     endpoints: list[str] = Field(description="the OpenAI endpoints that serve it")
+    alias: bool = Field(default=False, description="an [[alias]]: one of `members` serves it")
+    members: list[str] | None = Field(default=None, description="an alias' models")
+    prefer: str | None = Field(default=None, description="an alias' choice: warm|first|spread")
 
 
 class OpenAIModelList(BaseModel):
@@ -83,8 +87,7 @@ _PROXY_RESPONSES: Final = {
 )
 async def v1_models(request: web.Request) -> web.Response:
     manager: SlotManager = request.app[API_CTX].manager
-    served = served_models(manager, principal_of(request))
-    data = [openai_model(m, kind) for m, kind in served.items()]
+    data = model_entries(manager, principal_of(request))
     return json_response({"object": "list", "data": data})
 
 
@@ -98,10 +101,11 @@ async def v1_models(request: web.Request) -> web.Response:
 async def v1_model(request: web.Request) -> web.Response:
     manager: SlotManager = request.app[API_CTX].manager
     model_id = request.match_info["model_id"]
-    kind = served_models(manager, principal_of(request)).get(model_id)
-    if kind is None:
+    entries = model_entries(manager, principal_of(request))
+    entry = next((e for e in entries if e["id"] == model_id), None)
+    if entry is None:
         return refusal_response(model_not_found(model_id))
-    return json_response(openai_model(model_id, kind))
+    return json_response(entry)
 
 
 @route(

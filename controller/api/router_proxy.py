@@ -55,6 +55,7 @@ from controller.api.router_answers import (
 )
 from controller.errors import SlotctlError
 from controller.router.access import PRIORITY_HEADER, requester
+from controller.router.aliases import with_model
 from controller.router.context import CLIENT_CLOSED, Call, record_call, upstream_idle_s
 from controller.router.headers import REQUEST_DROP, RESPONSE_DROP, connection_names, passes
 from controller.router.leasing import lease_model
@@ -274,6 +275,8 @@ async def _work(
         body = await read_body(request, limit)
         model = requested_model(request, body)
         lease = await lease_model(ctx, call, model, endpoint_of(request.path))
+        if call.alias:  # the member's server sees the model it serves
+            body = with_model(request.headers.get(hdrs.CONTENT_TYPE, ""), body, call.model)
         try:
             return await _proxy(request, ctx, call, body)
         finally:

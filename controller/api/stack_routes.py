@@ -83,6 +83,7 @@ class DiffAnswer(BaseModel):
     notes: dict[str, list[str]] = Field(default_factory=dict)
     orphans: list[str]
     models_changed: list[str]
+    aliases_changed: list[str] = Field(default_factory=list)
     json_patch: list[dict[str, Any]]
 
 

@@ -43,6 +43,7 @@ class ApiBackend(Closing):
             notes=dict(answer.get("notes", {})),
             orphans=list(answer.get("orphans", [])),
             models_changed=list(answer.get("models_changed", [])),
+            aliases_changed=list(answer.get("aliases_changed", [])),
         )
         return Diff(plan=plan, json_patch=list(answer.get("json_patch", [])))
 

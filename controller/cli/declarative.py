@@ -248,5 +248,10 @@ def _print_diff(plan: StackPlan, style: Style) -> None:
             style.bold("=== models") + f" — differ from the live catalogue: "
             f"{', '.join(plan.models_changed)}"
         )
+    if plan.aliases_changed:
+        print(style.bold("=== aliases") + " — differ from the live aliases:")
+        for line in plan.aliases_changed:
+            paint = style.green if line.startswith("+") else style.red if line[:1] == "-" else str
+            print(paint(f"  {line}"))
     if plan.in_sync:
         print(style.green("in sync"))

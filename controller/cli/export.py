@@ -23,7 +23,10 @@ def cmd_export(args: argparse.Namespace) -> ExitCode:
     snapshot = read_config_dir(args.config_dir)
     for problem in snapshot.errors:
         print(f"slotctl: warning: {problem.where()}: {problem.message}", file=sys.stderr)
-    stacks = sorted({s.stack or "default" for s in snapshot.slots.values()})
+    stacks = sorted(
+        {s.stack or "default" for s in snapshot.slots.values()}
+        | {a.stack or "default" for a in snapshot.aliases.values()}
+    )
     if args.stack:
         stacks = [s for s in stacks if s == args.stack]
         if not stacks:
@@ -45,7 +48,8 @@ def cmd_export(args: argparse.Namespace) -> ExitCode:
         models = [m for m in snapshot.models.values() if m.id in used]
         if index == 0 and not args.stack:
             models += [m for m in snapshot.models.values() if m.id not in referenced]
-        text = render_stack(stack, models, slots, full=False)
+        aliases = [a.spec for a in snapshot.aliases.values() if (a.stack or "default") == stack]
+        text = render_stack(stack, models, slots, full=False, aliases=aliases)
         _emit(args, f"{stack}.toml", text)
     return ExitCode.OK
 

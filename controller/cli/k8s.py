@@ -105,7 +105,10 @@ def cmd_export(args: argparse.Namespace) -> ExitCode:
         return ExitCode.NEGATIVE
     if args.stack:
         slots = {n: s for n, s in state.slots.items() if s.stack == args.stack}
-        state = DesiredState(stacks=(args.stack,), models=state.models, slots=slots)
+        aliases = {i: a for i, a in state.aliases.items() if a.stack == args.stack}
+        state = DesiredState(
+            stacks=(args.stack,), models=state.models, slots=slots, aliases=aliases
+        )
     text = dump_documents(resources_from_state(state, args.namespace, owners=_owners(state)))
     if args.output_dir:
         out: Path = args.output_dir

@@ -315,6 +315,20 @@ def cmd_model_list(args: argparse.Namespace) -> ExitCode:
         print(line)
     if not rows:
         print("(no models: apply a stack with `slotctl stack apply`)", file=sys.stderr)
+    aliases = answer.get("aliases") or [] if isinstance(answer, dict) else []
+    if aliases:
+        print()
+        alias_rows = [
+            [
+                str(a.get("id")),
+                ",".join(a.get("models") or []) or "-",
+                str(a.get("prefer")),
+                str(a.get("serves") or "-"),
+            ]
+            for a in aliases
+        ]
+        for line in table(("ALIAS", "MODELS", "PREFER", "SERVES"), alias_rows):
+            print(line)
     return ExitCode.OK
 
 

@@ -74,6 +74,7 @@ def cmd_show(args: argparse.Namespace) -> ExitCode:
                 "stacks": list(state.stacks),
                 "models": [model_effective(m) for m in state.models.values()],
                 "slots": slots,
+                "aliases": [a.spec.model_dump(mode="json") for a in state.aliases.values()],
             }
         )
         return ExitCode.OK
@@ -86,6 +87,7 @@ def cmd_show(args: argparse.Namespace) -> ExitCode:
             referenced = {s.spec.model_id for s in state.slots.values()}
             models += [m for m in state.models.values() if m.id not in referenced]
         header = f"# stack {stack}: effective desired state (defaults and migrations applied)\n"
-        documents.append(header + render_stack(stack, models, members))
+        aliases = [a.spec for a in state.aliases.values() if a.stack == stack]
+        documents.append(header + render_stack(stack, models, members, aliases=aliases))
     sys.stdout.write("\n".join(documents))
     return ExitCode.OK

@@ -63,6 +63,7 @@ class GitOps:
             stacks=tuple(sorted(self.stacks)),
             models=report.state.models,
             slots=report.state.slots,
+            aliases=report.state.aliases,
         )
         snapshot = self.desired.read_fresh()  # the disk as it is now, before writing
         for name in pruned_pinned(state, snapshot):

@@ -35,7 +35,6 @@ from controller.router.refusals import (
     upstream_failed,
     upstream_unreachable,
 )
-from controller.router.selection import openai_model
 
 __all__ = [
     "address",
@@ -125,18 +124,19 @@ def _reason(status: int) -> str:
         return "Unknown"
 
 
-def models_answer(served: dict[str, str], head: RequestHead) -> bytes:
-    """``GET /v1/models`` and ``/v1/models/{id}`` over the ``served`` ids (and their slot
-    types), as :mod:`controller.api.router` answers them."""
+def models_answer(entries: list[dict[str, Any]], head: RequestHead) -> bytes:
+    """``GET /v1/models`` and ``/v1/models/{id}`` over the ``entries`` (the models and
+    aliases served: :func:`~controller.router.aliases.model_entries`), as
+    :mod:`controller.api.router` answers them."""
     path = head.target.partition(b"?")[0]
     if path == MODELS:
-        listing = {"object": "list", "data": [openai_model(m, t) for m, t in served.items()]}
+        listing = {"object": "list", "data": entries}
         return answer(200, listing, [], close=not head.keep)
     model_id = path[len(MODELS) + 1 :].decode("ascii")
-    kind = served.get(model_id)
-    if kind is None:
+    entry = next((e for e in entries if e["id"] == model_id), None)
+    if entry is None:
         return refusal_answer(model_not_found(model_id), close=not head.keep)
-    return answer(200, openai_model(model_id, kind), [], close=not head.keep)
+    return answer(200, entry, [], close=not head.keep)
 
 
 def sse_error_end(refusal: Refusal) -> bytes:

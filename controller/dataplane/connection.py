@@ -20,6 +20,7 @@ from controller.dataplane.upstream import CONNECT_S, Upstream, UpstreamError, Up
 from controller.errors import SlotctlError
 from controller.router import refusals
 from controller.router.access import requester
+from controller.router.aliases import model_entries, with_model
 from controller.router.context import (
     CLIENT_CLOSED,
     Call,
@@ -31,7 +32,6 @@ from controller.router.hosts import HostPolicy
 from controller.router.leasing import Pending, lease_now, lease_rest
 from controller.router.refusals import Refusal
 from controller.router.request import model_of
-from controller.router.selection import served_models
 
 __all__ = ["Connection", "Plane"]
 
@@ -262,7 +262,7 @@ class Connection(asyncio.Protocol):
             self._done(keep=head.keep)
             return
         if head.method == b"GET":
-            self._write(out.models_answer(served_models(ctx.manager, principal), head))
+            self._write(out.models_answer(model_entries(ctx.manager, principal), head))
             self._done(keep=head.keep)
             return
         call = self.call = Call(started=time.monotonic(), principal=principal)
@@ -317,6 +317,8 @@ class Connection(asyncio.Protocol):
         """The lease is held: the request goes to the slot's server."""
         call = self.call
         assert call is not None
+        if call.alias:  # the member's server sees the model it serves
+            body = with_model(head.content_type, body, call.model)
         try:
             endpoint = self.plane.ctx.manager.endpoint(call.slot)
         except SlotctlError as exc:  # e.g. the slot was removed while we looked it up

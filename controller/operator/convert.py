@@ -24,12 +24,13 @@ from controller.operator.crd import GROUP, VERSION
 from controller.spec.loader import DesiredState, load_stack_texts
 from controller.spec.problems import Problem
 from controller.spec.render import toml_table
-from controller.spec.schema import ModelSpec, SlotSpec
+from controller.spec.schema import AliasSpec, ModelSpec, SlotSpec
 
 __all__ = [
     "API_VERSION",
     "STACK_ANNOTATION",
     "ImportResult",
+    "alias_payload",
     "model_payload",
     "object_name",
     "parse_documents",
@@ -96,14 +97,29 @@ def slot_resource(
     }
 
 
+def alias_resource(
+    alias: AliasSpec, namespace: str | None = None, stack: str | None = None
+) -> dict[str, Any]:
+    spec = alias.model_dump(mode="json", exclude_unset=True)
+    spec["id"] = alias.id
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "Alias",
+        "metadata": _meta(object_name(alias.id), namespace, stack),
+        "spec": spec,
+    }
+
+
 def resources_from_state(
     state: DesiredState, namespace: str | None = None, *, owners: Mapping[str, str] | None = None
 ) -> list[dict[str, Any]]:
-    """Every model, then every slot, as CRs; ``owners``: model id -> stack (optional)."""
+    """Every model, then every slot, then every alias, as CRs; ``owners``: model id ->
+    stack (optional)."""
     owners = owners or {}
     models = [model_resource(m, namespace, owners.get(m.id)) for m in state.models.values()]
     slots = [slot_resource(s.spec, namespace, s.stack or None) for s in state.slots.values()]
-    return models + slots
+    aliases = [alias_resource(a.spec, namespace, a.stack or None) for a in state.aliases.values()]
+    return models + slots + aliases
 
 
 def dump_documents(resources: Iterable[Mapping[str, Any]]) -> str:
@@ -150,6 +166,11 @@ def model_payload(resource: Mapping[str, Any]) -> dict[str, Any]:
     return spec
 
 
+def alias_payload(resource: Mapping[str, Any]) -> dict[str, Any]:
+    """An ``Alias`` -> the ``[[alias]]`` payload (id from spec.id, else metadata.name)."""
+    return model_payload(resource)
+
+
 # ------------------------------------------------------------------ import
 
 
@@ -188,6 +209,7 @@ def stacks_from_resources(
     result = ImportResult()
     models: dict[str, list[ModelSpec]] = {}
     slots: dict[str, list[dict[str, Any]]] = {}
+    aliases: dict[str, list[AliasSpec]] = {}
     for res in resources:
         stack = _stack_of(res, default_stack)
         if res.get("kind") == "Model":
@@ -203,16 +225,32 @@ def stacks_from_resources(
             payload, problems = slot_payload(res)
             result.problems.extend(problems)
             slots.setdefault(stack, []).append(payload)
+        elif res.get("kind") == "Alias":
+            try:
+                alias = AliasSpec.model_validate(alias_payload(res))
+            except ValueError as exc:
+                result.problems.append(
+                    Problem(code="alias.invalid_value", message=f"Alias {_name(res)}: {exc}")
+                )
+                continue
+            aliases.setdefault(stack, []).append(alias)
     if result.problems:
         return result
-    for stack in sorted({*models, *slots}):
-        result.texts[stack] = _stack_text(stack, models.get(stack, []), slots.get(stack, []))
+    for stack in sorted({*models, *slots, *aliases}):
+        result.texts[stack] = _stack_text(
+            stack, models.get(stack, []), slots.get(stack, []), aliases.get(stack, [])
+        )
     report = load_stack_texts([(f"{s}.toml", t) for s, t in result.texts.items()])
     result.problems.extend(report.errors)
     return result
 
 
-def _stack_text(stack: str, models: list[ModelSpec], slots: list[dict[str, Any]]) -> str:
+def _stack_text(
+    stack: str,
+    models: list[ModelSpec],
+    slots: list[dict[str, Any]],
+    aliases: Sequence[AliasSpec] = (),
+) -> str:
     """A stack file with exactly the keys the CRs set (defaults stay the loader's)."""
     doc = tomlkit.document()
     meta = tomlkit.table()
@@ -224,6 +262,7 @@ def _stack_text(stack: str, models: list[ModelSpec], slots: list[dict[str, Any]]
             [m.model_dump(mode="json", exclude_unset=True, exclude_none=True) for m in models],
         ),
         ("slot", slots),
+        ("alias", [a.model_dump(mode="json", exclude_unset=True) for a in aliases]),
     ):
         if tables:
             aot = tomlkit.aot()

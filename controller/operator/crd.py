@@ -1,4 +1,5 @@
-"""CRD generation: ``models.slotctl.io`` and ``slots.slotctl.io`` from the spec schema.
+"""CRD generation: ``models.slotctl.io`` and ``slots.slotctl.io`` from the spec schema
+(``aliases.slotctl.io``: :mod:`controller.operator.crd_alias`).
 
 Pure. The CRDs are derived from the same pydantic models that read TOML
 (:class:`~controller.spec.schema.ModelSpec`, :class:`~controller.spec.schema.SlotSpec`):
@@ -453,7 +454,10 @@ def model_crd() -> dict[str, Any]:
 
 def crd_documents() -> dict[str, dict[str, Any]]:
     """File name -> CRD object, in the order ``kubectl apply -f crds/`` applies them."""
+    from controller.operator.crd_alias import alias_crd  # (it builds on this module)
+
     return {
+        f"{GROUP}_aliases.yaml": alias_crd(),
         f"{GROUP}_models.yaml": model_crd(),
         f"{GROUP}_slots.yaml": slot_crd(),
     }

@@ -36,6 +36,7 @@ from controller.events import Event
 from controller.lifecycle import SlotState
 from controller.operator.crd import GROUP, VERSION
 from controller.operator.source import CrKey, CrSource, SyncResult, cr_key
+from controller.operator.source_aliases import alias_status
 from controller.operator.status import (
     Observed,
     Verdict,
@@ -210,7 +211,7 @@ class Operator:
         kopf.on.startup(registry=reg)(self._configure)
         kopf.on.login(registry=reg)(_login)
         kopf.on.cleanup(registry=reg)(self._cleanup)
-        for plural, kind in (("models", "Model"), ("slots", "Slot")):
+        for plural, kind in (("models", "Model"), ("slots", "Slot"), ("aliases", "Alias")):
             kopf.index(GROUP, VERSION, plural, registry=reg, id=f"{plural}_index")(self._index)
             changed = self._changed_handler(kind)
             for decorator in (kopf.on.create, kopf.on.update, kopf.on.resume):
@@ -224,6 +225,9 @@ class Operator:
         )
         kopf.on.delete(GROUP, VERSION, "models", registry=reg, id="models-delete", optional=True)(
             self._delete_handler("Model")
+        )
+        kopf.on.delete(GROUP, VERSION, "aliases", registry=reg, id="aliases-delete", optional=True)(
+            self._delete_handler("Alias")
         )
 
     async def _configure(self, settings: kopf.OperatorSettings, **_: Any) -> None:
@@ -251,6 +255,7 @@ class Operator:
     def _sync(self, indexes: Mapping[str, Any]) -> SyncResult:
         self.source.load("Model", _values(indexes.get("models_index")))
         self.source.load("Slot", _values(indexes.get("slots_index")))
+        self.source.load("Alias", _values(indexes.get("aliases_index")))
         result = self.source.sync()
         reconciler = self.controller.reconciler
         if reconciler is not None:
@@ -323,6 +328,8 @@ class Operator:
                 slot = self.source.slot_of(key)
                 for event_type, reason, message in self.board.take_events(slot or ""):
                     kopf.event(body, type=event_type, reason=reason, message=message)
+            elif kind == "Alias":
+                new = alias_status(self.source.alias_ids.get(key), self._verdict(key), old)
             else:
                 new = self._model_status(key, old)
             changes = changed_fields(new, old)

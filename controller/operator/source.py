@@ -24,13 +24,15 @@ from pydantic import ValidationError
 from controller.apply import apply_to_config
 from controller.errors import SlotctlError
 from controller.operator.convert import model_payload, slot_payload
+from controller.operator.source_aliases import judge_aliases
 from controller.operator.status import Verdict
+from controller.spec.aliases import AliasEntry
 from controller.spec.configdir import ConfigSnapshot
 from controller.spec.desired import DesiredCache
 from controller.spec.loader import DesiredSlot, DesiredState, normalise
 from controller.spec.problems import Problem, problems_from_validation
 from controller.spec.rules import SlotEntry, check_slot_payload, cross_slot_problems
-from controller.spec.schema import ModelSpec, SlotSpec
+from controller.spec.schema import AliasSpec, ModelSpec, SlotSpec
 
 __all__ = ["STACK", "CrKey", "CrSource", "SyncResult"]
 
@@ -80,6 +82,8 @@ class CrSource:
         self.verdicts: dict[CrKey, Verdict] = {}
         self.slot_names: dict[CrKey, str] = {}  # Slot CR -> the slot it declares (in force)
         self.model_ids: dict[CrKey, str] = {}
+        self._good_aliases: dict[CrKey, AliasSpec] = {}
+        self.alias_ids: dict[CrKey, str] = {}  # Alias CR -> the alias id it declares
 
     # ------------------------------------------------------------------ the store
 
@@ -108,6 +112,8 @@ class CrSource:
         self.verdicts.pop(key, None)
         self.slot_names.pop(key, None)
         self.model_ids.pop(key, None)
+        self._good_aliases.pop(key, None)
+        self.alias_ids.pop(key, None)
 
     def slot_of(self, key: CrKey) -> str | None:
         return self.slot_names.get(key)
@@ -223,7 +229,9 @@ class CrSource:
         catalogue = {**snapshot.models, **{m.id: m for m in models.values()}}
         candidates = self._slot_candidates(problems)
         slots = self._resolve_conflicts(candidates, catalogue, snapshot, problems)
+        aliases = self._aliases(catalogue, snapshot, {s.name for s in slots.values()}, problems)
         state = DesiredState(
+            aliases={a.id: AliasEntry(spec=a, stack=self.stack) for a in aliases.values()},
             stacks=(self.stack,),
             models={m.id: m for m in models.values()},
             slots={
@@ -247,13 +255,38 @@ class CrSource:
         self._good_models.update(models)
         self.slot_names = {k: s.name for k, s in slots.items()}
         self.model_ids = {k: m.id for k, m in models.items()}
+        self._good_aliases.update(aliases)
+        self.alias_ids = {k: a.id for k, a in aliases.items()}
         result.verdicts = self._record(problems)
         return result
+
+    def _aliases(
+        self,
+        catalogue: Mapping[str, ModelSpec],
+        snapshot: ConfigSnapshot,
+        slots: set[str],
+        problems: dict[CrKey, list[Problem]],
+    ) -> dict[CrKey, AliasSpec]:
+        """The Alias CRs' specs in force (:mod:`.source_aliases`)."""
+        crs = sorted(
+            (c for c in self._crs.values() if c.key[0] == "Alias"),
+            key=lambda c: (c.key not in self._good_aliases, c.order),
+        )
+        others = {n for n, s in snapshot.slots.items() if s.stack != self.stack}
+        taken = {i for i, a in snapshot.aliases.items() if a.stack != self.stack}
+        return judge_aliases(
+            ((c.key, c.spec) for c in crs),
+            self._good_aliases,
+            catalogue,
+            slots | others,
+            taken,
+            problems,
+        )
 
     def _record(self, problems: dict[CrKey, list[Problem]]) -> dict[CrKey, Verdict]:
         for key, cr in self._crs.items():
             found = tuple(problems.get(key, ()))
-            in_force = key in self.slot_names or key in self.model_ids
+            in_force = key in self.slot_names or key in self.model_ids or key in self.alias_ids
             self.verdicts[key] = Verdict(
                 generation=cr.generation,
                 problems=found,

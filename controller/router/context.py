@@ -84,6 +84,7 @@ class Call:
     started: float
     model: str = ""
     slot: str = ""
+    alias: str = ""  # the alias the request named (``model``: the member that serves it)
     status: int = 0
     lease: Lease | None = None
     principal: Principal | None = None  # who asks (the key; the token's admin)

@@ -14,6 +14,7 @@ from typing import Final
 
 from controller.errors import ModelNotFound, SlotctlError, SlotNotReady
 from controller.router.access import model_refused
+from controller.router.aliases import alias_candidates
 from controller.router.context import Call, RouterContext
 from controller.router.refusals import (
     model_not_found,
@@ -118,7 +119,11 @@ def lease_now(ctx: RouterContext, call: Call, model: str, endpoint: str | None) 
     (:func:`lease_rest` goes on from there). A model whose slots' type does not serve
     ``endpoint`` is refused here, before anything is leased or loaded (400)."""
     manager = ctx.manager
-    candidates = serving(manager, model)
+    alias = manager.aliases.get(model) if manager.aliases else None
+    if alias is not None and model not in manager.models:  # (a model's id wins)
+        model, candidates = alias_candidates(ctx, call, alias, endpoint)
+    else:
+        candidates = serving(manager, model)
     principal = call.principal
     if principal is not None and not principal.may_use(model):
         raise model_refused(principal, model)

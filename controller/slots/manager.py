@@ -46,7 +46,7 @@ from controller.slots.table import SlotTable
 from controller.slots.unloading import Unloading
 from controller.slots.wishes import Wishes
 from controller.spec.loader import DesiredSlot, DesiredState
-from controller.spec.schema import ControllerSettings, ModelSpec, SlotSpec
+from controller.spec.schema import AliasSpec, ControllerSettings, ModelSpec, SlotSpec
 from controller.store import ResidencyStore, StateStore
 from controller.tasks import TaskSet
 
@@ -97,6 +97,8 @@ class SlotManager(Part):
         self.leasing = Leases(self.core, self.loading)
         self.housekeeping = Housekeeping(self.core, self.loading, self.leasing)
         self.recovery = Recovery(self.core, self.loading)
+        # [[alias]] by id: the router resolves them (controller.router.aliases)
+        self.aliases: dict[str, AliasSpec] = {}
         # What only forwards is the part's own method, bound here (one signature and one
         # docstring, the part's; the ports in .ports name what each caller may call).
         self.waiting_with_room = self.loading.units.waiting_with_room  # units: all fit
@@ -152,6 +154,7 @@ class SlotManager(Part):
         (priority, pinned, timeouts) apply in place.
         """
         self.set_models(desired.models, order=list(desired.slots))
+        self.set_aliases({i: a.spec for i, a in desired.aliases.items()})
         for desired_slot in desired.slots.values():
             self.upsert(desired_slot)
 
@@ -164,6 +167,10 @@ class SlotManager(Part):
         for slot in table:
             if slot.spec.model_id:
                 slot.model = table.models.get(slot.spec.model_id, slot.model)
+
+    def set_aliases(self, aliases: Mapping[str, AliasSpec]) -> None:
+        """Replace the aliases (the config dir's ``[[alias]]``, by id)."""
+        self.aliases = dict(aliases)
 
     def upsert(self, desired: DesiredSlot) -> None:
         """Add a slot (its state restored from state.json) or update its spec in place.

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from controller.decision import LoadDecision
 from controller.events import EventBus, Op
 from controller.lifecycle import Candidate
 from controller.memory import MemoryProbe
 from controller.runtime.base import Runtime
 from controller.slots.records import DeviceFigures, Lease, Requester, SlotStatus, SlotView
 from controller.spec.loader import DesiredSlot
-from controller.spec.schema import ControllerSettings, ModelSpec, SlotSpec
+from controller.spec.schema import AliasSpec, ControllerSettings, ModelSpec, SlotSpec
 
 __all__ = ["MetricsPort", "ReconcilerPort", "RouterPort"]
 
@@ -29,6 +30,13 @@ class RouterPort(Protocol):
     @property
     def settings(self) -> ControllerSettings:
         """The controller settings (the priority classes requests wait in)."""
+
+    @property
+    def aliases(self) -> dict[str, AliasSpec]:
+        """The ``[[alias]]`` ids a request may name (controller.router.aliases)."""
+
+    def decide(self, name: str, *, background: bool = False) -> LoadDecision:
+        """The load decision now (an alias's "fits": its victims)."""
 
     def views(self) -> list[SlotView]: ...
 
@@ -86,6 +94,8 @@ class ReconcilerPort(Protocol):
     def launch_hash(self, desired: DesiredSlot) -> str | None: ...
 
     def set_models(self, models: dict[str, ModelSpec], order: list[str] | None = None) -> None: ...
+
+    def set_aliases(self, aliases: dict[str, AliasSpec]) -> None: ...
 
     def upsert(self, desired: DesiredSlot) -> None: ...
 

@@ -19,6 +19,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from controller.names import is_valid_slot_name
+from controller.spec.aliases import AliasEntry, alias_problems, parse_aliases
 from controller.spec.loader import DesiredSlot, DesiredState, normalise, parse_toml_file
 from controller.spec.problems import Problem, problems_from_validation
 from controller.spec.rules import Origin, SlotEntry, check_slot_payload, cross_slot_problems
@@ -37,6 +38,7 @@ class ConfigSnapshot:
     settings: ControllerSettings
     models: dict[str, ModelSpec] = field(default_factory=dict)
     slots: dict[str, DesiredSlot] = field(default_factory=dict)
+    aliases: dict[str, AliasEntry] = field(default_factory=dict)  # models.toml's [[alias]]
     errors: list[Problem] = field(default_factory=list)
     warnings: list[Problem] = field(default_factory=list)
     catalogue_ok: bool = True  # False: models.toml (or an entry) is invalid
@@ -50,7 +52,9 @@ class ConfigSnapshot:
 
     def desired(self) -> DesiredState:
         stacks = tuple(sorted({s.stack for s in self.slots.values() if s.stack}))
-        return DesiredState(stacks=stacks, models=self.models, slots=self.slots)
+        return DesiredState(
+            stacks=stacks, models=self.models, slots=self.slots, aliases=self.aliases
+        )
 
 
 def _located(
@@ -101,6 +105,11 @@ def _read_catalogue(config_dir: Path, snap: ConfigSnapshot) -> None:
             snap.catalogue_ok = False
             continue
         snap.models[model.id] = model
+    entries, problems = parse_aliases(data.get("alias"), str(path), index, stored=True)
+    snap.errors.extend(problems)
+    snap.errors.extend(p for p in alias_problems(entries, snap.models) if p.code.endswith("_id"))
+    for entry in entries:
+        snap.aliases.setdefault(entry.spec.id, entry)  # a second one is reported, not kept
 
 
 def _read_slot_file(path: Path) -> tuple[SlotEntry | None, str, list[Problem], list[Problem]]:
@@ -202,6 +211,12 @@ def _read(config_dir: Path) -> ConfigSnapshot:
             entries.append((entry, stack))
     # Cross-slot rules are enforced at write time; report (not drop) anything hand-edited.
     snap.errors.extend(cross_slot_problems([e for e, _ in entries], snap.models))
+    slots = {e.spec.name for e, _ in entries}
+    snap.errors.extend(
+        p
+        for p in alias_problems(list(snap.aliases.values()), snap.models, slots)
+        if not p.code.endswith("_id")  # (a duplicate id: reported with the catalogue)
+    )
     for entry, stack in entries:
         snap.slots[entry.spec.name] = DesiredSlot(
             spec=normalise(entry.spec, settings),

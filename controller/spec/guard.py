@@ -30,6 +30,7 @@ from tomlkit.toml_document import TOMLDocument
 
 from controller.errors import ServerNotAllowed, SlotConfigError, SlotPinned
 from controller.names import is_valid_slot_name
+from controller.spec.aliases import alias_tables
 from controller.spec.configdir import (
     CATALOGUE_FILE,
     SETTINGS_FILE,
@@ -44,7 +45,7 @@ from controller.spec.rules import (
     check_slot_payload,
     cross_slot_problems,
 )
-from controller.spec.schema import ControllerSettings, ModelSpec, SlotSpec
+from controller.spec.schema import AliasSpec, ControllerSettings, ModelSpec, SlotSpec
 from controller.store import atomic_write_bytes, check_slot_name
 
 __all__ = [
@@ -52,6 +53,7 @@ __all__ = [
     "config_lock",
     "delete_slot_config",
     "guard_slot_write_payload",
+    "write_aliases",
     "write_catalogue",
     "write_slot_config",
     "write_slot_configs",
@@ -394,4 +396,30 @@ def write_catalogue(config_dir: Path, models: Sequence[ModelSpec]) -> None:
             doc["model"] = current
         elif not tables:
             doc.pop("model", None)
+        atomic_write_bytes(path, tomlkit.dumps(doc).encode())
+
+
+def write_aliases(config_dir: Path, aliases: Sequence[tuple[AliasSpec, str]]) -> None:
+    """Write the ``[[alias]]`` tables of ``models.toml`` (each with its owning stack, see
+    :mod:`controller.spec.aliases`), keeping the comments of unchanged entries; the
+    caller judged the set (:func:`~controller.spec.aliases.alias_problems`)."""
+    config_dir = Path(config_dir)
+    ids = [spec.id for spec, _ in aliases]
+    if len(set(ids)) != len(ids):
+        raise ValueError("duplicate alias ids in an alias write")
+    with config_lock(config_dir):
+        path = config_dir / CATALOGUE_FILE
+        doc = _read_document(path) or tomlkit.document()
+        current = doc.get("alias")
+        by_id: dict[Any, Any] = (
+            {t.get("id"): t for t in current} if isinstance(current, tomlkit.items.AoT) else {}
+        )
+        doc.pop("alias", None)
+        if aliases:
+            tables = tomlkit.aot()
+            for entry in alias_tables(aliases):
+                table = by_id.get(entry["id"]) or tomlkit.table()
+                _sync(table, entry)
+                tables.append(table)
+            doc["alias"] = tables
         atomic_write_bytes(path, tomlkit.dumps(doc).encode())

@@ -19,6 +19,7 @@ import tomlkit
 from pydantic import ValidationError
 
 from controller.spec.coload import UnitDecl, parse_units, resolve_units, take_with
+from controller.spec.aliases import AliasEntry, alias_problems, parse_aliases
 from controller.spec.locate import LineIndex
 from controller.spec.problems import Problem, problems_from_validation
 from controller.spec.rules import Origin, SlotEntry, check_slot_payload, cross_slot_problems
@@ -39,7 +40,7 @@ __all__ = [
     "parse_toml_text",
 ]
 
-_TOP_LEVEL = ("stack", "model", "slot", "unit")
+_TOP_LEVEL = ("stack", "model", "slot", "unit", "alias")
 
 # One stack (or config) file is parsed whole, in a worker thread; beyond this size it is
 # refused unparsed (``stack.too_large``) rather than occupying the controller for seconds.
@@ -73,6 +74,7 @@ class DesiredState:
     stacks: tuple[str, ...]
     models: Mapping[str, ModelSpec]
     slots: Mapping[str, DesiredSlot]
+    aliases: Mapping[str, AliasEntry] = field(default_factory=dict)  # [[alias]], by id
 
 
 @dataclass(slots=True)
@@ -190,6 +192,7 @@ class _FileResult:
     stack: str | None = None
     models: list[tuple[ModelSpec, Origin]] = field(default_factory=list)
     slots: list[SlotEntry] = field(default_factory=list)
+    aliases: list[AliasEntry] = field(default_factory=list)
     errors: list[Problem] = field(default_factory=list)
     warnings: list[Problem] = field(default_factory=list)
     units: list[UnitDecl] = field(default_factory=list)  # co-loaded units (spec.coload)
@@ -263,6 +266,8 @@ def _load_document(file: str, parsed: Parsed) -> _FileResult:
         if check.spec is not None:
             origin = Origin(file=file, base=base, index=index)
             res.slots.append(SlotEntry(spec=check.spec, origin=origin))
+    res.aliases, alias_errors = parse_aliases(data.get("alias"), file, index)
+    res.errors.extend(alias_errors)
     return res
 
 
@@ -447,6 +452,7 @@ def _merge(
     model_where: dict[str, str] = {}
     entries: list[SlotEntry] = []
     units: list[UnitDecl] = []
+    aliases: list[AliasEntry] = []
     owners: dict[int, str] = {}
     stacks: list[str] = []
     for file, parsed in documents:
@@ -475,10 +481,12 @@ def _merge(
         for entry in res.slots:
             owners[id(entry)] = res.stack or ""
             entries.append(entry)
+        aliases += [replace(a, stack=res.stack or "") for a in res.aliases]
     report.errors.extend(cross_slot_problems(entries, models))
     entries, unit_errors, unit_warnings = _units(entries, units, owners)
     report.errors.extend(unit_errors)
     report.warnings.extend(unit_warnings)
+    report.errors.extend(alias_problems(aliases, models, {e.spec.name for e in entries}))
     report.warnings.extend(_exclusive_autoload(entries, models, settings))
     report.warnings.extend(_autoload_over_budget(entries, models, settings))
     if report.errors:
@@ -492,5 +500,6 @@ def _merge(
         )
         for e in entries
     }
-    report.state = DesiredState(stacks=tuple(stacks), models=models, slots=slots)
+    by_id = {a.spec.id: a for a in aliases}
+    report.state = DesiredState(stacks=tuple(stacks), models=models, slots=slots, aliases=by_id)
     return report

@@ -9,7 +9,7 @@ import tomlkit
 import tomlkit.items
 
 from controller.spec.loader import DesiredSlot
-from controller.spec.schema import ModelSpec, SlotSpec
+from controller.spec.schema import AliasSpec, ModelSpec, SlotSpec
 
 __all__ = ["model_effective", "render_stack", "slot_effective", "toml_table"]
 
@@ -43,7 +43,12 @@ def slot_effective(spec: SlotSpec) -> dict[str, Any]:
 
 
 def render_stack(
-    stack: str, models: Iterable[ModelSpec], slots: Iterable[DesiredSlot], *, full: bool = True
+    stack: str,
+    models: Iterable[ModelSpec],
+    slots: Iterable[DesiredSlot],
+    *,
+    full: bool = True,
+    aliases: Iterable[AliasSpec] = (),
 ) -> str:
     """A stack file that loads back to the same desired state."""
     doc = tomlkit.document()
@@ -65,4 +70,9 @@ def render_stack(
         slot_aot.append(toml_table(data))
     if len(slot_aot):
         doc["slot"] = slot_aot
+    alias_aot = tomlkit.aot()
+    for alias in aliases:
+        alias_aot.append(toml_table(alias.model_dump(mode="json")))
+    if len(alias_aot):
+        doc["alias"] = alias_aot
     return tomlkit.dumps(doc)

@@ -30,6 +30,7 @@ from controller.names import (
 )
 
 __all__ = [
+    "ALIAS_PREFERS",
     "AUTO_PORT",
     "DEVICES",
     "HARDWARE_ENV_VARS",
@@ -39,6 +40,7 @@ __all__ = [
     "PROVIDERS",
     "SELF_MANAGED_PROVIDERS",
     "SLOT_NAME_PATTERN",
+    "AliasSpec",
     "ControllerSettings",
     "ModelId",
     "ModelSpec",
@@ -359,6 +361,30 @@ class SlotSpec(_Strict):
     def activated(self) -> bool:
         """A non-empty model.default (or a self-managed provider) activates a slot."""
         return bool(self.model.default) or not provider_requires_model(self.provider)
+
+
+AliasPrefer = Literal["warm", "first", "spread"]
+ALIAS_PREFERS: Final[tuple[str, ...]] = get_args(AliasPrefer)
+
+
+class AliasSpec(_Strict):
+    """One ``[[alias]]``: a model id that names catalogue models, the one to serve chosen
+    per request by ``prefer`` (:mod:`controller.router.aliases`; checks across the state
+    are :mod:`controller.spec.aliases`')."""
+
+    id: Annotated[str, Field(pattern=MODEL_ID_PATTERN)]
+    models: Annotated[
+        list[Annotated[str, Field(pattern=MODEL_ID_PATTERN)]], Field(min_length=1, max_length=16)
+    ]
+    prefer: AliasPrefer = "warm"
+
+    @field_validator("models")
+    @classmethod
+    def _distinct(cls, value: list[str]) -> list[str]:
+        twice = sorted({m for m in value if value.count(m) > 1})
+        if twice:
+            raise ValueError(f"models named twice: {twice}")
+        return value
 
 
 class PriorityClass(_Strict):

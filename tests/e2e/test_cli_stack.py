@@ -367,6 +367,7 @@ def test_show_toml_loads_back_to_the_same_state(home: Path, tmp_path: Path, sour
     again = json.loads(slotctl("stack", "show", "-o", "json", out, home=home).stdout)
     assert again["stacks"] == original["stacks"]
     assert again["models"] == original["models"]
+    assert again["aliases"] == original["aliases"]
     assert _without_location(again["slots"]) == _without_location(original["slots"])
     # and showing the shown file prints it again unchanged (a fixed point)
     assert slotctl("stack", "show", out, home=home).stdout == shown.stdout
@@ -376,8 +377,8 @@ def test_show_json_is_the_normalised_state(home: Path) -> None:
     result = slotctl("stack", "show", "-o", "json", REPO / "stacks", home=home)
     assert result.returncode == 0
     state = json.loads(result.stdout)
-    assert set(state) == {"stacks", "models", "slots"}
-    assert state["stacks"] == ["workstation"]
+    assert set(state) == {"stacks", "models", "slots", "aliases"}
+    assert state["stacks"] == ["workstation"] and state["aliases"] == []
     slots = {s["name"]: s for s in state["slots"]}
     assert list(slots) == ["chat", "reasoning", "code", "embed", "tts", "stt"]
     chat = slots["chat"]

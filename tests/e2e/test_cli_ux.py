@@ -121,7 +121,7 @@ def test_empty_lists_do_not_crash(ctl: Slotctl) -> None:
         assert result.returncode == 0, ctl.explain(result)
         assert "Error" not in result.stderr and result.stdout.startswith(("NAME", "MODEL"))
     assert json.loads(ctl.ok("slot", "list", "-o", "json")) == []
-    assert json.loads(ctl.ok("model", "list", "-o", "json")) == {"models": []}
+    assert json.loads(ctl.ok("model", "list", "-o", "json")) == {"models": [], "aliases": []}
 
 
 # ============================================================================ help

@@ -69,6 +69,10 @@ def dashboard_stack() -> str:
             f"priority = {s['prio']}\n{extra}"
             f"[slot.server]\nextra_args = {json.dumps(args)}\n"
         )
+    # an alias: the panel says which member a request for it would go to now
+    out.append(
+        '\n[[alias]]\nid = "assistant"\nmodels = ["qwen2.5-coder-7b-demo", "llama-3.1-8b-demo"]\n'
+    )
     return "".join(out)
 
 
@@ -147,6 +151,8 @@ def test_dashboard_follows_a_load_and_an_unload_live(
             expect(page.locator("#conn")).to_have_attribute("data-conn", "live")
             expect(page.locator('tr[data-slot="embed"] .pin')).to_have_text("pinned")
             expect(page.locator('.device-card[data-device="cpu"]')).to_be_visible()
+            serves = page.locator('tr[data-alias="assistant"] td').nth(3)
+            expect(serves).to_have_text("llama-3.1-8b-demo")  # coder is not loaded yet
             page.evaluate("window.__sameDocument = true")  # gone if the page reloads
             loads_before = len(navigations)
 
@@ -158,6 +164,7 @@ def test_dashboard_follows_a_load_and_an_unload_live(
             expect(page.locator('#events li[data-kind="transition"]').first).to_be_visible()
             expect(page.locator("#events")).to_contain_text("coder")
             expect(coder.locator('button[data-action="load"]')).to_be_disabled()
+            expect(serves).to_have_text("qwen2.5-coder-7b-demo", timeout=10_000)  # warm now
             expect(page.locator(".toast")).to_have_count(0, timeout=10_000)  # for the picture
             page.mouse.move(0, 0)  # no hover highlight in the picture
             page.wait_for_timeout(500)  # let the memory bars settle

@@ -199,7 +199,11 @@ def declare(emulator: kmock.KubernetesEmulator) -> None:
     emulator.resources["events.k8s.io/v1/events"] = kmock.ResourceInfo(
         kind="Event", singular="event", namespaced=True, verbs=_verbs()
     )
-    for kind, plural, short in (("Model", "models", "mdl"), ("Slot", "slots", "sl")):
+    for kind, plural, short in (
+        ("Model", "models", "mdl"),
+        ("Slot", "slots", "sl"),
+        ("Alias", "aliases", "mal"),
+    ):
         emulator.resources[f"{GROUP}/{VERSION}/{plural}"] = kmock.ResourceInfo(
             kind=kind,
             singular=kind.lower(),
@@ -249,7 +253,7 @@ class Cluster:
         meta.setdefault("uid", str(uuid.uuid4()))
         meta.setdefault("generation", 1)
         meta.setdefault("creationTimestamp", datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
-        plural = obj["kind"].lower() + "s"
+        plural = {"Alias": "aliases"}.get(obj["kind"], obj["kind"].lower() + "s")
         async with self.session.post(self._path(plural, namespace), json=obj) as resp:
             assert resp.status < 300, await resp.text()
             result: dict[str, Any] = await resp.json()

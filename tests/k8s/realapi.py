@@ -395,7 +395,7 @@ def path_of(plural: str, namespace: str | None, name: str | None = None, sub: st
 
 
 def plural_of(kind: str) -> str:
-    return {"ServiceAccount": "serviceaccounts"}.get(kind, kind.lower() + "s")
+    return {"ServiceAccount": "serviceaccounts", "Alias": "aliases"}.get(kind, kind.lower() + "s")
 
 
 # ---------------------------------------------------------------------- the client
@@ -585,9 +585,9 @@ def service_account_token(server: ApiServer, namespace: str, name: str) -> str:
 
 
 def delete_all_crs(server: ApiServer, namespace: str) -> None:
-    """Every Model and Slot in ``namespace``, finalizers released first (a test's
+    """Every Alias, Model and Slot in ``namespace``, finalizers released first (a test's
     operator may be gone)."""
-    for plural in ("slots", "models"):
+    for plural in ("aliases", "slots", "models"):
         status, body = server.request("GET", path_of(plural, namespace))
         if status != 200:
             raise ApiError(status, body)

@@ -43,6 +43,9 @@ def _same(a: DesiredState, b: DesiredState) -> None:
     assert {n: (s.spec, s.stack) for n, s in a.slots.items()} == {
         n: (s.spec, s.stack) for n, s in b.slots.items()
     }
+    assert {i: (e.spec, e.stack) for i, e in a.aliases.items()} == {
+        i: (e.spec, e.stack) for i, e in b.aliases.items()
+    }
 
 
 @pytest.mark.parametrize("stack", ["examples/quickstart", "stacks"])
@@ -74,6 +77,8 @@ def test_round_trip_toml_to_cr_to_toml_changes_nothing(stack: str, tmp_path: Pat
     assert after.ok and after.state is not None, after.errors
     _same(before.state, after.state)
     assert set(after.state.stacks) == set(before.state.stacks)
+    if stack == "examples/quickstart":  # its [[alias]] went through an Alias and back
+        assert "Alias" in {o["kind"] for o in objects} and after.state.aliases
 
 
 def _state_of(objects: list[dict[str, Any]]) -> DesiredState:
@@ -103,7 +108,7 @@ def test_round_trip_cr_to_toml_to_cr_changes_nothing() -> None:
     expected = []
     for obj in objects:
         spec = dict(obj["spec"])
-        if obj["kind"] == "Model":
+        if obj["kind"] in ("Model", "Alias"):
             spec.setdefault("id", obj["metadata"]["name"])
         else:
             slot_spec = first.slots[obj["metadata"]["name"]].spec
@@ -167,7 +172,7 @@ def test_export_from_the_live_config_dir(tmp_path: Path) -> None:
     exported = slotctl("--config-dir", str(config), "stack", "export", "--format", "crd")
     assert exported.returncode == 0, exported.stderr
     kinds = sorted(o["kind"] for o in parse_documents(exported.stdout))
-    assert kinds == ["Model"] * 3 + ["Slot"] * 3
+    assert kinds == ["Alias"] + ["Model"] * 3 + ["Slot"] * 3  # the quickstart's alias too
     toml_export = slotctl("--config-dir", str(config), "stack", "export")  # untouched
     assert toml_export.returncode == 0 and "[stack]" in toml_export.stdout
 
@@ -183,17 +188,18 @@ def test_crd_generate_check(tmp_path: Path) -> None:
     current = slotctl("crd", "generate", "--check", "--output-dir", "crds")
     assert (
         current.returncode == 0
-        and current.stdout == "crds: the 2 CRDs are current (nothing written)\n"
+        and current.stdout == "crds: the 3 CRDs are current (nothing written)\n"
     )
     fresh = slotctl("crd", "generate", "--output-dir", str(tmp_path))
     assert fresh.returncode == 0
     assert fresh.stdout.splitlines() == [
+        f"wrote {tmp_path / 'slotctl.io_aliases.yaml'}",
         f"wrote {tmp_path / 'slotctl.io_models.yaml'}",
         f"wrote {tmp_path / 'slotctl.io_slots.yaml'}",
-        f"{tmp_path}: 2 written, 0 unchanged",
+        f"{tmp_path}: 3 written, 0 unchanged",
     ]
     again = slotctl("crd", "generate", "--output-dir", str(tmp_path))  # says so, too
-    assert again.stdout == f"{tmp_path}: the 2 CRDs are current (nothing written)\n"
+    assert again.stdout == f"{tmp_path}: the 3 CRDs are current (nothing written)\n"
     (tmp_path / "slotctl.io_slots.yaml").write_text("stale")
     result = slotctl("crd", "generate", "--check", "--output-dir", str(tmp_path))
     assert result.returncode == 1 and "out of date" in result.stderr and result.stdout == ""

@@ -50,7 +50,7 @@ def test_committed_crds_are_the_generators_output(directory: str) -> None:
     assert committed == set(crd_files()), "crds/ holds files the generator does not write"
 
 
-@pytest.mark.parametrize("kind", ["Model", "Slot"])
+@pytest.mark.parametrize("kind", ["Alias", "Model", "Slot"])
 def test_crd_is_structural_and_complete(kind: str) -> None:
     crd = CRDS[kind]
     assert structural_violations(version_schema(crd)) == []
@@ -115,7 +115,7 @@ def _generated_objects() -> list[dict[str, Any]]:
 
 def test_examples_and_generated_samples_are_accepted() -> None:
     objects = _example_objects() + _generated_objects()
-    assert {o["kind"] for o in objects} == {"Model", "Slot"}
+    assert {o["kind"] for o in objects} == {"Alias", "Model", "Slot"}
     assert len(objects) > 8
     for obj in objects:
         assert admission_errors(crd_for(obj), obj) == [], obj["metadata"]["name"]

@@ -44,6 +44,22 @@ def model(name: str) -> dict[str, Any]:
     }
 
 
+def alias(name: str, *models: str, namespace: str = "default") -> dict[str, Any]:
+    return {
+        "apiVersion": "slotctl.io/v1alpha1",
+        "kind": "Alias",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"models": list(models)},
+    }
+
+
+async def alias_ready(
+    cluster: Cluster, name: str, namespace: str = "default"
+) -> dict[str, Any] | None:
+    obj = await cluster.get("aliases", name, namespace)
+    return obj if condition(obj, "Ready").get("status") == "True" else None
+
+
 def slot(name: str, model_id: str, port: int, **spec: Any) -> dict[str, Any]:
     body: dict[str, Any] = {
         "provider": "demo",
@@ -173,6 +189,28 @@ async def test_slot_lifecycle_through_custom_resources(
             assert (await r.json())["choices"][0]["message"]["content"]
         since = condition(chat, "Ready")["lastTransitionTime"]
 
+        # an Alias: declared (Ready), and a request for it reaches its member's slot
+        await cluster.create(alias("assistant", "m-nosuch-model", "m-chat"))
+        bad = await eventually(
+            lambda: _degraded_alias(cluster, "assistant"), "the Alias refused: unknown member"
+        )
+        assert bad["status"]["lastError"]["code"] == "alias.unknown_member"
+        await cluster.edit("aliases", "assistant", {"models": ["m-chat", "m-embed"]})
+        found = await eventually(lambda: alias_ready(cluster, "assistant"), "the Alias Ready")
+        assert found["status"]["id"] == "assistant"
+        assert condition(found, "Degraded")["status"] == "False"
+        request["model"] = "assistant"  # both members are loaded: the first one serves
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(f"http://{api}/v1/chat/completions", json=request, headers=headers) as r,
+        ):
+            assert r.status == 200, await r.text()
+            assert (await r.json())["model"] == "m-chat"
+        await cluster.delete("aliases", "assistant")
+        await eventually(
+            lambda: _true("assistant" not in op.manager.aliases), "the alias gone from the router"
+        )
+
         # priority: applied in place, nothing restarts
         await cluster.edit("slots", "chat", {"priority": 90})
         await eventually(lambda: ready(cluster, "chat", 2), "generation 2 observed")
@@ -244,6 +282,11 @@ async def _true(value: bool) -> bool:
     return value
 
 
+async def _degraded_alias(cluster: Cluster, name: str) -> dict[str, Any] | None:
+    obj = await cluster.get("aliases", name)
+    return obj if condition(obj, "Degraded").get("status") == "True" else None
+
+
 async def _gone(cluster: Cluster, name: str) -> bool:
     return await cluster.get("slots", name) is None
 
@@ -311,6 +354,8 @@ async def test_operator_subprocess_restart_adopts_and_delete_stops(
 
         obj = await eventually(lambda: ready_in(1), "Ready (subprocess operator)", timeout=60)
         assert await answers(obj["status"]["endpoint"])
+        await cluster.create(alias("assistant", "m-chat", namespace="team-a"))
+        await eventually(lambda: alias_ready(cluster, "assistant", "team-a"), "Alias Ready")
         pid = server_pid(port)
         assert pid is not None
 

@@ -32,7 +32,7 @@ from tests.integration.helpers import free_ports
 from tests.k8s import chart, realapi
 from tests.k8s.conftest import eventually
 from tests.k8s.realapi import ApiError, ApiServer, Kube
-from tests.k8s.test_operator import answers, condition, model, server_pid, slot
+from tests.k8s.test_operator import alias, answers, condition, model, server_pid, slot
 
 REPO = Path(__file__).resolve().parents[2]
 RBAC_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
@@ -320,6 +320,19 @@ async def test_operator_with_the_chart_service_account(
             lambda: _model_ready(admin, "m-chat"), "Model Ready", timeout=30
         )
         assert model_obj["status"]["slots"] == ["chat"]
+
+        # an Alias: the CRD's CEL rule refuses a member named twice; a good one is Ready
+        # and its status passes the real server's schema
+        await refused(admin.create(alias("twice", "m-chat", "m-chat", namespace=namespace)), 422)
+        await admin.create(alias("assistant", "m-chat", namespace=namespace))
+
+        async def alias_ready() -> dict[str, Any] | None:
+            obj = await admin.get("aliases", "assistant")
+            return obj if condition(obj, "Ready").get("status") == "True" else None
+
+        found = await eventually(alias_ready, "the Alias Ready", timeout=60)
+        assert found["status"]["id"] == "assistant"
+        assert found["status"]["observedGeneration"] == 1
 
         # the status the operator writes survives the schema whole: once it is
         # written, the steady state makes no more writes (no patch loop on pruned keys)

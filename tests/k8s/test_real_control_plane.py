@@ -34,7 +34,7 @@ from tests.k8s import chart, realapi, realcluster
 from tests.k8s.conftest import eventually
 from tests.k8s.realapi import Kube
 from tests.k8s.realcluster import Cluster
-from tests.k8s.test_operator import answers, condition
+from tests.k8s.test_operator import alias, answers, condition
 from tests.k8s.test_real_apiserver import stop_operator
 
 REPO = Path(__file__).resolve().parents[2]
@@ -279,6 +279,14 @@ async def test_a_node_going_not_ready_moves_its_slot(env: Env) -> None:
     await env.admin.create(slot("chat", "m2", port))
     first = await eventually(lambda: ready(env.admin, "chat"), "chat Ready", 120)
     lost = first["status"]["node"]
+    # an Alias rides along: the audit below judges the chart's grants on aliases too
+    await env.admin.create(alias("assistant", "m2", namespace=env.namespace))
+
+    async def alias_ready() -> dict[str, Any] | None:
+        found = await env.admin.get("aliases", "assistant")
+        return found if condition(found, "Ready").get("status") == "True" else None
+
+    await eventually(alias_ready, "the Alias Ready", 60)
     began = time.monotonic()
     env.cluster.lose_node(lost)
 

@@ -274,6 +274,25 @@ function lastUsed(wall) {
   return `${Math.round(s / 3600)}h ago`;
 }
 
+async function refreshAliases() {
+  // [[alias]]: hidden while none is declared; "serves now" is where a request would go
+  const { body } = await api("/api/models");
+  const aliases = body.aliases || [];
+  document.querySelector(".aliases-panel").hidden = aliases.length === 0;
+  document.getElementById("alias-rows").replaceChildren(
+    ...aliases.map((a) =>
+      h(
+        "tr",
+        { "data-alias": a.id },
+        h("td", { class: "mono" }, a.id),
+        h("td", {}, a.prefer),
+        h("td", { class: "mono" }, (a.models || []).join(", ")),
+        h("td", { class: "mono" }, a.serves || "—"),
+      ),
+    ),
+  );
+}
+
 async function refreshKeys() {
   const panel = document.querySelector(".keys-panel");
   let body;
