@@ -18,8 +18,8 @@ from typing import Any
 import tomlkit
 from pydantic import ValidationError
 
-from controller.spec.coload import UnitDecl, parse_units, resolve_units, take_with
 from controller.spec.aliases import AliasEntry, alias_problems, parse_aliases
+from controller.spec.coload import UnitDecl, parse_units, resolve_units, take_with
 from controller.spec.locate import LineIndex
 from controller.spec.problems import Problem, problems_from_validation
 from controller.spec.rules import Origin, SlotEntry, check_slot_payload, cross_slot_problems
