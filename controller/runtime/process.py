@@ -52,6 +52,7 @@ from controller.runtime.process_labels import (
     ENV_SLOT,
     ENV_STACK,
     LabelledServers,
+    await_exec,
     is_zombie,
 )
 from controller.store import StateStore
@@ -255,6 +256,10 @@ class ProcessRuntime:
                     argv=list(launch.argv),
                 ) from exc
         _CHILDREN[popen.pid] = popen
+        if not await_exec(popen.pid) and popen.poll() is None:  # labels readable first
+            logging.getLogger("slotctl.runtime").warning(
+                "slot %s: pid %d shows no labels yet", launch.slot, popen.pid
+            )
         self._output_at[launch.slot] = output_at
         self.labelled.remember(launch.slot, popen.pid)
         try:
