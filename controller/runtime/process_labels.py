@@ -15,7 +15,7 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import Final
 
@@ -55,6 +55,9 @@ class LabelledServers:
         # scan of /proc found, plus every server this runtime spawned since.
         self.candidates: dict[str, set[int]] = {}
         self.scanned = False
+        # The pids a look for the slot's own server passes over: a surge's second server
+        # and the one it replaces (controller.runtime.process_surge sets it).
+        self.skip: Callable[[str], Collection[int]] = lambda slot: ()
         self._lock = threading.Lock()  # scans and spawns run on worker threads
 
     def labels_of(self, proc: psutil.Process) -> dict[str, str] | None:
@@ -81,13 +84,24 @@ class LabelledServers:
             self.scan_all()
         with self._lock:
             pids = sorted(self.candidates.get(slot, ()))
+        skipped = self.skip(slot)
         for pid in pids:
+            if pid in skipped:
+                continue
             proc = self._leader(slot, pid)
             if proc is not None:
                 return proc
             with self._lock:  # gone, or a recycled pid
                 self.candidates.get(slot, set()).discard(pid)
         return None
+
+    def leaders(self, slot: str) -> list[psutil.Process]:
+        """Every live server labelled as ``slot``'s (a full scan of /proc first): during
+        a surge two, else one; more are strays of an interrupted spawn."""
+        self.scan_all()
+        with self._lock:
+            pids = sorted(self.candidates.get(slot, ()))
+        return [proc for pid in pids if (proc := self._leader(slot, pid)) is not None]
 
     def remember(self, slot: str, pid: int) -> None:
         with self._lock:
