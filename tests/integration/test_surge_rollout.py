@@ -136,10 +136,10 @@ async def test_requests_in_flight_finish_on_the_old_server(env: Env) -> None:
     body = {"model": "chat-m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 30}
 
     async def slow() -> int:
-        async with aiohttp.ClientSession() as session:
-            async with session.post(f"{endpoint}/v1/chat/completions", json=body) as resp:
-                await resp.read()
-                return resp.status
+        url = f"{endpoint}/v1/chat/completions"
+        async with aiohttp.ClientSession() as session, session.post(url, json=body) as resp:
+            await resp.read()
+            return resp.status
 
     request = asyncio.create_task(slow())
     await asyncio.sleep(0.2)
