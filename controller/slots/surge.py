@@ -28,6 +28,7 @@ written through the store.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from typing import Any, Final
@@ -130,14 +131,39 @@ class Rollouts(Part):
         }
         self._write(slot.name, record)
         self._event(slot, "started", f"surge started on port {launch.port}: {decision.reason}")
+        # The new server's memory counts while it starts (reserved: no probe sees it yet).
+        self.table.surges[slot.name] = self._holding(slot, gpus, coming_up=True)
         try:
             await self._start_ready(slot, surge, launch)
         except SlotctlError as exc:
             await self._failed(slot, surge, exc)
             raise
+        except asyncio.CancelledError:  # the controller stops: the new server goes too
+            await asyncio.shield(self._abandon(slot, surge))
+            raise
         self._write(slot.name, {**record, "phase": SWITCHED})
+        old_holding = self._holding(slot, slot.placement, coming_up=False)
         await self._switch(slot, surge, launch, gpus)
-        await self._retire(slot, surge, drained=True)
+        self.table.surges[slot.name] = old_holding  # the old server's, until it stops
+        try:
+            await self._drain(slot)
+        finally:  # cancelled too: the old server never outlives the rollout
+            await asyncio.shield(self._retire(slot, surge))
+
+    def _holding(
+        self, slot: SlotRecord, gpus: tuple[GpuRef, ...], *, coming_up: bool
+    ) -> tuple[tuple[str, int, bool], ...]:
+        """What one server of ``slot`` holds on ``gpus`` (none: its device kind's key)."""
+        if not gpus:
+            return ((slot.where, slot.memory_bytes, coming_up),)
+        each = share(slot.memory_bytes, len(gpus))
+        return tuple((g.key, each, coming_up) for g in gpus)
+
+    async def _abandon(self, slot: SlotRecord, surge: SurgeInstances) -> None:
+        self.table.surges.pop(slot.name, None)
+        with contextlib.suppress(SlotctlError):
+            await surge.stop_instance(slot.name, self.config.stop_timeout_s)
+        self._delete(slot.name)
 
     def _new_launch(self, slot: SlotRecord, gpus: tuple[GpuRef, ...], old_port: int) -> LaunchSpec:
         """The slot's launch on a fresh port (free, no other slot's, not the old one's),
@@ -188,9 +214,7 @@ class Rollouts(Part):
     async def _failed(self, slot: SlotRecord, surge: SurgeInstances, error: SlotctlError) -> None:
         """A new server that failed: stopped, never switched to; the old one serves on.
         The failure counts on the crash-loop breaker (the reconciler retries under it)."""
-        with contextlib.suppress(SlotctlError):
-            await surge.stop_instance(slot.name, self.config.stop_timeout_s)
-        self._delete(slot.name)
+        await self._abandon(slot, surge)
         backoff = slot.breaker.record_failure(
             self.clock.monotonic(), error.message, slot.spec.max_consecutive_failures
         )
@@ -217,17 +241,20 @@ class Rollouts(Part):
                 self.table.persist_placement(slot, gpus)
         self._event(slot, "switched", f"switched to the new server on port {launch.port}")
 
-    async def _retire(self, slot: SlotRecord, surge: SurgeInstances, *, drained: bool) -> None:
-        """Drain the old server (the requests in flight at the switch, bounded), stop it."""
-        if drained:
-            await self._drain(slot)
+    async def _retire(self, slot: SlotRecord, surge: SurgeInstances) -> None:
+        """Stop the old server (drained), then forget the rollout."""
         self._draining.pop(slot.name, None)
-        await surge.stop_retiring(slot.name, self.config.stop_timeout_s)
+        try:
+            await surge.stop_retiring(slot.name, self.config.stop_timeout_s)
+        finally:
+            self.table.surges.pop(slot.name, None)
         self._delete(slot.name)
         slot.breaker.reset()
         self._event(slot, "done", "rollout done: the old server drained and stopped")
 
     async def _drain(self, slot: SlotRecord) -> None:
+        """Until the requests in flight on the old server at the switch are done (bounded
+        by ``drain_timeout_s``; the old server is stopped then)."""
         deadline = self.clock.monotonic() + slot.spec.drain_timeout_s
         old = self._draining.get(slot.name, set())
         while old & set(slot.leases):
@@ -255,7 +282,7 @@ class Rollouts(Part):
             if isinstance(port, int):
                 self.table.store.write_port(slot.name, port)
                 slot.hashed = None
-            await self._retire(slot, surge, drained=False)
+            await self._retire(slot, surge)  # no request of the old controller is left
             return
         with contextlib.suppress(SlotctlError):
             await surge.stop_instance(slot.name, self.config.stop_timeout_s)

@@ -22,6 +22,7 @@ import pytest
 from controller.errors import SlotctlError
 from controller.events import EventKind
 from controller.lifecycle import SlotState
+from controller.memory import GIB
 from controller.runtime.process import ProcessRuntime
 from controller.slots import SlotManager
 from controller.slots.surge import ROLLOUT_RECORD
@@ -145,11 +146,16 @@ async def test_requests_in_flight_finish_on_the_old_server(env: Env) -> None:
     await asyncio.sleep(0.2)
     m.upsert(want)
     rolling = asyncio.create_task(m.roll_out("chat", want))
+    await asyncio.sleep(0.3)
+    # Both servers' memory counts while they run side by side (the new one starting or
+    # switched to, the old one draining).
+    assert m.admitted_bytes("gpu") == 4 * GIB
     status = await request  # ~1.5 s of tokens: the switch happens meanwhile
     m.release(lease)
     assert status == 200
     assert (await rolling).surge
     assert m.endpoint("chat") != endpoint
+    assert m.admitted_bytes("gpu") == 2 * GIB
 
 
 async def test_a_failed_new_server_keeps_the_old_one_serving(env: Env) -> None:
@@ -199,3 +205,24 @@ async def test_no_room_or_a_declared_port_recreates_and_says_why(env: Env) -> No
     runtime = m.runtime
     assert isinstance(runtime, ProcessRuntime)
     assert len(servers_of(runtime, "chat")) == 1
+
+
+async def test_a_cancelled_surge_stops_its_new_server(env: Env) -> None:
+    """The controller stopping mid-surge (its reconciler cancelled): the new server is
+    stopped with it, the old one is the slot's, no rollout record is left."""
+    m = await env.manager(env.desired([auto_slot(env)], [model("chat-m", 2)]))
+    await m.load("chat", resident=False)
+    runtime = m.runtime
+    assert isinstance(runtime, ProcessRuntime)
+    (old_server,) = servers_of(runtime, "chat")
+    want = DesiredSlot(spec=auto_slot(env, "--load-seconds", "30"), stack="scenarios")
+    m.upsert(want)
+    rolling = asyncio.create_task(m.roll_out("chat", want))
+    await asyncio.sleep(0.5)
+    assert len(servers_of(runtime, "chat")) == 2  # the new one is starting
+    rolling.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await rolling
+    assert [p.pid for p in servers_of(runtime, "chat")] == [old_server.pid]
+    assert m.store.read_aux("chat", ROLLOUT_RECORD) is None
+    assert m.admitted_bytes("gpu") == 2 * GIB
