@@ -223,7 +223,10 @@ class Reconciler:
                 Op.RECONCILE,
                 slot=name,
                 message=action.reason,
-                details={"action": action.kind},
+                details={
+                    "action": action.kind,
+                    **{k: v for k, v in action.details.items() if k.startswith("rollout")},
+                },
             )
             if self.on_plan is not None:
                 self.on_plan(action)

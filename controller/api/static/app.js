@@ -259,6 +259,19 @@ function applyEvent(event) {
       queueRender("slots", event.slot);
     }
   }
+  if ((event.kind === "plan" || event.kind === "rollout") && event.slot) {
+    // Which way a change rolls out (the plan: surge or recreate, and why), then its phases.
+    const slot = state.slots.get(event.slot);
+    const details = event.details || {};
+    if (slot && event.kind === "plan" && details.rollout) {
+      slot.rollout = `${details.rollout}: ${details.rollout_reason || ""}`;
+      queueRender("slots", event.slot);
+    } else if (slot && event.kind === "rollout") {
+      const phase = details.phase;
+      slot.rollout = phase === "done" ? null : phase === "failed" ? event.message : `surge ${phase}: ${event.message}`;
+      queueRender("slots", event.slot);
+    }
+  }
   if (isFlip(event)) {
     // The slot's request count rides on its flips: the counter moves with no refresh.
     const slot = state.slots.get(event.slot);
@@ -324,7 +337,13 @@ function slotRow(slot, flash) {
     "tr",
     { "data-slot": slot.name, "data-state": slot.state, "data-residency": slot.residency || "awake", class: flash ? "flash" : "" },
     h("td", { class: "c-state" }, badge(slot.state, slot.idle_reason, slot.residency, slot.sleep_level), h("div", { class: "c-since", title: "in this state since", "data-since": slot.since, text: ago(slot.since) })),
-    h("td", {}, h("div", { class: "slot-name" }, slot.name, slot.pinned ? h("span", { class: "pin", title: "pinned: never evicted", text: "pinned" }) : null), sub),
+    h(
+      "td",
+      {},
+      h("div", { class: "slot-name" }, slot.name, slot.pinned ? h("span", { class: "pin", title: "pinned: never evicted", text: "pinned" }) : null),
+      sub,
+      slot.rollout ? h("div", { class: "slot-sub slot-rollout", title: slot.rollout, text: slot.rollout }) : null,
+    ),
     h("td", {}, h("span", { class: "model", text: slot.model_id || "—" })),
     h("td", { class: "c-device" }, h("span", { class: "device", title: slot.device, text: placedOn(slot) })),
     h("td", { class: "c-num", text: String(slot.priority) }),
