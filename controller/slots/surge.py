@@ -73,6 +73,8 @@ class Rollouts(Part):
         probe.on_nodes = slot.on_nodes if slot is not None else False
         running = slot is not None and self.loading.loaded(slot) and not slot.draining
         why_not = cannot_surge(self.runtime)
+        if why_not is None and slot is not None and slot.asleep:
+            why_not = "its server sleeps: nobody is served by it until a wake"
         if why_not is None and slot is not None and self.table.group_peers(probe):
             group = model.exclusive_group if model is not None else "?"
             why_not = f"exclusive group {group}: its members run one at a time"
@@ -235,6 +237,9 @@ class Rollouts(Part):
         slot.hashed = None  # its hash memo holds the old port
         in_flight = set(slot.leases)
         slot.launch, slot.running_hash, slot.adopted = launch, None, None
+        # Another server: what was decided about the old one (an exit seen, a liveness
+        # miss, an eviction planned) is stale and revalidates to nothing.
+        slot.generation += 1
         self._draining[slot.name] = in_flight
         if gpus and gpus != slot.placement:
             with contextlib.suppress(SlotctlError):

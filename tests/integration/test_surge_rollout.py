@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -226,3 +228,26 @@ async def test_a_cancelled_surge_stops_its_new_server(env: Env) -> None:
     assert [p.pid for p in servers_of(runtime, "chat")] == [old_server.pid]
     assert m.store.read_aux("chat", ROLLOUT_RECORD) is None
     assert m.admitted_bytes("gpu") == 2 * GIB
+
+
+async def test_the_old_server_exiting_mid_surge_does_not_stop_the_new_one(env: Env) -> None:
+    """The old server dies while the new one warms: the surge still switches (the old
+    one's stop finds it gone), the exit check after it stops nothing, and the new server
+    serves."""
+    m = await env.manager(env.desired([auto_slot(env)], [model("chat-m", 2)]))
+    await m.load("chat", resident=False)
+    runtime = m.runtime
+    assert isinstance(runtime, ProcessRuntime)
+    (old_server,) = servers_of(runtime, "chat")
+    want = DesiredSlot(spec=auto_slot(env, "--load-seconds", "1"), stack="scenarios")
+    m.upsert(want)
+    rolling = asyncio.create_task(m.roll_out("chat", want))
+    await asyncio.sleep(0.3)
+    os.kill(old_server.pid, signal.SIGKILL)  # reaped by the runtime (our child)
+    checking = asyncio.create_task(m.check_exits())  # sees the old one gone
+    assert (await rolling).surge
+    await checking
+    (server,) = servers_of(runtime, "chat")
+    assert server.pid != old_server.pid
+    assert m.view("chat").state in (S.READY, S.SERVING)
+    assert m.observe("chat").config_hash == m.launch_hash(want)  # type: ignore[union-attr]
