@@ -3,8 +3,9 @@
 A surge rollout (:mod:`controller.slots.surge`) starts the changed slot's new server on a
 fresh port beside the old one, switches to it once it is ready, then stops the old one. A
 runtime that can do that has a ``surge`` attribute satisfying :class:`SurgeInstances`
-(the process runtime: :mod:`controller.runtime.process_surge`); the others say why they
-cannot (:func:`cannot_surge`), and their changed slots are recreated.
+(the process runtime: :mod:`controller.runtime.process_surge`; docker:
+:mod:`controller.runtime.docker_surge`); the others (kubernetes) say why they cannot
+(:func:`cannot_surge`), and their changed slots are recreated.
 
 Every step is recorded by the runtime before it returns, and each is idempotent, so a
 controller killed at any point finishes (or undoes) the rollout after its restart.
@@ -61,6 +62,4 @@ def cannot_surge(runtime: object) -> str | None:
     kind = getattr(runtime, "kind", None)
     if kind == RuntimeKind.KUBERNETES:
         return "the kubernetes runtime replaces a slot's pod with the Recreate strategy"
-    if kind == RuntimeKind.DOCKER:
-        return "the docker runtime runs one container per slot (its name): no surge"
     return f"this runtime ({type(runtime).__name__}) runs one server per slot: no surge"
