@@ -261,9 +261,10 @@ class SlotManager(Part):
         """Stop a managed runtime object that no slot owns any more (labels say it is ours)."""
         if name in self.core.table.records:
             return False
+        second = await self.rollouts.stop_orphaned(name)  # a surge's, if one was left
         observed = await self.runtime.inspect(name)
         if observed.status is RunStatus.MISSING or not observed.managed:
-            return False
+            return second
         await self.runtime.stop(name, self.config.stop_timeout_s)
         self.events.emit(
             EventKind.EVICTION,

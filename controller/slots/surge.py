@@ -296,6 +296,18 @@ class Rollouts(Part):
             slot, "failed", "rollout interrupted by a restart: the new server stopped, the old kept"
         )
 
+    async def stop_orphaned(self, name: str) -> bool:
+        """A slot nobody declares any more: its surge's servers (a rollout a restart
+        interrupted before the slot was removed) are stopped too. True: one was."""
+        surge = surge_of(self.runtime)
+        if surge is None:
+            return False
+        second = (await surge.inspect_instance(name)).running
+        await surge.stop_instance(name, self.config.stop_timeout_s)
+        await surge.stop_retiring(name, self.config.stop_timeout_s)
+        self._delete(name)
+        return second
+
     # ---------------------------------------------------------------- records, events
 
     def _write(self, name: str, record: dict[str, Any]) -> None:

@@ -25,11 +25,13 @@ from controller.errors import SlotctlError
 from controller.events import EventKind
 from controller.lifecycle import SlotState
 from controller.memory import GIB
+from controller.runtime.base import RunStatus
 from controller.runtime.process import ProcessRuntime
 from controller.slots import SlotManager
 from controller.slots.surge import ROLLOUT_RECORD
 from controller.spec.loader import DesiredSlot
 from controller.spec.schema import SlotSpec
+from tests.integration.helpers import demo_launch
 from tests.integration.test_manager_scenarios import Env, model
 
 S = SlotState
@@ -251,3 +253,16 @@ async def test_the_old_server_exiting_mid_surge_does_not_stop_the_new_one(env: E
     assert server.pid != old_server.pid
     assert m.view("chat").state in (S.READY, S.SERVING)
     assert m.observe("chat").config_hash == m.launch_hash(want)  # type: ignore[union-attr]
+
+
+async def test_a_surge_server_of_a_slot_nobody_declares_is_reaped(env: Env) -> None:
+    """A rollout interrupted by a restart, its slot removed meanwhile: the orphan reaper
+    stops the slot's second server too (it is not the slot's own server)."""
+    m = await env.manager(env.desired([], [model("chat-m", 2)]))
+    runtime = m.runtime
+    assert isinstance(runtime, ProcessRuntime)
+    await runtime.surge.start_instance(demo_launch("gone"))
+    assert len(servers_of(runtime, "gone")) == 1
+    assert (await runtime.inspect("gone")).status is RunStatus.MISSING  # not the slot's own
+    assert await m.reap_orphan("gone")
+    assert servers_of(runtime, "gone") == []
