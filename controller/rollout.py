@@ -25,11 +25,14 @@ from controller.decision import LoadDecision
 from controller.spec.schema import SlotSpec
 from controller.units import format_gib
 
-__all__ = ["RECREATE", "SURGE", "RolloutDecision", "decide_rollout"]
+__all__ = ["RECREATE", "SURGE", "UNDECIDED", "RolloutDecision", "decide_rollout"]
 
 SURGE: Final = "surge"
 RECREATE: Final = "recreate"
-Way = Literal["surge", "recreate"]
+# A plan made without memory figures (``stack diff`` with no controller running): the
+# controller that acts decides (surge if it fits, else recreate).
+UNDECIDED: Final = "surge-or-recreate"
+Way = Literal["surge", "recreate", "surge-or-recreate"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +79,9 @@ def decide_rollout(
             RECREATE, f"port {new.port} is declared: two servers cannot share it"
         )
     if load is None:
-        return RolloutDecision(RECREATE, "memory not known here: cannot tell whether it fits")
+        return RolloutDecision(
+            UNDECIDED, "memory not known here (no controller): surge if it fits beside the old"
+        )
     if not load.ok:
         return RolloutDecision(RECREATE, _no_room(load, needed))
     return RolloutDecision(SURGE, f"{_room_text(load, needed)} beside the running server")

@@ -71,7 +71,6 @@ def test_each_reason_to_recreate_in_order() -> None:
         (_spec(), False, None, ok, "no server runs"),
         (_spec(), True, "the docker runtime cannot", ok, "the docker runtime cannot"),
         (_spec(port=8080), True, None, ok, "port 8080 is declared"),
-        (_spec(), True, None, None, "memory not known here"),
     ]
     for spec, running, why_not, load, said in cases:
         decision = decide_rollout(
@@ -89,6 +88,12 @@ class SurgeAll:
     async def stop_instance(self, slot: str, timeout: float) -> None: ...
     async def promote(self, slot: str) -> None: ...
     async def stop_retiring(self, slot: str, timeout: float) -> None: ...
+
+
+def test_without_memory_figures_the_plan_leaves_it_to_the_controller() -> None:
+    decision = decide_rollout(_spec(), running=True, cannot_surge=None, load=None, needed=0)
+    assert not decision.surge
+    assert decision.text.startswith("surge-or-recreate: memory not known here")
 
 
 def test_runtimes_that_cannot_surge_say_why() -> None:
