@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import difflib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,9 +23,11 @@ import tomlkit
 
 from controller.errors import SlotctlError, SlotPinned
 from controller.lifecycle import DISPATCHABLE_STATES, SlotState
-from controller.plan import Action, ObservedSlot, plans_for
+from controller.plan import Action, ObservedSlot, plans_for, with_rollout
 from controller.providers import BuildContext, launch_context, launch_hash, with_port
+from controller.rollout import RolloutDecision, decide_rollout
 from controller.runtime.base import Runtime
+from controller.runtime.surging import cannot_surge
 from controller.spec.aliases import AliasEntry, alias_problems
 from controller.spec.configdir import ConfigSnapshot, read_config_dir
 from controller.spec.guard import (
@@ -175,10 +177,12 @@ async def plan_stack(
     prune: bool,
     snapshot: ConfigSnapshot | None = None,
     models_dir: Path | None = None,
+    rollout: Callable[[DesiredSlot], RolloutDecision] | None = None,
 ) -> StackPlan:
     """Plan applying ``state``: config changes, runtime actions and drift, with reasons.
     Config hashes are built as the manager on ``runtime`` builds them (``models_dir``: its
-    models dir, None the default)."""
+    models dir, None the default). ``rollout``: the running controller's way a change
+    rolls out (its memory figures); without one, a surge's room is not known here."""
     _require_dir(config_dir, "config dir")  # else it would read as empty: all "drift"
     if snapshot is None:
         snapshot = await asyncio.to_thread(read_config_dir, config_dir)
@@ -202,6 +206,7 @@ async def plan_stack(
         residents=residents,
         deletable=lambda n: prune and n in owned,
     )
+    actions = [_rolled(a, state.slots.get(a.slot), observed, runtime, rollout) for a in actions]
     plan = StackPlan(state=state, actions=actions)
     for name in names:
         want = state.slots.get(name)
@@ -222,6 +227,29 @@ async def plan_stack(
     plan.desired_doc = _document(state.slots)
     plan.observed_doc = _document({n: s for n, s in snapshot.slots.items() if n in names})
     return plan
+
+
+def _rolled(
+    action: Action,
+    want: DesiredSlot | None,
+    observed: Mapping[str, ObservedSlot],
+    runtime: Runtime,
+    rollout: Callable[[DesiredSlot], RolloutDecision] | None,
+) -> Action:
+    """A ``recreate`` with the way it rolls out (:mod:`controller.rollout`)."""
+    if action.kind != "recreate" or want is None:
+        return action
+    if rollout is not None:
+        return with_rollout(action, rollout(want))
+    obs = observed.get(action.slot)
+    decision = decide_rollout(
+        want.spec,
+        running=obs is not None and obs.running,
+        cannot_surge=cannot_surge(runtime),
+        load=None,
+        needed=0,
+    )
+    return with_rollout(action, decision)
 
 
 def _drift(want: DesiredSlot | None, obs: ObservedSlot | None, resident: bool) -> list[str]:

@@ -62,6 +62,9 @@ class EventKind(StrEnum):
     # or a wake failed): ``details.residency`` is the new tier, ``details.reason`` why.
     RESIDENCY = "residency"
     PLAN = "plan"  # the reconciler's plan for a slot
+    # A changed slot's surge rollout (controller.slots.surge): ``details.phase`` is
+    # started, switched, done or failed.
+    ROLLOUT = "rollout"
     ERROR = "error"  # a failed reconcile pass or background task
     REQUESTS = "requests"  # lease flips folded by a reader (LeaseFold); never on the bus
     STATE = "state"  # a slot's state as a waiting command first saw it; never on the bus
@@ -82,6 +85,7 @@ class Op(StrEnum):
     ROUTE = "route"  # a refusal answered by the OpenAI router
     BACKGROUND = "background"  # a background task of the controller
     IDLE = "idle"  # ready -> idle: no request for idle_timeout_s (still loaded)
+    ROLLOUT = "rollout"  # a surge rollout (controller.slots.surge)
 
 
 class EvictionReason(StrEnum):
@@ -146,6 +150,7 @@ PROGRESS_KINDS: Final = frozenset(
         EventKind.REFUSAL,
         EventKind.EVICTION,
         EventKind.RESIDENCY,
+        EventKind.ROLLOUT,
         EventKind.ERROR,
     }
 )

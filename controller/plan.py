@@ -19,6 +19,7 @@ from controller.errors import (
     StateWriteFailed,
 )
 from controller.lifecycle import SlotState, can_dispatch
+from controller.rollout import RolloutDecision
 from controller.spec.loader import DesiredSlot
 from controller.spec.schema import SlotSpec
 
@@ -32,6 +33,7 @@ __all__ = [
     "plans_for",
     "requeue_delay",
     "spec_changes",
+    "with_rollout",
 ]
 
 
@@ -55,6 +57,7 @@ SCHEDULING_KEYS: Final = frozenset(
         "sleep_level",
         "wake_timeout_s",
         "unit",  # co-loaded units (controller/spec/coload.py): who loads with whom
+        "rollout",
     }
 )
 ACTION_KINDS: Final = ("create", "recreate", "load", "unload", "update", "delete", "adopt", "noop")
@@ -208,6 +211,14 @@ def plan_slot(
         why = "autoload" if want.autoload else "resident"
         return Action("load", name, f"{why} and {state}")
     return Action("noop", name, "in sync")
+
+
+def with_rollout(action: Action, decision: RolloutDecision | None) -> Action:
+    """A ``recreate`` with the way it will roll out (surge or recreate, and why)."""
+    if action.kind != "recreate" or decision is None:
+        return action
+    details = {**action.details, **decision.to_dict()}
+    return Action(action.kind, action.slot, f"{action.reason}; {decision.text}", details)
 
 
 def requeue_delay(outcome: Result | BaseException, failures: int) -> float | None:

@@ -36,6 +36,7 @@ from controller.plan import (
     plans_for,
     requeue_delay,
     spec_changes,
+    with_rollout,
 )
 from controller.slots.ports import ReconcilerPort
 from controller.slots.records import SlotStatus
@@ -194,9 +195,12 @@ class Reconciler:
                 "fix the config dir; the running server is left as it is",
             )
         holder = self.manager.group_holder(name) if want is not None else None
-        return plan_slot(
+        action = plan_slot(
             name, want, have, obs, want_hash=want_hash, resident=resident, group_holder=holder
         )
+        if action.kind == "recreate" and want is not None:
+            return with_rollout(action, self.manager.rollout_for(want))
+        return action
 
     def _observe(self, name: str) -> ObservedSlot | None:
         status = self.manager.observe(name)
@@ -220,7 +224,10 @@ class Reconciler:
                 Op.RECONCILE,
                 slot=name,
                 message=action.reason,
-                details={"action": action.kind},
+                details={
+                    "action": action.kind,
+                    **{k: v for k, v in action.details.items() if k.startswith("rollout")},
+                },
             )
             if self.on_plan is not None:
                 self.on_plan(action)
@@ -242,6 +249,9 @@ class Reconciler:
         if want is None:
             return
         if action.kind == "recreate":
+            manager.upsert(want)
+            if (await manager.roll_out(name, want)).surge:
+                return  # the new server serves; the old one drained and stopped
             await manager.unload(
                 name,
                 force=True,

@@ -127,6 +127,7 @@ async def apply_stack(request: web.Request) -> web.Response:
             prune=prune,
             snapshot=snapshot,
             models_dir=ctx.manager.models_dir,
+            rollout=ctx.manager.rollout_for,
         )
         changed: list[str] = []
         if not body.dry_run:
@@ -164,6 +165,7 @@ async def diff_stack(request: web.Request) -> web.Response:
         prune=prune,
         snapshot=await disk_snapshot(ctx),
         models_dir=ctx.manager.models_dir,
+        rollout=ctx.manager.rollout_for,
     )
     data = plan.to_dict()
     data["json_patch"] = plan.json_patch()

@@ -97,6 +97,9 @@ _DOCS: Final[dict[str, str]] = {
     "weights dropped, reloaded at the wake (default 1).",
     "wake_timeout_s": "Seconds a sleep or a wake (with the readiness probe after it) may "
     "take; a wake past it restarts the server, once (default 60).",
+    "rollout": "How a changed server is replaced: surge (the new one started beside the old, "
+    "switched to once ready, when memory allows; else recreate) or recreate (stop, then "
+    "start). Default surge.",
     "server": "How the runtime starts the server.",
     "image": "Container image (docker runtime).",
     "binary": "Executable (process runtime).",

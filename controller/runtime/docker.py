@@ -78,6 +78,7 @@ from controller.runtime.docker_spec import (
     require_image,
 )
 from controller.runtime.docker_streams import follow_logs, pull_image
+from controller.runtime.docker_surge import DockerSurge
 from controller.runtime.ports import require_free_port
 
 __all__ = [
@@ -150,6 +151,7 @@ class DockerRuntime:
         self._client_lock = threading.Lock()
         self._runtimes: tuple[str, ...] | None = None
         self._slot_locks: dict[str, asyncio.Lock] = {}
+        self.surge = DockerSurge(self)  # a slot's second container (surge rollouts)
 
     async def close(self) -> None:
         """Close the SDK client's connections (a later call opens new ones)."""
@@ -378,12 +380,15 @@ class DockerRuntime:
             container.remove(force=True)
         return None
 
-    def _create_and_start(self, launch: LaunchSpec) -> Observed:
+    def _create_and_start(self, launch: LaunchSpec, name: str | None = None) -> Observed:
         if self.network_mode == "host" and self._local_engine:
             require_free_port(launch)
         client = self._client()
         try:
-            container = client.containers.create(**self._create_options(launch))
+            options = self._create_options(launch)
+            if name is not None:  # a surge's second container
+                options["name"] = name
+            container = client.containers.create(**options)
         except docker.errors.ImageNotFound as exc:
             raise SlotSpawnFailed(
                 f"cannot start slot {launch.slot!r}: image {launch.image} is not present "

@@ -46,26 +46,24 @@ from controller.runtime.logwatch import follow
 from controller.runtime.ports import require_free_port
 from controller.runtime.process_labels import (
     ENV_HASH,
+    ENV_INSTANCE,
     ENV_MANAGED,
     ENV_OWNER,
     ENV_PORT,
     ENV_SLOT,
     ENV_STACK,
     LabelledServers,
+    await_exec,
     is_zombie,
 )
+from controller.runtime.process_records import RECORD, ProcessRecords
+from controller.runtime.process_surge import ProcessSurge
 from controller.store import StateStore
 
-__all__ = ["ProcessRecords", "ProcessRuntime"]
+__all__ = ["LOG", "RECORD", "ProcessRecords", "ProcessRuntime"]
 
 log = logging.getLogger("slotctl.runtime")
 
-RECORD: Final = "process.json"
-# The record is written atomically but not fsynced: it must survive a crash of the
-# controller (the page cache does), not one of the machine, which ends the server it
-# describes too (a lost or older record then names a process that is gone; the pid's
-# start time rules out a recycled pid). It saves two fsyncs at every start.
-RECORD_DURABLE: Final = False
 LOG: Final = "server.log"
 # Never leak the controller's secrets into a model server's environment.
 # Device visibility is the controller's too: one inherited from its own environment (a
@@ -100,6 +98,7 @@ class ProcessRuntime:
         self.kill_grace_s = kill_grace_s
         self.labelled = LabelledServers(self.owner)  # servers found by their labels
         self.records = ProcessRecords(self.store)
+        self.surge = ProcessSurge(self)  # a second server of a slot (surge rollouts)
         # Where the output of each server this runtime started begins in its log (after
         # the runtime's own header line): the probe's log wake reads from there.
         self._output_at: dict[str, int] = {}
@@ -206,7 +205,7 @@ class ProcessRuntime:
     def log_path(self, slot: str) -> Path:
         return self.store.slot_dir(slot) / LOG
 
-    def _env(self, launch: LaunchSpec) -> dict[str, str]:
+    def _env(self, launch: LaunchSpec, instance: str = "") -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k not in _SCRUBBED_ENV}
         env.update(launch.env)
         env.update(visibility_env(launch.visible))  # exactly the GPUs it was placed on
@@ -220,9 +219,16 @@ class ProcessRuntime:
                 ENV_PORT: str(launch.port),
             }
         )
+        if instance:  # a surge's second server (controller.runtime.process_surge)
+            env[ENV_INSTANCE] = instance
         return env
 
-    def _spawn(self, launch: LaunchSpec) -> Observed:
+    def _spawn(
+        self, launch: LaunchSpec, records: ProcessRecords | None = None, instance: str = ""
+    ) -> Observed:
+        """Start ``launch``'s server and record it (in ``records``: the slot's own record,
+        or a surge's second server's, labelled ``instance``)."""
+        records = records if records is not None else self.records
         log_path = self.log_path(launch.slot)
         log: IO[bytes] | None = None
         try:
@@ -244,7 +250,7 @@ class ProcessRuntime:
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,
-                    env=self._env(launch),
+                    env=self._env(launch, instance),
                     start_new_session=True,
                     close_fds=True,
                 )
@@ -255,6 +261,10 @@ class ProcessRuntime:
                     argv=list(launch.argv),
                 ) from exc
         _CHILDREN[popen.pid] = popen
+        if not await_exec(popen.pid) and popen.poll() is None:  # labels readable first
+            logging.getLogger("slotctl.runtime").warning(
+                "slot %s: pid %d shows no labels yet", launch.slot, popen.pid
+            )
         self._output_at[launch.slot] = output_at
         self.labelled.remember(launch.slot, popen.pid)
         try:
@@ -271,8 +281,10 @@ class ProcessRuntime:
             "port": launch.port,
             "stack": launch.stack,
         }
+        if instance:
+            record["instance"] = instance
         try:
-            self.records.write(launch.slot, record)
+            records.write(launch.slot, record)
         except StateWriteFailed:
             # No record, no server: one that runs unrecorded (disk full) would outlive us.
             with contextlib.suppress(ProcessLookupError):
@@ -417,59 +429,6 @@ class ProcessRuntime:
             return []
         lines = data.decode(errors="replace").splitlines()
         return lines[-tail:] if tail > 0 else lines
-
-
-class ProcessRecords:
-    """The slots' ``process.json`` records, read again only when the file has changed.
-
-    Every look at a slot (``inspect``: each probe attempt asks whether the server is
-    alive) needs its record; the runtime writes it itself, so a read is mostly a parse of
-    what it wrote. A look ``stat``s the file (its inode, size, change and modification
-    times: an atomic rewrite is a new inode) and parses it only when that changed; what
-    this runtime writes it keeps as written. A record deleted or edited by hand is seen
-    at the next look, as before; a restarted controller reads every record from disk.
-    """
-
-    def __init__(self, store: StateStore) -> None:
-        self.store = store
-        self._paths: dict[str, str] = {}
-        self._known: dict[str, tuple[tuple[int, int, int, int], dict[str, Any]]] = {}
-
-    def _path(self, slot: str) -> str:
-        path = self._paths.get(slot)
-        if path is None:
-            path = self._paths[slot] = os.fspath(self.store.slot_dir(slot) / RECORD)
-        return path
-
-    def _stamp(self, slot: str) -> tuple[int, int, int, int] | None:
-        try:
-            st = os.stat(self._path(slot))  # noqa: PTH116  (a str path: no Path per look)
-        except OSError:
-            return None
-        return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-
-    def read(self, slot: str) -> dict[str, Any] | None:
-        """The record as on disk now (not to be mutated: it may be the one kept)."""
-        stamp = self._stamp(slot)
-        known = self._known.get(slot)
-        if known is not None and known[0] == stamp:
-            return known[1]
-        self._known.pop(slot, None)
-        record = self.store.read_aux(slot, RECORD) if stamp is not None else None
-        if stamp is not None and record is not None:
-            self._known[slot] = (stamp, record)  # read after the stat: newer costs a re-read
-        return record
-
-    def write(self, slot: str, record: dict[str, Any]) -> None:
-        self._known.pop(slot, None)
-        self.store.write_aux(slot, RECORD, record, durable=RECORD_DURABLE)
-        stamp = self._stamp(slot)
-        if stamp is not None:
-            self._known[slot] = (stamp, record)
-
-    def delete(self, slot: str) -> None:
-        self._known.pop(slot, None)
-        self.store.delete_aux(slot, RECORD)
 
 
 def _reap(pid: int) -> int | None:

@@ -14,7 +14,8 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import Final
 
@@ -22,12 +23,14 @@ import psutil
 
 __all__ = [
     "ENV_HASH",
+    "ENV_INSTANCE",
     "ENV_MANAGED",
     "ENV_OWNER",
     "ENV_PORT",
     "ENV_SLOT",
     "ENV_STACK",
     "LabelledServers",
+    "await_exec",
     "is_zombie",
 ]
 
@@ -37,6 +40,10 @@ ENV_STACK: Final = "SLOTCTL_STACK"
 ENV_HASH: Final = "SLOTCTL_CONFIG_HASH"
 ENV_OWNER: Final = "SLOTCTL_OWNER"
 ENV_PORT: Final = "SLOTCTL_PORT"
+# Which of a slot's servers this is (a surge rollout runs two for a while): a token per spawn.
+ENV_INSTANCE: Final = "SLOTCTL_INSTANCE"
+# How long a spawn waits for its child's exec to show in /proc (see await_exec).
+EXEC_WAIT_S: Final = 2.0
 
 
 class LabelledServers:
@@ -48,6 +55,9 @@ class LabelledServers:
         # scan of /proc found, plus every server this runtime spawned since.
         self.candidates: dict[str, set[int]] = {}
         self.scanned = False
+        # The pids a look for the slot's own server passes over: a surge's second server
+        # and the one it replaces (controller.runtime.process_surge sets it).
+        self.skip: Callable[[str], Collection[int]] = lambda slot: ()
         self._lock = threading.Lock()  # scans and spawns run on worker threads
 
     def labels_of(self, proc: psutil.Process) -> dict[str, str] | None:
@@ -74,13 +84,24 @@ class LabelledServers:
             self.scan_all()
         with self._lock:
             pids = sorted(self.candidates.get(slot, ()))
+        skipped = self.skip(slot)
         for pid in pids:
+            if pid in skipped:
+                continue
             proc = self._leader(slot, pid)
             if proc is not None:
                 return proc
             with self._lock:  # gone, or a recycled pid
                 self.candidates.get(slot, set()).discard(pid)
         return None
+
+    def leaders(self, slot: str) -> list[psutil.Process]:
+        """Every live server labelled as ``slot``'s (a full scan of /proc first): during
+        a surge two, else one; more are strays of an interrupted spawn."""
+        self.scan_all()
+        with self._lock:
+            pids = sorted(self.candidates.get(slot, ()))
+        return [proc for pid in pids if (proc := self._leader(slot, pid)) is not None]
 
     def remember(self, slot: str, pid: int) -> None:
         with self._lock:
@@ -146,3 +167,31 @@ def _labelled_processes() -> Iterator[psutil.Process]:
                 yield psutil.Process(int(name))
         except (OSError, psutil.Error):  # gone, or not ours to read: not a candidate
             continue
+
+
+def await_exec(pid: int, timeout_s: float = EXEC_WAIT_S) -> bool:
+    """Wait (bounded) until ``pid``'s ``/proc/PID/environ`` shows slotctl's labels.
+
+    ``Popen`` returns once the child's exec has passed its point of no return (the
+    close-on-exec pipe it waits on closes there), but the kernel fills in the new image's
+    argument and environment area a little later (``create_elf_tables``): a read of
+    ``/proc/PID/environ`` in between is empty. A just-spawned server read then has no
+    labels: a resync or a second controller's look would take it for a stranger (and start
+    a duplicate). True once the labels show; False when the process is gone, its
+    environment cannot be read, or ``timeout_s`` passed. Elsewhere than Linux: True.
+    """
+    if not _PROC.is_dir():
+        return True
+    deadline = time.monotonic() + timeout_s
+    delay = 0.0005
+    while True:
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as env:
+                if _MANAGED_ENTRY in b"\0" + env.read():
+                    return True
+        except OSError:
+            return False
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(delay)
+        delay = min(delay * 2, 0.02)

@@ -25,6 +25,7 @@ from controller.events import EventBus, EventKind, EvictionReason, Op
 from controller.lifecycle import Candidate, SlotState
 from controller.memory import MemoryProbe, SystemMemoryProbe
 from controller.probe import HttpProber, Prober
+from controller.rollout import RolloutDecision
 from controller.runtime.base import Notifying, RunStatus, Runtime, RuntimeKind
 from controller.sleepmode import HttpSleeper, Sleeper
 from controller.slots.admission import Admission
@@ -42,6 +43,7 @@ from controller.slots.records import (
 )
 from controller.slots.recovery import Recovery
 from controller.slots.residency import Residency
+from controller.slots.surge import Rollouts
 from controller.slots.table import SlotTable
 from controller.slots.unloading import Unloading
 from controller.slots.wishes import Wishes
@@ -96,7 +98,9 @@ class SlotManager(Part):
         self.loading = Loading(self.core, self.admission, self.unloading)
         self.leasing = Leases(self.core, self.loading)
         self.housekeeping = Housekeeping(self.core, self.loading, self.leasing)
-        self.recovery = Recovery(self.core, self.loading)
+        self.rollouts = Rollouts(self.core, self.loading)  # surge rollouts
+        self.recovery = Recovery(self.core, self.loading, self.rollouts)
+        self.roll_out = self.rollouts.roll_out  # a changed slot surged (or: recreate)
         # [[alias]] by id: the router resolves them (controller.router.aliases)
         self.aliases: dict[str, AliasSpec] = {}
         # What only forwards is the part's own method, bound here (one signature and one
@@ -231,6 +235,10 @@ class SlotManager(Part):
         probe = SlotRecord(spec=desired.spec, stack=desired.stack, model=model, breaker=Breaker())
         return self.core.launch_hash(probe)
 
+    def rollout_for(self, desired: DesiredSlot) -> RolloutDecision:
+        """Which way a change to ``desired`` would roll out now (surge or recreate)."""
+        return self.rollouts.decide(self.core.table.records.get(desired.name), desired)
+
     def group_holder(self, name: str) -> str | None:
         """A peer holding ``name``'s exclusive group (loading or loaded), if any."""
         slot = self.core.table.records.get(name)
@@ -260,9 +268,10 @@ class SlotManager(Part):
         """Stop a managed runtime object that no slot owns any more (labels say it is ours)."""
         if name in self.core.table.records:
             return False
+        second = await self.rollouts.stop_orphaned(name)  # a surge's, if one was left
         observed = await self.runtime.inspect(name)
         if observed.status is RunStatus.MISSING or not observed.managed:
-            return False
+            return second
         await self.runtime.stop(name, self.config.stop_timeout_s)
         self.events.emit(
             EventKind.EVICTION,

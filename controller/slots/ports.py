@@ -13,6 +13,7 @@ from controller.decision import LoadDecision
 from controller.events import EventBus, Op
 from controller.lifecycle import Candidate
 from controller.memory import MemoryProbe
+from controller.rollout import RolloutDecision
 from controller.runtime.base import Runtime
 from controller.slots.records import DeviceFigures, Lease, Requester, SlotStatus, SlotView
 from controller.spec.loader import DesiredSlot
@@ -98,6 +99,10 @@ class ReconcilerPort(Protocol):
     def set_aliases(self, aliases: dict[str, AliasSpec]) -> None: ...
 
     def upsert(self, desired: DesiredSlot) -> None: ...
+
+    def rollout_for(self, desired: DesiredSlot) -> RolloutDecision: ...
+
+    async def roll_out(self, name: str, desired: DesiredSlot) -> RolloutDecision: ...
 
     def is_resident(self, name: str) -> bool: ...
 

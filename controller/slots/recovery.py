@@ -22,6 +22,7 @@ from controller.runtime.base import LaunchSpec, Observed, RunStatus
 from controller.slots.core import Core, Part
 from controller.slots.loading import Loading
 from controller.slots.records import LOADING_STATES, SlotRecord
+from controller.slots.surge import Rollouts
 
 __all__ = ["Recovery"]
 
@@ -31,14 +32,16 @@ S = SlotState
 
 
 class Recovery(Part):
-    def __init__(self, core: Core, loading: Loading) -> None:
+    def __init__(self, core: Core, loading: Loading, rollouts: Rollouts) -> None:
         super().__init__(core)
         self.loading = loading
+        self.rollouts = rollouts
 
     async def recover(self) -> None:
         """Rebuild the view after a (controller) restart: adopt live servers, mark gone ones."""
         for slot in self.table:
             async with slot.lock:
+                await self.rollouts.recover(slot)  # a rollout the restart interrupted
                 await self._recover_one(slot)
 
     async def _recover_one(self, slot: SlotRecord) -> None:

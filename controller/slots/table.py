@@ -57,6 +57,7 @@ class SlotTable(Usage):
         self.clock = clock
         self.wishes = wishes
         self.records: dict[str, SlotRecord] = {}
+        self.surges = {}  # a surge's second server's memory (Usage.surges)
         self.models: dict[str, ModelSpec] = {}
         # Catalogue order (restore loads in it), as an ordered set: upsert() checks
         # membership once per slot and pass, so a list made a resync pass O(n²).

@@ -26,6 +26,10 @@ class Usage:
     """Sums and lists over ``records`` (the table's)."""
 
     records: dict[str, SlotRecord]
+    # What a surge's second server holds beside its slot's own, by slot (key, bytes,
+    # coming up): the new server while it starts, the old one while it drains after the
+    # switch (controller.slots.surge). Counted like any slot's holdings.
+    surges: dict[str, tuple[tuple[str, int, bool], ...]]
 
     def admitted_bytes(self, device: str) -> int:
         return self.device_bytes(device)[0]
@@ -46,6 +50,12 @@ class Usage:
             admitted += size
             if loading and s is not requester:
                 reserved += size
+        prefix = device + ":"
+        for held in self.surges.values():
+            for key, size, loading in held:
+                if key == device or key.startswith(prefix):
+                    admitted += size
+                    reserved += size if loading else 0
         return admitted, reserved
 
     def all_device_bytes(self, requester: SlotRecord | None = None) -> dict[str, list[int]]:
@@ -62,6 +72,11 @@ class Usage:
                 figures[0] += size
                 if loading and not mine:
                     figures[1] += size
+        for held in self.surges.values():
+            for key, size, loading in held:
+                figures = out.setdefault(key, [0, 0])
+                figures[0] += size
+                figures[1] += size if loading else 0
         return out
 
     def resident_bytes(self, device: str) -> int:

@@ -79,6 +79,10 @@ SELF_MANAGED_PROVIDERS: Final[frozenset[str]] = frozenset(
 DEVICES: Final[tuple[str, ...]] = DEVICE_KINDS
 _BUDGET_KEY_RE: Final = re.compile(r"^(?:gpu|npu|cpu|gpu:[0-9]{1,3})$")
 Kind = Literal["llm", "embedding", "tts", "stt", "image"]
+# How a changed slot's server is replaced (docs/workflow.md#rollouts): surge starts the new
+# one beside the old and switches when it is ready (when memory allows); recreate stops
+# the old one first.
+Rollout = Literal["surge", "recreate"]
 KINDS: Final[tuple[str, ...]] = get_args(Kind)
 
 # Keys a model owns: a slot write that sets them is refused (the guard says which model
@@ -300,6 +304,9 @@ class SlotSpec(_Strict):
     # A wake (its calls and the readiness probe after it) longer than this falls back to
     # a restart of the server, once.
     wake_timeout_s: PosFloat = 60.0
+    # surge: the new server beside the old one, switched to once ready, when it fits (else
+    # recreate, said in the plan); recreate: stop, then start (controller/rollout.py).
+    rollout: Rollout = "surge"
     server: ServerSpec = Field(default_factory=ServerSpec)
     # kubernetes runtime: pin the slot to this node (its nodeSelector); unset: the
     # scheduler places it and admission counts it on the node it lands on

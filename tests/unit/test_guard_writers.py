@@ -40,6 +40,8 @@ FILE_WRITERS: dict[str, str] = {
     "(<config_dir>/slots/*.toml) and the catalogue (models.toml), plus its lock file",
     "controller/runtime/process.py": "the process runtime writes and rotates server logs "
     "under the state dir (never the config dir)",
+    "controller/runtime/docker_surge.py": "no file: Container.rename renames a Docker "
+    "container (a surge's second one into the slot's name)",
     "controller/keys.py": "keys.json (0600): the API keys created and revoked, through the "
     "store's atomic writer (never the config dir)",
     "controller/cli/export.py": "`stack export --output-dir` writes exported stack "

@@ -47,6 +47,9 @@ const state = {
   stream: null, // AbortController of the running stream
   refreshTimer: null,
   busy: new Map(), // slot name -> the button action in flight
+  // slot name -> which way its change rolls out, then the surge's phase (from the plan
+  // and rollout events; kept apart from the slot objects, which a refresh replaces)
+  rollouts: new Map(),
 };
 
 // ------------------------------------------------------------------ small helpers
@@ -249,6 +252,9 @@ function applyEvent(event) {
       slot.idle_reason = (event.details && event.details.idle_reason) || null;
       slot.residency = (event.details && event.details.residency) || "awake";
       slot.sleep_level = (event.details && event.details.level) || 0;
+      // A recreate is over once its new server is up (a surge says "done" itself).
+      const way = state.rollouts.get(event.slot) || "";
+      if (event.from === "warming" && way.startsWith("recreate")) state.rollouts.delete(event.slot);
       queueRender("slots", isFlip(event) ? null : event.slot);
     }
   }
@@ -256,6 +262,19 @@ function applyEvent(event) {
     const slot = state.slots.get(event.slot);
     if (slot) {
       slot.residency = event.details.residency; // asleep, waking, awake (the tier of idle)
+      queueRender("slots", event.slot);
+    }
+  }
+  if ((event.kind === "plan" || event.kind === "rollout") && event.slot) {
+    // Which way a change rolls out (the plan: surge or recreate, and why), then its phases.
+    const details = event.details || {};
+    if (event.kind === "plan" && details.rollout) {
+      state.rollouts.set(event.slot, `${details.rollout}: ${details.rollout_reason || ""}`);
+      queueRender("slots", event.slot);
+    } else if (event.kind === "rollout") {
+      const phase = details.phase;
+      if (phase === "done") state.rollouts.delete(event.slot);
+      else state.rollouts.set(event.slot, phase === "failed" ? event.message : `surge ${phase}: ${event.message}`);
       queueRender("slots", event.slot);
     }
   }
@@ -310,6 +329,10 @@ function badge(stateName, idleReason, residency, level) {
   return h("span", { class: "badge" }, h("span", { class: "dot" }), label);
 }
 
+function rolloutLine(text) {
+  return text ? h("div", { class: "slot-sub slot-rollout", title: text, text }) : null;
+}
+
 function slotRow(slot, flash) {
   const pending = state.busy.get(slot.name);
   const busy = pending !== undefined;
@@ -324,7 +347,13 @@ function slotRow(slot, flash) {
     "tr",
     { "data-slot": slot.name, "data-state": slot.state, "data-residency": slot.residency || "awake", class: flash ? "flash" : "" },
     h("td", { class: "c-state" }, badge(slot.state, slot.idle_reason, slot.residency, slot.sleep_level), h("div", { class: "c-since", title: "in this state since", "data-since": slot.since, text: ago(slot.since) })),
-    h("td", {}, h("div", { class: "slot-name" }, slot.name, slot.pinned ? h("span", { class: "pin", title: "pinned: never evicted", text: "pinned" }) : null, slot.unit ? h("span", { class: "pin unit", title: `unit ${slot.unit}: loads, evicts and sleeps with its members`, text: `unit ${slot.unit}` }) : null), sub),
+    h(
+      "td",
+      {},
+      h("div", { class: "slot-name" }, slot.name, slot.pinned ? h("span", { class: "pin", title: "pinned: never evicted", text: "pinned" }) : null, slot.unit ? h("span", { class: "pin unit", title: `unit ${slot.unit}: loads, evicts and sleeps with its members`, text: `unit ${slot.unit}` }) : null),
+      sub,
+      rolloutLine(state.rollouts.get(slot.name)),
+    ),
     h("td", {}, h("span", { class: "model", text: slot.model_id || "—" })),
     h("td", { class: "c-device" }, h("span", { class: "device", title: slot.device, text: placedOn(slot) })),
     h("td", { class: "c-num", text: String(slot.priority) }),

@@ -1,0 +1,65 @@
+"""The surge capability: a runtime that can run a second server of a slot for a while.
+
+A surge rollout (:mod:`controller.slots.surge`) starts the changed slot's new server on a
+fresh port beside the old one, switches to it once it is ready, then stops the old one. A
+runtime that can do that has a ``surge`` attribute satisfying :class:`SurgeInstances`
+(the process runtime: :mod:`controller.runtime.process_surge`; docker:
+:mod:`controller.runtime.docker_surge`); the others (kubernetes) say why they cannot
+(:func:`cannot_surge`), and their changed slots are recreated.
+
+Every step is recorded by the runtime before it returns, and each is idempotent, so a
+controller killed at any point finishes (or undoes) the rollout after its restart.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from controller.runtime.base import LaunchSpec, Observed, RuntimeKind
+
+__all__ = ["SurgeInstances", "cannot_surge", "surge_of"]
+
+
+@runtime_checkable
+class SurgeInstances(Protocol):
+    async def start_instance(self, launch: LaunchSpec) -> Observed:
+        """Start ``launch`` as the slot's second server (its own record and label)."""
+        ...
+
+    async def inspect_instance(self, slot: str) -> Observed:
+        """The slot's second server (MISSING when there is none)."""
+        ...
+
+    async def stop_instance(self, slot: str, timeout: float) -> None:
+        """Stop the second server and any stray of an interrupted start (never the
+        slot's own server)."""
+        ...
+
+    async def promote(self, slot: str) -> None:
+        """The second server becomes the slot's own; the old one is kept as *retiring*
+        until :meth:`stop_retiring`. Idempotent."""
+        ...
+
+    async def stop_retiring(self, slot: str, timeout: float) -> None:
+        """Stop the server a promotion replaced (nothing when there is none)."""
+        ...
+
+
+@runtime_checkable
+class _CanSurge(Protocol):
+    surge: SurgeInstances
+
+
+def surge_of(runtime: object) -> SurgeInstances | None:
+    """The runtime's surge capability, or None."""
+    return runtime.surge if isinstance(runtime, _CanSurge) else None
+
+
+def cannot_surge(runtime: object) -> str | None:
+    """Why ``runtime`` cannot surge (None: it can)."""
+    if surge_of(runtime) is not None:
+        return None
+    kind = getattr(runtime, "kind", None)
+    if kind == RuntimeKind.KUBERNETES:
+        return "the kubernetes runtime replaces a slot's pod with the Recreate strategy"
+    return f"this runtime ({type(runtime).__name__}) runs one server per slot: no surge"

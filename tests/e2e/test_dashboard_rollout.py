@@ -1,0 +1,69 @@
+"""The dashboard shows which way a change rolls out, and the surge's phases, live.
+
+Headless Chromium against ``slotctl up STACK_DIR``: a slot whose server args change is
+planned ``surge: ... beside the running server``; the slot's row says so while the new
+server starts, and the line goes once the rollout is done.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.conftest import Slotctl, wait_until
+from tests.e2e.test_dashboard import CHROMIUM, CHROMIUM_ARGS
+
+
+def stack(load_s: float) -> str:
+    return (
+        '[stack]\nname = "dash"\n\n'
+        '[[model]]\nid = "chat-m"\nsource = "demo://chat"\nmemory_gb = 0.01\n\n'
+        '[[slot]]\nname = "chat"\nprovider = "demo"\nmodel.default = "chat-m"\n'
+        'device = "cpu"\nautoload = true\n'
+        f'[slot.server]\nextra_args = ["--load-seconds", "{load_s:g}"]\n'
+    )
+
+
+def test_the_dashboard_shows_a_surge(ctl: Slotctl, tmp_path: Path) -> None:
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: apt-get install -y chromium", pytrace=False)
+    from playwright.sync_api import expect, sync_playwright
+
+    stacks = ctl.tmp / "stacks"
+    stacks.mkdir()
+    (stacks / "dash.toml").write_text(stack(0.2))
+    ctl.start_up(stacks, "--listen", "127.0.0.1:0")
+
+    def listen() -> str | None:
+        try:
+            value = json.loads((ctl.state / "controller.json").read_text()).get("listen")
+        except (OSError, ValueError):
+            return None
+        return value if value and not value.endswith(":0") else None
+
+    address = wait_until(listen, "the API address in controller.json")
+    token = (ctl.state / "token").read_text().strip()
+    ctl.wait_states({"chat": "ready"})
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch_persistent_context(
+            str(tmp_path / "profile"), executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
+        )
+        try:
+            page = browser.new_page()
+            page.goto(f"http://{address}")
+            page.fill("#token-input", token)
+            page.click("#token-submit")
+            chat = page.locator('tr[data-slot="chat"]')
+            expect(chat).to_have_attribute("data-state", "ready")
+            expect(chat.locator(".slot-rollout")).to_have_count(0)
+            (stacks / "dash.toml").write_text(stack(3.0))  # the new server loads in 3 s
+            line = chat.locator(".slot-rollout")
+            expect(line).to_have_text(re.compile(r"^surge"), timeout=15_000)  # not "recreate:"
+            expect(line).to_have_count(0, timeout=30_000)  # done: the line goes
+            expect(chat).to_have_attribute("data-state", "ready")
+            expect(page.locator('#events li[data-kind="rollout"]').first).to_be_visible()
+        finally:
+            browser.close()
