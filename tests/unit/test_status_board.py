@@ -1,0 +1,48 @@
+"""The operator's status board: which status timers a manager event wakes (issue 28: at
+1,000 Slots, every event woke every timer)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from controller.events import Event, EventKind, Op
+from controller.operator.run import StatusBoard
+
+
+def transition(slot: str | None, to: str = "ready") -> Event:
+    return Event(0, EventKind.TRANSITION, Op.LOAD, slot=slot, from_state="warming", to_state=to)
+
+
+async def test_a_slots_event_wakes_its_own_timer_and_the_ones_reading_every_slot() -> None:
+    board = StatusBoard()
+    a, b, every = board.stamp("a"), board.stamp("b"), board.stamp(None)
+    waits = {
+        "a": asyncio.ensure_future(board.wait(a, 5.0, "a")),
+        "b": asyncio.ensure_future(board.wait(b, 5.0, "b")),
+        "every": asyncio.ensure_future(board.wait(every, 5.0)),
+    }
+    await asyncio.sleep(0.01)
+    board.on_event(transition("a"))
+    done, _ = await asyncio.wait(waits.values(), timeout=1.0)
+    assert {name for name, task in waits.items() if task in done} == {"a", "every"}
+    assert waits["a"].result() != a and waits["every"].result() != every
+    assert board.stamp("b") == b  # b's timer has nothing new to say
+    # A sync (a CR changed) or an event of no slot wakes every timer.
+    board.poke()
+    assert (await asyncio.wait_for(waits["b"], 1.0)) != b
+    b2 = board.stamp("b")
+    later = asyncio.ensure_future(board.wait(b2, 5.0, "b"))
+    await asyncio.sleep(0.01)
+    board.on_event(transition(None))
+    assert (await asyncio.wait_for(later, 1.0)) != b2
+
+
+async def test_a_change_before_the_wait_is_not_missed_and_a_quiet_slot_times_out() -> None:
+    board = StatusBoard()
+    seen = board.stamp("a")
+    board.on_event(transition("a", "idle"))  # between the timer's run and its next wait
+    assert await asyncio.wait_for(board.wait(seen, 5.0, "a"), 0.5) == board.stamp("a")
+    quiet = board.stamp("a")
+    board.on_event(transition("b"))
+    assert await board.wait(quiet, 0.05, "a") == quiet  # the resync period: no change
+    assert board.pending["a"][0][2] == "warming -> idle"
