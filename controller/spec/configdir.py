@@ -11,6 +11,7 @@ Layout::
 from __future__ import annotations
 
 import stat
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -112,7 +113,55 @@ def _read_catalogue(config_dir: Path, snap: ConfigSnapshot) -> None:
         snap.aliases.setdefault(entry.spec.id, entry)  # a second one is reported, not kept
 
 
-def _read_slot_file(path: Path) -> tuple[SlotEntry | None, str, list[Problem], list[Problem]]:
+SlotFileRead = tuple[SlotEntry | None, str, list[Problem], list[Problem]]
+FileKey = tuple[int, int, int, int, int]
+
+# A slot file read before, by path: what it said, and the file it said it of (device,
+# inode, size, modification and change times). An operator with 1,000 Slots reads the
+# config dir on every CR change; parsing each unchanged file again was half its CPU.
+_READ: dict[Path, tuple[FileKey, SlotFileRead]] = {}
+# A file changed this recently may change again within the file system's time tick
+# without its times moving (a same-size edit in place): it is read again until older
+# (git's "racy clean" rule). The guard's writes are renames: a new inode each.
+RACY_S = 2.0
+READ_MAX = 20_000
+
+
+def _file_key(path: Path) -> FileKey | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    if time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) < RACY_S * 1e9:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _read_slot_file_once(path: Path) -> SlotFileRead:
+    """:func:`_read_slot_file`, or what it gave for the same file before (its results are
+    only read: the snapshot copies the problems, ``normalise`` copies the spec)."""
+    key = _file_key(path)
+    known = _READ.get(path)
+    if key is not None and known is not None and known[0] == key:
+        return known[1]
+    result = _read_slot_file(path)
+    if key is not None:
+        if len(_READ) >= READ_MAX:  # many config dirs read by one process (tests)
+            _READ.clear()
+        _READ[path] = (key, result)
+    else:
+        _READ.pop(path, None)
+    return result
+
+
+def _forget_others(slots_dir: Path, paths: list[Path]) -> None:
+    """Drop what is remembered of this dir's files that are gone."""
+    kept = set(paths)
+    for path in [p for p in _READ if p.parent == slots_dir and p not in kept]:
+        del _READ[path]
+
+
+def _read_slot_file(path: Path) -> SlotFileRead:
     data, index, problems = parse_toml_file(path)
     if data is None:
         return None, "", problems, []
@@ -199,12 +248,13 @@ def _read(config_dir: Path) -> ConfigSnapshot:
         paths = sorted(slots_dir.glob("*.toml")) if slots_dir.is_dir() else []
     except OSError as exc:
         return _unreadable(slots_dir, f"cannot be listed: {exc}")
+    _forget_others(slots_dir, paths)
     for path in paths:
         if not is_valid_slot_name(path.stem):
             if not path.name.startswith("."):  # hidden files are an editor's business
                 snap.warnings.append(_ignored_file(path))
             continue
-        entry, stack, errors, warnings = _read_slot_file(path)
+        entry, stack, errors, warnings = _read_slot_file_once(path)
         snap.errors.extend(errors)
         snap.warnings.extend(warnings)
         if entry is not None:
