@@ -54,6 +54,9 @@ log = logging.getLogger("slotctl.operator")
 
 ANNOTATION_PREFIX: Final = GROUP
 DELETE_WAIT_S: Final = 30.0
+# The CR handlers of a burst (1,000 Slots applied at once) share one judging of every CR
+# that starts this long after the first of them (each judging is O(CRs)).
+SYNC_BATCH_S: Final = 0.05
 
 
 @dataclass(slots=True)
@@ -164,6 +167,8 @@ class Operator:
         self.board = StatusBoard()
         self.registry = kopf.OperatorRegistry()
         self._handled: set[CrKey] = set()  # CRs whose own handler ran (status may follow)
+        self._next_sync: asyncio.Future[SyncResult] | None = None  # shared by a burst
+        self._sync_indexes: Mapping[str, Any] = {}
         self._seen: dict[CrKey, Hashable] = {}  # the board stamp each status timer last saw
         self._written = Written(opts.status_trust_s)  # status patched, maybe not seen yet
         self.kopf_stop = asyncio.Event()
@@ -280,6 +285,26 @@ class Operator:
 
     # ------------------------------------------------------------------ the source
 
+    async def _sync_soon(self, indexes: Mapping[str, Any]) -> SyncResult:
+        """:meth:`_sync`, shared by the handlers that ask within :data:`SYNC_BATCH_S`:
+        kopf's indexes are updated before a handler runs, so the shared judging (later
+        than any one handler's event) sees every CR at least as new as its event."""
+        self._sync_indexes = indexes
+        if self._next_sync is None:
+            loop = asyncio.get_running_loop()
+            future: asyncio.Future[SyncResult] = loop.create_future()
+            self._next_sync = future
+
+            def run() -> None:
+                self._next_sync = None
+                try:
+                    future.set_result(self._sync(self._sync_indexes))
+                except Exception as exc:  # noqa: BLE001 - handed to every waiting handler (kopf retries each)
+                    future.set_exception(exc)
+
+            loop.call_later(SYNC_BATCH_S, run)
+        return await asyncio.shield(self._next_sync)
+
     def _sync(self, indexes: Mapping[str, Any]) -> SyncResult:
         self.source.load("Model", _values(indexes.get("models_index")))
         self.source.load("Slot", _values(indexes.get("slots_index")))
@@ -296,7 +321,7 @@ class Operator:
 
     def _changed_handler(self, kind: str) -> Any:
         async def changed(body: kopf.Body, **kwargs: Any) -> None:
-            result = self._sync(kwargs)
+            result = await self._sync_soon(kwargs)
             key = cr_key(kind, body)
             self._handled.add(key)
             verdict = result.verdicts.get(key)
