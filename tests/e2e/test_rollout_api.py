@@ -112,3 +112,26 @@ def test_a_recreate_is_in_the_slot_while_it_runs(ctl: Slotctl) -> None:
         lambda: (slot := chat(api))["rollout"] is None and slot, "the recreate done", timeout=30
     )
     assert done["state"] == "ready"
+
+
+def test_dry_run_and_diff_say_which_way_a_change_rolls_out(ctl: Slotctl) -> None:
+    """``stack apply --dry-run`` and ``stack diff`` against the running controller: the
+    change's way (the controller's decision, with the memory it has), nothing rolled."""
+    path = ctl.tmp / "ro.toml"
+    path.write_text(stack("--load-seconds", "0.2"))
+    api = start_api(ctl)
+    ctl.ok("stack", "apply", path, "--wait", "--timeout", "60")
+    port = port_of(chat(api)["endpoint"])
+
+    path.write_text(stack("--load-seconds", "0.3"))
+    planned = ctl.ok("stack", "apply", path, "--dry-run")
+    assert "recreate  chat" in planned, planned
+    assert "; surge: " in planned and "beside the running server" in planned, planned
+    diff = ctl.run("stack", "diff", path)
+    assert "surge: " in diff.stdout and "beside the running server" in diff.stdout, diff.stdout
+
+    path.write_text(stack("--load-seconds", "0.3", rollout="recreate"))
+    planned = ctl.ok("stack", "apply", path, "--dry-run")
+    assert 'recreate: rollout = "recreate"' in planned, planned
+    slot = chat(api)
+    assert slot["rollout"] is None and port_of(slot["endpoint"]) == port  # nothing rolled
