@@ -110,6 +110,14 @@ async def test_a_surge_switches_without_a_failed_request(env: Env) -> None:
     assert m.rollout_for(want).surge, m.rollout_for(want)
     events: list[Any] = []
     m.events.add_listener(lambda e: events.append(e) if e.kind == EventKind.ROLLOUT else None)
+    shown: list[tuple[str, str | None] | None] = []  # the slot's view at each rollout event
+
+    def seen(event: Any) -> None:
+        if event.kind == EventKind.ROLLOUT:
+            live = m.view("chat").rollout
+            shown.append((live.phase, live.server) if live is not None else None)
+
+    m.events.add_listener(seen)
 
     async def change() -> Any:
         m.upsert(want)
@@ -119,6 +127,7 @@ async def test_a_surge_switches_without_a_failed_request(env: Env) -> None:
     assert decision.surge
     assert outcomes and all(o == "ok" for o in outcomes), [o for o in outcomes if o != "ok"]
     assert [e.details["phase"] for e in events] == ["started", "switched", "done"]
+    assert shown == [("starting", "starting"), ("switched", "ready"), None]
     # One server of the new config remains, on another port; the old one is gone.
     (server,) = servers_of(runtime, "chat")
     assert server.pid != old_server.pid and not old_server.is_running()
@@ -193,6 +202,13 @@ async def test_a_failed_new_server_keeps_the_old_one_serving(env: Env) -> None:
     # The next try is under the crash-loop breaker.
     assert m.view("chat").failures == 1
     assert m.view("chat").retry_after_s > 0
+    shown = m.view("chat").rollout  # the slot's view says the rollout failed
+    assert shown is not None and (shown.way, shown.phase, shown.server) == (
+        "surge",
+        "failed",
+        "failed",
+    )
+    assert "rollout failed" in shown.message
 
 
 async def test_no_room_or_a_declared_port_recreates_and_says_why(env: Env) -> None:
