@@ -328,9 +328,9 @@ class Rollouts(Part):
             return False
         second = (await surge.inspect_instance(name)).running
         await surge.stop_instance(name, self.config.stop_timeout_s)
-        await surge.stop_retiring(name, self.config.stop_timeout_s)
+        retired = await surge.stop_retiring(name, self.config.stop_timeout_s)
         self._delete(name)
-        return second
+        return second or retired
 
     # ---------------------------------------------------------------- records, events
 

@@ -163,8 +163,7 @@ async def test_a_surge_container_of_a_slot_nobody_declares_is_listed_and_reaped(
         names = {c.name for c in runtime._client().containers.list(all=True)}
         assert container_name(old.slot) + RETIRING_SUFFIX in names
         assert old.slot in {o.slot for o in await runtime.list_managed()}
-        # Stopped (the reaper's answer counts a -surge one only: stop_retiring says nothing).
-        await manager.reap_orphan(old.slot)
+        assert await manager.reap_orphan(old.slot)
         names = {c.name for c in runtime._client().containers.list(all=True)}
         assert not {n for n in names if n.startswith(container_name(old.slot))}
     finally:
