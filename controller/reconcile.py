@@ -250,18 +250,20 @@ class Reconciler:
             return
         if action.kind == "recreate":
             manager.upsert(want)
-            if (await manager.roll_out(name, want)).surge:
+            decision = await manager.roll_out(name, want)
+            if decision.surge:
                 return  # the new server serves; the old one drained and stopped
-            await manager.unload(
-                name,
-                force=True,
-                clear_residency=False,
-                reason=f"recreate: {action.reason}",
-                op=Op.RECONCILE,
-            )
-            manager.upsert(want)
-            if want.autoload or manager.is_resident(name):
-                await manager.load(name, resident=False, background=True)
+            with manager.recreating(name, decision.reason):  # the slot's view shows it
+                await manager.unload(
+                    name,
+                    force=True,
+                    clear_residency=False,
+                    reason=f"recreate: {action.reason}",
+                    op=Op.RECONCILE,
+                )
+                manager.upsert(want)
+                if want.autoload or manager.is_resident(name):
+                    await manager.load(name, resident=False, background=True)
             return
         manager.upsert(want)
         if action.kind == "load" or (action.kind == "create" and want.autoload):

@@ -25,13 +25,22 @@ from controller.decision import LoadDecision
 from controller.spec.schema import SlotSpec
 from controller.units import format_gib
 
-__all__ = ["RECREATE", "SURGE", "UNDECIDED", "RolloutDecision", "decide_rollout"]
+__all__ = [
+    "RECREATE",
+    "SURGE",
+    "UNDECIDED",
+    "RolloutDecision",
+    "RolloutView",
+    "decide_rollout",
+    "shown_rollout",
+]
 
 SURGE: Final = "surge"
 RECREATE: Final = "recreate"
 # A plan made without memory figures (``stack diff`` with no controller running): the
 # controller that acts decides (surge if it fits, else recreate).
 UNDECIDED: Final = "surge-or-recreate"
+_OLD_UP: Final = frozenset({"ready", "serving", "idle", "unloading"})
 Way = Literal["surge", "recreate", "surge-or-recreate"]
 
 
@@ -51,6 +60,43 @@ class RolloutDecision:
 
     def to_dict(self) -> dict[str, str]:
         return {"rollout": self.way, "rollout_reason": self.reason}
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutView:
+    """A slot's rollout as the API, ``slot show`` and the dashboard see it (``rollout`` of
+    a slot's view; None: none in flight). Kept by the manager's rollouts part
+    (:mod:`controller.slots.surge`), read by the view.
+
+    ``phase``: a surge's ``starting`` (its new server warms beside the old one),
+    ``switched`` (the new one serves; the old one drains), ``failed`` (the new one was
+    stopped: the old one keeps serving); a recreate's ``stopping`` (the old server stops)
+    then ``starting``. ``server``: the new server's state (a surge: ``starting``,
+    ``warming``, ``ready``, ``failed``; a recreate: the slot's own state).
+    """
+
+    way: str  # surge | recreate
+    phase: str
+    reason: str  # why this way (the decision's reason)
+    message: str  # the latest step (a surge's new server; a recreate's reason)
+    server: str | None = None
+    port: int | None = None  # a surge's new server's port
+    since: str = ""  # when the rollout began (UTC, ISO 8601)
+
+
+def shown_rollout(live: RolloutView | None, state: str, failures: int) -> RolloutView | None:
+    """What a slot's view says of ``live`` now: a recreate's phase and server follow the
+    slot's own state (its only server: ``stopping`` while the old one is up or unloads);
+    a failed surge is shown while its failure counts on the slot's breaker (a later
+    success or a reset clears it)."""
+    if live is None:
+        return None
+    if live.way == RECREATE:  # the old server stops while the slot's is up, then its own
+        phase = "stopping" if state in _OLD_UP else "starting"
+        return RolloutView(live.way, phase, live.reason, live.message, state, None, live.since)
+    if live.phase == "failed" and failures == 0:
+        return None
+    return live
 
 
 def decide_rollout(

@@ -48,6 +48,18 @@ log = logging.getLogger("slotctl.api")
 S = SlotState
 
 
+class RolloutOut(BaseModel):
+    """A slot's rollout in flight (:class:`controller.rollout.RolloutView`)."""
+
+    way: str  # surge | recreate
+    phase: str  # surge: starting | switched | failed; recreate: stopping | starting
+    reason: str  # why this way
+    message: str  # the latest step
+    server: str | None = None  # the new server's state
+    port: int | None = None  # a surge's new server's port
+    since: str = ""
+
+
 class SlotOut(BaseModel):
     """A slot: its live view and, when declared, its effective spec."""
 
@@ -90,6 +102,7 @@ class SlotOut(BaseModel):
     can_sleep: bool = False  # its running server can sleep (its provider, the slot's sleep)
     load_s: float | None = None  # measured cold load and wake times (moving averages)
     wake_s: float | None = None
+    rollout: RolloutOut | None = None  # a rollout in flight: its way, phase, new server
 
 
 class LoadAnswer(BaseModel):

@@ -71,6 +71,7 @@ class ApplyAnswer(BaseModel):
     plan: list[dict[str, Any]]
     changed: list[str]
     dry_run: bool
+    aliases_changed: list[str] = Field(default_factory=list)  # "+ id ...", "~ id ...", "- id"
 
 
 class DiffAnswer(BaseModel):
@@ -141,7 +142,12 @@ async def apply_stack(request: web.Request) -> web.Response:
             )
             await wake(ctx)
     return json_response(
-        {"plan": [a.to_dict() for a in plan.actions], "changed": changed, "dry_run": body.dry_run}
+        {
+            "plan": [a.to_dict() for a in plan.actions],
+            "aliases_changed": plan.aliases_changed,
+            "changed": changed,
+            "dry_run": body.dry_run,
+        }
     )
 
 

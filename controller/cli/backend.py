@@ -68,6 +68,7 @@ class Applied:
 
     actions: list[Action]
     changed: list[str] = field(default_factory=list)
+    aliases: list[str] = field(default_factory=list)  # "+ id -> a, b (prefer warm)", "- id"
 
 
 @dataclass(frozen=True, slots=True)

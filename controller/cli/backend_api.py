@@ -59,6 +59,7 @@ class ApiBackend(Closing):
         return Applied(
             actions=[Action(**a) for a in answer.get("plan", [])],
             changed=list(answer.get("changed") or []),
+            aliases=list(answer.get("aliases_changed") or []),
         )
 
     def observe(self, names: list[str]) -> dict[str, SlotStatus]:

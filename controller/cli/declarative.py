@@ -84,6 +84,14 @@ def _action_line(action: Action, style: Style) -> str:
     return f"  {colour(f'{action.kind:<9}')} {action.slot:<20} {action.reason}"
 
 
+def _alias_line(line: str, style: Style) -> str:
+    sign, _, text = line.partition(" ")
+    kind, colour = {"+": ("create", style.green), "-": ("delete", style.red)}.get(
+        sign, ("update", style.yellow)
+    )
+    return f"  {colour(f'{kind:<9}')} alias {text}"
+
+
 # ===================================================================== apply
 
 
@@ -120,7 +128,9 @@ def cmd_apply(args: argparse.Namespace) -> ExitCode:
         print(style.bold(f"plan for stack {', '.join(request.state.stacks)}:"))
         for action in shown:
             print(_action_line(action, style))
-        if not shown:
+        for line in applied.aliases:  # what the aliases become: + new, ~ changed, - removed
+            print(_alias_line(line, style))
+        if not shown and not applied.aliases:
             print(style.dim("  (no changes)"))
         if args.dry_run:
             print(style.dim("dry run: nothing written"))

@@ -78,7 +78,7 @@ from controller.runtime.docker_spec import (
     require_image,
 )
 from controller.runtime.docker_streams import follow_logs, pull_image
-from controller.runtime.docker_surge import DockerSurge
+from controller.runtime.docker_surge import RETIRING_SUFFIX, SURGE_SUFFIX, DockerSurge
 from controller.runtime.ports import require_free_port
 
 __all__ = [
@@ -322,12 +322,20 @@ class DockerRuntime:
         containers = self._client().containers.list(
             all=True, filters={"label": wanted}, ignore_removed=True
         )
-        found = []
+        found: dict[str, Observed] = {}
         for container in containers:
             slot = labels_of(container.attrs).get(SLOT_LABEL)
-            if slot and container.name == container_name(slot):
-                found.append(self._observe(container, slot))
-        return sorted(found, key=lambda o: o.slot)
+            if not slot:
+                continue
+            own = container_name(slot)
+            if container.name == own:
+                found[slot] = self._observe(container, slot)
+            elif container.name in (own + SURGE_SUFFIX, own + RETIRING_SUFFIX):
+                # A surge's second container alone (a rollout a restart interrupted, the
+                # slot removed meanwhile): the slot is listed, its own server missing, so
+                # the orphan reaper (Rollouts.stop_orphaned) finds and stops it.
+                found.setdefault(slot, Observed(slot=slot, status=RunStatus.MISSING))
+        return sorted(found.values(), key=lambda o: o.slot)
 
     def _logs_sync(self, slot: str, tail: int) -> list[str]:
         container = self._find_owned(slot)

@@ -49,9 +49,11 @@ class DockerSurge:
         async with self.rt._lock(slot):
             await self.rt._call("promote", slot, self._promote_sync, slot)
 
-    async def stop_retiring(self, slot: str, timeout: float) -> None:
+    async def stop_retiring(self, slot: str, timeout: float) -> bool:
         async with self.rt._lock(slot):
-            await self.rt._call("stop", slot, self._remove_sync, slot, RETIRING_SUFFIX, timeout)
+            return await self.rt._call(
+                "stop", slot, self._remove_sync, slot, RETIRING_SUFFIX, timeout
+            )
 
     # ------------------------------------------------------------------ worker threads
 
@@ -88,15 +90,17 @@ class DockerSurge:
                 ) from exc
             raise
 
-    def _remove_sync(self, slot: str, suffix: str, timeout: float) -> None:
+    def _remove_sync(self, slot: str, suffix: str, timeout: float) -> bool:
+        """Remove our container of ``slot`` under that name; True: there was one."""
         container = self._get(slot, suffix)
         if container is None:
-            return
+            return False
         with contextlib.suppress(docker.errors.NotFound):
             container.reload()
             if container.attrs["State"]["Running"]:
                 self.rt._terminate(container, slot, timeout)
             container.remove(force=True)
+        return True
 
     def _promote_sync(self, slot: str) -> None:
         surge = self._get(slot, SURGE_SUFFIX)

@@ -97,13 +97,16 @@ class ProcessSurge:
         self.rt.records.write(slot, dict(record))
         self.records.delete(slot)
 
-    async def stop_retiring(self, slot: str, timeout: float) -> None:
+    async def stop_retiring(self, slot: str, timeout: float) -> bool:
         record = self._usable(self.retiring, slot)
+        stopped = False
         if record is not None:
             main = self.rt.records.read(slot)
             if main is None or main.get("pid") != record["pid"]:
                 await self._end(slot, record, timeout)
+                stopped = True
         self.retiring.delete(slot)
+        return stopped
 
     # ------------------------------------------------------------------ helpers
 

@@ -40,8 +40,9 @@ class SurgeInstances(Protocol):
         until :meth:`stop_retiring`. Idempotent."""
         ...
 
-    async def stop_retiring(self, slot: str, timeout: float) -> None:
-        """Stop the server a promotion replaced (nothing when there is none)."""
+    async def stop_retiring(self, slot: str, timeout: float) -> bool:
+        """Stop the server a promotion replaced (nothing when there is none); True: one
+        was there."""
         ...
 
 

@@ -101,6 +101,7 @@ class SlotManager(Part):
         self.rollouts = Rollouts(self.core, self.loading)  # surge rollouts
         self.recovery = Recovery(self.core, self.loading, self.rollouts)
         self.roll_out = self.rollouts.roll_out  # a changed slot surged (or: recreate)
+        self.recreating = self.rollouts.recreating  # a recreate, shown in the slot's view
         # [[alias]] by id: the router resolves them (controller.router.aliases)
         self.aliases: dict[str, AliasSpec] = {}
         # What only forwards is the part's own method, bound here (one signature and one

@@ -7,6 +7,7 @@ uses is visible in one place and a new use is a deliberate change here.
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from typing import Protocol
 
 from controller.decision import LoadDecision
@@ -103,6 +104,8 @@ class ReconcilerPort(Protocol):
     def rollout_for(self, desired: DesiredSlot) -> RolloutDecision: ...
 
     async def roll_out(self, name: str, desired: DesiredSlot) -> RolloutDecision: ...
+
+    def recreating(self, name: str, reason: str) -> AbstractContextManager[None]: ...
 
     def is_resident(self, name: str) -> bool: ...
 

@@ -21,6 +21,7 @@ from controller.eviction import EvictionCandidate
 from controller.fairqueue import FairQueue
 from controller.lifecycle import IdleReason, SlotState, can_dispatch
 from controller.memory import GIB
+from controller.rollout import RolloutView
 from controller.runtime.base import LaunchSpec
 from controller.spec.schema import ModelSpec, SlotSpec
 from controller.store import ReloadCosts, utcnow
@@ -163,6 +164,7 @@ class SlotView:
     can_sleep: bool = False  # its running server can sleep (provider, slot's `sleep`)
     load_s: float | None = None  # measured cold load and wake times (moving averages)
     wake_s: float | None = None
+    rollout: RolloutView | None = None  # a rollout in flight (docs/design/0012)
 
     @property
     def dispatchable(self) -> bool:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Iterator
 from typing import Any, Final
 
 from controller.breaker import Breaker
@@ -39,7 +40,7 @@ from controller.errors import SlotctlError, SlotHealthFailed, SlotSpawnFailed
 from controller.events import EventKind, Op
 from controller.probe import ProbeOutcome
 from controller.providers import build_launch, launch_context, placement_args, with_port
-from controller.rollout import RECREATE, RolloutDecision, decide_rollout
+from controller.rollout import RECREATE, SURGE, RolloutDecision, RolloutView, decide_rollout
 from controller.runtime.base import LaunchSpec
 from controller.runtime.ports import can_bind, pick_free_port
 from controller.runtime.surging import SurgeInstances, cannot_surge, surge_of
@@ -47,6 +48,7 @@ from controller.slots.core import Core, Part
 from controller.slots.loading import Loading
 from controller.slots.records import SlotRecord
 from controller.spec.loader import DesiredSlot
+from controller.store import utcnow
 
 __all__ = ["ROLLOUT_RECORD", "Rollouts"]
 
@@ -108,6 +110,18 @@ class Rollouts(Part):
             await self._surge(slot, surge, load.gpus, decision)
             return decision
 
+    @contextlib.contextmanager
+    def recreating(self, name: str, reason: str) -> Iterator[None]:
+        """A recreate (the old server stopped, then the new one started) is shown in the
+        slot's view while the caller does it (:func:`~controller.rollout.shown_rollout`)."""
+        live = RolloutView(RECREATE, "stopping", reason, reason, since=utcnow())
+        self.table.rollouts[name] = live
+        try:
+            yield
+        finally:
+            if self.table.rollouts.get(name) is live:
+                del self.table.rollouts[name]
+
     def _probe(self, slot: SlotRecord) -> SlotRecord:
         probe = SlotRecord(spec=slot.spec, stack=slot.stack, model=slot.model, breaker=Breaker())
         probe.on_nodes = slot.on_nodes
@@ -132,6 +146,7 @@ class Rollouts(Part):
             "gpus": [g.index for g in gpus],
         }
         self._write(slot.name, record)
+        self._live(slot.name, decision.reason, "starting", "starting", launch.port, fresh=True)
         self._event(slot, "started", f"surge started on port {launch.port}: {decision.reason}")
         # The new server's memory counts while it starts (reserved: no probe sees it yet).
         self.table.surges[slot.name] = self._holding(slot, gpus, coming_up=True)
@@ -144,6 +159,7 @@ class Rollouts(Part):
             await asyncio.shield(self._abandon(slot, surge))
             raise
         self._write(slot.name, {**record, "phase": SWITCHED})
+        self._live(slot.name, decision.reason, SWITCHED, "ready", launch.port)
         old_holding = self._holding(slot, slot.placement, coming_up=False)
         await self._switch(slot, surge, launch, gpus)
         self.table.surges[slot.name] = old_holding  # the old server's, until it stops
@@ -163,6 +179,7 @@ class Rollouts(Part):
 
     async def _abandon(self, slot: SlotRecord, surge: SurgeInstances) -> None:
         self.table.surges.pop(slot.name, None)
+        self.table.rollouts.pop(slot.name, None)
         with contextlib.suppress(SlotctlError):
             await surge.stop_instance(slot.name, self.config.stop_timeout_s)
         self._delete(slot.name)
@@ -191,6 +208,9 @@ class Rollouts(Part):
         self, slot: SlotRecord, surge: SurgeInstances, launch: LaunchSpec
     ) -> None:
         observed = await surge.start_instance(launch)
+        live = self.table.rollouts.get(slot.name)
+        if live is not None:
+            self._live(slot.name, live.reason, live.phase, "warming", launch.port)
 
         async def alive() -> bool:
             return (await surge.inspect_instance(slot.name)).running
@@ -225,6 +245,9 @@ class Rollouts(Part):
             message += f" (failed {slot.breaker.failures} times: next try in {backoff:g}s)"
         with contextlib.suppress(SlotctlError):
             self.table.persist(slot, waiting=slot.waiting, message=message)
+        live = self.table.rollouts.get(slot.name)
+        reason = live.reason if live is not None else ""
+        self._live(slot.name, reason, "failed", "failed", None, message=message)
         self._event(slot, "failed", message, error=error.code)
 
     async def _switch(
@@ -254,6 +277,7 @@ class Rollouts(Part):
         finally:
             self.table.surges.pop(slot.name, None)
         self._delete(slot.name)
+        self.table.rollouts.pop(slot.name, None)
         slot.breaker.reset()
         self._event(slot, "done", "rollout done: the old server drained and stopped")
 
@@ -304,11 +328,29 @@ class Rollouts(Part):
             return False
         second = (await surge.inspect_instance(name)).running
         await surge.stop_instance(name, self.config.stop_timeout_s)
-        await surge.stop_retiring(name, self.config.stop_timeout_s)
+        retired = await surge.stop_retiring(name, self.config.stop_timeout_s)
         self._delete(name)
-        return second
+        return second or retired
 
     # ---------------------------------------------------------------- records, events
+
+    def _live(
+        self,
+        name: str,
+        reason: str,
+        phase: str,
+        server: str,
+        port: int | None,
+        *,
+        fresh: bool = False,
+        message: str | None = None,
+    ) -> None:
+        """The rollout the slot's view shows (``table.rollouts``: written here only)."""
+        old = None if fresh else self.table.rollouts.get(name)
+        since = old.since if old is not None else utcnow()
+        if message is None:
+            message = f"new server {server}" + (f" on port {port}" if port else "")
+        self.table.rollouts[name] = RolloutView(SURGE, phase, reason, message, server, port, since)
 
     def _write(self, name: str, record: dict[str, Any]) -> None:
         self.table.store.write_aux(name, ROLLOUT_RECORD, record, durable=True)

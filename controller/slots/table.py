@@ -32,6 +32,7 @@ from controller.devices import GpuRef
 from controller.errors import SlotctlError, SlotNotFound, StateWriteFailed
 from controller.events import EventBus, EventKind, Op
 from controller.lifecycle import Candidate, IdleReason, SlotState, check_transition, legal_path
+from controller.rollout import RolloutView, shown_rollout
 from controller.slots.records import ADMITTED_STATES, SlotRecord, SlotView, tier_name
 from controller.slots.usage import Usage
 from controller.slots.wishes import Wishes
@@ -58,6 +59,7 @@ class SlotTable(Usage):
         self.wishes = wishes
         self.records: dict[str, SlotRecord] = {}
         self.surges = {}  # a surge's second server's memory (Usage.surges)
+        self.rollouts: dict[str, RolloutView] = {}  # shown in views (slots.surge writes)
         self.models: dict[str, ModelSpec] = {}
         # Catalogue order (restore loads in it), as an ordered set: upsert() checks
         # membership once per slot and pass, so a list made a resync pass O(n²).
@@ -126,6 +128,9 @@ class SlotTable(Usage):
             can_sleep=launch is not None and launch.sleep is not None,
             load_s=slot.costs.load_s if slot.costs else None,
             wake_s=slot.costs.wake_s if slot.costs else None,
+            rollout=shown_rollout(
+                self.rollouts.get(slot.name), _VALUE[slot.state], slot.breaker.failures
+            ),
         )
 
     def routable(self, model: str) -> list[Candidate]:
@@ -424,6 +429,7 @@ class SlotTable(Usage):
         gone = self.records.pop(name, None)
         if gone is not None:
             gone.end_turns()
+        self.rollouts.pop(name, None)
         self._intent(name)
         self.unpersisted.discard(name)
         self._refused.discard(name)

@@ -40,7 +40,13 @@ def test_an_alias_from_validate_to_a_routed_request(ctl: Slotctl) -> None:
 
     path.write_text(stack_text(ALIAS))
     ctl.ok("stack", "validate", path)
+    planned = ctl.ok("stack", "apply", path, "--dry-run")  # no controller: the files' plan
+    assert "create    alias chat -> m-big, m-small (prefer warm)" in planned, planned
+    assert not (ctl.config / "models.toml").exists()  # nothing written
     api = start_api(ctl)
+    planned = ctl.ok("stack", "apply", path, "--dry-run")  # the controller's plan
+    assert "create    alias chat -> m-big, m-small (prefer warm)" in planned, planned
+    assert "dry run: nothing written" in planned
     diff = ctl.run("stack", "diff", path)
     assert "=== aliases" in diff.stdout and "+ chat -> m-big, m-small (prefer warm)" in diff.stdout
     ctl.ok("stack", "apply", path, "--wait", "--timeout", "60")
@@ -66,9 +72,14 @@ def test_an_alias_from_validate_to_a_routed_request(ctl: Slotctl) -> None:
     assert exported.state.aliases["chat"].spec == load_stacks([path]).state.aliases["chat"].spec
     assert "[[alias]]" in ctl.ok("stack", "show", path)
 
+    path.write_text(stack_text(ALIAS.replace('"warm"', '"first"')))
+    planned = ctl.ok("stack", "apply", path, "--dry-run")
+    assert "update    alias chat -> m-big, m-small (prefer first)" in planned, planned
+    assert "(no changes)" not in planned
     path.write_text(stack_text())
     diff = ctl.run("stack", "diff", path)
     assert "- chat" in diff.stdout
+    assert "delete    alias chat" in ctl.ok("stack", "apply", path, "--dry-run")
     ctl.ok("stack", "apply", path)
     wait_until(lambda: listed() is None, "the alias to be gone from /v1/models")
     reply = api.call("POST", "/v1/chat/completions", body)

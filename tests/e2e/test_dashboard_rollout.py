@@ -67,3 +67,48 @@ def test_the_dashboard_shows_a_surge(ctl: Slotctl, tmp_path: Path) -> None:
             expect(page.locator('#events li[data-kind="rollout"]').first).to_be_visible()
         finally:
             browser.close()
+
+
+def test_a_page_opened_mid_rollout_shows_it(ctl: Slotctl, tmp_path: Path) -> None:
+    """The rollout line on the first render, from ``GET /api/slots`` alone: the event
+    stream is cut off, so no replayed ``plan``/``rollout`` event can draw it."""
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: apt-get install -y chromium", pytrace=False)
+    from playwright.sync_api import Route, expect, sync_playwright
+
+    from tests.integration.test_api import start_api
+
+    stacks = ctl.tmp / "stacks"
+    stacks.mkdir()
+    (stacks / "dash.toml").write_text(stack(0.2))
+    api = start_api(ctl, str(stacks))
+    ctl.wait_states({"chat": "ready"})
+    (stacks / "dash.toml").write_text(stack(8.0))  # the new server warms for 8 s
+    wait_until(
+        lambda: (api.ok("GET", "/api/slots/chat")["rollout"] or {}).get("server") == "warming",
+        "the surge under way",
+        timeout=30,
+    )
+
+    def no_events(route: Route) -> None:
+        route.abort()
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch_persistent_context(
+            str(tmp_path / "profile"), executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
+        )
+        try:
+            page = browser.new_page()
+            page.route("**/api/events*", no_events)
+            page.goto(api.base)
+            page.fill("#token-input", api.token)
+            page.click("#token-submit")
+            chat = page.locator('tr[data-slot="chat"]')
+            expect(chat).to_have_attribute("data-state", "ready")  # the old server serves
+            line = chat.locator(".slot-rollout")
+            expect(line).to_have_text(
+                re.compile(r"^surge starting: new server warming on port \d+")
+            )
+            expect(page.locator('#events li[data-kind="rollout"]')).to_have_count(0)
+        finally:
+            browser.close()

@@ -127,3 +127,44 @@ async def test_the_manager_surges_a_docker_slot(
     finally:
         await manager.stop_all(reason="test teardown")
         await manager.close()
+
+
+async def test_a_surge_container_of_a_slot_nobody_declares_is_listed_and_reaped(
+    runtime: DockerRuntime, launch_for: Callable[..., LaunchSpec], tmp_path: Path
+) -> None:
+    """A rollout a restart interrupted, its slot removed meanwhile: the slot's second
+    container alone (``-surge``, no ``slotctl-<slot>``) is listed as managed (its own
+    server missing), so the reconciler's orphan sweep reaps it; and a ``-retiring`` one."""
+    surge = surge_of(runtime)
+    assert surge is not None
+    manager = SlotManager(
+        runtime=runtime,
+        state_dir=tmp_path / "state",
+        config_dir=tmp_path / "config",
+        settings=ControllerSettings(memory_budget_gb={"cpu": 10.0}),
+        prober=HttpProber(timeout_s=5.0),
+        memory=FakeMemoryProbe({}),
+        config=ManagerConfig(stop_timeout_s=5.0),
+    )
+    try:
+        lone = launch_for("orph")
+        await surge.start_instance(lone)
+        listed = {o.slot: o for o in await runtime.list_managed()}
+        assert listed[lone.slot].status is RunStatus.MISSING  # not the slot's own server
+        assert await manager.reap_orphan(lone.slot)
+        assert (await surge.inspect_instance(lone.slot)).status is RunStatus.MISSING
+        assert lone.slot not in {o.slot for o in await runtime.list_managed()}
+
+        old = launch_for("orph2")
+        await runtime.start(old)
+        await surge.start_instance(launch_for("orph2", "--load-seconds", "0.1"))
+        await surge.promote(old.slot)  # the old one is -retiring now; then the new one goes
+        await runtime.stop(old.slot, timeout=5)
+        names = {c.name for c in runtime._client().containers.list(all=True)}
+        assert container_name(old.slot) + RETIRING_SUFFIX in names
+        assert old.slot in {o.slot for o in await runtime.list_managed()}
+        assert await manager.reap_orphan(old.slot)
+        names = {c.name for c in runtime._client().containers.list(all=True)}
+        assert not {n for n in names if n.startswith(container_name(old.slot))}
+    finally:
+        await manager.close()

@@ -25,12 +25,13 @@ from controller.errors import SlotctlError
 from controller.events import EventKind
 from controller.lifecycle import SlotState
 from controller.memory import GIB
+from controller.probe import HttpProber
 from controller.runtime.base import RunStatus
 from controller.runtime.process import ProcessRuntime
-from controller.slots import SlotManager
+from controller.slots import ManagerConfig, SlotManager
 from controller.slots.surge import ROLLOUT_RECORD
-from controller.spec.loader import DesiredSlot
-from controller.spec.schema import SlotSpec
+from controller.spec.loader import DesiredSlot, normalise
+from controller.spec.schema import ControllerSettings, SlotSpec
 from tests.integration.helpers import demo_launch
 from tests.integration.test_manager_scenarios import Env, model
 
@@ -110,6 +111,14 @@ async def test_a_surge_switches_without_a_failed_request(env: Env) -> None:
     assert m.rollout_for(want).surge, m.rollout_for(want)
     events: list[Any] = []
     m.events.add_listener(lambda e: events.append(e) if e.kind == EventKind.ROLLOUT else None)
+    shown: list[tuple[str, str | None] | None] = []  # the slot's view at each rollout event
+
+    def seen(event: Any) -> None:
+        if event.kind == EventKind.ROLLOUT:
+            live = m.view("chat").rollout
+            shown.append((live.phase, live.server) if live is not None else None)
+
+    m.events.add_listener(seen)
 
     async def change() -> Any:
         m.upsert(want)
@@ -119,6 +128,7 @@ async def test_a_surge_switches_without_a_failed_request(env: Env) -> None:
     assert decision.surge
     assert outcomes and all(o == "ok" for o in outcomes), [o for o in outcomes if o != "ok"]
     assert [e.details["phase"] for e in events] == ["started", "switched", "done"]
+    assert shown == [("starting", "starting"), ("switched", "ready"), None]
     # One server of the new config remains, on another port; the old one is gone.
     (server,) = servers_of(runtime, "chat")
     assert server.pid != old_server.pid and not old_server.is_running()
@@ -193,6 +203,13 @@ async def test_a_failed_new_server_keeps_the_old_one_serving(env: Env) -> None:
     # The next try is under the crash-loop breaker.
     assert m.view("chat").failures == 1
     assert m.view("chat").retry_after_s > 0
+    shown = m.view("chat").rollout  # the slot's view says the rollout failed
+    assert shown is not None and (shown.way, shown.phase, shown.server) == (
+        "surge",
+        "failed",
+        "failed",
+    )
+    assert "rollout failed" in shown.message
 
 
 async def test_no_room_or_a_declared_port_recreates_and_says_why(env: Env) -> None:
@@ -266,3 +283,42 @@ async def test_a_surge_server_of_a_slot_nobody_declares_is_reaped(env: Env) -> N
     assert (await runtime.inspect("gone")).status is RunStatus.MISSING  # not the slot's own
     assert await m.reap_orphan("gone")
     assert servers_of(runtime, "gone") == []
+
+
+async def test_a_surge_goes_to_another_gpu_when_its_own_is_full(env: Env) -> None:
+    """Two 8 GiB GPUs, a 6 GiB slot on GPU 0: its new server does not fit beside the old
+    one there, but does on GPU 1 (the multi-GPU placement); it is surged there, and the
+    slot is placed on GPU 1 afterwards."""
+    from tests.unit.test_multigpu import GpuProbe
+
+    probe = GpuProbe([8, 8])
+    settings = ControllerSettings(safety_margin_gb=0.0)
+
+    def make(*args: str) -> SlotSpec:
+        data = {"name": "chat", "provider": "demo", "model": {"default": "chat-m"}}
+        data.update(device="gpu", server={"extra_args": list(args)})
+        return normalise(SlotSpec.model_validate(data), settings)
+
+    spec = make()
+    m = SlotManager(
+        runtime=ProcessRuntime(env.state_dir, kill_grace_s=5.0),
+        state_dir=env.state_dir,
+        config_dir=env.config_dir,
+        settings=settings,
+        prober=HttpProber(timeout_s=5.0),
+        memory=probe,
+        config=ManagerConfig(stop_timeout_s=5.0),
+    )
+    env.managers.append(m)
+    probe.used_by = m.resident_bytes
+    await m.set_desired(env.desired([spec], [model("chat-m", 6)]))
+    await m.load("chat", resident=False)
+    assert m.view("chat").gpus == (0,)
+    want = DesiredSlot(spec=make("--tokens-per-second", "50"), stack="scenarios")
+    decision = m.rollout_for(want)
+    assert decision.surge and "gpu:1" in decision.reason, decision
+    m.upsert(want)
+    assert (await m.roll_out("chat", want)).surge
+    assert m.view("chat").gpus == (1,)
+    assert m.admitted_bytes("gpu:0") == 0 and m.admitted_bytes("gpu:1") == 6 * GIB
+    assert m.observe("chat").config_hash == m.launch_hash(want)  # type: ignore[union-attr]

@@ -50,6 +50,7 @@ const state = {
   // slot name -> which way its change rolls out, then the surge's phase (from the plan
   // and rollout events; kept apart from the slot objects, which a refresh replaces)
   rollouts: new Map(),
+  rolloutsRead: new Set(), // the slots whose line came from GET /api/slots (its `rollout`)
 };
 
 // ------------------------------------------------------------------ small helpers
@@ -144,6 +145,16 @@ async function refreshSlots() {
   const fresh = new Map();
   for (const slot of body.slots) fresh.set(slot.name, slot);
   state.slots = fresh;
+  // A rollout in flight is in the slot itself (a page opened mid-rollout shows it); a
+  // line read so is dropped once the slot has none (a plan's line waits for its events).
+  for (const slot of body.slots) {
+    if (slot.rollout) {
+      state.rollouts.set(slot.name, rolloutText(slot.rollout));
+      state.rolloutsRead.add(slot.name);
+    } else if (state.rolloutsRead.delete(slot.name)) {
+      state.rollouts.delete(slot.name);
+    }
+  }
   renderSlots();
 }
 
@@ -268,6 +279,7 @@ function applyEvent(event) {
   if ((event.kind === "plan" || event.kind === "rollout") && event.slot) {
     // Which way a change rolls out (the plan: surge or recreate, and why), then its phases.
     const details = event.details || {};
+    if (details.rollout || event.kind === "rollout") state.rolloutsRead.delete(event.slot);
     if (event.kind === "plan" && details.rollout) {
       state.rollouts.set(event.slot, `${details.rollout}: ${details.rollout_reason || ""}`);
       queueRender("slots", event.slot);
@@ -327,6 +339,11 @@ function badge(stateName, idleReason, residency, level) {
   if (stateName === "idle" && residency === "waking") label = "idle · waking";
   else if (stateName === "idle" && idleReason === "asleep") label = `idle · asleep${level ? " L" + level : ""}`;
   return h("span", { class: "badge" }, h("span", { class: "dot" }), label);
+}
+
+function rolloutText(rollout) {
+  if (rollout.phase === "failed") return rollout.message;
+  return `${rollout.way} ${rollout.phase}: ${rollout.message}`;
 }
 
 function rolloutLine(text) {
