@@ -332,6 +332,9 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument("--baseline", default=None, help="also measure this checkout first")
     parser.add_argument("--baseline-slots", type=int, default=None)
+    parser.add_argument(
+        "--baseline-only", action="store_true", help="measure only --baseline (a run of its own)"
+    )
     parser.add_argument("--keep", default=None, help="copy the audit and operator logs here")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the cluster is stopped on the way out
@@ -343,7 +346,8 @@ def main() -> None:
     if args.baseline:
         slots = args.baseline_slots or args.slots
         runs.append(one_run(args, f"before: {args.baseline}", Path(args.baseline), slots))
-    runs.append(one_run(args, f"after: {REPO}", REPO, args.slots))
+    if not (args.baseline and args.baseline_only):
+        runs.append(one_run(args, f"after: {REPO}", REPO, args.slots))
     for line in report(runs, args):
         print(line)
 
