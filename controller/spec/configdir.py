@@ -11,6 +11,7 @@ Layout::
 from __future__ import annotations
 
 import stat
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -120,6 +121,7 @@ FileKey = tuple[int, int, int, int, int]
 # inode, size, modification and change times). An operator with 1,000 Slots reads the
 # config dir on every CR change; parsing each unchanged file again was half its CPU.
 _READ: dict[Path, tuple[FileKey, SlotFileRead]] = {}
+_READ_LOCK = threading.Lock()  # readers run on worker threads, some at once
 # A file changed this recently may change again within the file system's time tick
 # without its times moving (a same-size edit in place): it is read again until older
 # (git's "racy clean" rule). The guard's writes are renames: a new inode each.
@@ -141,24 +143,27 @@ def _read_slot_file_once(path: Path) -> SlotFileRead:
     """:func:`_read_slot_file`, or what it gave for the same file before (its results are
     only read: the snapshot copies the problems, ``normalise`` copies the spec)."""
     key = _file_key(path)
-    known = _READ.get(path)
+    with _READ_LOCK:
+        known = _READ.get(path)
     if key is not None and known is not None and known[0] == key:
         return known[1]
     result = _read_slot_file(path)
-    if key is not None:
-        if len(_READ) >= READ_MAX:  # many config dirs read by one process (tests)
-            _READ.clear()
-        _READ[path] = (key, result)
-    else:
-        _READ.pop(path, None)
+    with _READ_LOCK:
+        if key is not None:
+            if len(_READ) >= READ_MAX:  # many config dirs read by one process (tests)
+                _READ.clear()
+            _READ[path] = (key, result)
+        else:
+            _READ.pop(path, None)
     return result
 
 
 def _forget_others(slots_dir: Path, paths: list[Path]) -> None:
     """Drop what is remembered of this dir's files that are gone."""
     kept = set(paths)
-    for path in [p for p in _READ if p.parent == slots_dir and p not in kept]:
-        del _READ[path]
+    with _READ_LOCK:
+        for path in [p for p in _READ if p.parent == slots_dir and p not in kept]:
+            del _READ[path]
 
 
 def _read_slot_file(path: Path) -> SlotFileRead:
