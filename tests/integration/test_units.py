@@ -16,7 +16,7 @@ import pytest
 from controller.lifecycle import SlotState
 from controller.spec.loader import load_stack_texts
 from controller.spec.schema import ModelSpec, SlotSpec
-from tests.integration.helpers import free_port
+from tests.integration.helpers import free_ports
 from tests.integration.test_router import Harness, Router, chat
 
 S = SlotState
@@ -33,7 +33,7 @@ async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
 
 def stack(embed_args: str = "") -> tuple[list[SlotSpec], list[ModelSpec]]:
     """chat (4 GiB) + embed (2 GiB) as unit "rag"; big (5 GiB, priority 90); low (3 GiB)."""
-    ports = [free_port() for _ in range(4)]
+    ports = free_ports(4)  # distinct (free_port() four times can repeat one)
     text = f"""
 [stack]
 name = "units"
