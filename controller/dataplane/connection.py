@@ -20,7 +20,7 @@ from controller.dataplane.upstream import CONNECT_S, Upstream, UpstreamError, Up
 from controller.errors import SlotctlError
 from controller.router import refusals
 from controller.router.access import requester
-from controller.router.aliases import model_entries, with_model
+from controller.router.aliases import model_entries
 from controller.router.context import (
     CLIENT_CLOSED,
     Call,
@@ -31,7 +31,7 @@ from controller.router.context import (
 from controller.router.hosts import HostPolicy
 from controller.router.leasing import Pending, lease_now, lease_rest
 from controller.router.refusals import Refusal
-from controller.router.request import model_of
+from controller.router.request import model_of, with_model
 
 __all__ = ["Connection", "Plane"]
 

@@ -8,16 +8,14 @@ first member; ``spread`` the least busy resident slot of any member (requests in
 but batch holds, plus waiters), else as ``warm``. :func:`resolve` gathers what it needs
 from the manager; both router paths call it from
 :func:`~controller.router.leasing.lease_now` (:func:`alias_candidates`), and both rewrite
-the body's ``model`` to the member (:func:`with_model`), so the server sees a model it
-serves and its answer's ``model`` says which one served it.
+the body's ``model`` to the member (:func:`controller.router.request.with_model`), so the
+server sees a model it serves and its answer's ``model`` says which one served it.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from email.message import Message
 from typing import Any
 
 from controller.errors import ModelNotFound
@@ -26,7 +24,6 @@ from controller.lifecycle import SlotState
 from controller.router.access import model_refused
 from controller.router.context import Call, RouterContext
 from controller.router.refusals import (
-    Refusal,
     model_not_found,
     report_refusal,
     wrong_endpoint,
@@ -42,7 +39,6 @@ __all__ = [
     "choose",
     "model_entries",
     "resolve",
-    "with_model",
 ]
 
 _LOADING = frozenset({SlotState.PULLING, SlotState.STARTING, SlotState.WARMING})
@@ -167,44 +163,3 @@ def model_entries(manager: RouterPort, principal: Principal | None = None) -> li
             entry.update(alias=True, members=list(alias.models), prefer=alias.prefer)
             out.append(entry)
     return out
-
-
-def with_model(content_type: str, body: bytes, model: str) -> bytes:
-    """``body`` with its ``model`` set to ``model`` (a JSON object's key, or a multipart
-    form's field); the router read it already, so it is there and well formed."""
-    if content_type.partition(";")[0].strip().lower() == "multipart/form-data":
-        return _multipart_with(content_type, body, model)
-    data = json.loads(body)
-    data["model"] = model
-    return json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()
-
-
-def _multipart_with(content_type: str, body: bytes, model: str) -> bytes:
-    header = Message()
-    header["content-type"] = content_type
-    boundary = header.get_param("boundary")
-    if not isinstance(boundary, str) or not boundary:
-        raise Refusal(400, "multipart body without a boundary", code="invalid_body")
-    delimiter = b"--" + boundary.encode("latin-1")
-    position = body.find(delimiter)
-    while position >= 0:
-        start = position + len(delimiter)
-        end = body.find(delimiter, start)
-        part = body[start : end if end >= 0 else len(body)]
-        head, sep, value = part.partition(b"\r\n\r\n")
-        if sep and _names_model(head):
-            trailer = value[len(value.rstrip(b"\r\n")) :]
-            head_end = start + len(head) + len(sep)
-            return body[:head_end] + model.encode() + trailer + body[head_end + len(value) :]
-        position = end
-    return body
-
-
-def _names_model(head: bytes) -> bool:
-    for line in head.decode("latin-1").split("\r\n"):
-        key, _, value = line.partition(":")
-        if key.strip().lower() == "content-disposition":
-            disposition = Message()
-            disposition["content-disposition"] = value.strip()
-            return disposition.get_param("name", header="content-disposition") == "model"
-    return False

@@ -16,7 +16,7 @@ from typing import Any, Final
 
 from controller.router.refusals import Refusal
 
-__all__ = ["AUDIO_MAX_BYTES", "AUDIO_TAIL", "JSON_MAX_BYTES", "model_of"]
+__all__ = ["AUDIO_MAX_BYTES", "AUDIO_TAIL", "JSON_MAX_BYTES", "model_of", "with_model"]
 
 JSON_MAX_BYTES: Final = 8 * 1024 * 1024
 AUDIO_MAX_BYTES: Final = 64 * 1024 * 1024  # uploads of a long recording
@@ -78,14 +78,19 @@ def _json_object(body: bytes) -> dict[str, Any] | None:
     return data
 
 
-def _multipart_field(content_type: str, body: bytes, name: str) -> str | None:
-    """The value of one text field of a multipart/form-data body (None when absent)."""
+def _delimiter(content_type: str) -> bytes:
+    """A multipart/form-data body's part delimiter (``--`` and its boundary)."""
     header = Message()
     header["content-type"] = content_type
     boundary = header.get_param("boundary")
     if not isinstance(boundary, str) or not boundary:
         raise Refusal(400, "multipart body without a boundary", code="invalid_body")
-    delimiter = b"--" + boundary.encode("latin-1")
+    return b"--" + boundary.encode("latin-1")
+
+
+def _multipart_field(content_type: str, body: bytes, name: str) -> str | None:
+    """The value of one text field of a multipart/form-data body (None when absent)."""
+    delimiter = _delimiter(content_type)
     position = body.find(delimiter)
     while position >= 0:
         start = position + len(delimiter)
@@ -109,3 +114,30 @@ def _form_name(head: bytes) -> str | None:
             found = disposition.get_param("name", header="content-disposition")
             return found if isinstance(found, str) else None
     return None
+
+
+def with_model(content_type: str, body: bytes, model: str) -> bytes:
+    """``body`` with its ``model`` set to ``model`` (a JSON object's key, or a multipart
+    form's field): an alias's member (:mod:`controller.router.aliases`); the router read
+    the body already, so it is there and well formed."""
+    if content_type.partition(";")[0].strip().lower() == "multipart/form-data":
+        return _multipart_with(content_type, body, model)
+    data = json.loads(body)
+    data["model"] = model
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def _multipart_with(content_type: str, body: bytes, model: str) -> bytes:
+    delimiter = _delimiter(content_type)
+    position = body.find(delimiter)
+    while position >= 0:
+        start = position + len(delimiter)
+        end = body.find(delimiter, start)
+        part = body[start : end if end >= 0 else len(body)]
+        head, sep, value = part.partition(b"\r\n\r\n")
+        if sep and _form_name(head) == "model":
+            trailer = value[len(value.rstrip(b"\r\n")) :]
+            head_end = start + len(head) + len(sep)
+            return body[:head_end] + model.encode() + trailer + body[head_end + len(value) :]
+        position = end
+    return body
