@@ -73,12 +73,26 @@ class Run:
     steady_fields: Counter[str] = field(default_factory=Counter)
     quiet_after_s: float | None = None  # the operator's last write, after all Ready
     watch_stats: str = ""
+    # CPU seconds over the run of every process on the machine that takes part in it
+    others_cpu: dict[str, float] = field(default_factory=dict)
 
 
 def proc_cpu(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     ticks = os.sysconf("SC_CLK_TCK")
     return (int(fields[11]) + int(fields[12])) / ticks  # utime + stime
+
+
+def component_cpu(cluster: Cluster, operator: int) -> dict[str, float]:
+    """CPU seconds so far of each process of the run: the control plane's, kwok's, the
+    operator's and this process's (the pods' demo servers and their "container
+    runtime" run here)."""
+    out = {"operator": proc_cpu(operator)}
+    for proc in [*cluster.api.procs, *cluster.procs]:
+        out[Path(str(proc.args[0])).name] = proc_cpu(proc.pid)
+    times = os.times()
+    out["bench (pod servers, kubelet)"] = times.user + times.system
+    return out
 
 
 def proc_rss(pid: int) -> tuple[float, float]:
@@ -226,7 +240,7 @@ def one_run(args: argparse.Namespace, label: str, tree: Path, slots: int) -> Run
                 user = f"system:serviceaccount:{NAMESPACE}:slotctl"
                 files = workdir / "slots.yaml"
                 files.write_text(manifests(slots, args.slot_gib, free_ports(slots)))
-                cpu0 = proc_cpu(proc.pid)
+                cpu0 = component_cpu(cluster, proc.pid)
                 metrics0, wall0 = cluster.metrics(), time.time()
                 began = time.monotonic()
                 cluster.kubectl("apply", "-f", str(files), timeout=600)
@@ -242,7 +256,9 @@ def one_run(args: argparse.Namespace, label: str, tree: Path, slots: int) -> Run
                     time.sleep(1.0)
                 wall1 = time.time()
                 metrics1 = cluster.metrics()
-                run.cpu_s = proc_cpu(proc.pid) - cpu0
+                cpu1 = component_cpu(cluster, proc.pid)
+                run.others_cpu = {k: cpu1[k] - cpu0[k] for k in cpu1 if k != "operator"}
+                run.cpu_s = cpu1["operator"] - cpu0["operator"]
                 run.rss_mb, run.peak_mb = proc_rss(proc.pid)
                 run.run_all = delta(metrics1, metrics0)
                 time.sleep(2.0)  # the last status writes
@@ -288,6 +304,7 @@ def report(runs: list[Run], args: argparse.Namespace) -> list[str]:
             else f"not within {args.timeout:g} s ({run.ready} of {run.slots} Ready)"
         )
         steady_all = sum(run.steady_all.values()) / run.steady_s if run.steady_s else 0.0
+        total = run.cpu_s + sum(run.others_cpu.values())
         steady_op = sum(run.steady_operator.values()) / run.steady_s if run.steady_s else 0.0
         lines += [
             "",
@@ -295,6 +312,10 @@ def report(runs: list[Run], args: argparse.Namespace) -> list[str]:
             f"  kubectl apply -> all placed: {placed}; all Ready: {ready}",
             f"  operator: {run.cpu_s:.1f} CPU s over the run, RSS {run.rss_mb:.0f} MB "
             f"(peak {run.peak_mb:.0f} MB)",
+            "  CPU s over the run of the others: "
+            + ", ".join(f"{k} {v:.1f}" for k, v in sorted(run.others_cpu.items()))
+            + f"; all together with the operator's {total:.0f} CPU s: at least "
+            f"{total / (os.cpu_count() or 1):.0f} s on {os.cpu_count()} cores",
             f"  API requests during the run, every client: {sum(run.run_all.values())} "
             f"({_verbs(run.run_all)})",
             f"  ... of them the operator's: {sum(run.run_operator.values())} "

@@ -184,6 +184,43 @@ async def test_a_bookmark_of_a_kind_with_a_required_spec_moves_the_version_on(
     assert list(informer.items) == ["ml/d"]
 
 
+async def test_cached_objects_leave_out_managed_fields(server: tuple[Script, str]) -> None:
+    """What the cache keeps of a listed and a watched object: everything but
+    ``metadata.managedFields`` (the bulk of a real pod's metadata, read by nothing)."""
+    script, url = server
+    managed = [
+        {
+            "manager": "kube-scheduler",
+            "operation": "Update",
+            "apiVersion": "v1",
+            "fieldsType": "FieldsV1",
+            "fieldsV1": {"f:status": {"f:conditions": {}}},
+        }
+    ]
+    listed, watched = node("n1", 1), node("n2", 2)
+    for obj in (listed, watched):
+        obj["metadata"]["managedFields"] = managed
+        obj["metadata"]["labels"] = {"nvidia.com/gpu.memory": "24576"}
+    script.lists = [{"items": [listed], "version": "1"}]
+    script.watches = [[("ADDED", watched)]]
+    client = _client(url)
+    seen: list[Node] = []
+    informer: Informer[Node] = Informer(
+        lambda: client, Node, on_event=lambda _kind, _old, new: seen.append(new)
+    )
+    informer.start()
+    try:
+        await eventually(lambda: _true(len(seen) == 2), "both nodes", timeout=10)
+    finally:
+        await informer.stop()
+        await client.close()
+    for obj in [*informer.items.values(), *seen]:
+        assert obj.metadata is not None
+        assert obj.metadata.managedFields is None
+        assert obj.metadata.labels == {"nvidia.com/gpu.memory": "24576"}
+    assert sorted(informer.items) == ["n1", "n2"]
+
+
 async def _set(event: asyncio.Event) -> bool:
     return event.is_set()
 
