@@ -122,5 +122,7 @@ def ensure_token(state_dir: Path) -> str:
     if token:
         return token
     token = secrets.token_urlsafe(32)
+    while token.startswith("-"):  # `--token -x…` reads as a flag to argparse (and to curl users)
+        token = secrets.token_urlsafe(32)
     atomic_write_bytes(path, (token + "\n").encode(), mode=0o600)
     return token

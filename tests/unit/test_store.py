@@ -21,6 +21,7 @@ from controller.store import (
     atomic_write_bytes,
     atomic_write_json,
     check_slot_name,
+    ensure_token,
     utcnow,
 )
 
@@ -541,3 +542,15 @@ def test_a_refused_state_write_is_typed_and_keeps_the_old_file(tmp_path: Path) -
         store.write_aux("b", "process.json", {"pid": 1})
     record = store.read("a")
     assert record is not None and record.state is SlotState.READY
+
+
+def test_generated_token_never_reads_as_a_flag(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # one urlsafe token in 64 starts with "-": `slotctl --token -Xy…` then fails in argparse
+    import secrets
+
+    drawn = iter(["-starts-with-a-dash", "_fine-token"])
+    monkeypatch.setattr(secrets, "token_urlsafe", lambda n: next(drawn))
+    assert ensure_token(tmp_path) == "_fine-token"
+    assert (tmp_path / "token").read_text() == "_fine-token\n"
+    assert _mode(tmp_path / "token") == 0o600
+    assert ensure_token(tmp_path) == "_fine-token"  # read back, not drawn again
