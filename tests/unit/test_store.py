@@ -544,7 +544,9 @@ def test_a_refused_state_write_is_typed_and_keeps_the_old_file(tmp_path: Path) -
     assert record is not None and record.state is SlotState.READY
 
 
-def test_generated_token_never_reads_as_a_flag(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_generated_token_never_reads_as_a_flag(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # one urlsafe token in 64 starts with "-": `slotctl --token -Xy…` then fails in argparse
     import secrets
 
