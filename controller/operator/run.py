@@ -272,7 +272,10 @@ class Operator:
             prefix=ANNOTATION_PREFIX, key="last-handled-configuration"
         )
         settings.persistence.finalizer = f"{GROUP}/finalizer"
-        settings.posting.level = logging.INFO
+        # Events: the operator's own (Applied, Stopped, one per transition: kopf.event) and
+        # kopf's warnings and errors; not kopf's INFO lines ("Handler ... succeeded", "Creation
+        # is processed"), three a Slot that said nothing its own events do not.
+        settings.posting.level = logging.WARNING
         # A 409 (someone wrote the object meanwhile) is retried at once, then backs off.
         settings.queueing.error_delays = (0.1, 0.5, 1, 2, 5, 10, 30, 60)
         # A status timer exits at once when its object is deleted; look again soon.
@@ -333,8 +336,8 @@ class Operator:
                     reason="InvalidSpec",
                     message=f"[{first.code}] {first.message}{kept}",
                 )
-            elif result.changed:
-                kopf.info(body, reason="Applied", message=f"applied: {', '.join(result.changed)}")
+            elif (what := _own_change(kind, self.source.slot_of(key), result.changed)) is not None:
+                kopf.event(body, type="Normal", reason="Applied", message=f"applied: {what}")
 
         return changed
 
@@ -349,7 +352,9 @@ class Operator:
             self._written.forget(key)
             if kind == "Slot" and slot is not None and slot not in self.source.slot_names.values():
                 await self._wait_stopped(slot)
-                kopf.info(body, reason="Stopped", message=f"slot {slot}: server stopped")
+                kopf.event(
+                    body, type="Normal", reason="Stopped", message=f"slot {slot}: server stopped"
+                )
 
         return deleted
 
@@ -443,6 +448,16 @@ class Operator:
             if model_id is not None and view.model_id == model_id
         }
         return model_status(model_id, self._verdict(key), slots, old)
+
+
+def _own_change(kind: str, slot: str | None, changed: list[str]) -> str | None:
+    """What a sync wrote of this resource's own (None: nothing): a Slot's slot file, the
+    models' catalogue for a Model, the aliases' file for an Alias. A burst's handlers share
+    one sync; each resource tells only its own part."""
+    if kind == "Slot":
+        return f"slot {slot}" if slot is not None and slot in changed else None
+    part = {"Model": "models", "Alias": "aliases"}.get(kind)
+    return part if part in changed else None
 
 
 def _kopf_stderr_handler() -> logging.Handler:

@@ -225,6 +225,12 @@ async def test_slot_lifecycle_through_custom_resources(
         await eventually(lambda: ready(cluster, "chat", 3), "chat Ready again")
         assert server_pid(embed_port) == embed_pid
         chat_pid = server_pid(chat_port)
+        # each resource's Applied Event names its own part of a sync, not the burst's
+        applied = await eventually(lambda: _events(cluster, "chat", "Applied"), "Applied")
+        assert {e["message"] for e in applied} == {"applied: slot chat"}, applied
+        assert {e["message"] for e in await _events(cluster, "embed", "Applied")} == {
+            "applied: slot embed"
+        }
 
         # invalid spec (an API server without the CEL rules lets it through): Degraded with
         # the loader's code and an Event; the running server is untouched
@@ -275,6 +281,8 @@ async def test_slot_lifecycle_through_custom_resources(
         assert server_pid(chat_port) is None
         assert op.manager.known("chat") is None
         assert server_pid(embed_port) == embed_pid
+        # kopf's own INFO lines ("Handler ... succeeded") are not posted as Events
+        assert not [e for e in await cluster.events() if e.get("reason") == "Logging"]
     assert_rbac_allows_exactly(cluster.operator_requests(), namespaces=["default"])
 
 
