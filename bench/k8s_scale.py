@@ -176,6 +176,9 @@ def manifests(slots: int, slot_gib: float, ports: list[int]) -> str:
                     "model": {"default": "m"},
                     "port": ports[i],
                     "autoload": True,
+                    # no ready -> idle inside the run: a converge slower than the 300 s
+                    # default would mix a second status write per Slot into its figures
+                    "idle_timeout_s": 0,
                     "server": {"image": "slotctl:bench", "extra_args": ["--load-seconds", "0.5"]},
                 },
             }
