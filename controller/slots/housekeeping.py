@@ -210,6 +210,7 @@ class Housekeeping(Part):
         evicted: list[str] = []
         margin = int(self.settings.safety_margin_gb * GIB)
         devices = {d for s in self.table if s.state in ADMITTED_STATES for d in s.devices}
+        resident = self.table.all_resident_bytes() if devices else {}
         for device in sorted(devices):
             sample = self.memory.sample(device)
             if sample is None:
@@ -217,7 +218,7 @@ class Housekeeping(Part):
             # What the probe sees in use beyond the servers slotctl has up (loads still
             # coming up have not allocated yet: they would hide real pressure).
             used = sample.total_bytes - sample.free_bytes
-            if used - self.table.resident_bytes(device) <= margin:
+            if used - resident.get(device, 0) <= margin:
                 continue
             level = pressure_level(
                 sample.total_bytes,

@@ -70,6 +70,37 @@ def test_invalid_spec_keeps_the_last_good_one(tmp_path: Path) -> None:
     assert codes == ["slot.unknown_key"]
 
 
+def test_a_spec_judged_before_is_not_judged_again_but_every_change_is(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """A burst's syncs judge every CR: an unchanged spec reuses its verdict (issue 28),
+    a changed one — a nested value edited in place included — is judged anew."""
+    import controller.operator.source as source_module
+
+    judged: list[object] = []
+    real = source_module.check_slot_payload
+
+    def counting(payload: object) -> Any:
+        judged.append(payload)
+        return real(payload)
+
+    monkeypatch.setattr(source_module, "check_slot_payload", counting)
+    spec = slot_spec(18081, server={"extra_args": ["--threads", "2"]})
+    source = source_with(tmp_path, [cr("chat", spec), cr("embed", slot_spec(18082))])
+    source.sync()
+    assert len(judged) == 2
+    source.sync()
+    source.sync()
+    assert len(judged) == 2  # nothing changed: nothing judged again
+    spec["server"]["extra_args"].append("--n-gpu-layers=99")  # the body's dict, in place
+    source.load("Slot", [cr("chat", spec), cr("embed", slot_spec(18082))])
+    result = source.sync()
+    assert len(judged) == 3
+    codes = [p.code for p in result.verdicts[("Slot", "default", "chat")].problems]
+    assert codes == ["slot.hardware_flag"]
+    assert [p.code for p in source.sync().verdicts[("Slot", "default", "chat")].problems] == codes
+
+
 def test_a_new_slot_that_takes_a_port_in_use_is_the_one_refused(tmp_path: Path) -> None:
     source = source_with(tmp_path, [cr("chat", slot_spec(18081), created="1")])
     source.sync()
