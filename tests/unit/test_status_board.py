@@ -46,3 +46,24 @@ async def test_a_change_before_the_wait_is_not_missed_and_a_quiet_slot_times_out
     board.on_event(transition("b"))
     assert await board.wait(quiet, 0.05, "a") == quiet  # the resync period: no change
     assert board.pending["a"][0][2] == "warming -> idle"
+
+
+async def test_a_sync_wakes_only_the_slots_it_changed_and_the_timers_of_every_slot() -> None:
+    """A burst's syncs (issue 28): each woke all 1,000 Slot timers; now the ones whose
+    verdict or slot moved, and the Models' and Aliases' (which read every slot)."""
+    board = StatusBoard()
+    a, b, every = board.stamp("a"), board.stamp("b"), board.stamp(None)
+    waits = {
+        "a": asyncio.ensure_future(board.wait(a, 5.0, "a")),
+        "b": asyncio.ensure_future(board.wait(b, 5.0, "b")),
+        "every": asyncio.ensure_future(board.wait(every, 5.0)),
+    }
+    await asyncio.sleep(0.01)
+    board.touch(["a", "a"])
+    done, _ = await asyncio.wait(waits.values(), timeout=1.0)
+    assert {name for name, task in waits.items() if task in done} == {"a", "every"}
+    assert board.stamp("b") == b
+    seen = board.stamp("b")
+    board.touch(["b"])  # before b's timer waits again: not missed
+    assert await asyncio.wait_for(board.wait(seen, 5.0, "b"), 0.5) != seen
+    waits["b"].cancel()
