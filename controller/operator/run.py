@@ -333,24 +333,26 @@ class Operator:
         self.source.load("Slot", _values(indexes.get("slots_index")))
         self.source.load("Alias", _values(indexes.get("aliases_index")))
         result = self.source.sync()
-        reconciler = self.controller.reconciler
-        if reconciler is not None:
-            reconciler.reap = True  # the CRs are in the config dir now: orphans are orphans
-        if reconciler is not None and result.changed:
-            reconciler.refresh()
-            reconciler.enqueue_all()
         # The Slots whose verdict or slot changed (their timers wait on their slot's name:
-        # the old one and the new); the timers of no slot wake on any change.
+        # the old one and the new); the timers of no slot wake on any change. Told even if
+        # the refresh below fails: a retried sync finds these verdicts recorded already.
         moved = {k for k, v in result.verdicts.items() if verdicts.get(k) != v}
-        moved |= {k for k in verdicts.keys() - result.verdicts.keys()}
+        moved |= verdicts.keys() - result.verdicts.keys()
         moved |= {
             k
             for k in names.keys() | self.source.slot_names.keys()
             if names.get(k) != self.source.slot_names.get(k)
         }
-        self.board.touch(
-            n for k in moved for n in (names.get(k), self.source.slot_names.get(k)) if n
-        )
+        touched = {n for k in moved for n in (names.get(k), self.source.slot_names.get(k)) if n}
+        try:
+            reconciler = self.controller.reconciler
+            if reconciler is not None:
+                reconciler.reap = True  # the CRs are in the config dir now: orphans are orphans
+            if reconciler is not None and result.changed:
+                reconciler.refresh()
+                reconciler.enqueue_all()
+        finally:
+            self.board.touch(touched)
         return result
 
     def _changed_handler(self, kind: str) -> Any:

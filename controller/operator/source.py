@@ -13,7 +13,7 @@ one already in force (a port, a name in another namespace) is the one refused.
 
 from __future__ import annotations
 
-import copy
+import json
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -79,7 +79,7 @@ class CrSource:
         self.desired = desired if desired is not None else DesiredCache(self.config_dir)
         self._crs: dict[CrKey, _Cr] = {}
         self._good_slots: dict[CrKey, SlotSpec] = {}
-        self._checks: dict[CrKey, tuple[dict[str, Any], SlotCheck, tuple[Problem, ...]]] = {}
+        self._checks: dict[CrKey, tuple[str, SlotCheck, tuple[Problem, ...]]] = {}
         self._good_models: dict[CrKey, ModelSpec] = {}
         self.verdicts: dict[CrKey, Verdict] = {}
         self.slot_names: dict[CrKey, str] = {}  # Slot CR -> the slot it declares (in force)
@@ -175,13 +175,15 @@ class CrSource:
         """The loader's check of one Slot CR's spec, and its problems; a spec judged before
         is not judged again (a sync judges every CR: at 1,000 Slots, a burst's syncs spent
         most of their time validating specs that had not changed)."""
+        # The spec as JSON, not the dict: ``50 == 50.0 == True`` in Python, not to the check.
+        text = json.dumps(cr.spec, sort_keys=True, default=repr)
         known = self._checks.get(cr.key)
-        if known is not None and known[0] == cr.spec:
+        if known is not None and known[0] == text:
             return known[1], list(known[2])
         payload, found = slot_payload({"metadata": {"name": cr.key[2]}, "spec": cr.spec})
         check = check_slot_payload(payload)
         found += [p for p, _ in check.errors]
-        self._checks[cr.key] = (copy.deepcopy(cr.spec), check, tuple(found))
+        self._checks[cr.key] = (text, check, tuple(found))
         return check, found
 
     def _resolve_conflicts(

@@ -230,7 +230,10 @@ class Housekeeping(Part):
             host = self.loading.admission.host_room()  # a victim sleeps where it fits
             candidates = self.table.candidates(functools.partial(self._recent, now=now))
             victims = pressure_victims(candidates, device, level, now, host=host)
-            evicted += await self.loading.unloading.evict(victims, reason=EvictionReason.PRESSURE)
+            gone = await self.loading.unloading.evict(victims, reason=EvictionReason.PRESSURE)
+            if gone:  # a victim may span the devices still to look at: count them anew
+                resident = self.table.all_resident_bytes()
+            evicted += gone
         return evicted
 
     async def run(self, stop: asyncio.Event) -> None:

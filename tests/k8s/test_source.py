@@ -99,6 +99,12 @@ def test_a_spec_judged_before_is_not_judged_again_but_every_change_is(
     codes = [p.code for p in result.verdicts[("Slot", "default", "chat")].problems]
     assert codes == ["slot.hardware_flag"]
     assert [p.code for p in source.sync().verdicts[("Slot", "default", "chat")].problems] == codes
+    # Equal in Python, not to the check: 50 and 50.0 (a priority must be an integer).
+    source.load("Slot", [cr("chat", slot_spec(18081, priority=50))])
+    assert not source.sync().verdicts[("Slot", "default", "chat")].problems
+    source.load("Slot", [cr("chat", slot_spec(18081, priority=50.0))])
+    codes = [p.code for p in source.sync().verdicts[("Slot", "default", "chat")].problems]
+    assert codes == ["slot.invalid_value"]
 
 
 def test_a_new_slot_that_takes_a_port_in_use_is_the_one_refused(tmp_path: Path) -> None:
