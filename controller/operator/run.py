@@ -120,7 +120,7 @@ class StatusBoard:
             woken.set()
         self._bump()
 
-    def touch(self, slots: Iterable[str]) -> None:
+    def wake(self, slots: Iterable[str]) -> None:
         """Wake the timers of ``slots`` and the ones that read every slot (a sync that
         changed their verdicts); the other Slots' timers sleep on. A sync used to wake
         every timer: at 1,000 Slots a burst's syncs were each 1,000 timer runs."""
@@ -343,7 +343,7 @@ class Operator:
             for k in names.keys() | self.source.slot_names.keys()
             if names.get(k) != self.source.slot_names.get(k)
         }
-        touched = {n for k in moved for n in (names.get(k), self.source.slot_names.get(k)) if n}
+        woken = {n for k in moved for n in (names.get(k), self.source.slot_names.get(k)) if n}
         try:
             reconciler = self.controller.reconciler
             if reconciler is not None:
@@ -352,7 +352,7 @@ class Operator:
                 reconciler.refresh()
                 reconciler.enqueue_all()
         finally:
-            self.board.touch(touched)
+            self.board.wake(woken)
         return result
 
     def _changed_handler(self, kind: str) -> Any:
@@ -362,7 +362,7 @@ class Operator:
             if key not in self._handled:
                 self._handled.add(key)
                 slot = self.source.slot_of(key)  # its timer may have looked before this
-                self.board.touch([slot] if slot else [])
+                self.board.wake([slot] if slot else [])
             verdict = result.verdicts.get(key)
             if verdict is not None and verdict.problems:
                 first = verdict.problems[0]

@@ -59,11 +59,11 @@ async def test_a_sync_wakes_only_the_slots_it_changed_and_the_timers_of_every_sl
         "every": asyncio.ensure_future(board.wait(every, 5.0)),
     }
     await asyncio.sleep(0.01)
-    board.touch(["a", "a"])
+    board.wake(["a", "a"])
     done, _ = await asyncio.wait(waits.values(), timeout=1.0)
     assert {name for name, task in waits.items() if task in done} == {"a", "every"}
     assert board.stamp("b") == b
     seen = board.stamp("b")
-    board.touch(["b"])  # before b's timer waits again: not missed
+    board.wake(["b"])  # before b's timer waits again: not missed
     assert await asyncio.wait_for(board.wait(seen, 5.0, "b"), 0.5) != seen
     waits["b"].cancel()
