@@ -33,8 +33,7 @@ import kopf
 
 from controller.daemon import Controller, DaemonOptions
 from controller.errors import SlotctlError
-from controller.events import Event
-from controller.lifecycle import SlotState
+from controller.operator.board import StatusBoard
 from controller.operator.crd import GROUP, VERSION
 from controller.operator.source import CrKey, CrSource, SyncResult, cr_key
 from controller.operator.source_aliases import alias_status
@@ -44,7 +43,6 @@ from controller.operator.status import (
     Written,
     changed_fields,
     model_status,
-    reason_of,
     slot_status,
 )
 from controller.slots import SlotManager
@@ -81,84 +79,6 @@ class OperatorOptions:
     status_gap_s: float = 1.0
     status_trust_s: float = 30.0  # a status write kopf's view does not show by then: again
     quiet: bool = False
-
-
-class StatusBoard:
-    """Manager events -> wake-ups for the status timers, last errors, pending Events.
-
-    A slot's event wakes the timer of that slot's CR and the timers that read every slot
-    (the Models', the Aliases': :meth:`wait` without a slot); a source sync (a CR changed)
-    or an event of no slot wakes them all. Waking every timer on every event was O(slots)
-    work an event: at 1,000 Slots, a million wake-ups for a converge (issue 28)."""
-
-    def __init__(self) -> None:
-        self.version = 0  # every change
-        self.pokes = 0  # the changes every timer sees
-        self._changed = asyncio.Event()  # replaced on every change: waiters hold the old one
-        self._counts: dict[str, int] = {}  # each slot's own changes
-        self._woken: dict[str, asyncio.Event] = {}  # a slot's waiting timer's event
-        self.last_error: dict[str, tuple[str, str]] = {}
-        self.pending: dict[str, list[tuple[str, str, str]]] = {}
-
-    def on_event(self, event: Event) -> None:
-        if event.slot is None:
-            self.poke()
-            return
-        if event.error:
-            self.last_error[event.slot] = (event.error, event.message)
-        if event.kind == "transition":
-            kind = "Warning" if event.to_state == SlotState.ERROR.value else "Normal"
-            text = f"{event.from_state} -> {event.to_state}"
-            if event.message:
-                text += f": {event.message}"
-            queue = self.pending.setdefault(event.slot, [])
-            queue.append((kind, reason_of(event.to_state or "changed"), text))
-            del queue[:-20]  # bounded: a slot nobody looks at does not grow it
-        self._counts[event.slot] = self._counts.get(event.slot, 0) + 1
-        woken = self._woken.pop(event.slot, None)
-        if woken is not None:
-            woken.set()
-        self._bump()
-
-    def wake(self, slots: Iterable[str]) -> None:
-        """Wake the timers of ``slots`` and the ones that read every slot (a sync that
-        changed their verdicts); the other Slots' timers sleep on. A sync used to wake
-        every timer: at 1,000 Slots a burst's syncs were each 1,000 timer runs."""
-        for slot in set(slots):
-            self._counts[slot] = self._counts.get(slot, 0) + 1
-            woken = self._woken.pop(slot, None)
-            if woken is not None:
-                woken.set()
-        self._bump()
-
-    def poke(self) -> None:
-        self.pokes += 1
-        woken, self._woken = self._woken, {}
-        for each in woken.values():
-            each.set()
-        self._bump()
-
-    def _bump(self) -> None:
-        self.version += 1
-        changed, self._changed = self._changed, asyncio.Event()
-        changed.set()
-
-    def stamp(self, slot: str | None) -> Hashable:
-        """What :meth:`wait` compares: every change, or (``slot``) the ones it sees."""
-        return self.version if slot is None else (self.pokes, self._counts.get(slot, 0))
-
-    async def wait(self, seen: Hashable, timeout: float, slot: str | None = None) -> Hashable:
-        """Until the stamp moves past ``seen`` (a change of ``slot``, or of anything) or
-        ``timeout``; returns the stamp."""
-        if self.stamp(slot) == seen:
-            woken = self._woken
-            event = self._changed if slot is None else woken.setdefault(slot, asyncio.Event())
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(event.wait(), timeout)
-        return self.stamp(slot)
-
-    def take_events(self, slot: str) -> list[tuple[str, str, str]]:
-        return self.pending.pop(slot, [])
 
 
 class Operator:

@@ -6,15 +6,16 @@ from __future__ import annotations
 import asyncio
 
 from controller.events import Event, EventKind, Op
-from controller.operator.run import StatusBoard
+from controller.operator.board import StatusBoard
 
 
 def transition(slot: str | None, to: str = "ready") -> Event:
     return Event(0, EventKind.TRANSITION, Op.LOAD, slot=slot, from_state="warming", to_state=to)
 
 
-async def test_a_slots_event_wakes_its_own_timer_and_the_ones_reading_every_slot() -> None:
-    board = StatusBoard()
+async def waiting(board: StatusBoard) -> tuple[dict[str, asyncio.Future[object]], object, object]:
+    """Timers of slots a and b and one reading every slot, waiting; (their waits, the
+    stamps a and every started from)."""
     a, b, every = board.stamp("a"), board.stamp("b"), board.stamp(None)
     waits = {
         "a": asyncio.ensure_future(board.wait(a, 5.0, "a")),
@@ -22,6 +23,13 @@ async def test_a_slots_event_wakes_its_own_timer_and_the_ones_reading_every_slot
         "every": asyncio.ensure_future(board.wait(every, 5.0)),
     }
     await asyncio.sleep(0.01)
+    return waits, a, every
+
+
+async def test_a_slots_event_wakes_its_own_timer_and_the_ones_reading_every_slot() -> None:
+    board = StatusBoard()
+    b = board.stamp("b")
+    waits, a, every = await waiting(board)
     board.on_event(transition("a"))
     done, _ = await asyncio.wait(waits.values(), timeout=1.0)
     assert {name for name, task in waits.items() if task in done} == {"a", "every"}
@@ -52,13 +60,8 @@ async def test_a_sync_wakes_only_the_slots_it_changed_and_the_timers_of_every_sl
     """A burst's syncs (issue 28): each woke all 1,000 Slot timers; now the ones whose
     verdict or slot moved, and the Models' and Aliases' (which read every slot)."""
     board = StatusBoard()
-    a, b, every = board.stamp("a"), board.stamp("b"), board.stamp(None)
-    waits = {
-        "a": asyncio.ensure_future(board.wait(a, 5.0, "a")),
-        "b": asyncio.ensure_future(board.wait(b, 5.0, "b")),
-        "every": asyncio.ensure_future(board.wait(every, 5.0)),
-    }
-    await asyncio.sleep(0.01)
+    b = board.stamp("b")
+    waits, _, _ = await waiting(board)
     board.wake(["a", "a"])
     done, _ = await asyncio.wait(waits.values(), timeout=1.0)
     assert {name for name, task in waits.items() if task in done} == {"a", "every"}
