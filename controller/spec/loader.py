@@ -158,16 +158,23 @@ def parse_toml_text(text: str, name: str) -> Parsed:
         # file, at every resync). A document it refuses goes to tomlkit as before, so a
         # syntax error reads the same and nothing tomlkit accepted is refused now.
         return tomllib.loads(text), LineIndex(text), []
-    except tomllib.TOMLDecodeError:
-        pass
+    except tomllib.TOMLDecodeError as exc:
+        refused = exc
     try:
         doc = tomlkit.parse(text)
     except tomlkit.exceptions.TOMLKitError as exc:  # ParseError, KeyAlreadyPresent, ...
+        # tomllib's line is the offending statement's; tomlkit gives none for a key or
+        # table defined twice (<= 0.15.2) or the line where it noticed, past the table
+        # (0.15.3), so its line is only the fallback.
+        line = _tomllib_line(refused) or getattr(exc, "line", None)
+        said = str(exc)
+        if getattr(exc, "line", line) != line:  # one line named, not two
+            said = _TOMLKIT_AT.sub("", said)
         problem = Problem(
             code="stack.toml_syntax",
-            message=f"TOML syntax error: {exc}",
+            message=f"TOML syntax error: {said}",
             file=name,
-            line=getattr(exc, "line", None) or _syntax_error_line(text),
+            line=line,
             hint="fix the TOML syntax at the line shown",
         )
         return None, None, [problem]
@@ -175,16 +182,13 @@ def parse_toml_text(text: str, name: str) -> Parsed:
 
 
 _TOMLLIB_LINE = re.compile(r"\(at line (\d+), column \d+\)")
+_TOMLKIT_AT = re.compile(r" at line \d+ col \d+$")
 
 
-def _syntax_error_line(text: str) -> int | None:
-    """The line of an error tomlkit reports without one (a key or table defined twice)."""
-    try:
-        tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        match = _TOMLLIB_LINE.search(str(exc))
-        return int(match.group(1)) if match else None
-    return None
+def _tomllib_line(exc: tomllib.TOMLDecodeError) -> int | None:
+    """The line tomllib names in its error ("... (at line 5, column 3)")."""
+    match = _TOMLLIB_LINE.search(str(exc))
+    return int(match.group(1)) if match else None
 
 
 @dataclass(slots=True)

@@ -7,6 +7,7 @@ Inline fixtures are small on purpose: the line numbers asserted are the lines in
 
 from __future__ import annotations
 
+import re
 import textwrap
 from pathlib import Path
 
@@ -158,6 +159,10 @@ def test_toml_redefinitions_are_syntax_errors_not_crashes(
     report, file = load(tmp_path, text)
     problem = only_error(report, "stack.toml_syntax")
     assert (problem.file, problem.line) == (file, line)
+    # tomlkit >= 0.15.3 appends where it noticed ("at line 6 col 0", past the table):
+    # the message must not name a second, different line.
+    named = re.findall(r" at line (\d+)", problem.message)
+    assert named in ([], [str(line)]), problem.message
 
 
 _EVERY_KIND = """\
