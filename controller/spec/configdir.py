@@ -22,10 +22,11 @@ from pydantic import ValidationError
 
 from controller.names import is_valid_slot_name
 from controller.spec.aliases import AliasEntry, alias_problems, parse_aliases
-from controller.spec.loader import DesiredSlot, DesiredState, normalise, parse_toml_file
+from controller.spec.loader import DesiredSlot, DesiredState, normalise
 from controller.spec.problems import Problem, problems_from_validation
 from controller.spec.rules import Origin, SlotEntry, check_slot_payload, cross_slot_problems
 from controller.spec.schema import ControllerSettings, ModelSpec
+from controller.spec.tomlfile import parse_toml_file
 
 SLOTS_SUBDIR = "slots"
 CATALOGUE_FILE = "models.toml"

@@ -1,0 +1,93 @@
+"""One TOML stack or config file read and parsed: plain data, a line index, or a located problem.
+
+tomllib parses first (~10x cheaper than tomlkit: a config dir read parses every slot file
+at every resync); what it refuses goes to tomlkit, so a syntax error reads as tomlkit
+words it and nothing tomlkit accepts is refused. A file over :data:`MAX_FILE_BYTES` is
+refused unparsed (``stack.too_large``). Reads only.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import tomlkit
+
+from controller.spec.locate import LineIndex
+from controller.spec.problems import Problem
+
+__all__ = ["MAX_FILE_BYTES", "Parsed", "parse_toml_file", "parse_toml_text"]
+
+# One stack (or config) file is parsed whole, in a worker thread; beyond this size it is
+# refused unparsed (``stack.too_large``) rather than occupying the controller for seconds.
+MAX_FILE_BYTES = 1024 * 1024
+
+Parsed = tuple[dict[str, Any] | None, LineIndex | None, list[Problem]]
+
+
+def _too_large(name: str) -> Problem:
+    return Problem(
+        code="stack.too_large",
+        message=f"larger than {MAX_FILE_BYTES // 1024} KiB: not parsed",
+        file=name,
+        hint="split it into several stack files (a directory of stack files is one state)",
+    )
+
+
+def parse_toml_file(path: Path) -> Parsed:
+    """A stack or config file; at most :data:`MAX_FILE_BYTES` are read (``stack.too_large``)."""
+    name = str(path)
+    try:
+        with path.open("rb") as handle:
+            raw = handle.read(MAX_FILE_BYTES + 1)
+        if len(raw) > MAX_FILE_BYTES:
+            return None, None, [_too_large(name)]
+        # As read_text() would: universal newlines.
+        text = raw.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
+    except (OSError, UnicodeDecodeError) as exc:
+        return None, None, [Problem(code="stack.unreadable", message=str(exc), file=name)]
+    return parse_toml_text(text, name)
+
+
+def parse_toml_text(text: str, name: str) -> Parsed:
+    """TOML text -> plain data and a line index, or a located syntax problem."""
+    if len(text) > MAX_FILE_BYTES or len(text.encode("utf-8", "surrogatepass")) > MAX_FILE_BYTES:
+        return None, None, [_too_large(name)]
+    try:
+        # tomllib first: ~10x cheaper than tomlkit (a config dir read parses every slot
+        # file, at every resync). A document it refuses goes to tomlkit as before, so a
+        # syntax error reads the same and nothing tomlkit accepted is refused now.
+        return tomllib.loads(text), LineIndex(text), []
+    except tomllib.TOMLDecodeError as exc:
+        refused = exc
+    try:
+        doc = tomlkit.parse(text)
+    except tomlkit.exceptions.TOMLKitError as exc:  # ParseError, KeyAlreadyPresent, ...
+        # tomllib's line is the offending statement's; tomlkit gives none for a key or
+        # table defined twice (<= 0.15.2) or the line where it noticed, past the table
+        # (0.15.3), so its line is only the fallback.
+        line = _tomllib_line(refused) or getattr(exc, "line", None)
+        said = str(exc)
+        if getattr(exc, "line", line) != line:  # one line named, not two
+            said = _TOMLKIT_AT.sub("", said)
+        problem = Problem(
+            code="stack.toml_syntax",
+            message=f"TOML syntax error: {said}",
+            file=name,
+            line=line,
+            hint="fix the TOML syntax at the line shown",
+        )
+        return None, None, [problem]
+    return doc.unwrap(), LineIndex(text), []
+
+
+_TOMLLIB_LINE = re.compile(r"\(at line (\d+), column \d+\)")
+_TOMLKIT_AT = re.compile(r" at line \d+ col \d+$")
+
+
+def _tomllib_line(exc: tomllib.TOMLDecodeError) -> int | None:
+    """The line tomllib names in its error ("... (at line 5, column 3)")."""
+    match = _TOMLLIB_LINE.search(str(exc))
+    return int(match.group(1)) if match else None
