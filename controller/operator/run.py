@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import time
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,15 +48,36 @@ from controller.operator.status import (
 )
 from controller.slots import SlotManager
 
-__all__ = ["Operator", "OperatorOptions"]
+__all__ = ["Operator", "OperatorOptions", "SyncPacer"]
 
 log = logging.getLogger("slotctl.operator")
 
 ANNOTATION_PREFIX: Final = GROUP
 DELETE_WAIT_S: Final = 30.0
 # The CR handlers of a burst (1,000 Slots applied at once) share one judging of every CR
-# that starts this long after the first of them (each judging is O(CRs)).
+# that starts this long after the first of them (each judging is O(CRs)), and no sooner
+# than SYNC_SPACING times what the last judging cost after it ended (at most
+# SYNC_GAP_MAX_S): while CRs keep coming, judging takes at most 1/(1 + SYNC_SPACING) of the
+# event loop, the rest is left to the loads and the status writes.
 SYNC_BATCH_S: Final = 0.05
+SYNC_SPACING: Final = 4.0
+SYNC_GAP_MAX_S: Final = 1.0
+
+
+@dataclass(slots=True)
+class SyncPacer:
+    """When the next shared judging of every CR may start (see :data:`SYNC_SPACING`)."""
+
+    cost: float = 0.0  # seconds the last judging held the loop
+    ended: float = -math.inf  # when it ended (time.monotonic)
+
+    def delay(self, now: float) -> float:
+        """Seconds from ``now`` (a handler asks) to the judging it will share."""
+        rest = self.ended + min(SYNC_GAP_MAX_S, SYNC_SPACING * self.cost) - now
+        return max(SYNC_BATCH_S, rest)
+
+    def took(self, started: float, ended: float) -> None:
+        self.cost, self.ended = max(0.0, ended - started), ended
 
 
 @dataclass(slots=True)
@@ -106,6 +128,7 @@ class Operator:
         self.registry = kopf.OperatorRegistry()
         self._handled: set[CrKey] = set()  # CRs whose own handler ran (status may follow)
         self._next_sync: asyncio.Future[SyncResult] | None = None  # shared by a burst
+        self._pacer = SyncPacer()
         self._sync_indexes: Mapping[str, Any] = {}
         self._seen: dict[CrKey, Hashable] = {}  # the board stamp each status timer last saw
         self._looked: dict[CrKey, float] = {}  # when a timer of every slot's last woke
@@ -228,9 +251,10 @@ class Operator:
     # ------------------------------------------------------------------ the source
 
     async def _sync_soon(self, indexes: Mapping[str, Any]) -> SyncResult:
-        """:meth:`_sync`, shared by the handlers that ask within :data:`SYNC_BATCH_S`:
-        kopf's indexes are updated before a handler runs, so the shared judging (later
-        than any one handler's event) sees every CR at least as new as its event."""
+        """:meth:`_sync`, shared by the handlers that ask before it starts (paced by
+        :class:`SyncPacer`): kopf's indexes are updated before a handler runs, so the shared
+        judging (later than any one handler's event) sees every CR at least as new as its
+        event."""
         self._sync_indexes = indexes
         if self._next_sync is None:
             loop = asyncio.get_running_loop()
@@ -239,12 +263,15 @@ class Operator:
 
             def run() -> None:
                 self._next_sync = None
+                started = time.monotonic()
                 try:
                     future.set_result(self._sync(self._sync_indexes))
                 except Exception as exc:  # noqa: BLE001 - handed to every waiting handler (kopf retries each)
                     future.set_exception(exc)
+                finally:
+                    self._pacer.took(started, time.monotonic())
 
-            loop.call_later(SYNC_BATCH_S, run)
+            loop.call_later(self._pacer.delay(time.monotonic()), run)
         return await asyncio.shield(self._next_sync)
 
     def _sync(self, indexes: Mapping[str, Any]) -> SyncResult:
