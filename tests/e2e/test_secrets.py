@@ -96,6 +96,9 @@ def test_the_state_dir_is_private(ctl: Slotctl) -> None:
     ctl.start_up()
     log = ctl.wait_log("was open to other users: made it private (0700")
     assert stat.S_IMODE(ctl.state.stat().st_mode) == 0o700
+    # The token is written when the API starts, after that line: wait for it (a loaded
+    # machine showed the gap).
+    wait_until(lambda: (ctl.state / "token").exists(), "the API token")
     assert stat.S_IMODE((ctl.state / "token").stat().st_mode) == 0o600
     ctl.ok("down")
     ctl.start_up()
