@@ -58,7 +58,8 @@ DELETE_WAIT_S: Final = 30.0
 # that starts this long after the first of them (each judging is O(CRs)), and no sooner
 # than SYNC_SPACING times what the last judging cost after it ended (at most
 # SYNC_GAP_MAX_S): while CRs keep coming, judging takes at most 1/(1 + SYNC_SPACING) of the
-# event loop, the rest is left to the loads and the status writes.
+# event loop (while one costs under SYNC_GAP_MAX_S / SYNC_SPACING), the rest is left to the
+# loads and the status writes.
 SYNC_BATCH_S: Final = 0.05
 SYNC_SPACING: Final = 4.0
 SYNC_GAP_MAX_S: Final = 1.0

@@ -65,10 +65,14 @@ def parse_toml_text(text: str, name: str) -> Parsed:
     try:
         doc = tomlkit.parse(text)
     except tomlkit.exceptions.TOMLKitError as exc:  # ParseError, KeyAlreadyPresent, ...
-        # tomllib's line is the offending statement's; tomlkit gives none for a key or
-        # table defined twice (<= 0.15.2) or the line where it noticed, past the table
-        # (0.15.3), so its line is only the fallback.
-        line = _tomllib_line(refused) or getattr(exc, "line", None)
+        # A key or table defined twice: tomlkit gives no line (<= 0.15.2) or the line where
+        # it noticed, past the table (0.15.3); tomllib's is the offending statement's. Any
+        # other error is tomlkit's, with its line (tomllib may have refused something
+        # earlier that tomlkit accepts: its line would not be this error's).
+        tomlkit_line = getattr(exc, "line", None)
+        line = tomlkit_line
+        if tomlkit_line is None or _TOMLLIB_REDEFINED.match(str(refused)):
+            line = _tomllib_line(refused) or tomlkit_line
         said = str(exc)
         if getattr(exc, "line", line) != line:  # one line named, not two
             said = _TOMLKIT_AT.sub("", said)
@@ -85,6 +89,9 @@ def parse_toml_text(text: str, name: str) -> Parsed:
 
 _TOMLLIB_LINE = re.compile(r"\(at line (\d+), column \d+\)")
 _TOMLKIT_AT = re.compile(r" at line \d+ col \d+$")
+_TOMLLIB_REDEFINED = re.compile(
+    r"Cannot (overwrite a value|declare .* twice|redefine namespace|mutate immutable namespace)"
+)
 
 
 def _tomllib_line(exc: tomllib.TOMLDecodeError) -> int | None:

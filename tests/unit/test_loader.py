@@ -150,6 +150,9 @@ def test_toml_syntax_error_line(tmp_path: Path) -> None:
         pytest.param(
             HEAD + '[[slot]]\nmodel.default = "m"\nmodel = { default = "n" }\n', 5, id="dotted"
         ),
+        # tomllib refuses line 3 (a newline in an inline table), tomlkit accepts it and
+        # refuses the key defined twice: the error told is tomlkit's, at its line.
+        pytest.param(HEAD + "a = { b = 1,\n c = 2 }\nz = 1\nz = 2\n", 6, id="two-errors"),
     ],
 )
 def test_toml_redefinitions_are_syntax_errors_not_crashes(
