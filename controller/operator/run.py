@@ -329,7 +329,9 @@ class Operator:
         async def deleted(body: kopf.Body, **kwargs: Any) -> None:
             key = cr_key(kind, body)
             slot = self.source.slot_of(key)
-            self._sync(kwargs)  # the index no longer offers a CR being deleted
+            # The index no longer offers a CR being deleted; deletions of a burst (a
+            # `kubectl delete` of 1,000 Slots) share one judging, as changes do.
+            await self._sync_soon(kwargs)
             self.source.remove(key)
             self._handled.discard(key)
             self._seen.pop(key, None)
