@@ -34,10 +34,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from controller.api.app import ApiContext
 from controller.api.server import ApiServer
-from controller.memory import FakeMemoryProbe
-from controller.probe import HttpProber
-from controller.runtime.process import ProcessRuntime
-from controller.slots import ManagerConfig, SlotManager
+from controller.probes.memory import FakeMemoryProbe
+from controller.probes.readiness import HttpProber
+from controller.runtime.process.runtime import ProcessRuntime
+from controller.slots.manager import SlotManager
+from controller.slots.records import ManagerConfig
 from controller.spec.loader import DesiredSlot, DesiredState, normalise
 from controller.spec.schema import AliasSpec, ControllerSettings, ModelSpec, SlotSpec
 from tests.integration.helpers import free_ports

@@ -33,8 +33,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from controller.apply import apply_to_config
-from controller.daemon import Controller, DaemonOptions
+from controller.daemon.main import Controller, DaemonOptions
+from controller.reconcile.apply import apply_to_config
 from controller.spec.configdir import read_config_dir
 from controller.spec.guard import write_catalogue, write_slot_config
 from controller.spec.loader import DesiredState, load_stack_texts

@@ -29,10 +29,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from controller.memory import FakeMemoryProbe
+from controller.probes.memory import FakeMemoryProbe
 from controller.runtime.fake import FakeProber, FakeRuntime
-from controller.slots import ManagerConfig, SlotManager
-from controller.slots.records import Requester
+from controller.slots.manager import SlotManager
+from controller.slots.records import ManagerConfig, Requester
 from controller.spec.loader import DesiredSlot, DesiredState, normalise
 from controller.spec.schema import ControllerSettings, ModelSpec, SlotSpec
 

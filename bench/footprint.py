@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from controller.apply import apply_to_config
+from controller.reconcile.apply import apply_to_config
 from controller.spec.loader import DesiredState, load_stack_texts
 
 REPO = Path(__file__).resolve().parents[1]

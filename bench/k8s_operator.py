@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import kmock
 import kmock._internal.parsing as kmock_parsing
 
-from controller.daemon import stop_everything
+from controller.daemon.main import stop_everything
 from controller.operator.run import Operator, OperatorOptions
 from tests.integration.helpers import free_port
 from tests.k8s import conftest as k8s

@@ -1,5 +1,5 @@
 """The kubernetes runtime at scale, on the real control plane (``tests/k8s/realcluster.py``):
-kube-apiserver + kine, kube-controller-manager, kube-scheduler and kwok nodes.
+kube-apiserver + etcd, kube-controller-manager, kube-scheduler and kwok nodes.
 
 ``--nodes`` kwok nodes with ``--gpus`` GPUs each (``--gib`` per GPU, GPU feature
 discovery's labels, time-sliced to ``--replicas`` allocatable each), one Model and

@@ -30,12 +30,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from controller.clock import SYSTEM_CLOCK
-from controller.eviction import EvictionCandidate, is_eligible, plan_eviction
-from controller.lifecycle import SlotState
-from controller.memory import GIB, FakeMemoryProbe
+from controller.kit.clock import SYSTEM_CLOCK
+from controller.model.lifecycle import SlotState
+from controller.model.sizes import GIB
+from controller.probes.memory import FakeMemoryProbe
 from controller.runtime.fake import FakeProber, FakeRuntime
-from controller.slots import ManagerConfig, SlotManager
+from controller.scheduling.eviction import EvictionCandidate, is_eligible, plan_eviction
+from controller.slots.manager import SlotManager
+from controller.slots.records import ManagerConfig
 from controller.spec.loader import DesiredSlot, DesiredState, normalise
 from controller.spec.schema import ControllerSettings, ModelSpec, SlotSpec
 

@@ -2,7 +2,7 @@
 
 200 random slot mixes onto hosts of 2, 4 and 8 GPUs of mixed sizes (16, 24, 48, 80 GiB,
 0.5 GiB safety margin). The loads arrive one at a time in random order, as requests and
-restores do, and each is placed by :func:`controller.placement.place` (the controller's
+restores do, and each is placed by :func:`controller.scheduling.placement.place` (the controller's
 one placement function; no evictions: every slot stays) or refused. Two scenarios:
 
 * **packable** (what a placement is for: fragmentation): mixes whose loads *all* fit the
@@ -35,9 +35,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from controller.devices import GpuRef
-from controller.memory import GIB, DeviceMemory
-from controller.placement import DeviceFacts, Need, place
+from controller.model.devices import GpuRef
+from controller.model.sizes import GIB
+from controller.scheduling.fit import DeviceMemory
+from controller.scheduling.placement import DeviceFacts, Need, place
 
 MARGIN = GIB // 2
 SIZES_GB = (16, 24, 48, 80)

@@ -56,21 +56,23 @@ from pathlib import Path
 # The controller package measured: this checkout's, or (the --baseline subprocess) another's.
 sys.path.insert(0, os.environ.get("SLOTCTL_BENCH_TREE") or str(Path(__file__).parent.parent))
 
-from controller import eventloop
-from controller.apply import apply_to_config
-from controller.clock import SYSTEM_CLOCK
-from controller.daemon import Controller, DaemonOptions
-from controller.lifecycle import SlotState
-from controller.memory import FakeMemoryProbe
-from controller.providers import BuildContext, build_launch
-from controller.reconcile import ObservedSlot, Reconciler, plans_for
+from controller.kit import eventloop
+from controller.daemon.main import Controller, DaemonOptions
+from controller.kit.clock import SYSTEM_CLOCK
+from controller.model.lifecycle import SlotState
+from controller.probes.memory import FakeMemoryProbe
+from controller.providers.base import BuildContext
+from controller.providers.launch import build_launch
+from controller.reconcile.apply import apply_to_config
+from controller.reconcile.reconciler import ObservedSlot, Reconciler, plans_for
 from controller.runtime.fake import FakeProber, FakeRuntime
-from controller.runtime.process import ProcessRuntime
-from controller.slots import ManagerConfig, SlotManager
+from controller.runtime.process.runtime import ProcessRuntime
+from controller.slots.manager import SlotManager
+from controller.slots.records import ManagerConfig
 from controller.spec.configdir import ConfigSnapshot
 from controller.spec.loader import DesiredSlot, DesiredState, load_stacks, normalise
 from controller.spec.schema import ControllerSettings, ModelSpec, SlotSpec
-from controller.store import SlotStateRecord, StateStore
+from controller.store.state import SlotStateRecord, StateStore
 
 SETTINGS = ControllerSettings(safety_margin_gb=0.0)
 TREE = sys.path[0]

@@ -34,7 +34,7 @@ import aiohttp
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from controller.apply import apply_to_config  # noqa: E402
+from controller.reconcile.apply import apply_to_config  # noqa: E402
 from controller.spec.configdir import read_settings  # noqa: E402
 from controller.spec.loader import load_stacks  # noqa: E402
 

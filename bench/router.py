@@ -721,7 +721,7 @@ def main() -> None:
         port, backend = args.serve_floor or args.serve_lean
         serve = serve_floor if args.serve_floor else serve_lean
         sys.path.insert(0, str(ROOT))
-        from controller import eventloop
+        from controller.kit import eventloop
 
         with contextlib.suppress(KeyboardInterrupt):
             eventloop.run(lambda: serve(int(port), backend, args.loop), args.loop)

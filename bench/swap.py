@@ -35,9 +35,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from controller.memory import SystemMemoryProbe
-from controller.runtime.process import ProcessRuntime
-from controller.slots import ManagerConfig, SlotManager
+from controller.probes.memory import SystemMemoryProbe
+from controller.runtime.process.runtime import ProcessRuntime
+from controller.slots.manager import SlotManager
+from controller.slots.records import ManagerConfig
 from controller.spec.loader import DesiredSlot, DesiredState, normalise
 from controller.spec.schema import ControllerSettings, ModelSpec, SlotSpec
 from tests.integration.helpers import free_ports

@@ -26,11 +26,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from controller.apply import apply_to_config
-from controller.memory import GIB, FakeMemoryProbe
-from controller.reconcile import Reconciler
+from controller.model.sizes import GIB
+from controller.probes.memory import FakeMemoryProbe
+from controller.reconcile.apply import apply_to_config
+from controller.reconcile.reconciler import Reconciler
 from controller.runtime.fake import FakeProber, FakeRuntime
-from controller.slots import ManagerConfig, SlotManager, SlotView
+from controller.slots.manager import SlotManager
+from controller.slots.records import ManagerConfig, SlotView
 from controller.spec.loader import DesiredSlot, DesiredState, normalise
 from controller.spec.schema import ControllerSettings, ModelSpec, SlotSpec
 

@@ -3,13 +3,13 @@
 For N servers started at once, the delay between the moment the server was ready and
 the moment the probe reports ``ready``, and the probe requests that took, three ways:
 
-* **log wake**: :class:`~controller.probe.HttpProber` with the runtime as its log
+* **log wake**: :class:`~controller.probes.readiness.HttpProber` with the runtime as its log
   source: the provider's ``ready_log`` line in the slot's log wakes the probe
   (inotify), the proportional schedule runs underneath;
 * **schedule**: the same prober without the log (the proportional schedule alone);
 * **line never comes**: the log is followed but the pattern never matches (a server
   that does not print the line the provider declares): the armed fallback schedule alone
-  (floor 250 ms, see :func:`controller.probe.next_delay`);
+  (floor 250 ms, see :func:`controller.probes.readiness.next_delay`);
 * **naive 1 s poll**: what peers do.
 
 ``--server demo`` (default): demo servers with load times spread over 0.1 s steps; the
@@ -42,11 +42,12 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from controller.clock import SYSTEM_CLOCK
-from controller.probe import HttpProber, ProbeOutcome, ProbeResult, ProbeSpec, probe_once
-from controller.providers import BuildContext, build_launch
+from controller.kit.clock import SYSTEM_CLOCK
+from controller.probes.readiness import HttpProber, ProbeOutcome, ProbeResult, ProbeSpec, probe_once
+from controller.providers.base import BuildContext
+from controller.providers.launch import build_launch
 from controller.runtime.base import LaunchSpec
-from controller.runtime.process import ProcessRuntime
+from controller.runtime.process.runtime import ProcessRuntime
 from controller.spec.schema import ModelSpec, SlotSpec
 from tests.integration.helpers import demo_launch, free_port
 

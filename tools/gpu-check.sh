@@ -25,7 +25,7 @@ nvidia-smi --query-gpu=index,uuid,memory.total,memory.free --format=csv,noheader
 cat "$tmp/smi.csv"
 "$PYTHON" - "$tmp/smi.csv" <<'PY'
 import sys
-from controller.memory import NvmlProbe
+from controller.probes.memory import NvmlProbe
 
 MIB = 1024**2
 probe = NvmlProbe()

@@ -8,7 +8,7 @@ scope reaches the route's: :func:`route_scope`) and the OpenAPI 3 document
 (:mod:`controller.api.openapi`) — so a route cannot exist without its documentation or
 its auth decision, and ``tests`` enumerate the registry to prove it.
 
-Errors leave as the typed JSON body of :mod:`controller.errors` (``Retry-After`` when the
+Errors leave as the typed JSON body of :mod:`controller.model.errors` (``Retry-After`` when the
 error carries ``retry_after_s``); anything unexpected is ``500 internal`` with a log line.
 """
 
@@ -27,12 +27,14 @@ from typing import Any, Final
 from aiohttp import web
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
+from controller.access.keys import KeyLimits, KeyRing, Principal, Scope
 from controller.api.ctxstore import REQUEST_RECORDER, CtxKey, CtxStore
-from controller.api.hosts import hosts_middleware
-from controller.errors import Forbidden, InvalidRequest, SlotctlError, Unauthorized
-from controller.events import EventBus, EventKind, Op
-from controller.keys import KeyLimits, KeyRing, Principal, Scope
-from controller.reconcile import Reconciler
+from controller.api.hostcheck import hosts_middleware
+from controller.kit.eventbus import EventBus
+from controller.kit.tasks import TaskSet
+from controller.model.errors import Forbidden, InvalidRequest, SlotctlError, Unauthorized
+from controller.model.events import EventKind, Op
+from controller.reconcile.reconciler import Reconciler
 from controller.router.access import bearer, identify
 from controller.router.context import RequestRecorder
 from controller.router.refusals import (
@@ -40,8 +42,7 @@ from controller.router.refusals import (
     NO_BEARER_MESSAGE,
     openai_error_body,
 )
-from controller.slots import SlotManager
-from controller.tasks import TaskSet
+from controller.slots.manager import SlotManager
 
 __all__ = [
     "API_CTX",

@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from controller.api import metrics, sse
 from controller.api.app import API_CTX, ApiContext, CtxKey, RouteTable, json_response, read_body
-from controller.errors import InvalidRequest, Unauthorized
+from controller.model.errors import InvalidRequest, Unauthorized
 
 __all__ = [
     "LOGIN_CODE_TTL_S",

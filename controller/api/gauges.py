@@ -15,8 +15,8 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from controller import __version__
-from controller.lifecycle import SlotState
-from controller.slots.ports import MetricsPort
+from controller.model.lifecycle import SlotState
+from controller.slots.interfaces import MetricsPort
 from controller.slots.records import DeviceFigures
 
 __all__ = ["LiveCollector", "device_figures"]

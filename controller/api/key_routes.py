@@ -1,7 +1,7 @@
 """REST routes of the API keys (``slotctl key``): list, create, revoke. Admin scope only.
 
 A key is shown once, in the answer that creates it; ``keys.json`` holds its hash
-(:mod:`controller.keys`). A created or revoked key counts from the next request on: the
+(:mod:`controller.access.keys`). A created or revoked key counts from the next request on: the
 requests in flight finish as they started.
 """
 
@@ -14,9 +14,9 @@ from typing import Annotated, Any, Final
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
+from controller.access.keys import NAME_PATTERN, Scope, create_key, parse_duration, revoke_key
 from controller.api.app import API_CTX, ApiContext, CtxKey, RouteTable, json_response, read_body
-from controller.errors import InvalidRequest
-from controller.keys import NAME_PATTERN, Scope, create_key, parse_duration, revoke_key
+from controller.model.errors import InvalidRequest
 
 __all__: list[str] = []
 

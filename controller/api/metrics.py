@@ -43,9 +43,9 @@ from prometheus_client.utils import floatToGoString
 
 from controller.api.app import API_CTX, REQUEST_RECORDER, ApiContext, CtxKey, RouteTable
 from controller.api.gauges import LiveCollector, device_figures
-from controller.errors import SlotUpstreamTimeout
-from controller.events import Event, EventKind
-from controller.lifecycle import SlotState
+from controller.model.errors import SlotUpstreamTimeout
+from controller.model.events import Event, EventKind
+from controller.model.lifecycle import SlotState
 
 __all__ = [
     "METRICS",

@@ -19,15 +19,16 @@ from controller.api.rest import (
     ctx_of,
     start_load,
 )
-from controller.errors import (
+from controller.model.errors import (
     ModelNotFound,
     SlotConfigError,
     SlotPinned,
 )
-from controller.lifecycle import SlotState
+from controller.model.lifecycle import SlotState
 from controller.router.aliases import resolve
 from controller.router.selection import ranked
-from controller.slots import SlotManager, SlotView
+from controller.slots.manager import SlotManager
+from controller.slots.records import SlotView
 from controller.spec.schema import ModelSpec
 
 __all__: list[str] = []

@@ -20,11 +20,11 @@ from controller.api.app import (
     API_CTX,
     ApiContext,
 )
-from controller.errors import (
+from controller.model.errors import (
     SlotNotFound,
 )
-from controller.lifecycle import SlotState
-from controller.slots import SlotView
+from controller.model.lifecycle import SlotState
+from controller.slots.records import SlotView
 from controller.spec.configdir import ConfigSnapshot
 from controller.spec.desired import DesiredCache
 from controller.spec.loader import DesiredSlot
@@ -49,7 +49,7 @@ S = SlotState
 
 
 class RolloutOut(BaseModel):
-    """A slot's rollout in flight (:class:`controller.rollout.RolloutView`)."""
+    """A slot's rollout in flight (:class:`controller.scheduling.rollout.RolloutView`)."""
 
     way: str  # surge | recreate
     phase: str  # surge: starting | switched | failed; recreate: stopping | starting

@@ -25,10 +25,10 @@ from controller.api.router_answers import openai_error, refusal_response
 from controller.api.router_proxy import route_request
 from controller.api.router_proxy import setup as setup
 from controller.router.aliases import model_entries
+from controller.router.body import AUDIO_MAX_BYTES, AUDIO_TAIL, JSON_MAX_BYTES
 from controller.router.refusals import model_not_found
-from controller.router.request import AUDIO_MAX_BYTES, AUDIO_TAIL, JSON_MAX_BYTES
 from controller.router.selection import served_ids
-from controller.slots import SlotManager
+from controller.slots.manager import SlotManager
 
 __all__ = ["openai_error", "served_ids", "setup"]
 

@@ -14,6 +14,7 @@ import aiohttp
 from aiohttp import hdrs, web
 
 from controller.api.app import json_response
+from controller.router.body import AUDIO_TAIL, model_of
 from controller.router.refusals import (
     Refusal,
     error_body,
@@ -21,7 +22,6 @@ from controller.router.refusals import (
     upstream_failed,
     upstream_unreachable,
 )
-from controller.router.request import AUDIO_TAIL, model_of
 
 __all__ = [
     "openai_error",

@@ -53,8 +53,9 @@ from controller.api.router_answers import (
     upstream_path,
     upstream_refusal,
 )
-from controller.errors import SlotctlError
+from controller.model.errors import SlotctlError
 from controller.router.access import PRIORITY_HEADER, requester
+from controller.router.body import with_model
 from controller.router.context import CLIENT_CLOSED, Call, record_call, upstream_idle_s
 from controller.router.headers import REQUEST_DROP, RESPONSE_DROP, connection_names, passes
 from controller.router.leasing import lease_model
@@ -66,7 +67,6 @@ from controller.router.refusals import (
     slot_refusal,
     upstream_timeout,
 )
-from controller.router.request import with_model
 from controller.router.selection import endpoint_of
 
 __all__ = ["SESSION", "route_request", "setup"]

@@ -34,7 +34,7 @@ from controller.api.rest import (
     start_load,
     wake,
 )
-from controller.errors import (
+from controller.model.errors import (
     InvalidRequest,
     ModelNotFound,
     SlotConfigError,
@@ -43,7 +43,7 @@ from controller.errors import (
     SlotOwnedByStack,
     SlotPinned,
 )
-from controller.lifecycle import SlotState
+from controller.model.lifecycle import SlotState
 from controller.spec.guard import delete_slot_config, write_slot_config
 from controller.spec.loader import DesiredSlot
 from controller.spec.render import slot_effective

@@ -22,10 +22,10 @@ from aiohttp import web
 
 from controller.api.app import ApiContext
 from controller.api.assembly import build_app
-from controller.api.hosts import HOST_POLICY, HostPolicy
+from controller.api.hostcheck import HOST_POLICY, HostPolicy
 from controller.api.refused import quiet_protocol
 from controller.dataplane.plane import DataPlane
-from controller.errors import ListenUnavailable, SlotConfigError
+from controller.model.errors import ListenUnavailable, SlotConfigError
 
 __all__ = ["ApiServer", "check_listen", "parse_listen"]
 
@@ -100,7 +100,7 @@ class ApiServer:
     async def start(self) -> str:
         """Start serving; returns the bound ``host:port`` (the real port when 0 was asked)."""
         # The Host values answered: the listen host, localhost, address literals and
-        # --allowed-host (controller.api.hosts: against DNS rebinding).
+        # --allowed-host (controller.api.hostcheck: against DNS rebinding).
         hosts = HostPolicy(self.host, self.ctx.allowed_hosts)
         app = self.app_factory(self.ctx)
         app[HOST_POLICY] = hosts

@@ -29,8 +29,9 @@ from typing import Any, Final
 from aiohttp import web
 
 from controller.api.app import API_CTX, ApiContext, CtxKey, Query, RouteTable
-from controller.errors import InvalidRequest
-from controller.events import Event, EventBus, Subscription
+from controller.kit.eventbus import EventBus, Subscription
+from controller.model.errors import InvalidRequest
+from controller.model.events import Event
 
 __all__ = ["KEEPALIVE", "format_event", "setup"]
 

@@ -20,11 +20,11 @@ from controller.api.rest import (
     disk_snapshot,
     wake,
 )
-from controller.apply import apply_to_config, plan_stack
-from controller.errors import (
+from controller.model.errors import (
     InvalidRequest,
     SlotConfigError,
 )
+from controller.reconcile.apply import apply_to_config, plan_stack
 from controller.spec.configdir import read_settings
 from controller.spec.loader import load_stack_texts
 

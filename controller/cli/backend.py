@@ -21,11 +21,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol, Self
 
-from controller.errors import SlotConfigError
+from controller.model.errors import SlotConfigError
 
 if TYPE_CHECKING:
-    from controller.apply import StackPlan
-    from controller.plan import Action
+    from controller.reconcile.apply import StackPlan
+    from controller.reconcile.plan import Action
     from controller.spec.loader import DesiredState, LoadReport
     from controller.spec.problems import Problem
 

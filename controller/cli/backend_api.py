@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from controller.apply import StackPlan
 from controller.cli.backend import Applied, Closing, Diff, SlotStatus, StackRejected, StackRequest
 from controller.cli.client import ApiClient, ApiError
-from controller.plan import Action
+from controller.reconcile.apply import StackPlan
+from controller.reconcile.plan import Action
 from controller.spec.problems import Problem
 
 __all__ = ["ApiBackend"]

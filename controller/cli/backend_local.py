@@ -1,8 +1,8 @@
 """The local stack backend: the config and state dirs and the runtime, no controller needed.
 
-Plans with :func:`controller.apply.plan_stack`, writes through
-:func:`controller.apply.apply_to_config` (the guard), observes ``state.json`` and the
-runtime (:func:`controller.apply.observe_files`). The runtime is the running
+Plans with :func:`controller.reconcile.apply.plan_stack`, writes through
+:func:`controller.reconcile.apply.apply_to_config` (the guard), observes ``state.json`` and the
+runtime (:func:`controller.reconcile.apply.observe_files`). The runtime is the running
 controller's (``controller.json``) when one runs, else ``--runtime``; it and the event
 loop it lives on are opened once per command and closed with the backend.
 """
@@ -14,11 +14,11 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
-from controller.apply import apply_to_config, observe_files, plan_stack
 from controller.cli.backend import Applied, Closing, Diff, SlotStatus, StackRequest
-from controller.runtime import make_runtime
+from controller.reconcile.apply import apply_to_config, observe_files, plan_stack
 from controller.runtime.base import Runtime
-from controller.store import ControllerLock
+from controller.runtime.kinds import make_runtime
+from controller.store.lock import ControllerLock
 
 __all__ = ["LocalBackend"]
 

@@ -29,8 +29,8 @@ from typing import Any, Final
 from urllib.parse import quote, urlencode, urlsplit
 
 from controller.cli.flags import SERVER_ENV, TOKEN_ENV
-from controller.errors import SlotctlError
-from controller.runinfo import RECORD, running_controller
+from controller.model.errors import SlotctlError
+from controller.store.runinfo import RECORD, running_controller
 
 __all__ = [
     "ApiClient",

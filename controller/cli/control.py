@@ -18,13 +18,13 @@ from pathlib import Path
 
 import psutil
 
-from controller import eventloop
+from controller.kit import eventloop
 from controller.cli.client import ApiClient, find_controller, quote_segment
-from controller.daemon import Controller, DaemonOptions, stop_everything
-from controller.errors import SlotctlError
-from controller.exitcode import ExitCode
-from controller.logs import setup_logging
-from controller.store import ControllerLock
+from controller.daemon.main import Controller, DaemonOptions, stop_everything
+from controller.kit.logs import setup_logging
+from controller.model.errors import SlotctlError
+from controller.model.exitcode import ExitCode
+from controller.store.lock import ControllerLock
 
 __all__ = ["cmd_down", "cmd_up"]
 

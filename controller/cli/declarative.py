@@ -5,10 +5,10 @@ The files are validated here first; then the stack backend chosen once per comma
 config and state dirs) plans, writes and observes, so the output and exit codes are the
 same on both. ``apply --wait`` follows the backend until the stack is in sync;
 ``apply --once`` (no controller running) converges in this process through the
-composition root, on the event loop ``slotctl up`` runs on (:mod:`controller.eventloop`),
+composition root, on the event loop ``slotctl up`` runs on (:mod:`controller.kit.eventloop`),
 printing the manager's events.
 
-Exit codes (:class:`~controller.exitcode.ExitCode`) follow kubectl/Flux/Argo CD:
+Exit codes (:class:`~controller.model.exitcode.ExitCode`) follow kubectl/Flux/Argo CD:
 ``diff --exit-code`` is 0 in sync, 1 drift, 2 error (any error, an unexpected one
 included: see ``cli.main``). ``apply`` is 0 applied (and converged with
 ``--wait``/``--once``), 1 invalid or not converged in time, 2 error.
@@ -22,18 +22,19 @@ import json
 import sys
 import time
 
-from controller import eventloop
-from controller.apply import StackPlan
+from controller.kit import eventloop
 from controller.cli.backend import StackBackend, StackRejected, StackRequest
 from controller.cli.output import Style, print_json, render_problems
 from controller.cli.progress import Progress
 from controller.cli.stack import load_report
-from controller.events import PROGRESS_KINDS, Subscription, event_line
-from controller.exitcode import ExitCode
-from controller.plan import Action
-from controller.root import open_root
+from controller.daemon.root import open_root
+from controller.kit.eventbus import Subscription
+from controller.model.events import PROGRESS_KINDS, event_line
+from controller.model.exitcode import ExitCode
+from controller.reconcile.apply import StackPlan
+from controller.reconcile.plan import Action
 from controller.spec.problems import Problem
-from controller.store import ControllerLock
+from controller.store.lock import ControllerLock
 
 __all__ = ["cmd_apply", "cmd_diff", "open_backend", "wait"]
 

@@ -10,9 +10,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from controller.errors import SlotctlError
-from controller.exitcode import ExitCode
-from controller.quadlet import render_quadlet
+from controller.model.errors import SlotctlError
+from controller.model.exitcode import ExitCode
+from controller.providers.quadlet import render_quadlet
 from controller.spec.configdir import ConfigSnapshot, read_config_dir
 from controller.spec.render import render_stack
 
@@ -55,7 +55,7 @@ def cmd_export(args: argparse.Namespace) -> ExitCode:
 
 
 def _export_quadlet(args: argparse.Namespace, snapshot: ConfigSnapshot) -> ExitCode:
-    from controller.store import StateStore
+    from controller.store.state import StateStore
 
     store = StateStore(args.state_dir)  # the ports chosen for the slots that leave theirs
     failed = 0

@@ -5,7 +5,7 @@ keeps the last ten minutes of it, ``--since ID`` resumes after an event id as
 ``Last-Event-ID`` does), then the stream is followed until Ctrl-C (exit 130, quietly)
 or ``-n N`` events (exit 0); ``--watch-only`` prints only what comes from now on. The
 lease flips of every request (``ready -> serving -> ready``) are folded into one
-``requests`` line a slot and burst (:class:`~controller.events.LeaseFold`); ``--all``
+``requests`` line a slot and burst (:class:`~controller.model.events.LeaseFold`); ``--all``
 prints each flip instead.
 
 The stream is read by a thread (the reader blocks on the socket), so a burst that has
@@ -25,9 +25,9 @@ from typing import Final
 
 from controller.cli.client import ApiClient, ControllerUnreachable, SseEvent, find_controller
 from controller.cli.output import Style
-from controller.errors import SlotctlError
-from controller.events import Event, LeaseFold, event_line
-from controller.exitcode import ExitCode
+from controller.model.errors import SlotctlError
+from controller.model.events import Event, LeaseFold, event_line
+from controller.model.exitcode import ExitCode
 
 __all__ = ["cmd_events", "render_line"]
 

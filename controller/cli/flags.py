@@ -8,7 +8,7 @@ leaves the top-level default alone (:func:`add_globals`, :meth:`Tree.finish`).
 
 A command is data (:class:`Command`: name, help, options, the handler itself); its
 module is imported only when that command runs (:class:`LazyModule`). The standard
-library only (and ``controller.exitcode``): ``slotctl --help`` and every command pay for
+library only (and ``controller.model.exitcode``): ``slotctl --help`` and every command pay for
 this module.
 """
 
@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final, NamedTuple
 
-from controller.exitcode import ExitCode
+from controller.model.exitcode import ExitCode
 
 __all__ = [
     "RUNTIME_KINDS",

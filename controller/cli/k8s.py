@@ -15,8 +15,8 @@ from pathlib import Path
 
 from controller.cli import export
 from controller.cli.output import Style, render_problems
-from controller.exitcode import ExitCode
-from controller.logs import setup_logging
+from controller.kit.logs import setup_logging
+from controller.model.exitcode import ExitCode
 from controller.operator.convert import (
     dump_documents,
     parse_documents,

@@ -12,7 +12,7 @@ from typing import Any, Final
 from controller.cli.client import quote_segment
 from controller.cli.output import table
 from controller.cli.remote import client_of, print_data
-from controller.exitcode import ExitCode
+from controller.model.exitcode import ExitCode
 
 __all__ = ["cmd_key_create", "cmd_key_list", "cmd_key_revoke"]
 

@@ -3,7 +3,7 @@
 The command line itself (commands, options, help) is ``cli.parser``; each command's
 module is imported only when it runs, so start-up stays fast.
 
-Exit codes (:class:`~controller.exitcode.ExitCode`, the one list of them): 0 success, 1
+Exit codes (:class:`~controller.model.exitcode.ExitCode`, the one list of them): 0 success, 1
 the command's "negative" answer (invalid stack, drift), 2 usage (argparse's own status)
 or any error, an unexpected exception included (never a bare traceback; ``--debug``
 prints it), 130 interrupted by Ctrl-C (quietly: following ``logs -f`` or ``events``
@@ -18,9 +18,9 @@ import traceback
 from collections.abc import Sequence
 
 from controller.cli.parser import build_parser
-from controller.errors import SlotctlError
-from controller.exitcode import ExitCode
-from controller.paths import default_config_dir, default_state_dir
+from controller.kit.paths import default_config_dir, default_state_dir
+from controller.model.errors import SlotctlError
+from controller.model.exitcode import ExitCode
 
 __all__ = ["build_parser", "main"]
 

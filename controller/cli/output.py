@@ -1,5 +1,5 @@
 """Output helpers for the CLI: colour (off for pipes and under NO_COLOR), problem reports,
-memory sizes (``controller.units``: one format everywhere, GiB with two decimals).
+memory sizes (``controller.model.sizes``: one format everywhere, GiB with two decimals).
 
 Imports nothing heavy (the spec models only for type checking): every command uses it.
 """
@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
-from controller.units import GIB, format_gib
+from controller.model.sizes import GIB, format_gib
 
 if TYPE_CHECKING:
     from controller.spec.problems import Problem
@@ -22,7 +22,7 @@ __all__ = ["GIB", "Style", "format_memory", "print_json", "render_problems", "ta
 
 def format_memory(value: float | None, unit: int = 1) -> str:
     """``value`` (in ``unit`` bytes: 1, or GIB for a ``memory_gb``) as ``5.20 GiB``
-    (:func:`controller.units.format_gib`), ``-`` when unknown or zero."""
+    (:func:`controller.model.sizes.format_gib`), ``-`` when unknown or zero."""
     if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
         return "-"
     return format_gib(value * unit)

@@ -1,7 +1,7 @@
 """Progress of a command that waits (``stack apply --wait``, ``slot|model load --wait``).
 
 A waiting command polls the state of its slots; every change it sees is printed as one
-:func:`controller.events.event_line` (the same text as ``slotctl events`` and ``slotctl
+:func:`controller.model.events.event_line` (the same text as ``slotctl events`` and ``slotctl
 up``), the first column the seconds since the command started and no ``#id`` (a change
 seen by polling, not an event of the controller's stream). A slot's first sight is its
 state, no transition (an already converged stack shows its slots ``ready``, not a
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 
-from controller.events import Event, EventKind, Op, event_line
+from controller.model.events import Event, EventKind, Op, event_line
 
 __all__ = ["Progress"]
 

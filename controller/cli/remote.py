@@ -21,7 +21,7 @@ from typing import Any, Final
 from controller.cli.client import ApiClient, find_controller, quote_segment
 from controller.cli.flags import parse_duration
 from controller.cli.output import GIB, Style, format_memory, table
-from controller.exitcode import ExitCode
+from controller.model.exitcode import ExitCode
 
 __all__ = ["parse_duration"]
 

@@ -20,8 +20,8 @@ from typing import Any, Final
 
 from controller.cli.client import ApiClient, quote_segment, reachable_api
 from controller.cli.output import GIB, format_memory, table
-from controller.errors import SlotctlError, SlotNotFound
-from controller.exitcode import ExitCode
+from controller.model.errors import SlotctlError, SlotNotFound
+from controller.model.exitcode import ExitCode
 
 __all__ = ["cmd_get", "cmd_list", "cmd_logs"]
 
@@ -97,9 +97,10 @@ def _row_from_view(view: dict[str, Any]) -> dict[str, Any]:
 
 
 def _rows_from_files(args: argparse.Namespace) -> list[dict[str, Any]]:
-    from controller.lifecycle import SlotState
+    from controller.model.lifecycle import SlotState
     from controller.spec.configdir import read_config_dir
-    from controller.store import ResidencyStore, StateStore
+    from controller.store.residency import ResidencyStore
+    from controller.store.state import StateStore
 
     snapshot = read_config_dir(args.config_dir)
     store = StateStore(args.state_dir)
@@ -256,7 +257,8 @@ def _get_from_api(api: ApiClient, name: str) -> dict[str, Any]:
 def _get_from_files(args: argparse.Namespace) -> dict[str, Any]:
     from controller.spec.configdir import read_config_dir
     from controller.spec.render import slot_effective
-    from controller.store import ResidencyStore, StateStore
+    from controller.store.residency import ResidencyStore
+    from controller.store.state import StateStore
 
     snapshot = read_config_dir(args.config_dir)
     store = StateStore(args.state_dir)
@@ -282,7 +284,7 @@ def _get_from_files(args: argparse.Namespace) -> dict[str, Any]:
 
 def _explain(status: dict[str, Any]) -> dict[str, Any]:
     """``server`` (up, down, starting, stopping) and ``meaning`` beside the state."""
-    from controller.lifecycle import describe
+    from controller.model.lifecycle import describe
 
     extra = status.get("extra")
     reason = status.get("idle_reason") or (extra.get("idle_reason") if extra else None)
@@ -312,9 +314,10 @@ def cmd_logs(args: argparse.Namespace) -> ExitCode:
 def _logs_from_files(args: argparse.Namespace) -> None:
     import asyncio
 
-    from controller.runtime import make_runtime
+    from controller.runtime.kinds import make_runtime
     from controller.spec.configdir import read_config_dir
-    from controller.store import ControllerLock, StateStore
+    from controller.store.lock import ControllerLock
+    from controller.store.state import StateStore
 
     if (
         args.name not in read_config_dir(args.config_dir).slots

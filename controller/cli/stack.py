@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from controller.cli.output import Style, print_json, render_problems
-from controller.exitcode import ExitCode
+from controller.model.exitcode import ExitCode
 from controller.spec.configdir import read_settings
 from controller.spec.loader import LoadReport, load_stacks
 from controller.spec.render import model_effective, render_stack, slot_effective

@@ -11,9 +11,3 @@
 Layers (``.importlinter``): main above watch and gitops and supervise, which import each
 other not at all.
 """
-
-from __future__ import annotations
-
-from controller.daemon.main import Controller, DaemonOptions, stop_everything
-
-__all__ = ["Controller", "DaemonOptions", "stop_everything"]

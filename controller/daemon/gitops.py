@@ -3,7 +3,7 @@
 Every save is validated with the loader; an invalid stack dir changes nothing (the last
 good desired state stays) and says where it is wrong, and the next valid save says so.
 A valid one is applied with ``prune`` (the stacks it ever declared are its own: their
-undeclared slots go) through the guard (``controller.apply.apply_to_config``), except
+undeclared slots go) through the guard (``controller.reconcile.apply.apply_to_config``), except
 pinned slots, which are kept with a warning. Parsing and writes block: they run in a
 worker thread, one apply at a time.
 """
@@ -14,8 +14,8 @@ import asyncio
 from collections.abc import Callable
 from pathlib import Path
 
-from controller.apply import apply_to_config, pruned_pinned
-from controller.errors import SlotctlError
+from controller.model.errors import SlotctlError
+from controller.reconcile.apply import apply_to_config, pruned_pinned
 from controller.spec.configdir import read_settings
 from controller.spec.desired import DesiredCache
 from controller.spec.loader import DesiredState, load_stacks

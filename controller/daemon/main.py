@@ -5,7 +5,7 @@ guard writes config. This module checks the start can succeed (preflight), opens
 composition root (lock, runtime, manager, reconciler), starts the API servers, runs the
 background tasks under the supervisor (``daemon.supervise``: the reconciler, the
 manager's housekeeping and the directory watcher of ``daemon.watch``), prints progress
-(one :func:`~controller.events.event_line` per event) and shuts down cleanly on
+(one :func:`~controller.model.events.event_line` per event) and shuts down cleanly on
 SIGINT/SIGTERM: drains, then stops managed servers unless ``--keep-running``, which
 leaves them for the next ``up`` to adopt; the API goes last.
 """
@@ -30,16 +30,17 @@ from controller.api.assembly import build_probe_app
 from controller.api.dashboard import LOGIN_CODE_TTL_S, login_path, mint_login_code
 from controller.api.server import ApiServer, check_listen, is_loopback
 from controller.daemon.gitops import GitOps
+from controller.daemon.root import Root, controller_record, open_root
 from controller.daemon.supervise import Supervisor
 from controller.daemon.watch import DirWatcher
-from controller.errors import SlotConfigError
-from controller.events import PROGRESS_KINDS, Event, EventKind, Op, Subscription, event_line
-from controller.exitcode import ExitCode
-from controller.reconcile import Action, Reconciler
-from controller.root import Root, controller_record, open_root
-from controller.slots import SlotManager
+from controller.kit.eventbus import Subscription
+from controller.model.errors import SlotConfigError
+from controller.model.events import PROGRESS_KINDS, Event, EventKind, Op, event_line
+from controller.model.exitcode import ExitCode
+from controller.reconcile.reconciler import Action, Reconciler
+from controller.slots.manager import SlotManager
 from controller.spec.desired import DesiredCache
-from controller.store import ControllerLock, ensure_token
+from controller.store.lock import ControllerLock, ensure_token
 
 __all__ = ["Controller", "DaemonOptions", "root_warning", "stop_everything"]
 
@@ -109,7 +110,7 @@ class Controller:
         """What ``up`` prints (its subscription takes nothing else: it is not woken twice a
         request for the lease flips)."""
         if self.opts.quiet:
-            return False  # already a structured log line (controller.events)
+            return False  # already a structured log line (controller.model.events)
         if event.kind == EventKind.TRANSITION and event.op == Op.LEASE:
             return False  # ready <-> serving, twice a request: the event stream has them
         return event.kind in PROGRESS_KINDS

@@ -16,7 +16,8 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from controller.events import EventBus, EventKind, Op
+from controller.kit.eventbus import EventBus
+from controller.model.events import EventKind, Op
 
 __all__ = ["HEALTHY_S", "RESTART_BASE_S", "RESTART_MAX_S", "Supervisor"]
 

@@ -16,9 +16,9 @@ from http import HTTPStatus
 from typing import Any, Final
 from urllib.parse import urlsplit
 
+from controller.access.keys import KeyRing, Principal
 from controller.dataplane.request import MODELS, RequestHead
 from controller.dataplane.upstream import Framing, Upstream, UpstreamError
-from controller.keys import KeyRing, Principal
 from controller.router.access import bearer, identify
 from controller.router.headers import RESPONSE_DROP_BYTES, connection_names, passes
 from controller.router.hosts import HostPolicy

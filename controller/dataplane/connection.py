@@ -17,10 +17,11 @@ from controller.dataplane import answers as out
 from controller.dataplane.request import Got, RequestHead, RequestReader
 from controller.dataplane.states import READING, State
 from controller.dataplane.upstream import CONNECT_S, Upstream, UpstreamError, UpstreamPool
-from controller.errors import SlotctlError
+from controller.model.errors import SlotctlError
 from controller.router import refusals
 from controller.router.access import requester
 from controller.router.aliases import model_entries
+from controller.router.body import model_of, with_model
 from controller.router.context import (
     CLIENT_CLOSED,
     Call,
@@ -31,7 +32,6 @@ from controller.router.context import (
 from controller.router.hosts import HostPolicy
 from controller.router.leasing import Pending, lease_now, lease_rest
 from controller.router.refusals import Refusal
-from controller.router.request import model_of, with_model
 
 __all__ = ["Connection", "Plane"]
 

@@ -88,7 +88,7 @@ class DataPlane:
     ) -> None:
         self.ctx = ctx
         self.fallback = fallback  # aiohttp's protocol factory
-        self.hosts = hosts  # the Host values answered (others: 421, controller.api.hosts)
+        self.hosts = hosts  # the Host values answered (others: 421, controller.api.hostcheck)
         self.pool = UpstreamPool()
         self.fronts: set[Connection] = set()
         self.closing = False

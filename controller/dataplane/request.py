@@ -36,8 +36,8 @@ from typing import Final
 from httptools import HttpParserError, HttpParserUpgrade, HttpRequestParser
 from httptools.parser.errors import HttpParserCallbackError
 
+from controller.router.body import AUDIO_MAX_BYTES, AUDIO_TAIL, JSON_MAX_BYTES
 from controller.router.headers import REQUEST_DROP_BYTES, connection_names, passes
-from controller.router.request import AUDIO_MAX_BYTES, AUDIO_TAIL, JSON_MAX_BYTES
 from controller.router.selection import endpoint_of
 
 __all__ = ["Got", "RequestHead", "RequestReader", "head_of", "parse_head"]

@@ -15,8 +15,3 @@ Modules: ``config`` (command line, :class:`DemoConfig`), ``generate`` (determini
 text and embeddings, pure), ``httpd`` (HTTP/1.1 on sockets and threads), ``api`` (the
 OpenAI-compatible handlers) and ``server`` (the process lifecycle).
 """
-
-from controller.demo.config import DemoConfig, build_parser, parse_args
-from controller.demo.server import build_app, main, serve
-
-__all__ = ["DemoConfig", "build_app", "build_parser", "main", "parse_args", "serve"]

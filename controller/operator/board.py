@@ -13,8 +13,8 @@ import asyncio
 import contextlib
 from collections.abc import Hashable, Iterable
 
-from controller.events import Event
-from controller.lifecycle import SlotState
+from controller.model.events import Event
+from controller.model.lifecycle import SlotState
 from controller.operator.status import reason_of
 
 __all__ = ["StatusBoard"]

@@ -1,5 +1,5 @@
-"""CRD generation: ``models.slotctl.io`` and ``slots.slotctl.io`` from the spec schema
-(``aliases.slotctl.io``: :mod:`controller.operator.crd_alias`).
+"""CRD generation: ``models.slotctl.io``, ``slots.slotctl.io`` and ``aliases.slotctl.io``
+from the spec schema.
 
 Pure. The CRDs are derived from the same pydantic models that read TOML
 (:class:`~controller.spec.schema.ModelSpec`, :class:`~controller.spec.schema.SlotSpec`):
@@ -29,12 +29,13 @@ from typing import Any, Final
 import yaml
 from pydantic import BaseModel
 
-from controller.names import SLOT_NAME_PATTERN
+from controller.model.names import SLOT_NAME_PATTERN
 from controller.spec.schema import (
     HARDWARE_ENV_VARS,
     HARDWARE_FLAGS,
     MODEL_OWNED_FLAGS,
     SAMPLING_KEYS,
+    AliasSpec,
     ModelSpec,
     SlotSpec,
 )
@@ -42,6 +43,7 @@ from controller.spec.schema import (
 __all__ = [
     "GROUP",
     "VERSION",
+    "alias_crd",
     "crd_documents",
     "crd_files",
     "model_crd",
@@ -455,10 +457,68 @@ def model_crd() -> dict[str, Any]:
     )
 
 
+_ALIAS_DOCS = {
+    "id": "Alias id, the model name clients send (defaults to metadata.name); no Model or "
+    "Slot may have it.",
+    "models": "The catalogue models it names, in order of preference (1..16, each once).",
+    "prefer": "warm: the first member already loaded, else the first whose load evicts "
+    "nothing of a higher priority; first: always the first member; spread: the least busy "
+    "loaded slot of any member (default warm).",
+}
+
+
+def _alias_spec_schema() -> dict[str, Any]:
+    schema = _spec_schema(AliasSpec, drop=())
+    schema["required"] = [r for r in schema.get("required", []) if r != "id"]
+    for key, text in _ALIAS_DOCS.items():
+        schema["properties"][key]["description"] = text
+    schema["properties"]["models"]["maxItems"] = 16
+    schema["properties"]["models"]["items"]["maxLength"] = 200
+    schema["properties"]["models"]["x-kubernetes-validations"] = [
+        {
+            "rule": "size(self) >= 1 && self.all(m, self.exists_one(n, n == m))",
+            "message": "models names at least one model, each once (alias.invalid_value)",
+        }
+    ]
+    return schema
+
+
+def _alias_status_schema() -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {
+            "observedGeneration": {"type": "integer", "format": "int64"},
+            "conditions": _conditions_schema(),
+            "id": {"type": "string"},
+            "lastError": _error_schema(),
+        },
+    }
+
+
+def alias_crd() -> dict[str, Any]:
+    """The ``aliases.slotctl.io`` CRD (short name ``mal``): an ``[[alias]]`` as a resource;
+    its ``id`` defaults to ``metadata.name``. Whether its members are catalogue models is
+    the operator's to judge (``alias.unknown_member``, reported as ``Degraded``), as for a
+    Slot's model reference."""
+    return _crd(
+        kind="Alias",
+        plural="aliases",
+        short=["mal"],
+        spec=_alias_spec_schema(),
+        status=_alias_status_schema(),
+        columns=[
+            {"name": "Id", "type": "string", "jsonPath": ".status.id"},
+            {"name": "Prefer", "type": "string", "jsonPath": ".spec.prefer"},
+            {"name": "Models", "type": "string", "jsonPath": ".spec.models"},
+            _ready_column(),
+            _age_column(),
+        ],
+        root_rules=[],
+    )
+
+
 def crd_documents() -> dict[str, dict[str, Any]]:
     """File name -> CRD object, in the order ``kubectl apply -f crds/`` applies them."""
-    from controller.operator.crd_alias import alias_crd  # (it builds on this module)
-
     return {
         f"{GROUP}_aliases.yaml": alias_crd(),
         f"{GROUP}_models.yaml": model_crd(),

@@ -32,8 +32,8 @@ from typing import Any, Final
 
 import kopf
 
-from controller.daemon import Controller, DaemonOptions
-from controller.errors import SlotctlError
+from controller.daemon.main import Controller, DaemonOptions
+from controller.model.errors import SlotctlError
 from controller.operator.board import StatusBoard
 from controller.operator.crd import GROUP, VERSION
 from controller.operator.source import CrKey, CrSource, SyncResult, cr_key
@@ -46,7 +46,7 @@ from controller.operator.status import (
     model_status,
     slot_status,
 )
-from controller.slots import SlotManager
+from controller.slots.manager import SlotManager
 
 __all__ = ["Operator", "OperatorOptions", "SyncPacer"]
 

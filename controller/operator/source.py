@@ -22,11 +22,11 @@ from typing import Any, Final
 
 from pydantic import ValidationError
 
-from controller.apply import apply_to_config
-from controller.errors import SlotctlError
+from controller.model.errors import SlotctlError
 from controller.operator.convert import model_payload, slot_payload
 from controller.operator.source_aliases import judge_aliases
 from controller.operator.status import Verdict
+from controller.reconcile.apply import apply_to_config
 from controller.spec.aliases import AliasEntry
 from controller.spec.configdir import ConfigSnapshot
 from controller.spec.desired import DesiredCache

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from controller.lifecycle import SlotState
+from controller.model.lifecycle import SlotState
 from controller.spec.problems import Problem
 
 __all__ = [

@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Final, Protocol
 from urllib.parse import urlsplit
 
-from controller.errors import SlotConfigError
-from controller.probe import ProbeSpec, SentinelRequest
+from controller.model.errors import SlotConfigError
+from controller.probes.readiness import ProbeSpec, SentinelRequest
+from controller.probes.sleep import VLLM_SLEEP, SleepMode
 from controller.runtime.base import LaunchSpec, RuntimeKind
-from controller.sleepmode import VLLM_SLEEP, SleepMode
 from controller.spec.schema import ModelSpec, SlotSpec
 
 __all__ = [

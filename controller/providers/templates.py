@@ -13,9 +13,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import controller
-from controller.devices import GpuRef
-from controller.errors import SlotConfigError
-from controller.probe import ProbeSpec
+from controller.model.devices import GpuRef
+from controller.model.errors import SlotConfigError
+from controller.probes.readiness import ProbeSpec
 from controller.providers.base import (
     LIVENESS_PATH,
     READY_LOG,

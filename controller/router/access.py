@@ -4,14 +4,14 @@ models it may reach, the priority class it waits in (``X-Slotctl-Priority`` may 
 never raise it), and its key's own limits (requests in flight, requests a minute: 429s).
 
 Shared by both router paths and by the API's auth middleware
-(:mod:`controller.api.app`); the keys themselves are :mod:`controller.keys`'s.
+(:mod:`controller.api.app`); the keys themselves are :mod:`controller.access.keys`'s.
 """
 
 from __future__ import annotations
 
 from typing import Final
 
-from controller.keys import KeyRing, Principal
+from controller.access.keys import KeyRing, Principal
 from controller.router.refusals import Refusal
 from controller.slots.records import Requester
 from controller.spec.schema import ControllerSettings

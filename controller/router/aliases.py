@@ -8,7 +8,7 @@ first member; ``spread`` the least busy resident slot of any member (requests in
 but batch holds, plus waiters), else as ``warm``. :func:`resolve` gathers what it needs
 from the manager; both router paths call it from
 :func:`~controller.router.leasing.lease_now` (:func:`alias_candidates`), and both rewrite
-the body's ``model`` to the member (:func:`controller.router.request.with_model`), so the
+the body's ``model`` to the member (:func:`controller.router.body.with_model`), so the
 server sees a model it serves and its answer's ``model`` says which one served it.
 """
 
@@ -18,9 +18,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from controller.errors import ModelNotFound
-from controller.keys import Principal
-from controller.lifecycle import SlotState
+from controller.access.keys import Principal
+from controller.model.errors import ModelNotFound
+from controller.model.lifecycle import SlotState
 from controller.router.access import model_refused
 from controller.router.context import Call, RouterContext
 from controller.router.refusals import (
@@ -29,7 +29,7 @@ from controller.router.refusals import (
     wrong_endpoint,
 )
 from controller.router.selection import fitting, openai_model, served_models, serving
-from controller.slots.ports import RouterPort
+from controller.slots.interfaces import RouterPort
 from controller.spec.schema import AliasSpec
 
 __all__ = [

@@ -16,9 +16,9 @@ import time
 from dataclasses import dataclass
 from typing import Final, Protocol
 
-from controller.events import EventBus
-from controller.keys import KeyLimits, KeyRing, Principal
-from controller.slots.ports import RouterPort
+from controller.access.keys import KeyLimits, KeyRing, Principal
+from controller.kit.eventbus import EventBus
+from controller.slots.interfaces import RouterPort
 from controller.slots.records import Lease, Requester
 
 __all__ = [

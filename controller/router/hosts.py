@@ -9,8 +9,8 @@ any name); every other is refused with ``421`` (``request.host_not_allowed``) be
 route or the token is looked at. A request without ``Host`` (HTTP/1.0) is no browser's.
 
 :class:`HostPolicy` is pure; :class:`~controller.api.server.ApiServer` builds one per
-listener (:data:`~controller.api.hosts.HOST_POLICY` on its app), the data plane and
-:func:`~controller.api.hosts.hosts_middleware` (the app's, for what aiohttp serves) ask it.
+listener (:data:`~controller.api.hostcheck.HOST_POLICY` on its app), the data plane and
+:func:`~controller.api.hostcheck.hosts_middleware` (the app's, for what aiohttp serves) ask it.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import Final
 
-from controller.errors import ModelNotFound, SlotctlError, SlotNotReady
+from controller.model.errors import ModelNotFound, SlotctlError, SlotNotReady
 from controller.router.access import model_refused
 from controller.router.aliases import alias_candidates
 from controller.router.context import Call, RouterContext
@@ -23,7 +23,7 @@ from controller.router.refusals import (
     wrong_endpoint,
 )
 from controller.router.selection import fitting, serving
-from controller.slots.ports import RouterPort
+from controller.slots.interfaces import RouterPort
 from controller.slots.records import Lease, Requester
 
 __all__ = [

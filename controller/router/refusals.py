@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from controller.errors import (
+from controller.model.errors import (
     HostNotAllowed,
     InsufficientMemory,
     ModelNotFound,
@@ -19,7 +19,7 @@ from controller.errors import (
     SlotNotFound,
     SlotUpstreamTimeout,
 )
-from controller.events import EventKind, Op
+from controller.model.events import EventKind, Op
 from controller.router.context import Call, RouterContext
 from controller.router.selection import ENDPOINTS, SERVES
 

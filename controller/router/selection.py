@@ -1,6 +1,6 @@
 """Which slots serve a model, best first: the one ranking the router and the REST routes use.
 
-SPEC §1's selection ranking (:func:`controller.lifecycle.rank_candidates`: dispatchable
+SPEC §1's selection ranking (:func:`controller.model.lifecycle.rank_candidates`: dispatchable
 first; ties by priority, most recent use, name) over the views the manager gives, so
 ``POST /api/models/{id}/load`` picks the slot a request for that model would get.
 
@@ -16,10 +16,10 @@ import time
 from collections.abc import Iterable
 from typing import Any, Final
 
-from controller.keys import Principal
-from controller.lifecycle import Candidate, rank_candidates
-from controller.slots import SlotView
-from controller.slots.ports import RouterPort
+from controller.access.keys import Principal
+from controller.model.lifecycle import Candidate, rank_candidates
+from controller.slots.interfaces import RouterPort
+from controller.slots.records import SlotView
 
 __all__ = [
     "ENDPOINTS",

@@ -21,9 +21,9 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Final, Protocol, runtime_checkable
 
-from controller.devices import GpuRef
-from controller.probe import ProbeSpec
-from controller.sleepmode import SleepMode
+from controller.model.devices import GpuRef
+from controller.probes.readiness import ProbeSpec
+from controller.probes.sleep import SleepMode
 
 __all__ = [
     "HASH_LABEL",

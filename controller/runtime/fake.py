@@ -2,7 +2,7 @@
 
 Shipped in the package (DESIGN.md: "one seam per kind of I/O") so every layer above the
 runtime can be tested without processes. Behaviour is scripted per slot
-(:class:`FakeScript`) and driven by a :class:`~controller.clock.Clock`, so a test with a
+(:class:`FakeScript`) and driven by a :class:`~controller.kit.clock.Clock`, so a test with a
 ``FakeClock`` decides when a server "finishes loading". :meth:`FakeRuntime.probe` answers
 what the readiness probe would see, consistent with the script.
 """
@@ -14,11 +14,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from controller.clock import SYSTEM_CLOCK, Clock
-from controller.errors import SlotSpawnFailed, SlotTerminateTimeout
-from controller.probe import ProbeOutcome, ProbeResult, ProbeSpec, wait_ready
+from controller.kit.clock import SYSTEM_CLOCK, Clock
+from controller.model.errors import SlotSpawnFailed, SlotTerminateTimeout
+from controller.probes.readiness import ProbeOutcome, ProbeResult, ProbeSpec, wait_ready
+from controller.probes.sleep import SleepMode
 from controller.runtime.base import LaunchSpec, Observed, ProgressCallback, RunStatus, RuntimeKind
-from controller.sleepmode import SleepMode
 
 __all__ = ["FakeProber", "FakeRuntime", "FakeScript", "FakeSleeper"]
 

@@ -1,7 +1,7 @@
 """Follow a growing log file from the event loop, woken by inotify (Linux), not by polling.
 
-Used by :meth:`controller.runtime.process.ProcessRuntime.watch_log` so the readiness
-probe (:class:`controller.probe.HttpProber`) wakes the moment a server writes its "ready"
+Used by :meth:`controller.runtime.process.runtime.ProcessRuntime.watch_log` so the readiness
+probe (:class:`controller.probes.readiness.HttpProber`) wakes the moment a server writes its "ready"
 line into the slot's log file. Only what is appended after :func:`follow` is reported (or,
 given an ``offset``, everything from there on: a server's output from its first line); a
 truncated file (the runtime's copy-truncate at its size cap) is read again from the top.

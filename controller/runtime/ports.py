@@ -12,7 +12,7 @@ import socket
 
 import psutil
 
-from controller.errors import SlotSpawnFailed
+from controller.model.errors import SlotSpawnFailed
 from controller.runtime.base import LaunchSpec
 
 __all__ = ["can_bind", "pick_free_port", "port_holder", "require_free_port"]

@@ -3,8 +3,8 @@
 A surge rollout (:mod:`controller.slots.surge`) starts the changed slot's new server on a
 fresh port beside the old one, switches to it once it is ready, then stops the old one. A
 runtime that can do that has a ``surge`` attribute satisfying :class:`SurgeInstances`
-(the process runtime: :mod:`controller.runtime.process_surge`; docker:
-:mod:`controller.runtime.docker_surge`); the others (kubernetes) say why they cannot
+(the process runtime: :mod:`controller.runtime.process.surge`; docker:
+:mod:`controller.runtime.docker.surge`); the others (kubernetes) say why they cannot
 (:func:`cannot_surge`), and their changed slots are recreated.
 
 Every step is recorded by the runtime before it returns, and each is idempotent, so a

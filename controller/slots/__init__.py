@@ -19,8 +19,3 @@
 import-linter keeps that order (a part imports only the parts below it). Callers see the
 façade and, for what they may call, the Protocols in :mod:`.ports`.
 """
-
-from controller.slots.manager import SlotManager
-from controller.slots.records import ADMITTED_STATES, Lease, ManagerConfig, SlotView
-
-__all__ = ["ADMITTED_STATES", "Lease", "ManagerConfig", "SlotManager", "SlotView"]

@@ -2,7 +2,7 @@
 
 A part of the manager (:mod:`controller.slots`), between :mod:`.loading` (which asks it)
 and :mod:`.unloading` (which evicts for it). :meth:`Admission.decide` turns the table's
-live state into the inputs of the pure :func:`controller.decision.decide_load`; the load
+live state into the inputs of the pure :func:`controller.scheduling.decision.decide_load`; the load
 and its dry run (:meth:`Admission.explain`) both call it, so they never disagree.
 """
 
@@ -12,9 +12,14 @@ import logging
 from dataclasses import replace
 from typing import Any
 
-from controller.cluster import Held, by_count, cluster_devices
-from controller.coload import without_unit
-from controller.decision import (
+from controller.model.devices import GpuRef, key_kind, share
+from controller.model.errors import DeviceUnavailable, SlotConfigError, SlotctlError
+from controller.model.events import EventKind, EvictionReason, Op
+from controller.model.lifecycle import DISPATCHABLE_STATES, SlotState
+from controller.model.sizes import GIB, format_gib
+from controller.runtime.base import LaunchSpec
+from controller.scheduling.cluster import Held, by_count, cluster_devices
+from controller.scheduling.decision import (
     WAITING_FOR_DEVICE,
     WAITING_FOR_MEMORY,
     DeviceFacts,
@@ -23,21 +28,15 @@ from controller.decision import (
     LoadRequest,
     decide_load,
 )
-from controller.devices import GpuRef, key_kind, share
-from controller.errors import DeviceUnavailable, SlotConfigError, SlotctlError
-from controller.events import EventKind, EvictionReason, Op
-from controller.eviction import Victim
-from controller.lifecycle import DISPATCHABLE_STATES, SlotState
-from controller.memory import GIB, DeviceMemory, budget_gb_for, check_admission, gpu_inventory
-from controller.memory import Admission as AdmissionFigures
-from controller.nodes import ClusterProbe, NodeGpus
-from controller.placement import Need, place_first
-from controller.runtime.base import LaunchSpec
+from controller.scheduling.eviction import Victim, without_unit
+from controller.scheduling.fit import Admission as AdmissionFigures
+from controller.scheduling.fit import DeviceMemory, budget_gb_for, check_admission, gpu_inventory
+from controller.scheduling.nodes import ClusterProbe, NodeGpus
+from controller.scheduling.placement import Need, place_first
 from controller.slots.core import Core, Part
 from controller.slots.records import ADMITTED_STATES, DeviceFigures, SlotRecord
 from controller.slots.unloading import Unloading
 from controller.spec.schema import SlotSpec
-from controller.units import format_gib
 
 __all__ = ["Admission"]
 
@@ -58,7 +57,7 @@ class Admission(Part):
     def decide(
         self, slot: SlotRecord, *, background: bool, evict: bool = True, cold: bool = False
     ) -> LoadDecision:
-        """The one load decision (:func:`controller.decision.decide_load`) on live state.
+        """The one load decision (:func:`controller.scheduling.decision.decide_load`) on live state.
 
         An asleep slot's load is a wake: pinned to the GPUs its server sleeps on (``cold``:
         a cold load instead, placed anew). The victims' actions come with it (sleep where
@@ -91,7 +90,7 @@ class Admission(Part):
         return decide_load(
             request,
             devices,
-            # never a member of its own co-loaded unit (controller.coload)
+            # never a member of its own co-loaded unit (controller.scheduling.eviction)
             (lambda: without_unit(slot.spec.unit, self.table.candidates(self._recent)))
             if evict
             else lambda: (),
@@ -202,8 +201,8 @@ class Admission(Part):
         peers: dict[str, int],
         margin: int,
     ) -> list[DeviceFacts]:
-        """The cluster's GPUs for ``slot`` (see :mod:`controller.cluster`): what the other
-        slots hold on each, and the nodes it avoids for now."""
+        """The cluster's GPUs for ``slot`` (see :mod:`controller.scheduling.cluster`): what the
+        other slots hold on each, and the nodes it avoids for now."""
         group = {p.name for p in self.table.group_peers(slot)}
         holders: dict[str, int] = {}
         units: dict[str, dict[str, int]] = {}

@@ -15,14 +15,16 @@ from typing import Final
 
 from pydantic import BaseModel
 
-from controller.clock import Clock
-from controller.devices import share
-from controller.events import EventBus
-from controller.memory import MemoryProbe
-from controller.probe import Prober
-from controller.providers import (
+from controller.kit.clock import Clock
+from controller.kit.eventbus import EventBus
+from controller.kit.tasks import TaskSet
+from controller.model.devices import share
+from controller.probes.memory import MemoryProbe
+from controller.probes.readiness import Prober
+from controller.probes.sleep import Sleeper
+from controller.providers.base import default_models_dir
+from controller.providers.launch import (
     build_launch,
-    default_models_dir,
     launch_context,
     launch_hash,
     placement_args,
@@ -30,13 +32,11 @@ from controller.providers import (
 )
 from controller.runtime.base import LaunchSpec, Runtime
 from controller.runtime.ports import can_bind, pick_free_port
-from controller.sleepmode import Sleeper
 from controller.slots.locks import Locks
 from controller.slots.records import ManagerConfig, SlotRecord
 from controller.slots.table import SlotTable
 from controller.slots.wishes import Wishes
 from controller.spec.schema import ControllerSettings
-from controller.tasks import TaskSet
 
 __all__ = ["Core", "Part", "same"]
 

@@ -18,13 +18,13 @@ import functools
 import logging
 from typing import Final
 
-from controller.errors import SlotctlError, SlotHealthFailed
-from controller.events import EvictionReason, Op
-from controller.eviction import pressure_level, pressure_victims
-from controller.lifecycle import DISPATCHABLE_STATES, IdleReason, SlotState
-from controller.memory import GIB
-from controller.probe import ProbeOutcome
+from controller.model.errors import SlotctlError, SlotHealthFailed
+from controller.model.events import EvictionReason, Op
+from controller.model.lifecycle import DISPATCHABLE_STATES, IdleReason, SlotState
+from controller.model.sizes import GIB
+from controller.probes.readiness import ProbeOutcome
 from controller.runtime.base import RunStatus
+from controller.scheduling.eviction import pressure_level, pressure_victims
 from controller.slots.core import Core, Part
 from controller.slots.leases import Leases
 from controller.slots.loading import Loading

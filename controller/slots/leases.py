@@ -9,7 +9,7 @@ eviction; a *hold* is a lease that expires by itself. The ``ready``↔``serving`
 a request are coalesced and written off the event loop (:mod:`.table`, SPEC §3).
 
 A slot with ``max_concurrency`` takes that many requests at once; the others wait for
-their *turn* in the slot's fair queue (:mod:`controller.fairqueue`: by the requester's
+their *turn* in the slot's fair queue (:mod:`controller.scheduling.fairqueue`: by the requester's
 priority class, round-robin between keys, aging), each granted as a request ends. A
 waiter whose turn comes while the slot is not dispatchable (it was unloaded, it crashed)
 starts again from the top: a cold wait, a load.
@@ -20,11 +20,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from controller.decision import not_activated
-from controller.errors import SlotctlError, SlotNotReady, SlotQueueFull
-from controller.events import EventKind, Op
-from controller.fairqueue import ClassSpec, FairQueue, Waiter
-from controller.lifecycle import SlotState, can_dispatch
+from controller.model.errors import SlotctlError, SlotNotReady, SlotQueueFull
+from controller.model.events import EventKind, Op
+from controller.model.lifecycle import SlotState, can_dispatch
+from controller.scheduling.decision import not_activated
+from controller.scheduling.fairqueue import ClassSpec, FairQueue, Waiter
 from controller.slots.core import Core, Part
 from controller.slots.loading import Loading
 from controller.slots.records import Lease, Requester, SlotRecord

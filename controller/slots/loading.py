@@ -15,22 +15,22 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any, Final
 
-from controller.decision import not_activated
-from controller.errors import (
+from controller.model.errors import (
     InsufficientMemory,
     SlotctlError,
     SlotHealthFailed,
     SlotNotReady,
     SlotSpawnFailed,
 )
-from controller.events import EventKind, Op
-from controller.lifecycle import DISPATCHABLE_STATES, IdleReason, SlotState
-from controller.probe import ProbeOutcome, ProbeResult
+from controller.model.events import EventKind, Op
+from controller.model.lifecycle import DISPATCHABLE_STATES, IdleReason, SlotState
+from controller.probes.readiness import ProbeOutcome, ProbeResult
 from controller.runtime.base import LaunchSpec
+from controller.scheduling.decision import not_activated
 from controller.slots.admission import Admission
-from controller.slots.coload import UnitLoads
 from controller.slots.core import Core, Part
 from controller.slots.records import SlotRecord
+from controller.slots.units import UnitLoads
 from controller.slots.unloading import Unloading
 
 __all__ = ["Loading"]

@@ -17,17 +17,19 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from controller.breaker import Breaker
-from controller.clock import SYSTEM_CLOCK, Clock
-from controller.decision import LoadDecision
-from controller.errors import ModelNotFound, SlotctlError, SlotNotReady, StateWriteFailed
-from controller.events import EventBus, EventKind, EvictionReason, Op
-from controller.lifecycle import Candidate, SlotState
-from controller.memory import MemoryProbe, SystemMemoryProbe
-from controller.probe import HttpProber, Prober
-from controller.rollout import RolloutDecision
+from controller.kit.clock import SYSTEM_CLOCK, Clock
+from controller.kit.eventbus import EventBus
+from controller.kit.tasks import TaskSet
+from controller.model.errors import ModelNotFound, SlotctlError, SlotNotReady, StateWriteFailed
+from controller.model.events import EventKind, EvictionReason, Op
+from controller.model.lifecycle import Candidate, SlotState
+from controller.probes.memory import MemoryProbe, SystemMemoryProbe
+from controller.probes.readiness import HttpProber, Prober
+from controller.probes.sleep import HttpSleeper, Sleeper
 from controller.runtime.base import Notifying, RunStatus, Runtime, RuntimeKind
-from controller.sleepmode import HttpSleeper, Sleeper
+from controller.scheduling.breaker import Breaker
+from controller.scheduling.decision import LoadDecision
+from controller.scheduling.rollout import RolloutDecision
 from controller.slots.admission import Admission
 from controller.slots.core import Core, Part, same
 from controller.slots.housekeeping import Housekeeping
@@ -49,8 +51,8 @@ from controller.slots.unloading import Unloading
 from controller.slots.wishes import Wishes
 from controller.spec.loader import DesiredSlot, DesiredState
 from controller.spec.schema import AliasSpec, ControllerSettings, ModelSpec, SlotSpec
-from controller.store import ResidencyStore, StateStore
-from controller.tasks import TaskSet
+from controller.store.residency import ResidencyStore
+from controller.store.state import StateStore
 
 __all__ = ["SlotManager"]
 
@@ -372,7 +374,7 @@ class SlotManager(Part):
 
         ``background``: the reconciler or the restore keeping a slot loaded, not a user:
         such a load evicts only lower-priority slots idle for ``min_resident_s`` and
-        otherwise waits for memory (:mod:`controller.decision`). A load of a loaded slot
+        otherwise waits for memory (:mod:`controller.scheduling.decision`). A load of a loaded slot
         is a no-op that answers the current state.
         """
         slot = self.core.table.get(name)

@@ -14,17 +14,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, NamedTuple
 
-from controller.breaker import Breaker
-from controller.devices import GpuRef, share
-from controller.errors import SlotctlError
-from controller.eviction import EvictionCandidate
-from controller.fairqueue import FairQueue
-from controller.lifecycle import IdleReason, SlotState, can_dispatch
-from controller.memory import GIB
-from controller.rollout import RolloutView
+from controller.model.devices import GpuRef, share
+from controller.model.errors import SlotctlError
+from controller.model.lifecycle import IdleReason, SlotState, can_dispatch
+from controller.model.sizes import GIB
 from controller.runtime.base import LaunchSpec
+from controller.scheduling.breaker import Breaker
+from controller.scheduling.eviction import EvictionCandidate
+from controller.scheduling.fairqueue import FairQueue
+from controller.scheduling.rollout import RolloutView
 from controller.spec.schema import ModelSpec, SlotSpec
-from controller.store import ReloadCosts, utcnow
+from controller.store.files import utcnow
+from controller.store.state import ReloadCosts
 
 __all__ = [
     "ADMITTED_STATES",
@@ -76,7 +77,7 @@ class ManagerConfig:
 @dataclass(frozen=True, slots=True)
 class Requester:
     """Who asks for a lease: the API key's name ("" for the API token) and the priority
-    class it waits in (where requests wait, :mod:`controller.fairqueue`)."""
+    class it waits in (where requests wait, :mod:`controller.scheduling.fairqueue`)."""
 
     key: str = ""
     cls: str = ""  # "": the controller's default class
@@ -254,7 +255,7 @@ class SlotRecord:
     on_nodes: bool = False
     landed: str | None = None  # the node the server last ran on (as the runtime saw it)
     # Nodes a load of this slot avoids until (monotonic) when, and why: the scheduler left
-    # its pod Pending there (controller.cluster marks their GPUs unusable for it).
+    # its pod Pending there (controller.scheduling.cluster marks their GPUs unusable for it).
     avoid: dict[str, tuple[float, str]] = field(default_factory=dict)
     # The GPUs admission placed the slot on (recorded in state.json with the transition
     # that reserved them; cleared when it goes offline or to error). An asleep server

@@ -14,10 +14,10 @@ import asyncio
 import contextlib
 import logging
 
-from controller.errors import SlotctlError
-from controller.events import EventKind, Op
-from controller.lifecycle import IdleReason, SlotState
-from controller.probe import ProbeOutcome
+from controller.model.errors import SlotctlError
+from controller.model.events import EventKind, Op
+from controller.model.lifecycle import IdleReason, SlotState
+from controller.probes.readiness import ProbeOutcome
 from controller.runtime.base import LaunchSpec, Observed, RunStatus
 from controller.slots.core import Core, Part
 from controller.slots.loading import Loading

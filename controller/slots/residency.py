@@ -5,8 +5,8 @@ plan says ``sleep`` comes here) and :mod:`.loading` (a load of an asleep slot is
 Sleep is a tier of ``idle``, not a state (docs/lifecycle.md): an asleep slot is ``idle``
 with ``idle_reason`` ``asleep`` and its level in ``state.json`` (``extra.residency``,
 ``extra.sleep_level``); its device memory is released, at level 1 its weights are counted
-in host memory. The HTTP goes through the core's :class:`~controller.sleepmode.Sleeper`
-as the launch's :class:`~controller.sleepmode.SleepMode` says: never a provider's name.
+in host memory. The HTTP goes through the core's :class:`~controller.probes.sleep.Sleeper`
+as the launch's :class:`~controller.probes.sleep.SleepMode` says: never a provider's name.
 """
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ from __future__ import annotations
 import contextlib
 import logging
 
-from controller.errors import SlotctlError, SlotWakeFailed, StateWriteFailed
-from controller.events import EventKind, EvictionReason, Op
-from controller.lifecycle import SlotState
-from controller.probe import ProbeOutcome
+from controller.model.errors import SlotctlError, SlotWakeFailed, StateWriteFailed
+from controller.model.events import EventKind, EvictionReason, Op
+from controller.model.lifecycle import SlotState
+from controller.model.sizes import format_gib
+from controller.probes.readiness import ProbeOutcome
 from controller.runtime.base import LaunchSpec
 from controller.slots.core import Part
 from controller.slots.records import AWAKE, SlotRecord
-from controller.units import format_gib
 
 __all__ = ["Residency"]
 

@@ -2,7 +2,7 @@
 
 A part of the manager (:mod:`controller.slots`), above :mod:`.loading`; the reconciler
 asks for it (``recreate`` planned, the rollout decided ``surge``:
-:func:`controller.rollout.decide_rollout`). Under the slot's lock, while the old server
+:func:`controller.scheduling.rollout.decide_rollout`). Under the slot's lock, while the old server
 keeps serving::
 
     decide (old server's memory counted, no eviction) ─ no room / cannot ─► recreate
@@ -34,21 +34,27 @@ import logging
 from collections.abc import Iterator
 from typing import Any, Final
 
-from controller.breaker import Breaker
-from controller.devices import GpuRef, share
-from controller.errors import SlotctlError, SlotHealthFailed, SlotSpawnFailed
-from controller.events import EventKind, Op
-from controller.probe import ProbeOutcome
-from controller.providers import build_launch, launch_context, placement_args, with_port
-from controller.rollout import RECREATE, SURGE, RolloutDecision, RolloutView, decide_rollout
+from controller.model.devices import GpuRef, share
+from controller.model.errors import SlotctlError, SlotHealthFailed, SlotSpawnFailed
+from controller.model.events import EventKind, Op
+from controller.probes.readiness import ProbeOutcome
+from controller.providers.launch import build_launch, launch_context, placement_args, with_port
 from controller.runtime.base import LaunchSpec
 from controller.runtime.ports import can_bind, pick_free_port
 from controller.runtime.surging import SurgeInstances, cannot_surge, surge_of
+from controller.scheduling.breaker import Breaker
+from controller.scheduling.rollout import (
+    RECREATE,
+    SURGE,
+    RolloutDecision,
+    RolloutView,
+    decide_rollout,
+)
 from controller.slots.core import Core, Part
 from controller.slots.loading import Loading
 from controller.slots.records import SlotRecord
 from controller.spec.loader import DesiredSlot
-from controller.store import utcnow
+from controller.store.files import utcnow
 
 __all__ = ["ROLLOUT_RECORD", "Rollouts"]
 
@@ -113,7 +119,8 @@ class Rollouts(Part):
     @contextlib.contextmanager
     def recreating(self, name: str, reason: str) -> Iterator[None]:
         """A recreate (the old server stopped, then the new one started) is shown in the
-        slot's view while the caller does it (:func:`~controller.rollout.shown_rollout`)."""
+        slot's view while the caller does it
+        (:func:`~controller.scheduling.rollout.shown_rollout`)."""
         live = RolloutView(RECREATE, "stopping", reason, reason, since=utcnow())
         self.table.rollouts[name] = live
         try:

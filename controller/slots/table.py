@@ -27,17 +27,25 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Final
 
-from controller.clock import Clock
-from controller.devices import GpuRef
-from controller.errors import SlotctlError, SlotNotFound, StateWriteFailed
-from controller.events import EventBus, EventKind, Op
-from controller.lifecycle import Candidate, IdleReason, SlotState, check_transition, legal_path
-from controller.rollout import RolloutView, shown_rollout
+from controller.kit.clock import Clock
+from controller.kit.eventbus import EventBus
+from controller.model.devices import GpuRef
+from controller.model.errors import SlotctlError, SlotNotFound, StateWriteFailed
+from controller.model.events import EventKind, Op
+from controller.model.lifecycle import (
+    Candidate,
+    IdleReason,
+    SlotState,
+    check_transition,
+    legal_path,
+)
+from controller.scheduling.rollout import RolloutView, shown_rollout
 from controller.slots.records import ADMITTED_STATES, SlotRecord, SlotView, tier_name
 from controller.slots.usage import Usage
 from controller.slots.wishes import Wishes
 from controller.spec.schema import ModelSpec
-from controller.store import PlacedGpu, SlotStateRecord, StateExtra, StateStore, utcnow
+from controller.store.files import utcnow
+from controller.store.state import PlacedGpu, SlotStateRecord, StateExtra, StateStore
 
 __all__ = ["SlotTable"]
 

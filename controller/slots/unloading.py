@@ -15,10 +15,10 @@ import logging
 from collections.abc import Iterable
 from typing import Final
 
-from controller.errors import SlotctlError, SlotNotReady, SlotPinned, SlotTerminateTimeout
-from controller.events import EventKind, EvictionReason, Op
-from controller.eviction import SLEEP, Victim
-from controller.lifecycle import SlotState
+from controller.model.errors import SlotctlError, SlotNotReady, SlotPinned, SlotTerminateTimeout
+from controller.model.events import EventKind, EvictionReason, Op
+from controller.model.lifecycle import SlotState
+from controller.scheduling.eviction import SLEEP, Victim
 from controller.slots.core import Core, Part
 from controller.slots.records import LOADING_STATES, SlotRecord, SlotView
 from controller.slots.residency import Residency
@@ -160,8 +160,8 @@ class Unloading(Part):
         *,
         clear_residency: bool = False,
     ) -> list[str]:
-        """A co-loaded unit goes whole (controller.coload): ``slot``'s mates evicted with
-        it, each put to sleep too when it slept and its server can."""
+        """A co-loaded unit goes whole (controller.scheduling.eviction): ``slot``'s mates evicted
+        with it, each put to sleep too when it slept and its server can."""
         done = []
         for mate in self.table.unit_mates(slot):
             if mate.state not in (S.READY, S.IDLE) or mate.asleep:

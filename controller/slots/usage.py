@@ -2,7 +2,7 @@
 
 The read side of :class:`~.table.SlotTable` (its base): sums and lists over the records,
 no writes. Each GPU is a device of its own (``gpu:N``); a slot spanning several holds
-:func:`controller.devices.share` of its bytes on each, and a device *kind* (``gpu``; on a
+:func:`controller.model.devices.share` of its bytes on each, and a device *kind* (``gpu``; on a
 cluster ``NODE/gpu``: that node's ``NODE/gpu:N``) sums its devices. What a slot holds is
 its :meth:`~.records.SlotRecord.holdings`: an asleep server holds its weights on its host
 (level 1) and nothing on its GPUs.
@@ -12,9 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from controller.coload import unified
-from controller.eviction import EvictionCandidate
-from controller.lifecycle import SlotState
+from controller.model.lifecycle import SlotState
+from controller.scheduling.eviction import EvictionCandidate, unified
 from controller.slots.records import ADMITTED_STATES, SlotRecord
 
 __all__ = ["Usage"]
@@ -103,7 +102,8 @@ class Usage:
         """Every slot as the eviction planner sees it (it picks the eligible ones);
         ``recent_weight``: the best class weight among its recent users; a unit's
         members as their unit."""
-        return unified(  # a co-loaded unit is judged, and evicted, as one (controller.coload)
+        # a co-loaded unit is judged, and evicted, as one (controller.scheduling.eviction)
+        return unified(
             [
                 s.candidate(recent_weight(s) if recent_weight is not None else 0.0)
                 for s in self.records.values()

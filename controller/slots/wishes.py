@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from controller.store import ResidencyStore, utcnow
+from controller.store.files import utcnow
+from controller.store.residency import ResidencyStore
 
 __all__ = ["Wishes"]
 

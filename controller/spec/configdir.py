@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from controller.names import is_valid_slot_name
+from controller.model.names import is_valid_slot_name
 from controller.spec.aliases import AliasEntry, alias_problems, parse_aliases
 from controller.spec.loader import DesiredSlot, DesiredState, normalise
 from controller.spec.problems import Problem, problems_from_validation

@@ -28,8 +28,8 @@ import tomlkit.items
 from tomlkit.container import Container
 from tomlkit.toml_document import TOMLDocument
 
-from controller.errors import ServerNotAllowed, SlotConfigError, SlotPinned
-from controller.names import is_valid_slot_name
+from controller.model.errors import ServerNotAllowed, SlotConfigError, SlotPinned
+from controller.model.names import is_valid_slot_name
 from controller.spec.aliases import alias_tables
 from controller.spec.configdir import (
     CATALOGUE_FILE,
@@ -46,7 +46,7 @@ from controller.spec.rules import (
     cross_slot_problems,
 )
 from controller.spec.schema import AliasSpec, ControllerSettings, ModelSpec, SlotSpec
-from controller.store import atomic_write_bytes, check_slot_name
+from controller.store.files import atomic_write_bytes, check_slot_name
 
 __all__ = [
     "check_allowed",

@@ -16,12 +16,12 @@ from typing import Any
 from pydantic import ValidationError
 
 from controller.spec.aliases import AliasEntry, alias_problems, parse_aliases
-from controller.spec.coload import UnitDecl, parse_units, resolve_units, take_with
 from controller.spec.locate import LineIndex
 from controller.spec.problems import Problem, problems_from_validation
 from controller.spec.rules import Origin, SlotEntry, check_slot_payload, cross_slot_problems
 from controller.spec.schema import ControllerSettings, ModelSpec, SlotSpec, StackMeta
 from controller.spec.tomlfile import MAX_FILE_BYTES, Parsed, parse_toml_file, parse_toml_text
+from controller.spec.units import UnitDecl, parse_units, resolve_units, take_with
 
 GIB = 1024**3
 
@@ -356,7 +356,7 @@ def _over(key: str, slots: list[tuple[SlotEntry, int]], room: int) -> list[Probl
 def _units(
     entries: list[SlotEntry], units: list[UnitDecl], owners: dict[int, str]
 ) -> tuple[list[SlotEntry], list[Problem], list[Problem]]:
-    """Each member's ``unit`` set (:func:`controller.spec.coload.resolve_units`), owners kept."""
+    """Each member's ``unit`` set (:func:`controller.spec.units.resolve_units`), owners kept."""
     resolved, errors, warnings = resolve_units(entries, units)
     for old, new in zip(entries, resolved, strict=True):
         owners[id(new)] = owners[id(old)]

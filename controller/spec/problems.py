@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from controller.errors import NpuExclusivityViolation, SlotConfigError
+from controller.model.errors import NpuExclusivityViolation, SlotConfigError
 
 __all__ = ["Problem", "problems_from_validation", "raise_for_problems"]
 

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from controller.devices import (
+from controller.model.devices import (
     DEVICE_KINDS,
     DEVICE_MAX_LENGTH,
     DEVICE_PATTERN,
@@ -21,7 +21,7 @@ from controller.devices import (
     DeviceRef,
     parse_device,
 )
-from controller.names import (
+from controller.model.names import (
     MODEL_ID_PATTERN,
     SLOT_NAME_PATTERN,
     ModelId,
@@ -75,7 +75,7 @@ SELF_MANAGED_PROVIDERS: Final[frozenset[str]] = frozenset(
     {"kokoro", "qwen3tts", "moonshine", "vibevoice"}
 )
 
-# The device kinds; a slot's ``device`` is a kind or pinned GPUs (controller.devices).
+# The device kinds; a slot's ``device`` is a kind or pinned GPUs (controller.model.devices).
 DEVICES: Final[tuple[str, ...]] = DEVICE_KINDS
 _BUDGET_KEY_RE: Final = re.compile(r"^(?:gpu|npu|cpu|gpu:[0-9]{1,3})$")
 Kind = Literal["llm", "embedding", "tts", "stt", "image"]
@@ -267,7 +267,7 @@ class SlotSpec(_Strict):
     provider: Provider
     model: SlotModelRef = Field(default_factory=SlotModelRef)
     # gpu (any GPU: placed by the controller), gpu:N / gpu:GPU-UUID / gpu:N,M (pinned), npu,
-    # cpu; see controller.devices
+    # cpu; see controller.model.devices
     device: Annotated[str, Field(pattern=DEVICE_PATTERN, max_length=DEVICE_MAX_LENGTH)] = "gpu"
     # GPUs the slot spans (tensor parallel); None: one, or as many as `device` pins
     gpus: Annotated[int, Field(ge=1, le=16)] | None = None
@@ -291,7 +291,7 @@ class SlotSpec(_Strict):
     max_consecutive_failures: Annotated[int, Field(ge=1)] = 5
     max_queue: Annotated[int, Field(ge=0)] = 64
     # Requests in flight at once (None: no limit); beyond it they wait, served by their
-    # keys' priority classes (controller/fairqueue.py)
+    # keys' priority classes (controller/scheduling/fairqueue.py)
     max_concurrency: Annotated[int, Field(ge=1)] | None = None
     memory_gb: MemoryGb | None = None  # admission estimate override (self-managed)
     # The residency tier (docs/lifecycle.md): may an eviction put the server to sleep
@@ -305,13 +305,13 @@ class SlotSpec(_Strict):
     # a restart of the server, once.
     wake_timeout_s: PosFloat = 60.0
     # surge: the new server beside the old one, switched to once ready, when it fits (else
-    # recreate, said in the plan); recreate: stop, then start (controller/rollout.py).
+    # recreate, said in the plan); recreate: stop, then start (controller/scheduling/rollout.py).
     rollout: Rollout = "surge"
     server: ServerSpec = Field(default_factory=ServerSpec)
     # kubernetes runtime: pin the slot to this node (its nodeSelector); unset: the
     # scheduler places it and admission counts it on the node it lands on
     node: Annotated[str, Field(pattern=NODE_NAME_PATTERN, max_length=253)] | None = None
-    # The co-loaded unit the slot belongs to (controller/spec/coload.py: a stack's
+    # The co-loaded unit the slot belongs to (controller/spec/units.py: a stack's
     # [[unit]] or a member's `with` set it): its members load, evict, sleep and restore
     # together. A scheduling key: changing it restarts no server.
     unit: Annotated[str, Field(pattern=SLOT_NAME_PATTERN)] | None = None

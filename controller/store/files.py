@@ -15,8 +15,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from controller.errors import SlotConfigError
-from controller.names import SLOT_NAME_PATTERN, is_valid_slot_name
+from controller.model.errors import SlotConfigError
+from controller.model.names import SLOT_NAME_PATTERN, is_valid_slot_name
 
 __all__ = [
     "atomic_write_bytes",

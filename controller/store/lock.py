@@ -10,9 +10,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from controller.errors import ControllerAlreadyRunning, SlotctlError
-from controller.runinfo import RECORD, running_controller
+from controller.model.errors import ControllerAlreadyRunning, SlotctlError
 from controller.store.files import atomic_write_bytes, atomic_write_json, utcnow
+from controller.store.runinfo import RECORD, running_controller
 
 __all__ = ["ControllerLock", "ControllerRecord", "ensure_private_dir", "ensure_token"]
 

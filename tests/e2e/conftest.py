@@ -26,7 +26,7 @@ from typing import IO, Any, TypeVar
 import psutil
 import pytest
 
-from controller.store import ControllerLock
+from controller.store.lock import ControllerLock
 from tests.children import CHILD
 from tests.integration.helpers import free_port
 

@@ -467,7 +467,7 @@ def test_unexpected_exception_in_process(monkeypatch: pytest.MonkeyPatch, home: 
 
 
 def test_typed_error_exits_2(monkeypatch: pytest.MonkeyPatch, home: Path) -> None:
-    from controller.errors import SlotConfigError
+    from controller.model.errors import SlotConfigError
 
     def refuse(*args: object, **kwargs: object) -> None:
         raise SlotConfigError("nope")

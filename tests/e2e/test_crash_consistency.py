@@ -43,10 +43,11 @@ from typing import IO
 import psutil
 import pytest
 
-from controller.apply import apply_to_config
+from controller.reconcile.apply import apply_to_config
 from controller.spec.configdir import read_settings
 from controller.spec.loader import load_stacks
-from controller.store import ControllerLock, SlotStateRecord
+from controller.store.lock import ControllerLock
+from controller.store.state import SlotStateRecord
 from tests.e2e.conftest import wait_until
 from tests.integration.helpers import free_ports
 

@@ -36,7 +36,7 @@ from typing import IO, Any, TypeVar
 
 import pytest
 
-from controller.store import ControllerLock
+from controller.store.lock import ControllerLock
 from tests.e2e.conftest import wait_until
 from tests.integration.docker_engine import Engine
 from tests.integration.helpers import free_ports

@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from controller.store import SlotStateRecord
+from controller.store.state import SlotStateRecord
 from tests.e2e.conftest import Slotctl, SlotDef, wait_until
 from tests.e2e.test_crash_consistency import (
     MAX_KILL_DELAY_S,

@@ -31,7 +31,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from controller.apply import apply_to_config
+from controller.reconcile.apply import apply_to_config
 from controller.spec.configdir import read_settings
 from controller.spec.loader import load_stacks
 from tests.e2e.conftest import wait_until

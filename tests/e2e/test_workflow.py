@@ -357,13 +357,13 @@ def test_a_mangled_process_record_is_treated_as_lost(ctl: Slotctl) -> None:
 def test_diff_unexpected_exception_in_process_exits_2(
     ctl: Slotctl, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import controller.apply
     import controller.cli.backend_local
+    import controller.reconcile.apply
 
     async def boom(*args: object, **kw: object) -> None:
         raise RuntimeError("planner exploded")
 
-    monkeypatch.setattr(controller.apply, "plan_stack", boom)
+    monkeypatch.setattr(controller.reconcile.apply, "plan_stack", boom)
     monkeypatch.setattr(controller.cli.backend_local, "plan_stack", boom)
     stack = write_stack(ctl.tmp / "s.toml", [SlotDef("a")])
     base = ["--config-dir", str(ctl.config), "--state-dir", str(ctl.state), "stack", "diff"]

@@ -7,8 +7,9 @@ from collections.abc import Sequence
 
 import aiohttp
 
-from controller.probe import ProbeResult, probe_once, wait_ready
-from controller.providers import BuildContext, build_launch
+from controller.probes.readiness import ProbeResult, probe_once, wait_ready
+from controller.providers.base import BuildContext
+from controller.providers.launch import build_launch
 from controller.runtime.base import LaunchSpec, Runtime
 from controller.spec.schema import ModelSpec, SlotSpec
 

@@ -28,7 +28,7 @@ import pytest
 from controller.api.app import ApiContext
 from controller.api.assembly import ROUTES, build_app
 from controller.api.openapi import openapi_path
-from controller.events import EventBus
+from controller.kit.eventbus import EventBus
 from tests.e2e.conftest import Slotctl, wait_until
 from tests.integration.helpers import free_port
 

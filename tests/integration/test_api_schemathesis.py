@@ -51,11 +51,13 @@ from schemathesis.specs.openapi.checks import (
 from controller.api.app import ApiContext
 from controller.api.assembly import openapi_document
 from controller.api.server import ApiServer
-from controller.apply import apply_to_config
-from controller.memory import GIB, FakeMemoryProbe
-from controller.reconcile import Reconciler
+from controller.model.sizes import GIB
+from controller.probes.memory import FakeMemoryProbe
+from controller.reconcile.apply import apply_to_config
+from controller.reconcile.reconciler import Reconciler
 from controller.runtime.fake import FakeProber, FakeRuntime
-from controller.slots import ManagerConfig, SlotManager
+from controller.slots.manager import SlotManager
+from controller.slots.records import ManagerConfig
 from controller.spec.configdir import read_settings
 from controller.spec.loader import load_stack_texts
 

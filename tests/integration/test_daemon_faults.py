@@ -31,15 +31,16 @@ import controller.api.stack_routes as routes
 import controller.daemon.gitops as gitops
 import controller.daemon.supervise as supervise
 import controller.spec.desired as desired
-from controller.daemon import Controller, DaemonOptions, stop_everything
-from controller.errors import ControllerAlreadyRunning
-from controller.memory import GIB, FakeMemoryProbe
-from controller.reconcile import Reconciler
+from controller.daemon.main import Controller, DaemonOptions, stop_everything
+from controller.model.errors import ControllerAlreadyRunning
+from controller.model.sizes import GIB
+from controller.probes.memory import FakeMemoryProbe
+from controller.reconcile.reconciler import Reconciler
 from controller.runtime.fake import FakeProber, FakeRuntime
-from controller.slots import SlotManager
+from controller.slots.manager import SlotManager
 from controller.spec.configdir import read_config_dir
 from controller.spec.loader import MAX_FILE_BYTES
-from controller.store import StateStore
+from controller.store.state import StateStore
 from tests.e2e.conftest import SlotDef, stack_text
 
 TOKEN = "faults"
@@ -278,7 +279,7 @@ async def test_stack_files_are_parsed_off_the_event_loop_and_size_limited(
 async def test_a_missing_or_unreadable_config_dir_keeps_the_last_good_state(
     tmp_path: Path,
 ) -> None:
-    from controller.apply import apply_to_config
+    from controller.reconcile.apply import apply_to_config
     from controller.spec.loader import load_stack_texts
 
     config_dir = tmp_path / "config"
@@ -392,7 +393,7 @@ def test_a_config_dir_deleted_while_it_is_read_is_unreadable(
     gone (the soak caught the reconciler unloading them). The read now checks that the
     directory it read is still there, the same one."""
     import controller.spec.configdir as configdir
-    from controller.apply import apply_to_config
+    from controller.reconcile.apply import apply_to_config
     from controller.spec.loader import load_stack_texts
 
     config_dir = tmp_path / "config"

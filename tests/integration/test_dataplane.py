@@ -26,9 +26,9 @@ import aiohttp
 import pytest
 
 from controller.dataplane.request import parse_head
-from controller.errors import SlotNotReady
-from controller.lifecycle import SlotState
-from controller.slots import Lease
+from controller.model.errors import SlotNotReady
+from controller.model.lifecycle import SlotState
+from controller.slots.records import Lease
 from tests.integration.test_router import AUTH, TOKEN, Harness, Router, chat, model, wait_for
 
 S = SlotState

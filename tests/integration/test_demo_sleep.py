@@ -1,7 +1,7 @@
 """The demo server's sleep mode (vLLM's dev-mode API) against slotctl's real sleeper.
 
-:class:`controller.sleepmode.HttpSleeper` (what the manager uses) drives a real demo server
-on 127.0.0.1 through vLLM's protocol (:data:`controller.sleepmode.VLLM_SLEEP`): level 1 and
+:class:`controller.probes.sleep.HttpSleeper` (what the manager uses) drives a real demo server
+on 127.0.0.1 through vLLM's protocol (:data:`controller.probes.sleep.VLLM_SLEEP`): level 1 and
 level 2 (wake weights, reload them, wake the KV cache), ``/is_sleeping``, a failing wake, a
 server without sleep mode; and the host RAM a level-1 sleeper really holds.
 """
@@ -15,7 +15,7 @@ import aiohttp
 import psutil
 import pytest
 
-from controller.sleepmode import VLLM_SLEEP, HttpSleeper
+from controller.probes.sleep import VLLM_SLEEP, HttpSleeper
 from tests.integration.test_demo_server import MODEL, Demo, Spawn
 
 MIB = 1 << 20

@@ -22,8 +22,9 @@ import docker.errors
 import psutil
 import pytest
 
-from controller.errors import SlotctlError, SlotSpawnFailed
-from controller.providers import BuildContext, build_launch
+from controller.model.errors import SlotctlError, SlotSpawnFailed
+from controller.providers.base import BuildContext
+from controller.providers.launch import build_launch
 from controller.runtime.base import (
     HASH_LABEL,
     MANAGED_LABEL,
@@ -35,7 +36,7 @@ from controller.runtime.base import (
     RunStatus,
     Runtime,
 )
-from controller.runtime.docker import (
+from controller.runtime.docker.runtime import (
     PORT_LABEL,
     DockerEngineError,
     DockerRuntime,
@@ -43,7 +44,7 @@ from controller.runtime.docker import (
     container_name,
     device_options,
 )
-from controller.runtime.docker_spec import mounts_for
+from controller.runtime.docker.spec import mounts_for
 from controller.spec.schema import ModelSpec, SlotSpec
 from tests.integration.docker_engine import TEST_LABEL, Engine
 
@@ -631,7 +632,7 @@ async def test_ready_line_in_the_container_log_wakes_the_probe(
     runtime: DockerRuntime, launch_for: Callable[..., LaunchSpec]
 ) -> None:
     """The engine's log stream wakes the probe; the clock's schedule never fires."""
-    from controller.probe import ProbeOutcome
+    from controller.probes.readiness import ProbeOutcome
     from tests.unit.test_probe_wake import wait_ready_stuck
 
     launch = launch_for("wake", "--load-seconds", "1")

@@ -9,13 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from controller.memory import FakeMemoryProbe
-from controller.probe import HttpProber
+from controller.probes.memory import FakeMemoryProbe
+from controller.probes.readiness import HttpProber
 from controller.runtime.base import LaunchSpec, RunStatus
-from controller.runtime.docker import DockerRuntime, container_name
-from controller.runtime.docker_surge import RETIRING_SUFFIX, SURGE_SUFFIX
+from controller.runtime.docker.runtime import DockerRuntime, container_name
+from controller.runtime.docker.surge import RETIRING_SUFFIX, SURGE_SUFFIX
 from controller.runtime.surging import cannot_surge, surge_of
-from controller.slots import ManagerConfig, SlotManager
+from controller.slots.manager import SlotManager
+from controller.slots.records import ManagerConfig
 from controller.spec.loader import DesiredSlot, DesiredState, normalise
 from controller.spec.schema import ControllerSettings, ModelSpec, SlotSpec
 from tests.integration import test_docker_runtime as base
@@ -48,7 +49,7 @@ async def test_a_second_container_is_promoted_and_the_old_one_stopped(
     assert (await runtime.inspect(slot)).config_hash == old.config_hash()  # still the old
     await surge.promote(slot)
     await surge.promote(slot)  # idempotent: nothing left to promote
-    names = {c.name for c in runtime._client().containers.list(all=True)}
+    names = {c.name for c in runtime.docker.client().containers.list(all=True)}
     assert container_name(slot) + RETIRING_SUFFIX in names
     assert container_name(slot) + SURGE_SUFFIX not in names
     main = await runtime.inspect(slot)
@@ -122,7 +123,7 @@ async def test_the_manager_surges_a_docker_slot(
         assert await complete(manager.endpoint(name) or "") == 200
         observed = await runtime.inspect(name)
         assert observed.config_hash == manager.launch_hash(want)
-        names = {c.name for c in runtime._client().containers.list(all=True)}
+        names = {c.name for c in runtime.docker.client().containers.list(all=True)}
         assert {n for n in names if n.startswith(container_name(name))} == {container_name(name)}
     finally:
         await manager.stop_all(reason="test teardown")
@@ -160,11 +161,11 @@ async def test_a_surge_container_of_a_slot_nobody_declares_is_listed_and_reaped(
         await surge.start_instance(launch_for("orph2", "--load-seconds", "0.1"))
         await surge.promote(old.slot)  # the old one is -retiring now; then the new one goes
         await runtime.stop(old.slot, timeout=5)
-        names = {c.name for c in runtime._client().containers.list(all=True)}
+        names = {c.name for c in runtime.docker.client().containers.list(all=True)}
         assert container_name(old.slot) + RETIRING_SUFFIX in names
         assert old.slot in {o.slot for o in await runtime.list_managed()}
         assert await manager.reap_orphan(old.slot)
-        names = {c.name for c in runtime._client().containers.list(all=True)}
+        names = {c.name for c in runtime.docker.client().containers.list(all=True)}
         assert not {n for n in names if n.startswith(container_name(old.slot))}
     finally:
         await manager.close()

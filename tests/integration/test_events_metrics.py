@@ -30,15 +30,18 @@ from controller.api.assembly import openapi_document
 from controller.api.metrics import METRICS, Metrics, eviction_reason
 from controller.api.server import ApiServer
 from controller.api.sse import KEEPALIVE
-from controller.apply import apply_to_config
-from controller.errors import SlotctlError
-from controller.events import Event, EventBus, EventKind, EvictionReason, Op
-from controller.lifecycle import SlotState
-from controller.memory import GIB, FakeMemoryProbe
-from controller.probe import HttpProber
-from controller.reconcile import Reconciler
-from controller.runtime.process import ProcessRuntime
-from controller.slots import ManagerConfig, SlotManager
+from controller.kit.eventbus import EventBus
+from controller.model.errors import SlotctlError
+from controller.model.events import Event, EventKind, EvictionReason, Op
+from controller.model.lifecycle import SlotState
+from controller.model.sizes import GIB
+from controller.probes.memory import FakeMemoryProbe
+from controller.probes.readiness import HttpProber
+from controller.reconcile.apply import apply_to_config
+from controller.reconcile.reconciler import Reconciler
+from controller.runtime.process.runtime import ProcessRuntime
+from controller.slots.manager import SlotManager
+from controller.slots.records import ManagerConfig
 from controller.spec.configdir import read_settings
 from controller.spec.loader import load_stack_texts
 from tests.integration.helpers import free_ports

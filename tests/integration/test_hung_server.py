@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from controller.lifecycle import SlotState
+from controller.model.lifecycle import SlotState
 from tests.integration.test_dataplane import WIRE, ask, post, wire
 from tests.integration.test_router import (
     Harness,

@@ -18,10 +18,10 @@ from typing import Any
 import aiohttp
 import pytest
 
+from controller.access.keys import KEYS_FILE, Scope
 from controller.api.app import route_scope
 from controller.api.assembly import ROUTES
-from controller.keys import KEYS_FILE, Scope
-from controller.lifecycle import SlotState
+from controller.model.lifecycle import SlotState
 from tests.integration.test_router import (
     AUTH,
     Harness,

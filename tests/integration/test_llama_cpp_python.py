@@ -17,10 +17,11 @@ from typing import Any
 import aiohttp
 import pytest
 
-from controller.probe import ProbeOutcome, ProbeResult, probe_once, wait_ready
-from controller.providers import BuildContext, build_launch
+from controller.probes.readiness import ProbeOutcome, ProbeResult, probe_once, wait_ready
+from controller.providers.base import BuildContext
+from controller.providers.launch import build_launch
 from controller.runtime.base import LaunchSpec, RunStatus
-from controller.runtime.process import ProcessRuntime
+from controller.runtime.process.runtime import ProcessRuntime
 from controller.spec.schema import ModelSpec, SlotSpec
 from tests.integration.helpers import free_port
 

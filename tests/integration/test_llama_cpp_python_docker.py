@@ -27,11 +27,12 @@ from typing import Any
 import aiohttp
 import pytest
 
-from controller.errors import SlotSpawnFailed
-from controller.probe import ProbeOutcome, ProbeResult, probe_once, wait_ready
-from controller.providers import BuildContext, build_launch
+from controller.model.errors import SlotSpawnFailed
+from controller.probes.readiness import ProbeOutcome, ProbeResult, probe_once, wait_ready
+from controller.providers.base import BuildContext
+from controller.providers.launch import build_launch
 from controller.runtime.base import STACK_LABEL, LaunchSpec, Mount, RunStatus
-from controller.runtime.docker import DockerRuntime, container_name
+from controller.runtime.docker.runtime import DockerRuntime, container_name
 from controller.spec.schema import ModelSpec, SlotSpec
 from tests.integration.docker_engine import Engine
 from tests.integration.helpers import free_port

@@ -21,19 +21,23 @@ from typing import Any
 import psutil
 import pytest
 
-from controller.errors import (
+from controller.kit.eventbus import Subscription
+from controller.model.errors import (
     InsufficientMemory,
     SlotCrashLooping,
     SlotctlError,
     SlotSpawnFailed,
 )
-from controller.events import Event, Subscription
-from controller.lifecycle import SlotState
-from controller.memory import GIB, FakeMemoryProbe
-from controller.probe import HttpProber
+from controller.model.events import Event
+from controller.model.lifecycle import SlotState
+from controller.model.sizes import GIB
+from controller.probes.memory import FakeMemoryProbe
+from controller.probes.readiness import HttpProber
 from controller.runtime.base import RunStatus
-from controller.runtime.process import LOG, ProcessRuntime
-from controller.slots import ADMITTED_STATES, Lease, ManagerConfig, SlotManager
+from controller.runtime.process.runtime import ProcessRuntime
+from controller.runtime.process.servers import LOG
+from controller.slots.manager import SlotManager
+from controller.slots.records import ADMITTED_STATES, Lease, ManagerConfig
 from controller.spec.loader import DesiredSlot, DesiredState, normalise
 from controller.spec.schema import ControllerSettings, ModelSpec, SlotSpec
 from tests.integration.helpers import free_port

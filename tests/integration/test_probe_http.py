@@ -1,4 +1,4 @@
-"""The probe's models-list GET over plain asyncio streams (``controller.probe_http.get``),
+"""The probe's models-list GET over plain asyncio streams (``controller.probes.http.get``),
 against real servers on 127.0.0.1 that answer the ways HTTP/1.1 allows: Content-Length,
 chunked, a body to EOF, no answer, not HTTP. The outcome is what aiohttp's client gave."""
 
@@ -14,7 +14,7 @@ from contextlib import asynccontextmanager, contextmanager
 
 import pytest
 
-from controller.probe import HttpProber, ProbeOutcome, ProbeSpec
+from controller.probes.readiness import HttpProber, ProbeOutcome, ProbeSpec
 from tests.integration.helpers import free_port
 
 MODELS = json.dumps({"object": "list", "data": [{"id": "m1"}, {"id": "m2"}]}).encode()
@@ -264,7 +264,7 @@ async def test_a_closed_prober_opens_no_new_session() -> None:
 async def test_the_sentinel_goes_over_the_same_plain_client_with_its_json_body() -> None:
     """The sentinel (the last request of a load) is sent as the models list is: plain
     HTTP/1.1 with its JSON body; a 2xx is ready, anything else still warming."""
-    from controller.probe import SentinelRequest
+    from controller.probes.readiness import SentinelRequest
 
     requests: list[tuple[bytes, bytes]] = []
     sentinel_status = ["503 Service Unavailable"]
@@ -355,7 +355,7 @@ async def keep_alive_server(
 
 
 async def _ready_attempt(endpoint: str) -> tuple[ProbeOutcome, str]:
-    from controller.probe import SentinelRequest
+    from controller.probes.readiness import SentinelRequest
 
     spec = ProbeSpec(sentinel=SentinelRequest("POST", "/v1/completions", {"max_tokens": 1}))
     prober = HttpProber()

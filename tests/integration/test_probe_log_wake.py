@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from controller.probe import HttpProber, ProbeOutcome, ProbeResult
+from controller.probes.readiness import HttpProber, ProbeOutcome, ProbeResult
 from controller.runtime.logwatch import follow
-from controller.runtime.process import ProcessRuntime
-from controller.slots import SlotManager
+from controller.runtime.process.runtime import ProcessRuntime
+from controller.slots.manager import SlotManager
 from tests.integration.helpers import demo_launch
 from tests.unit.test_probe_wake import wait_ready_stuck
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import psutil
 
-from controller.runtime.process import ProcessRuntime
-from controller.runtime.process_labels import await_exec
+from controller.runtime.process.labels import await_exec
+from controller.runtime.process.runtime import ProcessRuntime
 from tests.integration.helpers import demo_launch
 
 # Sleeps, then execs itself into a sleeper whose environment carries the label: the

@@ -19,11 +19,12 @@ import aiohttp
 import psutil
 import pytest
 
-from controller.errors import SlotSpawnFailed
-from controller.probe import ProbeOutcome
+from controller.model.errors import SlotSpawnFailed
+from controller.probes.readiness import ProbeOutcome
 from controller.runtime.base import RunStatus
-from controller.runtime.process import RECORD, ProcessRuntime
-from controller.store import StateStore
+from controller.runtime.process.records import RECORD
+from controller.runtime.process.runtime import ProcessRuntime
+from controller.store.state import StateStore
 from tests.integration.helpers import demo_launch, free_port, probe_until_settled
 
 
@@ -234,8 +235,9 @@ async def test_a_gpu_server_sees_its_placement_never_the_controllers_visibility(
 ) -> None:
     """The controller started with CUDA_VISIBLE_DEVICES (or HIP's variables) set: a server
     placed on GPU 1 is shown GPU 1 (its UUID), and inherits none of the controller's."""
-    from controller.devices import GpuRef
-    from controller.providers import BuildContext, build_launch
+    from controller.model.devices import GpuRef
+    from controller.providers.base import BuildContext
+    from controller.providers.launch import build_launch
     from controller.spec.schema import ModelSpec, SlotSpec
 
     for name, value in (("CUDA_VISIBLE_DEVICES", "0"), ("GPU_DEVICE_ORDINAL", "0")):

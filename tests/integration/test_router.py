@@ -28,12 +28,14 @@ import pytest
 from controller.api.app import REQUEST_RECORDER, ApiContext
 from controller.api.assembly import ROUTES
 from controller.api.server import ApiServer
-from controller.errors import SlotctlError
-from controller.lifecycle import SlotState
-from controller.memory import GIB, FakeMemoryProbe
-from controller.probe import HttpProber
-from controller.runtime.process import ProcessRuntime
-from controller.slots import ADMITTED_STATES, ManagerConfig, SlotManager
+from controller.model.errors import SlotctlError
+from controller.model.lifecycle import SlotState
+from controller.model.sizes import GIB
+from controller.probes.memory import FakeMemoryProbe
+from controller.probes.readiness import HttpProber
+from controller.runtime.process.runtime import ProcessRuntime
+from controller.slots.manager import SlotManager
+from controller.slots.records import ADMITTED_STATES, ManagerConfig
 from controller.spec.loader import DesiredSlot, DesiredState, normalise
 from controller.spec.schema import ControllerSettings, ModelSpec, SlotSpec
 from tests.integration.helpers import free_port

@@ -12,7 +12,7 @@ import io
 import sys
 from typing import Any
 
-from controller.lifecycle import SlotState
+from controller.model.lifecycle import SlotState
 from controller.spec.schema import AliasSpec
 from tests.integration.test_keys import bearer, create
 from tests.integration.test_router import (

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from controller.lifecycle import SlotState
+from controller.model.lifecycle import SlotState
 from tests.integration.test_router import (
     Harness,
     assert_openai_error,

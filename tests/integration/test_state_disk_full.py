@@ -29,19 +29,20 @@ from typing import Any
 import psutil
 import pytest
 
-import controller.store as store_module
-from controller.apply import apply_to_config
-from controller.errors import StateWriteFailed
-from controller.lifecycle import SlotState
-from controller.memory import FakeMemoryProbe
-from controller.probe import HttpProber
-from controller.reconcile import Reconciler
-from controller.runtime.process import ProcessRuntime
-from controller.slots import ManagerConfig, SlotManager
+import controller.store.state as store_module
+from controller.model.errors import StateWriteFailed
+from controller.model.lifecycle import SlotState
+from controller.probes.memory import FakeMemoryProbe
+from controller.probes.readiness import HttpProber
+from controller.reconcile.apply import apply_to_config
+from controller.reconcile.reconciler import Reconciler
+from controller.runtime.process.runtime import ProcessRuntime
+from controller.slots.manager import SlotManager
+from controller.slots.records import ManagerConfig
 from controller.slots.table import OBSERVED
 from controller.spec.loader import DesiredSlot, DesiredState, normalise
 from controller.spec.schema import ControllerSettings, ModelSpec, SlotSpec
-from controller.store import StateStore
+from controller.store.state import StateStore
 from tests.integration.helpers import free_ports
 
 S = SlotState

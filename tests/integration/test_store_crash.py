@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from controller.lifecycle import SlotState
-from controller.store import SlotStateRecord, StateStore
+from controller.model.lifecycle import SlotState
+from controller.store.state import SlotStateRecord, StateStore
 
 SLOT = "crash-a"
 KILLS = 40
@@ -30,8 +30,8 @@ KILLS = 40
 WRITER = r"""
 import json, random, sys
 from pathlib import Path
-from controller.lifecycle import SlotState
-from controller.store import SlotStateRecord, StateStore
+from controller.model.lifecycle import SlotState
+from controller.store.state import SlotStateRecord, StateStore
 
 state_dir, name, gen = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 store = StateStore(state_dir)

@@ -21,14 +21,15 @@ import aiohttp
 import psutil
 import pytest
 
-from controller.errors import SlotctlError
-from controller.events import EventKind
-from controller.lifecycle import SlotState
-from controller.memory import GIB
-from controller.probe import HttpProber
+from controller.model.errors import SlotctlError
+from controller.model.events import EventKind
+from controller.model.lifecycle import SlotState
+from controller.model.sizes import GIB
+from controller.probes.readiness import HttpProber
 from controller.runtime.base import RunStatus
-from controller.runtime.process import ProcessRuntime
-from controller.slots import ManagerConfig, SlotManager
+from controller.runtime.process.runtime import ProcessRuntime
+from controller.slots.manager import SlotManager
+from controller.slots.records import ManagerConfig
 from controller.slots.surge import ROLLOUT_RECORD
 from controller.spec.loader import DesiredSlot, normalise
 from controller.spec.schema import ControllerSettings, SlotSpec

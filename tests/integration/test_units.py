@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.lifecycle import SlotState
+from controller.model.lifecycle import SlotState
 from controller.spec.loader import load_stack_texts
 from controller.spec.schema import ModelSpec, SlotSpec
 from tests.integration.helpers import free_ports

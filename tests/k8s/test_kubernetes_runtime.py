@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from controller.errors import SlotctlError
-from controller.memory import GIB
+from controller.model.errors import SlotctlError
+from controller.model.sizes import GIB
 from controller.operator.run import Operator, OperatorOptions
 from tests.integration.helpers import free_ports
 from tests.k8s.chart import permissions, render
@@ -409,8 +409,8 @@ async def test_the_runtime_alone_unschedulable_pods_and_foreign_objects(
     whose Service (or Deployment) someone else owns touches nothing."""
     from lightkube import AsyncClient, KubeConfig
 
-    from controller.errors import SlotSpawnFailed
-    from controller.runtime.kubernetes import KubernetesRuntime
+    from controller.model.errors import SlotSpawnFailed
+    from controller.runtime.kubernetes.runtime import KubernetesRuntime
     from tests.integration.helpers import demo_launch
 
     await kubelet.create(gpu_node("gpu-a", gpus=1, gib_per_gpu=16))

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 from lightkube import AsyncClient, KubeConfig
 
-from controller.errors import SlotSpawnFailed
-from controller.runtime.kubernetes import KubernetesRuntime
+from controller.model.errors import SlotSpawnFailed
+from controller.runtime.kubernetes.runtime import KubernetesRuntime
 from tests.integration.helpers import demo_launch
 from tests.k8s.conftest import Cluster, eventually
 from tests.k8s.kubelet import Kubelet, declare_workloads, gpu_node

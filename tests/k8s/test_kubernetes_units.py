@@ -9,20 +9,21 @@ from typing import Any
 import pytest
 from lightkube.resources.core_v1 import Node
 
-from controller.breaker import Breaker
 from controller.cli.k8s import operator_runtime
-from controller.devices import GpuRef
-from controller.errors import SlotConfigError, SlotSpawnFailed
-from controller.memory import GIB
-from controller.providers import BuildContext, build_launch
-from controller.runtime.kubernetes import KubernetesRuntime
-from controller.runtime.kubernetes_nodes import NodeMemory, node_budgets, parse_quantity
-from controller.runtime.kubernetes_spec import (
+from controller.model.devices import GpuRef
+from controller.model.errors import SlotConfigError, SlotSpawnFailed
+from controller.model.sizes import GIB
+from controller.providers.base import BuildContext
+from controller.providers.launch import build_launch
+from controller.runtime.kubernetes.nodes import NodeMemory, node_budgets, parse_quantity
+from controller.runtime.kubernetes.runtime import KubernetesRuntime
+from controller.runtime.kubernetes.spec import (
     MAX_SLOT_NAME,
     check_slot_name,
     deployment_body,
     service_body,
 )
+from controller.scheduling.breaker import Breaker
 from controller.slots.records import SlotRecord
 from controller.spec.schema import ModelSpec, SlotSpec
 from tests.k8s.kubelet import gpu_node
@@ -239,7 +240,7 @@ def test_drift_is_measured_on_slotctl_s_fields_only() -> None:
     template's config hash; another manager's label is not drift."""
     from lightkube.resources.apps_v1 import Deployment
 
-    from controller.runtime.kubernetes_drift import drifted
+    from controller.runtime.kubernetes.drift import drifted
 
     body = deployment_body(launch(), "ml")
     live = Deployment.from_dict(body)

@@ -1,4 +1,4 @@
-"""The kubernetes runtime's informer (:mod:`controller.runtime.kubernetes_watch`) against
+"""The kubernetes runtime's informer (:mod:`controller.runtime.kubernetes.watch`) against
 an HTTP server on 127.0.0.1 that answers a scripted sequence of list and watch requests,
 the answers a real API server gives, including the ones that are hard to provoke from a
 real one on demand: a bookmark, ``410 Gone`` (an expired ``resourceVersion``), a server
@@ -18,8 +18,8 @@ from lightkube import AsyncClient, KubeConfig
 from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.core_v1 import Node
 
-from controller.runtime import kubernetes_watch
-from controller.runtime.kubernetes_watch import Informer
+from controller.runtime.kubernetes import watch as kubernetes_watch
+from controller.runtime.kubernetes.watch import Informer
 from tests.k8s.conftest import eventually
 
 

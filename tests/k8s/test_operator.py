@@ -25,7 +25,7 @@ import aiohttp
 import psutil
 import pytest
 
-from controller.daemon import stop_everything
+from controller.daemon.main import stop_everything
 from controller.operator.run import Operator, OperatorOptions
 from tests.integration.helpers import free_ports
 from tests.k8s.chart import assert_rbac_allows_exactly

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from controller.daemon import stop_everything
+from controller.daemon.main import stop_everything
 from tests.integration.helpers import free_ports
 from tests.k8s import chart, realapi
 from tests.k8s.conftest import eventually

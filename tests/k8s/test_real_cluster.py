@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.daemon import stop_everything
+from controller.daemon.main import stop_everything
 from tests.integration.helpers import free_port
 
 REPO = Path(__file__).resolve().parents[2]

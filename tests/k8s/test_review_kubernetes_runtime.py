@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.errors import SlotTerminateTimeout
+from controller.model.errors import SlotTerminateTimeout
 from tests.k8s.conftest import Cluster
 from tests.k8s.kubelet import Kubelet, declare_workloads
 
@@ -32,7 +32,7 @@ LABELS = {
 async def test_stop_waits_for_a_terminating_pod(cluster: Cluster, tmp_path: Path) -> None:
     from lightkube import AsyncClient, KubeConfig
 
-    from controller.runtime.kubernetes import KubernetesRuntime
+    from controller.runtime.kubernetes.runtime import KubernetesRuntime
 
     declare_workloads(cluster.emulator)
     kube = Kubelet(cluster, tmp_path)  # not started: nothing acts on the objects
@@ -92,8 +92,8 @@ async def test_a_crash_looping_pod_fails_the_start_promptly(
 
     from lightkube import AsyncClient, KubeConfig
 
-    from controller.errors import SlotSpawnFailed
-    from controller.runtime.kubernetes import KubernetesRuntime
+    from controller.model.errors import SlotSpawnFailed
+    from controller.runtime.kubernetes.runtime import KubernetesRuntime
     from tests.integration.helpers import demo_launch
 
     declare_workloads(cluster.emulator)
@@ -166,8 +166,8 @@ async def test_a_start_that_fails_after_scaling_up_leaves_no_pod_running(
     from lightkube import AsyncClient, KubeConfig
     from lightkube.resources.core_v1 import Service
 
-    from controller.errors import SlotSpawnFailed
-    from controller.runtime.kubernetes import KubernetesRuntime
+    from controller.model.errors import SlotSpawnFailed
+    from controller.runtime.kubernetes.runtime import KubernetesRuntime
     from tests.integration.helpers import demo_launch
 
     declare_workloads(cluster.emulator)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from controller.lifecycle import SlotState
+from controller.model.lifecycle import SlotState
 from controller.operator.source import STACK, CrSource
 from controller.operator.status import Observed, Verdict, Written, model_status, slot_status
 from controller.spec.configdir import read_config_dir

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from controller.apply import apply_to_config
 from controller.operator.source import STACK
 from controller.operator.source_aliases import alias_status
 from controller.operator.status import Verdict
+from controller.reconcile.apply import apply_to_config
 from controller.spec.configdir import read_config_dir
 from controller.spec.loader import load_stack_texts
 from controller.spec.problems import Problem

@@ -7,14 +7,17 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from controller.clock import FakeClock
-from controller.events import Event, Subscription
-from controller.lifecycle import LEGAL_TRANSITIONS, SlotState
-from controller.memory import GIB, FakeMemoryProbe
-from controller.probe import ProbeResult, ProbeSpec
+from controller.kit.clock import FakeClock
+from controller.kit.eventbus import Subscription
+from controller.model.events import Event
+from controller.model.lifecycle import LEGAL_TRANSITIONS, SlotState
+from controller.model.sizes import GIB
+from controller.probes.memory import FakeMemoryProbe
+from controller.probes.readiness import ProbeResult, ProbeSpec
 from controller.runtime.base import LaunchSpec, Observed, ProgressCallback
 from controller.runtime.fake import FakeProber, FakeRuntime, FakeSleeper
-from controller.slots import ManagerConfig, SlotManager
+from controller.slots.manager import SlotManager
+from controller.slots.records import ManagerConfig
 from controller.spec.loader import DesiredSlot, DesiredState, normalise
 from controller.spec.schema import ControllerSettings, ModelSpec, SlotSpec
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from controller.apply import alias_changes, apply_to_config
-from controller.errors import SlotConfigError
+from controller.model.errors import SlotConfigError
+from controller.reconcile.apply import alias_changes, apply_to_config
 from controller.router.aliases import Seat, choose
-from controller.router.request import model_of, with_model
+from controller.router.body import model_of, with_model
 from controller.spec.configdir import read_config_dir
 from controller.spec.loader import DesiredState, LoadReport, load_stack_texts
 

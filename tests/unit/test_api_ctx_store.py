@@ -9,7 +9,7 @@ import pytest
 
 from controller.api import dashboard, metrics, sse
 from controller.api.app import REQUEST_RECORDER, ApiContext, CtxKey, CtxStore
-from controller.events import EventBus
+from controller.kit.eventbus import EventBus
 
 TIMEOUT_KEY = CtxKey("timeout_s", float)
 

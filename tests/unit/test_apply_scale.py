@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 import controller.spec.configdir as configdir
-from controller.apply import apply_to_config
-from controller.errors import SlotConfigError
+from controller.model.errors import SlotConfigError
+from controller.reconcile.apply import apply_to_config
 from controller.spec.configdir import read_config_dir
 from controller.spec.loader import MAX_FILE_BYTES, DesiredState, load_stack_texts, load_stacks
 

@@ -13,7 +13,7 @@ import json
 import socket
 from pathlib import Path
 
-from controller.lifecycle import SlotState
+from controller.model.lifecycle import SlotState
 from controller.spec.loader import DesiredSlot
 from tests.unit.manager_fixtures import Harness, desired, model_spec, slot_spec
 

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from controller.breaker import Breaker
-from controller.errors import SlotCrashLooping
+from controller.model.errors import SlotCrashLooping
+from controller.scheduling.breaker import Breaker
 
 
 def test_fresh_breaker_allows_a_load() -> None:

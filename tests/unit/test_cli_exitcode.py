@@ -23,14 +23,14 @@ from pathlib import Path
 import pytest
 
 import controller.cli.stack as cli_stack
-from controller import eventloop
 from controller.cli.feed import render_line
 from controller.cli.main import main
 from controller.cli.output import Style
-from controller.daemon import Controller, DaemonOptions
-from controller.errors import SlotConfigError
-from controller.events import Event, EventKind, EvictionReason, Op, event_line
-from controller.exitcode import ExitCode
+from controller.daemon.main import Controller, DaemonOptions
+from controller.kit import eventloop
+from controller.model.errors import SlotConfigError
+from controller.model.events import Event, EventKind, EvictionReason, Op, event_line
+from controller.model.exitcode import ExitCode
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs" / "cli.md"
@@ -176,7 +176,7 @@ def test_apply_once_runs_on_the_event_loop_slotctl_up_chooses(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """``apply --once`` honours ``SLOTCTL_EVENT_LOOP`` as ``slotctl up`` does
-    (controller.eventloop); a value it does not know is refused before anything is
+    (controller.kit.eventloop); a value it does not know is refused before anything is
     written."""
     apply_once = [*dirs, "stack", "apply", str(stack), "--once", "--timeout", "30"]
     monkeypatch.setenv(eventloop.ENV, "tokio")

@@ -1,7 +1,7 @@
 """Placement across a cluster's nodes, per (node, GPU): the slot manager with a fake
-cluster probe (:class:`controller.nodes.NodeGpus` as the kubernetes runtime reads them)
+cluster probe (:class:`controller.scheduling.nodes.NodeGpus` as the kubernetes runtime reads them)
 over a FakeRuntime of kind ``kubernetes``, and the pure pieces under it
-(:mod:`controller.cluster`, :mod:`controller.runtime.kubernetes_nodes`).
+(:mod:`controller.scheduling.cluster`, :mod:`controller.runtime.kubernetes.nodes`).
 
 The controller decides the node: unpinned slots go to nodes whose free GPUs and per-GPU
 memory fit them, at once (not one after another against one shared budget), a node
@@ -21,17 +21,19 @@ from typing import Any
 import pytest
 from lightkube.resources.core_v1 import Node, Pod
 
-from controller.clock import FakeClock
-from controller.cluster import Held, by_count, cluster_devices
-from controller.errors import DeviceUnavailable, InsufficientMemory
-from controller.events import EventKind
-from controller.lifecycle import SlotState
-from controller.memory import GIB, DeviceMemory
-from controller.nodes import ClusterProbe, NodeGpus
-from controller.placement import Need, place
+from controller.kit.clock import FakeClock
+from controller.model.errors import DeviceUnavailable, InsufficientMemory
+from controller.model.events import EventKind
+from controller.model.lifecycle import SlotState
+from controller.model.sizes import GIB
 from controller.runtime.fake import FakeProber, FakeRuntime, FakeSleeper
-from controller.runtime.kubernetes_nodes import node_gpus, pod_gpus, unusable
-from controller.slots import ManagerConfig, SlotManager
+from controller.runtime.kubernetes.nodes import node_gpus, pod_gpus, unusable
+from controller.scheduling.cluster import Held, by_count, cluster_devices
+from controller.scheduling.fit import DeviceMemory
+from controller.scheduling.nodes import ClusterProbe, NodeGpus
+from controller.scheduling.placement import Need, place
+from controller.slots.manager import SlotManager
+from controller.slots.records import ManagerConfig
 from controller.spec.schema import ControllerSettings, ModelSpec, SlotSpec
 from tests.unit.manager_fixtures import desired, events_of, model_spec, settle, slot_spec
 
@@ -250,7 +252,7 @@ async def test_a_node_the_scheduler_left_the_pod_pending_on_is_avoided(tmp_path:
         node_name = launch.visible[0].node
         tried.append(node_name)
         if node_name == "a":
-            from controller.errors import SlotSpawnFailed
+            from controller.model.errors import SlotSpawnFailed
 
             raise SlotSpawnFailed(
                 "pod stayed unschedulable", slot="chat", node="a", unschedulable="Too many pods"

@@ -12,13 +12,12 @@ import pytest
 
 from controller.cli.output import Style
 from controller.cli.remote import _unit_lines
-from controller.coload import unified, without_unit
-from controller.errors import InsufficientMemory, SlotSpawnFailed
-from controller.eviction import EvictionCandidate
-from controller.lifecycle import SlotState
-from controller.memory import DeviceMemory
-from controller.placement import DeviceFacts, Need, place_joint
-from controller.plan import plan_slot
+from controller.model.errors import InsufficientMemory, SlotSpawnFailed
+from controller.model.lifecycle import SlotState
+from controller.reconcile.plan import plan_slot
+from controller.scheduling.eviction import EvictionCandidate, unified, without_unit
+from controller.scheduling.fit import DeviceMemory
+from controller.scheduling.placement import DeviceFacts, Need, place_joint
 from controller.spec.loader import LoadReport, load_stack_texts
 from controller.spec.schema import ControllerSettings, SlotSpec
 from tests.unit.manager_fixtures import Harness, desired, model_spec, settle, slot_spec

@@ -20,10 +20,10 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from controller.errors import SlotctlError
-from controller.lifecycle import SlotState
-from controller.memory import GIB
-from controller.slots import SlotManager
+from controller.model.errors import SlotctlError
+from controller.model.lifecycle import SlotState
+from controller.model.sizes import GIB
+from controller.slots.manager import SlotManager
 from controller.spec.schema import ControllerSettings
 from tests.unit.manager_fixtures import Harness, desired, events_of, model_spec, settle, slot_spec
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from controller.apply import apply_to_config
 from controller.daemon.gitops import GitOps
 from controller.operator.source import CrSource
-from controller.reconcile import Reconciler
+from controller.reconcile.apply import apply_to_config
+from controller.reconcile.reconciler import Reconciler
 from controller.spec.configdir import ConfigSnapshot
 from controller.spec.desired import DesiredCache
 from controller.spec.loader import DesiredSlot, DesiredState

@@ -10,13 +10,14 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from controller.devices import GpuRef, key_index, key_kind, parse_device, share
-from controller.errors import SlotConfigError
-from controller.providers import BuildContext, build_launch
-from controller.quadlet import render_quadlet
+from controller.model.devices import GpuRef, key_index, key_kind, parse_device, share
+from controller.model.errors import SlotConfigError
+from controller.providers.base import BuildContext
+from controller.providers.launch import build_launch
+from controller.providers.quadlet import render_quadlet
 from controller.runtime.base import visibility_env
-from controller.runtime.docker_spec import device_options
-from controller.runtime.kubernetes_spec import deployment_body
+from controller.runtime.docker.spec import device_options
+from controller.runtime.kubernetes.spec import deployment_body
 from controller.spec.guard import guard_slot_write_payload
 from controller.spec.loader import DesiredSlot, load_stack_texts
 from controller.spec.schema import ControllerSettings, ModelSpec, SlotSpec
@@ -276,7 +277,7 @@ def test_quadlet_adds_the_pinned_gpus() -> None:
 
 
 def test_vllm_is_told_its_share_of_the_gpu_and_the_others_are_not() -> None:
-    from controller.providers import placement_args
+    from controller.providers.launch import placement_args
 
     gpus = (GpuRef(0, UUID0, "nvidia", total_bytes=24 * 1024**3),)
     assert placement_args(_slot(), gpus, 8 * 1024**3) == ("--gpu-memory-utilization", "0.333")

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-import controller.errors as errors_module
-from controller.errors import (
+import controller.model.errors as errors_module
+from controller.model.errors import (
     IllegalSlotTransition,
     InsufficientMemory,
     ModelNotFound,

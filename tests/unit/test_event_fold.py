@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from controller.events import Event, EventBus, EventKind, LeaseFold, Op, is_lease_flip
-from controller.lifecycle import SlotState
+from controller.kit.eventbus import EventBus
+from controller.model.events import Event, EventKind, LeaseFold, Op, is_lease_flip
+from controller.model.lifecycle import SlotState
 from tests.unit.manager_fixtures import Harness, desired, model_spec, slot_spec
 
 S = SlotState

@@ -1,4 +1,4 @@
-"""Event subscriptions that take only what they look at (controller/events.py ``accept``).
+"""Event subscriptions that take only what they look at (controller/model/events.py ``accept``).
 
 Two lease flips a request reach every subscriber of the bus; the reconciler's event
 follower and ``slotctl up``'s printer look at neither, so their subscriptions do not take
@@ -11,8 +11,9 @@ import io
 from pathlib import Path
 
 from controller.daemon.main import Controller, DaemonOptions
-from controller.events import Event, EventBus, EventKind, Op
-from controller.reconcile import _gone
+from controller.kit.eventbus import EventBus
+from controller.model.events import Event, EventKind, Op
+from controller.reconcile.reconciler import _gone
 
 
 def flip(bus: EventBus) -> Event:

@@ -1,4 +1,4 @@
-"""The event loop of ``slotctl up`` (controller.eventloop): uvloop when installed, asyncio
+"""The event loop of ``slotctl up`` (controller.kit.eventloop): uvloop when installed, asyncio
 when asked (``SLOTCTL_EVENT_LOOP=asyncio``), a typed error for a value it does not know."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from controller import eventloop
-from controller.errors import SlotConfigError
+from controller.kit import eventloop
+from controller.model.errors import SlotConfigError
 
 HAS_UVLOOP = importlib.util.find_spec("uvloop") is not None
 
@@ -62,8 +62,8 @@ def test_uvloop_asked_for_but_missing_is_a_typed_error() -> None:
     """In a child whose import of uvloop fails (a blocked module), not this process."""
     code = (
         "import sys; sys.modules['uvloop'] = None\n"
-        "from controller import eventloop\n"
-        "from controller.errors import SlotConfigError\n"
+        "from controller.kit import eventloop\n"
+        "from controller.model.errors import SlotConfigError\n"
         "assert eventloop.loop_factory('auto')[0] == 'asyncio'\n"
         "try:\n    eventloop.loop_factory('uvloop')\n"
         "except SlotConfigError as exc:\n    print('refused:', exc.message)\n"

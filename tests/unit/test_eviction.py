@@ -7,7 +7,8 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from controller.eviction import (
+from controller.model.lifecycle import SlotState
+from controller.scheduling.eviction import (
     EvictionCandidate,
     Pressure,
     is_eligible,
@@ -15,7 +16,6 @@ from controller.eviction import (
     pressure_level,
     pressure_victims,
 )
-from controller.lifecycle import SlotState
 
 G = 1024**3
 NOW = 10_000.0
@@ -143,7 +143,7 @@ def test_victim_reason_names_priority_idle_bytes_and_the_slot() -> None:
     assert "make room for big" in victim.reason
     assert "priority 7" in victim.reason
     assert "idle 42s" in victim.reason
-    assert "frees 1.00 GiB" in victim.reason  # one memory format (controller.units)
+    assert "frees 1.00 GiB" in victim.reason  # one memory format (controller.model.sizes)
 
 
 def test_victim_carries_the_access_counter_for_revalidation() -> None:
@@ -243,9 +243,9 @@ def test_plan_property(candidates: list[EvictionCandidate], need: int) -> None:
 def test_load_decision_lists_candidates_only_when_the_load_does_not_fit() -> None:
     # decide_load takes the candidate list as a callable: a load that fits never builds
     # it (O(slots) at every load); one that does not fit evicts from it as before.
-    from controller.breaker import Breaker
-    from controller.decision import DeviceFacts, LoadRequest, decide_load
-    from controller.memory import DeviceMemory
+    from controller.scheduling.breaker import Breaker
+    from controller.scheduling.decision import DeviceFacts, LoadRequest, decide_load
+    from controller.scheduling.fit import DeviceMemory
 
     asked: list[int] = []
 

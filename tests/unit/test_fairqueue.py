@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller.fairqueue import ClassSpec, FairQueue, QueueRefusal, Waiter
+from controller.scheduling.fairqueue import ClassSpec, FairQueue, QueueRefusal, Waiter
 
 CLASSES = {
     "interactive": ClassSpec("interactive", 8.0),

@@ -18,8 +18,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from controller.errors import NpuExclusivityViolation, SlotConfigError, SlotctlError
-from controller.spec import SlotSpec, check_slot_payload, guard_slot_write_payload, load_stacks
+from controller.model.errors import NpuExclusivityViolation, SlotConfigError, SlotctlError
+from controller.spec.guard import guard_slot_write_payload
+from controller.spec.loader import load_stacks
+from controller.spec.rules import check_slot_payload
 from controller.spec.schema import (
     DEVICES,
     HARDWARE_ENV_VARS,
@@ -30,6 +32,7 @@ from controller.spec.schema import (
     PROVIDERS,
     ModelSpec,
     ServerSpec,
+    SlotSpec,
 )
 
 BASE: dict[str, Any] = {"name": "chat", "provider": "llamacpp", "port": 8081}

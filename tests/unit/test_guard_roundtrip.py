@@ -14,15 +14,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from controller.errors import NpuExclusivityViolation, SlotConfigError, SlotctlError
-from controller.spec import (
-    ModelSpec,
-    delete_slot_config,
-    read_config_dir,
-    write_catalogue,
-    write_slot_config,
-)
+from controller.model.errors import NpuExclusivityViolation, SlotConfigError, SlotctlError
+from controller.spec.configdir import read_config_dir
+from controller.spec.guard import delete_slot_config, write_catalogue, write_slot_config
 from controller.spec.loader import normalise
+from controller.spec.schema import ModelSpec
 
 CATALOGUE_TEXT = """\
 # The model catalogue for this host.

@@ -30,19 +30,20 @@ REPO_ROOT = PACKAGE_ROOT.parent
 
 # module (path relative to the repo root) -> why it may write files
 FILE_WRITERS: dict[str, str] = {
-    "controller/store/__init__.py": "writes observed state (state.json, the aux records, "
-    "residency.json) through the store's atomic writers",
+    "controller/store/state.py": "writes observed state (state.json, the aux records) "
+    "through the store's atomic writers",
+    "controller/store/residency.py": "writes residency.json through the store's atomic writer",
     "controller/store/files.py": "defines the atomic writers (temp file + fsync + "
     "os.replace) and sweeps their temp files",
     "controller/store/lock.py": "the controller lock file, controller.json and the API "
     "token (0600), through the store's atomic writers",
     "controller/spec/guard.py": "the write boundary: the one writer of slot config "
     "(<config_dir>/slots/*.toml) and the catalogue (models.toml), plus its lock file",
-    "controller/runtime/process.py": "the process runtime writes and rotates server logs "
-    "under the state dir (never the config dir)",
-    "controller/runtime/docker_surge.py": "no file: Container.rename renames a Docker "
+    "controller/runtime/process/servers.py": "the process runtime writes and rotates server "
+    "logs under the state dir (never the config dir)",
+    "controller/runtime/docker/surge.py": "no file: Container.rename renames a Docker "
     "container (a surge's second one into the slot's name)",
-    "controller/keys.py": "keys.json (0600): the API keys created and revoked, through the "
+    "controller/access/keys.py": "keys.json (0600): the API keys created and revoked, through the "
     "store's atomic writer (never the config dir)",
     "controller/cli/export.py": "`stack export --output-dir` writes exported stack "
     "files / Quadlet units where the user asks (never the config dir)",
@@ -54,8 +55,7 @@ FILE_WRITERS: dict[str, str] = {
 # module -> why it may import or call write_slot_config / delete_slot_config / write_catalogue
 CONFIG_WRITER_USERS: dict[str, str] = {
     "controller/spec/guard.py": "defines them",
-    "controller/spec/__init__.py": "re-exports them as the package's public API",
-    "controller/apply.py": "`stack apply` and GitOps: writes a validated stack into the "
+    "controller/reconcile/apply.py": "`stack apply` and GitOps: writes a validated stack into the "
     "config dir, every write through the guard's functions",
     "controller/api/routes.py": "the HTTP API's slot writes (POST/PUT/PATCH/DELETE "
     "/api/slots, swap) go through the guard's functions",

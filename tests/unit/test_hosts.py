@@ -1,10 +1,10 @@
-"""The Host policy against DNS rebinding (controller/api/hosts.py, issue 26): pure."""
+"""The Host policy against DNS rebinding (controller/api/hostcheck.py, issue 26): pure."""
 
 from __future__ import annotations
 
 import pytest
 
-from controller.api.hosts import HostPolicy, host_name
+from controller.api.hostcheck import HostPolicy, host_name
 
 
 @pytest.mark.parametrize(

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.errors import InvalidRequest, KeyNotFound, SlotctlError
-from controller.keys import (
+from controller.access.keys import (
     KEY_PREFIX,
     KeyRing,
     Scope,
@@ -19,6 +18,7 @@ from controller.keys import (
     parse_duration,
     revoke_key,
 )
+from controller.model.errors import InvalidRequest, KeyNotFound, SlotctlError
 
 
 def test_a_key_is_shown_once_and_stored_as_its_hash_only(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""One launch hash (issue 27, item 4): ``stack diff``/``apply`` (controller.apply) and the
+"""One launch hash (issue 27, item 4): ``stack diff``/``apply`` (controller.reconcile.apply) and the
 manager the reconciler drives hash a slot alike, on every runtime and with a configured
 models dir.
 
@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from controller.apply import apply_to_config, plan_stack
-from controller.providers import launch_context, launch_hash
+from controller.providers.launch import launch_context, launch_hash
+from controller.reconcile.apply import apply_to_config, plan_stack
 from controller.runtime.base import RuntimeKind
-from controller.slots import ManagerConfig
+from controller.slots.records import ManagerConfig
 from controller.spec.loader import DesiredSlot, DesiredState
 from controller.spec.schema import ModelSpec
 from tests.unit.manager_fixtures import Harness, slot_spec

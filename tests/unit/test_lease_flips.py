@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from controller.events import Event, EventKind, Op
-from controller.lifecycle import SlotState
-from controller.slots import SlotManager
+from controller.model.events import Event, EventKind, Op
+from controller.model.lifecycle import SlotState
+from controller.slots.manager import SlotManager
 from controller.slots.table import LAG_WRITE_S, OBSERVED
-from controller.store import SlotStateRecord
+from controller.store.state import SlotStateRecord
 from tests.unit.manager_fixtures import (
     Harness,
     assert_legal_history,
@@ -198,7 +198,7 @@ async def test_a_refused_lag_write_is_reported_once_and_retried(
     ``retry_unpersisted`` writes it once the disk takes writes again."""
     import errno
 
-    import controller.store as store_module
+    import controller.store.state as store_module
 
     _h, m = await loaded(tmp_path, "a")
     real = store_module.atomic_write_json

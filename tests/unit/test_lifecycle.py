@@ -10,8 +10,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from controller.errors import IllegalSlotTransition, SlotctlError
-from controller.lifecycle import (
+from controller.model.errors import IllegalSlotTransition, SlotctlError
+from controller.model.lifecycle import (
     DISPATCHABLE_STATES,
     LEGAL_TRANSITIONS,
     Candidate,
@@ -353,7 +353,7 @@ def test_rank_candidates_is_deterministic_for_any_input_order() -> None:
 
 
 def test_slot_get_says_an_asleep_server_sleeps() -> None:
-    from controller.lifecycle import describe
+    from controller.model.lifecycle import describe
 
     server, meaning = describe("idle", "asleep")
     assert server == "asleep" and "wakes it" in meaning

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from controller.errors import SlotHealthFailed
-from controller.lifecycle import SlotState
-from controller.probe import ProbeOutcome, ProbeResult, ProbeSpec
+from controller.model.errors import SlotHealthFailed
+from controller.model.lifecycle import SlotState
+from controller.probes.readiness import ProbeOutcome, ProbeResult, ProbeSpec
 from tests.unit.manager_fixtures import (
     Harness,
     YieldingProber,

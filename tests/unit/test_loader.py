@@ -13,9 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from controller.spec import ControllerSettings, Problem, load_stacks, provider_requires_model
-from controller.spec.loader import LoadReport
-from controller.spec.schema import SELF_MANAGED_PROVIDERS
+from controller.spec.loader import LoadReport, load_stacks
+from controller.spec.problems import Problem
+from controller.spec.schema import (
+    SELF_MANAGED_PROVIDERS,
+    ControllerSettings,
+    provider_requires_model,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 

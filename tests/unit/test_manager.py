@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from controller.errors import (
+from controller.model.errors import (
     InsufficientMemory,
     SlotCrashLooping,
     SlotctlError,
@@ -23,10 +23,10 @@ from controller.errors import (
     SlotSpawnFailed,
     SlotTerminateTimeout,
 )
-from controller.events import Op
-from controller.lifecycle import IdleReason, SlotState
-from controller.memory import GIB
-from controller.slots import SlotManager
+from controller.model.events import Op
+from controller.model.lifecycle import IdleReason, SlotState
+from controller.model.sizes import GIB
+from controller.slots.manager import SlotManager
 from controller.spec.schema import ModelSpec, SlotSpec
 from tests.unit.manager_fixtures import (
     Harness,

@@ -8,8 +8,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from controller.errors import SlotNotReady
-from controller.lifecycle import SlotState
+from controller.model.errors import SlotNotReady
+from controller.model.lifecycle import SlotState
 from tests.unit.manager_fixtures import Harness, desired, model_spec, slot_spec
 
 S = SlotState

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from controller.errors import InsufficientMemory, SlotCrashLooping, SlotSpawnFailed
-from controller.lifecycle import SlotState
+from controller.model.errors import InsufficientMemory, SlotCrashLooping, SlotSpawnFailed
+from controller.model.lifecycle import SlotState
 from tests.unit.manager_fixtures import Harness, desired, model_spec, slot_spec
 
 

@@ -53,14 +53,21 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from controller.clock import FakeClock
-from controller.errors import IllegalSlotTransition, SlotctlError
-from controller.events import Event
-from controller.lifecycle import LEGAL_TRANSITIONS, SlotState
-from controller.memory import GIB, FakeMemoryProbe
+from controller.kit.clock import FakeClock
+from controller.model.errors import IllegalSlotTransition, SlotctlError
+from controller.model.events import Event
+from controller.model.lifecycle import LEGAL_TRANSITIONS, SlotState
+from controller.model.sizes import GIB
+from controller.probes.memory import FakeMemoryProbe
 from controller.runtime.fake import FakeSleeper
-from controller.slots import ADMITTED_STATES, Lease, ManagerConfig, SlotManager
-from controller.slots.records import LOADING_STATES, SlotRecord
+from controller.slots.manager import SlotManager
+from controller.slots.records import (
+    ADMITTED_STATES,
+    LOADING_STATES,
+    Lease,
+    ManagerConfig,
+    SlotRecord,
+)
 from controller.slots.table import OBSERVED
 from controller.spec.loader import DesiredSlot
 from controller.spec.schema import ControllerSettings, SlotSpec

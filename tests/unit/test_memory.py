@@ -10,17 +10,16 @@ from typing import Any
 import psutil
 import pytest
 
-from controller.memory import (
-    GIB,
+from controller.model.sizes import GIB
+from controller.probes.memory import (
     AmdSysfsProbe,
-    DeviceMemory,
     FakeMemoryProbe,
     NvmlProbe,
     PsutilProbe,
     SystemMemoryProbe,
-    check_admission,
     read_meminfo,
 )
+from controller.scheduling.fit import DeviceMemory, check_admission
 
 # ----------------------------------------------------------------- psutil
 
@@ -437,7 +436,7 @@ def test_amd_reports_each_card_in_card_order(tmp_path: Path) -> None:
 
 
 def test_gpu_inventory_is_the_probe_else_the_budgets() -> None:
-    from controller.memory import gpu_inventory
+    from controller.scheduling.fit import gpu_inventory
 
     probed = NvmlProbe(NamedNvml([(24 * GIB, 20 * GIB), (24 * GIB, 24 * GIB)])).gpus()
     inventory = gpu_inventory(probed, {"gpu": 20, "gpu:1": 10})
@@ -478,7 +477,7 @@ def test_a_lost_gpu_keeps_its_uuid_for_a_pin_by_uuid(monkeypatch: pytest.MonkeyP
 
 
 def test_a_failed_nvml_init_is_tried_again_later(monkeypatch: pytest.MonkeyPatch) -> None:
-    import controller.memory as memory
+    import controller.probes.memory as memory
 
     clock = [1000.0]
     monkeypatch.setattr(memory.time, "monotonic", lambda: clock[0])

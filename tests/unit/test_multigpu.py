@@ -16,15 +16,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from controller.clock import FakeClock
-from controller.devices import GpuRef
-from controller.errors import DeviceUnavailable, InsufficientMemory, SlotConfigError
-from controller.events import EventKind
-from controller.lifecycle import SlotState
-from controller.memory import GIB, DeviceMemory, FakeMemoryProbe
+from controller.kit.clock import FakeClock
+from controller.model.devices import GpuRef
+from controller.model.errors import DeviceUnavailable, InsufficientMemory, SlotConfigError
+from controller.model.events import EventKind
+from controller.model.lifecycle import SlotState
+from controller.model.sizes import GIB
+from controller.probes.memory import FakeMemoryProbe
 from controller.runtime.fake import FakeProber, FakeRuntime
-from controller.slots import ManagerConfig, SlotManager
-from controller.slots.records import ADMITTED_STATES
+from controller.scheduling.fit import DeviceMemory
+from controller.slots.manager import SlotManager
+from controller.slots.records import ADMITTED_STATES, ManagerConfig
 from controller.spec.schema import ControllerSettings, ModelSpec, SlotSpec
 from tests.unit.manager_fixtures import desired, events_of, model_spec, settle, slot_spec
 
@@ -485,7 +487,7 @@ async def test_a_clusters_nodes_have_a_metric_family_of_their_own(tmp_path: Path
 
     from controller.api.app import ApiContext
     from controller.api.metrics import Metrics
-    from controller.runtime.kubernetes_nodes import NodeMemory
+    from controller.runtime.kubernetes.nodes import NodeMemory
 
     gfd = {"nvidia.com/gpu.memory": "24576", "nvidia.com/gpu.count": "1"}
     nodes = NodeMemory(

@@ -14,14 +14,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller.breaker import Breaker
-from controller.decision import LoadRequest, decide_load
-from controller.devices import GpuRef, share
-from controller.errors import DeviceUnavailable, InsufficientMemory, SlotConfigError
-from controller.eviction import EvictionCandidate, is_eligible
-from controller.lifecycle import SlotState
-from controller.memory import DeviceMemory
-from controller.placement import DeviceFacts, Need, place
+from controller.model.devices import GpuRef, share
+from controller.model.errors import DeviceUnavailable, InsufficientMemory, SlotConfigError
+from controller.model.lifecycle import SlotState
+from controller.scheduling.breaker import Breaker
+from controller.scheduling.decision import LoadRequest, decide_load
+from controller.scheduling.eviction import EvictionCandidate, is_eligible
+from controller.scheduling.fit import DeviceMemory
+from controller.scheduling.placement import DeviceFacts, Need, place
 
 G = 1024**3
 NOW = 10_000.0

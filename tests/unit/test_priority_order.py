@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from controller.eviction import EvictionCandidate, plan_room
-from controller.lifecycle import SlotState
-from controller.memory import GIB
+from controller.model.lifecycle import SlotState
+from controller.model.sizes import GIB
+from controller.scheduling.eviction import EvictionCandidate, plan_room
 from controller.slots.locks import PriorityLock
 from controller.slots.records import Requester
 from tests.unit.manager_fixtures import Harness, desired, model_spec, settle, slot_spec

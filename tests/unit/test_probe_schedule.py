@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from controller.clock import FakeClock
-from controller.probe import (
+from controller.kit.clock import FakeClock
+from controller.probes.readiness import (
     ARMED_BASE_DELAY_S,
     CAP_S,
     ProbeOutcome,

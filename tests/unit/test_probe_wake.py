@@ -1,4 +1,4 @@
-"""Event-driven readiness: a log line wakes the probe (controller/probe.py).
+"""Event-driven readiness: a log line wakes the probe (controller/probes/readiness.py).
 
 The clock here never ends a sleep by itself (each ``sleep`` lasts an hour of real time),
 so an attempt that comes early can only have been woken by the event.
@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import re
 
-from controller.probe import HttpProber, LogLines, ProbeOutcome, ProbeResult, wait_ready
+from controller.probes.readiness import HttpProber, LogLines, ProbeOutcome, ProbeResult, wait_ready
 from controller.providers.base import READY_LOG
 from controller.runtime.base import LaunchSpec, Runtime
 

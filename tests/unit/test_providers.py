@@ -7,8 +7,9 @@ from dataclasses import replace
 
 import pytest
 
-from controller.errors import SlotConfigError
-from controller.providers import PROVIDER_REGISTRY, BuildContext, build_launch
+from controller.model.errors import SlotConfigError
+from controller.providers.base import BuildContext
+from controller.providers.launch import PROVIDER_REGISTRY, build_launch
 from controller.spec.schema import PROVIDERS, ModelSpec, SlotSpec
 
 
@@ -140,7 +141,7 @@ def test_config_hash_ignores_scheduling_knobs_and_sees_runtime_config() -> None:
 
 
 def test_vllm_sleeps_by_default_with_the_dev_mode_the_controller_sets() -> None:
-    from controller.sleepmode import VLLM_SLEEP
+    from controller.probes.sleep import VLLM_SLEEP
 
     slot = _slot(provider="vllm", server={"env": {"VLLM_SERVER_DEV_MODE": "0"}})
     launch = build_launch(slot, MODEL, BuildContext())

@@ -3,7 +3,7 @@
 The planner tests call :func:`plan_slot`/:func:`plans_for` with hand-built desired,
 applied and observed state. The work-queue tests run a :class:`Reconciler` over a
 SlotManager on FakeRuntime + FakeClock and a tmp config dir written through
-:func:`controller.apply.apply_to_config` (the writer ``stack apply`` uses).
+:func:`controller.reconcile.apply.apply_to_config` (the writer ``stack apply`` uses).
 """
 
 from __future__ import annotations
@@ -21,17 +21,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller.apply import apply_to_config, plan_stack
-from controller.errors import (
+from controller.model.errors import (
     InsufficientMemory,
     SlotConfigError,
     SlotCrashLooping,
     SlotHealthFailed,
     SlotSpawnFailed,
 )
-from controller.lifecycle import IdleReason, SlotState
-from controller.providers import BuildContext, build_launch
-from controller.reconcile import (
+from controller.model.lifecycle import IdleReason, SlotState
+from controller.providers.base import BuildContext
+from controller.providers.launch import build_launch
+from controller.reconcile.apply import apply_to_config, plan_stack
+from controller.reconcile.reconciler import (
     Action,
     ObservedSlot,
     Reconciler,
@@ -41,7 +42,7 @@ from controller.reconcile import (
     requeue_delay,
 )
 from controller.runtime.fake import FakeRuntime
-from controller.slots import ManagerConfig
+from controller.slots.records import ManagerConfig
 from controller.spec.configdir import ConfigSnapshot, read_config_dir
 from controller.spec.loader import DesiredSlot, DesiredState
 from controller.spec.schema import ModelSpec, SlotSpec
@@ -706,8 +707,8 @@ async def test_a_broken_catalogue_keeps_the_last_good_one_and_restarts_nothing(
     tmp_path: Path,
 ) -> None:
     """A typo in models.toml must not unload or recreate the slots bound to its models."""
-    from controller.apply import apply_to_config
-    from controller.reconcile import Reconciler
+    from controller.reconcile.apply import apply_to_config
+    from controller.reconcile.reconciler import Reconciler
     from controller.spec.loader import DesiredSlot, DesiredState
     from tests.unit.manager_fixtures import Harness, model_spec, slot_spec
 
@@ -747,8 +748,8 @@ def _state(ports: dict[str, int]) -> Any:
 
 
 def test_apply_is_all_or_nothing_and_judges_the_whole_set(tmp_path: Path) -> None:
-    from controller.apply import apply_to_config
-    from controller.errors import SlotConfigError
+    from controller.model.errors import SlotConfigError
+    from controller.reconcile.apply import apply_to_config
     from controller.spec.configdir import read_config_dir
 
     config = tmp_path / "config"

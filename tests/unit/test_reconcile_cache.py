@@ -6,7 +6,7 @@ spec, model and stack objects it was built from; a read of the config dir brings
 generation of objects, so a changed slot, a changed catalogue model or a new binding is
 built again, and an unchanged one is recognised by value and re-keyed. These tests run a
 :class:`Reconciler` over a SlotManager on FakeRuntime + FakeClock, with the config dir
-written by :func:`controller.apply.apply_to_config` (what ``stack apply`` uses).
+written by :func:`controller.reconcile.apply.apply_to_config` (what ``stack apply`` uses).
 """
 
 from __future__ import annotations
@@ -20,13 +20,14 @@ from typing import Any
 import pytest
 
 import controller.slots.core as core_module
-from controller import providers
-from controller.apply import apply_to_config
-from controller.lifecycle import SlotState
-from controller.providers import BuildContext, build_launch
-from controller.reconcile import Reconciler
+from controller.model.lifecycle import SlotState
+from controller.providers import launch as providers
+from controller.providers.base import BuildContext
+from controller.providers.launch import build_launch
+from controller.reconcile.apply import apply_to_config
+from controller.reconcile.reconciler import Reconciler
 from controller.runtime.base import LaunchSpec
-from controller.slots import ManagerConfig
+from controller.slots.records import ManagerConfig
 from controller.spec.loader import DesiredSlot, DesiredState
 from controller.spec.schema import ModelSpec, SlotSpec
 from tests.unit.manager_fixtures import Harness, model_spec, settle, slot_spec

@@ -17,14 +17,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from controller.apply import apply_to_config
-from controller.decision import WAITING_FOR_MEMORY
-from controller.errors import InsufficientMemory, ModelNotFound, SlotctlError, SlotPinned
-from controller.events import EvictionReason
-from controller.lifecycle import SlotState
-from controller.memory import GIB
-from controller.reconcile import Reconciler
-from controller.slots import SlotManager
+from controller.model.errors import InsufficientMemory, ModelNotFound, SlotctlError, SlotPinned
+from controller.model.events import EvictionReason
+from controller.model.lifecycle import SlotState
+from controller.model.sizes import GIB
+from controller.reconcile.apply import apply_to_config
+from controller.reconcile.reconciler import Reconciler
+from controller.scheduling.decision import WAITING_FOR_MEMORY
+from controller.slots.manager import SlotManager
 from controller.spec.loader import DesiredSlot, DesiredState
 from controller.spec.schema import ControllerSettings, ModelSpec, SlotSpec
 from tests.unit.manager_fixtures import (

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from controller.decision import LoadDecision
-from controller.errors import InsufficientMemory
-from controller.memory import GIB, Admission
-from controller.plan import Action, with_rollout
-from controller.rollout import decide_rollout
+from controller.model.errors import InsufficientMemory
+from controller.model.sizes import GIB
+from controller.reconcile.plan import Action, with_rollout
 from controller.runtime.surging import cannot_surge
+from controller.scheduling.decision import LoadDecision
+from controller.scheduling.fit import Admission
+from controller.scheduling.rollout import decide_rollout
 from controller.spec.schema import SlotSpec
 
 
@@ -121,7 +122,7 @@ def test_the_plan_carries_the_way() -> None:
 
 
 def test_rollout_is_a_scheduling_key_and_defaults_to_surge() -> None:
-    from controller.plan import SCHEDULING_KEYS
+    from controller.reconcile.plan import SCHEDULING_KEYS
 
     assert "rollout" in SCHEDULING_KEYS
     assert _spec().rollout == "surge"

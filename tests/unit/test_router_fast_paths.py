@@ -24,12 +24,12 @@ from prometheus_client.openmetrics.exposition import generate_latest as generate
 
 from controller.api.metrics import REQUEST_BUCKETS, _RequestSeries
 from controller.dataplane.upstream import Upstream, UpstreamError, UpstreamPool
-from controller.errors import SlotNotFound
-from controller.lifecycle import SlotState
+from controller.model.errors import SlotNotFound
+from controller.model.lifecycle import SlotState
+from controller.router.body import _json_object, model_of
 from controller.router.leasing import Pending, acquire, acquire_now, acquire_rest
 from controller.router.refusals import Refusal
-from controller.router.request import _json_object, model_of
-from controller.slots import Lease
+from controller.slots.records import Lease
 from tests.unit.manager_fixtures import Harness, desired, model_spec, slot_spec
 
 S = SlotState

@@ -15,12 +15,13 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from controller.devices import GpuRef, share
-from controller.errors import SlotctlError
-from controller.eviction import SLEEP, UNLOAD, EvictionCandidate, is_eligible
-from controller.lifecycle import SlotState
-from controller.memory import GIB, DeviceMemory
-from controller.placement import DeviceFacts, Need, place
+from controller.model.devices import GpuRef, share
+from controller.model.errors import SlotctlError
+from controller.model.lifecycle import SlotState
+from controller.model.sizes import GIB
+from controller.scheduling.eviction import SLEEP, UNLOAD, EvictionCandidate, is_eligible
+from controller.scheduling.fit import DeviceMemory
+from controller.scheduling.placement import DeviceFacts, Need, place
 from controller.spec.schema import ControllerSettings
 from tests.unit.manager_fixtures import Harness, desired, events_of, model_spec, slot_spec
 

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from controller.errors import InsufficientMemory
-from controller.lifecycle import IdleReason, SlotState
-from controller.memory import GIB
-from controller.slots import SlotManager
+from controller.model.errors import InsufficientMemory
+from controller.model.lifecycle import IdleReason, SlotState
+from controller.model.sizes import GIB
+from controller.slots.manager import SlotManager
 from controller.spec.schema import ControllerSettings, ModelSpec, SlotSpec
 from tests.unit.manager_fixtures import (
     Harness,

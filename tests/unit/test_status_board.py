@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from controller.events import Event, EventKind, Op
+from controller.model.events import Event, EventKind, Op
 from controller.operator.board import StatusBoard
 
 

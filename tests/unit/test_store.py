@@ -10,20 +10,12 @@ from typing import Any
 
 import pytest
 
-from controller.errors import SlotConfigError, SlotctlError
-from controller.lifecycle import SlotState
-from controller.store import (
-    ResidencyEntry,
-    ResidencyStore,
-    SlotStateRecord,
-    StateExtra,
-    StateStore,
-    atomic_write_bytes,
-    atomic_write_json,
-    check_slot_name,
-    ensure_token,
-    utcnow,
-)
+from controller.model.errors import SlotConfigError, SlotctlError
+from controller.model.lifecycle import SlotState
+from controller.store.files import atomic_write_bytes, atomic_write_json, check_slot_name, utcnow
+from controller.store.lock import ensure_token
+from controller.store.residency import ResidencyEntry, ResidencyStore
+from controller.store.state import SlotStateRecord, StateExtra, StateStore
 
 INVALID_NAMES = ["../x", "A", "a" * 64, "", "a/b", "-a", "a-", "a_b", ".", "..", "a b", "/abs"]
 
@@ -528,7 +520,7 @@ def test_a_refused_state_write_is_typed_and_keeps_the_old_file(tmp_path: Path) -
     ``state.write_failed`` naming path and errno, never a bare OSError."""
     import errno
 
-    from controller.errors import StateWriteFailed
+    from controller.model.errors import StateWriteFailed
 
     store = StateStore(tmp_path)
     store.write(SlotStateRecord(name="a", state=SlotState.READY))

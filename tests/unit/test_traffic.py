@@ -11,7 +11,7 @@ import pytest
 from controller.api.app import ApiContext
 from controller.api.metrics import REQUEST_BUCKETS, metrics_of
 from controller.api.traffic import SAMPLES, Traffic, quantile
-from controller.events import EventBus
+from controller.kit.eventbus import EventBus
 
 
 def test_quantile_interpolates_inside_the_bucket_as_histogram_quantile() -> None:

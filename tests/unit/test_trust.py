@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 
 from controller.daemon.main import root_warning
-from controller.errors import ServerNotAllowed, SlotConfigError
+from controller.model.errors import ServerNotAllowed, SlotConfigError
 from controller.spec.guard import write_slot_config, write_slot_configs
 from controller.spec.schema import SlotSpec
-from controller.store import ensure_private_dir
+from controller.store.lock import ensure_private_dir
 
 
 def settings(config: Path, text: str) -> None:

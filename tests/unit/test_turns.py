@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from controller.errors import SlotCrashLooping, SlotQueueFull
-from controller.lifecycle import SlotState
+from controller.model.errors import SlotCrashLooping, SlotQueueFull
+from controller.model.lifecycle import SlotState
 from controller.slots.records import Lease, Requester
 from controller.spec.schema import ControllerSettings, PriorityClass
 from tests.unit.manager_fixtures import Harness, desired, model_spec, settle, slot_spec
@@ -174,7 +174,7 @@ async def test_no_limit_no_turns(tmp_path: Path) -> None:
 
 
 async def test_a_removed_slots_waiters_get_its_typed_error_not_a_hang(tmp_path: Path) -> None:
-    from controller.errors import SlotNotFound
+    from controller.model.errors import SlotNotFound
 
     h = await _harness(tmp_path, max_concurrency=1)
     m = h.manager

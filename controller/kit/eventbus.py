@@ -1,0 +1,140 @@
+"""The event bus: events emitted, kept for a replay, fed to subscribers, logged.
+
+The slot manager emits (:class:`EventBus.emit`); the event stream (SSE), metrics and
+``--wait`` progress consume. Each event gets a monotonically increasing id and sits in a
+bounded ring buffer, so an SSE client can resume with ``Last-Event-ID``; live subscribers
+get their own bounded queue (a slow subscriber loses the oldest events and is told how
+many, it never blocks the manager). The lease flips of every request sit in a ring of
+their own (:func:`~controller.model.events.is_lease_flip`), so a burst of requests never
+pushes the loads, evictions and applies out of the replay buffer.
+
+Every event is also one structured log line on the ``slotctl.lifecycle`` logger with
+``op``, ``slot``, ``model``, ``from``, ``to`` and ``error`` (JSON with ``--log-format json``).
+What an event is: :mod:`controller.model.events`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Final
+
+from controller.model.events import Event, EventKind, Op, is_lease_flip
+
+__all__ = ["EventBus", "Subscription"]
+
+log = logging.getLogger("slotctl.lifecycle")
+
+_LOG_FIELDS: Final = ("op", "slot", "model", "from_state", "to_state", "error")
+
+
+class Subscription:
+    """A live feed of events; iterate with ``async for``. ``dropped`` counts lost events.
+
+    ``accept`` picks the events the feed gets, at emit time: a subscriber that looks at a
+    few kinds is not woken for the others (two lease flips a request)."""
+
+    def __init__(
+        self, bus: EventBus, maxsize: int, accept: Callable[[Event], bool] | None = None
+    ) -> None:
+        self._bus = bus
+        self._queue: asyncio.Queue[Event] = asyncio.Queue(maxsize=maxsize)
+        self._accept = accept
+        self.dropped = 0
+
+    def _offer(self, event: Event) -> None:
+        if self._accept is not None and not self._accept(event):
+            return
+        if self._queue.full():
+            self._queue.get_nowait()
+            self.dropped += 1
+        self._queue.put_nowait(event)
+
+    async def get(self) -> Event:
+        return await self._queue.get()
+
+    def get_nowait(self) -> Event | None:
+        try:
+            return self._queue.get_nowait()
+        except asyncio.QueueEmpty:
+            return None
+
+    def close(self) -> None:
+        self._bus._subscribers.discard(self)
+
+    def __aiter__(self) -> AsyncIterator[Event]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[Event]:
+        while True:
+            yield await self.get()
+
+    def __enter__(self) -> Subscription:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class EventBus:
+    """Emits events to subscribers and listeners and keeps the recent ones for a replay:
+    ``buffer_size`` of them, and ``flip_buffer_size`` lease flips in a ring of their own
+    (a burst of requests does not push the rest out)."""
+
+    def __init__(self, buffer_size: int = 1000, flip_buffer_size: int = 200) -> None:
+        self._buffer: collections.deque[Event] = collections.deque(maxlen=buffer_size)
+        self._flips: collections.deque[Event] = collections.deque(maxlen=flip_buffer_size)
+        self._subscribers: set[Subscription] = set()
+        self._listeners: list[Callable[[Event], None]] = []
+        self._next_id = 1
+
+    def emit(self, kind: EventKind, op: Op, **fields: Any) -> Event:
+        event = Event(id=self._next_id, kind=kind, op=op, **fields)
+        self._next_id += 1
+        (self._flips if is_lease_flip(event) else self._buffer).append(event)
+        for sub in list(self._subscribers):
+            sub._offer(event)
+        for listener in self._listeners:
+            listener(event)
+        _log(event)
+        return event
+
+    def add_listener(self, listener: Callable[[Event], None]) -> None:
+        """A synchronous callback for every event (metrics): must be fast, never raise."""
+        self._listeners.append(listener)
+
+    def subscribe(
+        self, maxsize: int = 1000, accept: Callable[[Event], bool] | None = None
+    ) -> Subscription:
+        sub = Subscription(self, maxsize, accept)
+        self._subscribers.add(sub)
+        return sub
+
+    def since(self, last_id: int) -> list[Event]:
+        """Buffered events after ``last_id``, in order (for Last-Event-ID resume); the
+        ones no longer buffered are ``last_id - len(...)`` short of :attr:`last_id`."""
+        kept = [e for e in self._buffer if e.id > last_id]
+        flips = [e for e in self._flips if e.id > last_id]
+        if not flips:
+            return kept
+        return sorted(kept + flips, key=lambda e: e.id)
+
+    @property
+    def last_id(self) -> int:
+        return self._next_id - 1
+
+
+def _log(event: Event) -> None:
+    level = logging.WARNING if event.error else logging.INFO
+    if not log.isEnabledFor(level):
+        return  # e.g. the lease flips of every request, with text logs (warnings only)
+    extra = {name: getattr(event, name) for name in _LOG_FIELDS}
+    arrow = f" {event.from_state} -> {event.to_state}" if event.to_state else ""
+    text = f"{event.op} slot={event.slot} model={event.model}{arrow}"
+    if event.error:
+        text += f" error={event.error}"
+    if event.message:
+        text += f": {event.message}"
+    log.log(level, text, extra={"slotctl": extra})

@@ -1,0 +1,476 @@
+"""The reconciler: observe -> plan -> act, level-triggered, one slot at a time per slot.
+
+``plan_slot`` (:mod:`controller.reconcile.plan`, pure): desired (a stack or the config dir), what is
+currently applied, and what is observed go in; one :class:`Action` with its reason comes
+out. ``stack diff`` prints exactly the plan ``stack apply`` and the daemon execute.
+
+:class:`Reconciler` runs the plan against the slot manager (through its port,
+:class:`~controller.slots.interfaces.ReconcilerPort`) through a work queue that carries slot
+*names* only: every pass re-reads desired and observed state, so merged or missed events
+are harmless. One slot is never reconciled twice at once; different slots reconcile
+concurrently. Outcomes map to queue actions in one place (:func:`requeue_delay`): a
+delayed requeue, a rate-limited exponential retry, or done."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from controller.model.errors import (
+    InsufficientMemory,
+    SlotctlError,
+)
+from controller.model.events import Event, EventKind, Op
+from controller.model.lifecycle import SlotState
+from controller.reconcile.plan import (
+    ACTION_KINDS,
+    SCHEDULING_KEYS,
+    Action,
+    ObservedSlot,
+    Result,
+    plan_slot,
+    plans_for,
+    requeue_delay,
+    spec_changes,
+    with_rollout,
+)
+from controller.slots.interfaces import ReconcilerPort
+from controller.slots.records import SlotStatus
+from controller.spec.configdir import ConfigSnapshot
+from controller.spec.desired import DesiredCache
+
+# The plan lives in controller.reconcile.plan (pure); re-exported for the callers of the loop.
+__all__ = [
+    "ACTION_KINDS",
+    "SCHEDULING_KEYS",
+    "Action",
+    "ObservedSlot",
+    "Reconciler",
+    "Result",
+    "observe_manager",
+    "plan_slot",
+    "plans_for",
+    "requeue_delay",
+    "spec_changes",
+]
+
+log = logging.getLogger("slotctl.reconcile")
+
+_DONE = Result()  # frozen: one for every pass that asks nothing of the queue
+
+# Passes at once. A pass that loads holds its worker until the server is ready (or
+# fails), so this bounds the loads in flight: with 16, fifty 1 s loads took four rounds.
+# Admission (memory) is what limits loads; a worker is an idle task.
+WORKERS = 64
+
+
+_GONE_STATES = frozenset((SlotState.OFFLINE.value, SlotState.ERROR.value))
+
+
+def _gone(event: Event) -> bool:
+    """What the event follower looks at: a slot that went offline or into error."""
+    return event.kind == EventKind.TRANSITION and event.to_state in _GONE_STATES
+
+
+def observe_manager(manager: ReconcilerPort, name: str) -> ObservedSlot | None:
+    status = manager.observe(name)
+    return None if status is None else observed_slot(name, status)
+
+
+def observed_slot(name: str, status: SlotStatus) -> ObservedSlot:
+    # Inside a backoff window (or an open breaker's cap): retry when it ends — an open
+    # breaker then lets one try through (half-open).
+    return ObservedSlot(
+        name=name,
+        state=status.state,
+        idle_reason=status.idle_reason,
+        running=status.state not in (SlotState.OFFLINE, SlotState.ERROR),
+        config_hash=status.config_hash,
+        message=status.message,
+        blocked=status.retry_after_s > 0,
+        retry_after_s=status.retry_after_s,
+        waiting=status.waiting,
+        paused=status.paused,
+    )
+
+
+class Reconciler:
+    """Drives a SlotManager towards the config dir. See the module docstring."""
+
+    def __init__(
+        self,
+        manager: ReconcilerPort,
+        config_dir: Path,
+        *,
+        resync_s: float = 30.0,
+        workers: int = WORKERS,
+        on_plan: Callable[[Action], None] | None = None,
+        desired: DesiredCache | None = None,
+    ) -> None:
+        self.manager = manager
+        self.config_dir = Path(config_dir)
+        # The desired state's one owner (the daemon's, shared with the API, GitOps and the
+        # operator); its every snapshot sets the manager's catalogue.
+        self.desired = desired if desired is not None else DesiredCache(self.config_dir)
+        self.desired.subscribe(self._catalogue)
+        self.desired.snapshot  # noqa: B018  # read now, as the reconciler starts (a first look)
+        self.resync_s = resync_s
+        self.workers = workers
+        self.on_plan = on_plan
+        # Orphans are stopped at each resync; the operator holds that off until its first
+        # sync (before it, a fresh config dir declares nothing: everything would look
+        # like an orphan, such as the Deployments a moved operator pod should adopt).
+        self.reap = True
+        self._queue: asyncio.Queue[str] = asyncio.Queue()
+        self._queued: set[str] = set()
+        self._active: set[str] = set()
+        self._dirty: set[str] = set()
+        self._failures: dict[str, int] = {}
+        self._timers: dict[str, asyncio.TimerHandle] = {}
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.errors: dict[str, str] = {}
+        # What was last said of each slot (plan, error): a retry that would say the same
+        # again is quiet; it is said again once it changes or after a success.
+        self._said_plan: dict[str, tuple[str, str]] = {}
+        self._said_error: dict[str, tuple[str, str]] = {}
+        self.passes = 0
+        # The last observation of each slot, reused while the manager reports the same
+        # status (an ObservedSlot costs more to build than the status to compare).
+        self._observed: dict[str, tuple[SlotStatus, ObservedSlot]] = {}
+        # Called after every pass with (slot, seconds, ok): the API's metrics.
+        self.pass_observers: list[Callable[[str, float, bool], None]] = []
+
+    # ---------------------------------------------------------------- desired
+
+    @property
+    def snapshot(self) -> ConfigSnapshot:
+        """The desired state in force (:class:`~controller.spec.desired.DesiredCache`)."""
+        return self.desired.snapshot
+
+    @property
+    def broken(self) -> set[str]:
+        """Slots whose config file is present but invalid right now."""
+        return self.desired.broken
+
+    def _catalogue(self, snapshot: ConfigSnapshot) -> None:
+        self.manager.set_models(snapshot.models, order=list(snapshot.slots))
+        self.manager.set_aliases({i: a.spec for i, a in snapshot.aliases.items()})
+
+    def refresh(self, fresh: ConfigSnapshot | None = None) -> ConfigSnapshot:
+        """Re-read the config dir (or take ``fresh``); the manager's catalogue follows at
+        once. A missing or unlistable config dir changes nothing."""
+        return self.desired.refresh(fresh)
+
+    async def refresh_async(self) -> ConfigSnapshot:
+        """:meth:`refresh` with the read in a worker thread, one at a time."""
+        return await self.desired.refresh_async()
+
+    def all_names(self) -> list[str]:
+        names = list(self.snapshot.slots)
+        names += [n for n in self.manager.names() if n not in self.snapshot.slots]
+        return names
+
+    # ---------------------------------------------------------------- one pass
+
+    def plan(self, name: str) -> Action:
+        want = self.snapshot.slots.get(name)
+        have = self.manager.known(name)
+        obs = self._observe(name)
+        want_hash = self.manager.launch_hash(want) if want else None
+        resident = self.manager.is_resident(name)
+        if (
+            want is not None
+            and want.spec.model_id
+            and want.spec.model_id not in self.manager.models
+        ):
+            return Action(
+                "noop",
+                name,
+                f"model {want.spec.model_id!r} is not in the catalogue: "
+                "fix the config dir; the running server is left as it is",
+            )
+        holder = self.manager.group_holder(name) if want is not None else None
+        action = plan_slot(
+            name, want, have, obs, want_hash=want_hash, resident=resident, group_holder=holder
+        )
+        if action.kind == "recreate" and want is not None:
+            return with_rollout(action, self.manager.rollout_for(want))
+        return action
+
+    def _observe(self, name: str) -> ObservedSlot | None:
+        status = self.manager.observe(name)
+        if status is None:
+            self._observed.pop(name, None)
+            return None
+        last = self._observed.get(name)
+        if last is not None and last[0] == status:
+            return last[1]
+        observed = observed_slot(name, status)
+        self._observed[name] = (status, observed)
+        return observed
+
+    async def reconcile(self, name: str) -> Result:
+        """Observe, plan and act for one slot. Raises typed errors; returns a requeue."""
+        action = self.plan(name)
+        if action.kind != "noop" and self._said_plan.get(name) != (action.kind, action.reason):
+            self._said_plan[name] = (action.kind, action.reason)
+            self.manager.events.emit(
+                EventKind.PLAN,
+                Op.RECONCILE,
+                slot=name,
+                message=action.reason,
+                details={
+                    "action": action.kind,
+                    **{k: v for k, v in action.details.items() if k.startswith("rollout")},
+                },
+            )
+            if self.on_plan is not None:
+                self.on_plan(action)
+        await self.act(action)
+        retry = action.details.get("retry_after_s")  # backing off: look again when it ends
+        if retry:
+            return Result(requeue_after=max(0.05, float(retry)))
+        if action.kind == "update":
+            return Result(requeue_after=0.01)  # applied in place: it may also need a load
+        return _DONE
+
+    async def act(self, action: Action) -> None:
+        manager, name = self.manager, action.slot
+        want = self.snapshot.slots.get(name)
+        if action.kind == "delete":
+            if manager.known(name) is not None:
+                await manager.remove(name)
+            return
+        if want is None:
+            return
+        if action.kind == "recreate":
+            manager.upsert(want)
+            decision = await manager.roll_out(name, want)
+            if decision.surge:
+                return  # the new server serves; the old one drained and stopped
+            with manager.recreating(name, decision.reason):  # the slot's view shows it
+                await manager.unload(
+                    name,
+                    force=True,
+                    clear_residency=False,
+                    reason=f"recreate: {action.reason}",
+                    op=Op.RECONCILE,
+                )
+                manager.upsert(want)
+                if want.autoload or manager.is_resident(name):
+                    await manager.load(name, resident=False, background=True)
+            return
+        manager.upsert(want)
+        if action.kind == "load" or (action.kind == "create" and want.autoload):
+            await manager.load(name, resident=False, background=True)
+
+    # ---------------------------------------------------------------- the queue
+
+    def enqueue(self, name: str, after: float = 0.0) -> None:
+        if after > 0:
+            old = self._timers.pop(name, None)
+            if old is not None:
+                old.cancel()
+            loop = asyncio.get_running_loop()
+            self._timers[name] = loop.call_later(after, self._enqueue_now, name)
+            return
+        self._enqueue_now(name)
+
+    def _enqueue_now(self, name: str) -> None:
+        self._timers.pop(name, None)
+        if name in self._active:
+            self._dirty.add(name)  # look again when the running pass ends
+            return
+        if name in self._queued:
+            return
+        self._queued.add(name)
+        self._idle.clear()
+        self._queue.put_nowait(name)
+
+    def enqueue_all(self) -> None:
+        for name in self.all_names():
+            self.enqueue(name)
+
+    async def _worker(self) -> None:
+        while True:
+            name = await self._queue.get()
+            self._queued.discard(name)
+            self._active.add(name)
+            try:
+                await self._run_one(name)
+            except Exception:  # a bug outside the pass (an observer): the worker lives on
+                log.exception("reconcile worker: unexpected error around %s", name)
+            finally:
+                self._active.discard(name)
+                if name in self._dirty:
+                    self._dirty.discard(name)
+                    self._enqueue_now(name)
+                self._queue.task_done()
+                if self._queue.empty() and not self._active:
+                    self._idle.set()
+
+    async def _run_one(self, name: str) -> None:
+        started = time.perf_counter()
+        outcome: Result | BaseException
+        try:
+            outcome = await self.reconcile(name)
+        except SlotctlError as exc:
+            outcome = exc
+        except Exception as exc:  # one broken slot must not stop the rest; it is retried
+            log.exception("reconcile %s: unexpected error", name)
+            outcome = exc
+        self.passes += 1
+        failures = self._failures.get(name, 0)
+        delay = requeue_delay(outcome, failures)
+        if isinstance(outcome, BaseException):
+            self._failures[name] = failures + 1
+            message = getattr(outcome, "message", str(outcome))
+            self.errors[name] = message
+            self._report(name, outcome, message, delay)
+        else:
+            self._failures.pop(name, None)
+            self.errors.pop(name, None)
+            self._said_plan.pop(name, None)
+            self._said_error.pop(name, None)
+        took = time.perf_counter() - started
+        log.debug("reconcile %s took %.1f ms", name, took * 1000)
+        for observe in self.pass_observers:
+            observe(name, took, not isinstance(outcome, BaseException))
+        if delay is not None:
+            self.enqueue(name, after=delay)
+
+    def _report(self, name: str, error: BaseException, message: str, delay: float | None) -> None:
+        """One error event per distinct failure; a slot waiting for memory is no error (the
+        manager said once that it waits)."""
+        if isinstance(error, InsufficientMemory) and error.details.get("waiting"):
+            log.debug("reconcile %s: waiting for memory", name)
+            return
+        code = getattr(error, "code", "internal")
+        said = (code, message)
+        if self._said_error.get(name) == said:
+            log.debug("reconcile %s: %s (again)", name, message)
+            return
+        self._said_error[name] = said
+        self.manager.events.emit(
+            EventKind.ERROR,
+            Op.RECONCILE,
+            slot=name,
+            message=message,
+            error=code,
+            details={"retry_in_s": delay},
+        )
+
+    async def run(self, stop: asyncio.Event, *, read_first: bool = True) -> None:
+        """Workers plus a periodic resync; also follows manager events (evictions, faults).
+
+        A worker or the follower that ends (they never return) ends ``run`` with an error,
+        so the daemon's supervisor reports it and restarts the reconciler whole.
+        ``read_first=False``: the caller has just read the config dir and queued every
+        slot, so the first resync (a read of every file) waits for the period.
+        """
+        workers = [asyncio.create_task(self._worker()) for _ in range(self.workers)]
+        follower = asyncio.create_task(self._follow_events())
+        room = asyncio.create_task(self._watch_room(stop))
+        stopping = asyncio.create_task(stop.wait())
+        try:
+            fresh = not read_first
+            while not stop.is_set():
+                try:
+                    if not fresh:
+                        await self.refresh_async()
+                        self.enqueue_all()
+                    fresh = False
+                    await self.reap_orphans()
+                except Exception:  # a failed resync (I/O, engine) is retried next period
+                    log.exception("resync failed; retrying in %.0fs", self.resync_s)
+                done, _ = await asyncio.wait(
+                    {stopping, follower, *workers},
+                    timeout=self.resync_s,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                ended = [t for t in done if t is not stopping]
+                if ended:
+                    error = None if ended[0].cancelled() else ended[0].exception()
+                    raise RuntimeError(f"a reconciler task ended: {error!r}") from error
+        finally:
+            stopping.cancel()
+            for task in [*workers, follower, room]:
+                task.cancel()
+            # Their outcomes (a crashed one's error is raised above) are collected, not raised.
+            await asyncio.gather(stopping, *workers, follower, room, return_exceptions=True)
+            for timer in self._timers.values():
+                timer.cancel()
+
+    async def _follow_events(self) -> None:
+        """An autoload slot that went offline/error (evicted, crashed) is looked at again;
+        memory freed by any slot wakes the slots that wait for it."""
+        with self.manager.events.subscribe(accept=_gone) as sub:
+            async for event in sub:
+                if event.slot is not None:
+                    want = self.snapshot.slots.get(event.slot)
+                    autoload = want is not None and want.autoload
+                    kept = autoload and not self.manager.is_paused(event.slot)
+                    if kept or (want is not None and self.manager.is_resident(event.slot)):
+                        self.enqueue(event.slot, after=1.0)
+                    for name in self.manager.waiting():
+                        self.enqueue(name)
+
+    async def _watch_room(self, stop: asyncio.Event, every_s: float = 1.0) -> None:
+        """Memory that comes back without an unload (another process exits) wakes the
+        slots waiting for it: a cheap check, no probe request, no log line."""
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), every_s)
+            try:
+                for name in self.manager.waiting_with_room():
+                    self.enqueue(name)
+            except Exception:  # a failed memory probe: the next round tries again
+                log.exception("checking memory for waiting slots failed")
+
+    async def reap_orphans(self) -> list[str]:
+        """Stop managed runtime objects that no slot declares any more."""
+        reaped: list[str] = []
+        if not self.reap:
+            return reaped
+        for observed in await self.manager.runtime.list_managed():
+            if observed.slot in self.snapshot.slots or self.manager.known(observed.slot):
+                continue
+            if observed.slot in self.broken:  # declared by a file that is invalid right now
+                continue
+            with contextlib.suppress(SlotctlError):
+                if await self.manager.reap_orphan(observed.slot):
+                    reaped.append(observed.slot)
+        return reaped
+
+    async def wait_idle(self) -> None:
+        await self._idle.wait()
+
+    async def converge(self, *, timeout: float, poll_s: float = 0.2) -> bool:
+        """For ``apply --once``: reconcile until every slot plans ``noop`` (or time out)."""
+        # Read the desired state (and hand the catalogue to the manager) before the first
+        # look: until then every slot plans a no-op ("model not in the catalogue") and
+        # a look that came before run()'s own first read would call it converged.
+        await self.refresh_async()
+        self.enqueue_all()
+        stop = asyncio.Event()
+        runner = asyncio.create_task(self.run(stop, read_first=False))
+        deadline = time.monotonic() + timeout
+        try:
+            while time.monotonic() < deadline:
+                await asyncio.sleep(poll_s)
+                if self._queue.empty() and not self._active and not self._timers_pending():
+                    if all(self.plan(n).kind == "noop" for n in self.all_names()):
+                        return True
+                    self.enqueue_all()
+            return False
+        finally:
+            stop.set()
+            await runner
+
+    def _timers_pending(self) -> bool:
+        return any(not t.cancelled() for t in self._timers.values())
