@@ -71,12 +71,18 @@ T = TypeVar("T")
 
 
 _URL_QUERY: Final = re.compile(r"(https?://[^\s?#'\"]+)[?#][^\s'\"]*")
-# The library's loggers that may print a download URL (a retry's warning names it).
+# The library's loggers that may print a download URL (a retry's warning names it), and
+# its HTTP client's (every request's URL at INFO, response headers at DEBUG).
 _LIBRARY_LOGGERS: Final = (
     "huggingface_hub.file_download",
     "huggingface_hub.utils._http",
     "huggingface_hub._snapshot_download",
     "huggingface_hub.hf_api",
+    "httpx2",
+    "httpcore2.http11",
+    "httpcore2.http2",
+    "httpcore2.connection",
+    "httpcore2.proxy",
 )
 
 

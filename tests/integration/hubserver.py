@@ -63,7 +63,7 @@ def sha256(data: bytes) -> str:
 class Faults:
     """What goes wrong when a file is served (set per file; all off by default)."""
 
-    drop_after: int | None = None  # close the connection after this many body bytes
+    drop_after: int | None = None  # close the connection after this many bytes of a response
     drop_times: int = 1  # how many responses are dropped so (then it serves normally)
     wrong_bytes: bool = False  # flip one byte in the middle of the file
     hold_at: int | None = None  # stop after this many bytes until release() (once)
@@ -327,11 +327,18 @@ class HubServer:
                 continue
             for i in range(rest.count("/")):
                 dirs.add((prefix + "/" if prefix else "") + "/".join(rest.split("/")[: i + 1]))
-            item: dict[str, Any] = {"type": "file", "oid": f.blob_id, "size": len(f.data), "path": path}
+            item: dict[str, Any] = {
+                "type": "file",
+                "oid": f.blob_id,
+                "size": len(f.data),
+                "path": path,
+            }
             if f.lfs:
                 item["lfs"] = {"oid": f.sha256, "size": len(f.data), "pointerSize": 134}
             items.append(item)
-        items += [{"type": "directory", "oid": "0" * 40, "size": 0, "path": d} for d in sorted(dirs)]
+        items += [
+            {"type": "directory", "oid": "0" * 40, "size": 0, "path": d} for d in sorted(dirs)
+        ]
         items.sort(key=lambda i: i["path"])
         start = int(request.query.get("cursor", "0"))
         headers = {}
@@ -452,7 +459,9 @@ class HubServer:
             step = min(WRITE_BYTES, end - pos)
             if faults.rate_bps:
                 step = min(step, max(1, faults.rate_bps // 10))
-            drop = faults.drop_after if faults.drop_times > 0 else None
+            drop = (
+                start + faults.drop_after if faults.drop_after and faults.drop_times > 0 else None
+            )
             if drop is not None and pos < drop:
                 step = min(step, drop - pos)
             hold = faults.hold_at
@@ -464,8 +473,10 @@ class HubServer:
                 self.bytes_sent[path] += step
             if drop is not None and pos >= drop:
                 faults.drop_times -= 1
+                # close(), not abort(): the bytes counted as sent are flushed first, so
+                # "sent" is what the client could read before the connection ended.
                 assert request.transport is not None
-                request.transport.abort()
+                request.transport.close()
                 return response
             if hold is not None and pos >= hold:
                 faults.hold_at = None
