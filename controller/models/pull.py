@@ -562,6 +562,7 @@ class ModelFiles:
                 reservation.wrote(n)
                 self.stats.add_bytes(n)
 
+        waited = False
         while True:
             partial = PartialFile(
                 path,
@@ -573,10 +574,14 @@ class ModelFiles:
             try:
                 await asyncio.to_thread(partial.open)
             except PartialBusy:
+                waited = True
                 if dest.exists():
                     return None
                 await self.clock.sleep(_BUSY_POLL_S)
                 continue
+            if waited and dest.exists():  # the other process placed it as its lock went
+                partial.close()
+                return None
             break
         for stale in self.layout.stale_partials(dest, keep=path):
             with contextlib.suppress(OSError):

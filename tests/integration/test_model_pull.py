@@ -87,7 +87,7 @@ def make_files(tmp_path: Path, hub: HubServer) -> MakeFiles:
         token_file: bool = True,
         **kwargs: Any,
     ) -> ModelFiles:
-        path = tmp_path / "token"
+        path = tmp_path / f"token-{len(list(tmp_path.glob('token-*')))}"
         path.write_text(token or "")
         settings = HubSettings(endpoint=hub.endpoint, token_file=path if token_file else None)
         kwargs.setdefault("margin_bytes", 0)
@@ -602,3 +602,72 @@ async def test_gc_makes_room_least_recently_used_first_never_a_pinned_file(
         await files.ensure(ModelSpec(id="m", source="hf://org/newer/m.gguf"))
     assert refused.value.details["reclaimable_bytes"] == 0  # all the rest is declared
     assert pinned.exists() and newer.exists()
+
+
+# -- refresh, other processes, the dry run ---------------------------------------------
+
+
+async def test_refresh_pulls_the_new_version_when_the_branch_moved(
+    hub: HubServer, make_files: MakeFiles
+) -> None:
+    hub.add_repo("org/moving", {"m.gguf": blob(MIB, 22)})
+    files = make_files()
+    model = ModelSpec(id="m", source="hf://org/moving/m.gguf")
+    await files.ensure(model)
+    newer = blob(MIB, 23)
+    commit = hub.add_repo("org/moving", {"m.gguf": newer})
+    assert (await files.ensure(model)).action == "verified"  # no network call for it
+    outcome = await files.ensure(model, refresh=True)
+    assert outcome.action == "pulled" and outcome.commit == commit
+    assert outcome.path.read_bytes() == newer
+    again = await files.ensure(model, refresh=True)
+    assert again.action == "verified" and len(lfs_gets(hub)) == 2  # asked, not fetched
+
+
+async def test_a_file_another_process_is_pulling_is_waited_for_not_fetched_twice(
+    hub: HubServer, make_files: MakeFiles
+) -> None:
+    import fcntl
+
+    data = blob(2 * MIB, 24)
+    hub.add_repo("org/busy", {"b.gguf": data})
+    files = make_files()
+    dest = files.models_dir / "org/busy/b.gguf"
+    lock = files.layout.partial(dest, f"sha256:{sha(data)}").with_suffix(".lock")
+    lock.parent.mkdir(parents=True)
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # the other process
+    try:
+        task = asyncio.create_task(files.ensure(ModelSpec(id="b", source="hf://org/busy/b.gguf")))
+        await until(
+            lambda: bool(files.pulling()) and files.pulling()[0].phase == "downloading",
+            "the pull to wait for the lock",
+        )
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(data)  # what the other process renames into place
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+    outcome = await task
+    assert outcome.path.read_bytes() == data and not lfs_gets(hub)
+    assert files.records.verified(dest) is not None
+
+
+async def test_the_dry_run_says_what_would_be_pulled(
+    hub: HubServer, make_files: MakeFiles, tmp_path: Path
+) -> None:
+    hub.add_repo("org/plan", {"p.gguf": blob(3 * MIB, 25)}, gated=True)
+    files = make_files(token=TOKEN)
+    model = ModelSpec(id="p", source="hf://org/plan/p.gguf")
+    plan = await files.plan(model)
+    assert plan.action == "pull" and plan.bytes == 3 * MIB
+    assert plan.message == "would pull 3.1 MB from hf://org/plan/p.gguf"
+    assert not (files.models_dir / "org").exists() and hub.sent("p.gguf") == 0
+    denied = await make_files(token=None).plan(model)
+    assert denied.error is not None and denied.error["code"] == "model.access_denied"
+    missing = await files.plan(ModelSpec(id="x", source=str(tmp_path / "nope.gguf")))
+    assert missing.action == "missing"
+    await files.ensure(model)
+    assert (await files.plan(model)).action == "none"
+    assert (await files.state(model)).state == "verified"
+    assert await files.remove(model) == 3 * MIB and (await files.state(model)).state == "absent"
