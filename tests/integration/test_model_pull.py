@@ -671,3 +671,19 @@ async def test_the_dry_run_says_what_would_be_pulled(
     assert (await files.plan(model)).action == "none"
     assert (await files.state(model)).state == "verified"
     assert await files.remove(model) == 3 * MIB and (await files.state(model)).state == "absent"
+
+
+async def test_a_slow_pull_reports_its_rate_and_eta_through_the_iterator(
+    hub: HubServer, make_files: MakeFiles
+) -> None:
+    data = blob(2 * MIB, 26)
+    url = hub.add_url("slow.bin", data)
+    hub.fault("slow.bin", rate_bps=4 * MIB)  # about half a second
+    files = make_files()
+    handle = files.pull(ModelSpec(id="s", source=url, sha256=sha(data)))
+    seen = [snapshot async for snapshot in handle.updates()]
+    outcome = await handle.wait()
+    assert outcome.action == "pulled" and seen[-1].phase == "done"
+    moving = [s for s in seen if s.phase == "downloading" and s.rate_bps > 0]
+    assert moving and all(s.eta_s is not None and s.bytes_total == len(data) for s in moving)
+    assert [s.bytes_done for s in moving] == sorted(s.bytes_done for s in moving)
