@@ -325,6 +325,17 @@ class ModelFiles:
             meter.update(phase="failed")
             log.warning("pull of model %s failed: [%s] %s", want.model, err.code, err.message)
             raise
+        except OSError as exc:  # the models dir: read-only, gone, a permission
+            meter.update(phase="failed")
+            failure = ModelPullFailed(
+                f"model {want.model}: {exc.strerror or exc} ({exc.filename or self.models_dir})",
+                source=want.text,
+                reason="models_dir",
+                errno=exc.errno,
+                path=str(exc.filename or self.models_dir),
+            )
+            log.warning("pull of model %s failed: %s", want.model, failure.message)
+            raise failure from None
         finally:
             self.stats.in_flight -= 1
             self.stats.finished(outcome_name)

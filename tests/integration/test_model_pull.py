@@ -27,6 +27,7 @@ from controller.model.errors import (
     InsufficientDisk,
     ModelAccessDenied,
     ModelFileMissing,
+    ModelPullFailed,
     ModelVerifyFailed,
 )
 from controller.models.gc import Reference
@@ -687,3 +688,14 @@ async def test_a_slow_pull_reports_its_rate_and_eta_through_the_iterator(
     moving = [s for s in seen if s.phase == "downloading" and s.rate_bps > 0]
     assert moving and all(s.eta_s is not None and s.bytes_total == len(data) for s in moving)
     assert [s.bytes_done for s in moving] == sorted(s.bytes_done for s in moving)
+
+
+async def test_a_read_only_models_dir_is_a_typed_failure(
+    hub: HubServer, make_files: MakeFiles, small_disk: Callable[[int], Path]
+) -> None:
+    disk = small_disk(4 * MIB)
+    subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
+    hub.add_repo("org/ro", {"r.gguf": blob(MIB, 27)})
+    with pytest.raises(ModelPullFailed) as failed:
+        await make_files(disk / "models").ensure(ModelSpec(id="r", source="hf://org/ro/r.gguf"))
+    assert failed.value.details["reason"] == "models_dir" and hub.sent("r.gguf") == 0
