@@ -16,7 +16,7 @@ from typing import Final, NamedTuple
 
 from controller.model.devices import GpuRef, share
 from controller.model.errors import SlotctlError
-from controller.model.lifecycle import IdleReason, SlotState, can_dispatch
+from controller.model.lifecycle import IdleReason, SlotState
 from controller.model.sizes import GIB
 from controller.runtime.base import LaunchSpec
 from controller.scheduling.breaker import Breaker
@@ -128,11 +128,16 @@ class Lease:
 
 @dataclass(frozen=True, slots=True)
 class SlotView:
-    """Read-only snapshot of one slot for the API, CLI, metrics and tests."""
+    """Read-only snapshot of one slot for the API, CLI, metrics and tests.
+
+    Its fields are the slot's JSON too: the API's ``SlotOut`` derives from this class
+    (:mod:`controller.api.rest`) and ``slot_out`` is ``dataclasses.asdict`` of it, so a new
+    field is declared here once."""
 
     name: str
     state: SlotState
     idle_reason: str | None
+    dispatchable: bool  # lifecycle.can_dispatch(state, idle_reason), taken with the view
     model_id: str
     device: str
     priority: int
@@ -166,10 +171,6 @@ class SlotView:
     load_s: float | None = None  # measured cold load and wake times (moving averages)
     wake_s: float | None = None
     rollout: RolloutView | None = None  # a rollout in flight (docs/design/0012)
-
-    @property
-    def dispatchable(self) -> bool:
-        return can_dispatch(self.state, self.idle_reason)
 
 
 def tier_name(level: int, waking: bool) -> str | None:

@@ -36,6 +36,7 @@ from controller.model.lifecycle import (
     Candidate,
     IdleReason,
     SlotState,
+    can_dispatch,
     check_transition,
     legal_path,
 )
@@ -104,6 +105,7 @@ class SlotTable(Usage):
             name=slot.name,
             state=slot.state,
             idle_reason=slot.idle_reason,
+            dispatchable=can_dispatch(slot.state, slot.idle_reason),
             model_id=slot.model_id,
             device=slot.spec.device,
             priority=slot.spec.priority,
