@@ -13,8 +13,8 @@ import dataclasses
 import logging
 from typing import Any
 
-from aiohttp import web
 import pydantic
+from aiohttp import web
 from pydantic import BaseModel
 
 from controller.api.app import (

@@ -218,7 +218,7 @@ class Admission(Part):
         per_gpu = int(budget_gb * GIB) if budget_gb is not None else None
         self._say_by_count(nodes, per_gpu)
         now = self.clock.monotonic()
-        avoid = {n: why for n, (until, why) in slot.avoid.items() if until > now}
+        avoid = slot.flight.avoided(now)
         held = Held(figures, peers, holders, units, own=slot.name)
         span = max(1, slot.spec.gpu_count)
         return cluster_devices(
@@ -403,20 +403,17 @@ class Admission(Part):
             self.table.set(
                 slot, target, op=Op.LOAD, message=f"admitted on {where}", placement=decision.gpus
             )
-            slot.reserved_at = self.clock.monotonic()  # its cold load is timed from here
-            if slot.admitted is not None:
-                slot.admitted.set()
             return needs_pull
 
     async def _decide_evicting(self, slot: SlotRecord) -> LoadDecision:
         """The decision under the device lock, its victims evicted (each slept or unloaded
         as the plan says) and the decision taken again; raises the refusal."""
-        decision = self.decide(slot, background=slot.background)
+        decision = self.decide(slot, background=slot.flight.background)
         if decision.victims:
             await self.unloading.evict(decision.victims, reason=EvictionReason.PRELOAD)
-            decision = self.decide(slot, background=slot.background)
+            decision = self.decide(slot, background=slot.flight.background)
             if decision.victims:  # a victim got a request meanwhile: not enough room
-                decision = self.decide(slot, background=slot.background, evict=False)
+                decision = self.decide(slot, background=slot.flight.background, evict=False)
         if not decision.ok:
             raise self.refuse(slot, decision)
         return decision
@@ -438,8 +435,6 @@ class Admission(Part):
             )
             message = f"waking on {where}"
             self.table.set_tier(slot, asleep=slot.asleep, waking=True, op=Op.LOAD, message=message)
-            if slot.admitted is not None:
-                slot.admitted.set()
 
     async def admit_landed(self, slot: SlotRecord, before: str) -> None:
         """A slot the scheduler placed landed on a node other than the one it was admitted
@@ -451,10 +446,10 @@ class Admission(Part):
         if slot.where == before:
             return
         async with self.locks.device(slot.lock_key, lambda: self.core.demand(slot)):
-            decision = self.decide(slot, background=slot.background)
+            decision = self.decide(slot, background=slot.flight.background)
             if decision.victims:
                 await self.unloading.evict(decision.victims, reason=EvictionReason.PRELOAD)
-                decision = self.decide(slot, background=slot.background, evict=False)
+                decision = self.decide(slot, background=slot.flight.background, evict=False)
             if not decision.ok:
                 assert decision.error is not None
                 raise decision.error

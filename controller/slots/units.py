@@ -45,7 +45,7 @@ Flow = Callable[[SlotRecord], Awaitable[int]]
 
 
 def _loaded(slot: SlotRecord) -> bool:
-    return slot.state in DISPATCHABLE_STATES and not slot.asleep and not slot.draining
+    return slot.state in DISPATCHABLE_STATES and not slot.asleep and not slot.book.draining
 
 
 class UnitLoads(Part):
@@ -71,15 +71,13 @@ class UnitLoads(Part):
         the unit is waited for by that member's turn: its slot lock)."""
         name = f"load-unit:{slot.spec.unit}"
         for m in members:
-            task = m.load_task
+            task = m.flight.task
             if task is not None and not task.done() and task.get_name() == name:
                 return task
         task = asyncio.create_task(self._flow(slot, members, background), name=name)
         task.add_done_callback(_settled)
         for m in members:
-            m.background = background
-            m.admitted = asyncio.Event()
-            m.load_task = task
+            m.flight.begin(task, background=background)
         return task
 
     async def _flow(self, slot: SlotRecord, members: list[SlotRecord], background: bool) -> int:
@@ -87,8 +85,7 @@ class UnitLoads(Part):
         try:
             order = self._decide(slot, members, background)
             for m in members:
-                if m.admitted is not None:
-                    m.admitted.set()  # the unit is admitted: its members load in turn
+                m.flight.decided()  # the unit is admitted: its members load in turn
             done: list[SlotRecord] = []
             for m in order:
                 try:
@@ -97,11 +94,10 @@ class UnitLoads(Part):
                     await self._rollback(slot, done, m, exc)
                     raise
                 done.append(m)
-            return slot.generation
+            return slot.flight.generation
         finally:
             for m in members:
-                if m.admitted is not None:
-                    m.admitted.set()
+                m.flight.decided()
 
     def waiting_with_room(self) -> list[str]:
         """The waiting slots whose background load would be admitted now

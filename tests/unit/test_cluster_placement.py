@@ -268,7 +268,7 @@ async def test_a_node_the_scheduler_left_the_pod_pending_on_is_avoided(tmp_path:
     explained = m.explain_load("chat")
     assert explained["action"] == "none"
     record = m.core.table.get("chat")
-    assert "Too many pods" in record.avoid["a"][1]
+    assert "Too many pods" in record.flight.avoided(cluster.clock.monotonic())["a"]
 
 
 def test_cluster_devices_per_node() -> None:

@@ -213,7 +213,7 @@ async def test_stale_cleanup_does_not_unload_a_replacement_load(tmp_path: Path) 
     waiter = asyncio.create_task(m.acquire("a"))
     await spin()
     slot = m.core.table.records["a"]
-    first_load = slot.load_task
+    first_load = slot.flight.task
     assert first_load is not None
     waiter.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -227,7 +227,7 @@ async def test_stale_cleanup_does_not_unload_a_replacement_load(tmp_path: Path) 
     await m.leasing.cleanup_after(slot, first_load)
     assert m.view("a").state is S.READY
     # The same cleanup for the current generation does unload (the check is the guard).
-    current = slot.load_task
+    current = slot.flight.task
     assert current is not None
     await m.leasing.cleanup_after(slot, current)
     assert m.view("a").state is S.OFFLINE
