@@ -9,11 +9,17 @@ and its dry run (:meth:`Admission.explain`) both call it, so they never disagree
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from enum import StrEnum
 from typing import Any
 
 from controller.model.devices import GpuRef, key_kind, share
-from controller.model.errors import DeviceUnavailable, SlotConfigError, SlotctlError
+from controller.model.errors import (
+    DeviceUnavailable,
+    SlotConfigError,
+    SlotctlError,
+    SlotNotReady,
+)
 from controller.model.events import EventKind, EvictionReason, Op
 from controller.model.lifecycle import DISPATCHABLE_STATES, SlotState
 from controller.model.sizes import GIB, format_gib
@@ -38,11 +44,29 @@ from controller.slots.records import ADMITTED_STATES, DeviceFigures, SlotRecord
 from controller.slots.unloading import Unloading
 from controller.spec.schema import SlotSpec
 
-__all__ = ["Admission"]
+__all__ = ["Admission", "Admitted", "Walk"]
 
 log = logging.getLogger("slotctl.manager")
 
 S = SlotState
+
+
+class Walk(StrEnum):
+    """What an admission is for (:meth:`Admission.admit`)."""
+
+    LOAD = "load"  # a cold load: reserves by leaving offline/error, its GPUs recorded
+    WAKE = "wake"  # an asleep slot's wake: reserves by the tier waking, where it sleeps
+    LANDED = "landed"  # a pod that landed on another node: admitted again there
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    """An admission's outcome: the decision it reserved for (or a wake's cold fallback)."""
+
+    decision: LoadDecision
+    launch: LaunchSpec | None = None  # a load's: what it starts (before its placement)
+    pulling: bool = False  # a load: its model (or image) is fetched first
+    cold: bool = False  # a wake that cannot happen where it sleeps: load it cold instead
 
 
 class Admission(Part):
@@ -371,94 +395,116 @@ class Admission(Part):
             error.reported = True  # said when the wait began
         return error
 
-    async def admit_and_reserve(self, slot: SlotRecord, launch: LaunchSpec) -> bool:
-        """Admission (with pre-load eviction), then reserve by leaving offline/error.
+    async def admit(self, slot: SlotRecord, walk: Walk) -> Admitted:
+        """The admit loop — decide, make room, decide again, reserve — for every walk that
+        needs memory: a cold load, an asleep slot's wake, and a pod that landed on another
+        node than the one it was admitted against.
 
-        Returns True when the slot entered ``pulling``. Runs under the device lock so two
-        loads can never both pass admission for the same free memory; the decision is
-        taken again here (the exclusive peers are gone now, other loads may have run).
+        Each decision is taken under the device lock, so two loads never both pass for the
+        same free memory, and the reservation is made under the same hold. A refusal is
+        raised before anything is unloaded for it (SPEC §6: not even all eligible victims
+        would make room, a pinned peer, the breaker...). Exclusive-group peers that hold the
+        group are unloaded outside the device lock (each takes its own slot lock: the lock
+        order, :mod:`.locks`), and the decision is taken again; the plan's victims are
+        evicted under it (each revalidated: a request since spares it, and one with a lease
+        is never chosen), and the decision is taken once more, evicting nothing: what is
+        still missing then (a victim spared) is a refusal. So a load that fits decides
+        once, one that evicts twice, a swap twice (three times when it evicts too). A
+        load's launch is built once its first decision is taken, before anything goes (a
+        slot whose launch cannot be built unloads nothing either).
+
+        A wake's first decision may instead say that no room can be made where its server
+        sleeps while a cold load placed anew would fit: :attr:`Admitted.cold`, nothing
+        reserved (the caller stops the sleeper and loads it cold).
         """
-        device = slot.where
-        async with self.locks.device(slot.lock_key, lambda: self.core.demand(slot)):
-            decision = await self._decide_evicting(slot)
-            admission = decision.admission
-            assert admission is not None
-            where = ", ".join(decision.devices) or device
-            self.events.emit(
-                EventKind.ADMISSION,
-                Op.ADMIT,
-                slot=slot.name,
-                model=launch.model_id,
-                message=f"admitted {format_gib(slot.memory_bytes)} on {where}",
-                details={
-                    "needed_bytes": admission.needed,
-                    "free_bytes": admission.free,
-                    "devices": list(decision.devices),
-                },
-            )
-            needs_pull = await self.runtime.needs_prepare(launch) or launch.model_missing()
-            target = S.PULLING if needs_pull else S.STARTING
-            if slot.state is not S.OFFLINE and slot.state is not S.ERROR:
-                self.table.walk(slot, S.OFFLINE, op=Op.LOAD, message="reset before load")
-            self.table.set(
-                slot, target, op=Op.LOAD, message=f"admitted on {where}", placement=decision.gpus
-            )
-            return needs_pull
+        background = slot.flight.background
+        swapped = False
+        launch: LaunchSpec | None = None
+        while True:
+            async with self.locks.device(slot.lock_key, lambda: self.core.demand(slot)):
+                if walk is Walk.WAKE and not swapped:
+                    decision, wake = self.decide_wake(slot, background=background)
+                    if decision.ok and not wake:
+                        return Admitted(decision, cold=True)
+                else:
+                    decision = self.decide(slot, background=background)
+                self._raise_refused(slot, walk, decision)
+                if walk is Walk.LOAD and launch is None:
+                    launch = self.core.build_launch(slot, starting=True)  # a free auto port
+                if not decision.peers:
+                    if decision.victims:
+                        await self.unloading.evict(decision.victims, reason=EvictionReason.PRELOAD)
+                        decision = self.decide(slot, background=background, evict=False)
+                        self._raise_refused(slot, walk, decision)
+                    return await self._reserve(slot, walk, decision, launch)
+            if swapped:  # unloaded, yet still holding the group: never two members at once
+                holder = ", ".join(decision.peers)
+                error = SlotNotReady(
+                    f"exclusive-group peer {holder} still holds the group", slot=slot.name
+                )
+                raise self.table.refuse(slot, Op.LOAD, error)
+            await self.unloading.unload_group_peers(slot)
+            swapped = True
 
-    async def _decide_evicting(self, slot: SlotRecord) -> LoadDecision:
-        """The decision under the device lock, its victims evicted (each slept or unloaded
-        as the plan says) and the decision taken again; raises the refusal."""
-        decision = self.decide(slot, background=slot.flight.background)
-        if decision.victims:
-            await self.unloading.evict(decision.victims, reason=EvictionReason.PRELOAD)
-            decision = self.decide(slot, background=slot.flight.background)
-            if decision.victims:  # a victim got a request meanwhile: not enough room
-                decision = self.decide(slot, background=slot.flight.background, evict=False)
-        if not decision.ok:
-            raise self.refuse(slot, decision)
-        return decision
+    def _raise_refused(self, slot: SlotRecord, walk: Walk, decision: LoadDecision) -> None:
+        """A refused decision, raised: said once (:meth:`refuse`), but a landed pod's,
+        which its load fails with (the caller stops the server)."""
+        if decision.ok:
+            return
+        if walk is Walk.LANDED:
+            assert decision.error is not None
+            raise decision.error
+        raise self.refuse(slot, decision)
 
-    async def admit_wake(self, slot: SlotRecord) -> None:
-        """A wake's admission on the GPUs its server sleeps on (evicting for it as for a
-        load), then its reservation: the tier ``waking`` (its device memory counted again,
-        reserved), durable before the wake calls go out. Raises the refusal."""
-        async with self.locks.device(slot.lock_key, lambda: self.core.demand(slot)):
-            decision = await self._decide_evicting(slot)
-            where = ", ".join(decision.devices) or slot.where
+    async def _reserve(
+        self, slot: SlotRecord, walk: Walk, decision: LoadDecision, launch: LaunchSpec | None
+    ) -> Admitted:
+        """The admitted walk's reservation, under the device lock, with its one admission
+        event: a load leaves offline/error (``pulling`` or ``starting``, its GPUs recorded
+        by that durable transition), a wake takes the tier ``waking`` (its device memory
+        counted again, durable before the wake calls go out), a landed pod is counted where
+        it landed (it holds its memory there already)."""
+        size = format_gib(slot.memory_bytes)
+        where = ", ".join(decision.devices) or slot.where
+        if walk is Walk.LANDED:
+            message = f"admitted {size} on {slot.where} (landed)"
+            self.events.emit(EventKind.ADMISSION, Op.ADMIT, slot=slot.name, message=message)
+            return Admitted(decision)
+        if walk is Walk.WAKE:
             self.events.emit(
                 EventKind.ADMISSION,
                 Op.ADMIT,
                 slot=slot.name,
                 model=slot.model_id,
-                message=f"admitted {format_gib(slot.memory_bytes)} on {where} (wake)",
+                message=f"admitted {size} on {where} (wake)",
                 details={"devices": list(decision.devices), "wake": True},
             )
             message = f"waking on {where}"
             self.table.set_tier(slot, asleep=slot.asleep, waking=True, op=Op.LOAD, message=message)
-
-    async def admit_landed(self, slot: SlotRecord, before: str) -> None:
-        """A slot the scheduler placed landed on a node other than the one it was admitted
-        against (``before``): admission again there, evicting on that node only.
-
-        Raises the refusal (the caller stops the server); changes nothing when the slot
-        is still where it was admitted.
-        """
-        if slot.where == before:
-            return
-        async with self.locks.device(slot.lock_key, lambda: self.core.demand(slot)):
-            decision = self.decide(slot, background=slot.flight.background)
-            if decision.victims:
-                await self.unloading.evict(decision.victims, reason=EvictionReason.PRELOAD)
-                decision = self.decide(slot, background=slot.flight.background, evict=False)
-            if not decision.ok:
-                assert decision.error is not None
-                raise decision.error
-            self.events.emit(
-                EventKind.ADMISSION,
-                Op.ADMIT,
-                slot=slot.name,
-                message=f"admitted {format_gib(slot.memory_bytes)} on {slot.where} (landed)",
-            )
+            return Admitted(decision)
+        assert launch is not None, "a load reserves for its launch"
+        admission = decision.admission
+        assert admission is not None
+        self.events.emit(
+            EventKind.ADMISSION,
+            Op.ADMIT,
+            slot=slot.name,
+            model=launch.model_id,
+            message=f"admitted {size} on {where}",
+            details={
+                "needed_bytes": admission.needed,
+                "free_bytes": admission.free,
+                "devices": list(decision.devices),
+            },
+        )
+        needs_pull = await self.runtime.needs_prepare(launch) or launch.model_missing()
+        target = S.PULLING if needs_pull else S.STARTING
+        if slot.state is not S.OFFLINE and slot.state is not S.ERROR:
+            self.table.walk(slot, S.OFFLINE, op=Op.LOAD, message="reset before load")
+        self.table.set(
+            slot, target, op=Op.LOAD, message=f"admitted on {where}", placement=decision.gpus
+        )
+        return Admitted(decision, launch, pulling=needs_pull)
 
 
 def _evicted(v: Victim) -> dict[str, Any]:

@@ -3,9 +3,11 @@
 A part of the manager (:mod:`controller.slots`), above :mod:`.admission` and
 :mod:`.unloading`. A load runs as one task per slot that explicit loads and cold
 acquirers *join* through ``asyncio.shield`` (a cancelled waiter never cancels it for the
-others); it takes the group lock, then the slot lock (:mod:`.locks`), asks admission for
-the one decision, unloads exclusive-group peers, reserves, pulls, starts and probes. Every
-load bumps the slot's generation: a superseded load never touches its replacement.
+others); it takes the group lock, then the slot lock (:mod:`.locks`), has admission's one
+admit loop make room and reserve (exclusive-group peers out, victims evicted), pulls,
+starts and probes. A wake is a load of an asleep slot through the same loop. Every load
+takes a new generation (its :class:`~.flight.LoadFlight`, which this part owns with the
+units): a superseded load never touches its replacement.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from controller.model.lifecycle import DISPATCHABLE_STATES, IdleReason, SlotStat
 from controller.probes.readiness import ProbeOutcome, ProbeResult
 from controller.runtime.base import LaunchSpec
 from controller.scheduling.decision import not_activated
-from controller.slots.admission import Admission
+from controller.slots.admission import Admission, Walk
 from controller.slots.core import Core, Part
 from controller.slots.records import RunningServer, SlotRecord
 from controller.slots.units import UnitLoads
@@ -158,37 +160,28 @@ class Loading(Part):
     async def _load_locked(self, slot: SlotRecord, gen: int) -> None:
         if slot.asleep and await self._wake(slot):
             return  # else the wake failed: the server was stopped, a cold load follows
-        if self.table.group_peers(slot):
-            # Decided before the exclusive-group peers are unloaded for it (a refused load
-            # unloads nothing); without peers admit_and_reserve's decision is the first.
-            decision = self.admission.decide(slot, background=slot.flight.background)
-            if not decision.ok:
-                raise self.admission.refuse(slot, decision)
-            await self.unloading.unload_group_peers(slot)
-        launch = self.core.build_launch(slot, starting=True)  # an auto port that is free
-        pulling = await self.admission.admit_and_reserve(slot, launch)
+        # the admit loop: exclusive peers out, victims evicted, reserved (or the refusal)
+        admitted = await self.admission.admit(slot, Walk.LOAD)
         slot.flight.reserve(self.clock.monotonic())  # its cold load is timed from here
         slot.flight.decided()
-        launch = self.core.placed(slot, launch)  # the GPUs admission chose (recorded)
-        if pulling:
+        assert admitted.launch is not None
+        launch = self.core.placed(slot, admitted.launch)  # the GPUs admission chose
+        if admitted.pulling:
             await self._pull(slot, launch, gen)
         await self._start_and_probe(slot, launch, gen)
 
     async def _wake(self, slot: SlotRecord) -> bool:
-        """Wake an asleep slot (its lock held): the one decision (pinned to the GPUs it
-        sleeps on), exclusive peers out, its victims evicted, the tier ``waking``, the wake
-        calls and the readiness probe. True: ``ready``. False: the wake failed, or no room
-        can be made where it sleeps but a cold load fits elsewhere (one event either way);
-        its server is stopped (``offline``): the caller loads it cold, once."""
-        decision, wake = self.admission.decide_wake(slot, background=slot.flight.background)
-        if not decision.ok:
-            raise self.admission.refuse(slot, decision)  # it stays asleep
-        if not wake:  # no room where it sleeps, room elsewhere: loaded cold there
+        """Wake an asleep slot (its lock held): the admit loop (pinned to the GPUs it sleeps
+        on: exclusive peers out, its victims evicted, the tier ``waking``), the wake calls
+        and the readiness probe. True: ``ready``. False: the wake failed, or no room can be
+        made where it sleeps but a cold load fits elsewhere (one event either way); its
+        server is stopped (``offline``): the caller loads it cold, once. A refusal is
+        raised: it stays asleep."""
+        admitted = await self.admission.admit(slot, Walk.WAKE)
+        if admitted.cold:  # no room where it sleeps, room elsewhere: loaded cold there
             where = ", ".join(g.key for g in slot.placement)
             await self._drop_sleeper(slot, f"no room on {where}, where it sleeps")
             return False
-        await self.unloading.unload_group_peers(slot)
-        await self.admission.admit_wake(slot)
         slot.flight.decided()
         flight = slot.flight
         reason = "background" if flight.background else "request" if slot.book.waiters else "load"
@@ -254,11 +247,12 @@ class Loading(Part):
         self.table.landed(slot, observed.node)
         self.table.run(slot, RunningServer.started(launch))
         self._check_generation(slot, gen)
-        try:
-            await self.admission.admit_landed(slot, before)
-        except SlotctlError as exc:
-            await self.fail(slot, Op.LOAD, exc, stop=True)
-            raise
+        if slot.where != before:  # the scheduler put it elsewhere: admitted there again
+            try:
+                await self.admission.admit(slot, Walk.LANDED)
+            except SlotctlError as exc:
+                await self.fail(slot, Op.LOAD, exc, stop=True)
+                raise
         self.table.set(slot, S.WARMING, op=Op.LOAD, message=f"started ({observed.ident})")
         result = await self.wait_ready(slot, launch)
         self._check_generation(slot, gen)
