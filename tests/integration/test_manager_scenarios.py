@@ -153,7 +153,7 @@ def server_starts(manager: SlotManager, slot: str) -> int:
 
 def labelled(manager: SlotManager, slot: str) -> list[int]:
     """Live (non-zombie) processes carrying this runtime's labels for ``slot``."""
-    owner = runtime_of(manager).owner
+    owner = runtime_of(manager).servers.owner
     pids = []
     for proc in psutil.process_iter():
         try:
