@@ -1,9 +1,12 @@
-"""Admission: the one load decision on live state, the dry run, and the reservation.
+"""Admission: the one load decision on live state, the admit loop, the dry run's decision.
 
 A part of the manager (:mod:`controller.slots`), between :mod:`.loading` (which asks it)
 and :mod:`.unloading` (which evicts for it). :meth:`Admission.decide` turns the table's
-live state into the inputs of the pure :func:`controller.scheduling.decision.decide_load`; the load
-and its dry run (:meth:`Admission.explain`) both call it, so they never disagree.
+live state into the inputs of the pure :func:`controller.scheduling.decision.decide_load`;
+:meth:`Admission.admit` is the one loop every walk that needs memory goes through (a cold
+load, a wake, a pod that landed elsewhere: decide, make room, decide again, reserve), and
+the dry run (:meth:`Admission.explain`, a :class:`~.dryrun.LoadPlan`) takes the same
+decision, so the two never disagree.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
-from controller.model.devices import GpuRef, key_kind, share
+from controller.model.devices import GpuRef, key_kind
 from controller.model.errors import (
     DeviceUnavailable,
     SlotConfigError,
@@ -34,12 +37,12 @@ from controller.scheduling.decision import (
     LoadRequest,
     decide_load,
 )
-from controller.scheduling.eviction import Victim, without_unit
-from controller.scheduling.fit import Admission as AdmissionFigures
+from controller.scheduling.eviction import without_unit
 from controller.scheduling.fit import DeviceMemory, budget_gb_for, check_admission, gpu_inventory
 from controller.scheduling.nodes import ClusterProbe, NodeGpus
 from controller.scheduling.placement import Need, place_first
 from controller.slots.core import Core, Part
+from controller.slots.dryrun import LoadPlan, plan_of
 from controller.slots.records import ADMITTED_STATES, DeviceFigures, SlotRecord
 from controller.slots.unloading import Unloading
 from controller.spec.schema import SlotSpec
@@ -329,43 +332,14 @@ class Admission(Part):
             devices = [replace(d, lost=None) for d in devices if d.group == slot.landed]
         return place_first(need, devices).gpus
 
-    def explain(self, slot: SlotRecord) -> dict[str, Any]:
+    def explain(self, slot: SlotRecord) -> LoadPlan:
         """Dry run of a load (or of an asleep slot's wake): would it fit, where, what would
         be evicted there, how (``sleep`` or ``unload``) and why, and what each device
-        gets back. Changes nothing."""
+        gets back — the decision the load would take, as data. Changes nothing."""
         if slot.state in DISPATCHABLE_STATES and not slot.asleep:
-            return {"slot": slot.name, "action": "none", "reason": f"already {slot.state.value}"}
+            return LoadPlan(slot.name, "none", reason=f"already {slot.state.value}")
         decision, wake = self.decide_wake(slot, background=False)
-        result: dict[str, Any] = {"slot": slot.name, "wake": wake}
-        if slot.asleep and not wake:
-            where = ", ".join(g.key for g in slot.placement)
-            result["fallback"] = f"no room on {where}, where it sleeps: a cold load"
-        load_s, wake_s = slot.reload_s()
-        result["reload"] = {"load_s": round(load_s, 3), "wake_s": round(wake_s, 3)}
-        if slot.costs is not None:
-            result["reload"]["measured"] = slot.costs.model_dump(mode="json")
-        admission = decision.admission
-        if admission is not None:
-            result.update(
-                device=slot.where,
-                devices=list(decision.devices),
-                needed_bytes=slot.memory_bytes,
-                free_bytes=admission.free,
-                budget_bytes=admission.budget,
-                admitted_bytes=admission.admitted,
-                probe=admission.source,
-                exclusive_peers=list(decision.peers),
-                placement=[_placed(a, decision) for a in decision.admissions],
-            )
-        if decision.error is not None:
-            return {**result, "action": "refuse", "error": decision.error.to_dict()["error"]}
-        evict = [_evicted(v) for v in decision.victims]
-        return {
-            **result,
-            "action": decision.verdict,
-            "evict": evict,
-            "freed": _freed(decision.victims),
-        }
+        return plan_of(slot, decision, wake=wake)
 
     def waiting_with_room(self) -> list[str]:
         """Waiting slots whose background load would be admitted now (memory came back)."""
@@ -505,49 +479,6 @@ class Admission(Part):
             slot, target, op=Op.LOAD, message=f"admitted on {where}", placement=decision.gpus
         )
         return Admitted(decision, launch, pulling=needs_pull)
-
-
-def _evicted(v: Victim) -> dict[str, Any]:
-    """One victim of a dry run: what it is, why, and how (``sleep`` or ``unload``)."""
-    return {
-        "slot": v.name,
-        "action": v.action,
-        "level": v.level,
-        "priority": v.priority,
-        "idle_s": round(v.idle_s, 1),
-        "bytes": v.bytes,
-        "devices": list(v.devices),
-        "host": v.host or None,
-        "host_bytes": v.host_bytes,
-        "load_s": round(v.load_s, 3),
-        "wake_s": round(v.wake_s, 3),
-        "score": v.score,
-        "reason": v.reason,
-    }
-
-
-def _freed(victims: tuple[Victim, ...]) -> dict[str, int]:
-    """The memory the victims give back per device (a sleeper's host memory: negative)."""
-    freed: dict[str, int] = {}
-    for v in victims:
-        for key in v.devices:
-            freed[key] = freed.get(key, 0) + (share(v.bytes, len(v.devices)))
-        if v.host_bytes:
-            freed[v.host] = freed.get(v.host, 0) - v.host_bytes
-    return freed
-
-
-def _placed(admission: AdmissionFigures, decision: LoadDecision) -> dict[str, Any]:
-    """One device of a dry run: its figures and the victims that free memory there."""
-    return {
-        "device": admission.device,
-        "needed_bytes": admission.needed,
-        "free_bytes": admission.free,
-        "budget_bytes": admission.budget,
-        "admitted_bytes": admission.admitted,
-        "probe": admission.source,
-        "evict": [v.name for v in decision.victims if admission.device in v.devices],
-    }
 
 
 def _spans(slot: SlotRecord, devices: list[DeviceFacts]) -> bool:

@@ -15,7 +15,6 @@ import logging
 from collections import deque
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
 
 from controller.kit.clock import SYSTEM_CLOCK, Clock
 from controller.kit.eventbus import EventBus
@@ -32,6 +31,7 @@ from controller.scheduling.decision import LoadDecision
 from controller.scheduling.rollout import RolloutDecision
 from controller.slots.admission import Admission
 from controller.slots.core import Core, Part, same
+from controller.slots.dryrun import LoadPlan
 from controller.slots.housekeeping import Housekeeping
 from controller.slots.leases import Leases
 from controller.slots.loading import Loading
@@ -400,9 +400,10 @@ class SlotManager(Part):
         await self.loading.start_load(slot, resident=resident, background=background)
         return self.core.table.view(slot)
 
-    def explain_load(self, name: str) -> dict[str, Any]:
+    def explain_load(self, name: str) -> LoadPlan:
         """Dry run of a load: the same decision the load takes (a unit member's: the
-        unit's, every member explained). Changes nothing."""
+        unit's, every member explained), as data (the API renders it as JSON). Changes
+        nothing."""
         slot = self.core.table.get(name)
         return self.loading.units.explain(slot, self.admission.explain(slot))
 

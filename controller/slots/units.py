@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
 from controller.model.errors import DeviceUnavailable, InsufficientMemory, SlotctlError
@@ -35,6 +36,7 @@ from controller.scheduling.eviction import without_unit
 from controller.scheduling.placement import JointPlacement, Need, describe, place_joint
 from controller.slots.admission import Admission
 from controller.slots.core import Core, Part
+from controller.slots.dryrun import Action, LoadPlan, Together, UnitPlan
 from controller.slots.records import SlotRecord
 from controller.slots.unloading import Unloading
 
@@ -192,7 +194,7 @@ class UnitLoads(Part):
                     if m.state in (S.READY, S.IDLE):
                         await self.unloading.unload_locked(m, reason, Op.LOAD)
 
-    def explain(self, slot: SlotRecord, plan: dict[str, Any]) -> dict[str, Any]:
+    def explain(self, slot: SlotRecord, plan: LoadPlan) -> LoadPlan:
         """The dry run of a unit member's load: ``plan`` (the slot's own) with the unit —
         its members, each explained, and the joint verdict (a refusal of the unit is the
         slot's refusal)."""
@@ -207,32 +209,33 @@ class UnitLoads(Part):
             own = self.admission.explain(m)
             p = placed.get(m.name)
             if p is not None and p.option is not None and p.error is None:
-                own["together"] = {
-                    "devices": [d.key for d in p.option.devices],
-                    "where": describe(p.option),
-                    "fits": p.option.fits,
-                    "evict": [v.name for v in p.option.victims],
-                }
+                together = Together(
+                    devices=tuple(d.key for d in p.option.devices),
+                    where=describe(p.option),
+                    fits=p.option.fits,
+                    evict=tuple(v.name for v in p.option.victims),
+                )
+                own = replace(own, together=together)
             explained.append(own)
-        unit: dict[str, Any] = {"name": slot.spec.unit, "members": explained}
-        if joint is not None:
-            unit["action"] = (
-                "refuse" if not joint.ok else "evict-then-load" if joint.victims else "load"
-            )
-            unit["order"] = [name for name, _ in joint.members]
-            unit["evict"] = [v.name for v in joint.victims]
-            if not joint.ok:
-                unit["failed"] = joint.failed
-                if plan.get("action") != "refuse":
-                    plan = {
-                        **plan,
-                        "action": "refuse",
-                        "reason": f"{joint.failed} does not fit "
-                        "beside the other members of its unit",
-                    }
-        else:
-            unit["action"] = "none" if not todo else plan.get("action")
-        return {**plan, "unit": unit}
+        name = slot.spec.unit or ""
+        if joint is None:
+            unit = UnitPlan(name, tuple(explained), "none" if not todo else plan.action)
+            return replace(plan, unit=unit)
+        action: Action = (
+            "refuse" if not joint.ok else "evict-then-load" if joint.victims else "load"
+        )
+        unit = UnitPlan(
+            name,
+            tuple(explained),
+            action,
+            order=tuple(n for n, _ in joint.members),
+            evict=tuple(v.name for v in joint.victims),
+            failed=joint.failed,
+        )
+        if not joint.ok and plan.action != "refuse":
+            why = f"{joint.failed} does not fit beside the other members of its unit"
+            plan = replace(plan, action="refuse", reason=why)
+        return replace(plan, unit=unit)
 
 
 def _settled(task: asyncio.Task[int]) -> None:
