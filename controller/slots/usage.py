@@ -4,9 +4,8 @@ The read side of :class:`~.table.SlotTable` (its ``usage``): sums and lists over
 table's records and surges, no writes. Each GPU is a device of its own (``gpu:N``); a slot
 spanning several holds :func:`controller.model.devices.share` of its bytes on each, and a
 device *kind* (``gpu``; on a cluster ``NODE/gpu``: that node's ``NODE/gpu:N``) sums its
-devices. What a slot holds is
-its :meth:`~.records.SlotRecord.holdings`: an asleep server holds its weights on its host
-(level 1) and nothing on its GPUs.
+devices. What a slot holds is its :meth:`~.records.SlotRecord.holdings`: an asleep server
+holds its weights on its host (level 1) and nothing on its GPUs.
 """
 
 from __future__ import annotations
