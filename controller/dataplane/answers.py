@@ -279,7 +279,13 @@ def response_head(upstream: Upstream, *, close: bool, old: bool) -> tuple[bytes,
         tail = b"\r\nContent-Length: 0"
     else:
         tail = b""
-    lines, sse = _lines(upstream.status, upstream.reason, upstream.fields)
+    recalled = upstream.recalled  # the last answer's head again: its lines are known
+    passed = recalled.passed if recalled is not None else None
+    if passed is None:
+        passed = _lines(upstream.status, upstream.reason, upstream.fields)
+        if recalled is not None:
+            recalled.passed = passed
+    lines, sse = passed
     head = b"HTTP/1.%d %d %s%s%s%s%s\r\n\r\n" % (
         0 if old else 1,
         upstream.status,

@@ -27,9 +27,9 @@ import pytest
 
 from controller.api.app import ApiContext
 from controller.api.assembly import ROUTES, build_app
-from controller.router.endpoints import ENDPOINTS
 from controller.api.openapi import openapi_path
 from controller.kit.eventbus import EventBus
+from controller.router.endpoints import ENDPOINTS
 from tests.e2e.conftest import Slotctl, wait_until
 from tests.integration.helpers import free_port
 
