@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Final, Protocol
 
-from controller.access.keys import Principal
+from controller.access.keys import TOKEN_PRINCIPAL, Principal
 from controller.dataplane import answers as out
 from controller.dataplane.request import Got, RequestHead, RequestReader
 from controller.dataplane.states import READING, State
@@ -110,8 +110,9 @@ class Connection(asyncio.Protocol):
         self.pending = b""
         self.chunked = self.sse = self.sent = False
         self.active = time.monotonic()
-        # Who the last head's key is (a kept-alive client presents the same again).
-        self.who: tuple[bytes | None, bytes | None, Principal] | None = None
+        # The API token's head, by its Authorization and x-api-key values: a kept-alive
+        # client presents the same again (a key is looked up each time: it may expire).
+        self.token: tuple[bytes | None, bytes | None] | None = None
         # aiohttp's protocol for this connection (made at its first request), and whether
         # it answered the request passed to it while its body was still being passed.
         self.aiohttp: Fallback | None = None
@@ -374,15 +375,13 @@ class Connection(asyncio.Protocol):
     # runs once.
 
     def _principal(self, head: RequestHead) -> Principal | None:
-        """Who the request is (a kept-alive client's key: looked up once)."""
-        who = self.who
-        if who is not None and who[0] is head.authorization and who[1] is head.api_key:
-            principal: Principal | None = who[2]
-            if principal is not None and principal.is_token:
-                return principal  # the API token: the same for ever
+        """Who the request is (a kept-alive client's API token: looked up once)."""
+        token = self.token
+        if token is not None and token[0] is head.authorization and token[1] is head.api_key:
+            return TOKEN_PRINCIPAL
         principal = out.principal(head, self.plane.ctx.keys)
-        if principal is not None:
-            self.who = (head.authorization, head.api_key, principal)
+        if principal is TOKEN_PRINCIPAL:
+            self.token = (head.authorization, head.api_key)
         return principal
 
     def _start(self, head: RequestHead, body: bytes) -> None:
@@ -602,7 +601,8 @@ class Connection(asyncio.Protocol):
             if not self.reading:
                 self.reading = True
                 self.transport.resume_reading()
-            self._next()
+            if self.buffer:
+                self._next()
 
     def _write(self, data: bytes) -> None:
         if data and self.transport is not None:

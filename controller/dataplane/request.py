@@ -514,12 +514,12 @@ class RequestReader:
         head.keep = recall.keep
         self.head, self.fresh, self._length, self._head_len = head, True, length, end
         need = end + size
-        self.size = min(size, len(data) - end)
-        if len(data) >= need:
+        if len(data) >= need:  # the whole request: llhttp's state was not touched
             self.body = data[end:need] if head.collects else b""
-            self._begin()
+            self._length, self._head_len, self.size = None, 0, 0
             self.rest = data[need:]
             return Got.REQUEST
+        self.size = len(data) - end
         if head.collects:
             self._pieces.append(data[end:])
         self._before, self._left = len(data), need - len(data)

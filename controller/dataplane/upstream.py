@@ -418,7 +418,8 @@ class Upstream(asyncio.Protocol):
     def _finish(self) -> None:
         listener, self._listener = self._listener, None
         self._phase = Phase.IDLE
-        self.resume_reading()  # paused by a slow client while its last bytes went out
+        if self._paused:
+            self.resume_reading()  # paused by a slow client while its last bytes went out
         self._used = True
         reusable = self._keep and not self._extra and self.framing is not Framing.CLOSE
         if reusable and self.transport is not None:
@@ -465,7 +466,9 @@ class UpstreamPool:
         return conn
 
     def put(self, key: tuple[str, int], conn: Upstream) -> None:
-        idle = self._idle.setdefault(key, [])
+        idle = self._idle.get(key)
+        if idle is None:
+            idle = self._idle[key] = []
         if self.closed or len(idle) >= _POOL_MAX:
             conn.abort()
             return
