@@ -28,7 +28,6 @@ from controller.dataplane.upstream import (
 from controller.router.aliases import model_entries
 from controller.router.call import RoutedCall, record_unserved
 from controller.router.context import CLIENT_CLOSED, RouterContext
-from controller.router.endpoints import Read
 from controller.router.hosts import HostPolicy
 from controller.router.refusals import Refusal
 
@@ -262,7 +261,13 @@ class Connection(asyncio.Protocol):
         limit (and the token with it). False: answered (and closed after the body)."""
         transport, plane = self.transport, self.plane
         assert transport is not None
-        early = out.early_answer(head, plane.hosts, closing=plane.closing, keys=plane.ctx.keys)
+        hosts = plane.hosts
+        if head.cleared is hosts and not plane.closing and head.length <= head.limit:
+            early = None  # a repeated head this listener judged already (but its length)
+        else:
+            early = out.early_answer(head, hosts, closing=plane.closing, keys=plane.ctx.keys)
+            if early is None:
+                head.cleared = hosts
         if early is not None:
             answer, status = early
             transport.write(answer)
@@ -395,21 +400,15 @@ class Connection(asyncio.Protocol):
             self._write(out.unauthorized(head, close=not head.keep))
             self._done(keep=head.keep)
             return
-        endpoint = head.endpoint
-        if endpoint is None or not endpoint.routed:
-            if endpoint is None:  # a /v1 path the router does not hold (404, 405)
+        if not head.collects:
+            if head.endpoint is None:  # a /v1 path the router does not hold (404, 405)
                 self._write(out.not_routed(head))
             else:
                 self._write(out.models_answer(model_entries(ctx.manager, principal), head))
             self._done(keep=head.keep)
             return
         call = self.call = RoutedCall(
-            ctx,
-            principal,
-            head.kind,
-            forms=endpoint.read is Read.FORM_OR_JSON,
-            path=head.arg,
-            started=time.monotonic(),
+            ctx, principal, head.kind, forms=head.forms, path=head.arg, started=time.monotonic()
         )
         plane.in_flight += 1
         self.keep, self.old, self.reason, self.retried = head.keep, head.old, None, False

@@ -92,15 +92,14 @@ class RequestHead:
     priority: bytes | None  # X-Slotctl-Priority (a lower class for this request)
     path: str  # the decoded path (an answer's words)
     old: bool  # HTTP/1.0: answered as 1.0, never re-chunked
+    collects: bool = False  # its body is read whole (a routed POST's); others' dropped
+    forms: bool = False  # its model may be a multipart form's field (Read.FORM_OR_JSON)
     # Set by the reader for each request (they change from one request to the next):
     length: int = 0  # Content-Length (-1: chunked)
     keep: bool = True  # llhttp's verdict: the client keeps the connection after this request
-
-    @property
-    def collects(self) -> bool:
-        """Its body is read whole (a routed POST's); a GET's or a refused one's dropped."""
-        endpoint = self.endpoint
-        return endpoint is not None and endpoint.read is not Read.NONE
+    # The Host policy that let this head's fields through (its length is checked anew
+    # each time): a kept-alive client's repeated head is not judged again.
+    cleared: object = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -219,6 +218,8 @@ def head_of(method: bytes, target: bytes, version: str, fields: _Fields) -> Requ
         fields.priority,
         path,
         version != "1.1",
+        endpoint is not None and endpoint.routed,
+        endpoint is not None and endpoint.read is Read.FORM_OR_JSON,
     )
 
 
