@@ -41,6 +41,7 @@ __all__ = [
     "address",
     "answer",
     "early_answer",
+    "malformed_body",
     "models_answer",
     "not_routed",
     "principal",
@@ -177,6 +178,13 @@ def models_answer(entries: list[dict[str, Any]], head: RequestHead) -> bytes:
     if entry is None:
         return refusal_answer(model_not_found(model_id), close=close, old=old)
     return answer(200, entry, [], close=close, old=old)
+
+
+def malformed_body(head: RequestHead | None) -> bytes:
+    """The 400 of a ``/v1`` request whose body llhttp refuses (a bad chunk): nothing of
+    it is said or logged; the connection closes."""
+    refusal = Refusal(400, "malformed request body", code="invalid_request_error")
+    return refusal_answer(refusal, close=True, old=head is not None and head.old)
 
 
 def not_routed(head: RequestHead) -> bytes:

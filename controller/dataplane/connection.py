@@ -236,7 +236,14 @@ class Connection(asyncio.Protocol):
             self._pass(reader.passed, got, reader.rest)
             return
         if got is Got.FOREIGN:
-            self._hand_over(reader.raw)
+            state = self.state
+            if state is _BODY:  # a /v1 body llhttp refuses (a bad chunk), its head taken
+                self._write(out.malformed_body(reader.head))
+                self._linger(0)
+            elif state is _PASSING:  # an aiohttp request's: aiohttp waits for its body
+                self.close()  # for ever on a bad chunk (answering nothing): closed instead
+            else:  # aiohttp's 400, from every byte of the request
+                self._hand_over(reader.raw)
             return
         head = reader.head
         assert head is not None

@@ -608,6 +608,28 @@ async def test_a_chunked_body_over_the_limit_is_413_or_401_first(harness: Harnes
     assert r.manager.view("wire").state is S.OFFLINE  # no lease, no load
 
 
+async def test_a_bad_chunk_after_the_head_is_a_400_never_a_hang(harness: Harness) -> None:
+    """A chunked body llhttp refuses in a later read: the data plane's 400 for a /v1
+    upload (its head was taken); a REST one's connection closed (aiohttp, fed the bytes,
+    waits for the rest of the body for ever, as it does alone)."""
+    r = await start_wire(harness)
+    for path in ("/v1/chat/completions", "/api/slots/wire/hold"):
+        async with wire(r) as c:
+            c.send(
+                f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {TOKEN}"
+                "\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+                "2\r\n{}\r\n".encode()
+            )
+            await asyncio.sleep(0.1)
+            c.send(b"zz\r\nnot a chunk\r\n0\r\n\r\n")
+            if path.startswith("/v1/"):
+                answer = await c.answer()
+                assert answer.status == 400, answer
+                assert TOKEN.encode() not in answer.body
+            assert await c.closed()
+    assert r.manager.view("wire").state is S.OFFLINE  # no lease, no load, no hold
+
+
 async def test_heads_llhttp_refuses_are_handed_to_aiohttp(harness: Harness) -> None:
     r = await start_wire(harness)
     async with wire(r) as c:  # a malformed head: aiohttp's 400
