@@ -9,11 +9,13 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Final, Protocol
-from urllib.parse import urlsplit
+from typing import Final, Protocol, runtime_checkable
 
+from controller.model.devices import GpuRef
 from controller.model.errors import SlotConfigError
-from controller.probes.readiness import ProbeSpec, SentinelRequest
+from controller.models.sources import destination
+from controller.probes.http import HttpCall
+from controller.probes.readiness import ProbeSpec
 from controller.probes.sleep import VLLM_SLEEP, SleepMode
 from controller.runtime.base import LaunchSpec, RuntimeKind
 from controller.spec.schema import ModelSpec, SlotSpec
@@ -61,24 +63,32 @@ class Provider(Protocol):
         ...
 
 
+@runtime_checkable
+class SizesToPlacement(Protocol):
+    """A provider whose server sizes itself as a fraction of its GPUs (vLLM's
+    ``--gpu-memory-utilization``): told where it was placed and the share it was admitted
+    with."""
+
+    def placement_args(
+        self, slot: SlotSpec, gpus: tuple[GpuRef, ...], share_bytes: int
+    ) -> tuple[str, ...]: ...
+
+
 def model_path(model: ModelSpec | None, ctx: BuildContext) -> str | None:
     """Local file a server reads for ``model`` (None for demo:// and no source).
 
     ``hf://org/repo/file`` resolves into the models dir (``<models_dir>/org/repo/file``), a
-    whole repository ``hf://org/repo`` (what vLLM serves) to its directory there;
-    relative paths are relative to the models dir too.
+    whole repository ``hf://org/repo`` (what vLLM serves) to its directory there, a URL
+    to ``<models_dir>/_urls/host/path``; relative paths are relative to the models dir
+    too. The one mapping is :func:`controller.models.sources.destination`: the pull writes
+    exactly where the server reads.
     """
     if model is None or not model.source:
         return None
     source = model.source
     if source.startswith("demo://"):
         return None
-    if source.startswith("file://"):
-        return urlsplit(source).path
-    if source.startswith("hf://"):
-        return str(ctx.models_dir / source.removeprefix("hf://"))
-    path = Path(source)
-    return str(path if path.is_absolute() else ctx.models_dir / path)
+    return str(destination(source, ctx.models_dir))
 
 
 def require_model(slot: SlotSpec, model: ModelSpec | None) -> ModelSpec:
@@ -148,11 +158,11 @@ READY_LOG: Final[Mapping[str, str]] = {
 
 def default_probe(slot: SlotSpec, model_id: str) -> ProbeSpec:
     """Models list, then one sentinel request matching the slot type (SPEC §5)."""
-    sentinel: SentinelRequest | None = None
+    sentinel: HttpCall | None = None
     if slot.type == "llm":
-        sentinel = SentinelRequest(
+        sentinel = HttpCall(
             "POST", "/v1/completions", {"model": model_id, "prompt": "ping", "max_tokens": 1}
         )
     elif slot.type == "embedding":
-        sentinel = SentinelRequest("POST", "/v1/embeddings", {"model": model_id, "input": "ping"})
+        sentinel = HttpCall("POST", "/v1/embeddings", {"model": model_id, "input": "ping"})
     return ProbeSpec(sentinel=sentinel)
