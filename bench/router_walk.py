@@ -98,7 +98,8 @@ STAGES = (
     ("lease flips: transitions, events, state lag", ("slots/table.py", "eventbus.py")),
     ("lease flips: stamps", ("store/files.py", "model/events.py")),
     ("leases (acquire, release)", ("slots/",)),
-    ("metrics and the recorder", ("api/",)),
+    ("metrics and the recorder", ("api/", "prometheus_client")),
+    ("dataclass instances (events, ranking candidates)", ("<string>",)),
     ("the walk's fake transports", ("router_walk.py",)),
 )
 
