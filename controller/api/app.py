@@ -114,8 +114,7 @@ class ApiContext:
     @property
     def closed(self) -> bool:
         """The app is cleaning up (set by the router's cleanup)."""
-        closed: bool | None = self.store.get(CLOSED)
-        return closed is True
+        return self.store.get(CLOSED) is True
 
 
 API_CTX: Final = web.AppKey("slotctl_api", ApiContext)

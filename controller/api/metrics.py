@@ -404,7 +404,9 @@ def metrics_of(ctx: ApiContext) -> Metrics:
         metrics = Metrics(ctx)
         ctx.store.set(METRICS, metrics)
         ctx.store.set(REQUEST_RECORDER, metrics)  # the router reports its requests here
-        ctx.events.add_listener(metrics.on_event)
+        # The lease flips of every request are only counted (see Metrics._on_event): told
+        # as (slot, from, to), with no event built for them.
+        ctx.events.add_listener(metrics.on_event, on_flip=metrics.transitions.inc)
         observers = getattr(ctx.reconciler, "pass_observers", None)
         if isinstance(observers, list):
             observers.append(metrics.reconcile_pass)

@@ -191,7 +191,7 @@ class Controller:
             apply_stack_dir=gitops.apply_off_loop if gitops is not None else None,
             debounce_ms=opts.watch_debounce_ms,
         )
-        with manager.events.subscribe(accept=self._printable) as events:
+        with manager.events.subscribe(accept=self._printable, flips=False) as events:
             printer = asyncio.create_task(self._print_events(events))
             await root.recover()
             # Resident and autoload slots load in priority order before the reconciler's

@@ -409,7 +409,7 @@ class Reconciler:
     async def _follow_events(self) -> None:
         """An autoload slot that went offline/error (evicted, crashed) is looked at again;
         memory freed by any slot wakes the slots that wait for it."""
-        with self.manager.events.subscribe(accept=_gone) as sub:
+        with self.manager.events.subscribe(accept=_gone, flips=False) as sub:
             async for event in sub:
                 if event.slot is not None:
                     want = self.snapshot.slots.get(event.slot)

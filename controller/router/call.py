@@ -31,6 +31,7 @@ from __future__ import annotations
 import enum
 import logging
 import time
+from collections.abc import Sequence
 from typing import Final
 
 from controller.access.keys import Principal
@@ -58,7 +59,7 @@ from controller.router.refusals import (
     upstream_unreachable,
     wrong_endpoint,
 )
-from controller.router.selection import fitting, serving
+from controller.router.selection import fitting, route
 from controller.slots.records import Lease, Requester
 from controller.spec.schema import ControllerSettings
 
@@ -207,18 +208,20 @@ class RoutedCall:
         self.content_type, self.body = content_type, body
         aliases = manager.aliases
         alias = aliases.get(model) if aliases else None
+        served: Sequence[str]
+        candidates: Sequence[str]
         if alias is not None and model not in manager.models:  # (a model's id wins)
-            model, candidates = alias_candidates(ctx, principal, alias, kind)
+            model, served = alias_candidates(ctx, principal, alias, kind)
             self.alias = alias.id
+            candidates, refused = fitting(manager, served, kind)
         else:
-            candidates = serving(manager, model)
+            served, candidates, refused = route(manager, model, kind)
         if principal is not None and principal.models and not principal.may_use(model):
             raise model_refused(principal, model)
-        if not candidates:
+        if not served:
             report_refusal(ctx, ModelNotFound(model), model)
             raise model_not_found(model)
         self.model = model
-        candidates, refused = fitting(manager, candidates, kind)
         if not candidates:  # before anything is leased or loaded (400)
             raise wrong_endpoint(model, kind, refused)
         if principal is not None and principal.name:  # a key (the API token has no limits)

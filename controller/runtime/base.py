@@ -97,13 +97,20 @@ class LaunchSpec:
     address: str | None = field(default=None, compare=False)
     # config_hash() is asked on hot paths (views for the router): computed once.
     _hash: str | None = field(default=None, init=False, compare=False, repr=False)
+    # The endpoint, as the router asks it for every request: made once.
+    _endpoint: str | None = field(default=None, init=False, compare=False, repr=False)
 
     @property
     def endpoint(self) -> str:
-        if self.address is not None:
-            return self.address
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host  # noqa: S104
-        return f"http://{host}:{self.port}"
+        found = self._endpoint
+        if found is None:
+            if self.address is not None:
+                found = self.address
+            else:
+                host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host  # noqa: S104
+                found = f"http://{host}:{self.port}"
+            object.__setattr__(self, "_endpoint", found)
+        return found
 
     def model_missing(self) -> bool:
         """The model file the server reads is not there (yet): the load has to pull it."""

@@ -47,6 +47,9 @@ class RouterPort(Protocol):
 
     def routable(self, model: str) -> list[Candidate]: ...
 
+    def routes(self, model: str) -> tuple[str, ...]:
+        """The names of :meth:`routable`'s slots, unranked (a lookup, for every request)."""
+
     def known(self, name: str) -> SlotSpec | None: ...
 
     def last_used(self, name: str) -> float: ...

@@ -36,6 +36,8 @@ class Requester:
 class Lease:
     """A claim on a slot for one request (or a batch job): keeps it loaded and serving."""
 
+    __slots__ = ("_lost", "error", "expires_at", "generation", "id", "released", "slot")
+
     _ids = itertools.count(1)
 
     def __init__(self, slot: str, generation: int, expires_at: float | None = None) -> None:

@@ -69,6 +69,13 @@ class Leases(Part):
         await); None when the slot is cold, draining or at its concurrency limit, for which
         :meth:`acquire` waits."""
         slot = self.table.get(name)
+        state = slot.state
+        if (
+            (state is S.READY or state is S.SERVING)  # loaded, dispatchable, awake
+            and slot.spec.max_concurrency is None  # room: no turns
+            and not slot.book.draining
+        ):
+            return self._take(slot, cls=who.cls if who is not None else None)
         if not self.loading.loaded(slot) or slot.book.draining or not self._has_room(slot):
             return None
         return self._take_now(slot, who)
@@ -179,13 +186,14 @@ class Leases(Part):
         book.leave_cold(cls)
 
     def _take(self, slot: SlotRecord, *, cls: str | None = None) -> Lease:
-        if slot.state in (S.READY, S.IDLE):
-            # ready -> serving is a coalesced flip (SPEC §3: written off the loop, a moment
-            # later); idle -> serving is written first (a refused write refuses the
-            # request, typed, and takes no lease).
-            durable = slot.state is S.IDLE
+        state = slot.state
+        if state is S.READY:
+            # A coalesced flip (SPEC §3: written off the loop, a moment later).
+            self.table.flip(slot, S.SERVING, "request in flight")
+        elif state is S.IDLE:
+            # Written first (a refused write refuses the request, typed, and takes no lease).
             message = "request in flight"
-            self.table.set(slot, S.SERVING, op=Op.LEASE, message=message, durable=durable)
+            self.table.set(slot, S.SERVING, op=Op.LEASE, message=message, durable=True)
         lease = Lease(slot.name, slot.flight.generation)
         now = self.clock.monotonic()
         slot.book.add(lease, cls, now)
@@ -205,8 +213,8 @@ class Leases(Part):
         if slot.book.queued:  # the next request in turn takes this one's place
             self.admit_waiters(slot)
         if not slot.book.leases and slot.state is S.SERVING:
-            message = "no request in flight"  # ready (not idle: that is idle_timeout_s later)
-            self.table.set(slot, S.READY, op=Op.LEASE, message=message, durable=False)
+            # ready (not idle: that is idle_timeout_s later), a coalesced flip
+            self.table.flip(slot, S.READY, "no request in flight")
 
     async def hold(self, name: str, ttl_s: float) -> Lease:
         """A batch lease: keeps the slot loaded and unevictable for ``ttl_s`` seconds."""

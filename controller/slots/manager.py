@@ -201,7 +201,7 @@ class SlotManager(Part):
                 on_nodes=self.runtime.kind == RuntimeKind.KUBERNETES,
             )
             table.load_persisted(slot)
-            table.records[desired.name] = slot
+            table.add(slot)
             self.core.port_declared(desired.name, desired.spec.port)
             return
         if (
@@ -330,12 +330,16 @@ class SlotManager(Part):
 
     def endpoint(self, name: str) -> str | None:
         """The URL the slot's server answers on (None while it has none)."""
-        launch = self.core.table.get(name).launch
-        return launch.endpoint if launch else None
+        server = self.core.table.get(name).server
+        return server.launch.endpoint if server is not None else None
 
     def routable(self, model: str) -> list[Candidate]:
         """The activated slots a request for ``model`` may use, unranked (no view built)."""
         return self.core.table.routable(model)
+
+    def routes(self, model: str) -> tuple[str, ...]:
+        """The names of :meth:`routable`'s slots (a dict lookup: the table remembers them)."""
+        return self.core.table.routes(model)
 
     def names(self) -> list[str]:
         return self.core.table.names()
