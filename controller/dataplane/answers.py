@@ -52,6 +52,10 @@ __all__ = [
 ]
 
 _RESPONSE_DROP: Final = frozenset(n.decode() for n in RESPONSE_DROP_BYTES)
+# Framings as module constants (``Framing.LENGTH`` is a lookup through the enum's metaclass).
+_SIZED: Final = Framing.LENGTH
+_CHUNKED: Final = Framing.CHUNKED
+_TO_CLOSE: Final = Framing.CLOSE
 
 
 def early_answer(
@@ -278,8 +282,8 @@ def response_head(upstream: Upstream, *, close: bool, old: bool) -> tuple[bytes,
     ``HTTP/1.0`` client it passes as it comes, to the end of the connection (``close``
     must then be True)."""
     framing = upstream.framing
-    chunked = framing is Framing.CHUNKED or framing is Framing.CLOSE
-    if framing is Framing.LENGTH:
+    chunked = framing is _CHUNKED or framing is _TO_CLOSE
+    if framing is _SIZED:
         tail = b"\r\nContent-Length: %d" % upstream.length
     elif chunked:
         tail = b"" if old else b"\r\nTransfer-Encoding: chunked"

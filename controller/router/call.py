@@ -155,7 +155,6 @@ class RoutedCall:
         ctx: RouterContext,
         principal: Principal | None,
         kind: str,
-        *,
         forms: bool = False,
         path: str = "",
         started: float | None = None,
