@@ -611,6 +611,23 @@ class Connection(asyncio.Protocol):
         self.sent = True
         transport.write(data)
 
+    def on_answer(self, upstream: Upstream, body: bytes) -> None:
+        """A whole sized answer (:meth:`Upstream.data_received` recalled its head): what
+        :meth:`on_head`, :meth:`relay` and :meth:`on_end` do for it, at once (no early head
+        and no re-chunking for a sized body), the upstream already back in its pool."""
+        self.upstream = None  # back in its pool: no pause of it from here on
+        call = self.call
+        assert call is not None
+        call.status = upstream.status
+        head = out.response_head(upstream, close=not self.keep, old=self.old)[0]
+        if call.tail is not None:
+            call.keep(body)
+        transport = self.transport
+        if transport is not None:  # (None: the client left; connection_lost gives it up)
+            self.sent = True
+            transport.write(head + body if body else head)
+        self._end(True)
+
     def on_end(self) -> None:
         self.upstream = None  # back in its pool
         if self.pending or self.chunked:

@@ -119,6 +119,12 @@ class Listener(Protocol):
         """The exchange broke (before the head: nothing was relayed; ``error.stale``: a
         kept-alive connection closed before any byte, worth one retry)."""
 
+    def on_answer(self, upstream: Upstream, body: bytes) -> None:
+        """A whole sized answer came in one read, its head recalled: what ``on_head``,
+        ``relay(body)`` (when there is a body) and ``on_end`` say, in one call, the
+        connection already back in its pool (or closed): the common case of a kept-alive
+        model server's answers."""
+
 
 class _Stop(Exception):
     """Raised from a callback to stop llhttp (bytes after a whole answer)."""
@@ -209,10 +215,9 @@ class Upstream(asyncio.Protocol):
         self.heard = True
         if self._left:
             self._more_body(data)
+            self._deliver()
         elif self._phase is not _WAITING or not self._recalled(data):
             self._parse(data)
-            return
-        self._deliver()
 
     def _parse(self, data: bytes) -> None:
         """``data`` read by llhttp; then the listener hears of it."""
@@ -253,10 +258,14 @@ class Upstream(asyncio.Protocol):
         )
 
     def _recalled(self, data: bytes) -> bool:
-        """``data`` read as the recalled head and its body; False: another head (llhttp's)."""
+        """``data`` read as the recalled head and its body; False: another head (llhttp's).
+        A whole answer in this read ends the exchange here (:meth:`Listener.on_answer`);
+        else the rest of its body is counted in by :meth:`_more_body`."""
         recall = self._recall
-        found = recall.pattern.match(data) if recall is not None else None
-        if recall is None or found is None:
+        if recall is None:
+            return False
+        found = recall.pattern.match(data)
+        if found is None:
             return False
         self.status, self.reason, self.fields, self.content_type, self._keep = recall.said
         self.recalled = recall
@@ -264,10 +273,22 @@ class Upstream(asyncio.Protocol):
         self.date = found.group("d") if recall.date is None else recall.date
         self._length = self.length = length = int(found.group("n"))
         self.framing = _SIZED if length else _NO_BODY
-        self._phase = _BODY
         end = found.end()
-        self._left = length
-        self._more_body(data[end:] if end < len(data) else b"")
+        size = len(data) - end
+        if size < length:  # more of its body to come
+            self._phase = _BODY
+            self._left = length
+            self._more_body(data[end:] if size else b"")
+            self._deliver()
+            return True
+        if size > length:
+            self._extra = True  # bytes after the answer: the connection is not reused
+        listener, self._listener = self._listener, None
+        assert listener is not None
+        self._phase = _IDLE
+        self._told = self._complete = True
+        self._ended()
+        listener.on_answer(self, data[end : end + length])
         return True
 
     def _more_body(self, data: bytes) -> None:
@@ -432,6 +453,12 @@ class Upstream(asyncio.Protocol):
     def _finish(self) -> None:
         listener, self._listener = self._listener, None
         self._phase = _IDLE
+        self._ended()
+        if listener is not None:
+            listener.on_end()
+
+    def _ended(self) -> None:
+        """The exchange is over, its answer whole: back in the pool, or closed."""
         if self._paused:
             self.resume_reading()  # paused by a slow client while its last bytes went out
         self._used = True
@@ -440,8 +467,6 @@ class Upstream(asyncio.Protocol):
             self._pool.put(self._key, self)
         else:
             self._close()
-        if listener is not None:
-            listener.on_end()
 
 
 class UpstreamPool:

@@ -533,7 +533,7 @@ class SlotTable:
         slot.liveness_misses = slot.liveness_misses + 1 if missed else 0
         return slot.liveness_misses
 
-    def used(self, slot: SlotRecord, now: float, *, served: bool = False) -> None:
+    def used(self, slot: SlotRecord, now: float, served: bool = False) -> None:
         """A lease taken or given back now (``served``: a request's, done): the ranking's
         recency, and the access count a planned eviction is revalidated against."""
         slot.last_used = now
