@@ -23,9 +23,9 @@ output in the integration tests.
 
 from __future__ import annotations
 
-import bisect
 import logging
 import time
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
 from typing import Final, cast
 
@@ -105,6 +105,17 @@ def eviction_reason(event: Event) -> str | None:
 _go_float = cast(Callable[[float], str], floatToGoString)  # the bound's text, as theirs
 
 
+_STATUS_TEXTS: dict[int | str, str] = {}  # a status label's text, made once (twice a request)
+
+
+def _status_text(status: int | str) -> str:
+    """``str(status)``, kept (``_STATUS_TEXTS.get(status) or _status_text(status)``)."""
+    if len(_STATUS_TEXTS) >= 1024:
+        _STATUS_TEXTS.clear()
+    text = _STATUS_TEXTS[status] = str(status)
+    return text
+
+
 class _Counts(Collector):
     """A labelled counter counted with plain updates (a prometheus_client ``Counter``'s
     ``labels()`` checks and joins the values and takes a lock on every update: twice a
@@ -140,7 +151,7 @@ class _RequestSeries(Collector):
         self._durations: dict[tuple[str, str], list[float]] = {}  # buckets, +Inf, sum, created
 
     def done(self, slot: str, model: str, status: int | str, seconds: float) -> None:
-        key = (slot, model, str(status))
+        key = (slot, model, _STATUS_TEXTS.get(status) or _status_text(status))
         count = self._counts.get(key)
         if count is None:
             count = self._counts[key] = [0, time.time()]
@@ -150,8 +161,9 @@ class _RequestSeries(Collector):
             series = self._durations[(slot, model)] = [0.0] * (len(REQUEST_BUCKETS) + 2) + [
                 time.time()
             ]
-        seconds = max(0.0, seconds)
-        series[bisect.bisect_left(REQUEST_BUCKETS, seconds)] += 1
+        if seconds < 0.0:
+            seconds = 0.0
+        series[bisect_left(REQUEST_BUCKETS, seconds)] += 1
         series[-2] += seconds
 
     def slot_totals(self) -> dict[str, tuple[int, int, list[float]]]:
@@ -375,7 +387,8 @@ class Metrics:
 
     def key_done(self, key: str, cls: str, status: int | str, waited: float | None) -> None:
         """One routed request of a key finished (the router calls this)."""
-        self.key_requests.inc(key or "@token", cls, str(status))
+        text = _STATUS_TEXTS.get(status) or _status_text(status)
+        self.key_requests.inc(key or "@token", cls, text)
         if waited is not None:
             self.queue_wait.labels(cls).observe(max(0.0, waited))
 

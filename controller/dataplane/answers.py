@@ -19,6 +19,7 @@ from typing import Any, Final
 from urllib.parse import urlsplit
 
 from controller.access.keys import KeyRing, Principal
+from controller.dataplane.recall import AnswerRecall
 from controller.dataplane.request import RequestHead
 from controller.dataplane.upstream import Framing, Upstream
 from controller.router.access import bearer, identify
@@ -274,13 +275,49 @@ def _lines(status: int, reason: bytes, fields: list[tuple[bytes, bytes]]) -> tup
     return found
 
 
+def _passed_of(upstream: Upstream, recalled: AnswerRecall | None) -> tuple[bytes, bool]:
+    """The lines an answer passes and whether it is an event stream (a recalled head's
+    last answer's: known)."""
+    passed = recalled.passed if recalled is not None else None
+    if passed is None:
+        passed = _lines(upstream.status, upstream.reason, upstream.fields)
+        if recalled is not None:
+            recalled.passed = passed
+    return passed
+
+
 def response_head(upstream: Upstream, *, close: bool, old: bool) -> tuple[bytes, bool, bool]:
     """The client's head of an upstream's answer: ``(head, chunked, event stream)``.
     Hop-by-hop headers (and those ``Connection`` names) go, the others pass in the order
     they came, the upstream's Date after them; a sized body keeps its length (it passes
     verbatim), a chunked or to-the-end one is re-chunked (a chunk a read) — to an
     ``HTTP/1.0`` client it passes as it comes, to the end of the connection (``close``
-    must then be True)."""
+    must then be True). A recalled sized answer's head is the last one's but for its Date
+    and length: its lines before and after them are kept with the recall."""
+    recalled = upstream.recalled
+    if recalled is not None and upstream.length:  # sized, with a body (Content-Length)
+        made = recalled.made
+        if made is None or made[0] is not close or made[1] is not old:
+            lines, sse = _passed_of(upstream, recalled)
+            before = b"HTTP/1.%d %d %s%s" % (
+                0 if old else 1,
+                upstream.status,
+                upstream.reason,
+                lines,
+            )
+            after = connection_line(close=close, old=old) + b"\r\n\r\n"
+            made = recalled.made = (close, old, before, after, sse)
+        date = upstream.date
+        if date:
+            head = b"%s\r\nDate: %s\r\nContent-Length: %d%s" % (
+                made[2],
+                date,
+                upstream.length,
+                made[3],
+            )
+        else:
+            head = b"%s\r\nContent-Length: %d%s" % (made[2], upstream.length, made[3])
+        return head, False, made[4]
     framing = upstream.framing
     chunked = framing is _CHUNKED or framing is _TO_CLOSE
     if framing is _SIZED:
@@ -291,13 +328,7 @@ def response_head(upstream: Upstream, *, close: bool, old: bool) -> tuple[bytes,
         tail = b"\r\nContent-Length: 0"
     else:
         tail = b""
-    recalled = upstream.recalled  # the last answer's head again: its lines are known
-    passed = recalled.passed if recalled is not None else None
-    if passed is None:
-        passed = _lines(upstream.status, upstream.reason, upstream.fields)
-        if recalled is not None:
-            recalled.passed = passed
-    lines, sse = passed
+    lines, sse = _passed_of(upstream, recalled)
     head = b"HTTP/1.%d %d %s%s%s%s%s\r\n\r\n" % (
         0 if old else 1,
         upstream.status,

@@ -419,8 +419,15 @@ class RequestReader:
         self.fresh, self.rest, self.passed = False, b"", b""
         if self._left:
             return self._more_body(data)
-        if self.head is None and not self.raw and not self._passing and self._recall is not None:
-            got = self._recalled(data, self._recall)
+        recall = self._recall
+        if (
+            recall is not None
+            and data.startswith(recall.prefix)
+            and self.head is None
+            and not self.raw
+            and not self._passing
+        ):
+            got = self._recalled(data, recall)
             if got is not None:
                 return got
         return self._parse(data)
@@ -509,27 +516,32 @@ class RequestReader:
                 return
 
     def _recalled(self, data: bytes, recall: _Recall) -> Got | None:
-        """``data`` read as the recalled head and its body; None: another head (llhttp's)."""
-        prefix, suffix = recall.prefix, recall.suffix
-        if not data.startswith(prefix):
-            return None
+        """``data``, which starts with the recalled head's bytes before its length, read as
+        that head and its body; None: another head (llhttp's)."""
+        suffix = recall.suffix
         if suffix is None:
-            length, end = None, len(prefix)
+            length, end = None, len(recall.prefix)
+            size = 0
         else:
-            digits = _DIGITS.match(data, len(prefix))
-            if digits is None or not data.startswith(suffix, digits.end()):
+            digits = _DIGITS.match(data, len(recall.prefix))
+            if digits is None:
                 return None
-            length, end = int(digits.group()), digits.end() + len(suffix)
+            at = digits.end()
+            if not data.startswith(suffix, at):
+                return None
+            length = size = int(digits.group())
+            end = at + len(suffix)
         head = recall.head
-        head.length = size = length or 0
+        head.length = size
         head.keep = recall.keep
-        self.head, self.fresh, self._length, self._head_len = head, True, length, end
+        self.head = head
+        self.fresh = True
         need = end + size
         if len(data) >= need:  # the whole request: llhttp's state was not touched
             self.body = data[end:need] if head.collects else b""
-            self._length, self._head_len, self.size = None, 0, 0
             self.rest = data[need:]
             return _REQUEST
+        self._length, self._head_len = length, end
         self.size = len(data) - end
         if head.collects:
             self._pieces.append(data[end:])
