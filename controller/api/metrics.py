@@ -245,6 +245,8 @@ class Metrics:
         )
         self.requests = _RequestSeries()  # per request: plain updates, families at scrape
         r.register(self.requests)
+        # One routed request finished (the router calls this): the series' own method.
+        self.request_done = self.requests.done
         self.reconcile_duration = Histogram(
             "slotctl_reconcile_duration_seconds",
             "Duration of one reconcile pass of one slot",
@@ -376,10 +378,6 @@ class Metrics:
                 self.load_duration.labels(slot).observe(now - started)
         elif to in _LOAD_END or to == SlotState.IDLE.value:
             self._load_started.pop(slot, None)
-
-    def request_done(self, slot: str, model: str, status: int | str, seconds: float) -> None:
-        """One routed request finished (the router calls this)."""
-        self.requests.done(slot, model, status, seconds)
 
     def key_tokens(self, key: str, cls: str, prompt: int, completion: int) -> None:
         self.key_tokens_total.inc(key or "@token", cls, "prompt", amount=prompt)

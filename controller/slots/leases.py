@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 from typing import Final
 
-from controller.model.errors import SlotctlError, SlotNotReady, SlotQueueFull
+from controller.model.errors import SlotctlError, SlotNotFound, SlotNotReady, SlotQueueFull
 from controller.model.events import EventKind, Op
 from controller.model.lifecycle import SlotState, can_dispatch
 from controller.scheduling.decision import not_activated
@@ -74,7 +74,9 @@ class Leases(Part):
         """:meth:`acquire` when it needs no wait (the router's common case: no task, no
         await); None when the slot is cold, draining or at its concurrency limit, for which
         :meth:`acquire` waits."""
-        slot = self.table.get(name)
+        slot = self.table.records.get(name)
+        if slot is None:
+            raise SlotNotFound(name)
         state = slot.state
         if (
             (state is _READY or state is _SERVING)  # loaded, dispatchable, awake

@@ -19,7 +19,13 @@ from pathlib import Path
 from controller.kit.clock import SYSTEM_CLOCK, Clock
 from controller.kit.eventbus import EventBus
 from controller.kit.tasks import TaskSet
-from controller.model.errors import ModelNotFound, SlotctlError, SlotNotReady, StateWriteFailed
+from controller.model.errors import (
+    ModelNotFound,
+    SlotctlError,
+    SlotNotFound,
+    SlotNotReady,
+    StateWriteFailed,
+)
 from controller.model.events import EventKind, EvictionReason, Op
 from controller.model.lifecycle import Candidate, SlotState
 from controller.probes.memory import MemoryProbe, SystemMemoryProbe
@@ -115,6 +121,7 @@ class SlotManager(Part):
         self.acquire = self.leasing.acquire  # a lease for one request
         self.try_acquire = self.leasing.try_acquire  # one that needs no wait, else None
         self.release = self.leasing.release
+        self.routes = core.table.routes  # the router's candidates by model (remembered)
         self.hold = self.leasing.hold  # a batch lease for ttl_s
         self.tick = self.housekeeping.tick
         self.check_exits = self.housekeeping.exits
@@ -330,16 +337,15 @@ class SlotManager(Part):
 
     def endpoint(self, name: str) -> str | None:
         """The URL the slot's server answers on (None while it has none)."""
-        server = self.core.table.get(name).server
+        slot = self.core.table.records.get(name)
+        if slot is None:
+            raise SlotNotFound(name)
+        server = slot.server
         return server.launch.endpoint if server is not None else None
 
     def routable(self, model: str) -> list[Candidate]:
         """The activated slots a request for ``model`` may use, unranked (no view built)."""
         return self.core.table.routable(model)
-
-    def routes(self, model: str) -> tuple[str, ...]:
-        """The names of :meth:`routable`'s slots (a dict lookup: the table remembers them)."""
-        return self.core.table.routes(model)
 
     def names(self) -> list[str]:
         return self.core.table.names()
