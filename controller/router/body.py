@@ -29,7 +29,7 @@ def is_form(content_type: str) -> bool:
     )
 
 
-def model_of(content_type: str, body: bytes, *, forms: bool = True) -> str:
+def model_of(content_type: str, body: bytes, forms: bool = True) -> str:
     """``model`` of a body whose ``Content-Type`` header is ``content_type``: a form
     field where the endpoint takes forms (``forms``) and the body is one, else a JSON
     object's key (400 otherwise)."""
@@ -75,10 +75,11 @@ def _json_object(body: bytes) -> dict[str, Any] | None:
         data, end = _SCAN(text, 0)
     except (StopIteration, ValueError, RecursionError):
         return None
-    space = _SPACE.match(text, end)
-    if space is None or space.end() != len(text) or not isinstance(data, dict):
-        return None
-    return data
+    if end != len(text):  # (the common case ends where the text does: no regex run)
+        space = _SPACE.match(text, end)
+        if space is None or space.end() != len(text):
+            return None
+    return data if isinstance(data, dict) else None
 
 
 def _delimiter(content_type: str) -> bytes:

@@ -203,7 +203,7 @@ class RoutedCall:
         manager = ctx.manager
         if principal is not None:
             self.who = _WHO.of(manager.settings, principal, asked)
-        model = model_of(content_type, body, forms=self.forms)
+        model = model_of(content_type, body, self.forms)
         self.content_type, self.body = content_type, body
         aliases = manager.aliases
         alias = aliases.get(model) if aliases else None

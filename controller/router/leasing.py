@@ -46,6 +46,12 @@ def acquire_now(
 ) -> Lease | Pending:
     """:func:`acquire` up to the first candidate that needs a wait (none in the router's
     common case: no task, no await); raises the best one's refusal when all refuse."""
+    if len(candidates) == 1:  # the common case: one slot serves the model
+        try:
+            lease = manager.try_acquire(candidates[0], who)
+        except SlotNotReady:
+            return Pending(candidates, 0, 1, [])  # unloading: queue again (awaited)
+        return lease if lease is not None else Pending(candidates, 0, 0, [])
     errors: list[SlotctlError] = []
     for i, name in enumerate(candidates):
         try:
