@@ -626,7 +626,10 @@ class Connection(asyncio.Protocol):
         if transport is not None:  # (None: the client left; connection_lost gives it up)
             self.sent = True
             transport.write(head + body if body else head)
-        self._end(True)
+        self.call = None  # the end (_end's, with nothing upstream to drop)
+        call.finish()
+        self.plane.ended()
+        self._done(self.keep)
 
     def on_end(self) -> None:
         self.upstream = None  # back in its pool

@@ -285,8 +285,7 @@ class Upstream(asyncio.Protocol):
             self._extra = True  # bytes after the answer: the connection is not reused
         listener, self._listener = self._listener, None
         assert listener is not None
-        self._phase = _IDLE
-        self._told = self._complete = True
+        self._phase = _IDLE  # (the next send() sets what this exchange left)
         self._ended()
         listener.on_answer(self, data[end : end + length])
         return True
