@@ -441,10 +441,11 @@ class Connection(asyncio.Protocol):
     #
     # Callbacks from the request's head to its answer's last byte: ``_start`` (the token;
     # the call's begin: the model, the lease), ``_send`` (an idle pooled connection), then
-    # the upstream's ``on_head``, ``relay``, ``on_end`` or ``on_error``, and ``_end``. A
-    # task only while the request waits: for a cold slot's load (``_leasing``) or a new
-    # connection (``_connecting``). ``call`` is set from ``_start`` to ``_end``, which
-    # runs once.
+    # the upstream's ``on_head``, ``relay``, ``on_end`` or ``on_error``, and ``_end`` — or,
+    # for a whole sized answer in one read whose head the upstream recalled, its one
+    # ``on_answer`` (the head, the body and the end at once). A task only while the
+    # request waits: for a cold slot's load (``_leasing``) or a new connection
+    # (``_connecting``). ``call`` is set from ``_start`` to its end, which runs once.
 
     def _principal(self, head: RequestHead) -> Principal | None:
         """Who the request is (a kept-alive client's API token: looked up once)."""

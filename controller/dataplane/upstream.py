@@ -20,7 +20,9 @@ answer whose head is those bytes exactly, but for the digits of its length (1 to
 ``0-9``) and a ``Date`` value of the same IMF-fixdate shape (letters, digits, spaces,
 commas, colons: bytes llhttp reads in any field value alike), gets that head's verdict
 again without llhttp's callbacks; its body is ``Content-Length`` bytes, as llhttp reads
-it. Any other byte that differs goes through llhttp.
+it. Any other byte that differs goes through llhttp. Such an answer whole in one read
+(the common case) ends the exchange at once — the connection back in its pool — and its
+listener hears of it in one call (:meth:`Listener.on_answer`: the head, the body, the end).
 
 A connection goes back to its pool only after a whole answer (llhttp's keep-alive verdict:
 HTTP/1.1, no ``Connection: close``, nothing after the answer); idle ones are closed after
