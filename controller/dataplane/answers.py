@@ -18,11 +18,11 @@ from http import HTTPStatus
 from typing import Any, Final
 from urllib.parse import urlsplit
 
-from controller.access.keys import KeyRing, Principal
+from controller.access.keys import KeyHold, KeyRing, Principal
 from controller.dataplane.recall import AnswerRecall
 from controller.dataplane.request import RequestHead
 from controller.dataplane.upstream import Framing, Upstream
-from controller.router.access import bearer, identify
+from controller.router.access import bearer, hold, identify
 from controller.router.endpoints import MODELS
 from controller.router.headers import RESPONSE_DROP_BYTES, connection_names, passes
 from controller.router.hosts import HostPolicy
@@ -46,6 +46,7 @@ __all__ = [
     "models_answer",
     "not_routed",
     "principal",
+    "principal_held",
     "refusal_answer",
     "response_head",
     "sse_error_end",
@@ -108,6 +109,13 @@ def principal(head: RequestHead, keys: KeyRing) -> Principal | None:
     """Who the request is (the API's auth: a bearer token, else ``x-api-key``)."""
     authorization, api_key = _text(head.authorization), _text(head.api_key)
     return identify(keys, authorization, api_key, time.monotonic(), time.time())
+
+
+def principal_held(head: RequestHead, keys: KeyRing) -> KeyHold | Principal | None:
+    """:func:`principal`, a key's as its :class:`KeyHold` (recognised again by
+    ``KeyRing.again`` on a kept-alive connection)."""
+    authorization, api_key = _text(head.authorization), _text(head.api_key)
+    return hold(keys, authorization, api_key, time.monotonic(), time.time())
 
 
 def answer(

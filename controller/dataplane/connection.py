@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Final, Protocol
 
-from controller.access.keys import TOKEN_PRINCIPAL, Principal
+from controller.access.keys import TOKEN_PRINCIPAL, KeyHold, Principal
 from controller.dataplane import answers as out
 from controller.dataplane.request import Got, RequestHead, RequestReader
 from controller.dataplane.states import READING, State
@@ -165,9 +165,11 @@ class Connection(asyncio.Protocol):
         self.pending = b""
         self.chunked = self.sse = self.sent = False
         self.active = time.monotonic()
-        # The API token's head, by its Authorization and x-api-key values: a kept-alive
-        # client presents the same again (a key is looked up each time: it may expire).
-        self.token: tuple[bytes | None, bytes | None] | None = None
+        # Who the last request was, by its Authorization and x-api-key values (the same
+        # bytes objects while its head is recalled): a kept-alive client presents the same
+        # again. The API token's admin; a key's principal with its hold, recognised again
+        # by the key ring while keys.json is unchanged and the key unexpired.
+        self.token: tuple[bytes | None, bytes | None, Principal, KeyHold | None] | None = None
         # aiohttp's protocol for this connection (made at its first request), and whether
         # it answered the request passed to it while its body was still being passed.
         self.aiohttp: Fallback | None = None
@@ -448,19 +450,30 @@ class Connection(asyncio.Protocol):
     # (``_connecting``). ``call`` is set from ``_start`` to its end, which runs once.
 
     def _principal(self, head: RequestHead) -> Principal | None:
-        """Who the request is (a kept-alive client's API token: looked up once)."""
-        principal = out.principal(head, self.plane.ctx.keys)
-        if principal is TOKEN_PRINCIPAL:
-            self.token = (head.authorization, head.api_key)
-        return principal
+        """Who the request is, looked up (and kept for the connection's next request)."""
+        found = out.principal_held(head, self.plane.ctx.keys)
+        if isinstance(found, KeyHold):
+            self.token = (head.authorization, head.api_key, found.principal, found)
+            return found.principal
+        if found is TOKEN_PRINCIPAL:
+            self.token = (head.authorization, head.api_key, found, None)
+        return found
 
     def _start(self, head: RequestHead, body: bytes) -> None:
         plane = self.plane
         self.pending = b""
         self.sent = self.chunked = self.sse = False
-        token = self.token  # a kept-alive client's API token, recognised by its bytes
+        token = self.token  # who a kept-alive client was, recognised by its bytes
+        principal: Principal | None
         if token is not None and token[0] is head.authorization and token[1] is head.api_key:
-            principal: Principal | None = TOKEN_PRINCIPAL
+            held = token[3]
+            if held is None:  # the API token
+                principal = token[2]
+            else:  # a key: as identify() says it now, unless keys.json changed
+                keys = plane.ctx.keys
+                principal = keys.again(held, time.monotonic(), time.time())
+                if principal is None:
+                    principal = self._principal(head)
         else:
             principal = self._principal(head)
         if principal is None:
