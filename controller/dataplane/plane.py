@@ -108,7 +108,8 @@ class DataPlane:
         try:
             for front in list(self.fronts):  # ending one may hand its connection over
                 call = front.call
-                if call is not None and call.lease is not None and call.lease.revoked:
+                lease = call.lease if call is not None else None
+                if lease is not None and lease.error is not None:  # revoked
                     front.abort_request("lease")
         finally:
             self._watcher = self.loop.call_later(_WATCH_S, self._watch)
