@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,6 +56,7 @@ from huggingface_hub.utils._paths import filter_repo_objects
 from controller.model.errors import ModelAccessDenied, ModelPullFailed, SlotctlError
 from controller.models.digests import Digest, digest_from_etag
 from controller.models.partial import PartialFile, PullCancelled
+from controller.models.redact import redact_url
 from controller.models.remote import RemoteFile
 from controller.models.sources import HubFile, HubSnapshot
 
@@ -70,7 +70,6 @@ _HUB_ORIGINS: Final = frozenset(
 T = TypeVar("T")
 
 
-_URL_QUERY: Final = re.compile(r"(https?://[^\s?#'\"]+)[?#][^\s'\"]*")
 # The library's loggers that may print a download URL (a retry's warning names it), and
 # its HTTP client's (every request's URL at INFO, response headers at DEBUG).
 _LIBRARY_LOGGERS: Final = (
@@ -84,11 +83,6 @@ _LIBRARY_LOGGERS: Final = (
     "httpcore2.connection",
     "httpcore2.proxy",
 )
-
-
-def redact_url(text: str) -> str:
-    """``text`` with every URL's query cut (a CDN's signed URL carries a credential)."""
-    return _URL_QUERY.sub(r"\1?…", text)
 
 
 class _RedactQueries(logging.Filter):

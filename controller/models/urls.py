@@ -26,7 +26,7 @@ import aiohttp
 from controller.kit.clock import SYSTEM_CLOCK, Clock
 from controller.model.errors import ModelAccessDenied, ModelPullFailed
 from controller.models.digests import Digest
-from controller.models.hub import redact_url
+from controller.models.redact import redact_url
 from controller.models.partial import PartialFile
 from controller.models.remote import RemoteFile
 

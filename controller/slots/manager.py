@@ -15,6 +15,7 @@ import logging
 from collections import deque
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from controller.kit.clock import SYSTEM_CLOCK, Clock
 from controller.kit.eventbus import EventBus
@@ -36,6 +37,7 @@ from controller.slots.housekeeping import Housekeeping
 from controller.slots.leases import Leases
 from controller.slots.loading import Loading
 from controller.slots.locks import Locks
+from controller.slots.pulling import Pulling
 from controller.slots.records import (
     DeviceFigures,
     ManagerConfig,
@@ -53,6 +55,10 @@ from controller.spec.loader import DesiredSlot, DesiredState
 from controller.spec.schema import AliasSpec, ControllerSettings, ModelSpec, SlotSpec
 from controller.store.residency import ResidencyStore
 from controller.store.state import StateStore
+
+if TYPE_CHECKING:  # the engine: built by the composition root (controller.daemon.root)
+    from controller.models.gc import Reference
+    from controller.models.pull import ModelFiles
 
 __all__ = ["SlotManager"]
 
@@ -75,6 +81,7 @@ class SlotManager(Part):
         events: EventBus | None = None,
         config: ManagerConfig | None = None,
         sleeper: Sleeper | None = None,
+        files: ModelFiles | None = None,
     ) -> None:
         events = events or EventBus()
         wishes = Wishes(config_dir)
@@ -92,11 +99,13 @@ class SlotManager(Part):
             locks=Locks(),
             tasks=TaskSet(log),
             sleeper=sleeper or HttpSleeper(),
+            files=files,
         )
         super().__init__(core)
         self.tiers = Residency(self.core)  # sleep and wake (``residency``: the wishes' file)
         self.unloading = Unloading(self.core, self.tiers)
-        self.admission = Admission(self.core, self.unloading)
+        self.pulling = Pulling(self.core)  # a load's model files (the ``files`` seam)
+        self.admission = Admission(self.core, self.unloading, self.pulling)
         self.loading = Loading(self.core, self.admission, self.unloading)
         self.leasing = Leases(self.core, self.loading)
         self.housekeeping = Housekeeping(self.core, self.loading, self.leasing)
@@ -138,6 +147,17 @@ class SlotManager(Part):
     def models_dir(self) -> Path:
         """Where hf:// and relative model sources resolve (the launches' models dir)."""
         return self.core.models_dir
+
+    @property
+    def files(self) -> ModelFiles | None:
+        """The models dir's files (pull, verify, disk admission, GC); None: this controller
+        manages none (the kubernetes runtime's pods pull on their nodes)."""
+        return self.core.files
+
+    def file_references(self) -> list[Reference]:
+        """What a GC of the models dir keeps: the declared models' files (a pinned slot's
+        model pinned)."""
+        return self.pulling.references()
 
     @property
     def transitions(self) -> deque[tuple[str, str, str]]:
@@ -406,6 +426,13 @@ class SlotManager(Part):
         nothing."""
         slot = self.core.table.get(name)
         return self.loading.units.explain(slot, self.admission.explain(slot))
+
+    async def explain(self, name: str) -> LoadPlan:
+        """:meth:`explain_load` with the model files the load would pull first ("would
+        pull 4.1 GB from hf://…"), or the refusal it would meet for them (a file that
+        cannot be pulled, a pull that does not fit the disk). May ask the hub for sizes."""
+        plan = self.explain_load(name)
+        return await self.pulling.explain(self.core.table.get(name), plan)
 
     def decide(self, name: str, *, background: bool = False) -> LoadDecision:
         """The load decision for ``name`` now (what :meth:`explain_load` renders)."""

@@ -53,6 +53,7 @@ from controller.slots.records import (
     ADMITTED_STATES,
     ASLEEP,
     WAKING,
+    PullView,
     RunningServer,
     SlotRecord,
     SlotView,
@@ -126,6 +127,7 @@ class SlotTable:
     def view(self, slot: SlotRecord) -> SlotView:
         now = self.clock.monotonic()
         launch = slot.launch
+        progress = slot.flight.pull_progress
         return SlotView(
             name=slot.name,
             state=slot.state,
@@ -166,6 +168,7 @@ class SlotTable:
             rollout=shown_rollout(
                 self.rollouts.get(slot.name), _VALUE[slot.state], slot.breaker.failures
             ),
+            pull=None if progress is None else PullView.of(progress),
         )
 
     def routable(self, model: str) -> list[Candidate]:

@@ -49,6 +49,7 @@ UNLOADING = "controller/slots/unloading.py"
 HOUSEKEEPING = "controller/slots/housekeeping.py"
 RECOVERY = "controller/slots/recovery.py"
 SURGE = "controller/slots/surge.py"
+PULLING = "controller/slots/pulling.py"
 
 NOBODY = "(nobody: made with the record)"
 # The record's fields that are not the table's facts.
@@ -91,6 +92,11 @@ CALLERS: Mapping[tuple[str, str], frozenset[str]] = {
     ("flight", "ready"): frozenset({LOADING}),
     ("flight", "abandon"): frozenset({LOADING}),
     ("flight", "avoid"): frozenset({LOADING}),
+    # a load's pull of its model files: run by pulling, stopped by an unload or a removal
+    ("flight", "pulling"): frozenset({PULLING}),
+    ("flight", "progressed"): frozenset({PULLING}),
+    ("flight", "pulled"): frozenset({PULLING}),
+    ("flight", "stop_pull"): frozenset({UNLOADING}),
     ("book", "add"): frozenset({LEASES}),
     ("book", "remove"): frozenset({LEASES}),
     ("book", "join_cold"): frozenset({LEASES}),
