@@ -26,8 +26,8 @@ import aiohttp
 from controller.kit.clock import SYSTEM_CLOCK, Clock
 from controller.model.errors import ModelAccessDenied, ModelPullFailed
 from controller.models.digests import Digest
-from controller.models.redact import redact_url
 from controller.models.partial import PartialFile
+from controller.models.redact import redact_url
 from controller.models.remote import RemoteFile
 
 __all__ = ["CHUNK_BYTES", "UrlClient"]

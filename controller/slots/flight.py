@@ -7,9 +7,10 @@ event its admission sets (``start_load`` answers then), its flavour (a backgroun
 not evict at will), the explicit loads in flight, when it reserved memory (its cold-load
 cost is measured from there), the nodes it avoids for now (a cluster), the pull of its
 model files while it is ``pulling`` (the task, its latest progress, why it was stopped:
-:mod:`.pulling` runs it, an unload or a removal stops it), and the slot's *generation* — every load, adopted warm-up and surge switch takes a new one, so a
-superseded load never serves or unloads its replacement and an eviction planned against
-an older server revalidates to nothing.
+:mod:`.pulling` runs it, an unload or a removal stops it), and the slot's *generation* —
+every load, adopted warm-up and surge switch takes a new one, so a superseded load
+never serves or unloads its replacement and an eviction planned against an older server
+revalidates to nothing.
 
 Its attributes change only in this module's methods; :mod:`.loading` and :mod:`.units`
 call them (a unit's load is its members'), :mod:`.pulling` those of the pull and

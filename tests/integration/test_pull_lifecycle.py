@@ -227,9 +227,7 @@ async def test_deleting_the_slot_mid_pull_cancels_the_pull_nobody_else_waits_for
     await world.manager.remove("gone")
     with pytest.raises(SlotctlError):
         await load
-    await until(
-        lambda: world.files.stats.snapshot()["in_flight"] == 0, "the pull to end"
-    )
+    await until(lambda: world.files.stats.snapshot()["in_flight"] == 0, "the pull to end")
     assert world.files.stats.snapshot()["outcomes"]["cancelled"] == 1  # type: ignore[index]
     assert world.files.pulling() == []
     assert "gone" not in world.manager.names() and world.runtime.starts["gone"] == 0
@@ -251,8 +249,10 @@ async def test_unloading_one_of_two_waiters_leaves_the_pull_to_the_other(
     y = asyncio.create_task(world.manager.load("y"))
     await asyncio.to_thread(hub.held.wait, 60)
     await until(
-        lambda: world.manager.view("y").state is S.PULLING
-        and world.manager.view("x").state is S.PULLING,
+        lambda: (
+            world.manager.view("y").state is S.PULLING
+            and world.manager.view("x").state is S.PULLING
+        ),
         "both pulling",
     )
     unloaded = await world.manager.unload("x")
