@@ -291,15 +291,16 @@ async def patch_defaults(request: web.Request) -> web.Response:
         202: ("loading", LoadAnswer),
         400: ("not activated", None),
         404: ("unknown slot", None),
-        409: ("insufficient memory / pinned peer", None),
+        409: ("insufficient memory / pinned peer / model file missing", None),
         503: ("crash looping", None),
+        507: ("the model's pull does not fit the models dir", None),
     },
 )
 async def load_slot(request: web.Request) -> web.Response:
     ctx = ctx_of(request)
     name = name_of(request)
     if query_flag(request, "dry_run"):
-        plan = plan_json(ctx.manager.explain_load(name))
+        plan = plan_json(await ctx.manager.explain(name))  # with its model files' pull
         return json_response({"status": "dry run", "plan": plan})
     status, body = await start_load(ctx, name)
     return json_response(body, status=status)

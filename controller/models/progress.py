@@ -19,8 +19,9 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Final, Literal
 
 from controller.kit.clock import Clock
+from controller.models.redact import redact_url
 
-__all__ = ["Phase", "ProgressFeed", "ProgressMeter", "PullProgress"]
+__all__ = ["Phase", "ProgressFeed", "ProgressMeter", "PullProgress", "progress_words"]
 
 Phase = Literal["checking", "downloading", "verifying", "done", "failed"]
 _FINAL: Final = frozenset({"done", "failed"})
@@ -177,3 +178,23 @@ class ProgressMeter:
     def _publish(self) -> None:
         self._last_publish = self._clock.monotonic()
         self._feed.publish(self.snapshot())
+
+
+def progress_words(p: PullProgress) -> str:
+    """A pull's progress in words (a ``progress`` event's message, the CLI's line)::
+
+    pulling 52.0% (2.13 of 4.10 GB), 35.2 MB/s, ETA 57s
+    """
+    if p.phase != "downloading":
+        return f"pulling {redact_url(p.source)}: {p.phase}"
+    if p.bytes_total and p.percent is not None:
+        words = (
+            f"pulling {p.percent:.1f}% ({p.bytes_done / 1e9:.2f} of {p.bytes_total / 1e9:.2f} GB)"
+        )
+    else:
+        words = f"pulling {p.bytes_done / 1e9:.2f} GB"
+    if p.rate_bps > 0:
+        words += f", {p.rate_bps / 1e6:.1f} MB/s"
+    if p.eta_s is not None:
+        words += f", ETA {p.eta_s:.0f}s"
+    return words

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 from controller.model.errors import ModelPullFailed, SlotctlError
 from controller.model.events import EventKind, Op
 from controller.models.gc import Reference
-from controller.models.progress import PullProgress
+from controller.models.progress import PullProgress, progress_words
 from controller.slots.core import Core, Part
 from controller.slots.dryrun import LoadPlan, PlanPull, Refusal
 from controller.slots.records import SlotRecord
@@ -45,7 +45,7 @@ from controller.slots.records import SlotRecord
 if TYPE_CHECKING:
     from controller.models.pull import ModelFiles
 
-__all__ = ["Pulling", "progress_words"]
+__all__ = ["Pulling"]
 
 
 class Pulling(Part):
@@ -160,25 +160,3 @@ class Pulling(Part):
         if refusal is not None and plan.action != "refuse":
             return replace(plan, action="refuse", refusal=Refusal(refusal), pull=step)
         return replace(plan, pull=step)
-
-
-def progress_words(p: PullProgress) -> str:
-    """A pull's progress in words (its ``progress`` event's message)::
-
-    pulling 52.0% of 4.10 GB (2.13 GB), 35.2 MB/s, ETA 57s
-    """
-    if p.phase == "checking":
-        return f"pulling {p.source}: checking"
-    if p.phase == "verifying":
-        return f"pulling {p.source}: verifying"
-    if p.phase in ("done", "failed"):
-        return f"pulling {p.source}: {p.phase}"
-    done = f"{p.bytes_done / 1e9:.2f} GB"
-    of = f" of {p.bytes_total / 1e9:.2f} GB" if p.bytes_total else ""
-    percent = f"{p.percent:.1f}%" if p.percent is not None else done
-    words = f"pulling {percent}{of} ({done})" if p.percent is not None else f"pulling {done}"
-    if p.rate_bps > 0:
-        words += f", {p.rate_bps / 1e6:.1f} MB/s"
-    if p.eta_s is not None:
-        words += f", ETA {p.eta_s:.0f}s"
-    return words
