@@ -139,6 +139,8 @@ class PullPlan:
         if self.action == "verify":
             return f"would verify {self.path} against its sha256"
         if self.action == "missing":
+            if str(self.path) == self.source:
+                return f"{self.path} is missing (a path on this host: nothing to pull it from)"
             return f"{self.path} is missing and {self.source!r} can not be pulled"
         return "files present"
 
