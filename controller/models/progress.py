@@ -120,22 +120,31 @@ class ProgressMeter:
         self._samples: deque[tuple[float, int]] = deque()
         self._last_publish = -1e18
         self._scheduled = False
+        self._ended = False  # the final snapshot (done, failed) was published
 
     # -- counting (any thread) ----------------------------------------------------------
 
     def add(self, n: int) -> None:
-        """``n`` more bytes are on disk."""
+        """``n`` more bytes are on disk. Published at once when the last publication is
+        ``interval`` old, else when it will be (a trailing publication: the last bytes of
+        a burst are shown even when nothing follows them — a held or stalled transfer)."""
         now = self._clock.monotonic()
         with self._lock:
             self._done += n
             self._samples.append((now, self._done))
             while self._samples and now - self._samples[0][0] > _RATE_WINDOW_S:
                 self._samples.popleft()
-            due = now - self._last_publish >= self._interval and not self._scheduled
-            if due:
-                self._scheduled = True
-        if due:
-            self._loop.call_soon_threadsafe(self._publish_due)
+            if self._scheduled:
+                return
+            self._scheduled = True
+            delay = self._interval - (now - self._last_publish)
+        self._loop.call_soon_threadsafe(self._publish_in, delay)
+
+    def _publish_in(self, delay: float) -> None:
+        if delay <= 0:
+            self._publish_due()
+        else:
+            self._loop.call_later(delay, self._publish_due)
 
     def rewind(self, n: int) -> None:
         """``n`` bytes counted were dropped (a transfer restarted from zero)."""
@@ -176,8 +185,12 @@ class ProgressMeter:
         self._publish()
 
     def _publish(self) -> None:
+        if self._ended:
+            return  # a trailing publication after the final one: nothing new to say
         self._last_publish = self._clock.monotonic()
-        self._feed.publish(self.snapshot())
+        snapshot = self.snapshot()
+        self._ended = snapshot.phase in _FINAL
+        self._feed.publish(snapshot)
 
 
 def progress_words(p: PullProgress) -> str:

@@ -83,6 +83,8 @@ class Pulling(Part):
         flight = slot.flight
 
         def progressed(progress: PullProgress) -> None:
+            if flight.pull_task is None:
+                return  # the pull ended for this load: a late snapshot says nothing new
             flight.progressed(progress)
             self.events.emit(
                 EventKind.PROGRESS,
