@@ -285,6 +285,11 @@ class Reconciler:
         self._timers.pop(name, None)
         if name in self._active:
             self._dirty.add(name)  # look again when the running pass ends
+            want = self.snapshot.slots.get(name)
+            if want is None or not want.spec.activated:
+                # Removed or disabled while its load pulls the model (minutes, maybe): the
+                # pull is stopped, so the pass ends and the next one acts at once.
+                self.manager.stop_pull(name, "removed" if want is None else "disabled")
             return
         if name in self._queued:
             return

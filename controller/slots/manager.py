@@ -293,6 +293,13 @@ class SlotManager(Part):
         self.core.wishes.clear_resident(name)
         self.core.wishes.resume(name)
 
+    def stop_pull(self, name: str, why: str) -> bool:
+        """Stop ``name``'s load if it is pulling its model files (the slot was removed or
+        disabled meanwhile): it goes ``offline``, its pull is left to any other waiter
+        (the engine cancels it when none is left). True if a pull was stopped."""
+        slot = self.core.table.records.get(name)
+        return slot is not None and slot.flight.stop_pull(why)
+
     async def reap_orphan(self, name: str) -> bool:
         """Stop a managed runtime object that no slot owns any more (labels say it is ours)."""
         if name in self.core.table.records:

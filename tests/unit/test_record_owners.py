@@ -50,6 +50,7 @@ HOUSEKEEPING = "controller/slots/housekeeping.py"
 RECOVERY = "controller/slots/recovery.py"
 SURGE = "controller/slots/surge.py"
 PULLING = "controller/slots/pulling.py"
+MANAGER = "controller/slots/manager.py"
 
 NOBODY = "(nobody: made with the record)"
 # The record's fields that are not the table's facts.
@@ -96,7 +97,7 @@ CALLERS: Mapping[tuple[str, str], frozenset[str]] = {
     ("flight", "pulling"): frozenset({PULLING}),
     ("flight", "progressed"): frozenset({PULLING}),
     ("flight", "pulled"): frozenset({PULLING}),
-    ("flight", "stop_pull"): frozenset({UNLOADING}),
+    ("flight", "stop_pull"): frozenset({UNLOADING, MANAGER}),
     ("book", "add"): frozenset({LEASES}),
     ("book", "remove"): frozenset({LEASES}),
     ("book", "join_cold"): frozenset({LEASES}),
