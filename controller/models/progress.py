@@ -160,6 +160,8 @@ class ProgressMeter:
             if "bytes_done" in changes:
                 self._done = int(changes["bytes_done"])
                 self._samples.clear()
+                # the rate's first sample: the first bytes that arrive give a rate at once
+                self._samples.append((self._clock.monotonic(), self._done))
             self._state = replace(self._state, **changes)
         self._publish()
 
@@ -193,19 +195,21 @@ class ProgressMeter:
         self._feed.publish(snapshot)
 
 
+def _size(n: float) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
+
+
 def progress_words(p: PullProgress) -> str:
     """A pull's progress in words (a ``progress`` event's message, the CLI's line)::
 
-    pulling 52.0% (2.13 of 4.10 GB), 35.2 MB/s, ETA 57s
+    pulling 52.0% (2.13 GB of 4.10 GB), 35.2 MB/s, ETA 57s
     """
     if p.phase != "downloading":
         return f"pulling {redact_url(p.source)}: {p.phase}"
     if p.bytes_total and p.percent is not None:
-        words = (
-            f"pulling {p.percent:.1f}% ({p.bytes_done / 1e9:.2f} of {p.bytes_total / 1e9:.2f} GB)"
-        )
+        words = f"pulling {p.percent:.1f}% ({_size(p.bytes_done)} of {_size(p.bytes_total)})"
     else:
-        words = f"pulling {p.bytes_done / 1e9:.2f} GB"
+        words = f"pulling {_size(p.bytes_done)}"
     if p.rate_bps > 0:
         words += f", {p.rate_bps / 1e6:.1f} MB/s"
     if p.eta_s is not None:

@@ -63,7 +63,9 @@ def use_hub(ctl: Slotctl, hub: HubServer, models: Path) -> None:
             "HF_ENDPOINT": hub.endpoint,
             "HF_HOME": str(ctl.tmp / "hf"),  # no token file of the machine's
             "HF_HUB_DISABLE_TELEMETRY": "1",
-            "HF_HUB_DOWNLOAD_TIMEOUT": "300",  # a held response is not a stalled one
+            # A held response is not a stalled one while a test looks at it; a stall that
+            # outlives the test ends within this, so `slotctl down` is never held longer.
+            "HF_HUB_DOWNLOAD_TIMEOUT": "45",
             "SLOTCTL_MODELS_DIR": str(models),
         }
     )
