@@ -227,11 +227,7 @@ class Loading(Part):
             await self.fail(slot, Op.LOAD, exc, stop=False)
             raise
         if stopped is not None:
-            self.table.set(slot, S.OFFLINE, op=Op.UNLOAD, message=f"pull stopped: {stopped}")
-            raise SlotNotReady(
-                f"the load of {slot.name!r} was stopped while pulling: {stopped}",
-                slot=slot.name,
-            )
+            raise self._stopped(slot, stopped)
         self._check_generation(slot, gen)
 
         async def progress(data: dict[str, Any]) -> None:
@@ -244,13 +240,23 @@ class Loading(Part):
                 details=data,
             )
 
-        try:
-            await self.runtime.prepare(launch, progress)  # a no-op when there is nothing
+        try:  # a no-op when there is nothing (an image present, no pod pull)
+            stopped = await self.pulling.prepare(slot, launch, progress)
         except SlotctlError as exc:
             await self.fail(slot, Op.LOAD, exc, stop=False)
             raise
+        if stopped is not None:
+            raise self._stopped(slot, stopped)
         self._check_generation(slot, gen)
         self.table.set(slot, S.STARTING, op=Op.LOAD, message="pulled")
+
+    def _stopped(self, slot: SlotRecord, why: str) -> SlotNotReady:
+        """A pull stopped by an unload or a removal: ``pulling -> offline`` (no failure of
+        the slot's), and the error its load's joiners get."""
+        self.table.set(slot, S.OFFLINE, op=Op.UNLOAD, message=f"pull stopped: {why}")
+        return SlotNotReady(
+            f"the load of {slot.name!r} was stopped while pulling: {why}", slot=slot.name
+        )
 
     async def _start_and_probe(self, slot: SlotRecord, launch: LaunchSpec, gen: int) -> None:
         try:

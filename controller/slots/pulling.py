@@ -10,7 +10,8 @@ this controller manages no model files). A load whose files are absent (or decla
   file no source can pull is refused (``model.file_missing``), and a pull that does not fit
   the models dir's free space is refused (``model.insufficient_disk``, needed and free
   bytes) — typed refusals, no transition, not a byte written;
-* **the pull** (:meth:`Pulling.fetch`, while the slot is ``pulling``): the engine's
+* **the pull** (:meth:`Pulling.fetch`, while the slot is ``pulling``; then the runtime's
+  own, :meth:`Pulling.prepare`: an image, the kubernetes runtime's pod pull): the engine's
   ``ensure`` (joined with any pull of the same files: two slots, one download), its
   progress a ``progress`` event each time the engine publishes (its interval throttles
   them) and the slot's view (:attr:`~.flight.LoadFlight.pull_progress`); a failure is the
@@ -31,13 +32,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Coroutine
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from controller.model.errors import ModelPullFailed, SlotctlError
 from controller.model.events import EventKind, Op
 from controller.models.gc import Reference
 from controller.models.progress import PullProgress, progress_words
+from controller.runtime.base import LaunchSpec, ProgressCallback
 from controller.slots.core import Core, Part
 from controller.slots.dryrun import LoadPlan, PlanPull, Refusal
 from controller.slots.records import SlotRecord
@@ -95,28 +98,47 @@ class Pulling(Part):
                 details=progress.details(),
             )
 
-        pull = asyncio.ensure_future(files.ensure(model, on_progress=progressed))
-        flight.pulling(pull)
         try:
-            await asyncio.wait({pull})  # its outcome read below, whatever it is
-        except asyncio.CancelledError:  # the load itself is cancelled (shutdown, removal)
-            pull.cancel()
-            with contextlib.suppress(BaseException):
-                await pull
+            return await self._stoppable(slot, files.ensure(model, on_progress=progressed))
+        except SlotctlError:
             raise
-        finally:
-            flight.pulled()
-        if pull.cancelled():
-            return flight.pull_stopped or "the pull was cancelled"
-        error = pull.exception()
-        if isinstance(error, SlotctlError):
-            raise error
-        if error is not None:  # not the engine's typed error: a bug, said as a failed pull
+        except Exception as error:  # not the engine's typed error: a bug, said as a failed pull
             raise ModelPullFailed(
                 f"model {model.id}: the pull failed: {type(error).__name__}: {error}",
                 source=model.source or "",
                 reason="internal",
             ) from error
+
+    async def prepare(
+        self, slot: SlotRecord, launch: LaunchSpec, progress: ProgressCallback
+    ) -> str | None:
+        """The runtime's own fetching for ``launch`` (an image; on the kubernetes runtime
+        the pod's model pull), stoppable as :meth:`fetch` is; None once done, else why
+        it was stopped. Raises the runtime's typed error."""
+        return await self._stoppable(slot, self.runtime.prepare(launch, progress))
+
+    @staticmethod
+    async def _stoppable(slot: SlotRecord, work: Coroutine[Any, Any, Any]) -> str | None:
+        """Run ``work`` as the load's pull: an unload or a removal stops it
+        (:meth:`~.flight.LoadFlight.stop_pull`: None when it ran to its end, else why it
+        was stopped); its failure is raised; the load's own cancellation cancels it."""
+        flight = slot.flight
+        task = asyncio.ensure_future(work)
+        flight.pulling(task)
+        try:
+            await asyncio.wait({task})  # its outcome read below, whatever it is
+        except asyncio.CancelledError:  # the load itself is cancelled (shutdown, removal)
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+            raise
+        finally:
+            flight.pulled()
+        if task.cancelled():
+            return flight.pull_stopped or "the pull was cancelled"
+        error = task.exception()
+        if error is not None:
+            raise error
         return None
 
     def used(self, slot: SlotRecord) -> None:

@@ -172,3 +172,36 @@ async def test_a_pull_that_fails_in_the_pod_is_the_slots_error_with_its_code(
         assert dep is not None
         (server,) = dep["spec"]["template"]["spec"]["containers"]
         assert server["image"] == IMAGE
+
+
+async def test_deleting_a_slot_whose_pod_pulls_stops_the_pull_and_scales_it_down(
+    cluster: Cluster,
+    kubelet: Kubelet,
+    hub: HubServer,
+    cache: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    hub.add_repo("org/w", {"w.gguf": blob(24 * MIB)})
+    hub.fault("w.gguf", hold_at=12 * MIB)
+    (port,) = free_ports(1)
+    await kubelet.create(gpu_node("gpu-a", gpus=1, gib_per_gpu=16, replicas=4))
+    async with operator(cluster, tmp_path / "state", monkeypatch) as op:
+        await cluster.create(hub_model("m-w", "hf://org/w/w.gguf"))
+        await cluster.create(slot("doomed", "m-w", port))
+        await eventually(lambda: _state(op, "doomed", "pulling"), "doomed pulling", timeout=60)
+
+        async def held() -> bool:
+            return hub.held.is_set()
+
+        await eventually(held, "the pod's pull at the hold", timeout=60)
+        await cluster.delete("slots", "doomed")
+
+        async def gone() -> bool:
+            return await cluster.get("slots", "doomed") is None
+
+        # not held until the pull would end: the load is stopped, its pod goes
+        await eventually(gone, "the Slot deleted while its pod still pulled", timeout=60)
+        assert hub.held.is_set()  # the hub never let the pull finish
+        assert not kubelet.alive("doomed")
+        assert not (cache / "org/w/w.gguf").exists()
