@@ -227,7 +227,7 @@ class Loading(Part):
             await self.fail(slot, Op.LOAD, exc, stop=False)
             raise
         if stopped is not None:
-            raise self._stopped(slot, stopped)
+            raise await self._stopped(slot, stopped)
         self._check_generation(slot, gen)
 
         async def progress(data: dict[str, Any]) -> None:
@@ -246,13 +246,16 @@ class Loading(Part):
             await self.fail(slot, Op.LOAD, exc, stop=False)
             raise
         if stopped is not None:
-            raise self._stopped(slot, stopped)
+            raise await self._stopped(slot, stopped)
         self._check_generation(slot, gen)
         self.table.set(slot, S.STARTING, op=Op.LOAD, message="pulled")
 
-    def _stopped(self, slot: SlotRecord, why: str) -> SlotNotReady:
-        """A pull stopped by an unload or a removal: ``pulling -> offline`` (no failure of
-        the slot's), and the error its load's joiners get."""
+    async def _stopped(self, slot: SlotRecord, why: str) -> SlotNotReady:
+        """A pull stopped by an unload or a removal: whatever the runtime made for it is
+        stopped (a pod pulling its model), ``pulling -> offline`` (no failure of the
+        slot's), and the error its load's joiners get."""
+        with contextlib.suppress(SlotctlError):
+            await self.runtime.stop(slot.name, self.config.stop_timeout_s)
         self.table.set(slot, S.OFFLINE, op=Op.UNLOAD, message=f"pull stopped: {why}")
         return SlotNotReady(
             f"the load of {slot.name!r} was stopped while pulling: {why}", slot=slot.name
