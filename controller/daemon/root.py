@@ -53,11 +53,14 @@ class Root:
     swept: int  # temp files a writer killed mid-write had left behind
 
     async def recover(self) -> ConfigSnapshot:
-        """Read the desired state, hand it to the manager, adopt what runs (no load yet)."""
+        """Read the desired state (every source synced), hand it to the manager, adopt
+        what runs (no load yet)."""
         warm_up = getattr(self.runtime, "warm_up", None)  # the kubernetes runtime's nodes
         if warm_up is not None:
             await warm_up()
-        snapshot = await self.reconciler.refresh_async()
+        await self.reconciler.refresh_async()
+        await self.reconciler.desired.wait_synced()
+        snapshot = self.reconciler.snapshot
         await self.manager.set_desired(snapshot.desired())
         await self.manager.recover()
         return snapshot

@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from controller.operator.bodies import CrKey
 from controller.operator.convert import alias_payload
 from controller.operator.status import Verdict, condition
 from controller.spec.aliases import AliasEntry, alias_problems
@@ -20,7 +21,7 @@ from controller.spec.schema import AliasSpec, ModelSpec
 
 __all__ = ["alias_status", "judge_aliases"]
 
-Key = tuple[str, str, str]  # (kind, namespace, name), as the source's CrKey
+Key = CrKey
 
 
 def judge_aliases(
@@ -30,12 +31,15 @@ def judge_aliases(
     slots: Collection[str],
     taken: Collection[str],
     problems: dict[Key, list[Problem]],
+    *,
+    owners: dict[str, Key] | None = None,
 ) -> dict[Key, AliasSpec]:
     """The Alias CRs (in the order they count: those in force, then the oldest first) ->
-    the spec each puts in force; ``taken``: alias ids another source declares already.
-    Each refusal goes into ``problems`` under its CR."""
+    the spec each puts in force; ``taken``: alias ids another source declares already;
+    ``owners``: the ids Alias CRs not judged now hold (in force), by CR. Each refusal
+    goes into ``problems`` under its CR."""
     chosen: dict[Key, AliasSpec] = {}
-    owners: dict[str, Key] = {}
+    owners = {} if owners is None else owners
     for key, spec in crs:
         candidates: list[AliasSpec] = []
         try:

@@ -547,7 +547,7 @@ async def test_a_slot_is_never_reconciled_twice_at_once(tmp_path: Path) -> None:
                 r.enqueue(s.name)
                 r.enqueue(s.name, after=0.001)
             await asyncio.sleep(0.001)
-        await until(lambda: not r._timers_pending(), "delayed requeues")
+        await until(lambda: not r.queue.delayed, "delayed requeues")
         await asyncio.wait_for(r.wait_idle(), 10)
     assert set(calls) == {s.name for s in slots}
     assert max(peak.values()) == 1, peak
@@ -574,14 +574,14 @@ async def test_a_requeue_while_active_marks_dirty_and_runs_once_more(tmp_path: P
         await asyncio.wait_for(entered.wait(), 10)
         for _ in range(5):
             r.enqueue("lazy-a")
-        assert r._dirty == {"lazy-a"}
+        assert r.queue.is_dirty("lazy-a") and r.queue.is_processing("lazy-a")
         assert calls["lazy-a"] == 1  # not started a second time while active
         gate.set()
         await until(lambda: calls["lazy-a"] == 2, "the re-run")
         await asyncio.wait_for(r.wait_idle(), 10)
         await asyncio.sleep(0.05)
         assert calls["lazy-a"] == 2
-        assert r._dirty == set()
+        assert not r.queue.is_dirty("lazy-a")
         assert calls["lazy-b"] == 1
 
 
@@ -653,18 +653,18 @@ async def test_converge_reads_the_config_dir_once(
     """``apply --once`` reads every slot file once: the loop it starts takes the read it
     has just made (its own first resync used to read them all again); orphans are still
     reaped at that first resync (test_orphans_are_reaped)."""
-    import controller.spec.desired as desired_module
+    import controller.spec.files as files_module
 
     h = harness(tmp_path)
     r = reconciler(h, quad())
     reads: list[Path] = []
-    real = desired_module.read_config_dir
+    real = files_module.read_config_dir
 
-    def counted(config_dir: Path) -> ConfigSnapshot:
+    def counted(config_dir: Path, cache: Any = None) -> ConfigSnapshot:
         reads.append(config_dir)
-        return real(config_dir)
+        return real(config_dir, cache)
 
-    monkeypatch.setattr(desired_module, "read_config_dir", counted)
+    monkeypatch.setattr(files_module, "read_config_dir", counted)
     assert await r.converge(timeout=10, poll_s=0.01)
     await h.manager.close()
     assert reads == [h.tmp / "config"]
