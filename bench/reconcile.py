@@ -56,8 +56,8 @@ from pathlib import Path
 # The controller package measured: this checkout's, or (the --baseline subprocess) another's.
 sys.path.insert(0, os.environ.get("SLOTCTL_BENCH_TREE") or str(Path(__file__).parent.parent))
 
-from controller.kit import eventloop
 from controller.daemon.main import Controller, DaemonOptions
+from controller.kit import eventloop
 from controller.kit.clock import SYSTEM_CLOCK
 from controller.model.lifecycle import SlotState
 from controller.probes.memory import FakeMemoryProbe

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import psutil
 
-from controller.kit import eventloop
 from controller.cli.client import ApiClient, find_controller, quote_segment
 from controller.daemon.main import Controller, DaemonOptions, stop_everything
+from controller.kit import eventloop
 from controller.kit.logs import setup_logging
 from controller.model.errors import SlotctlError
 from controller.model.exitcode import ExitCode

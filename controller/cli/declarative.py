@@ -22,12 +22,12 @@ import json
 import sys
 import time
 
-from controller.kit import eventloop
 from controller.cli.backend import StackBackend, StackRejected, StackRequest
 from controller.cli.output import Style, print_json, render_problems
 from controller.cli.progress import Progress
 from controller.cli.stack import load_report
 from controller.daemon.root import open_root
+from controller.kit import eventloop
 from controller.kit.eventbus import Subscription
 from controller.model.events import PROGRESS_KINDS, event_line
 from controller.model.exitcode import ExitCode

@@ -23,9 +23,8 @@ from pathlib import Path
 import psutil
 
 from controller import __version__
-from controller.probes.memory import MemoryProbe
 from controller.reconcile.reconciler import Action, Reconciler
-from controller.runtime.base import Runtime
+from controller.runtime.base import OffersMemory, Runtime, WarmsUp
 from controller.runtime.kinds import make_runtime
 from controller.slots.manager import SlotManager
 from controller.slots.records import ManagerConfig
@@ -55,9 +54,8 @@ class Root:
     async def recover(self) -> ConfigSnapshot:
         """Read the desired state (every source synced), hand it to the manager, adopt
         what runs (no load yet)."""
-        warm_up = getattr(self.runtime, "warm_up", None)  # the kubernetes runtime's nodes
-        if warm_up is not None:
-            await warm_up()
+        if isinstance(self.runtime, WarmsUp):  # the kubernetes runtime's nodes and pods
+            await self.runtime.warm_up()
         await self.reconciler.refresh_async()
         await self.reconciler.desired.wait_synced()
         snapshot = self.reconciler.snapshot
@@ -104,7 +102,7 @@ async def open_root(
         runtime = make_runtime(runtime_kind, state_dir)
         # A runtime that places servers on other machines says what memory they offer
         # (the kubernetes runtime: the nodes'); the others leave it to this host's probe.
-        memory: MemoryProbe | None = getattr(runtime, "memory", None)
+        memory = runtime.memory if isinstance(runtime, OffersMemory) else None
         manager = SlotManager(
             runtime=runtime,
             memory=memory,

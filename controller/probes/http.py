@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 from urllib.parse import urlsplit
@@ -22,7 +22,7 @@ from httptools.parser.errors import HttpParserCallbackError
 
 __all__ = [
     "MAX_BODY",
-    "Request",
+    "HttpCall",
     "Response",
     "aiohttp_request",
     "first_bytes",
@@ -31,6 +31,16 @@ __all__ = [
     "plain_pair",
     "within_server_time",
 ]
+
+
+@dataclass(frozen=True, slots=True)
+class HttpCall:
+    """One request to a slot's server: the readiness probe's models list and sentinel, a
+    sleep protocol's calls (``{level}`` in a sleep call's path is the sleep level)."""
+
+    method: str
+    path: str
+    body: Mapping[str, Any] | None = None  # sent as JSON; None: no body
 
 
 @dataclass(slots=True)
@@ -80,11 +90,8 @@ async def plain(
     last. This costs about half the CPU of aiohttp's client (0.26-0.33 ms against
     0.56-0.60 ms an attempt, measured against a loading demo server). None: not a plain
     ``http://`` endpoint (aiohttp then asks)."""
-    answers = await plain_pair(endpoint, (method, path, body), None, timeout_s)
+    answers = await plain_pair(endpoint, HttpCall(method, path, body), None, timeout_s)
     return answers[0] if answers else None
-
-
-Request = tuple[str, str, Any]  # method, path, JSON body (None: none)
 
 
 async def first_bytes(endpoint: str, path: str, timeout_s: float) -> Response | None:
@@ -188,8 +195,8 @@ class _Reusable(Exception):
 
 async def plain_pair(
     endpoint: str,
-    first: Request,
-    then: Callable[[Response], Request | None] | None,
+    first: HttpCall,
+    then: Callable[[Response], HttpCall | None] | None,
     timeout_s: float,
 ) -> list[Response] | None:
     """``first``, then the request ``then(first's answer)`` names (if any), over plain
@@ -199,13 +206,13 @@ async def plain_pair(
     a fresh connection when the first answer ends it (``Connection: close``, a body to
     EOF) or when the server closed it before answering (as a client retries a stale
     keep-alive connection). None: not a plain ``http://`` endpoint."""
-    url = urlsplit(endpoint + first[1])
+    url = urlsplit(endpoint + first.path)
     if url.scheme != "http" or not url.hostname:
         return None
     address = (url.hostname, url.port or 80)
     answers: list[Response] = []
     kept: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
-    request: Request | None = first
+    request: HttpCall | None = first
     try:
         while request is not None:
             follow = then if not answers else None
@@ -221,14 +228,14 @@ async def plain_pair(
 async def _exchange(
     endpoint: str,
     address: tuple[str, int],
-    request: Request,
+    request: HttpCall,
     kept: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None,
     keep: object,
     timeout_s: float,
 ) -> tuple[Response, tuple[asyncio.StreamReader, asyncio.StreamWriter] | None]:
     """One request on ``kept`` (else a fresh connection); the answer and the connection
     when it may carry the next request (``keep``: one may follow), else None (closed)."""
-    method, path, body = request
+    method, path, body = request.method, request.path, request.body
     url = urlsplit(endpoint + path)
     target = (url.path or "/") + (f"?{url.query}" if url.query else "")
     payload = b"" if body is None else json.dumps(body).encode()

@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Final, Protocol, runtime_checkable
@@ -42,7 +42,7 @@ import aiohttp
 
 from controller.kit.clock import SYSTEM_CLOCK, Clock
 from controller.probes.http import (
-    Request,
+    HttpCall,
     Response,
     aiohttp_request,
     first_bytes,
@@ -58,7 +58,6 @@ __all__ = [
     "ProbeResult",
     "ProbeSpec",
     "Prober",
-    "SentinelRequest",
     "check_liveness",
     "next_delay",
     "probe_once",
@@ -75,18 +74,10 @@ ARMED_BASE_DELAY_S: Final = 0.25
 
 
 @dataclass(frozen=True, slots=True)
-class SentinelRequest:
-    """The one request that proves a listed model really answers."""
-
-    method: str
-    path: str
-    body: Mapping[str, Any] | None = None
-
-
-@dataclass(frozen=True, slots=True)
 class ProbeSpec:
     models_path: str = "/v1/models"
-    sentinel: SentinelRequest | None = None
+    # The one request that proves a listed model really answers.
+    sentinel: HttpCall | None = None
     # A regular expression for the log line with which the server announces readiness
     # (declared per provider); None: the schedule alone.
     ready_log: str | None = None
@@ -149,13 +140,13 @@ async def probe_once(
     where the server keeps it open). Never raises."""
     sentinel = spec.sentinel
 
-    def then(listed: Response) -> Request | None:
+    def then(listed: Response) -> HttpCall | None:
         if sentinel is None or not 0 < listed.status < 300 or not _model_ids(listed.body):
             return None
-        return (sentinel.method, sentinel.path, sentinel.body)
+        return sentinel
 
     answers = await plain_pair(
-        endpoint, ("GET", spec.models_path, None), then if sentinel else None, timeout_s
+        endpoint, HttpCall("GET", spec.models_path), then if sentinel else None, timeout_s
     )
     if answers is None:  # not a plain http:// endpoint: aiohttp asks
         answers = [

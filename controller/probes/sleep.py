@@ -28,28 +28,18 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, Protocol
+from typing import Final, Protocol
 
 import aiohttp
 
-from controller.probes.http import Response, aiohttp_request, plain
+from controller.probes.http import HttpCall, Response, aiohttp_request, plain
 
 __all__ = [
     "VLLM_SLEEP",
-    "HttpCall",
     "HttpSleeper",
     "SleepMode",
     "Sleeper",
 ]
-
-
-@dataclass(frozen=True, slots=True)
-class HttpCall:
-    """One request of the protocol (``{level}`` in the path is the sleep level)."""
-
-    method: str
-    path: str
-    body: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)

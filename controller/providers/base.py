@@ -9,11 +9,13 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Final, Protocol
+from typing import Final, Protocol, runtime_checkable
 from urllib.parse import urlsplit
 
+from controller.model.devices import GpuRef
 from controller.model.errors import SlotConfigError
-from controller.probes.readiness import ProbeSpec, SentinelRequest
+from controller.probes.http import HttpCall
+from controller.probes.readiness import ProbeSpec
 from controller.probes.sleep import VLLM_SLEEP, SleepMode
 from controller.runtime.base import LaunchSpec, RuntimeKind
 from controller.spec.schema import ModelSpec, SlotSpec
@@ -59,6 +61,17 @@ class Provider(Protocol):
     def build(self, slot: SlotSpec, model: ModelSpec | None, ctx: BuildContext) -> LaunchSpec:
         """The effective runtime config for ``slot`` serving ``model``."""
         ...
+
+
+@runtime_checkable
+class SizesToPlacement(Protocol):
+    """A provider whose server sizes itself as a fraction of its GPUs (vLLM's
+    ``--gpu-memory-utilization``): told where it was placed and the share it was admitted
+    with."""
+
+    def placement_args(
+        self, slot: SlotSpec, gpus: tuple[GpuRef, ...], share_bytes: int
+    ) -> tuple[str, ...]: ...
 
 
 def model_path(model: ModelSpec | None, ctx: BuildContext) -> str | None:
@@ -148,11 +161,11 @@ READY_LOG: Final[Mapping[str, str]] = {
 
 def default_probe(slot: SlotSpec, model_id: str) -> ProbeSpec:
     """Models list, then one sentinel request matching the slot type (SPEC §5)."""
-    sentinel: SentinelRequest | None = None
+    sentinel: HttpCall | None = None
     if slot.type == "llm":
-        sentinel = SentinelRequest(
+        sentinel = HttpCall(
             "POST", "/v1/completions", {"model": model_id, "prompt": "ping", "max_tokens": 1}
         )
     elif slot.type == "embedding":
-        sentinel = SentinelRequest("POST", "/v1/embeddings", {"model": model_id, "input": "ping"})
+        sentinel = HttpCall("POST", "/v1/embeddings", {"model": model_id, "input": "ping"})
     return ProbeSpec(sentinel=sentinel)

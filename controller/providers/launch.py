@@ -15,7 +15,7 @@ from typing import Final
 
 from controller.model.devices import GpuRef
 from controller.model.errors import SlotConfigError, SlotctlError
-from controller.providers.base import BuildContext, Provider, default_models_dir
+from controller.providers.base import BuildContext, Provider, SizesToPlacement, default_models_dir
 from controller.providers.templates import (
     DemoProvider,
     GenericProvider,
@@ -63,9 +63,11 @@ def build_launch(slot: SlotSpec, model: ModelSpec | None, ctx: BuildContext) -> 
 
 def placement_args(slot: SlotSpec, gpus: tuple[GpuRef, ...], share_bytes: int) -> tuple[str, ...]:
     """The arguments a provider's server needs for where it was placed (a capability:
-    providers that size themselves as a fraction of a GPU have ``placement_args``)."""
-    capability = getattr(PROVIDER_REGISTRY[slot.provider], "placement_args", None)
-    return tuple(capability(slot, gpus, share_bytes)) if capability is not None else ()
+    :class:`~controller.providers.base.SizesToPlacement`)."""
+    provider = PROVIDER_REGISTRY[slot.provider]
+    if not isinstance(provider, SizesToPlacement):
+        return ()
+    return tuple(provider.placement_args(slot, gpus, share_bytes))
 
 
 def with_port(slot: SlotSpec, port: int | None) -> SlotSpec:

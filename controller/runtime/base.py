@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Final, Protocol, runtime_checkable
 
 from controller.model.devices import GpuRef
+from controller.probes.memory import MemoryProbe
 from controller.probes.readiness import ProbeSpec
 from controller.probes.sleep import SleepMode
 
@@ -277,3 +278,19 @@ class Notifying(Protocol):
     def subscribe(self, changed: Callable[[str], None], note: Callable[[str, str], None]) -> None:
         """Take the two hooks (the manager's)."""
         ...
+
+
+@runtime_checkable
+class WarmsUp(Protocol):
+    """A runtime with caches to fill before its first look (the kubernetes runtime's nodes
+    and pods): the composition root awaits :meth:`warm_up` before recovery."""
+
+    async def warm_up(self) -> None: ...
+
+
+@runtime_checkable
+class OffersMemory(Protocol):
+    """A runtime that places servers on other machines and says what memory they offer
+    (the kubernetes runtime: the nodes'); admission probes it instead of this host."""
+
+    memory: MemoryProbe

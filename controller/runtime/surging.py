@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from controller.runtime.base import LaunchSpec, Observed, RuntimeKind
+from controller.runtime.base import LaunchSpec, Observed, Runtime, RuntimeKind
 
 __all__ = ["SurgeInstances", "cannot_surge", "surge_of"]
 
@@ -56,11 +56,10 @@ def surge_of(runtime: object) -> SurgeInstances | None:
     return runtime.surge if isinstance(runtime, _CanSurge) else None
 
 
-def cannot_surge(runtime: object) -> str | None:
+def cannot_surge(runtime: Runtime) -> str | None:
     """Why ``runtime`` cannot surge (None: it can)."""
     if surge_of(runtime) is not None:
         return None
-    kind = getattr(runtime, "kind", None)
-    if kind == RuntimeKind.KUBERNETES:
+    if runtime.kind == RuntimeKind.KUBERNETES:
         return "the kubernetes runtime replaces a slot's pod with the Recreate strategy"
     return f"this runtime ({type(runtime).__name__}) runs one server per slot: no surge"

@@ -549,19 +549,19 @@ def test_model_file_is_mounted_once_read_only() -> None:
         image="img",
         model_path="/models/a.gguf",
     )
-    mounts = mounts_for(base, runtime.base_mounts)
+    mounts = mounts_for(base, runtime.docker.base_mounts)
     assert [m.target for m in mounts] == ["/usr", "/etc", "/models/a.gguf"]
     assert all(m.read_only for m in mounts)
     provided = dataclasses.replace(
         base, mounts=(Mount("/models/a.gguf", "/models/a.gguf"), Mount("/usr", "/usr"))
     )
-    assert [m.target for m in mounts_for(provided, runtime.base_mounts)] == [
+    assert [m.target for m in mounts_for(provided, runtime.docker.base_mounts)] == [
         "/models/a.gguf",
         "/usr",
         "/etc",
     ]
     in_dir = dataclasses.replace(base, mounts=(Mount("/models", "/models"),))
-    assert [m.target for m in mounts_for(in_dir, runtime.base_mounts)] == [
+    assert [m.target for m in mounts_for(in_dir, runtime.docker.base_mounts)] == [
         "/models",
         "/usr",
         "/etc",

@@ -264,7 +264,7 @@ async def test_a_closed_prober_opens_no_new_session() -> None:
 async def test_the_sentinel_goes_over_the_same_plain_client_with_its_json_body() -> None:
     """The sentinel (the last request of a load) is sent as the models list is: plain
     HTTP/1.1 with its JSON body; a 2xx is ready, anything else still warming."""
-    from controller.probes.readiness import SentinelRequest
+    from controller.probes.http import HttpCall
 
     requests: list[tuple[bytes, bytes]] = []
     sentinel_status = ["503 Service Unavailable"]
@@ -288,7 +288,7 @@ async def test_the_sentinel_goes_over_the_same_plain_client_with_its_json_body()
     srv = await asyncio.start_server(handle, "127.0.0.1", 0)
     endpoint = f"http://127.0.0.1:{srv.sockets[0].getsockname()[1]}"
     body = {"model": "m1", "prompt": "é", "max_tokens": 1}
-    spec = ProbeSpec(sentinel=SentinelRequest("POST", "/v1/completions", body))
+    spec = ProbeSpec(sentinel=HttpCall("POST", "/v1/completions", body))
     prober = HttpProber()
     try:
         warming = await prober.probe(endpoint, spec, slot="s")
@@ -355,9 +355,9 @@ async def keep_alive_server(
 
 
 async def _ready_attempt(endpoint: str) -> tuple[ProbeOutcome, str]:
-    from controller.probes.readiness import SentinelRequest
+    from controller.probes.http import HttpCall
 
-    spec = ProbeSpec(sentinel=SentinelRequest("POST", "/v1/completions", {"max_tokens": 1}))
+    spec = ProbeSpec(sentinel=HttpCall("POST", "/v1/completions", {"max_tokens": 1}))
     prober = HttpProber()
     try:
         result = await prober.probe(endpoint, spec, slot="s")

@@ -105,9 +105,12 @@ def test_runtimes_that_cannot_surge_say_why() -> None:
         kind = "docker"
         surge = SurgeAll()
 
+    class OneServer:
+        kind = "process"
+
     assert "Recreate strategy" in (cannot_surge(Kube()) or "")
     assert cannot_surge(Surging()) is None
-    assert "runs one server per slot" in (cannot_surge(object()) or "")
+    assert "runs one server per slot" in (cannot_surge(OneServer()) or "")
 
 
 def test_the_plan_carries_the_way() -> None:

@@ -73,6 +73,11 @@ class ProcessRuntime:
         return self.servers.store
 
     @property
+    def owner(self) -> str:
+        """Who the servers belong to: the state dir's resolved path (their label)."""
+        return self.servers.owner
+
+    @property
     def labelled(self) -> LabelledServers:
         return self.servers.labelled
 
