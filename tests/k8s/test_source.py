@@ -321,7 +321,8 @@ def test_an_edit_that_takes_a_port_in_use_is_refused_not_the_slot_holding_it(
 def test_a_port_swap_in_one_listing_is_legal(tmp_path: Path) -> None:
     """Two Slots trading ports, seen in one listing, are judged as the set they are."""
     crs = source_with(
-        tmp_path, [cr("aaa", slot_spec(18081), created="1"), cr("zzz", slot_spec(18082), created="2")]
+        tmp_path,
+        [cr("aaa", slot_spec(18081), created="1"), cr("zzz", slot_spec(18082), created="2")],
     )
     crs.load(
         "Slot",

@@ -764,3 +764,46 @@ def test_apply_is_all_or_nothing_and_judges_the_whole_set(tmp_path: Path) -> Non
         apply_to_config(_state({"a": 8085, "b": 8090, "c": 8090}), config, prune=False)
     assert "slot.duplicate_port" in {p["code"] for p in err.value.problems}
     assert {p.name: p.read_bytes() for p in (config / "slots").iterdir()} == before
+
+
+async def test_a_desired_change_queues_only_the_slots_it_touches(tmp_path: Path) -> None:
+    """Issue 41, item 6: a change used to enqueue every slot. Now a slot's change queues
+    that slot, a model's the slots bound to it, and only the resync queues them all."""
+    h = harness(tmp_path)
+    state = quad()
+    r = reconciler(h, state)
+    assert await r.converge(timeout=10, poll_s=0.01)
+    passed: list[str] = []
+    real = r.reconcile
+
+    async def counted(name: str) -> Result:
+        passed.append(name)
+        return await real(name)
+
+    r.reconcile = counted  # type: ignore[method-assign]
+    changed = dict(state.slots)
+    changed["lazy-b"] = want(with_changes(changed["lazy-b"].spec, priority=7))
+    models = dict(state.models)
+    models["auto-a-m"] = model_spec("auto-a-m", 2)  # a model: the slot bound to it
+    apply_to_config(
+        DesiredState(stacks=state.stacks, models=models, slots=changed),
+        h.tmp / "config",
+        prune=True,
+    )
+    r.refresh()
+    assert {n for n in ("auto-a", "auto-b", "lazy-a", "lazy-b") if r.queue.is_dirty(n)} == {
+        "auto-a",
+        "lazy-b",
+    }
+    stop = asyncio.Event()
+    loop = asyncio.create_task(r.run(stop, read_first=False))  # no resync at the start
+    try:
+        await until(lambda: h.manager.view("lazy-b").priority == 7, "the update")
+        await until(lambda: r.queue.idle and not r.queue.delayed, "the passes")
+    finally:
+        stop.set()
+        await loop
+        await h.manager.close()
+    assert set(passed) == {"auto-a", "lazy-b"}, passed
+    r.enqueue_all()  # the resync: every slot
+    assert all(r.queue.is_dirty(n) for n in ("auto-a", "auto-b", "lazy-a", "lazy-b"))
