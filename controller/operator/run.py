@@ -29,17 +29,25 @@ import asyncio
 import contextlib
 import logging
 import math
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Protocol, cast
 
 import kopf
 
 from controller.daemon.main import Controller, DaemonOptions
 from controller.model.errors import SlotctlError
 from controller.operator.board import StatusBoard
-from controller.operator.bodies import CrKey, Essence, cr_key, essence_of
+from controller.operator.bodies import (
+    CrKey,
+    Essence,
+    ModelStatus,
+    SlotStatus,
+    Status,
+    cr_key,
+    essence_of,
+)
 from controller.operator.crd import GROUP, VERSION
 from controller.operator.source import STACK, CrSource
 from controller.operator.source_aliases import alias_status
@@ -67,6 +75,8 @@ INDEXES: Final = {"Model": "models_index", "Slot": "slots_index", "Alias": "alia
 # No handler ran this long after kopf started (it runs them once every index holds its
 # listing; the CRD handler then runs at once): the source is primed from what is indexed.
 PRIME_LATE_S: Final = 60.0
+
+Handler = Callable[..., Awaitable[None]]  # a kopf handler (kopf passes its kwargs by name)
 
 
 @dataclass(slots=True)
@@ -117,7 +127,7 @@ class Operator:
         self.board = StatusBoard()
         self.registry = kopf.OperatorRegistry()
         self._handled: set[CrKey] = set()  # CRs whose own handler ran (status may follow)
-        self._indexes: Mapping[str, Any] | None = None  # kopf's (live), from a handler
+        self._indexes: Mapping[str, object] | None = None  # kopf's (live), from a handler
         self._seen: dict[CrKey, Hashable] = {}  # the board stamp each status timer last saw
         self._looked: dict[CrKey, float] = {}  # when a timer of every slot's last woke
         self._written = Written(opts.status_trust_s)  # status patched, maybe not seen yet
@@ -282,7 +292,7 @@ class Operator:
     async def _listed(self, **kwargs: Any) -> None:
         self._prime(kwargs)
 
-    def _prime(self, indexes: Mapping[str, Any]) -> None:
+    def _prime(self, indexes: Mapping[str, object]) -> None:
         """The first handler's: the source takes kopf's whole listing (every index is
         complete before kopf runs a handler) and is synced."""
         if self._indexes is None and indexes:
@@ -292,7 +302,7 @@ class Operator:
         self.source.prime({kind: _values(indexes.get(index)) for kind, index in INDEXES.items()})
         self.board.wake(self.source.slots)
 
-    def _changed_handler(self, kind: str) -> Any:
+    def _changed_handler(self, kind: str) -> Handler:
         async def changed(body: kopf.Body, **kwargs: Any) -> None:
             self._prime(kwargs)
             key = cr_key(kind, body)
@@ -319,7 +329,7 @@ class Operator:
 
         return changed
 
-    def _applied(self, kind: str, key: CrKey, body: Mapping[str, Any]) -> str | None:
+    def _applied(self, kind: str, key: CrKey, body: Mapping[str, object]) -> str | None:
         """What this resource's own generation put in force, the first time a handler
         sees it (its status has not observed the generation yet; None: nothing new):
         the slot of a Slot, the catalogue for a Model, the aliases for an Alias."""
@@ -335,7 +345,7 @@ class Operator:
             return f"slot {slot}" if slot is not None else None
         return {"Model": "models", "Alias": "aliases"}.get(kind)
 
-    def _delete_handler(self, kind: str) -> Any:
+    def _delete_handler(self, kind: str) -> Handler:
         async def deleted(body: kopf.Body, **kwargs: Any) -> None:
             self._prime(kwargs)
             key = cr_key(kind, body)
@@ -372,8 +382,10 @@ class Operator:
 
     # ------------------------------------------------------------------ the sink
 
-    def _status_handler(self, kind: str) -> Any:
-        async def status(body: kopf.Body, patch: kopf.Patch, stopped: Any, **_: Any) -> None:
+    def _status_handler(self, kind: str) -> Handler:
+        async def status(
+            body: kopf.Body, patch: kopf.Patch, stopped: kopf.DaemonStopped, **_: Any
+        ) -> None:
             key = cr_key(kind, body)
             if not self.controller.ready.is_set():
                 await self._until_ready(stopped)
@@ -385,6 +397,7 @@ class Operator:
             if kind != "Slot" or self.source.slot_of(key) is None:
                 self._looked[key] = now  # a look at every slot: the next one a gap later
             old = self._written.believed(key, body.get("status") or {}, now)
+            new: Status
             if kind == "Slot":
                 new = self._slot_status(key, old)
                 slot = self.source.slot_of(key)
@@ -401,7 +414,7 @@ class Operator:
 
         return status
 
-    async def _until_ready(self, stopped: Any) -> None:
+    async def _until_ready(self, stopped: kopf.DaemonStopped) -> None:
         """Until the controller is ready (a manager to ask) or kopf stops the timer."""
         ready = asyncio.ensure_future(self.controller.ready.wait())
         stop = asyncio.ensure_future(stopped.wait())
@@ -411,7 +424,7 @@ class Operator:
             ready.cancel()
             stop.cancel()
 
-    async def _next_change(self, key: CrKey, stopped: Any) -> None:
+    async def _next_change(self, key: CrKey, stopped: kopf.DaemonStopped) -> None:
         """The next manager event or source sync (or the resync period), unless kopf stops
         the timer first (the object is being deleted: its finalizer waits for us)."""
         slot = self.source.slot_of(key) if key[0] == "Slot" else None
@@ -459,10 +472,10 @@ class Operator:
             waiting=view.waiting,
         )
 
-    def _slot_status(self, key: CrKey, old: Mapping[str, Any]) -> dict[str, Any]:
+    def _slot_status(self, key: CrKey, old: Mapping[str, object]) -> SlotStatus:
         return slot_status(self._observed(self.source.slot_of(key)), self._verdict(key), old)
 
-    def _model_status(self, key: CrKey, old: Mapping[str, Any]) -> dict[str, Any]:
+    def _model_status(self, key: CrKey, old: Mapping[str, object]) -> ModelStatus:
         model_id = self.source.model_ids.get(key)
         slots = {
             view.name: view.state
@@ -484,12 +497,19 @@ def _login(**kwargs: Any) -> Any:
     return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
 
 
-def _values(index: Any) -> Iterable[Essence]:
+class _Index(Protocol):
+    """What the operator reads of one of kopf's indexes (``kopf.Index``): its stores."""
+
+    def values(self) -> Iterable[Iterable[Essence]]: ...
+
+
+def _values(index: object) -> Iterable[Essence]:
     """The resources in one of kopf's indexes but the ones being deleted (their delete
     handler takes them out; a finalizer may hold them a while)."""
     if index is None:
         return []
-    return [v for store in index.values() for v in store if not v["metadata"]["deleting"]]
+    stores = cast(_Index, index).values()
+    return [v for store in stores for v in store if not v["metadata"]["deleting"]]
 
 
 def forget_written_files(config_dir: Path) -> list[str]:
