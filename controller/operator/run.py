@@ -145,6 +145,7 @@ class Operator:
     async def run(self) -> int:
         """kopf and the controller core together: the core recovers (adopts what runs)
         once the source is primed, which kopf's first handler does."""
+        self.config_dir.mkdir(parents=True, exist_ok=True)
         removed = forget_written_files(self.config_dir)
         if removed:
             log.info("removed what an older operator wrote to %s: %s", self.config_dir, removed)

@@ -168,6 +168,7 @@ class CrSource:
         self._foreign_ports: dict[int, set[str]] = {}
         self._foreign_port_of: dict[str, int] = {}
         self._foreign_npu: set[str] = set()
+        self._foreign_indexed = True  # (nothing ahead yet: nothing to index)
         self.judged = 0  # resources judged since the start (the bench's count)
         # The slots (old and new names) of the Slots whose verdict or slot the last
         # judging moved: the status timers to wake.
@@ -197,16 +198,15 @@ class CrSource:
         return self._view_aliases
 
     def attach(self, before: DesiredView, publish: Publish) -> None:
+        """Judge against ``before`` from now on (read at the first judging, not here: the
+        config dir may not be there yet) and publish through ``publish``."""
         self._before, self._publish = before, publish
-        self._foreign_index(before.slots)
+        self._foreign_indexed = False
 
     def before_changed(self, change: DesiredChange) -> DesiredChange:
         """The files changed ``change``: judge again the resources it touches."""
-        if change.settings:
-            self._foreign_ports.clear()
-            self._foreign_port_of.clear()
-            self._foreign_npu.clear()
-            self._foreign_index(self._before.slots)
+        if change.settings or not self._foreign_indexed:
+            self._foreign_index()
             return self._judge(set(self._crs))
         dirty: set[CrKey] = set()
         for name in change.slots:
@@ -230,9 +230,14 @@ class CrSource:
             dirty |= self._refused()
         return self._judge(dirty) if dirty else NO_CHANGE
 
-    def _foreign_index(self, slots: Mapping[str, DesiredSlot]) -> None:
-        for name, slot in slots.items():
+    def _foreign_index(self) -> None:
+        """Index the files' slots by port and on the NPU, afresh."""
+        self._foreign_ports.clear()
+        self._foreign_port_of.clear()
+        self._foreign_npu.clear()
+        for name, slot in self._before.slots.items():
             self._foreign_add(name, slot.spec)
+        self._foreign_indexed = True
 
     def _foreign_add(self, name: str, spec: SlotSpec) -> None:
         if spec.port is not None:
@@ -360,6 +365,8 @@ class CrSource:
 
     def _judge(self, dirty: set[CrKey]) -> DesiredChange:
         """Judge ``dirty`` and what depends on them; returns what changed in the view."""
+        if not self._foreign_indexed:
+            self._foreign_index()
         work = self._closure(dirty)
         self.judged += len(work)
         was = {k: (self.verdicts.get(k), self.slot_names.get(k)) for k in work}

@@ -330,3 +330,34 @@ def test_a_port_swap_in_one_listing_is_legal(tmp_path: Path) -> None:
     )
     assert crs.verdict("Slot", "aaa").current and crs.verdict("Slot", "zzz").current
     assert (crs.slots["aaa"].spec.port, crs.slots["zzz"].spec.port) == (18082, 18081)
+
+
+def test_what_an_older_operator_wrote_is_removed_at_the_start(tmp_path: Path) -> None:
+    """An older operator wrote its CRs into its config dir as the ``kubernetes`` stack;
+    they would now come first (the files' slots hold their names and ports), so its start
+    removes them, through the guard, and leaves a stack file's slots and the catalogue."""
+    from controller.operator.run import forget_written_files
+    from controller.spec.aliases import AliasEntry
+    from controller.spec.schema import AliasSpec
+
+    config = tmp_path / "config"
+    assert forget_written_files(config) == []  # no config dir yet: nothing to do
+    model = ModelSpec(id="m", source="demo://m")
+
+    def declared(name: str, port: int) -> DesiredSlot:
+        spec = SlotSpec.model_validate({"name": name, **slot_spec(port)})
+        return DesiredSlot(spec=spec, stack=STACK if name != "filed" else "files")
+
+    old = DesiredState(
+        stacks=(STACK,),
+        models={"m": model},
+        slots={"chat": declared("chat", 18081), "embed": declared("embed", 18082)},
+        aliases={"a": AliasEntry(spec=AliasSpec(id="a", models=["m"]), stack=STACK)},
+    )
+    apply_to_config(old, config, prune=True)
+    files = DesiredState(stacks=("files",), models={}, slots={"filed": declared("filed", 18090)})
+    apply_to_config(files, config, prune=True)
+    assert sorted(forget_written_files(config)) == ["aliases", "chat", "embed"]
+    snap = read_config_dir(config)
+    assert list(snap.slots) == ["filed"] and snap.aliases == {} and list(snap.models) == ["m"]
+    assert forget_written_files(config) == []  # once
