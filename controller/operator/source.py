@@ -325,10 +325,6 @@ class CrSource:
     def slot_of(self, key: CrKey) -> str | None:
         return self.slot_names.get(key)
 
-    def generation_of(self, key: CrKey) -> int | None:
-        cr = self._crs.get(key)
-        return cr.generation if cr is not None else None
-
     # ------------------------------------------------------------------ judging
 
     def _refused(self, kind: str | None = None) -> set[CrKey]:
