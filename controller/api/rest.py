@@ -13,8 +13,9 @@ import dataclasses
 import logging
 from typing import Any
 
+import pydantic
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel
 
 from controller.api.app import (
     API_CTX,
@@ -49,61 +50,14 @@ log = logging.getLogger("slotctl.api")
 S = SlotState
 
 
-class RolloutOut(BaseModel):
-    """A slot's rollout in flight (:class:`controller.scheduling.rollout.RolloutView`)."""
+@pydantic.dataclasses.dataclass(frozen=True)
+class SlotOut(SlotView):
+    """A slot as JSON: its live view's fields (:class:`~controller.slots.records.SlotView`,
+    their one definition: ``slot_out`` is the view as a dict) and, for one declared slot
+    (``GET /api/slots/{name}``), its effective spec. For the OpenAPI document only: no
+    handler builds one."""
 
-    way: str  # surge | recreate
-    phase: str  # surge: starting | switched | failed; recreate: stopping | starting
-    reason: str  # why this way
-    message: str  # the latest step
-    server: str | None = None  # the new server's state
-    port: int | None = None  # a surge's new server's port
-    since: str = ""
-
-
-class SlotOut(BaseModel):
-    """A slot: its live view and, when declared, its effective spec."""
-
-    model_config = ConfigDict(extra="allow")
-
-    name: str
-    state: str
-    idle_reason: str | None = None
-    dispatchable: bool
-    model_id: str
-    device: str
-    priority: int
-    pinned: bool
-    autoload: bool
-    resident: bool
-    memory_bytes: int
-    leases: int
-    waiters: int
-    since: str
-    message: str
-    endpoint: str | None = None
-    failures: int
-    retry_after_s: float
-    config_hash: str | None = None
-    stack: str
-    waiting: str | None = None  # "waiting_for_memory": a background load waits for room
-    paused: bool = False  # autoload paused by a user's unload (until a user's load)
-    held_for_s: float | None = None
-    holds: int = 0
-    node: str | None = None  # kubernetes runtime: the node it is pinned to or landed on
-    unit: str | None = None  # its co-loaded unit: loads, evicts, sleeps with its members
-    gpus: list[int] = []  # the GPUs it is placed on (indices), while admitted
-    devices: list[str] = []  # its admission keys (gpu:N, cpu, NODE/gpu), while admitted
-    requests: int = 0  # requests served since the controller started (lease flips carry it)
-    # The residency tier (idle_reason "asleep"): awake | asleep (device memory released)
-    # | waking; the sleep level; the host memory an asleep server's weights hold (level 1).
-    residency: str = "awake"
-    sleep_level: int = 0
-    host_bytes: int = 0
-    can_sleep: bool = False  # its running server can sleep (its provider, the slot's sleep)
-    load_s: float | None = None  # measured cold load and wake times (moving averages)
-    wake_s: float | None = None
-    rollout: RolloutOut | None = None  # a rollout in flight: its way, phase, new server
+    spec: dict[str, Any] | None = None
 
 
 class LoadAnswer(BaseModel):
@@ -119,9 +73,9 @@ def ctx_of(request: web.Request) -> ApiContext:
 
 
 def slot_out(view: SlotView) -> dict[str, Any]:
+    """The view as JSON (the fields :class:`SlotOut` documents)."""
     data = dataclasses.asdict(view)
     data["state"] = view.state.value
-    data["dispatchable"] = view.dispatchable
     return data
 
 

@@ -23,6 +23,7 @@ from controller.api.app import (
     query_flag,
     read_body,
 )
+from controller.api.dryrun import plan_json
 from controller.api.rest import (
     LoadAnswer,
     SlotOut,
@@ -307,7 +308,8 @@ async def load_slot(request: web.Request) -> web.Response:
     ctx = ctx_of(request)
     name = name_of(request)
     if query_flag(request, "dry_run"):
-        return json_response({"status": "dry run", "plan": ctx.manager.explain_load(name)})
+        plan = plan_json(ctx.manager.explain_load(name))
+        return json_response({"status": "dry run", "plan": plan})
     status, body = await start_load(ctx, name)
     return json_response(body, status=status)
 

@@ -16,12 +16,16 @@ import argparse
 import json
 import sys
 import time
-from typing import Any, Final
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Final, cast
 
 from controller.cli.client import ApiClient, find_controller, quote_segment
 from controller.cli.flags import parse_duration
 from controller.cli.output import GIB, Style, format_memory, table
 from controller.model.exitcode import ExitCode
+
+if TYPE_CHECKING:  # the dry run's JSON, declared where the API renders it
+    from controller.api.dryrun import PlanJson
 
 __all__ = ["parse_duration"]
 
@@ -140,7 +144,7 @@ def cmd_slot_load(args: argparse.Namespace) -> ExitCode:
     path = f"/api/slots/{quote_segment(args.name)}/load"
     if args.dry_run:
         _, answer = client.post(path, query={"dry_run": True})
-        plan = (answer.get("plan") or {}) if isinstance(answer, dict) else {}
+        plan = cast("PlanJson", (answer.get("plan") or {}) if isinstance(answer, dict) else {})
         style = Style(sys.stdout)
         lines = _explain(args.name, plan, style) + _unit_lines(plan, style)
         _print(args, answer, "\n".join(lines))
@@ -150,7 +154,7 @@ def cmd_slot_load(args: argparse.Namespace) -> ExitCode:
     return _load_and_wait(args, client, answer, f"slot {args.name}", started)
 
 
-def _explain(name: str, plan: dict[str, Any], style: Style) -> list[str]:
+def _explain(name: str, plan: PlanJson, style: Style) -> list[str]:
     """The dry-run plan in words: what would be evicted and why, or why it is refused."""
     action = plan.get("action")
     what = "wake" if plan.get("wake") else "load"
@@ -166,8 +170,8 @@ def _explain(name: str, plan: dict[str, Any], style: Style) -> list[str]:
     if peers:
         lines.append(f"  exclusive group: would first unload {', '.join(peers)}")
     if action == "refuse":
-        error = plan.get("error") or {}
-        error = error.get("error", error) if isinstance(error, dict) else {}
+        body: dict[str, Any] = plan.get("error") or {}
+        error = body.get("error", body) if isinstance(body, dict) else {}
         lines.append(
             style.red("  would be refused")
             + f": [{error.get('code', '?')}] {error.get('message', '')}"
@@ -197,31 +201,32 @@ def _explain(name: str, plan: dict[str, Any], style: Style) -> list[str]:
     return lines
 
 
-def _unit_lines(plan: dict[str, Any], style: Style) -> list[str]:
+def _unit_lines(plan: PlanJson, style: Style) -> list[str]:
     """A unit member's dry run: the unit, how its members would load, what it evicts."""
     unit = plan.get("unit")
     if not isinstance(unit, dict):
         return []
     members = [m for m in unit.get("members") or [] if isinstance(m, dict)]
-    order = unit.get("order") or [m.get("slot") for m in members]
+    order = unit.get("order") or [m.get("slot", "") for m in members]
     lines = [style.bold(f"  unit {unit.get('name')}") + f": {', '.join(order)} load together"]
     if unit.get("failed"):
         lines.append(style.red(f"    {unit['failed']} does not fit beside the other members"))
     if unit.get("evict"):
         lines.append(f"    the unit would evict {', '.join(unit['evict'])}")
     for m in members:
-        together = m.get("together") or {}
-        where = together.get("where") or m.get("reason") or ""
+        together = m.get("together")
+        where = (together.get("where", "") if together else "") or m.get("reason") or ""
         lines.append(
             f"    member {m.get('slot')}: {m.get('action')}" + (f", {where}" if where else "")
         )
     return lines
 
 
-def _placement_lines(plan: dict[str, Any]) -> list[str]:
+def _placement_lines(plan: PlanJson) -> list[str]:
     """Where the load would go: each device of its placement with its figures (a refused
     load: the device set that came closest)."""
-    devices = plan.get("placement") or [plan]
+    placement = plan.get("placement")
+    devices: list[Mapping[str, Any]] = [*placement] if placement else [plan]
     chosen = plan.get("devices") or []
     lines = []
     if chosen:

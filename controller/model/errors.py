@@ -24,6 +24,11 @@ through :meth:`SlotctlError.to_dict`; nothing renders a bare traceback.
     ├── InsufficientMemory            model.insufficient_memory     409  (+ needed_bytes...)
     ├── DeviceUnavailable             device.unavailable            409  (+ device, gpus)
     ├── ModelNotFound                 model.not_found               404
+    ├── ModelFileMissing              model.file_missing            409  (nothing to pull)
+    ├── InsufficientDisk              model.insufficient_disk       507  (+ needed_bytes...)
+    ├── ModelPullFailed               model.pull_failed             502  (+ source, reason)
+    │   └── ModelAccessDenied         model.access_denied           403  (gated/private: token)
+    ├── ModelVerifyFailed             model.verify_failed           502  (+ quarantined)
     ├── DockerEngineError             runtime.engine_error          502  (engine said no)
     │   └── DockerUnavailable         runtime.unavailable           503  (no engine)
     ├── ControllerAlreadyRunning      controller.already_running    409  (one per state dir)
@@ -51,13 +56,18 @@ __all__ = [
     "Forbidden",
     "HostNotAllowed",
     "IllegalSlotTransition",
+    "InsufficientDisk",
     "InsufficientMemory",
     "InvalidRequest",
     "KeyConcurrencyLimited",
     "KeyLimited",
     "KeyNotFound",
     "ListenUnavailable",
+    "ModelAccessDenied",
+    "ModelFileMissing",
     "ModelNotFound",
+    "ModelPullFailed",
+    "ModelVerifyFailed",
     "NpuExclusivityViolation",
     "ServerNotAllowed",
     "SlotConfigError",
@@ -274,6 +284,87 @@ class ModelNotFound(SlotctlError):
 
     def __init__(self, model_id: str) -> None:
         super().__init__(f"model {model_id!r} is not in the catalogue", model=model_id)
+
+
+class ModelFileMissing(SlotctlError):
+    """A model's file (or snapshot directory) is not on disk and its source cannot be
+    pulled (a local path, ``file://``): the server would start on nothing."""
+
+    code = "model.file_missing"
+    http_status = 409
+
+    def __init__(self, model: str, path: str, source: str) -> None:
+        super().__init__(
+            f"model {model!r}: {path} does not exist and its source {source!r} cannot be "
+            "pulled (put the file there, or give the model an hf:// or https:// source)",
+            model=model,
+            path=path,
+            source=source,
+        )
+
+
+class InsufficientDisk(SlotctlError):
+    """A pull that does not fit the models dir's free space (less the margin kept free and
+    what pulls in flight will still write), refused before a byte is written.
+    ``reclaimable_bytes``: what a cache GC could free (model files no slot references)."""
+
+    code = "model.insufficient_disk"
+    http_status = 507
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        needed_bytes: int,
+        free_bytes: int,
+        margin_bytes: int = 0,
+        reserved_bytes: int = 0,
+        reclaimable_bytes: int = 0,
+        **details: Any,
+    ) -> None:
+        super().__init__(
+            message,
+            needed_bytes=needed_bytes,
+            free_bytes=free_bytes,
+            margin_bytes=margin_bytes,
+            reserved_bytes=reserved_bytes,
+            reclaimable_bytes=reclaimable_bytes,
+            **details,
+        )
+        self.needed_bytes = needed_bytes
+        self.free_bytes = free_bytes
+
+
+class ModelPullFailed(SlotctlError):
+    """A model file could not be fetched: the hub or URL answered an error, the
+    connection failed past its retries, the hub is switched off (``HF_HUB_OFFLINE``) or
+    the file is not there. ``reason`` says which; the bytes already on disk are kept for
+    the next pull to resume."""
+
+    code = "model.pull_failed"
+    http_status = 502
+
+    def __init__(self, message: str, *, source: str, reason: str, **details: Any) -> None:
+        super().__init__(message, source=source, reason=reason, **details)
+        self.reason = reason
+
+
+class ModelAccessDenied(ModelPullFailed):
+    """The hub refused the repository: gated or private, and no token (or a token
+    without access) was sent. The token comes from ``HF_TOKEN`` or a token file, never
+    from a stack file; ``token_sent`` says whether one was (its value is never shown)."""
+
+    code = "model.access_denied"
+    http_status = 403
+
+
+class ModelVerifyFailed(SlotctlError):
+    """Pulled (or declared) bytes whose digest is not the expected one: the hub's sha256
+    (or git blob hash), or the model's ``sha256``. The bytes are moved to the quarantine
+    (``quarantined``), never served."""
+
+    code = "model.verify_failed"
+    http_status = 502
 
 
 class DockerEngineError(SlotctlError):

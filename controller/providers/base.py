@@ -10,10 +10,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Final, Protocol, runtime_checkable
-from urllib.parse import urlsplit
 
 from controller.model.devices import GpuRef
 from controller.model.errors import SlotConfigError
+from controller.models.sources import destination
 from controller.probes.http import HttpCall
 from controller.probes.readiness import ProbeSpec
 from controller.probes.sleep import VLLM_SLEEP, SleepMode
@@ -78,20 +78,17 @@ def model_path(model: ModelSpec | None, ctx: BuildContext) -> str | None:
     """Local file a server reads for ``model`` (None for demo:// and no source).
 
     ``hf://org/repo/file`` resolves into the models dir (``<models_dir>/org/repo/file``), a
-    whole repository ``hf://org/repo`` (what vLLM serves) to its directory there;
-    relative paths are relative to the models dir too.
+    whole repository ``hf://org/repo`` (what vLLM serves) to its directory there, a URL
+    to ``<models_dir>/_urls/host/path``; relative paths are relative to the models dir
+    too. The one mapping is :func:`controller.models.sources.destination`: the pull writes
+    exactly where the server reads.
     """
     if model is None or not model.source:
         return None
     source = model.source
     if source.startswith("demo://"):
         return None
-    if source.startswith("file://"):
-        return urlsplit(source).path
-    if source.startswith("hf://"):
-        return str(ctx.models_dir / source.removeprefix("hf://"))
-    path = Path(source)
-    return str(path if path.is_absolute() else ctx.models_dir / path)
+    return str(destination(source, ctx.models_dir))
 
 
 def require_model(slot: SlotSpec, model: ModelSpec | None) -> ModelSpec:

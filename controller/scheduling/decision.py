@@ -1,8 +1,9 @@
 """The one load decision: may a slot load now, and what has to go first? Pure.
 
-The SlotManager calls :func:`decide_load` for a real load (before it unloads exclusive-group
-peers, and again under the device lock right before it evicts and reserves) and for a dry
-run (``explain_load``, ``slotctl slot load --dry-run``), so the two can never disagree.
+The SlotManager calls :func:`decide_load` for a real load — in its one admit loop, under
+the device lock: decide, make room (exclusive-group peers unloaded, victims evicted),
+decide again, reserve (docs/design/0016) — and for a dry run (``explain_load``,
+``slotctl slot load --dry-run``), so the two can never disagree.
 
 Checks, in this order; the first that fails is the refusal::
 

@@ -1,19 +1,28 @@
-"""Admission: the one load decision on live state, the dry run, and the reservation.
+"""Admission: the one load decision on live state, the admit loop, the dry run's decision.
 
 A part of the manager (:mod:`controller.slots`), between :mod:`.loading` (which asks it)
 and :mod:`.unloading` (which evicts for it). :meth:`Admission.decide` turns the table's
-live state into the inputs of the pure :func:`controller.scheduling.decision.decide_load`; the load
-and its dry run (:meth:`Admission.explain`) both call it, so they never disagree.
+live state into the inputs of the pure :func:`controller.scheduling.decision.decide_load`;
+:meth:`Admission.admit` is the one loop every walk that needs memory goes through (a cold
+load, a wake, a pod that landed elsewhere: decide, make room, decide again, reserve), and
+the dry run (:meth:`Admission.explain`, a :class:`~.dryrun.LoadPlan`) takes the same
+decision, so the two never disagree.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from enum import StrEnum
 from typing import Any
 
-from controller.model.devices import GpuRef, key_kind, share
-from controller.model.errors import DeviceUnavailable, SlotConfigError, SlotctlError
+from controller.model.devices import GpuRef, key_kind
+from controller.model.errors import (
+    DeviceUnavailable,
+    SlotConfigError,
+    SlotctlError,
+    SlotNotReady,
+)
 from controller.model.events import EventKind, EvictionReason, Op
 from controller.model.lifecycle import DISPATCHABLE_STATES, SlotState
 from controller.model.sizes import GIB, format_gib
@@ -28,21 +37,39 @@ from controller.scheduling.decision import (
     LoadRequest,
     decide_load,
 )
-from controller.scheduling.eviction import Victim, without_unit
-from controller.scheduling.fit import Admission as AdmissionFigures
+from controller.scheduling.eviction import without_unit
 from controller.scheduling.fit import DeviceMemory, budget_gb_for, check_admission, gpu_inventory
 from controller.scheduling.nodes import ClusterProbe, NodeGpus
 from controller.scheduling.placement import Need, place_first
 from controller.slots.core import Core, Part
+from controller.slots.dryrun import LoadPlan, plan_of
 from controller.slots.records import ADMITTED_STATES, DeviceFigures, SlotRecord
 from controller.slots.unloading import Unloading
 from controller.spec.schema import SlotSpec
 
-__all__ = ["Admission"]
+__all__ = ["Admission", "Admitted", "Walk"]
 
 log = logging.getLogger("slotctl.manager")
 
 S = SlotState
+
+
+class Walk(StrEnum):
+    """What an admission is for (:meth:`Admission.admit`)."""
+
+    LOAD = "load"  # a cold load: reserves by leaving offline/error, its GPUs recorded
+    WAKE = "wake"  # an asleep slot's wake: reserves by the tier waking, where it sleeps
+    LANDED = "landed"  # a pod that landed on another node: admitted again there
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    """An admission's outcome: the decision it reserved for (or a wake's cold fallback)."""
+
+    decision: LoadDecision
+    launch: LaunchSpec | None = None  # a load's: what it starts (before its placement)
+    pulling: bool = False  # a load: its model (or image) is fetched first
+    cold: bool = False  # a wake that cannot happen where it sleeps: load it cold instead
 
 
 class Admission(Part):
@@ -218,7 +245,7 @@ class Admission(Part):
         per_gpu = int(budget_gb * GIB) if budget_gb is not None else None
         self._say_by_count(nodes, per_gpu)
         now = self.clock.monotonic()
-        avoid = {n: why for n, (until, why) in slot.avoid.items() if until > now}
+        avoid = slot.flight.avoided(now)
         held = Held(figures, peers, holders, units, own=slot.name)
         span = max(1, slot.spec.gpu_count)
         return cluster_devices(
@@ -305,43 +332,14 @@ class Admission(Part):
             devices = [replace(d, lost=None) for d in devices if d.group == slot.landed]
         return place_first(need, devices).gpus
 
-    def explain(self, slot: SlotRecord) -> dict[str, Any]:
+    def explain(self, slot: SlotRecord) -> LoadPlan:
         """Dry run of a load (or of an asleep slot's wake): would it fit, where, what would
         be evicted there, how (``sleep`` or ``unload``) and why, and what each device
-        gets back. Changes nothing."""
+        gets back — the decision the load would take, as data. Changes nothing."""
         if slot.state in DISPATCHABLE_STATES and not slot.asleep:
-            return {"slot": slot.name, "action": "none", "reason": f"already {slot.state.value}"}
+            return LoadPlan(slot.name, "none", reason=f"already {slot.state.value}")
         decision, wake = self.decide_wake(slot, background=False)
-        result: dict[str, Any] = {"slot": slot.name, "wake": wake}
-        if slot.asleep and not wake:
-            where = ", ".join(g.key for g in slot.placement)
-            result["fallback"] = f"no room on {where}, where it sleeps: a cold load"
-        load_s, wake_s = slot.reload_s()
-        result["reload"] = {"load_s": round(load_s, 3), "wake_s": round(wake_s, 3)}
-        if slot.costs is not None:
-            result["reload"]["measured"] = slot.costs.model_dump(mode="json")
-        admission = decision.admission
-        if admission is not None:
-            result.update(
-                device=slot.where,
-                devices=list(decision.devices),
-                needed_bytes=slot.memory_bytes,
-                free_bytes=admission.free,
-                budget_bytes=admission.budget,
-                admitted_bytes=admission.admitted,
-                probe=admission.source,
-                exclusive_peers=list(decision.peers),
-                placement=[_placed(a, decision) for a in decision.admissions],
-            )
-        if decision.error is not None:
-            return {**result, "action": "refuse", "error": decision.error.to_dict()["error"]}
-        evict = [_evicted(v) for v in decision.victims]
-        return {
-            **result,
-            "action": decision.verdict,
-            "evict": evict,
-            "freed": _freed(decision.victims),
-        }
+        return plan_of(slot, decision, wake=wake)
 
     def waiting_with_room(self) -> list[str]:
         """Waiting slots whose background load would be admitted now (memory came back)."""
@@ -371,142 +369,116 @@ class Admission(Part):
             error.reported = True  # said when the wait began
         return error
 
-    async def admit_and_reserve(self, slot: SlotRecord, launch: LaunchSpec) -> bool:
-        """Admission (with pre-load eviction), then reserve by leaving offline/error.
+    async def admit(self, slot: SlotRecord, walk: Walk) -> Admitted:
+        """The admit loop — decide, make room, decide again, reserve — for every walk that
+        needs memory: a cold load, an asleep slot's wake, and a pod that landed on another
+        node than the one it was admitted against.
 
-        Returns True when the slot entered ``pulling``. Runs under the device lock so two
-        loads can never both pass admission for the same free memory; the decision is
-        taken again here (the exclusive peers are gone now, other loads may have run).
+        Each decision is taken under the device lock, so two loads never both pass for the
+        same free memory, and the reservation is made under the same hold. A refusal is
+        raised before anything is unloaded for it (SPEC §6: not even all eligible victims
+        would make room, a pinned peer, the breaker...). Exclusive-group peers that hold the
+        group are unloaded outside the device lock (each takes its own slot lock: the lock
+        order, :mod:`.locks`), and the decision is taken again; the plan's victims are
+        evicted under it (each revalidated: a request since spares it, and one with a lease
+        is never chosen), and the decision is taken once more, evicting nothing: what is
+        still missing then (a victim spared) is a refusal. So a load that fits decides
+        once, one that evicts twice, a swap twice (three times when it evicts too). A
+        load's launch is built once its first decision is taken, before anything goes (a
+        slot whose launch cannot be built unloads nothing either).
+
+        A wake's first decision may instead say that no room can be made where its server
+        sleeps while a cold load placed anew would fit: :attr:`Admitted.cold`, nothing
+        reserved (the caller stops the sleeper and loads it cold).
         """
-        device = slot.where
-        async with self.locks.device(slot.lock_key, lambda: self.core.demand(slot)):
-            decision = await self._decide_evicting(slot)
-            admission = decision.admission
-            assert admission is not None
-            where = ", ".join(decision.devices) or device
-            self.events.emit(
-                EventKind.ADMISSION,
-                Op.ADMIT,
-                slot=slot.name,
-                model=launch.model_id,
-                message=f"admitted {format_gib(slot.memory_bytes)} on {where}",
-                details={
-                    "needed_bytes": admission.needed,
-                    "free_bytes": admission.free,
-                    "devices": list(decision.devices),
-                },
-            )
-            needs_pull = await self.runtime.needs_prepare(launch) or launch.model_missing()
-            target = S.PULLING if needs_pull else S.STARTING
-            if slot.state is not S.OFFLINE and slot.state is not S.ERROR:
-                self.table.walk(slot, S.OFFLINE, op=Op.LOAD, message="reset before load")
-            self.table.set(
-                slot, target, op=Op.LOAD, message=f"admitted on {where}", placement=decision.gpus
-            )
-            slot.reserved_at = self.clock.monotonic()  # its cold load is timed from here
-            if slot.admitted is not None:
-                slot.admitted.set()
-            return needs_pull
+        background = slot.flight.background
+        swapped = False
+        launch: LaunchSpec | None = None
+        while True:
+            async with self.locks.device(slot.lock_key, lambda: self.core.demand(slot)):
+                if walk is Walk.WAKE and not swapped:
+                    decision, wake = self.decide_wake(slot, background=background)
+                    if decision.ok and not wake:
+                        return Admitted(decision, cold=True)
+                else:
+                    decision = self.decide(slot, background=background)
+                self._raise_refused(slot, walk, decision)
+                if walk is Walk.LOAD and launch is None:
+                    launch = self.core.build_launch(slot, starting=True)  # a free auto port
+                if not decision.peers:
+                    if decision.victims:
+                        await self.unloading.evict(decision.victims, reason=EvictionReason.PRELOAD)
+                        decision = self.decide(slot, background=background, evict=False)
+                        self._raise_refused(slot, walk, decision)
+                    return await self._reserve(slot, walk, decision, launch)
+            if swapped:  # unloaded, yet still holding the group: never two members at once
+                holder = ", ".join(decision.peers)
+                error = SlotNotReady(
+                    f"exclusive-group peer {holder} still holds the group", slot=slot.name
+                )
+                raise self.table.refuse(slot, Op.LOAD, error)
+            await self.unloading.unload_group_peers(slot)
+            swapped = True
 
-    async def _decide_evicting(self, slot: SlotRecord) -> LoadDecision:
-        """The decision under the device lock, its victims evicted (each slept or unloaded
-        as the plan says) and the decision taken again; raises the refusal."""
-        decision = self.decide(slot, background=slot.background)
-        if decision.victims:
-            await self.unloading.evict(decision.victims, reason=EvictionReason.PRELOAD)
-            decision = self.decide(slot, background=slot.background)
-            if decision.victims:  # a victim got a request meanwhile: not enough room
-                decision = self.decide(slot, background=slot.background, evict=False)
-        if not decision.ok:
-            raise self.refuse(slot, decision)
-        return decision
+    def _raise_refused(self, slot: SlotRecord, walk: Walk, decision: LoadDecision) -> None:
+        """A refused decision, raised: said once (:meth:`refuse`), but a landed pod's,
+        which its load fails with (the caller stops the server)."""
+        if decision.ok:
+            return
+        if walk is Walk.LANDED:
+            assert decision.error is not None
+            raise decision.error
+        raise self.refuse(slot, decision)
 
-    async def admit_wake(self, slot: SlotRecord) -> None:
-        """A wake's admission on the GPUs its server sleeps on (evicting for it as for a
-        load), then its reservation: the tier ``waking`` (its device memory counted again,
-        reserved), durable before the wake calls go out. Raises the refusal."""
-        async with self.locks.device(slot.lock_key, lambda: self.core.demand(slot)):
-            decision = await self._decide_evicting(slot)
-            where = ", ".join(decision.devices) or slot.where
+    async def _reserve(
+        self, slot: SlotRecord, walk: Walk, decision: LoadDecision, launch: LaunchSpec | None
+    ) -> Admitted:
+        """The admitted walk's reservation, under the device lock, with its one admission
+        event: a load leaves offline/error (``pulling`` or ``starting``, its GPUs recorded
+        by that durable transition), a wake takes the tier ``waking`` (its device memory
+        counted again, durable before the wake calls go out), a landed pod is counted where
+        it landed (it holds its memory there already)."""
+        size = format_gib(slot.memory_bytes)
+        where = ", ".join(decision.devices) or slot.where
+        if walk is Walk.LANDED:
+            message = f"admitted {size} on {slot.where} (landed)"
+            self.events.emit(EventKind.ADMISSION, Op.ADMIT, slot=slot.name, message=message)
+            return Admitted(decision)
+        if walk is Walk.WAKE:
             self.events.emit(
                 EventKind.ADMISSION,
                 Op.ADMIT,
                 slot=slot.name,
                 model=slot.model_id,
-                message=f"admitted {format_gib(slot.memory_bytes)} on {where} (wake)",
+                message=f"admitted {size} on {where} (wake)",
                 details={"devices": list(decision.devices), "wake": True},
             )
             message = f"waking on {where}"
             self.table.set_tier(slot, asleep=slot.asleep, waking=True, op=Op.LOAD, message=message)
-            if slot.admitted is not None:
-                slot.admitted.set()
-
-    async def admit_landed(self, slot: SlotRecord, before: str) -> None:
-        """A slot the scheduler placed landed on a node other than the one it was admitted
-        against (``before``): admission again there, evicting on that node only.
-
-        Raises the refusal (the caller stops the server); changes nothing when the slot
-        is still where it was admitted.
-        """
-        if slot.where == before:
-            return
-        async with self.locks.device(slot.lock_key, lambda: self.core.demand(slot)):
-            decision = self.decide(slot, background=slot.background)
-            if decision.victims:
-                await self.unloading.evict(decision.victims, reason=EvictionReason.PRELOAD)
-                decision = self.decide(slot, background=slot.background, evict=False)
-            if not decision.ok:
-                assert decision.error is not None
-                raise decision.error
-            self.events.emit(
-                EventKind.ADMISSION,
-                Op.ADMIT,
-                slot=slot.name,
-                message=f"admitted {format_gib(slot.memory_bytes)} on {slot.where} (landed)",
-            )
-
-
-def _evicted(v: Victim) -> dict[str, Any]:
-    """One victim of a dry run: what it is, why, and how (``sleep`` or ``unload``)."""
-    return {
-        "slot": v.name,
-        "action": v.action,
-        "level": v.level,
-        "priority": v.priority,
-        "idle_s": round(v.idle_s, 1),
-        "bytes": v.bytes,
-        "devices": list(v.devices),
-        "host": v.host or None,
-        "host_bytes": v.host_bytes,
-        "load_s": round(v.load_s, 3),
-        "wake_s": round(v.wake_s, 3),
-        "score": v.score,
-        "reason": v.reason,
-    }
-
-
-def _freed(victims: tuple[Victim, ...]) -> dict[str, int]:
-    """The memory the victims give back per device (a sleeper's host memory: negative)."""
-    freed: dict[str, int] = {}
-    for v in victims:
-        for key in v.devices:
-            freed[key] = freed.get(key, 0) + (share(v.bytes, len(v.devices)))
-        if v.host_bytes:
-            freed[v.host] = freed.get(v.host, 0) - v.host_bytes
-    return freed
-
-
-def _placed(admission: AdmissionFigures, decision: LoadDecision) -> dict[str, Any]:
-    """One device of a dry run: its figures and the victims that free memory there."""
-    return {
-        "device": admission.device,
-        "needed_bytes": admission.needed,
-        "free_bytes": admission.free,
-        "budget_bytes": admission.budget,
-        "admitted_bytes": admission.admitted,
-        "probe": admission.source,
-        "evict": [v.name for v in decision.victims if admission.device in v.devices],
-    }
+            return Admitted(decision)
+        assert launch is not None, "a load reserves for its launch"
+        admission = decision.admission
+        assert admission is not None
+        self.events.emit(
+            EventKind.ADMISSION,
+            Op.ADMIT,
+            slot=slot.name,
+            model=launch.model_id,
+            message=f"admitted {size} on {where}",
+            details={
+                "needed_bytes": admission.needed,
+                "free_bytes": admission.free,
+                "devices": list(decision.devices),
+            },
+        )
+        needs_pull = await self.runtime.needs_prepare(launch) or launch.model_missing()
+        target = S.PULLING if needs_pull else S.STARTING
+        if slot.state is not S.OFFLINE and slot.state is not S.ERROR:
+            self.table.walk(slot, S.OFFLINE, op=Op.LOAD, message="reset before load")
+        self.table.set(
+            slot, target, op=Op.LOAD, message=f"admitted on {where}", placement=decision.gpus
+        )
+        return Admitted(decision, launch, pulling=needs_pull)
 
 
 def _spans(slot: SlotRecord, devices: list[DeviceFacts]) -> bool:

@@ -71,9 +71,7 @@ class Core:
         """How much the requests waiting for ``slot`` weigh: the best weight among their
         priority classes (0: nobody waits, a background load). The locks serve the
         loads, wakes and swaps by it (:mod:`.locks`)."""
-        waiting = [c for c, n in slot.cold_classes.items() if n > 0]
-        if slot.turns is not None:
-            waiting += slot.turns.waiting_classes()
+        waiting = slot.book.waiting_classes()
         weights = {c.name: c.weight for c in self.settings.priority_classes}
         return max((weights.get(c, 0.0) for c in waiting), default=0.0)
 
@@ -83,7 +81,11 @@ class Core:
         the slots used only by lower classes (batch) first."""
         weights = {c.name: c.weight for c in self.settings.priority_classes}
         return max(
-            (weights.get(c, 0.0) for c, at in slot.class_used.items() if now - at <= RECENT_USE_S),
+            (
+                weights.get(c, 0.0)
+                for c, at in slot.book.class_used.items()
+                if now - at <= RECENT_USE_S
+            ),
             default=0.0,
         )
 
@@ -106,7 +108,7 @@ class Core:
         if port is None or port in taken or (starting and not can_bind("127.0.0.1", port)):
             port = pick_free_port(taken)
             store.write_port(name, port)
-            slot.hashed = None  # its hash memo holds the old port
+            self.forget_hash(slot)  # its hash memo holds the old port
             log.info("slot %s: port %d chosen by the controller", name, port)
         return port
 
@@ -118,7 +120,7 @@ class Core:
         for other in self.table:
             auto = other.name != by and other.spec.port is None
             if auto and self.table.store.read_port(other.name) == port:
-                other.hashed = None
+                self.forget_hash(other)
 
     def _ports_taken(self, name: str) -> set[int]:
         """The ports of the other slots: declared, or chosen for them."""
@@ -164,6 +166,11 @@ class Core:
         )
         slot.hashed = (slot.spec, slot.model, slot.stack, value)
         return value
+
+    @staticmethod
+    def forget_hash(slot: SlotRecord) -> None:
+        """Drop ``slot``'s hash memo (its port changed: the next ask builds it again)."""
+        slot.hashed = None
 
 
 def same(have: BaseModel | None, want: BaseModel | None) -> bool:

@@ -62,7 +62,7 @@ class Housekeeping(Part):
         now = self.clock.monotonic()
         for slot in self.table:
             self.leases.expire_holds(slot, now)
-            if slot.queued:  # leases revoked by a crash end without a release
+            if slot.book.queued:  # leases revoked by a crash end without a release
                 self.leases.admit_waiters(slot)
             await self.idle_and_ttl(slot, now)
             self.breakers(slot, now)
@@ -77,7 +77,7 @@ class Housekeeping(Part):
                 continue
             if slot.state not in DISPATCHABLE_STATES or slot.busy:
                 continue
-            gen = slot.generation
+            gen = slot.flight.generation
             observed = await self.runtime.inspect(slot.name)
             if observed.status is RunStatus.RUNNING or slot.busy:
                 continue
@@ -87,11 +87,11 @@ class Housekeeping(Part):
             error = SlotHealthFailed(f"server exited: {detail}", slot=slot.name)
             async with slot.lock:
                 # Revalidate: an unload (or unload + reload) may have run while we looked.
-                if slot.generation == gen and slot.state in DISPATCHABLE_STATES:
+                if slot.flight.generation == gen and slot.state in DISPATCHABLE_STATES:
                     await self.loading.fail(slot, Op.PROBE, error, stop=True)
 
     async def idle_and_ttl(self, slot: SlotRecord, now: float) -> None:
-        if slot.busy or slot.leases:
+        if slot.busy or slot.book.leases:
             return
         quiet = now - slot.last_used
         idle_after = slot.spec.idle_timeout_s
@@ -109,7 +109,7 @@ class Housekeeping(Part):
         # member: after the whole unit's quiet time, and the unit goes (docs/design/0013).
         mates = self.table.unit_mates(slot)
         quiet = now - max([slot.last_used, *(m.last_used for m in mates)])
-        keep = slot.spec.autoload or any(m.spec.autoload or m.busy or m.leases for m in mates)
+        keep = slot.spec.autoload or any(m.spec.autoload or m.busy or m.book.leases for m in mates)
         expired = ttl > 0 and quiet >= ttl and not keep
         serving_model = slot.idle_reason != IdleReason.NO_MODEL
         if expired and slot.state in (S.READY, S.IDLE) and serving_model:
@@ -123,7 +123,7 @@ class Housekeeping(Part):
         """Healthy for ``stable_reset_s``: the crash loop is over, the count starts again."""
         stable = slot.ready_at is not None and now - slot.ready_at >= self.config.stable_reset_s
         if stable and slot.breaker.failures and slot.state in DISPATCHABLE_STATES:
-            slot.breaker.reset()
+            self.table.rearm(slot)
 
     async def liveness(self, now: float) -> None:
         """Probe every loaded slot that is due, all at once (a hung one costs the tick its
@@ -148,31 +148,30 @@ class Housekeeping(Part):
         launch = slot.launch
         if launch is None or slot.state not in LIVE_STATES:
             return  # unloaded between the choice of the due slots and this probe's turn
-        slot.last_liveness = now
-        gen = slot.generation
+        self.table.probed(slot, now)
+        gen = slot.flight.generation
         result = await self.prober.liveness(
             launch.endpoint,
             launch.probe,
             slot=slot.name,
             timeout_s=slot.spec.liveness_timeout_s,
         )
-        if slot.generation != gen or slot.state not in LIVE_STATES:
+        if slot.flight.generation != gen or slot.state not in LIVE_STATES:
             return  # unloaded or reloaded since: the answer is stale
-        if result.outcome is not ProbeOutcome.HUNG:
-            slot.liveness_misses = 0
+        misses = self.table.liveness(slot, missed=result.outcome is ProbeOutcome.HUNG)
+        if not misses:
             return
-        slot.liveness_misses += 1
         failures = slot.spec.liveness_failures
         log.warning(
             "slot %s: liveness probe missed (%d of %d): %s",
             slot.name,
-            slot.liveness_misses,
+            misses,
             failures,
             result.message,
         )
-        if slot.liveness_misses >= failures:
+        if misses >= failures:
             error = SlotHealthFailed(
-                f"liveness probe failed {slot.liveness_misses} times in a row "
+                f"liveness probe failed {misses} times in a row "
                 f"({result.message}): the server is hung, stopping it",
                 slot=slot.name,
             )
@@ -184,16 +183,11 @@ class Housekeeping(Part):
         it fails as a crash does (stopped, ``error``, counted by the breaker), and the
         reconciler restarts it under the breaker."""
         async with slot.lock:
-            if slot.generation != gen or slot.state not in LIVE_STATES:
+            if slot.flight.generation != gen or slot.state not in LIVE_STATES:
                 return
-            for lease in list(slot.leases.values()):
-                lease.revoke(error)
-            slot.leases.clear()
-            slot.draining = True  # a new request waits for the restart instead
-            try:
+            slot.book.revoke_all(error)
+            with slot.book.drain():  # a new request waits for the restart instead
                 await self.loading.fail(slot, Op.PROBE, error, stop=True)
-            finally:
-                slot.draining = False
 
     def _recent(self, slot: SlotRecord, *, now: float) -> float:
         return self.core.recent_weight(slot, now)

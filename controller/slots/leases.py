@@ -26,8 +26,9 @@ from controller.model.lifecycle import SlotState, can_dispatch
 from controller.scheduling.decision import not_activated
 from controller.scheduling.fairqueue import ClassSpec, FairQueue, Waiter
 from controller.slots.core import Core, Part
+from controller.slots.leasebook import Lease, Requester, Turns
 from controller.slots.loading import Loading
-from controller.slots.records import Lease, Requester, SlotRecord
+from controller.slots.records import SlotRecord
 
 __all__ = ["Leases"]
 
@@ -52,7 +53,7 @@ class Leases(Part):
         """
         slot = self.table.get(name)
         while True:
-            ready = self.loading.loaded(slot) and not slot.draining
+            ready = self.loading.loaded(slot) and not slot.book.draining
             if ready and self._has_room(slot):
                 return self._take_now(slot, who)
             if slot.spec.max_concurrency is None:  # no turns: join the load, then take one
@@ -68,7 +69,7 @@ class Leases(Part):
         await); None when the slot is cold, draining or at its concurrency limit, for which
         :meth:`acquire` waits."""
         slot = self.table.get(name)
-        if not self.loading.loaded(slot) or slot.draining or not self._has_room(slot):
+        if not self.loading.loaded(slot) or slot.book.draining or not self._has_room(slot):
             return None
         return self._take_now(slot, who)
 
@@ -76,7 +77,7 @@ class Leases(Part):
     def _has_room(slot: SlotRecord) -> bool:
         """Room for one more request now (nobody waiting for a turn ahead of it)."""
         limit = slot.spec.max_concurrency
-        return limit is None or (slot.in_flight < limit and not slot.queued)
+        return limit is None or (slot.book.in_flight < limit and not slot.book.queued)
 
     async def _wait_turn(self, slot: SlotRecord, who: Requester) -> Lease | None:
         """Wait in the slot's fair queue (loading it first when it is cold); the lease when
@@ -85,7 +86,7 @@ class Leases(Part):
         cls = self.settings.priority_class(who.cls).name
         if cls not in turns.classes:  # the classes changed while others wait: the first
             cls = next(iter(turns.classes))
-        if slot.waiters + len(turns) >= slot.spec.max_queue:
+        if slot.book.waiters + len(turns) >= slot.spec.max_queue:
             raise self._full(slot, f"(max_queue={slot.spec.max_queue})")
         if not slot.spec.activated:
             raise self.table.refuse(slot, Op.LOAD, not_activated(slot.name))
@@ -95,7 +96,7 @@ class Leases(Part):
         if refused is not None:
             raise self._full(slot, f"(class {cls}: queue_limit={refused.limit})")
         try:
-            if not self.loading.loaded(slot) or slot.draining:
+            if not self.loading.loaded(slot) or slot.book.draining:
                 await self.loading.ensure_loaded(slot)  # joined: every waiter's turn waits
                 self.admit_waiters(slot)
             return await future
@@ -104,24 +105,26 @@ class Leases(Part):
                 lease = future.result()  # granted as the waiter gave up: give it back
                 if lease is not None:
                     self.release(lease)
-            if not slot.waiters and not slot.queued:
+            if not slot.book.waiters and not slot.book.queued:
                 self._after_waiter_cancel(slot)
             raise
 
-    def _turns(self, slot: SlotRecord) -> FairQueue[asyncio.Future[Lease | None]]:
-        names = {c.name for c in self.settings.priority_classes}
-        if slot.turns is None or (not len(slot.turns) and set(slot.turns.classes) != names):
-            # made when one first waits; made again once empty after the classes changed
+    def _turns(self, slot: SlotRecord) -> Turns:
+        settings = self.settings
+
+        def make() -> Turns:
             classes = {
                 c.name: ClassSpec(c.name, c.weight, c.queue_limit)
-                for c in self.settings.priority_classes
+                for c in settings.priority_classes
             }
-            slot.turns = FairQueue(classes, age_s=self.settings.queue_aging_s)
-        return slot.turns
+            return FairQueue(classes, age_s=settings.queue_aging_s)
+
+        return slot.book.queue({c.name for c in settings.priority_classes}, make)
 
     def _full(self, slot: SlotRecord, why: str) -> SlotctlError:
         error = SlotQueueFull(
-            f"{slot.waiters + slot.queued} requests already wait for slot {slot.name!r} {why}",
+            f"{slot.book.waiters + slot.book.queued} requests already wait for slot "
+            f"{slot.name!r} {why}",
             retry_after_s=1.0,
             slot=slot.name,
         )
@@ -131,11 +134,11 @@ class Leases(Part):
         """Grant turns while the slot has room: as a request ends, and each housekeeping
         tick (leases revoked by a crash end without a release). A waiter whose turn comes
         while the slot cannot serve is told to start over."""
-        turns = slot.turns
+        turns = slot.book.turns
         while turns is not None and len(turns):
-            dispatchable = self.loading.loaded(slot) and not slot.draining
+            dispatchable = self.loading.loaded(slot) and not slot.book.draining
             limit = slot.spec.max_concurrency
-            if dispatchable and limit is not None and slot.in_flight >= limit:
+            if dispatchable and limit is not None and slot.book.in_flight >= limit:
                 return
             waiter = turns.pop(self.clock.monotonic())
             if waiter is None or waiter.item.done():
@@ -147,46 +150,35 @@ class Leases(Part):
             waiter.item.set_result(lease)
 
     def _take_now(self, slot: SlotRecord, who: Requester | None = None) -> Lease:
-        if slot.draining or slot.state is S.UNLOADING:
+        if slot.book.draining or slot.state is S.UNLOADING:
             raise SlotNotReady(f"slot {slot.name!r} is unloading", slot=slot.name)
         if not can_dispatch(slot.state, slot.idle_reason):
             raise SlotNotReady(
                 f"slot {slot.name!r} is up but serves no model ({slot.message})", slot=slot.name
             )
-        lease = self._take(slot)
-        if who is not None:  # its class resolved by the router (a declared one, or "")
-            slot.class_used[who.cls] = slot.last_used
-        return lease
+        # its class resolved by the router (a declared one, or "")
+        return self._take(slot, cls=who.cls if who is not None else None)
 
     async def _wait_cold(self, slot: SlotRecord, who: Requester | None = None) -> None:
-        if slot.waiters + slot.queued >= slot.spec.max_queue:
+        book = slot.book
+        if book.waiters + book.queued >= slot.spec.max_queue:
             raise self._full(slot, f"(max_queue={slot.spec.max_queue})")
         if not slot.spec.activated:
             raise self.table.refuse(slot, Op.LOAD, not_activated(slot.name))
         cls = self.settings.priority_class(who.cls).name if who is not None else ""
-        slot.waiters += 1
-        slot.cold_classes[cls] = slot.cold_classes.get(cls, 0) + 1  # the load's demand
+        book.join_cold(cls)  # its class weighs in the load's demand
         try:
             await self.loading.ensure_loaded(slot)
         except asyncio.CancelledError:
-            self._left_cold(slot, cls)
+            book.leave_cold(cls)
             self._after_waiter_cancel(slot)
             raise
         except BaseException:
-            self._left_cold(slot, cls)
+            book.leave_cold(cls)
             raise
-        self._left_cold(slot, cls)
+        book.leave_cold(cls)
 
-    @staticmethod
-    def _left_cold(slot: SlotRecord, cls: str) -> None:
-        slot.waiters -= 1
-        left = slot.cold_classes.get(cls, 0) - 1
-        if left > 0:
-            slot.cold_classes[cls] = left
-        else:
-            slot.cold_classes.pop(cls, None)
-
-    def _take(self, slot: SlotRecord, expires_at: float | None = None) -> Lease:
+    def _take(self, slot: SlotRecord, *, cls: str | None = None) -> Lease:
         if slot.state in (S.READY, S.IDLE):
             # ready -> serving is a coalesced flip (SPEC §3: written off the loop, a moment
             # later); idle -> serving is written first (a refused write refuses the
@@ -194,10 +186,10 @@ class Leases(Part):
             durable = slot.state is S.IDLE
             message = "request in flight"
             self.table.set(slot, S.SERVING, op=Op.LEASE, message=message, durable=durable)
-        lease = Lease(slot.name, slot.generation, expires_at)
-        slot.leases[lease.id] = lease
-        slot.last_used = self.clock.monotonic()
-        slot.access += 1
+        lease = Lease(slot.name, slot.flight.generation)
+        now = self.clock.monotonic()
+        slot.book.add(lease, cls, now)
+        self.table.used(slot, now)
         return lease
 
     def release(self, lease: Lease) -> None:
@@ -206,15 +198,13 @@ class Leases(Part):
             return
         lease.released = True
         slot = self.table.records.get(lease.slot)
-        if slot is None or slot.leases.pop(lease.id, None) is None:
+        if slot is None or not slot.book.remove(lease):
             return  # revoked or from a previous generation: nothing to undo
-        slot.last_used = self.clock.monotonic()
-        slot.access += 1
-        if lease.expires_at is None:  # a request (a batch hold has an expiry)
-            slot.requests += 1
-        if slot.queued:  # the next request in turn takes this one's place
+        # a request's (a batch hold has an expiry)
+        self.table.used(slot, self.clock.monotonic(), served=lease.expires_at is None)
+        if slot.book.queued:  # the next request in turn takes this one's place
             self.admit_waiters(slot)
-        if not slot.leases and slot.state is S.SERVING:
+        if not slot.book.leases and slot.state is S.SERVING:
             message = "no request in flight"  # ready (not idle: that is idle_timeout_s later)
             self.table.set(slot, S.READY, op=Op.LEASE, message=message, durable=False)
 
@@ -232,7 +222,7 @@ class Leases(Part):
         return lease
 
     def expire_holds(self, slot: SlotRecord, now: float) -> None:
-        for lease in list(slot.leases.values()):
+        for lease in list(slot.book.leases.values()):
             if lease.expires_at is not None and now >= lease.expires_at:
                 self.release(lease)
                 self.events.emit(
@@ -245,12 +235,12 @@ class Leases(Part):
 
     def wanted(self, slot: SlotRecord) -> bool:
         autoload = bool(slot.spec.autoload)
-        return self.wishes.keeps_loaded(slot.name, autoload) or slot.wanted > 0
+        return self.wishes.keeps_loaded(slot.name, autoload) or slot.flight.wanted > 0
 
     def _after_waiter_cancel(self, slot: SlotRecord) -> None:
         """The last cold waiter left: unload once the load settles, if nobody wants it."""
-        task = slot.load_task
-        busy = slot.waiters or slot.queued or slot.leases
+        task = slot.flight.task
+        busy = slot.book.waiters or slot.book.queued or slot.book.leases
         if busy or self.wanted(slot) or task is None or task.done():
             return
         self.tasks.spawn(self.cleanup_after(slot, task), f"cleanup:{slot.name}")
@@ -260,9 +250,9 @@ class Leases(Part):
             gen = await asyncio.shield(task)
         except (SlotctlError, asyncio.CancelledError):
             return  # the load failed: nothing to unload
-        if slot.waiters or slot.queued or slot.leases or self.wanted(slot):
+        if slot.book.waiters or slot.book.queued or slot.book.leases or self.wanted(slot):
             return  # wanted again: not ours to unload
-        if slot.generation != gen:
+        if slot.flight.generation != gen:
             return  # a newer load replaced it: not ours to unload
         if self.table.records.get(slot.name) is slot and self.loading.loaded(slot):
             await self.loading.unloading.unload(

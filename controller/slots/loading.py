@@ -3,9 +3,11 @@
 A part of the manager (:mod:`controller.slots`), above :mod:`.admission` and
 :mod:`.unloading`. A load runs as one task per slot that explicit loads and cold
 acquirers *join* through ``asyncio.shield`` (a cancelled waiter never cancels it for the
-others); it takes the group lock, then the slot lock (:mod:`.locks`), asks admission for
-the one decision, unloads exclusive-group peers, reserves, pulls, starts and probes. Every
-load bumps the slot's generation: a superseded load never touches its replacement.
+others); it takes the group lock, then the slot lock (:mod:`.locks`), has admission's one
+admit loop make room and reserve (exclusive-group peers out, victims evicted), pulls,
+starts and probes. A wake is a load of an asleep slot through the same loop. Every load
+takes a new generation (its :class:`~.flight.LoadFlight`, which this part owns with the
+units): a superseded load never touches its replacement.
 """
 
 from __future__ import annotations
@@ -27,9 +29,9 @@ from controller.model.lifecycle import DISPATCHABLE_STATES, IdleReason, SlotStat
 from controller.probes.readiness import ProbeOutcome, ProbeResult
 from controller.runtime.base import LaunchSpec
 from controller.scheduling.decision import not_activated
-from controller.slots.admission import Admission
+from controller.slots.admission import Admission, Walk
 from controller.slots.core import Core, Part
-from controller.slots.records import SlotRecord
+from controller.slots.records import RunningServer, SlotRecord
 from controller.slots.units import UnitLoads
 from controller.slots.unloading import Unloading
 
@@ -62,7 +64,7 @@ class Loading(Part):
         """Start a load and return once its admission is decided (the load goes on)."""
         async with self._wish(slot, resident, background):
             error = await self._until_admitted(slot, background)
-            if isinstance(error, InsufficientMemory) and slot.background and not background:
+            if isinstance(error, InsufficientMemory) and slot.flight.background and not background:
                 # A user joined a background load that waits for memory: user demand
                 # beats background restore, it gets a load of its own.
                 error = await self._until_admitted(slot, background)
@@ -72,9 +74,10 @@ class Loading(Part):
     async def _until_admitted(self, slot: SlotRecord, background: bool) -> BaseException | None:
         """Wait until the slot's load (started if needed) is admitted or ends; its error."""
         task = self._load_task(slot, background=background)
-        if task is None or slot.admitted is None:
+        admitted = slot.flight.admitted
+        if task is None or admitted is None:
             return None
-        waiter = asyncio.ensure_future(slot.admitted.wait())
+        waiter = asyncio.ensure_future(admitted.wait())
         try:
             await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -98,9 +101,9 @@ class Loading(Part):
         since = slot.since
         if resident:
             self.wishes.set_resident(slot.name, slot.spec.model_id)
-        slot.wanted += 1
         try:
-            yield
+            with slot.flight.wanting():
+                yield
         except SlotctlError:
             # A *refused* load (no transition happened) changes nothing, residency included.
             # A load that started and failed keeps the wish: like a resident model that
@@ -111,23 +114,19 @@ class Loading(Part):
                 if resumed:
                     self.wishes.pause(slot.name)
             raise
-        finally:
-            slot.wanted -= 1
 
     def _load_task(self, slot: SlotRecord, *, background: bool) -> asyncio.Task[int] | None:
         """The slot's load task (started if none runs); None when already loaded."""
-        if self.loaded(slot) and not slot.draining:
+        if self.loaded(slot) and not slot.book.draining:
             return None
         members = self.units.members(slot)
-        if members:  # a co-loaded unit: one load task for its members (slots/coload.py)
+        if members:  # a co-loaded unit: one load task for its members (slots/units.py)
             return self.units.task(slot, members, background=background)
-        task = slot.load_task
+        task = slot.flight.task
         if task is None or task.done():
-            slot.background = background
-            slot.admitted = asyncio.Event()
             task = asyncio.create_task(self._load_flow(slot), name=f"load:{slot.name}")
             task.add_done_callback(_settled)
-            slot.load_task = task
+            slot.flight.begin(task, background=background)
         return task
 
     async def ensure_loaded(self, slot: SlotRecord, *, background: bool = False) -> None:
@@ -139,7 +138,7 @@ class Loading(Part):
         except InsufficientMemory:
             # A user's request joined a background load that waits for memory: user
             # demand beats background restore, so it gets a load of its own.
-            if background or not slot.background:
+            if background or not slot.flight.background:
                 raise
             task = self._load_task(slot, background=False)
             if task is not None:
@@ -151,55 +150,48 @@ class Loading(Part):
         try:
             async with self.locks.group(group, lambda: self.core.demand(slot)), slot.lock:
                 if self.loaded(slot):
-                    return slot.generation
-                slot.generation += 1
-                await self._load_locked(slot, slot.generation)
-                return slot.generation
+                    return slot.flight.generation
+                gen = slot.flight.next_generation()
+                await self._load_locked(slot, gen)
+                return gen
         finally:
-            if slot.admitted is not None:
-                slot.admitted.set()
+            slot.flight.decided()
 
     async def _load_locked(self, slot: SlotRecord, gen: int) -> None:
         if slot.asleep and await self._wake(slot):
             return  # else the wake failed: the server was stopped, a cold load follows
-        if self.table.group_peers(slot):
-            # Decided before the exclusive-group peers are unloaded for it (a refused load
-            # unloads nothing); without peers admit_and_reserve's decision is the first.
-            decision = self.admission.decide(slot, background=slot.background)
-            if not decision.ok:
-                raise self.admission.refuse(slot, decision)
-            await self.unloading.unload_group_peers(slot)
-        launch = self.core.build_launch(slot, starting=True)  # an auto port that is free
-        pulling = await self.admission.admit_and_reserve(slot, launch)
-        launch = self.core.placed(slot, launch)  # the GPUs admission chose (recorded)
-        if pulling:
+        # the admit loop: exclusive peers out, victims evicted, reserved (or the refusal)
+        admitted = await self.admission.admit(slot, Walk.LOAD)
+        slot.flight.reserve(self.clock.monotonic())  # its cold load is timed from here
+        slot.flight.decided()
+        assert admitted.launch is not None
+        launch = self.core.placed(slot, admitted.launch)  # the GPUs admission chose
+        if admitted.pulling:
             await self._pull(slot, launch, gen)
         await self._start_and_probe(slot, launch, gen)
 
     async def _wake(self, slot: SlotRecord) -> bool:
-        """Wake an asleep slot (its lock held): the one decision (pinned to the GPUs it
-        sleeps on), exclusive peers out, its victims evicted, the tier ``waking``, the wake
-        calls and the readiness probe. True: ``ready``. False: the wake failed, or no room
-        can be made where it sleeps but a cold load fits elsewhere (one event either way);
-        its server is stopped (``offline``): the caller loads it cold, once."""
-        decision, wake = self.admission.decide_wake(slot, background=slot.background)
-        if not decision.ok:
-            raise self.admission.refuse(slot, decision)  # it stays asleep
-        if not wake:  # no room where it sleeps, room elsewhere: loaded cold there
+        """Wake an asleep slot (its lock held): the admit loop (pinned to the GPUs it sleeps
+        on: exclusive peers out, its victims evicted, the tier ``waking``), the wake calls
+        and the readiness probe. True: ``ready``. False: the wake failed, or no room can be
+        made where it sleeps but a cold load fits elsewhere (one event either way); its
+        server is stopped (``offline``): the caller loads it cold, once. A refusal is
+        raised: it stays asleep."""
+        admitted = await self.admission.admit(slot, Walk.WAKE)
+        if admitted.cold:  # no room where it sleeps, room elsewhere: loaded cold there
             where = ", ".join(g.key for g in slot.placement)
             await self._drop_sleeper(slot, f"no room on {where}, where it sleeps")
             return False
-        await self.unloading.unload_group_peers(slot)
-        await self.admission.admit_wake(slot)
-        reason = "background" if slot.background else "request" if slot.waiters else "load"
+        slot.flight.decided()
+        flight = slot.flight
+        reason = "background" if flight.background else "request" if slot.book.waiters else "load"
         started = self.clock.monotonic()
         launch = slot.launch
         failed = "no server" if launch is None else await self.tiers.wake_server(slot, launch)
         if not failed:
             now = self.clock.monotonic()
-            slot.ready_at = slot.last_used = slot.last_liveness = now
-            slot.liveness_misses = 0
-            slot.measured(wake_s=now - started)  # recorded with the transition
+            self.table.ready(slot, now)
+            self.table.measured(slot, wake_s=now - started)  # recorded with the transition
             self.table.set(slot, S.READY, op=Op.LOAD, message=f"woke in {now - started:.2f}s")
             self.tiers.woke(slot, now - started, reason)
             return True
@@ -212,7 +204,7 @@ class Loading(Part):
         error = self.tiers.wake_failed(slot, why)
         with contextlib.suppress(SlotctlError):
             await self.runtime.stop(slot.name, self.config.stop_timeout_s)
-        slot.launch, slot.running_hash, slot.adopted = None, None, None
+        self.table.run(slot, None)
         self.table.walk(slot, S.OFFLINE, op=Op.LOAD, message=error.message)
 
     async def _pull(self, slot: SlotRecord, launch: LaunchSpec, gen: int) -> None:
@@ -251,14 +243,16 @@ class Loading(Part):
             await self.fail(slot, Op.LOAD, exc, stop=False)
             raise
         launch = launch.reached_at(observed.endpoint)  # a pod's IP, on a cluster
-        slot.launch, slot.running_hash, slot.adopted = launch, None, None
+        before = slot.where
+        self.table.landed(slot, observed.node)
+        self.table.run(slot, RunningServer.started(launch))
         self._check_generation(slot, gen)
-        before, slot.landed = slot.where, observed.node or slot.landed
-        try:
-            await self.admission.admit_landed(slot, before)
-        except SlotctlError as exc:
-            await self.fail(slot, Op.LOAD, exc, stop=True)
-            raise
+        if slot.where != before:  # the scheduler put it elsewhere: admitted there again
+            try:
+                await self.admission.admit(slot, Walk.LANDED)
+            except SlotctlError as exc:
+                await self.fail(slot, Op.LOAD, exc, stop=True)
+                raise
         self.table.set(slot, S.WARMING, op=Op.LOAD, message=f"started ({observed.ident})")
         result = await self.wait_ready(slot, launch)
         self._check_generation(slot, gen)
@@ -282,11 +276,10 @@ class Loading(Part):
     async def settle_probe(self, slot: SlotRecord, result: ProbeResult) -> None:
         now = self.clock.monotonic()
         if result.outcome is ProbeOutcome.READY:
-            slot.ready_at = slot.last_used = slot.last_liveness = now
-            slot.liveness_misses = 0
-            if slot.reserved_at is not None:  # a cold load's cost (recorded with the state)
-                slot.measured(load_s=now - slot.reserved_at)
-            slot.reserved_at = None
+            self.table.ready(slot, now)
+            took = slot.flight.ready(now)
+            if took is not None:  # a cold load's cost (recorded with the state)
+                self.table.measured(slot, load_s=took)
             self.table.set(slot, S.READY, op=Op.LOAD, message=result.message)
             return
         if result.outcome is ProbeOutcome.NO_MODEL:
@@ -311,7 +304,7 @@ class Loading(Part):
 
     @staticmethod
     def _check_generation(slot: SlotRecord, gen: int) -> None:
-        if slot.generation != gen:
+        if slot.flight.generation != gen:
             raise SlotNotReady(f"load of {slot.name!r} was superseded", slot=slot.name)
 
     async def fail(self, slot: SlotRecord, op: Op, error: SlotctlError, *, stop: bool) -> None:
@@ -319,14 +312,10 @@ class Loading(Part):
         if stop:
             with contextlib.suppress(SlotctlError):
                 await self.runtime.stop(slot.name, self.config.stop_timeout_s)
-            slot.launch, slot.running_hash, slot.adopted = None, None, None
-        slot.reserved_at = None
-        backoff = slot.breaker.record_failure(
-            self.clock.monotonic(), error.message, slot.spec.max_consecutive_failures
-        )
-        for lease in list(slot.leases.values()):
-            lease.revoke(error)
-        slot.leases.clear()
+            self.table.run(slot, None)
+        slot.flight.abandon()
+        backoff = self.table.failure(slot, error.message)
+        slot.book.revoke_all(error)
         message = error.message
         if slot.breaker.failures >= slot.spec.max_consecutive_failures:
             message += (
@@ -345,7 +334,7 @@ def _avoid(slot: SlotRecord, error: SlotctlError, now: float) -> None:
     node, reason = error.details.get("node"), error.details.get("unschedulable")
     if isinstance(node, str) and reason:
         why = f"the scheduler left the slot's pod Pending there ({reason})"
-        slot.avoid[node] = (now + AVOID_S, why)
+        slot.flight.avoid(node, now + AVOID_S, why)
 
 
 def _settled(task: asyncio.Task[int]) -> None:

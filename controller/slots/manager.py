@@ -15,7 +15,6 @@ import logging
 from collections import deque
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
 
 from controller.kit.clock import SYSTEM_CLOCK, Clock
 from controller.kit.eventbus import EventBus
@@ -32,6 +31,7 @@ from controller.scheduling.decision import LoadDecision
 from controller.scheduling.rollout import RolloutDecision
 from controller.slots.admission import Admission
 from controller.slots.core import Core, Part, same
+from controller.slots.dryrun import LoadPlan
 from controller.slots.housekeeping import Housekeeping
 from controller.slots.leases import Leases
 from controller.slots.loading import Loading
@@ -173,7 +173,8 @@ class SlotManager(Part):
             table.order = dict.fromkeys(order)
         for slot in table:
             if slot.spec.model_id:
-                slot.model = table.models.get(slot.spec.model_id, slot.model)
+                model = table.models.get(slot.spec.model_id, slot.model)
+                table.bind(slot, slot.spec, slot.stack, model)
 
     def set_aliases(self, aliases: Mapping[str, AliasSpec]) -> None:
         """Replace the aliases (the config dir's ``[[alias]]``, by id)."""
@@ -192,8 +193,13 @@ class SlotManager(Part):
         slot = table.records.get(desired.name)
         if slot is None:
             breaker = Breaker(self.config.breaker_base_s, self.config.breaker_cap_s)
-            slot = SlotRecord(spec=desired.spec, stack=desired.stack, model=model, breaker=breaker)
-            slot.on_nodes = self.runtime.kind == RuntimeKind.KUBERNETES
+            slot = SlotRecord(
+                spec=desired.spec,
+                stack=desired.stack,
+                model=model,
+                breaker=breaker,
+                on_nodes=self.runtime.kind == RuntimeKind.KUBERNETES,
+            )
             table.load_persisted(slot)
             table.records[desired.name] = slot
             self.core.port_declared(desired.name, desired.spec.port)
@@ -205,14 +211,14 @@ class SlotManager(Part):
         ):
             # Unchanged (the usual pass): take the new objects, so that the next pass's
             # comparisons (and the hash memo's) are identity checks.
-            slot.spec, slot.model = desired.spec, model
+            table.bind(slot, desired.spec, slot.stack, model)
         else:
             old_hash = self.core.launch_hash(slot)
             if desired.spec.port != slot.spec.port:
                 self.core.port_declared(desired.name, desired.spec.port)
-            slot.spec, slot.stack, slot.model = desired.spec, desired.stack, model
+            table.bind(slot, desired.spec, desired.stack, model)
             if old_hash != self.core.launch_hash(slot):
-                slot.breaker.reset()
+                table.rearm(slot)
         self.unloading.unwait_if_unwanted(slot)
 
     def known(self, name: str) -> SlotSpec | None:
@@ -260,9 +266,9 @@ class SlotManager(Part):
         if name not in table.records:
             return
         await self.unload(name, force=True, reason="removed from desired state")
-        record = table.records[name]
-        if record.load_task is not None and not record.load_task.done():
-            record.load_task.cancel()  # a cold request queued behind the unload: not ours
+        task = table.records[name].flight.task
+        if task is not None and not task.done():
+            task.cancel()  # a cold request queued behind the unload: not ours
         table.forget(name)  # the record and its state file (no lag write resurrects it)
         self.core.wishes.clear_resident(name)
         self.core.wishes.resume(name)
@@ -345,18 +351,19 @@ class SlotManager(Part):
         return self.core.table.resident_bytes(device)
 
     def lease_count(self) -> int:
-        return sum(len(s.leases) for s in self.core.table)
+        return sum(len(s.book.leases) for s in self.core.table)
 
     def waiting_by_class(self) -> dict[str, int]:
         """Requests waiting now (for a load or a turn), by priority class, every class
         listed ("" counts the waiters of no class: the API's own leases)."""
         out = {c.name: 0 for c in self.settings.priority_classes}
         for slot in self.core.table:
-            for cls, count in slot.cold_classes.items():
+            book = slot.book
+            for cls, count in book.cold_classes.items():
                 out[cls] = out.get(cls, 0) + count
-            if slot.turns is not None:
-                for cls in slot.turns.waiting_classes():
-                    out[cls] = out.get(cls, 0) + slot.turns.waiting(cls)
+            if book.turns is not None:
+                for cls in book.turns.waiting_classes():
+                    out[cls] = out.get(cls, 0) + book.turns.waiting(cls)
         return out
 
     def last_used(self, name: str) -> float:
@@ -393,9 +400,10 @@ class SlotManager(Part):
         await self.loading.start_load(slot, resident=resident, background=background)
         return self.core.table.view(slot)
 
-    def explain_load(self, name: str) -> dict[str, Any]:
+    def explain_load(self, name: str) -> LoadPlan:
         """Dry run of a load: the same decision the load takes (a unit member's: the
-        unit's, every member explained). Changes nothing."""
+        unit's, every member explained), as data (the API renders it as JSON). Changes
+        nothing."""
         slot = self.core.table.get(name)
         return self.loading.units.explain(slot, self.admission.explain(slot))
 
@@ -439,7 +447,7 @@ class SlotManager(Part):
         Returns how many leases were ended."""
         ended = 0
         for slot in self.core.table:
-            for lease in list(slot.leases.values()):
+            for lease in list(slot.book.leases.values()):
                 lease.revoke(SlotNotReady(f"slot {slot.name!r}: {reason}", slot=slot.name))
                 self.release(lease)
                 ended += 1
@@ -463,11 +471,12 @@ class SlotManager(Part):
         requests, drain_timeout_s)`` is told of every slot that waits for requests.
         """
         for slot in self.core.table:
-            for lease in [x for x in slot.leases.values() if x.expires_at is not None]:
+            leases = slot.book.leases
+            for lease in [x for x in leases.values() if x.expires_at is not None]:
                 self.release(lease)
-            if slot.leases and on_drain is not None:
-                on_drain(slot.name, len(slot.leases), slot.spec.drain_timeout_s)
-        pending = [s.load_task for s in self.core.table if s.load_task is not None]
+            if leases and on_drain is not None:
+                on_drain(slot.name, len(leases), slot.spec.drain_timeout_s)
+        pending = [s.flight.task for s in self.core.table if s.flight.task is not None]
         pending += list(self.core.tasks)
         for task in pending:
             if not task.done():

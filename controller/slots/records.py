@@ -1,28 +1,36 @@
-"""The slot records: what the manager knows of each slot, leases, views, settings.
+"""The slot records: what the manager knows of each slot, the server it runs, views, settings.
 
-The bottom of ``controller.slots``: plain data, no behaviour beyond small derived
-properties. :class:`SlotRecord` is the live record (only :class:`~.table.SlotTable` changes
-its ``state``); :class:`SlotView` the read-only snapshot every caller gets; :class:`Lease` a
-claim on a slot for one request or a batch job.
+The bottom of ``controller.slots`` but for the coordination objects each record holds.
+:class:`SlotRecord` is the live record of one slot, split by owner (docs/design/0016):
+
+* its **facts** (state, binding, placement, residency tier, timestamps, costs, the crash
+  breaker) change only through :class:`~.table.SlotTable`'s guarded setters;
+* the **server that runs** is one immutable :class:`RunningServer`, replaced whole by
+  :meth:`~.table.SlotTable.run` (None: no server);
+* the **coordination** of requests and loads is in the objects it holds: leasing's
+  :class:`~.leasebook.LeaseBook` (``book``) and loading's :class:`~.flight.LoadFlight`
+  (``flight``), each changed by its own methods only.
+
+tests/unit/test_record_owners.py scans the package for writes outside those owners.
+:class:`SlotView` is the read-only snapshot every caller gets (and the slot's JSON).
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, NamedTuple
 
 from controller.model.devices import GpuRef, share
-from controller.model.errors import SlotctlError
-from controller.model.lifecycle import IdleReason, SlotState, can_dispatch
+from controller.model.lifecycle import IdleReason, SlotState
 from controller.model.sizes import GIB
 from controller.runtime.base import LaunchSpec
 from controller.scheduling.breaker import Breaker
 from controller.scheduling.eviction import EvictionCandidate
-from controller.scheduling.fairqueue import FairQueue
 from controller.scheduling.rollout import RolloutView
+from controller.slots.flight import LoadFlight
+from controller.slots.leasebook import Lease, LeaseBook, Requester
 from controller.spec.schema import ModelSpec, SlotSpec
 from controller.store.files import utcnow
 from controller.store.state import ReloadCosts
@@ -34,9 +42,10 @@ __all__ = [
     "LOADING_STATES",
     "WAKING",
     "DeviceFigures",
-    "Lease",
+    "Lease",  # Lease and Requester: leasing's vocabulary (.leasebook), named here too
     "ManagerConfig",
     "Requester",
+    "RunningServer",
     "SlotRecord",
     "SlotStatus",
     "SlotView",
@@ -54,7 +63,6 @@ LOADING_STATES: Final = frozenset({S.PULLING, S.STARTING, S.WARMING})
 # The residency tiers of a slot's server (a view's ``residency``): awake, asleep (device
 # memory released; at level 1 its weights held in host memory), waking (a wake holds its
 # device memory again, not up yet: reserved, like a load coming up).
-COST_WEIGHT: Final = 0.3  # a new measured reload cost's weight in its moving average
 AWAKE: Final = "awake"
 ASLEEP: Final = "asleep"
 WAKING: Final = "waking"
@@ -75,64 +83,17 @@ class ManagerConfig:
 
 
 @dataclass(frozen=True, slots=True)
-class Requester:
-    """Who asks for a lease: the API key's name ("" for the API token) and the priority
-    class it waits in (where requests wait, :mod:`controller.scheduling.fairqueue`)."""
-
-    key: str = ""
-    cls: str = ""  # "": the controller's default class
-
-
-class Lease:
-    """A claim on a slot for one request (or a batch job): keeps it loaded and serving."""
-
-    _ids = itertools.count(1)
-
-    def __init__(self, slot: str, generation: int, expires_at: float | None = None) -> None:
-        self.id = next(Lease._ids)
-        self.slot = slot
-        self.generation = generation
-        self.expires_at = expires_at
-        self.released = False
-        self.error: SlotctlError | None = None
-        self._lost: asyncio.Event | None = None  # made when asked for: most never are
-
-    @property
-    def revoked(self) -> bool:
-        return self.error is not None
-
-    @property
-    def lost(self) -> asyncio.Event:
-        """Set once the lease is revoked (to wait for it)."""
-        if self._lost is None:
-            self._lost = asyncio.Event()
-            if self.error is not None:
-                self._lost.set()
-        return self._lost
-
-    def revoke(self, error: SlotctlError) -> None:
-        """The slot went away under this lease (crash, forced unload)."""
-        if self.error is None:
-            self.error = error
-        if self._lost is not None:
-            self._lost.set()
-
-    def check(self) -> None:
-        """Raise the typed error if the lease was revoked."""
-        if self.error is not None:
-            raise self.error
-
-    def __repr__(self) -> str:
-        return f"Lease({self.slot!r}, id={self.id}, gen={self.generation})"
-
-
-@dataclass(frozen=True, slots=True)
 class SlotView:
-    """Read-only snapshot of one slot for the API, CLI, metrics and tests."""
+    """Read-only snapshot of one slot for the API, CLI, metrics and tests.
+
+    Its fields are the slot's JSON too: the API's ``SlotOut`` derives from this class
+    (:mod:`controller.api.rest`) and ``slot_out`` is ``dataclasses.asdict`` of it, so a new
+    field is declared here once."""
 
     name: str
     state: SlotState
     idle_reason: str | None
+    dispatchable: bool  # lifecycle.can_dispatch(state, idle_reason), taken with the view
     model_id: str
     device: str
     priority: int
@@ -166,10 +127,6 @@ class SlotView:
     load_s: float | None = None  # measured cold load and wake times (moving averages)
     wake_s: float | None = None
     rollout: RolloutView | None = None  # a rollout in flight (docs/design/0012)
-
-    @property
-    def dispatchable(self) -> bool:
-        return can_dispatch(self.state, self.idle_reason)
 
 
 def tier_name(level: int, waking: bool) -> str | None:
@@ -212,51 +169,60 @@ class SlotStatus(NamedTuple):
     paused: bool
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
+class RunningServer:
+    """The server that runs for a slot: one value, replaced whole by
+    :meth:`~.table.SlotTable.run` (a start, an adoption, a surge's switch; None when it is
+    stopped), never changed in parts."""
+
+    launch: LaunchSpec  # how it was started: placed, reached at the endpoint it answers on
+    config_hash: str  # the config it runs: its launch's, or an adopted server's own
+    adopted: str | None = None  # the ident of a server adopted after a restart
+
+    @classmethod
+    def started(cls, launch: LaunchSpec) -> RunningServer:
+        """A server this controller started with ``launch``."""
+        return cls(launch, launch.config_hash())
+
+    @classmethod
+    def adopted_as(
+        cls, launch: LaunchSpec, ident: str | None, config_hash: str | None
+    ) -> RunningServer:
+        """A running server adopted after a restart: ``launch`` is what the slot would run
+        now; ``config_hash`` the server's own (labels), an older config when it drifted
+        (it serves until the reconciler recreates it)."""
+        return cls(launch, config_hash or launch.config_hash(), ident)
+
+    @property
+    def drifted(self) -> bool:
+        """It runs a config other than its slot's launch (an adopted, outdated server)."""
+        return self.config_hash != self.launch.config_hash()
+
+    @property
+    def endpoint(self) -> str:
+        return self.launch.endpoint
+
+
+@dataclass(slots=True, eq=False)
 class SlotRecord:
-    """The live record of one slot. Fields, not a dict: every fact has a name and a type."""
+    """The live record of one slot (see the module docstring for who writes what).
+
+    Fields, not a dict: every fact has a name and a type. Only :class:`~.table.SlotTable`
+    assigns them (``hashed``: :class:`~.core.Core`'s memo); ``lock``, ``book`` and
+    ``flight`` are made with the record and never replaced.
+    """
 
     spec: SlotSpec
     stack: str
     model: ModelSpec | None
     breaker: Breaker
+    on_nodes: bool = False  # placed on nodes (the kubernetes runtime): keyed per node
+    # -- the lifecycle (SlotTable.set and its siblings; state.json follows them)
     state: SlotState = S.OFFLINE
     idle_reason: str | None = None
     message: str = ""
     since: str = field(default_factory=utcnow)
-    load_task: asyncio.Task[int] | None = None
-    generation: int = 0
-    leases: dict[int, Lease] = field(default_factory=dict)
-    waiters: int = 0
-    wanted: int = 0  # explicit load() calls in flight
-    draining: bool = False
-    last_used: float = 0.0
-    access: int = 0
-    requests: int = 0  # requests served since the start (the lease flips carry it)
-    ready_at: float | None = None
-    launch: LaunchSpec | None = None
-    # Config hash of the server that actually runs when it is not ``launch``'s: a server
-    # adopted after a restart that was started with an older config (the reconciler
-    # recreates it). None: the running server is ``launch``.
-    running_hash: str | None = None
-    # (spec, model, stack, config hash) as last computed (Core.launch_hash), kept while
-    # they stay the same objects (all immutable): a no-op reconcile pass rebuilds nothing.
-    hashed: tuple[SlotSpec, ModelSpec | None, str, str | None] | None = None
-    adopted: str | None = None  # ident of the server adopted after a restart
-    liveness_misses: int = 0
-    last_liveness: float = 0.0
-    # The running load's flavour (background: the reconciler or the restore, which may
-    # not evict at will) and the event set once its admission is decided.
-    background: bool = False
-    admitted: asyncio.Event | None = None
     waiting: str | None = None  # WAITING_FOR_MEMORY while a background load waits
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    # Placed on nodes (the kubernetes runtime): admission is keyed per (node, device).
-    on_nodes: bool = False
-    landed: str | None = None  # the node the server last ran on (as the runtime saw it)
-    # Nodes a load of this slot avoids until (monotonic) when, and why: the scheduler left
-    # its pod Pending there (controller.scheduling.cluster marks their GPUs unusable for it).
-    avoid: dict[str, tuple[float, str]] = field(default_factory=dict)
     # The GPUs admission placed the slot on (recorded in state.json with the transition
     # that reserved them; cleared when it goes offline or to error). An asleep server
     # keeps them (it wakes where it sleeps).
@@ -266,25 +232,39 @@ class SlotRecord:
     asleep: int = 0
     waking: bool = False
     costs: ReloadCosts | None = None  # measured reload costs of its model
-    reserved_at: float | None = None  # monotonic time its load reserved memory (cost)
-    # Requests waiting for their turn at max_concurrency, served by class (made when one
-    # first waits): each waiter's future gets its lease, or None (try from the start).
-    turns: FairQueue[asyncio.Future[Lease | None]] | None = None
-    # The classes of the requests waiting for its load (no max_concurrency: no turns),
-    # and when each class last took a lease (the eviction plan's preference).
-    cold_classes: dict[str, int] = field(default_factory=dict)
-    class_used: dict[str, float] = field(default_factory=dict)
+    # -- the server (SlotTable.run) and what is known of it
+    server: RunningServer | None = None
+    landed: str | None = None  # the node the server last ran on (as the runtime saw it)
+    ready_at: float | None = None  # monotonic: its server passed readiness
+    last_liveness: float = 0.0
+    liveness_misses: int = 0
+    # -- use (SlotTable.used, as leases come and go)
+    last_used: float = 0.0
+    access: int = 0  # a victim is revalidated against it (a request since spares it)
+    requests: int = 0  # requests served since the start (the lease flips carry it)
+    # (spec, model, stack, config hash) as last computed (Core.launch_hash), kept while
+    # they stay the same objects (all immutable): a no-op reconcile pass rebuilds nothing.
+    hashed: tuple[SlotSpec, ModelSpec | None, str, str | None] | None = None
+    # -- coordination, each object its owner's
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    book: LeaseBook = field(default_factory=LeaseBook)  # leasing's
+    flight: LoadFlight = field(default_factory=LoadFlight)  # loading's
 
     @property
     def name(self) -> str:
         return self.spec.name
 
     @property
+    def launch(self) -> LaunchSpec | None:
+        """The running server's launch (None: no server)."""
+        server = self.server
+        return server.launch if server is not None else None
+
+    @property
     def config_hash(self) -> str | None:
-        """The running server's config hash (None: no launch yet)."""
-        if self.running_hash is not None:
-            return self.running_hash
-        return self.launch.config_hash() if self.launch is not None else None
+        """The running server's config hash (None: no server)."""
+        server = self.server
+        return server.config_hash if server is not None else None
 
     @property
     def memory_bytes(self) -> int:
@@ -334,27 +314,6 @@ class SlotRecord:
             return (self.where,)
         return ()
 
-    def end_turns(self) -> None:
-        """Every request waiting for its turn starts over (the slot is gone: each then
-        gets the typed answer of a slot that does not exist)."""
-        turns = self.turns
-        if turns is None:
-            return
-        for waiter in list(turns):
-            turns.remove(waiter)
-            if not waiter.item.done():
-                waiter.item.set_result(None)
-
-    @property
-    def in_flight(self) -> int:
-        """Requests holding a lease now (batch holds aside)."""
-        return sum(1 for lease in self.leases.values() if lease.expires_at is None)
-
-    @property
-    def queued(self) -> int:
-        """Requests waiting for their turn (max_concurrency)."""
-        return len(self.turns) if self.turns is not None else 0
-
     @property
     def devices(self) -> tuple[str, ...]:
         """The admission keys the slot holds memory on now: its placement's, or, asleep,
@@ -391,14 +350,6 @@ class SlotRecord:
         loading = self.waking or self.state in LOADING_STATES
         return tuple((key, each, loading) for key in placed) + (host if self.waking else ())
 
-    def restore_tier(self, residency: str | None, level: int) -> None:
-        """The tier ``state.json`` recorded: a wake the previous controller died in is a
-        sleeper until its server says otherwise (recovery asks it), counted once."""
-        if self.state in (S.IDLE, S.UNLOADING) and residency in (ASLEEP, WAKING):
-            self.asleep = level if level in (1, 2) else 1
-            if self.state is S.IDLE:
-                self.idle_reason = IdleReason.ASLEEP
-
     def bytes_on(self, device: str) -> tuple[int, bool]:
         """The bytes it holds on ``device`` (a key, or a kind: all of its GPUs; ``NODE/gpu``:
         all of its GPUs on that node), and whether they are coming up (reserved)."""
@@ -420,6 +371,7 @@ class SlotRecord:
         can = launch is not None and launch.sleep is not None
         level = self.spec.sleep_level if can and self.idle_reason != IdleReason.NO_MODEL else 0
         load_s, wake_s = self.reload_s()
+        book = self.book
         return EvictionCandidate(
             name=self.name,
             devices=self.devices,
@@ -428,10 +380,10 @@ class SlotRecord:
             last_used=self.last_used,
             state=self.state,
             pinned=bool(self.spec.pinned),
-            leases=len(self.leases),
-            busy=self.busy or self.draining or self.waiters > 0 or self.queued > 0 or self.waking,
+            leases=len(book.leases),
+            busy=self.busy or book.draining or book.waiters > 0 or book.queued > 0 or self.waking,
             access=self.access,
-            generation=self.generation,
+            generation=self.flight.generation,
             sleep_level=0 if self.asleep else level,
             asleep=self.asleep,
             host=self.host,
@@ -452,21 +404,7 @@ class SlotRecord:
         wake = costs.wake_s if costs is not None and costs.wake_s else max(0.05, prior / 20)
         return load, wake
 
-    def measured(self, *, load_s: float | None = None, wake_s: float | None = None) -> None:
-        """Fold one measured cold load or wake into the moving averages (weight 0.3)."""
-        costs = self.costs
-        if costs is None or costs.model != self.model_id:
-            costs = ReloadCosts(model=self.model_id)
-
-        def fold(old: float | None, new: float | None) -> float | None:
-            if new is None:
-                return old
-            return round(new if old is None else old + COST_WEIGHT * (new - old), 4)
-
-        self.costs = costs.model_copy(
-            update={"load_s": fold(costs.load_s, load_s), "wake_s": fold(costs.wake_s, wake_s)}
-        )
-
     @property
     def busy(self) -> bool:
-        return self.lock.locked() or (self.load_task is not None and not self.load_task.done())
+        """An operation holds the slot (its lock), or a load of it is in flight."""
+        return self.lock.locked() or self.flight.running

@@ -21,7 +21,7 @@ from controller.probes.readiness import ProbeOutcome
 from controller.runtime.base import LaunchSpec, Observed, RunStatus
 from controller.slots.core import Core, Part
 from controller.slots.loading import Loading
-from controller.slots.records import LOADING_STATES, SlotRecord
+from controller.slots.records import LOADING_STATES, RunningServer, SlotRecord
 from controller.slots.surge import Rollouts
 
 __all__ = ["Recovery"]
@@ -84,12 +84,13 @@ class Recovery(Part):
             return
         drifted = observed.config_hash != launch.config_hash()
         launch = launch.reached_at(observed.endpoint)  # a pod's IP, on a cluster
-        slot.adopted, slot.landed = observed.ident, observed.node or slot.landed
+        self.table.landed(slot, observed.node)
         self._keep_placement(slot)
         launch = self.core.placed(slot, launch)
         # An adopted server started with an older config reports *its* hash, so the
         # reconciler recreates it (it serves until then).
-        slot.launch, slot.running_hash = launch, observed.config_hash if drifted else None
+        server = RunningServer.adopted_as(launch, observed.ident, observed.config_hash)
+        self.table.run(slot, server)
         if await self.loading.tiers.asleep_now(slot, launch):
             self._adopt_sleeper(slot, observed)
             return
@@ -100,7 +101,7 @@ class Recovery(Part):
             # instead of waiting for it to finish loading a config nobody wants.
             with contextlib.suppress(SlotctlError):
                 await self.runtime.stop(slot.name, self.config.stop_timeout_s)
-            slot.launch, slot.running_hash, slot.adopted = None, None, None
+            self.table.run(slot, None)
             self.table.walk(
                 slot,
                 S.OFFLINE,
@@ -112,8 +113,7 @@ class Recovery(Part):
         message = f"adopted {slot.name} ({what})"
         self.events.emit(EventKind.ADOPT, Op.RESTORE, slot=slot.name, message=message)
         if result.outcome is ProbeOutcome.READY:
-            now = self.clock.monotonic()
-            slot.ready_at = slot.last_used = slot.last_liveness = now
+            self.table.ready(slot, self.clock.monotonic())
             if slot.state is not S.IDLE or slot.asleep:  # recorded asleep, but it is awake
                 self.table.walk(slot, S.READY, op=Op.RESTORE, message="adopted running server")
         elif result.outcome is ProbeOutcome.NO_MODEL:
@@ -127,8 +127,8 @@ class Recovery(Part):
             )
         else:
             self.table.walk(slot, S.WARMING, op=Op.RESTORE, message="adopted, still warming")
-            slot.generation += 1
-            warming = self._continue_warming(slot, launch, slot.generation)
+            gen = slot.flight.next_generation()  # a load of sorts: its warm-up goes on
+            warming = self._continue_warming(slot, launch, gen)
             self.tasks.spawn(warming, f"warm:{slot.name}")
 
     def _adopt_sleeper(self, slot: SlotRecord, observed: Observed) -> None:
@@ -139,7 +139,7 @@ class Recovery(Part):
         what = f"pid {observed.ident}" if str(observed.ident).isdigit() else observed.ident
         message = f"adopted {slot.name} asleep at level {level} ({what})"
         self.events.emit(EventKind.ADOPT, Op.RESTORE, slot=slot.name, message=message)
-        slot.last_used = slot.last_liveness = self.clock.monotonic()
+        self.table.seen(slot, self.clock.monotonic())
         if slot.state is S.IDLE:
             self.table.set_tier(slot, asleep=level, waking=False, op=Op.RESTORE, message=message)
             return
@@ -167,10 +167,10 @@ class Recovery(Part):
 
     async def _continue_warming(self, slot: SlotRecord, launch: LaunchSpec, gen: int) -> None:
         async with slot.lock:
-            if slot.generation != gen or slot.state is not S.WARMING:
+            if slot.flight.generation != gen or slot.state is not S.WARMING:
                 return
             result = await self.loading.wait_ready(slot, launch)
-            if slot.generation == gen:
+            if slot.flight.generation == gen:
                 with contextlib.suppress(SlotctlError):
                     await self.loading.settle_probe(slot, result)
 
@@ -211,7 +211,7 @@ class Recovery(Part):
             return outcomes
         states = {s.value for s in SlotState}
         for slot in wanted:
-            task = slot.load_task
+            task = slot.flight.task
             if task is None or outcomes[slot.name] not in states:
                 continue
             try:

@@ -105,8 +105,8 @@ class Residency(Part):
         return f"not ready after the wake: {result.message}"
 
     def woke(self, slot: SlotRecord, seconds: float, reason: str) -> None:
-        """A wake ended ``ready`` (after the transition): its cost measured, one event."""
-        slot.measured(wake_s=seconds)
+        """A wake ended ``ready`` (after the transition, which recorded its cost): one
+        event."""
         self.events.emit(
             EventKind.RESIDENCY,
             Op.LOAD,

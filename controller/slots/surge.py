@@ -52,7 +52,7 @@ from controller.scheduling.rollout import (
 )
 from controller.slots.core import Core, Part
 from controller.slots.loading import Loading
-from controller.slots.records import SlotRecord
+from controller.slots.records import RunningServer, SlotRecord
 from controller.spec.loader import DesiredSlot
 from controller.store.files import utcnow
 
@@ -77,9 +77,15 @@ class Rollouts(Part):
     def decide(self, slot: SlotRecord | None, desired: DesiredSlot) -> RolloutDecision:
         """Which way ``desired`` would replace ``slot``'s running server now."""
         model = self.table.models.get(desired.spec.model_id) if desired.spec.model_id else None
-        probe = SlotRecord(spec=desired.spec, stack=desired.stack, model=model, breaker=Breaker())
-        probe.on_nodes = slot.on_nodes if slot is not None else False
-        running = slot is not None and self.loading.loaded(slot) and not slot.draining
+        on_nodes = slot.on_nodes if slot is not None else False
+        probe = SlotRecord(
+            spec=desired.spec,
+            stack=desired.stack,
+            model=model,
+            breaker=Breaker(),
+            on_nodes=on_nodes,
+        )
+        running = slot is not None and self.loading.loaded(slot) and not slot.book.draining
         why_not = cannot_surge(self.runtime)
         if why_not is None and slot is not None and slot.asleep:
             why_not = "its server sleeps: nobody is served by it until a wake"
@@ -130,9 +136,13 @@ class Rollouts(Part):
                 del self.table.rollouts[name]
 
     def _probe(self, slot: SlotRecord) -> SlotRecord:
-        probe = SlotRecord(spec=slot.spec, stack=slot.stack, model=slot.model, breaker=Breaker())
-        probe.on_nodes = slot.on_nodes
-        return probe
+        return SlotRecord(
+            spec=slot.spec,
+            stack=slot.stack,
+            model=slot.model,
+            breaker=Breaker(),
+            on_nodes=slot.on_nodes,
+        )
 
     async def _surge(
         self,
@@ -244,9 +254,7 @@ class Rollouts(Part):
         """A new server that failed: stopped, never switched to; the old one serves on.
         The failure counts on the crash-loop breaker (the reconciler retries under it)."""
         await self._abandon(slot, surge)
-        backoff = slot.breaker.record_failure(
-            self.clock.monotonic(), error.message, slot.spec.max_consecutive_failures
-        )
+        backoff = self.table.failure(slot, error.message)
         message = f"rollout failed: {error.message}; the old server keeps serving"
         if slot.breaker.failures >= slot.spec.max_consecutive_failures:
             message += f" (failed {slot.breaker.failures} times: next try in {backoff:g}s)"
@@ -264,12 +272,12 @@ class Rollouts(Part):
         endpoint — one assignment, so a request takes the old endpoint or the new one."""
         await surge.promote(slot.name)
         self.table.store.write_port(slot.name, launch.port)
-        slot.hashed = None  # its hash memo holds the old port
-        in_flight = set(slot.leases)
-        slot.launch, slot.running_hash, slot.adopted = launch, None, None
+        self.core.forget_hash(slot)  # its hash memo holds the old port
+        in_flight = set(slot.book.leases)
+        self.table.run(slot, RunningServer.started(launch))
         # Another server: what was decided about the old one (an exit seen, a liveness
         # miss, an eviction planned) is stale and revalidates to nothing.
-        slot.generation += 1
+        slot.flight.next_generation()
         self._draining[slot.name] = in_flight
         if gpus and gpus != slot.placement:
             with contextlib.suppress(SlotctlError):
@@ -285,7 +293,7 @@ class Rollouts(Part):
             self.table.surges.pop(slot.name, None)
         self._delete(slot.name)
         self.table.rollouts.pop(slot.name, None)
-        slot.breaker.reset()
+        self.table.rearm(slot)
         self._event(slot, "done", "rollout done: the old server drained and stopped")
 
     async def _drain(self, slot: SlotRecord) -> None:
@@ -293,9 +301,9 @@ class Rollouts(Part):
         by ``drain_timeout_s``; the old server is stopped then)."""
         deadline = self.clock.monotonic() + slot.spec.drain_timeout_s
         old = self._draining.get(slot.name, set())
-        while old & set(slot.leases):
+        while old & set(slot.book.leases):
             if self.clock.monotonic() >= deadline:
-                left = len(old & set(slot.leases))
+                left = len(old & set(slot.book.leases))
                 log.warning("slot %s: %d request(s) still on the old server", slot.name, left)
                 return
             await self.clock.sleep(0.02)
@@ -317,7 +325,7 @@ class Rollouts(Part):
             port = record.get("port")
             if isinstance(port, int):
                 self.table.store.write_port(slot.name, port)
-                slot.hashed = None
+                self.core.forget_hash(slot)
             await self._retire(slot, surge)  # no request of the old controller is left
             return
         with contextlib.suppress(SlotctlError):

@@ -3,7 +3,15 @@
 The bottom of the manager's parts (above the plain records, the wishes and the locks).
 :meth:`SlotTable.set` is **the one place slot state changes**: it checks the transition
 against the legal table, persists ``state.json`` atomically, emits the event and logs the
-line. Every other part reads the table and asks it to write.
+line. Every other part reads the table and asks it to write — every *fact* of a record,
+not only its state (docs/design/0016): the transition and its placement and tier
+(:meth:`~SlotTable.set`, :meth:`~SlotTable.set_tier`, :meth:`~SlotTable.persist`,
+:meth:`~SlotTable.persist_placement`), the binding (:meth:`~SlotTable.bind`), the server
+that runs, replaced whole (:meth:`~SlotTable.run`, :meth:`~SlotTable.landed`), its health
+and use (:meth:`~SlotTable.ready`, :meth:`~SlotTable.seen`, :meth:`~SlotTable.probed`,
+:meth:`~SlotTable.liveness`, :meth:`~SlotTable.used`), the reload costs
+(:meth:`~SlotTable.measured`) and the crash breaker (:meth:`~SlotTable.failure`,
+:meth:`~SlotTable.rearm`). tests/unit/test_record_owners.py checks that nobody else does.
 
 One exception to "disk first" (SPEC §3): *observations*, the transitions a restarted
 controller derives again by probing — to ``warming``, ``ready``, ``idle`` and the
@@ -36,16 +44,31 @@ from controller.model.lifecycle import (
     Candidate,
     IdleReason,
     SlotState,
+    can_dispatch,
     check_transition,
     legal_path,
 )
 from controller.scheduling.rollout import RolloutView, shown_rollout
-from controller.slots.records import ADMITTED_STATES, SlotRecord, SlotView, tier_name
+from controller.slots.records import (
+    ADMITTED_STATES,
+    ASLEEP,
+    WAKING,
+    RunningServer,
+    SlotRecord,
+    SlotView,
+    tier_name,
+)
 from controller.slots.usage import Usage
 from controller.slots.wishes import Wishes
-from controller.spec.schema import ModelSpec
+from controller.spec.schema import ModelSpec, SlotSpec
 from controller.store.files import utcnow
-from controller.store.state import PlacedGpu, SlotStateRecord, StateExtra, StateStore
+from controller.store.state import (
+    PlacedGpu,
+    ReloadCosts,
+    SlotStateRecord,
+    StateExtra,
+    StateStore,
+)
 
 __all__ = ["SlotTable"]
 
@@ -54,6 +77,7 @@ log = logging.getLogger("slotctl.manager")
 S = SlotState
 _HISTORY: Final = 10_000  # transitions kept for tests and the dashboard
 _VALUE: Final = {state: state.value for state in S}  # without the enum's descriptor
+COST_WEIGHT: Final = 0.3  # a new measured reload cost's weight in its moving average
 LAG_WRITE_S: Final = 0.25  # observations within this window reach state.json as one write
 # Transitions to these are observations (SPEC §3): they may lag the disk by LAG_WRITE_S.
 OBSERVED: Final = frozenset({S.WARMING, S.READY, S.IDLE, S.SERVING})
@@ -104,6 +128,7 @@ class SlotTable(Usage):
             name=slot.name,
             state=slot.state,
             idle_reason=slot.idle_reason,
+            dispatchable=can_dispatch(slot.state, slot.idle_reason),
             model_id=slot.model_id,
             device=slot.spec.device,
             priority=slot.spec.priority,
@@ -111,20 +136,20 @@ class SlotTable(Usage):
             autoload=bool(slot.spec.autoload),
             resident=self.wishes.is_resident(slot.name),
             memory_bytes=slot.memory_bytes,
-            leases=len(slot.leases),
-            waiters=slot.waiters,
-            generation=slot.generation,
+            leases=len(slot.book.leases),
+            waiters=slot.book.waiters,
+            generation=slot.flight.generation,
             since=slot.since,
             message=slot.message,
             endpoint=launch.endpoint if launch else None,
             failures=slot.breaker.failures,
             retry_after_s=slot.breaker.retry_after(now),
-            config_hash=slot.running_hash or (launch.config_hash() if launch else None),
+            config_hash=slot.config_hash,
             stack=slot.stack,
             waiting=slot.waiting,
             paused=self.wishes.is_paused(slot.name),
-            held_for_s=_held_for(slot, now),
-            holds=sum(1 for lease in slot.leases.values() if lease.expires_at is not None),
+            held_for_s=slot.book.held_for(now),
+            holds=slot.book.holds,
             node=slot.node,
             unit=slot.spec.unit,
             gpus=tuple(g.index for g in slot.placement),
@@ -397,6 +422,86 @@ class SlotTable(Usage):
         )
         slot.placement = gpus
 
+    # ------------------------------------------------------------------ other facts
+    # The facts that are no transition, each written here only (the record's owners:
+    # tests/unit/test_record_owners.py). In memory: state.json takes what it records of
+    # them (the server's ident and drift, the costs, the breaker) with the next write.
+
+    def bind(self, slot: SlotRecord, spec: SlotSpec, stack: str, model: ModelSpec | None) -> None:
+        """The slot's desired binding: its spec, stack and model (the reconciler's upsert,
+        a new catalogue). What runs changes only when the reconciler acts on it."""
+        slot.spec, slot.stack, slot.model = spec, stack, model
+
+    def run(self, slot: SlotRecord, server: RunningServer | None) -> None:
+        """The server that runs for ``slot`` now, replaced whole: one this controller
+        started, one it adopted, a surge's new one; None once it is stopped (no longer
+        ready either)."""
+        slot.server = server
+        if server is None:
+            slot.ready_at = None
+
+    def landed(self, slot: SlotRecord, node: str | None) -> None:
+        """Its server runs on ``node``, as the runtime says (a cluster; None: not told)."""
+        if node:
+            slot.landed = node
+
+    def ready(self, slot: SlotRecord, now: float) -> None:
+        """Its server passed readiness (a load, a wake, an adoption): ready, used and
+        alive as of ``now``."""
+        slot.ready_at = slot.last_used = slot.last_liveness = now
+        slot.liveness_misses = 0
+
+    def seen(self, slot: SlotRecord, now: float) -> None:
+        """Its server was seen alive and counts as used as of ``now`` (an adopted sleeper:
+        not ready, but no idle timeout or liveness probe is due at once)."""
+        slot.last_used = slot.last_liveness = now
+
+    def probed(self, slot: SlotRecord, now: float) -> None:
+        """A liveness probe of its server starts now."""
+        slot.last_liveness = now
+
+    def liveness(self, slot: SlotRecord, *, missed: bool) -> int:
+        """A liveness probe's verdict: the misses in a row now (0: it answered)."""
+        slot.liveness_misses = slot.liveness_misses + 1 if missed else 0
+        return slot.liveness_misses
+
+    def used(self, slot: SlotRecord, now: float, *, served: bool = False) -> None:
+        """A lease taken or given back now (``served``: a request's, done): the ranking's
+        recency, and the access count a planned eviction is revalidated against."""
+        slot.last_used = now
+        slot.access += 1
+        if served:
+            slot.requests += 1
+
+    def measured(
+        self, slot: SlotRecord, *, load_s: float | None = None, wake_s: float | None = None
+    ) -> None:
+        """Fold one measured cold load or wake into the moving averages (weight
+        :data:`COST_WEIGHT`); state.json takes them with the transition that follows."""
+        costs = slot.costs
+        if costs is None or costs.model != slot.model_id:
+            costs = ReloadCosts(model=slot.model_id)
+
+        def fold(old: float | None, new: float | None) -> float | None:
+            if new is None:
+                return old
+            return round(new if old is None else old + COST_WEIGHT * (new - old), 4)
+
+        slot.costs = costs.model_copy(
+            update={"load_s": fold(costs.load_s, load_s), "wake_s": fold(costs.wake_s, wake_s)}
+        )
+
+    def failure(self, slot: SlotRecord, message: str) -> float:
+        """One failed load (or rollout) on the crash-loop breaker; its backoff (seconds).
+        The failure count reaches state.json with the ``error`` transition after it."""
+        now = self.clock.monotonic()
+        return slot.breaker.record_failure(now, message, slot.spec.max_consecutive_failures)
+
+    def rearm(self, slot: SlotRecord) -> None:
+        """The crash-loop breaker starts again (a reset, a changed config, a server that
+        stayed healthy, a rollout done)."""
+        slot.breaker.reset()
+
     def retry_unpersisted(self) -> None:
         """Housekeeping, each interval: write, on the loop, the lease states the disk
         refused; the others too when no lag writer runs, but not those a running lag
@@ -436,7 +541,7 @@ class SlotTable(Usage):
         """Drop a removed slot and its state file (a lag write in flight is skipped)."""
         gone = self.records.pop(name, None)
         if gone is not None:
-            gone.end_turns()
+            gone.book.end_turns()
         self.rollouts.pop(name, None)
         self._intent(name)
         self.unpersisted.discard(name)
@@ -469,8 +574,8 @@ class SlotTable(Usage):
         level, waking = (slot.asleep, slot.waking) if tier is None else tier
         extra = StateExtra(
             idle_reason=idle_reason,
-            adopted=slot.adopted,
-            config_drift=slot.running_hash is not None,
+            adopted=slot.server.adopted if slot.server is not None else None,
+            config_drift=slot.server is not None and slot.server.drifted,
             waiting=waiting,
             gpus=tuple(
                 PlacedGpu(index=g.index, uuid=g.uuid, vendor=g.vendor, node=g.node) for g in placed
@@ -506,7 +611,13 @@ class SlotTable(Usage):
             slot.placement = tuple(
                 GpuRef(g.index, g.uuid, g.vendor, g.node) for g in saved.extra.gpus
             )
-        slot.restore_tier(saved.extra.residency, saved.extra.sleep_level)
+        if slot.state in (S.IDLE, S.UNLOADING) and saved.extra.residency in (ASLEEP, WAKING):
+            # A wake the previous controller died in is a sleeper until its server says
+            # otherwise (recovery asks it), counted once.
+            level = saved.extra.sleep_level
+            slot.asleep = level if level in (1, 2) else 1
+            if slot.state is S.IDLE:
+                slot.idle_reason = IdleReason.ASLEEP
         if slot.state is S.SERVING:
             # A new table has no leases: a ``serving`` record (its lease flip back to ready
             # lagged, or the controller died mid-request) recovers as ``ready`` (SPEC §3),
@@ -537,8 +648,3 @@ class SlotTable(Usage):
             details={k: v for k, v in error.details.items() if k != "problems"},
         )
         return error
-
-
-def _held_for(slot: SlotRecord, now: float) -> float | None:
-    holds = [lease.expires_at for lease in slot.leases.values() if lease.expires_at is not None]
-    return round(max(0.0, max(holds) - now), 1) if holds else None

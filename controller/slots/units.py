@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
 from controller.model.errors import DeviceUnavailable, InsufficientMemory, SlotctlError
@@ -35,6 +36,7 @@ from controller.scheduling.eviction import without_unit
 from controller.scheduling.placement import JointPlacement, Need, describe, place_joint
 from controller.slots.admission import Admission
 from controller.slots.core import Core, Part
+from controller.slots.dryrun import Action, LoadPlan, Together, UnitPlan
 from controller.slots.records import SlotRecord
 from controller.slots.unloading import Unloading
 
@@ -45,7 +47,7 @@ Flow = Callable[[SlotRecord], Awaitable[int]]
 
 
 def _loaded(slot: SlotRecord) -> bool:
-    return slot.state in DISPATCHABLE_STATES and not slot.asleep and not slot.draining
+    return slot.state in DISPATCHABLE_STATES and not slot.asleep and not slot.book.draining
 
 
 class UnitLoads(Part):
@@ -71,15 +73,13 @@ class UnitLoads(Part):
         the unit is waited for by that member's turn: its slot lock)."""
         name = f"load-unit:{slot.spec.unit}"
         for m in members:
-            task = m.load_task
+            task = m.flight.task
             if task is not None and not task.done() and task.get_name() == name:
                 return task
         task = asyncio.create_task(self._flow(slot, members, background), name=name)
         task.add_done_callback(_settled)
         for m in members:
-            m.background = background
-            m.admitted = asyncio.Event()
-            m.load_task = task
+            m.flight.begin(task, background=background)
         return task
 
     async def _flow(self, slot: SlotRecord, members: list[SlotRecord], background: bool) -> int:
@@ -87,8 +87,7 @@ class UnitLoads(Part):
         try:
             order = self._decide(slot, members, background)
             for m in members:
-                if m.admitted is not None:
-                    m.admitted.set()  # the unit is admitted: its members load in turn
+                m.flight.decided()  # the unit is admitted: its members load in turn
             done: list[SlotRecord] = []
             for m in order:
                 try:
@@ -97,11 +96,10 @@ class UnitLoads(Part):
                     await self._rollback(slot, done, m, exc)
                     raise
                 done.append(m)
-            return slot.generation
+            return slot.flight.generation
         finally:
             for m in members:
-                if m.admitted is not None:
-                    m.admitted.set()
+                m.flight.decided()
 
     def waiting_with_room(self) -> list[str]:
         """The waiting slots whose background load would be admitted now
@@ -196,7 +194,7 @@ class UnitLoads(Part):
                     if m.state in (S.READY, S.IDLE):
                         await self.unloading.unload_locked(m, reason, Op.LOAD)
 
-    def explain(self, slot: SlotRecord, plan: dict[str, Any]) -> dict[str, Any]:
+    def explain(self, slot: SlotRecord, plan: LoadPlan) -> LoadPlan:
         """The dry run of a unit member's load: ``plan`` (the slot's own) with the unit —
         its members, each explained, and the joint verdict (a refusal of the unit is the
         slot's refusal)."""
@@ -211,32 +209,33 @@ class UnitLoads(Part):
             own = self.admission.explain(m)
             p = placed.get(m.name)
             if p is not None and p.option is not None and p.error is None:
-                own["together"] = {
-                    "devices": [d.key for d in p.option.devices],
-                    "where": describe(p.option),
-                    "fits": p.option.fits,
-                    "evict": [v.name for v in p.option.victims],
-                }
+                together = Together(
+                    devices=tuple(d.key for d in p.option.devices),
+                    where=describe(p.option),
+                    fits=p.option.fits,
+                    evict=tuple(v.name for v in p.option.victims),
+                )
+                own = replace(own, together=together)
             explained.append(own)
-        unit: dict[str, Any] = {"name": slot.spec.unit, "members": explained}
-        if joint is not None:
-            unit["action"] = (
-                "refuse" if not joint.ok else "evict-then-load" if joint.victims else "load"
-            )
-            unit["order"] = [name for name, _ in joint.members]
-            unit["evict"] = [v.name for v in joint.victims]
-            if not joint.ok:
-                unit["failed"] = joint.failed
-                if plan.get("action") != "refuse":
-                    plan = {
-                        **plan,
-                        "action": "refuse",
-                        "reason": f"{joint.failed} does not fit "
-                        "beside the other members of its unit",
-                    }
-        else:
-            unit["action"] = "none" if not todo else plan.get("action")
-        return {**plan, "unit": unit}
+        name = slot.spec.unit or ""
+        if joint is None:
+            unit = UnitPlan(name, tuple(explained), "none" if not todo else plan.action)
+            return replace(plan, unit=unit)
+        action: Action = (
+            "refuse" if not joint.ok else "evict-then-load" if joint.victims else "load"
+        )
+        unit = UnitPlan(
+            name,
+            tuple(explained),
+            action,
+            order=tuple(n for n, _ in joint.members),
+            evict=tuple(v.name for v in joint.victims),
+            failed=joint.failed,
+        )
+        if not joint.ok and plan.action != "refuse":
+            why = f"{joint.failed} does not fit beside the other members of its unit"
+            plan = replace(plan, action="refuse", reason=why)
+        return replace(plan, unit=unit)
 
 
 def _settled(task: asyncio.Task[int]) -> None:

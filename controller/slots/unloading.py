@@ -61,7 +61,7 @@ class Unloading(Part):
         if clear_residency:
             self.clear_resident(name)
         self.unwait_if_unwanted(slot)
-        task = slot.load_task
+        task = slot.flight.task
         if task is not None and not task.done():
             with contextlib.suppress(SlotctlError, asyncio.CancelledError):
                 await asyncio.shield(task)
@@ -82,7 +82,7 @@ class Unloading(Part):
                 raise  # the server survived SIGKILL: it is not offline, the slot stays in error
             except SlotctlError as exc:
                 log.warning("stopping errored slot %s: %s", slot.name, exc.message)
-            slot.launch, slot.running_hash = None, None
+            self.table.run(slot, None)
             self.table.set(slot, S.OFFLINE, op=op, message=f"{reason} (was in error)")
             return
         # Loading: only after a restart that found it mid-load, or a refused state write
@@ -108,29 +108,24 @@ class Unloading(Part):
                 self.table.set(slot, S.ERROR, op=op, message=exc.message, error=exc)
             raise
         finally:
-            slot.launch, slot.running_hash, slot.adopted = None, None, None
-            slot.ready_at = None
+            self.table.run(slot, None)
 
     async def _drain(self, slot: SlotRecord) -> None:
         """No new leases; wait for in-flight ones up to drain_timeout_s, then revoke."""
-        if not slot.leases:
+        book = slot.book
+        if not book.leases:
             return
-        slot.draining = True
-        try:
+        with book.drain():
             deadline = self.clock.monotonic() + slot.spec.drain_timeout_s
-            while slot.leases and self.clock.monotonic() < deadline and not self.drains_ended:
+            while book.leases and self.clock.monotonic() < deadline and not self.drains_ended:
                 await self.clock.sleep(_POLL_S)
-            if slot.leases:
+            if book.leases:
                 error = SlotNotReady(
                     f"slot {slot.name!r} was unloaded: in-flight requests cancelled after "
                     f"drain_timeout_s={slot.spec.drain_timeout_s:g}",
                     slot=slot.name,
                 )
-                for lease in list(slot.leases.values()):
-                    lease.revoke(error)
-                slot.leases.clear()
-        finally:
-            slot.draining = False
+                book.revoke_all(error)
 
     async def evict(self, victims: Iterable[Victim], *, reason: EvictionReason) -> list[str]:
         """Carry out each victim's action (put to sleep, or unload) after revalidating the
@@ -140,7 +135,7 @@ class Unloading(Part):
             slot = self.table.records.get(victim.name)
             if slot is None or slot.access != victim.access:
                 continue  # a request came since the decision: not a victim any more
-            if slot.generation != victim.generation:
+            if slot.flight.generation != victim.generation:
                 continue  # unloaded and loaded again (maybe another model) since
             if victim.action == SLEEP and slot.asleep:
                 continue  # asleep already (its device memory is free)
@@ -185,9 +180,10 @@ class Unloading(Part):
     ) -> bool:
         """Evict one victim (``reason``: its class, a field of the eviction event): its
         server put to sleep at level ``sleep`` (0: unloaded; a sleep that fails unloads)."""
-        if slot.state not in (S.READY, S.IDLE) or slot.leases or slot.busy or slot.spec.pinned:
+        book = slot.book
+        if slot.state not in (S.READY, S.IDLE) or book.leases or slot.busy or slot.spec.pinned:
             return False  # revalidation failed: it got busy since the decision
-        if slot.draining or slot.waiters:
+        if book.draining or book.waiters:
             return False
         if clear_residency:
             self.clear_resident(slot.name)
@@ -214,7 +210,7 @@ class Unloading(Part):
     async def reset(self, name: str) -> SlotView:
         """Clear the crash-loop breaker; an errored slot goes offline."""
         slot = self.table.get(name)
-        slot.breaker.reset()
+        self.table.rearm(slot)
         async with slot.lock:
             if slot.state is S.ERROR:
                 await self.unload_locked(slot, "reset", Op.UNLOAD)
@@ -262,9 +258,9 @@ class Unloading(Part):
         them like for any request in flight.
         """
         for _ in range(_SETTLE_SPINS):
-            task = slot.load_task
+            task = slot.flight.task
             loaded = slot.state in (S.READY, S.IDLE, S.SERVING)
-            if not slot.waiters or task is None or not task.done() or not loaded:
+            if not slot.book.waiters or task is None or not task.done() or not loaded:
                 return
             await asyncio.sleep(0)
 

@@ -7,6 +7,7 @@ the API returns them inside a ``SlotConfigError``.
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
@@ -15,7 +16,19 @@ from pydantic import ValidationError
 
 from controller.model.errors import NpuExclusivityViolation, SlotConfigError
 
-__all__ = ["Problem", "problems_from_validation", "raise_for_problems"]
+__all__ = ["Problem", "problems_from_validation", "raise_for_problems", "redact_credentials"]
+
+# ``scheme://user:password@host``: the part before the ``@`` is a secret (a source URL that
+# carries one is refused; the refusal must not print it back).
+_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]*@")
+
+
+def redact_credentials(value: Any) -> Any:
+    """``value`` with a URL's ``user:password@`` shown as ``***@`` (strings only)."""
+    if isinstance(value, str):
+        return _USERINFO.sub(r"\g<scheme>***@", value)
+    return value
+
 
 Severity = Literal["error", "warning"]
 
@@ -90,7 +103,7 @@ def problems_from_validation(
         elif kind == "missing":
             message = f"missing required key {key!r}"
         else:
-            shown = err.get("input")
+            shown = redact_credentials(err.get("input"))
             message = f"{key or scope}: {err['msg']} (got {shown!r})"
         problem = Problem(
             code=code,

@@ -50,6 +50,9 @@ __all__ = [
     "SlotName",
     "SlotSpec",
     "StackMeta",
+    "hub_parts",
+    "is_hub_snapshot",
+    "is_url_source",
     "is_valid_slot_name",
     "provider_requires_model",
 ]
@@ -147,7 +150,29 @@ MODEL_OWNED_FLAGS: Final[dict[str, str]] = {
     "--frequency-penalty": "frequency_penalty",
 }
 
-_SOURCE_SCHEMES: Final = frozenset({"file", "hf", "demo"})
+_SOURCE_SCHEMES: Final = frozenset({"file", "hf", "demo", "http", "https"})
+# A model's pinned digest, a hub revision (branch, tag or commit) and a snapshot's
+# include/exclude glob (controller/models/: what is pulled and how it is verified).
+Sha256 = Annotated[str, Field(pattern=r"^[0-9a-fA-F]{64}$")]
+HubRevision = Annotated[
+    str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._/+-]*$", min_length=1, max_length=200)
+]
+GlobPattern = Annotated[str, Field(min_length=1, max_length=200)]
+
+
+def hub_parts(source: str) -> list[str]:
+    """``hf://org/repo[/path/in/repo]`` as its non-empty segments."""
+    return [part for part in source.removeprefix("hf://").split("/") if part]
+
+
+def is_url_source(source: str | None) -> bool:
+    return bool(source) and urlsplit(source or "").scheme in ("http", "https")
+
+
+def is_hub_snapshot(source: str | None) -> bool:
+    """``hf://org/repo``: a whole repository (what vLLM serves), not one file of it."""
+    return bool(source) and (source or "").startswith("hf://") and len(hub_parts(source or "")) == 2
+
 
 NonNegFloat = Annotated[float, Field(ge=0)]
 PosFloat = Annotated[float, Field(gt=0)]
@@ -178,7 +203,17 @@ class ModelSpec(_Strict):
     """One ``[[model]]`` catalogue entry."""
 
     id: Annotated[str, Field(pattern=MODEL_ID_PATTERN)]
-    source: str | None = None  # path, file://, hf://org/repo[/file], demo://name
+    source: str | None = None  # path, file://, hf://org/repo[/file], https://, demo://name
+    # The file's sha256 (hex): required for an http(s):// source (nothing else vouches for
+    # its bytes), checked besides the hub's own for an hf:// file, verified once (and
+    # remembered by the file's identity) for a path.
+    sha256: Sha256 | None = Field(default=None, validate_default=True)
+    # hf:// only: the branch, tag or commit to pull (default: the repository's main).
+    revision: HubRevision | None = None
+    # hf://org/repo (a whole snapshot) only: glob patterns of the files to pull, and of
+    # those to leave out (huggingface_hub's allow/ignore patterns: `*` crosses `/`).
+    include: Annotated[list[GlobPattern], Field(min_length=1, max_length=64)] | None = None
+    exclude: Annotated[list[GlobPattern], Field(min_length=1, max_length=64)] | None = None
     kind: Kind = "llm"
     memory_gb: MemoryGb = 0.0  # admission estimate (device memory); 0 = not counted
     exclusive_group: Annotated[str, Field(min_length=1, max_length=63)] | None = None
@@ -209,10 +244,67 @@ class ModelSpec(_Strict):
             if parts.scheme not in _SOURCE_SCHEMES:
                 raise ValueError(
                     f"unsupported source scheme {parts.scheme!r}: use a path, file://, "
-                    "hf://org/repo[/file] or demo://name"
+                    "hf://org/repo[/file], https://host/path or demo://name"
                 )
-            if parts.scheme == "hf" and len([p for p in value[5:].split("/") if p]) < 2:
+            if parts.scheme == "hf" and len(hub_parts(value)) < 2:
                 raise ValueError("hf:// sources name org/repo (a repository) or org/repo/file")
+            if parts.scheme == "hf" and any(p in (".", "..") for p in hub_parts(value)):
+                raise ValueError("hf:// sources must not contain '.' or '..' segments")
+            if parts.scheme in ("http", "https"):
+                if not parts.hostname or not parts.path.strip("/") or parts.path.endswith("/"):
+                    raise ValueError(f"{parts.scheme}:// sources name a file: scheme://host/path")
+                if parts.username is not None or parts.password is not None:
+                    raise ValueError(
+                        "a source URL must not carry credentials (user:password@): a stack "
+                        "file is no place for a secret"
+                    )
+                if ".." in parts.path.split("/"):
+                    raise ValueError("a source URL's path must not contain '..'")
+        return value
+
+    @field_validator("sha256")
+    @classmethod
+    def _check_sha256(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if "source" not in info.data:
+            return value  # the source itself was refused
+        source = info.data["source"]
+        if value is None:
+            if is_url_source(source):
+                raise ValueError(
+                    'an http(s):// source needs sha256 = "<64 hex digits>": nothing else '
+                    "vouches for its bytes"
+                )
+            return None
+        if not source or source.startswith("demo://"):
+            raise ValueError("sha256 needs a file source (a path, file://, hf:// or https://)")
+        if is_hub_snapshot(source):
+            raise ValueError(
+                "sha256 names one file; hf://org/repo is a whole repository (each of its "
+                "files is verified against the hub's own digest)"
+            )
+        return value.lower()
+
+    @field_validator("revision")
+    @classmethod
+    def _check_revision(cls, value: str | None, info: ValidationInfo) -> str | None:
+        source = info.data.get("source")
+        if value is not None and "source" in info.data and not (source or "").startswith("hf://"):
+            raise ValueError("revision is for hf:// sources only")
+        if value is not None and ".." in value.split("/"):
+            raise ValueError("revision must not contain '..'")
+        return value
+
+    @field_validator("include", "exclude")
+    @classmethod
+    def _check_patterns(cls, value: list[str] | None, info: ValidationInfo) -> list[str] | None:
+        if value is None or "source" not in info.data:
+            return value
+        if not is_hub_snapshot(info.data.get("source")):
+            raise ValueError(
+                f"{info.field_name} is for hf://org/repo sources only (a whole repository)"
+            )
+        if any("\x00" in pattern for pattern in value):
+            raise ValueError("patterns must not contain NUL bytes")
         return value
 
     @property

@@ -21,6 +21,7 @@ from typing import Any
 import psutil
 import pytest
 
+from controller.api.dryrun import plan_json
 from controller.kit.eventbus import Subscription
 from controller.model.errors import (
     InsufficientMemory,
@@ -153,7 +154,7 @@ def server_starts(manager: SlotManager, slot: str) -> int:
 
 def labelled(manager: SlotManager, slot: str) -> list[int]:
     """Live (non-zombie) processes carrying this runtime's labels for ``slot``."""
-    owner = runtime_of(manager).owner
+    owner = runtime_of(manager).servers.owner
     pids = []
     for proc in psutil.process_iter():
         try:
@@ -275,7 +276,7 @@ async def test_refused_load_reports_exact_bytes_and_changes_nothing(env: Env) ->
     assert (needed, free, evictable) == (int(6.75 * GIB), int(5.25 * GIB), int(1.5 * GIB))
 
     sub = m.events.subscribe()
-    plan = m.explain_load("big")
+    plan = plan_json(m.explain_load("big"))
     assert plan["action"] == "refuse"
     assert plan["error"]["needed_bytes"] == needed
     assert plan["error"]["free_bytes"] == free
@@ -323,7 +324,7 @@ async def test_preload_eviction_picks_lowest_priority_lru_and_explains_first(env
     await asyncio.sleep(0.3)
     m.release(await m.acquire("low-a"))
 
-    plan = m.explain_load("new")
+    plan = plan_json(m.explain_load("new"))
     assert plan["action"] == "evict-then-load"
     assert [v["slot"] for v in plan["evict"]] == ["low-b"]
     victim = plan["evict"][0]
@@ -389,7 +390,7 @@ async def test_crash_loop_backs_off_and_reset_clears_it(env: Env) -> None:
 
     view = await m.reset("crash")
     assert view.state is S.OFFLINE and view.failures == 0 and view.retry_after_s == 0.0
-    assert m.explain_load("crash")["action"] == "load"
+    assert plan_json(m.explain_load("crash"))["action"] == "load"
     with pytest.raises(SlotSpawnFailed):  # retried at once: fails for real, not refused
         await m.load("crash")
     assert server_starts(m, "crash") == 3

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from controller.api.dryrun import plan_json
 from controller.model.lifecycle import SlotState
 from controller.spec.loader import load_stack_texts
 from controller.spec.schema import ModelSpec, SlotSpec
@@ -121,7 +122,7 @@ async def test_a_request_for_one_member_loads_both(harness: Harness) -> None:
     # both servers really answer
     async with r.post("/v1/chat/completions", chat("chat-m")) as resp:
         assert resp.status == 200
-    plan = r.manager.explain_load("chat")
+    plan = plan_json(r.manager.explain_load("chat"))
     assert plan["action"] == "none" and plan["unit"]["action"] == "none"
     assert [m["slot"] for m in plan["unit"]["members"]] == ["chat", "embed"]
 

@@ -1,17 +1,18 @@
 """A real Kubernetes API server for the operator tests, as controller-runtime's envtest
 does it: the upstream ``kube-apiserver`` (built from the ``k8s.io/kubernetes`` module by
-``tools/k8s/build.sh``) on 127.0.0.1, backed by kine on SQLite (what k3s uses), with no
-kubelet, scheduler or controller-manager.
+``tools/k8s/build.sh``) on 127.0.0.1, backed by etcd (its own storage, built into the same
+binary), with no kubelet, scheduler or controller-manager.
 
 :func:`start` generates a CA, a serving certificate for 127.0.0.1, a service-account
-signing key and an admin token in ``system:masters``, starts kine and the API server with
+signing key and an admin token in ``system:masters``, starts etcd and the API server with
 ``--authorization-mode=RBAC`` and waits for ``/readyz``. :class:`Kube` is a small async
 client (the tests' ``kubectl``), :func:`kubeconfig` writes what the operator reads.
 
 The binaries come from ``$SLOTCTL_K8S_BIN`` or the build cache
-(``~/.cache/slotctl/k8s/<version>/``); :func:`binaries` returns ``None`` when neither has
-them, and the tests skip, unless ``SLOTCTL_K8S_APISERVER=1`` asked for this tier (then a
-missing build is a failure: ``make test`` builds first with that variable set).
+(``~/.cache/slotctl/k8s/<version key>/``: each command a link to the one binary the build
+makes, ``slotctl-k8s``); :func:`binaries` returns ``None`` when neither has them, and the
+tests skip, unless ``SLOTCTL_K8S_APISERVER=1`` asked for this tier (then a missing build is
+a failure: ``make test`` builds first with that variable set).
 """
 
 from __future__ import annotations
@@ -44,14 +45,15 @@ from tests.integration.helpers import free_ports
 
 REPO = Path(__file__).resolve().parents[2]
 K8S_VERSION = "v1.37.2"
-KINE_VERSION = "v0.17.5"
+ETCD_VERSION = "v3.7.0"
+KWOK_VERSION = "v0.8.0"
 BUILD = REPO / "tools" / "k8s" / "build.sh"
 TEST_AGENT = "slotctl-tests/kubectl"
 
 
 def cache_dir() -> Path:
     root = os.environ.get("SLOTCTL_K8S_CACHE") or str(Path.home() / ".cache/slotctl/k8s")
-    return Path(root) / f"{K8S_VERSION}-kine-{KINE_VERSION}"
+    return Path(root) / f"{K8S_VERSION}-etcd-{ETCD_VERSION}-kwok-{KWOK_VERSION}"
 
 
 def requested() -> bool:
@@ -60,9 +62,9 @@ def requested() -> bool:
 
 
 def binaries() -> Path | None:
-    """The folder holding ``kube-apiserver`` and ``kine``, or None when not built."""
+    """The folder holding ``kube-apiserver`` and ``etcd``, or None when not built."""
     folder = Path(os.environ.get("SLOTCTL_K8S_BIN") or cache_dir())
-    if all(os.access(folder / name, os.X_OK) for name in ("kube-apiserver", "kine")):
+    if all(os.access(folder / name, os.X_OK) for name in ("kube-apiserver", "etcd")):
         return folder
     return None
 
@@ -145,7 +147,7 @@ def write_pki(folder: Path) -> dict[str, Path]:
 
 @dataclass
 class ApiServer:
-    """A running kine + kube-apiserver pair and how to reach it as the admin."""
+    """A running etcd + kube-apiserver pair and how to reach it as the admin."""
 
     url: str
     ca: Path
@@ -206,7 +208,7 @@ class ApiServer:
         return "\n".join(out)
 
     def stop(self) -> None:
-        """The API server first (its graceful shutdown still talks to kine), then kine."""
+        """The API server first (its graceful shutdown still talks to etcd), then etcd."""
         for proc in reversed(self.procs):
             if proc.poll() is None:
                 proc.terminate()
@@ -231,7 +233,7 @@ def _wait_port(port: int, proc: subprocess.Popen[bytes], what: str, timeout: flo
 
 
 def start(workdir: Path, bin_dir: Path, timeout: float = 120.0, *, audit: bool = True) -> ApiServer:
-    """Start kine and kube-apiserver under ``workdir``; returns once ``/readyz`` is ok.
+    """Start etcd and kube-apiserver under ``workdir``; returns once ``/readyz`` is ok.
     ``audit``: write the audit log (every request: the least-privilege checks read it)."""
     workdir.mkdir(parents=True, exist_ok=True)
     pki = write_pki(workdir / "pki")
@@ -259,8 +261,8 @@ def start(workdir: Path, bin_dir: Path, timeout: float = 120.0, *, audit: bool =
             }
         )
     )
-    kine_port, api_port = free_ports(2)
-    logs = {"kine": workdir / "kine.log", "kube-apiserver": workdir / "kube-apiserver.log"}
+    etcd_port, peer_port, api_port = free_ports(3)
+    logs = {"etcd": workdir / "etcd.log", "kube-apiserver": workdir / "kube-apiserver.log"}
     server = ApiServer(
         url=f"https://127.0.0.1:{api_port}",
         ca=pki["ca"],
@@ -269,23 +271,29 @@ def start(workdir: Path, bin_dir: Path, timeout: float = 120.0, *, audit: bool =
         logs=logs,
     )
     try:
-        with logs["kine"].open("wb") as out:
-            kine = subprocess.Popen(
+        with logs["etcd"].open("wb") as out:
+            etcd = subprocess.Popen(
                 [
-                    str(bin_dir / "kine"),
-                    "--endpoint",
-                    f"sqlite://{workdir / 'kine.db'}?_journal=WAL&cache=shared&_busy_timeout=30000",
-                    "--listen-address",
-                    f"127.0.0.1:{kine_port}",
-                    "--metrics-bind-address",
-                    "0",
+                    str(bin_dir / "etcd"),
+                    f"--data-dir={workdir / 'etcd'}",
+                    f"--listen-client-urls=http://127.0.0.1:{etcd_port}",
+                    f"--advertise-client-urls=http://127.0.0.1:{etcd_port}",
+                    # one member, its peer port on loopback (the default, 2380, would be
+                    # shared by every server of a parallel run)
+                    f"--listen-peer-urls=http://127.0.0.1:{peer_port}",
+                    f"--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}",
+                    f"--initial-cluster=default=http://127.0.0.1:{peer_port}",
+                    # a throwaway store: no fsync per commit (a loaded CI disk would
+                    # otherwise pace every write)
+                    "--unsafe-no-fsync",
+                    "--log-level=warn",
                 ],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 cwd=workdir,
             )
-        server.procs.append(kine)
-        _wait_port(kine_port, kine, "kine", 30)
+        server.procs.append(etcd)
+        _wait_port(etcd_port, etcd, "etcd", 30)
         with logs["kube-apiserver"].open("wb") as out:
             api = subprocess.Popen(
                 [
@@ -294,7 +302,7 @@ def start(workdir: Path, bin_dir: Path, timeout: float = 120.0, *, audit: bool =
                     "--advertise-address=127.0.0.1",
                     "--endpoint-reconciler-type=none",  # loopback: no kubernetes Endpoints
                     f"--secure-port={api_port}",
-                    f"--etcd-servers=http://127.0.0.1:{kine_port}",
+                    f"--etcd-servers=http://127.0.0.1:{etcd_port}",
                     f"--cert-dir={workdir / 'certs'}",
                     f"--tls-cert-file={pki['cert']}",
                     f"--tls-private-key-file={pki['key']}",

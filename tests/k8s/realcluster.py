@@ -1,12 +1,12 @@
 """A real control plane with simulated GPU nodes, for the kubernetes runtime's real tier.
 
-kine + ``kube-apiserver`` (:mod:`tests.k8s.realapi`), ``kube-controller-manager`` (the
+etcd + ``kube-apiserver`` (:mod:`tests.k8s.realapi`), ``kube-controller-manager`` (the
 Deployment, ReplicaSet, node lifecycle, taint eviction, garbage collector and service
 account controllers), ``kube-scheduler`` and ``kwok`` (``sigs.k8s.io/kwok``: it keeps the
 nodes it manages Ready, with leases, and plays their kubelets' part for pods: Running
-with an IP from the node's ``podCIDR``), all built by ``tools/k8s/build.sh`` and started
-on 127.0.0.1. Each node gets a loopback ``podCIDR`` (``127.1.N.0/24``), so its pods' IPs
-are addresses this host can bind.
+with an IP from the node's ``podCIDR``), all one binary built by ``tools/k8s/build.sh``
+(each command a link to it), started on 127.0.0.1. Each node gets a loopback ``podCIDR``
+(``127.1.N.0/24``), so its pods' IPs are addresses this host can bind.
 
 kwok runs no containers. :class:`ContainerRuntime` does, as ``tests/k8s/kubelet.py`` does
 for KMock: a thread that follows the pods of slotctl (a list, then a watch) and starts
@@ -43,7 +43,7 @@ from tests.k8s import realapi
 from tests.k8s.realapi import ApiServer
 
 REPO = Path(__file__).resolve().parents[2]
-NAMES = ("kube-apiserver", "kine", "kube-scheduler", "kube-controller-manager", "kubectl", "kwok")
+NAMES = ("kube-apiserver", "etcd", "kube-scheduler", "kube-controller-manager", "kubectl", "kwok")
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
 CONTROLLERS = (
     "deployment-controller",

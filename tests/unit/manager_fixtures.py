@@ -165,9 +165,9 @@ async def settle(manager: SlotManager, *, rounds: int = 100_000) -> None:
     for _ in range(rounds):
         pending = [t for t in manager.core.tasks if not t.done()]
         pending += [
-            s.load_task
+            s.flight.task
             for s in manager.core.table.records.values()
-            if s.load_task is not None and not s.load_task.done()
+            if s.flight.task is not None and not s.flight.task.done()
         ]
         if not pending:
             return

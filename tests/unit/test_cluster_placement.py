@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from lightkube.resources.core_v1 import Node, Pod
 
+from controller.api.dryrun import plan_json
 from controller.kit.clock import FakeClock
 from controller.model.errors import DeviceUnavailable, InsufficientMemory
 from controller.model.events import EventKind
@@ -265,10 +266,10 @@ async def test_a_node_the_scheduler_left_the_pod_pending_on_is_avoided(tmp_path:
     cluster.clock.advance(2.0)  # the crash-loop breaker's backoff
     await m.load("chat")
     assert tried == ["a", "b"] and cluster.node_of("chat") == "b"
-    explained = m.explain_load("chat")
+    explained = plan_json(m.explain_load("chat"))
     assert explained["action"] == "none"
     record = m.core.table.get("chat")
-    assert "Too many pods" in record.avoid["a"][1]
+    assert "Too many pods" in record.flight.avoided(cluster.clock.monotonic())["a"]
 
 
 def test_cluster_devices_per_node() -> None:
@@ -399,7 +400,7 @@ async def test_a_sleeper_holds_its_whole_gpu_and_is_unloaded_to_clear_it(tmp_pat
     view = m.view("low")
     assert view.residency == "asleep" and view.devices == ("a/cpu",)  # its weights there
     assert m.admitted_bytes("a/gpu") == 0  # no memory on the GPU, but the pod holds it
-    plan = m.explain_load("high")
+    plan = plan_json(m.explain_load("high"))
     assert [(v["slot"], v["action"]) for v in plan["evict"]] == [("low", "unload")], plan
     await m.load("high")
     assert m.view("low").state is S.OFFLINE and "low" not in cluster.runtime.sleeping

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from controller.api.dryrun import plan_json
 from controller.cli.output import Style
 from controller.cli.remote import _unit_lines
 from controller.model.errors import InsufficientMemory, SlotSpawnFailed
@@ -264,7 +265,7 @@ async def test_a_unit_that_does_not_fit_together_changes_nothing(tmp_path: Path)
     }
     assert "unit 'rag'" in err.value.message
     assert list(m.transitions) == before
-    plan = m.explain_load("chat")
+    plan = plan_json(m.explain_load("chat"))
     assert plan["action"] == "refuse" and plan["unit"]["failed"] == "embed"
     assert [p["slot"] for p in plan["unit"]["members"]] == ["chat", "embed"]
     lines = _unit_lines(plan, Style(io.StringIO()))  # what `slot load --dry-run` prints
@@ -280,7 +281,9 @@ async def test_eviction_takes_the_unit_whole_and_never_a_member_for_a_member(
     await m.load("chat")
     assert m.view("embed").state is S.READY
     h.clock.advance(600)
-    plan = m.explain_load("big")  # 8 GiB: 6 free; embed (2) alone would do, the unit goes
+    plan = plan_json(
+        m.explain_load("big")
+    )  # 8 GiB: 6 free; embed (2) alone would do, the unit goes
     assert plan["action"] == "evict-then-load"
     await m.load("big")
     assert m.view("chat").state is S.OFFLINE and m.view("embed").state is S.OFFLINE
@@ -361,7 +364,7 @@ async def test_a_member_is_never_evicted_for_its_own_mate(tmp_path: Path) -> Non
     assert m.view("chat").state is S.READY and m.view("embed").state is S.OFFLINE
     h.memory.totals["gpu"] = 5 * G  # chat (4) leaves 1: embed (2) needs chat's room
     h.clock.advance(600)
-    plan = m.explain_load("embed")
+    plan = plan_json(m.explain_load("embed"))
     assert plan["action"] == "refuse"
     with pytest.raises(InsufficientMemory):
         await m.load("embed")

@@ -62,6 +62,12 @@ EXTRA_ERRORS: dict[str, tuple[str, int]] = {
     "KeyNotFound": ("key.not_found", 404),
     "KeyLimited": ("key.rate_limited", 429),
     "KeyConcurrencyLimited": ("key.concurrency_limit", 429),
+    # Issue 35: model files pulled, verified and admitted on disk.
+    "ModelFileMissing": ("model.file_missing", 409),
+    "InsufficientDisk": ("model.insufficient_disk", 507),
+    "ModelPullFailed": ("model.pull_failed", 502),
+    "ModelAccessDenied": ("model.access_denied", 403),
+    "ModelVerifyFailed": ("model.verify_failed", 502),
 }
 ALL_ERRORS = {**SPEC_ERRORS, **EXTRA_ERRORS}
 
@@ -118,6 +124,21 @@ def _make(name: str) -> SlotctlError:
         ),
         "HostNotAllowed": lambda: errors_module.HostNotAllowed("Host 'evil.example'"),
         "SlotWakeFailed": lambda: errors_module.SlotWakeFailed("no wake", slot="llm-a"),
+        "ModelFileMissing": lambda: errors_module.ModelFileMissing(
+            "chat", "/models/chat.gguf", "chat.gguf"
+        ),
+        "InsufficientDisk": lambda: errors_module.InsufficientDisk(
+            "needs 4 GiB", needed_bytes=4 << 30, free_bytes=1 << 30, margin_bytes=1 << 29
+        ),
+        "ModelPullFailed": lambda: errors_module.ModelPullFailed(
+            "connection reset", source="hf://o/r/f.gguf", reason="network"
+        ),
+        "ModelAccessDenied": lambda: errors_module.ModelAccessDenied(
+            "gated", source="hf://o/r/f.gguf", reason="gated", token_sent=False
+        ),
+        "ModelVerifyFailed": lambda: errors_module.ModelVerifyFailed(
+            "sha256 mismatch", model="chat", quarantined="/models/.slotctl/quarantine/x"
+        ),
         "StateWriteFailed": lambda: errors_module.StateWriteFailed(
             "/var/lib/slotctl/slots/llm-a/state.json", OSError(28, "No space left on device")
         ),

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from controller.api.dryrun import plan_json
 from controller.model.errors import (
     InsufficientMemory,
     SlotCrashLooping,
@@ -213,7 +214,7 @@ async def test_stale_cleanup_does_not_unload_a_replacement_load(tmp_path: Path) 
     waiter = asyncio.create_task(m.acquire("a"))
     await spin()
     slot = m.core.table.records["a"]
-    first_load = slot.load_task
+    first_load = slot.flight.task
     assert first_load is not None
     waiter.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -227,7 +228,7 @@ async def test_stale_cleanup_does_not_unload_a_replacement_load(tmp_path: Path) 
     await m.leasing.cleanup_after(slot, first_load)
     assert m.view("a").state is S.READY
     # The same cleanup for the current generation does unload (the check is the guard).
-    current = slot.load_task
+    current = slot.flight.task
     assert current is not None
     await m.leasing.cleanup_after(slot, current)
     assert m.view("a").state is S.OFFLINE
@@ -472,7 +473,7 @@ async def test_explain_load_reports_the_plan_and_changes_nothing(tmp_path: Path)
     await m.load("hi")
     h.clock.advance(30)
     before = (list(m.transitions), m.events.last_id, [m.store.read(n) for n in m.names()])
-    plan = m.explain_load("new")
+    plan = plan_json(m.explain_load("new"))
     assert (list(m.transitions), m.events.last_id, [m.store.read(n) for n in m.names()]) == before
     assert plan["action"] == "evict-then-load"
     assert plan["needed_bytes"] == 4 * GIB and plan["free_bytes"] == 2 * GIB
@@ -482,11 +483,11 @@ async def test_explain_load_reports_the_plan_and_changes_nothing(tmp_path: Path)
     assert "priority 10" in victim["reason"]
     await m.load("new")  # the real load does what the dry run said
     assert m.view("lo").state is S.OFFLINE and m.view("hi").state is S.READY
-    assert m.explain_load("new")["action"] == "none"
+    assert plan_json(m.explain_load("new"))["action"] == "none"
     # A refusal explained: nothing could free enough.
     slots2 = [*slots, slot_spec("huge")]
     await m.set_desired(desired(slots2, [*models, model_spec("huge-m", 40)]))
-    refused = m.explain_load("huge")
+    refused = plan_json(m.explain_load("huge"))
     assert refused["action"] == "refuse"
     assert refused["error"]["code"] == "model.insufficient_memory"
 
@@ -1046,7 +1047,7 @@ async def test_dry_run_refuses_like_the_load_when_a_pinned_peer_holds_the_group(
     models = [model_spec("ga", 2, group="g"), model_spec("gp", 2, group="g")]
     _h, m = await setup(tmp_path, slots, models)
     await m.load("p")
-    plan = m.explain_load("a")
+    plan = plan_json(m.explain_load("a"))
     assert plan["action"] == "refuse" and plan["error"]["code"] == "slot.pinned"
     with pytest.raises(SlotPinned):
         await m.load("a")

@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+from controller.api.dryrun import plan_json
 from controller.model.errors import InsufficientMemory, SlotCrashLooping, SlotSpawnFailed
 from controller.model.lifecycle import SlotState
 from tests.unit.manager_fixtures import Harness, desired, model_spec, slot_spec
@@ -34,7 +35,7 @@ async def test_refusal_and_eviction(tmp_path: Path) -> None:
     await m.set_desired(desired(slots, models))
     await m.load("low")
     await m.load("high")
-    plan = m.explain_load("big")
+    plan = plan_json(m.explain_load("big"))
     assert plan["action"] == "evict-then-load"
     assert [v["slot"] for v in plan["evict"]] == ["low"]
     await m.load("big")

@@ -247,7 +247,7 @@ class ManagerMachine(RuleBasedStateMachine):
             slot = self.m.core.table.records[event.slot]
             if event.slot in PINNED or slot.spec.pinned:
                 self.violations.append(f"pinned slot {event.slot} evicted: {event.message}")
-            if slot.leases or any(
+            if slot.book.leases or any(
                 lease.slot == event.slot and self._is_active(lease) for lease in self.active
             ):
                 self.violations.append(f"slot {event.slot} evicted with an active lease")
@@ -281,8 +281,8 @@ class ManagerMachine(RuleBasedStateMachine):
 
     def _track_load_tasks(self) -> None:
         for slot in self.m.core.table.records.values():
-            if slot.load_task is not None:
-                self.tasks.add(slot.load_task)
+            if slot.flight.task is not None:
+                self.tasks.add(slot.flight.task)
 
     def _spin(self, rounds: int = 50) -> None:
         async def spin() -> None:

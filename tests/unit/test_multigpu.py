@@ -16,6 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from controller.api.dryrun import plan_json
 from controller.kit.clock import FakeClock
 from controller.model.devices import GpuRef
 from controller.model.errors import DeviceUnavailable, InsufficientMemory, SlotConfigError
@@ -137,7 +138,7 @@ async def test_an_eviction_happens_only_on_the_gpu_the_load_uses(tmp_path: Path)
     await m.load("low")
     await m.load("mid")
     assert (host.gpus_of("low"), host.gpus_of("mid")) == ((0,), (1,))
-    plan = m.explain_load("new")
+    plan = plan_json(m.explain_load("new"))
     assert plan["action"] == "evict-then-load" and plan["devices"] == ["gpu:0"]
     assert [v["slot"] for v in plan["evict"]] == ["low"] and plan["evict"][0]["devices"] == [
         "gpu:0"
@@ -243,7 +244,7 @@ async def test_an_impossible_placement_is_a_typed_refusal_that_changes_nothing(
     assert len(refusals) == 1 and refusals[0].error == "device.unavailable"
     assert m.view("s").state is S.OFFLINE and not m.view("s").resident
     assert m.store.read("s") == before and host.runtime.starts["s"] == 0
-    assert m.explain_load("s")["action"] == "refuse"
+    assert plan_json(m.explain_load("s"))["action"] == "refuse"
 
 
 async def test_a_lost_gpu_is_skipped_for_unpinned_slots(tmp_path: Path) -> None:
@@ -360,7 +361,7 @@ async def _run_property(
             assert after == before  # a restart never re-places a running slot
         elif op == "load":
             with_gpus = {s: set(host.gpus_of(s)) for s in host.manager.names()}
-            dry = host.manager.explain_load(name)
+            dry = plan_json(host.manager.explain_load(name))
             refused = False
             try:
                 await host.manager.load(name)
@@ -467,7 +468,7 @@ async def test_pins_on_the_kubernetes_runtime_are_refused_before_a_peer_is_unloa
     await host.manager.set_desired(desired(slots, models))
     m = host.manager
     await m.load("peer")
-    assert m.explain_load("pinned")["action"] == "refuse"
+    assert plan_json(m.explain_load("pinned"))["action"] == "refuse"
     sub = m.events.subscribe()
     with pytest.raises(SlotConfigError, match="device plugin"):
         await m.load("pinned")

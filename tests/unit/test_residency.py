@@ -17,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from controller.api.dryrun import plan_json
 from controller.model.errors import InsufficientMemory, ModelNotFound, SlotctlError, SlotPinned
 from controller.model.events import EvictionReason
 from controller.model.lifecycle import SlotState
@@ -262,7 +263,7 @@ async def test_dry_run_and_load_agree_on_a_model_missing_from_the_catalogue(
 ) -> None:
     h = harness(tmp_path, budget_gb=8)
     await h.manager.set_desired(desired([slot_spec("a")], []))
-    plan = h.manager.explain_load("a")
+    plan = plan_json(h.manager.explain_load("a"))
     assert plan["action"] == "refuse" and plan["error"]["code"] == "model.not_found"
     with pytest.raises(ModelNotFound):
         await h.manager.load("a")
@@ -276,7 +277,7 @@ async def test_dry_run_and_load_agree_on_a_pinned_peer_with_a_memory_shortfall(
     h = harness(tmp_path, budget_gb=8)
     await h.manager.set_desired(desired(slots, models))
     await h.manager.load("p")
-    plan = h.manager.explain_load("a")
+    plan = plan_json(h.manager.explain_load("a"))
     assert plan["error"]["code"] == "slot.pinned"
     with pytest.raises(SlotPinned):
         await h.manager.load("a")
@@ -314,7 +315,7 @@ async def test_the_dry_run_verdict_is_the_loads_verdict(
         await m.acquire(v.name) for v in m.views() if v.dispatchable and data.draw(st.booleans())
     ]
     target = f"s{data.draw(st.integers(0, n - 1))}"
-    plan = m.explain_load(target)
+    plan = plan_json(m.explain_load(target))
     before = loaded(m)
     try:
         await m.load(target)

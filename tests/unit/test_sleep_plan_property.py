@@ -15,6 +15,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from controller.api.dryrun import plan_json
 from controller.model.devices import GpuRef, share
 from controller.model.errors import SlotctlError
 from controller.model.lifecycle import SlotState
@@ -159,7 +160,7 @@ async def _run(
     for index, advance in ops:
         name = names[index % len(names)]
         h.clock.advance(advance)
-        plan = m.explain_load(name)
+        plan = plan_json(m.explain_load(name))
         sub = m.events.subscribe()
         try:
             await m.load(name, resident=False)

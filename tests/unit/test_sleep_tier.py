@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from controller.api.dryrun import plan_json
 from controller.model.errors import InsufficientMemory
 from controller.model.lifecycle import IdleReason, SlotState
 from controller.model.sizes import GIB
@@ -155,7 +156,7 @@ async def test_host_memory_that_cannot_hold_the_weights_turns_the_sleep_into_an_
     h, m = await setup(tmp_path, slots, models, gpu_gb=8, host_gb=8, host_margin_gb=4)
     await m.load("a")
     h.clock.advance(30)
-    plan = m.explain_load("b")
+    plan = plan_json(m.explain_load("b"))
     assert [(v["slot"], v["action"]) for v in plan["evict"]] == [("a", "unload")]
     await m.load("b")
     assert m.view("a").state is S.OFFLINE and h.runtime.sleeps["a"] == 0
@@ -171,7 +172,7 @@ async def test_the_dry_run_shows_sleep_or_unload_per_victim_and_the_memory_freed
     await m.load("c")
     h.clock.advance(60)
     before = (list(m.transitions), m.events.last_id)
-    plan = m.explain_load("big")
+    plan = plan_json(m.explain_load("big"))
     assert (list(m.transitions), m.events.last_id) == before  # changes nothing
     actions = {v["slot"]: v["action"] for v in plan["evict"]}
     assert actions == {"a": "sleep", "c": "unload"}
@@ -192,7 +193,7 @@ async def test_a_cpu_load_short_of_host_memory_unloads_sleepers(tmp_path: Path) 
     await m.load("b")  # a sleeps: 6 GiB of the host's 10
     assert m.view("a").residency == "asleep"
     h.clock.advance(30)
-    plan = m.explain_load("cpu")
+    plan = plan_json(m.explain_load("cpu"))
     assert [(v["slot"], v["action"], v["devices"]) for v in plan["evict"]] == [
         ("a", "unload", ["cpu"])
     ]
@@ -213,7 +214,7 @@ async def test_more_sleepers_than_host_memory_unload_the_one_that_matters_less(
     h.clock.advance(10)
     await m.load("b")  # a sleeps (host: 6 of 8 GiB)
     h.clock.advance(10)
-    plan = m.explain_load("c")
+    plan = plan_json(m.explain_load("c"))
     # b (priority 50) may sleep only if a (priority 10, asleep) gives up its host memory
     assert [(v["slot"], v["action"]) for v in plan["evict"]] == [("a", "unload"), ("b", "sleep")]
     await m.load("c")
@@ -316,7 +317,7 @@ async def test_the_order_divides_idle_time_by_the_cost_to_bring_back(tmp_path: P
             h.clock.advance(1)
         await task
     h.clock.advance(100)
-    plan = m.explain_load("new")
+    plan = plan_json(m.explain_load("new"))
     (victim,) = plan["evict"]
     assert victim["slot"] == "small", plan
     assert victim["load_s"] == pytest.approx(2, abs=1.5)
@@ -348,7 +349,7 @@ async def test_a_sleeper_whose_gpu_cannot_be_freed_is_loaded_cold_on_another(
     await m.load("p")  # pinned to GPU 0: a sleeps there
     assert tier(m, "a") == ("idle", "asleep", "asleep", 1)
     h.clock.advance(30)
-    plan = m.explain_load("a")  # the dry run says what the load will do
+    plan = plan_json(m.explain_load("a"))  # the dry run says what the load will do
     assert (plan["action"], plan["wake"], plan["devices"]) == ("load", False, ["gpu:1"]), plan
     assert "no room on gpu:0" in plan["fallback"]
     sub = m.events.subscribe()

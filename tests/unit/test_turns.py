@@ -29,7 +29,7 @@ async def _harness(tmp_path: Path, **slot: Any) -> Harness:
 
 async def _queued(h: Harness, count: int) -> None:
     for _ in range(1000):
-        if h.manager.core.table.get("s").queued == count:
+        if h.manager.core.table.get("s").book.queued == count:
             return
         await asyncio.sleep(0)
     raise AssertionError(f"not {count} waiting: {h.manager.core.table.get('s').queued}")
@@ -55,7 +55,7 @@ async def test_at_its_limit_the_interactive_key_goes_before_a_batch_flood(tmp_pa
     await settle(m)
     for task in batch:
         m.release(await task)
-    assert m.core.table.get("s").queued == 0 and m.view("s").state is S.READY
+    assert m.core.table.get("s").book.queued == 0 and m.view("s").state is S.READY
 
 
 async def test_keys_of_one_class_take_turns_and_each_keeps_its_order(tmp_path: Path) -> None:
@@ -136,7 +136,7 @@ async def test_a_waiter_that_leaves_is_removed_and_a_granted_one_gives_its_lease
     await _queued(h, 2)
     gone.cancel()
     await asyncio.sleep(0)
-    assert m.core.table.get("s").queued == 1
+    assert m.core.table.get("s").book.queued == 1
     m.release(holder)
     lease: Lease = await stays
     assert m.view("s").leases == 1
@@ -168,7 +168,7 @@ async def test_no_limit_no_turns(tmp_path: Path) -> None:
     """Without max_concurrency every request gets its lease at once, as before."""
     h = await _harness(tmp_path)
     leases = [await h.manager.acquire("s", CI) for _ in range(50)]
-    assert h.manager.view("s").leases == 50 and h.manager.core.table.get("s").turns is None
+    assert h.manager.view("s").leases == 50 and h.manager.core.table.get("s").book.turns is None
     for lease in leases:
         h.manager.release(lease)
 
@@ -206,6 +206,6 @@ async def test_the_classes_changed_while_requests_wait(tmp_path: Path) -> None:
     held = await m.acquire("s", Requester("x", "gold"))
     third = asyncio.ensure_future(m.acquire("s", Requester("x", "gold")))
     await _queued(h, 1)  # the empty queue made anew with the new classes
-    assert set(m.core.table.get("s").turns.classes) == {"gold"}  # type: ignore[union-attr]
+    assert set(m.core.table.get("s").book.turns.classes) == {"gold"}  # type: ignore[union-attr]
     m.release(held)
     m.release(await third)

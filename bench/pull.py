@@ -1,0 +1,192 @@
+"""Model pulls (issue 35): throughput, verification cost, bytes fetched again after a kill.
+
+Side by side in one run, against one local hub server (tests/integration/hubserver.py:
+the hub's routes, LFS files redirected to a second origin as the hub's CDN is):
+
+* pull throughput of :class:`controller.models.pull.ModelFiles` — a hub file (resolved
+  by ``huggingface_hub``, fetched by its ``http_get`` into a partial file hashed as the
+  bytes arrive, renamed into place once verified) and a URL (aiohttp, the same partial
+  file) — against ``curl`` of the same file (goal: at least 0.9x) and against the
+  library's own ``hf_hub_download`` (which verifies nothing but the size);
+* verification cost per GB (sha256 and git blob hash of a file already on disk);
+* bytes fetched again after a pull is killed (SIGKILL) at half the file and a fresh
+  process pulls it (goal: at most one chunk, the library's 10 MiB read).
+
+Prints figures and ratios (best of ``--runs``); never fails on timing.
+
+    python bench/pull.py [--mib 256] [--runs 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from huggingface_hub import constants as hf_constants
+from huggingface_hub import hf_hub_download
+
+from controller.models.digests import hash_file
+from controller.models.hub import HubSettings
+from controller.models.pull import ModelFiles
+from controller.spec.schema import ModelSpec
+from tests.integration.hubserver import HubServer
+
+REPO = Path(__file__).resolve().parent.parent
+MIB = 1024 * 1024
+
+
+def blob(size: int) -> bytes:
+    block = hashlib.sha256(b"bench").digest() * 2048
+    return (block * (size // len(block) + 1))[:size]
+
+
+def best(runs: int, once: Callable[[Path], None]) -> float:
+    """The best wall time of ``runs`` runs of ``once`` (each in a fresh directory)."""
+    times = []
+    for _ in range(runs):
+        where = Path(tempfile.mkdtemp(prefix="bench-pull-"))
+        try:
+            start = time.perf_counter()
+            once(where)
+            times.append(time.perf_counter() - start)
+        finally:
+            shutil.rmtree(where, ignore_errors=True)
+    return min(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mib", type=int, default=256, help="file size in MiB")
+    parser.add_argument("--runs", type=int, default=3)
+    args = parser.parse_args()
+    size = args.mib * MIB
+    data = blob(size)
+    digest = hashlib.sha256(data).hexdigest()
+
+    with HubServer() as hub:
+        hub.add_repo("bench/model", {"model.gguf": data})
+        url = hub.add_url("model.gguf", data)
+        resolve = f"{hub.endpoint}/bench/model/resolve/main/model.gguf"
+
+        def curl(where: Path) -> None:
+            subprocess.run(["curl", "-sSfL", "-o", str(where / "f"), resolve], check=True)
+
+        def curl_sha(where: Path) -> None:
+            curl(where)
+            subprocess.run(["sha256sum", str(where / "f")], check=True, capture_output=True)
+
+        def library(where: Path) -> None:
+            hf_hub_download(
+                "bench/model", "model.gguf", local_dir=where, endpoint=hub.endpoint, token=False
+            )
+
+        def ours(source: str, sha: str | None) -> Callable[[Path], None]:
+            def once(where: Path) -> None:
+                files = ModelFiles(
+                    where / "models",
+                    where / "state",
+                    hub_settings=HubSettings(endpoint=hub.endpoint, token_file=where / "none"),
+                    margin_bytes=0,
+                )
+                (where / "none").write_text("")
+                outcome = asyncio.run(files.ensure(ModelSpec(id="b", source=source, sha256=sha)))
+                assert outcome.bytes_pulled == size, outcome
+
+            return once
+
+        rows = [
+            ("curl (no verification)", best(args.runs, curl)),
+            ("curl + sha256sum", best(args.runs, curl_sha)),
+            ("hf_hub_download (size check only)", best(args.runs, library)),
+            (
+                "slotctl pull, hub (sha256 inline)",
+                best(args.runs, ours("hf://bench/model/model.gguf", None)),
+            ),
+            ("slotctl pull, URL (sha256 inline)", best(args.runs, ours(url, digest))),
+        ]
+        baseline = rows[0][1]
+        print(f"pull of a {args.mib} MiB file from a local hub server (best of {args.runs}):")
+        print(f"  {'':38} {'seconds':>8} {'MiB/s':>8} {'vs curl':>8}")
+        for name, seconds in rows:
+            print(
+                f"  {name:38} {seconds:8.2f} {args.mib / seconds:8.0f} {baseline / seconds:7.2f}x"
+            )
+        library_s = rows[2][1]
+        print(f"  slotctl hub pull vs hf_hub_download: {library_s / rows[3][1]:.2f}x")
+
+        with tempfile.TemporaryDirectory() as where:
+            path = Path(where) / "f"
+            path.write_bytes(data)
+            for algorithm in ("sha256", "git-sha1"):
+                start = time.perf_counter()
+                hash_file(path, algorithm)  # type: ignore[arg-type]
+                seconds = time.perf_counter() - start
+                print(
+                    f"verification ({algorithm}) of a file on disk: "
+                    f"{seconds / (size / 1e9):.2f} s per GB"
+                )
+
+        print(kill_at_half(hub, size))
+
+
+def kill_at_half(hub: HubServer, size: int) -> str:
+    """SIGKILL a pulling process at half the file, pull again; the bytes fetched twice."""
+    hub.fault("model.gguf", hold_at=size // 2)
+    sent_before = hub.sent("model.gguf")
+    with tempfile.TemporaryDirectory() as where:
+        models, state = Path(where) / "models", Path(where) / "state"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+        env.update(HF_ENDPOINT=hub.endpoint, HF_HUB_DOWNLOAD_TIMEOUT="600", PYTHONPATH=str(REPO))
+        child = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests.integration.pull_child",
+                str(models),
+                str(state),
+                "hf://bench/model/model.gguf",
+            ],
+            env=env,
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        hub.held.wait(300)
+        chunk = hf_constants.DOWNLOAD_CHUNK_SIZE
+        deadline = time.monotonic() + 300
+        kept = 0
+        while time.monotonic() < deadline:
+            kept = sum(p.stat().st_size for p in (models / ".slotctl/partial").glob("*.part"))
+            if kept >= size // 2 - chunk:
+                break
+            time.sleep(0.05)
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+        hub.release()
+        files = ModelFiles(
+            models, state, hub_settings=HubSettings(endpoint=hub.endpoint), margin_bytes=0
+        )
+        outcome = asyncio.run(files.ensure(ModelSpec(id="b", source="hf://bench/model/model.gguf")))
+    sent = hub.sent("model.gguf") - sent_before
+    again = sent - size
+    return (
+        f"kill -9 at half ({size // 2 // MIB} MiB sent): {kept / MIB:.0f} MiB were on disk and "
+        f"resumed ({outcome.action}); fetched again: {again / MIB:.1f} MiB "
+        f"(goal: at most one chunk, {chunk / MIB:.0f} MiB: {'met' if again <= chunk else 'missed'})"
+    )
+
+
+if __name__ == "__main__":
+    main()

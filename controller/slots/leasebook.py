@@ -1,0 +1,191 @@
+"""Leasing's book of one slot: its leases, the requests waiting for it, the drain gate.
+
+At the bottom of :mod:`controller.slots` (each :class:`~.records.SlotRecord` holds one
+:class:`LeaseBook`, made with it). The asyncio coordination of requests lives here, not in
+fields of the record: the leases in flight (:class:`Lease`), the cold waiters and their
+priority classes, the turns of a slot at its ``max_concurrency`` (a fair queue), the class
+of each recent user, and the gate an unload closes while it drains. Its attributes change
+only in this module's methods; :mod:`.leases` calls them, and the parts that end a server
+under its requests (a failed load, a drain's timeout, a hung server, shutdown) revoke or
+drain through them (tests/unit/test_record_owners.py keeps that list).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from controller.model.errors import SlotctlError
+from controller.scheduling.fairqueue import FairQueue
+
+__all__ = ["Lease", "LeaseBook", "Requester", "Turns"]
+
+
+@dataclass(frozen=True, slots=True)
+class Requester:
+    """Who asks for a lease: the API key's name ("" for the API token) and the priority
+    class it waits in (where requests wait, :mod:`controller.scheduling.fairqueue`)."""
+
+    key: str = ""
+    cls: str = ""  # "": the controller's default class
+
+
+class Lease:
+    """A claim on a slot for one request (or a batch job): keeps it loaded and serving."""
+
+    _ids = itertools.count(1)
+
+    def __init__(self, slot: str, generation: int, expires_at: float | None = None) -> None:
+        self.id = next(Lease._ids)
+        self.slot = slot
+        self.generation = generation
+        self.expires_at = expires_at
+        self.released = False
+        self.error: SlotctlError | None = None
+        self._lost: asyncio.Event | None = None  # made when asked for: most never are
+
+    @property
+    def revoked(self) -> bool:
+        return self.error is not None
+
+    @property
+    def lost(self) -> asyncio.Event:
+        """Set once the lease is revoked (to wait for it)."""
+        if self._lost is None:
+            self._lost = asyncio.Event()
+            if self.error is not None:
+                self._lost.set()
+        return self._lost
+
+    def revoke(self, error: SlotctlError) -> None:
+        """The slot went away under this lease (crash, forced unload)."""
+        if self.error is None:
+            self.error = error
+        if self._lost is not None:
+            self._lost.set()
+
+    def check(self) -> None:
+        """Raise the typed error if the lease was revoked."""
+        if self.error is not None:
+            raise self.error
+
+    def __repr__(self) -> str:
+        return f"Lease({self.slot!r}, id={self.id}, gen={self.generation})"
+
+
+# Requests waiting for their turn: each waiter's future gets its lease, or None.
+Turns = FairQueue[asyncio.Future[Lease | None]]
+
+
+class LeaseBook:
+    """One slot's leases and waiting requests (see the module docstring)."""
+
+    __slots__ = ("class_used", "cold_classes", "draining", "leases", "turns", "waiters")
+
+    def __init__(self) -> None:
+        self.leases: dict[int, Lease] = {}
+        self.waiters = 0  # requests waiting for the slot's load (joined)
+        # The classes of those cold waiters (no max_concurrency: no turns), and when each
+        # class last took a lease (the eviction plan's preference).
+        self.cold_classes: dict[str, int] = {}
+        self.class_used: dict[str, float] = {}
+        # Requests waiting for their turn at max_concurrency, served by class (made when
+        # one first waits): each waiter's future gets its lease, or None (start over).
+        self.turns: Turns | None = None
+        self.draining = False  # an unload drains: no new lease
+
+    # ---------------------------------------------------------------- reads
+
+    @property
+    def in_flight(self) -> int:
+        """Requests holding a lease now (batch holds aside)."""
+        return sum(1 for lease in self.leases.values() if lease.expires_at is None)
+
+    @property
+    def holds(self) -> int:
+        """Batch holds among the leases."""
+        return sum(1 for lease in self.leases.values() if lease.expires_at is not None)
+
+    @property
+    def queued(self) -> int:
+        """Requests waiting for their turn (max_concurrency)."""
+        return len(self.turns) if self.turns is not None else 0
+
+    def held_for(self, now: float) -> float | None:
+        """Seconds until the last batch hold expires (None: no hold)."""
+        holds = [x.expires_at for x in self.leases.values() if x.expires_at is not None]
+        return round(max(0.0, max(holds) - now), 1) if holds else None
+
+    # ---------------------------------------------------------------- leases
+
+    def add(self, lease: Lease, cls: str | None, now: float) -> None:
+        """A lease taken (``cls``: its requester's class, resolved; None: not told)."""
+        self.leases[lease.id] = lease
+        if cls is not None:
+            self.class_used[cls] = now
+
+    def remove(self, lease: Lease) -> bool:
+        """A lease given back; False when it was not in the book (revoked, or of an earlier
+        generation: nothing to undo)."""
+        return self.leases.pop(lease.id, None) is not None
+
+    def revoke_all(self, error: SlotctlError) -> int:
+        """Every lease ends with ``error`` (its server is gone or going); how many."""
+        leases = list(self.leases.values())
+        for lease in leases:
+            lease.revoke(error)
+        self.leases.clear()
+        return len(leases)
+
+    @contextlib.contextmanager
+    def drain(self) -> Iterator[None]:
+        """No new lease while the caller drains or stops the slot's server."""
+        self.draining = True
+        try:
+            yield
+        finally:
+            self.draining = False
+
+    # ---------------------------------------------------------------- waiting
+
+    def join_cold(self, cls: str) -> None:
+        """A request waits for the slot's load (its class weighs in the load's demand)."""
+        self.waiters += 1
+        self.cold_classes[cls] = self.cold_classes.get(cls, 0) + 1
+
+    def leave_cold(self, cls: str) -> None:
+        self.waiters -= 1
+        left = self.cold_classes.get(cls, 0) - 1
+        if left > 0:
+            self.cold_classes[cls] = left
+        else:
+            self.cold_classes.pop(cls, None)
+
+    def waiting_classes(self) -> list[str]:
+        """The classes of every request waiting now (for the load or for a turn)."""
+        waiting = [c for c, n in self.cold_classes.items() if n > 0]
+        if self.turns is not None:
+            waiting += self.turns.waiting_classes()
+        return waiting
+
+    def queue(self, names: set[str], make: Callable[[], Turns]) -> Turns:
+        """The slot's fair queue of turns: made when one first waits, and made again once
+        empty when the priority classes (``names``) changed."""
+        turns = self.turns
+        if turns is None or (not len(turns) and set(turns.classes) != names):
+            turns = self.turns = make()
+        return turns
+
+    def end_turns(self) -> None:
+        """Every request waiting for its turn starts over (the slot is gone: each then
+        gets the typed answer of a slot that does not exist)."""
+        turns = self.turns
+        if turns is None:
+            return
+        for waiter in list(turns):
+            turns.remove(waiter)
+            if not waiter.item.done():
+                waiter.item.set_result(None)
