@@ -110,7 +110,7 @@ async def run(args: argparse.Namespace) -> None:
             events=manager.events,
         )
         ctx.ready.set()
-        server = ApiServer(ctx, "127.0.0.1", 0, data_plane=True)
+        server = ApiServer(ctx, "127.0.0.1", 0)
         url = f"http://{await server.start()}/v1/chat/completions"
         figures: dict[str, list[float]] = {"alias": [], "warm": [], "cold": []}
         try:

@@ -294,7 +294,7 @@ def _public(entry: KeyEntry, last_used: float | None, wall: float) -> dict[str, 
 
 class KeyLimits:
     """Per key: its requests in flight (``max_concurrency``) and those of the last minute
-    (``rpm``); the API token has none. One per controller, shared by both router paths."""
+    (``rpm``); the API token has none. One per controller, counted by the routed call."""
 
     def __init__(self) -> None:
         self.in_flight: dict[str, int] = {}

@@ -143,7 +143,7 @@ class Query:
 class RouteSpec:
     method: str
     path: str
-    handler: Handler
+    handler: Handler | None  # None: the data plane serves it (a /v1 route: not aiohttp's)
     summary: str
     tag: str
     public: bool = False
@@ -152,6 +152,12 @@ class RouteSpec:
     query: Sequence[Query] = ()
     content_type: str = "application/json"
     scope: Scope | None = None  # None: route_scope's rule
+    operation: str = ""  # the OpenAPI operation's name ("": the handler's)
+
+    @property
+    def operation_id(self) -> str:
+        name = self.operation or (self.handler.__name__ if self.handler is not None else "")
+        return f"{self.method.lower()}_{name}"
 
 
 def route_scope(spec: RouteSpec) -> Scope | None:
@@ -215,6 +221,32 @@ class RouteTable:
             return handler
 
         return register
+
+    def served_elsewhere(
+        self,
+        method: str,
+        path: str,
+        *,
+        operation: str,
+        summary: str,
+        tag: str,
+        body: Any = None,
+        responses: Mapping[int, tuple[str, Any]] | None = None,
+    ) -> None:
+        """Declare a route the data plane serves (``/v1``): documented and given its auth
+        rule here, never added to aiohttp's router."""
+        self._routes.append(
+            RouteSpec(
+                method=method,
+                path=path,
+                handler=None,
+                summary=summary,
+                tag=tag,
+                body=body,
+                responses=responses or {200: ("OK", None)},
+                operation=operation,
+            )
+        )
 
 
 def _jsonable(value: Any) -> Any:
@@ -390,6 +422,8 @@ def build_app(
     app[API_CTX] = ctx
     scopes: dict[tuple[str, str], Scope | None] = {}
     for spec in routes:
+        if spec.handler is None:
+            continue  # the data plane's
         added = app.router.add_route(spec.method, spec.path, spec.handler)
         resource = added.resource
         canonical = resource.canonical if resource is not None else spec.path
@@ -412,6 +446,6 @@ def build_probe_app(ctx: ApiContext, routes: Sequence[RouteSpec]) -> web.Applica
     app = web.Application(middlewares=[_errors])
     app[API_CTX] = ctx
     for spec in routes:
-        if spec.method == "GET" and spec.path in PROBE_PATHS:
+        if spec.method == "GET" and spec.path in PROBE_PATHS and spec.handler is not None:
             app.router.add_route(spec.method, spec.path, spec.handler)
     return app

@@ -1,7 +1,8 @@
 """The API assembled: every route module's table, the app built from them, the document.
 
 The top of ``controller.api``: it imports the route modules (REST routes of slots,
-models and stacks, the OpenAI router, the event stream, metrics, the dashboard); they
+models and stacks, the OpenAI routes the data plane serves, the event stream, metrics,
+the dashboard); they
 import only the kernel (:mod:`controller.api.app`) and what they share, which import none
 of them. ``/api/openapi.json`` lives here, since the document covers every module.
 """
@@ -17,7 +18,7 @@ from controller.api import (
     key_routes,
     metrics,
     model_routes,
-    router,
+    openai,
     routes,
     sse,
     stack_routes,
@@ -55,7 +56,7 @@ ROUTES: Final[tuple[RouteSpec, ...]] = (
     *sse.routes,
     *dashboard.routes,
     *traffic.routes,
-    *router.routes,
+    *openai.routes,
     *routes.routes,
     *model_routes.routes,
     *stack_routes.routes,
@@ -64,13 +65,10 @@ ROUTES: Final[tuple[RouteSpec, ...]] = (
 )
 
 
-def _router_setup(app: web.Application, ctx: ApiContext) -> None:
-    router.setup(app)  # closes the router's upstream session on cleanup
-
-
 def build_app(ctx: ApiContext) -> web.Application:
-    """The whole API: REST, router, events, metrics, dashboard (bearer auth but public)."""
-    return build_kernel_app(ctx, ROUTES, (dashboard.setup, _router_setup, traffic.setup))
+    """The whole API: REST, events, metrics, dashboard (bearer auth but public), and the
+    OpenAI routes' documents (the data plane serves them)."""
+    return build_kernel_app(ctx, ROUTES, (dashboard.setup, openai.setup, traffic.setup))
 
 
 def build_probe_app(ctx: ApiContext) -> web.Application:

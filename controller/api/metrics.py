@@ -44,7 +44,7 @@ from prometheus_client.utils import floatToGoString
 from controller.api.app import API_CTX, REQUEST_RECORDER, ApiContext, CtxKey, RouteTable
 from controller.api.gauges import LiveCollector, device_figures
 from controller.model.errors import SlotUpstreamTimeout
-from controller.model.events import Event, EventKind
+from controller.model.events import Event, EventKind, Op
 from controller.model.lifecycle import SlotState
 
 __all__ = [
@@ -103,6 +103,30 @@ def eviction_reason(event: Event) -> str | None:
 
 
 _go_float = cast(Callable[[float], str], floatToGoString)  # the bound's text, as theirs
+
+
+class _Counts(Collector):
+    """A labelled counter counted with plain updates (a prometheus_client ``Counter``'s
+    ``labels()`` checks and joins the values and takes a lock on every update: twice a
+    request for its lease flips, once for its key), turned into the same family, its
+    ``_created`` samples included, at scrape time."""
+
+    def __init__(self, name: str, documentation: str, labels: list[str]) -> None:
+        self.name = name.removesuffix("_total")
+        self.documentation, self.labels = documentation, labels
+        self._counts: dict[tuple[str, ...], list[float]] = {}  # [value, created]
+
+    def inc(self, *values: str, amount: float = 1.0) -> None:
+        found = self._counts.get(values)
+        if found is None:
+            found = self._counts[values] = [0.0, time.time()]
+        found[0] += amount
+
+    def collect(self) -> Iterable[Metric]:
+        family = CounterMetricFamily(self.name, self.documentation, labels=self.labels)
+        for values, (value, created) in list(self._counts.items()):
+            family.add_metric(list(values), value, created=created)
+        yield family
 
 
 class _RequestSeries(Collector):
@@ -183,12 +207,10 @@ class Metrics:
     def __init__(self, ctx: ApiContext) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         r = self.registry
-        self.transitions = Counter(
-            "slotctl_transitions_total",
-            "Slot state transitions",
-            ["slot", "from", "to"],
-            registry=r,
+        self.transitions = _Counts(
+            "slotctl_transitions_total", "Slot state transitions", ["slot", "from", "to"]
         )
+        r.register(self.transitions)
         self.load_duration = Histogram(
             "slotctl_load_duration_seconds",
             "Time from a load's start (pulling or starting) to ready",
@@ -259,19 +281,19 @@ class Metrics:
             ["slot", "reason"],
             registry=r,
         )
-        self.key_requests = Counter(
+        self.key_requests = _Counts(
             "slotctl_key_requests_total",
             "Routed requests by API key (its name; @token: the API token), priority class "
             "and answer status (429: over a key's or a queue's limit)",
             ["key", "class", "code"],
-            registry=r,
         )
-        self.key_tokens_total = Counter(
+        r.register(self.key_requests)
+        self.key_tokens_total = _Counts(
             "slotctl_key_tokens_total",
             "Tokens of keys' routed requests, as their servers reported them (usage)",
             ["key", "class", "kind"],
-            registry=r,
         )
+        r.register(self.key_tokens_total)
         self.queue_wait = Histogram(
             "slotctl_queue_wait_seconds",
             "Time routed requests waited for their lease (a cold load, a wake, a swap, a "
@@ -294,8 +316,13 @@ class Metrics:
 
     def _on_event(self, event: Event) -> None:
         slot = event.slot or ""
+        if event.op is Op.LEASE and event.kind is EventKind.TRANSITION:
+            # A request's ready <-> serving flip: counted, and nothing else concerns it
+            # (no load starts or ends, no refusal, no eviction).
+            self.transitions.inc(slot, event.from_state or "", event.to_state or "")
+            return
         if event.kind == "transition" and event.from_state and event.to_state:
-            self.transitions.labels(slot, event.from_state, event.to_state).inc()
+            self.transitions.inc(slot, event.from_state, event.to_state)
             self._load_timing(event)
         elif event.kind == "refusal" and event.op in ("admit", "load"):
             self.refusals.labels(slot).inc()
@@ -343,12 +370,12 @@ class Metrics:
         self.requests.done(slot, model, status, seconds)
 
     def key_tokens(self, key: str, cls: str, prompt: int, completion: int) -> None:
-        self.key_tokens_total.labels(key or "@token", cls, "prompt").inc(prompt)
-        self.key_tokens_total.labels(key or "@token", cls, "completion").inc(completion)
+        self.key_tokens_total.inc(key or "@token", cls, "prompt", amount=prompt)
+        self.key_tokens_total.inc(key or "@token", cls, "completion", amount=completion)
 
     def key_done(self, key: str, cls: str, status: int | str, waited: float | None) -> None:
         """One routed request of a key finished (the router calls this)."""
-        self.key_requests.labels(key or "@token", cls, str(status)).inc()
+        self.key_requests.inc(key or "@token", cls, str(status))
         if waited is not None:
             self.queue_wait.labels(cls).observe(max(0.0, waited))
 

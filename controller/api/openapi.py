@@ -38,7 +38,7 @@ def openapi_document(routes: Sequence[RouteSpec]) -> dict[str, Any]:
     for spec in routes:
         op: dict[str, Any] = {
             "summary": spec.summary,
-            "operationId": f"{spec.method.lower()}_{spec.handler.__name__}",
+            "operationId": spec.operation_id,
             "tags": [spec.tag],
             "responses": {},
         }

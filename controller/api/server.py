@@ -5,8 +5,8 @@ test-bound before the controller writes anything, so an address in use is a type
 :class:`ListenUnavailable` (exit 2) that changed nothing. ``ApiServer`` serves the full
 API (``build_app``) or, for ``--metrics-listen``, only the unauthenticated probes
 (``build_probe_app``). The full API listens through the router's data plane
-(:mod:`controller.dataplane.plane`), which serves the OpenAI ``POST`` endpoints itself and
-hands every other connection to aiohttp.
+(:mod:`controller.dataplane.plane`), which serves every ``/v1`` request itself and
+passes every other request to aiohttp, on the same connection.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from aiohttp import web
 from controller.api.app import ApiContext
 from controller.api.assembly import build_app
 from controller.api.hostcheck import HOST_POLICY, HostPolicy
-from controller.api.refused import quiet_protocol
+from controller.api.refused import bridged_protocol, quiet_protocol
 from controller.dataplane.plane import DataPlane
 from controller.model.errors import ListenUnavailable, SlotConfigError
 
@@ -93,8 +93,7 @@ class ApiServer:
     runner: web.AppRunner | None = None
     app_factory: Callable[[ApiContext], web.Application] = build_app
     flag: str = "--listen"
-    data_plane: bool = True  # the router's data plane in front (only with build_app)
-    plane: DataPlane | None = None
+    plane: DataPlane | None = None  # the router's data plane in front (with build_app)
     server: asyncio.Server | None = None
 
     async def start(self) -> str:
@@ -114,11 +113,11 @@ class ApiServer:
         server = self.runner.server
         assert server is not None
         # aiohttp's protocol, answering the requests its parser refuses without echoing
-        # or logging their bytes (controller.api.refused).
-        handler = quiet_protocol(server)
-        factory: Callable[[], asyncio.BaseProtocol] = handler
-        if self.data_plane and self.app_factory is build_app:
-            self.plane = DataPlane(self.ctx, handler, hosts=hosts)
+        # or logging their bytes (controller.api.refused); behind the data plane, one a
+        # connection, fed the requests that are not /v1 ones.
+        factory: Callable[[], asyncio.BaseProtocol] = quiet_protocol(server)
+        if self.app_factory is build_app:
+            self.plane = DataPlane(self.ctx, bridged_protocol(server), hosts=hosts)
             factory = self.plane
         loop = asyncio.get_running_loop()
         try:

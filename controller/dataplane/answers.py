@@ -1,9 +1,11 @@
 """The data plane's own bytes: the answers it gives itself (refusals, the 401, the models
-list), an upstream answer's head rebuilt for the client, an event stream's error end, an
-endpoint's address.
+list, the 404 and 405 of a ``/v1`` path it does not hold), an upstream answer's head
+rebuilt for the client, an event stream's error end, an endpoint's address.
 
-Pure (no I/O); below :mod:`controller.dataplane.connection`. The answers are the aiohttp
-router's (:mod:`controller.router.refusals`), written as bytes.
+Pure (no I/O); below :mod:`controller.dataplane.connection`. The refusals are the routed
+call's (:mod:`controller.router.refusals`), written as bytes in OpenAI's error shape; an
+``HTTP/1.0`` request is answered as ``HTTP/1.0`` (``Connection: keep-alive`` when it
+keeps the connection, never a chunked body), as aiohttp answers one.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ from typing import Any, Final
 from urllib.parse import urlsplit
 
 from controller.access.keys import KeyRing, Principal
-from controller.dataplane.request import MODELS, RequestHead
-from controller.dataplane.upstream import Framing, Upstream, UpstreamError
+from controller.dataplane.request import RequestHead
+from controller.dataplane.upstream import Framing, Upstream
 from controller.router.access import bearer, identify
+from controller.router.endpoints import MODELS
 from controller.router.headers import RESPONSE_DROP_BYTES, connection_names, passes
 from controller.router.hosts import HostPolicy
 from controller.router.refusals import (
@@ -32,21 +35,20 @@ from controller.router.refusals import (
     openai_error_body,
     shutting_down,
     too_large,
-    upstream_failed,
-    upstream_unreachable,
 )
 
 __all__ = [
     "address",
     "answer",
     "early_answer",
+    "malformed_body",
     "models_answer",
+    "not_routed",
     "principal",
     "refusal_answer",
     "response_head",
     "sse_error_end",
     "unauthorized",
-    "upstream_error",
 ]
 
 _RESPONSE_DROP: Final = frozenset(n.decode() for n in RESPONSE_DROP_BYTES)
@@ -57,18 +59,39 @@ def early_answer(
 ) -> tuple[bytes, int] | None:
     """The answer given before a request's body is read, with the status to record (0:
     none): a 421 for a ``Host`` this listener does not answer (before the token: no oracle
-    for it), a 503 while the router stops; for a body over the endpoint's limit a 413, or
-    first the 401 of a request without the token (as aiohttp's: no body read). Each
-    closes the connection (after the body, dropped). None: read the body."""
+    for it), a 503 while the router stops, a 417 for an ``Expect`` other than
+    ``100-continue``, a 400 for a transfer coding besides ``chunked`` (the router would
+    drop it); for a body over the endpoint's limit a 413, or first the 401 of a request
+    without the token (as the API's auth: no body read). Each closes the connection (after
+    the body, dropped). None: read the body."""
+    old = head.old
     if not hosts.allows_raw(head.host):
-        return refusal_answer(misdirected(head.host.decode("latin-1")), close=True), 0
+        return refusal_answer(misdirected(_latin(head.host)), close=True, old=old), 0
     if closing:
-        return refusal_answer(shutting_down(), close=True), 503
+        return refusal_answer(shutting_down(), close=True, old=old), 503
+    if head.expect_other:
+        refusal = Refusal(417, "only Expect: 100-continue is understood", code="expectation_failed")
+        return refusal_answer(refusal, close=True, old=old), 0
+    if head.coded:
+        refusal = Refusal(
+            400, "a transfer coding besides chunked is not supported", code="invalid_request_error"
+        )
+        return refusal_answer(refusal, close=True, old=old), 0
     if head.length <= head.limit:
         return None
+    return over_limit(head, keys)
+
+
+def over_limit(head: RequestHead, keys: KeyRing) -> tuple[bytes, int]:
+    """A body over the endpoint's limit: the 401 of a request without the token first,
+    else the 413 (recorded); either closes the connection."""
     if principal(head, keys) is None:
         return unauthorized(head, close=True), 0
-    return refusal_answer(too_large(head.limit), close=True), 413
+    return refusal_answer(too_large(head.limit), close=True, old=head.old), 413
+
+
+def _latin(value: bytes | None) -> str:
+    return value.decode("latin-1") if value is not None else ""
 
 
 def _text(value: bytes | None) -> str | None:
@@ -83,28 +106,46 @@ def principal(head: RequestHead, keys: KeyRing) -> Principal | None:
 
 
 def answer(
-    status: int, payload: dict[str, Any], headers: list[tuple[str, str]], *, close: bool
+    status: int,
+    payload: dict[str, Any],
+    headers: list[tuple[str, str]],
+    *,
+    close: bool,
+    old: bool = False,
 ) -> bytes:
-    """A JSON answer of the data plane's own, whole."""
+    """A JSON answer of the data plane's own, whole (``old``: to an ``HTTP/1.0`` request)."""
     body = json.dumps(payload).encode()
     lines = [
-        f"HTTP/1.1 {status} {_reason(status)}",
+        f"HTTP/1.{0 if old else 1} {status} {_reason(status)}",
         f"Date: {_date()}",
         "Content-Type: application/json; charset=utf-8",
         f"Content-Length: {len(body)}",
         *(f"{k}: {v}" for k, v in headers),
     ]
-    if close:
-        lines.append("Connection: close")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+    head = ("\r\n".join(lines)).encode("latin-1") + connection_line(close=close, old=old)
+    return head + b"\r\n\r\n" + body
 
 
-def refusal_answer(refusal: Refusal, *, close: bool = False) -> bytes:
-    headers: list[tuple[str, str]] = []
+def connection_line(*, close: bool, old: bool) -> bytes:
+    """The ``Connection`` header line an answer carries (after a CRLF), if any: ``close``
+    from ``HTTP/1.1``, ``keep-alive`` to ``HTTP/1.0`` (which closes by default)."""
+    if old:
+        return b"" if close else b"\r\nConnection: keep-alive"
+    return b"\r\nConnection: close" if close else b""
+
+
+def refusal_answer(
+    refusal: Refusal,
+    *,
+    close: bool = False,
+    old: bool = False,
+    headers: tuple[tuple[str, str], ...] = (),
+) -> bytes:
+    lines = list(headers)
     if refusal.retry_after_s is not None and refusal.retry_after_s > 0:
-        headers.append(("Retry-After", str(max(1, math.ceil(refusal.retry_after_s)))))
+        lines.append(("Retry-After", str(max(1, math.ceil(refusal.retry_after_s)))))
     body = error_body(refusal.status, refusal.message, refusal.code, refusal.param)
-    return answer(refusal.status, body, headers, close=close)
+    return answer(refusal.status, body, lines, close=close, old=old)
 
 
 _DATE: list[Any] = [0, ""]  # the second it was made for, the Date header's value
@@ -125,28 +166,50 @@ def _reason(status: int) -> str:
 
 
 def models_answer(entries: list[dict[str, Any]], head: RequestHead) -> bytes:
-    """``GET /v1/models`` and ``/v1/models/{id}`` over the ``entries`` (the models and
-    aliases served: :func:`~controller.router.aliases.model_entries`), as
-    :mod:`controller.api.router` answers them."""
-    path = head.target.partition(b"?")[0]
-    if path == MODELS:
+    """``GET /v1/models`` and ``/v1/models/{id}`` (the id percent-decoded) over the
+    ``entries`` (the models and aliases served:
+    :func:`~controller.router.aliases.model_entries`)."""
+    close, old = not head.keep, head.old
+    if head.endpoint is MODELS:
         listing = {"object": "list", "data": entries}
-        return answer(200, listing, [], close=not head.keep)
-    model_id = path[len(MODELS) + 1 :].decode("ascii")
+        return answer(200, listing, [], close=close, old=old)
+    model_id = head.arg
     entry = next((e for e in entries if e["id"] == model_id), None)
     if entry is None:
-        return refusal_answer(model_not_found(model_id), close=not head.keep)
-    return answer(200, entry, [], close=not head.keep)
+        return refusal_answer(model_not_found(model_id), close=close, old=old)
+    return answer(200, entry, [], close=close, old=old)
 
 
-def sse_error_end(refusal: Refusal) -> bytes:
+def malformed_body(head: RequestHead | None) -> bytes:
+    """The 400 of a ``/v1`` request whose body llhttp refuses (a bad chunk): nothing of
+    it is said or logged; the connection closes."""
+    refusal = Refusal(400, "malformed request body", code="invalid_request_error")
+    return refusal_answer(refusal, close=True, old=head is not None and head.old)
+
+
+def not_routed(head: RequestHead) -> bytes:
+    """The 404 of a ``/v1`` path the router does not hold, or the 405 of a method its
+    path does not take (with ``Allow``), in OpenAI's shape (as the API answers them)."""
+    method, path = head.method.decode("latin-1"), head.path
+    if head.allow:
+        refusal = Refusal(405, f"Method Not Allowed ({method} {path})", code="method_not_allowed")
+        headers: tuple[tuple[str, str], ...] = (("Allow", ",".join(head.allow)),)
+    else:
+        refusal = Refusal(404, f"Invalid URL ({method} {path})", code="not_found")
+        headers = ()
+    return refusal_answer(refusal, close=not head.keep, old=head.old, headers=headers)
+
+
+def sse_error_end(refusal: Refusal, *, chunked: bool = True) -> bytes:
     """An event stream's end after a failure: its last event says why (OpenAI's error
-    shape), then the last chunk."""
+    shape), then the last chunk (``chunked``; else the connection's end says it)."""
     event = (
         b"data: "
         + json.dumps(error_body(refusal.status, refusal.message, refusal.code)).encode()
         + b"\n\n"
     )
+    if not chunked:
+        return event
     return b"%x\r\n" % len(event) + event + b"\r\n0\r\n\r\n"
 
 
@@ -173,13 +236,8 @@ def unauthorized(head: RequestHead, *, close: bool) -> bytes:
     given = bearer(_text(head.authorization)) or head.api_key
     message = BAD_BEARER_MESSAGE if given else NO_BEARER_MESSAGE
     payload = openai_error_body(401, message, "invalid_api_key")
-    return answer(401, payload, [("WWW-Authenticate", 'Bearer realm="slotctl"')], close=close)
-
-
-def upstream_error(slot: str, exc: UpstreamError) -> Refusal:
-    if exc.unreachable:
-        return upstream_unreachable(slot, str(exc))
-    return upstream_failed(slot, str(exc))
+    headers = [("WWW-Authenticate", 'Bearer realm="slotctl"')]
+    return answer(401, payload, headers, close=close, old=head.old)
 
 
 # The passed header lines of the answer heads seen lately, by status, reason and fields: a
@@ -212,28 +270,37 @@ def _lines(status: int, reason: bytes, fields: list[tuple[bytes, bytes]]) -> tup
     return found
 
 
-def response_head(upstream: Upstream, *, close: bool) -> tuple[bytes, bool, bool]:
+def response_head(upstream: Upstream, *, close: bool, old: bool) -> tuple[bytes, bool, bool]:
     """The client's head of an upstream's answer: ``(head, chunked, event stream)``.
     Hop-by-hop headers (and those ``Connection`` names) go, the others pass in the order
     they came, the upstream's Date after them; a sized body keeps its length (it passes
-    verbatim), a chunked or to-the-end one is re-chunked (a chunk a read)."""
+    verbatim), a chunked or to-the-end one is re-chunked (a chunk a read) — to an
+    ``HTTP/1.0`` client it passes as it comes, to the end of the connection (``close``
+    must then be True)."""
     framing = upstream.framing
     chunked = framing is Framing.CHUNKED or framing is Framing.CLOSE
     if framing is Framing.LENGTH:
         tail = b"\r\nContent-Length: %d" % upstream.length
     elif chunked:
-        tail = b"\r\nTransfer-Encoding: chunked"
+        tail = b"" if old else b"\r\nTransfer-Encoding: chunked"
     elif upstream.status not in (204, 304):
         tail = b"\r\nContent-Length: 0"
     else:
         tail = b""
-    lines, sse = _lines(upstream.status, upstream.reason, upstream.fields)
-    head = b"HTTP/1.1 %d %s%s%s%s%s\r\n\r\n" % (
+    recalled = upstream.recalled  # the last answer's head again: its lines are known
+    passed = recalled.passed if recalled is not None else None
+    if passed is None:
+        passed = _lines(upstream.status, upstream.reason, upstream.fields)
+        if recalled is not None:
+            recalled.passed = passed
+    lines, sse = passed
+    head = b"HTTP/1.%d %d %s%s%s%s%s\r\n\r\n" % (
+        0 if old else 1,
         upstream.status,
         upstream.reason,
         lines,
         b"\r\nDate: " + upstream.date if upstream.date else b"",
         tail,
-        b"\r\nConnection: close" if close else b"",
+        connection_line(close=close, old=old),
     )
-    return head, chunked, sse
+    return head, chunked and not old, sse

@@ -1,57 +1,74 @@
 """One client connection of the router's data plane (:mod:`.plane` says the whole): its
-requests read with llhttp (:mod:`.request`), the ones the data plane takes served as
-callbacks, anything else handed to aiohttp for good; where it is, one :class:`State`.
-:class:`Plane` is what it uses of the listening socket's protocol factory.
+requests read with llhttp (:mod:`.request`), each ``/v1`` request served here as the
+driver of its routed call (:class:`~controller.router.call.RoutedCall`), each other one
+passed to aiohttp's protocol for this connection, and the connection taken back once
+aiohttp answered it; where it is, one :class:`State`. :class:`Plane` is what it uses of
+the listening socket's protocol factory, :class:`Fallback` what it uses of aiohttp's.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import socket
 import time
 from collections.abc import Callable
 from typing import Final, Protocol
 
+from controller.access.keys import TOKEN_PRINCIPAL, Principal
 from controller.dataplane import answers as out
 from controller.dataplane.request import Got, RequestHead, RequestReader
 from controller.dataplane.states import READING, State
-from controller.dataplane.upstream import CONNECT_S, Upstream, UpstreamError, UpstreamPool
-from controller.model.errors import SlotctlError
-from controller.router import refusals
-from controller.router.access import requester
-from controller.router.aliases import model_entries
-from controller.router.body import model_of, with_model
-from controller.router.context import (
-    CLIENT_CLOSED,
-    Call,
-    RouterContext,
-    record_call,
-    upstream_idle_s,
+from controller.dataplane.upstream import (
+    CONNECT_S,
+    Framing,
+    Upstream,
+    UpstreamError,
+    UpstreamPool,
 )
+from controller.router.aliases import model_entries
+from controller.router.call import RoutedCall, record_unserved
+from controller.router.context import CLIENT_CLOSED, RouterContext
 from controller.router.hosts import HostPolicy
-from controller.router.leasing import Pending, lease_now, lease_rest
 from controller.router.refusals import Refusal
 
-__all__ = ["Connection", "Plane"]
-
-log = logging.getLogger("slotctl.router")
+__all__ = ["Connection", "Fallback", "Plane"]
 
 _PIPELINE_MAX: Final = 1024 * 1024  # read ahead while a request is served, then pause
 _LINGER_S: Final = 10.0  # a refused body is read (and dropped) this long at most, as aiohttp
 
 _CONTINUE: Final = b"HTTP/1.1 100 Continue\r\n\r\n"
-# READING's states, by identity in the hot path (an enum member's hash is a Python call).
+# States, by identity in the hot path (an enum member's hash is a Python call).
 _IDLE: Final = State.IDLE
 _BODY: Final = State.BODY
+_PASSING: Final = State.PASSING
+_AIOHTTP: Final = State.AIOHTTP
 _LAST_CHUNK: Final = b"0\r\n\r\n"
+
+
+class Fallback(Protocol):
+    """aiohttp's connection protocol as the data plane drives it
+    (:func:`controller.api.refused.bridged_protocol`): fed the bytes of the requests that
+    are not the router's, on this connection's transport; ``answered(keep)`` is called
+    once it answered one (``keep``: the connection goes on)."""
+
+    answered: Callable[[bool], None] | None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None: ...
+
+    def data_received(self, data: bytes) -> None: ...
+
+    def connection_lost(self, exc: Exception | None) -> None: ...
+
+    def pause_writing(self) -> None: ...
+
+    def resume_writing(self) -> None: ...
 
 
 class Plane(Protocol):
     """What a connection uses of its plane (:class:`controller.dataplane.plane.DataPlane`)."""
 
     ctx: RouterContext
-    fallback: Callable[[], asyncio.BaseProtocol]  # aiohttp's protocol factory
+    fallback: Callable[[], Fallback]  # aiohttp's protocol, one a connection
     hosts: HostPolicy  # the Host values this listener answers (DNS rebinding)
     pool: UpstreamPool
     fronts: set[Connection]
@@ -63,7 +80,7 @@ class Plane(Protocol):
 
 
 class Connection(asyncio.Protocol):
-    """One client connection, until it is handed to aiohttp."""
+    """One client connection, until it closes (or is handed to aiohttp for good)."""
 
     def __init__(self, plane: Plane) -> None:
         self.plane = plane
@@ -72,23 +89,33 @@ class Connection(asyncio.Protocol):
         self.reader = RequestReader()
         self.buffer = bytearray()  # bytes read while a request is served, for their turn
         self.head_at = 0.0  # when the head of the request whose body is read came
-        self.call: Call | None = None  # the request being served (None: none is)
+        self.call: RoutedCall | None = None  # the request being served (None: none is)
         self.task: asyncio.Task[None] | None = None  # while it waits: a cold lease, a connect
         self.reason: str | None = None  # why it was given up: client, lease, shutdown
         self.upstream: Upstream | None = None  # its exchange, once sent
         self.keep = True  # the client keeps the connection after this request (llhttp's)
+        self.old = False  # an HTTP/1.0 request: answered as 1.0
+        self.target = b""  # what the request asks of the upstream (path and query)
+        self.forward = b""  # the header lines passed upstream
         self.key: tuple[str, int] = ("", 0)  # its upstream
         self.request: list[bytes] = []  # what was sent there (sent again on a stale one)
         self.retried = False  # sent again already
         self.paused = False  # the client's transport asked for no more writes for now
         self.reading = True  # reading from the client (paused while a request is served)
         self.looping = False  # in _next (a request answered at once asks for the next)
-        self.discard = 0  # LINGERING: bytes of the refused body still to drop
+        self.discard = 0  # LINGERING: bytes of the refused body still to drop (-1: chunked)
         # The answer being written: its head held until its first body bytes, whether it
         # is re-chunked, an event stream, whether any byte of it went out.
         self.pending = b""
         self.chunked = self.sse = self.sent = False
         self.active = time.monotonic()
+        # The API token's head, by its Authorization and x-api-key values: a kept-alive
+        # client presents the same again (a key is looked up each time: it may expire).
+        self.token: tuple[bytes | None, bytes | None] | None = None
+        # aiohttp's protocol for this connection (made at its first request), and whether
+        # it answered the request passed to it while its body was still being passed.
+        self.aiohttp: Fallback | None = None
+        self.told = False
         # The stall sweep's (``plane.stalled``): the exchange it watches, since when its
         # server has sent nothing, the slot's upstream_idle_s.
         self.watched: Upstream | None = None
@@ -106,7 +133,7 @@ class Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         state = self.state
-        if state is _IDLE or state is _BODY:  # in READING
+        if state is _IDLE or state is _BODY or state is _PASSING:  # in READING
             if self.buffer or self.looping:
                 self.buffer += data
                 self._next()
@@ -115,6 +142,10 @@ class Connection(asyncio.Protocol):
                 if self.buffer:
                     self._next()
         elif state is State.LINGERING:
+            if self.discard < 0:  # a chunked body: dropped through llhttp, to its end
+                if self.reader.feed(data) in (Got.REQUEST, Got.FOREIGN):
+                    self.close()
+                return
             self.discard -= len(data)
             if self.discard <= 0:
                 self.close()
@@ -131,23 +162,42 @@ class Connection(asyncio.Protocol):
         self.transport = None
         self.plane.fronts.discard(self)
         head = self.reader.head if self.state is State.BODY else None
-        if head is not None and out.principal(head, self.plane.ctx.keys) is not None:
-            # Gone before its whole body: recorded as aiohttp's router records it.
-            record_call(self.plane.ctx, Call(started=self.head_at, status=CLIENT_CLOSED))
+        if head is not None and self._principal(head) is not None:
+            # Gone before its whole body: recorded as a call the client gave up.
+            record_unserved(self.plane.ctx, self.head_at, CLIENT_CLOSED)
         self.state = State.CLOSED
         self.abort_request("client")
+        fallback, self.aiohttp = self.aiohttp, None
+        if fallback is not None:
+            fallback.answered = None
+            fallback.connection_lost(exc)
 
     def pause_writing(self) -> None:
         self.paused = True
         if self.upstream is not None:
             self.upstream.pause_reading()
+        if self.aiohttp is not None:
+            self.aiohttp.pause_writing()
 
     def resume_writing(self) -> None:
         self.paused = False
         if self.upstream is not None:
             self.upstream.resume_reading()
+        if self.aiohttp is not None:
+            self.aiohttp.resume_writing()
 
     # ------------------------------------------------------------------ connection
+
+    @property
+    def with_aiohttp(self) -> bool:
+        """aiohttp has a request of this connection's (its bytes, or its answer, to come)."""
+        state = self.state
+        return state is _PASSING or state is _AIOHTTP
+
+    @property
+    def idle(self) -> bool:
+        """No request in flight here or at aiohttp (the keep-alive sweep may close it)."""
+        return self.call is None and not self.with_aiohttp
 
     def close(self) -> None:
         if self.transport is not None:
@@ -182,8 +232,18 @@ class Connection(asyncio.Protocol):
         got = reader.feed(data)
         if got is Got.MORE:
             return
+        if got is Got.PASSING or got is Got.PASSED:
+            self._pass(reader.passed, got, reader.rest)
+            return
         if got is Got.FOREIGN:
-            self._hand_over(reader.raw)
+            state = self.state
+            if state is _BODY:  # a /v1 body llhttp refuses (a bad chunk), its head taken
+                self._write(out.malformed_body(reader.head))
+                self._linger(0)
+            elif state is _PASSING:  # an aiohttp request's: aiohttp waits for its body
+                self.close()  # for ever on a bad chunk (answering nothing): closed instead
+            else:  # aiohttp's 400, from every byte of the request
+                self._hand_over(reader.raw)
             return
         head = reader.head
         assert head is not None
@@ -191,9 +251,14 @@ class Connection(asyncio.Protocol):
             return
         if got is Got.HEAD:
             self.state = State.BODY
+            if reader.over:  # a chunked body past the limit: refused, its rest dropped
+                self._refuse_body(head, -1)
             return
         if reader.rest:
             self.buffer[:0] = reader.rest
+        if reader.over:
+            self._refuse_body(head, 0)
+            return
         body = reader.body
         reader.done()
         self._start(head, body)
@@ -203,94 +268,176 @@ class Connection(asyncio.Protocol):
         limit (and the token with it). False: answered (and closed after the body)."""
         transport, plane = self.transport, self.plane
         assert transport is not None
-        early = out.early_answer(head, plane.hosts, closing=plane.closing, keys=plane.ctx.keys)
+        hosts = plane.hosts
+        if head.cleared is hosts and not plane.closing and head.length <= head.limit:
+            early = None  # a repeated head this listener judged already (but its length)
+        else:
+            early = out.early_answer(head, hosts, closing=plane.closing, keys=plane.ctx.keys)
+            if early is None:
+                head.cleared = hosts
         if early is not None:
             answer, status = early
             transport.write(answer)
-            self._linger(0 if got is Got.REQUEST else head.length - self.reader.body_seen())
-            if status:  # as aiohttp's router records them (not the API's 401 nor the 421)
-                record_call(plane.ctx, Call(started=self.active, status=status))
+            self._linger(0 if got is Got.REQUEST else self._left_of(head))
+            if status:  # a refusal of the router's (not the API's 401 nor the 421)
+                record_unserved(plane.ctx, self.active, status)
             return False
         self.head_at = self.active
         if got is Got.HEAD and head.expect:
             transport.write(_CONTINUE)
         return True
 
+    def _left_of(self, head: RequestHead) -> int:
+        """The bytes of a refused request's body still to come (-1: chunked, to its end)."""
+        return -1 if head.length < 0 else head.length - self.reader.body_seen()
+
+    def _refuse_body(self, head: RequestHead, left: int) -> None:
+        """A chunked body went past the endpoint's limit: the 413 (or the 401 first)."""
+        transport = self.transport
+        assert transport is not None
+        answer, status = out.over_limit(head, self.plane.ctx.keys)
+        transport.write(answer)
+        self._linger(left)
+        if status:
+            record_unserved(self.plane.ctx, self.head_at, status)
+
     def _linger(self, left: int) -> None:
-        """Close once the ``left`` bytes of a refused body are in (dropped), or after
-        ``_LINGER_S``: closed at once, the unread bytes reset the connection, and a client
-        still sending its body (http.client, requests) never reads the answer."""
+        """Close once the ``left`` bytes of a refused body are in (dropped; -1: a chunked
+        body, to its end), or after ``_LINGER_S``: closed at once, the unread bytes reset
+        the connection, and a client still sending its body (http.client, requests) never
+        reads the answer."""
         self.buffer.clear()
         self.state = State.LINGERING
-        if left <= 0:
+        if left == 0:
             self.close()
             return
         self.discard = left
         self.plane.loop.call_later(_LINGER_S, self.close)
 
+    # ------------------------------------------------------------------ aiohttp's requests
+
+    def _pass(self, data: bytes, got: Got, rest: bytes) -> None:
+        """Bytes of a request that is aiohttp's (the REST API, the dashboard, the event
+        stream): passed to this connection's aiohttp protocol; the next request is read
+        once aiohttp answered this one (``_answered``)."""
+        fallback = self.aiohttp
+        if fallback is None:
+            fallback = self.aiohttp = self.plane.fallback()
+            fallback.answered = self._answered
+            fallback.connection_made(self.transport)  # type: ignore[arg-type]
+            if self.paused:
+                fallback.pause_writing()
+        if self.state is not _PASSING:
+            self.told = False  # a new request: not answered yet
+        if rest:
+            self.buffer[:0] = rest
+        if got is Got.PASSED:
+            self.state = _IDLE if self.told else _AIOHTTP
+        else:
+            self.state = _PASSING
+        fallback.data_received(data)
+
+    def _answered(self, keep: bool) -> None:
+        """aiohttp answered the request passed to it (from inside its task: what follows
+        runs as a callback of the loop's)."""
+        if keep:
+            self.plane.loop.call_soon(self._taken_back)
+        # else aiohttp closes the connection itself
+
+    def _taken_back(self) -> None:
+        """aiohttp's answer is out: the connection's next request, read here."""
+        if self.transport is None:
+            return
+        if self.state is _PASSING:
+            self.told = True  # answered before its whole body: read on once it passed
+        elif self.state is _AIOHTTP:
+            self.state = _IDLE
+            self.active = time.monotonic()
+            if not self.reading:
+                self.reading = True
+                self.transport.resume_reading()
+            self._next()
+
     def _hand_over(self, raw: bytes) -> None:
-        """aiohttp serves this connection from here on, from the bytes read so far."""
+        """aiohttp serves this connection from here on (a head refused: its ``400``; an
+        upgrade), from the bytes read so far."""
         transport = self.transport
         assert transport is not None
         self.plane.fronts.discard(self)
         self.transport = None
         self.state = State.HANDED_OVER
-        protocol = self.plane.fallback()
-        transport.set_protocol(protocol)
-        protocol.connection_made(transport)
+        fallback, self.aiohttp = self.aiohttp, None
+        if fallback is None:
+            fallback = self.plane.fallback()
+            fallback.connection_made(transport)
+        fallback.answered = None
+        transport.set_protocol(fallback)  # type: ignore[arg-type]
         data = raw + bytes(self.buffer)
         self.buffer.clear()
-        if data and isinstance(protocol, asyncio.Protocol):
-            protocol.data_received(data)
+        if data:
+            fallback.data_received(data)
 
     # ------------------------------------------------------------------ a request's life
     #
-    # Callbacks from the request's head to its answer's last byte: ``_start`` (token,
-    # model, lease), ``_send`` (an idle pooled connection), then the upstream's
-    # ``on_head``, ``relay``, ``on_end`` or ``on_error``, and ``_end``. A task only while
-    # the request waits: for a cold slot's load (``_leasing``) or a new connection
-    # (``_connecting``). ``call`` is set from ``_start`` to ``_end``, which runs once.
+    # Callbacks from the request's head to its answer's last byte: ``_start`` (the token;
+    # the call's begin: the model, the lease), ``_send`` (an idle pooled connection), then
+    # the upstream's ``on_head``, ``relay``, ``on_end`` or ``on_error``, and ``_end``. A
+    # task only while the request waits: for a cold slot's load (``_leasing``) or a new
+    # connection (``_connecting``). ``call`` is set from ``_start`` to ``_end``, which
+    # runs once.
+
+    def _principal(self, head: RequestHead) -> Principal | None:
+        """Who the request is (a kept-alive client's API token: looked up once)."""
+        token = self.token
+        if token is not None and token[0] is head.authorization and token[1] is head.api_key:
+            return TOKEN_PRINCIPAL
+        principal = out.principal(head, self.plane.ctx.keys)
+        if principal is TOKEN_PRINCIPAL:
+            self.token = (head.authorization, head.api_key)
+        return principal
 
     def _start(self, head: RequestHead, body: bytes) -> None:
-        ctx = self.plane.ctx
+        plane = self.plane
+        ctx = plane.ctx
         self.pending = b""
         self.sent = self.chunked = self.sse = False
-        principal = out.principal(head, ctx.keys)
+        principal = self._principal(head)
         if principal is None:
             # As the API's auth: no event, no router metrics.
             self._write(out.unauthorized(head, close=not head.keep))
             self._done(keep=head.keep)
             return
-        if head.method == b"GET":
-            self._write(out.models_answer(model_entries(ctx.manager, principal), head))
+        if not head.collects:
+            if head.endpoint is None:  # a /v1 path the router does not hold (404, 405)
+                self._write(out.not_routed(head))
+            else:
+                self._write(out.models_answer(model_entries(ctx.manager, principal), head))
             self._done(keep=head.keep)
             return
-        call = self.call = Call(started=time.monotonic(), principal=principal)
-        self.plane.in_flight += 1
-        self.keep, self.reason, self.retried = head.keep, None, False
+        call = self.call = RoutedCall(
+            ctx, principal, head.kind, forms=head.forms, path=head.arg, started=time.monotonic()
+        )
+        plane.in_flight += 1
+        self.keep, self.old, self.reason, self.retried = head.keep, head.old, None, False
+        self.target, self.forward = head.target, head.forward
         self.state = State.LEASING
         try:
-            if ctx.closed:
-                raise refusals.shutting_down()
             asked = head.priority.decode("latin-1") if head.priority is not None else None
-            call.who = requester(ctx.manager.settings, principal, asked)
-            now = lease_now(ctx, call, model_of(head.content_type, body), head.endpoint)
+            leased = call.begin(asked, head.content_type, body)
         except Refusal as refusal:
             self._refuse(refusal)
             return
         except Exception as exc:  # noqa: BLE001  # a bug: _failed logs it (a 500)
             self._failed(exc)
             return
-        if isinstance(now, Pending):
-            self.task = self.plane.loop.create_task(self._leasing(now, head, body))
+        if not leased:
+            self.task = plane.loop.create_task(self._leasing(call))
             return
-        self._sending(head, body)
+        self._sending()
 
-    async def _leasing(self, pending: Pending, head: RequestHead, body: bytes) -> None:
-        call = self.call
-        assert call is not None
+    async def _leasing(self, call: RoutedCall) -> None:
         try:
-            await lease_rest(self.plane.ctx, call, pending)
+            await call.wait()
         except asyncio.CancelledError:
             self._cancelled()
             return
@@ -303,35 +450,26 @@ class Connection(asyncio.Protocol):
             self._failed(exc)
             return
         self.task = None
-        self._sending(head, body)
+        self._sending()
 
-    def _sending(self, head: RequestHead, body: bytes) -> None:
+    def _sending(self) -> None:
         try:
-            self._send(head, body)
+            self._send()
         except Refusal as refusal:
             self._refuse(refusal)
         except Exception as exc:  # noqa: BLE001  # a bug: _failed logs it (a 500)
             self._failed(exc)
 
-    def _send(self, head: RequestHead, body: bytes) -> None:
+    def _send(self) -> None:
         """The lease is held: the request goes to the slot's server."""
         call = self.call
         assert call is not None
-        if call.alias:  # the member's server sees the model it serves
-            body = with_model(head.content_type, body, call.model)
-        try:
-            endpoint = self.plane.ctx.manager.endpoint(call.slot)
-        except SlotctlError as exc:  # e.g. the slot was removed while we looked it up
-            raise refusals.slot_refusal(exc) from None
-        if endpoint is None:
-            raise Refusal(
-                503, f"slot {call.slot!r} has no endpoint", code="slot.not_ready", retry_after_s=1
-            )
+        endpoint, body = call.upstream()
         key, host, prefix = out.address(endpoint)
         self.key = key
         self.request = [
             b"POST %s%s HTTP/1.1\r\nHost: %s\r\nContent-Length: %d%s\r\n\r\n"
-            % (prefix, head.target, host, len(body), head.forward),
+            % (prefix, self.target, host, len(body), self.forward),
             body,
         ]
         upstream = self.plane.pool.take(key)
@@ -345,7 +483,7 @@ class Connection(asyncio.Protocol):
     async def _connecting(self) -> None:
         call = self.call
         assert call is not None
-        timeout = min(CONNECT_S, upstream_idle_s(self.plane.ctx, call.slot))
+        timeout = min(CONNECT_S, call.idle_s())
         try:
             upstream = await self.plane.pool.connect(self.key, timeout)
         except asyncio.CancelledError:
@@ -353,12 +491,10 @@ class Connection(asyncio.Protocol):
             return
         except UpstreamError as exc:
             self.task = None
-            if exc.timed_out:
-                self._refuse(
-                    refusals.upstream_timeout(self.plane.ctx, call, timeout, connecting=True)
-                )
-            else:
-                self._refuse(out.upstream_error(call.slot, exc))
+            timed_out = timeout if exc.timed_out else None
+            self._refuse(
+                call.upstream_failed(str(exc), unreachable=exc.unreachable, timed_out_s=timed_out)
+            )
             return
         except Exception as exc:  # noqa: BLE001  # a bug: _failed logs it (a 500)
             self.task = None
@@ -377,9 +513,14 @@ class Connection(asyncio.Protocol):
         assert call is not None
         self.state = State.RELAYING
         call.status = upstream.status
-        self.pending, self.chunked, self.sse = out.response_head(upstream, close=not self.keep)
-        if self.chunked and self.sse:  # an event stream: its head goes out now (the first
-            # token may be seconds away); a break before it is then an in-band error event
+        old, framing = self.old, upstream.framing
+        if old and (framing is Framing.CHUNKED or framing is Framing.CLOSE):
+            self.keep = False  # to an HTTP/1.0 client an unsized body ends with the connection
+        self.pending, self.chunked, self.sse = out.response_head(
+            upstream, close=not self.keep, old=old
+        )
+        if self.sse and (self.chunked or old):  # an event stream: its head goes out now (the
+            # first token may be seconds away); a break before it is then an in-band error
             self._write(self.pending)
             self.pending = b""
         if self.paused:
@@ -416,7 +557,7 @@ class Connection(asyncio.Protocol):
             self.state = State.CONNECTING
             self.task = self.plane.loop.create_task(self._connecting())
             return
-        self._end(self._broken(call, out.upstream_error(call.slot, error)))
+        self._end(self._broken(call.upstream_failed(str(error), unreachable=error.unreachable)))
 
     # The end.
 
@@ -424,16 +565,15 @@ class Connection(asyncio.Protocol):
         """A refusal before anything went upstream (after, :meth:`_broken` says it)."""
         call = self.call
         assert call is not None
-        call.status = refusal.status
-        self._write(out.refusal_answer(refusal, close=not self.keep))
+        call.refused(refusal)
+        self._write(out.refusal_answer(refusal, close=not self.keep, old=self.old))
         self._end(True)
 
     def _failed(self, exc: Exception) -> None:
         """A bug: a 500, logged, the lease released."""
         call = self.call
         assert call is not None
-        log.error("router: unexpected error serving a request for %r", call.model, exc_info=exc)
-        self._end(self._broken(call, Refusal(500, "internal error (see the log)", code="internal")))
+        self._end(self._broken(call.failed(exc)))
 
     def _cancelled(self) -> None:
         """A wait was cancelled by :meth:`abort_request`."""
@@ -441,22 +581,19 @@ class Connection(asyncio.Protocol):
         if task is not None:
             task.uncancel()
         self.task = None
-        call = self.call
-        assert call is not None
-        self._end(self._interrupted(call))
+        self._end(self._interrupted())
 
     def _end(self, keep: bool) -> None:
-        """The request is over: its upstream exchange dropped if unfinished, its lease
-        released, its call recorded; then the next request, or close."""
+        """The request is over: its upstream exchange dropped if unfinished, its call
+        finished (the lease released, the call recorded); then the next request, or
+        close."""
         call, self.call = self.call, None
         if call is None:
             return
         upstream, self.upstream = self.upstream, None
         if upstream is not None:
             upstream.abort()  # given up before its end
-        if call.lease is not None:
-            self.plane.ctx.manager.release(call.lease)
-        record_call(self.plane.ctx, call)
+        call.finish()
         self.plane.ended()
         self._done(keep and self.keep)
 
@@ -470,7 +607,8 @@ class Connection(asyncio.Protocol):
             if not self.reading:
                 self.reading = True
                 self.transport.resume_reading()
-            self._next()
+            if self.buffer:
+                self._next()
 
     def _write(self, data: bytes) -> None:
         if data and self.transport is not None:
@@ -488,31 +626,32 @@ class Connection(asyncio.Protocol):
             self.task.cancel()  # the wait ends it
         else:
             self.task = None
-            self._end(self._interrupted(call))
+            self._end(self._interrupted())
 
-    def _interrupted(self, call: Call) -> bool:
-        """The answer of a request given up; False: close."""
-        reason = self.reason
-        if reason == "lease":
-            return self._broken(call, refusals.revoked(call))
-        if reason == "timeout":  # the server went silent (the stall sweep)
-            return self._broken(call, refusals.upstream_timeout(self.plane.ctx, call, self.idle_s))
+    def _interrupted(self) -> bool:
+        """The answer of a request given up (the call says which); False: close."""
+        call = self.call
+        assert call is not None
+        reason = self.reason or "client"
+        refusal = call.interrupted(reason, self.idle_s)
+        if refusal is None:
+            return False  # the client left
         if reason == "shutdown":
             self.keep = False  # closed after it (and said so)
-            self._broken(call, refusals.shutting_down())
+            self._broken(refusal)
             return False
-        call.status = CLIENT_CLOSED
-        return False
+        return self._broken(refusal)
 
-    def _broken(self, call: Call, refusal: Refusal) -> bool:
+    def _broken(self, refusal: Refusal) -> bool:
         """A failed request: the refusal when nothing went out yet; else said in-band
-        (an SSE answer's last event) or cut short (closed: never a "complete" body)."""
-        call.status = refusal.status
+        (an event stream's last event) or cut short (closed: never a "complete" body)."""
         if not self.sent:
             self.pending = b""
-            self._write(out.refusal_answer(refusal, close=not self.keep))
+            self._write(out.refusal_answer(refusal, close=not self.keep, old=self.old))
             return True
         if self.sse and self.chunked:
             self._write(out.sse_error_end(refusal))
             return True
+        if self.sse and self.old:  # to the end of the connection: the event, then close
+            self._write(out.sse_error_end(refusal, chunked=False))
         return False

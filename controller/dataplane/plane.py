@@ -1,28 +1,28 @@
-"""The router's data plane: the OpenAI ``POST`` endpoints served at the socket, aiohttp
-for everything else.
+"""The router's data plane: every ``/v1`` request served at the socket, aiohttp for the
+rest of the API.
 
 Where it sits: :class:`~controller.api.server.ApiServer` listens with :class:`DataPlane`
 as the protocol factory, so every connection starts here, as a
-:class:`~controller.dataplane.connection.Connection`. A request this module serves —
-``POST /v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings`` or
-``/v1/audio/…`` over HTTP/1.1 with a ``Content-Length`` body (and ``GET /v1/models``,
-``/v1/models/{id}``, answered here) — is read by llhttp
-(:mod:`controller.dataplane.request`: its head, the bearer token, the body's ``model``;
-the body passes upstream unchanged), leased and sent over
-:mod:`controller.dataplane.upstream`'s keep-alive pools (their answers read by llhttp
-too); the answer's head is rebuilt from the upstream's and its body relayed as it
-arrives, from one transport to the other, with the transports' own flow control. A
-request is callbacks from its head to its last byte (no task, no future): a task runs
-only while it waits for a cold slot's load or for a new upstream connection. Anything
-else — the REST API, the dashboard, a chunked upload, a percent-encoded model id, a head
-llhttp refuses — hands the connection, with the bytes read so far, to aiohttp's protocol
-for good, which serves it as if the data plane were not there
-(:mod:`controller.api.router` answers the ``/v1`` requests the data plane leaves).
+:class:`~controller.dataplane.connection.Connection`, and stays here. Each request is
+read by llhttp (:mod:`controller.dataplane.request`). A ``/v1`` request, whatever its
+version or framing (``HTTP/1.0``, a chunked upload, a percent-encoded model id), is the
+data plane's: ``GET /v1/models`` and ``/v1/models/{id}`` are answered here, a 404 or
+405 for a path or method the router does not hold, and ``POST /v1/chat/completions``,
+``/v1/completions``, ``/v1/embeddings``, ``/v1/audio/…`` are routed calls
+(:class:`~controller.router.call.RoutedCall`: the policy; the connection drives it),
+sent over :mod:`controller.dataplane.upstream`'s keep-alive pools (their answers read
+by llhttp too); the answer's head is rebuilt from the upstream's and its body relayed
+as it arrives, from one transport to the other, with the transports' own flow control.
+A request is callbacks from its head to its last byte (no task, no future): a task runs
+only while it waits for a cold slot's load or for a new upstream connection. Every other
+request (the REST API, the dashboard, the event stream) is passed, byte for byte, to the
+connection's aiohttp protocol, which answers it on the same transport; the data plane
+reads on once it has (the order of answers is the order of requests). A head llhttp
+refuses, or an upgrade, hands the connection to aiohttp for good (its ``400``, logged
+without the bytes: :mod:`controller.api.refused`).
 
-The answers are the aiohttp router's (SPEC §7): both paths take their decisions from
-:mod:`controller.router` (the lease, the refusals, the events and metrics, the headers
-passed on), and this package imports nothing of :mod:`controller.api` nor aiohttp (an
-import contract says so). A client that goes away gives its
+This package imports nothing of :mod:`controller.api` nor aiohttp (an import contract
+says so). A client that goes away gives its
 request up at once (``connection_lost``): the lease is released and the upstream
 connection dropped, so the server stops generating. A revoked lease is noticed within
 ``_WATCH_S`` (one timer of the plane looks at every request's lease); a server that sends
@@ -39,9 +39,9 @@ import time
 from collections.abc import Callable
 from typing import Final
 
-from controller.dataplane.connection import Connection
+from controller.dataplane.connection import Connection, Fallback
 from controller.dataplane.upstream import UpstreamPool
-from controller.router.context import RouterContext, upstream_idle_s
+from controller.router.context import RouterContext
 from controller.router.hosts import HostPolicy
 
 __all__ = ["KEEPALIVE_S", "DataPlane", "stalled"]
@@ -66,7 +66,7 @@ def stalled(front: Connection, now: float) -> bool:
         return False
     if upstream is not front.watched:
         front.watched, front.quiet_since = upstream, now
-        front.idle_s = upstream_idle_s(front.plane.ctx, call.slot)
+        front.idle_s = call.idle_s()
         upstream.heard = False
         return False
     if upstream.heard or upstream.paused:
@@ -82,12 +82,12 @@ class DataPlane:
     def __init__(
         self,
         ctx: RouterContext,
-        fallback: Callable[[], asyncio.BaseProtocol],
+        fallback: Callable[[], Fallback],
         *,
         hosts: HostPolicy,
     ) -> None:
         self.ctx = ctx
-        self.fallback = fallback  # aiohttp's protocol factory
+        self.fallback = fallback  # aiohttp's protocol factory (one a connection)
         self.hosts = hosts  # the Host values answered (others: 421, controller.api.hostcheck)
         self.pool = UpstreamPool()
         self.fronts: set[Connection] = set()
@@ -129,7 +129,7 @@ class DataPlane:
     def _sweep(self) -> None:
         horizon = time.monotonic() - KEEPALIVE_S
         for front in list(self.fronts):
-            if front.call is None and front.active < horizon:
+            if front.idle and front.active < horizon:
                 front.close()
         self.pool.sweep()
         self._sweeper = self.loop.call_later(_SWEEP_S, self._sweep)
@@ -139,14 +139,15 @@ class DataPlane:
         self.closing = True
         self._sweeper.cancel()  # the lease watch goes on: a revoked lease still ends its
         for front in list(self.fronts):  # request with an error (up --keep-running)
-            if front.call is None:
+            if front.idle:
                 front.close()
         await self._drain(timeout)
         for front in list(self.fronts):
             front.abort_request("shutdown")  # answered (or said in-band), then closed
         await self._drain(1.0)  # their leases are released on the way
         for front in list(self.fronts):
-            front.close()
+            if not front.with_aiohttp:  # aiohttp's requests: its own shutdown ends them
+                front.close()
         self._watcher.cancel()
         self._staller.cancel()
         self.pool.close()

@@ -25,15 +25,17 @@ _FIXDATE: Final = re.compile(_DATE)
 Said = tuple[int, bytes, list[tuple[bytes, bytes]], bytes, bool]
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class AnswerRecall:
     """An answer head llhttp read, as a pattern of its exact bytes with the length's
     digits (group ``n``) and, when it had one, its Date's value (group ``d``) left open;
-    with what llhttp said of it."""
+    with what llhttp said of it, and (``passed``, once the data plane made it) the header
+    lines it passes to the client and whether it is an event stream."""
 
     pattern: re.Pattern[bytes]
     date: bytes | None  # the Date as it came, when the pattern does not leave it open
     said: Said  # status, reason, fields (but the framing and the Date), type, keep-alive
+    passed: tuple[bytes, bool] | None = None
 
 
 def _value_at(raw: bytes, lower: bytes, line: bytes) -> int:

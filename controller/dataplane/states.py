@@ -14,20 +14,23 @@ __all__ = ["READING", "Phase", "State"]
 
 
 class State(enum.Enum):
-    """Where a client connection is. ``call`` is set from LEASING to the request's end."""
+    """Where a client connection is. ``call`` is set from LEASING to the request's end;
+    a request for aiohttp goes PASSING (its bytes) then AIOHTTP until aiohttp answered."""
 
     IDLE = "idle"  # no request: the next head is read as it comes
-    BODY = "body"  # a head taken, its body coming
+    BODY = "body"  # a /v1 head taken, its body coming
+    PASSING = "passing"  # a request for aiohttp: its bytes passed on as they come
+    AIOHTTP = "aiohttp"  # aiohttp answers the request passed to it; the next one waits
     LEASING = "leasing"  # a task waits for a cold slot's lease
     CONNECTING = "connecting"  # a task waits for a new upstream connection
     SENT = "sent"  # the request went upstream; no answer head yet
     RELAYING = "relaying"  # the answer's head came; its body is relayed as it comes
     LINGERING = "lingering"  # answered before its body: the body dropped, then closed
-    HANDED_OVER = "handed_over"  # aiohttp's from here on
+    HANDED_OVER = "handed_over"  # aiohttp's for good (a head refused, an upgrade)
     CLOSED = "closed"
 
 
-READING: Final = frozenset((State.IDLE, State.BODY))
+READING: Final = frozenset((State.IDLE, State.BODY, State.PASSING))
 
 
 class Phase(enum.Enum):

@@ -143,6 +143,7 @@ class Upstream(asyncio.Protocol):
         "idle_since",
         "length",
         "reason",
+        "recalled",
         "status",
         "transport",
     )
@@ -163,6 +164,7 @@ class Upstream(asyncio.Protocol):
         self._used = False  # an earlier exchange went over this connection
         self._paused = False
         self._recall: AnswerRecall | None = None  # the last answer head llhttp read, by its bytes
+        self.recalled: AnswerRecall | None = None  # this answer's head, when it was that one
         self._left = 0  # a recalled answer's body: bytes still to come (llhttp not fed)
         self._interim = False  # an interim answer came before this one
         self.status, self.reason = 0, b""
@@ -205,6 +207,8 @@ class Upstream(asyncio.Protocol):
         first = self._phase is Phase.WAITING
         if first:
             self._phase = Phase.HEAD
+            self.recalled = None
+            self._begin()
         try:
             self._parser.feed_data(data)
         except HttpParserUpgrade:
@@ -243,6 +247,8 @@ class Upstream(asyncio.Protocol):
         if recall is None or found is None:
             return False
         self.status, self.reason, self.fields, self.content_type, self._keep = recall.said
+        self.recalled = recall
+        self.codings = []
         self.date = found.group("d") if recall.date is None else recall.date
         self._length = self.length = length = int(found.group("n"))
         self.framing = Framing.LENGTH if length else Framing.NONE
@@ -364,7 +370,6 @@ class Upstream(asyncio.Protocol):
         self._phase = Phase.WAITING
         self._seen, self._complete, self._extra, self._told = 0, False, False, False
         self._interim, self._left = False, 0
-        self._begin()
         if sum(map(len, request)) <= _JOIN_MAX:
             self.transport.write(b"".join(request))  # one segment, one send
         else:
@@ -413,7 +418,8 @@ class Upstream(asyncio.Protocol):
     def _finish(self) -> None:
         listener, self._listener = self._listener, None
         self._phase = Phase.IDLE
-        self.resume_reading()  # paused by a slow client while its last bytes went out
+        if self._paused:
+            self.resume_reading()  # paused by a slow client while its last bytes went out
         self._used = True
         reusable = self._keep and not self._extra and self.framing is not Framing.CLOSE
         if reusable and self.transport is not None:
@@ -460,7 +466,9 @@ class UpstreamPool:
         return conn
 
     def put(self, key: tuple[str, int], conn: Upstream) -> None:
-        idle = self._idle.setdefault(key, [])
+        idle = self._idle.get(key)
+        if idle is None:
+            idle = self._idle[key] = []
         if self.closed or len(idle) >= _POOL_MAX:
             conn.abort()
             return

@@ -62,7 +62,7 @@ class Subscription:
             return None
 
     def close(self) -> None:
-        self._bus._subscribers.discard(self)
+        self._bus._unsubscribe(self)
 
     def __aiter__(self) -> AsyncIterator[Event]:
         return self._iterate()
@@ -87,6 +87,7 @@ class EventBus:
         self._buffer: collections.deque[Event] = collections.deque(maxlen=buffer_size)
         self._flips: collections.deque[Event] = collections.deque(maxlen=flip_buffer_size)
         self._subscribers: set[Subscription] = set()
+        self._offers: tuple[Subscription, ...] = ()  # the subscribers, as emit walks them
         self._listeners: list[Callable[[Event], None]] = []
         self._next_id = 1
 
@@ -94,7 +95,7 @@ class EventBus:
         event = Event(id=self._next_id, kind=kind, op=op, **fields)
         self._next_id += 1
         (self._flips if is_lease_flip(event) else self._buffer).append(event)
-        for sub in list(self._subscribers):
+        for sub in self._offers:  # a snapshot: one may close while it is offered
             sub._offer(event)
         for listener in self._listeners:
             listener(event)
@@ -110,7 +111,12 @@ class EventBus:
     ) -> Subscription:
         sub = Subscription(self, maxsize, accept)
         self._subscribers.add(sub)
+        self._offers = tuple(self._subscribers)
         return sub
+
+    def _unsubscribe(self, sub: Subscription) -> None:
+        self._subscribers.discard(sub)
+        self._offers = tuple(self._subscribers)
 
     def since(self, last_id: int) -> list[Event]:
         """Buffered events after ``last_id``, in order (for Last-Event-ID resume); the

@@ -93,6 +93,11 @@ _DOCS: Final[dict[str, str]] = {
     "max_consecutive_failures": "Crash-loop breaker threshold (default 5).",
     "max_queue": "Requests waiting for the slot before the router answers 429 (default 64).",
     "memory_gb": "Admission estimate in GiB of device memory.",
+    "sha256": "The file's sha256 (64 hex digits): required for an http(s):// source, checked "
+    "besides the hub's own for an hf:// file, verified once for a path.",
+    "revision": "hf:// only: the branch, tag or commit to pull (default the hub's main).",
+    "include": "hf://org/repo only: globs of the snapshot's files to pull (* crosses /).",
+    "exclude": "hf://org/repo only: globs of the snapshot's files to leave out.",
     "sleep": "May an eviction put the server to sleep instead of unloading it (a GPU slot "
     "whose provider can sleep: vllm by default, demo when true)? Default: the provider's.",
     "sleep_level": "1: weights kept in host memory (counted there), fastest wake; 2: "
@@ -115,7 +120,7 @@ _DOCS: Final[dict[str, str]] = {
     "unit": "Co-loaded unit: the slots of one unit load, evict, sleep and restore "
     "together (a stack's [[unit]] or a slot's `with` sets it).",
     "id": "Model id (defaults to metadata.name); may contain . : / @ + = -.",
-    "source": "Path, file://, hf://org/repo[/file] or demo://name.",
+    "source": "Path, file://, hf://org/repo[/file], http(s):// (with sha256) or demo://name.",
     "kind": "What the model is: llm, embedding, tts, stt or image (default llm).",
     "exclusive_group": "At most one member of the group is loaded at a time.",
     "context_length": "Context window (model-owned: a Slot cannot override it).",
@@ -249,9 +254,9 @@ def _model_spec_schema() -> dict[str, Any]:
     schema["properties"]["source"]["x-kubernetes-validations"] = [
         {
             "rule": "self.matches('[^\\\\s]') && (!self.contains('://') || "
-            "self.matches('^(file|demo)://') || self.matches('^hf:///*[^/]+/+[^/]+'))",
-            "message": "source is a path, file://, hf://org/repo[/file] or demo://name "
-            "(model.invalid_value)",
+            "self.matches('^(file|demo|https?)://') || self.matches('^hf:///*[^/]+/+[^/]+'))",
+            "message": "source is a path, file://, hf://org/repo[/file], http(s):// or "
+            "demo://name (model.invalid_value)",
         }
     ]
     return schema

@@ -3,8 +3,9 @@ Bearer`` or ``x-api-key``, as clients of other OpenAI-compatible servers send it
 models it may reach, the priority class it waits in (``X-Slotctl-Priority`` may lower it,
 never raise it), and its key's own limits (requests in flight, requests a minute: 429s).
 
-Shared by both router paths and by the API's auth middleware
-(:mod:`controller.api.app`); the keys themselves are :mod:`controller.access.keys`'s.
+Used by the routed call (:mod:`controller.router.call`), the data plane and the API's
+auth middleware (:mod:`controller.api.app`); the keys themselves are
+:mod:`controller.access.keys`'s.
 """
 
 from __future__ import annotations

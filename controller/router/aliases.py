@@ -6,10 +6,10 @@ else the first whose load fits without evicting a slot of higher priority than i
 else the first member (its load says why it waits or is refused); ``first`` always the
 first member; ``spread`` the least busy resident slot of any member (requests in flight
 but batch holds, plus waiters), else as ``warm``. :func:`resolve` gathers what it needs
-from the manager; both router paths call it from
-:func:`~controller.router.leasing.lease_now` (:func:`alias_candidates`), and both rewrite
-the body's ``model`` to the member (:func:`controller.router.body.with_model`), so the
-server sees a model it serves and its answer's ``model`` says which one served it.
+from the manager; the routed call (:mod:`controller.router.call`) calls it
+(:func:`alias_candidates`) and rewrites the body's ``model`` to the member
+(:func:`controller.router.body.with_model`), so the server sees a model it serves and its
+answer's ``model`` says which one served it.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from controller.access.keys import Principal
 from controller.model.errors import ModelNotFound
 from controller.model.lifecycle import SlotState
 from controller.router.access import model_refused
-from controller.router.context import Call, RouterContext
+from controller.router.context import RouterContext
 from controller.router.refusals import (
     model_not_found,
     report_refusal,
@@ -124,12 +124,11 @@ def resolve(
 
 
 def alias_candidates(
-    ctx: RouterContext, call: Call, alias: AliasSpec, endpoint: str | None
+    ctx: RouterContext, principal: Principal | None, alias: AliasSpec, endpoint: str | None
 ) -> tuple[str, list[str]]:
-    """The member a request for ``alias`` goes to and its slots (``call.alias`` set), or
-    the refusal: 403 for a key that may not use the alias (or any member), 400 where no
+    """The member a request of ``principal`` for ``alias`` goes to and its slots, or the
+    refusal: 403 for a key that may not use the alias (or any member), 400 where no
     member's slots serve ``endpoint``, 404 where no member is served."""
-    principal = call.principal
     allowed: Callable[[str], bool] | None = None
     if principal is not None and principal.models:
         if not principal.may_use(alias.id):
@@ -145,7 +144,6 @@ def alias_candidates(
             raise wrong_endpoint(alias.id, endpoint, spec.type if spec is not None else "")
         report_refusal(ctx, ModelNotFound(alias.id), alias.id)
         raise model_not_found(alias.id)
-    call.alias = alias.id
     return choice.model, choice.candidates
 
 

@@ -1,9 +1,11 @@
-"""Reading a routed request: the body's ``model``, the body limits, the audio paths.
+"""Reading a routed request's body: its ``model``, and the body as an alias' member's
+server must see it.
 
-Part of :mod:`controller.router`, for both router paths. Parses only what routing needs:
-the body is read whole by each path (bounded: 413 beyond the limit) and passed upstream
-unchanged; the router reads its ``model`` (a JSON object, or a multipart form field for
-``/v1/audio/*``) and nothing else.
+Part of :mod:`controller.router`, called by the routed call (:mod:`.call`). Parses only
+what routing needs: the body is read whole by the data plane (bounded: 413 beyond the
+endpoint's limit) and passed upstream unchanged; the router reads its ``model`` (a JSON
+object, or a multipart form field where the endpoint takes forms: ``/v1/audio/*``) and
+nothing else.
 """
 
 from __future__ import annotations
@@ -16,21 +18,22 @@ from typing import Any, Final
 
 from controller.router.refusals import Refusal
 
-__all__ = ["AUDIO_MAX_BYTES", "AUDIO_TAIL", "JSON_MAX_BYTES", "model_of", "with_model"]
-
-JSON_MAX_BYTES: Final = 8 * 1024 * 1024
-AUDIO_MAX_BYTES: Final = 64 * 1024 * 1024  # uploads of a long recording
-# ``/v1/audio/{path}`` takes plain segments only, so ``..`` or ``%2e%2e`` cannot reach a
-# server's other routes (llama-server's ``/slots``, vLLM's admin endpoints).
-AUDIO_TAIL: Final = re.compile(r"[A-Za-z0-9_-]+(/[A-Za-z0-9_-]+)*")
+__all__ = ["is_form", "model_of", "with_model"]
 
 
-def model_of(content_type: str, body: bytes) -> str:
-    """``model`` of a body whose ``Content-Type`` header is ``content_type``."""
-    if (
+def is_form(content_type: str) -> bool:
+    """A ``multipart/form-data`` body (an upload's)."""
+    return (
         content_type != "application/json"
         and content_type.partition(";")[0].strip().lower() == "multipart/form-data"
-    ):
+    )
+
+
+def model_of(content_type: str, body: bytes, *, forms: bool = True) -> str:
+    """``model`` of a body whose ``Content-Type`` header is ``content_type``: a form
+    field where the endpoint takes forms (``forms``) and the body is one, else a JSON
+    object's key (400 otherwise)."""
+    if forms and is_form(content_type):
         model = _multipart_field(content_type, body, "model")
     else:
         data = _json_object(body)
@@ -116,11 +119,12 @@ def _form_name(head: bytes) -> str | None:
     return None
 
 
-def with_model(content_type: str, body: bytes, model: str) -> bytes:
+def with_model(content_type: str, body: bytes, model: str, *, forms: bool = True) -> bytes:
     """``body`` with its ``model`` set to ``model`` (a JSON object's key, or a multipart
-    form's field): an alias's member (:mod:`controller.router.aliases`); the router read
-    the body already, so it is there and well formed."""
-    if content_type.partition(";")[0].strip().lower() == "multipart/form-data":
+    form's field, read as :func:`model_of` read it): an alias's member
+    (:mod:`controller.router.aliases`); the router read the body already, so it is there
+    and well formed."""
+    if forms and is_form(content_type):
         return _multipart_with(content_type, body, model)
     data = json.loads(body)
     data["model"] = model

@@ -1,4 +1,5 @@
-"""Which headers a router passes on, in each direction (both router paths).
+"""Which headers the router passes on, in each direction (the data plane's request and
+answer heads).
 
 Never forwarded: hop-by-hop headers (RFC 9110 §7.6.1) and every header a ``Connection``
 header names, the controller's own credentials, the lengths and codings each connection

@@ -2,7 +2,7 @@
 
 A web page on another site can make a browser send requests to ``127.0.0.1`` by
 rebinding its own name to that address; its requests then carry the page's name in
-``Host``. So the API (both router paths and the REST routes) answers only requests whose
+``Host``. So the API (the data plane's ``/v1`` and the REST routes) answers only requests whose
 ``Host`` is an IP address literal (no name to rebind), ``localhost``, the listen host, or a
 name configured with ``--allowed-host`` (``.example.com`` takes its subdomains too, ``*``
 any name); every other is refused with ``421`` (``request.host_not_allowed``) before any

@@ -1,40 +1,22 @@
-"""Leasing a slot for a routed request: the model's candidates (best first, of a type that
-serves the endpoint), the first that grants a lease, the refusal otherwise.
+"""Leasing one of a model's slots: the candidates tried best first, the first that grants
+a lease, the best one's refusal otherwise.
 
-Both router paths lease here. :func:`lease_now` goes as far as it can without a wait (the
-common case: a warm slot, no task, no await); :func:`lease_rest` goes on from the
-:class:`Pending` it stopped at (a cold slot's load; concurrent cold requests join one load).
+The routed call (:mod:`controller.router.call`) leases through it: :func:`acquire_now`
+goes as far as it can without a wait (the common case: a warm slot, no task, no await);
+:func:`acquire_rest` goes on from the :class:`Pending` it stopped at (a cold slot's load;
+concurrent cold requests join one load).
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Final
 
-from controller.model.errors import ModelNotFound, SlotctlError, SlotNotReady
-from controller.router.access import model_refused
-from controller.router.aliases import alias_candidates
-from controller.router.context import Call, RouterContext
-from controller.router.refusals import (
-    model_not_found,
-    report_refusal,
-    slot_refusal,
-    wrong_endpoint,
-)
-from controller.router.selection import fitting, serving
+from controller.model.errors import SlotctlError, SlotNotReady
 from controller.slots.interfaces import RouterPort
 from controller.slots.records import Lease, Requester
 
-__all__ = [
-    "Pending",
-    "acquire",
-    "acquire_now",
-    "acquire_rest",
-    "lease_model",
-    "lease_now",
-    "lease_rest",
-]
+__all__ = ["Pending", "acquire", "acquire_now", "acquire_rest"]
 
 _NOT_READY_TRIES: Final = 3  # a slot swapped out between its load and our lease: queue again
 
@@ -103,63 +85,3 @@ async def _acquire_one(
             if attempt >= _NOT_READY_TRIES:
                 raise
             attempt += 1
-
-
-async def lease_model(ctx: RouterContext, call: Call, model: str, endpoint: str | None) -> Lease:
-    """A lease on the best activated slot serving ``model`` whose type serves
-    ``endpoint`` (:func:`~controller.router.selection.endpoint_of`; ``call`` records the
-    model and the slot); else the refusal, reported once. Both router paths lease
-    through it (the data plane in its two steps)."""
-    now = lease_now(ctx, call, model, endpoint)
-    return now if isinstance(now, Lease) else await lease_rest(ctx, call, now)
-
-
-def lease_now(ctx: RouterContext, call: Call, model: str, endpoint: str | None) -> Lease | Pending:
-    """:func:`lease_model` without a wait: the lease, or where it has to wait
-    (:func:`lease_rest` goes on from there). A model whose slots' type does not serve
-    ``endpoint`` is refused here, before anything is leased or loaded (400)."""
-    manager = ctx.manager
-    alias = manager.aliases.get(model) if manager.aliases else None
-    if alias is not None and model not in manager.models:  # (a model's id wins)
-        model, candidates = alias_candidates(ctx, call, alias, endpoint)
-    else:
-        candidates = serving(manager, model)
-    principal = call.principal
-    if principal is not None and not principal.may_use(model):
-        raise model_refused(principal, model)
-    if not candidates:
-        report_refusal(ctx, ModelNotFound(model), model)
-        raise model_not_found(model)
-    call.model = model
-    if endpoint is not None:
-        candidates, refused = fitting(manager, candidates, endpoint)
-        if not candidates:
-            raise wrong_endpoint(model, endpoint, refused)
-    if principal is not None:
-        limited = ctx.limits.admit(principal, time.monotonic())
-        if limited is not None:
-            raise slot_refusal(limited)
-        call.counted = True
-        if principal.name:  # a key's call: its answer's usage counts for it
-            call.tail = bytearray()
-    try:
-        now = acquire_now(manager, candidates, call.who)
-    except SlotctlError as exc:
-        report_refusal(ctx, exc, model)
-        raise slot_refusal(exc) from None
-    if isinstance(now, Lease):
-        call.lease, call.slot = now, now.slot
-    return now
-
-
-async def lease_rest(ctx: RouterContext, call: Call, pending: Pending) -> Lease:
-    began = time.monotonic()
-    try:
-        lease = await acquire_rest(ctx.manager, pending, call.who)
-    except SlotctlError as exc:
-        report_refusal(ctx, exc, call.model)
-        raise slot_refusal(exc) from None
-    finally:
-        call.waited = time.monotonic() - began
-    call.lease, call.slot = lease, lease.slot
-    return lease

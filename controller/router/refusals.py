@@ -1,10 +1,10 @@
 """The router's refusals: :class:`Refusal` (a request the router answers itself) and each
-refusal both router paths give, in OpenAI's error shape ``{"error": {"message", "type",
+refusal the routed call gives, in OpenAI's error shape ``{"error": {"message", "type",
 "param", "code"}}`` (:func:`openai_error_body`).
 
-Pure data and the one event a refusal reports (:func:`report_refusal`); rendering is each
-path's: aiohttp's in :mod:`controller.api.router_proxy`, the data plane's own bytes in
-:mod:`controller.dataplane.answers`.
+Pure data and the one event a refusal reports (:func:`report_refusal`); the routed call
+(:mod:`controller.router.call`) gives them, the data plane renders them as bytes
+(:mod:`controller.dataplane.answers`).
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ from controller.model.errors import (
     SlotUpstreamTimeout,
 )
 from controller.model.events import EventKind, Op
-from controller.router.context import Call, RouterContext
-from controller.router.selection import ENDPOINTS, SERVES
+from controller.router.context import RouterContext
+from controller.router.endpoints import SERVES, path_of, paths_serving
+from controller.slots.records import Lease
 
 __all__ = [
     "BAD_BEARER_MESSAGE",
@@ -130,10 +131,8 @@ def misdirected(host: str) -> Refusal:
 def wrong_endpoint(model: str, endpoint: str, slot_type: str) -> Refusal:
     """The 400 of a request whose model's slot type does not serve its endpoint (an
     embedding request to a chat model...), as OpenAI answers it: before any load."""
-    path = next((p for p, kind in ENDPOINTS.items() if kind == endpoint), "this endpoint")
-    if endpoint == "audio":
-        path = "/v1/audio/*"
-    serves = [p for p, kind in ENDPOINTS.items() if kind in SERVES.get(slot_type, ())]
+    path = path_of(endpoint)
+    serves = paths_serving(slot_type)
     wanted = [t for t, kinds in SERVES.items() if endpoint in kinds and t != "image"]
     return Refusal(
         400,
@@ -179,32 +178,31 @@ def report_refusal(ctx: RouterContext, error: SlotctlError, model: str) -> None:
 
 
 def upstream_timeout(
-    ctx: RouterContext, call: Call, seconds: float, *, connecting: bool = False
+    ctx: RouterContext, slot: str, model: str, seconds: float, *, connecting: bool = False
 ) -> Refusal:
     """The answer of a request whose server went silent for ``seconds`` (or took no
     connection within them): ``504 slot.upstream_timeout`` (in-band once the answer
-    began), reported once (an event; the metrics count it). Both router paths give it."""
+    began), reported once (an event; the metrics count it)."""
     what = (
         f"took no connection within {seconds:g}s"
         if connecting
         else f"sent nothing for {seconds:g}s (upstream_idle_s)"
     )
     error = SlotUpstreamTimeout(
-        f"slot {call.slot!r}: its server {what}; the request was ended",
-        slot=call.slot,
+        f"slot {slot!r}: its server {what}; the request was ended",
+        slot=slot,
         idle_s=seconds,
     )
-    report_refusal(ctx, error, call.model)
+    report_refusal(ctx, error, model)
     return slot_refusal(error)
 
 
-def revoked(call: Call) -> Refusal:
-    """The answer of a request whose lease was revoked (its slot crashed or went away);
-    both router paths give it."""
-    error = call.lease.error if call.lease is not None else None
+def revoked(slot: str, lease: Lease | None) -> Refusal:
+    """The answer of a request whose lease was revoked (its slot crashed or went away)."""
+    error = lease.error if lease is not None else None
     if error is not None:
         return slot_refusal(error)
-    return Refusal(502, f"slot {call.slot!r} went away", code="upstream.failed")
+    return Refusal(502, f"slot {slot!r} went away", code="upstream.failed")
 
 
 def upstream_unreachable(slot: str, detail: str) -> Refusal:

@@ -5,9 +5,9 @@ first; ties by priority, most recent use, name) over the views the manager gives
 ``POST /api/models/{id}/load`` picks the slot a request for that model would get.
 
 And what a slot is for: its ``type`` says which OpenAI endpoints it serves
-(:data:`SERVES`); both router paths keep only the candidates whose type serves the
-request's endpoint (:func:`fitting`) before anything is leased or loaded, and
-``/v1/models`` says it of every model (:func:`openai_model`).
+(:data:`~controller.router.endpoints.SERVES`); the routed call keeps only the candidates
+whose type serves the request's endpoint (:func:`fitting`) before anything is leased or
+loaded, and ``/v1/models`` says it of every model (:func:`openai_model`).
 """
 
 from __future__ import annotations
@@ -18,13 +18,11 @@ from typing import Any, Final
 
 from controller.access.keys import Principal
 from controller.model.lifecycle import Candidate, rank_candidates
+from controller.router.endpoints import SERVES, paths_serving
 from controller.slots.interfaces import RouterPort
 from controller.slots.records import SlotView
 
 __all__ = [
-    "ENDPOINTS",
-    "SERVES",
-    "endpoint_of",
     "fitting",
     "openai_model",
     "ranked",
@@ -34,37 +32,7 @@ __all__ = [
 ]
 
 _CREATED: Final = int(time.time())  # the ``created`` of every model in /v1/models
-
-# The routed endpoints by their path (``/v1/audio/`` tails other than these: "audio").
-ENDPOINTS: Final = {
-    "/v1/chat/completions": "chat",
-    "/v1/completions": "completions",
-    "/v1/embeddings": "embeddings",
-    "/v1/audio/speech": "speech",
-    "/v1/audio/transcriptions": "transcriptions",
-    "/v1/audio/translations": "translations",
-}
-_AUDIO: Final = "/v1/audio/"
-# What each slot ``type`` serves. A request for an endpoint its slot's type does not
-# serve is refused before any lease or load (a real server would answer it with an error
-# of its own, after a cold load). ``image`` (a vision model) is refused audio only: it
-# may answer chat and completions, and image embeddings.
-SERVES: Final[dict[str, frozenset[str]]] = {
-    "llm": frozenset({"chat", "completions"}),
-    "embedding": frozenset({"embeddings"}),
-    "tts": frozenset({"speech", "audio"}),
-    "stt": frozenset({"transcriptions", "translations", "audio"}),
-    "image": frozenset({"chat", "completions", "embeddings"}),
-}
 _NONE: Final[frozenset[str]] = frozenset()
-
-
-def endpoint_of(path: str) -> str | None:
-    """The endpoint a routed request's path names (None: none the router checks)."""
-    found = ENDPOINTS.get(path)
-    if found is None and path.startswith(_AUDIO):
-        return "audio"
-    return found
 
 
 def fitting(manager: RouterPort, names: list[str], endpoint: str) -> tuple[list[str], str]:
@@ -136,7 +104,7 @@ def openai_model(model_id: str, slot_type: str) -> dict[str, Any]:
     """One entry of ``GET /v1/models``: OpenAI's model object, and what the model is for
     (as LM Studio's ``type`` and Ollama's ``capabilities`` say it): its slot ``type`` and
     the endpoints that serve it (other ``/v1/audio/`` routes pass to a speech slot too)."""
-    endpoints = [path for path, kind in ENDPOINTS.items() if kind in SERVES.get(slot_type, ())]
+    endpoints = paths_serving(slot_type)
     return {
         "id": model_id,
         "object": "model",

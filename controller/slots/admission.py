@@ -97,7 +97,7 @@ class Admission(Part):
             GroupPeer(
                 p.name, bool(p.spec.pinned), p.memory_bytes if p.state in ADMITTED_STATES else 0
             )
-            for p in self.table.group_peers(slot)
+            for p in self.table.usage.group_peers(slot)
         )
         request = LoadRequest(
             slot=slot.name,
@@ -118,7 +118,7 @@ class Admission(Part):
             request,
             devices,
             # never a member of its own co-loaded unit (controller.scheduling.eviction)
-            (lambda: without_unit(slot.spec.unit, self.table.candidates(self._recent)))
+            (lambda: without_unit(slot.spec.unit, self.table.usage.candidates(self._recent)))
             if evict
             else lambda: (),
             self.clock.monotonic(),
@@ -160,7 +160,7 @@ class Admission(Part):
     def host_room(self) -> dict[str, int]:
         """The room per host key for sleepers' weights (SPEC §6's two inequalities, with
         the host's own margin ``host_margin_gb``): every host key a slot could sleep on."""
-        held = self.table.all_device_bytes()
+        held = self.table.usage.all_device_bytes()
         margin = int(self.settings.host_margin_gb * GIB)
         room: dict[str, int] = {}
         for key in sorted({s.host for s in self.table}):
@@ -179,11 +179,11 @@ class Admission(Part):
         the host for a GPU slot (the probe's, else those the budgets name), else the one
         device (``cpu``, ``npu``, ``NODE/DEVICE`` on a cluster). The slot's own bytes and
         its exclusive-group peers' are told apart (the load unloads the peers first)."""
-        figures = self.table.all_device_bytes(slot)
+        figures = self.table.usage.all_device_bytes(slot)
         for key, size, _loading in slot.holdings():
             figures[key][0] -= size
         peers: dict[str, int] = {}
-        for p in self.table.group_peers(slot):
+        for p in self.table.usage.group_peers(slot):
             for key, size, _loading in p.holdings():
                 peers[key] = peers.get(key, 0) + size
         budgets = self.settings.memory_budget_gb
@@ -230,7 +230,7 @@ class Admission(Part):
     ) -> list[DeviceFacts]:
         """The cluster's GPUs for ``slot`` (see :mod:`controller.scheduling.cluster`): what the
         other slots hold on each, and the nodes it avoids for now."""
-        group = {p.name for p in self.table.group_peers(slot)}
+        group = {p.name for p in self.table.usage.group_peers(slot)}
         holders: dict[str, int] = {}
         units: dict[str, dict[str, int]] = {}
         for s in self.table:
@@ -267,7 +267,7 @@ class Admission(Part):
     def figures(self) -> list[DeviceFigures]:
         """Every device with its memory: each GPU of the host (probed, or named by a
         budget), the other devices a slot uses or a budget names, a cluster's node keys."""
-        held = self.table.all_device_bytes()
+        held = self.table.usage.all_device_bytes()
         slots: dict[str, list[str]] = {}
         kinds: set[str] = set()
         for s in self.table:
@@ -348,7 +348,7 @@ class Admission(Part):
             for s in self.table
             if s.waiting is not None
             and not s.busy
-            and not self.table.group_peers(s)  # the group is held: the reconciler waits
+            and not self.table.usage.group_peers(s)  # the group is held: the reconciler waits
             and self.decide_wake(s, background=True)[0].ok
         ]
 

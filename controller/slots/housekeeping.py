@@ -107,7 +107,7 @@ class Housekeeping(Part):
         # ttl_s: give the memory back after this long without requests (keep-loaded
         # autoload slots are exempt: autoload means "keep it loaded"). A co-loaded unit's
         # member: after the whole unit's quiet time, and the unit goes (docs/design/0013).
-        mates = self.table.unit_mates(slot)
+        mates = self.table.usage.unit_mates(slot)
         quiet = now - max([slot.last_used, *(m.last_used for m in mates)])
         keep = slot.spec.autoload or any(m.spec.autoload or m.busy or m.book.leases for m in mates)
         expired = ttl > 0 and quiet >= ttl and not keep
@@ -204,7 +204,7 @@ class Housekeeping(Part):
         evicted: list[str] = []
         margin = int(self.settings.safety_margin_gb * GIB)
         devices = {d for s in self.table if s.state in ADMITTED_STATES for d in s.devices}
-        resident = self.table.all_resident_bytes() if devices else {}
+        resident = self.table.usage.all_resident_bytes() if devices else {}
         for device in sorted(devices):
             sample = self.memory.sample(device)
             if sample is None:
@@ -222,11 +222,11 @@ class Housekeeping(Part):
             )
             now = self.clock.monotonic()
             host = self.loading.admission.host_room()  # a victim sleeps where it fits
-            candidates = self.table.candidates(functools.partial(self._recent, now=now))
+            candidates = self.table.usage.candidates(functools.partial(self._recent, now=now))
             victims = pressure_victims(candidates, device, level, now, host=host)
             gone = await self.loading.unloading.evict(victims, reason=EvictionReason.PRESSURE)
             if gone:  # a victim may span the devices still to look at: count them anew
-                resident = self.table.all_resident_bytes()
+                resident = self.table.usage.all_resident_bytes()
             evicted += gone
         return evicted
 

@@ -251,7 +251,7 @@ class SlotManager(Part):
     def group_holder(self, name: str) -> str | None:
         """A peer holding ``name``'s exclusive group (loading or loaded), if any."""
         slot = self.core.table.records.get(name)
-        peers = self.core.table.group_peers(slot) if slot is not None else []
+        peers = self.core.table.usage.group_peers(slot) if slot is not None else []
         return peers[0].name if peers else None
 
     def is_resident(self, name: str) -> bool:
@@ -341,14 +341,14 @@ class SlotManager(Part):
         return self.core.table.names()
 
     def admitted_bytes(self, device: str) -> int:
-        return self.core.table.admitted_bytes(device)
+        return self.core.table.usage.admitted_bytes(device)
 
     def devices(self) -> list[DeviceFigures]:
         """Every device (each GPU, cpu, npu, a cluster's nodes) with its memory figures."""
         return self.admission.figures()
 
     def resident_bytes(self, device: str) -> int:
-        return self.core.table.resident_bytes(device)
+        return self.core.table.usage.resident_bytes(device)
 
     def lease_count(self) -> int:
         return sum(len(s.book.leases) for s in self.core.table)

@@ -231,7 +231,7 @@ class Recovery(Part):
             return slot.state.value
         if not self.wishes.keeps_loaded(slot.name, bool(slot.spec.autoload)):
             return "not wanted"  # a load before this one swapped it out of its group
-        holder = self.table.group_peers(slot)
+        holder = self.table.usage.group_peers(slot)
         if holder:
             # A peer holds the exclusive group (a user's swap before the restart): a
             # background load never takes it over; the reconciler waits for the group.

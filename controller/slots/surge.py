@@ -89,7 +89,7 @@ class Rollouts(Part):
         why_not = cannot_surge(self.runtime)
         if why_not is None and slot is not None and slot.asleep:
             why_not = "its server sleeps: nobody is served by it until a wake"
-        if why_not is None and slot is not None and self.table.group_peers(probe):
+        if why_not is None and slot is not None and self.table.usage.group_peers(probe):
             group = model.exclusive_group if model is not None else "?"
             why_not = f"exclusive group {group}: its members run one at a time"
         load = None

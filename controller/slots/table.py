@@ -58,7 +58,7 @@ from controller.slots.records import (
     SlotView,
     tier_name,
 )
-from controller.slots.usage import Usage
+from controller.slots.usage import Surges, Usage
 from controller.slots.wishes import Wishes
 from controller.spec.schema import ModelSpec, SlotSpec
 from controller.store.files import utcnow
@@ -83,15 +83,17 @@ LAG_WRITE_S: Final = 0.25  # observations within this window reach state.json as
 OBSERVED: Final = frozenset({S.WARMING, S.READY, S.IDLE, S.SERVING})
 
 
-class SlotTable(Usage):
+class SlotTable:
     def __init__(self, store: StateStore, events: EventBus, clock: Clock, wishes: Wishes) -> None:
         self.store = store
         self.events = events
         self.clock = clock
         self.wishes = wishes
         self.records: dict[str, SlotRecord] = {}
-        self.surges = {}  # a surge's second server's memory (Usage.surges)
+        self.surges: Surges = {}  # a surge's second server's memory (Usage.surges)
         self.rollouts: dict[str, RolloutView] = {}  # shown in views (slots.surge writes)
+        # The read side: memory per device, eviction candidates, group and unit mates.
+        self.usage = Usage(self.records, self.surges)
         self.models: dict[str, ModelSpec] = {}
         # Catalogue order (restore loads in it), as an ordered set: upsert() checks
         # membership once per slot and pass, so a list made a resync pass O(n²).

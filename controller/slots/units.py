@@ -168,7 +168,7 @@ class UnitLoads(Part):
         margin = self.settings.min_resident_s
 
         def candidates() -> list[Any]:
-            allowed = without_unit(unit, self.table.candidates(self.admission._recent))
+            allowed = without_unit(unit, self.table.usage.candidates(self.admission._recent))
             if background:  # as a background load of one slot: lower priority, idle enough
                 allowed = [c for c in allowed if c.priority < top and now - c.last_used >= margin]
             return allowed

@@ -158,7 +158,7 @@ class Unloading(Part):
         """A co-loaded unit goes whole (controller.scheduling.eviction): ``slot``'s mates evicted
         with it, each put to sleep too when it slept and its server can."""
         done = []
-        for mate in self.table.unit_mates(slot):
+        for mate in self.table.usage.unit_mates(slot):
             if mate.state not in (S.READY, S.IDLE) or mate.asleep:
                 continue
             sleep = level if level and mate.candidate().sleep_level else 0
@@ -218,7 +218,7 @@ class Unloading(Part):
 
     async def unload_group_peers(self, slot: SlotRecord) -> None:
         """Unload the exclusive-group members that hold ``slot``'s group (a swap), bounded."""
-        for peer in self.table.group_peers(slot):
+        for peer in self.table.usage.group_peers(slot):
             if peer.spec.pinned:
                 error = SlotPinned(peer.name, "exclusive-group swap")
                 raise self.table.refuse(slot, Op.LOAD, error)

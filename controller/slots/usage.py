@@ -1,11 +1,11 @@
 """What the slots hold: memory per device, eviction candidates, exclusive-group holders.
 
-The read side of :class:`~.table.SlotTable` (its base): sums and lists over the records,
-no writes. Each GPU is a device of its own (``gpu:N``); a slot spanning several holds
-:func:`controller.model.devices.share` of its bytes on each, and a device *kind* (``gpu``; on a
-cluster ``NODE/gpu``: that node's ``NODE/gpu:N``) sums its devices. What a slot holds is
-its :meth:`~.records.SlotRecord.holdings`: an asleep server holds its weights on its host
-(level 1) and nothing on its GPUs.
+The read side of :class:`~.table.SlotTable` (its ``usage``): sums and lists over the
+table's records and surges, no writes. Each GPU is a device of its own (``gpu:N``); a slot
+spanning several holds :func:`controller.model.devices.share` of its bytes on each, and a
+device *kind* (``gpu``; on a cluster ``NODE/gpu``: that node's ``NODE/gpu:N``) sums its
+devices. What a slot holds is its :meth:`~.records.SlotRecord.holdings`: an asleep server
+holds its weights on its host (level 1) and nothing on its GPUs.
 """
 
 from __future__ import annotations
@@ -16,19 +16,23 @@ from controller.model.lifecycle import SlotState
 from controller.scheduling.eviction import EvictionCandidate, unified
 from controller.slots.records import ADMITTED_STATES, SlotRecord
 
-__all__ = ["Usage"]
+__all__ = ["Surges", "Usage"]
 
 S = SlotState
 
 
-class Usage:
-    """Sums and lists over ``records`` (the table's)."""
+Surges = dict[str, tuple[tuple[str, int, bool], ...]]
 
-    records: dict[str, SlotRecord]
-    # What a surge's second server holds beside its slot's own, by slot (key, bytes,
-    # coming up): the new server while it starts, the old one while it drains after the
-    # switch (controller.slots.surge). Counted like any slot's holdings.
-    surges: dict[str, tuple[tuple[str, int, bool], ...]]
+
+class Usage:
+    """Sums and lists over the table's ``records`` and ``surges`` (the same dicts, read)."""
+
+    def __init__(self, records: dict[str, SlotRecord], surges: Surges) -> None:
+        self.records = records
+        # What a surge's second server holds beside its slot's own, by slot (key, bytes,
+        # coming up): the new server while it starts, the old one while it drains after the
+        # switch (controller.slots.surge). Counted like any slot's holdings.
+        self.surges = surges
 
     def admitted_bytes(self, device: str) -> int:
         return self.device_bytes(device)[0]

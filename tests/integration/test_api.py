@@ -29,6 +29,7 @@ from controller.api.app import ApiContext
 from controller.api.assembly import ROUTES, build_app
 from controller.api.openapi import openapi_path
 from controller.kit.eventbus import EventBus
+from controller.router.endpoints import ENDPOINTS
 from tests.e2e.conftest import Slotctl, wait_until
 from tests.integration.helpers import free_port
 
@@ -247,7 +248,8 @@ def assert_typed(reply: Reply, status: int, code: str) -> dict[str, Any]:
 
 
 def live_routes() -> list[tuple[str, str]]:
-    """(method, canonical path) of every route the served application has."""
+    """(method, canonical path) of every route the served API has: aiohttp's app, and
+    the data plane's /v1 endpoints (the router's table)."""
 
     async def build() -> list[tuple[str, str]]:
         ctx = ApiContext(
@@ -259,7 +261,7 @@ def live_routes() -> list[tuple[str, str]]:
             events=EventBus(),
         )
         app = build_app(ctx)
-        out = []
+        out = [(e.method, e.path) for e in ENDPOINTS]
         for route in app.router.routes():
             resource = route.resource
             if resource is not None and route.method != "HEAD":

@@ -2,11 +2,13 @@
 
 The routed requests of tests/integration/test_router.py already go through the data plane
 (the API server listens through it); these tests take the paths it adds, over raw TCP on
-127.0.0.1: the hand-over of a connection to aiohttp, pipelining, ``Expect``, the 413 that
-drops the body, each framing a model server may answer with (a real process,
-``wire_upstream.py``, answering as each request asks), the keep-alive pool and a stale
-connection in it, an upstream that breaks, flow control towards a slow client, and a
-client that leaves while the upstream works.
+127.0.0.1: a connection's REST requests passed to aiohttp and the connection taken back,
+a head refused and handed over, pipelining, ``Expect``, the 413 that drops the body,
+chunked uploads, ``HTTP/1.0``, percent-encoded ids, the 404 and 405 of ``/v1``, each
+framing a model server may answer with (a real process, ``wire_upstream.py``, answering
+as each request asks), the keep-alive pool and a stale connection in it, an upstream that
+breaks, flow control towards a slow client, and a client that leaves while the upstream
+works.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import pytest
 from controller.dataplane.request import parse_head
 from controller.model.errors import SlotNotReady
 from controller.model.lifecycle import SlotState
+from controller.router.endpoints import CHAT, MODELS
 from controller.slots.records import Lease
 from tests.integration.test_router import AUTH, TOKEN, Harness, Router, chat, model, wait_for
 
@@ -157,7 +160,7 @@ async def start_wire(harness: Harness) -> Router:
 # ============================================================================ the head
 
 
-def test_parse_head_takes_only_what_the_data_plane_serves() -> None:
+def test_parse_head_takes_every_v1_request_and_only_those() -> None:
     def head(*lines: str, host: bool = True) -> bytes:
         return "\r\n".join([lines[0], *(["Host: h"] if host else []), *lines[1:]]).encode("latin-1")
 
@@ -182,24 +185,45 @@ def test_parse_head_takes_only_what_the_data_plane_serves() -> None:
     # No hop-by-hop or credential header; the others as llhttp read them.
     assert ok.forward == b"\r\nContent-Type: application/json\r\nX-Custom: kept"
     assert ok.expect and not ok.keep and ok.content_type == "application/json"
+    assert ok.endpoint is CHAT and ok.kind == "chat" and not ok.old
     audio = parse_head(head("POST /v1/audio/transcriptions HTTP/1.1", "Content-Length: 0"))
-    assert audio is not None and audio.limit > ok.limit
+    assert audio is not None and audio.limit > ok.limit and audio.kind == "transcriptions"
+    # Taken, whatever the version, framing or path (the connection answers each).
+    taken = {
+        "405": head("GET /v1/chat/completions HTTP/1.1", "Content-Length: 0"),
+        "405 too": head("POST /v1/models HTTP/1.1", "Content-Length: 0"),
+        "404": head("GET /v1/nothing HTTP/1.1"),
+        "traversal": head("POST /v1/audio/../slots HTTP/1.1", "Content-Length: 0"),
+        "encoded traversal": head("POST /v1/audio/%2e%2e HTTP/1.1", "Content-Length: 0"),
+        "1.0": head("POST /v1/completions HTTP/1.0", "Content-Length: 0", host=False),
+        "no length": head("POST /v1/completions HTTP/1.1"),
+        "chunked": head("POST /v1/completions HTTP/1.1", "Transfer-Encoding: chunked"),
+        "expect": head("POST /v1/completions HTTP/1.1", "Content-Length: 0", "Expect: 200-ok"),
+        "upgrade": head("POST /v1/completions HTTP/1.1", "Content-Length: 0", "Upgrade: h2c"),
+        "encoded id": head("GET /v1/models/org%2Fm%20x HTTP/1.1"),
+        "absolute": head("GET http://h/v1/models HTTP/1.1"),
+    }
+    got = {name: parse_head(raw) for name, raw in taken.items()}
+    assert all(h is not None for h in got.values()), got
+    assert got["405"].endpoint is None and got["405"].allow == ("POST",)  # type: ignore[union-attr]
+    assert got["404"].endpoint is None and got["404"].allow == ()  # type: ignore[union-attr]
+    assert got["traversal"].kind == got["encoded traversal"].kind == ""  # type: ignore[union-attr]
+    assert got["encoded traversal"].arg == ".."  # type: ignore[union-attr]
+    assert got["1.0"].old and got["chunked"].length == -1  # type: ignore[union-attr]
+    assert got["expect"].expect_other  # type: ignore[union-attr]
+    assert got["encoded id"].arg == "org/m x"  # type: ignore[union-attr]
+    assert got["absolute"].endpoint is MODELS  # type: ignore[union-attr]
+    assert b"h2c" not in got["upgrade"].forward  # type: ignore[union-attr]
     for refused in (
-        head("GET /v1/chat/completions HTTP/1.1", "Content-Length: 0"),  # not a POST
-        head("POST /v1/models HTTP/1.1", "Content-Length: 0"),  # not routed here
-        head("POST /api/slots HTTP/1.1", "Content-Length: 0"),
-        head("POST /v1/audio/../slots HTTP/1.1", "Content-Length: 0"),
-        head("POST /v1/audio/%2e%2e HTTP/1.1", "Content-Length: 0"),
-        head("POST /v1/completions HTTP/1.0", "Content-Length: 0"),
-        head("POST /v1/completions HTTP/1.1"),  # no Content-Length
-        head("POST /v1/completions HTTP/1.1", "Transfer-Encoding: chunked"),
+        head("POST /api/slots HTTP/1.1", "Content-Length: 0"),  # aiohttp's (passed on)
+        head("GET /v1x HTTP/1.1"),
+        head("POST /v1/completions HTTP/1.1", "Content-Length: 0", host=False),
+        head("POST /v1/completions HTTP/1.1", "Content-Length: 0", "Host: other"),
         head("POST /v1/completions HTTP/1.1", "Content-Length: 1", "Content-Length: 2"),
         head("POST /v1/completions HTTP/1.1", "Content-Length: -1"),
         head("POST /v1/completions HTTP/1.1", "Content-Length: 0", " folded"),
         head("POST /v1/completions HTTP/1.1", "Content-Length: 0", "Bad Name: x"),
         head("POST /v1/completions HTTP/1.1", "Content-Length: 0", "X: a\x00b"),
-        head("POST /v1/completions HTTP/1.1", "Content-Length: 0", "Expect: 200-ok"),
-        head("POST /v1/completions HTTP/1.1", "Content-Length: 0", "Upgrade: h2c"),
     ):
         assert parse_head(refused) is None, refused
 
@@ -210,8 +234,9 @@ def test_parse_head_takes_only_what_the_data_plane_serves() -> None:
 async def test_one_connection_serves_routed_then_rest_then_routed_requests(
     harness: Harness,
 ) -> None:
-    """A kept-alive connection: the data plane answers, then hands over to aiohttp for
-    good at the first request it does not serve, which then answers both kinds."""
+    """A kept-alive connection: the data plane answers, passes the REST request to
+    aiohttp, which answers it on the same connection, and takes the connection back for
+    the next routed request (aiohttp serves no /v1 request)."""
     r = await start_wire(harness)
     async with wire(r) as c:
         c.send(post("/v1/chat/completions", ask("length", n=1)))
@@ -228,13 +253,13 @@ async def test_one_connection_serves_routed_then_rest_then_routed_requests(
         c.send(post("/v1/chat/completions", ask("length", n=2)))
         third = await c.answer()
         assert third.status == 200 and json.loads(third.body)["n"] == 2
-        assert "server" in third.headers  # aiohttp's own header: the hand-over happened
-        assert "server" not in first.headers
+        assert "server" in listed.headers  # aiohttp's own header: passed to aiohttp
+        assert "server" not in first.headers and "server" not in third.headers
 
 
 async def test_the_models_list_keeps_a_connection_on_the_data_plane(harness: Harness) -> None:
     """``GET /v1/models`` (as an SDK's pool sends before its completions) is answered
-    here, as aiohttp's router answers it, so the connection's next POST is too."""
+    here, so the connection's next POST is too."""
     r = await start_wire(harness)
     get = "GET {} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer " + TOKEN + "\r\n\r\n"
     async with wire(r) as c:
@@ -458,20 +483,155 @@ async def test_a_413_reaches_a_client_that_sends_its_whole_body_first(harness: H
     assert r.manager.view("wire").state is S.OFFLINE  # no lease, no load
 
 
-async def test_requests_the_data_plane_leaves_are_served_by_aiohttp(harness: Harness) -> None:
+async def test_chunked_uploads_old_clients_and_encoded_ids_are_the_data_planes(
+    harness: Harness,
+) -> None:
+    """What aiohttp's router path served before (issue 41): a chunked upload (de-chunked
+    by llhttp, sent upstream with a Content-Length), a request pipelined after it in the
+    same write, HTTP/1.0 (answered as 1.0), a percent-encoded model id."""
     r = await start_wire(harness)
-    async with wire(r) as c:  # a chunked upload: aiohttp's router serves it
-        data = json.dumps(ask("length", n=7)).encode()
-        c.send(
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer "
-            + TOKEN.encode()
-            + b"\r\nTransfer-Encoding: chunked\r\n\r\n"
-            + b"%x\r\n" % len(data)
-            + data
-            + b"\r\n0\r\n\r\n"
-        )
+    data = json.dumps(ask("length", n=7)).encode()
+    chunked = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer "
+        + TOKEN.encode()
+        + b"\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + b"%x;ext=1\r\n" % 5
+        + data[:5]
+        + b"\r\n%x\r\n" % (len(data) - 5)
+        + data[5:]
+        + b"\r\n0\r\nX-Trailer: yes\r\n\r\n"
+    )
+    async with wire(r) as c:
+        c.send(chunked + post("/v1/chat/completions", ask("length", n=8)))
+        first, second = await c.answer(), await c.answer()
+        assert first.status == 200 and "server" not in first.headers
+        echoed = json.loads(first.body)
+        assert echoed["n"] == 7 and echoed["_headers"]["content-length"] == str(len(data))
+        assert "transfer-encoding" not in echoed["_headers"]
+        assert second.status == 200 and json.loads(second.body)["n"] == 8
+        for split in (10, len(chunked) - 3):  # a chunked body over several reads
+            c.send(chunked[:split])
+            await asyncio.sleep(0.05)
+            c.send(chunked[split:])
+            assert json.loads((await c.answer()).body)["n"] == 7
+
+    def one_oh(mode: str, *extra: str) -> bytes:
+        return post("/v1/completions", ask(mode, n=9), extra=extra).replace(b"1.1", b"1.0", 1)
+
+    async with wire(r) as c:  # HTTP/1.0: answered as 1.0, closed after it
+        c.send(one_oh("length"))
+        head = await asyncio.wait_for(c.reader.readuntil(b"\r\n\r\n"), 30)
+        assert head.startswith(b"HTTP/1.0 200") and b"Connection:" not in head
+        assert json.loads(await c.reader.read())["n"] == 9  # then the connection's end
+    async with wire(r) as c:  # kept alive when it asks; an unsized answer ends it anyway
+        c.send(one_oh("length", "Connection: keep-alive"))
         answer = await c.answer()
-        assert answer.status == 200 and json.loads(answer.body)["n"] == 7
+        assert answer.status == 200 and answer.headers["connection"] == "keep-alive"
+        c.send(one_oh("chunked", "Connection: keep-alive"))
+        head = await asyncio.wait_for(c.reader.readuntil(b"\r\n\r\n"), 30)
+        assert head.startswith(b"HTTP/1.0 201") and b"Transfer-Encoding" not in head
+        assert json.loads(await c.reader.read())["mode"] == "chunked"  # raw, to the end
+    get = "GET {} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer " + TOKEN + "\r\n\r\n"
+    async with wire(r) as c:  # a model id percent-encoded in the path
+        c.send(get.format("/v1/models/w%69re").encode())
+        one = await c.answer()
+        assert one.status == 200 and json.loads(one.body)["id"] == "wire"
+
+
+async def test_v1_paths_and_methods_it_does_not_hold_are_404_and_405(harness: Harness) -> None:
+    """As the API answered them (its auth first, then OpenAI's error shape)."""
+    r = await start_wire(harness)
+    auth = f"Authorization: Bearer {TOKEN}\r\n"
+    async with wire(r) as c:
+        c.send(b"GET /v1/nothing HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        assert (await c.answer()).status == 401
+        c.send(f"GET /v1/nothing HTTP/1.1\r\nHost: 127.0.0.1\r\n{auth}\r\n".encode())
+        missing = await c.answer()
+        error = json.loads(missing.body)["error"]
+        assert missing.status == 404 and error["code"] == "not_found"
+        assert error["message"] == "Invalid URL (GET /v1/nothing)"
+        c.send(post("/v1/models", {"model": "wire"}))
+        wrong = await c.answer()
+        assert wrong.status == 405 and wrong.headers["allow"] == "GET"
+        assert json.loads(wrong.body)["error"]["code"] == "method_not_allowed"
+        c.send(post("/v1/completions", ask("length", n=1), extra=("Expect: 200-ok",)))
+        assert (await c.answer()).status == 417
+        assert await c.closed()
+    assert r.manager.view("wire").state is S.OFFLINE  # nothing was leased or loaded
+
+
+async def test_rest_requests_pipelined_between_routed_ones_are_answered_in_order(
+    harness: Harness,
+) -> None:
+    """REST requests (one with a body) and routed ones in one write: aiohttp answers its
+    own on the connection, the data plane its own, in the order they came."""
+    r = await start_wire(harness)
+    rest = f"GET /api/slots HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {TOKEN}\r\n\r\n"
+    hold = json.dumps({"ttl_s": 5}).encode()
+    held = (
+        b"POST /api/slots/nothing/hold HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer "
+        + TOKEN.encode()
+        + b"\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(hold)
+        + hold
+    )
+    async with wire(r) as c:
+        c.send(
+            rest.encode()
+            + post("/v1/completions", ask("length", n=1))
+            + held
+            + post("/v1/completions", ask("slow", n=2, delay=0.2))
+            + rest.encode()
+        )
+        answers = [await c.answer() for _ in range(5)]
+    assert [a.status for a in answers] == [200, 200, 404, 200, 200]
+    assert ["server" in a.headers for a in answers] == [True, False, True, False, True]
+    assert [json.loads(answers[i].body)["n"] for i in (1, 3)] == [1, 2]
+
+
+async def test_a_chunked_body_over_the_limit_is_413_or_401_first(harness: Harness) -> None:
+    r = await start_wire(harness)
+    piece = b"%x\r\n" % (1 << 20) + b"x" * (1 << 20) + b"\r\n"
+    for token, status in ((TOKEN, 413), ("wrong", 401)):
+        async with wire(r) as c:
+            c.send(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: "
+                + b"Bearer "
+                + token.encode()
+                + b"\r\nTransfer-Encoding: chunked\r\n\r\n"
+            )
+            for _ in range(9):  # 9 MiB: past the 8 MiB of a JSON endpoint
+                c.send(piece)
+            answer = await c.answer()
+            assert answer.status == status and answer.headers["connection"] == "close"
+            c.send(b"0\r\n\r\n")  # the rest is read and dropped, then closed
+            assert await c.closed()
+    assert r.manager.view("wire").state is S.OFFLINE  # no lease, no load
+
+
+async def test_a_bad_chunk_after_the_head_is_a_400_never_a_hang(harness: Harness) -> None:
+    """A chunked body llhttp refuses in a later read: the data plane's 400 for a /v1
+    upload (its head was taken); a REST one's connection closed (aiohttp, fed the bytes,
+    waits for the rest of the body for ever, as it does alone)."""
+    r = await start_wire(harness)
+    for path in ("/v1/chat/completions", "/api/slots/wire/hold"):
+        async with wire(r) as c:
+            c.send(
+                f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {TOKEN}"
+                "\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+                "2\r\n{}\r\n".encode()
+            )
+            await asyncio.sleep(0.1)
+            c.send(b"zz\r\nnot a chunk\r\n0\r\n\r\n")
+            if path.startswith("/v1/"):
+                answer = await c.answer()
+                assert answer.status == 400, answer
+                assert TOKEN.encode() not in answer.body
+            assert await c.closed()
+    assert r.manager.view("wire").state is S.OFFLINE  # no lease, no load, no hold
+
+
+async def test_heads_llhttp_refuses_are_handed_to_aiohttp(harness: Harness) -> None:
+    r = await start_wire(harness)
     async with wire(r) as c:  # a malformed head: aiohttp's 400
         c.send(
             b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 2\r\n"
@@ -520,12 +680,11 @@ async def test_every_upstream_framing_reaches_the_client_whole(harness: Harness)
     assert seen["post_connections"] == 2 and seen["closed_post_connections"] == 1
 
 
-@pytest.mark.parametrize("data_plane", [True, False], ids=["dataplane", "aiohttp"])
-async def test_hop_by_hop_headers_stay_on_their_hop(tmp_path: Path, data_plane: bool) -> None:
+async def test_hop_by_hop_headers_stay_on_their_hop(tmp_path: Path) -> None:
     """Issue 27: the headers a Connection header names were relayed (both directions),
     and a framing header spelt with "_" went upstream as it came (a server that folds "_"
     into "-" would read a Transfer-Encoding nobody checked)."""
-    h = Harness(tmp_path, data_plane=data_plane)
+    h = Harness(tmp_path)
     try:
         r = await start_wire(h)
         async with wire(r) as c:

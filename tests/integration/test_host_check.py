@@ -1,9 +1,9 @@
 """DNS rebinding (issue 26, item 4): a request whose ``Host`` is none of the API's names
 is refused with ``421 request.host_not_allowed`` before its token or its route is looked
-at — on the data plane, on aiohttp's router path and on the REST API.
+at — on the data plane (every /v1 request) and on the REST API (aiohttp behind it).
 
-A real API server on 127.0.0.1 (:class:`tests.integration.test_router.Harness`, both
-router paths), real demo servers, aiohttp's client naming the ``Host`` it likes.
+A real API server on 127.0.0.1 (:class:`tests.integration.test_router.Harness`),
+real demo servers, aiohttp's client naming the ``Host`` it likes.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from tests.integration.test_router import AUTH, Harness, Router, chat, model
 REFUSED = ("evil.example", "evil.example:8800", "127.0.0.1.nip.io", "localhost.evil.example")
 
 
-@pytest.fixture(params=[True, False], ids=["dataplane", "aiohttp"])
-async def harness(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
-    h = Harness(tmp_path, data_plane=request.param)
+@pytest.fixture
+async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
+    h = Harness(tmp_path)
     try:
         yield h
     finally:
@@ -41,7 +41,7 @@ async def ask(
 
 
 ROUTES = (
-    ("POST", "/v1/chat/completions"),  # the data plane's (or aiohttp's router path)
+    ("POST", "/v1/chat/completions"),  # the data plane's
     ("GET", "/v1/models"),
     ("GET", "/api/slots"),  # the REST API
     ("GET", "/"),  # the dashboard
@@ -83,7 +83,7 @@ async def test_allowed_host_adds_names_and_domains(harness: Harness) -> None:
     r = await harness.start([harness.slot("chat", "m-chat")], [model("m-chat")])
     await r.manager.load("chat")
     ctx = dataclasses.replace(r.ctx, allowed_hosts=("models.lan", ".corp.example"))
-    server = ApiServer(ctx, "127.0.0.1", 0, data_plane=harness.data_plane)
+    server = ApiServer(ctx, "127.0.0.1", 0)
     base = f"http://{await server.start()}"
     try:
         for host in ("models.lan:8800", "corp.example", "gpu1.corp.example"):

@@ -3,7 +3,7 @@
 Real demo servers (child processes of a real :class:`SlotManager`), stopped with
 ``SIGSTOP``: the kernel still accepts their connections and takes the requests into its
 buffers, but not one byte comes back — what a wedged GPU server looks like from outside.
-Each test runs on both router paths (the data plane and aiohttp's). The controller's side
+The router is the data plane (it serves every routed request). The controller's side
 (liveness, the stop, the restart) is in ``tests/e2e/test_hung_server.py``.
 """
 
@@ -37,9 +37,9 @@ from tests.integration.test_router import (
 S = SlotState
 
 
-@pytest.fixture(params=[True, False], ids=["dataplane", "aiohttp"])
-async def harness(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
-    h = Harness(tmp_path, data_plane=request.param)
+@pytest.fixture
+async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
+    h = Harness(tmp_path)
     try:
         yield h
     finally:

@@ -1,6 +1,6 @@
 """The official ``openai`` client against a key's 429s (issue 23): it reads the typed
 error (``RateLimitError`` with the code), and its retries wait for ``Retry-After`` instead
-of hammering the router. Both router paths, real demo servers on 127.0.0.1."""
+of hammering the router. The data plane, real demo servers on 127.0.0.1."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Aliases through both router paths (issue 25, item 3), against real demo servers.
+"""Aliases through the router (issue 25, item 3), against real demo servers.
 
 A demo server answers 404 for a model it does not serve, so every 200 here proves the
 router rewrote the body's ``model`` to the member it chose; the answer's ``model`` says

@@ -1,10 +1,9 @@
 """The router checks what a model is for (issue 24): a request for an endpoint its slot's
 ``type`` does not serve gets OpenAI's 400 ``invalid_request_error`` with ``param:
-"model"`` before anything is leased or loaded, on both router paths (the data plane and
-aiohttp's); ``/v1/models`` says what each model is for.
+"model"`` before anything is leased or loaded (the routed call, driven by the data
+plane); ``/v1/models`` says what each model is for.
 
-Real demo servers on 127.0.0.1 through :class:`tests.integration.test_router.Harness`
-(its ``harness`` fixture runs each test on both paths).
+Real demo servers on 127.0.0.1 through :class:`tests.integration.test_router.Harness`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The CRDs and the operator against a real ``kube-apiserver`` (kine/SQLite storage), the
+"""The CRDs and the operator against a real ``kube-apiserver`` (etcd storage), the
 envtest tier (``tests/k8s/realapi.py``): what KMock cannot show.
 
 The real server enforces the CRDs' structural schema, prunes unknown fields, runs the CEL
@@ -43,7 +43,7 @@ pytestmark = pytest.mark.timeout(300)
 def api_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
     bin_dir = realapi.binaries()
     if bin_dir is None:
-        message = f"kube-apiserver and kine are not built in {realapi.cache_dir()}"
+        message = f"kube-apiserver and etcd are not built in {realapi.cache_dir()}"
         if realapi.requested():
             pytest.fail(f"SLOTCTL_K8S_APISERVER=1 but {message} (run tools/k8s/build.sh)")
         pytest.skip(f"{message}: run tools/k8s/build.sh or set SLOTCTL_K8S_APISERVER=1")
@@ -442,9 +442,10 @@ def test_binaries_are_found_in_the_cache(monkeypatch: pytest.MonkeyPatch, tmp_pa
     monkeypatch.setenv("SLOTCTL_K8S_CACHE", str(tmp_path))
     assert realapi.binaries() is None
     folder = realapi.cache_dir()
-    assert folder == tmp_path / f"{realapi.K8S_VERSION}-kine-{realapi.KINE_VERSION}"
+    key = f"{realapi.K8S_VERSION}-etcd-{realapi.ETCD_VERSION}-kwok-{realapi.KWOK_VERSION}"
+    assert folder == tmp_path / key
     folder.mkdir(parents=True)
-    for name in ("kube-apiserver", "kine"):
+    for name in ("kube-apiserver", "etcd"):
         (folder / name).write_text("#!/bin/sh\n")
         (folder / name).chmod(0o755)
     assert realapi.binaries() == folder
@@ -455,8 +456,11 @@ def test_binaries_are_found_in_the_cache(monkeypatch: pytest.MonkeyPatch, tmp_pa
 def test_build_script_pins_the_versions_the_fixture_expects() -> None:
     text = realapi.BUILD.read_text()
     assert f"K8S_VERSION={realapi.K8S_VERSION}" in text
-    assert f"KINE_VERSION={realapi.KINE_VERSION}" in text
-    gomod = (REPO / "tools/k8s/apiserver/go.mod").read_text()
+    assert f"ETCD_VERSION={realapi.ETCD_VERSION}" in text
+    assert f"KWOK_VERSION={realapi.KWOK_VERSION}" in text
+    gomod = (REPO / "tools/k8s/cluster/go.mod").read_text()
+    assert f"go.etcd.io/etcd/server/v3 {realapi.ETCD_VERSION}" in gomod
+    assert f"sigs.k8s.io/kwok {realapi.KWOK_VERSION}" in gomod
     assert f"k8s.io/kubernetes {realapi.K8S_VERSION}" in gomod
     staging = realapi.K8S_VERSION.replace("v1.", "v0.")
     replaced = [line for line in gomod.splitlines() if "=>" in line]

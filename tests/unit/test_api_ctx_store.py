@@ -55,22 +55,26 @@ def test_login_codes_live_on_their_context(tmp_path: Path) -> None:
     assert sse.KEEPALIVE.type is float
 
 
-async def test_the_router_opens_no_session_after_the_app_cleanup(tmp_path: Path) -> None:
-    """A request still running when the app cleans up gets a 503, not a new upstream
-    session that nobody would close (an unclosed connector)."""
+async def test_a_routed_call_begun_after_the_app_cleanup_is_a_503(tmp_path: Path) -> None:
+    """A request still arriving when the app cleans up gets a 503 (the API is closed),
+    not a lease and an upstream exchange nobody would end."""
     from aiohttp import web
 
-    from controller.api import router_proxy
+    from controller.access.keys import TOKEN_PRINCIPAL
+    from controller.api import openai
     from controller.api.app import API_CTX
+    from controller.router.call import RoutedCall
     from controller.router.refusals import Refusal
 
     ctx = ApiContext(None, None, tmp_path, tmp_path, "t", EventBus())  # type: ignore[arg-type]
     app = web.Application()
     app[API_CTX] = ctx
-    session = router_proxy._session(ctx)
-    assert router_proxy._session(ctx) is session  # one shared session
-    await router_proxy._close_session(app)
-    assert session.closed and ctx.store.get(router_proxy.SESSION) is None
+    openai.setup(app, ctx)
+    assert not ctx.closed
+    app.freeze()
+    await app.cleanup()
+    assert ctx.closed
+    call = RoutedCall(ctx, TOKEN_PRINCIPAL, "chat")
     with pytest.raises(Refusal) as refused:
-        router_proxy._session(ctx)
-    assert refused.value.status == 503
+        call.begin(None, "application/json", b'{"model": "m"}')
+    assert refused.value.status == 503 and refused.value.code == "slot.not_ready"

@@ -515,7 +515,7 @@ class ManagerMachine(RuleBasedStateMachine):
             held = {s.name: _held(s, device) for s in table.records.values()}
             summed = sum(size for size, _ in held.values())
             for requester in (None, *table.records.values()):
-                both = table.device_bytes(device, requester)
+                both = table.usage.device_bytes(device, requester)
                 reserved = sum(
                     size
                     for name, (size, loading) in held.items()

@@ -206,9 +206,9 @@ async def test_a_slot_spanning_two_gpus_holds_its_share_on_each(tmp_path: Path) 
     assert m.admitted_bytes("gpu:1") == m.admitted_bytes("gpu:2") == 10 * GIB
     # The one pass housekeeping's pressure check reads agrees with the per-device sums.
     table = m.core.table
-    every = table.all_resident_bytes()
+    every = table.usage.all_resident_bytes()
     assert every == {"gpu:0": 16 * GIB, "gpu:1": 10 * GIB, "gpu:2": 10 * GIB, "gpu": 36 * GIB}
-    assert all(every[key] == table.resident_bytes(key) for key in every)
+    assert all(every[key] == table.usage.resident_bytes(key) for key in every)
 
 
 async def test_pins_are_honoured(tmp_path: Path) -> None:

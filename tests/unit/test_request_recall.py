@@ -12,11 +12,11 @@ some of these cases the good head's verdict, and fails here.
 
 from __future__ import annotations
 
-from dataclasses import astuple
+from dataclasses import astuple, fields
 
 import pytest
 
-from controller.dataplane.request import Got, RequestReader
+from controller.dataplane.request import Got, RequestHead, RequestReader
 
 BODY = b'{"model": "m", "messages": []}'
 
@@ -61,6 +61,9 @@ def read(reader: RequestReader, chunks: list[bytes]) -> list[Read]:
             if not data:
                 break
     return seen
+
+
+_LENGTH = [f.name for f in fields(RequestHead)].index("length")
 
 
 def primed(first: bytes) -> RequestReader:
@@ -116,7 +119,7 @@ def test_the_recall_reads_a_repeated_head_with_another_length() -> None:
     for body in (BODY + b"x" * 10, b"", BODY):
         [(got, head, taken, rest)] = read(reader, [post(body)])
         assert (got, taken, rest) == (Got.REQUEST, body, b"")
-        assert head is not None and head[3] == len(body)  # RequestHead.length
+        assert head is not None and head[_LENGTH] == len(body)  # RequestHead.length
 
 
 def test_a_body_over_many_reads_is_counted_for_a_refusal() -> None:

@@ -22,7 +22,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
-from controller.api.metrics import REQUEST_BUCKETS, _RequestSeries
+from controller.api.metrics import REQUEST_BUCKETS, _Counts, _RequestSeries
 from controller.dataplane.upstream import Upstream, UpstreamError, UpstreamPool
 from controller.model.errors import SlotNotFound
 from controller.model.lifecycle import SlotState
@@ -197,6 +197,34 @@ def test_the_request_series_expose_what_prometheus_client_would() -> None:
         counter.labels(slot, model, str(status)).inc()
         histogram.labels(slot, model).observe(max(0.0, seconds))
         series.done(slot, model, status, seconds)
+    for exposition in (generate_latest, generate_openmetrics):
+        assert created_as_t(exposition(ours)) == created_as_t(exposition(reference))
+
+
+def test_the_plain_counts_expose_what_prometheus_client_would() -> None:
+    """The transitions (two lease flips a request) and the keys' series, counted with
+    plain updates: the same exposition as prometheus_client's labelled Counter."""
+    reference = CollectorRegistry(auto_describe=False)
+    counter = Counter(
+        "slotctl_key_tokens_total", "Tokens", ["key", "class", "kind"], registry=reference
+    )
+    ours = CollectorRegistry(auto_describe=False)
+    counts = _Counts("slotctl_key_tokens_total", "Tokens", ["key", "class", "kind"])
+    ours.register(counts)
+
+    def created_as_t(text: bytes) -> str:
+        return re.sub(r"(_created\{[^}]*\}) \S+", r"\1 T", text.decode())
+
+    for exposition in (generate_latest, generate_openmetrics):
+        assert created_as_t(exposition(ours)) == created_as_t(exposition(reference))
+    for labels, amount in [
+        (("a", "interactive", "prompt"), 3),
+        (("a", "interactive", "completion"), 1),
+        (("@token", "batch", "prompt"), 7),
+        (("a", "interactive", "prompt"), 2),
+    ]:
+        counter.labels(*labels).inc(amount)
+        counts.inc(*labels, amount=amount)
     for exposition in (generate_latest, generate_openmetrics):
         assert created_as_t(exposition(ours)) == created_as_t(exposition(reference))
 

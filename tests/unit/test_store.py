@@ -548,3 +548,24 @@ def test_generated_token_never_reads_as_a_flag(
     assert (tmp_path / "token").read_text() == "_fine-token\n"
     assert _mode(tmp_path / "token") == 0o600
     assert ensure_token(tmp_path) == "_fine-token"  # read back, not drawn again
+
+
+def test_utcnow_says_what_datetime_says() -> None:
+    """``utcnow`` (a slot's ``since``, two a routed request) formats its second once: the
+    same text as ``datetime.now(UTC).isoformat(timespec="milliseconds")``, whose clock it
+    floors the same way (nanoseconds to microseconds to milliseconds)."""
+    import random
+    from datetime import UTC, datetime, timedelta
+
+    from controller.store.files import iso_of, utcnow
+
+    rng = random.Random(41)
+    epoch = datetime(1970, 1, 1, tzinfo=UTC)
+    edges = [0, 999_999_999, 1_000_000_000, 1_700_000_000_999_999_999, 1_700_000_000_000_999_999]
+    for ns in [*edges, *(rng.randrange(0, 4_000_000_000 * 10**9) for _ in range(20_000))]:
+        told = (epoch + timedelta(microseconds=ns // 1000)).isoformat(timespec="milliseconds")
+        assert iso_of(ns) == told.replace("+00:00", "Z"), ns
+    before = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    now = utcnow()
+    after = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    assert before <= now <= after

@@ -1,0 +1,373 @@
+"""One routed request, sans I/O: the script every ``/v1`` request to a slot follows, in one
+place, driven by whatever reads and writes its bytes (after h11's one ``Connection``).
+
+Where it sits: the top of :mod:`controller.router`; the data plane
+(:mod:`controller.dataplane.connection`) is its one driver. A :class:`RoutedCall` is made
+when a routed request's head is taken (who asks is known: the key it presents) and goes
+through its :class:`Phase` s, each step a method the transport calls:
+
+1. :meth:`~RoutedCall.begin` (the body read): the requester and its priority class, the
+   body's ``model`` (as the endpoint reads it), an alias' member, the candidates (ranked,
+   of a slot type that serves the endpoint), the key's models and limits, then a lease
+   now (True: :data:`Phase.LEASED`) or a wait (False: :data:`Phase.WAITING`); a refusal
+   raises :class:`~controller.router.refusals.Refusal`, its answer.
+2. :meth:`~RoutedCall.wait` (a coroutine, the one await): a cold slot's load or a turn.
+3. :meth:`~RoutedCall.upstream`: the slot's endpoint and the body its server sees (an
+   alias' member's ``model`` written in): :data:`Phase.UPSTREAM`.
+4. :meth:`~RoutedCall.answered` and :meth:`~RoutedCall.keep` as the answer passes (its
+   status; a key's ``usage`` in the answer's tail).
+5. :meth:`~RoutedCall.finish`, once, however the request ends: the lease released, the key's
+   request counted out of its limits, the request reported to the metrics.
+
+Between them, the failures are the script's too: what a given-up request answers
+(:meth:`~RoutedCall.interrupted`: a revoked lease, a silent server, the stop, the client
+gone), an upstream that cannot be reached or breaks (:meth:`~RoutedCall.upstream_failed`).
+Rendering answers, framing, keep-alive and the in-band end of a broken event stream are
+the transport's.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+from typing import Final
+
+from controller.access.keys import Principal
+from controller.model.errors import ModelNotFound, SlotctlError
+from controller.router.access import model_refused, requester
+from controller.router.aliases import alias_candidates
+from controller.router.body import model_of, with_model
+from controller.router.context import (
+    CLIENT_CLOSED,
+    USAGE_TAIL,
+    RouterContext,
+    upstream_idle_s,
+    usage_of,
+)
+from controller.router.leasing import Pending, acquire_now, acquire_rest
+from controller.router.refusals import (
+    Refusal,
+    model_not_found,
+    report_refusal,
+    revoked,
+    shutting_down,
+    slot_refusal,
+    upstream_failed,
+    upstream_timeout,
+    upstream_unreachable,
+    wrong_endpoint,
+)
+from controller.router.selection import fitting, serving
+from controller.slots.records import Lease, Requester
+from controller.spec.schema import ControllerSettings
+
+__all__ = ["Phase", "RoutedCall", "record_unserved"]
+
+log = logging.getLogger("slotctl.router")
+
+
+class Phase(enum.IntEnum):
+    """Where a routed call is (an ``IntEnum``: compared and hashed as ints, in C)."""
+
+    BEGUN = 0  # its head was taken (who asks is known); its body is being read
+    WAITING = 1  # waits for a cold slot's load or for its turn (:meth:`RoutedCall.wait`)
+    LEASED = 2  # holds its lease
+    UPSTREAM = 3  # sent to the slot's server; its answer passes
+    DONE = 4  # finished: the lease released, the call recorded
+
+
+# The phases each phase may move to (h11's transition table: one place says them all).
+_NEXT: Final[dict[Phase, tuple[Phase, ...]]] = {
+    Phase.BEGUN: (Phase.WAITING, Phase.LEASED, Phase.DONE),
+    Phase.WAITING: (Phase.LEASED, Phase.DONE),
+    Phase.LEASED: (Phase.UPSTREAM, Phase.DONE),
+    Phase.UPSTREAM: (Phase.DONE,),
+    Phase.DONE: (),
+}
+_BEGUN, _WAITING, _LEASED, _UPSTREAM, _DONE = Phase
+
+
+class CallStateError(RuntimeError):
+    """A step asked of a call in a phase that does not allow it (a driver's bug)."""
+
+
+class _Who:
+    """The requester of a principal and the class it asks for, per settings object (the
+    settings are replaced whole when they change): a dict lookup a request, not a scan
+    of the classes."""
+
+    __slots__ = ("by", "settings")
+
+    def __init__(self) -> None:
+        self.settings: ControllerSettings | None = None
+        self.by: dict[tuple[str, str | None, str | None], Requester] = {}
+
+    def of(
+        self, settings: ControllerSettings, principal: Principal, asked: str | None
+    ) -> Requester:
+        if settings is not self.settings:
+            self.settings, self.by = settings, {}
+        key = (principal.name, principal.priority, asked)
+        found = self.by.get(key)
+        if found is None:
+            found = requester(settings, principal, asked)  # a refusal raises, not kept
+            if len(self.by) >= 4096:
+                self.by.clear()
+            self.by[key] = found
+        return found
+
+
+_WHO: Final = _Who()
+
+
+class RoutedCall:
+    """One routed request's script (see the module docstring). ``kind`` is what the
+    endpoint asks of a slot (:data:`~controller.router.endpoints.SERVES`' words; "" an
+    invalid audio path, refused with ``path``), ``forms`` whether it reads a multipart
+    form's ``model``."""
+
+    __slots__ = (
+        "alias",
+        "body",
+        "content_type",
+        "counted",
+        "ctx",
+        "forms",
+        "kind",
+        "lease",
+        "model",
+        "path",
+        "pending",
+        "phase",
+        "principal",
+        "slot",
+        "started",
+        "status",
+        "tail",
+        "waited",
+        "who",
+    )
+
+    def __init__(
+        self,
+        ctx: RouterContext,
+        principal: Principal | None,
+        kind: str,
+        *,
+        forms: bool = False,
+        path: str = "",
+        started: float | None = None,
+    ) -> None:
+        self.ctx = ctx
+        self.principal = principal  # who asks (the key; the token's admin)
+        self.kind = kind
+        self.forms = forms
+        self.path = path
+        self.started = time.monotonic() if started is None else started
+        self.phase = _BEGUN
+        self.who: Requester | None = None  # the key and the class it waits in
+        self.model = ""  # the model served (an alias': its member)
+        self.alias = ""  # the alias the request named
+        self.slot = ""
+        self.status = 0
+        self.lease: Lease | None = None
+        self.pending: Pending | None = None
+        self.counted = False  # in the key's limits until finish
+        self.waited: float | None = None  # seconds it waited for its lease (None: no wait)
+        # A key's call keeps the last bytes of its answer, where a server reports ``usage``
+        # (None: not kept: the API token's calls, which no key's figures count).
+        self.tail: bytearray | None = None
+        self.content_type = ""
+        self.body = b""
+
+    def _move(self, to: Phase) -> None:
+        if to not in _NEXT[self.phase]:
+            raise CallStateError(f"a routed call cannot go from {self.phase.name} to {to.name}")
+        self.phase = to
+
+    # ------------------------------------------------------------------ the steps
+
+    def begin(self, asked: str | None, content_type: str, body: bytes) -> bool:
+        """The request's body is read: lease a slot serving its model. True: leased now;
+        False: :meth:`wait` first. Raises the :class:`Refusal` to answer."""
+        if self.phase is not _BEGUN:
+            raise CallStateError(f"begin in {self.phase.name}")
+        ctx, principal, kind = self.ctx, self.principal, self.kind
+        if ctx.closed:
+            raise shutting_down()
+        if not kind:  # before any lease or load (plain segments only: AUDIO_TAIL)
+            raise Refusal(
+                400, f"invalid audio endpoint {self.path!r}", code="invalid_request_error"
+            )
+        manager = ctx.manager
+        if principal is not None:
+            self.who = _WHO.of(manager.settings, principal, asked)
+        model = model_of(content_type, body, forms=self.forms)
+        self.content_type, self.body = content_type, body
+        aliases = manager.aliases
+        alias = aliases.get(model) if aliases else None
+        if alias is not None and model not in manager.models:  # (a model's id wins)
+            model, candidates = alias_candidates(ctx, principal, alias, kind)
+            self.alias = alias.id
+        else:
+            candidates = serving(manager, model)
+        if principal is not None and principal.models and not principal.may_use(model):
+            raise model_refused(principal, model)
+        if not candidates:
+            report_refusal(ctx, ModelNotFound(model), model)
+            raise model_not_found(model)
+        self.model = model
+        candidates, refused = fitting(manager, candidates, kind)
+        if not candidates:  # before anything is leased or loaded (400)
+            raise wrong_endpoint(model, kind, refused)
+        if principal is not None and principal.name:  # a key (the API token has no limits)
+            limited = ctx.limits.admit(principal, time.monotonic())
+            if limited is not None:
+                raise slot_refusal(limited)
+            self.counted = True
+            self.tail = bytearray()  # a key's call: its answer's usage counts for it
+        try:
+            now = acquire_now(manager, candidates, self.who)
+        except SlotctlError as exc:
+            report_refusal(ctx, exc, model)
+            raise slot_refusal(exc) from None
+        if isinstance(now, Lease):
+            self.lease, self.slot, self.phase = now, now.slot, _LEASED
+            return True
+        self.pending, self.phase = now, _WAITING
+        return False
+
+    async def wait(self) -> None:
+        """Wait for the lease :meth:`begin` could not take at once (a cold slot's load,
+        joined; a turn in the slot's fair queue). Raises the :class:`Refusal`."""
+        pending = self.pending
+        if self.phase is not _WAITING or pending is None:
+            raise CallStateError(f"wait in {self.phase.name}")
+        began = time.monotonic()
+        try:
+            lease = await acquire_rest(self.ctx.manager, pending, self.who)
+        except SlotctlError as exc:
+            report_refusal(self.ctx, exc, self.model)
+            raise slot_refusal(exc) from None
+        finally:
+            self.waited = time.monotonic() - began
+        self.pending = None
+        self.lease, self.slot = lease, lease.slot
+        self._move(_LEASED)
+
+    def upstream(self) -> tuple[str, bytes]:
+        """Where the request goes: the leased slot's endpoint (``http://host:port``) and
+        the body its server sees. Raises the :class:`Refusal` (the slot went away)."""
+        if self.phase is not _LEASED:
+            raise CallStateError(f"upstream in {self.phase.name}")
+        body = self.body
+        if self.alias:  # the member's server sees the model it serves
+            body = with_model(self.content_type, body, self.model, forms=self.forms)
+        try:
+            endpoint = self.ctx.manager.endpoint(self.slot)
+        except SlotctlError as exc:  # e.g. the slot was removed while we looked it up
+            raise slot_refusal(exc) from None
+        if endpoint is None:
+            raise Refusal(
+                503, f"slot {self.slot!r} has no endpoint", code="slot.not_ready", retry_after_s=1
+            )
+        self.phase = _UPSTREAM
+        return endpoint, body
+
+    def answered(self, status: int) -> None:
+        """The server's answer began with ``status``."""
+        self.status = status
+
+    def keep(self, data: bytes) -> None:
+        """The answer's bytes as they pass (a key's: the last :data:`USAGE_TAIL` kept)."""
+        tail = self.tail
+        if tail is not None:
+            tail += data
+            if len(tail) > 2 * USAGE_TAIL:
+                del tail[:-USAGE_TAIL]
+
+    def idle_s(self) -> float:
+        """How long the slot's server may send nothing (its ``upstream_idle_s``)."""
+        return upstream_idle_s(self.ctx, self.slot)
+
+    # ------------------------------------------------------------------ the failures
+
+    def refused(self, refusal: Refusal) -> Refusal:
+        """The call ends with ``refusal`` (its status recorded)."""
+        self.status = refusal.status
+        return refusal
+
+    def upstream_failed(
+        self, detail: str, *, unreachable: bool = False, timed_out_s: float | None = None
+    ) -> Refusal:
+        """The slot's server could not be reached (``unreachable``; no connection within
+        ``timed_out_s``) or broke: the refusal, its status recorded."""
+        if timed_out_s is not None:
+            refusal = upstream_timeout(
+                self.ctx, self.slot, self.model, timed_out_s, connecting=True
+            )
+        elif unreachable:
+            refusal = upstream_unreachable(self.slot, detail)
+        else:
+            refusal = upstream_failed(self.slot, detail)
+        return self.refused(refusal)
+
+    def failed(self, exc: BaseException) -> Refusal:
+        """A bug while serving it: logged, a 500."""
+        log.error("router: unexpected error serving a request for %r", self.model, exc_info=exc)
+        return self.refused(Refusal(500, "internal error (see the log)", code="internal"))
+
+    def interrupted(self, reason: str, idle_s: float = 0.0) -> Refusal | None:
+        """The answer of a request given up for ``reason``: ``lease`` (revoked: its slot
+        crashed or was unloaded), ``timeout`` (its server sent nothing for ``idle_s``),
+        ``shutdown`` (the router stops); None for ``client`` (gone: nobody to answer)."""
+        if reason == "lease":
+            return self.refused(revoked(self.slot, self.lease))
+        if reason == "timeout":
+            return self.refused(upstream_timeout(self.ctx, self.slot, self.model, idle_s))
+        if reason == "shutdown":
+            return self.refused(shutting_down())
+        self.status = CLIENT_CLOSED
+        return None
+
+    # ------------------------------------------------------------------ the end
+
+    def finish(self, status: int = 0) -> None:
+        """The request is over (``status``: its answer's, when the call does not know it):
+        the lease released, the key's request counted out, the call reported. Once."""
+        if self.phase is _DONE:
+            return
+        self.phase = _DONE
+        if status:
+            self.status = status
+        ctx = self.ctx
+        lease = self.lease
+        if lease is not None:
+            ctx.manager.release(lease)
+        principal = self.principal
+        if self.counted and principal is not None:
+            self.counted = False
+            ctx.limits.done(principal)
+        recorder = ctx.recorder
+        if recorder is None:
+            return
+        try:
+            recorder.request_done(
+                self.slot, self.model, self.status, time.monotonic() - self.started
+            )
+            who = self.who
+            if who is not None:
+                recorder.key_done(who.key, who.cls, self.status, self.waited)
+                used = usage_of(self.tail) if self.tail else None
+                if used is not None:
+                    recorder.key_tokens(who.key, who.cls, *used)
+        except Exception:  # metrics must never fail a request: log it and answer anyway
+            log.exception("metrics request_done failed")
+
+
+def record_unserved(ctx: RouterContext, started: float, status: int) -> None:
+    """A routed request refused from its head alone (a 413, a 503 while stopping) or
+    given up by its client before its body came (499): reported as a call."""
+    call = RoutedCall(ctx, None, "", started=started)
+    call.finish(status)
