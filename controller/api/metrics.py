@@ -407,9 +407,8 @@ def metrics_of(ctx: ApiContext) -> Metrics:
         ctx.store.set(METRICS, metrics)
         ctx.store.set(REQUEST_RECORDER, metrics)  # the router reports its requests here
         ctx.events.add_listener(metrics.on_event)
-        observers = getattr(ctx.reconciler, "pass_observers", None)
-        if isinstance(observers, list):
-            observers.append(metrics.reconcile_pass)
+        if ctx.reconciler is not None:
+            ctx.reconciler.pass_observers.append(metrics.reconcile_pass)
     return metrics
 
 

@@ -59,10 +59,13 @@ class Root:
     swept: int  # temp files a writer killed mid-write had left behind
 
     async def recover(self) -> ConfigSnapshot:
-        """Read the desired state, hand it to the manager, adopt what runs (no load yet)."""
+        """Read the desired state (every source synced), hand it to the manager, adopt
+        what runs (no load yet)."""
         if isinstance(self.runtime, WarmsUp):  # the kubernetes runtime's nodes and pods
             await self.runtime.warm_up()
-        snapshot = await self.reconciler.refresh_async()
+        await self.reconciler.refresh_async()
+        await self.reconciler.desired.wait_synced()
+        snapshot = self.reconciler.snapshot
         await self.manager.set_desired(snapshot.desired())
         await self.manager.recover()
         return snapshot
