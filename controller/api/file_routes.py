@@ -5,7 +5,7 @@ declares), ``/api/models/{id}/files`` (``GET`` the files' state: absent, partial
 %, present, verified; ``DELETE``: ``slotctl model rm``), ``/api/models/files`` (every
 model's, with the models dir's free space: ``slotctl model list``) and ``/api/models/gc``
 (``slotctl model gc [--dry-run]``). They call the slot manager's ``files`` seam (the
-engine, :class:`~controller.models.pull.ModelFiles`); a controller that manages no model
+engine, :class:`~controller.modelfiles.pull.ModelFiles`); a controller that manages no model
 files (the kubernetes runtime: its pods pull on their nodes) answers ``400``.
 
 A pull asked here runs in the background (``202``): what it would meet first — a file no
@@ -32,11 +32,11 @@ from controller.api.rest import ctx_of
 from controller.model.errors import InvalidRequest, ModelInUse, ModelNotFound, SlotctlError
 from controller.model.events import EventKind, Op
 from controller.model.lifecycle import SlotState
-from controller.models.progress import PullProgress, progress_words
+from controller.modelfiles.progress import PullProgress, progress_words
 from controller.spec.schema import ModelSpec
 
 if TYPE_CHECKING:
-    from controller.models.pull import FileState, ModelFiles
+    from controller.modelfiles.pull import FileState, ModelFiles
 
 __all__: list[str] = []
 

@@ -18,7 +18,7 @@ from prometheus_client.registry import Collector
 
 from controller import __version__
 from controller.model.lifecycle import SlotState
-from controller.models.stats import OUTCOMES, PullStats
+from controller.modelfiles.stats import OUTCOMES, PullStats
 from controller.slots.interfaces import MetricsPort
 from controller.slots.records import DeviceFigures
 
@@ -161,7 +161,7 @@ def _memory_kinds(figures: DeviceFigures) -> Iterator[tuple[str, int]]:
 
 class PullCollector(Collector):
     """The model files engine's pull counters, read at scrape time
-    (:class:`~controller.models.stats.PullStats`; nothing when this controller manages
+    (:class:`~controller.modelfiles.stats.PullStats`; nothing when this controller manages
     no model files)."""
 
     def __init__(self, stats: Callable[[], PullStats | None]) -> None:

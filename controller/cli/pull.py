@@ -122,8 +122,8 @@ def _pull_here(args: argparse.Namespace) -> ExitCode:
     """``--source``: pull in this process (no controller: a pod's init container)."""
     import asyncio
 
-    from controller.models.progress import PullProgress
-    from controller.models.pull import ModelFiles
+    from controller.modelfiles.progress import PullProgress
+    from controller.modelfiles.pull import ModelFiles
     from controller.providers.base import default_models_dir
     from controller.spec.schema import ModelSpec
 

@@ -24,7 +24,7 @@ from controller.spec.loader import LoadReport, load_stacks
 from controller.spec.render import model_effective, render_stack, slot_effective
 
 if TYPE_CHECKING:
-    from controller.models.pull import PullPlan
+    from controller.modelfiles.pull import PullPlan
     from controller.spec.loader import DesiredState
 
 __all__ = ["cmd_show", "cmd_validate", "load_report", "model_files"]
@@ -41,7 +41,7 @@ def load_report(args: argparse.Namespace) -> LoadReport:
 def model_files(state: DesiredState, state_dir: Path) -> list[PullPlan]:
     """Each declared model's files as a load would find them, planned offline (no network:
     a size only the hub or the URL knows stays unknown, and says so)."""
-    from controller.models.pull import ModelFiles
+    from controller.modelfiles.pull import ModelFiles
     from controller.providers.base import default_models_dir
 
     files = ModelFiles(default_models_dir(), state_dir)

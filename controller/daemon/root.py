@@ -24,7 +24,7 @@ from typing import Final
 import psutil
 
 from controller import __version__
-from controller.models.pull import ModelFiles
+from controller.modelfiles.pull import ModelFiles
 from controller.providers.base import default_models_dir
 from controller.reconcile.reconciler import Action, Reconciler
 from controller.runtime.base import OffersMemory, Runtime, RuntimeKind, WarmsUp

@@ -39,7 +39,7 @@ from controller.slots.wishes import Wishes
 from controller.spec.schema import ControllerSettings
 
 if TYPE_CHECKING:  # the engine: built by the composition root (controller.daemon.root)
-    from controller.models.pull import ModelFiles
+    from controller.modelfiles.pull import ModelFiles
 
 __all__ = ["Core", "Part", "same"]
 

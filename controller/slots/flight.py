@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from controller.models.progress import PullProgress
+    from controller.modelfiles.progress import PullProgress
 
 __all__ = ["LoadFlight"]
 

@@ -57,8 +57,8 @@ from controller.store.residency import ResidencyStore
 from controller.store.state import StateStore
 
 if TYPE_CHECKING:  # the engine: built by the composition root (controller.daemon.root)
-    from controller.models.gc import Reference
-    from controller.models.pull import ModelFiles
+    from controller.modelfiles.gc import Reference
+    from controller.modelfiles.pull import ModelFiles
 
 __all__ = ["SlotManager"]
 

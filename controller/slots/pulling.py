@@ -2,7 +2,7 @@
 
 A part of the manager (:mod:`controller.slots`), below :mod:`.loading` and
 :mod:`.admission` (which ask it) and over the model-files engine, the core's ``files`` seam
-(:class:`~controller.models.pull.ModelFiles`, built by the composition root; None where
+(:class:`~controller.modelfiles.pull.ModelFiles`, built by the composition root; None where
 this controller manages no model files). A load whose files are absent (or declared with a
 ``sha256`` not verified yet) goes ``offline → pulling → starting``:
 
@@ -38,15 +38,15 @@ from typing import TYPE_CHECKING, Any
 
 from controller.model.errors import ModelPullFailed, SlotctlError
 from controller.model.events import EventKind, Op
-from controller.models.gc import Reference
-from controller.models.progress import PullProgress, progress_words
+from controller.modelfiles.gc import Reference
+from controller.modelfiles.progress import PullProgress, progress_words
 from controller.runtime.base import LaunchSpec, ProgressCallback
 from controller.slots.core import Core, Part
 from controller.slots.dryrun import LoadPlan, PlanPull, Refusal
 from controller.slots.records import SlotRecord
 
 if TYPE_CHECKING:
-    from controller.models.pull import ModelFiles
+    from controller.modelfiles.pull import ModelFiles
 
 __all__ = ["Pulling"]
 

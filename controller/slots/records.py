@@ -36,7 +36,7 @@ from controller.store.files import utcnow
 from controller.store.state import ReloadCosts
 
 if TYPE_CHECKING:
-    from controller.models.progress import PullProgress
+    from controller.modelfiles.progress import PullProgress
 
 __all__ = [
     "ADMITTED_STATES",
@@ -89,7 +89,7 @@ class ManagerConfig:
 @dataclass(frozen=True, slots=True)
 class PullView:
     """The pull of a ``pulling`` slot's model files, as its view shows it (the engine's
-    :class:`~controller.models.progress.PullProgress`: bytes done of total, rate, ETA)."""
+    :class:`~controller.modelfiles.progress.PullProgress`: bytes done of total, rate, ETA)."""
 
     source: str
     phase: str  # checking | downloading | verifying | done | failed

@@ -29,8 +29,8 @@ from controller.model.errors import (
 from controller.model.events import EventKind
 from controller.model.lifecycle import SlotState
 from controller.model.sizes import GIB
-from controller.models.hub import HubSettings
-from controller.models.pull import ModelFiles
+from controller.modelfiles.hub import HubSettings
+from controller.modelfiles.pull import ModelFiles
 from controller.probes.memory import FakeMemoryProbe
 from controller.runtime.fake import FakeProber, FakeRuntime, FakeSleeper
 from controller.slots.manager import SlotManager

@@ -12,13 +12,20 @@ from pydantic import ValidationError
 
 from controller.kit.clock import FakeClock
 from controller.model.errors import InsufficientDisk
-from controller.models.admission import DiskAdmission
-from controller.models.digests import Digest, digest_from_etag, hash_file
-from controller.models.gc import Reference, plan_gc
-from controller.models.inventory import CacheEntry
-from controller.models.joins import Joins
-from controller.models.progress import ProgressFeed, ProgressMeter, PullProgress
-from controller.models.sources import HubFile, HubSnapshot, LocalFile, UrlFile, destination, wanted
+from controller.modelfiles.admission import DiskAdmission
+from controller.modelfiles.digests import Digest, digest_from_etag, hash_file
+from controller.modelfiles.gc import Reference, plan_gc
+from controller.modelfiles.inventory import CacheEntry
+from controller.modelfiles.joins import Joins
+from controller.modelfiles.progress import ProgressFeed, ProgressMeter, PullProgress
+from controller.modelfiles.sources import (
+    HubFile,
+    HubSnapshot,
+    LocalFile,
+    UrlFile,
+    destination,
+    wanted,
+)
 from controller.providers.base import BuildContext, model_path
 from controller.spec.problems import problems_from_validation
 from controller.spec.schema import ModelSpec

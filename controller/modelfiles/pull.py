@@ -50,31 +50,31 @@ from controller.model.errors import (
     SlotctlError,
 )
 from controller.model.sizes import format_gib
-from controller.models.admission import DiskAdmission, DiskSpace, Reservation, StatvfsDisk
-from controller.models.digests import Digest, hash_file
-from controller.models.gc import GcPlan, Reference, apply_gc, plan_gc
-from controller.models.inventory import scan
-from controller.models.joins import Joins, Shared
-from controller.models.layout import CacheLayout
-from controller.models.partial import (
+from controller.modelfiles.admission import DiskAdmission, DiskSpace, Reservation, StatvfsDisk
+from controller.modelfiles.digests import Digest, hash_file
+from controller.modelfiles.gc import GcPlan, Reference, apply_gc, plan_gc
+from controller.modelfiles.inventory import scan
+from controller.modelfiles.joins import Joins, Shared
+from controller.modelfiles.layout import CacheLayout
+from controller.modelfiles.partial import (
     PartialBusy,
     PartialFile,
     PullCancelled,
     Verdict,
     fsync_dir,
 )
-from controller.models.progress import ProgressFeed, ProgressMeter, PullProgress
-from controller.models.records import FileRecords, SnapshotRecord
-from controller.models.redact import redact_url
-from controller.models.remote import RemoteFile, Transfer
-from controller.models.sources import HubFile, HubSnapshot, LocalFile, UrlFile, Wanted, wanted
-from controller.models.stats import PullStats
+from controller.modelfiles.progress import ProgressFeed, ProgressMeter, PullProgress
+from controller.modelfiles.records import FileRecords, SnapshotRecord
+from controller.modelfiles.redact import redact_url
+from controller.modelfiles.remote import RemoteFile, Transfer
+from controller.modelfiles.sources import HubFile, HubSnapshot, LocalFile, UrlFile, Wanted, wanted
+from controller.modelfiles.stats import PullStats
 from controller.spec.schema import ModelSpec
 from controller.store.files import atomic_write_json
 
 if TYPE_CHECKING:  # made on first use: the hub's client library and aiohttp load then
-    from controller.models.hub import HubClient, HubSettings
-    from controller.models.urls import UrlClient
+    from controller.modelfiles.hub import HubClient, HubSettings
+    from controller.modelfiles.urls import UrlClient
 
 __all__ = [
     "DEFAULT_MARGIN_BYTES",
@@ -228,7 +228,7 @@ class ModelFiles:
         """The hub's client (``huggingface_hub`` is imported here, at the first hub call:
         a command that only looks at files never loads it)."""
         if self._hub is None:
-            from controller.models.hub import HubClient
+            from controller.modelfiles.hub import HubClient
 
             self._hub = HubClient(self._hub_settings, version=__version__)
         return self._hub
@@ -241,7 +241,7 @@ class ModelFiles:
     def urls(self) -> UrlClient:
         """The client of plain URLs (aiohttp), made at the first URL pull."""
         if self._urls is None:
-            from controller.models.urls import UrlClient
+            from controller.modelfiles.urls import UrlClient
 
             self._urls = UrlClient(clock=self.clock)
         return self._urls
@@ -1020,7 +1020,7 @@ class ModelFiles:
         dry_run: bool = False,
         spare_referenced: bool = True,
     ) -> GcPlan:
-        """Collect model files no reference covers (see :mod:`controller.models.gc`); with
+        """Collect model files no reference covers (see :mod:`controller.modelfiles.gc`); with
         ``dry_run`` only the plan. Files of pulls in flight are never touched."""
         entries = await asyncio.to_thread(scan, self.layout, self.records)
         busy = [Reference(path, "(pulling)", pinned=True) for path in self._joins.pending()]

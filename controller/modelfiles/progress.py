@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Final, Literal
 
 from controller.kit.clock import Clock
-from controller.models.redact import redact_url
+from controller.modelfiles.redact import redact_url
 
 __all__ = ["Phase", "ProgressFeed", "ProgressMeter", "PullProgress", "progress_words"]
 

@@ -3,7 +3,7 @@
 A hub's CDN answers with signed URLs whose query is a credential, and a URL source may
 carry one too; every message of the engine that names a URL passes it through
 :func:`redact_url` (the hub's and the HTTP client's log records too: a filter in
-:mod:`controller.models.hub`). Pure, and cheap to import: the pull's messages, the dry
+:mod:`controller.modelfiles.hub`). Pure, and cheap to import: the pull's messages, the dry
 run's and the CLI's use it without loading the hub's client library.
 """
 
