@@ -3,7 +3,7 @@
 Side by side in one run, against one local hub server (tests/integration/hubserver.py:
 the hub's routes, LFS files redirected to a second origin as the hub's CDN is):
 
-* pull throughput of :class:`controller.models.pull.ModelFiles` — a hub file (resolved
+* pull throughput of :class:`controller.modelfiles.pull.ModelFiles` — a hub file (resolved
   by ``huggingface_hub``, fetched by its ``http_get`` into a partial file hashed as the
   bytes arrive, renamed into place once verified) and a URL (aiohttp, the same partial
   file) — against ``curl`` of the same file (goal: at least 0.9x) and against the
@@ -37,9 +37,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from huggingface_hub import constants as hf_constants
 from huggingface_hub import hf_hub_download
 
-from controller.models.digests import hash_file
-from controller.models.hub import HubSettings
-from controller.models.pull import ModelFiles
+from controller.modelfiles.digests import hash_file
+from controller.modelfiles.hub import HubSettings
+from controller.modelfiles.pull import ModelFiles
 from controller.spec.schema import ModelSpec
 from tests.integration.hubserver import HubServer
 

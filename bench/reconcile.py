@@ -147,7 +147,7 @@ async def noop_pass(tmp: Path, n: int, passes: int) -> tuple[float, int, float]:
     await manager.set_desired(DesiredState(stacks=("bench",), models=models, slots=slots))
     await manager.recover()
     reconciler = Reconciler(manager, tmp / "config")
-    reconciler.snapshot = ConfigSnapshot(settings=SETTINGS, models=models, slots=slots)
+    reconciler.refresh(ConfigSnapshot(settings=SETTINGS, models=models, slots=slots))
     names = reconciler.all_names()
     kinds = {reconciler.plan(name).kind for name in names}
     assert kinds == {"noop"}, f"not in sync: {kinds}"
@@ -163,7 +163,7 @@ async def noop_pass(tmp: Path, n: int, passes: int) -> tuple[float, int, float]:
         name: DesiredSlot(spec=SlotSpec.model_validate(slot.spec.model_dump()), stack=slot.stack)
         for name, slot in slots.items()
     }
-    reconciler.snapshot = ConfigSnapshot(settings=SETTINGS, models=models, slots=reread)
+    reconciler.refresh(ConfigSnapshot(settings=SETTINGS, models=models, slots=reread))
     gc.collect()
     t0 = time.perf_counter()
     for name in names:

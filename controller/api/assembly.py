@@ -1,7 +1,7 @@
 """The API assembled: every route module's table, the app built from them, the document.
 
 The top of ``controller.api``: it imports the route modules (REST routes of slots,
-models and stacks, the OpenAI routes the data plane serves, the event stream, metrics,
+models, their files and stacks, the OpenAI routes the data plane serves, the event stream, metrics,
 the dashboard); they
 import only the kernel (:mod:`controller.api.app`) and what they share, which import none
 of them. ``/api/openapi.json`` lives here, since the document covers every module.
@@ -15,6 +15,7 @@ from aiohttp import web
 
 from controller.api import (
     dashboard,
+    file_routes,
     key_routes,
     metrics,
     model_routes,
@@ -59,6 +60,7 @@ ROUTES: Final[tuple[RouteSpec, ...]] = (
     *openai.routes,
     *routes.routes,
     *model_routes.routes,
+    *file_routes.routes,
     *stack_routes.routes,
     *key_routes.routes,
     *_own,

@@ -16,6 +16,7 @@ from controller.slots.dryrun import LoadPlan, PlanTarget, PlanVictim, UnitPlan
 __all__ = [
     "DeviceJson",
     "PlanJson",
+    "PullJson",
     "ReloadJson",
     "TogetherJson",
     "UnitJson",
@@ -72,11 +73,25 @@ class UnitJson(TypedDict, total=False):
     failed: str
 
 
+class PullJson(TypedDict, total=False):
+    """The model files a load would pull first (``slotctl slot load --dry-run``)."""
+
+    action: str  # pull | verify | missing
+    source: str
+    path: str | None
+    bytes: int | None
+    bytes_total: int | None
+    message: str  # "would pull 4.1 GB from hf://…"
+    error: dict[str, Any]  # a resolution that failed now: the pull would fail so
+    in_flight: bool
+
+
 class PlanJson(TypedDict, total=False):
     """One slot's dry run. ``action`` ``none``: ``slot``, ``action`` and ``reason`` only;
     otherwise ``wake``, ``reload``, where it would go (``device`` ... ``placement``, absent
     when it is refused before a placement), then ``error`` (a refusal) or ``evict`` and
-    ``freed``; a unit member's ``together``; a unit's ``unit``."""
+    ``freed``; a unit member's ``together``; a unit's ``unit``; the model files it would
+    pull first, ``pull``."""
 
     slot: str
     action: str  # none | load | evict-then-load | refuse
@@ -98,6 +113,7 @@ class PlanJson(TypedDict, total=False):
     freed: dict[str, int]
     together: TogetherJson
     unit: UnitJson
+    pull: PullJson
 
 
 def plan_json(plan: LoadPlan) -> PlanJson:
@@ -134,6 +150,20 @@ def plan_json(plan: LoadPlan) -> PlanJson:
         }
     if plan.unit is not None:
         out["unit"] = _unit(plan.unit)
+    if plan.pull is not None:
+        p = plan.pull
+        pull: PullJson = {
+            "action": p.action,
+            "source": p.source,
+            "path": p.path,
+            "bytes": p.bytes,
+            "bytes_total": p.bytes_total,
+            "message": p.message,
+            "in_flight": p.in_flight,
+        }
+        if p.error is not None:
+            pull["error"] = p.error
+        out["pull"] = pull
     return out
 
 

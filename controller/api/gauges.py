@@ -3,7 +3,9 @@
 One collector reads the manager's metrics port as it is at each scrape: the one-hot slot
 state and residency tier, static slot facts, active leases, cold waiters, crash-loop
 blocked and memory-waiting slots, each slot's GPUs, the host memory sleepers hold, and
-device memory (per GPU; a cluster's nodes as their own family).
+device memory (per GPU; a cluster's nodes as their own family). Another reads the model
+files engine's pull counters (:class:`PullCollector`): bytes pulled, pulls by outcome,
+pulls in flight.
 """
 
 from __future__ import annotations
@@ -11,15 +13,16 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import Final
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from controller import __version__
 from controller.model.lifecycle import SlotState
+from controller.modelfiles.stats import OUTCOMES, PullStats
 from controller.slots.interfaces import MetricsPort
 from controller.slots.records import DeviceFigures
 
-__all__ = ["LiveCollector", "device_figures"]
+__all__ = ["LiveCollector", "PullCollector", "device_figures"]
 
 _STATES: Final = tuple(s.value for s in SlotState)
 _TIERS: Final = ("awake", "asleep", "waking")
@@ -154,3 +157,40 @@ def _memory_kinds(figures: DeviceFigures) -> Iterator[tuple[str, int]]:
     ):
         if value is not None:
             yield kind, value
+
+
+class PullCollector(Collector):
+    """The model files engine's pull counters, read at scrape time
+    (:class:`~controller.modelfiles.stats.PullStats`; nothing when this controller manages
+    no model files)."""
+
+    def __init__(self, stats: Callable[[], PullStats | None]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterable[Metric]:
+        stats = self._stats()
+        if stats is None:
+            return
+        now = stats.snapshot()
+        pulled = CounterMetricFamily(
+            "slotctl_model_pull_bytes",
+            "Bytes of model files fetched over the network and written (resumed bytes "
+            "already on disk are not counted again)",
+        )
+        pulled.add_metric([], float(now["bytes_pulled"]))  # type: ignore[arg-type]
+        yield pulled
+        outcomes = CounterMetricFamily(
+            "slotctl_model_pulls",
+            "Pulls of model files by outcome (pulled, resumed, present, verified, "
+            "verify_failed, access_denied, insufficient_disk, failed, cancelled)",
+            labels=["outcome"],
+        )
+        counts: dict[str, int] = now["outcomes"]  # type: ignore[assignment]
+        for outcome in OUTCOMES:
+            outcomes.add_metric([outcome], float(counts.get(outcome, 0)))
+        yield outcomes
+        flying = GaugeMetricFamily(
+            "slotctl_model_pulls_in_flight", "Pulls of model files running now"
+        )
+        flying.add_metric([], float(now["in_flight"]))  # type: ignore[arg-type]
+        yield flying

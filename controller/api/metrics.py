@@ -14,7 +14,8 @@ Two kinds of series:
   (:class:`controller.api.gauges.LiveCollector`): the one-hot slot state and residency
   tier, active leases, cold waiters, crash-loop blocked slots, the host memory sleepers
   hold and device memory (total and free from the probe, admitted by slotctl, configured
-  budget).
+  budget); the model files engine's pull counters (bytes pulled, pulls by outcome, in
+  flight: :class:`controller.api.gauges.PullCollector`).
 
 Names follow the Prometheus conventions: ``slotctl_`` prefix, base units in the name
 (``_seconds``, ``_bytes``), ``_total`` on counters. ``promtool check metrics`` lints the
@@ -42,7 +43,7 @@ from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
 from controller.api.app import API_CTX, REQUEST_RECORDER, ApiContext, CtxKey, RouteTable
-from controller.api.gauges import LiveCollector, device_figures
+from controller.api.gauges import LiveCollector, PullCollector, device_figures
 from controller.model.errors import SlotUpstreamTimeout
 from controller.model.events import Event, EventKind, Op
 from controller.model.lifecycle import SlotState
@@ -318,6 +319,7 @@ class Metrics:
         )
         self._load_started: dict[str, float] = {}
         r.register(LiveCollector(lambda: ctx.manager))
+        r.register(PullCollector(lambda: f.stats if (f := ctx.manager.files) else None))
 
     # ---------------------------------------------------------------- feeds
 
@@ -418,9 +420,8 @@ def metrics_of(ctx: ApiContext) -> Metrics:
         # The lease flips of every request are only counted (see Metrics._on_event): told
         # as (slot, from, to), with no event built for them.
         ctx.events.add_listener(metrics.on_event, on_flip=metrics.transitions.inc)
-        observers = getattr(ctx.reconciler, "pass_observers", None)
-        if isinstance(observers, list):
-            observers.append(metrics.reconcile_pass)
+        if ctx.reconciler is not None:
+            ctx.reconciler.pass_observers.append(metrics.reconcile_pass)
     return metrics
 
 

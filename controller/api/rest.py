@@ -1,5 +1,5 @@
 """What the REST route modules share: the slot view as JSON, the load answer, the desired
-state cache, waking the reconciler after a config write.
+state (the cache's, in memory), waking the reconciler after a config write.
 
 Below the route modules (:mod:`.routes`, :mod:`.model_routes`, :mod:`.stack_routes`), above
 the kernel (:mod:`.app`). Handlers are thin: config writes go through the guard, state
@@ -26,7 +26,7 @@ from controller.model.errors import (
 )
 from controller.model.lifecycle import SlotState
 from controller.slots.records import SlotView
-from controller.spec.configdir import ConfigSnapshot
+from controller.spec.configdir import ConfigSnapshot, ParseCache
 from controller.spec.desired import DesiredCache
 from controller.spec.loader import DesiredSlot
 
@@ -38,6 +38,7 @@ __all__ = [
     "desired_state",
     "disk_snapshot",
     "name_of",
+    "parse_cache",
     "slot_out",
     "start_load",
     "wake",
@@ -97,17 +98,24 @@ async def start_load(ctx: ApiContext, name: str) -> tuple[int, dict[str, Any]]:
     return 202, {"status": "loading", "slot": slot_out(view)}
 
 
-async def wake(ctx: ApiContext, name: str | None = None) -> None:
-    """After a config write: the reconciler re-reads the config dir (in a worker thread:
-    with a thousand slots that read takes seconds) and looks at the slot(s) again."""
+async def wake(ctx: ApiContext, *names: str, whole: bool = False) -> None:
+    """After a write: the desired-state cache re-reads what was written, in a worker
+    thread — the files of ``names``, or with ``whole`` the config dir (a stack apply) —
+    and the reconciler's listener queues the slots whose desired state changed; the
+    ``names`` are looked at in any case (a reset or a swap changes no config, yet asks for
+    a pass)."""
     reconciler = ctx.reconciler
     if reconciler is None:
         return
-    await reconciler.refresh_async()
-    if name is None:
-        reconciler.enqueue_all()
-    else:
+    await reconciler.refresh_async(None if whole else list(names))
+    for name in names:
         reconciler.enqueue(name)
+
+
+def parse_cache(ctx: ApiContext) -> ParseCache | None:
+    """The config dir's parse cache (the desired-state cache's), for the guard's reads:
+    an API write at a thousand slots parses one file, not a thousand."""
+    return ctx.reconciler.desired.parse_cache if ctx.reconciler is not None else None
 
 
 async def desired_state(ctx: ApiContext) -> ConfigSnapshot:

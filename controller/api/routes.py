@@ -31,6 +31,7 @@ from controller.api.rest import (
     declared_slot,
     desired_state,
     name_of,
+    parse_cache,
     slot_out,
     start_load,
     wake,
@@ -172,7 +173,9 @@ async def list_slots(request: web.Request) -> web.Response:
 async def create_slot(request: web.Request) -> web.Response:
     ctx = ctx_of(request)
     payload = await read_body(request, dict[str, Any])
-    spec = await asyncio.to_thread(write_slot_config, ctx.config_dir, payload, create=True)
+    spec = await asyncio.to_thread(
+        write_slot_config, ctx.config_dir, payload, create=True, cache=parse_cache(ctx)
+    )
     await wake(ctx, spec.name)
     return json_response({"created": spec.name, "spec": slot_effective(spec)}, status=201)
 
@@ -216,7 +219,9 @@ async def delete_slot(request: web.Request) -> web.Response:
     _refuse_if_owned(ctx, desired, "remove")
     if desired.pinned and not force:
         raise SlotPinned(name, "delete")
-    await asyncio.to_thread(delete_slot_config, ctx.config_dir, name, force=force)
+    await asyncio.to_thread(
+        delete_slot_config, ctx.config_dir, name, force=force, cache=parse_cache(ctx)
+    )
     await wake(ctx, name)
     return json_response({"status": "deleting", "slot": None}, status=202)
 
@@ -241,7 +246,9 @@ async def put_config(request: web.Request) -> web.Response:
     payload = await read_body(request, dict[str, Any])
     if payload.setdefault("name", name) != name:
         raise InvalidRequest(f"the body names slot {payload['name']!r}, the path {name!r}")
-    spec = await asyncio.to_thread(write_slot_config, ctx.config_dir, payload)
+    spec = await asyncio.to_thread(
+        write_slot_config, ctx.config_dir, payload, cache=parse_cache(ctx)
+    )
     await wake(ctx, name)
     return json_response({"written": name, "spec": slot_effective(spec)})
 
@@ -275,7 +282,9 @@ async def patch_defaults(request: web.Request) -> web.Response:
             keys=other,
         )
     patch["name"] = name
-    spec = await asyncio.to_thread(write_slot_config, ctx.config_dir, patch, merge=True)
+    spec = await asyncio.to_thread(
+        write_slot_config, ctx.config_dir, patch, merge=True, cache=parse_cache(ctx)
+    )
     await wake(ctx, name)
     return json_response({"written": name, "spec": slot_effective(spec)})
 
@@ -291,15 +300,16 @@ async def patch_defaults(request: web.Request) -> web.Response:
         202: ("loading", LoadAnswer),
         400: ("not activated", None),
         404: ("unknown slot", None),
-        409: ("insufficient memory / pinned peer", None),
+        409: ("insufficient memory / pinned peer / model file missing", None),
         503: ("crash looping", None),
+        507: ("the model's pull does not fit the models dir", None),
     },
 )
 async def load_slot(request: web.Request) -> web.Response:
     ctx = ctx_of(request)
     name = name_of(request)
     if query_flag(request, "dry_run"):
-        plan = plan_json(ctx.manager.explain_load(name))
+        plan = plan_json(await ctx.manager.explain(name))  # with its model files' pull
         return json_response({"status": "dry run", "plan": plan})
     status, body = await start_load(ctx, name)
     return json_response(body, status=status)
@@ -377,7 +387,9 @@ async def _rebind(ctx: ApiContext, name: str, model_id: str) -> DesiredSlot:
     """Write ``name``'s model binding through the guard (off the event loop), let the
     reconciler re-read, and return the slot as now declared."""
     patch = {"name": name, "model": {"default": model_id}}
-    await asyncio.to_thread(write_slot_config, ctx.config_dir, patch, merge=True)
+    await asyncio.to_thread(
+        write_slot_config, ctx.config_dir, patch, merge=True, cache=parse_cache(ctx)
+    )
     await wake(ctx, name)
     return await declared_slot(ctx, name)
 

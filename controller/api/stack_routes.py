@@ -140,7 +140,7 @@ async def apply_stack(request: web.Request) -> web.Response:
                 force=body.force,
                 snapshot=snapshot,
             )
-            await wake(ctx)
+            await wake(ctx, *sorted({a.slot for a in plan.actions}), whole=True)
     return json_response(
         {
             "plan": [a.to_dict() for a in plan.actions],

@@ -79,6 +79,7 @@ class SlotStatus:
 
     state: str
     message: str = ""
+    pull: dict[str, Any] | None = None  # pulling: its model's pull (bytes, rate, ETA)
 
 
 class StackRejected(SlotConfigError):

@@ -70,7 +70,8 @@ class ApiBackend(Closing):
             if view is None:
                 out[name] = SlotStatus("pending")
             else:
-                out[name] = SlotStatus(str(view["state"]), str(view.get("message") or ""))
+                pull = view.get("pull") if isinstance(view.get("pull"), dict) else None
+                out[name] = SlotStatus(str(view["state"]), str(view.get("message") or ""), pull)
         return out
 
     def close(self) -> None:

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from controller.cli import declarative as cli_declarative
     from controller.cli import k8s as cli_k8s
     from controller.cli import keys as cli_keys
+    from controller.cli import pull as cli_pull
     from controller.cli import remote as cli_remote
     from controller.cli import slot as cli_slot
     from controller.cli import stack as cli_stack
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
 else:  # imported when a command of theirs runs
     cli_declarative = LazyModule("controller.cli.declarative")
     cli_keys = LazyModule("controller.cli.keys")
+    cli_pull = LazyModule("controller.cli.pull")
     cli_k8s = LazyModule("controller.cli.k8s")
     cli_remote = LazyModule("controller.cli.remote")
     cli_slot = LazyModule("controller.cli.slot")
@@ -307,12 +309,89 @@ def _model_unload(p: argparse.ArgumentParser) -> None:
     output(p)
 
 
+def _model_pull(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model_id", metavar="MODEL")
+    p.add_argument("--wait", action="store_true", help="follow the pull (a progress bar)")
+    p.add_argument("--timeout", type=float, default=3600.0, help="for --wait (seconds)")
+    p.add_argument(
+        "--refresh",
+        action="store_true",
+        help="ask the hub or URL whether present files are current",
+    )
+    local = p.add_argument_group(
+        "without a controller (a pod's init container): the model on the command line"
+    )
+    local.add_argument("--source", help="pull this source here, in this process")
+    local.add_argument("--sha256", help="the file's pinned digest (required for URLs)")
+    local.add_argument("--revision", help="hf://: the branch, tag or commit")
+    local.add_argument("--include", action="append", metavar="GLOB", help="hf://org/repo")
+    local.add_argument("--exclude", action="append", metavar="GLOB", help="hf://org/repo")
+    local.add_argument(
+        "--models-dir", help="where the files land (default $SLOTCTL_MODELS_DIR, else /models)"
+    )
+    local.add_argument(
+        "--termination-log", metavar="PATH", help="write a typed failure here (a pod's)"
+    )
+    output(p)
+
+
+def _model_rm(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model_id", metavar="MODEL")
+    output(p)
+
+
+def _model_gc(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dry-run", action="store_true", help="list what would go, remove nothing")
+    output(p)
+
+
 _MODEL: Final[tuple[Command, ...]] = (
     Command(
         "list",
-        "every catalogue model with its state",
+        "every catalogue model with its state and its files",
         lambda a: cli_remote.cmd_model_list(a),
         _model_list,
+        description="Every catalogue model: MODEL KIND STATE MEMORY RESIDENT LOADABLE "
+        "SLOTS, and its files: FILES (absent, partial n%, pulling n%, present, verified) "
+        "and SIZE.",
+        examples=("slotctl model list", "slotctl model list -o json"),
+    ),
+    Command(
+        "pull",
+        "pull a model's files ahead of any load",
+        lambda a: cli_pull.cmd_model_pull(a),
+        _model_pull,
+        description="Pull a model's files into the models dir without loading it (a "
+        "GitOps commit can prefetch everything it declares): refused at once when it "
+        "does not fit the disk (model.insufficient_disk) or no source can pull it "
+        "(model.file_missing). --wait follows it with a progress bar until done. With "
+        "--source, pull in this process without a controller (a pod's init container). "
+        "Exit 0 done or started, 1 --wait ended with the pull failed or out of time, 2 "
+        "error.",
+        examples=(
+            "slotctl model pull qwen2.5-7b-q4 --wait",
+            "slotctl model pull tiny --source hf://org/repo/tiny.gguf --models-dir /models",
+        ),
+    ),
+    Command(
+        "rm",
+        "remove a model's pulled files",
+        lambda a: cli_pull.cmd_model_rm(a),
+        _model_rm,
+        description="Remove a model's pulled files (and any partial ones) from the models "
+        "dir. Refused while a slot serves or loads it (model.in_use), for a local path "
+        "(not slotctl's to delete) and while it is being pulled.",
+        examples=("slotctl model rm qwen2.5-7b-q4",),
+    ),
+    Command(
+        "gc",
+        "remove model files no declared model references",
+        lambda a: cli_pull.cmd_model_gc(a),
+        _model_gc,
+        description="Remove model files no declared model references, least recently "
+        "used first; never a pinned slot's model, never a pull in flight. --dry-run lists "
+        "each entry with remove or keep and why.",
+        examples=("slotctl model gc --dry-run", "slotctl model gc"),
     ),
     Command(
         "load",
@@ -369,8 +448,13 @@ def _model_commands(tree: Tree, sub: SubParsers) -> None:
     model = tree.add(
         sub,
         "model",
-        "the model catalogue (through the API)",
-        examples=("slotctl model list", "slotctl model load demo-chat --wait"),
+        "the model catalogue and its files (through the API)",
+        examples=(
+            "slotctl model list",
+            "slotctl model pull demo-chat --wait",
+            "slotctl model load demo-chat --wait",
+            "slotctl model gc --dry-run",
+        ),
     )
     cmds = tree.group(model, "model_cmd")
     tree.declare(cmds, _MODEL)

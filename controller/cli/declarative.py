@@ -157,11 +157,13 @@ def wait(backend: StackBackend, request: StackRequest, *, prune: bool, timeout: 
         plan = backend.diff(request, prune=prune).plan
         observed = backend.observe(names)
         for name, status in observed.items():
-            progress.seen(name, status.state, status.message)
+            progress.seen(name, status.state, status.message, status.pull)
         if plan.in_sync:
+            progress.close()
             print(f"converged in {progress.elapsed:.1f}s")
             return True
         if time.monotonic() >= deadline:
+            progress.close()
             _report_stuck(_stuck(plan), {n: s.message for n, s in observed.items() if s.message})
             return False
         time.sleep(_POLL_S)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Final, cast
 from controller.cli.client import ApiClient, find_controller, quote_segment
 from controller.cli.flags import parse_duration
 from controller.cli.output import GIB, Style, format_memory, table
+from controller.cli.pull import files_by_model, files_cell
 from controller.model.exitcode import ExitCode
 
 if TYPE_CHECKING:  # the dry run's JSON, declared where the API renders it
@@ -85,12 +86,16 @@ def _wait_slot(
     path = f"/api/slots/{quote_segment(name)}"
     while True:
         view = client.get(path)
-        progress.seen(name, _state(view), str(view.get("message") or ""))
+        pull = view.get("pull") if isinstance(view.get("pull"), dict) else None
+        progress.seen(name, _state(view), str(view.get("message") or ""), pull)
         if view.get("dispatchable"):
+            progress.close()
             return True, view
         if view.get("state") == "error" or view.get("idle_reason") == "no_model":
+            progress.close()
             return False, view  # failed, or up without a model: waiting will not help
         if progress.elapsed > timeout:
+            progress.close()
             return False, view
         time.sleep(0.2)
 
@@ -166,6 +171,15 @@ def _explain(name: str, plan: PlanJson, style: Style) -> list[str]:
         return lines
     if "needed_bytes" in plan:
         lines += _placement_lines(plan)
+    pull = plan.get("pull")
+    if pull:
+        lines.append(f"  model files: {pull.get('message', '')}")
+        error = pull.get("error")
+        if error and action != "refuse":
+            lines.append(
+                style.yellow("  the pull would fail now")
+                + f": [{error.get('code', '?')}] {error.get('message', '')}"
+            )
     peers = plan.get("exclusive_peers") or []
     if peers:
         lines.append(f"  exclusive group: would first unload {', '.join(peers)}")
@@ -299,11 +313,16 @@ _MODEL_COLUMNS: Final = ("MODEL", "KIND", "STATE", "MEMORY", "RESIDENT", "LOADAB
 
 
 def cmd_model_list(args: argparse.Namespace) -> ExitCode:
-    answer = _client(args, timeout=30.0).get("/api/models")
+    client = _client(args, timeout=30.0)
+    answer = client.get("/api/models")
+    models = answer.get("models", []) if isinstance(answer, dict) else []
+    files = files_by_model(client)  # None: this controller manages no model files
+    if files is not None:
+        for m in models:
+            m["files"] = files.get(str(m.get("id")))
     if args.output != "table":
         _print(args, answer, "")
         return ExitCode.OK
-    models = answer.get("models", []) if isinstance(answer, dict) else []
     rows = [
         [
             str(m.get("id")),
@@ -313,10 +332,12 @@ def cmd_model_list(args: argparse.Namespace) -> ExitCode:
             "yes" if m.get("resident") else "no",
             "yes" if m.get("loadable") else "no",
             ",".join(m.get("slots") or []) or "-",
+            *(files_cell(m.get("files")) if files is not None else ()),
         ]
         for m in models
     ]
-    for line in table(_MODEL_COLUMNS, rows):
+    columns = _MODEL_COLUMNS + (("FILES", "SIZE") if files is not None else ())
+    for line in table(columns, rows):
         print(line)
     if not rows:
         print("(no models: apply a stack with `slotctl stack apply`)", file=sys.stderr)

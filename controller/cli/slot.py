@@ -93,6 +93,7 @@ def _row_from_view(view: dict[str, Any]) -> dict[str, Any]:
         "message": view.get("message") or "",
         "stack": view.get("stack"),
         "declared": True,
+        "pull": view.get("pull"),  # pulling: its model's pull (bytes, rate, ETA)
     }
 
 
@@ -174,6 +175,12 @@ def _record(store: Any, name: str) -> Any:
 def _state_cell(row: dict[str, Any]) -> str:
     if row.get("held_until"):
         return "held until " + str(row["held_until"])[11:16]
+    pull = row.get("pull")
+    if row["state"] == "pulling" and isinstance(pull, dict):
+        percent = pull.get("percent")
+        if isinstance(percent, int | float) and not isinstance(percent, bool):
+            return f"pulling {percent:.0f}%"
+        return f"pulling ({pull.get('phase') or '?'})"
     reason = row.get("idle_reason")
     if reason == "asleep" and row.get("sleep_level"):  # the residency tier: idle(asleep:1)
         reason = f"{row.get('residency') or reason}:{row['sleep_level']}"

@@ -1,11 +1,21 @@
 """``slotctl stack validate|show``, and the check of stack files every stack command runs
-(apply/diff: ``cli.declarative``; export: ``cli.export``, ``cli.k8s``)."""
+(apply/diff: ``cli.declarative``; export: ``cli.export``, ``cli.k8s``).
+
+``validate`` also says, for each model, what a load would find of its files in the models
+dir (``$SLOTCTL_MODELS_DIR``) — without a network call: present, "would pull from
+hf://… (its size is not known offline)", or a missing file no source can pull (a load of
+it on this host would be refused, ``model.file_missing``, as ``slot load --dry-run``
+says). Said after the verdict, never an error of the stack's: a stack is valid on the
+host it is meant for, which may not be the one that validates it (CI).
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from controller.cli.output import Style, print_json, render_problems
 from controller.model.exitcode import ExitCode
@@ -13,7 +23,11 @@ from controller.spec.configdir import read_settings
 from controller.spec.loader import LoadReport, load_stacks
 from controller.spec.render import model_effective, render_stack, slot_effective
 
-__all__ = ["cmd_show", "cmd_validate", "load_report"]
+if TYPE_CHECKING:
+    from controller.modelfiles.pull import PullPlan
+    from controller.spec.loader import DesiredState
+
+__all__ = ["cmd_show", "cmd_validate", "load_report", "model_files"]
 
 
 def load_report(args: argparse.Namespace) -> LoadReport:
@@ -24,17 +38,53 @@ def load_report(args: argparse.Namespace) -> LoadReport:
     return report
 
 
+def model_files(state: DesiredState, state_dir: Path) -> list[PullPlan]:
+    """Each declared model's files as a load would find them, planned offline (no network:
+    a size only the hub or the URL knows stays unknown, and says so)."""
+    from controller.modelfiles.pull import ModelFiles
+    from controller.providers.base import default_models_dir
+
+    files = ModelFiles(default_models_dir(), state_dir)
+
+    async def plan_all() -> list[PullPlan]:
+        return [await files.plan(m, offline=True) for m in state.models.values()]
+
+    return asyncio.run(plan_all())
+
+
+def _file_line(plan: PullPlan) -> str | None:
+    """A model's files in words, when a load would have anything to do with them."""
+    if plan.action == "missing":
+        return f"model {plan.model}: {plan.message}: a load would be refused on this host"
+    if plan.action in ("pull", "verify"):
+        return f"model {plan.model}: {plan.message}"
+    return None
+
+
 def cmd_validate(args: argparse.Namespace) -> ExitCode:
     report = load_report(args)
+    plans: list[PullPlan] = []
+    if report.ok and report.state is not None:
+        plans = model_files(report.state, Path(args.state_dir))
     if args.output == "json":
-        print_json(
-            {
-                "valid": report.ok,
-                "files": report.files,
-                "errors": [p.to_dict() for p in report.errors],
-                "warnings": [p.to_dict() for p in report.warnings],
-            }
-        )
+        data: dict[str, Any] = {
+            "valid": report.ok,
+            "files": report.files,
+            "errors": [p.to_dict() for p in report.errors],
+            "warnings": [p.to_dict() for p in report.warnings],
+        }
+        if report.ok:
+            data["models"] = [
+                {
+                    "model": p.model,
+                    "source": p.source,
+                    "action": p.action,  # none | pull | verify | missing
+                    "bytes": p.bytes,
+                    "message": p.message,
+                }
+                for p in plans
+            ]
+        print_json(data)
         return ExitCode.OK if report.ok else ExitCode.NEGATIVE
     style = Style(sys.stdout)
     for line in render_problems([*report.errors, *report.warnings], style):
@@ -48,6 +98,10 @@ def cmd_validate(args: argparse.Namespace) -> ExitCode:
         if report.warnings:
             summary += f", {len(report.warnings)} warning(s)"
         print(style.green("ok") + " " + summary)
+        for plan in plans:
+            said = _file_line(plan)
+            if said is not None:
+                print("  " + (style.yellow(said) if plan.action == "missing" else said))
         return ExitCode.OK
     print(
         style.red("invalid") + f" {len(report.errors)} error(s), {len(report.warnings)} warning(s) "

@@ -62,7 +62,6 @@ class DaemonOptions:
     token: str | None = None  # None: generated into <state_dir>/token
     allowed_hosts: tuple[str, ...] = ()  # --allowed-host: Host names answered (and below)
     quiet: bool = False  # --log-format json: the structured log replaces progress lines
-    reap_orphans: bool = True  # False: until the reconciler's ``reap`` is set (operator)
 
 
 class Controller:
@@ -169,7 +168,6 @@ class Controller:
         for problem in root.problems:
             self.say(f"config {problem.where()}: {problem.message}")
         manager, reconciler = root.manager, root.reconciler
-        reconciler.reap = opts.reap_orphans
         self.manager, self.reconciler = manager, reconciler
         gitops = self.gitops
         if gitops is not None:
@@ -193,22 +191,25 @@ class Controller:
         )
         with manager.events.subscribe(accept=self._printable, flips=False) as events:
             printer = asyncio.create_task(self._print_events(events))
-            await root.recover()
-            # Resident and autoload slots load in priority order before the reconciler's
-            # workers start: the most important get the memory, the rest wait for it.
-            await manager.restore(wait=False)
-            for server in servers:
-                server.ctx.ready.set()
-            supervisor.start("reconciler", lambda: reconciler.run(self.stop))
-            supervisor.start("manager", lambda: manager.run(self.stop))
-            supervisor.start("watch", self.watcher.run)
-            if gitops is not None:
-                # A save between the first apply and the watcher taking over (recover() can
-                # take a while) would otherwise wait for the next save: apply once more
-                # (idempotent) once the watcher runs.
-                await asyncio.sleep(0.1)
-                await gitops.apply_off_loop()
-            self.ready.set()
+            # Nothing is adopted, restored or reaped before every source of desired state
+            # is synced (the operator's custom resources listed): a stop meanwhile ends it.
+            if await self._synced():
+                await root.recover()
+                # Resident and autoload slots load in priority order before the reconciler's
+                # workers start: the most important get the memory, the rest wait for it.
+                await manager.restore(wait=False)
+                for server in servers:
+                    server.ctx.ready.set()
+                supervisor.start("reconciler", lambda: reconciler.run(self.stop))
+                supervisor.start("manager", lambda: manager.run(self.stop))
+                supervisor.start("watch", self.watcher.run)
+                if gitops is not None:
+                    # A save between the first apply and the watcher taking over (recover()
+                    # can take a while) would otherwise wait for the next save: apply once
+                    # more (idempotent) once the watcher runs.
+                    await asyncio.sleep(0.1)
+                    await gitops.apply_off_loop()
+                self.ready.set()
             try:
                 await self.stop.wait()
             finally:
@@ -270,16 +271,29 @@ class Controller:
             raise
         return servers
 
+    async def _synced(self) -> bool:
+        """Until the desired state is synced (True) or the controller is stopped (False)."""
+        if self.desired.synced:
+            return True
+        self.say("waiting for the desired state's sources to be listed")
+        synced = asyncio.ensure_future(self.desired.wait_synced())
+        stopped = asyncio.ensure_future(self.stop.wait())
+        try:
+            await asyncio.wait({synced, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            synced.cancel()
+            stopped.cancel()
+        return self.desired.synced
+
     async def _print_events(self, events: Subscription) -> None:
         async for event in events:
             self._print_event(event)
 
     async def _refresh(self) -> None:
-        """Re-read the config dir in a worker thread; the reconciler follows on the loop."""
+        """Re-read the config dir in a worker thread; the reconciler queues what changed."""
         reconciler = self.reconciler
         assert reconciler is not None
         await reconciler.refresh_async()
-        reconciler.enqueue_all()
 
     # ---------------------------------------------------------------- stop
 

@@ -19,12 +19,15 @@ import os
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
 
 import psutil
 
 from controller import __version__
+from controller.modelfiles.pull import ModelFiles
+from controller.providers.base import default_models_dir
 from controller.reconcile.reconciler import Action, Reconciler
-from controller.runtime.base import OffersMemory, Runtime, WarmsUp
+from controller.runtime.base import OffersMemory, Runtime, RuntimeKind, WarmsUp
 from controller.runtime.kinds import make_runtime
 from controller.slots.manager import SlotManager
 from controller.slots.records import ManagerConfig
@@ -34,7 +37,11 @@ from controller.spec.problems import Problem
 from controller.store.files import sweep_temp_files
 from controller.store.lock import ControllerLock, ControllerRecord
 
-__all__ = ["Root", "controller_record", "open_root"]
+__all__ = ["PULL_PROGRESS_S", "Root", "controller_record", "model_files", "open_root"]
+
+# How often a pull's progress is published (a ``progress`` event of each slot waiting for
+# it, the views, the CLI's bar, the dashboard): the engine's throttle.
+PULL_PROGRESS_S: Final = 1.0
 
 
 @dataclass(slots=True)
@@ -52,10 +59,13 @@ class Root:
     swept: int  # temp files a writer killed mid-write had left behind
 
     async def recover(self) -> ConfigSnapshot:
-        """Read the desired state, hand it to the manager, adopt what runs (no load yet)."""
+        """Read the desired state (every source synced), hand it to the manager, adopt
+        what runs (no load yet)."""
         if isinstance(self.runtime, WarmsUp):  # the kubernetes runtime's nodes and pods
             await self.runtime.warm_up()
-        snapshot = await self.reconciler.refresh_async()
+        await self.reconciler.refresh_async()
+        await self.reconciler.desired.wait_synced()
+        snapshot = self.reconciler.snapshot
         await self.manager.set_desired(snapshot.desired())
         await self.manager.recover()
         return snapshot
@@ -73,6 +83,16 @@ def controller_record(
         config_dir=str(Path(config_dir).resolve()),
         version=__version__,
     )
+
+
+def model_files(runtime: Runtime, models_dir: Path, state_dir: Path) -> ModelFiles | None:
+    """The models dir's files, which a load pulls through before its server starts (the
+    engine loads the hub's client library at its first hub call, not here). None for the
+    kubernetes runtime: its pods pull on their nodes (an init container's ``slotctl model
+    pull`` into the node's cache), where this controller cannot look."""
+    if runtime.kind is RuntimeKind.KUBERNETES:
+        return None
+    return ModelFiles(models_dir, state_dir, progress_interval_s=PULL_PROGRESS_S)
 
 
 @contextlib.asynccontextmanager
@@ -100,14 +120,19 @@ async def open_root(
         # A runtime that places servers on other machines says what memory they offer
         # (the kubernetes runtime: the nodes'); the others leave it to this host's probe.
         memory = runtime.memory if isinstance(runtime, OffersMemory) else None
+        models_dir = default_models_dir()
+        files = model_files(runtime, models_dir, state_dir)
         manager = SlotManager(
             runtime=runtime,
             memory=memory,
             state_dir=state_dir,
             config_dir=config_dir,
             settings=settings,
-            config=ManagerConfig(),
+            config=ManagerConfig(models_dir=models_dir),
+            files=files,
         )
+        if files is not None:  # a GC keeps the declared models' files (pinned: pinned)
+            files.references = manager.file_references
         reconciler = Reconciler(
             manager, config_dir, resync_s=resync_s, on_plan=on_plan, desired=desired
         )

@@ -29,6 +29,7 @@ through :meth:`SlotctlError.to_dict`; nothing renders a bare traceback.
     ├── ModelPullFailed               model.pull_failed             502  (+ source, reason)
     │   └── ModelAccessDenied         model.access_denied           403  (gated/private: token)
     ├── ModelVerifyFailed             model.verify_failed           502  (+ quarantined)
+    ├── ModelInUse                    model.in_use                  409  (+ slots: rm refused)
     ├── DockerEngineError             runtime.engine_error          502  (engine said no)
     │   └── DockerUnavailable         runtime.unavailable           503  (no engine)
     ├── ControllerAlreadyRunning      controller.already_running    409  (one per state dir)
@@ -65,6 +66,7 @@ __all__ = [
     "ListenUnavailable",
     "ModelAccessDenied",
     "ModelFileMissing",
+    "ModelInUse",
     "ModelNotFound",
     "ModelPullFailed",
     "ModelVerifyFailed",
@@ -365,6 +367,22 @@ class ModelVerifyFailed(SlotctlError):
 
     code = "model.verify_failed"
     http_status = 502
+
+
+class ModelInUse(SlotctlError):
+    """A model's files can not be removed (``slotctl model rm``) while a slot serves or
+    loads the model: its server reads them. ``slots`` names them; unload them first."""
+
+    code = "model.in_use"
+    http_status = 409
+
+    def __init__(self, model: str, slots: list[str]) -> None:
+        super().__init__(
+            f"model {model!r} is in use by slot(s) {', '.join(slots)}: unload them first "
+            f"(`slotctl model unload {model}`)",
+            model=model,
+            slots=slots,
+        )
 
 
 class DockerEngineError(SlotctlError):

@@ -71,6 +71,7 @@ class Op(StrEnum):
     BACKGROUND = "background"  # a background task of the controller
     IDLE = "idle"  # ready -> idle: no request for idle_timeout_s (still loaded)
     ROLLOUT = "rollout"  # a surge rollout (controller.slots.surge)
+    PULL = "pull"  # a model's files pulled ahead of any load (``slotctl model pull``)
 
 
 class EvictionReason(StrEnum):

@@ -15,11 +15,12 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Final
+from typing import Final, cast
 
 import tomlkit
 import yaml
 
+from controller.operator.bodies import JsonObject, ObjectMeta, Resource
 from controller.operator.crd import GROUP, VERSION
 from controller.spec.loader import DesiredState, load_stack_texts
 from controller.spec.problems import Problem
@@ -53,8 +54,8 @@ def object_name(model_id: str) -> str:
     return f"{base[:200]}-{digest}"
 
 
-def _meta(name: str, namespace: str | None, stack: str | None) -> dict[str, Any]:
-    meta: dict[str, Any] = {"name": name}
+def _meta(name: str, namespace: str | None, stack: str | None) -> ObjectMeta:
+    meta: ObjectMeta = {"name": name}
     if namespace:
         meta["namespace"] = namespace
     if stack:
@@ -62,7 +63,7 @@ def _meta(name: str, namespace: str | None, stack: str | None) -> dict[str, Any]
     return meta
 
 
-def _integral(data: dict[str, Any]) -> dict[str, Any]:
+def _integral(data: JsonObject) -> JsonObject:
     """``ttl_s = 600`` stays 600, not 600.0 (the schema reads either as a number)."""
     return {
         k: int(v) if isinstance(v, float) and v.is_integer() and abs(v) < 2**53 else v
@@ -72,7 +73,7 @@ def _integral(data: dict[str, Any]) -> dict[str, Any]:
 
 def model_resource(
     model: ModelSpec, namespace: str | None = None, stack: str | None = None
-) -> dict[str, Any]:
+) -> Resource:
     spec = _integral(model.model_dump(mode="json", exclude_unset=True, exclude_none=True))
     spec["id"] = model.id
     name = object_name(model.id)
@@ -86,7 +87,7 @@ def model_resource(
 
 def slot_resource(
     spec: SlotSpec, namespace: str | None = None, stack: str | None = None
-) -> dict[str, Any]:
+) -> Resource:
     data = _integral(spec.model_dump(mode="json", exclude_unset=True, exclude_none=True))
     data.pop("name", None)
     return {
@@ -99,8 +100,8 @@ def slot_resource(
 
 def alias_resource(
     alias: AliasSpec, namespace: str | None = None, stack: str | None = None
-) -> dict[str, Any]:
-    spec = alias.model_dump(mode="json", exclude_unset=True)
+) -> Resource:
+    spec: JsonObject = alias.model_dump(mode="json", exclude_unset=True)
     spec["id"] = alias.id
     return {
         "apiVersion": API_VERSION,
@@ -112,7 +113,7 @@ def alias_resource(
 
 def resources_from_state(
     state: DesiredState, namespace: str | None = None, *, owners: Mapping[str, str] | None = None
-) -> list[dict[str, Any]]:
+) -> list[Resource]:
     """Every model, then every slot, then every alias, as CRs; ``owners``: model id ->
     stack (optional)."""
     owners = owners or {}
@@ -122,25 +123,25 @@ def resources_from_state(
     return models + slots + aliases
 
 
-def dump_documents(resources: Iterable[Mapping[str, Any]]) -> str:
+def dump_documents(resources: Iterable[Mapping[str, object]]) -> str:
     return yaml.safe_dump_all(list(resources), sort_keys=False, width=100)
 
 
 # ------------------------------------------------------------------ CR -> payload
 
 
-def _spec(resource: Mapping[str, Any]) -> Mapping[str, Any]:
+def _spec(resource: Mapping[str, object]) -> Mapping[str, object]:
     spec = resource.get("spec")
     return spec if isinstance(spec, Mapping) else {}
 
 
-def _name(resource: Mapping[str, Any]) -> str:
+def _name(resource: Mapping[str, object]) -> str:
     meta = resource.get("metadata")
     name = meta.get("name") if isinstance(meta, Mapping) else None
     return name if isinstance(name, str) else ""
 
 
-def slot_payload(resource: Mapping[str, Any]) -> tuple[dict[str, Any], list[Problem]]:
+def slot_payload(resource: Mapping[str, object]) -> tuple[JsonObject, list[Problem]]:
     """A ``Slot`` -> the ``[[slot]]`` payload the loader checks (name from metadata)."""
     spec = dict(_spec(resource))
     name = _name(resource)
@@ -159,14 +160,14 @@ def slot_payload(resource: Mapping[str, Any]) -> tuple[dict[str, Any], list[Prob
     return spec, problems
 
 
-def model_payload(resource: Mapping[str, Any]) -> dict[str, Any]:
+def model_payload(resource: Mapping[str, object]) -> JsonObject:
     """A ``Model`` -> the ``[[model]]`` payload (id from spec.id, else metadata.name)."""
     spec = dict(_spec(resource))
     spec.setdefault("id", _name(resource))
     return spec
 
 
-def alias_payload(resource: Mapping[str, Any]) -> dict[str, Any]:
+def alias_payload(resource: Mapping[str, object]) -> JsonObject:
     """An ``Alias`` -> the ``[[alias]]`` payload (id from spec.id, else metadata.name)."""
     return model_payload(resource)
 
@@ -174,16 +175,16 @@ def alias_payload(resource: Mapping[str, Any]) -> dict[str, Any]:
 # ------------------------------------------------------------------ import
 
 
-def parse_documents(text: str) -> list[dict[str, Any]]:
+def parse_documents(text: str) -> list[Resource]:
     """YAML (one or many documents, or ``kind: List``) -> the slotctl.io objects in it."""
-    out: list[dict[str, Any]] = []
+    out: list[Resource] = []
     for doc in yaml.safe_load_all(text):
         if not isinstance(doc, dict):
             continue
         items = doc.get("items") if doc.get("kind") == "List" else [doc]
         for item in items if isinstance(items, list) else []:
             if isinstance(item, dict) and str(item.get("apiVersion", "")).startswith(f"{GROUP}/"):
-                out.append(item)
+                out.append(cast(Resource, item))  # what a document says: the loader judges it
     return out
 
 
@@ -195,7 +196,7 @@ class ImportResult:
         self.problems: list[Problem] = []
 
 
-def _stack_of(resource: Mapping[str, Any], default: str) -> str:
+def _stack_of(resource: Mapping[str, object], default: str) -> str:
     meta = resource.get("metadata")
     notes = meta.get("annotations") if isinstance(meta, Mapping) else None
     value = notes.get(STACK_ANNOTATION) if isinstance(notes, Mapping) else None
@@ -203,12 +204,12 @@ def _stack_of(resource: Mapping[str, Any], default: str) -> str:
 
 
 def stacks_from_resources(
-    resources: Sequence[Mapping[str, Any]], default_stack: str
+    resources: Sequence[Mapping[str, object]], default_stack: str
 ) -> ImportResult:
     """CRs -> stack TOML texts (by their stack annotation), checked by the loader's rules."""
     result = ImportResult()
     models: dict[str, list[ModelSpec]] = {}
-    slots: dict[str, list[dict[str, Any]]] = {}
+    slots: dict[str, list[JsonObject]] = {}
     aliases: dict[str, list[AliasSpec]] = {}
     for res in resources:
         stack = _stack_of(res, default_stack)
@@ -248,7 +249,7 @@ def stacks_from_resources(
 def _stack_text(
     stack: str,
     models: list[ModelSpec],
-    slots: list[dict[str, Any]],
+    slots: list[JsonObject],
     aliases: Sequence[AliasSpec] = (),
 ) -> str:
     """A stack file with exactly the keys the CRs set (defaults stay the loader's)."""

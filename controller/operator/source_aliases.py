@@ -8,34 +8,37 @@ the newcomer of two Aliases of one id the one refused. Pure (no I/O, no kopf).
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
-from typing import Any
 
 from pydantic import ValidationError
 
+from controller.operator.bodies import AliasStatus, CrKey
 from controller.operator.convert import alias_payload
-from controller.operator.status import Verdict, condition
+from controller.operator.status import Verdict, condition, old_conditions
 from controller.spec.aliases import AliasEntry, alias_problems
 from controller.spec.problems import Problem, problems_from_validation
 from controller.spec.schema import AliasSpec, ModelSpec
 
 __all__ = ["alias_status", "judge_aliases"]
 
-Key = tuple[str, str, str]  # (kind, namespace, name), as the source's CrKey
+Key = CrKey
 
 
 def judge_aliases(
-    crs: Iterable[tuple[Key, Mapping[str, Any]]],
+    crs: Iterable[tuple[Key, Mapping[str, object]]],
     good: Mapping[Key, AliasSpec],
     catalogue: Mapping[str, ModelSpec],
     slots: Collection[str],
     taken: Collection[str],
     problems: dict[Key, list[Problem]],
+    *,
+    owners: dict[str, Key] | None = None,
 ) -> dict[Key, AliasSpec]:
     """The Alias CRs (in the order they count: those in force, then the oldest first) ->
-    the spec each puts in force; ``taken``: alias ids another source declares already.
-    Each refusal goes into ``problems`` under its CR."""
+    the spec each puts in force; ``taken``: alias ids another source declares already;
+    ``owners``: the ids Alias CRs not judged now hold (in force), by CR. Each refusal
+    goes into ``problems`` under its CR."""
     chosen: dict[Key, AliasSpec] = {}
-    owners: dict[str, Key] = {}
+    owners = {} if owners is None else owners
     for key, spec in crs:
         candidates: list[AliasSpec] = []
         try:
@@ -82,12 +85,11 @@ def _refusals(
 
 
 def alias_status(
-    alias_id: str | None, verdict: Verdict, old: Mapping[str, Any] | None, now: str | None = None
-) -> dict[str, Any]:
+    alias_id: str | None, verdict: Verdict, old: Mapping[str, object] | None, now: str | None = None
+) -> AliasStatus:
     """The whole ``status`` of an Alias: declared (its spec, or its last good one, in force)
     or not, and why not (``Degraded``: the loader's code)."""
-    old = old or {}
-    old_conditions = old.get("conditions") if isinstance(old.get("conditions"), list) else None
+    conditions = old_conditions(old or {})
     gen = verdict.generation
     if verdict.accepted:
         ready = (True, "Declared", f"alias {alias_id} is declared")
@@ -96,13 +98,13 @@ def alias_status(
     degraded = (
         (True, "InvalidSpec", _text(verdict)) if verdict.problems else (False, "AsExpected", "")
     )
-    status: dict[str, Any] = {
+    status: AliasStatus = {
         "observedGeneration": gen,
         "id": alias_id or "",
         "conditions": [
-            condition("Ready", *ready, gen, old_conditions, now),
-            condition("Progressing", False, "Stable", "", gen, old_conditions, now),
-            condition("Degraded", *degraded, gen, old_conditions, now),
+            condition("Ready", *ready, gen, conditions, now),
+            condition("Progressing", False, "Stable", "", gen, conditions, now),
+            condition("Degraded", *degraded, gen, conditions, now),
         ],
     }
     if verdict.problems:

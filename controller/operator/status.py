@@ -14,9 +14,16 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Final
 
 from controller.model.lifecycle import SlotState
+from controller.operator.bodies import (
+    Condition,
+    CrKey,
+    LastError,
+    ModelStatus,
+    SlotStatus,
+)
 from controller.spec.problems import Problem
 
 __all__ = [
@@ -25,6 +32,7 @@ __all__ = [
     "changed_fields",
     "condition",
     "model_status",
+    "old_conditions",
     "reason_of",
     "slot_reason",
     "slot_status",
@@ -70,7 +78,7 @@ class Observed:
     message: str = ""
     dispatchable: bool = False
     last_error: tuple[str, str] | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, object] = field(default_factory=dict)
     node: str | None = None  # kubernetes runtime
     waiting: str | None = None  # waiting_for_memory | waiting_for_device
 
@@ -125,16 +133,17 @@ def condition(
     reason: str,
     message: str,
     generation: int,
-    old: Sequence[Mapping[str, Any]] | None,
+    old: Sequence[Mapping[str, object]] | None,
     now: str | None = None,
-) -> dict[str, Any]:
+) -> Condition:
     value = "True" if status else "False"
     previous = next((c for c in old or () if c.get("type") == kind), None)
-    since = (
+    kept = (
         previous.get("lastTransitionTime")
         if previous is not None and previous.get("status") == value
         else None
     )
+    since = kept if isinstance(kept, str) else None
     return {
         "type": kind,
         "status": value,
@@ -143,6 +152,14 @@ def condition(
         "reason": reason,
         "message": message[:32768],
     }
+
+
+def old_conditions(old: Mapping[str, object]) -> Sequence[Mapping[str, object]] | None:
+    """The conditions of a status as read back (None: none, or not a list of objects)."""
+    found = old.get("conditions")
+    if not isinstance(found, list):
+        return None
+    return [c for c in found if isinstance(c, Mapping)]
 
 
 def _problem_text(problems: Sequence[Problem]) -> str:
@@ -155,12 +172,11 @@ def _problem_text(problems: Sequence[Problem]) -> str:
 def slot_status(
     observed: Observed | None,
     verdict: Verdict,
-    old: Mapping[str, Any] | None,
+    old: Mapping[str, object] | None,
     now: str | None = None,
-) -> dict[str, Any]:
+) -> SlotStatus:
     """The whole ``status`` of a Slot."""
-    old = old or {}
-    old_conditions = old.get("conditions") if isinstance(old.get("conditions"), list) else None
+    conditions = old_conditions(old or {})
     gen = verdict.generation
     if observed is None:
         state = "invalid" if verdict.problems and not verdict.accepted else "pending"
@@ -185,14 +201,14 @@ def slot_status(
         degraded = (True, "ServerError", observed.message or "the server failed")
     else:
         degraded = (False, "AsExpected", "")
-    status: dict[str, Any] = {
+    status: SlotStatus = {
         "observedGeneration": gen,
         "state": state,
         "reason": slot_reason(observed, verdict),
         "conditions": [
-            condition("Ready", *ready, gen, old_conditions, now),
-            condition("Progressing", *progressing, gen, old_conditions, now),
-            condition("Degraded", *degraded, gen, old_conditions, now),
+            condition("Ready", *ready, gen, conditions, now),
+            condition("Progressing", *progressing, gen, conditions, now),
+            condition("Degraded", *degraded, gen, conditions, now),
         ],
     }
     if observed is not None:
@@ -212,7 +228,7 @@ def slot_status(
     return status
 
 
-def _last_error(observed: Observed | None, verdict: Verdict) -> dict[str, str] | None:
+def _last_error(observed: Observed | None, verdict: Verdict) -> LastError | None:
     if verdict.problems:
         first = verdict.problems[0]
         return {"code": first.code, "message": _problem_text(verdict.problems)}
@@ -226,12 +242,11 @@ def model_status(
     model_id: str | None,
     verdict: Verdict,
     slots: Mapping[str, SlotState],
-    old: Mapping[str, Any] | None,
+    old: Mapping[str, object] | None,
     now: str | None = None,
-) -> dict[str, Any]:
+) -> ModelStatus:
     """The whole ``status`` of a Model: accepted into the catalogue, and where it is loaded."""
-    old = old or {}
-    old_conditions = old.get("conditions") if isinstance(old.get("conditions"), list) else None
+    conditions = old_conditions(old or {})
     gen = verdict.generation
     loaded = sorted(n for n, s in slots.items() if s in _ADMITTED)
     if verdict.accepted:
@@ -242,15 +257,15 @@ def model_status(
         degraded = (True, "InvalidSpec", _problem_text(verdict.problems))
     else:
         degraded = (False, "AsExpected", "")
-    status: dict[str, Any] = {
+    status: ModelStatus = {
         "observedGeneration": gen,
         "id": model_id or "",
         "state": "loaded" if loaded else "unloaded",
         "slots": sorted(slots),
         "conditions": [
-            condition("Ready", *ready, gen, old_conditions, now),
-            condition("Progressing", False, "Stable", "", gen, old_conditions, now),
-            condition("Degraded", *degraded, gen, old_conditions, now),
+            condition("Ready", *ready, gen, conditions, now),
+            condition("Progressing", False, "Stable", "", gen, conditions, now),
+            condition("Degraded", *degraded, gen, conditions, now),
         ],
     }
     if verdict.problems:
@@ -259,7 +274,9 @@ def model_status(
     return status
 
 
-def changed_fields(new: Mapping[str, Any], old: Mapping[str, Any] | None) -> dict[str, Any]:
+def changed_fields(
+    new: Mapping[str, object], old: Mapping[str, object] | None
+) -> dict[str, object]:
     """The top-level status keys whose value differs (a merge patch sends only these)."""
     old = old or {}
     return {k: v for k, v in new.items() if old.get(k) != v}
@@ -280,9 +297,11 @@ class Written:
 
     def __init__(self, trust_s: float) -> None:
         self.trust_s = trust_s
-        self._fields: dict[Any, tuple[float, dict[str, Any]]] = {}
+        self._fields: dict[CrKey, tuple[float, dict[str, object]]] = {}
 
-    def believed(self, key: Any, status: Mapping[str, Any], now: float) -> Mapping[str, Any]:
+    def believed(
+        self, key: CrKey, status: Mapping[str, object], now: float
+    ) -> Mapping[str, object]:
         """``status`` as the body shows it, with this sink's newer writes over it."""
         entry = self._fields.get(key)
         if entry is None:
@@ -293,10 +312,10 @@ class Written:
             return status
         return {**status, **fields}
 
-    def wrote(self, key: Any, fields: Mapping[str, Any], now: float) -> None:
+    def wrote(self, key: CrKey, fields: Mapping[str, object], now: float) -> None:
         if fields:
             _, before = self._fields.get(key, (now, {}))
             self._fields[key] = (now, {**before, **fields})
 
-    def forget(self, key: Any) -> None:
+    def forget(self, key: CrKey) -> None:
         self._fields.pop(key, None)

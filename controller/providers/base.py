@@ -13,7 +13,7 @@ from typing import Final, Protocol, runtime_checkable
 
 from controller.model.devices import GpuRef
 from controller.model.errors import SlotConfigError
-from controller.models.sources import destination
+from controller.modelfiles.sources import destination
 from controller.probes.http import HttpCall
 from controller.probes.readiness import ProbeSpec
 from controller.probes.sleep import VLLM_SLEEP, SleepMode
@@ -80,7 +80,7 @@ def model_path(model: ModelSpec | None, ctx: BuildContext) -> str | None:
     ``hf://org/repo/file`` resolves into the models dir (``<models_dir>/org/repo/file``), a
     whole repository ``hf://org/repo`` (what vLLM serves) to its directory there, a URL
     to ``<models_dir>/_urls/host/path``; relative paths are relative to the models dir
-    too. The one mapping is :func:`controller.models.sources.destination`: the pull writes
+    too. The one mapping is :func:`controller.modelfiles.sources.destination`: the pull writes
     exactly where the server reads.
     """
     if model is None or not model.source:

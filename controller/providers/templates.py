@@ -26,7 +26,7 @@ from controller.providers.base import (
     require_model,
     sleep_mode,
 )
-from controller.runtime.base import LaunchSpec, Mount, RuntimeKind
+from controller.runtime.base import LaunchSpec, ModelPull, Mount, RuntimeKind
 from controller.spec.schema import ModelSpec, SlotSpec
 
 __all__ = [
@@ -71,12 +71,17 @@ def _launch(
         )
     if path and ctx.runtime is RuntimeKind.DOCKER:
         mounts = (*mounts, Mount(path, path, read_only=True))
+    pull = None
     if ctx.runtime is RuntimeKind.KUBERNETES:
         # The model file is in the pod (the slot's volume at the models dir, or the image):
         # the controller cannot look for it, and host paths mean nothing on another node.
+        # A source that can be pulled is pulled there, by the pod's init container, into
+        # the node's model cache; a slot that names its own volume brings its files.
         path, mounts = None, ()
         if slot.server.volume:
             mounts = (Mount(slot.server.volume, str(ctx.models_dir), read_only=True),)
+        else:
+            pull = model_pull(model, ctx)
     probe = probe or default_probe(slot, model_id)
     if probe.ready_log is None and slot.provider in READY_LOG:
         probe = replace(probe, ready_log=READY_LOG[slot.provider])
@@ -102,6 +107,24 @@ def _launch(
         probe=probe,
         node=slot.node if ctx.runtime is RuntimeKind.KUBERNETES else None,
         sleep=sleep,
+        pull=pull,
+    )
+
+
+def model_pull(model: ModelSpec | None, ctx: BuildContext) -> ModelPull | None:
+    """What a pod pulls before its server starts: ``model``'s files when its source can be
+    pulled (``hf://``, ``http(s)://``) — local paths and ``demo://`` are not."""
+    source = model.source if model is not None else None
+    if model is None or not source or not source.startswith(("hf://", "http://", "https://")):
+        return None
+    return ModelPull(
+        model=model.id,
+        source=source,
+        models_dir=str(ctx.models_dir),
+        sha256=model.sha256,
+        revision=model.revision,
+        include=tuple(model.include or ()),
+        exclude=tuple(model.exclude or ()),
     )
 
 

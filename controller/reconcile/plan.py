@@ -2,8 +2,9 @@
 
 ``plan_slot`` is what the reconciler (:mod:`controller.reconcile.reconciler`), ``stack diff`` and
 ``stack apply`` all run, so ``diff`` prints exactly the plan ``apply`` and the daemon
-execute. :func:`requeue_delay` is the one mapping from a pass's outcome to a queue
-decision. Nothing here does I/O.
+execute. :func:`requeue_for` is the one mapping from a pass's outcome to what the work
+queue (:mod:`controller.reconcile.queue`) does with its key: forget its backoff, look
+again after a delay, or retry rate-limited. Nothing here does I/O.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from controller.model.errors import (
     StateWriteFailed,
 )
 from controller.model.lifecycle import SlotState, can_dispatch
+from controller.reconcile.queue import Backoff
 from controller.scheduling.rollout import RolloutDecision
 from controller.spec.loader import DesiredSlot
 from controller.spec.schema import SlotSpec
@@ -28,10 +30,12 @@ __all__ = [
     "SCHEDULING_KEYS",
     "Action",
     "ObservedSlot",
+    "Requeue",
     "Result",
     "plan_slot",
     "plans_for",
     "requeue_delay",
+    "requeue_for",
     "spec_changes",
     "with_rollout",
 ]
@@ -221,21 +225,47 @@ def with_rollout(action: Action, decision: RolloutDecision | None) -> Action:
     return Action(action.kind, action.slot, f"{action.reason}; {decision.text}", details)
 
 
-def requeue_delay(outcome: Result | BaseException, failures: int) -> float | None:
-    """The one mapping from a reconcile outcome to a queue decision (None: done)."""
+@dataclass(frozen=True, slots=True)
+class Requeue:
+    """What the work queue does with a key after a pass (:func:`requeue_for`)."""
+
+    forget: bool  # reset the key's backoff: the pass succeeded, or nothing will retry it
+    after: float | None = None  # look again after this long (a requeue, not a retry)
+    backoff: Backoff | None = None  # a failure: retry after the key's next backoff step
+
+    def delay(self, retries: int) -> float | None:
+        """Seconds until the next pass, the key having had ``retries`` (None: none)."""
+        if self.after is not None:
+            return self.after
+        return self.backoff.delay(retries) if self.backoff is not None else None
+
+
+_DONE: Final = Requeue(forget=True)
+_WAIT: Final = Requeue(forget=False)  # woken by an event (memory came back), not by time
+_MEMORY: Final = Backoff(base=2.0, cap=60.0)  # memory may come back
+_OTHER: Final = Backoff(base=1.0, cap=300.0)
+
+
+def requeue_for(outcome: Result | BaseException) -> Requeue:
+    """The one mapping from a reconcile outcome to a queue decision."""
     if isinstance(outcome, Result):
-        return outcome.requeue_after
+        return _DONE if outcome.requeue_after is None else Requeue(True, outcome.requeue_after)
     if isinstance(outcome, SlotCrashLooping):
-        return max(0.5, outcome.retry_after_s)
+        return Requeue(False, max(0.5, outcome.retry_after_s))  # when the breaker lets go
     if isinstance(outcome, SlotConfigError):
-        return None  # terminal: only a config change (which requeues) can fix it
+        return _DONE  # terminal: only a config change (which requeues) can fix it
     if isinstance(outcome, InsufficientMemory):
-        if outcome.details.get("waiting"):
-            return None  # woken when memory comes back (an unload, a drop in use)
-        return float(min(60.0, 2.0 * 2.0 ** min(failures, 5)))  # memory may come back
-    if isinstance(outcome, StateWriteFailed):
-        return float(min(30.0, outcome.retry_after_s * 2.0 ** min(failures, 3)))  # disk space
-    return float(min(300.0, 2.0 ** min(failures, 9)))
+        return _WAIT if outcome.details.get("waiting") else Requeue(False, backoff=_MEMORY)
+    if isinstance(outcome, StateWriteFailed):  # disk space: up to 8 times the error's hint
+        base = outcome.retry_after_s
+        return Requeue(False, backoff=Backoff(base=base, cap=min(30.0, base * 8)))
+    return Requeue(False, backoff=_OTHER)
+
+
+def requeue_delay(outcome: Result | BaseException, failures: int) -> float | None:
+    """Seconds until the next pass after ``outcome``, the key having failed ``failures``
+    times in a row (None: no pass is scheduled): :func:`requeue_for`'s delay."""
+    return requeue_for(outcome).delay(failures)
 
 
 def plans_for(

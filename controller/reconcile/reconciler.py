@@ -1,15 +1,20 @@
-"""The reconciler: observe -> plan -> act, level-triggered, one slot at a time per slot.
+"""The reconciler: observe -> plan -> act for one slot, over a keyed work queue.
 
 ``plan_slot`` (:mod:`controller.reconcile.plan`, pure): desired (a stack or the config dir), what is
 currently applied, and what is observed go in; one :class:`Action` with its reason comes
 out. ``stack diff`` prints exactly the plan ``stack apply`` and the daemon execute.
 
-:class:`Reconciler` runs the plan against the slot manager (through its port,
-:class:`~controller.slots.interfaces.ReconcilerPort`) through a work queue that carries slot
-*names* only: every pass re-reads desired and observed state, so merged or missed events
-are harmless. One slot is never reconciled twice at once; different slots reconcile
-concurrently. Outcomes map to queue actions in one place (:func:`requeue_delay`): a
-delayed requeue, a rate-limited exponential retry, or done."""
+:class:`Reconciler` is controller-runtime's shape: :meth:`Reconciler.reconcile` takes a slot
+*name*, re-reads the desired state from the cache (:class:`~controller.spec.desired.DesiredCache`,
+in memory) and the observed state from the manager (through its port,
+:class:`~controller.slots.interfaces.ReconcilerPort`), acts, and returns a
+:class:`Result` or raises; :func:`~controller.reconcile.plan.requeue_for` maps that outcome
+to what the work queue (:class:`~controller.reconcile.queue.WorkQueue`: per-key
+serialisation, the dirty mark, requeue-after, rate-limited retry) does with the name. The
+names come from the event sources of :mod:`controller.reconcile.triggers`, each of which
+enqueues only what its event touches (a desired-state change, a manager event, memory
+coming back), and from the periodic resync, which enqueues every slot. Different slots
+reconcile concurrently, one slot never twice at once."""
 
 from __future__ import annotations
 
@@ -24,7 +29,7 @@ from controller.model.errors import (
     InsufficientMemory,
     SlotctlError,
 )
-from controller.model.events import Event, EventKind, Op
+from controller.model.events import EventKind, Op
 from controller.model.lifecycle import SlotState
 from controller.reconcile.plan import (
     ACTION_KINDS,
@@ -35,13 +40,17 @@ from controller.reconcile.plan import (
     plan_slot,
     plans_for,
     requeue_delay,
+    requeue_for,
     spec_changes,
     with_rollout,
 )
+from controller.reconcile.queue import QueueShutDown, WorkQueue
+from controller.reconcile.triggers import desired_names, follow_manager, watch_room
 from controller.slots.interfaces import ReconcilerPort
 from controller.slots.records import SlotStatus
 from controller.spec.configdir import ConfigSnapshot
 from controller.spec.desired import DesiredCache
+from controller.spec.sources import DesiredChange
 
 # The plan lives in controller.reconcile.plan (pure); re-exported for the callers of the loop.
 __all__ = [
@@ -68,14 +77,6 @@ _DONE = Result()  # frozen: one for every pass that asks nothing of the queue
 WORKERS = 64
 
 
-_GONE_STATES = frozenset((SlotState.OFFLINE.value, SlotState.ERROR.value))
-
-
-def _gone(event: Event) -> bool:
-    """What the event follower looks at: a slot that went offline or into error."""
-    return event.kind == EventKind.TRANSITION and event.to_state in _GONE_STATES
-
-
 def observe_manager(manager: ReconcilerPort, name: str) -> ObservedSlot | None:
     status = manager.observe(name)
     return None if status is None else observed_slot(name, status)
@@ -99,7 +100,7 @@ def observed_slot(name: str, status: SlotStatus) -> ObservedSlot:
 
 
 class Reconciler:
-    """Drives a SlotManager towards the config dir. See the module docstring."""
+    """Drives a SlotManager towards the desired state. See the module docstring."""
 
     def __init__(
         self,
@@ -116,8 +117,9 @@ class Reconciler:
         # The desired state's one owner (the daemon's, shared with the API, GitOps and the
         # operator); its every snapshot sets the manager's catalogue.
         self.desired = desired if desired is not None else DesiredCache(self.config_dir)
-        self.desired.subscribe(self._catalogue)
-        self.desired.snapshot  # noqa: B018  # read now, as the reconciler starts (a first look)
+        self.queue: WorkQueue[str] = WorkQueue()
+        self.desired.subscribe(self._desired_changed)  # the first event source
+        self._catalogue(self.desired.snapshot)  # read now, as the reconciler starts
         self.resync_s = resync_s
         self.workers = workers
         self.on_plan = on_plan
@@ -125,14 +127,6 @@ class Reconciler:
         # sync (before it, a fresh config dir declares nothing: everything would look
         # like an orphan, such as the Deployments a moved operator pod should adopt).
         self.reap = True
-        self._queue: asyncio.Queue[str] = asyncio.Queue()
-        self._queued: set[str] = set()
-        self._active: set[str] = set()
-        self._dirty: set[str] = set()
-        self._failures: dict[str, int] = {}
-        self._timers: dict[str, asyncio.TimerHandle] = {}
-        self._idle = asyncio.Event()
-        self._idle.set()
         self.errors: dict[str, str] = {}
         # What was last said of each slot (plan, error): a retry that would say the same
         # again is quiet; it is said again once it changes or after a success.
@@ -161,14 +155,37 @@ class Reconciler:
         self.manager.set_models(snapshot.models, order=list(snapshot.slots))
         self.manager.set_aliases({i: a.spec for i, a in snapshot.aliases.items()})
 
+    def _desired_changed(self, change: DesiredChange) -> None:
+        """A desired-state change (any source): the manager's catalogue follows at once
+        when models or aliases changed; the slots it touches are queued."""
+        snapshot = self.desired.snapshot
+        if change.models or change.aliases or change.settings:
+            self._catalogue(snapshot)
+        names = sorted(desired_names(change, snapshot.slots, self.manager.names()))
+        self._stop_unwanted_pulls(names, snapshot)
+        self.queue.add_all(names)
+
+    def _stop_unwanted_pulls(self, names: list[str], snapshot: ConfigSnapshot) -> None:
+        """A slot removed or disabled while a pass loads it — its load pulling its model,
+        for minutes maybe: the pull is stopped, so that pass ends and the next one acts at
+        once (the queue holds a key's next pass until its running one ends)."""
+        for name in names:
+            if not self.queue.is_processing(name):
+                continue
+            want = snapshot.slots.get(name)
+            if want is None or not want.spec.activated:
+                self.manager.stop_pull(name, "removed" if want is None else "disabled")
+
     def refresh(self, fresh: ConfigSnapshot | None = None) -> ConfigSnapshot:
-        """Re-read the config dir (or take ``fresh``); the manager's catalogue follows at
-        once. A missing or unlistable config dir changes nothing."""
+        """Re-read the config dir (or take ``fresh``): what changed is queued and the
+        manager's catalogue follows at once. A missing or unlistable config dir changes
+        nothing."""
         return self.desired.refresh(fresh)
 
-    async def refresh_async(self) -> ConfigSnapshot:
-        """:meth:`refresh` with the read in a worker thread, one at a time."""
-        return await self.desired.refresh_async()
+    async def refresh_async(self, slots: list[str] | None = None) -> ConfigSnapshot:
+        """:meth:`refresh` with the read in a worker thread, one at a time (``slots``:
+        only their files)."""
+        return await self.desired.refresh_async(slots)
 
     def all_names(self) -> list[str]:
         names = list(self.snapshot.slots)
@@ -272,47 +289,24 @@ class Reconciler:
     # ---------------------------------------------------------------- the queue
 
     def enqueue(self, name: str, after: float = 0.0) -> None:
-        if after > 0:
-            old = self._timers.pop(name, None)
-            if old is not None:
-                old.cancel()
-            loop = asyncio.get_running_loop()
-            self._timers[name] = loop.call_later(after, self._enqueue_now, name)
-            return
-        self._enqueue_now(name)
-
-    def _enqueue_now(self, name: str) -> None:
-        self._timers.pop(name, None)
-        if name in self._active:
-            self._dirty.add(name)  # look again when the running pass ends
-            return
-        if name in self._queued:
-            return
-        self._queued.add(name)
-        self._idle.clear()
-        self._queue.put_nowait(name)
+        self.queue.add_after(name, after) if after > 0 else self.queue.add(name)
 
     def enqueue_all(self) -> None:
-        for name in self.all_names():
-            self.enqueue(name)
+        """The resync's event: every slot, declared or known to the manager."""
+        self.queue.add_all(self.all_names())
 
     async def _worker(self) -> None:
         while True:
-            name = await self._queue.get()
-            self._queued.discard(name)
-            self._active.add(name)
+            try:
+                name = await self.queue.get()
+            except QueueShutDown:
+                return
             try:
                 await self._run_one(name)
             except Exception:  # a bug outside the pass (an observer): the worker lives on
                 log.exception("reconcile worker: unexpected error around %s", name)
             finally:
-                self._active.discard(name)
-                if name in self._dirty:
-                    self._dirty.discard(name)
-                    self._enqueue_now(name)
-                self._queue.task_done()
-                if self._queue.empty() and not self._active:
-                    self._idle.set()
+                self.queue.done(name)
 
     async def _run_one(self, name: str) -> None:
         started = time.perf_counter()
@@ -325,15 +319,19 @@ class Reconciler:
             log.exception("reconcile %s: unexpected error", name)
             outcome = exc
         self.passes += 1
-        failures = self._failures.get(name, 0)
-        delay = requeue_delay(outcome, failures)
+        requeue = requeue_for(outcome)  # the one outcome -> queue mapping
+        delay = requeue.delay(self.queue.retries(name))
+        if requeue.forget:
+            self.queue.forget(name)
+        if requeue.after is not None:
+            self.queue.add_after(name, requeue.after)
+        elif requeue.backoff is not None:
+            self.queue.add_rate_limited(name, requeue.backoff)
         if isinstance(outcome, BaseException):
-            self._failures[name] = failures + 1
             message = getattr(outcome, "message", str(outcome))
             self.errors[name] = message
             self._report(name, outcome, message, delay)
         else:
-            self._failures.pop(name, None)
             self.errors.pop(name, None)
             self._said_plan.pop(name, None)
             self._said_error.pop(name, None)
@@ -341,8 +339,6 @@ class Reconciler:
         log.debug("reconcile %s took %.1f ms", name, took * 1000)
         for observe in self.pass_observers:
             observe(name, took, not isinstance(outcome, BaseException))
-        if delay is not None:
-            self.enqueue(name, after=delay)
 
     def _report(self, name: str, error: BaseException, message: str, delay: float | None) -> None:
         """One error event per distinct failure; a slot waiting for memory is no error (the
@@ -374,14 +370,16 @@ class Reconciler:
         slot, so the first resync (a read of every file) waits for the period.
         """
         workers = [asyncio.create_task(self._worker()) for _ in range(self.workers)]
-        follower = asyncio.create_task(self._follow_events())
-        room = asyncio.create_task(self._watch_room(stop))
+        follower = asyncio.create_task(
+            follow_manager(self.manager, lambda: self.desired.snapshot.slots, self.queue)
+        )
+        room = asyncio.create_task(watch_room(self.manager, self.queue, stop))
         stopping = asyncio.create_task(stop.wait())
         try:
             fresh = not read_first
             while not stop.is_set():
                 try:
-                    if not fresh:
+                    if not fresh:  # the periodic resync: read everything, queue everything
                         await self.refresh_async()
                         self.enqueue_all()
                     fresh = False
@@ -403,39 +401,12 @@ class Reconciler:
                 task.cancel()
             # Their outcomes (a crashed one's error is raised above) are collected, not raised.
             await asyncio.gather(stopping, *workers, follower, room, return_exceptions=True)
-            for timer in self._timers.values():
-                timer.cancel()
-
-    async def _follow_events(self) -> None:
-        """An autoload slot that went offline/error (evicted, crashed) is looked at again;
-        memory freed by any slot wakes the slots that wait for it."""
-        with self.manager.events.subscribe(accept=_gone, flips=False) as sub:
-            async for event in sub:
-                if event.slot is not None:
-                    want = self.snapshot.slots.get(event.slot)
-                    autoload = want is not None and want.autoload
-                    kept = autoload and not self.manager.is_paused(event.slot)
-                    if kept or (want is not None and self.manager.is_resident(event.slot)):
-                        self.enqueue(event.slot, after=1.0)
-                    for name in self.manager.waiting():
-                        self.enqueue(name)
-
-    async def _watch_room(self, stop: asyncio.Event, every_s: float = 1.0) -> None:
-        """Memory that comes back without an unload (another process exits) wakes the
-        slots waiting for it: a cheap check, no probe request, no log line."""
-        while not stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), every_s)
-            try:
-                for name in self.manager.waiting_with_room():
-                    self.enqueue(name)
-            except Exception:  # a failed memory probe: the next round tries again
-                log.exception("checking memory for waiting slots failed")
+            self.queue.cancel_delayed()  # a restarted loop (the supervisor's) looks again anyway
 
     async def reap_orphans(self) -> list[str]:
         """Stop managed runtime objects that no slot declares any more."""
         reaped: list[str] = []
-        if not self.reap:
+        if not self.reap or not self.desired.synced:
             return reaped
         for observed in await self.manager.runtime.list_managed():
             if observed.slot in self.snapshot.slots or self.manager.known(observed.slot):
@@ -448,7 +419,7 @@ class Reconciler:
         return reaped
 
     async def wait_idle(self) -> None:
-        await self._idle.wait()
+        await self.queue.wait_idle()
 
     async def converge(self, *, timeout: float, poll_s: float = 0.2) -> bool:
         """For ``apply --once``: reconcile until every slot plans ``noop`` (or time out)."""
@@ -463,7 +434,7 @@ class Reconciler:
         try:
             while time.monotonic() < deadline:
                 await asyncio.sleep(poll_s)
-                if self._queue.empty() and not self._active and not self._timers_pending():
+                if self.queue.idle and not self.queue.delayed:
                     if all(self.plan(n).kind == "noop" for n in self.all_names()):
                         return True
                     self.enqueue_all()
@@ -471,6 +442,3 @@ class Reconciler:
         finally:
             stop.set()
             await runner
-
-    def _timers_pending(self) -> bool:
-        return any(not t.cancelled() for t in self._timers.values())

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Final, Protocol, runtime_checkable
@@ -32,6 +32,7 @@ __all__ = [
     "SLOT_LABEL",
     "STACK_LABEL",
     "LaunchSpec",
+    "ModelPull",
     "Mount",
     "Notifying",
     "Observed",
@@ -64,6 +65,35 @@ class Mount:
 
 
 @dataclass(frozen=True, slots=True)
+class ModelPull:
+    """What a runtime that pulls in the server's own place pulls before the server starts
+    (the kubernetes runtime: an init container's ``slotctl model pull`` on the node): the
+    model as its catalogue entry names it, and the models dir of the pod."""
+
+    model: str
+    source: str
+    models_dir: str
+    sha256: str | None = None
+    revision: str | None = None
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+
+    def argv(self) -> list[str]:
+        """``slotctl model pull``'s arguments for it (no controller: ``--source``)."""
+        out = ["model", "pull", self.model, "--source", self.source]
+        out += ["--models-dir", self.models_dir]
+        if self.sha256:
+            out += ["--sha256", self.sha256]
+        if self.revision:
+            out += ["--revision", self.revision]
+        for pattern in self.include:
+            out += ["--include", pattern]
+        for pattern in self.exclude:
+            out += ["--exclude", pattern]
+        return out
+
+
+@dataclass(frozen=True, slots=True)
 class LaunchSpec:
     """Everything a runtime needs to start one slot's server. Immutable, hashable."""
 
@@ -82,6 +112,10 @@ class LaunchSpec:
     mounts: tuple[Mount, ...] = ()
     probe: ProbeSpec = field(default_factory=ProbeSpec)
     node: str | None = None  # kubernetes runtime: the node the slot is pinned to
+    # kubernetes runtime: the model files its pod pulls first (an init container), when
+    # its source can be pulled (hf://, http(s)://); the process and docker runtimes leave
+    # pulls to the controller's models dir.
+    pull: ModelPull | None = None
     gpus: int = 0  # GPUs the server spans (the slot's `gpus`; 0 off GPU)
     # The GPUs admission placed it on: made visible by the runtime (not hashed: a placement
     # is where a server runs, not what it is, and it is recorded in state.json).
@@ -130,6 +164,7 @@ class LaunchSpec:
             "mounts": [[m.source, m.target, m.read_only] for m in self.mounts],
             # only when set: the hashes of launches without a node stay as they were
             **({"node": self.node} if self.node is not None else {}),
+            **({"pull": asdict(self.pull)} if self.pull is not None else {}),
             **({"gpus": self.gpus} if self.gpus > 1 else {}),
         }
 

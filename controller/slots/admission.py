@@ -43,6 +43,7 @@ from controller.scheduling.nodes import ClusterProbe, NodeGpus
 from controller.scheduling.placement import Need, place_first
 from controller.slots.core import Core, Part
 from controller.slots.dryrun import LoadPlan, plan_of
+from controller.slots.pulling import Pulling
 from controller.slots.records import ADMITTED_STATES, DeviceFigures, SlotRecord
 from controller.slots.unloading import Unloading
 from controller.spec.schema import SlotSpec
@@ -68,14 +69,15 @@ class Admitted:
 
     decision: LoadDecision
     launch: LaunchSpec | None = None  # a load's: what it starts (before its placement)
-    pulling: bool = False  # a load: its model (or image) is fetched first
+    pulling: bool = False  # a load: its model files (or image) are fetched first
     cold: bool = False  # a wake that cannot happen where it sleeps: load it cold instead
 
 
 class Admission(Part):
-    def __init__(self, core: Core, unloading: Unloading) -> None:
+    def __init__(self, core: Core, unloading: Unloading, pulling: Pulling | None = None) -> None:
         super().__init__(core)
         self.unloading = unloading
+        self.pulling = pulling or Pulling(core)  # a load's model files (the disk's half)
         self._by_count: set[str] = set()  # nodes said to be admitted by GPU count
 
     def _recent(self, slot: SlotRecord) -> float:
@@ -471,7 +473,9 @@ class Admission(Part):
                 "devices": list(decision.devices),
             },
         )
-        needs_pull = await self.runtime.needs_prepare(launch) or launch.model_missing()
+        needs_pull = self.pulling.needed(slot) or await self.runtime.needs_prepare(launch)
+        if self.core.files is None:  # nobody pulls here: a missing file fails the load
+            needs_pull = needs_pull or launch.model_missing()
         target = S.PULLING if needs_pull else S.STARTING
         if slot.state is not S.OFFLINE and slot.state is not S.ERROR:
             self.table.walk(slot, S.OFFLINE, op=Op.LOAD, message="reset before load")

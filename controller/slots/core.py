@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from pydantic import BaseModel
 
@@ -38,6 +38,9 @@ from controller.slots.table import SlotTable
 from controller.slots.wishes import Wishes
 from controller.spec.schema import ControllerSettings
 
+if TYPE_CHECKING:  # the engine: built by the composition root (controller.daemon.root)
+    from controller.modelfiles.pull import ModelFiles
+
 __all__ = ["Core", "Part", "same"]
 
 RECENT_USE_S: Final = 600.0  # "used recently" for the eviction preference by class
@@ -59,6 +62,11 @@ class Core:
     locks: Locks
     tasks: TaskSet
     sleeper: Sleeper  # sleeps, wakes and asks servers that can sleep (the launch says)
+    # The models dir's files (pull, verify, disk admission, GC): the seam a load pulls
+    # through before its server starts (controller.slots.pulling). None: this controller
+    # does not manage model files (a test's manager; the kubernetes runtime, whose pods'
+    # init containers pull on their nodes): a missing file is the runtime's to report.
+    files: ModelFiles | None = None
     # Where hf:// and relative model sources resolve: the config's, else
     # $SLOTCTL_MODELS_DIR (default /models) as it is when the manager is built.
     models_dir: Path = field(init=False)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from controller.model.devices import share
 from controller.model.errors import SlotctlError
@@ -26,6 +26,7 @@ __all__ = [
     "Action",
     "LoadPlan",
     "PlanDevice",
+    "PlanPull",
     "PlanTarget",
     "PlanVictim",
     "Refusal",
@@ -142,6 +143,22 @@ class Refusal:
 
 
 @dataclass(frozen=True, slots=True)
+class PlanPull:
+    """The model files the load would pull first (``pulling``): from where, how many
+    bytes (None: not known), the engine's words ("would pull 4.1 GB from hf://…"), and
+    a resolution that failed now (the pull would fail the same way)."""
+
+    action: str  # pull | verify | missing
+    source: str
+    path: str | None
+    bytes: int | None
+    bytes_total: int | None
+    message: str
+    error: dict[str, Any] | None = None
+    in_flight: bool = False  # a pull of the same files runs: the load joins it
+
+
+@dataclass(frozen=True, slots=True)
 class Reload:
     """What bringing the slot back costs: its cold load and wake times (measured moving
     averages, else the prior) and the measurements themselves."""
@@ -177,6 +194,7 @@ class LoadPlan:
     refusal: Refusal | None = None
     together: Together | None = None  # a unit member's place beside the others
     unit: UnitPlan | None = None  # a unit member's: the unit's dry run
+    pull: PlanPull | None = None  # its model files, when the load pulls them first
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,6 +48,7 @@ class Loading(Part):
         self.admission = admission
         self.unloading = unloading
         self.tiers = unloading.residency
+        self.pulling = admission.pulling
         self.units = UnitLoads(core, admission, unloading, self._load_flow)
 
     @staticmethod
@@ -160,7 +161,9 @@ class Loading(Part):
     async def _load_locked(self, slot: SlotRecord, gen: int) -> None:
         if slot.asleep and await self._wake(slot):
             return  # else the wake failed: the server was stopped, a cold load follows
+        # the disk's half first (a pull that cannot fit, a file that cannot be pulled), then
         # the admit loop: exclusive peers out, victims evicted, reserved (or the refusal)
+        await self.pulling.admit(slot)
         admitted = await self.admission.admit(slot, Walk.LOAD)
         slot.flight.reserve(self.clock.monotonic())  # its cold load is timed from here
         slot.flight.decided()
@@ -208,7 +211,9 @@ class Loading(Part):
         self.table.walk(slot, S.OFFLINE, op=Op.LOAD, message=error.message)
 
     async def _pull(self, slot: SlotRecord, launch: LaunchSpec, gen: int) -> None:
-        if launch.model_missing():
+        """``pulling``: the model files (:mod:`.pulling`), then the runtime's image; a
+        failure is ``error`` under the breaker, an unload or removal meanwhile ``offline``."""
+        if self.core.files is None and launch.model_missing():
             error = SlotSpawnFailed(
                 f"model file not found: {launch.model_path} (source {launch.model_source})",
                 slot=slot.name,
@@ -216,6 +221,14 @@ class Loading(Part):
             )
             await self.fail(slot, Op.LOAD, error, stop=False)
             raise error
+        try:
+            stopped = await self.pulling.fetch(slot)
+        except SlotctlError as exc:
+            await self.fail(slot, Op.LOAD, exc, stop=False)
+            raise
+        if stopped is not None:
+            raise await self._stopped(slot, stopped)
+        self._check_generation(slot, gen)
 
         async def progress(data: dict[str, Any]) -> None:
             self.events.emit(
@@ -227,13 +240,26 @@ class Loading(Part):
                 details=data,
             )
 
-        try:
-            await self.runtime.prepare(launch, progress)
+        try:  # a no-op when there is nothing (an image present, no pod pull)
+            stopped = await self.pulling.prepare(slot, launch, progress)
         except SlotctlError as exc:
             await self.fail(slot, Op.LOAD, exc, stop=False)
             raise
+        if stopped is not None:
+            raise await self._stopped(slot, stopped)
         self._check_generation(slot, gen)
         self.table.set(slot, S.STARTING, op=Op.LOAD, message="pulled")
+
+    async def _stopped(self, slot: SlotRecord, why: str) -> SlotNotReady:
+        """A pull stopped by an unload or a removal: whatever the runtime made for it is
+        stopped (a pod pulling its model), ``pulling -> offline`` (no failure of the
+        slot's), and the error its load's joiners get."""
+        with contextlib.suppress(SlotctlError):
+            await self.runtime.stop(slot.name, self.config.stop_timeout_s)
+        self.table.set(slot, S.OFFLINE, op=Op.UNLOAD, message=f"pull stopped: {why}")
+        return SlotNotReady(
+            f"the load of {slot.name!r} was stopped while pulling: {why}", slot=slot.name
+        )
 
     async def _start_and_probe(self, slot: SlotRecord, launch: LaunchSpec, gen: int) -> None:
         try:
@@ -243,6 +269,7 @@ class Loading(Part):
             await self.fail(slot, Op.LOAD, exc, stop=False)
             raise
         launch = launch.reached_at(observed.endpoint)  # a pod's IP, on a cluster
+        self.pulling.used(slot)  # its model files' last use (the GC's order)
         before = slot.where
         self.table.landed(slot, observed.node)
         self.table.run(slot, RunningServer.started(launch))

@@ -15,6 +15,7 @@ import logging
 from collections import deque
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from controller.kit.clock import SYSTEM_CLOCK, Clock
 from controller.kit.eventbus import EventBus
@@ -42,6 +43,7 @@ from controller.slots.housekeeping import Housekeeping
 from controller.slots.leases import Leases
 from controller.slots.loading import Loading
 from controller.slots.locks import Locks
+from controller.slots.pulling import Pulling
 from controller.slots.records import (
     DeviceFigures,
     ManagerConfig,
@@ -59,6 +61,10 @@ from controller.spec.loader import DesiredSlot, DesiredState
 from controller.spec.schema import AliasSpec, ControllerSettings, ModelSpec, SlotSpec
 from controller.store.residency import ResidencyStore
 from controller.store.state import StateStore
+
+if TYPE_CHECKING:  # the engine: built by the composition root (controller.daemon.root)
+    from controller.modelfiles.gc import Reference
+    from controller.modelfiles.pull import ModelFiles
 
 __all__ = ["SlotManager"]
 
@@ -81,6 +87,7 @@ class SlotManager(Part):
         events: EventBus | None = None,
         config: ManagerConfig | None = None,
         sleeper: Sleeper | None = None,
+        files: ModelFiles | None = None,
     ) -> None:
         events = events or EventBus()
         wishes = Wishes(config_dir)
@@ -98,11 +105,13 @@ class SlotManager(Part):
             locks=Locks(),
             tasks=TaskSet(log),
             sleeper=sleeper or HttpSleeper(),
+            files=files,
         )
         super().__init__(core)
         self.tiers = Residency(self.core)  # sleep and wake (``residency``: the wishes' file)
         self.unloading = Unloading(self.core, self.tiers)
-        self.admission = Admission(self.core, self.unloading)
+        self.pulling = Pulling(self.core)  # a load's model files (the ``files`` seam)
+        self.admission = Admission(self.core, self.unloading, self.pulling)
         self.loading = Loading(self.core, self.admission, self.unloading)
         self.leasing = Leases(self.core, self.loading)
         self.housekeeping = Housekeeping(self.core, self.loading, self.leasing)
@@ -145,6 +154,17 @@ class SlotManager(Part):
     def models_dir(self) -> Path:
         """Where hf:// and relative model sources resolve (the launches' models dir)."""
         return self.core.models_dir
+
+    @property
+    def files(self) -> ModelFiles | None:
+        """The models dir's files (pull, verify, disk admission, GC); None: this controller
+        manages none (the kubernetes runtime's pods pull on their nodes)."""
+        return self.core.files
+
+    def file_references(self) -> list[Reference]:
+        """What a GC of the models dir keeps: the declared models' files (a pinned slot's
+        model pinned)."""
+        return self.pulling.references()
 
     @property
     def transitions(self) -> deque[tuple[str, str, str]]:
@@ -279,6 +299,13 @@ class SlotManager(Part):
         table.forget(name)  # the record and its state file (no lag write resurrects it)
         self.core.wishes.clear_resident(name)
         self.core.wishes.resume(name)
+
+    def stop_pull(self, name: str, why: str) -> bool:
+        """Stop ``name``'s load if it is pulling its model files (the slot was removed or
+        disabled meanwhile): it goes ``offline``, its pull is left to any other waiter
+        (the engine cancels it when none is left). True if a pull was stopped."""
+        slot = self.core.table.records.get(name)
+        return slot is not None and slot.flight.stop_pull(why)
 
     async def reap_orphan(self, name: str) -> bool:
         """Stop a managed runtime object that no slot owns any more (labels say it is ours)."""
@@ -416,6 +443,13 @@ class SlotManager(Part):
         nothing."""
         slot = self.core.table.get(name)
         return self.loading.units.explain(slot, self.admission.explain(slot))
+
+    async def explain(self, name: str) -> LoadPlan:
+        """:meth:`explain_load` with the model files the load would pull first ("would
+        pull 4.1 GB from hf://…"), or the refusal it would meet for them (a file that
+        cannot be pulled, a pull that does not fit the disk). May ask the hub for sizes."""
+        plan = self.explain_load(name)
+        return await self.pulling.explain(self.core.table.get(name), plan)
 
     def decide(self, name: str, *, background: bool = False) -> LoadDecision:
         """The load decision for ``name`` now (what :meth:`explain_load` renders)."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final, NamedTuple
+from typing import TYPE_CHECKING, Final, NamedTuple
 
 from controller.model.devices import GpuRef, share
 from controller.model.lifecycle import IdleReason, SlotState
@@ -35,6 +35,9 @@ from controller.spec.schema import ModelSpec, SlotSpec
 from controller.store.files import utcnow
 from controller.store.state import ReloadCosts
 
+if TYPE_CHECKING:
+    from controller.modelfiles.progress import PullProgress
+
 __all__ = [
     "ADMITTED_STATES",
     "ASLEEP",
@@ -44,6 +47,7 @@ __all__ = [
     "DeviceFigures",
     "Lease",  # Lease and Requester: leasing's vocabulary (.leasebook), named here too
     "ManagerConfig",
+    "PullView",
     "Requester",
     "RunningServer",
     "SlotRecord",
@@ -80,6 +84,41 @@ class ManagerConfig:
     elevated_free_frac: float = 0.10
     critical_free_frac: float = 0.05
     models_dir: Path | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PullView:
+    """The pull of a ``pulling`` slot's model files, as its view shows it (the engine's
+    :class:`~controller.modelfiles.progress.PullProgress`: bytes done of total, rate, ETA)."""
+
+    source: str
+    phase: str  # checking | downloading | verifying | done | failed
+    bytes_done: int = 0
+    bytes_total: int | None = None
+    percent: float | None = None
+    rate_bps: float = 0.0
+    eta_s: float | None = None
+    file: str | None = None
+    files_done: int = 0
+    files_total: int = 0
+    bytes_resumed: int = 0
+
+    @classmethod
+    def of(cls, progress: PullProgress) -> PullView:
+        percent = progress.percent
+        return cls(
+            source=progress.source,
+            phase=progress.phase,
+            bytes_done=progress.bytes_done,
+            bytes_total=progress.bytes_total,
+            percent=None if percent is None else round(percent, 1),
+            rate_bps=round(progress.rate_bps, 1),
+            eta_s=None if progress.eta_s is None else round(progress.eta_s, 1),
+            file=progress.file,
+            files_done=progress.files_done,
+            files_total=progress.files_total,
+            bytes_resumed=progress.bytes_resumed,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +166,7 @@ class SlotView:
     load_s: float | None = None  # measured cold load and wake times (moving averages)
     wake_s: float | None = None
     rollout: RolloutView | None = None  # a rollout in flight (docs/design/0012)
+    pull: PullView | None = None  # pulling: its model files' download (bytes, rate, ETA)
 
 
 def tier_name(level: int, waking: bool) -> str | None:

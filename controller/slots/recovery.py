@@ -67,6 +67,12 @@ class Recovery(Part):
             message = "stopped while controller was down"
             self.table.set(slot, S.OFFLINE, op=Op.RESTORE, message=message)
             return
+        if slot.state is S.PULLING:
+            # No server started yet: the pull stopped with the controller, its bytes kept
+            # (the next load resumes it). Not a failure of the slot's.
+            message = "pull interrupted by a controller restart: the next load resumes it"
+            self.table.set(slot, S.OFFLINE, op=Op.RESTORE, message=message)
+            return
         if slot.state is S.IDLE:
             self.table.set(slot, S.UNLOADING, op=Op.RESTORE, message="server vanished")
         self.table.set(

@@ -58,6 +58,7 @@ from controller.slots.records import (
     ADMITTED_STATES,
     ASLEEP,
     WAKING,
+    PullView,
     RunningServer,
     SlotRecord,
     SlotView,
@@ -137,6 +138,7 @@ class SlotTable:
     def view(self, slot: SlotRecord) -> SlotView:
         now = self.clock.monotonic()
         launch = slot.launch
+        progress = slot.flight.pull_progress
         return SlotView(
             name=slot.name,
             state=slot.state,
@@ -177,6 +179,7 @@ class SlotTable:
             rollout=shown_rollout(
                 self.rollouts.get(slot.name), _VALUE[slot.state], slot.breaker.failures
             ),
+            pull=None if progress is None else PullView.of(progress),
         )
 
     def routes(self, model: str) -> tuple[str, ...]:

@@ -4,7 +4,8 @@ A part of the manager (:mod:`controller.slots`), below :mod:`.loading` (a load u
 exclusive-group peers and evicts victims through this part). Every unload waits for an
 in-flight load of the slot to settle first, drains leases for ``drain_timeout_s`` (no new
 ones meanwhile), then revokes what is left, and goes ``unloading -> offline`` through the
-table's one writer.
+table's one writer. A load still pulling its model files is stopped rather than waited for
+(it goes ``pulling -> offline``).
 """
 
 from __future__ import annotations
@@ -61,6 +62,9 @@ class Unloading(Part):
         if clear_residency:
             self.clear_resident(name)
         self.unwait_if_unwanted(slot)
+        # A load still pulling its model files is stopped, not waited for: this slot
+        # leaves the pull (the engine cancels it when nobody else waits for it).
+        slot.flight.stop_pull(reason)
         task = slot.flight.task
         if task is not None and not task.done():
             with contextlib.suppress(SlotctlError, asyncio.CancelledError):

@@ -6,6 +6,13 @@ Layout::
     <config_dir>/models.toml         the model catalogue ([[model]] tables)
     <config_dir>/slots/<name>.toml   one slot: [origin] stack = "...", then [slot]
     <config_dir>/residency.json      runtime residency wishes (controller.store)
+
+What a slot file said is kept by a :class:`ParseCache` that its owner passes in (the
+files source of :class:`~controller.spec.desired.DesiredCache` keeps one: a member, not a
+process-wide store), so a file is parsed again only when it changed; a reader without one
+(a CLI command's one look, the guard's read under its lock) parses every file.
+:func:`read_slot` reads one slot's file, for a source that re-reads only the slots a write
+named.
 """
 
 from __future__ import annotations
@@ -31,7 +38,20 @@ from controller.spec.tomlfile import parse_toml_file
 SLOTS_SUBDIR = "slots"
 CATALOGUE_FILE = "models.toml"
 
-__all__ = ["SETTINGS_FILE", "ConfigSnapshot", "read_config_dir", "read_settings"]
+__all__ = [
+    "CATALOGUE_FILE",
+    "SETTINGS_FILE",
+    "SLOTS_SUBDIR",
+    "ConfigSnapshot",
+    "ParseCache",
+    "SlotFileRead",
+    "cross_problems",
+    "desired_slot",
+    "read_config_dir",
+    "read_settings",
+    "read_slot",
+    "slot_file",
+]
 
 SETTINGS_FILE = "controller.toml"
 
@@ -48,6 +68,10 @@ class ConfigSnapshot:
     # False: the config dir (or its slots/ dir) is missing or cannot be listed. Such a
     # snapshot says nothing about what is desired: the reconciler keeps the last good one.
     readable: bool = True
+    # The validated slot entries with their origins (each file's location), by slot name:
+    # what a source re-judges the cross-slot rules over when it re-reads a few files.
+    entries: dict[str, SlotEntry] = field(default_factory=dict, repr=False, compare=False)
+    cross: list[Problem] = field(default_factory=list, repr=False, compare=False)  # in errors
 
     def owner(self, name: str) -> str | None:
         slot = self.slots.get(name)
@@ -118,11 +142,6 @@ def _read_catalogue(config_dir: Path, snap: ConfigSnapshot) -> None:
 SlotFileRead = tuple[SlotEntry | None, str, list[Problem], list[Problem]]
 FileKey = tuple[int, int, int, int, int]
 
-# A slot file read before, by path: what it said, and the file it said it of (device,
-# inode, size, modification and change times). An operator with 1,000 Slots reads the
-# config dir on every CR change; parsing each unchanged file again was half its CPU.
-_READ: dict[Path, tuple[FileKey, SlotFileRead]] = {}
-_READ_LOCK = threading.Lock()  # readers run on worker threads, some at once
 # A file changed this recently may change again within the file system's time tick
 # without its times moving (a same-size edit in place): it is read again until older
 # (git's "racy clean" rule). The guard's writes are renames: a new inode each.
@@ -140,31 +159,52 @@ def _file_key(path: Path) -> FileKey | None:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
-def _read_slot_file_once(path: Path) -> SlotFileRead:
-    """:func:`_read_slot_file`, or what it gave for the same file before (its results are
-    only read: the snapshot copies the problems, ``normalise`` copies the spec)."""
-    key = _file_key(path)
-    with _READ_LOCK:
-        known = _READ.get(path)
-    if key is not None and known is not None and known[0] == key:
-        return known[1]
-    result = _read_slot_file(path)
-    with _READ_LOCK:
-        if key is not None:
-            if len(_READ) >= READ_MAX:  # many config dirs read by one process (tests)
-                _READ.clear()
-            _READ[path] = (key, result)
-        else:
-            _READ.pop(path, None)
-    return result
+class ParseCache:
+    """What each slot file said when it was last parsed, by path, with the file it said
+    it of (device, inode, size, modification and change times): an unchanged file is not
+    parsed again. Owned by whoever reads one config dir again and again (the desired
+    state's files source); safe for readers on worker threads, some at once."""
 
+    def __init__(self, limit: int = READ_MAX) -> None:
+        self.limit = limit
+        self._read: dict[Path, tuple[FileKey, SlotFileRead]] = {}
+        self._lock = threading.Lock()
 
-def _forget_others(slots_dir: Path, paths: list[Path]) -> None:
-    """Drop what is remembered of this dir's files that are gone."""
-    kept = set(paths)
-    with _READ_LOCK:
-        for path in [p for p in _READ if p.parent == slots_dir and p not in kept]:
-            del _READ[path]
+    def __contains__(self, path: object) -> bool:
+        with self._lock:
+            return path in self._read
+
+    def __len__(self) -> int:
+        return len(self._read)
+
+    def read(self, path: Path) -> SlotFileRead:
+        """:func:`_read_slot_file`, or what it gave for the same file before (its results
+        are only read: the snapshot copies the problems, ``normalise`` copies the spec)."""
+        key = _file_key(path)
+        with self._lock:
+            known = self._read.get(path)
+        if key is not None and known is not None and known[0] == key:
+            return known[1]
+        result = _read_slot_file(path)
+        with self._lock:
+            if key is not None:
+                if len(self._read) >= self.limit:  # a pathological dir: start again
+                    self._read.clear()
+                self._read[path] = (key, result)
+            else:
+                self._read.pop(path, None)
+        return result
+
+    def forget_others(self, slots_dir: Path, paths: list[Path]) -> None:
+        """Drop what is remembered of this dir's files that are gone."""
+        kept = set(paths)
+        with self._lock:
+            for path in [p for p in self._read if p.parent == slots_dir and p not in kept]:
+                del self._read[path]
+
+    def forget(self, path: Path) -> None:
+        with self._lock:
+            self._read.pop(path, None)
 
 
 def _read_slot_file(path: Path) -> SlotFileRead:
@@ -215,18 +255,63 @@ def _unreadable(path: Path, why: str) -> ConfigSnapshot:
     return ConfigSnapshot(settings=ControllerSettings(), errors=[problem], readable=False)
 
 
-def read_config_dir(config_dir: Path) -> ConfigSnapshot:
-    """The live desired state; invalid files are reported and left out, never fatal."""
+def read_config_dir(config_dir: Path, cache: ParseCache | None = None) -> ConfigSnapshot:
+    """The live desired state; invalid files are reported and left out, never fatal.
+    ``cache``: the caller's :class:`ParseCache` (None: every file parsed)."""
     config_dir = Path(config_dir)
     before = _identities(config_dir)
     if before[0] is None:
         return _unreadable(config_dir, "is missing or not a directory")
-    snap = _read(config_dir)
+    snap = _read(config_dir, cache)
     if _identities(config_dir) != before:
         # Deleted or replaced while we read (`rm -rf` removes the slot files one by one):
         # what was read is a half-deleted dir, which must not read as "slots removed".
         return _unreadable(config_dir, "changed while it was read (deleted or replaced)")
     return snap
+
+
+def slot_file(config_dir: Path, name: str) -> Path:
+    """Where the reader finds the file of slot ``name``."""
+    return Path(config_dir) / SLOTS_SUBDIR / f"{name}.toml"
+
+
+def read_slot(config_dir: Path, name: str, cache: ParseCache | None = None) -> SlotFileRead | None:
+    """One slot's file as :func:`read_config_dir` reads it (None: there is no such file,
+    or ``name`` is no slot name)."""
+    if not is_valid_slot_name(name):
+        return None
+    path = slot_file(config_dir, name)
+    if not path.is_file():
+        if cache is not None:
+            cache.forget(path)
+        return None
+    return cache.read(path) if cache is not None else _read_slot_file(path)
+
+
+def desired_slot(entry: SlotEntry, stack: str, settings: ControllerSettings) -> DesiredSlot:
+    """A read slot entry as the desired state holds it (migrations applied)."""
+    return DesiredSlot(
+        spec=normalise(entry.spec, settings),
+        stack=stack,
+        file=entry.origin.file,
+        line=entry.origin.line(),
+    )
+
+
+def cross_problems(
+    entries: list[SlotEntry], models: Mapping[str, ModelSpec], aliases: list[AliasEntry]
+) -> list[Problem]:
+    """What the rules across slots say of a config dir's slots (reported, never dropped:
+    the writes are guarded, these are hand edits): names, ports, the NPU, model
+    references, and an alias id that is a slot's name."""
+    found = cross_slot_problems(entries, models)
+    slots = {e.spec.name for e in entries}
+    found.extend(
+        p
+        for p in alias_problems(aliases, models, slots)
+        if not p.code.endswith("_id")  # (a duplicate id: reported with the catalogue)
+    )
+    return found
 
 
 def _identities(config_dir: Path) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
@@ -242,7 +327,7 @@ def _identities(config_dir: Path) -> tuple[tuple[int, int] | None, tuple[int, in
     return one(config_dir), one(config_dir / SLOTS_SUBDIR)
 
 
-def _read(config_dir: Path) -> ConfigSnapshot:
+def _read(config_dir: Path, cache: ParseCache | None) -> ConfigSnapshot:
     settings, problems = read_settings(config_dir)
     snap = ConfigSnapshot(settings=settings, errors=list(problems))
     _read_catalogue(config_dir, snap)
@@ -254,30 +339,24 @@ def _read(config_dir: Path) -> ConfigSnapshot:
         paths = sorted(slots_dir.glob("*.toml")) if slots_dir.is_dir() else []
     except OSError as exc:
         return _unreadable(slots_dir, f"cannot be listed: {exc}")
-    _forget_others(slots_dir, paths)
+    if cache is not None:
+        cache.forget_others(slots_dir, paths)
     for path in paths:
         if not is_valid_slot_name(path.stem):
             if not path.name.startswith("."):  # hidden files are an editor's business
                 snap.warnings.append(_ignored_file(path))
             continue
-        entry, stack, errors, warnings = _read_slot_file_once(path)
+        entry, stack, errors, warnings = (
+            cache.read(path) if cache is not None else _read_slot_file(path)
+        )
         snap.errors.extend(errors)
         snap.warnings.extend(warnings)
         if entry is not None:
             entries.append((entry, stack))
     # Cross-slot rules are enforced at write time; report (not drop) anything hand-edited.
-    snap.errors.extend(cross_slot_problems([e for e, _ in entries], snap.models))
-    slots = {e.spec.name for e, _ in entries}
-    snap.errors.extend(
-        p
-        for p in alias_problems(list(snap.aliases.values()), snap.models, slots)
-        if not p.code.endswith("_id")  # (a duplicate id: reported with the catalogue)
-    )
+    snap.cross = cross_problems([e for e, _ in entries], snap.models, list(snap.aliases.values()))
+    snap.errors.extend(snap.cross)
     for entry, stack in entries:
-        snap.slots[entry.spec.name] = DesiredSlot(
-            spec=normalise(entry.spec, settings),
-            stack=stack,
-            file=entry.origin.file,
-            line=entry.origin.line(),
-        )
+        snap.slots[entry.spec.name] = desired_slot(entry, stack, settings)
+        snap.entries[entry.spec.name] = entry
     return snap

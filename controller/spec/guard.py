@@ -35,6 +35,7 @@ from controller.spec.configdir import (
     CATALOGUE_FILE,
     SETTINGS_FILE,
     SLOTS_SUBDIR,
+    ParseCache,
     read_config_dir,
     read_settings,
 )
@@ -223,6 +224,7 @@ def write_slot_config(
     merge: bool = False,
     others: Sequence[SlotSpec] | None = None,
     create: bool = False,
+    cache: ParseCache | None = None,
 ) -> SlotSpec:
     """The one writer of slot config: guard, then an atomic, layout-preserving write.
 
@@ -231,13 +233,15 @@ def write_slot_config(
     ``merge=True`` applies ``payload`` as a partial update (PATCH) over the stored slot.
     ``others``: the slots the cross-slot rules compare against, when the caller writes a
     whole validated set (stack apply: a port swap between two slots is legal as a set,
-    never as two single writes); default: the other slots on disk.
+    never as two single writes); default: the other slots on disk. ``cache``: the config
+    dir's parse cache (the desired-state cache's), so the disk is read without parsing
+    every unchanged file again.
     A slot created without ``autoload`` persists an explicit ``autoload = false``.
     """
 
     config_dir = Path(config_dir)
     with config_lock(config_dir):
-        snapshot = read_config_dir(config_dir)
+        snapshot = read_config_dir(config_dir, cache)
         name = payload.get("name") if isinstance(payload, Mapping) else None
         if not is_valid_slot_name(name):
             guard_slot_write_payload(payload)  # raises with the located name problem
@@ -344,7 +348,9 @@ def _deep_merge(base: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, 
     return out
 
 
-def delete_slot_config(config_dir: Path, name: str, *, force: bool = True) -> bool:
+def delete_slot_config(
+    config_dir: Path, name: str, *, force: bool = True, cache: ParseCache | None = None
+) -> bool:
     """Remove a slot's config file; returns False when there was none.
 
     ``force=False`` refuses (``SlotPinned``) a slot whose file says it is pinned, checked
@@ -354,7 +360,7 @@ def delete_slot_config(config_dir: Path, name: str, *, force: bool = True) -> bo
     with config_lock(config_dir):
         path = slot_config_path(config_dir, name)
         if not force:
-            current = read_config_dir(config_dir).slots.get(name)
+            current = read_config_dir(config_dir, cache).slots.get(name)
             if current is not None and current.pinned:
                 raise SlotPinned(name, "delete")
         try:

@@ -152,7 +152,7 @@ MODEL_OWNED_FLAGS: Final[dict[str, str]] = {
 
 _SOURCE_SCHEMES: Final = frozenset({"file", "hf", "demo", "http", "https"})
 # A model's pinned digest, a hub revision (branch, tag or commit) and a snapshot's
-# include/exclude glob (controller/models/: what is pulled and how it is verified).
+# include/exclude glob (controller/modelfiles/: what is pulled and how it is verified).
 Sha256 = Annotated[str, Field(pattern=r"^[0-9a-fA-F]{64}$")]
 HubRevision = Annotated[
     str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._/+-]*$", min_length=1, max_length=200)

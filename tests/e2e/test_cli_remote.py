@@ -156,10 +156,20 @@ def test_model_commands(ctl: Slotctl) -> None:
     api = up(ctl)
     table = ctl.ok("model", "list")
     header, *rows = table.splitlines()
-    assert header.split() == ["MODEL", "KIND", "STATE", "MEMORY", "RESIDENT", "LOADABLE", "SLOTS"]
+    assert header.split() == [
+        "MODEL",
+        "KIND",
+        "STATE",
+        "MEMORY",
+        "RESIDENT",
+        "LOADABLE",
+        "SLOTS",
+        "FILES",  # a demo:// model has no files to pull (issue 35)
+        "SIZE",
+    ]
     by_id = {r.split()[0]: r.split() for r in rows}
-    assert by_id["m-one"][1:] == ["llm", "unloaded", "0.40", "GiB", "no", "yes", "one"]
-    assert by_id["m-unserved"][6:] == ["no", "-"]
+    assert by_id["m-one"][1:] == ["llm", "unloaded", "0.40", "GiB", "no", "yes", "one", "-", "-"]
+    assert by_id["m-unserved"][6:] == ["no", "-", "-", "-"]
     listed = json.loads(ctl.ok("model", "list", "-o", "json"))
     assert {m["id"] for m in listed["models"]} >= {"m-one", "m-big", "m-unserved"}
     assert yaml.safe_load(ctl.ok("model", "list", "-o", "yaml")) == listed

@@ -89,17 +89,39 @@ def test_validate_good(home: Path, paths: list[Path]) -> None:
 
 def test_validate_good_summary(home: Path) -> None:
     result = slotctl("stack", "validate", WORKSTATION, home=home)
-    assert result.stdout == "ok 1 file(s) valid: stack workstation, 4 model(s), 6 slot(s)\n"
+    summary, *models = result.stdout.splitlines()
+    assert summary == "ok 1 file(s) valid: stack workstation, 4 model(s), 6 slot(s)"
+    # Then each model's files as a load would find them here (issue 35), offline: the
+    # example's local paths are not on this host, its hub file's size is not known.
+    assert models == [
+        "  model qwen2.5-14b-instruct-q4: /models/qwen2.5-14b-instruct-q4_k_m.gguf is missing "
+        "(a path on this host: nothing to pull it from): a load would be refused on this host",
+        "  model qwq-32b-q4: would pull from hf://Qwen/QwQ-32B-GGUF/qwq-32b-q4_k_m.gguf: its "
+        "size is not known offline",
+        "  model qwen2.5-coder-7b-q4: /models/qwen2.5-coder-7b-instruct-q4_k_m.gguf is missing "
+        "(a path on this host: nothing to pull it from): a load would be refused on this host",
+        "  model nomic-embed-text-v1.5: /models/nomic-embed-text-v1.5.f16.gguf is missing "
+        "(a path on this host: nothing to pull it from): a load would be refused on this host",
+    ]
 
 
 def test_validate_good_json(home: Path) -> None:
     result = slotctl("stack", "validate", "-o", "json", REPO / "stacks", home=home)
     assert result.returncode == 0
-    assert json.loads(result.stdout) == {
+    report = json.loads(result.stdout)
+    models = report.pop("models")
+    assert report == {
         "valid": True,
         "files": [str(WORKSTATION)],
         "errors": [],
         "warnings": [],
+    }
+    actions = {m["model"]: (m["action"], m["bytes"]) for m in models}
+    assert actions == {
+        "qwen2.5-14b-instruct-q4": ("missing", None),
+        "qwq-32b-q4": ("pull", None),  # offline: the hub's size is not known
+        "qwen2.5-coder-7b-q4": ("missing", None),
+        "nomic-embed-text-v1.5": ("missing", None),
     }
 
 

@@ -1,7 +1,7 @@
 """A pull in a process of its own (kill -9 and offline tests, bench/pull.py).
 
 ``python -m tests.integration.pull_child MODELS_DIR STATE_DIR SOURCE [SHA256]`` pulls one
-model with :class:`controller.models.pull.ModelFiles` as the controller will: the hub
+model with :class:`controller.modelfiles.pull.ModelFiles` as the controller will: the hub
 endpoint and token come from the environment (``HF_ENDPOINT``, ``HF_TOKEN``,
 ``HF_HUB_OFFLINE``), as huggingface_hub reads them. It prints one JSON line: the outcome,
 or the typed error's ``code`` and details.
@@ -16,7 +16,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from controller.model.errors import SlotctlError
-from controller.models.pull import ModelFiles
+from controller.modelfiles.pull import ModelFiles
 from controller.spec.schema import ModelSpec
 
 

@@ -30,7 +30,8 @@ import pytest
 import controller.api.stack_routes as routes
 import controller.daemon.gitops as gitops
 import controller.daemon.supervise as supervise
-import controller.spec.desired as desired
+import controller.reconcile.reconciler as reconciler_module
+import controller.spec.files as files
 from controller.daemon.main import Controller, DaemonOptions, stop_everything
 from controller.model.errors import ControllerAlreadyRunning
 from controller.model.sizes import GIB
@@ -231,9 +232,9 @@ async def test_stack_files_are_parsed_off_the_event_loop_and_size_limited(
 
     monkeypatch.setattr(gitops, "load_stacks", spy("load_stacks", gitops.load_stacks))
     monkeypatch.setattr(gitops, "apply_to_config", spy("apply_to_config", gitops.apply_to_config))
-    # The desired state's one owner reads the config dir (issue 27): for the reconciler,
-    # GitOps and the API alike.
-    monkeypatch.setattr(desired, "read_config_dir", spy("read_config_dir", desired.read_config_dir))
+    # The desired state's one owner reads the config dir (issue 27; its files source,
+    # issue 41): for the reconciler, GitOps and the API alike.
+    monkeypatch.setattr(files, "read_config_dir", spy("read_config_dir", files.read_config_dir))
     monkeypatch.setattr(
         routes, "load_stack_texts", spy("load_stack_texts", routes.load_stack_texts)
     )
@@ -344,10 +345,10 @@ async def test_a_dead_reconciler_subtask_ends_run_for_the_supervisor(
     or autoload slots never looked at again after a crash); now ``run`` fails at once, and
     the daemon's supervisor reports and restarts it."""
 
-    async def dies(self: Reconciler) -> None:
+    async def dies(*_: Any) -> None:
         raise RuntimeError("injected follower fault")
 
-    monkeypatch.setattr(Reconciler, "_follow_events", dies)
+    monkeypatch.setattr(reconciler_module, "follow_manager", dies)
     runtime = FakeRuntime()
     manager = SlotManager(
         runtime=runtime,
@@ -403,9 +404,9 @@ def test_a_config_dir_deleted_while_it_is_read_is_unreadable(
     apply_to_config(report.state, config_dir, prune=False)
     real = configdir._read
 
-    def read_then_rm(path: Path) -> Any:
+    def read_then_rm(path: Path, cache: Any = None) -> Any:
         (path / "slots" / "mid-a.toml").unlink()  # rm -rf, caught half way
-        snapshot = real(path)
+        snapshot = real(path, cache)
         shutil.rmtree(path)
         return snapshot
 

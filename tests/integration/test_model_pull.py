@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from huggingface_hub import constants as hf_constants
 
-import controller.models.pull as pull_module
+import controller.modelfiles.pull as pull_module
 from controller.model.errors import (
     InsufficientDisk,
     ModelAccessDenied,
@@ -30,11 +30,11 @@ from controller.model.errors import (
     ModelPullFailed,
     ModelVerifyFailed,
 )
-from controller.models.gc import Reference
-from controller.models.hub import HubSettings
-from controller.models.progress import PullProgress
-from controller.models.pull import ModelFiles
-from controller.models.urls import CHUNK_BYTES
+from controller.modelfiles.gc import Reference
+from controller.modelfiles.hub import HubSettings
+from controller.modelfiles.progress import PullProgress
+from controller.modelfiles.pull import ModelFiles
+from controller.modelfiles.urls import CHUNK_BYTES
 from controller.spec.schema import ModelSpec
 from tests.integration.hubserver import HubServer
 

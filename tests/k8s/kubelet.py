@@ -13,7 +13,13 @@ runtime relies on, through the API as they would:
 * the kubelet: it runs the container's args as a real process (the demo server) on a
   loopback address of its own — the pod IP, ``127.0.0.N``, so a probe of 127.0.0.1
   would miss it — and writes the Pod ``Running`` with that ``podIP``; a deleted pod's
-  process is stopped.
+  process is stopped. Init containers run first, one after the other, each as a real
+  process of its command and args (``slotctl`` is this interpreter's ``python -m
+  controller``), the pod ``Pending`` with their ``initContainerStatuses`` meanwhile; one
+  that exits non-zero is reported ``terminated`` with its exit code and, under
+  ``terminationMessagePolicy: FallbackToLogsOnError``, the tail of its log as its message
+  (not restarted: the runtime's verdict comes from the first failure). Volumes are not
+  mounted: a hostPath is the host's own directory to the process.
 
 As the real ones do, a pod the Deployment controller deletes *terminates*: it is deleted
 with a finalizer of the kubelet's (KMock then sets ``deletionTimestamp`` and keeps it),
@@ -113,6 +119,11 @@ class Kubelet:
     crashed: set[str] = field(default_factory=set)
     start_latency_s: float = 0.3  # ContainerCreating: from the process's start to Running
     starting: dict[str, tuple[float, dict[str, Any]]] = field(default_factory=dict)
+    # pods whose init containers run: pod -> (what is left to run, the server container)
+    initializing: dict[str, tuple[list[dict[str, Any]], dict[str, Any]]] = field(
+        default_factory=dict
+    )
+    init_done: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # their statuses
     _ips: itertools.count[int] = field(default_factory=lambda: itertools.count(2))
     _task: asyncio.Task[None] | None = None
 
@@ -197,9 +208,13 @@ class Kubelet:
             elif now >= due:
                 del self.starting[name]
                 await self._patch(self._url("pods", name), {"status": status})
+        for name in list(self.initializing):
+            await self._step_init(name)
         for name, running in list(self.pods.items()):
             code = running.process.poll()
             if code is None or name in self.terminating or name in self.crashed:
+                continue
+            if name in self.initializing:
                 continue
             await self._report_crash(name, code)
         for dep in deployments:
@@ -321,6 +336,88 @@ class Kubelet:
         await self._post(self._url("pods"), pod)
         self.created.append(name)
         container = spec["containers"][0]
+        inits = [dict(c) for c in spec.get("initContainers") or []]
+        if inits:
+            slot = pod["metadata"]["labels"].get("slotctl.slot", "")
+            self.initializing[name] = (inits, container)
+            self.init_done[name] = []
+            await self._start_init(name, slot)
+            return
+        await self._start_main(name, pod["metadata"]["labels"].get("slotctl.slot", ""), container)
+
+    async def _start_init(self, name: str, slot: str) -> None:
+        """The next init container of pod ``name`` as a process; the pod Pending."""
+        inits, _ = self.initializing[name]
+        init = inits[0]
+        process = self._run_init(name, init)
+        self.pods[name] = RunningPod(name, slot, "", process)
+        running = {
+            "name": init["name"],
+            "ready": False,
+            "restartCount": 0,
+            "image": init.get("image", ""),
+            "imageID": "",
+            "state": {"running": {"startedAt": "2026-12-01T00:00:00Z"}},
+        }
+        status = {
+            "phase": "Pending",
+            "conditions": [{"type": "PodScheduled", "status": "True"}],
+            "initContainerStatuses": [*self.init_done[name], running],
+        }
+        await self._patch(self._url("pods", name), {"status": status})
+
+    async def _step_init(self, name: str) -> None:
+        """An init container that exited: the next one, the server, or its failure."""
+        running = self.pods.get(name)
+        if running is None or name in self.terminating:
+            self.initializing.pop(name, None)
+            return
+        code = running.process.poll()
+        if code is None:
+            return
+        inits, container = self.initializing[name]
+        init = inits.pop(0)
+        terminated: dict[str, Any] = {
+            "exitCode": code,
+            "reason": "Completed" if not code else "Error",
+        }
+        if code and init.get("terminationMessagePolicy") == "FallbackToLogsOnError":
+            log = (self.log_dir / f"{name}.{init['name']}.log").read_text(errors="replace")
+            terminated["message"] = "\n".join(log.splitlines()[-20:])
+        self.init_done[name].append(
+            {
+                "name": init["name"],
+                "ready": not code,
+                "restartCount": 0,
+                "image": init.get("image", ""),
+                "imageID": "",
+                "state": {"terminated": terminated},
+            }
+        )
+        self.pods.pop(name, None)
+        if code:  # not restarted here: the runtime's verdict comes from the first failure
+            self.initializing.pop(name)
+            status = {"phase": "Pending", "initContainerStatuses": self.init_done[name]}
+            await self._patch(self._url("pods", name), {"status": status})
+            return
+        if inits:
+            await self._start_init(name, running.slot)
+            return
+        self.initializing.pop(name)
+        await self._start_main(name, running.slot, container)
+
+    def _run_init(self, name: str, init: dict[str, Any]) -> subprocess.Popen[bytes]:
+        """An init container's command and args as a process (``slotctl``: this package)."""
+        argv = [*(init.get("command") or []), *(init.get("args") or [])]
+        assert argv and argv[0] == "slotctl", argv
+        argv = [sys.executable, "-m", "controller", *argv[1:]]
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        env.update({e["name"]: e["value"] for e in init.get("env") or [] if "value" in e})
+        log = (self.log_dir / f"{name}.{init['name']}.log").open("ab")
+        with log:
+            return subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+    async def _start_main(self, name: str, slot: str, container: dict[str, Any]) -> None:
         if str(container.get("image", "")).startswith(UNPULLABLE):
             pulling = {
                 "name": container["name"],
@@ -340,7 +437,6 @@ class Kubelet:
             return
         ip = f"127.0.0.{next(self._ips)}"
         process = self._run(name, container, ip)
-        slot = pod["metadata"]["labels"].get("slotctl.slot", "")
         self.pods[name] = RunningPod(name, slot, ip, process)
         status = {
             "phase": "Running",
@@ -357,6 +453,7 @@ class Kubelet:
                     "state": {"running": {"startedAt": "2026-12-01T00:00:00Z"}},
                 }
             ],
+            **({"initContainerStatuses": self.init_done[name]} if name in self.init_done else {}),
         }
         # ContainerCreating for a moment (as a kubelet does), then Running; a server that
         # exited meanwhile is reported crash-looping instead (see step)

@@ -103,6 +103,56 @@ def test_custom_render() -> None:
     assert "team-a, team-b" in notes(CUSTOM)
 
 
+def _models_env(container: dict[str, Any]) -> dict[str, Any]:
+    return {
+        e["name"]: e.get("value", e.get("valueFrom"))
+        for e in container["env"]
+        if "MODEL" in e["name"] or "HF" in e["name"] or "PULL" in e["name"]
+    }
+
+
+def test_the_model_cache_volume_is_named_hostpath_by_default_a_pvc_on_request() -> None:
+    """Issue 35: pulled model files live in a cache that outlives pods."""
+    (deploy,) = by_kind(render(), "Deployment")
+    pod = deploy["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "model-cache"]
+    assert volume["hostPath"] == {"path": "/var/lib/slotctl/models", "type": "DirectoryOrCreate"}
+    assert {"name": "model-cache", "mountPath": "/models"} in container["volumeMounts"]
+    assert _models_env(container) == {"SLOTCTL_MODELS_DIR": "/models"}
+
+    # docker: the servers' containers mount the host's path, so the pod uses that path too
+    (deploy,) = by_kind(render({"runtime": "docker"}), "Deployment")
+    (container,) = deploy["spec"]["template"]["spec"]["containers"]
+    assert _models_env(container) == {"SLOTCTL_MODELS_DIR": "/var/lib/slotctl/models"}
+
+    pvc = {"models": {"cache": {"persistentVolumeClaim": "models"}, "hubTokenSecret": "hf"}}
+    (deploy,) = by_kind(render(pvc), "Deployment")
+    pod = deploy["spec"]["template"]["spec"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "model-cache"]
+    assert volume["persistentVolumeClaim"] == {"claimName": "models"}
+    token = _models_env(pod["containers"][0])["HF_TOKEN"]
+    assert token == {"secretKeyRef": {"name": "hf", "key": "token"}}
+
+    # kubernetes: each slot's pod pulls in an init container running this image into the
+    # cache; the operator's own pod mounts nothing
+    values = {"runtime": "kubernetes", "image": {"repository": "registry.local/slotctl"}}
+    (deploy,) = by_kind(render({**values, **pvc}), "Deployment")
+    pod = deploy["spec"]["template"]["spec"]
+    assert not [v for v in pod["volumes"] if v["name"] == "model-cache"]
+    assert _models_env(pod["containers"][0]) == {
+        "SLOTCTL_MODELS_DIR": "/models",
+        "SLOTCTL_K8S_MODEL_CACHE": "pvc:models",
+        "SLOTCTL_K8S_PULL_IMAGE": "registry.local/slotctl:0.1.0",
+        "SLOTCTL_K8S_HF_TOKEN_SECRET": "hf",
+    }
+    (deploy,) = by_kind(render(values), "Deployment")
+    env = _models_env(deploy["spec"]["template"]["spec"]["containers"][0])
+    assert env["SLOTCTL_K8S_MODEL_CACHE"] == "hostPath:/var/lib/slotctl/models"
+    report = helm.lint(str(CHART), {**values, **pvc}, strict=True)
+    assert not [m for m in report["messages"] if m["severity"] >= 2], report
+
+
 BAD = {
     "unknown key": {"replicas": 2},
     "unknown nested key": {"image": {"repository": "x", "digest": "sha"}},
@@ -111,6 +161,9 @@ BAD = {
     "namespace name": {"watchNamespaces": ["Team_A"]},
     "api without a token secret": {"api": {"enabled": True}},
     "port": {"liveness": {"port": 0}},
+    "relative model cache": {"models": {"cache": {"hostPath": "models"}}},
+    "model cache claim name": {"models": {"cache": {"persistentVolumeClaim": "My_Claim"}}},
+    "unknown models key": {"models": {"size": "10Gi"}},
 }
 
 

@@ -1,17 +1,24 @@
-"""CRs as a source of desired state, without kopf: the loader's codes, the last good spec
-kept, conflicts charged to the newcomer, pruning of what no CR declares any more, and
-the status mapping (lastTransitionTime moves only when a condition flips)."""
+"""CRs as a source of desired state, without kopf: held in memory (nothing written), judged
+per key with the loader's codes, the last good spec kept, conflicts charged to the
+newcomer, the config dir's files first, pruning of what no CR declares any more, and the
+status mapping (lastTransitionTime moves only when a condition flips)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from controller.model.lifecycle import SlotState
 from controller.operator.source import STACK, CrSource
 from controller.operator.status import Observed, Verdict, Written, model_status, slot_status
+from controller.reconcile.apply import apply_to_config
 from controller.spec.configdir import read_config_dir
+from controller.spec.desired import DesiredCache
+from controller.spec.loader import DesiredSlot, DesiredState
 from controller.spec.problems import Problem
+from controller.spec.schema import ModelSpec, SlotSpec
+from controller.spec.sources import DesiredChange
 
 
 def cr(
@@ -32,49 +39,77 @@ def slot_spec(port: int, model: str = "m", **extra: Any) -> dict[str, Any]:
     return {"provider": "demo", "port": port, "model": {"default": model}, "device": "cpu", **extra}
 
 
-def source_with(tmp_path: Path, slots: list[dict[str, Any]]) -> CrSource:
-    source = CrSource(tmp_path / "config")
-    source.load("Model", [cr("m", {"source": "demo://m"})])
-    source.load("Slot", slots)
-    return source
+@dataclass
+class Crs:
+    """A CR source attached to the desired-state cache of a config dir, as the operator
+    has it."""
+
+    cache: DesiredCache
+    source: CrSource
+    config: Path
+
+    def load(self, kind: str, bodies: list[dict[str, Any]]) -> DesiredChange:
+        """kopf's listing of ``kind`` (what is missing is gone): judged, published."""
+        return self.source.replace(kind, bodies)
+
+    def verdict(self, kind: str, name: str, namespace: str = "default") -> Verdict:
+        return self.source.verdicts[(kind, namespace, name)]
+
+    def codes(self, kind: str, name: str, namespace: str = "default") -> list[str]:
+        return [p.code for p in self.verdict(kind, name, namespace).problems]
+
+    @property
+    def slots(self) -> dict[str, DesiredSlot]:
+        return self.cache.snapshot.slots
 
 
-def test_crs_become_the_loaders_desired_state_in_the_config_dir(tmp_path: Path) -> None:
-    source = source_with(tmp_path, [cr("chat", slot_spec(18081)), cr("embed", slot_spec(18082))])
-    result = source.sync()
-    assert sorted(result.changed) == ["chat", "embed", "models"]
-    snap = read_config_dir(tmp_path / "config")
+def source_with(tmp_path: Path, slots: list[dict[str, Any]]) -> Crs:
+    config = tmp_path / "config"
+    cache = DesiredCache(config)
+    source = CrSource()
+    cache.add_source(source)
+    crs = Crs(cache, source, config)
+    crs.load("Model", [cr("m", {"source": "demo://m"})])
+    crs.load("Slot", slots)
+    return crs
+
+
+def test_crs_become_the_loaders_desired_state_in_memory(tmp_path: Path) -> None:
+    crs = source_with(tmp_path, [])
+    change = crs.load("Slot", [cr("chat", slot_spec(18081)), cr("embed", slot_spec(18082))])
+    assert change.slots == {"chat", "embed"}
+    snap = crs.cache.snapshot
     assert sorted(snap.slots) == ["chat", "embed"] and list(snap.models) == ["m"]
     assert {s.stack for s in snap.slots.values()} == {STACK}
     assert snap.slots["chat"].autoload is True  # the loader's migration: a bound model
-    assert all(v.accepted and not v.problems for v in result.verdicts.values())
-    assert source.sync().changed == []  # level-triggered: the same CRs change nothing
+    assert all(v.accepted and not v.problems for v in crs.source.verdicts.values())
+    # level-triggered: the same CRs change nothing
+    assert not crs.load("Slot", [cr("chat", slot_spec(18081)), cr("embed", slot_spec(18082))])
+    # nothing is written: the config dir holds no slot, no model (TOML is an export)
+    assert not (crs.config / "slots").exists() or not list((crs.config / "slots").iterdir())
+    assert read_config_dir(crs.config).models == {}
 
 
 def test_invalid_spec_keeps_the_last_good_one(tmp_path: Path) -> None:
-    source = source_with(tmp_path, [cr("chat", slot_spec(18081, priority=10))])
-    source.sync()
+    crs = source_with(tmp_path, [cr("chat", slot_spec(18081, priority=10))])
     bad = slot_spec(18081, priority=20, server={"extra_args": ["--n-gpu-layers=99"]})
-    source.load("Slot", [cr("chat", bad)])
-    result = source.sync()
-    verdict = result.verdicts[("Slot", "default", "chat")]
+    change = crs.load("Slot", [cr("chat", bad)])
+    verdict = crs.verdict("Slot", "chat")
     assert [p.code for p in verdict.problems] == ["slot.hardware_flag"]
     assert verdict.accepted and not verdict.current
-    assert result.changed == []
-    assert read_config_dir(tmp_path / "config").slots["chat"].spec.priority == 10
-    source.load("Slot", [cr("chat", {**slot_spec(18081), "context_length": 4096})])
-    codes = [p.code for p in source.sync().verdicts[("Slot", "default", "chat")].problems]
-    assert codes == ["slot.model_owned_key"]
-    source.load("Slot", [cr("chat", {**slot_spec(18081), "prio": 1})])
-    codes = [p.code for p in source.sync().verdicts[("Slot", "default", "chat")].problems]
-    assert codes == ["slot.unknown_key"]
+    assert not change
+    assert crs.slots["chat"].spec.priority == 10
+    crs.load("Slot", [cr("chat", {**slot_spec(18081), "context_length": 4096})])
+    assert crs.codes("Slot", "chat") == ["slot.model_owned_key"]
+    crs.load("Slot", [cr("chat", {**slot_spec(18081), "prio": 1})])
+    assert crs.codes("Slot", "chat") == ["slot.unknown_key"]
 
 
 def test_a_spec_judged_before_is_not_judged_again_but_every_change_is(
     tmp_path: Path, monkeypatch: Any
 ) -> None:
-    """A burst's syncs judge every CR: an unchanged spec reuses its verdict (issue 28),
-    a changed one — a nested value edited in place included — is judged anew."""
+    """An unchanged spec reuses its verdict (issue 28), a changed one — a nested value
+    edited in place included — is judged anew; a change judges only what it touches."""
     import controller.operator.source as source_module
 
     judged: list[object] = []
@@ -86,76 +121,123 @@ def test_a_spec_judged_before_is_not_judged_again_but_every_change_is(
 
     monkeypatch.setattr(source_module, "check_slot_payload", counting)
     spec = slot_spec(18081, server={"extra_args": ["--threads", "2"]})
-    source = source_with(tmp_path, [cr("chat", spec), cr("embed", slot_spec(18082))])
-    source.sync()
+    crs = source_with(tmp_path, [cr("chat", spec), cr("embed", slot_spec(18082))])
     assert len(judged) == 2
-    source.sync()
-    source.sync()
+    crs.load("Slot", [cr("chat", spec), cr("embed", slot_spec(18082))])
+    crs.source.apply("Slot", cr("embed", slot_spec(18082)))
     assert len(judged) == 2  # nothing changed: nothing judged again
     spec["server"]["extra_args"].append("--n-gpu-layers=99")  # the body's dict, in place
-    source.load("Slot", [cr("chat", spec), cr("embed", slot_spec(18082))])
-    result = source.sync()
-    assert len(judged) == 3
-    codes = [p.code for p in result.verdicts[("Slot", "default", "chat")].problems]
-    assert codes == ["slot.hardware_flag"]
-    assert [p.code for p in source.sync().verdicts[("Slot", "default", "chat")].problems] == codes
+    crs.load("Slot", [cr("chat", spec), cr("embed", slot_spec(18082))])
+    assert len(judged) == 3  # only chat
+    assert crs.codes("Slot", "chat") == ["slot.hardware_flag"]
+    crs.load("Slot", [cr("chat", spec), cr("embed", slot_spec(18082))])
+    assert crs.codes("Slot", "chat") == ["slot.hardware_flag"]
     # Equal in Python, not to the check: 50 and 50.0 (a priority must be an integer).
-    source.load("Slot", [cr("chat", slot_spec(18081, priority=50))])
-    assert not source.sync().verdicts[("Slot", "default", "chat")].problems
-    source.load("Slot", [cr("chat", slot_spec(18081, priority=50.0))])
-    codes = [p.code for p in source.sync().verdicts[("Slot", "default", "chat")].problems]
-    assert codes == ["slot.invalid_value"]
+    crs.load("Slot", [cr("chat", slot_spec(18081, priority=50))])
+    assert not crs.verdict("Slot", "chat").problems
+    crs.load("Slot", [cr("chat", slot_spec(18081, priority=50.0))])
+    assert crs.codes("Slot", "chat") == ["slot.invalid_value"]
+
+
+def test_a_change_judges_only_the_resources_it_touches(tmp_path: Path) -> None:
+    """Per key (issue 41): a Slot's edit judges that Slot (and the refused ones a change
+    may settle), not the other 200; a Model's judges the Slots naming it."""
+    slots = [cr(f"s{i}", slot_spec(19000 + i)) for i in range(200)]
+    crs = source_with(tmp_path, slots)
+    crs.source.apply("Model", cr("other", {"source": "demo://other"}))
+    before = crs.source.judged
+    change = crs.source.apply("Slot", cr("s7", slot_spec(19007, priority=90)))
+    assert change.slots == {"s7"} and crs.source.judged - before == 1
+    before = crs.source.judged
+    crs.source.apply("Slot", cr("late", slot_spec(19007)))  # s7's port: refused
+    assert crs.codes("Slot", "late") == ["slot.duplicate_port"]
+    assert crs.source.judged - before == 1
+    before = crs.source.judged
+    crs.source.apply("Slot", cr("s8", slot_spec(19008, priority=1)))
+    assert crs.source.judged - before == 2  # s8, and the refused one
+    before = crs.source.judged
+    crs.source.apply("Model", cr("other", {"source": "demo://other", "memory_gb": 2}))
+    assert crs.source.judged - before == 1  # the Model (no Slot names it)
+    before = crs.source.judged
+    change = crs.source.remove(("Slot", "default", "s7"))
+    assert change.slots == {"s7", "late"}  # s7 gone, the port free: late is accepted
+    assert crs.verdict("Slot", "late").current and crs.slots["late"].spec.port == 19007
+    assert crs.source.judged - before == 2
 
 
 def test_a_new_slot_that_takes_a_port_in_use_is_the_one_refused(tmp_path: Path) -> None:
-    source = source_with(tmp_path, [cr("chat", slot_spec(18081), created="1")])
-    source.sync()
-    source.load(
+    crs = source_with(tmp_path, [cr("chat", slot_spec(18081), created="1")])
+    crs.load(
         "Slot",
         [cr("chat", slot_spec(18081), created="1"), cr("aaa", slot_spec(18081), created="2")],
     )
-    result = source.sync()
-    assert [p.code for p in result.verdicts[("Slot", "default", "aaa")].problems] == [
-        "slot.duplicate_port"
-    ]
-    assert not result.verdicts[("Slot", "default", "aaa")].accepted
-    assert result.verdicts[("Slot", "default", "chat")].current
-    assert list(read_config_dir(tmp_path / "config").slots) == ["chat"]
+    assert crs.codes("Slot", "aaa") == ["slot.duplicate_port"]
+    assert not crs.verdict("Slot", "aaa").accepted
+    assert crs.verdict("Slot", "chat").current
+    assert list(crs.slots) == ["chat"]
 
 
 def test_same_slot_name_in_two_namespaces(tmp_path: Path) -> None:
-    source = source_with(
+    crs = source_with(
         tmp_path,
         [
             cr("chat", slot_spec(18081), namespace="team-a", created="1"),
             cr("chat", slot_spec(18082), namespace="team-b", created="2"),
         ],
     )
-    result = source.sync()
-    assert result.verdicts[("Slot", "team-a", "chat")].current
-    assert [p.code for p in result.verdicts[("Slot", "team-b", "chat")].problems] == [
-        "slot.duplicate_name"
-    ]
-    assert read_config_dir(tmp_path / "config").slots["chat"].spec.port == 18081
+    assert crs.verdict("Slot", "chat", "team-a").current
+    assert crs.codes("Slot", "chat", "team-b") == ["slot.duplicate_name"]
+    assert crs.slots["chat"].spec.port == 18081
 
 
 def test_unknown_model_and_invalid_model(tmp_path: Path) -> None:
-    source = source_with(tmp_path, [cr("chat", slot_spec(18081, model="nope"))])
-    result = source.sync()
-    assert [p.code for p in result.verdicts[("Slot", "default", "chat")].problems] == [
-        "slot.unknown_model"
-    ]
-    source.load("Model", [cr("m", {"source": "s3://bucket/m"})])
-    result = source.sync()
-    assert result.verdicts[("Model", "default", "m")].problems[0].code == "model.invalid_value"
+    crs = source_with(tmp_path, [cr("chat", slot_spec(18081, model="nope"))])
+    assert crs.codes("Slot", "chat") == ["slot.unknown_model"]
+    crs.load("Model", [cr("m", {"source": "s3://bucket/m"})])
+    assert crs.verdict("Model", "m").problems[0].code == "model.invalid_value"
+    # a Model that comes later settles the Slot that named it
+    crs.load("Model", [cr("m", {"source": "demo://m"}), cr("nope", {"source": "demo://n"})])
+    assert crs.verdict("Slot", "chat").current and "chat" in crs.slots
 
 
 def test_a_deleted_cr_is_pruned_but_other_stacks_are_not(tmp_path: Path) -> None:
-    source = source_with(tmp_path, [cr("chat", slot_spec(18081)), cr("embed", slot_spec(18082))])
-    source.sync()
-    source.load("Slot", [cr("embed", slot_spec(18082))])
-    assert source.sync().changed == ["chat"]
-    assert list(read_config_dir(tmp_path / "config").slots) == ["embed"]
+    crs = source_with(tmp_path, [cr("chat", slot_spec(18081)), cr("embed", slot_spec(18082))])
+    files = DesiredState(
+        stacks=("files",),
+        models={"fm": ModelSpec(id="fm", source="demo://fm")},
+        slots={
+            "filed": DesiredSlot(
+                spec=SlotSpec.model_validate({"name": "filed", **slot_spec(18090, "fm")}),
+                stack="files",
+            )
+        },
+    )
+    apply_to_config(files, crs.config, prune=True)
+    crs.cache.refresh()
+    assert crs.load("Slot", [cr("embed", slot_spec(18082))]).slots == {"chat"}
+    assert sorted(crs.slots) == ["embed", "filed"]
+
+
+def test_a_stack_files_slot_holds_its_name_and_port(tmp_path: Path) -> None:
+    """The config dir's files come first: a Slot never takes a name or a port a stack
+    file holds, and one that held it before the file came is refused then."""
+    crs = source_with(tmp_path, [cr("chat", slot_spec(18081))])
+    files = DesiredState(
+        stacks=("files",),
+        models=crs.cache.snapshot.models,
+        slots={
+            "filed": DesiredSlot(
+                spec=SlotSpec.model_validate({"name": "filed", **slot_spec(18081)}),
+                stack="files",
+            )
+        },
+    )
+    apply_to_config(files, crs.config, prune=True)
+    crs.cache.refresh()
+    assert crs.codes("Slot", "chat") == ["slot.duplicate_port"]
+    assert sorted(crs.slots) == ["filed"] and crs.slots["filed"].stack == "files"
+    crs.source.apply("Slot", cr("filed", slot_spec(18082)))
+    assert crs.codes("Slot", "filed") == ["slot.duplicate_name"]
 
 
 def _conditions(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -226,16 +308,56 @@ def test_an_edit_that_takes_a_port_in_use_is_refused_not_the_slot_holding_it(
 ) -> None:
     older = cr("aaa", slot_spec(18081), created="1")
     newer = cr("zzz", slot_spec(18082), created="2")
-    source = source_with(tmp_path, [older, newer])
-    source.sync()
+    crs = source_with(tmp_path, [older, newer])
     # the older object is edited onto the newer one's port: the edit is what is refused
-    source.load("Slot", [cr("aaa", slot_spec(18082), created="1"), newer])
-    result = source.sync()
-    assert [p.code for p in result.verdicts[("Slot", "default", "aaa")].problems] == [
-        "slot.duplicate_port"
-    ]
-    assert result.verdicts[("Slot", "default", "aaa")].accepted  # its last good spec stays
-    assert result.verdicts[("Slot", "default", "zzz")].current
-    slots = read_config_dir(tmp_path / "config").slots
-    assert (slots["aaa"].spec.port, slots["zzz"].spec.port) == (18081, 18082)
-    assert result.changed == []
+    change = crs.load("Slot", [cr("aaa", slot_spec(18082), created="1"), newer])
+    assert crs.codes("Slot", "aaa") == ["slot.duplicate_port"]
+    assert crs.verdict("Slot", "aaa").accepted  # its last good spec stays
+    assert crs.verdict("Slot", "zzz").current
+    assert (crs.slots["aaa"].spec.port, crs.slots["zzz"].spec.port) == (18081, 18082)
+    assert not change
+
+
+def test_a_port_swap_in_one_listing_is_legal(tmp_path: Path) -> None:
+    """Two Slots trading ports, seen in one listing, are judged as the set they are."""
+    crs = source_with(
+        tmp_path,
+        [cr("aaa", slot_spec(18081), created="1"), cr("zzz", slot_spec(18082), created="2")],
+    )
+    crs.load(
+        "Slot",
+        [cr("aaa", slot_spec(18082), created="1"), cr("zzz", slot_spec(18081), created="2")],
+    )
+    assert crs.verdict("Slot", "aaa").current and crs.verdict("Slot", "zzz").current
+    assert (crs.slots["aaa"].spec.port, crs.slots["zzz"].spec.port) == (18082, 18081)
+
+
+def test_what_an_older_operator_wrote_is_removed_at_the_start(tmp_path: Path) -> None:
+    """An older operator wrote its CRs into its config dir as the ``kubernetes`` stack;
+    they would now come first (the files' slots hold their names and ports), so its start
+    removes them, through the guard, and leaves a stack file's slots and the catalogue."""
+    from controller.operator.run import forget_written_files
+    from controller.spec.aliases import AliasEntry
+    from controller.spec.schema import AliasSpec
+
+    config = tmp_path / "config"
+    assert forget_written_files(config) == []  # no config dir yet: nothing to do
+    model = ModelSpec(id="m", source="demo://m")
+
+    def declared(name: str, port: int) -> DesiredSlot:
+        spec = SlotSpec.model_validate({"name": name, **slot_spec(port)})
+        return DesiredSlot(spec=spec, stack=STACK if name != "filed" else "files")
+
+    old = DesiredState(
+        stacks=(STACK,),
+        models={"m": model},
+        slots={"chat": declared("chat", 18081), "embed": declared("embed", 18082)},
+        aliases={"a": AliasEntry(spec=AliasSpec(id="a", models=["m"]), stack=STACK)},
+    )
+    apply_to_config(old, config, prune=True)
+    files = DesiredState(stacks=("files",), models={}, slots={"filed": declared("filed", 18090)})
+    apply_to_config(files, config, prune=True)
+    assert sorted(forget_written_files(config)) == ["aliases", "chat", "embed"]
+    snap = read_config_dir(config)
+    assert list(snap.slots) == ["filed"] and snap.aliases == {} and list(snap.models) == ["m"]
+    assert forget_written_files(config) == []  # once

@@ -1,6 +1,6 @@
 """Alias CRs as a source (issue 25, item 3), without kopf: the loader's codes, the last
 good spec kept, the newcomer of a duplicate id refused, a stack file's alias id taken,
-pruning, and the status mapping."""
+pruning, and the status mapping; nothing is written."""
 
 from __future__ import annotations
 
@@ -18,36 +18,35 @@ from tests.k8s.test_source import cr, slot_spec, source_with
 KEY = ("Alias", "default", "assistant")
 
 
-def test_an_alias_cr_is_written_as_the_kubernetes_stacks_alias(tmp_path: Path) -> None:
-    source = source_with(tmp_path, [cr("chat", slot_spec(18081))])
-    source.load("Alias", [cr("assistant", {"models": ["m"], "prefer": "first"})])
-    result = source.sync()
-    assert "aliases" in result.changed
-    entry = read_config_dir(tmp_path / "config").aliases["assistant"]
+def test_an_alias_cr_is_the_kubernetes_stacks_alias(tmp_path: Path) -> None:
+    crs = source_with(tmp_path, [cr("chat", slot_spec(18081))])
+    change = crs.load("Alias", [cr("assistant", {"models": ["m"], "prefer": "first"})])
+    assert change.aliases == {"assistant"}
+    entry = crs.cache.snapshot.aliases["assistant"]
     assert entry.stack == STACK and entry.spec.prefer == "first" and entry.spec.models == ["m"]
-    assert result.verdicts[KEY].accepted and not result.verdicts[KEY].problems
-    assert source.alias_ids == {KEY: "assistant"}
-    assert "aliases" not in source.sync().changed  # level-triggered
+    assert crs.source.verdicts[KEY].accepted and not crs.source.verdicts[KEY].problems
+    assert crs.source.alias_ids == {KEY: "assistant"}
+    same = crs.load("Alias", [cr("assistant", {"models": ["m"], "prefer": "first"})])
+    assert not same.aliases  # level-triggered
+    assert read_config_dir(crs.config).aliases == {}  # in memory: nothing written
 
     # an invalid edit (a member not in the catalogue): the last good spec stays
-    source.load("Alias", [cr("assistant", {"models": ["m", "nosuch"]})])
-    result = source.sync()
-    assert [p.code for p in result.verdicts[KEY].problems] == ["alias.unknown_member"]
-    assert result.verdicts[KEY].accepted and not result.verdicts[KEY].current
-    assert read_config_dir(tmp_path / "config").aliases["assistant"].spec.models == ["m"]
-    source.load("Alias", [cr("assistant", {"models": ["m"], "prefer": "soon"})])
-    codes = [p.code for p in source.sync().verdicts[KEY].problems]
-    assert codes == ["alias.invalid_value"]
+    crs.load("Alias", [cr("assistant", {"models": ["m", "nosuch"]})])
+    verdict = crs.source.verdicts[KEY]
+    assert [p.code for p in verdict.problems] == ["alias.unknown_member"]
+    assert verdict.accepted and not verdict.current
+    assert crs.cache.snapshot.aliases["assistant"].spec.models == ["m"]
+    crs.load("Alias", [cr("assistant", {"models": ["m"], "prefer": "soon"})])
+    assert [p.code for p in crs.source.verdicts[KEY].problems] == ["alias.invalid_value"]
 
-    # deleted: pruned from the config dir
-    source.load("Alias", [])
-    assert "aliases" in source.sync().changed
-    assert read_config_dir(tmp_path / "config").aliases == {}
+    # deleted: gone from the desired state
+    assert crs.load("Alias", []).aliases == {"assistant"}
+    assert crs.cache.snapshot.aliases == {}
 
 
 def test_ids_taken_and_duplicates_are_refused(tmp_path: Path) -> None:
-    source = source_with(tmp_path, [cr("chat", slot_spec(18081))])
-    source.load(
+    crs = source_with(tmp_path, [cr("chat", slot_spec(18081))])
+    crs.load(
         "Alias",
         [
             cr("a", {"id": "same", "models": ["m"]}, created="1"),
@@ -56,7 +55,7 @@ def test_ids_taken_and_duplicates_are_refused(tmp_path: Path) -> None:
             cr("chat", {"models": ["m"]}),  # a slot's name
         ],
     )
-    verdicts = source.sync().verdicts
+    verdicts = crs.source.verdicts
     codes = {k[2]: [p.code for p in v.problems] for k, v in verdicts.items() if k[0] == "Alias"}
     assert codes == {
         "a": [],
@@ -64,7 +63,7 @@ def test_ids_taken_and_duplicates_are_refused(tmp_path: Path) -> None:
         "m": ["alias.id_taken"],
         "chat": ["alias.id_taken"],
     }
-    assert set(read_config_dir(tmp_path / "config").aliases) == {"same"}
+    assert set(crs.cache.snapshot.aliases) == {"same"}
 
 
 def test_an_alias_a_stack_file_declares_is_not_taken_over(tmp_path: Path) -> None:
@@ -74,11 +73,11 @@ def test_an_alias_a_stack_file_declares_is_not_taken_over(tmp_path: Path) -> Non
     report = load_stack_texts([("files.toml", text)])
     assert report.state is not None
     apply_to_config(report.state, config, prune=True)
-    source = source_with(tmp_path, [])
-    source.load("Alias", [cr("assistant", {"models": ["m"], "prefer": "spread"})])
-    verdict = source.sync().verdicts[KEY]
+    crs = source_with(tmp_path, [])
+    crs.load("Alias", [cr("assistant", {"models": ["m"], "prefer": "spread"})])
+    verdict = crs.source.verdicts[KEY]
     assert [p.code for p in verdict.problems] == ["alias.duplicate_id"]
-    entry = read_config_dir(config).aliases["assistant"]
+    entry = crs.cache.snapshot.aliases["assistant"]
     assert entry.stack == "files" and entry.spec.prefer == "warm"
 
 

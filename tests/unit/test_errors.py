@@ -68,6 +68,7 @@ EXTRA_ERRORS: dict[str, tuple[str, int]] = {
     "ModelPullFailed": ("model.pull_failed", 502),
     "ModelAccessDenied": ("model.access_denied", 403),
     "ModelVerifyFailed": ("model.verify_failed", 502),
+    "ModelInUse": ("model.in_use", 409),
 }
 ALL_ERRORS = {**SPEC_ERRORS, **EXTRA_ERRORS}
 
@@ -124,6 +125,7 @@ def _make(name: str) -> SlotctlError:
         ),
         "HostNotAllowed": lambda: errors_module.HostNotAllowed("Host 'evil.example'"),
         "SlotWakeFailed": lambda: errors_module.SlotWakeFailed("no wake", slot="llm-a"),
+        "ModelInUse": lambda: errors_module.ModelInUse("qwen", ["chat"]),
         "ModelFileMissing": lambda: errors_module.ModelFileMissing(
             "chat", "/models/chat.gguf", "chat.gguf"
         ),

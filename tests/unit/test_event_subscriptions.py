@@ -13,7 +13,7 @@ from pathlib import Path
 from controller.daemon.main import Controller, DaemonOptions
 from controller.kit.eventbus import EventBus
 from controller.model.events import Event, EventKind, Op
-from controller.reconcile.reconciler import _gone
+from controller.reconcile.triggers import _gone
 
 
 def flip(bus: EventBus) -> Event:

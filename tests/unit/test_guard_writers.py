@@ -45,19 +45,22 @@ FILE_WRITERS: dict[str, str] = {
     "container (a surge's second one into the slot's name)",
     "controller/access/keys.py": "keys.json (0600): the API keys created and revoked, through the "
     "store's atomic writer (never the config dir)",
-    "controller/models/partial.py": "the models dir (never the config dir): a pull's partial "
+    "controller/modelfiles/partial.py": "the models dir (never the config dir): a pull's partial "
     "file, appended and hashed, renamed into place once verified, and its flock file",
-    "controller/models/layout.py": "the models dir: bytes that failed verification are moved "
+    "controller/modelfiles/layout.py": "the models dir: bytes that failed verification are moved "
     "to its quarantine, with a note of what was expected beside them",
-    "controller/models/pull.py": "the models dir: stale partial files removed, a snapshot's "
+    "controller/modelfiles/pull.py": "the models dir: stale partial files removed, a snapshot's "
     "staged files renamed into place, `model rm`; its partial files' sidecars through the "
     "store's atomic writer (never the config dir)",
-    "controller/models/gc.py": "the models dir's GC removes model files no declared model "
+    "controller/modelfiles/gc.py": "the models dir's GC removes model files no declared model "
     "references (never a pinned one, never the config dir)",
-    "controller/models/records.py": "<state_dir>/models/files.json (verified digests, last "
+    "controller/modelfiles/records.py": "<state_dir>/models/files.json (verified digests, last "
     "use) through the store's atomic writer",
     "controller/cli/export.py": "`stack export --output-dir` writes exported stack "
     "files / Quadlet units where the user asks (never the config dir)",
+    "controller/cli/pull.py": "`model pull --source --termination-log PATH` writes a failed "
+    "pull's typed error where a pod's kubelet reads its termination message (never the "
+    "config dir)",
     "controller/cli/k8s.py": "`crd generate` writes the CRD manifests, `stack export --format "
     "crd` / `stack import --output-dir` the converted files, where the user asks (never the "
     "config dir)",

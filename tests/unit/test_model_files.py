@@ -12,13 +12,20 @@ from pydantic import ValidationError
 
 from controller.kit.clock import FakeClock
 from controller.model.errors import InsufficientDisk
-from controller.models.admission import DiskAdmission
-from controller.models.digests import Digest, digest_from_etag, hash_file
-from controller.models.gc import Reference, plan_gc
-from controller.models.inventory import CacheEntry
-from controller.models.joins import Joins
-from controller.models.progress import ProgressFeed, ProgressMeter, PullProgress
-from controller.models.sources import HubFile, HubSnapshot, LocalFile, UrlFile, destination, wanted
+from controller.modelfiles.admission import DiskAdmission
+from controller.modelfiles.digests import Digest, digest_from_etag, hash_file
+from controller.modelfiles.gc import Reference, plan_gc
+from controller.modelfiles.inventory import CacheEntry
+from controller.modelfiles.joins import Joins
+from controller.modelfiles.progress import ProgressFeed, ProgressMeter, PullProgress
+from controller.modelfiles.sources import (
+    HubFile,
+    HubSnapshot,
+    LocalFile,
+    UrlFile,
+    destination,
+    wanted,
+)
 from controller.providers.base import BuildContext, model_path
 from controller.spec.problems import problems_from_validation
 from controller.spec.schema import ModelSpec
@@ -251,10 +258,10 @@ async def test_progress_has_rate_and_eta_and_ends_with_the_final_snapshot() -> N
     meter.update(phase="downloading", bytes_total=1000, bytes_done=100, bytes_resumed=100)
     meter.add(100)
     clock.advance(1.0)
-    meter.add(200)  # 200 bytes in 1 s since the previous sample
+    meter.add(200)  # 300 bytes in the 1 s since the phase began (its first sample)
     snap = meter.snapshot()
-    assert snap.bytes_done == 400 and snap.rate_bps == pytest.approx(200.0)
-    assert snap.eta_s == pytest.approx(3.0) and snap.percent == pytest.approx(40.0)
+    assert snap.bytes_done == 400 and snap.rate_bps == pytest.approx(300.0)
+    assert snap.eta_s == pytest.approx(2.0) and snap.percent == pytest.approx(40.0)
     await asyncio.sleep(0)
     meter.update(phase="done", bytes_done=1000)
     await asyncio.wait_for(reader, 5)

@@ -547,7 +547,7 @@ async def test_a_slot_is_never_reconciled_twice_at_once(tmp_path: Path) -> None:
                 r.enqueue(s.name)
                 r.enqueue(s.name, after=0.001)
             await asyncio.sleep(0.001)
-        await until(lambda: not r._timers_pending(), "delayed requeues")
+        await until(lambda: not r.queue.delayed, "delayed requeues")
         await asyncio.wait_for(r.wait_idle(), 10)
     assert set(calls) == {s.name for s in slots}
     assert max(peak.values()) == 1, peak
@@ -574,14 +574,14 @@ async def test_a_requeue_while_active_marks_dirty_and_runs_once_more(tmp_path: P
         await asyncio.wait_for(entered.wait(), 10)
         for _ in range(5):
             r.enqueue("lazy-a")
-        assert r._dirty == {"lazy-a"}
+        assert r.queue.is_dirty("lazy-a") and r.queue.is_processing("lazy-a")
         assert calls["lazy-a"] == 1  # not started a second time while active
         gate.set()
         await until(lambda: calls["lazy-a"] == 2, "the re-run")
         await asyncio.wait_for(r.wait_idle(), 10)
         await asyncio.sleep(0.05)
         assert calls["lazy-a"] == 2
-        assert r._dirty == set()
+        assert not r.queue.is_dirty("lazy-a")
         assert calls["lazy-b"] == 1
 
 
@@ -653,18 +653,18 @@ async def test_converge_reads_the_config_dir_once(
     """``apply --once`` reads every slot file once: the loop it starts takes the read it
     has just made (its own first resync used to read them all again); orphans are still
     reaped at that first resync (test_orphans_are_reaped)."""
-    import controller.spec.desired as desired_module
+    import controller.spec.files as files_module
 
     h = harness(tmp_path)
     r = reconciler(h, quad())
     reads: list[Path] = []
-    real = desired_module.read_config_dir
+    real = files_module.read_config_dir
 
-    def counted(config_dir: Path) -> ConfigSnapshot:
+    def counted(config_dir: Path, cache: Any = None) -> ConfigSnapshot:
         reads.append(config_dir)
-        return real(config_dir)
+        return real(config_dir, cache)
 
-    monkeypatch.setattr(desired_module, "read_config_dir", counted)
+    monkeypatch.setattr(files_module, "read_config_dir", counted)
     assert await r.converge(timeout=10, poll_s=0.01)
     await h.manager.close()
     assert reads == [h.tmp / "config"]
@@ -764,3 +764,46 @@ def test_apply_is_all_or_nothing_and_judges_the_whole_set(tmp_path: Path) -> Non
         apply_to_config(_state({"a": 8085, "b": 8090, "c": 8090}), config, prune=False)
     assert "slot.duplicate_port" in {p["code"] for p in err.value.problems}
     assert {p.name: p.read_bytes() for p in (config / "slots").iterdir()} == before
+
+
+async def test_a_desired_change_queues_only_the_slots_it_touches(tmp_path: Path) -> None:
+    """Issue 41, item 6: a change used to enqueue every slot. Now a slot's change queues
+    that slot, a model's the slots bound to it, and only the resync queues them all."""
+    h = harness(tmp_path)
+    state = quad()
+    r = reconciler(h, state)
+    assert await r.converge(timeout=10, poll_s=0.01)
+    passed: list[str] = []
+    real = r.reconcile
+
+    async def counted(name: str) -> Result:
+        passed.append(name)
+        return await real(name)
+
+    r.reconcile = counted  # type: ignore[method-assign]
+    changed = dict(state.slots)
+    changed["lazy-b"] = want(with_changes(changed["lazy-b"].spec, priority=7))
+    models = dict(state.models)
+    models["auto-a-m"] = model_spec("auto-a-m", 2)  # a model: the slot bound to it
+    apply_to_config(
+        DesiredState(stacks=state.stacks, models=models, slots=changed),
+        h.tmp / "config",
+        prune=True,
+    )
+    r.refresh()
+    assert {n for n in ("auto-a", "auto-b", "lazy-a", "lazy-b") if r.queue.is_dirty(n)} == {
+        "auto-a",
+        "lazy-b",
+    }
+    stop = asyncio.Event()
+    loop = asyncio.create_task(r.run(stop, read_first=False))  # no resync at the start
+    try:
+        await until(lambda: h.manager.view("lazy-b").priority == 7, "the update")
+        await until(lambda: r.queue.idle and not r.queue.delayed, "the passes")
+    finally:
+        stop.set()
+        await loop
+        await h.manager.close()
+    assert set(passed) == {"auto-a", "lazy-b"}, passed
+    r.enqueue_all()  # the resync: every slot
+    assert all(r.queue.is_dirty(n) for n in ("auto-a", "auto-b", "lazy-a", "lazy-b"))

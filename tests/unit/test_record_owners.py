@@ -49,6 +49,8 @@ UNLOADING = "controller/slots/unloading.py"
 HOUSEKEEPING = "controller/slots/housekeeping.py"
 RECOVERY = "controller/slots/recovery.py"
 SURGE = "controller/slots/surge.py"
+PULLING = "controller/slots/pulling.py"
+MANAGER = "controller/slots/manager.py"
 
 NOBODY = "(nobody: made with the record)"
 # The record's fields that are not the table's facts.
@@ -91,6 +93,11 @@ CALLERS: Mapping[tuple[str, str], frozenset[str]] = {
     ("flight", "ready"): frozenset({LOADING}),
     ("flight", "abandon"): frozenset({LOADING}),
     ("flight", "avoid"): frozenset({LOADING}),
+    # a load's pull of its model files: run by pulling, stopped by an unload or a removal
+    ("flight", "pulling"): frozenset({PULLING}),
+    ("flight", "progressed"): frozenset({PULLING}),
+    ("flight", "pulled"): frozenset({PULLING}),
+    ("flight", "stop_pull"): frozenset({UNLOADING, MANAGER}),
     ("book", "add"): frozenset({LEASES}),
     ("book", "remove"): frozenset({LEASES}),
     ("book", "join_cold"): frozenset({LEASES}),

@@ -33,3 +33,13 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
   resources: ["events"]
   verbs: ["create"]
 {{- end -}}
+
+{{/* The models dir in the operator's pod: `models.dir`; with the docker runtime a
+     hostPath cache's own path, since the servers' containers mount the host's path. */}}
+{{- define "slotctl.modelsDir" -}}
+{{- if and (eq .Values.runtime "docker") (not .Values.models.cache.persistentVolumeClaim) -}}
+{{- .Values.models.cache.hostPath -}}
+{{- else -}}
+{{- .Values.models.dir -}}
+{{- end -}}
+{{- end -}}

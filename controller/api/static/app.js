@@ -263,6 +263,7 @@ function applyEvent(event) {
       slot.idle_reason = (event.details && event.details.idle_reason) || null;
       slot.residency = (event.details && event.details.residency) || "awake";
       slot.sleep_level = (event.details && event.details.level) || 0;
+      if (event.to !== "pulling") slot.pull = null; // its pull is over (or never began)
       // A recreate is over once its new server is up (a surge says "done" itself).
       const way = state.rollouts.get(event.slot) || "";
       if (event.from === "warming" && way.startsWith("recreate")) state.rollouts.delete(event.slot);
@@ -290,6 +291,14 @@ function applyEvent(event) {
       queueRender("slots", event.slot);
     }
   }
+  if (event.kind === "progress" && event.slot && event.details && event.details.phase) {
+    // A pulling slot's model files: bytes done of total, rate, ETA (PullProgress.details).
+    const slot = state.slots.get(event.slot);
+    if (slot && slot.state === "pulling") {
+      slot.pull = event.details;
+      queueRender("slots");
+    }
+  }
   if (isFlip(event)) {
     // The slot's request count rides on its flips: the counter moves with no refresh.
     const slot = state.slots.get(event.slot);
@@ -307,7 +316,7 @@ function applyEvent(event) {
   }
   state.events.length = Math.min(state.events.length, KEEP_EVENTS);
   queueRender("events");
-  if (event.slot) refreshSoon();
+  if (event.slot && event.kind !== "progress") refreshSoon(); // a pull's progress: above
 }
 
 // A burst of events (a replay, a swap) renders once per animation frame.
@@ -346,6 +355,34 @@ function rolloutText(rollout) {
   return `${rollout.way} ${rollout.phase}: ${rollout.message}`;
 }
 
+function duration(seconds) {
+  const s = Math.max(0, Math.round(seconds));
+  if (s < 60) return `${s}s`;
+  if (s < 3600) return `${Math.floor(s / 60)}m ${s % 60}s`;
+  return `${Math.floor(s / 3600)}h ${Math.floor((s % 3600) / 60)}m`;
+}
+
+// A pulling slot's model files: a bar, bytes done of total, rate and ETA.
+function pullLine(slot) {
+  const pull = slot.pull;
+  if (slot.state !== "pulling" || !pull) return null;
+  const known = typeof pull.percent === "number";
+  const words = [known ? `${pull.percent.toFixed(1)}%` : pull.phase || "pulling"];
+  words.push(pull.bytes_total ? `${bytes(pull.bytes_done)} / ${bytes(pull.bytes_total)}` : bytes(pull.bytes_done));
+  if (pull.rate_bps > 0) words.push(`${bytes(pull.rate_bps)}/s`);
+  if (typeof pull.eta_s === "number") words.push(`ETA ${duration(pull.eta_s)}`);
+  if (pull.phase && pull.phase !== "downloading") words.push(pull.phase);
+  const text = words.join(" · ");
+  const fill = h("div", { class: "pull-fill" });
+  fill.style.width = `${known ? Math.min(100, Math.max(0, pull.percent)) : 0}%`;
+  return h(
+    "div",
+    { class: "slot-pull", title: `pulling ${pull.source || ""}: ${text}`, "data-percent": known ? String(pull.percent) : "" },
+    h("div", { class: "pull-bar", role: "progressbar", "aria-valuemin": "0", "aria-valuemax": "100", "aria-valuenow": known ? String(Math.round(pull.percent)) : null }, fill),
+    h("span", { class: "pull-text", text }),
+  );
+}
+
 function rolloutLine(text) {
   return text ? h("div", { class: "slot-sub slot-rollout", title: text, text }) : null;
 }
@@ -369,6 +406,7 @@ function slotRow(slot, flash) {
       {},
       h("div", { class: "slot-name" }, slot.name, slot.pinned ? h("span", { class: "pin", title: "pinned: never evicted", text: "pinned" }) : null, slot.unit ? h("span", { class: "pin unit", title: `unit ${slot.unit}: loads, evicts and sleeps with its members`, text: `unit ${slot.unit}` }) : null),
       sub,
+      pullLine(slot),
       rolloutLine(state.rollouts.get(slot.name)),
     ),
     h("td", {}, h("span", { class: "model", text: slot.model_id || "—" })),

@@ -23,6 +23,7 @@ from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.core_v1 import Service
 from lightkube.types import PatchType
 
+from controller import __version__
 from controller.model.errors import (
     DockerEngineError,
     DockerUnavailable,
@@ -35,6 +36,7 @@ from controller.runtime.kubernetes.nodes import GPU_RESOURCES, NodeMemory
 from controller.runtime.kubernetes.spec import (
     DEFAULT_OWNER,
     FIELD_MANAGER,
+    ModelCache,
     api_reason,
     check_gpu_resource,
     check_owner,
@@ -72,6 +74,7 @@ class KubernetesApi:
         termination_grace_s: float = 30.0,
         node_lost_s: float | None = None,
         sync_timeout_s: float = 10.0,
+        model_cache: ModelCache | None = None,
     ) -> None:
         """``client``: a lightkube ``AsyncClient`` (default: the in-cluster service account,
         else ``KUBECONFIG`` / ``~/.kube/config``, created on first use). ``namespace``: where
@@ -85,7 +88,11 @@ class KubernetesApi:
         ``termination_grace_s``: the pods' grace period between SIGTERM and SIGKILL;
         ``node_lost_s``: how long a node may be not ready before its slots move
         (``SLOTCTL_K8S_NODE_LOST_S``, default 30); ``sync_timeout_s``: how long a call
-        waits for the caches' first listing.
+        waits for the caches' first listing. ``model_cache``: where pods pull model files
+        (``SLOTCTL_K8S_MODEL_CACHE``: ``pvc:NAME`` or a node's directory, default
+        ``/var/lib/slotctl/models``), with the image that pulls (``SLOTCTL_K8S_PULL_IMAGE``,
+        the operator's own; default ``slotctl:VERSION``) and a Secret holding a hub token
+        (``SLOTCTL_K8S_HF_TOKEN_SECRET``, key ``token``).
         """
         self._api = client
         self._owns_client = client is None
@@ -104,6 +111,11 @@ class KubernetesApi:
             node_lost_s if node_lost_s is not None else _env_s("SLOTCTL_K8S_NODE_LOST_S", 30)
         )
         self.sync_timeout_s = sync_timeout_s
+        self.model_cache = model_cache or ModelCache.parse(
+            os.environ.get("SLOTCTL_K8S_MODEL_CACHE"),
+            os.environ.get("SLOTCTL_K8S_PULL_IMAGE") or f"slotctl:{__version__}",
+            os.environ.get("SLOTCTL_K8S_HF_TOKEN_SECRET") or None,
+        )
         self.memory = NodeMemory()
         self._cache: ClusterCache | None = None
         self._locks: dict[str, asyncio.Lock] = {}

@@ -43,6 +43,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import os
 from typing import Any
 
 import httpx2
@@ -51,6 +52,7 @@ from lightkube.resources.core_v1 import Pod, Service
 from lightkube.types import PatchType
 
 from controller.model.errors import (
+    ModelPullFailed,
     SlotctlError,
     SlotSpawnFailed,
     SlotTerminateTimeout,
@@ -67,6 +69,7 @@ from controller.runtime.base import (
 from controller.runtime.kubernetes.api import KubernetesApi
 from controller.runtime.kubernetes.spec import (
     CONTAINER,
+    PULL_ENV,
     check_launch,
     deployment_body,
     object_name,
@@ -74,6 +77,7 @@ from controller.runtime.kubernetes.spec import (
     ours,
     owned,
     placed_node,
+    pull_seen,
     service_body,
     start_verdict,
     terminating,
@@ -150,10 +154,92 @@ class KubernetesRuntime(KubernetesApi):
     # ------------------------------------------------------------------ starting
 
     async def needs_prepare(self, launch: LaunchSpec) -> bool:
-        return False  # the kubelet pulls the image while the pod starts
+        """A model to pull first (the kubelet pulls the image while the pod starts)."""
+        return launch.pull is not None
 
     async def prepare(self, launch: LaunchSpec, progress: ProgressCallback | None = None) -> None:
-        return None
+        """The pod's model pull: its Deployment applied, then until its ``model-pull`` init
+        container is done (the slot shows ``pulling`` meanwhile); its failure is
+        ``model.pull_failed`` with the pull's own typed error in its words, and the
+        Deployment goes back to 0. Nothing to do without a model to pull."""
+        if launch.pull is None:
+            return
+        check_launch(launch)
+        async with self._lock(launch.slot):
+            await self._call("pull the model of", launch.slot, lambda: self._pull(launch, progress))
+
+    async def _pull(self, launch: LaunchSpec, progress: ProgressCallback | None) -> None:
+        slot = launch.slot
+        deployment: Deployment | None = await self._confirmed(Deployment, slot)
+        service: Service | None = await self._confirmed(Service, slot)
+        foreign = next((o for o in (deployment, service) if not ours(o, slot, self.owner)), None)
+        if foreign is not None:
+            raise SlotSpawnFailed(
+                f"cannot start slot {slot!r}: an unmanaged {type(foreign).__name__} holds the "
+                f"name {object_name(slot)} in {self.namespace}: remove or rename it",
+                slot=slot,
+            )
+        body = self._deployment(launch)
+        try:
+            self.drift.intend(slot, body)
+            await self._apply(body)
+            await self._wait_pulled(launch, progress)
+        except BaseException:  # a failed pull, a cancelled load: no pod left behind
+            await self._scale_down_after_failure(slot)
+            raise
+
+    async def _wait_pulled(self, launch: LaunchSpec, progress: ProgressCallback | None) -> None:
+        """Until the pod of this config has pulled its model (woken by the caches' events)."""
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        slot, wanted = launch.slot, launch.config_hash()
+        said = ""
+        pending: tuple[float, str] | None = None
+        while True:
+            pods = [
+                p
+                for p in self.cache.slot_pods(slot)
+                if not terminating(p)
+                and ((p.metadata.annotations if p.metadata else None) or {}).get(HASH_LABEL)
+                == wanted
+            ]
+            seen = [pull_seen(p) for p in pods]
+            if any(s.phase == "done" for s in seen):
+                return
+            failed = next((s for s in seen if s.phase == "failed"), None)
+            if failed is not None:
+                raise ModelPullFailed(
+                    f"slot {slot!r}: its pod could not pull model {launch.model_id}: "
+                    f"{failed.words}",
+                    source=launch.pull.source if launch.pull else "",
+                    reason="init_container",
+                    slot=slot,
+                    **({"pull_error": failed.code} if failed.code else {}),
+                )
+            words = seen[0].words if seen else "no pod yet"
+            if words != said:
+                said = words
+                if progress is not None:
+                    result = progress(
+                        {
+                            "slot": slot,
+                            "status": words,
+                            "phase": seen[0].phase if seen else "waiting",
+                        }
+                    )
+                    if result is not None:
+                        await result
+            now = loop.time()
+            pending = self._pending(launch, pods, pending, now)
+            if now - began >= self.start_timeout_s:
+                raise ModelPullFailed(
+                    f"slot {slot!r}: its pod did not pull model {launch.model_id} within "
+                    f"{self.start_timeout_s:g}s ({words})",
+                    source=launch.pull.source if launch.pull else "",
+                    reason="timeout",
+                    slot=slot,
+                )
+            await self.cache.changed(slot, 5.0)
 
     async def start(self, launch: LaunchSpec) -> Observed:
         check_launch(launch)
@@ -203,6 +289,8 @@ class KubernetesRuntime(KubernetesApi):
             gpu_resource=self._gpu_resource(placed_node(launch) or launch.node),
             termination_grace_s=math.ceil(self.termination_grace_s),
             owner=self.owner,
+            cache=self.model_cache,
+            pull_env={k: os.environ[k] for k in PULL_ENV if os.environ.get(k)},
         )
 
     async def _scale_down_after_failure(self, slot: str) -> None:

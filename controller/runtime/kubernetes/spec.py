@@ -19,7 +19,14 @@ names and labels, the Deployment and Service bodies, and the
   that is not ready or unreachable for :data:`LOST_TOLERATION_S`;
 * **model files**: a LaunchSpec mount whose source is a name is a PersistentVolumeClaim
   (the slot's ``server.volume``, read-only at the models dir); one whose source is a path
-  is a hostPath.
+  is a hostPath. A launch whose model can be pulled (:attr:`LaunchSpec.pull`) gets an
+  *init container*, ``model-pull``: the operator's own image running ``slotctl model pull
+  ID --source …`` into the node's model cache (:class:`ModelCache`: a hostPath by default,
+  or a PersistentVolumeClaim; the slot's own volume when it names one), which the server
+  then mounts read-only at the models dir — as KServe's storage initializer does (a slot
+  that names its own volume brings its files: nothing is pulled). A file
+  already there costs no download (the pull finds it); a failed pull's typed error is the
+  tail of its log (``FallbackToLogsOnError``), read back by :func:`pull_seen`.
 
 Sits under :mod:`controller.runtime.kubernetes.runtime` (the runtime, which makes the API calls);
 nothing here talks to an API server, so the rules are unit-testable alone.
@@ -29,6 +36,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
@@ -44,6 +52,7 @@ from controller.runtime.base import (
     SLOT_LABEL,
     STACK_LABEL,
     LaunchSpec,
+    ModelPull,
     Mount,
     Observed,
     RunStatus,
@@ -54,6 +63,18 @@ OBJECT_PREFIX: Final = "slotctl-"
 PORT_ANNOTATION: Final = "slotctl.port"
 HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
 CONTAINER: Final = "server"
+PULL_CONTAINER: Final = "model-pull"  # the init container that pulls the model first
+CACHE_VOLUME: Final = "model-cache"
+DEFAULT_MODEL_CACHE: Final = "/var/lib/slotctl/models"  # a node's cache (hostPath)
+# The hub's settings of the operator that its pods' pulls take too (a mirror, offline);
+# a token comes from a Secret (ModelCache.token_secret), never through here.
+PULL_ENV: Final = (
+    "HF_ENDPOINT",
+    "HF_HUB_OFFLINE",
+    "HF_HUB_ETAG_TIMEOUT",
+    "HF_HUB_DOWNLOAD_TIMEOUT",
+    "HF_HUB_DISABLE_TELEMETRY",
+)
 FIELD_MANAGER: Final = "slotctl"
 OWNER_LABEL: Final = "slotctl.owner"
 DEFAULT_OWNER: Final = "slotctl"
@@ -139,6 +160,68 @@ def _volumes(mounts: Sequence[Mount]) -> tuple[list[dict[str, Any]], list[dict[s
     return volumes, volume_mounts
 
 
+@dataclass(frozen=True, slots=True)
+class ModelCache:
+    """Where pods pull model files to and servers read them from: a node's directory
+    (``hostPath``, the default: ``/var/lib/slotctl/models``, kept across pods on that node)
+    or a PersistentVolumeClaim (``pvc:NAME``: shared by the pods that mount it). The image
+    that pulls is the operator's own (its ``slotctl``); a gated or private repository's
+    token comes from ``token_secret`` (a Secret's ``token`` key), never a stack file."""
+
+    host_path: str | None = DEFAULT_MODEL_CACHE
+    claim: str | None = None
+    image: str = "slotctl:latest"
+    token_secret: str | None = None
+
+    @classmethod
+    def parse(cls, text: str | None, image: str, token_secret: str | None = None) -> ModelCache:
+        """``SLOTCTL_K8S_MODEL_CACHE``: ``pvc:NAME``, ``hostPath:/dir`` or ``/dir``
+        (empty: the default hostPath). ValueError for anything else."""
+        value = (text or "").strip()
+        if value.startswith("pvc:") and value[4:]:
+            return cls(host_path=None, claim=value[4:], image=image, token_secret=token_secret)
+        path = value.removeprefix("hostPath:") or DEFAULT_MODEL_CACHE
+        if not path.startswith("/"):
+            raise ValueError(f"model cache {text!r}: pvc:NAME, hostPath:/dir or /dir")
+        return cls(host_path=path, image=image, token_secret=token_secret)
+
+    def volume(self) -> dict[str, Any]:
+        if self.claim is not None:
+            return {"name": CACHE_VOLUME, "persistentVolumeClaim": {"claimName": self.claim}}
+        return {
+            "name": CACHE_VOLUME,
+            "hostPath": {"path": self.host_path, "type": "DirectoryOrCreate"},
+        }
+
+
+def _pull_container(
+    pull: ModelPull,
+    cache: ModelCache,
+    volumes: list[dict[str, Any]],
+    volume_mounts: list[dict[str, Any]],
+    env: Mapping[str, str],
+) -> dict[str, Any]:
+    """The ``model-pull`` init container, and the cache volume it shares with the server
+    (read-write for the pull, read-only for the server, at the models dir)."""
+    volumes.append(cache.volume())
+    volume_mounts.append({"name": CACHE_VOLUME, "mountPath": pull.models_dir, "readOnly": True})
+    mount = {"name": CACHE_VOLUME, "mountPath": pull.models_dir, "readOnly": False}
+    variables: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in sorted(env.items())]
+    if cache.token_secret:
+        secret = {"name": cache.token_secret, "key": "token", "optional": True}
+        variables.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": secret}})
+    return {
+        "name": PULL_CONTAINER,
+        "image": cache.image,
+        "command": ["slotctl"],
+        "args": pull.argv(),
+        "env": variables,
+        "volumeMounts": [mount],
+        # a failure's last log line (``slotctl: error [code]: message``) is its message
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+
+
 def deployment_body(
     launch: LaunchSpec,
     namespace: str,
@@ -147,6 +230,8 @@ def deployment_body(
     gpu_resource: str = GPU_RESOURCES[0],
     termination_grace_s: int = 30,
     owner: str = DEFAULT_OWNER,
+    cache: ModelCache | None = None,
+    pull_env: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The Deployment that runs ``launch`` (pure; a merge patch of it updates one)."""
     if launch.device == "npu":
@@ -171,7 +256,13 @@ def deployment_body(
             {"limits": {gpu_resource: count}, "requests": {gpu_resource: count}} if gpu else {}
         ),
     }
+    init = None
+    if launch.pull is not None:
+        init = _pull_container(
+            launch.pull, cache or ModelCache(), volumes, volume_mounts, pull_env or {}
+        )
     pod_spec: dict[str, Any] = {
+        "initContainers": [init] if init is not None else None,
         "containers": [container],
         "volumes": volumes,
         "enableServiceLinks": False,
@@ -325,6 +416,60 @@ def _start_failure(pod: Pod) -> tuple[str, int | None] | None:
             detail = f": {waiting.message}" if waiting and waiting.message else ""
             return f"container {reason or 'restarted'}{detail}{exited}", code
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class PullSeen:
+    """A pod's ``model-pull`` init container as its status says: ``waiting`` (not
+    started: scheduling, the image), ``pulling``, ``done`` or ``failed`` (its words: the
+    pull's last log line, ``slotctl: error [code]: message``)."""
+
+    phase: str
+    words: str
+    code: str | None = None  # failed: the typed error's code, read from its words
+
+
+_ERROR_LINE: Final = re.compile(r"slotctl: error \[([a-z_.]+)\]: (.*)")
+
+
+def pull_seen(pod: Pod) -> PullSeen:
+    """What the pod's model pull is doing (see :class:`PullSeen`)."""
+    status = pod.status
+    for cs in (status.initContainerStatuses if status else None) or []:
+        if cs.name != PULL_CONTAINER:
+            continue
+        state = cs.state
+        last = cs.lastState.terminated if cs.lastState else None
+        if state and state.terminated:
+            if state.terminated.exitCode == 0:
+                return PullSeen("done", "pulled")
+            return _pull_failed(state.terminated.message, state.terminated.exitCode)
+        if state and state.running:
+            return PullSeen("pulling", "pulling the model in the pod's init container")
+        if state and state.waiting:
+            reason = state.waiting.reason or ""
+            if last is not None and last.exitCode:  # restarted after a failed pull
+                return _pull_failed(last.message, last.exitCode)
+            if reason in FATAL_WAITING:
+                return PullSeen(
+                    "failed", f"the pull's container: {reason}: {state.waiting.message or ''}"
+                )
+            return PullSeen("waiting", f"waiting: {reason}".rstrip(": "))
+    for cs in (status.containerStatuses if status else None) or []:
+        if cs.name == CONTAINER and cs.state and (cs.state.running or cs.state.terminated):
+            return PullSeen("done", "pulled")  # the server started: its init is over
+    phase = (status.phase if status else None) or "Pending"
+    return PullSeen("waiting", f"pod {phase.lower()}")
+
+
+def _pull_failed(message: str | None, code: int | None) -> PullSeen:
+    lines = [line.strip() for line in (message or "").splitlines() if line.strip()]
+    for line in reversed(lines):
+        found = _ERROR_LINE.search(line)
+        if found:
+            return PullSeen("failed", f"[{found[1]}] {found[2]}", found[1])
+    tail = lines[-1] if lines else "no output"
+    return PullSeen("failed", f"the pull exited with code {code}: {tail}")
 
 
 def unschedulable(pod: Pod) -> str | None:

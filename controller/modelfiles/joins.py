@@ -5,7 +5,7 @@ Two slots that need one file join one pull, as two requests join one cold load: 
 for that same task. Each waiter is counted; a waiter that is cancelled (its slot deleted,
 its client gone) only leaves — the work goes on for the others — and the last one to leave
 cancels the work. The work's outcome (or its typed error) reaches every waiter. Keys are
-destinations (a file or snapshot directory). Called by :mod:`controller.models.pull`.
+destinations (a file or snapshot directory). Called by :mod:`controller.modelfiles.pull`.
 """
 
 from __future__ import annotations

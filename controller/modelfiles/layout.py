@@ -14,8 +14,8 @@ on the same filesystem as the files it becomes, so the last step is one ``rename
     bytes that failed verification, moved aside (never deleted, never served) with a
     ``.json`` beside them saying what was expected and what was found
 
-Called by :mod:`controller.models.partial`, :mod:`controller.models.pull` and
-:mod:`controller.models.inventory` (which skips this corner).
+Called by :mod:`controller.modelfiles.partial`, :mod:`controller.modelfiles.pull` and
+:mod:`controller.modelfiles.inventory` (which skips this corner).
 """
 
 from __future__ import annotations

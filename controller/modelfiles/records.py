@@ -6,8 +6,8 @@ the store's atomic writer (:func:`controller.store.files.atomic_write_json`; not
 the record is a cache — a lost entry costs one re-verification, never a wrong answer).
 A file is *verified* when its identity (device, inode, size, mtime) is the one recorded
 with its digest: a file replaced or touched since no longer matches and is hashed again.
-Called by :mod:`controller.models.pull` (remember, look up, touch) and
-:mod:`controller.models.inventory` (last use, for the GC's order).
+Called by :mod:`controller.modelfiles.pull` (remember, look up, touch) and
+:mod:`controller.modelfiles.inventory` (last use, for the GC's order).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from controller.models.digests import Digest
+from controller.modelfiles.digests import Digest
 from controller.store.files import atomic_write_json
 
 __all__ = ["RECORD_NAME", "FileIdentity", "FileRecords", "SnapshotRecord"]

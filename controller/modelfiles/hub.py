@@ -13,7 +13,7 @@ What the library does here, and why not its ``hf_hub_download``/``snapshot_downl
   (gated, not found, revision not found) behave as everywhere else.
 * **the bytes go through the library's** ``file_download.http_get`` — its Range resume,
   its retries of a dropped connection, its fallback when a server ignores a Range — into
-  our own :class:`~controller.models.partial.PartialFile`. ``hf_hub_download`` (2.x) writes
+  our own :class:`~controller.modelfiles.partial.PartialFile`. ``hf_hub_download`` (2.x) writes
   each attempt to a fresh ``<etag>.<uuid>.incomplete`` file and deletes it on failure
   (huggingface_hub#4306, #4196): a controller restarted mid-pull would start from zero,
   and nothing it downloads is verified beyond its size. Passing our partial file and its
@@ -23,14 +23,13 @@ Every call is synchronous (httpx), so each runs in a worker thread. The token is
 from ``token_file`` when configured, else as the library reads it (``HF_TOKEN``, then
 ``$HF_HOME/token``); it is sent to the hub only (the library's own rule: dropped on a
 redirect off the hub), never logged, never in an error. Called by
-:mod:`controller.models.pull`.
+:mod:`controller.modelfiles.pull`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,10 +54,11 @@ from huggingface_hub.utils._headers import build_hf_headers
 from huggingface_hub.utils._paths import filter_repo_objects
 
 from controller.model.errors import ModelAccessDenied, ModelPullFailed, SlotctlError
-from controller.models.digests import Digest, digest_from_etag
-from controller.models.partial import PartialFile, PullCancelled
-from controller.models.remote import RemoteFile
-from controller.models.sources import HubFile, HubSnapshot
+from controller.modelfiles.digests import Digest, digest_from_etag
+from controller.modelfiles.partial import PartialFile, PullCancelled
+from controller.modelfiles.redact import redact_url
+from controller.modelfiles.remote import RemoteFile
+from controller.modelfiles.sources import HubFile, HubSnapshot
 
 __all__ = ["LIBRARY_NAME", "HubClient", "HubSettings", "redact_url"]
 
@@ -70,7 +70,6 @@ _HUB_ORIGINS: Final = frozenset(
 T = TypeVar("T")
 
 
-_URL_QUERY: Final = re.compile(r"(https?://[^\s?#'\"]+)[?#][^\s'\"]*")
 # The library's loggers that may print a download URL (a retry's warning names it), and
 # its HTTP client's (every request's URL at INFO, response headers at DEBUG).
 _LIBRARY_LOGGERS: Final = (
@@ -84,11 +83,6 @@ _LIBRARY_LOGGERS: Final = (
     "httpcore2.connection",
     "httpcore2.proxy",
 )
-
-
-def redact_url(text: str) -> str:
-    """``text`` with every URL's query cut (a CDN's signed URL carries a credential)."""
-    return _URL_QUERY.sub(r"\1?…", text)
 
 
 class _RedactQueries(logging.Filter):
@@ -128,7 +122,7 @@ class HubSettings:
 
 
 class _QuietBar:
-    """A progress bar that shows nothing (progress is ours: controller.models.progress)."""
+    """A progress bar that shows nothing (progress is ours: controller.modelfiles.progress)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         pass

@@ -1,12 +1,12 @@
 """What the models dir holds: every model file and pulled snapshot, its size and last use.
 
-A snapshot the engine put in place (recorded in :mod:`controller.models.records`) counts
+A snapshot the engine put in place (recorded in :mod:`controller.modelfiles.records`) counts
 as one entry — a GC removes a repository whole or not at all —; every other regular file
 is an entry of its own. The engine's corner (``.slotctl/``: partial, staging, quarantine)
 and symbolic links are never entries. Last use is the engine's record (a pull, a server
 started on it), else the file's own atime or mtime, whichever is later. Blocking (walks
-the directory): call it in a thread. Used by :mod:`controller.models.gc` and the model
-list of :mod:`controller.models.pull`.
+the directory): call it in a thread. Used by :mod:`controller.modelfiles.gc` and the model
+list of :mod:`controller.modelfiles.pull`.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from controller.models.layout import CacheLayout
-from controller.models.records import FileRecords
+from controller.modelfiles.layout import CacheLayout
+from controller.modelfiles.records import FileRecords
 
 __all__ = ["CacheEntry", "scan"]
 

@@ -3,9 +3,9 @@
 Pure but for :func:`hash_file` (reads a file; call it in a thread). Two algorithms, the two
 the hub vouches with: ``sha256`` (an LFS file's ``X-Linked-Etag``, a model's declared
 ``sha256``) and ``git-sha1`` (a small file kept in git: its ``ETag`` is the git blob hash,
-sha1 over ``b"blob <size>\\0"`` and the bytes). Used by :mod:`controller.models.partial`
-(hashing as bytes arrive), :mod:`controller.models.hub` (reading the hub's headers) and
-:mod:`controller.models.pull` (verifying a file already on disk).
+sha1 over ``b"blob <size>\\0"`` and the bytes). Used by :mod:`controller.modelfiles.partial`
+(hashing as bytes arrive), :mod:`controller.modelfiles.hub` (reading the hub's headers) and
+:mod:`controller.modelfiles.pull` (verifying a file already on disk).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Pull counters for ``/metrics``: bytes pulled, pulls by outcome, pulls in flight.
 
-Plain in-memory counts a :class:`~controller.models.pull.ModelFiles` keeps; the API's
+Plain in-memory counts a :class:`~controller.modelfiles.pull.ModelFiles` keeps; the API's
 metrics read them (``slotctl_model_pull_bytes_total``,
 ``slotctl_model_pulls_total{outcome}``, ``slotctl_model_pulls_in_flight`` in the
 integration step). Outcomes: ``pulled``, ``resumed`` (finished what an earlier pull left),

@@ -11,7 +11,8 @@ loop's executor), refuses further bytes once cancelled, and turns ``ENOSPC`` int
 client's ``http_get`` writes into (``write``, ``tell``, ``seek``, ``truncate``: the client
 rewinds to zero when a server ignores a ``Range``). :meth:`PartialFile.finish` compares
 size and digests; the caller then commits (rename) or quarantines. Used by
-:mod:`controller.models.hub`, :mod:`controller.models.urls` and :mod:`controller.models.pull`.
+:mod:`controller.modelfiles.hub`, :mod:`controller.modelfiles.urls` and
+:mod:`controller.modelfiles.pull`.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from controller.model.errors import InsufficientDisk
-from controller.models.digests import Digest, Hasher, feed_file, new_hasher
+from controller.modelfiles.digests import Digest, Hasher, feed_file, new_hasher
 
 __all__ = ["PartialBusy", "PartialFile", "PullCancelled", "Verdict", "fsync_dir"]
 

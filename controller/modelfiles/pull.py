@@ -36,7 +36,7 @@ import shutil
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final, Literal
+from typing import TYPE_CHECKING, Final, Literal
 
 from controller import __version__
 from controller.kit.clock import SYSTEM_CLOCK, Clock
@@ -49,28 +49,32 @@ from controller.model.errors import (
     ModelVerifyFailed,
     SlotctlError,
 )
-from controller.models.admission import DiskAdmission, DiskSpace, Reservation, StatvfsDisk
-from controller.models.digests import Digest, hash_file
-from controller.models.gc import GcPlan, Reference, apply_gc, plan_gc
-from controller.models.hub import HubClient, HubSettings, redact_url
-from controller.models.inventory import scan
-from controller.models.joins import Joins, Shared
-from controller.models.layout import CacheLayout
-from controller.models.partial import (
+from controller.model.sizes import format_gib
+from controller.modelfiles.admission import DiskAdmission, DiskSpace, Reservation, StatvfsDisk
+from controller.modelfiles.digests import Digest, hash_file
+from controller.modelfiles.gc import GcPlan, Reference, apply_gc, plan_gc
+from controller.modelfiles.inventory import scan
+from controller.modelfiles.joins import Joins, Shared
+from controller.modelfiles.layout import CacheLayout
+from controller.modelfiles.partial import (
     PartialBusy,
     PartialFile,
     PullCancelled,
     Verdict,
     fsync_dir,
 )
-from controller.models.progress import ProgressFeed, ProgressMeter, PullProgress
-from controller.models.records import FileRecords, SnapshotRecord
-from controller.models.remote import RemoteFile, Transfer
-from controller.models.sources import HubFile, HubSnapshot, LocalFile, UrlFile, Wanted, wanted
-from controller.models.stats import PullStats
-from controller.models.urls import UrlClient
+from controller.modelfiles.progress import ProgressFeed, ProgressMeter, PullProgress
+from controller.modelfiles.records import FileRecords, SnapshotRecord
+from controller.modelfiles.redact import redact_url
+from controller.modelfiles.remote import RemoteFile, Transfer
+from controller.modelfiles.sources import HubFile, HubSnapshot, LocalFile, UrlFile, Wanted, wanted
+from controller.modelfiles.stats import PullStats
 from controller.spec.schema import ModelSpec
 from controller.store.files import atomic_write_json
+
+if TYPE_CHECKING:  # made on first use: the hub's client library and aiohttp load then
+    from controller.modelfiles.hub import HubClient, HubSettings
+    from controller.modelfiles.urls import UrlClient
 
 __all__ = [
     "DEFAULT_MARGIN_BYTES",
@@ -115,15 +119,28 @@ class PullPlan:
     bytes: int | None = None  # still to fetch (None: not known — see ``error``)
     bytes_total: int | None = None
     error: dict[str, object] | None = None  # the resolution's typed error, if it failed
+    offline: bool = False  # planned without asking the hub or the URL (sizes unknown)
+    in_flight: bool = False  # a pull of these files runs now: a load would join it
+    kept: int = 0  # bytes an interrupted pull left on disk (a pull resumes from them)
 
     @property
     def message(self) -> str:
         if self.action == "pull":
-            size = "an unknown size" if self.bytes is None else _gb(self.bytes)
-            return f"would pull {size} from {redact_url(self.source)}"
+            source = redact_url(self.source)
+            if self.in_flight:
+                return f"would join the pull in flight from {source}"
+            if self.bytes is None:
+                if self.offline:
+                    known = f" ({_gb(self.kept)} already on disk)" if self.kept else ""
+                    return f"would pull from {source}: its size is not known offline{known}"
+                return f"would pull an unknown size from {source}"
+            resumed = f" (resuming: {_gb(self.kept)} on disk)" if self.kept else ""
+            return f"would pull {_gb(self.bytes)} from {source}{resumed}"
         if self.action == "verify":
             return f"would verify {self.path} against its sha256"
         if self.action == "missing":
+            if str(self.path) == self.source:
+                return f"{self.path} is missing (a path on this host: nothing to pull it from)"
             return f"{self.path} is missing and {self.source!r} can not be pulled"
         return "files present"
 
@@ -194,14 +211,44 @@ class ModelFiles:
         self.models_dir = models_dir
         self.layout = CacheLayout(models_dir)
         self.records = FileRecords(state_dir)
-        self.hub = hub or HubClient(hub_settings, version=__version__)
-        self.urls = urls or UrlClient(clock=clock)
+        self._hub = hub
+        self._hub_settings = hub_settings
+        self._urls = urls
         self.admission = DiskAdmission(models_dir, disk or StatvfsDisk(), margin_bytes)
         self.clock = clock
         self.references = references
         self.stats = PullStats()
         self._interval = progress_interval_s
         self._joins: Joins[Path, PullOutcome] = Joins()
+
+    # -- the transfers, made on first use ---------------------------------------------------
+
+    @property
+    def hub(self) -> HubClient:
+        """The hub's client (``huggingface_hub`` is imported here, at the first hub call:
+        a command that only looks at files never loads it)."""
+        if self._hub is None:
+            from controller.modelfiles.hub import HubClient
+
+            self._hub = HubClient(self._hub_settings, version=__version__)
+        return self._hub
+
+    @hub.setter
+    def hub(self, client: HubClient) -> None:
+        self._hub = client
+
+    @property
+    def urls(self) -> UrlClient:
+        """The client of plain URLs (aiohttp), made at the first URL pull."""
+        if self._urls is None:
+            from controller.modelfiles.urls import UrlClient
+
+            self._urls = UrlClient(clock=self.clock)
+        return self._urls
+
+    @urls.setter
+    def urls(self, client: UrlClient) -> None:
+        self._urls = client
 
     # -- what the slot manager calls -----------------------------------------------------
 
@@ -803,19 +850,31 @@ class ModelFiles:
 
     # -- the dry run and the list -------------------------------------------------------
 
-    async def plan(self, model: ModelSpec) -> PullPlan:
+    async def plan(self, model: ModelSpec, *, offline: bool = False) -> PullPlan:
         """What :meth:`ensure` would do (resolving sizes over the network, nothing
-        written); a failed resolution is in ``error`` (the pull would fail the same way)."""
+        written); a failed resolution is in ``error`` (the pull would fail the same way).
+        ``offline``: no network call — what the disk and the records say; a size that
+        only the hub or the URL knows stays unknown (``stack validate``)."""
         want = self.wanted(model)
         if want is None:
-            return PullPlan(model.id, model.source or "", None, "none")
+            return PullPlan(model.id, model.source or "", None, "none", offline=offline)
+        if want.dest in self._joins:
+            return PullPlan(
+                want.model, want.text, want.dest, "pull", offline=offline, in_flight=True
+            )
         present = self._snapshot_present(want.dest) if want.is_snapshot else want.dest.exists()
         if present:
             if want.sha256 and self.records.verified(want.dest) is None:
-                return PullPlan(want.model, want.text, want.dest, "verify")
-            return PullPlan(want.model, want.text, want.dest, "none")
+                return PullPlan(want.model, want.text, want.dest, "verify", offline=offline)
+            return PullPlan(want.model, want.text, want.dest, "none", offline=offline)
         if isinstance(want.source, LocalFile):
-            return PullPlan(want.model, want.text, want.dest, "missing")
+            return PullPlan(want.model, want.text, want.dest, "missing", offline=offline)
+        if offline:
+            kept, total = await asyncio.to_thread(self._partial_bytes, want.dest)
+            left = total - kept if total is not None and not want.is_snapshot else None
+            return PullPlan(
+                want.model, want.text, want.dest, "pull", left, total, offline=True, kept=kept
+            )
         try:
             if isinstance(want.source, HubSnapshot):
                 _, remotes = await self.hub.snapshot(want.source, want.text)
@@ -827,7 +886,48 @@ class ModelFiles:
         except SlotctlError as err:
             return PullPlan(want.model, want.text, want.dest, "pull", error=err.to_dict()["error"])
         needed = _remaining(remote, self.layout.partial(want.dest, remote.tag))
-        return PullPlan(want.model, want.text, want.dest, "pull", needed, remote.size)
+        kept = (remote.size - needed) if remote.size is not None else 0
+        return PullPlan(want.model, want.text, want.dest, "pull", needed, remote.size, kept=kept)
+
+    async def refusal(self, plan: PullPlan) -> SlotctlError | None:
+        """The typed refusal ``plan``'s pull would meet before writing a byte, if any — a
+        load's disk admission (the slot manager asks it before memory is admitted, the dry
+        run to explain): a missing file that can not be pulled (``ModelFileMissing``), or
+        bytes that do not fit the models dir's free space less the margin and what pulls
+        in flight still write, even after a GC of unreferenced files when references are
+        declared (``InsufficientDisk``). None: it would be admitted (a pull in flight is
+        joined; a size unknown is admitted when it is known, by the pull itself)."""
+        if plan.action == "missing":
+            return ModelFileMissing(plan.model, str(plan.path), plan.source)
+        if plan.action != "pull" or plan.in_flight or not plan.bytes:
+            return None
+        free = await asyncio.to_thread(self.admission.free)
+        margin, reserved = self.admission.margin_bytes, self.admission.reserved()
+        available = free - margin - reserved
+        if plan.bytes <= available:
+            return None
+        reclaimable = 0
+        if self.references is not None:
+            gc = await self.gc(self.references(), need_bytes=plan.bytes - available, dry_run=True)
+            reclaimable = gc.freed_bytes
+            if gc.short_bytes == 0 and gc.remove:
+                return None  # the pull makes room first (unreferenced files, oldest first)
+        label = f"model {plan.model} ({redact_url(plan.source)})"
+        return InsufficientDisk(
+            f"{label} needs {format_gib(plan.bytes)} but the models dir {self.models_dir} has "
+            f"{format_gib(max(available, 0))} to give ({format_gib(free)} free, "
+            f"{format_gib(margin)} kept free"
+            + (f", {format_gib(reserved)} promised to pulls in flight" if reserved else "")
+            + (f"; a GC could free only {format_gib(reclaimable)}" if reclaimable else "")
+            + ")",
+            needed_bytes=plan.bytes,
+            free_bytes=free,
+            margin_bytes=margin,
+            reserved_bytes=reserved,
+            reclaimable_bytes=reclaimable,
+            path=str(self.models_dir),
+            model=plan.model,
+        )
 
     async def state(self, model: ModelSpec) -> FileState:
         """``model``'s files now (no network call)."""
@@ -920,7 +1020,7 @@ class ModelFiles:
         dry_run: bool = False,
         spare_referenced: bool = True,
     ) -> GcPlan:
-        """Collect model files no reference covers (see :mod:`controller.models.gc`); with
+        """Collect model files no reference covers (see :mod:`controller.modelfiles.gc`); with
         ``dry_run`` only the plan. Files of pulls in flight are never touched."""
         entries = await asyncio.to_thread(scan, self.layout, self.records)
         busy = [Reference(path, "(pulling)", pinned=True) for path in self._joins.pending()]

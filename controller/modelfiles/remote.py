@@ -1,8 +1,8 @@
 """A file somewhere else, resolved: where to fetch it, how big it is, what vouches for it.
 
-Plain data shared by the two transfers (:mod:`controller.models.hub` resolves hub files
-through ``huggingface_hub``, :mod:`controller.models.urls` probes URLs over aiohttp) and
-the :class:`Transfer` seam :mod:`controller.models.pull` drives. ``headers`` may hold a
+Plain data shared by the two transfers (:mod:`controller.modelfiles.hub` resolves hub files
+through ``huggingface_hub``, :mod:`controller.modelfiles.urls` probes URLs over aiohttp) and
+the :class:`Transfer` seam :mod:`controller.modelfiles.pull` drives. ``headers`` may hold a
 hub token: it is excluded from ``repr`` and never logged.
 """
 
@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from controller.models.digests import Digest
-from controller.models.partial import PartialFile
+from controller.modelfiles.digests import Digest
+from controller.modelfiles.partial import PartialFile
 
 __all__ = ["RemoteFile", "Transfer"]
 

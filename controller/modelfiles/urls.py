@@ -11,7 +11,7 @@ connection dropped mid-file is resumed from what is on disk, ``attempts`` times 
 row without progress at most; a drop costs at most one chunk (what aiohttp had read and
 not yet handed over is lost with the connection). What vouches for the bytes is the model's declared
 ``sha256`` (required for URL sources by the schema). Called by
-:mod:`controller.models.pull`.
+:mod:`controller.modelfiles.pull`.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ import aiohttp
 
 from controller.kit.clock import SYSTEM_CLOCK, Clock
 from controller.model.errors import ModelAccessDenied, ModelPullFailed
-from controller.models.digests import Digest
-from controller.models.hub import redact_url
-from controller.models.partial import PartialFile
-from controller.models.remote import RemoteFile
+from controller.modelfiles.digests import Digest
+from controller.modelfiles.partial import PartialFile
+from controller.modelfiles.redact import redact_url
+from controller.modelfiles.remote import RemoteFile
 
 __all__ = ["CHUNK_BYTES", "UrlClient"]
 
@@ -47,7 +47,7 @@ class _Restart(Exception):
 
 
 class UrlClient:
-    """Probes and fetches URL sources (a :class:`~controller.models.remote.Transfer`)."""
+    """Probes and fetches URL sources (a :class:`~controller.modelfiles.remote.Transfer`)."""
 
     def __init__(
         self,

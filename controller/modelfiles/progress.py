@@ -19,8 +19,9 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Final, Literal
 
 from controller.kit.clock import Clock
+from controller.modelfiles.redact import redact_url
 
-__all__ = ["Phase", "ProgressFeed", "ProgressMeter", "PullProgress"]
+__all__ = ["Phase", "ProgressFeed", "ProgressMeter", "PullProgress", "progress_words"]
 
 Phase = Literal["checking", "downloading", "verifying", "done", "failed"]
 _FINAL: Final = frozenset({"done", "failed"})
@@ -119,22 +120,31 @@ class ProgressMeter:
         self._samples: deque[tuple[float, int]] = deque()
         self._last_publish = -1e18
         self._scheduled = False
+        self._ended = False  # the final snapshot (done, failed) was published
 
     # -- counting (any thread) ----------------------------------------------------------
 
     def add(self, n: int) -> None:
-        """``n`` more bytes are on disk."""
+        """``n`` more bytes are on disk. Published at once when the last publication is
+        ``interval`` old, else when it will be (a trailing publication: the last bytes of
+        a burst are shown even when nothing follows them — a held or stalled transfer)."""
         now = self._clock.monotonic()
         with self._lock:
             self._done += n
             self._samples.append((now, self._done))
             while self._samples and now - self._samples[0][0] > _RATE_WINDOW_S:
                 self._samples.popleft()
-            due = now - self._last_publish >= self._interval and not self._scheduled
-            if due:
-                self._scheduled = True
-        if due:
-            self._loop.call_soon_threadsafe(self._publish_due)
+            if self._scheduled:
+                return
+            self._scheduled = True
+            delay = self._interval - (now - self._last_publish)
+        self._loop.call_soon_threadsafe(self._publish_in, delay)
+
+    def _publish_in(self, delay: float) -> None:
+        if delay <= 0:
+            self._publish_due()
+        else:
+            self._loop.call_later(delay, self._publish_due)
 
     def rewind(self, n: int) -> None:
         """``n`` bytes counted were dropped (a transfer restarted from zero)."""
@@ -150,6 +160,8 @@ class ProgressMeter:
             if "bytes_done" in changes:
                 self._done = int(changes["bytes_done"])
                 self._samples.clear()
+                # the rate's first sample: the first bytes that arrive give a rate at once
+                self._samples.append((self._clock.monotonic(), self._done))
             self._state = replace(self._state, **changes)
         self._publish()
 
@@ -175,5 +187,31 @@ class ProgressMeter:
         self._publish()
 
     def _publish(self) -> None:
+        if self._ended:
+            return  # a trailing publication after the final one: nothing new to say
         self._last_publish = self._clock.monotonic()
-        self._feed.publish(self.snapshot())
+        snapshot = self.snapshot()
+        self._ended = snapshot.phase in _FINAL
+        self._feed.publish(snapshot)
+
+
+def _size(n: float) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
+
+
+def progress_words(p: PullProgress) -> str:
+    """A pull's progress in words (a ``progress`` event's message, the CLI's line)::
+
+    pulling 52.0% (2.13 GB of 4.10 GB), 35.2 MB/s, ETA 57s
+    """
+    if p.phase != "downloading":
+        return f"pulling {redact_url(p.source)}: {p.phase}"
+    if p.bytes_total and p.percent is not None:
+        words = f"pulling {p.percent:.1f}% ({_size(p.bytes_done)} of {_size(p.bytes_total)})"
+    else:
+        words = f"pulling {_size(p.bytes_done)}"
+    if p.rate_bps > 0:
+        words += f", {p.rate_bps / 1e6:.1f} MB/s"
+    if p.eta_s is not None:
+        words += f", ETA {p.eta_s:.0f}s"
+    return words

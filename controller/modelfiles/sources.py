@@ -2,7 +2,7 @@
 
 Pure (no I/O). :func:`wanted` turns a catalogue model into a :class:`Wanted` — its
 source (a hub file, a hub snapshot, a URL, a local path) and its destination in the models
-dir — for :mod:`controller.models.pull`; :func:`destination` is the one mapping of a
+dir — for :mod:`controller.modelfiles.pull`; :func:`destination` is the one mapping of a
 source text to the path a server reads, which :func:`controller.providers.base.model_path`
 shares, so a pull writes exactly where the server will look:
 

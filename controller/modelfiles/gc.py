@@ -1,7 +1,7 @@
 """The models dir's GC: room made by removing model files nobody declared, least
 recently used first, never a pinned model's — with a dry run that lists what it would do.
 
-:func:`plan_gc` is pure: the entries of :func:`controller.models.inventory.scan`, the
+:func:`plan_gc` is pure: the entries of :func:`controller.modelfiles.inventory.scan`, the
 references the caller declares (each model's destination: a file or a snapshot
 directory; ``pinned`` for a model a pinned slot serves), and optionally the bytes needed.
 An entry that a reference covers (the same path, one inside the other) is kept; the rest
@@ -9,7 +9,7 @@ are candidates, oldest last use first, taken until ``need_bytes`` are freed (all
 when no need is given). ``spare_referenced=False`` (a deliberate, aggressive GC) lets
 declared but unpinned models' files go too — they are pulled again when next loaded;
 pinned ones never go. :func:`apply_gc` carries a plan out and forgets the removed
-entries. Called by :mod:`controller.models.pull` (``ModelFiles.gc`` and the room a pull
+entries. Called by :mod:`controller.modelfiles.pull` (``ModelFiles.gc`` and the room a pull
 needs), later by ``slotctl model gc [--dry-run]``.
 """
 
@@ -22,9 +22,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from controller.models.inventory import CacheEntry
-from controller.models.layout import CacheLayout
-from controller.models.records import FileRecords
+from controller.modelfiles.inventory import CacheEntry
+from controller.modelfiles.layout import CacheLayout
+from controller.modelfiles.records import FileRecords
 
 __all__ = ["GcPlan", "Reference", "apply_gc", "plan_gc"]
 

@@ -7,7 +7,7 @@ that filesystem, and ``reserved`` is what the pulls in flight have been admitted
 not yet written (two pulls started together must not both count the same free bytes).
 A refusal is :class:`~controller.model.errors.InsufficientDisk` with the figures. Free
 space is read through the :class:`DiskSpace` seam (``statvfs``); the tests run it on a
-real small tmpfs. Called by :mod:`controller.models.pull`.
+real small tmpfs. Called by :mod:`controller.modelfiles.pull`.
 """
 
 from __future__ import annotations
