@@ -108,7 +108,9 @@ class ApiContext:
     @property
     def recorder(self) -> RequestRecorder | None:
         """Where routed requests are reported (the metrics, when they run)."""
-        return self.store.get(REQUEST_RECORDER)
+        # store.get(REQUEST_RECORDER), in line (once a routed request: its code runs from
+        # cold caches, where each function more it touches costs; docs/performance.md)
+        return self.store._values.get(REQUEST_RECORDER)  # type: ignore[return-value]
 
 
 API_CTX: Final = web.AppKey("slotctl_api", ApiContext)

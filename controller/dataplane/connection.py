@@ -325,7 +325,7 @@ class Connection(asyncio.Protocol):
             self._refuse_body(head, 0)
             return
         body = reader.body
-        reader.done()
+        reader.head, reader.body, reader.over = None, b"", False  # reader.done(), in line
         self._start(head, body)
 
     def _admit(self, head: RequestHead, got: Got) -> bool:
@@ -633,7 +633,25 @@ class Connection(asyncio.Protocol):
         call = self.call
         assert call is not None
         call.status = upstream.status
-        head = out.response_head(upstream, close=not self.keep, old=self.old)[0]
+        # response_head's common case, in line (a request's code runs from cold caches,
+        # where each function more it touches costs; docs/performance.md, the router): the
+        # recalled head's client head made already, for this connection's close and old.
+        keep, old = self.keep, self.old
+        close = not keep
+        made = upstream.recalled.made if upstream.recalled is not None else None
+        if made is not None and made[0] is close and made[1] is old and upstream.length:
+            date = upstream.date
+            if date:
+                head = b"%s\r\nDate: %s\r\nContent-Length: %d%s" % (
+                    made[2],
+                    date,
+                    upstream.length,
+                    made[3],
+                )
+            else:
+                head = b"%s\r\nContent-Length: %d%s" % (made[2], upstream.length, made[3])
+        else:
+            head = out.response_head(upstream, close=close, old=old)[0]
         if call.tail is not None:
             call.keep(body)
         transport = self.transport
@@ -642,8 +660,20 @@ class Connection(asyncio.Protocol):
             transport.write(head + body if body else head)
         self.call = None  # the end (_end's, with nothing upstream to drop)
         call.finish()
-        self.plane.ended()
-        self._done(self.keep)
+        plane = self.plane
+        plane.ended()
+        # _done(self.keep), in line: a request's code runs from cold caches, where each
+        # function more it touches costs (docs/performance.md, the router).
+        if self.state is not _CLOSED:
+            self.state = _IDLE
+        if not keep or plane.closing:
+            self.close()
+        elif self.transport is not None:
+            if not self.reading:
+                self.reading = True
+                self.transport.resume_reading()
+            if self.buffer:
+                self._next()
 
     def on_end(self) -> None:
         self.upstream = None  # back in its pool

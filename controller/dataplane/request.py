@@ -415,22 +415,53 @@ class RequestReader:
     # ------------------------------------------------------------------ reading
 
     def feed(self, data: bytes) -> Got:
-        """Read ``data`` (see the class docstring)."""
+        """Read ``data`` (see the class docstring). A read that starts with the recalled
+        head's bytes before its length is read here as that head and its body, when it is
+        (the head's bytes, then the length's digits and the rest of the head exactly):
+        llhttp's state is not touched; any other goes to llhttp."""
         self.fresh, self.rest, self.passed = False, b"", b""
         if self._left:
             return self._more_body(data)
         recall = self._recall
         if (
-            recall is not None
-            and data.startswith(recall.prefix)
-            and self.head is None
-            and not self.raw
-            and not self._passing
+            recall is None
+            or not data.startswith(recall.prefix)
+            or self.head is not None
+            or self.raw
+            or self._passing
         ):
-            got = self._recalled(data, recall)
-            if got is not None:
-                return got
-        return self._parse(data)
+            return self._parse(data)
+        # The recalled head (in line: a request's code runs from cold caches, where each
+        # function more it touches costs; docs/performance.md, the router).
+        suffix = recall.suffix
+        if suffix is None:
+            length, end = None, len(recall.prefix)
+            size = 0
+        else:
+            digits = _DIGITS.match(data, len(recall.prefix))
+            if digits is None:
+                return self._parse(data)
+            at = digits.end()
+            if not data.startswith(suffix, at):
+                return self._parse(data)
+            length = size = int(digits.group())
+            end = at + len(suffix)
+        head = recall.head
+        head.length = size
+        head.keep = recall.keep
+        self.head = head
+        self.fresh = True
+        need = end + size
+        if len(data) >= need:  # the whole request: llhttp's state was not touched
+            self.body = data[end:need] if head.collects else b""
+            self.rest = data[need:]
+            return _REQUEST
+        self._length, self._head_len = length, end
+        self.size = len(data) - end
+        if head.collects:
+            self._pieces.append(data[end:])
+        self._before, self._left = len(data), need - len(data)
+        return _HEAD
 
     def _parse(self, data: bytes) -> Got:
         """``data`` read by llhttp."""
@@ -515,41 +546,8 @@ class RequestReader:
                 self.rest = data[at:]
                 return
 
-    def _recalled(self, data: bytes, recall: _Recall) -> Got | None:
-        """``data``, which starts with the recalled head's bytes before its length, read as
-        that head and its body; None: another head (llhttp's)."""
-        suffix = recall.suffix
-        if suffix is None:
-            length, end = None, len(recall.prefix)
-            size = 0
-        else:
-            digits = _DIGITS.match(data, len(recall.prefix))
-            if digits is None:
-                return None
-            at = digits.end()
-            if not data.startswith(suffix, at):
-                return None
-            length = size = int(digits.group())
-            end = at + len(suffix)
-        head = recall.head
-        head.length = size
-        head.keep = recall.keep
-        self.head = head
-        self.fresh = True
-        need = end + size
-        if len(data) >= need:  # the whole request: llhttp's state was not touched
-            self.body = data[end:need] if head.collects else b""
-            self.rest = data[need:]
-            return _REQUEST
-        self._length, self._head_len = length, end
-        self.size = len(data) - end
-        if head.collects:
-            self._pieces.append(data[end:])
-        self._before, self._left = len(data), need - len(data)
-        return _HEAD
-
     def _more_body(self, data: bytes) -> Got:
-        """More of a recalled head's body (see :meth:`_recalled`)."""
+        """More of a recalled head's body (see :meth:`feed`)."""
         left, collects = self._left, self.head is not None and self.head.collects
         if len(data) < left:
             if collects:
@@ -573,7 +571,8 @@ class RequestReader:
         return min(self._length, max(0, self._before - self._head_len))
 
     def done(self) -> None:
-        """The request was taken from :attr:`head` and :attr:`body`: the next one's turn."""
+        """The request was taken from :attr:`head` and :attr:`body`: the next one's turn
+        (the data plane's connection does what this does itself)."""
         self.head, self.body, self.over = None, b"", False
 
 

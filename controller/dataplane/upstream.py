@@ -218,8 +218,48 @@ class Upstream(asyncio.Protocol):
         if self._left:
             self._more_body(data)
             self._deliver()
-        elif self._phase is not _WAITING or not self._recalled(data):
+            return
+        recall = self._recall
+        if self._phase is not _WAITING or recall is None:
             self._parse(data)
+            return
+        # The recalled head (the module docstring says when): ``data`` read as it and its
+        # body; another head goes to llhttp. A whole answer in this read ends the exchange
+        # here (Listener.on_answer); else the rest of its body is counted in by _more_body.
+        # In line: a request's code runs from cold caches, where each function more it
+        # touches costs (docs/performance.md, the router).
+        found = recall.pattern.match(data)
+        if found is None:
+            self._parse(data)
+            return
+        self.status, self.reason, self.fields, self.content_type, self._keep = recall.said
+        self.recalled = recall
+        self.codings = []
+        self.date = found.group("d") if recall.date is None else recall.date
+        self._length = self.length = length = int(found.group("n"))
+        self.framing = _SIZED if length else _NO_BODY
+        end = found.end()
+        size = len(data) - end
+        if size < length:  # more of its body to come
+            self._phase = _BODY
+            self._left = length
+            self._more_body(data[end:] if size else b"")
+            self._deliver()
+            return
+        if size > length:
+            self._extra = True  # bytes after the answer: the connection is not reused
+        listener = self._listener
+        self._listener = None
+        self._phase = _IDLE  # (the next send() sets what this exchange left)
+        # _ended(), in line: its answer whole, back in the pool (or closed)
+        if self._paused:
+            self.resume_reading()
+        self._used = True
+        if self._keep and size == length and self.transport is not None:
+            self._pool.put(self._key, self)
+        else:
+            self._close()
+        listener.on_answer(self, data[end : end + length])
 
     def _parse(self, data: bytes) -> None:
         """``data`` read by llhttp; then the listener hears of it."""
@@ -259,41 +299,8 @@ class Upstream(asyncio.Protocol):
             (self.status, self.reason, self.fields, self.content_type, self._keep),
         )
 
-    def _recalled(self, data: bytes) -> bool:
-        """``data`` read as the recalled head and its body; False: another head (llhttp's).
-        A whole answer in this read ends the exchange here (:meth:`Listener.on_answer`);
-        else the rest of its body is counted in by :meth:`_more_body`."""
-        recall = self._recall
-        if recall is None:
-            return False
-        found = recall.pattern.match(data)
-        if found is None:
-            return False
-        self.status, self.reason, self.fields, self.content_type, self._keep = recall.said
-        self.recalled = recall
-        self.codings = []
-        self.date = found.group("d") if recall.date is None else recall.date
-        self._length = self.length = length = int(found.group("n"))
-        self.framing = _SIZED if length else _NO_BODY
-        end = found.end()
-        size = len(data) - end
-        if size < length:  # more of its body to come
-            self._phase = _BODY
-            self._left = length
-            self._more_body(data[end:] if size else b"")
-            self._deliver()
-            return True
-        if size > length:
-            self._extra = True  # bytes after the answer: the connection is not reused
-        listener, self._listener = self._listener, None
-        assert listener is not None
-        self._phase = _IDLE  # (the next send() sets what this exchange left)
-        self._ended()
-        listener.on_answer(self, data[end : end + length])
-        return True
-
     def _more_body(self, data: bytes) -> None:
-        """More of a recalled answer's body (see :meth:`_recalled`)."""
+        """More of a recalled answer's body (see :meth:`data_received`)."""
         left = self._left
         if len(data) > left:
             self._extra = True  # bytes after the answer: the connection is not reused

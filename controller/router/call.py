@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from typing import Final
 
 from controller.access.keys import Principal
-from controller.model.errors import ModelNotFound, SlotctlError
+from controller.model.errors import ModelNotFound, SlotctlError, SlotNotReady
 from controller.router.access import model_refused, requester
 from controller.router.aliases import alias_candidates
 from controller.router.body import model_of, with_model
@@ -201,8 +201,14 @@ class RoutedCall:
                 400, f"invalid audio endpoint {self.path!r}", code="invalid_request_error"
             )
         manager = ctx.manager
-        if principal is not None:
-            self.who = _WHO.of(manager.settings, principal, asked)
+        if principal is not None:  # _WHO.of's common case, in line (see below)
+            settings, who = manager.settings, _WHO
+            found = (
+                who.by.get((principal.name, principal.priority, asked))
+                if settings is who.settings
+                else None
+            )
+            self.who = found if found is not None else who.of(settings, principal, asked)
         model = model_of(content_type, body, self.forms)
         self.content_type, self.body = content_type, body
         aliases = manager.aliases
@@ -229,8 +235,19 @@ class RoutedCall:
                 raise slot_refusal(limited)
             self.counted = True
             self.tail = bytearray()  # a key's call: its answer's usage counts for it
+        now: Lease | Pending | None
         try:
-            now = acquire_now(manager, candidates, self.who)
+            if len(candidates) == 1:  # acquire_now's common case, in line: a
+                # request's code runs from cold caches, where each function more it touches
+                # costs (docs/performance.md, the router)
+                try:
+                    now = manager.try_acquire(candidates[0], self.who)
+                except SlotNotReady:
+                    now = Pending(candidates, 0, 1, [])  # unloading: queue again (awaited)
+                if now is None:
+                    now = Pending(candidates, 0, 0, [])
+            else:
+                now = acquire_now(manager, candidates, self.who)
         except SlotctlError as exc:
             report_refusal(ctx, exc, model)
             raise slot_refusal(exc) from None

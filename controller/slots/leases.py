@@ -83,7 +83,15 @@ class Leases(Part):
             and not slot.book.draining
             and slot.spec.max_concurrency is None  # room: no turns
         ):
-            return self._take(slot, who.cls if who is not None else None)
+            # _take(slot, cls), in line: a routed request's code runs from cold caches,
+            # where each function more it touches costs (docs/performance.md, the router)
+            if state is _READY:  # a coalesced flip (SPEC §3: written off the loop)
+                self.table.flip(slot, _SERVING, "request in flight")
+            lease = Lease(slot.spec.name, slot.flight.generation)
+            now = self.clock.monotonic()
+            slot.book.add(lease, who.cls if who is not None else None, now)
+            self.table.used(slot, now)
+            return lease
         if not self.loading.loaded(slot) or slot.book.draining or not self._has_room(slot):
             return None
         return self._take_now(slot, who)

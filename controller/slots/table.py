@@ -311,7 +311,20 @@ class SlotTable:
         slot.waiting = None
         slot.asleep, slot.waking = 0, False
         name = slot.spec.name
-        self._lag(slot)
+        # _lag(slot), its common case in line (the lag writer already running: this flip
+        # is written with the others): a request's code is run from cold caches, where
+        # each function more it touches costs (docs/performance.md, the router).
+        seq = self._seq
+        seq[name] = seq.get(name, 0) + 1  # _intent
+        self.unpersisted.add(name)
+        writer = self._writer
+        if (
+            writer is None
+            or writer.done()
+            or name in self._refused
+            or writer.get_loop().is_closed()
+        ):
+            self._lag(slot, intent=False)
         before, after = _VALUE[current], _VALUE[to]
         self.transitions.append((name, before, after))
         model = slot.model
@@ -370,11 +383,13 @@ class SlotTable:
             self.store.write(record, durable=False)
             return True
 
-    def _lag(self, slot: SlotRecord) -> None:
-        """An observation committed in memory: have the lag writer persist it."""
-        name = slot.name
-        self._intent(name)
-        self.unpersisted.add(name)
+    def _lag(self, slot: SlotRecord, *, intent: bool = True) -> None:
+        """An observation committed in memory: have the lag writer persist it
+        (``intent=False``: its intent already counted, by :meth:`flip`)."""
+        name = slot.spec.name
+        if intent:
+            self._intent(name)
+            self.unpersisted.add(name)
         if name in self._refused:
             return  # the disk is refusing: housekeeping retries (flush_unpersisted)
         writer = self._writer
