@@ -94,6 +94,8 @@ class Plane(Protocol):
 
     def ended(self) -> None: ...
 
+    def drained(self) -> None: ...
+
 
 class Connection(asyncio.Protocol):
     """One client connection, until it closes (or is handed to aiohttp for good)."""
@@ -661,7 +663,9 @@ class Connection(asyncio.Protocol):
         self.call = None  # the end (_end's, with nothing upstream to drop)
         call.finish()
         plane = self.plane
-        plane.ended()
+        plane.in_flight -= 1  # plane.ended(), in line: a stop waits only once closing
+        if plane.closing:
+            plane.drained()
         # _done(self.keep), in line: a request's code runs from cold caches, where each
         # function more it touches costs (docs/performance.md, the router).
         if self.state is not _CLOSED:

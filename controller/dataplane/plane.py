@@ -159,6 +159,12 @@ class DataPlane:
         if not self.in_flight and self._drained is not None:
             self._drained.set()
 
+    def drained(self) -> None:
+        """:meth:`ended`'s wake-up of a stop waiting for the requests (a connection that
+        counts a request out itself calls this once :attr:`closing`: only a stop waits)."""
+        if not self.in_flight and self._drained is not None:
+            self._drained.set()
+
     async def _drain(self, timeout: float) -> None:
         if self.in_flight:
             self._drained = asyncio.Event()
