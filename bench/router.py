@@ -440,7 +440,16 @@ def floor_proxy(
 
 
 def nginx_pid(tmp: Path) -> int:
-    return int((tmp / "nginx" / "nginx.pid").read_text().strip())
+    """The master's pid, once nginx wrote it (its port may open before: waited for)."""
+    deadline = time.monotonic() + 5
+    while True:
+        with contextlib.suppress(FileNotFoundError):
+            text = (tmp / "nginx" / "nginx.pid").read_text().strip()
+            if text:
+                return int(text)
+        if time.monotonic() > deadline:
+            raise SystemExit("nginx wrote no pid file in 5 s")
+        time.sleep(0.02)
 
 
 # ============================================================================ load
