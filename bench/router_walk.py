@@ -13,11 +13,15 @@ Python work of the walk alone — no syscall, no event loop turn — so it is th
 is the kernel's and the loop's, which a lean relay pays too).
 
     python bench/router_walk.py [--clients 1 10 100] [--requests 60000] [--rounds 3]
-                                [--spy]
+                                [--spy] [--cold MIB]
 
 Prints CPU µs per request (the best of ``--rounds`` runs: the machine may be shared).
 ``--spy`` samples each K's walk with py-spy (``pip install py-spy``) and prints the
-microseconds per request by stage and by function (self time). Never fails on timing.
+microseconds per request by stage and by function (self time). ``--cold MIB`` rewrites a
+scratch buffer of MIB MiB after the clients' sends and after the answers, its own time not
+counted: what the client and the model server do to the caches between two turns of a
+live router's loop (8 MiB: the walk at 1 client runs ~5 times its warm time, as the live
+router's Python does). Never fails on timing.
 """
 
 from __future__ import annotations
