@@ -449,6 +449,12 @@ def _vllm(args: ArgList, out: ServerImport, key: str, report: ImportReport) -> N
     template = args.last(["--chat-template"])
     if template is not None:
         out.model["chat_template"] = template
+    task = args.last(["--task"])
+    if task == "embed":
+        out.slot["type"] = "embedding"
+        out.model["kind"] = "embedding"
+    elif task is not None:
+        args.items += ["--task", task]
     if args.take(["--served-model-name"]):
         _owned(report, key, "--served-model-name", "slotctl serves the model by its id")
     tp = args.last(["-tp", "--tensor-parallel-size"])
