@@ -248,19 +248,50 @@ class _Importer:
         if health is not None:
             slot["warmup_timeout_s"] = max(15.0, _number(health, "healthCheckTimeout"))
         self._limits(body, slot, key)
-        if body.get("useModelName"):
+        upstream = body.get("useModelName")
+        if upstream and srv.provider != "openai-compatible":
             self.report.add(
                 f"{key}.useModelName",
-                "owned" if srv.provider != "openai-compatible" else "approximated",
-                "slotctl's providers serve the model under its id, so no rewrite is needed"
-                if srv.provider != "openai-compatible"
-                else "slotctl sends the model id clients ask for: start the server so it "
-                f"answers to {model_id!r}",
+                "owned",
+                "slotctl's providers serve the model under its id, so no rewrite is needed",
             )
+        elif upstream:
+            self._upstream_name(raw_id, str(upstream), model, slot, key)
         if srv.server:
             slot["server"] = srv.server
         self.doc.models.append(model)
         self.doc.slots.append(slot)
+
+    def _upstream_name(
+        self, raw_id: str, upstream: str, model: dict[str, Any], slot: dict[str, Any], key: str
+    ) -> None:
+        """``useModelName`` of a server slotctl cannot name: the catalogue model takes the
+        upstream name and the llama-swap id becomes an ``[[alias]]`` of it, whose rewrite
+        of the request's ``model`` is llama-swap's."""
+        upstream_id = model_id_of(upstream, f"{key}.useModelName", self.report)
+        taken = {m["id"] for m in self.doc.models} | set(self.ids) - {raw_id}
+        if upstream_id in taken:
+            self.report.add(
+                f"{key}.useModelName",
+                "approximated",
+                f"{upstream_id!r} is another model's id: requests reach the server as "
+                f"{model['id']!r}",
+            )
+            return
+        alias_id = model["id"]
+        model["id"] = upstream_id
+        slot["model"] = {"default": upstream_id}
+        if slot["name"] == alias_id:  # an alias may not be a slot's name
+            names = {s["name"] for s in self.doc.slots} | {alias_id}
+            slot["name"] = slot_name_of(upstream_id, names)
+        self.ids[raw_id] = upstream_id
+        self.doc.aliases.append({"id": alias_id, "models": [upstream_id], "prefer": "first"})
+        self.report.add(
+            f"{key}.useModelName",
+            "owned",
+            f"the catalogue model is {upstream_id!r} and {alias_id!r} an alias of it: the "
+            "router rewrites the request's model as llama-swap does",
+        )
 
     def _env(self, value: object, key: str) -> dict[str, str]:
         if value is None:

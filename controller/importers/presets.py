@@ -150,7 +150,7 @@ def import_presets(
         argv, env = _argv(options, where, report)
         if binary:
             argv[0] = binary
-        srv = import_server(argv, env=env, key=where, report=report, lister=lister)
+        srv = import_server(argv, env=env, key=where, report=report, lister=lister, cmd_key=where)
         model_id = model_id_of(name, where, report)
         model: dict[str, Any] = {"id": model_id, **srv.model}
         slot: dict[str, Any] = {

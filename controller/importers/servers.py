@@ -117,10 +117,14 @@ def import_server(
     key: str,
     report: ImportReport,
     lister: Lister | None = None,
+    cmd_key: str | None = None,
 ) -> ServerImport:
     """``argv`` (macros expanded; ``${PORT}`` as :data:`PORT_TOKEN`) and its environment
-    as a provider with its model and slot fields; findings under ``key`` (``models.X``)."""
+    as a provider with its model and slot fields; findings under ``key`` (``models.X``:
+    ``models.X.env: NAME``), its flags' under ``cmd_key`` (default ``models.X.cmd``:
+    ``models.X.cmd: --flag``)."""
     argv = list(argv)
+    env_key, key = key, cmd_key or f"{key}.cmd"
     docker = _docker_run(argv, key, report) if _is_container_run(argv) else None
     env = dict(env)
     if docker is not None:
@@ -140,7 +144,7 @@ def import_server(
         out.server["cmd"] = list(args.items)
         if PORT_TOKEN not in " ".join(args.items):
             report.add(
-                f"{key}.cmd",
+                key,
                 "approximated",
                 "the command takes no ${PORT}: slotctl cannot tell it which port to listen "
                 "on, so the slot declares the port the server uses (from `proxy`)",
@@ -151,7 +155,13 @@ def import_server(
             out.server["extra_args"] = list(args.items)
     if docker is not None:
         _docker_model_path(out, docker, key, report)
-    _environment(env, out, key, report)
+    if out.provider in ("llamacpp", "vllm", "llama-cpp-python") and not out.model.get("source"):
+        report.add(
+            key,
+            "needs-input",
+            f"the command names no model ({out.provider} needs one): set the model's source",
+        )
+    _environment(env, out, env_key, report)
     return out
 
 
@@ -187,14 +197,14 @@ def _docker_run(argv: list[str], key: str, report: ImportReport) -> _Docker:
             continue
         if name in _DOCKER_OWNED:
             report.add(
-                f"{key}.cmd: {arg}",
+                f"{key}: {arg}",
                 "owned",
                 "slotctl's docker runtime names, publishes, mounts and removes each slot's "
                 "container itself, and gives it the GPUs it places the slot on",
             )
         else:
             report.add(
-                f"{key}.cmd: {name}",
+                f"{key}: {name}",
                 "dropped",
                 f"docker run option {name!r}: slotctl's docker runtime does not take "
                 "per-slot container options",
@@ -202,7 +212,7 @@ def _docker_run(argv: list[str], key: str, report: ImportReport) -> _Docker:
     if i >= len(argv):
         return _Docker("", [], env, mounts, gpus)
     report.add(
-        f"{key}.cmd",
+        key,
         "approximated",
         f"the server ran in a container ({argv[i]}): the slot keeps server.image, used by "
         "`slotctl up --runtime docker`; the process runtime runs the provider's binary",
@@ -250,7 +260,7 @@ def _recognise(argv: list[str], docker: _Docker | None) -> ServerImport:
 
 
 def _owned(report: ImportReport, key: str, flag: str, reason: str) -> None:
-    report.add(f"{key}.cmd: {flag}", "owned", reason)
+    report.add(f"{key}: {flag}", "owned", reason)
 
 
 def _port(args: ArgList, out: ServerImport, key: str, report: ImportReport) -> None:
@@ -260,7 +270,7 @@ def _port(args: ArgList, out: ServerImport, key: str, report: ImportReport) -> N
         if port.isdigit() and 0 < int(port) < 65536:
             out.slot["port"] = int(port)
         else:
-            report.add(f"{key}.cmd: --port", "needs-input", f"port {port!r} is not a number")
+            report.add(f"{key}: --port", "needs-input", f"port {port!r} is not a number")
     if port is not None:
         _owned(report, key, "--port", "slotctl passes the slot's port to the server")
     if host:
@@ -277,7 +287,7 @@ def _gpu_layers(value: str | None, out: ServerImport, key: str, report: ImportRe
         _owned(report, key, "--n-gpu-layers", "slotctl offloads every layer on a GPU slot")
     else:
         report.add(
-            f"{key}.cmd: --n-gpu-layers",
+            f"{key}: --n-gpu-layers",
             "approximated",
             f"{value} layers on the GPU: slotctl offloads every layer of a GPU slot (partial "
             "offload has no slotctl setting)",
@@ -302,7 +312,7 @@ def _hf_source(
     if chosen is None:
         out.model["source"] = f"hf://{ref.repo}"
         report.add(
-            f"{key}.cmd: -hf",
+            f"{key}: -hf",
             "needs-input",
             f"{ref.repo}:{tag} names no file slotctl could resolve "
             f"({'no such file in the repository' if files is not None else error}): set the "
@@ -311,7 +321,7 @@ def _hf_source(
         return
     out.model["source"] = f"hf://{ref.repo}/{chosen}"
     report.add(
-        f"{key}.cmd: -hf",
+        f"{key}: -hf",
         "approximated",
         f"{ref.repo}:{tag} resolved to {chosen} from the repository's listing (llama-server's "
         "rule: the quant, case-insensitive, else the first file); pin it with `revision` "
@@ -320,7 +330,7 @@ def _hf_source(
     mmproj = projector(files or [])
     if mmproj is not None:
         report.add(
-            f"{key}.cmd: -hf",
+            f"{key}: -hf",
             "needs-input",
             f"llama-server also downloads the projector {mmproj}; slotctl pulls one file: "
             "pull it and set the model's mmproj to its path",
@@ -339,13 +349,13 @@ def _llama_server(
     elif repo is not None:
         ref = parse_hf(repo, hf_file)
         if ref is None:
-            report.add(f"{key}.cmd: -hf", "needs-input", f"{repo!r} names no user/model")
+            report.add(f"{key}: -hf", "needs-input", f"{repo!r} names no user/model")
         else:
             _hf_source(ref, out, key, report, lister)
     elif url is not None:
         out.model["source"] = url
         report.add(
-            f"{key}.cmd: --model-url",
+            f"{key}: --model-url",
             "needs-input",
             "an https:// source needs its sha256 in the stack (nothing else vouches for its "
             'bytes): add sha256 = "<64 hex digits>" to the model',
@@ -382,7 +392,7 @@ def _llama_server(
 
 def _router_mode(report: ImportReport, key: str, flag: str) -> None:
     report.add(
-        f"{key}.cmd: {flag}",
+        f"{key}: {flag}",
         "dropped",
         "llama-server's router mode inside one slot: import its presets file instead "
         "(`slotctl import --from llama-server-presets FILE.ini`), one slot per model",
@@ -392,7 +402,7 @@ def _router_mode(report: ImportReport, key: str, flag: str) -> None:
 def _api_key(args: ArgList, key: str, report: ImportReport) -> None:
     if args.take(_API_KEY_FLAGS):
         report.add(
-            f"{key}.cmd: --api-key",
+            f"{key}: --api-key",
             "owned",
             "slotctl's router checks the clients' keys (`slotctl key create`); the server "
             "behind it answers slotctl's probes without one",
@@ -406,7 +416,7 @@ def _context(value: str | None, out: ServerImport, key: str, report: ImportRepor
         out.model["context_length"] = int(value)
     else:
         report.add(
-            f"{key}.cmd: --ctx-size",
+            f"{key}: --ctx-size",
             "approximated",
             f"context {value!r} (0: the model's own) has no slotctl form: the server runs "
             "with its default context unless the model sets context_length",
@@ -427,10 +437,10 @@ def _model_keys(args: ArgList, out: ServerImport, key: str, report: ImportReport
         try:
             out.model[name] = kind(value)
         except ValueError:
-            report.add(f"{key}.cmd: {flag}", "needs-input", f"{value!r} is not a {kind.__name__}")
+            report.add(f"{key}: {flag}", "needs-input", f"{value!r} is not a {kind.__name__}")
             continue
         report.add(
-            f"{key}.cmd: {flag}",
+            f"{key}: {flag}",
             "approximated",
             f"a sampling default: slotctl keeps it on the model ({name}), a key its "
             "providers do not pass to the server",
@@ -478,7 +488,7 @@ def _vllm_source(model: str, key: str, report: ImportReport) -> str:
         return model
     if re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", model):
         report.add(
-            f"{key}.cmd: --model",
+            f"{key}: --model",
             "approximated",
             f"{model!r} read as a Hugging Face repository (hf://{model}); if it is a "
             "directory relative to the server's working directory, make it absolute",
@@ -527,7 +537,7 @@ def _screen(args: ArgList, out: ServerImport, key: str, report: ImportReport) ->
                 _context(value, out, key, report)
             else:
                 report.add(
-                    f"{key}.cmd: {name}",
+                    f"{key}: {name}",
                     "dropped",
                     f"the model owns {owner}; set it on the [[model]]",
                 )
@@ -546,7 +556,7 @@ def _docker_model_path(out: ServerImport, docker: _Docker, key: str, report: Imp
             out.model["source"] = host.rstrip("/") + source[len(inside.rstrip("/")) :]
             return
     report.add(
-        f"{key}.cmd: --model",
+        f"{key}: --model",
         "needs-input",
         f"{source!r} is a path inside the container that no -v mount maps: set the "
         "model's source to the file's path on the host",
@@ -571,7 +581,8 @@ def _environment(env: Mapping[str, str], out: ServerImport, key: str, report: Im
         if name in HARDWARE_ENV_VARS:
             device = device_from_visibility(name, value)
             if device is not None:
-                out.slot["device"] = device
+                if device != "gpu" or "device" not in out.slot:  # `all` pins nothing
+                    out.slot["device"] = device
                 report.add(f"{key}.env: {name}", "owned", f"the slot's device = {device!r}")
             else:
                 report.add(

@@ -48,9 +48,9 @@ def test_presets_become_llamacpp_slots() -> None:
     report = {(f.kind, f.key) for f in result.report.findings}
     assert ("dropped", "[custom].stop-timeout") in report
     assert ("dropped", "[custom].mmap") in report
-    assert ("owned", "[custom].cmd: --host") in report
-    assert ("owned", "[custom].cmd: --alias") in report
-    assert ("owned", "[custom].cmd: --api-key") in report
+    assert ("owned", "[custom]: --host") in report
+    assert ("owned", "[custom]: --alias") in report
+    assert ("owned", "[custom]: --api-key") in report
     assert not load_stack_texts([("p.toml", result.render("models.ini"))]).errors
 
 
