@@ -20,12 +20,14 @@ from pathlib import Path
 from controller.cli.output import Style, render_problems
 from controller.importers.llamaswap import import_llama_swap
 from controller.importers.presets import import_presets
+from controller.importers.report import Finding
 from controller.importers.stackdoc import ImportResult
 from controller.model.errors import ImportSourceError
 from controller.model.exitcode import ExitCode
 from controller.spec.loader import load_stack_texts
+from controller.spec.problems import Problem
 
-__all__ = ["cmd_import", "detect_format", "hub_lister"]
+__all__ = ["HubLister", "cmd_import", "detect_format"]
 
 FORMATS = ("llama-swap", "llama-server-presets")
 
@@ -41,11 +43,32 @@ def detect_format(path: str, text: str) -> str:
     return "llama-swap"
 
 
-def hub_lister(repo: str) -> Sequence[str]:
-    """A hub repository's files, through the hub's own client (``-hf user/model:quant``)."""
-    from huggingface_hub import HfApi
+class HubLister:
+    """A hub repository's files, through the hub's own client (``-hf user/model:quant``),
+    each repository asked once; once the hub cannot be reached, not asked again (each try
+    costs the client's retries)."""
 
-    return list(HfApi().list_repo_files(repo))
+    def __init__(self) -> None:
+        self.listings: dict[str, list[str]] = {}
+        self.unreachable: Exception | None = None
+
+    def __call__(self, repo: str) -> Sequence[str]:
+        if repo in self.listings:
+            return self.listings[repo]
+        if self.unreachable is not None:
+            raise self.unreachable
+        from huggingface_hub import HfApi
+        from huggingface_hub.errors import HfHubHTTPError
+
+        try:
+            files = list(HfApi().list_repo_files(repo))
+        except HfHubHTTPError:
+            raise  # the hub answered: this repository only
+        except Exception as exc:
+            self.unreachable = exc
+            raise
+        self.listings[repo] = files
+        return files
 
 
 def _read(path: Path) -> tuple[str, str]:
@@ -60,7 +83,7 @@ def _read(path: Path) -> tuple[str, str]:
 def cmd_import(args: argparse.Namespace) -> ExitCode:
     source, text = _read(args.file)
     fmt = args.source_format or detect_format(source, text)
-    lister = None if args.offline else hub_lister
+    lister = None if args.offline else HubLister()
     result: ImportResult
     if fmt == "llama-swap":
         result = import_llama_swap(
@@ -104,7 +127,7 @@ def cmd_import(args: argparse.Namespace) -> ExitCode:
 
 
 def _explain(
-    result: ImportResult, source: str, problems: Sequence[object], refused: Sequence[object]
+    result: ImportResult, source: str, problems: Sequence[Problem], refused: Sequence[Finding]
 ) -> None:
     style = Style(sys.stderr)
     counts = result.report.counts()
@@ -112,7 +135,7 @@ def _explain(
     print(f"slotctl import: {source} ({result.report.source_format}): {summary}", file=sys.stderr)
     for finding in result.report.findings:
         print("  " + finding.line(source), file=sys.stderr)
-    for line in render_problems(problems, style):  # type: ignore[arg-type]
+    for line in render_problems(problems, style):
         print(line, file=sys.stderr)
     if result.commands:
         print("run these to create the API keys (each prints its key once):", file=sys.stderr)
