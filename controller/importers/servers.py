@@ -155,6 +155,7 @@ def import_server(
             out.server["extra_args"] = list(args.items)
     if docker is not None:
         _docker_model_path(out, docker, key, report)
+    _relative_source(out, key, report)
     if out.provider in ("llamacpp", "vllm", "llama-cpp-python") and not out.model.get("source"):
         report.add(
             key,
@@ -560,6 +561,27 @@ def _docker_model_path(out: ServerImport, docker: _Docker, key: str, report: Imp
         "needs-input",
         f"{source!r} is a path inside the container that no -v mount maps: set the "
         "model's source to the file's path on the host",
+    )
+
+
+def _relative_source(out: ServerImport, key: str, report: ImportReport) -> None:
+    """A relative model path was relative to the server's working directory; slotctl
+    resolves it under its models dir."""
+    source = out.model.get("source")
+    if not isinstance(source, str) or "://" in source or source.startswith("/"):
+        return
+    if source.startswith("~"):
+        report.add(
+            f"{key}: --model",
+            "needs-input",
+            f"{source!r}: slotctl does not expand ~: write the absolute path",
+        )
+        return
+    report.add(
+        f"{key}: --model",
+        "approximated",
+        f"{source!r} is relative: slotctl resolves it under its models dir "
+        "($SLOTCTL_MODELS_DIR, default /models), not the server's working directory",
     )
 
 

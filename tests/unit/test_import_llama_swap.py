@@ -513,3 +513,13 @@ def test_llama_swaps_cmd_splitting() -> None:
     ]  # fmt: skip
     with pytest.raises(ImportSourceError):
         split_command("llama-server --model 'unbalanced")
+
+
+def test_a_relative_model_path_is_reported() -> None:
+    text = (
+        "models:\n  a:\n    cmd: llama-server -m rel/a.gguf --port ${PORT}\n"
+        "  b:\n    cmd: llama-server -m ~/b.gguf --port ${PORT}\n"
+    )
+    findings = {(f.kind, f.key) for f in _imported(text).report.findings}
+    assert ("approximated", "models.a.cmd: --model") in findings
+    assert ("needs-input", "models.b.cmd: --model") in findings
