@@ -155,6 +155,7 @@ def import_server(
             out.server["extra_args"] = list(args.items)
     if docker is not None:
         _docker_model_path(out, docker, key, report)
+        out.slot.pop("port", None)  # the container's own port, not the host's (proxy's)
     _relative_source(out, key, report)
     if out.provider in ("llamacpp", "vllm", "llama-cpp-python") and not out.model.get("source"):
         report.add(

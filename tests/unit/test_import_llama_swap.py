@@ -523,3 +523,14 @@ def test_a_relative_model_path_is_reported() -> None:
     findings = {(f.kind, f.key) for f in _imported(text).report.findings}
     assert ("approximated", "models.a.cmd: --model") in findings
     assert ("needs-input", "models.b.cmd: --model") in findings
+
+
+def test_a_containers_own_port_is_not_the_slots() -> None:
+    text = (
+        "models:\n  d:\n    proxy: http://127.0.0.1:9100\n    cmd: >\n"
+        "      docker run --rm -p 9100:8080 -v /srv:/models ghcr.io/ggml-org/llama.cpp:server\n"
+        "      -m /models/d.gguf --host 0.0.0.0 --port 8080\n"
+    )
+    stack = _stack(_imported(text))
+    assert stack["slot"][0]["port"] == 9100  # llama-swap's proxy: the host side
+    assert stack["model"][0]["source"] == "/srv/d.gguf"
