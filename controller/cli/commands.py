@@ -582,5 +582,6 @@ _IMPORT: Final[tuple[Command, ...]] = (
             "slotctl import models.ini --strict --offline",
             "slotctl import config.yaml -o json | jq .findings",
         ),
+        skip=("--server", "--token"),  # no controller: files in, a file out
     ),
 )
