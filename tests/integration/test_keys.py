@@ -22,6 +22,7 @@ from controller.access.keys import KEYS_FILE, Scope
 from controller.api.app import route_scope
 from controller.api.assembly import ROUTES
 from controller.model.lifecycle import SlotState
+from controller.spec.schema import AliasSpec
 from tests.integration.test_router import (
     AUTH,
     Harness,
@@ -319,3 +320,30 @@ async def test_a_keys_tokens_are_counted_where_the_server_reports_usage(harness:
     assert prompt == usage["prompt_tokens"] + streamed["prompt_tokens"]
     assert completion == usage["completion_tokens"] + streamed["completion_tokens"] > 0
     assert _metric(text, tokens, key="@token") == 0  # the API token's calls are not kept
+
+
+async def test_a_key_is_authorized_on_the_model_that_serves_not_the_name_asked(
+    harness: Harness,
+) -> None:
+    """Issue 40, item 1 (OWASP API1): a key allowed ``m-a*`` asks for ``m-a-spare`` — the
+    name of a slot whose model is ``m-big`` — and is refused before anything loads (the
+    router's fallback to a slot by its name resolves the model first); an alias whose
+    member is that slot's name is refused too. The key's own model still serves."""
+    r = await harness.start(
+        [harness.slot("m-a-spare", "m-big"), harness.slot("a", "m-a-chat")],
+        [model("m-big"), model("m-a-chat")],
+    )
+    r.manager.set_aliases(
+        {"m-a-any": AliasSpec.model_validate({"id": "m-a-any", "models": ["m-a-spare"]})}
+    )
+    key = await create(r, "team-a", models=["m-a*"])
+    for asked in ("m-a-spare", "m-a-any"):
+        async with r.post("/v1/chat/completions", chat(asked), headers=bearer(key)) as resp:
+            assert resp.status == 403, (asked, await resp.text())
+            error = assert_openai_error(await resp.json())
+            assert error["code"] == "model_not_allowed" and "m-big" in error["message"], error
+    assert r.manager.view("m-a-spare").state is S.OFFLINE  # nothing loaded for it
+    async with r.post("/v1/chat/completions", chat("m-a-chat"), headers=bearer(key)) as resp:
+        assert resp.status == 200, await resp.text()
+    async with r.post("/v1/chat/completions", chat("m-a-spare")) as resp:
+        assert resp.status != 403  # the API token may use every model
