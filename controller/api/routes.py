@@ -15,11 +15,13 @@ from typing import Any, Final
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
+from controller.access.withheld import sees_secrets, withhold_slot
 from controller.api.app import (
     ApiContext,
     Query,
     RouteTable,
     json_response,
+    principal_of,
     query_flag,
     read_body,
 )
@@ -159,7 +161,10 @@ async def readyz(request: web.Request) -> web.Response:
 )
 async def list_slots(request: web.Request) -> web.Response:
     views = ctx_of(request).manager.views()
-    return json_response({"slots": [slot_out(v) for v in views]})
+    slots = [slot_out(v) for v in views]
+    if not sees_secrets(principal_of(request)):  # a message may name a URL
+        slots = [withhold_slot(s) for s in slots]
+    return json_response({"slots": slots})
 
 
 @route(
@@ -194,6 +199,8 @@ async def get_slot(request: web.Request) -> web.Response:
     desired = (await desired_state(ctx)).slots.get(name)
     if desired is not None:
         data["spec"] = slot_effective(desired.spec)
+    if not sees_secrets(principal_of(request)):  # below admin: env values, secret flags
+        data = withhold_slot(data)
     return json_response(data)
 
 

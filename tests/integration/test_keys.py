@@ -22,6 +22,7 @@ from controller.access.keys import KEYS_FILE, Scope
 from controller.api.app import route_scope
 from controller.api.assembly import ROUTES
 from controller.model.lifecycle import SlotState
+from controller.spec.guard import write_catalogue
 from controller.spec.schema import AliasSpec
 from tests.integration.test_router import (
     AUTH,
@@ -347,3 +348,50 @@ async def test_a_key_is_authorized_on_the_model_that_serves_not_the_name_asked(
         assert resp.status == 200, await resp.text()
     async with r.post("/v1/chat/completions", chat("m-a-spare")) as resp:
         assert resp.status != 403  # the API token may use every model
+
+
+async def test_a_read_key_sees_no_secrets_and_admin_sees_them(harness: Harness) -> None:
+    """Issue 40, item 2: a ``read`` key (the docs' Grafana example) reads a slot's spec
+    with the values of ``server.env`` withheld (their names kept), a secret flag's value
+    in its arguments withheld, and a URL's credentials (user:password@, the query) cut;
+    an ``admin`` key (and the API token) sees them as written."""
+    secrets = ("hf_SECRET_token_1", "sk-upstream-SECRET", "pw-SECRET", "sig-SECRET")
+    spec = harness.slot(
+        "chat",
+        "m-chat",
+        server={
+            "extra_args": [
+                "--api-key",
+                secrets[1],
+                f"--hf-endpoint=https://bot:{secrets[2]}@hub.example/?sig={secrets[3]}",
+                "--tokens-per-second",
+                "50",
+            ],
+            "env": {"HF_TOKEN": secrets[0], "LOG_LEVEL": "debug"},
+        },
+    )
+    r = await harness.start([spec], [model("m-chat")])
+    write_catalogue(r.ctx.config_dir, [model("m-chat")])
+    payload = spec.model_dump(mode="json", exclude_none=True)
+    async with r.post("/api/slots", payload) as resp:  # declared: its spec is shown
+        assert resp.status == 201, await resp.text()
+    reader = await create(r, "grafana", scope="read")
+    admin = await create(r, "ops", scope="admin")
+    for path in ("/api/slots/chat", "/api/slots", "/api/models"):
+        async with r.client.get(r.url(path), headers=bearer(reader)) as resp:
+            assert resp.status == 200, (path, await resp.text())
+            text = await resp.text()
+        leaked = [s for s in secrets if s in text]
+        assert not leaked, (path, leaked, text)
+    async with r.client.get(r.url("/api/slots/chat"), headers=bearer(reader)) as resp:
+        server = (await resp.json())["spec"]["server"]
+    assert server["env"] == {"HF_TOKEN": "<redacted>", "LOG_LEVEL": "<redacted>"}
+    assert server["extra_args"][:2] == ["--api-key", "<redacted>"]
+    assert server["extra_args"][2].startswith("--hf-endpoint=https://")
+    assert "hub.example" in server["extra_args"][2]
+    assert server["extra_args"][3:] == ["--tokens-per-second", "50"]  # not a secret
+    for headers in (bearer(admin), AUTH):
+        async with r.client.get(r.url("/api/slots/chat"), headers=headers) as resp:
+            shown = (await resp.json())["spec"]["server"]
+        assert shown["env"]["HF_TOKEN"] == secrets[0]
+        assert shown["extra_args"][1] == secrets[1]
