@@ -93,7 +93,7 @@ def requester(settings: ControllerSettings, principal: Principal, asked: str | N
     class that is not declared is a 400."""
     own = settings.priority_class(principal.priority)
     if not asked:
-        return Requester(principal.name, own.name)
+        return Requester(principal.name, own.name, principal.id)
     name = asked.strip().lower()
     wanted = next((c for c in settings.priority_classes if c.name == name), None)
     if wanted is None:
@@ -105,4 +105,4 @@ def requester(settings: ControllerSettings, principal: Principal, asked: str | N
             param=PRIORITY_HEADER,
         )
     chosen = wanted if wanted.weight <= own.weight else own
-    return Requester(principal.name, chosen.name)
+    return Requester(principal.name, chosen.name, principal.id)

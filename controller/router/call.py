@@ -101,14 +101,14 @@ class _Who:
 
     def __init__(self) -> None:
         self.settings: ControllerSettings | None = None
-        self.by: dict[tuple[str, str | None, str | None], Requester] = {}
+        self.by: dict[tuple[str, str, str | None, str | None], Requester] = {}
 
     def of(
         self, settings: ControllerSettings, principal: Principal, asked: str | None
     ) -> Requester:
         if settings is not self.settings:
             self.settings, self.by = settings, {}
-        key = (principal.name, principal.priority, asked)
+        key = (principal.id, principal.name, principal.priority, asked)  # by the key's id
         found = self.by.get(key)
         if found is None:
             found = requester(settings, principal, asked)  # a refusal raises, not kept

@@ -213,7 +213,7 @@ async def test_a_keys_limits_answer_429_with_retry_after(harness: Harness) -> No
             error = assert_openai_error(await busy.json())
             assert error["type"] == "rate_limit_error" and error["code"] == "key.concurrency_limit"
         await resp.read()
-    await wait_for(lambda: r.ctx.limits.in_flight.get("one-at-a-time", 0) == 0)
+    await wait_for(lambda: sum(r.ctx.limits.in_flight.values()) == 0)
     async with r.post("/v1/chat/completions", chat("m-chat"), headers=bearer(one)) as resp:
         assert resp.status == 200  # the slot is free again for this key
     rpm = await create(r, "two-a-minute", rpm=2)
@@ -312,7 +312,7 @@ async def test_a_keys_tokens_are_counted_where_the_server_reports_usage(harness:
     streamed = json.loads(events[-1].removeprefix(b"data: "))["usage"]
     async with r.post("/v1/chat/completions", chat("m-chat", 2, stream=True), headers=bearer(key)):
         pass  # a stream without include_usage reports none: nothing counted for it
-    await wait_for(lambda: r.ctx.limits.in_flight.get("counted", 0) == 0)
+    await wait_for(lambda: sum(r.ctx.limits.in_flight.values()) == 0)
     async with r.get("/metrics") as resp:
         text = await resp.text()
     tokens = "slotctl_key_tokens_total"
@@ -395,3 +395,68 @@ async def test_a_read_key_sees_no_secrets_and_admin_sees_them(harness: Harness) 
             shown = (await resp.json())["spec"]["server"]
         assert shown["env"]["HF_TOKEN"] == secrets[0]
         assert shown["extra_args"][1] == secrets[1]
+
+
+@pytest.mark.parametrize("path", ["cold", "turns"])
+async def test_one_keys_flood_cannot_take_another_keys_place_in_line(
+    harness: Harness, path: str
+) -> None:
+    """Issue 40, item 3: a batch key's flood fills the slot's ``max_queue``; another key's
+    first request still gets in line (and is served), and the flooder's newest waiter is
+    refused ``429 slot.queue_full`` in its place. Both places requests wait: a cold
+    slot's load (no ``max_concurrency``) and the turns of a slot at its ``max_concurrency``."""
+    if path == "cold":
+        spec = harness.slot("q", "m-q", "--load-seconds", "2", max_queue=6)
+    else:
+        spec = harness.slot("q", "m-q", "--tokens-per-second", "5", max_queue=6, max_concurrency=1)
+    r = await harness.start([spec], [model("m-q")])
+    batch = await create(r, "nightly", priority="batch")
+    ui = await create(r, "chat-ui", priority="interactive")
+    if path == "turns":  # the slot is loaded and busy: a long request holds its one seat
+        async with r.post("/v1/chat/completions", chat("m-q")) as resp:
+            assert resp.status == 200
+        holder = asyncio.create_task(_ask(r, chat("m-q", max_tokens=15), None))
+        await wait_for(lambda: r.manager.view("q").leases == 1, timeout=10)
+
+    flood = [asyncio.create_task(_ask(r, chat("m-q"), batch)) for _ in range(10)]
+    await wait_for(lambda: _waiting(r) == 6, timeout=10)  # the line is full of the flood
+    mine = await _ask(r, chat("m-q"), ui)
+    assert mine[0] == 200, mine  # not 429 slot.queue_full
+    results = await asyncio.gather(*flood)
+    statuses = sorted(s for s, _ in results)
+    assert statuses.count(200) == 5 and statuses.count(429) == 5, statuses
+    refused = [code for s, code in results if s == 429]
+    assert set(refused) == {"slot.queue_full"}
+    if path == "turns":
+        assert (await holder)[0] == 200
+    await wait_for(lambda: sum(r.ctx.limits.in_flight.values()) == 0)
+
+
+def _waiting(r: Router) -> int:
+    book = r.manager.core.table.get("q").book
+    return book.waiters + book.queued
+
+
+async def _ask(r: Router, body: dict[str, Any], key: str | None) -> tuple[int, str]:
+    headers = bearer(key) if key is not None else AUTH
+    async with r.client.post(r.url("/v1/chat/completions"), json=body, headers=headers) as resp:
+        answer = await resp.json()
+        return resp.status, answer.get("error", {}).get("code", "") if resp.status != 200 else ""
+
+
+async def test_a_recreated_key_does_not_inherit_the_revoked_keys_counters(
+    harness: Harness,
+) -> None:
+    """Issue 40, item 3: a key's counters (its requests a minute, in flight, its place in
+    the fair queue) are the key's, by its id: revoked and created again under the same
+    name, the new key starts with none of the old one's."""
+    r = await harness.start([harness.slot("chat", "m-chat")], [model("m-chat")])
+    old = await create(r, "ci", rpm=2)
+    for want in (200, 200, 429):
+        async with r.post("/v1/chat/completions", chat("m-chat"), headers=bearer(old)) as resp:
+            assert resp.status == want
+    async with r.client.delete(r.url("/api/keys/ci"), headers=AUTH) as resp:
+        assert resp.status == 200
+    new = await create(r, "ci", rpm=2)
+    async with r.post("/v1/chat/completions", chat("m-chat"), headers=bearer(new)) as resp:
+        assert resp.status == 200, await resp.text()  # not the old key's 429
