@@ -34,7 +34,13 @@ class Requester:
 
     key: str = ""
     cls: str = ""  # "": the controller's default class
-    flow: str = ""  # the key's id ("": the API token, the API's own leases)
+    flow: str = ""  # the key's id ("": not told: the key's name stands for it)
+
+    @property
+    def line(self) -> str:
+        """What its places in line are counted and taken in turn by: its flow, else its
+        key's name (a caller that knows no id: the API's own leases, a bench)."""
+        return self.flow or self.key
 
 
 class Lease:

@@ -2,11 +2,13 @@
 
 A part of the manager (:mod:`controller.slots`), above :mod:`.loading`. A request takes a
 lease: a cold slot is loaded first and concurrent cold requests join that one load (at
-most ``max_queue`` wait); a waiter that gives up never cancels the load for the others,
-and when the last one gives up the slot is unloaded once the load settles, unless
-something else wants it. Leases hold the slot in ``serving`` and block unload and
-eviction; a *hold* is a lease that expires by itself. The ``ready``↔``serving`` flips of
-a request are coalesced and written off the event loop (:mod:`.table`, SPEC §3).
+most ``max_queue`` wait, each key its share of them: a full line gives a smaller key's
+request the place of the largest key's newest, :mod:`controller.scheduling.queueshare`);
+a waiter that gives up never cancels the load for the others, and when the last one gives
+up the slot is unloaded once the load settles, unless something else wants it. Leases hold
+the slot in ``serving`` and block unload and eviction; a *hold* is a lease that expires by
+itself. The ``ready``↔``serving`` flips of a request are coalesced and written off the
+event loop (:mod:`.table`, SPEC §3).
 
 A slot with ``max_concurrency`` takes that many requests at once; the others wait for
 their *turn* in the slot's fair queue (:mod:`controller.scheduling.fairqueue`: by the requester's
@@ -91,7 +93,7 @@ class Leases(Part):
             raise self.table.refuse(slot, Op.LOAD, not_activated(slot.name))
         future: asyncio.Future[Lease | None] = asyncio.get_running_loop().create_future()
         place = self._enter_line(slot, who, future)
-        waiter = Waiter(who.flow, cls, self.clock.monotonic(), future)
+        waiter = Waiter(who.line, cls, self.clock.monotonic(), future)
         refused = turns.push(waiter)
         if refused is not None:
             slot.book.leave(place)
@@ -146,7 +148,7 @@ class Leases(Part):
         (:func:`controller.scheduling.queueshare.place_for`): in the line's room, or in
         the place of the largest flow's newest waiter; else ``slot.queue_full``."""
         book = slot.book
-        flow = who.flow if who is not None else ""
+        flow = who.line if who is not None else ""
         decided = place_for(book.holding(), flow, slot.spec.max_queue)
         if not decided.admitted:
             raise self._full(slot, f"(max_queue={slot.spec.max_queue})")

@@ -46,3 +46,13 @@ def test_a_flood_ends_with_every_flow_holding_its_share() -> None:
     held = Counter(line)
     assert len(line) == 64 and max(held.values()) - min(held.values()) <= 1, held
     assert place_for(held, "first-timer", 64).admitted
+
+
+async def test_the_bench_runs_at_its_smallest_size() -> None:
+    """bench/queue_share.py, once, small: the shares let every other key in, the line
+    without them none (the figures are the bench's, not asserted beyond that)."""
+    from bench.queue_share import main
+
+    figures = await main(flood=12, others=2, max_queue=4, service_ms=0.5)
+    assert figures["each key its share"]["others_in"] == 2
+    assert figures["no shares (baseline)"]["others_in"] == 0
