@@ -9,9 +9,11 @@ reach, its priority class and limits, when it expires. The key itself is shown o
 
 Scopes (each route declares the scope it needs: ``controller.api.app.RouteSpec``):
 
-    inference   the /v1 routes (and only the models its patterns name)
-    read        the GET routes, the event stream, metrics (and inference)
-    admin       everything
+    inference   the /v1 routes (and only the models its patterns name, checked on the
+                model that would serve)
+    read        the GET routes, the event stream, metrics (and inference), with the
+                secrets withheld (controller.access.withheld); not the servers' logs
+    admin       everything, secrets and logs included
 
 A running controller sees new and revoked keys within a second (:meth:`KeyRing.current`
 looks at the file's identity at most once a second, no watcher). Pure except for the

@@ -15,6 +15,7 @@ from typing import Any, Final
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
+from controller.access.keys import Scope
 from controller.access.withheld import sees_secrets, withhold_slot
 from controller.api.app import (
     ApiContext,
@@ -421,8 +422,9 @@ _MAX_LOG_LINES: Final = 10_000
 @route(
     "GET",
     "/api/slots/{name}/logs",
-    summary="the last lines the slot's server wrote",
+    summary="the last lines the slot's server wrote (admin: they may carry prompts, secrets)",
     tag="slots",
+    scope=Scope.ADMIN,  # a server's log may carry prompts and its own secrets
     query=[Query("tail", "integer", f"how many lines (default 100, at most {_MAX_LOG_LINES})")],
     responses={200: ("log lines", SlotLogs), 400: ("bad tail", None), 404: ("unknown", None)},
 )

@@ -110,6 +110,7 @@ async def test_every_route_declares_a_scope_rule() -> None:
     assert by_route[("GET", "/api/slots")] is Scope.READ
     assert by_route[("GET", "/metrics")] is Scope.READ
     assert by_route[("GET", "/api/keys")] is Scope.ADMIN
+    assert by_route[("GET", "/api/slots/{name}/logs")] is Scope.ADMIN  # prompts, secrets
     assert by_route[("POST", "/api/slots/{name}/load")] is Scope.ADMIN
     assert all(s.public or route_scope(s) is not None for s in ROUTES)
 
@@ -390,11 +391,18 @@ async def test_a_read_key_sees_no_secrets_and_admin_sees_them(harness: Harness) 
     assert server["extra_args"][2].startswith("--hf-endpoint=https://")
     assert "hub.example" in server["extra_args"][2]
     assert server["extra_args"][3:] == ["--tokens-per-second", "50"]  # not a secret
+    # a server's log may carry prompts and its own secrets (vLLM logs its non-default
+    # arguments): admin only
+    async with r.client.get(r.url("/api/slots/chat/logs"), headers=bearer(reader)) as resp:
+        assert resp.status == 403
+        assert (await resp.json())["error"]["code"] == "auth.forbidden"
     for headers in (bearer(admin), AUTH):
         async with r.client.get(r.url("/api/slots/chat"), headers=headers) as resp:
             shown = (await resp.json())["spec"]["server"]
         assert shown["env"]["HF_TOKEN"] == secrets[0]
         assert shown["extra_args"][1] == secrets[1]
+        async with r.client.get(r.url("/api/slots/chat/logs"), headers=headers) as resp:
+            assert resp.status == 200
 
 
 @pytest.mark.parametrize("path", ["cold", "turns"])
