@@ -37,6 +37,7 @@ through :meth:`SlotctlError.to_dict`; nothing renders a bare traceback.
     ├── StateWriteFailed              state.write_failed            503  (+ path, errno...)
     ├── ListenUnavailable             controller.listen_unavailable 409  (--listen in use)
     ├── InvalidRequest                request.invalid               400  (bad JSON/params)
+    ├── ImportSourceError             import.invalid_source         400  (slotctl import)
     ├── HostNotAllowed                request.host_not_allowed      421  (DNS rebinding)
     ├── Forbidden                     auth.forbidden                403  (a key's scope, models)
     ├── KeyNotFound                   key.not_found                 404
@@ -58,6 +59,7 @@ __all__ = [
     "Forbidden",
     "HostNotAllowed",
     "IllegalSlotTransition",
+    "ImportSourceError",
     "InsufficientDisk",
     "InsufficientMemory",
     "InvalidRequest",
@@ -455,6 +457,15 @@ class InvalidRequest(SlotctlError):
     """An API request that is not well-formed (body, parameters)."""
 
     code = "request.invalid"
+    http_status = 400
+
+
+class ImportSourceError(SlotctlError):
+    """``slotctl import``: a source file that cannot be read as the format it claims (YAML
+    or INI syntax, a macro that never resolves, an unset ``${env.VAR}``); nothing is
+    written. Details: ``source``, ``key``."""
+
+    code = "import.invalid_source"
     http_status = 400
 
 

@@ -49,6 +49,7 @@ EXTRA_ERRORS: dict[str, tuple[str, int]] = {
     "ControllerAlreadyRunning": ("controller.already_running", 409),
     "ListenUnavailable": ("controller.listen_unavailable", 409),
     "InvalidRequest": ("request.invalid", 400),
+    "ImportSourceError": ("import.invalid_source", 400),
     "Unauthorized": ("auth.unauthorized", 401),
     "SlotOwnedByStack": ("slot.owned_by_stack", 409),
     "StateWriteFailed": ("state.write_failed", 503),
@@ -105,6 +106,9 @@ def _make(name: str) -> SlotctlError:
         "ControllerAlreadyRunning": lambda: errors_module.ControllerAlreadyRunning("pid 1"),
         "ListenUnavailable": lambda: errors_module.ListenUnavailable("in use", listen="x:1"),
         "InvalidRequest": lambda: errors_module.InvalidRequest("body is not JSON"),
+        "ImportSourceError": lambda: errors_module.ImportSourceError(
+            "config.yaml: not YAML", source="config.yaml"
+        ),
         "Unauthorized": lambda: errors_module.Unauthorized("missing bearer token"),
         "Forbidden": lambda: errors_module.Forbidden("read scope", key="k", needs="admin"),
         "KeyNotFound": lambda: errors_module.KeyNotFound("no key named 'k'", name="k"),
