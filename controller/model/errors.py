@@ -9,6 +9,7 @@ through :meth:`SlotctlError.to_dict`; nothing renders a bare traceback.
     ├── SlotNotFound                  slot.not_found                404
     ├── IllegalSlotTransition         slot.illegal_transition       409
     ├── SlotNotReady                  slot.not_ready                503
+    ├── SlotLoadStopped               slot.load_stopped             503  (+ retry_after_s)
     ├── SlotSpawnFailed               slot.spawn_failed             500
     ├── SlotHealthFailed              slot.health_failed            503
     ├── SlotCrashLooping              slot.crash_looping            503  (+ retry_after_s)
@@ -77,6 +78,7 @@ __all__ = [
     "SlotConfigError",
     "SlotCrashLooping",
     "SlotHealthFailed",
+    "SlotLoadStopped",
     "SlotNotFound",
     "SlotNotReady",
     "SlotOwnedByStack",
@@ -135,6 +137,15 @@ class IllegalSlotTransition(SlotctlError):
 
 class SlotNotReady(SlotctlError):
     code = "slot.not_ready"
+    http_status = 503
+
+
+class SlotLoadStopped(SlotctlError):
+    """The load a request waited for was stopped before it finished (the controller
+    stops, the slot was removed or unloaded): the router answers 503 with Retry-After,
+    never a dropped connection."""
+
+    code = "slot.load_stopped"
     http_status = 503
 
 

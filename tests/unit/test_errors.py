@@ -17,6 +17,7 @@ from controller.model.errors import (
     SlotCrashLooping,
     SlotctlError,
     SlotHealthFailed,
+    SlotLoadStopped,
     SlotNotFound,
     SlotNotReady,
     SlotPinned,
@@ -29,6 +30,7 @@ SPEC_ERRORS: dict[str, tuple[str, int]] = {
     "SlotNotFound": ("slot.not_found", 404),
     "IllegalSlotTransition": ("slot.illegal_transition", 409),
     "SlotNotReady": ("slot.not_ready", 503),
+    "SlotLoadStopped": ("slot.load_stopped", 503),
     "SlotSpawnFailed": ("slot.spawn_failed", 500),
     "SlotHealthFailed": ("slot.health_failed", 503),
     "SlotCrashLooping": ("slot.crash_looping", 503),
@@ -82,6 +84,9 @@ def _make(name: str) -> SlotctlError:
             "illegal", from_state="offline", to_state="ready", legal=["pulling", "starting"]
         ),
         "SlotNotReady": lambda: SlotNotReady("slot llm-a is warming", slot="llm-a"),
+        "SlotLoadStopped": lambda: SlotLoadStopped(
+            "slot 'llm-a': its load was stopped", retry_after_s=5.0, slot="llm-a"
+        ),
         "SlotSpawnFailed": lambda: SlotSpawnFailed("exec failed", slot="llm-a"),
         "SlotHealthFailed": lambda: SlotHealthFailed("warmup timeout", slot="llm-a"),
         "SlotCrashLooping": lambda: SlotCrashLooping("backing off", retry_after_s=4.0),
