@@ -36,7 +36,7 @@ from typing import Final
 
 from controller.access.keys import Principal
 from controller.model.errors import ModelNotFound, SlotctlError, SlotNotReady
-from controller.router.access import model_refused, requester
+from controller.router.access import model_refused, permitted, requester
 from controller.router.aliases import alias_candidates
 from controller.router.body import model_of, with_model
 from controller.router.context import (
@@ -102,14 +102,14 @@ class _Who:
 
     def __init__(self) -> None:
         self.settings: ControllerSettings | None = None
-        self.by: dict[tuple[str, str | None, str | None], Requester] = {}
+        self.by: dict[tuple[str, str, str | None, str | None], Requester] = {}
 
     def of(
         self, settings: ControllerSettings, principal: Principal, asked: str | None
     ) -> Requester:
         if settings is not self.settings:
             self.settings, self.by = settings, {}
-        key = (principal.name, principal.priority, asked)
+        key = (principal.id, principal.name, principal.priority, asked)  # by the key's id
         found = self.by.get(key)
         if found is None:
             found = requester(settings, principal, asked)  # a refusal raises, not kept
@@ -204,7 +204,7 @@ class RoutedCall:
         if principal is not None:  # _WHO.of's common case, in line (see below)
             settings, who = manager.settings, _WHO
             found = (
-                who.by.get((principal.name, principal.priority, asked))
+                who.by.get((principal.id, principal.name, principal.priority, asked))
                 if settings is who.settings
                 else None
             )
@@ -221,8 +221,14 @@ class RoutedCall:
             candidates, refused = fitting(manager, served, kind)
         else:
             served, candidates, refused = route(manager, model, kind)
-        if principal is not None and principal.models and not principal.may_use(model):
-            raise model_refused(principal, model)
+        if principal is not None and principal.models:  # a key with --models patterns
+            if not principal.may_use(model):
+                raise model_refused(principal, model)
+            # decided on the model(s) that would serve, before any lease or load
+            kept = permitted(principal, manager, model, list(served))
+            if len(kept) != len(served):
+                served = kept
+                candidates, refused = fitting(manager, served, kind)
         if not served:
             report_refusal(ctx, ModelNotFound(model), model)
             raise model_not_found(model)
