@@ -94,7 +94,35 @@ def _row_from_view(view: dict[str, Any]) -> dict[str, Any]:
         "stack": view.get("stack"),
         "declared": True,
         "pull": view.get("pull"),  # pulling: its model's pull (bytes, rate, ETA)
+        "replica_of": view.get("replica_of"),  # a replica's slot (issue 38)
+        "replica_index": int(view.get("replica_index") or 0),
     }
+
+
+def _grouped(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``rows`` with each slot's replicas right after it, in index order."""
+    replicas: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        if row.get("replica_of") and row.get("replica_index"):
+            replicas.setdefault(row["replica_of"], []).append(row)
+    if not replicas:
+        return rows
+    out: list[dict[str, Any]] = []
+    for row in rows:
+        if row.get("replica_of") and row.get("replica_index"):
+            continue
+        out.append(row)
+        out.extend(sorted(replicas.pop(row["name"], []), key=lambda r: r["replica_index"]))
+    for orphans in replicas.values():  # a replica whose slot is not listed
+        out.extend(orphans)
+    return out
+
+
+def _name_cell(row: dict[str, Any]) -> str:
+    name = str(row["name"])
+    if row.get("replica_of") and row.get("replica_index"):
+        name += f" (replica {row['replica_index']} of {row['replica_of']})"
+    return name + ("" if row["declared"] else " (undeclared)")
 
 
 def _rows_from_files(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -206,7 +234,7 @@ def _print_data(data: Any, output: str) -> None:
 def cmd_list(args: argparse.Namespace) -> ExitCode:
     api = _api(args)
     if api is not None:
-        rows = [_row_from_view(v) for v in api.get("/api/slots").get("slots", [])]
+        rows = _grouped([_row_from_view(v) for v in api.get("/api/slots").get("slots", [])])
     else:
         rows = _rows_from_files(args)
     if args.output != "table":
@@ -214,7 +242,7 @@ def cmd_list(args: argparse.Namespace) -> ExitCode:
         return ExitCode.OK
     cells = [
         [
-            r["name"] + ("" if r["declared"] else " (undeclared)"),
+            _name_cell(r),
             _state_cell(r),
             r["model"] or "-",
             str(r["device"]),
