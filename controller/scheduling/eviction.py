@@ -371,7 +371,9 @@ def plan_room(
             freed[d] += c.on(d)
         if _met(need, freed):
             break
-    for c in sorted(chosen, key=lambda c: (-c.priority, score(c, now), c.name)):
+    # the most valuable first: higher priority, a last copy before an extra replica
+    spare_order = sorted(chosen, key=lambda c: (-c.priority, c.extra, score(c, now), c.name))
+    for c in spare_order:
         spared = {d: freed[d] - c.on(d) for d in need}
         if _met(need, spared):
             chosen.remove(c)

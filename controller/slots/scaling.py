@@ -57,7 +57,8 @@ class Scaling(Part):
             name=slot.name,
             index=slot.spec.replica_index,
             running=Loading.loaded(slot),
-            coming=slot.state in _COMING or slot.waking,
+            # coming up, or its load waits for memory (retried when memory comes back)
+            coming=slot.state in _COMING or slot.waking or slot.waiting is not None,
             in_flight=book.in_flight,
             waiting=book.queued + book.waiters,
             concurrency=slot.spec.max_concurrency,
