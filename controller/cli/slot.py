@@ -11,6 +11,7 @@ API knows what lives in the controller's memory (a batch hold's expiry).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -128,17 +129,22 @@ def _name_cell(row: dict[str, Any]) -> str:
 def _rows_from_files(args: argparse.Namespace) -> list[dict[str, Any]]:
     from controller.model.lifecycle import SlotState
     from controller.spec.configdir import read_config_dir
+    from controller.spec.replicas import replica_specs
     from controller.store.residency import ResidencyStore
     from controller.store.state import StateStore
 
     snapshot = read_config_dir(args.config_dir)
     store = StateStore(args.state_dir)
     resident = ResidencyStore(args.config_dir).read()
-    names = list(snapshot.slots) + [n for n in store.names() if n not in snapshot.slots]
+    declared = dict(snapshot.slots)
+    for slot in snapshot.slots.values():  # a slot's replicas, as the controller expands it
+        for replica in replica_specs(slot.spec):
+            declared.setdefault(replica.name, dataclasses.replace(slot, spec=replica))
+    names = list(declared) + [n for n in store.names() if n not in declared]
     rows = []
     for name in names:
         record = _record(store, name)
-        desired = snapshot.slots.get(name)
+        desired = declared.get(name)
         spec = desired.spec if desired else None
         model = snapshot.models.get(spec.model_id) if spec and spec.model_id else None
         memory = (
@@ -173,9 +179,11 @@ def _rows_from_files(args: argparse.Namespace) -> list[dict[str, Any]]:
                 "message": record.message if record else "",
                 "stack": desired.stack if desired else None,
                 "declared": desired is not None,
+                "replica_of": spec.replica_group or None if spec else None,
+                "replica_index": spec.replica_index if spec else 0,
             }
         )
-    return rows
+    return _grouped(rows)
 
 
 def _placed_gpus(record: Any) -> list[int]:

@@ -21,7 +21,7 @@ from typing import Final
 
 from controller.spec.schema import SlotSpec
 
-__all__ = ["REPLICA_SUFFIX", "replica_name", "replica_specs"]
+__all__ = ["REPLICA_SUFFIX", "replica_name", "replica_names", "replica_specs"]
 
 REPLICA_SUFFIX: Final = "-r"
 
@@ -29,6 +29,13 @@ REPLICA_SUFFIX: Final = "-r"
 def replica_name(slot: str, index: int) -> str:
     """Replica ``index`` of ``slot``: the slot itself for 0, else ``<slot>-r<index>``."""
     return slot if index == 0 else f"{slot}{REPLICA_SUFFIX}{index}"
+
+
+def replica_names(spec: SlotSpec) -> list[str]:
+    """The names of ``spec``'s replicas after the first (what its expansion declares)."""
+    if spec.replica_of is not None:
+        return []
+    return [replica_name(spec.name, index) for index in range(1, spec.max_count)]
 
 
 def replica_specs(spec: SlotSpec) -> list[SlotSpec]:

@@ -241,3 +241,32 @@ async def test_a_load_that_would_evict_the_pinned_minimum_is_refused(tmp_path: P
     await host.manager.load("a-r1")
     with pytest.raises(SlotctlError):
         await host.manager.load("c")
+
+
+# ----------------------------------------------------------------- the reconciler
+
+
+async def test_the_reconciler_runs_each_replica_through_the_lifecycle(tmp_path: Path) -> None:
+    from controller.reconcile.reconciler import Reconciler
+    from tests.unit.manager_fixtures import Harness
+
+    config = tmp_path / "config"
+    declare(config, slot_spec("chat", "m", replicas=2, autoload=True, port=18911))
+    h = Harness(tmp_path)
+    reconciler = Reconciler(h.manager, config, desired=DesiredCache(config))
+    await reconciler.refresh_async()
+    for name in sorted(reconciler.snapshot.slots):
+        await reconciler.reconcile(name)
+    await settle(h.manager)
+    m = h.manager
+    assert {n: m.view(n).state for n in ("chat", "chat-r1")} == {
+        "chat": S.READY,
+        "chat-r1": S.READY,
+    }
+    assert m.view("chat").endpoint != m.view("chat-r1").endpoint  # each its own port
+    declare(config, slot_spec("chat", "m", autoload=True, port=18911))
+    await reconciler.refresh_async()
+    assert reconciler.queue.is_dirty("chat-r1")
+    await reconciler.reconcile("chat-r1")
+    await reconciler.reconcile("chat")
+    assert m.known("chat-r1") is None and m.view("chat").state is S.READY
