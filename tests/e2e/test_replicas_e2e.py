@@ -6,7 +6,7 @@ port, shown together by ``slot list`` (through the controller and from the files
 
 from __future__ import annotations
 
-from tests.e2e.conftest import SlotDef, Slotctl, stack_text
+from tests.e2e.conftest import Slotctl, SlotDef, stack_text
 
 
 def test_a_slot_with_two_replicas_runs_two_servers(ctl: Slotctl) -> None:
