@@ -6,6 +6,8 @@ counters of each replica (requests in flight, requests waiting for a turn or a l
 
 * a replica is *saturated* when requests wait for it, or it has ``max_concurrency``
   requests in flight;
+* **the minimum**: once one replica runs (a slot loaded on demand), the replicas below
+  ``min_count`` that are offline are loaded too, one at a time;
 * **up**: every running replica has been saturated for ``scale_up_after_s`` without a
   break, no replica is coming up already, and fewer than ``max_count`` run: the lowest
   replica not running is loaded (a background load: admission places it without
@@ -43,6 +45,7 @@ class ReplicaFigures:
     in_flight: int = 0
     waiting: int = 0
     concurrency: int | None = None  # its max_concurrency (None: no limit)
+    offline: bool = True  # not loaded and not failed: a load may start it (when not running)
 
     @property
     def saturated(self) -> bool:
@@ -81,6 +84,16 @@ def decide_scale(
     if any(r.coming for r in replicas) or not running:
         # one is coming up (its own load, or a request's): both windows start afresh
         return ScaleDecision(HOLD, memory=ScaleMemory())
+    missing = sorted(
+        (r for r in replicas if r.index < min_count and not r.running and r.offline),
+        key=lambda r: r.index,
+    )
+    if missing:  # the slot serves (on demand): its minimum comes with it
+        reason = (
+            f"{len(running)} of min_replicas = {min_count} running while the slot serves: "
+            f"replica {missing[0].index} added"
+        )
+        return ScaleDecision("up", missing[0].name, reason, ScaleMemory())
     demand = sum(r.in_flight + r.waiting for r in running)
     if all(r.saturated for r in running):
         since = memory.saturated_since if memory.saturated_since is not None else now

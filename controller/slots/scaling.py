@@ -39,12 +39,12 @@ class Scaling(Part):
         self.windows: dict[str, ScaleMemory] = {}  # per slot with replicas
 
     def groups(self) -> dict[str, list[SlotRecord]]:
-        """The slots whose replicas scale by demand (min < max), their replicas in index
-        order."""
+        """The slots with replicas (their minimum follows a slot loaded on demand; between
+        min and max they scale by demand), their replicas in index order."""
         out: dict[str, list[SlotRecord]] = {}
         for slot in self.table:
             spec = slot.spec
-            if spec.replica_group and spec.min_count < spec.max_count and spec.activated:
+            if spec.replica_group and spec.activated:
                 out.setdefault(spec.replica_group, []).append(slot)
         for members in out.values():
             members.sort(key=lambda s: s.spec.replica_index)
@@ -62,6 +62,7 @@ class Scaling(Part):
             in_flight=book.in_flight,
             waiting=book.queued + book.waiters,
             concurrency=slot.spec.max_concurrency,
+            offline=slot.state is S.OFFLINE,
         )
 
     async def tick(self) -> None:

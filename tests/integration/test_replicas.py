@@ -89,6 +89,7 @@ async def test_prefix_routing_keeps_conversations_on_a_warm_replica(harness: Har
     }
     assert set(cached) == {"chat", "chat-r1"} and all(v > 0 for v in cached.values()), lines
     assert all('replica_of="chat"' in line for line in lines)
+    assert 'slotctl_slot_replica{index="1",replica_of="chat",slot="chat-r1"} 1.0' in text
 
 
 async def test_round_robin_alternates(harness: Harness) -> None:

@@ -174,3 +174,35 @@ async def test_a_scale_up_never_evicts_a_higher_priority(tmp_path: Path) -> None
     assert [e.details["action"] for e in scale] == ["up", "refused"]
     assert "not admitted" in scale[1].message and scale[1].error == "model.insufficient_memory"
     m.release(lease)
+
+
+def test_the_minimum_follows_a_slot_loaded_on_demand() -> None:
+    reps = [
+        ReplicaFigures("r0", 0, running=True),
+        ReplicaFigures("r1", 1, running=False),
+        ReplicaFigures("r2", 2, running=False, offline=False),  # failed: the breaker's
+    ]
+    d = decide_scale(
+        reps, ScaleMemory(), 0.0, min_count=3, max_count=3, up_after_s=1, down_after_s=1
+    )
+    assert (d.action, d.replica) == ("up", "r1") and "min_replicas = 3" in d.reason
+    idle = [ReplicaFigures("r0", 0, running=False), ReplicaFigures("r1", 1, running=False)]
+    d = decide_scale(
+        idle, ScaleMemory(), 0.0, min_count=2, max_count=2, up_after_s=1, down_after_s=1
+    )
+    assert d.action == "hold"  # nothing serves: nothing is loaded for it
+
+
+async def test_fixed_replicas_of_an_on_demand_slot_come_up_together(tmp_path: Path) -> None:
+    host = Host(tmp_path, [24, 24])
+    m = host.manager
+    base = slot_spec("chat", "m", replicas=2, autoload=False)
+    await host.declare([base, *replica_specs(base)], [model_spec("m", 8)])
+    await tick_for(host, 3)
+    assert m.view("chat-r1").state is S.OFFLINE  # nothing asked for the slot yet
+    sub = m.events.subscribe()
+    await m.load("chat")  # a request's cold load
+    await tick_for(host, 2)
+    assert m.view("chat-r1").state is S.READY and host.gpus_of("chat-r1") == (1,)
+    (event,) = events_of(sub, EventKind.SCALE)
+    assert event.slot == "chat-r1" and "min_replicas = 2" in event.message
