@@ -216,7 +216,12 @@ class Admission(Part):
         if slot.on_nodes and slot.spec.device_kind == "gpu":
             nodes = self._cluster()
             if nodes is not None:
-                return self._cluster_facts(slot, nodes, figures, peers, margin)
+                found = self._cluster_facts(slot, nodes, figures, peers, margin)
+                by_node = self._siblings(slot, by_node=True)
+                if not by_node:
+                    return found
+                # on a cluster, replicas spread across nodes: a node a sibling runs on
+                return [replace(d, siblings=by_node.get(d.group or "", 0)) for d in found]
         if slot.on_nodes or slot.spec.device_kind != "gpu":
             key = slot.where
             budget_gb = budget_gb_for(key, budgets)
@@ -227,9 +232,9 @@ class Admission(Part):
             return [facts("gpu", None, None, None)]
         return [facts(g.key, g.sample, g.budget, g.ref, g.error) for g in inventory]
 
-    def _siblings(self, slot: SlotRecord) -> dict[str, int]:
-        """Per GPU, the replicas of ``slot``'s own slot admitted there (a spread replica
-        avoids them: :mod:`controller.scheduling.placement`)."""
+    def _siblings(self, slot: SlotRecord, *, by_node: bool = False) -> dict[str, int]:
+        """Per GPU (``by_node``: per node of a cluster), the replicas of ``slot``'s own slot
+        admitted there (a spread replica avoids them: :mod:`controller.scheduling.placement`)."""
         group = slot.spec.replica_group
         if not group or slot.spec.replica_placement != "spread":
             return {}
@@ -238,7 +243,8 @@ class Admission(Part):
             if s is slot or s.spec.replica_group != group or s.state not in ADMITTED_STATES:
                 continue
             for g in s.placement:
-                out[g.key] = out.get(g.key, 0) + 1
+                key = (g.node or "") if by_node else g.key
+                out[key] = out.get(key, 0) + 1
         return out
 
     def _cluster(self) -> list[NodeGpus] | None:
