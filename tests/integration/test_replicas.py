@@ -138,3 +138,52 @@ async def test_kill_9_of_a_replica_mid_stream_fails_once_then_its_sibling_serves
     after = served(r)
     assert after[sibling] - before[sibling] == 3
     assert r.manager.lease_count() == 0
+
+
+async def test_scaled_up_under_a_driven_load_and_down_after(harness: Harness) -> None:
+    """Real servers, the real clock: clients keep the one replica saturated (one request
+    at a time, others waiting) until the scaler adds the second, which then serves; once
+    they stop, the quiet window takes it away. Waits on states, with deadlines."""
+    import asyncio
+
+    from controller.slots.records import ManagerConfig
+
+    base = harness.slot(
+        "chat",
+        "m",
+        "--tokens-per-second",
+        "50",
+        min_replicas=1,
+        max_replicas=2,
+        max_concurrency=1,
+        scale_up_after_s=0.3,
+        scale_down_after_s=1.5,
+    )
+    config = ManagerConfig(stop_timeout_s=5.0, tick_interval_s=0.1)
+    r = await harness.start([base, *replica_specs(base)], [model("m")], config)
+    await r.manager.load("chat")
+    sub = r.manager.events.subscribe()
+    stop = asyncio.Event()
+
+    async def client(i: int) -> None:
+        while not stop.is_set():
+            body = turn([{"role": "user", "content": f"client {i}"}], max_tokens=5)
+            async with r.post("/v1/chat/completions", body) as resp:
+                assert resp.status == 200
+
+    clients = [asyncio.create_task(client(i)) for i in range(3)]
+    try:
+        await wait_for(lambda: r.manager.view("chat-r1").state is S.READY, timeout=20)
+        served_before = r.manager.view("chat-r1").requests
+        await wait_for(lambda: r.manager.view("chat-r1").requests > served_before, timeout=10)
+    finally:
+        stop.set()
+        await asyncio.gather(*clients)
+    await wait_for(lambda: r.manager.view("chat-r1").state is S.OFFLINE, timeout=20)
+    assert r.manager.view("chat").state in (S.READY, S.IDLE)
+    scale = []
+    while (event := sub.get_nowait()) is not None:
+        if event.kind == "scale":
+            scale.append((event.details["action"], event.slot, event.message))
+    assert [(a, s) for a, s, _ in scale] == [("up", "chat-r1"), ("down", "chat-r1")], scale
+    assert "saturated" in scale[0][2] and "removed" in scale[1][2]
