@@ -15,7 +15,7 @@ import dataclasses
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any, Final
 
@@ -129,17 +129,13 @@ def _name_cell(row: dict[str, Any]) -> str:
 def _rows_from_files(args: argparse.Namespace) -> list[dict[str, Any]]:
     from controller.model.lifecycle import SlotState
     from controller.spec.configdir import read_config_dir
-    from controller.spec.replicas import replica_specs
     from controller.store.residency import ResidencyStore
     from controller.store.state import StateStore
 
     snapshot = read_config_dir(args.config_dir)
     store = StateStore(args.state_dir)
     resident = ResidencyStore(args.config_dir).read()
-    declared = dict(snapshot.slots)
-    for slot in snapshot.slots.values():  # a slot's replicas, as the controller expands it
-        for replica in replica_specs(slot.spec):
-            declared.setdefault(replica.name, dataclasses.replace(slot, spec=replica))
+    declared = _declared(snapshot.slots)
     names = list(declared) + [n for n in store.names() if n not in declared]
     rows = []
     for name in names:
@@ -184,6 +180,18 @@ def _rows_from_files(args: argparse.Namespace) -> list[dict[str, Any]]:
             }
         )
     return _grouped(rows)
+
+
+def _declared(slots: Mapping[str, Any]) -> dict[str, Any]:
+    """The declared slots with their replicas, as the controller's desired state expands
+    them (``chat-r1`` is declared by ``chat``'s ``replicas``)."""
+    from controller.spec.replicas import replica_specs
+
+    declared = dict(slots)
+    for slot in slots.values():
+        for replica in replica_specs(slot.spec):
+            declared.setdefault(replica.name, dataclasses.replace(slot, spec=replica))
+    return declared
 
 
 def _placed_gpus(record: Any) -> list[int]:
@@ -305,7 +313,7 @@ def _get_from_files(args: argparse.Namespace) -> dict[str, Any]:
 
     snapshot = read_config_dir(args.config_dir)
     store = StateStore(args.state_dir)
-    desired = snapshot.slots.get(args.name)
+    desired = _declared(snapshot.slots).get(args.name)
     record = _record(store, args.name) if args.name in store.names() else None
     if desired is None and record is None:
         raise SlotNotFound(args.name)

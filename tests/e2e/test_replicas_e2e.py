@@ -19,6 +19,8 @@ def test_a_slot_with_two_replicas_runs_two_servers(ctl: Slotctl) -> None:
         ("chat", "chat", 0),
         ("chat-r1", "chat", 1),
     ]
+    got = ctl.json("slot", "get", "chat-r1")  # from the files, as declared by chat
+    assert got["spec"]["model"]["default"] == "m-chat" and got["stack"] == "rep"
     ctl.start_up()
     ctl.wait_states({"chat": "ready", "chat-r1": "ready"})
     pids = ctl.pids()
