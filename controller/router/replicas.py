@@ -65,6 +65,8 @@ def route_replicas(
         _TURNS[group] = turn + 1
     elif routing == "prefix":
         key = prefix_key(_body(content_type, body), model)
+        if key == model:  # no prompt to hash (an upload, an odd body): the least loaded
+            routing = "least-loaded"
     order = rank_replicas(loads, key, routing=routing, load_factor=first.load_factor, turn=turn)
     taken = set(members)
     at = candidates.index(members[0])

@@ -5,7 +5,9 @@ another is below, warm before cold — and the prefix key a conversation keeps."
 
 from __future__ import annotations
 
+import json
 from collections import Counter
+from pathlib import Path
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -128,3 +130,48 @@ def test_a_conversation_keeps_its_prefix_key_from_turn_to_turn() -> None:
     )
     assert prefix_key({"prompt": "abc"}, "m") == prefix_key({"prompt": ["abc", "x"]}, "m")
     assert prefix_key({"input": "abc"}, "m") == prefix_key({"prompt": "abc"}, "m")
+
+
+# ----------------------------------------------------------------- over the manager
+
+
+async def test_the_routed_call_orders_a_slots_replicas_by_its_routing(tmp_path: Path) -> None:
+    from controller.router.replicas import route_replicas
+    from controller.router.selection import serving
+    from controller.spec.replicas import replica_specs
+    from tests.unit.manager_fixtures import Harness, desired, model_spec, slot_spec
+
+    h = Harness(tmp_path, gpu_gb=48)
+    m = h.manager
+    base = slot_spec("chat", "m", replicas=3)
+    other = slot_spec("solo", "s")
+    await m.set_desired(
+        desired([base, *replica_specs(base), other], [model_spec("m"), model_spec("s")])
+    )
+    for name in ("chat", "chat-r1", "chat-r2", "solo"):
+        await m.load(name)
+
+    def body(first: str, *more: str) -> bytes:
+        messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": first}]
+        messages += [{"role": "user", "content": x} for x in more]
+        return json.dumps({"model": "m", "messages": messages}).encode()
+
+    def route(data: bytes, content_type: str = "application/json") -> list[str]:
+        return route_replicas(m, serving(m, "m"), "m", content_type, data)
+
+    first = route(body("plan Lyon"))
+    assert sorted(first) == ["chat", "chat-r1", "chat-r2"]
+    assert route(body("plan Lyon", "and day two?", "and three?"))[0] == first[0]  # sticky
+    homes = {route(body(f"plan trip {i}"))[0] for i in range(30)}
+    assert homes == {"chat", "chat-r1", "chat-r2"}  # conversations spread
+    # the home replica past the bound: the next one under it takes the request
+    held = [await m.acquire(first[0]) for _ in range(3)]
+    assert route(body("plan Lyon"))[0] != first[0]
+    for lease in held:
+        m.release(lease)
+    # nothing to hash (a form upload): the least loaded
+    lease = await m.acquire("chat")
+    assert route(b"--x--", "multipart/form-data; boundary=x")[0] != "chat"
+    m.release(lease)
+    # a model served by one slot: left as ranked
+    assert route_replicas(m, ["solo"], "s", "application/json", b"{}") == ["solo"]
