@@ -142,6 +142,7 @@ PROGRESS_KINDS: Final = frozenset(
         EventKind.EVICTION,
         EventKind.RESIDENCY,
         EventKind.ROLLOUT,
+        EventKind.SCALE,
         EventKind.ERROR,
     }
 )
