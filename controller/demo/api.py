@@ -63,6 +63,14 @@ class DemoState:
         self.host_ballast: bytearray | None = None
         self.weights_lost = False
         self.cache = PrefixCache(config.prefix_cache)  # what a KV cache would reuse
+        # Generations in flight, and what a sleep does to them (its ``mode``, as vLLM's):
+        # ``abort`` bumps ``aborts`` (each generation ends at its next token, finish_reason
+        # "abort"); ``wait`` waits for ``generating`` to reach 0; ``keep`` pauses them
+        # (``paused``) until the wake.
+        self.flight = threading.Condition()
+        self.generating = 0
+        self.aborts = 0
+        self.paused = False
 
     def stall_if_hung(self) -> None:
         """Once hung, the calling thread never goes on (it waits on an event nobody sets):
@@ -261,6 +269,11 @@ class Generation:
         self.cached = cached  # prompt tokens the prefix cache held (None: no cache)
         self.id = os.urandom(12).hex()
         self.created = int(time.time())
+        self.aborted = False  # a sleep (mode=abort) ended it early
+
+    @property
+    def finish_reason(self) -> str:
+        return "abort" if self.aborted else "length"
 
     def envelope(self, obj: str) -> JSON:
         prefix = "chatcmpl-" if self.kind.startswith("chat") else "cmpl-"
@@ -296,15 +309,37 @@ class Generation:
         return out
 
     def paced(self) -> Iterator[str]:
-        """Yield the tokens at ``tokens_per_second`` (token i is due at (i+1)/rate)."""
+        """Yield the tokens at ``tokens_per_second`` (token i is due at (i+1)/rate); a
+        generation in flight counts in ``state.generating`` and heeds a sleep's mode."""
+        state = self.state
+        if state is None:
+            yield from self._paced(None, 0)
+            return
+        with state.flight:
+            state.generating += 1
+            epoch = state.aborts
+        try:
+            yield from self._paced(state, epoch)
+        finally:
+            with state.flight:
+                state.generating -= 1
+                state.flight.notify_all()
+
+    def _paced(self, state: DemoState | None, epoch: int) -> Iterator[str]:
         start = time.monotonic()
         for i, token in enumerate(self.tokens):
             if self.tokens_per_second:
                 delay = start + (i + 1) / self.tokens_per_second - time.monotonic()
                 if delay > 0:
                     time.sleep(delay)
-            if self.state is not None:
-                self.state.stall_if_hung()
+            if state is not None:
+                state.stall_if_hung()
+                with state.flight:
+                    while state.paused and state.aborts == epoch:  # mode=keep: until woken
+                        state.flight.wait()
+                    if state.aborts != epoch:  # mode=abort: it ends here
+                        self.aborted = True
+                        return
             yield token
 
     def text(self) -> str:
@@ -392,7 +427,8 @@ def handle_completions(state: DemoState, request: Request) -> Response | Stream:
     gen = _generation(state, "text_completion", model, prompt, _max_tokens(body, "max_tokens"))
     if _flag(body, "stream"):
         return _stream(_completion_events(gen, _include_usage(body)))
-    choice = {"index": 0, "text": gen.text(), "logprobs": None, "finish_reason": "length"}
+    text = gen.text()
+    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": gen.finish_reason}
     return json_response(gen.answer("text_completion", [choice]))
 
 
@@ -403,7 +439,7 @@ def _completion_events(gen: Generation, include_usage: bool) -> Iterator[JSON]:
 
     for token in gen.paced():
         yield chunk(token, None)
-    yield chunk("", "length")
+    yield chunk("", gen.finish_reason)
     if include_usage:
         yield gen.answer("text_completion", [])
 
@@ -415,7 +451,7 @@ def handle_chat(state: DemoState, request: Request) -> Response | Stream:
     if _flag(body, "stream"):
         return _stream(_chat_events(gen, _include_usage(body)))
     message = {"role": "assistant", "content": gen.text()}
-    choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": "length"}
+    choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": gen.finish_reason}
     return json_response(gen.answer("chat.completion", [choice]))
 
 
@@ -427,7 +463,7 @@ def _chat_events(gen: Generation, include_usage: bool) -> Iterator[JSON]:
     yield chunk({"role": "assistant", "content": ""}, None)
     for token in gen.paced():
         yield chunk({"content": token}, None)
-    yield chunk({}, "length")
+    yield chunk({}, gen.finish_reason)
     if include_usage:
         yield gen.answer("chat.completion.chunk", [])
 
