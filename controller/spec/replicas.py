@@ -2,7 +2,7 @@
 
 A slot that declares ``replicas = N`` (or ``min_replicas`` / ``max_replicas``) is served
 by up to ``max_count`` servers, each a slot of its own with its own lifecycle, port and
-state (docs/design/0019-replicas.md). Replica 0 keeps the slot's name, so a
+state (docs/design/0021-replicas.md). Replica 0 keeps the slot's name, so a
 slot that gains replicas keeps its server, its state dir and its port; replica ``i``
 is ``<name>-r<i>``: a DNS-1123 label like every slot name (it becomes a directory, a
 container's name, a Kubernetes object's), which ``#`` or ``.`` would not be.
