@@ -89,6 +89,9 @@ class Scaling(Part):
             target = self.table.records.get(decision.replica)
             if target is None:
                 continue
+            # a removal revalidated first (it got busy: looked at again after the window)
+            if decision.action == "down" and not await self._down(target, decision.reason):
+                continue
             self.events.emit(
                 EventKind.SCALE,
                 Op.SCALE,
@@ -99,8 +102,6 @@ class Scaling(Part):
             )
             if decision.action == "up":
                 self.tasks.spawn(self._up(target, decision.reason), f"scale-up:{target.name}")
-            else:
-                await self._down(target, decision.reason)
 
     async def _up(self, slot: SlotRecord, reason: str) -> None:
         try:
@@ -116,9 +117,10 @@ class Scaling(Part):
                 details={"action": "refused", "replica": slot.name},
             )
 
-    async def _down(self, slot: SlotRecord, reason: str) -> None:
+    async def _down(self, slot: SlotRecord, reason: str) -> bool:
         done = await self.loading.unloading.evict_one(
             slot, f"scale down: {reason}", reason=EvictionReason.SCALE_DOWN
         )
         if not done:
             log.info("scale down of %s deferred: it got busy", slot.name)
+        return done

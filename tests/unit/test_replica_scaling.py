@@ -206,3 +206,29 @@ async def test_fixed_replicas_of_an_on_demand_slot_come_up_together(tmp_path: Pa
     assert m.view("chat-r1").state is S.READY and host.gpus_of("chat-r1") == (1,)
     (event,) = events_of(sub, EventKind.SCALE)
     assert event.slot == "chat-r1" and "min_replicas = 2" in event.message
+
+
+async def test_a_replica_still_serving_is_not_taken_away_until_it_is_free(tmp_path: Path) -> None:
+    host = Host(tmp_path, [24, 24])
+    m = host.manager
+    base = slot_spec(
+        "chat",
+        "m",
+        min_replicas=1,
+        max_replicas=2,
+        max_concurrency=4,
+        scale_up_after_s=UP,
+        scale_down_after_s=DOWN,
+    )
+    await host.declare([base, *replica_specs(base)], [model_spec("m", 8)])
+    await m.load("chat")
+    await m.load("chat-r1")
+    sub = m.events.subscribe()
+    lease = await m.acquire("chat-r1")  # light demand, on the extra replica
+    await tick_for(host, DOWN + 2)
+    assert m.view("chat-r1").state is S.SERVING  # the removal waited: no event said it
+    assert events_of(sub, EventKind.SCALE) == []
+    m.release(lease)
+    await tick_for(host, DOWN + 2)
+    assert m.view("chat-r1").state is S.OFFLINE
+    assert [e.details["action"] for e in events_of(sub, EventKind.SCALE)] == ["down"]
