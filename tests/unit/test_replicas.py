@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from controller.model.errors import SlotctlError
@@ -270,3 +272,33 @@ async def test_the_reconciler_runs_each_replica_through_the_lifecycle(tmp_path: 
     await reconciler.reconcile("chat-r1")
     await reconciler.reconcile("chat")
     assert m.known("chat-r1") is None and m.view("chat").state is S.READY
+
+
+@settings(
+    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(st.lists(st.tuples(st.integers(1, 4), st.integers(1, 3)), min_size=1, max_size=5))
+def test_the_cache_kept_key_by_key_equals_a_fresh_read(
+    tmp_path_factory: pytest.TempPathFactory, steps: list[tuple[int, int]]
+) -> None:
+    """However the replica counts change, the snapshot kept up to date change by change
+    is the one a fresh read builds, and each change names every replica that came or
+    went."""
+    config = tmp_path_factory.mktemp("cache") / "config"
+    declare(config, slot_spec("a", "m", autoload=False, port=18921))
+    cache = DesiredCache(config)
+    heard: list[DesiredChange] = []
+    cache.subscribe(heard.append)
+    for a, b in steps:
+        before = set(cache.snapshot.slots)
+        declare(
+            config,
+            slot_spec("a", "m", replicas=a, autoload=False, port=18921),
+            slot_spec("b", "m", replicas=b, autoload=False, port=18922),
+        )
+        heard.clear()
+        cache.refresh()
+        after = set(cache.snapshot.slots)
+        assert after == set(DesiredCache(config).snapshot.slots)
+        named = set().union(*(c.slots for c in heard)) if heard else set()
+        assert before ^ after <= named
