@@ -56,7 +56,7 @@ _MODEL_STATE: Final = {
 class ModelOut(BaseModel):
     id: str
     kind: str
-    memory_gb: float
+    memory_gb: float | None  # declared; None: estimated (GET /api/models/{id}/footprint)
     exclusive_group: str | None = None
     state: str
     resident: bool

@@ -179,6 +179,29 @@ class NvmlProbe:
         self._last = tuple(out)
         return self._last
 
+    def process_bytes(self, pids: set[int], indices: tuple[int, ...] = ()) -> int | None:
+        """The device memory the processes ``pids`` hold (NVML's per-process
+        ``usedGpuMemory`` over the GPUs, ``indices`` only when given); None when NVML
+        cannot tell (no binding, no driver, a driver that hides per-process figures)."""
+        if not self._init():
+            return None
+        nvml = self._nvml
+        assert nvml is not None
+        total, told = 0, False
+        try:
+            count = int(nvml.nvmlDeviceGetCount())
+            for index in indices or tuple(range(count)):
+                handle = nvml.nvmlDeviceGetHandleByIndex(index)
+                for proc in nvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                    used = getattr(proc, "usedGpuMemory", None)
+                    if int(proc.pid) in pids and used is not None:
+                        total += int(used)
+                        told = True
+        except Exception as exc:  # noqa: BLE001  (NVMLError_*: no per-process figure now)
+            self.error = f"NVML per-process memory failed: {exc}"
+            return None
+        return total if told else 0
+
     def _identity(self, index: int, handle: Any) -> tuple[str | None, str | None]:
         """(UUID, name) of a GPU, read once per index."""
         known = self._names.get(index)

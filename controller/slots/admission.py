@@ -45,6 +45,7 @@ from controller.slots.core import Core, Part
 from controller.slots.dryrun import LoadPlan, plan_of
 from controller.slots.pulling import Pulling
 from controller.slots.records import ADMITTED_STATES, DeviceFigures, SlotRecord
+from controller.slots.sizing import Sizing
 from controller.slots.unloading import Unloading
 from controller.spec.schema import SlotSpec
 
@@ -61,6 +62,7 @@ class Walk(StrEnum):
     LOAD = "load"  # a cold load: reserves by leaving offline/error, its GPUs recorded
     WAKE = "wake"  # an asleep slot's wake: reserves by the tier waking, where it sleeps
     LANDED = "landed"  # a pod that landed on another node: admitted again there
+    RESIZED = "resized"  # its files pulled, its estimate grew: admitted again for it
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,10 +76,17 @@ class Admitted:
 
 
 class Admission(Part):
-    def __init__(self, core: Core, unloading: Unloading, pulling: Pulling | None = None) -> None:
+    def __init__(
+        self,
+        core: Core,
+        unloading: Unloading,
+        pulling: Pulling | None = None,
+        sizing: Sizing | None = None,
+    ) -> None:
         super().__init__(core)
         self.unloading = unloading
         self.pulling = pulling or Pulling(core)  # a load's model files (the disk's half)
+        self.sizing = sizing or Sizing(core)  # its footprint: estimated, learnt
         self._by_count: set[str] = set()  # nodes said to be admitted by GPU count
 
     def _recent(self, slot: SlotRecord) -> float:
@@ -427,7 +436,7 @@ class Admission(Part):
         which its load fails with (the caller stops the server)."""
         if decision.ok:
             return
-        if walk is Walk.LANDED:
+        if walk in (Walk.LANDED, Walk.RESIZED):
             assert decision.error is not None
             raise decision.error
         raise self.refuse(slot, decision)
@@ -442,8 +451,9 @@ class Admission(Part):
         it landed (it holds its memory there already)."""
         size = format_gib(slot.memory_bytes)
         where = ", ".join(decision.devices) or slot.where
-        if walk is Walk.LANDED:
-            message = f"admitted {size} on {slot.where} (landed)"
+        if walk in (Walk.LANDED, Walk.RESIZED):
+            why = "landed" if walk is Walk.LANDED else "estimated from its pulled files"
+            message = f"admitted {size} on {slot.where} ({why})"
             self.events.emit(EventKind.ADMISSION, Op.ADMIT, slot=slot.name, message=message)
             return Admitted(decision)
         if walk is Walk.WAKE:

@@ -22,6 +22,7 @@ from controller.model.devices import share
 from controller.probes.memory import MemoryProbe
 from controller.probes.readiness import Prober
 from controller.probes.sleep import Sleeper
+from controller.probes.usage import ProcessUsage
 from controller.providers.base import default_models_dir
 from controller.providers.launch import (
     build_launch,
@@ -67,6 +68,9 @@ class Core:
     # does not manage model files (a test's manager; the kubernetes runtime, whose pods'
     # init containers pull on their nodes): a missing file is the runtime's to report.
     files: ModelFiles | None = None
+    # What a server's processes hold (RSS; NVML per process): footprints learnt from
+    # what ran (controller.slots.sizing).
+    usage: ProcessUsage = field(default_factory=ProcessUsage)
     # Where hf:// and relative model sources resolve: the config's, else
     # $SLOTCTL_MODELS_DIR (default /models) as it is when the manager is built.
     models_dir: Path = field(init=False)

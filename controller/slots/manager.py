@@ -26,6 +26,7 @@ from controller.model.lifecycle import Candidate, SlotState
 from controller.probes.memory import MemoryProbe, SystemMemoryProbe
 from controller.probes.readiness import HttpProber, Prober
 from controller.probes.sleep import HttpSleeper, Sleeper
+from controller.probes.usage import ProcessUsage
 from controller.runtime.base import Notifying, RunStatus, Runtime, RuntimeKind
 from controller.scheduling.breaker import Breaker
 from controller.scheduling.decision import LoadDecision
@@ -82,14 +83,18 @@ class SlotManager(Part):
         config: ManagerConfig | None = None,
         sleeper: Sleeper | None = None,
         files: ModelFiles | None = None,
+        usage: ProcessUsage | None = None,
     ) -> None:
         events = events or EventBus()
         wishes = Wishes(config_dir)
         self.store = StateStore(state_dir)
+        memory = memory or SystemMemoryProbe()
+        if usage is None:  # per-process GPU figures through the memory probe's NVML
+            usage = ProcessUsage(memory.nvml if isinstance(memory, SystemMemoryProbe) else None)
         core = Core(
             runtime=runtime,
             prober=prober or HttpProber(logs=runtime),
-            memory=memory or SystemMemoryProbe(),
+            memory=memory,
             clock=clock,
             events=events,
             config=config or ManagerConfig(),
@@ -100,6 +105,7 @@ class SlotManager(Part):
             tasks=TaskSet(log),
             sleeper=sleeper or HttpSleeper(),
             files=files,
+            usage=usage,
         )
         super().__init__(core)
         self.tiers = Residency(self.core)  # sleep and wake (``residency``: the wishes' file)

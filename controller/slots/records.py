@@ -28,12 +28,13 @@ from controller.model.sizes import GIB
 from controller.runtime.base import LaunchSpec
 from controller.scheduling.breaker import Breaker
 from controller.scheduling.eviction import EvictionCandidate
+from controller.scheduling.footprint import Choice, Estimate, choose
 from controller.scheduling.rollout import RolloutView
 from controller.slots.flight import LoadFlight
 from controller.slots.leasebook import Lease, LeaseBook, Requester
 from controller.spec.schema import ModelSpec, SlotSpec
 from controller.store.files import utcnow
-from controller.store.state import ReloadCosts
+from controller.store.state import ReloadCosts, SeenUse
 
 if TYPE_CHECKING:
     from controller.modelfiles.progress import PullProgress
@@ -50,6 +51,7 @@ __all__ = [
     "PullView",
     "Requester",
     "RunningServer",
+    "Sizing",
     "SlotRecord",
     "SlotStatus",
     "SlotView",
@@ -243,6 +245,18 @@ class RunningServer:
         return self.launch.endpoint
 
 
+@dataclass(frozen=True, slots=True)
+class Sizing:
+    """What a slot's model file and launch say its server will hold (``slots.sizing``):
+    the estimate for one model and launch config, or why there is none."""
+
+    model: str
+    config_hash: str | None
+    estimate: Estimate | None
+    why_not: str | None = None  # no estimate: no file yet, a format not read, an error
+    learns: bool = True  # False: the engine sizes itself to its share (vLLM)
+
+
 @dataclass(slots=True, eq=False)
 class SlotRecord:
     """The live record of one slot (see the module docstring for who writes what).
@@ -272,6 +286,11 @@ class SlotRecord:
     asleep: int = 0
     waking: bool = False
     costs: ReloadCosts | None = None  # measured reload costs of its model
+    # -- its footprint (issue 36): the estimate of its file and launch (SlotTable.sized),
+    # the most its server was seen to hold (SlotTable.observed), the warnings said once
+    sizing: Sizing | None = None
+    seen: SeenUse | None = None
+    warned: frozenset[str] = frozenset()
     # -- the server (SlotTable.run) and what is known of it
     server: RunningServer | None = None
     landed: str | None = None  # the node the server last ran on (as the runtime saw it)
@@ -307,10 +326,41 @@ class SlotRecord:
         return server.config_hash if server is not None else None
 
     @property
-    def memory_bytes(self) -> int:
+    def declared_bytes(self) -> int | None:
+        """A ``memory_gb`` the stack sets (the slot's, else its model's); None: not set."""
         if self.spec.memory_gb is not None:
             return int(self.spec.memory_gb * GIB)
-        return self.model.memory_bytes if self.model else 0
+        if self.model is not None and self.model.memory_gb is not None:
+            return self.model.memory_bytes
+        return None
+
+    @property
+    def footprint(self) -> Choice:
+        """What admission counts and why: declared, else the larger of the estimate and
+        what its server was seen to hold (this model and launch config's)."""
+        sizing = self.sizing
+        model = self.model_id
+        if sizing is not None and sizing.model != model:
+            sizing = None
+        estimate = sizing.estimate if sizing is not None else None
+        seen = self.seen
+        if seen is not None and (
+            seen.model != model or (sizing is not None and seen.config_hash != sizing.config_hash)
+        ):
+            seen = None
+        return choose(
+            self.declared_bytes,
+            estimate.device if estimate is not None else None,
+            seen.device_bytes if seen is not None and seen.device_bytes else None,
+            learns=sizing.learns if sizing is not None else True,
+        )
+
+    @property
+    def memory_bytes(self) -> int:
+        declared = self.declared_bytes
+        if declared is not None:
+            return declared
+        return self.footprint.bytes if self.sizing is not None or self.seen is not None else 0
 
     @property
     def model_id(self) -> str:
