@@ -14,6 +14,7 @@ from controller.api.app import (
     RouteTable,
     json_response,
 )
+from controller.api.dryrun import footprint_json
 from controller.api.rest import (
     LoadAnswer,
     ctx_of,
@@ -155,6 +156,25 @@ def _aliases_out(manager: SlotManager) -> list[dict[str, Any]]:
 async def model_state(request: web.Request) -> web.Response:
     ctx = ctx_of(request)
     return json_response(_model_out(ctx, _catalogue_model(ctx, request.match_info["model_id"])))
+
+
+class FootprintList(BaseModel):
+    model: str
+    slots: list[dict[str, Any]]  # one footprint per slot that binds it (footprint_json)
+
+
+@route(
+    "GET",
+    "/api/models/{model_id:.+}/footprint",
+    summary="what the model would hold on each slot that binds it, part by part",
+    tag="models",
+    responses={200: ("footprints", FootprintList), 404: ("unknown model", None)},
+)
+async def model_footprint(request: web.Request) -> web.Response:
+    ctx = ctx_of(request)
+    model = _catalogue_model(ctx, request.match_info["model_id"])
+    views = await ctx.manager.footprints(model.id)
+    return json_response({"model": model.id, "slots": [footprint_json(v) for v in views]})
 
 
 @route(

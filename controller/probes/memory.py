@@ -305,6 +305,27 @@ class SystemMemoryProbe:
     def gpus(self) -> tuple[DeviceMemory, ...]:
         return self.nvml.gpus() or self.amd.gpus()
 
+    def why_not(self, device: str) -> str:
+        """Why no figure answers for ``device`` and what to do (the refusal says it)."""
+        if not device.startswith("gpu"):
+            return "system memory could not be read (/proc/meminfo, psutil)"
+        self.gpus()  # the probes' errors as of now
+        nvml = self.nvml.error or "NVML sees no GPU"
+        hint = (
+            "install it (pip install nvidia-ml-py; slotctl depends on it, so reinstall slotctl)"
+            if "not installed" in nvml
+            else "check the NVIDIA driver (nvidia-smi)"
+        )
+        amd = (
+            f"no amdgpu card under {self.amd.root}"
+            if not self.amd.root.is_dir() or not self.amd.gpus()
+            else "amdgpu sysfs unreadable"
+        )
+        return (
+            f'{nvml}: {hint}; {amd}. On a host without a GPU use device = "cpu", or set '
+            f"memory_budget_gb.{device.split(':', 1)[0]} to admit against a budget"
+        )
+
 
 class FakeMemoryProbe:
     """For tests: fixed totals; free = total - used_by(device) - external[device].

@@ -19,6 +19,7 @@ from typing import Any
 from controller.model.devices import GpuRef, key_kind
 from controller.model.errors import (
     DeviceUnavailable,
+    InsufficientMemory,
     SlotConfigError,
     SlotctlError,
     SlotNotReady,
@@ -125,17 +126,34 @@ class Admission(Part):
             span=max(1, slot.spec.gpu_count) if _spans(slot, devices) else 1,
             pins=self._pins(slot, cold),
         )
-        return decide_load(
-            request,
-            devices,
-            # never a member of its own co-loaded unit (controller.scheduling.eviction)
-            (lambda: without_unit(slot.spec.unit, self.table.usage.candidates(self._recent)))
-            if evict
-            else lambda: (),
-            self.clock.monotonic(),
-            min_resident_s=self.settings.min_resident_s,
-            host=self.host_room,
+        return self._explained(
+            decide_load(
+                request,
+                devices,
+                # never a member of its own co-loaded unit (controller.scheduling.eviction)
+                (lambda: without_unit(slot.spec.unit, self.table.usage.candidates(self._recent)))
+                if evict
+                else lambda: (),
+                self.clock.monotonic(),
+                min_resident_s=self.settings.min_resident_s,
+                host=self.host_room,
+            )
         )
+
+    def _explained(self, decision: LoadDecision) -> LoadDecision:
+        """A refusal because no memory probe answers, with the probe's reason and what to
+        do ("nvidia-ml-py is not installed: install it…")."""
+        error = decision.error
+        if error is None or not error.details.get("no_probe"):
+            return decision
+        why_not = getattr(self.memory, "why_not", None)
+        if why_not is None:
+            return decision
+        reason = str(why_not(str(error.details.get("device", "gpu"))))
+        if not isinstance(error, InsufficientMemory) or reason in error.message:
+            return decision
+        said = InsufficientMemory(f"{error.message}: {reason}", **error.details, probe=reason)
+        return replace(decision, error=said)
 
     def decide_wake(self, slot: SlotRecord, *, background: bool) -> tuple[LoadDecision, bool]:
         """An asleep slot's load and whether it is a wake (True): the wake where its server

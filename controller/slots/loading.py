@@ -280,6 +280,7 @@ class Loading(Part):
         )
 
     async def _start_and_probe(self, slot: SlotRecord, launch: LaunchSpec, gen: int) -> None:
+        launch = self.core.placed(slot, launch)  # told its GPUs' free memory as of now
         try:
             observed = await self.runtime.start(launch)
         except SlotctlError as exc:

@@ -41,6 +41,7 @@ from controller.slots.locks import Locks
 from controller.slots.pulling import Pulling
 from controller.slots.records import (
     DeviceFigures,
+    FootprintView,
     ManagerConfig,
     SlotRecord,
     SlotStatus,
@@ -444,8 +445,19 @@ class SlotManager(Part):
         """:meth:`explain_load` with the model files the load would pull first ("would
         pull 4.1 GB from hf://…"), or the refusal it would meet for them (a file that
         cannot be pulled, a pull that does not fit the disk). May ask the hub for sizes."""
+        await self.admission.sizing.estimate(self.core.table.get(name))  # its file, now
         plan = self.explain_load(name)
         return await self.pulling.explain(self.core.table.get(name), plan)
+
+    async def footprints(self, model_id: str) -> list[FootprintView]:
+        """The footprint of ``model_id`` on each slot that binds it (its launch decides
+        the context, cache types and device), estimated from its file now."""
+        out: list[FootprintView] = []
+        for slot in self.core.table:
+            if slot.spec.model_id == model_id and slot.model is not None:
+                await self.admission.sizing.estimate(slot)
+                out.append(FootprintView.of(slot))
+        return out
 
     def decide(self, name: str, *, background: bool = False) -> LoadDecision:
         """The load decision for ``name`` now (what :meth:`explain_load` renders)."""

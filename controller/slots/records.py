@@ -18,7 +18,7 @@ tests/unit/test_record_owners.py scans the package for writes outside those owne
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, NamedTuple
 
@@ -46,6 +46,7 @@ __all__ = [
     "LOADING_STATES",
     "WAKING",
     "DeviceFigures",
+    "FootprintView",
     "Lease",  # Lease and Requester: leasing's vocabulary (.leasebook), named here too
     "ManagerConfig",
     "PullView",
@@ -255,6 +256,94 @@ class Sizing:
     estimate: Estimate | None
     why_not: str | None = None  # no estimate: no file yet, a format not read, an error
     learns: bool = True  # False: the engine sizes itself to its share (vLLM)
+
+
+@dataclass(frozen=True, slots=True)
+class FootprintView:
+    """A slot's footprint explained (``slotctl model footprint``, the dry run, the API):
+    each part of the estimate, the declared, estimated and observed figures, and which
+    one admission counts (``basis``). Bytes; None where not known."""
+
+    slot: str
+    model: str
+    provider: str
+    device: str
+    basis: str  # declared | estimated | observed | none
+    admitted_bytes: int  # what admission counts now
+    declared_bytes: int | None
+    estimated_bytes: int | None  # on the slot's device
+    observed_bytes: int | None  # the peak seen on its device (this model and config)
+    observed_host_bytes: int | None = None
+    observed_source: str | None = None
+    observed_at: str | None = None
+    source: str | None = None  # gguf | safetensors (the estimate's)
+    weights_bytes: int | None = None
+    weights_device_bytes: int | None = None
+    weights_host_bytes: int | None = None
+    weights_by_type: dict[str, int] = field(default_factory=dict)
+    kv_bytes: int | None = None
+    kv_device_bytes: int | None = None
+    kv_host_bytes: int | None = None
+    context: int | None = None
+    parallel: int | None = None
+    cache_type: str | None = None
+    buffers_bytes: int | None = None
+    prompt_cache_bytes: int | None = None  # llama-server --cache-ram (host)
+    engine_bytes: int | None = None  # the engine's own process (host)
+    host_bytes: int | None = None  # what stays in host memory besides the device's
+    layers: int | None = None
+    layers_on_device: int | None = None
+    why_not: str | None = None  # no estimate: why
+    notes: tuple[str, ...] = ()
+    warning: str | None = None  # a declared figure below what was seen
+
+    @classmethod
+    def of(cls, slot: SlotRecord) -> FootprintView:
+        choice = slot.footprint
+        sizing = (
+            slot.sizing if slot.sizing is not None and slot.sizing.model == slot.model_id else None
+        )
+        est = sizing.estimate if sizing is not None else None
+        seen = slot.seen if slot.seen is not None and slot.seen.model == slot.model_id else None
+        base = cls(
+            slot=slot.name,
+            model=slot.model_id,
+            provider=slot.spec.provider,
+            device=slot.spec.device,
+            basis=choice.basis,
+            admitted_bytes=slot.memory_bytes,
+            declared_bytes=choice.declared,
+            estimated_bytes=choice.estimated,
+            observed_bytes=choice.observed,
+            observed_host_bytes=seen.host_bytes if seen is not None else None,
+            observed_source=seen.source if seen is not None else None,
+            observed_at=seen.at if seen is not None else None,
+            why_not=sizing.why_not if sizing is not None else "not estimated yet",
+            warning=choice.warning,
+        )
+        if est is None:
+            return base
+        return replace(
+            base,
+            source=est.source,
+            weights_bytes=est.weights,
+            weights_device_bytes=est.weights_device,
+            weights_host_bytes=est.weights_host,
+            weights_by_type=dict(est.by_type),
+            kv_bytes=est.kv,
+            kv_device_bytes=est.kv_device,
+            kv_host_bytes=est.kv_host,
+            context=est.context,
+            parallel=est.parallel,
+            cache_type=est.cache_type,
+            buffers_bytes=est.buffers,
+            prompt_cache_bytes=est.prompt_cache,
+            engine_bytes=est.engine,
+            host_bytes=est.host,
+            layers=est.layers,
+            layers_on_device=est.layers_on_device,
+            notes=est.notes,
+        )
 
 
 @dataclass(slots=True, eq=False)

@@ -28,6 +28,7 @@ from controller.model.events import EventKind, Op
 from controller.model.sizes import format_gib
 from controller.model.weights import GgufModel
 from controller.modelfiles.headers import HeaderError, read_model
+from controller.runtime.base import RuntimeKind
 from controller.scheduling.footprint import estimate_gguf, estimate_safetensors, launch_facts
 from controller.slots.core import Part
 from controller.slots.records import Sizing as SizingFacts
@@ -88,15 +89,15 @@ class Sizing(Part):
     async def observe(self, slot: SlotRecord) -> None:
         """Measure ``slot``'s running server once and keep its peak (see the module)."""
         server = slot.server
-        if server is None or slot.asleep:
-            return
+        if server is None or slot.asleep or self.runtime.kind is not RuntimeKind.PROCESS:
+            return  # a container's or a pod's figures are not read here (not host pids)
         try:
             seen = await self.runtime.inspect(slot.name)
         except SlotctlError:
             return
         ident = seen.ident
         if not seen.running or not ident or not ident.isdigit():
-            return  # a container or a pod: its runtime's figures are not read here
+            return
         gpus = tuple(g.index for g in slot.placement)
         usage = await asyncio.to_thread(
             self.core.usage.measure, int(ident), slot.spec.device_kind, gpus
