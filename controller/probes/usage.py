@@ -26,6 +26,20 @@ class Usage:
     source: str  # nvml | rss
 
 
+def _peak(pid: int) -> int:
+    """A process's peak resident set (Linux ``VmHWM``; 0 where it cannot be read): the
+    peak while serving is kept even between two samples."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as handle:
+            for line in handle:
+                if line.startswith(b"VmHWM:"):
+                    fields = line.split()
+                    return int(fields[1]) * 1024 if len(fields) > 1 else 0
+    except (OSError, ValueError):
+        return 0
+    return 0
+
+
 class ProcessUsage:
     """Measures a server's process tree (see the module)."""
 
@@ -34,7 +48,8 @@ class ProcessUsage:
 
     @staticmethod
     def tree(pid: int) -> dict[int, int]:
-        """pid -> RSS of ``pid`` and its descendants (those gone meanwhile left out)."""
+        """pid -> the peak RSS of ``pid`` and of each descendant (its current RSS where
+        no peak can be read; those gone meanwhile left out)."""
         try:
             root = psutil.Process(pid)
             procs = [root, *root.children(recursive=True)]
@@ -43,7 +58,7 @@ class ProcessUsage:
         out: dict[int, int] = {}
         for proc in procs:
             try:
-                out[proc.pid] = int(proc.memory_info().rss)
+                out[proc.pid] = max(int(proc.memory_info().rss), _peak(proc.pid))
             except psutil.Error:
                 continue
         return out

@@ -174,6 +174,10 @@ class DemoProvider:
 # MiB0,MiB1,... target margin per device for --fit, comma-separated list of values, single
 # value is broadcast across all devices, default: 1024".
 FIT_FLAGS: Final = frozenset({"-fit", "--fit", "-fitt", "--fit-target", "-fitc", "--fit-ctx"})
+# Their environment forms ("(env: LLAMA_ARG_FIT)", "(env: LLAMA_ARG_FIT_TARGET)"): set in
+# the slot's server.env, they rule too — and a llama-server older than --fit ignores them,
+# where it would refuse the flag.
+FIT_ENV: Final = frozenset({"LLAMA_ARG_FIT", "LLAMA_ARG_FIT_TARGET", "LLAMA_ARG_FIT_CTX"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,11 +197,14 @@ class LlamaCppProvider:
         self, slot: SlotSpec, gpus: tuple[GpuRef, ...], share_bytes: int
     ) -> tuple[str, ...]:
         """``--fit-target`` per GPU (MiB): its free memory now less the admitted share;
-        nothing when the share is not counted, a free figure is not known, or the slot's
-        ``extra_args`` set a fit flag themselves (theirs rule)."""
+        nothing when the share is not counted, a free figure is not known, or the slot
+        sets a fit flag itself (``extra_args``, or its ``LLAMA_ARG_FIT*`` variable in
+        ``server.env``: theirs rule)."""
         if not gpus or share_bytes <= 0 or any(g.free_bytes is None for g in gpus):
             return ()
         if any(arg.split("=", 1)[0] in FIT_FLAGS for arg in slot.server.extra_args):
+            return ()
+        if FIT_ENV & set(slot.server.env):  # e.g. LLAMA_ARG_FIT=off: an older binary
             return ()
         margins = [max(0, (g.free_bytes or 0) - share_bytes) // 1024**2 for g in gpus]
         return ("--fit-target", ",".join(str(m) for m in margins))

@@ -288,6 +288,8 @@ def test_llama_server_is_told_its_budget() -> None:
         update={"server": spec.server.model_copy(update={"extra_args": ["-fitt", "512"]})}
     )
     assert placement_args(own, gpus, 8 * GIB) == ()  # the slot's own fit flags rule
+    old = spec.server.model_copy(update={"env": {"LLAMA_ARG_FIT": "off"}})  # an old binary
+    assert placement_args(spec.model_copy(update={"server": old}), gpus, 8 * GIB) == ()
 
 
 @pytest.mark.parametrize("shape", PANEL[:1])
