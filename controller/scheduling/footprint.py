@@ -57,7 +57,7 @@ UBATCH_DEFAULT: Final = 512
 # libllama) serving the panel's smallest model, less its weights and buffers; llama-server
 # (C++) is taken at a fifth of that.
 ENGINE_BASELINE: Final[dict[str, int]] = {
-    "llama-cpp-python": 80 * MIB,
+    "llama-cpp-python": 84 * MIB,
     "llamacpp": 16 * MIB,
 }
 # vLLM, besides weights and KV: activations of the profiling run, CUDA graphs, the CUDA
@@ -258,6 +258,11 @@ def estimate_gguf(model: GgufModel, launch: LaunchFacts) -> Estimate:
     if not launch.flash_attn:
         per_token += model.n_head * context
     compute = 4 * ub * per_token
+    if not launch.flash_attn:
+        # and the matmul's work buffer (outside the graph allocator's figure): the f32
+        # attention weights converted to the f16 V cache's type, every head of a ubatch
+        # over the whole context (measured: the panel's residue at long contexts).
+        compute += 2 * ub * model.n_head * context
     buffers_device = compute if offloaded else 0
     # With layers on a GPU, llama.cpp keeps a host compute buffer too (the input
     # embeddings' lookup, CPU layers): the logits' share when everything is offloaded.

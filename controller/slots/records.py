@@ -170,6 +170,8 @@ class SlotView:
     wake_s: float | None = None
     rollout: RolloutView | None = None  # a rollout in flight (docs/design/0012)
     pull: PullView | None = None  # pulling: its model files' download (bytes, rate, ETA)
+    # which figure ``memory_bytes`` is (issue 36): declared | estimated | observed | none
+    memory_basis: str = "none"
 
 
 def tier_name(level: int, waking: bool) -> str | None:

@@ -142,6 +142,7 @@ class SlotTable:
             autoload=bool(slot.spec.autoload),
             resident=self.wishes.is_resident(slot.name),
             memory_bytes=slot.memory_bytes,
+            memory_basis=slot.footprint.basis,
             leases=len(slot.book.leases),
             waiters=slot.book.waiters,
             generation=slot.flight.generation,

@@ -112,7 +112,8 @@ def test_flash_attention_drops_the_score_buffer(small_gguf: Path) -> None:
     model = read_gguf(small_gguf)
     off = estimate_gguf(model, launch_facts("llamacpp", "gpu", ["-c", "4096", "-fa", "off"]))
     on = estimate_gguf(model, launch_facts("llamacpp", "gpu", ["-c", "4096"]))
-    assert off.buffers - on.buffers == 4 * 512 * SMALL.n_head * 4096
+    # the scores (f32) in the graph, and their f16 copy in the matmul's work buffer
+    assert off.buffers - on.buffers == (4 + 2) * 512 * SMALL.n_head * 4096
     # llama-cpp-python: flash attention off unless asked
     lcp = launch_facts("llama-cpp-python", "cpu", ["--n_ctx", "4096", "--n_gpu_layers", "0"])
     assert not lcp.flash_attn and lcp.context == 4096 and lcp.cache_ram_mib == 0
