@@ -377,7 +377,7 @@ def choose(
     seen = observed if learns else None
     if declared is not None:
         warning = None
-        if observed is not None and observed > declared:
+        if observed is not None and 0 < declared < observed:  # 0: not counted, on purpose
             warning = (
                 f"memory_gb declares {declared / 1024**3:.2f} GiB but the server was seen "
                 f"using {observed / 1024**3:.2f} GiB"

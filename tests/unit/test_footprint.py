@@ -158,6 +158,7 @@ def test_admission_counts_declared_else_the_larger_of_estimate_and_seen() -> Non
     assert declared.bytes == 4 * GIB and declared.basis == "declared"
     assert declared.warning is not None and "4.00 GiB" in declared.warning
     assert "6.00 GiB" in declared.warning
+    assert choose(0, None, 6 * GIB).warning is None  # 0: not counted, on purpose
     # vLLM sizes itself to its share: what it was seen holding is no need of its own
     assert choose(None, 5 * GIB, 9 * GIB, learns=False).bytes == 5 * GIB
 
