@@ -61,6 +61,14 @@ class DemoState:
         self.level = 0
         self.host_ballast: bytearray | None = None
         self.weights_lost = False
+        # Generations in flight, and what a sleep does to them (its ``mode``, as vLLM's):
+        # ``abort`` bumps ``aborts`` (each generation ends at its next token, finish_reason
+        # "abort"); ``wait`` waits for ``generating`` to reach 0; ``keep`` pauses them
+        # (``paused``) until the wake.
+        self.flight = threading.Condition()
+        self.generating = 0
+        self.aborts = 0
+        self.paused = False
 
     def stall_if_hung(self) -> None:
         """Once hung, the calling thread never goes on (it waits on an event nobody sets):
@@ -257,6 +265,11 @@ class Generation:
         self.state = state  # a stream in flight stalls once the server hangs
         self.id = os.urandom(12).hex()
         self.created = int(time.time())
+        self.aborted = False  # a sleep (mode=abort) ended it early
+
+    @property
+    def finish_reason(self) -> str:
+        return "abort" if self.aborted else "length"
 
     def envelope(self, obj: str) -> JSON:
         prefix = "chatcmpl-" if self.kind.startswith("chat") else "cmpl-"
@@ -272,15 +285,37 @@ class Generation:
         }
 
     def paced(self) -> Iterator[str]:
-        """Yield the tokens at ``tokens_per_second`` (token i is due at (i+1)/rate)."""
+        """Yield the tokens at ``tokens_per_second`` (token i is due at (i+1)/rate); a
+        generation in flight counts in ``state.generating`` and heeds a sleep's mode."""
+        state = self.state
+        if state is None:
+            yield from self._paced(None, 0)
+            return
+        with state.flight:
+            state.generating += 1
+            epoch = state.aborts
+        try:
+            yield from self._paced(state, epoch)
+        finally:
+            with state.flight:
+                state.generating -= 1
+                state.flight.notify_all()
+
+    def _paced(self, state: DemoState | None, epoch: int) -> Iterator[str]:
         start = time.monotonic()
         for i, token in enumerate(self.tokens):
             if self.tokens_per_second:
                 delay = start + (i + 1) / self.tokens_per_second - time.monotonic()
                 if delay > 0:
                     time.sleep(delay)
-            if self.state is not None:
-                self.state.stall_if_hung()
+            if state is not None:
+                state.stall_if_hung()
+                with state.flight:
+                    while state.paused and state.aborts == epoch:  # mode=keep: until woken
+                        state.flight.wait()
+                    if state.aborts != epoch:  # mode=abort: it ends here
+                        self.aborted = True
+                        return
             yield token
 
     def text(self) -> str:
@@ -356,7 +391,8 @@ def handle_completions(state: DemoState, request: Request) -> Response | Stream:
     gen = _generation(state, "text_completion", model, prompt, _max_tokens(body, "max_tokens"))
     if _flag(body, "stream"):
         return _stream(_completion_events(gen, _include_usage(body)))
-    choice = {"index": 0, "text": gen.text(), "logprobs": None, "finish_reason": "length"}
+    text = gen.text()
+    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": gen.finish_reason}
     return json_response(
         {**gen.envelope("text_completion"), "choices": [choice], "usage": gen.usage()}
     )
@@ -369,7 +405,7 @@ def _completion_events(gen: Generation, include_usage: bool) -> Iterator[JSON]:
 
     for token in gen.paced():
         yield chunk(token, None)
-    yield chunk("", "length")
+    yield chunk("", gen.finish_reason)
     if include_usage:
         yield {**gen.envelope("text_completion"), "choices": [], "usage": gen.usage()}
 
@@ -381,7 +417,7 @@ def handle_chat(state: DemoState, request: Request) -> Response | Stream:
     if _flag(body, "stream"):
         return _stream(_chat_events(gen, _include_usage(body)))
     message = {"role": "assistant", "content": gen.text()}
-    choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": "length"}
+    choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": gen.finish_reason}
     return json_response(
         {**gen.envelope("chat.completion"), "choices": [choice], "usage": gen.usage()}
     )
@@ -395,7 +431,7 @@ def _chat_events(gen: Generation, include_usage: bool) -> Iterator[JSON]:
     yield chunk({"role": "assistant", "content": ""}, None)
     for token in gen.paced():
         yield chunk({"content": token}, None)
-    yield chunk({}, "length")
+    yield chunk({}, gen.finish_reason)
     if include_usage:
         yield {**gen.envelope("chat.completion.chunk"), "choices": [], "usage": gen.usage()}
 

@@ -35,7 +35,7 @@ from typing import Final
 
 from controller.access.keys import Principal
 from controller.model.errors import ModelNotFound, SlotctlError
-from controller.router.access import model_refused, requester
+from controller.router.access import model_refused, permitted, requester
 from controller.router.aliases import alias_candidates
 from controller.router.body import model_of, with_model
 from controller.router.context import (
@@ -101,14 +101,14 @@ class _Who:
 
     def __init__(self) -> None:
         self.settings: ControllerSettings | None = None
-        self.by: dict[tuple[str, str | None, str | None], Requester] = {}
+        self.by: dict[tuple[str, str, str | None, str | None], Requester] = {}
 
     def of(
         self, settings: ControllerSettings, principal: Principal, asked: str | None
     ) -> Requester:
         if settings is not self.settings:
             self.settings, self.by = settings, {}
-        key = (principal.name, principal.priority, asked)
+        key = (principal.id, principal.name, principal.priority, asked)  # by the key's id
         found = self.by.get(key)
         if found is None:
             found = requester(settings, principal, asked)  # a refusal raises, not kept
@@ -214,6 +214,8 @@ class RoutedCall:
             candidates = serving(manager, model)
         if principal is not None and principal.models and not principal.may_use(model):
             raise model_refused(principal, model)
+        # decided on the model(s) that would serve, before any lease or load
+        candidates = permitted(principal, manager, model, candidates)
         if not candidates:
             report_refusal(ctx, ModelNotFound(model), model)
             raise model_not_found(model)

@@ -522,6 +522,7 @@ class SlotManager(Part):
         released first (a hold is no request: nothing to wait for); ``on_drain(slot,
         requests, drain_timeout_s)`` is told of every slot that waits for requests.
         """
+        self.loading.stopping = reason  # a waiter of a load cancelled below is told why
         for slot in self.core.table:
             leases = slot.book.leases
             for lease in [x for x in leases.values() if x.expires_at is not None]:

@@ -389,8 +389,12 @@ async def test_placement_and_eviction_per_node(
         assert not kubelet.alive("big-b")
         dep = await kubelet.get("deployments", "slotctl-big-b")
         assert dep is not None and dep["spec"]["replicas"] == 0  # unloaded: scaled to 0
-        waiting = op.manager.view("big-b").waiting
-        assert waiting == "waiting_for_memory"  # it cannot evict mid-b (higher priority)
+
+        async def big_b_waits() -> bool:
+            return op.manager.view("big-b").waiting == "waiting_for_memory"
+
+        # its next try is refused: it cannot evict mid-b (higher priority)
+        await eventually(big_b_waits, "big-b waiting for memory", timeout=60)
 
         # deleting mid-b frees gpu-b: big-b comes back there
         await cluster.delete("slots", "mid-b")
