@@ -146,7 +146,7 @@ def _rows_from_files(args: argparse.Namespace) -> list[dict[str, Any]]:
         memory = (
             spec.memory_gb
             if spec and spec.memory_gb is not None
-            else (model.memory_gb if model else 0.0)
+            else ((model.memory_gb or 0.0) if model else 0.0)
         )
         rows.append(
             {
@@ -329,7 +329,7 @@ def _get_from_files(args: argparse.Namespace) -> dict[str, Any]:
     if desired and desired.spec.model_id in snapshot.models:
         model = snapshot.models[desired.spec.model_id]
         data["model"] = model.model_dump(mode="json", exclude_none=True)
-        data["memory_bytes"] = int(model.memory_gb * GIB)
+        data["memory_bytes"] = model.memory_bytes
     return data
 
 

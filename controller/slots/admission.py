@@ -19,6 +19,7 @@ from typing import Any
 from controller.model.devices import GpuRef, key_kind
 from controller.model.errors import (
     DeviceUnavailable,
+    InsufficientMemory,
     SlotConfigError,
     SlotctlError,
     SlotNotReady,
@@ -45,6 +46,7 @@ from controller.slots.core import Core, Part
 from controller.slots.dryrun import LoadPlan, plan_of
 from controller.slots.pulling import Pulling
 from controller.slots.records import ADMITTED_STATES, DeviceFigures, SlotRecord
+from controller.slots.sizing import Sizing
 from controller.slots.unloading import Unloading
 from controller.spec.schema import SlotSpec
 
@@ -61,6 +63,7 @@ class Walk(StrEnum):
     LOAD = "load"  # a cold load: reserves by leaving offline/error, its GPUs recorded
     WAKE = "wake"  # an asleep slot's wake: reserves by the tier waking, where it sleeps
     LANDED = "landed"  # a pod that landed on another node: admitted again there
+    RESIZED = "resized"  # its files pulled, its estimate grew: admitted again for it
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,10 +77,17 @@ class Admitted:
 
 
 class Admission(Part):
-    def __init__(self, core: Core, unloading: Unloading, pulling: Pulling | None = None) -> None:
+    def __init__(
+        self,
+        core: Core,
+        unloading: Unloading,
+        pulling: Pulling | None = None,
+        sizing: Sizing | None = None,
+    ) -> None:
         super().__init__(core)
         self.unloading = unloading
         self.pulling = pulling or Pulling(core)  # a load's model files (the disk's half)
+        self.sizing = sizing or Sizing(core)  # its footprint: estimated, learnt
         self._by_count: set[str] = set()  # nodes said to be admitted by GPU count
 
     def _recent(self, slot: SlotRecord) -> float:
@@ -116,17 +126,34 @@ class Admission(Part):
             span=max(1, slot.spec.gpu_count) if _spans(slot, devices) else 1,
             pins=self._pins(slot, cold),
         )
-        return decide_load(
-            request,
-            devices,
-            # never a member of its own co-loaded unit (controller.scheduling.eviction)
-            (lambda: without_unit(slot.spec.unit, self.table.usage.candidates(self._recent)))
-            if evict
-            else lambda: (),
-            self.clock.monotonic(),
-            min_resident_s=self.settings.min_resident_s,
-            host=self.host_room,
+        return self._explained(
+            decide_load(
+                request,
+                devices,
+                # never a member of its own co-loaded unit (controller.scheduling.eviction)
+                (lambda: without_unit(slot.spec.unit, self.table.usage.candidates(self._recent)))
+                if evict
+                else lambda: (),
+                self.clock.monotonic(),
+                min_resident_s=self.settings.min_resident_s,
+                host=self.host_room,
+            )
         )
+
+    def _explained(self, decision: LoadDecision) -> LoadDecision:
+        """A refusal because no memory probe answers, with the probe's reason and what to
+        do ("nvidia-ml-py is not installed: install it…")."""
+        error = decision.error
+        if error is None or not error.details.get("no_probe"):
+            return decision
+        why_not = getattr(self.memory, "why_not", None)
+        if why_not is None:
+            return decision
+        reason = str(why_not(str(error.details.get("device", "gpu"))))
+        if not isinstance(error, InsufficientMemory) or reason in error.message:
+            return decision
+        said = InsufficientMemory(f"{error.message}: {reason}", **error.details, probe=reason)
+        return replace(decision, error=said)
 
     def decide_wake(self, slot: SlotRecord, *, background: bool) -> tuple[LoadDecision, bool]:
         """An asleep slot's load and whether it is a wake (True): the wake where its server
@@ -457,7 +484,7 @@ class Admission(Part):
         which its load fails with (the caller stops the server)."""
         if decision.ok:
             return
-        if walk is Walk.LANDED:
+        if walk in (Walk.LANDED, Walk.RESIZED):
             assert decision.error is not None
             raise decision.error
         raise self.refuse(slot, decision)
@@ -472,8 +499,9 @@ class Admission(Part):
         it landed (it holds its memory there already)."""
         size = format_gib(slot.memory_bytes)
         where = ", ".join(decision.devices) or slot.where
-        if walk is Walk.LANDED:
-            message = f"admitted {size} on {slot.where} (landed)"
+        if walk in (Walk.LANDED, Walk.RESIZED):
+            why = "landed" if walk is Walk.LANDED else "estimated from its pulled files"
+            message = f"admitted {size} on {slot.where} ({why})"
             self.events.emit(EventKind.ADMISSION, Op.ADMIT, slot=slot.name, message=message)
             return Admitted(decision)
         if walk is Walk.WAKE:

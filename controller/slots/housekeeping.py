@@ -164,6 +164,7 @@ class Housekeeping(Part):
             return  # unloaded or reloaded since: the answer is stale
         misses = self.table.liveness(slot, missed=result.outcome is ProbeOutcome.HUNG)
         if not misses:
+            await self.loading.sizing.observe(slot)  # its peak while it serves
             return
         failures = slot.spec.liveness_failures
         log.warning(

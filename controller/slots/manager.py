@@ -26,6 +26,7 @@ from controller.model.lifecycle import Candidate, SlotState
 from controller.probes.memory import MemoryProbe, SystemMemoryProbe
 from controller.probes.readiness import HttpProber, Prober
 from controller.probes.sleep import HttpSleeper, Sleeper
+from controller.probes.usage import ProcessUsage
 from controller.runtime.base import Notifying, RunStatus, Runtime, RuntimeKind
 from controller.scheduling.breaker import Breaker
 from controller.scheduling.decision import LoadDecision
@@ -40,6 +41,7 @@ from controller.slots.locks import Locks
 from controller.slots.pulling import Pulling
 from controller.slots.records import (
     DeviceFigures,
+    FootprintView,
     ManagerConfig,
     SlotRecord,
     SlotStatus,
@@ -82,14 +84,18 @@ class SlotManager(Part):
         config: ManagerConfig | None = None,
         sleeper: Sleeper | None = None,
         files: ModelFiles | None = None,
+        usage: ProcessUsage | None = None,
     ) -> None:
         events = events or EventBus()
         wishes = Wishes(config_dir)
         self.store = StateStore(state_dir)
+        memory = memory or SystemMemoryProbe()
+        if usage is None:  # per-process GPU figures through the memory probe's NVML
+            usage = ProcessUsage(memory.nvml if isinstance(memory, SystemMemoryProbe) else None)
         core = Core(
             runtime=runtime,
             prober=prober or HttpProber(logs=runtime),
-            memory=memory or SystemMemoryProbe(),
+            memory=memory,
             clock=clock,
             events=events,
             config=config or ManagerConfig(),
@@ -100,6 +106,7 @@ class SlotManager(Part):
             tasks=TaskSet(log),
             sleeper=sleeper or HttpSleeper(),
             files=files,
+            usage=usage,
         )
         super().__init__(core)
         self.tiers = Residency(self.core)  # sleep and wake (``residency``: the wishes' file)
@@ -448,8 +455,19 @@ class SlotManager(Part):
         """:meth:`explain_load` with the model files the load would pull first ("would
         pull 4.1 GB from hf://…"), or the refusal it would meet for them (a file that
         cannot be pulled, a pull that does not fit the disk). May ask the hub for sizes."""
+        await self.admission.sizing.estimate(self.core.table.get(name))  # its file, now
         plan = self.explain_load(name)
         return await self.pulling.explain(self.core.table.get(name), plan)
+
+    async def footprints(self, model_id: str) -> list[FootprintView]:
+        """The footprint of ``model_id`` on each slot that binds it (its launch decides
+        the context, cache types and device), estimated from its file now."""
+        out: list[FootprintView] = []
+        for slot in self.core.table:
+            if slot.spec.model_id == model_id and slot.model is not None:
+                await self.admission.sizing.estimate(slot)
+                out.append(FootprintView.of(slot))
+        return out
 
     def decide(self, name: str, *, background: bool = False) -> LoadDecision:
         """The load decision for ``name`` now (what :meth:`explain_load` renders)."""

@@ -234,7 +234,10 @@ class ModelSpec(_Strict):
     include: Annotated[list[GlobPattern], Field(min_length=1, max_length=64)] | None = None
     exclude: Annotated[list[GlobPattern], Field(min_length=1, max_length=64)] | None = None
     kind: Kind = "llm"
-    memory_gb: MemoryGb = 0.0  # admission estimate (device memory); 0 = not counted
+    # The device memory admission counts (GiB); None (absent): estimated from the model
+    # file and the slot's launch, then learnt from what ran
+    # (docs/design/0021-issue36-footprints.md); 0: not counted.
+    memory_gb: MemoryGb | None = None
     exclusive_group: Annotated[str, Field(min_length=1, max_length=63)] | None = None
     context_length: Annotated[int, Field(gt=0)] | None = None
     chat_template: str | None = None
@@ -328,7 +331,7 @@ class ModelSpec(_Strict):
 
     @property
     def memory_bytes(self) -> int:
-        return int(self.memory_gb * 1024**3)
+        return int((self.memory_gb or 0.0) * 1024**3)
 
 
 class SlotModelRef(_Strict):

@@ -73,6 +73,18 @@ function h(tag, attrs, ...children) {
   return el;
 }
 
+// What admission counts for a slot and why (issue 36): `slotctl model footprint ID` shows
+// each part.
+function memoryTitle(slot) {
+  const basis = {
+    declared: "declared memory_gb",
+    estimated: "estimated from the model file",
+    observed: "the most its server was seen holding",
+    none: "not counted",
+  }[slot.memory_basis] || slot.memory_basis;
+  return `admission counts ${bytes(slot.memory_bytes)}: ${basis}`;
+}
+
 function bytes(n) {
   if (n === null || n === undefined) return "–";
   const units = ["B", "KiB", "MiB", "GiB", "TiB"];
@@ -413,7 +425,7 @@ function slotRow(slot, flash) {
     h("td", { class: "c-device" }, h("span", { class: "device", title: slot.device, text: placedOn(slot) })),
     h("td", { class: "c-num", text: String(slot.priority) }),
     ...trafficCells(slot),
-    h("td", { class: "c-num", text: bytes(slot.memory_bytes) }),
+    h("td", { class: "c-num", title: memoryTitle(slot), text: bytes(slot.memory_bytes) }),
     h(
       "td",
       { class: "c-actions" },
