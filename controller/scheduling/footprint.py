@@ -2,7 +2,7 @@
 
 Pure (a function of numbers; the headers are read by :mod:`controller.modelfiles.headers`,
 the observed use by :mod:`controller.probes.usage`). Three figures meet here
-(docs/design/0021-issue36-footprints.md):
+(docs/design/0022-footprints.md):
 
 * **declared**: a ``memory_gb`` the stack sets (the slot's, else its model's);
 * **estimated**: :func:`estimate_gguf` (llama.cpp servers) or :func:`estimate_safetensors`
@@ -14,7 +14,7 @@ the observed use by :mod:`controller.probes.usage`). Three figures meet here
 user's word; a warning when it is below what was seen), else the larger of the estimate
 and what was seen. Each is in bytes.
 
-Sources of the arithmetic (docs/design/0021-issue36-footprints.md cites them): the GGUF layout
+Sources of the arithmetic (docs/design/0022-footprints.md cites them): the GGUF layout
 (ggml's ``docs/gguf.md``), llama-server's README (``-c`` is the whole KV pool shared by
 ``-np`` sequences, ``-ctk``/``-ctv`` default f16, ``-ub`` 512, ``-fa`` auto, ``-cram``
 8192 MiB, ``-fit``/``-fitt``), and the compute buffer's size as llama.cpp's graph

@@ -1,7 +1,7 @@
 """Sizing: a slot's footprint estimated from its model file, and learnt from what ran.
 
 A part of the manager (:mod:`controller.slots`), below :mod:`.loading` and
-:mod:`.admission` (issue 36, docs/design/0021-issue36-footprints.md):
+:mod:`.admission` (issue 36, docs/design/0022-footprints.md):
 
 * :meth:`Sizing.estimate` reads the header of the file the slot's launch names (a GGUF,
   a safetensors repository: :mod:`controller.modelfiles.headers`, in a worker thread) and

@@ -236,7 +236,7 @@ class ModelSpec(_Strict):
     kind: Kind = "llm"
     # The device memory admission counts (GiB); None (absent): estimated from the model
     # file and the slot's launch, then learnt from what ran
-    # (docs/design/0021-issue36-footprints.md); 0: not counted.
+    # (docs/design/0022-footprints.md); 0: not counted.
     memory_gb: MemoryGb | None = None
     exclusive_group: Annotated[str, Field(min_length=1, max_length=63)] | None = None
     context_length: Annotated[int, Field(gt=0)] | None = None

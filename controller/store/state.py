@@ -66,7 +66,7 @@ class SeenUse(BaseModel):
     """The most a slot's server was seen to hold (issue 36): per model and launch config
     (its config hash; another starts over), on its device and in host memory, in bytes.
     Admission counts the larger of this and the estimate
-    (docs/design/0021-issue36-footprints.md)."""
+    (docs/design/0022-footprints.md)."""
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 
