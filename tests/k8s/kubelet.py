@@ -51,6 +51,7 @@ import aiohttp
 import kmock
 
 from tests.k8s.conftest import Cluster
+from tests.k8s.images import container_argv
 
 REPO = Path(__file__).resolve().parents[2]
 HASH = "slotctl.config-hash"
@@ -498,11 +499,14 @@ class Kubelet:
         return best[1] if best else None
 
     def _run(self, name: str, container: dict[str, Any], ip: str) -> subprocess.Popen[bytes]:
-        """The container's args as a process: the image's ``python3`` is this interpreter,
-        and the server binds the pod's IP (``--host 0.0.0.0`` inside a pod)."""
-        args = list(container.get("args") or [])
-        assert args and args[0] == "python3", args
-        args[0] = sys.executable
+        """The container's argv as a process (:func:`container_argv`: its command, or its
+        image's entrypoint, and its args): the image's ``python3`` is this interpreter,
+        ``slotctl`` (slotctl's image's entrypoint) this package, and the server binds the
+        pod's IP (``--host 0.0.0.0`` inside a pod)."""
+        args = container_argv(container)
+        assert args and args[0] in ("python3", "slotctl"), args
+        python = [sys.executable]
+        args[:1] = python if args[0] == "python3" else [*python, "-m", "controller"]
         args = [ip if a == "0.0.0.0" else a for a in args]
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         env.update({e["name"]: e["value"] for e in container.get("env") or []})

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.k8s import realapi
+from tests.k8s.images import container_argv
 from tests.k8s.realapi import ApiServer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -262,7 +263,7 @@ class ContainerRuntime:
         if status.get("phase") != "Running" or not ip or name in self.ips:
             return
         (container,) = pod["spec"]["containers"]
-        args = list(container.get("args") or [])
+        args = container_argv(container)
         self.ips[name] = ip
         self.started.append(name)
         if self.inproc is not None:
