@@ -61,13 +61,15 @@ GPU_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu")
 
 
 def declare_workloads(emulator: kmock.KubernetesEmulator) -> None:
-    """Deployments, Services, Pods and Nodes, as the runtime uses them."""
+    """Deployments, Services, Pods, Nodes and InferencePools, as the runtime uses them."""
     verbs = {"list", "watch", "get", "create", "patch", "update", "delete"}
     for key, kind, namespaced in (
         ("apps/v1/deployments", "Deployment", True),
         ("v1/services", "Service", True),
         ("v1/pods", "Pod", True),
         ("v1/nodes", "Node", False),
+        # Gateway API Inference Extension's (the operator's --inference-pools)
+        ("inference.networking.k8s.io/v1/inferencepools", "InferencePool", True),
     ):
         emulator.resources[key] = kmock.ResourceInfo(
             kind=kind, singular=kind.lower(), namespaced=namespaced, verbs=verbs

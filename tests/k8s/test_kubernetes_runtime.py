@@ -89,7 +89,11 @@ async def kubelet(cluster: Cluster, tmp_path: Path) -> AsyncIterator[Kubelet]:
 
 @contextlib.asynccontextmanager
 async def operator(
-    cluster: Cluster, state: Path, monkeypatch: pytest.MonkeyPatch, settings: str = ""
+    cluster: Cluster,
+    state: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    settings: str = "",
+    **options: Any,
 ) -> AsyncIterator[Operator]:
     monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig))
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
@@ -103,6 +107,7 @@ async def operator(
             namespaces=["default"],
             resync_s=1.0,
             status_resync_s=0.5,
+            **options,
         )
     )
     task = asyncio.create_task(op.run())

@@ -131,6 +131,11 @@ class KubernetesApi:
             self._namespace = str(self._client().namespace or "default")
         return self._namespace
 
+    def client(self) -> AsyncClient:
+        """The API client (made on first use): for the runtime's other writers (its
+        InferencePools)."""
+        return self._client()
+
     def _client(self) -> AsyncClient:
         if self._api is None:
             try:
