@@ -511,7 +511,13 @@ class Kubelet:
         args[:1] = python if args[0] == "python3" else [*python, "-m", "controller"]
         args = [ip if a == "0.0.0.0" else a for a in args]
         env = {**os.environ, "PYTHONPATH": str(REPO)}
-        env.update({e["name"]: e["value"] for e in container.get("env") or []})
+        env.update(
+            {
+                e["name"]: e.get("value", "")
+                for e in container.get("env") or []
+                if "valueFrom" not in e
+            }
+        )
         log = (self.log_dir / f"{name}.log").open("ab")
         with log:
             return subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT)

@@ -273,7 +273,14 @@ class ContainerRuntime:
         args[0] = sys.executable
         args = [ip if a == "0.0.0.0" else a for a in args]
         env = {**os.environ, "PYTHONPATH": str(REPO)}
-        env.update({e["name"]: e["value"] for e in container.get("env") or []})
+        # an empty value (a cpu slot's CUDA_VISIBLE_DEVICES="") comes back without "value"
+        env.update(
+            {
+                e["name"]: e.get("value", "")
+                for e in container.get("env") or []
+                if "valueFrom" not in e
+            }
+        )
         with (self.log_dir / f"{name}.log").open("ab") as log:
             self.processes[name] = subprocess.Popen(
                 args, env=env, stdout=log, stderr=subprocess.STDOUT
