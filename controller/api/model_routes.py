@@ -9,10 +9,12 @@ from typing import Any, Final
 from aiohttp import web
 from pydantic import BaseModel
 
+from controller.access.withheld import sees_secrets, withhold_strings
 from controller.api.app import (
     ApiContext,
     RouteTable,
     json_response,
+    principal_of,
 )
 from controller.api.rest import (
     LoadAnswer,
@@ -127,6 +129,8 @@ def _catalogue_model(ctx: ApiContext, model_id: str) -> ModelSpec:
 async def list_models(request: web.Request) -> web.Response:
     ctx = ctx_of(request)
     models = [_model_out(ctx, m) for m in ctx.manager.models.values()]
+    if not sees_secrets(principal_of(request)):  # an error may name a source URL
+        models = [withhold_strings(m) for m in models]
     return json_response({"models": models, "aliases": _aliases_out(ctx.manager)})
 
 
@@ -154,7 +158,8 @@ def _aliases_out(manager: SlotManager) -> list[dict[str, Any]]:
 )
 async def model_state(request: web.Request) -> web.Response:
     ctx = ctx_of(request)
-    return json_response(_model_out(ctx, _catalogue_model(ctx, request.match_info["model_id"])))
+    out = _model_out(ctx, _catalogue_model(ctx, request.match_info["model_id"]))
+    return json_response(out if sees_secrets(principal_of(request)) else withhold_strings(out))
 
 
 @route(

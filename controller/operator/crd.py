@@ -215,7 +215,8 @@ def _spec_schema(model: type[BaseModel], drop: tuple[str, ...]) -> dict[str, Any
 
 
 def _slot_spec_schema() -> dict[str, Any]:
-    schema = _spec_schema(SlotSpec, drop=("name",))
+    # (replica_of, replica_index: set by the desired state's expansion, never by a source)
+    schema = _spec_schema(SlotSpec, drop=("name", "replica_of", "replica_index"))
     server = schema["properties"]["server"]["properties"]
     # Bounds let the API server estimate the CEL rules' cost (it refuses unbounded ones).
     server["cmd"]["maxItems"] = _MAX_ITEMS

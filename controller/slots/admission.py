@@ -190,6 +190,7 @@ class Admission(Part):
                 peers[key] = peers.get(key, 0) + size
         budgets = self.settings.memory_budget_gb
         margin = int(self.settings.safety_margin_gb * GIB)
+        siblings = self._siblings(slot)
 
         def facts(
             key: str,
@@ -200,13 +201,27 @@ class Admission(Part):
         ) -> DeviceFacts:
             admitted, reserved = figures.get(key, (0, 0))
             return DeviceFacts(
-                key, admitted, sample, budget, margin, reserved, peers.get(key, 0), gpu, lost
+                key,
+                admitted,
+                sample,
+                budget,
+                margin,
+                reserved,
+                peers.get(key, 0),
+                gpu,
+                lost,
+                siblings=siblings.get(key, 0),
             )
 
         if slot.on_nodes and slot.spec.device_kind == "gpu":
             nodes = self._cluster()
             if nodes is not None:
-                return self._cluster_facts(slot, nodes, figures, peers, margin)
+                found = self._cluster_facts(slot, nodes, figures, peers, margin)
+                by_node = self._siblings(slot, by_node=True)
+                if not by_node:
+                    return found
+                # on a cluster, replicas spread across nodes: a node a sibling runs on
+                return [replace(d, siblings=by_node.get(d.group or "", 0)) for d in found]
         if slot.on_nodes or slot.spec.device_kind != "gpu":
             key = slot.where
             budget_gb = budget_gb_for(key, budgets)
@@ -216,6 +231,21 @@ class Admission(Part):
         if not inventory:  # no probe, no budget: refused with the reason (device "gpu")
             return [facts("gpu", None, None, None)]
         return [facts(g.key, g.sample, g.budget, g.ref, g.error) for g in inventory]
+
+    def _siblings(self, slot: SlotRecord, *, by_node: bool = False) -> dict[str, int]:
+        """Per GPU (``by_node``: per node of a cluster), the replicas of ``slot``'s own slot
+        admitted there (a spread replica avoids them: :mod:`controller.scheduling.placement`)."""
+        group = slot.spec.replica_group
+        if not group or slot.spec.replica_placement != "spread":
+            return {}
+        out: dict[str, int] = {}
+        for s in self.table:
+            if s is slot or s.spec.replica_group != group or s.state not in ADMITTED_STATES:
+                continue
+            for g in s.placement:
+                key = (g.node or "") if by_node else g.key
+                out[key] = out.get(key, 0) + 1
+        return out
 
     def _cluster(self) -> list[NodeGpus] | None:
         """The cluster's nodes when the memory probe knows them (the kubernetes runtime)."""

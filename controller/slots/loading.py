@@ -21,6 +21,7 @@ from controller.model.errors import (
     InsufficientMemory,
     SlotctlError,
     SlotHealthFailed,
+    SlotLoadStopped,
     SlotNotReady,
     SlotSpawnFailed,
 )
@@ -50,6 +51,7 @@ class Loading(Part):
         self.tiers = unloading.residency
         self.pulling = admission.pulling
         self.units = UnitLoads(core, admission, unloading, self._load_flow)
+        self.stopping = ""  # why every load is being stopped (the controller stops)
 
     @staticmethod
     def loaded(slot: SlotRecord) -> bool:
@@ -135,7 +137,7 @@ class Loading(Part):
         if task is None:
             return
         try:
-            await asyncio.shield(task)
+            await self._joined(slot, task)
         except InsufficientMemory:
             # A user's request joined a background load that waits for memory: user
             # demand beats background restore, so it gets a load of its own.
@@ -143,7 +145,25 @@ class Loading(Part):
                 raise
             task = self._load_task(slot, background=False)
             if task is not None:
-                await asyncio.shield(task)
+                await self._joined(slot, task)
+
+    async def _joined(self, slot: SlotRecord, task: asyncio.Task[int]) -> None:
+        """Wait for the load ``task``; one stopped under the waiter (the controller stops,
+        the slot was removed) is a typed 503 for it, never a cancellation of its own:
+        the router answers it instead of dropping its connection."""
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            waiter = asyncio.current_task()
+            if not task.cancelled() or (waiter is not None and waiter.cancelling()):
+                raise  # the waiter itself was cancelled (its client left)
+            why = self.stopping or "stopped before it finished"
+            raise SlotLoadStopped(
+                f"slot {slot.name!r}: the load this request waited for was stopped ({why}); "
+                "try again",
+                retry_after_s=5.0,
+                slot=slot.name,
+            ) from None
 
     async def _load_flow(self, slot: SlotRecord) -> int:
         """One load; returns the generation it produced (for stale-cleanup checks)."""

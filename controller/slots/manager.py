@@ -372,6 +372,16 @@ class SlotManager(Part):
         """The activated slots a request for ``model`` may use, unranked (no view built)."""
         return self.core.table.routable(model)
 
+    def load_of(self, name: str) -> tuple[int, int, bool]:
+        """``(in flight, waiting, warm)`` of a slot: its leases, the requests waiting for
+        its turns or its load, and whether it serves now (the replica routing's figures;
+        (0, 0, False) for a slot it does not know)."""
+        slot = self.core.table.records.get(name)
+        if slot is None:
+            return 0, 0, False
+        book = slot.book
+        return book.in_flight, book.queued + book.waiters, Loading.loaded(slot)
+
     def names(self) -> list[str]:
         return self.core.table.names()
 
@@ -512,6 +522,7 @@ class SlotManager(Part):
         released first (a hold is no request: nothing to wait for); ``on_drain(slot,
         requests, drain_timeout_s)`` is told of every slot that waits for requests.
         """
+        self.loading.stopping = reason  # a waiter of a load cancelled below is told why
         for slot in self.core.table:
             leases = slot.book.leases
             for lease in [x for x in leases.values() if x.expires_at is not None]:

@@ -167,6 +167,10 @@ class SlotView:
     wake_s: float | None = None
     rollout: RolloutView | None = None  # a rollout in flight (docs/design/0012)
     pull: PullView | None = None  # pulling: its model files' download (bytes, rate, ETA)
+    # A replica (issue 38): the slot it is one of (itself for replica 0 of a slot with
+    # replicas; None: no replicas) and its index
+    replica_of: str | None = None
+    replica_index: int = 0
 
 
 def tier_name(level: int, waking: bool) -> str | None:
@@ -432,6 +436,7 @@ class SlotRecord:
             wake_s=wake_s,
             recent_weight=recent_weight,
             unit=self.spec.unit,
+            replica_group=self.spec.replica_group,
         )
 
     def reload_s(self) -> tuple[float, float]:

@@ -169,6 +169,8 @@ class SlotTable:
                 self.rollouts.get(slot.name), _VALUE[slot.state], slot.breaker.failures
             ),
             pull=None if progress is None else PullView.of(progress),
+            replica_of=slot.spec.replica_group or None,
+            replica_index=slot.spec.replica_index,
         )
 
     def routable(self, model: str) -> list[Candidate]:

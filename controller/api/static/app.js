@@ -404,7 +404,7 @@ function slotRow(slot, flash) {
     h(
       "td",
       {},
-      h("div", { class: "slot-name" }, slot.name, slot.pinned ? h("span", { class: "pin", title: "pinned: never evicted", text: "pinned" }) : null, slot.unit ? h("span", { class: "pin unit", title: `unit ${slot.unit}: loads, evicts and sleeps with its members`, text: `unit ${slot.unit}` }) : null),
+      h("div", { class: "slot-name" }, slot.name, slot.pinned ? h("span", { class: "pin", title: "pinned: never evicted", text: "pinned" }) : null, slot.unit ? h("span", { class: "pin unit", title: `unit ${slot.unit}: loads, evicts and sleeps with its members`, text: `unit ${slot.unit}` }) : null, slot.replica_of ? h("span", { class: "pin replica", title: `replica ${slot.replica_index} of ${slot.replica_of}: the same model, its own server`, text: `replica ${slot.replica_index} of ${slot.replica_of}` }) : null),
       sub,
       pullLine(slot),
       rolloutLine(state.rollouts.get(slot.name)),
@@ -427,6 +427,10 @@ function slotRow(slot, flash) {
 
 function renderSlots(changed) {
   const slots = [...state.slots.values()];
+  // a slot's replicas right after it, in index order
+  const at = new Map(slots.map((s, i) => [s.name, i]));
+  const group = (s) => at.get(s.replica_of || s.name) ?? at.get(s.name);
+  slots.sort((a, b) => group(a) - group(b) || (a.replica_index || 0) - (b.replica_index || 0));
   ui.rows.replaceChildren(...slots.map((s) => slotRow(s, s.name === changed)));
   ui.slotsEmpty.hidden = slots.length > 0;
   ui.slotsCount.textContent = slots.length ? `${slots.length} slot${slots.length === 1 ? "" : "s"}` : "";
