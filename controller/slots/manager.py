@@ -362,6 +362,14 @@ class SlotManager(Part):
         table = self.core.table
         return [table.view(slot) for slot in table]
 
+    def port(self, name: str) -> int | None:
+        """The port the slot's server listens on: its running launch's, else its own,
+        else the one the controller chose for it (None: none chosen yet)."""
+        slot = self.core.table.get(name)
+        if slot.launch is not None:
+            return slot.launch.port
+        return slot.spec.port or self.core.table.store.read_port(name)
+
     def endpoint(self, name: str) -> str | None:
         """The URL the slot's server answers on (None while it has none)."""
         launch = self.core.table.get(name).launch
