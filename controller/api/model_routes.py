@@ -16,6 +16,7 @@ from controller.api.app import (
     json_response,
     principal_of,
 )
+from controller.api.dryrun import footprint_json
 from controller.api.rest import (
     LoadAnswer,
     ctx_of,
@@ -58,7 +59,7 @@ _MODEL_STATE: Final = {
 class ModelOut(BaseModel):
     id: str
     kind: str
-    memory_gb: float
+    memory_gb: float | None  # declared; None: estimated (GET /api/models/{id}/footprint)
     exclusive_group: str | None = None
     state: str
     resident: bool
@@ -160,6 +161,25 @@ async def model_state(request: web.Request) -> web.Response:
     ctx = ctx_of(request)
     out = _model_out(ctx, _catalogue_model(ctx, request.match_info["model_id"]))
     return json_response(out if sees_secrets(principal_of(request)) else withhold_strings(out))
+
+
+class FootprintList(BaseModel):
+    model: str
+    slots: list[dict[str, Any]]  # one footprint per slot that binds it (footprint_json)
+
+
+@route(
+    "GET",
+    "/api/models/{model_id:.+}/footprint",
+    summary="what the model would hold on each slot that binds it, part by part",
+    tag="models",
+    responses={200: ("footprints", FootprintList), 404: ("unknown model", None)},
+)
+async def model_footprint(request: web.Request) -> web.Response:
+    ctx = ctx_of(request)
+    model = _catalogue_model(ctx, request.match_info["model_id"])
+    views = await ctx.manager.footprints(model.id)
+    return json_response({"model": model.id, "slots": [footprint_json(v) for v in views]})
 
 
 @route(

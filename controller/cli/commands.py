@@ -343,6 +343,11 @@ def _model_rm(p: argparse.ArgumentParser) -> None:
     output(p)
 
 
+def _model_footprint(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model_id", metavar="MODEL")
+    output(p)
+
+
 def _model_gc(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dry-run", action="store_true", help="list what would go, remove nothing")
     output(p)
@@ -395,6 +400,18 @@ _MODEL: Final[tuple[Command, ...]] = (
         "used first; never a pinned slot's model, never a pull in flight. --dry-run lists "
         "each entry with remove or keep and why.",
         examples=("slotctl model gc --dry-run", "slotctl model gc"),
+    ),
+    Command(
+        "footprint",
+        "what a model would hold, part by part, and what admission counts",
+        lambda a: cli_remote.cmd_model_footprint(a),
+        _model_footprint,
+        description="For each slot that binds the model: the estimate read from its file "
+        "(weights by tensor type, the KV cache at the slot's context, parallel sequences "
+        "and cache types, compute buffers, what stays in host memory), the declared "
+        "memory_gb, the most its server was seen to hold, and which one admission counts "
+        "(declared, else the larger of estimated and observed).",
+        examples=("slotctl model footprint qwen2.5-7b-q4", "slotctl model footprint tiny -o json"),
     ),
     Command(
         "load",

@@ -56,8 +56,9 @@ _DROPPED_TOP: Final[dict[str, str]] = {
     "profiles": "slotctl has no runtime-switched model id rewrites: declare [[alias]] "
     "entries and edit them",
     "peers": "slotctl serves its own slots; a remote server is not a slot",
-    "matrix": "slotctl admits loads by memory (memory_gb), not by declared combinations: "
-    "set each model's memory_gb so the ones that fit together do",
+    "matrix": "slotctl admits loads by memory, not by declared combinations: each model's "
+    "footprint is estimated from its file (slotctl model footprint ID; memory_gb overrides "
+    "it), so the ones that fit together do",
 }
 DOCUMENTED_TOP_KEYS: Final = frozenset(
     {
@@ -436,7 +437,7 @@ class _Importer:
                 self.report.add(
                     f"{where}.exclusive",
                     "approximated",
-                    "slotctl unloads other slots only to make room for a load (by memory_gb), "
+                    "slotctl unloads other slots only to make room for a load (by memory), "
                     "not because a member of this group loads",
                 )
 

@@ -478,7 +478,8 @@ def _vllm(args: ArgList, out: ServerImport, key: str, report: ImportReport) -> N
             report,
             key,
             "--gpu-memory-utilization",
-            "slotctl sets it from the memory the slot is admitted with (the model's memory_gb)",
+            "slotctl sets it from the memory the slot is admitted with (its memory_gb, else "
+            "the footprint estimated from the model)",
         )
     _port(args, out, key, report)
     _api_key(args, key, report)

@@ -43,6 +43,7 @@ from controller.router.context import (
     CLIENT_CLOSED,
     USAGE_TAIL,
     RouterContext,
+    cached_of,
     upstream_idle_s,
     usage_of,
 )
@@ -59,6 +60,7 @@ from controller.router.refusals import (
     upstream_unreachable,
     wrong_endpoint,
 )
+from controller.router.replicas import route_replicas
 from controller.router.selection import fitting, route
 from controller.slots.records import Lease, Requester
 from controller.spec.schema import ControllerSettings
@@ -135,6 +137,8 @@ class RoutedCall:
         "counted",
         "ctx",
         "forms",
+        "group",
+        "keyed",
         "kind",
         "lease",
         "model",
@@ -178,6 +182,8 @@ class RoutedCall:
         # A key's call keeps the last bytes of its answer, where a server reports ``usage``
         # (None: not kept: the API token's calls, which no key's figures count).
         self.tail: bytearray | None = None
+        self.keyed = False  # a key's call (its usage counted for it)
+        self.group = ""  # the leased slot is a replica of this slot (its tokens counted)
         self.content_type = ""
         self.body = b""
 
@@ -233,13 +239,19 @@ class RoutedCall:
             report_refusal(ctx, ModelNotFound(model), model)
             raise model_not_found(model)
         self.model = model
+        if len(served) > 1:  # a slot's replicas: in the order of its routing
+            names = list(served)
+            ordered = route_replicas(manager, names, model, content_type, body)
+            if ordered is not names:
+                served = ordered
+                candidates, refused = fitting(manager, served, kind)
         if not candidates:  # before anything is leased or loaded (400)
             raise wrong_endpoint(model, kind, refused)
         if principal is not None and principal.name:  # a key (the API token has no limits)
             limited = ctx.limits.admit(principal, time.monotonic())
             if limited is not None:
                 raise slot_refusal(limited)
-            self.counted = True
+            self.counted = self.keyed = True
             self.tail = bytearray()  # a key's call: its answer's usage counts for it
         now: Lease | Pending | None
         try:
@@ -297,6 +309,11 @@ class RoutedCall:
             raise Refusal(
                 503, f"slot {self.slot!r} has no endpoint", code="slot.not_ready", retry_after_s=1
             )
+        spec = self.ctx.manager.known(self.slot)
+        if spec is not None and spec.replica_group:  # a replica: its cached tokens count
+            self.group = spec.replica_group
+            if self.tail is None:
+                self.tail = bytearray()
         self.phase = _UPSTREAM
         return endpoint, body
 
@@ -384,9 +401,13 @@ class RoutedCall:
             who = self.who
             if who is not None:
                 recorder.key_done(who.key, who.cls, self.status, self.waited)
-                used = usage_of(self.tail) if self.tail else None
+                used = usage_of(self.tail) if self.tail and self.keyed else None
                 if used is not None:
                     recorder.key_tokens(who.key, who.cls, *used)
+            if self.group and self.tail:
+                cached = cached_of(self.tail)
+                if cached is not None:
+                    recorder.slot_tokens(self.slot, self.group, *cached)
         except Exception:  # metrics must never fail a request: log it and answer anyway
             log.exception("metrics request_done failed")
 

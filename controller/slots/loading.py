@@ -50,6 +50,7 @@ class Loading(Part):
         self.unloading = unloading
         self.tiers = unloading.residency
         self.pulling = admission.pulling
+        self.sizing = admission.sizing
         self.units = UnitLoads(core, admission, unloading, self._load_flow)
         self.stopping = ""  # why every load is being stopped (the controller stops)
 
@@ -184,6 +185,7 @@ class Loading(Part):
         # the disk's half first (a pull that cannot fit, a file that cannot be pulled), then
         # the admit loop: exclusive peers out, victims evicted, reserved (or the refusal)
         await self.pulling.admit(slot)
+        await self.sizing.estimate(slot)  # its footprint from its file, when on disk
         admitted = await self.admission.admit(slot, Walk.LOAD)
         slot.flight.reserve(self.clock.monotonic())  # its cold load is timed from here
         slot.flight.decided()
@@ -191,7 +193,23 @@ class Loading(Part):
         launch = self.core.placed(slot, admitted.launch)  # the GPUs admission chose
         if admitted.pulling:
             await self._pull(slot, launch, gen)
+            launch = await self._resized(slot, launch)
         await self._start_and_probe(slot, launch, gen)
+
+    async def _resized(self, slot: SlotRecord, launch: LaunchSpec) -> LaunchSpec:
+        """Its files pulled: estimated from them; an estimate larger than what was
+        admitted is admitted again (a refusal fails the load: ``error``), and the launch
+        told its new share (vLLM)."""
+        before = slot.memory_bytes
+        await self.sizing.estimate(slot)
+        if slot.memory_bytes <= before:
+            return launch
+        try:
+            await self.admission.admit(slot, Walk.RESIZED)
+        except SlotctlError as exc:
+            await self.fail(slot, Op.LOAD, exc, stop=False)
+            raise
+        return self.core.placed(slot, launch)
 
     async def _wake(self, slot: SlotRecord) -> bool:
         """Wake an asleep slot (its lock held): the admit loop (pinned to the GPUs it sleeps
@@ -282,6 +300,7 @@ class Loading(Part):
         )
 
     async def _start_and_probe(self, slot: SlotRecord, launch: LaunchSpec, gen: int) -> None:
+        launch = self.core.placed(slot, launch)  # told its GPUs' free memory as of now
         try:
             observed = await self.runtime.start(launch)
         except SlotctlError as exc:
@@ -327,6 +346,7 @@ class Loading(Part):
             took = slot.flight.ready(now)
             if took is not None:  # a cold load's cost (recorded with the state)
                 self.table.measured(slot, load_s=took)
+            await self.sizing.observe(slot)  # what it holds at ready (with the state)
             self.table.set(slot, S.READY, op=Op.LOAD, message=result.message)
             return
         if result.outcome is ProbeOutcome.NO_MODEL:

@@ -46,7 +46,7 @@ def _state(listen: str, token: str) -> str:
         with urllib.request.urlopen(request, timeout=30) as response:
             return str(json.loads(response.read())["state"])
     except urllib.error.HTTPError as exc:
-        if exc.code == 404:  # the stacks not read yet, just after the start
+        if exc.code == 404:  # the controller has not read the stack yet
             return ""
         raise
 
