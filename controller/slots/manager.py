@@ -222,7 +222,7 @@ class SlotManager(Part):
             )
             table.load_persisted(slot)
             table.records[desired.name] = slot
-            self.core.port_declared(desired.name, desired.spec.port)
+            self.core.slot_added(slot)
             return
         if (
             slot.stack == desired.stack
