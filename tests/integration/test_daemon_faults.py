@@ -276,6 +276,19 @@ async def test_stack_files_are_parsed_off_the_event_loop_and_size_limited(
     assert sorted(p.name for p in (tmp_path / "config" / "slots").iterdir()) == before
     assert set(running.manager.names()) == {"off-a", "off-b", "off-c"}
 
+    # Issue 40, item 5: one nested too deeply for the parsers (400 KB, under the limit)
+    # is an invalid file named in one report line; the watcher lives on (it crash-looped
+    # on a RecursionError, a 3,000-line traceback a restart).
+    (tmp_path / "stacks" / "huge.toml").unlink()
+    deep = tmp_path / "stacks" / "deep.toml"
+    deep.write_text("x = " + "[" * 200_000 + "]" * 200_000 + "\n")
+    await running.until(lambda: "stack.too_deep" in running.out.getvalue(), "the refusal")
+    said = running.out.getvalue()
+    assert str(deep) in said and "Traceback" not in said and "RecursionError" not in said
+    deep.unlink()
+    stack_file.write_text(stack_text("faults", [*slots, SlotDef("off-d", autoload=False)]))
+    await running.until(lambda: "off-d" in running.manager.names(), "the watcher to go on")
+
 
 async def test_a_missing_or_unreadable_config_dir_keeps_the_last_good_state(
     tmp_path: Path,
