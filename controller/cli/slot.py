@@ -19,6 +19,7 @@ from datetime import datetime
 from typing import Any, Final
 
 from controller.cli.client import ApiClient, quote_segment, reachable_api
+from controller.cli.flags import STATE_DIR_ENV
 from controller.cli.output import GIB, format_memory, table
 from controller.model.errors import SlotctlError, SlotNotFound
 from controller.model.exitcode import ExitCode
@@ -203,12 +204,23 @@ def _print_data(data: Any, output: str) -> None:
         print(yaml.safe_dump(data, sort_keys=False), end="")
 
 
+def _from_files_note(args: argparse.Namespace) -> str:
+    """Said when no controller answered: which state dir was read, and how another
+    controller's is named (a shell without ``up``'s export line reads the default)."""
+    return (
+        f"(no controller answered on the state dir {args.state_dir}: shown from its files; "
+        f"a controller started with another state dir is found with --state-dir DIR or "
+        f"${STATE_DIR_ENV})"
+    )
+
+
 def cmd_list(args: argparse.Namespace) -> ExitCode:
     api = _api(args)
     if api is not None:
         rows = [_row_from_view(v) for v in api.get("/api/slots").get("slots", [])]
     else:
         rows = _rows_from_files(args)
+        print(_from_files_note(args), file=sys.stderr)
     if args.output != "table":
         _print_data(rows, args.output)
         return ExitCode.OK

@@ -325,6 +325,56 @@ def test_server_and_token_discovery(ctl: Slotctl) -> None:
     api.wait_state("one", "ready")
 
 
+def test_a_refused_token_says_which_and_where_it_came_from(ctl: Slotctl) -> None:
+    """Issue 40, item 7: ``SLOTCTL_TOKEN=wrong slotctl slot list`` said "the token of
+    <state>/token was refused: the token of <state>/token was" — garbled, and blaming the
+    file for the variable's token. Each source of a refused token is named, once."""
+    up(ctl)
+    token_file = ctl.state / "token"
+
+    result = run_with(ctl, [*ctl.argv()[3:], "slot", "list"], {"SLOTCTL_TOKEN": "wrong"})
+    assert result.returncode == 2, result
+    said = result.stderr
+    assert said.startswith("slotctl: error [auth.unauthorized]: wrong bearer token"), said
+    assert "the token from $SLOTCTL_TOKEN was refused" in said, said
+    assert f"{token_file}" not in said.split("refused", 1)[0], said  # not blamed on the file
+    assert said.count("was refused") == 1, said
+
+    result = run_with(ctl, [*ctl.argv()[3:], "--token", "wrong", "slot", "list"])
+    assert "the token from --token was refused" in result.stderr, result.stderr
+
+    real = token_file.read_text()
+    try:
+        token_file.write_text("stale\n")  # a token file of an earlier controller
+        result = run_with(ctl, [*ctl.argv()[3:], "slot", "list"])
+        assert f"the token of {token_file} was refused" in result.stderr, result.stderr
+        assert result.stderr.count("was refused") == 1, result.stderr
+    finally:
+        token_file.write_text(real)
+
+
+def test_another_state_dir_says_no_controller_answered_there(ctl: Slotctl) -> None:
+    """Issue 40, item 8: without the README's ``export SLOTCTL_*`` line, ``slot list``
+    printed an empty table and exited 0 while a controller ran, and ``slot load`` said
+    only "start one with `slotctl up`". Both name the state dir they read, say that no
+    controller answered there, and name --state-dir and $SLOTCTL_STATE_DIR."""
+    up(ctl)
+    other = ctl.tmp / "other-state"
+    elsewhere = ["--state-dir", str(other), "--config-dir", str(ctl.tmp / "other-config")]
+
+    result = run_with(ctl, [*elsewhere, "slot", "list"])
+    assert result.returncode == 0, result  # the files of that dir: nothing is wrong there
+    said = result.stderr
+    assert f"no controller answered on the state dir {other}" in said, said
+    assert "--state-dir" in said and "$SLOTCTL_STATE_DIR" in said, said
+
+    result = run_with(ctl, [*elsewhere, "slot", "load", "one"])
+    assert result.returncode == 2, result
+    said = result.stderr
+    assert f"no controller is running on the state dir {other}" in said, said
+    assert "--state-dir" in said and "$SLOTCTL_STATE_DIR" in said, said
+
+
 def test_unreachable_controller_exits_2(ctl: Slotctl) -> None:
     ctl.config.mkdir(parents=True)
     commands = [
