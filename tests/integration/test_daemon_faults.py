@@ -427,3 +427,31 @@ def test_a_config_dir_deleted_while_it_is_read_is_unreadable(
     snapshot = read_config_dir(config_dir)
     assert not snapshot.readable
     assert "changed while it was read" in snapshot.errors[0].message
+
+
+async def test_a_changed_controller_toml_says_a_restart_applies_it(
+    tmp_path: Path, cleanup: list[Running]
+) -> None:
+    """Issue 40, item 12: ``controller.toml`` was re-read but its settings kept until a
+    restart, silently. A change the running controller does not apply is said, once, in
+    up's output, naming what changed; going back to what runs says so too."""
+    config = tmp_path / "config"
+    config.mkdir(parents=True)
+    (config / "controller.toml").write_text("safety_margin_gb = 0.5\n")
+    running = await start(tmp_path)
+    cleanup.append(running)
+    assert running.manager.settings.safety_margin_gb == 0.5
+    (config / "controller.toml").write_text("safety_margin_gb = 1.5\nqueue_aging_s = 5\n")
+    said = await running.until(
+        lambda: "controller.toml changed" in running.out.getvalue() and running.out.getvalue(),
+        "the change said",
+    )
+    line = next(x for x in said.splitlines() if "controller.toml changed" in x)
+    assert "restart" in line and "queue_aging_s" in line and "safety_margin_gb" in line, line
+    assert running.manager.settings.safety_margin_gb == 0.5  # what runs is kept
+    (config / "controller.toml").write_text("safety_margin_gb = 0.5\n")
+    await running.until(
+        lambda: "controller.toml is back to the settings in force" in running.out.getvalue(),
+        "the return said",
+    )
+    assert running.out.getvalue().count("controller.toml changed") == 1
