@@ -86,9 +86,14 @@ def test_slot_commands(ctl: Slotctl) -> None:
     # ---- load: 202 loading, then --wait follows it to ready; again: already loaded
     answer = json.loads(ctl.ok("slot", "load", "one", "-o", "json"))
     assert answer["status"] == "loading" and answer["slot"]["name"] == "one"
+    assert answer["slot"]["resident"] is True
     out = ctl.ok("slot", "load", "one", "--wait", "--timeout", "60")
     assert "slot one: ready after" in out
-    assert ctl.ok("slot", "load", "one").strip() == "slot one: already loaded (ready)"
+    # Issue 40, item 10: an explicit load makes the slot resident, and says so.
+    said = ctl.ok("slot", "load", "one").strip()
+    assert said.startswith("slot one: already loaded (ready)"), said
+    assert "resident: kept loaded until `slotctl slot unload one`" in said, said
+    assert "ttl_s" in said, said
     final = json.loads(ctl.ok("slot", "load", "two", "--wait", "-o", "json"))
     assert final["status"] == "ready" and final["slot"]["state"] == "ready"
 
@@ -179,7 +184,7 @@ def test_model_commands(ctl: Slotctl) -> None:
     out = ctl.ok("model", "load", "m-three", "--wait", "--timeout", "60")
     assert "on slot three" in out and "slot three: ready after" in out
     out = ctl.ok("model", "load", "m-three")
-    assert out.strip() == "model m-three: already loaded on slot three (ready)"
+    assert out.strip().startswith("model m-three: already loaded on slot three (ready); resident")
     assert api.ok("GET", "/api/models/m-three/state")["state"] == "loaded"
 
     assert "error [model.not_found]" in fails(ctl, "model", "load", "m-nope").stderr
