@@ -133,6 +133,11 @@ def cmd_apply(args: argparse.Namespace) -> ExitCode:
             print(_alias_line(line, style))
         if not shown and not applied.aliases:
             print(style.dim("  (no changes)"))
+        for what in applied.left_behind:  # as docker compose warns of orphans
+            print(
+                style.yellow(f"  left behind: {what}")
+                + " — the stack no longer declares it; `stack apply --prune` removes it"
+            )
         if args.dry_run:
             print(style.dim("dry run: nothing written"))
             return ExitCode.OK
@@ -260,6 +265,12 @@ def _print_diff(plan: StackPlan, style: Style) -> None:
         print(
             style.bold("=== models") + f" — differ from the live catalogue: "
             f"{', '.join(plan.models_changed)}"
+        )
+    if plan.models_unused:
+        print(
+            style.bold("=== models") + " — in the live catalogue, declared by no stack given "
+            f"and used by no slot or alias: {', '.join(plan.models_unused)} "
+            "(`stack apply --prune` removes them)"
         )
     if plan.aliases_changed:
         print(style.bold("=== aliases") + " — differ from the live aliases:")
