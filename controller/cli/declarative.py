@@ -82,7 +82,7 @@ def open_backend(args: argparse.Namespace, *, remote: bool = True) -> StackBacke
 
 def _action_line(action: Action, style: Style) -> str:
     colour = getattr(style, _KIND_COLOUR.get(action.kind, "dim"))
-    return f"  {colour(f'{action.kind:<9}')} {action.slot:<20} {action.reason}"
+    return f"  {colour(f'{action.shown_kind:<9}')} {action.slot:<20} {action.reason}"
 
 
 def _alias_line(line: str, style: Style) -> str:
@@ -247,7 +247,7 @@ def _print_diff(plan: StackPlan, style: Style) -> None:
         notes = plan.notes.get(name, [])
         if action.kind == "noop" and not diff and not drift and not notes:
             continue
-        print(style.bold(f"=== slot {name}: {action.kind}") + f" — {action.reason}")
+        print(style.bold(f"=== slot {name}: {action.shown_kind}") + f" — {action.reason}")
         for line in diff.splitlines():
             if line.startswith("+") and not line.startswith("+++"):
                 print(style.green(line))

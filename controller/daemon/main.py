@@ -112,7 +112,7 @@ class Controller:
         self.opts.out.flush()
 
     def _print_plan(self, action: Action) -> None:
-        self.say(f"plan   {action.slot:<16} {action.kind:<9} {action.reason}")
+        self.say(f"plan   {action.slot:<16} {action.shown_kind:<9} {action.reason}")
 
     def _settings_changed(self, change: DesiredChange) -> None:
         """``controller.toml`` changed: the keys the running controller does not follow
