@@ -189,10 +189,12 @@ def _state_cell(row: dict[str, Any]) -> str:
 
 
 def _message_cell(row: dict[str, Any]) -> str:
+    """The whole message: it is the last column, and its end is often what to do (it was
+    cut at 60 characters, mid-word: issue 40)."""
     message = str(row.get("message") or "")
     if row.get("held_until") and message == "request in flight" and not row.get("requests"):
         message = ""  # only holds: no request is in flight
-    return message[:60]
+    return " ".join(message.split())  # one line
 
 
 def _print_data(data: Any, output: str) -> None:
@@ -357,6 +359,14 @@ def _show_logs(fetch: Callable[[int], list[str]], args: argparse.Namespace) -> N
     lines = fetch(args.tail)
     for line in lines:
         print(line, flush=args.follow)
+    if not lines:  # an empty answer said nothing at all (issue 40)
+        print(
+            f"(no log lines: slot {args.name}'s server has written none here — it was "
+            "never started, or its log was removed; `slotctl slot load "
+            f"{args.name}` starts it)",
+            file=sys.stderr,
+            flush=True,
+        )
     seen = lines[-1] if lines else None
     while args.follow:
         time.sleep(_FOLLOW_EVERY_S)

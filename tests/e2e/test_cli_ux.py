@@ -192,6 +192,32 @@ def test_slot_logs_of_an_unknown_slot_without_a_controller(ctl: Slotctl) -> None
     assert result.stderr.startswith("slotctl: error [slot.not_found]")
 
 
+def test_slot_logs_of_a_never_started_slot_says_so(ctl: Slotctl) -> None:
+    """Issue 40, item 14: it printed nothing and exited 0, as if the log were empty."""
+    ctl.ok("stack", "apply", stack(ctl, ONE))
+    result = ctl.run("slot", "logs", "one")
+    assert result.returncode == 0, ctl.explain(result)
+    assert result.stdout == ""
+    assert "no log lines: slot one's server has written none here" in result.stderr
+    assert "never started" in result.stderr
+
+
+def test_slot_list_shows_a_long_message_whole(ctl: Slotctl) -> None:
+    """Issue 40, item 14: MESSAGE was cut at 60 characters, mid-word, losing the "what to
+    do" part of a refusal. It is the last column: it is shown whole."""
+    ctl.ok("stack", "apply", stack(ctl, ONE))
+    state = ctl.state / "slots" / "one"
+    state.mkdir(parents=True)
+    message = (
+        "waiting for memory: 0.05 GiB needed on cpu, 0.01 GiB free; "
+        "`slotctl slot unload` another slot or raise memory_budget_gb"
+    )
+    record = {"name": "one", "state": "offline", "message": message, "extra": {}}
+    (state / "state.json").write_text(json.dumps(record))
+    out = ctl.ok("slot", "list")
+    assert message in out, out
+
+
 # ============================================================================ 10. down, up
 
 
