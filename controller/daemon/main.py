@@ -147,6 +147,8 @@ class Controller:
             return False  # already a structured log line (controller.model.events)
         if event.kind == EventKind.TRANSITION and event.op == Op.LEASE:
             return False  # ready <-> serving, twice a request: the event stream has them
+        if event.kind == EventKind.ERROR and event.details.get("said"):
+            return False  # a failed load's words, printed with its transition to error
         return event.kind in PROGRESS_KINDS
 
     def _print_event(self, event: Event) -> None:

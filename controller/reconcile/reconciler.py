@@ -382,7 +382,9 @@ class Reconciler:
             slot=name,
             message=message,
             error=code,
-            details={"retry_in_s": delay},
+            # said already (a failed load's transition to error carries it): counted as
+            # a failed pass, not printed again by `up` (issue 40)
+            details={"retry_in_s": delay, "said": bool(getattr(error, "reported", False))},
         )
 
     async def run(self, stop: asyncio.Event, *, read_first: bool = True) -> None:

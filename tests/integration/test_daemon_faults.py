@@ -455,3 +455,20 @@ async def test_a_changed_controller_toml_says_a_restart_applies_it(
         "the return said",
     )
     assert running.out.getvalue().count("controller.toml changed") == 1
+
+
+async def test_a_failed_load_is_said_once_an_attempt(
+    tmp_path: Path, cleanup: list[Running]
+) -> None:
+    """Issue 40, item 14: each failed attempt was printed twice in up's output, as the
+    transition to ``error`` and again as the reconciler's error with the same words."""
+    bad = SlotDef("bad", load_seconds=0.05, extra=("--fail-on-load",))
+    running = await start(tmp_path, stack=stack_text("faults", [bad]))
+    cleanup.append(running)
+    await running.until(
+        lambda: running.out.getvalue().count("warming -> error") >= 2, "two failed attempts"
+    )
+    said = running.out.getvalue().splitlines()
+    failures = [line for line in said if "injected failure (--fail-on-load)" in line]
+    transitions = [line for line in failures if "warming -> error" in line]
+    assert len(transitions) >= 2 and failures == transitions, "\n".join(failures)
