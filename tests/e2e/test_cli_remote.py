@@ -258,10 +258,12 @@ class Follower:
 
 def test_events_follow(ctl: Slotctl) -> None:
     up(ctl)
-    text = Follower(ctl)
-    raw = Follower(ctl, "-o", "json")
+    # From the first buffered event (--since 0): what happens before a stream is open is
+    # replayed to it, so nothing waits for the streams to open (issue 40, item 16: a
+    # fixed second that a busy machine could outlast).
+    text = Follower(ctl, "--since", "0")
+    raw = Follower(ctl, "--since", "0", "-o", "json")
     try:
-        time.sleep(1.0)  # both streams are open before anything happens
         ctl.ok("slot", "load", "one", "--wait", "--timeout", "60")
         lines = text.until("warming -> ready")
         transitions = [line for line in lines if "transition" in line and " one " in line]
@@ -288,9 +290,10 @@ def test_events_follow(ctl: Slotctl) -> None:
 
 def test_events_end_when_the_controller_stops(ctl: Slotctl) -> None:
     up(ctl)
-    follower = Follower(ctl, "-o", "json")
+    ctl.ok("slot", "load", "one", "--wait", "--timeout", "60")  # events in the buffer
+    follower = Follower(ctl, "--since", "0", "-o", "json")
     try:
-        time.sleep(1.0)
+        follower.until('"id"')  # the stream is open: it replayed the first event
         ctl.ok("down")
         assert follower.proc.wait(timeout=30) == 0
     finally:
