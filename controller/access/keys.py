@@ -9,9 +9,11 @@ reach, its priority class and limits, when it expires. The key itself is shown o
 
 Scopes (each route declares the scope it needs: ``controller.api.app.RouteSpec``):
 
-    inference   the /v1 routes (and only the models its patterns name)
-    read        the GET routes, the event stream, metrics (and inference)
-    admin       everything
+    inference   the /v1 routes (and only the models its patterns name, checked on the
+                model that would serve)
+    read        the GET routes, the event stream, metrics (and inference), with the
+                secrets withheld (controller.access.withheld); not the servers' logs
+    admin       everything, secrets and logs included
 
 A running controller sees new and revoked keys within a second (:meth:`KeyRing.current`
 looks at the file's identity at most once a second, no watcher). Pure except for the
@@ -30,7 +32,7 @@ import re
 import secrets
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
 from pathlib import Path
@@ -116,7 +118,9 @@ class KeyEntry(BaseModel):
 
 @dataclass(frozen=True, slots=True)
 class Principal:
-    """Who a request is: a key's name (``admin`` for the API token), its scope, limits."""
+    """Who a request is: a key's name (``admin`` for the API token), its scope, limits;
+    ``id``: the key's identity (its hash, never shown): what its counters are kept by, so
+    a key revoked and created again under the same name starts with none of them."""
 
     name: str
     scope: Scope
@@ -124,6 +128,7 @@ class Principal:
     priority: str | None = None
     max_concurrency: int | None = None
     rpm: int | None = None
+    id: str = ""  # "": the API token
 
     def may_use(self, model: str) -> bool:
         return not self.models or any(fnmatch.fnmatchcase(model, p) for p in self.models)
@@ -294,13 +299,22 @@ class KeyRing:
             entry.priority,
             entry.max_concurrency,
             entry.rpm,
+            entry.sha256,
         )
 
-    def describe(self, wall: float) -> list[dict[str, Any]]:
-        """Every key for ``slotctl key list``: never a secret or its hash."""
+    def describe(
+        self, wall: float, in_flight: Mapping[str, int] | None = None
+    ) -> list[dict[str, Any]]:
+        """Every key for ``slotctl key list`` (with ``in_flight``: its requests in flight,
+        :attr:`KeyLimits.in_flight`): never a secret or its hash."""
+        running = in_flight or {}
         with contextlib.suppress(SlotctlError):
             entries = read_entries(self.state_dir)
-            return [_public(e, self._used.get(e.sha256), wall) for e in entries]
+            out = [_public(e, self._used.get(e.sha256), wall) for e in entries]
+            if in_flight is not None:
+                for entry, item in zip(entries, out, strict=True):
+                    item["in_flight"] = running.get(entry.sha256, 0)
+            return out
         return []
 
     def flush(self, wall: float | None = None) -> None:
@@ -347,7 +361,9 @@ def _public(entry: KeyEntry, last_used: float | None, wall: float) -> dict[str, 
 
 class KeyLimits:
     """Per key: its requests in flight (``max_concurrency``) and those of the last minute
-    (``rpm``); the API token has none. One per controller, counted by the routed call."""
+    (``rpm``); the API token has none. One per controller, counted by the routed call.
+    Kept by the key's id (:attr:`Principal.id`), never its name: a key revoked and made
+    again under the same name starts afresh."""
 
     def __init__(self) -> None:
         self.in_flight: dict[str, int] = {}
@@ -355,9 +371,9 @@ class KeyLimits:
 
     def admit(self, principal: Principal, now: float) -> KeyLimited | None:
         """Count one more request of ``principal`` (None), or the 429 that refuses it."""
-        name = principal.name
+        name, flow = principal.name, principal.id
         if principal.max_concurrency is not None:
-            running = self.in_flight.get(name, 0)
+            running = self.in_flight.get(flow, 0)
             if running >= principal.max_concurrency:
                 return KeyConcurrencyLimited(
                     f"the key {name!r} has {running} requests in flight "
@@ -366,7 +382,7 @@ class KeyLimits:
                     key=name,
                 )
         if principal.rpm is not None:
-            recent = self._recent.setdefault(name, deque())
+            recent = self._recent.setdefault(flow, deque())
             while recent and recent[0] <= now - _WINDOW_S:
                 recent.popleft()
             if len(recent) >= principal.rpm:
@@ -378,13 +394,13 @@ class KeyLimits:
                 )
             recent.append(now)
         if name:
-            self.in_flight[name] = self.in_flight.get(name, 0) + 1
+            self.in_flight[flow] = self.in_flight.get(flow, 0) + 1
         return None
 
     def done(self, principal: Principal) -> None:
         """One request of ``principal`` that :meth:`admit` counted ended."""
-        left = self.in_flight.get(principal.name, 0) - 1
+        left = self.in_flight.get(principal.id, 0) - 1
         if left > 0:
-            self.in_flight[principal.name] = left
+            self.in_flight[principal.id] = left
         else:
-            self.in_flight.pop(principal.name, None)
+            self.in_flight.pop(principal.id, None)

@@ -295,6 +295,14 @@ class Metrics:
             ["key", "class", "kind"],
         )
         r.register(self.key_tokens_total)
+        self.slot_tokens_total = _Counts(
+            "slotctl_slot_prompt_tokens_total",
+            "Prompt tokens of the requests routed to a slot's replicas, and of those the "
+            "ones its server's prefix cache held (kind=cached: usage.prompt_tokens_details"
+            ".cached_tokens or llama.cpp's timings.cache_n), by replica and its slot",
+            ["slot", "replica_of", "kind"],
+        )
+        r.register(self.slot_tokens_total)
         self.queue_wait = Histogram(
             "slotctl_queue_wait_seconds",
             "Time routed requests waited for their lease (a cold load, a wake, a swap, a "
@@ -374,6 +382,11 @@ class Metrics:
     def key_tokens(self, key: str, cls: str, prompt: int, completion: int) -> None:
         self.key_tokens_total.inc(key or "@token", cls, "prompt", amount=prompt)
         self.key_tokens_total.inc(key or "@token", cls, "completion", amount=completion)
+
+    def slot_tokens(self, slot: str, group: str, prompt: int, cached: int) -> None:
+        """A replica's request: prompt tokens, and of those the cached ones."""
+        self.slot_tokens_total.inc(slot, group, "prompt", amount=prompt)
+        self.slot_tokens_total.inc(slot, group, "cached", amount=cached)
 
     def key_done(self, key: str, cls: str, status: int | str, waited: float | None) -> None:
         """One routed request of a key finished (the router calls this)."""

@@ -58,6 +58,7 @@ class DemoConfig:
         "memory_mb",
         "model",
         "port",
+        "prefix_cache",
         "reload_seconds",
         "sleep_memory_mb",
         "slow_stop",
@@ -87,6 +88,7 @@ class DemoConfig:
         reload_seconds: float = 0.0,
         sleep_memory_mb: int | None = None,
         fail_wake: bool = False,
+        prefix_cache: int = 0,
     ) -> None:
         self.model = model
         self.host = host
@@ -108,6 +110,7 @@ class DemoConfig:
         # host RAM held asleep at level 1 (the weights moved off the device): --memory-mb
         self.sleep_memory_mb = memory_mb if sleep_memory_mb is None else sleep_memory_mb
         self.fail_wake = fail_wake
+        self.prefix_cache = prefix_cache  # sequences the prefix cache holds (0: none)
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__)
@@ -181,6 +184,15 @@ def _add_serving_flags(parser: argparse.ArgumentParser) -> None:
         default=0,
         metavar="N",
         help="allocate and touch N MiB at load, so the process really holds it (default: 0)",
+    )
+    parser.add_argument(
+        "--prefix-cache",
+        type=_int_between(0, 4096),
+        default=0,
+        metavar="N",
+        help="model a prefix cache of the last N sequences served and report the cached "
+        "prompt tokens (usage.prompt_tokens_details.cached_tokens, timings.cache_n); "
+        "0 = none (default: 0)",
     )
 
 
@@ -334,4 +346,5 @@ def parse_args(argv: Sequence[str] | None = None) -> DemoConfig:
         reload_seconds=ns.reload_seconds,
         sleep_memory_mb=ns.sleep_memory_mb,
         fail_wake=ns.fail_wake,
+        prefix_cache=ns.prefix_cache,
     )

@@ -35,13 +35,14 @@ from typing import Final
 
 from controller.access.keys import Principal
 from controller.model.errors import ModelNotFound, SlotctlError
-from controller.router.access import model_refused, requester
+from controller.router.access import model_refused, permitted, requester
 from controller.router.aliases import alias_candidates
 from controller.router.body import model_of, with_model
 from controller.router.context import (
     CLIENT_CLOSED,
     USAGE_TAIL,
     RouterContext,
+    cached_of,
     upstream_idle_s,
     usage_of,
 )
@@ -58,6 +59,7 @@ from controller.router.refusals import (
     upstream_unreachable,
     wrong_endpoint,
 )
+from controller.router.replicas import route_replicas
 from controller.router.selection import fitting, serving
 from controller.slots.records import Lease, Requester
 from controller.spec.schema import ControllerSettings
@@ -101,14 +103,14 @@ class _Who:
 
     def __init__(self) -> None:
         self.settings: ControllerSettings | None = None
-        self.by: dict[tuple[str, str | None, str | None], Requester] = {}
+        self.by: dict[tuple[str, str, str | None, str | None], Requester] = {}
 
     def of(
         self, settings: ControllerSettings, principal: Principal, asked: str | None
     ) -> Requester:
         if settings is not self.settings:
             self.settings, self.by = settings, {}
-        key = (principal.name, principal.priority, asked)
+        key = (principal.id, principal.name, principal.priority, asked)  # by the key's id
         found = self.by.get(key)
         if found is None:
             found = requester(settings, principal, asked)  # a refusal raises, not kept
@@ -134,6 +136,8 @@ class RoutedCall:
         "counted",
         "ctx",
         "forms",
+        "group",
+        "keyed",
         "kind",
         "lease",
         "model",
@@ -178,6 +182,8 @@ class RoutedCall:
         # A key's call keeps the last bytes of its answer, where a server reports ``usage``
         # (None: not kept: the API token's calls, which no key's figures count).
         self.tail: bytearray | None = None
+        self.keyed = False  # a key's call (its usage counted for it)
+        self.group = ""  # the leased slot is a replica of this slot (its tokens counted)
         self.content_type = ""
         self.body = b""
 
@@ -214,10 +220,14 @@ class RoutedCall:
             candidates = serving(manager, model)
         if principal is not None and principal.models and not principal.may_use(model):
             raise model_refused(principal, model)
+        # decided on the model(s) that would serve, before any lease or load
+        candidates = permitted(principal, manager, model, candidates)
         if not candidates:
             report_refusal(ctx, ModelNotFound(model), model)
             raise model_not_found(model)
         self.model = model
+        if len(candidates) > 1:  # a slot's replicas: in the order of its routing
+            candidates = route_replicas(manager, candidates, model, content_type, body)
         candidates, refused = fitting(manager, candidates, kind)
         if not candidates:  # before anything is leased or loaded (400)
             raise wrong_endpoint(model, kind, refused)
@@ -225,7 +235,7 @@ class RoutedCall:
             limited = ctx.limits.admit(principal, time.monotonic())
             if limited is not None:
                 raise slot_refusal(limited)
-            self.counted = True
+            self.counted = self.keyed = True
             self.tail = bytearray()  # a key's call: its answer's usage counts for it
         try:
             now = acquire_now(manager, candidates, self.who)
@@ -272,6 +282,11 @@ class RoutedCall:
             raise Refusal(
                 503, f"slot {self.slot!r} has no endpoint", code="slot.not_ready", retry_after_s=1
             )
+        spec = self.ctx.manager.known(self.slot)
+        if spec is not None and spec.replica_group:  # a replica: its cached tokens count
+            self.group = spec.replica_group
+            if self.tail is None:
+                self.tail = bytearray()
         self.phase = _UPSTREAM
         return endpoint, body
 
@@ -359,9 +374,13 @@ class RoutedCall:
             who = self.who
             if who is not None:
                 recorder.key_done(who.key, who.cls, self.status, self.waited)
-                used = usage_of(self.tail) if self.tail else None
+                used = usage_of(self.tail) if self.tail and self.keyed else None
                 if used is not None:
                     recorder.key_tokens(who.key, who.cls, *used)
+            if self.group and self.tail:
+                cached = cached_of(self.tail)
+                if cached is not None:
+                    recorder.slot_tokens(self.slot, self.group, *cached)
         except Exception:  # metrics must never fail a request: log it and answer anyway
             log.exception("metrics request_done failed")
 

@@ -55,6 +55,7 @@ from controller.slots.records import (
     WAKING,
     PullView,
     RunningServer,
+    Sizing,
     SlotRecord,
     SlotView,
     tier_name,
@@ -66,6 +67,7 @@ from controller.store.files import utcnow
 from controller.store.state import (
     PlacedGpu,
     ReloadCosts,
+    SeenUse,
     SlotStateRecord,
     StateExtra,
     StateStore,
@@ -140,6 +142,7 @@ class SlotTable:
             autoload=bool(slot.spec.autoload),
             resident=self.wishes.is_resident(slot.name),
             memory_bytes=slot.memory_bytes,
+            memory_basis=slot.footprint.basis,
             leases=len(slot.book.leases),
             waiters=slot.book.waiters,
             generation=slot.flight.generation,
@@ -169,6 +172,8 @@ class SlotTable:
                 self.rollouts.get(slot.name), _VALUE[slot.state], slot.breaker.failures
             ),
             pull=None if progress is None else PullView.of(progress),
+            replica_of=slot.spec.replica_group or None,
+            replica_index=slot.spec.replica_index,
         )
 
     def routable(self, model: str) -> list[Candidate]:
@@ -496,6 +501,38 @@ class SlotTable:
             update={"load_s": fold(costs.load_s, load_s), "wake_s": fold(costs.wake_s, wake_s)}
         )
 
+    def sized(self, slot: SlotRecord, sizing: Sizing | None) -> None:
+        """What the slot's model file and launch say it will hold (``slots.sizing``: read
+        before a load, the dry run, ``model footprint``); None: nothing to read."""
+        slot.sizing = sizing
+
+    def observed(
+        self, slot: SlotRecord, config_hash: str, device: int, host: int, source: str
+    ) -> SeenUse:
+        """One sample of what its server holds: the peak per model and launch config
+        (another config starts over); state.json takes it with the next write."""
+        seen = slot.seen
+        if seen is None or seen.model != slot.model_id or seen.config_hash != config_hash:
+            seen = SeenUse(model=slot.model_id, config_hash=config_hash)
+        grew = device > seen.device_bytes or host > seen.host_bytes
+        slot.seen = seen.model_copy(
+            update={
+                "device_bytes": max(seen.device_bytes, device),
+                "host_bytes": max(seen.host_bytes, host),
+                "source": source,
+                "samples": seen.samples + 1,
+                "at": utcnow() if grew else seen.at,
+            }
+        )
+        return slot.seen
+
+    def warned(self, slot: SlotRecord, key: str) -> bool:
+        """Whether ``key`` was said of the slot already (then True); remembers it."""
+        if key in slot.warned:
+            return True
+        slot.warned = slot.warned | {key}
+        return False
+
     def failure(self, slot: SlotRecord, message: str) -> float:
         """One failed load (or rollout) on the crash-loop breaker; its backoff (seconds).
         The failure count reaches state.json with the ``error`` transition after it."""
@@ -588,6 +625,7 @@ class SlotTable:
             residency=tier_name(level, waking),
             sleep_level=level,
             reload=slot.costs,
+            seen=slot.seen,
             **breaker,
         )
         return SlotStateRecord(
@@ -612,6 +650,7 @@ class SlotTable:
         slot.state, slot.message, slot.since = saved.state, saved.message, saved.updated_at
         slot.idle_reason = saved.extra.idle_reason
         slot.costs = saved.extra.reload
+        slot.seen = saved.extra.seen
         if slot.state in ADMITTED_STATES:
             slot.placement = tuple(
                 GpuRef(g.index, g.uuid, g.vendor, g.node) for g in saved.extra.gpus
