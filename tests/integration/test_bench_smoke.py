@@ -31,6 +31,7 @@ SMALLEST: dict[str, tuple[str, ...]] = {
     "demo_start": ("--runs", "1"),
     "fairness": ("--seconds", "0.5", "--service-ms", "5"),
     "footprint": ("--sizes", "1", "--settle", "0"),
+    "footprint_estimate": ("--shapes", "1", "--contexts", "512", "--loads", "5"),
     "k8s_operator": ("--edits", "1"),
     "k8s_runtime": ("--edits", "1"),
     "k8s_scale": (
@@ -44,6 +45,8 @@ SMALLEST: dict[str, tuple[str, ...]] = {
     ),
     "placement": ("--mixes", "2"),
     "pull": ("--mib", "1", "--runs", "1"),
+    "queue_share": ("--flood", "8", "--others", "2", "--max-queue", "4", "--service-ms", "1"),
+    "replicas": ("--scale", "0.02"),
     "reconcile": (
         *("--sizes", "10", "--saves", "1", "--slots", "2", "--load-seconds", "0.05"),
         "--no-sequential",
