@@ -8,12 +8,18 @@
 (b) GitOps: an in-process ``Controller`` (process runtime, API on 127.0.0.1) follows a
     stack dir; a stack file of N non-autoload slots is saved into it, and the time until
     every slot is known to the manager is taken while ``GET /healthz`` is polled every
-    20 ms: its worst latency says whether the event loop stayed free (the file is parsed
-    and written off the loop).
+    20 ms from a thread: its worst latency says whether the event loop stayed free (the
+    file is parsed and written off the loop). (Polled from a task on the loop, as until
+    issue 40, a stalled loop stalled the poller too: it never saw a stall.)
 
 Prints a table; never fails on timing.
 
+With ``--auto-ports`` the slots of (b) leave their port to the controller (the default):
+every slot's launch hash then chooses and records one (issue 40: it re-read every other
+slot's port file for each, on the loop — O(N²), two minutes at 1,000).
+
     python bench/apply_scale.py [--sizes 100,200,1000] [--old-max 200] [--gitops 1000]
+        [--auto-ports]
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import platform
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -40,14 +47,17 @@ from controller.spec.guard import write_catalogue, write_slot_config
 from controller.spec.loader import DesiredState, load_stack_texts
 
 
-def stack_text(n: int, *, name: str = "scale", base_port: int = 40000) -> str:
+def stack_text(
+    n: int, *, name: str = "scale", base_port: int = 40000, auto_ports: bool = False
+) -> str:
     out = [f'[stack]\nname = "{name}"\n']
     for i in range(n):
         out.append(f'[[model]]\nid = "{name}-m{i:05d}"\nsource = "demo://m{i:05d}"\n')
     for i in range(n):
+        port = "" if auto_ports else f"port = {base_port + i}\n"  # none: the controller's
         out.append(
             f'[[slot]]\nname = "{name}-s{i:05d}"\nprovider = "demo"\n'
-            f'model.default = "{name}-m{i:05d}"\ndevice = "cpu"\nport = {base_port + i}\n'
+            f'model.default = "{name}-m{i:05d}"\ndevice = "cpu"\n{port}'
             "autoload = false\n"
         )
     return "\n".join(out)
@@ -96,7 +106,7 @@ def bench_apply(sizes: list[int], old_max: int) -> Iterator[str]:
         yield f"  {n:>6}  {new:>11.2f}s  {shown}  {ratio}"
 
 
-async def bench_gitops(n: int) -> list[str]:
+async def bench_gitops(n: int, *, auto_ports: bool = False) -> list[str]:
     with tempfile.TemporaryDirectory(prefix="slotctl-bench-", dir=fast_tmp()) as tmp:
         root = Path(tmp)
         stack_dir = root / "stacks"
@@ -119,38 +129,42 @@ async def bench_gitops(n: int) -> list[str]:
         assert record is not None and record.listen
         url = f"http://{record.listen}/healthz"
         latencies: list[float] = []
-        done = asyncio.Event()
+        done = threading.Event()
 
-        def get() -> None:
-            with urllib.request.urlopen(url, timeout=60) as response:
-                response.read()
-
-        async def poll() -> None:
+        def poll() -> None:  # a thread of its own: a poller on the loop stalls with it
             while not done.is_set():
                 t0 = time.perf_counter()
-                await asyncio.to_thread(get)
+                with urllib.request.urlopen(url, timeout=600) as response:
+                    response.read()
                 latencies.append(time.perf_counter() - t0)
-                await asyncio.sleep(0.02)
+                done.wait(0.02)
 
-        poller = asyncio.create_task(poll())
-        text = stack_text(n)
+        poller = threading.Thread(target=poll, daemon=True)
+        poller.start()
+        text = stack_text(n, auto_ports=auto_ports)
         t0 = time.perf_counter()
         staged = stack_dir / "scale.staged"
         staged.write_text(text)
         staged.replace(stack_dir / "scale.toml")
         deadline = time.monotonic() + 600
-        while len(manager.names()) < n + 1:
+        names = [f"scale-s{i:05d}" for i in range(n)]
+
+        def ported() -> bool:  # auto ports: every slot's chosen (its launch hash asked)
+            return not auto_ports or all(manager.store.read_port(x) for x in names)
+
+        while len(manager.names()) < n + 1 or not ported():
             if time.monotonic() > deadline:
                 raise SystemExit(f"not applied after 600 s:\n{opts.out.getvalue()[-3000:]}")  # type: ignore[attr-defined]
             await asyncio.sleep(0.05)
         took = time.perf_counter() - t0
         done.set()
-        await poller
+        await asyncio.to_thread(poller.join, 600)
         controller.stop.set()
         await asyncio.wait_for(runner, 120)
     ms = [x * 1e3 for x in latencies]
     return [
-        f"(b) GitOps: a {n}-slot stack file ({len(text) // 1024} KiB) saved into the stack "
+        f"(b) GitOps: a {n}-slot stack file ({len(text) // 1024} KiB"
+        f"{', ports left to the controller' if auto_ports else ''}) saved into the stack "
         "dir of an in-process controller",
         f"  every slot known to the manager after {took:.2f}s",
         f"  GET /healthz meanwhile ({len(ms)} calls): p50 {statistics.median(ms):.0f} ms, "
@@ -163,6 +177,9 @@ def main() -> None:
     parser.add_argument("--sizes", default="100,200,1000")
     parser.add_argument("--old-max", type=int, default=200)
     parser.add_argument("--gitops", type=int, default=1000, help="0: skip (b)")
+    parser.add_argument(
+        "--auto-ports", action="store_true", help="(b): slots without a port (issue 40)"
+    )
     args = parser.parse_args()
     sizes = [int(x) for x in args.sizes.split(",") if x]
     print(
@@ -172,7 +189,7 @@ def main() -> None:
     for line in bench_apply(sizes, args.old_max):
         print(line, flush=True)
     if args.gitops:
-        for line in asyncio.run(bench_gitops(args.gitops)):
+        for line in asyncio.run(bench_gitops(args.gitops, auto_ports=args.auto_ports)):
             print(line, flush=True)
 
 

@@ -196,7 +196,7 @@ def candidates(n: int, seed: int = 7) -> list[EvictionCandidate]:
     return [
         EvictionCandidate(
             name=f"s{i:04d}",
-            device="gpu",
+            devices=("gpu",),
             bytes=rng.randint(1, 16) * GIB // 2,
             priority=rng.choice([10, 30, 50, 50, 50, 70, 90, 100]),
             last_used=rng.uniform(0, 10_000),
@@ -210,7 +210,7 @@ def candidates(n: int, seed: int = 7) -> list[EvictionCandidate]:
 
 def naive_plan(cands: Sequence[EvictionCandidate], device: str, need: int) -> list[str]:
     """Baseline: re-sort the remaining eligible slots before picking each victim."""
-    remaining = [c for c in cands if c.device == device and is_eligible(c)]
+    remaining = [c for c in cands if device in c.devices and is_eligible(c)]
     if sum(c.bytes for c in remaining) < need:
         return []
     chosen: list[EvictionCandidate] = []

@@ -29,6 +29,7 @@ import contextlib
 import fnmatch
 import hashlib
 import hmac
+import logging
 import math
 import re
 import secrets
@@ -68,11 +69,18 @@ __all__ = [
 
 KEY_PREFIX: Final = "sk-slotctl-"
 KEYS_FILE: Final = "keys.json"
+# When each key was last used, by its hash (a key revoked and made again under its name is
+# a new key): kept across restarts (issue 40), written at most every LAST_USED_SAVE_S
+# while requests come, at a key's first use, and at shutdown (KeyRing.flush).
+USED_FILE: Final = "keys-used.json"
+LAST_USED_SAVE_S: Final = 30.0
 NAME_PATTERN: Final = r"^[a-z0-9]([-a-z0-9_.]{0,61}[a-z0-9])?$"
 _RECHECK_S: Final = 1.0
 _WINDOW_S: Final = 60.0  # rpm: the requests of the last minute
 _DURATION: Final = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([smhdw])$")
 _UNITS: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+log = logging.getLogger("slotctl.keys")
 
 
 class Scope(IntEnum):
@@ -243,6 +251,13 @@ class KeyRing:
     _checked: float = -1e9
     error: str | None = None  # why keys.json could not be read (its keys are refused)
     last_used: dict[str, float] = field(default_factory=dict)  # name -> wall clock
+    # hash -> wall clock: what USED_FILE holds (read at start), the source of "last used"
+    _used: dict[str, float] = field(default_factory=dict)
+    _saved: float = -1e18  # the wall clock of the last write of USED_FILE
+    _dirty: bool = False
+
+    def __post_init__(self) -> None:
+        self._used = _read_used(self.state_dir)
 
     def current(self, now: float) -> dict[str, KeyEntry]:
         """The keys by hash; ``keys.json`` looked at again at most once a second."""
@@ -293,7 +308,7 @@ class KeyRing:
             return None
         if entry.expires_at is not None and wall >= entry.expires_at:
             return None
-        self.last_used[entry.name] = wall
+        self._mark(entry, wall)
         principal = Principal(
             entry.name,
             Scope.parse(entry.scope),
@@ -315,8 +330,17 @@ class KeyRing:
         entry = held.entry
         if entry.expires_at is not None and wall >= entry.expires_at:
             return None
-        self.last_used[entry.name] = wall
+        self._mark(entry, wall)
         return held.principal
+
+    def _mark(self, entry: KeyEntry, wall: float) -> None:
+        """``entry`` used at ``wall``: kept by its hash, saved at its first use and then at
+        most every :data:`LAST_USED_SAVE_S` (and at shutdown: :meth:`flush`)."""
+        self.last_used[entry.name] = wall
+        first = entry.sha256 not in self._used
+        self._used[entry.sha256], self._dirty = wall, True
+        if first or wall - self._saved >= LAST_USED_SAVE_S:
+            self.flush(wall)
 
     def describe(
         self, wall: float, in_flight: Mapping[str, int] | None = None
@@ -326,12 +350,46 @@ class KeyRing:
         running = in_flight or {}
         with contextlib.suppress(SlotctlError):
             entries = read_entries(self.state_dir)
-            out = [_public(e, self.last_used.get(e.name), wall) for e in entries]
+            out = [_public(e, self._used.get(e.sha256), wall) for e in entries]
             if in_flight is not None:
                 for entry, item in zip(entries, out, strict=True):
                     item["in_flight"] = running.get(entry.sha256, 0)
             return out
         return []
+
+    def flush(self, wall: float | None = None) -> None:
+        """Write when each key was last used (:data:`USED_FILE`) if it changed: small,
+        without an fsync (a crash of the machine may lose the last period's uses);
+        a refused write is logged and tried again at the next use."""
+        if not self._dirty:
+            return
+        known = self._by_hash  # revoked keys' uses go with them (none known: all kept)
+        used = {h: at for h, at in self._used.items() if not known or h in known}
+        path = Path(self.state_dir) / USED_FILE
+        try:
+            atomic_write_json(path, {"used": used}, mode=0o600, durable=False, indent=None)
+        except OSError as exc:
+            log.warning("cannot write %s: %s", path, exc.strerror or exc)
+            return
+        self._saved = wall if wall is not None else self._saved
+        self._dirty = False
+
+
+def _read_used(state_dir: Path) -> dict[str, float]:
+    """:data:`USED_FILE`'s hash -> wall clock (nothing when it is missing or damaged:
+    "last used" is a hint, never a reason to refuse a key)."""
+    import json
+
+    try:
+        raw = json.loads((Path(state_dir) / USED_FILE).read_bytes())
+        used = raw.get("used", {}) if isinstance(raw, dict) else {}
+    except (OSError, ValueError, RecursionError):
+        return {}
+    return {
+        h: float(at)
+        for h, at in used.items()
+        if isinstance(h, str) and isinstance(at, int | float) and not isinstance(at, bool)
+    }
 
 
 def _public(entry: KeyEntry, last_used: float | None, wall: float) -> dict[str, Any]:

@@ -70,7 +70,8 @@ ROUTES: Final[tuple[RouteSpec, ...]] = (
 def build_app(ctx: ApiContext) -> web.Application:
     """The whole API: REST, events, metrics, dashboard (bearer auth but public), and the
     OpenAI routes' documents (the data plane serves them)."""
-    return build_kernel_app(ctx, ROUTES, (dashboard.setup, openai.setup, traffic.setup))
+    setups = (dashboard.setup, openai.setup, traffic.setup, key_routes.setup)
+    return build_kernel_app(ctx, ROUTES, setups)
 
 
 def build_probe_app(ctx: ApiContext) -> web.Application:

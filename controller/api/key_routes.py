@@ -144,3 +144,13 @@ async def revoke(request: web.Request) -> web.Response:
         ctx.keys.refresh()
     data = entry.model_dump(mode="json", exclude={"sha256"})
     return json_response({**data, "expired": False, "last_used": None, "in_flight": 0})
+
+
+def setup(app: web.Application, ctx: ApiContext) -> None:
+    """When each key was last used is written once more as the API closes (a restart
+    reads it back: issue 40)."""
+
+    async def flush(app: web.Application) -> None:
+        app[API_CTX].keys.flush(time.time())
+
+    app.on_cleanup.append(flush)

@@ -72,6 +72,8 @@ class ApplyAnswer(BaseModel):
     changed: list[str]
     dry_run: bool
     aliases_changed: list[str] = Field(default_factory=list)  # "+ id ...", "~ id ...", "- id"
+    # without prune: what the stack no longer declares and is kept ("slot x", "model y")
+    left_behind: list[str] = Field(default_factory=list)
 
 
 class DiffAnswer(BaseModel):
@@ -84,6 +86,8 @@ class DiffAnswer(BaseModel):
     notes: dict[str, list[str]] = Field(default_factory=dict)
     orphans: list[str]
     models_changed: list[str]
+    models_unused: list[str] = Field(default_factory=list)  # in no stack, used by nothing
+    left_behind: list[str] = Field(default_factory=list)  # without prune: slots kept
     aliases_changed: list[str] = Field(default_factory=list)
     json_patch: list[dict[str, Any]]
 
@@ -147,6 +151,7 @@ async def apply_stack(request: web.Request) -> web.Response:
             "aliases_changed": plan.aliases_changed,
             "changed": changed,
             "dry_run": body.dry_run,
+            "left_behind": plan.kept(prune=prune),
         }
     )
 

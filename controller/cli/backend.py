@@ -69,6 +69,9 @@ class Applied:
     actions: list[Action]
     changed: list[str] = field(default_factory=list)
     aliases: list[str] = field(default_factory=list)  # "+ id -> a, b (prefer warm)", "- id"
+    # Without --prune: what the stack no longer declares and is kept ("slot NAME", "model
+    # ID": a model nothing would use any more), said so an apply is never silent on it.
+    left_behind: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,6 +43,8 @@ class ApiBackend(Closing):
             notes=dict(answer.get("notes", {})),
             orphans=list(answer.get("orphans", [])),
             models_changed=list(answer.get("models_changed", [])),
+            models_unused=list(answer.get("models_unused", [])),
+            left_behind=list(answer.get("left_behind", [])),
             aliases_changed=list(answer.get("aliases_changed", [])),
         )
         return Diff(plan=plan, json_patch=list(answer.get("json_patch", [])))
@@ -60,6 +62,7 @@ class ApiBackend(Closing):
             actions=[Action(**a) for a in answer.get("plan", [])],
             changed=list(answer.get("changed") or []),
             aliases=list(answer.get("aliases_changed") or []),
+            left_behind=list(answer.get("left_behind") or []),
         )
 
     def observe(self, names: list[str]) -> dict[str, SlotStatus]:

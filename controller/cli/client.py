@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Final
 from urllib.parse import quote, urlencode, urlsplit
 
-from controller.cli.flags import SERVER_ENV, TOKEN_ENV
+from controller.cli.flags import SERVER_ENV, STATE_DIR_ENV, TOKEN_ENV
 from controller.model.errors import SlotctlError
 from controller.store.runinfo import RECORD, running_controller
 
@@ -98,6 +98,9 @@ class Endpoint:
     origin: str
     explicit: bool
     pid: int | None = None  # the local controller's pid (implicit discovery)
+    # Where the token came from, as a user would name it: "--token", "$SLOTCTL_TOKEN" or
+    # the local token file's path (None: no token is sent).
+    token_origin: str | None = None
 
 
 def _normalise(url: str) -> str:
@@ -148,21 +151,29 @@ def find_controller(
     """The controller to talk to (see the module docstring); raises ControllerUnreachable."""
     origin = "--server" if server else f"${SERVER_ENV}"
     server = server or os.environ.get(SERVER_ENV) or None
+    token_origin: str | None = "--token" if token else f"${TOKEN_ENV}"
     token = token or os.environ.get(TOKEN_ENV) or None
+    token_file = str(state_dir / "token")
     if server:
         base = _normalise(server)
         if token is None:
+            token_origin = None
             local = running_controller(state_dir)
             if local and local.get("listen") and _same_origin(base, _listen_url(local["listen"])):
                 token = _local_token(state_dir)
-        return Endpoint(base=base, token=token, origin=origin, explicit=True)
+                token_origin = token_file if token else None
+        return Endpoint(
+            base=base, token=token, origin=origin, explicit=True, token_origin=token_origin
+        )
     deadline = time.monotonic() + wait_s
     while True:
         record = running_controller(state_dir)
         if record is None:
             raise ControllerUnreachable(
-                f"no controller is running on {state_dir}: start one with `slotctl up`, "
-                f"or name one with --server URL (or ${SERVER_ENV})",
+                f"no controller is running on the state dir {state_dir}: a controller "
+                f"started with another one is found with --state-dir DIR (or "
+                f"${STATE_DIR_ENV}, as the line `slotctl up` prints sets it); start one "
+                f"with `slotctl up`, or name one with --server URL (or ${SERVER_ENV})",
                 state_dir=str(state_dir),
             )
         listen: str | None = record.get("listen")
@@ -180,12 +191,16 @@ def find_controller(
                 state_dir=str(state_dir),
             )
         time.sleep(0.05)
+    if token is None:
+        token = _local_token(state_dir)
+        token_origin = token_file if token else None
     return Endpoint(
         base=_listen_url(listen),
-        token=token or _local_token(state_dir),
+        token=token,
         origin=f"{state_dir / RECORD}",
         explicit=False,
         pid=int(record["pid"]),
+        token_origin=token_origin,
     )
 
 
@@ -319,11 +334,7 @@ class ApiClient:
         if not 200 <= response.status < 300:
             error = ApiError.from_response(response.status, response.reason, raw)
             if response.status == 401:
-                hint = f"pass --token or set ${TOKEN_ENV}"
-                if self.endpoint.token and not self.endpoint.explicit:
-                    hint = f"the token of {self.endpoint.origin.rsplit('/', 1)[0]}/token was "
-                    hint += f"refused: {hint}"
-                error.message = f"{error.message} ({hint})"
+                error.message = f"{error.message} ({self._token_hint()})"
             raise error
         if not raw:
             return response.status, None
@@ -331,6 +342,22 @@ class ApiClient:
             return response.status, json.loads(raw)
         except ValueError:
             return response.status, raw.decode("utf-8", "replace")
+
+    def _token_hint(self) -> str:
+        """Which token the controller refused and where it came from (a 401's words)."""
+        where = self.endpoint.base
+        origin = self.endpoint.token_origin
+        if not self.endpoint.token or origin is None:
+            return f"no token was sent to {where}: pass --token or set ${TOKEN_ENV}"
+        if origin.startswith(("--", "$")):
+            return (
+                f"the token from {origin} was refused by {where}: pass the right one, or "
+                f"leave it out to use the local controller's token file"
+            )
+        return (
+            f"the token of {origin} was refused by {where} (a file left by an earlier "
+            f"controller?): pass --token or set ${TOKEN_ENV}"
+        )
 
     def get(self, path: str, **kw: Any) -> Any:
         return self.request("GET", path, **kw)[1]

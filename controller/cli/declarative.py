@@ -82,7 +82,7 @@ def open_backend(args: argparse.Namespace, *, remote: bool = True) -> StackBacke
 
 def _action_line(action: Action, style: Style) -> str:
     colour = getattr(style, _KIND_COLOUR.get(action.kind, "dim"))
-    return f"  {colour(f'{action.kind:<9}')} {action.slot:<20} {action.reason}"
+    return f"  {colour(f'{action.shown_kind:<9}')} {action.slot:<20} {action.reason}"
 
 
 def _alias_line(line: str, style: Style) -> str:
@@ -133,6 +133,11 @@ def cmd_apply(args: argparse.Namespace) -> ExitCode:
             print(_alias_line(line, style))
         if not shown and not applied.aliases:
             print(style.dim("  (no changes)"))
+        for what in applied.left_behind:  # as docker compose warns of orphans
+            print(
+                style.yellow(f"  left behind: {what}")
+                + " — the stack no longer declares it; `stack apply --prune` removes it"
+            )
         if args.dry_run:
             print(style.dim("dry run: nothing written"))
             return ExitCode.OK
@@ -242,7 +247,7 @@ def _print_diff(plan: StackPlan, style: Style) -> None:
         notes = plan.notes.get(name, [])
         if action.kind == "noop" and not diff and not drift and not notes:
             continue
-        print(style.bold(f"=== slot {name}: {action.kind}") + f" — {action.reason}")
+        print(style.bold(f"=== slot {name}: {action.shown_kind}") + f" — {action.reason}")
         for line in diff.splitlines():
             if line.startswith("+") and not line.startswith("+++"):
                 print(style.green(line))
@@ -260,6 +265,12 @@ def _print_diff(plan: StackPlan, style: Style) -> None:
         print(
             style.bold("=== models") + f" — differ from the live catalogue: "
             f"{', '.join(plan.models_changed)}"
+        )
+    if plan.models_unused:
+        print(
+            style.bold("=== models") + " — in the live catalogue, declared by no stack given "
+            f"and used by no slot or alias: {', '.join(plan.models_unused)} "
+            "(`stack apply --prune` removes them)"
         )
     if plan.aliases_changed:
         print(style.bold("=== aliases") + " — differ from the live aliases:")

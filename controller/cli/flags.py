@@ -27,6 +27,7 @@ from controller.model.exitcode import ExitCode
 __all__ = [
     "RUNTIME_KINDS",
     "SERVER_ENV",
+    "STATE_DIR_ENV",
     "TOKEN_ENV",
     "Command",
     "Formatter",
@@ -42,6 +43,7 @@ __all__ = [
 ]
 
 SERVER_ENV: Final = "SLOTCTL_SERVER"
+STATE_DIR_ENV: Final = "SLOTCTL_STATE_DIR"  # the default state dir (controller.kit.paths)
 TOKEN_ENV: Final = "SLOTCTL_TOKEN"  # noqa: S105 (a variable name, not a secret)
 # The same tuple as controller.runtime.RUNTIME_KINDS (importing it would import aiohttp).
 RUNTIME_KINDS: Final = ("process", "docker", "kubernetes")

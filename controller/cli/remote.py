@@ -112,17 +112,30 @@ def _load_and_wait(
     verdict = answer.get("status", "?") if isinstance(answer, dict) else "?"
     model = what.startswith("model ")
     where = f" on slot {slot.get('name')}" if isinstance(slot, dict) and model else ""
+    resident = _resident_note(slot)
     if not args.wait or not isinstance(slot, dict):
-        _print(args, answer, f"{what}: {verdict}{where} ({_state(slot)})")
+        _print(args, answer, f"{what}: {verdict}{where} ({_state(slot)}){resident}")
         return ExitCode.OK
     text = args.output == "text"
     if text:
-        print(f"{what}: {verdict}{where}; waiting until it is ready ...", flush=True)
+        print(f"{what}: {verdict}{where}{resident}; waiting until it is ready ...", flush=True)
     ok, view = _wait_slot(client, str(slot.get("name")), args.timeout, quiet=not text)
     if not text:
         status = "ready" if ok else ("error" if view.get("state") == "error" else "timeout")
         _print(args, {"status": status, "slot": view}, "")
     return _finish_wait(args, ok, view, started)
+
+
+def _resident_note(slot: Any) -> str:
+    """An explicit load makes its slot resident (issue 40: it did so silently): said
+    with what that means, and how it ends."""
+    if not isinstance(slot, dict) or not slot.get("resident"):
+        return ""
+    name = slot.get("name", "?")
+    return (
+        f"; resident: kept loaded until `slotctl slot unload {name}` (its ttl_s no longer "
+        "unloads it, and a failed load is tried again until the crash breaker opens)"
+    )
 
 
 def _finish_wait(

@@ -20,6 +20,7 @@ from datetime import datetime
 from typing import Any, Final
 
 from controller.cli.client import ApiClient, quote_segment, reachable_api
+from controller.cli.flags import STATE_DIR_ENV
 from controller.cli.output import GIB, format_memory, table
 from controller.model.errors import SlotctlError, SlotNotFound
 from controller.model.exitcode import ExitCode
@@ -232,10 +233,12 @@ def _state_cell(row: dict[str, Any]) -> str:
 
 
 def _message_cell(row: dict[str, Any]) -> str:
+    """The whole message: it is the last column, and its end is often what to do (it was
+    cut at 60 characters, mid-word: issue 40)."""
     message = str(row.get("message") or "")
     if row.get("held_until") and message == "request in flight" and not row.get("requests"):
         message = ""  # only holds: no request is in flight
-    return message[:60]
+    return " ".join(message.split())  # one line
 
 
 def _print_data(data: Any, output: str) -> None:
@@ -247,12 +250,23 @@ def _print_data(data: Any, output: str) -> None:
         print(yaml.safe_dump(data, sort_keys=False), end="")
 
 
+def _from_files_note(args: argparse.Namespace) -> str:
+    """Said when no controller answered: which state dir was read, and how another
+    controller's is named (a shell without ``up``'s export line reads the default)."""
+    return (
+        f"(no controller answered on the state dir {args.state_dir}: shown from its files; "
+        f"a controller started with another state dir is found with --state-dir DIR or "
+        f"${STATE_DIR_ENV})"
+    )
+
+
 def cmd_list(args: argparse.Namespace) -> ExitCode:
     api = _api(args)
     if api is not None:
         rows = _grouped([_row_from_view(v) for v in api.get("/api/slots").get("slots", [])])
     else:
         rows = _rows_from_files(args)
+        print(_from_files_note(args), file=sys.stderr)
     if args.output != "table":
         _print_data(rows, args.output)
         return ExitCode.OK
@@ -389,6 +403,14 @@ def _show_logs(fetch: Callable[[int], list[str]], args: argparse.Namespace) -> N
     lines = fetch(args.tail)
     for line in lines:
         print(line, flush=args.follow)
+    if not lines:  # an empty answer said nothing at all (issue 40)
+        print(
+            f"(no log lines: slot {args.name}'s server has written none here — it was "
+            "never started, or its log was removed; `slotctl slot load "
+            f"{args.name}` starts it)",
+            file=sys.stderr,
+            flush=True,
+        )
     seen = lines[-1] if lines else None
     while args.follow:
         time.sleep(_FOLLOW_EVERY_S)

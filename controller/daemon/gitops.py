@@ -48,8 +48,9 @@ class GitOps:
         settings, _ = read_settings(self.config_dir)
         report = load_stacks([self.stack_dir], settings)
         if not report.ok or report.state is None:
-            for p in report.errors:
-                self.say(f"invalid {p.where()}: [{p.code}] {p.message}")
+            for p in report.errors:  # with its hint, as `stack validate` says it
+                hint = f" ({p.hint})" if p.hint else ""
+                self.say(f"invalid {p.where()}: [{p.code}] {p.message}{hint}")
             self.say("stack dir is invalid: nothing changed, the last good desired state stays")
             self._invalid = True
             return False
@@ -57,7 +58,8 @@ class GitOps:
             self._invalid = False
             self.say(f"stack dir {self.stack_dir} is valid again")
         for p in report.warnings:
-            self.say(f"warning {p.where()}: [{p.code}] {p.message}")
+            hint = f" ({p.hint})" if p.hint else ""
+            self.say(f"warning {p.where()}: [{p.code}] {p.message}{hint}")
         self.stacks.update(report.state.stacks)
         state = DesiredState(
             stacks=tuple(sorted(self.stacks)),

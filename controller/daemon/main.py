@@ -39,7 +39,10 @@ from controller.model.events import PROGRESS_KINDS, Event, EventKind, Op, event_
 from controller.model.exitcode import ExitCode
 from controller.reconcile.reconciler import Action, Reconciler
 from controller.slots.manager import SlotManager
+from controller.spec.configdir import SETTINGS_FILE
 from controller.spec.desired import DesiredCache
+from controller.spec.schema import ControllerSettings
+from controller.spec.sources import DesiredChange
 from controller.store.lock import ControllerLock, ensure_token
 
 __all__ = ["Controller", "DaemonOptions", "root_warning", "stop_everything"]
@@ -64,6 +67,11 @@ class DaemonOptions:
     quiet: bool = False  # --log-format json: the structured log replaces progress lines
 
 
+# controller.toml's keys followed without a restart: the guard reads the allowlists at
+# each write of slot config, and slot files are read with default_pinned.
+_SETTINGS_LIVE = frozenset({"allowed_binaries", "allowed_images", "default_pinned"})
+
+
 class Controller:
     def __init__(self, opts: DaemonOptions) -> None:
         self.opts = opts
@@ -83,6 +91,7 @@ class Controller:
             else None
         )
         self._forced = False  # a second interrupt: drains end at once
+        self._settings_said: tuple[str, ...] = ()  # controller.toml's keys said pending
 
     @property
     def lock(self) -> ControllerLock:
@@ -103,7 +112,33 @@ class Controller:
         self.opts.out.flush()
 
     def _print_plan(self, action: Action) -> None:
-        self.say(f"plan   {action.slot:<16} {action.kind:<9} {action.reason}")
+        self.say(f"plan   {action.slot:<16} {action.shown_kind:<9} {action.reason}")
+
+    def _settings_changed(self, change: DesiredChange) -> None:
+        """``controller.toml`` changed: the keys the running controller does not follow
+        until its next start are said, once per change (issue 40). The guard reads the
+        allowlists at each write and slots are read with ``default_pinned``: those follow
+        the file at once."""
+        manager = self.manager
+        if not change.settings or manager is None:
+            return
+        wanted, running = self.desired.snapshot.settings, manager.settings
+        pending = tuple(
+            key
+            for key in ControllerSettings.model_fields
+            if key not in _SETTINGS_LIVE and getattr(wanted, key) != getattr(running, key)
+        )
+        if pending == self._settings_said:
+            return
+        self._settings_said = pending
+        if pending:
+            self.say(
+                f"{SETTINGS_FILE} changed: {', '.join(pending)} take effect at the "
+                "controller's next start (restart `slotctl up`); until then it runs with "
+                "the settings it started with"
+            )
+        else:
+            self.say(f"{SETTINGS_FILE} is back to the settings in force")
 
     def _printable(self, event: Event) -> bool:
         """What ``up`` prints (its subscription takes nothing else: it is not woken twice a
@@ -112,6 +147,8 @@ class Controller:
             return False  # already a structured log line (controller.model.events)
         if event.kind == EventKind.TRANSITION and event.op == Op.LEASE:
             return False  # ready <-> serving, twice a request: the event stream has them
+        if event.kind == EventKind.ERROR and event.details.get("said"):
+            return False  # a failed load's words, printed with its transition to error
         return event.kind in PROGRESS_KINDS
 
     def _print_event(self, event: Event) -> None:
@@ -169,6 +206,7 @@ class Controller:
             self.say(f"config {problem.where()}: {problem.message}")
         manager, reconciler = root.manager, root.reconciler
         self.manager, self.reconciler = manager, reconciler
+        self.desired.subscribe(self._settings_changed)
         gitops = self.gitops
         if gitops is not None:
             await gitops.apply_off_loop()

@@ -54,6 +54,7 @@ class DemoConfig:
         "hang_on_load",
         "host",
         "load_seconds",
+        "load_until",
         "memory_mb",
         "model",
         "port",
@@ -72,6 +73,7 @@ class DemoConfig:
         host: str = "127.0.0.1",
         port: int = 0,
         load_seconds: float = 0.0,
+        load_until: str | None = None,
         tokens_per_second: float = 0.0,
         embedding_dim: int = 16,
         memory_mb: int = 0,
@@ -92,6 +94,7 @@ class DemoConfig:
         self.host = host
         self.port = port
         self.load_seconds = load_seconds
+        self.load_until = load_until  # a gate: loading ends once this path exists
         self.tokens_per_second = tokens_per_second
         self.embedding_dim = embedding_dim
         self.memory_mb = memory_mb
@@ -212,6 +215,13 @@ def _add_fault_flags(parser: argparse.ArgumentParser) -> None:
         help="finish loading but list no model (like a server started without one)",
     )
     faults.add_argument(
+        "--load-until",
+        metavar="PATH",
+        default=None,
+        help="keep loading (answering 503) until PATH exists, after --load-seconds: a "
+        "test holds a server in warming until it has looked, then lets it finish",
+    )
+    faults.add_argument(
         "--crash-after",
         type=_int_between(0, 1 << 31),
         default=0,
@@ -321,6 +331,7 @@ def parse_args(argv: Sequence[str] | None = None) -> DemoConfig:
         host=ns.host,
         port=ns.port,
         load_seconds=ns.load_seconds,
+        load_until=ns.load_until,
         tokens_per_second=ns.tokens_per_second,
         embedding_dim=ns.embedding_dim,
         memory_mb=ns.memory_mb,

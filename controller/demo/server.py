@@ -68,6 +68,10 @@ def load(state: DemoState, port: int, stopped: threading.Event) -> None:
         state.ballast = hold_memory(config.memory_mb)
     if stopped.wait(max(0.0, config.load_seconds - (time.monotonic() - started))):
         return
+    gate = config.load_until  # a test's gate: loading ends once it exists
+    while gate and not os.path.exists(gate):  # noqa: PTH110 (pathlib: a slower start)
+        if stopped.wait(0.02):
+            return
     if config.fail_on_load:
         raise LoadError(f"failed to load model {config.model}: injected failure (--fail-on-load)")
     if config.hang_on_load:

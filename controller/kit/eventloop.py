@@ -2,7 +2,7 @@
 installed, else asyncio's.
 
 At the bottom of the layers (no controller import). uvloop (libuv, written in C) is an
-optional dependency (``pip install 'slotctl[fast]'``): when it is importable it is the
+optional dependency (``pip install -e '.[fast]'`` in a checkout): when it is importable it is the
 default, because the router's per-request cost is mostly event-loop and socket work
 (docs/performance.md, router section). ``SLOTCTL_EVENT_LOOP=asyncio`` turns it off;
 ``SLOTCTL_EVENT_LOOP=uvloop`` insists on it (a typed error when it is not installed).

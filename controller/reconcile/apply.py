@@ -67,6 +67,12 @@ class StackPlan:
     notes: dict[str, list[str]] = field(default_factory=dict)
     orphans: list[str] = field(default_factory=list)  # managed objects nobody declares
     models_changed: list[str] = field(default_factory=list)
+    # Catalogue models the stack's slots or aliases used that it no longer declares and
+    # nothing left would use: what removing a model from a stack leaves behind;
+    # ``--prune`` removes them (issue 40).
+    models_unused: list[str] = field(default_factory=list)
+    # Without ``--prune``: the slots this stack owns and no longer declares, kept.
+    left_behind: list[str] = field(default_factory=list)
     aliases_changed: list[str] = field(default_factory=list)  # "+ id", "- id", "~ id" lines
     desired_doc: dict[str, Any] = field(default_factory=dict)
     observed_doc: dict[str, Any] = field(default_factory=dict)
@@ -79,8 +85,17 @@ class StackPlan:
             and not any(self.drift.values())
             and not self.orphans
             and not self.models_changed
+            and not self.models_unused
             and not self.aliases_changed
         )
+
+    def kept(self, *, prune: bool) -> list[str]:
+        """What an apply of this plan keeps that its stack no longer declares, as
+        ``slot NAME`` / ``model ID`` (none with ``prune``: it removes them)."""
+        if prune:
+            return []
+        slots = [f"slot {n}" for n in self.left_behind]
+        return slots + [f"model {m}" for m in self.models_unused]
 
     def json_patch(self) -> list[dict[str, Any]]:
         """RFC 6902 patch that turns the observed document into the desired one."""
@@ -98,6 +113,8 @@ class StackPlan:
             "notes": {k: v for k, v in self.notes.items() if v},
             "orphans": self.orphans,
             "models_changed": self.models_changed,
+            "models_unused": self.models_unused,
+            "left_behind": self.left_behind,
             "aliases_changed": self.aliases_changed,
         }
 
@@ -224,6 +241,9 @@ async def plan_stack(
     plan.models_changed = sorted(
         m.id for m in state.models.values() if snapshot.models.get(m.id) != m
     )
+    pruned = _pruned(state, snapshot)
+    plan.left_behind = [] if prune else sorted(pruned)
+    plan.models_unused = unused_models(state, snapshot, pruned if prune else set())
     plan.aliases_changed = alias_changes(state, snapshot)
     managed = [o.slot for o in await runtime.list_managed()]
     declared = {*state.slots, *snapshot.slots}
@@ -307,6 +327,30 @@ def _pruned(state: DesiredState, snapshot: ConfigSnapshot) -> set[str]:
     }
 
 
+def unused_models(state: DesiredState, snapshot: ConfigSnapshot, pruned: set[str]) -> list[str]:
+    """The models ``state``'s stacks used (their slots bound them, their aliases named
+    them, in the config dir) that ``state`` no longer declares and nothing left after
+    applying it uses: no slot binds them (the config dir's, less ``pruned``, and the
+    state's), no alias names them. A catalogue entry has no owner stack, so a model is
+    known as a stack's through what of the stack used it: one that no slot or alias
+    ever used (a model declared alone) is not told from another stack's, and is kept."""
+    ours: set[str] = set()
+    for current in snapshot.slots.values():
+        if current.stack in state.stacks and current.spec.model_id:
+            ours.add(current.spec.model_id)
+    for alias in snapshot.aliases.values():
+        if alias.stack in state.stacks:
+            ours.update(alias.spec.models)
+    final = {n: s.spec for n, s in snapshot.slots.items() if n not in pruned}
+    final.update({n: s.spec for n, s in state.slots.items()})
+    used = {spec.model_id for spec in final.values() if spec.model_id}
+    for alias in final_aliases(state, snapshot):
+        used.update(alias.spec.models)
+    return sorted(
+        m for m in ours if m in snapshot.models and m not in state.models and m not in used
+    )
+
+
 def pruned_pinned(state: DesiredState, snapshot: ConfigSnapshot) -> list[str]:
     """Pinned slots a prune of ``state`` would remove (they need ``force``)."""
     return sorted(n for n in _pruned(state, snapshot) if snapshot.slots[n].pinned)
@@ -333,6 +377,9 @@ def apply_to_config(
     merged = dict(snapshot.models)
     merged.update(state.models)
     pruned = _pruned(state, snapshot) if prune else set()
+    if prune:  # models the stack no longer declares and nothing left uses go too
+        for model_id in unused_models(state, snapshot, pruned):
+            merged.pop(model_id, None)
     pinned = pruned_pinned(state, snapshot) if prune and not force else []
     if pinned and keep_pinned:
         pruned -= set(pinned)

@@ -77,6 +77,14 @@ class Action:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    @property
+    def shown_kind(self) -> str:
+        """The kind as a person reads it: a ``recreate`` that rolls out by surge (the old
+        server serves until the new one is ready) is shown as ``surge``."""
+        if self.kind == "recreate" and self.details.get("rollout") == "surge":
+            return "surge"
+        return self.kind
+
 
 @dataclass(frozen=True, slots=True)
 class ObservedSlot:
@@ -120,8 +128,17 @@ def _fmt(changes: Iterable[tuple[str, Any, Any]]) -> str:
         if isinstance(old, dict | list) or isinstance(new, dict | list):
             parts.append(f"{key} changed")
         else:
-            parts.append(f"{key} {old} -> {new}")
+            parts.append(f"{key} {_word(old)} -> {_word(new)}")
     return ", ".join(parts)
+
+
+def _word(value: Any) -> str:
+    """A key's value in a plan line: an absent one is ``unset`` (never Python's None)."""
+    if value is None:
+        return "unset"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
 
 
 def plan_slot(

@@ -75,6 +75,11 @@ _DONE = Result()  # frozen: one for every pass that asks nothing of the queue
 # fails), so this bounds the loads in flight: with 16, fifty 1 s loads took four rounds.
 # Admission (memory) is what limits loads; a worker is an idle task.
 WORKERS = 64
+# The loop time passes may take in a row before the loop's other callbacks (the API, the
+# data plane, probes) get a turn. A pass that never awaits (a no-op, a non-autoload
+# slot's first) gives the loop nothing back; 64 workers over a full queue (1,000 new
+# slots) held it for seconds (issue 40, item 4).
+SLICE_S = 0.01
 
 
 def observe_manager(manager: ReconcilerPort, name: str) -> ObservedSlot | None:
@@ -133,6 +138,8 @@ class Reconciler:
         self._said_plan: dict[str, tuple[str, str]] = {}
         self._said_error: dict[str, tuple[str, str]] = {}
         self.passes = 0
+        self._slice_began = time.perf_counter()  # the passes' current slice of the loop
+        self._gate: asyncio.Future[None] | None = None  # the next slice, once this one is used
         # The last observation of each slot, reused while the manager reports the same
         # status (an ObservedSlot costs more to build than the status to compare).
         self._observed: dict[str, tuple[SlotStatus, ObservedSlot]] = {}
@@ -307,6 +314,23 @@ class Reconciler:
                 log.exception("reconcile worker: unexpected error around %s", name)
             finally:
                 self.queue.done(name)
+            await self._take_turn()
+
+    async def _take_turn(self) -> None:
+        """Wait for the next slice of the loop once the passes used :data:`SLICE_S` of
+        this one: the gate opens at the loop's next iteration, after its I/O is polled."""
+        while time.perf_counter() - self._slice_began >= SLICE_S:
+            gate = self._gate
+            if gate is None or gate.done():
+                loop = asyncio.get_running_loop()
+                gate = self._gate = loop.create_future()
+                loop.call_soon(self._open_gate, gate)
+            await asyncio.shield(gate)  # a cancelled worker leaves the gate to the others
+
+    def _open_gate(self, gate: asyncio.Future[None]) -> None:
+        self._slice_began = time.perf_counter()
+        if not gate.done():
+            gate.set_result(None)
 
     async def _run_one(self, name: str) -> None:
         started = time.perf_counter()
@@ -358,7 +382,9 @@ class Reconciler:
             slot=name,
             message=message,
             error=code,
-            details={"retry_in_s": delay},
+            # said already (a failed load's transition to error carries it): counted as
+            # a failed pass, not printed again by `up` (issue 40)
+            details={"retry_in_s": delay, "said": bool(getattr(error, "reported", False))},
         )
 
     async def run(self, stop: asyncio.Event, *, read_first: bool = True) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import socket
+from collections.abc import Container
 
 import psutil
 
@@ -68,7 +69,7 @@ def can_bind(host: str, port: int) -> bool:
     return True
 
 
-def pick_free_port(taken: set[int], host: str = "127.0.0.1") -> int:
+def pick_free_port(taken: Container[int], host: str = "127.0.0.1") -> int:
     """A port free on ``host`` now (the kernel's choice, as a bind to port 0 makes it) and
     not in ``taken`` (the ports other slots declare or were given)."""
     for _ in range(_PICK_TRIES):
@@ -77,4 +78,4 @@ def pick_free_port(taken: set[int], host: str = "127.0.0.1") -> int:
             port = int(sock.getsockname()[1])
         if port not in taken:
             return port
-    raise SlotSpawnFailed(f"no free port found in {_PICK_TRIES} tries", taken=sorted(taken))
+    raise SlotSpawnFailed(f"no free port found in {_PICK_TRIES} tries")

@@ -42,7 +42,7 @@ from controller.spec.schema import ControllerSettings
 if TYPE_CHECKING:  # the engine: built by the composition root (controller.daemon.root)
     from controller.modelfiles.pull import ModelFiles
 
-__all__ = ["Core", "Part", "same"]
+__all__ = ["Core", "Part", "TakenPorts", "same"]
 
 RECENT_USE_S: Final = 600.0  # "used recently" for the eviction preference by class
 
@@ -74,6 +74,11 @@ class Core:
     # Where hf:// and relative model sources resolve: the config's, else
     # $SLOTCTL_MODELS_DIR (default /models) as it is when the manager is built.
     models_dir: Path = field(init=False)
+    # Port -> the slots that declared it or were given it, in memory: a superset, each
+    # name checked against its slot when asked (:meth:`port_taken`). Whether a port is
+    # another slot's is asked for every auto-port slot's launch hash; iterating the table
+    # (and reading each port file) for it made a big stack O(N²) on the loop (issue 40).
+    port_users: dict[int, set[str]] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         configured = self.config.models_dir
@@ -114,35 +119,71 @@ class Core:
         """The port chosen for a slot without one: the one recorded in its state dir (the
         same across restarts), else a free one, recorded first. Chosen again when another
         slot now declares it, or — ``starting`` its server — when it cannot be bound."""
-        name, store = slot.name, self.table.store
-        port = store.read_port(name)
-        taken = self._ports_taken(name)
+        name = slot.name
+        port = self.table.store.read_port(name)
+        if port is not None:
+            self._note_port(name, port)
+        taken = TakenPorts(self, name)
         if port is None or port in taken or (starting and not can_bind("127.0.0.1", port)):
             port = pick_free_port(taken)
-            store.write_port(name, port)
-            self.forget_hash(slot)  # its hash memo holds the old port
+            self.record_port(slot, port, durable=starting)
             log.info("slot %s: port %d chosen by the controller", name, port)
+        elif starting and not self.table.store.port_synced(name):
+            self.table.store.write_port(name, port)  # durable before its server starts
         return port
+
+    def record_port(self, slot: SlotRecord, port: int, *, durable: bool = True) -> None:
+        """``port`` is ``slot``'s now (chosen for it, or a surge's new server's): written
+        to its state dir first (durably when a server starts on it), then indexed; its
+        hash memo goes (it holds the old one)."""
+        self.table.store.write_port(slot.name, port, durable=durable)
+        self._note_port(slot.name, port)
+        self.forget_hash(slot)
+
+    def slot_added(self, slot: SlotRecord) -> None:
+        """A slot entered the table: index its port (declared, or chosen for it before — a
+        restart's — read once from its state dir) and let a slot given a port it declares
+        choose another."""
+        if slot.spec.port is None:
+            chosen = self.table.store.read_port(slot.name)
+            if chosen is not None:
+                self._note_port(slot.name, chosen)
+        self.port_declared(slot.name, slot.spec.port)
 
     def port_declared(self, by: str, port: int | None) -> None:
         """Slot ``by`` now declares ``port``: a slot that was given it chooses another at
         its next build (its hash memo goes, so the reconciler sees the change)."""
         if port is None:
             return
-        for other in self.table:
-            auto = other.name != by and other.spec.port is None
-            if auto and self.table.store.read_port(other.name) == port:
+        self._note_port(by, port)
+        for other_name in list(self.port_users.get(port, ())):
+            other = self.table.records.get(other_name)
+            if other is None or other_name == by or other.spec.port is not None:
+                continue
+            if self.table.store.read_port(other_name) == port:
                 self.forget_hash(other)
 
-    def _ports_taken(self, name: str) -> set[int]:
-        """The ports of the other slots: declared, or chosen for them."""
-        taken: set[int] = set()
-        for other in self.table:
-            if other.name != name:
-                port = other.spec.port or self.table.store.read_port(other.name)
-                if port is not None:
-                    taken.add(port)
+    def port_taken(self, name: str, port: int) -> bool:
+        """Whether another slot than ``name`` declares ``port`` or was given it."""
+        users = self.port_users.get(port)
+        if not users:
+            return False
+        taken = False
+        for other_name in list(users):
+            other = self.table.records.get(other_name)
+            if other is None or self._port_of(other) != port:
+                users.discard(other_name)  # removed, or on another port now
+            elif other_name != name:
+                taken = True
+        if not users:
+            del self.port_users[port]
         return taken
+
+    def _port_of(self, slot: SlotRecord) -> int | None:
+        return slot.spec.port or self.table.store.read_port(slot.name)
+
+    def _note_port(self, name: str, port: int) -> None:
+        self.port_users.setdefault(port, set()).add(name)
 
     def placed(self, slot: SlotRecord, launch: LaunchSpec) -> LaunchSpec:
         """``launch`` on the GPUs the slot was placed on, with what its provider needs to
@@ -192,6 +233,22 @@ class Core:
     def forget_hash(slot: SlotRecord) -> None:
         """Drop ``slot``'s hash memo (its port changed: the next ask builds it again)."""
         slot.hashed = None
+
+
+class TakenPorts:
+    """The ports other slots than one declare or were given, as a container
+    (:func:`~controller.runtime.ports.pick_free_port` asks it about the kernel's picks)."""
+
+    __slots__ = ("_core", "_name", "also")
+
+    def __init__(self, core: Core, name: str, also: set[int] | None = None) -> None:
+        self._core, self._name = core, name
+        self.also: set[int] = also if also is not None else set()  # taken besides
+
+    def __contains__(self, port: object) -> bool:
+        if not isinstance(port, int):
+            return False
+        return port in self.also or self._core.port_taken(self._name, port)
 
 
 def same(have: BaseModel | None, want: BaseModel | None) -> bool:

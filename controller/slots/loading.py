@@ -393,6 +393,7 @@ class Loading(Part):
             self.table.set(slot, S.UNLOADING, op=op, message=message)
         if slot.state is not S.ERROR:
             self.table.set(slot, S.ERROR, op=op, message=message, error=error)
+        error.reported = True  # its transition to error said it: nobody says it again
 
 
 def _avoid(slot: SlotRecord, error: SlotctlError, now: float) -> None:

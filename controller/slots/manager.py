@@ -236,7 +236,7 @@ class SlotManager(Part):
             )
             table.load_persisted(slot)
             table.add(slot)
-            self.core.port_declared(desired.name, desired.spec.port)
+            self.core.slot_added(slot)
             return
         if (
             slot.stack == desired.stack

@@ -50,7 +50,7 @@ from controller.scheduling.rollout import (
     RolloutView,
     decide_rollout,
 )
-from controller.slots.core import Core, Part
+from controller.slots.core import Core, Part, TakenPorts
 from controller.slots.loading import Loading
 from controller.slots.records import RunningServer, SlotRecord
 from controller.spec.loader import DesiredSlot
@@ -204,15 +204,10 @@ class Rollouts(Part):
     def _new_launch(self, slot: SlotRecord, gpus: tuple[GpuRef, ...], old_port: int) -> LaunchSpec:
         """The slot's launch on a fresh port (free, no other slot's, not the old one's),
         placed on ``gpus``."""
-        taken = {old_port}
-        for other in self.table:
-            if other.name != slot.name:
-                port = other.spec.port or self.table.store.read_port(other.name)
-                if port is not None:
-                    taken.add(port)
+        taken = TakenPorts(self.core, slot.name, also={old_port})
         port = pick_free_port(taken)
         while not can_bind("127.0.0.1", port):  # pragma: no cover  (a race with another)
-            taken.add(port)
+            taken.also.add(port)
             port = pick_free_port(taken)
         ctx = launch_context(self.runtime.kind, slot.stack, self.core.models_dir)
         launch = build_launch(with_port(slot.spec, port), slot.model, ctx)
@@ -271,8 +266,7 @@ class Rollouts(Part):
         """The new server becomes the slot's: the runtime's records, the port, then the
         endpoint — one assignment, so a request takes the old endpoint or the new one."""
         await surge.promote(slot.name)
-        self.table.store.write_port(slot.name, launch.port)
-        self.core.forget_hash(slot)  # its hash memo holds the old port
+        self.core.record_port(slot, launch.port)  # its hash memo goes: it holds the old port
         in_flight = set(slot.book.leases)
         self.table.run(slot, RunningServer.started(launch))
         # Another server: what was decided about the old one (an exit seen, a liveness
@@ -324,8 +318,7 @@ class Rollouts(Part):
             await surge.promote(slot.name)
             port = record.get("port")
             if isinstance(port, int):
-                self.table.store.write_port(slot.name, port)
-                self.core.forget_hash(slot)
+                self.core.record_port(slot, port)
             await self._retire(slot, surge)  # no request of the old controller is left
             return
         with contextlib.suppress(SlotctlError):

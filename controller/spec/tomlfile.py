@@ -3,7 +3,8 @@
 tomllib parses first (~10x cheaper than tomlkit: a config dir read parses every slot file
 at every resync); what it refuses goes to tomlkit, so a syntax error reads as tomlkit
 words it and nothing tomlkit accepts is refused. A file over :data:`MAX_FILE_BYTES` is
-refused unparsed (``stack.too_large``). Reads only.
+refused unparsed (``stack.too_large``); one nested beyond the parsers' recursion is refused
+as ``stack.too_deep`` (it raised RecursionError: issue 40). Reads only.
 """
 
 from __future__ import annotations
@@ -36,6 +37,16 @@ def _too_large(name: str) -> Problem:
     )
 
 
+def _too_deep(name: str) -> Problem:
+    return Problem(
+        code="stack.too_deep",
+        message="nested too deeply to parse (arrays or tables inside each other, "
+        "thousands of levels): not parsed",
+        file=name,
+        hint="a stack file nests a few levels at most: this one is damaged or not a stack",
+    )
+
+
 def parse_toml_file(path: Path) -> Parsed:
     """A stack or config file; at most :data:`MAX_FILE_BYTES` are read (``stack.too_large``)."""
     name = str(path)
@@ -62,8 +73,12 @@ def parse_toml_text(text: str, name: str) -> Parsed:
         return tomllib.loads(text), LineIndex(text), []
     except tomllib.TOMLDecodeError as exc:
         refused = exc
+    except RecursionError:  # both parsers recurse per level: a hostile file, refused once
+        return None, None, [_too_deep(name)]
     try:
         doc = tomlkit.parse(text)
+    except RecursionError:
+        return None, None, [_too_deep(name)]
     except tomlkit.exceptions.TOMLKitError as exc:  # ParseError, KeyAlreadyPresent, ...
         # A key or table defined twice: tomlkit gives no line (<= 0.15.2) or the line where
         # it noticed, past the table (0.15.3); tomllib's is the offending statement's. Any

@@ -135,6 +135,11 @@ class StateStore:
         # Validated names -> their dirs and state files (a Path join costs microseconds,
         # and every transition, probe and record read asks for one).
         self._dirs: dict[str, tuple[Path, Path]] = {}
+        # The chosen ports as this store last read or wrote them (None: no port file): the
+        # store is the only writer of ``port.json``, so each is read from disk once (a
+        # big stack asked every slot's port for each slot's launch: O(N²) reads).
+        self._ports: dict[str, int | None] = {}
+        self._synced: set[str] = set()  # of those, the ones this store wrote durably
 
     def _paths(self, name: str) -> tuple[Path, Path]:
         paths = self._dirs.get(name)
@@ -207,6 +212,9 @@ class StateStore:
         """Atomically; ``durable`` as :func:`atomic_write_bytes` (a record that only a
         crash of the controller must survive, and not one of the machine, need not be)."""
         path = self.slot_dir(name) / _aux_name(filename)
+        if filename == PORT_FILE:
+            self._ports.pop(name, None)  # read again (a refused write leaves the old file)
+            self._synced.discard(name)
         try:
             atomic_write_json(path, dict(data), durable=durable, indent=None)
         except OSError as exc:
@@ -223,6 +231,9 @@ class StateStore:
         return data if isinstance(data, dict) else None
 
     def delete_aux(self, name: str, filename: str) -> None:
+        if filename == PORT_FILE:
+            self._ports.pop(name, None)
+            self._synced.discard(name)
         with contextlib.suppress(FileNotFoundError):
             (self.slot_dir(name) / _aux_name(filename)).unlink()
 
@@ -230,14 +241,30 @@ class StateStore:
     # absent or "auto"): kept beside its state, so a restart gives it the same one.
 
     def read_port(self, name: str) -> int | None:
+        """The port chosen for ``name`` (None: none yet): from disk the first time, from
+        memory after (this store writes the file: :meth:`write_port`, :meth:`delete`)."""
+        if name in self._ports:
+            return self._ports[name]
         data = self.read_aux(name, PORT_FILE)
         port = data.get("port") if data else None
         valid = isinstance(port, int) and not isinstance(port, bool) and 0 < port < 65536
-        return port if valid else None
+        chosen = port if valid else None
+        self._ports[name] = chosen
+        return chosen
 
-    def write_port(self, name: str, port: int) -> None:
-        """Durably, before a server is started on it (an intent, SPEC §3)."""
-        self.write_aux(name, PORT_FILE, {"port": port})
+    def write_port(self, name: str, port: int, *, durable: bool = True) -> None:
+        """Durably before a server is started on it (an intent, SPEC §3); a port chosen
+        only to compute a launch hash need not be (an fsync each, on the loop, made a
+        1,000-slot stack's first pass take seconds): :meth:`port_synced` says which."""
+        self.write_aux(name, PORT_FILE, {"port": port}, durable=durable)
+        self._ports[name] = port
+        if durable:
+            self._synced.add(name)
+
+    def port_synced(self, name: str) -> bool:
+        """Whether this store wrote ``name``'s port durably (one it read may sit in the
+        page cache of a run that wrote it lazily)."""
+        return name in self._synced
 
 
 PORT_FILE: Final = "port.json"  # the port chosen for an auto-port slot

@@ -126,3 +126,59 @@ def test_the_api_refuses_an_invalid_stack_with_its_problems(ctl: Slotctl) -> Non
     assert refused.value.located, "the controller's located problems"
     assert all(p.file == "broken.toml" for p in refused.value.located)
     assert not (ctl.config / "slots" / "v1.toml").exists()
+
+
+@pytest.mark.parametrize("kind", ["local", "api"])
+def test_what_an_apply_without_prune_leaves_behind_is_said(kind: str, ctl: Slotctl) -> None:
+    """Issue 40, item 9: ``stack apply`` without ``--prune`` said "(no changes)" while
+    ``stack diff`` showed the removed slot as a deletion, and a model removed from a stack
+    stayed in the catalogue with ``stack diff`` "in sync". The apply names what it leaves
+    behind; the diff reports the model; ``--prune`` removes both."""
+    ctl.start_up()
+    both = [SlotDef("k1", autoload=False), SlotDef("k2", autoload=False)]
+    with backend_of(kind, ctl) as backend:
+        backend.apply(request_for(ctl, both), prune=False, force=False, dry_run=False)
+        one = request_for(ctl, both[:1])  # k2 and its model m-k2 gone from the file
+
+        kept = backend.apply(one, prune=False, force=False, dry_run=False)
+        assert kept.changed == [] and kept.left_behind == ["slot k2"]
+        assert (ctl.config / "slots" / "k2.toml").exists()
+
+        diff = backend.diff(one, prune=True).plan
+        assert not diff.in_sync and "k2" in diff.config_diffs
+        assert diff.models_unused == ["m-k2"]  # used by nothing once k2 is pruned
+
+        pruned = backend.apply(one, prune=True, force=False, dry_run=False)
+        assert pruned.changed == ["models", "k2"] and pruned.left_behind == []
+        models = (ctl.config / "models.toml").read_text()
+        assert "m-k2" not in models and "m-k1" in models
+        assert backend.diff(one, prune=True).plan.in_sync
+
+        # k1 bound to another model: its old one is the stack's no more, and said so
+        path = ctl.tmp / "stacks" / "flow.toml"
+        path.write_text(path.read_text().replace('"m-k1"', '"m-k1b"'))
+        moved = StackRequest.from_report(load_stacks([path]))
+        left = backend.apply(moved, prune=False, force=False, dry_run=True)
+        assert left.left_behind == ["model m-k1"]
+        assert backend.diff(moved, prune=True).plan.models_unused == ["m-k1"]
+        done = backend.apply(moved, prune=True, force=False, dry_run=False)
+        assert done.changed == ["models", "k1"] and done.left_behind == []
+        assert '"m-k1"' not in (ctl.config / "models.toml").read_text()
+        assert backend.diff(moved, prune=True).plan.in_sync
+
+
+def test_apply_and_diff_say_what_is_left_behind(ctl: Slotctl) -> None:
+    """The same, as printed (no controller: the files)."""
+    path = ctl.tmp / "stacks" / "flow.toml"
+    request_for(ctl, [SlotDef("k1", autoload=False), SlotDef("k2", autoload=False)])
+    ctl.ok("stack", "apply", path)
+    request_for(ctl, [SlotDef("k1", autoload=False)])
+    out = ctl.ok("stack", "apply", path)
+    assert "left behind: slot k2 — the stack no longer declares it" in out, out
+    assert "`stack apply --prune` removes it" in out, out
+    diff = ctl.run("stack", "diff", path, "--exit-code")
+    assert diff.returncode == 1, diff
+    assert "=== slot k2: delete" in diff.stdout and "m-k2" in diff.stdout, diff.stdout
+    assert "used by no slot or alias: m-k2" in diff.stdout, diff.stdout
+    ctl.ok("stack", "apply", path, "--prune")
+    assert ctl.run("stack", "diff", path, "--exit-code").returncode == 0

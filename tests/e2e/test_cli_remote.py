@@ -86,9 +86,14 @@ def test_slot_commands(ctl: Slotctl) -> None:
     # ---- load: 202 loading, then --wait follows it to ready; again: already loaded
     answer = json.loads(ctl.ok("slot", "load", "one", "-o", "json"))
     assert answer["status"] == "loading" and answer["slot"]["name"] == "one"
+    assert answer["slot"]["resident"] is True
     out = ctl.ok("slot", "load", "one", "--wait", "--timeout", "60")
     assert "slot one: ready after" in out
-    assert ctl.ok("slot", "load", "one").strip() == "slot one: already loaded (ready)"
+    # Issue 40, item 10: an explicit load makes the slot resident, and says so.
+    said = ctl.ok("slot", "load", "one").strip()
+    assert said.startswith("slot one: already loaded (ready)"), said
+    assert "resident: kept loaded until `slotctl slot unload one`" in said, said
+    assert "ttl_s" in said, said
     final = json.loads(ctl.ok("slot", "load", "two", "--wait", "-o", "json"))
     assert final["status"] == "ready" and final["slot"]["state"] == "ready"
 
@@ -179,7 +184,7 @@ def test_model_commands(ctl: Slotctl) -> None:
     out = ctl.ok("model", "load", "m-three", "--wait", "--timeout", "60")
     assert "on slot three" in out and "slot three: ready after" in out
     out = ctl.ok("model", "load", "m-three")
-    assert out.strip() == "model m-three: already loaded on slot three (ready)"
+    assert out.strip().startswith("model m-three: already loaded on slot three (ready); resident")
     assert api.ok("GET", "/api/models/m-three/state")["state"] == "loaded"
 
     assert "error [model.not_found]" in fails(ctl, "model", "load", "m-nope").stderr
@@ -253,10 +258,12 @@ class Follower:
 
 def test_events_follow(ctl: Slotctl) -> None:
     up(ctl)
-    text = Follower(ctl)
-    raw = Follower(ctl, "-o", "json")
+    # From the first buffered event (--since 0): what happens before a stream is open is
+    # replayed to it, so nothing waits for the streams to open (issue 40, item 16: a
+    # fixed second that a busy machine could outlast).
+    text = Follower(ctl, "--since", "0")
+    raw = Follower(ctl, "--since", "0", "-o", "json")
     try:
-        time.sleep(1.0)  # both streams are open before anything happens
         ctl.ok("slot", "load", "one", "--wait", "--timeout", "60")
         lines = text.until("warming -> ready")
         transitions = [line for line in lines if "transition" in line and " one " in line]
@@ -283,9 +290,10 @@ def test_events_follow(ctl: Slotctl) -> None:
 
 def test_events_end_when_the_controller_stops(ctl: Slotctl) -> None:
     up(ctl)
-    follower = Follower(ctl, "-o", "json")
+    ctl.ok("slot", "load", "one", "--wait", "--timeout", "60")  # events in the buffer
+    follower = Follower(ctl, "--since", "0", "-o", "json")
     try:
-        time.sleep(1.0)
+        follower.until('"id"')  # the stream is open: it replayed the first event
         ctl.ok("down")
         assert follower.proc.wait(timeout=30) == 0
     finally:
@@ -323,6 +331,56 @@ def test_server_and_token_discovery(ctl: Slotctl) -> None:
     result = ctl.run("--server", url.replace("127.0.0.1", "localhost"), "model", "list")
     assert result.returncode == 0, ctl.explain(result)
     api.wait_state("one", "ready")
+
+
+def test_a_refused_token_says_which_and_where_it_came_from(ctl: Slotctl) -> None:
+    """Issue 40, item 7: ``SLOTCTL_TOKEN=wrong slotctl slot list`` said "the token of
+    <state>/token was refused: the token of <state>/token was" — garbled, and blaming the
+    file for the variable's token. Each source of a refused token is named, once."""
+    up(ctl)
+    token_file = ctl.state / "token"
+
+    result = run_with(ctl, [*ctl.argv()[3:], "slot", "list"], {"SLOTCTL_TOKEN": "wrong"})
+    assert result.returncode == 2, result
+    said = result.stderr
+    assert said.startswith("slotctl: error [auth.unauthorized]: wrong bearer token"), said
+    assert "the token from $SLOTCTL_TOKEN was refused" in said, said
+    assert f"{token_file}" not in said.split("refused", 1)[0], said  # not blamed on the file
+    assert said.count("was refused") == 1, said
+
+    result = run_with(ctl, [*ctl.argv()[3:], "--token", "wrong", "slot", "list"])
+    assert "the token from --token was refused" in result.stderr, result.stderr
+
+    real = token_file.read_text()
+    try:
+        token_file.write_text("stale\n")  # a token file of an earlier controller
+        result = run_with(ctl, [*ctl.argv()[3:], "slot", "list"])
+        assert f"the token of {token_file} was refused" in result.stderr, result.stderr
+        assert result.stderr.count("was refused") == 1, result.stderr
+    finally:
+        token_file.write_text(real)
+
+
+def test_another_state_dir_says_no_controller_answered_there(ctl: Slotctl) -> None:
+    """Issue 40, item 8: without the README's ``export SLOTCTL_*`` line, ``slot list``
+    printed an empty table and exited 0 while a controller ran, and ``slot load`` said
+    only "start one with `slotctl up`". Both name the state dir they read, say that no
+    controller answered there, and name --state-dir and $SLOTCTL_STATE_DIR."""
+    up(ctl)
+    other = ctl.tmp / "other-state"
+    elsewhere = ["--state-dir", str(other), "--config-dir", str(ctl.tmp / "other-config")]
+
+    result = run_with(ctl, [*elsewhere, "slot", "list"])
+    assert result.returncode == 0, result  # the files of that dir: nothing is wrong there
+    said = result.stderr
+    assert f"no controller answered on the state dir {other}" in said, said
+    assert "--state-dir" in said and "$SLOTCTL_STATE_DIR" in said, said
+
+    result = run_with(ctl, [*elsewhere, "slot", "load", "one"])
+    assert result.returncode == 2, result
+    said = result.stderr
+    assert f"no controller is running on the state dir {other}" in said, said
+    assert "--state-dir" in said and "$SLOTCTL_STATE_DIR" in said, said
 
 
 def test_unreachable_controller_exits_2(ctl: Slotctl) -> None:

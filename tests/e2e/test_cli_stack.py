@@ -245,6 +245,17 @@ def test_validate_bad_json(
         assert hint in error["hint"]
 
 
+def test_a_deeply_nested_file_is_refused_as_invalid(home: Path, tmp_path: Path) -> None:
+    """Issue 40, item 5: 400 KB of nested arrays (under the 1 MiB limit) is an invalid
+    file named in the report (exit 1), not an internal error (exit 2)."""
+    deep = 200_000
+    path = write(tmp_path, "deep.toml", HEAD + "x = " + "[" * deep + "]" * deep + "\n")
+    result = slotctl("stack", "validate", path, home=home)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.stdout.startswith(f"{path}: error [stack.too_deep]"), result.stdout
+    assert "internal error" not in result.stderr
+
+
 def test_duplicates_across_two_files_in_a_directory(home: Path, tmp_path: Path) -> None:
     stacks = tmp_path / "stacks"
     stacks.mkdir()

@@ -125,7 +125,7 @@ def test_dry_run_and_diff_say_which_way_a_change_rolls_out(ctl: Slotctl) -> None
 
     path.write_text(stack("--load-seconds", "0.3"))
     planned = ctl.ok("stack", "apply", path, "--dry-run")
-    assert "recreate  chat" in planned, planned
+    assert "surge     chat" in planned, planned  # issue 40: a surge is called one
     assert "; surge: " in planned and "beside the running server" in planned, planned
     diff = ctl.run("stack", "diff", path)
     assert "surge: " in diff.stdout and "beside the running server" in diff.stdout, diff.stdout

@@ -725,7 +725,7 @@ def test_stacks_diff_and_apply(api: Api, static: tuple[Api, Slotctl]) -> None:
     assert before["in_sync"] is False
     assert [(a["slot"], a["kind"]) for a in before["actions"]] == [("extra-one", "create")]
     planned = api.ok("POST", "/api/stacks/apply", {**body, "dry_run": True})
-    assert set(planned) == {"plan", "aliases_changed", "changed", "dry_run"}
+    assert set(planned) == {"plan", "aliases_changed", "changed", "dry_run", "left_behind"}
     assert planned["changed"] == [] and planned["dry_run"] is True
     assert planned["aliases_changed"] == []
     assert [(a["slot"], a["kind"]) for a in planned["plan"]] == [("extra-one", "create")]

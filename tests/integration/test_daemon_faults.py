@@ -276,6 +276,19 @@ async def test_stack_files_are_parsed_off_the_event_loop_and_size_limited(
     assert sorted(p.name for p in (tmp_path / "config" / "slots").iterdir()) == before
     assert set(running.manager.names()) == {"off-a", "off-b", "off-c"}
 
+    # Issue 40, item 5: one nested too deeply for the parsers (400 KB, under the limit)
+    # is an invalid file named in one report line; the watcher lives on (it crash-looped
+    # on a RecursionError, a 3,000-line traceback a restart).
+    (tmp_path / "stacks" / "huge.toml").unlink()
+    deep = tmp_path / "stacks" / "deep.toml"
+    deep.write_text("x = " + "[" * 200_000 + "]" * 200_000 + "\n")
+    await running.until(lambda: "stack.too_deep" in running.out.getvalue(), "the refusal")
+    said = running.out.getvalue()
+    assert str(deep) in said and "Traceback" not in said and "RecursionError" not in said
+    deep.unlink()
+    stack_file.write_text(stack_text("faults", [*slots, SlotDef("off-d", autoload=False)]))
+    await running.until(lambda: "off-d" in running.manager.names(), "the watcher to go on")
+
 
 async def test_a_missing_or_unreadable_config_dir_keeps_the_last_good_state(
     tmp_path: Path,
@@ -414,3 +427,48 @@ def test_a_config_dir_deleted_while_it_is_read_is_unreadable(
     snapshot = read_config_dir(config_dir)
     assert not snapshot.readable
     assert "changed while it was read" in snapshot.errors[0].message
+
+
+async def test_a_changed_controller_toml_says_a_restart_applies_it(
+    tmp_path: Path, cleanup: list[Running]
+) -> None:
+    """Issue 40, item 12: ``controller.toml`` was re-read but its settings kept until a
+    restart, silently. A change the running controller does not apply is said, once, in
+    up's output, naming what changed; going back to what runs says so too."""
+    config = tmp_path / "config"
+    config.mkdir(parents=True)
+    (config / "controller.toml").write_text("safety_margin_gb = 0.5\n")
+    running = await start(tmp_path)
+    cleanup.append(running)
+    assert running.manager.settings.safety_margin_gb == 0.5
+    (config / "controller.toml").write_text("safety_margin_gb = 1.5\nqueue_aging_s = 5\n")
+    said = await running.until(
+        lambda: "controller.toml changed" in running.out.getvalue() and running.out.getvalue(),
+        "the change said",
+    )
+    line = next(x for x in said.splitlines() if "controller.toml changed" in x)
+    assert "restart" in line and "queue_aging_s" in line and "safety_margin_gb" in line, line
+    assert running.manager.settings.safety_margin_gb == 0.5  # what runs is kept
+    (config / "controller.toml").write_text("safety_margin_gb = 0.5\n")
+    await running.until(
+        lambda: "controller.toml is back to the settings in force" in running.out.getvalue(),
+        "the return said",
+    )
+    assert running.out.getvalue().count("controller.toml changed") == 1
+
+
+async def test_a_failed_load_is_said_once_an_attempt(
+    tmp_path: Path, cleanup: list[Running]
+) -> None:
+    """Issue 40, item 14: each failed attempt was printed twice in up's output, as the
+    transition to ``error`` and again as the reconciler's error with the same words."""
+    bad = SlotDef("bad", load_seconds=0.05, extra=("--fail-on-load",))
+    running = await start(tmp_path, stack=stack_text("faults", [bad]))
+    cleanup.append(running)
+    await running.until(
+        lambda: running.out.getvalue().count("warming -> error") >= 2, "two failed attempts"
+    )
+    said = running.out.getvalue().splitlines()
+    failures = [line for line in said if "injected failure (--fail-on-load)" in line]
+    transitions = [line for line in failures if "warming -> error" in line]
+    assert len(transitions) >= 2 and failures == transitions, "\n".join(failures)

@@ -233,6 +233,19 @@ async def test_hang_on_load_never_lists_the_model(
     assert await demo.exit_code(timeout=10) == 0
 
 
+async def test_load_until_holds_the_load_until_the_path_exists(
+    spawn: Spawn, http: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    gate = tmp_path / "gate"
+    demo = spawn("--load-until", str(gate))
+    await demo.listening()
+    assert (await get_json(http, f"{demo.base}/v1/models"))[0] == 503  # held
+    assert not any(text.startswith("slotctl-demo ready") for _, text in demo.stdout)
+    gate.touch()
+    await demo.line("slotctl-demo ready")
+    assert (await get_json(http, f"{demo.base}/v1/models"))[0] == 200
+
+
 async def test_fail_on_load_exits_1_with_message(spawn: Spawn) -> None:
     demo = spawn("--load-seconds", "0.3", "--fail-on-load")
     assert await demo.exit_code(timeout=START_TIMEOUT_S) == 1

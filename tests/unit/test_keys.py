@@ -128,3 +128,28 @@ def test_duplicate_and_bad_names_are_refused(tmp_path: Path) -> None:
     for bad in ("", "A", "has space", "x" * 70, "../etc"):
         with pytest.raises(InvalidRequest, match="invalid key name"):
             create_key(tmp_path, bad, scope=Scope.READ)
+
+
+def test_last_used_survives_a_restart(tmp_path: Path) -> None:
+    """Issue 40, item 13: a key's "last used" (what one looks at before revoking) was
+    memory only and lost on a restart. It is written to the state dir (at most every
+    ``LAST_USED_SAVE_S`` while requests come, and at shutdown: ``flush``) and read back."""
+    key, _ = create_key(tmp_path, "ui", scope=Scope.INFERENCE)
+    quiet, _ = create_key(tmp_path, "quiet", scope=Scope.READ)
+    ring = KeyRing(tmp_path, token="t")
+    assert ring.identify(key, now=0.0, wall=1000.0) is not None  # the first use: written
+    again = KeyRing(tmp_path, token="t")  # a controller killed now
+    assert {k["name"]: k["last_used"] for k in again.describe(wall=1001.0)} == {
+        "quiet": None,
+        "ui": 1000.0,
+    }
+    assert ring.identify(key, now=1.0, wall=1005.0) is not None  # within the period: memory
+    ring.flush()  # shutdown
+    restarted = KeyRing(tmp_path, token="t")
+    assert {k["name"]: k["last_used"] for k in restarted.describe(wall=1006.0)}["ui"] == 1005.0
+    # a key revoked and made again under its name is a new key: it was never used
+    revoke_key(tmp_path, "ui")
+    create_key(tmp_path, "ui", scope=Scope.INFERENCE)
+    fresh = KeyRing(tmp_path, token="t")
+    assert {k["name"]: k["last_used"] for k in fresh.describe(wall=1010.0)}["ui"] is None
+    assert ring.identify(quiet, now=2.0, wall=1020.0) is not None

@@ -639,3 +639,27 @@ def test_every_error_is_fully_located(tmp_path: Path) -> None:
         assert problem.slot is not None and problem.key is not None
         assert problem.code.startswith("slot.")
         assert problem.hint
+
+
+# A deeply nested file (issue 40, item 5): 400 KB of nested arrays, under the size limit,
+# made tomllib raise RecursionError; the watcher crash-looped on it and `stack validate`
+# said "internal error" (exit 2). Now it is a located problem naming the file.
+DEEP = 200_000
+
+
+def test_a_deeply_nested_stack_file_is_a_problem_naming_it(tmp_path: Path) -> None:
+    path = tmp_path / "deep.toml"
+    path.write_text('[stack]\nname = "deep"\n[[slot]]\nname = "a"\nx = ' + "[" * DEEP + "]" * DEEP)
+    report = load_stacks([path])
+    assert not report.ok and report.state is None
+    [problem] = report.errors
+    assert problem.code == "stack.too_deep" and problem.file == str(path)
+    assert "nested" in problem.message and problem.hint
+
+
+def test_a_deeply_nested_stack_text_is_a_problem_too() -> None:
+    from controller.spec.loader import load_stack_texts
+
+    deep = DEEP // 4  # 5 bytes a level: under the size limit
+    report = load_stack_texts([("api.toml", "x = " + "{a = " * deep + "1" + "}" * deep)])
+    assert [(p.code, p.file) for p in report.errors] == [("stack.too_deep", "api.toml")]

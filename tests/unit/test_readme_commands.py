@@ -38,3 +38,16 @@ def test_the_stack_export_row_names_every_flag_of_stack_export() -> None:
     parser = build_parser()  # its global options are in every row's footnote, not the row
     assert documented == _flags(_subparser(parser, "stack", "export")) - _flags(parser)
     assert any("--format crd" in row and "--from" in row for row in rows)  # as NOTES.txt
+
+
+def test_no_doc_installs_slotctl_from_an_index_it_is_not_on() -> None:
+    """Issue 40, item 14: docs/workflow.md's CI example ran ``pip install slotctl``, which
+    is not published: a newcomer's CI failed at its first step. Installs come from a
+    checkout (``pip install -e .``, ``make install``) or name the extras of one."""
+    root = README.parent
+    said = []
+    for path in [README, *sorted((root / "docs").rglob("*.md"))]:
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if re.search(r"pip install\s+['\"]?slotctl(\[|['\"]|\s|$)", line):
+                said.append(f"{path.relative_to(root)}:{number}: {line.strip()}")
+    assert said == []
