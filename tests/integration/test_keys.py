@@ -413,31 +413,39 @@ async def test_one_keys_flood_cannot_take_another_keys_place_in_line(
     first request still gets in line (and is served), and the flooder's newest waiter is
     refused ``429 slot.queue_full`` in its place. Both places requests wait: a cold
     slot's load (no ``max_concurrency``) and the turns of a slot at its ``max_concurrency``."""
+    gate = harness.tmp / "loaded"  # the cold load ends when the test opens it
     if path == "cold":
-        spec = harness.slot("q", "m-q", "--load-seconds", "2", max_queue=6)
+        spec = harness.slot("q", "m-q", "--load-until", str(gate), max_queue=6)
     else:
         spec = harness.slot("q", "m-q", "--tokens-per-second", "5", max_queue=6, max_concurrency=1)
     r = await harness.start([spec], [model("m-q")])
     batch = await create(r, "nightly", priority="batch")
     ui = await create(r, "chat-ui", priority="interactive")
+    holder: asyncio.Task[tuple[int, str]] | None = None
     if path == "turns":  # the slot is loaded and busy: a long request holds its one seat
+        gate.touch()
         async with r.post("/v1/chat/completions", chat("m-q")) as resp:
             assert resp.status == 200
-        holder = asyncio.create_task(_ask(r, chat("m-q", max_tokens=15), None))
-        await wait_for(lambda: r.manager.view("q").leases == 1, timeout=10)
+        holder = asyncio.create_task(_ask(r, chat("m-q", max_tokens=8000), None))
+        await wait_for(lambda: r.manager.view("q").leases == 1, timeout=60)
 
     flood = [asyncio.create_task(_ask(r, chat("m-q"), batch)) for _ in range(10)]
-    await wait_for(lambda: _waiting(r) == 6, timeout=10)  # the line is full of the flood
-    mine = await _ask(r, chat("m-q"), ui)
+    await wait_for(lambda: _waiting(r) == 6, timeout=60)  # the line is full of the flood
+    mine_task = asyncio.create_task(_ask(r, chat("m-q"), ui))
+    # 4 of the flood refused at once, and its newest waiter pushed out for mine
+    await wait_for(lambda: sum(t.done() for t in flood) == 5, timeout=60)
+    if holder is None:
+        gate.touch()  # the load ends: the line is served
+    else:
+        holder.cancel()  # the seat frees: the line is served, in turns
+    mine = await mine_task
     assert mine[0] == 200, mine  # not 429 slot.queue_full
     results = await asyncio.gather(*flood)
     statuses = sorted(s for s, _ in results)
     assert statuses.count(200) == 5 and statuses.count(429) == 5, statuses
     refused = [code for s, code in results if s == 429]
     assert set(refused) == {"slot.queue_full"}
-    if path == "turns":
-        assert (await holder)[0] == 200
-    await wait_for(lambda: sum(r.ctx.limits.in_flight.values()) == 0)
+    await wait_for(lambda: sum(r.ctx.limits.in_flight.values()) == 0, timeout=60)
 
 
 def _waiting(r: Router) -> int:
