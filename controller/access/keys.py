@@ -16,8 +16,11 @@ Scopes (each route declares the scope it needs: ``controller.api.app.RouteSpec``
     admin       everything, secrets and logs included
 
 A running controller sees new and revoked keys within a second (:meth:`KeyRing.current`
-looks at the file's identity at most once a second, no watcher). Pure except for the
-file it reads and writes.
+looks at the file's identity at most once a second, no watcher). A kept-alive client
+presents the same secret again: what :meth:`KeyRing.hold` found for it (a :class:`KeyHold`)
+is recognised by :meth:`KeyRing.again` while the keys are those it was found in — the same
+answer as :meth:`KeyRing.identify`'s, without hashing the secret again. Pure except for
+the file it reads and writes.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ __all__ = [
     "KEY_PREFIX",
     "NAME_PATTERN",
     "KeyEntry",
+    "KeyHold",
     "KeyLimits",
     "KeyRing",
     "Principal",
@@ -131,6 +135,16 @@ class Principal:
 
 
 TOKEN_PRINCIPAL: Final = Principal("", Scope.ADMIN)
+
+
+@dataclass(frozen=True, slots=True)
+class KeyHold:
+    """A key's principal as :meth:`KeyRing.hold` found it: the keys it was found in (the
+    ring's dict: a new one when ``keys.json`` changes), its entry, its principal."""
+
+    keys: dict[str, KeyEntry]
+    entry: KeyEntry
+    principal: Principal
 
 
 def hash_key(key: str) -> str:
@@ -265,15 +279,22 @@ class KeyRing:
 
     def identify(self, presented: str, now: float, wall: float) -> Principal | None:
         """Who presents this secret: the token's admin, a key's principal, or None."""
+        found = self.hold(presented, now, wall)
+        return found.principal if isinstance(found, KeyHold) else found
+
+    def hold(self, presented: str, now: float, wall: float) -> KeyHold | Principal | None:
+        """:meth:`identify`'s answer, a key's as the :class:`KeyHold` that :meth:`again`
+        recognises (the token's admin as itself)."""
         if hmac.compare_digest(presented.encode("utf-8", "surrogateescape"), self.token.encode()):
             return TOKEN_PRINCIPAL
-        entry = self.current(now).get(hash_key(presented))
+        keys = self.current(now)
+        entry = keys.get(hash_key(presented))
         if entry is None:
             return None
         if entry.expires_at is not None and wall >= entry.expires_at:
             return None
         self.last_used[entry.name] = wall
-        return Principal(
+        principal = Principal(
             entry.name,
             Scope.parse(entry.scope),
             entry.models,
@@ -282,6 +303,20 @@ class KeyRing:
             entry.rpm,
             entry.sha256,
         )
+        return KeyHold(keys, entry, principal)
+
+    def again(self, held: KeyHold, now: float, wall: float) -> Principal | None:
+        """What :meth:`identify` says now of the secret ``held`` was found for, while the
+        keys are still those it was found in (``keys.json`` looked at as ever, at most once
+        a second): its principal (marked used), or None when it expired; None too when
+        the keys changed (identify it again)."""
+        if self.current(now) is not held.keys:
+            return None
+        entry = held.entry
+        if entry.expires_at is not None and wall >= entry.expires_at:
+            return None
+        self.last_used[entry.name] = wall
+        return held.principal
 
     def describe(
         self, wall: float, in_flight: Mapping[str, int] | None = None

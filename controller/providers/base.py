@@ -49,6 +49,9 @@ class BuildContext:
     stack: str = ""
     models_dir: Path = field(default_factory=default_models_dir)
     host: str = "127.0.0.1"
+    # The image of slotctl itself on a container runtime (the kubernetes runtime's: the
+    # operator's own), which a demo slot without server.image runs.
+    image: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "runtime", RuntimeKind(self.runtime))  # a kind's name taken

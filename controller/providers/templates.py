@@ -53,6 +53,7 @@ def _launch(
     mounts: tuple[Mount, ...] = (),
     probe: ProbeSpec | None = None,
     env: dict[str, str] | None = None,
+    command: tuple[str, ...] = (),
 ) -> LaunchSpec:
     model_id = model.id if model else slot.model_id
     sleep = sleep_mode(slot)
@@ -100,6 +101,7 @@ def _launch(
         model_id=model_id,
         argv=tuple(argv),
         image=image,
+        command=command,
         env=merged_env,
         host=ctx.host,
         model_source=model.source if model else None,
@@ -156,17 +158,32 @@ class DemoProvider:
         python = slot.server.binary or sys.executable
         argv = [python, "-m", "controller.demo", *args]
         mounts: tuple[Mount, ...] = ()
-        image = _docker_image(slot, ctx, None)
+        command: tuple[str, ...] = ()
+        # On the kubernetes runtime a demo slot runs slotctl's own image by default (the
+        # operator's: it carries the demo server), so a stack of demo slots needs no image.
+        image = _docker_image(slot, ctx, ctx.image)
         env: dict[str, str] = {}
         if image and ctx.runtime is RuntimeKind.KUBERNETES:
-            argv[0] = slot.server.binary or "python3"  # the image's own (slotctl's image)
+            # the image's interpreter as the container's command: slotctl's image has the
+            # entrypoint `slotctl`, which would take the args as a subcommand
+            command, argv = (slot.server.binary or "python3",), argv[1:]
         elif image:
             # The container runs the host's interpreter and this package, read-only.
             roots = sorted({sys.prefix, sys.base_prefix, PACKAGE_ROOT})
             mounts = tuple(Mount(r, r) for r in roots)
             env["PYTHONPATH"] = PACKAGE_ROOT
         probe = default_probe(slot, model_id)
-        return _launch(slot, model, ctx, argv, image=image, mounts=mounts, probe=probe, env=env)
+        return _launch(
+            slot,
+            model,
+            ctx,
+            argv,
+            image=image,
+            mounts=mounts,
+            probe=probe,
+            env=env,
+            command=command,
+        )
 
 
 # llama-server's memory fitting (tools/server/README.md): "-fit, --fit [on|off] whether to

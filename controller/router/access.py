@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from controller.access.keys import KeyRing, Principal
+from controller.access.keys import KeyHold, KeyRing, Principal
 from controller.router.refusals import Refusal
 from controller.slots.interfaces import RouterPort
 from controller.slots.records import Requester
@@ -21,6 +21,7 @@ from controller.spec.schema import ControllerSettings
 __all__ = [
     "PRIORITY_HEADER",
     "bearer",
+    "hold",
     "identify",
     "model_refused",
     "permitted",
@@ -47,6 +48,14 @@ def identify(
     ``x-api-key``); None: none, or one nobody holds (a 401)."""
     secret = bearer(authorization) or (api_key.strip() if api_key else None)
     return ring.identify(secret, now, wall) if secret else None
+
+
+def hold(
+    ring: KeyRing, authorization: str | None, api_key: str | None, now: float, wall: float
+) -> KeyHold | Principal | None:
+    """:func:`identify`'s answer, a key's as its :class:`KeyHold` (``KeyRing.again``)."""
+    secret = bearer(authorization) or (api_key.strip() if api_key else None)
+    return ring.hold(secret, now, wall) if secret else None
 
 
 def model_refused(principal: Principal, model: str, asked: str = "") -> Refusal:

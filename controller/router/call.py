@@ -31,10 +31,11 @@ from __future__ import annotations
 import enum
 import logging
 import time
+from collections.abc import Sequence
 from typing import Final
 
 from controller.access.keys import Principal
-from controller.model.errors import ModelNotFound, SlotctlError
+from controller.model.errors import ModelNotFound, SlotctlError, SlotNotReady
 from controller.router.access import model_refused, permitted, requester
 from controller.router.aliases import alias_candidates
 from controller.router.body import model_of, with_model
@@ -60,7 +61,7 @@ from controller.router.refusals import (
     wrong_endpoint,
 )
 from controller.router.replicas import route_replicas
-from controller.router.selection import fitting, serving
+from controller.router.selection import fitting, route
 from controller.slots.records import Lease, Requester
 from controller.spec.schema import ControllerSettings
 
@@ -158,7 +159,6 @@ class RoutedCall:
         ctx: RouterContext,
         principal: Principal | None,
         kind: str,
-        *,
         forms: bool = False,
         path: str = "",
         started: float | None = None,
@@ -207,28 +207,44 @@ class RoutedCall:
                 400, f"invalid audio endpoint {self.path!r}", code="invalid_request_error"
             )
         manager = ctx.manager
-        if principal is not None:
-            self.who = _WHO.of(manager.settings, principal, asked)
-        model = model_of(content_type, body, forms=self.forms)
+        if principal is not None:  # _WHO.of's common case, in line (see below)
+            settings, who = manager.settings, _WHO
+            found = (
+                who.by.get((principal.id, principal.name, principal.priority, asked))
+                if settings is who.settings
+                else None
+            )
+            self.who = found if found is not None else who.of(settings, principal, asked)
+        model = model_of(content_type, body, self.forms)
         self.content_type, self.body = content_type, body
         aliases = manager.aliases
         alias = aliases.get(model) if aliases else None
+        served: Sequence[str]
+        candidates: Sequence[str]
         if alias is not None and model not in manager.models:  # (a model's id wins)
-            model, candidates = alias_candidates(ctx, principal, alias, kind)
+            model, served = alias_candidates(ctx, principal, alias, kind)
             self.alias = alias.id
+            candidates, refused = fitting(manager, served, kind)
         else:
-            candidates = serving(manager, model)
-        if principal is not None and principal.models and not principal.may_use(model):
-            raise model_refused(principal, model)
-        # decided on the model(s) that would serve, before any lease or load
-        candidates = permitted(principal, manager, model, candidates)
-        if not candidates:
+            served, candidates, refused = route(manager, model, kind)
+        if principal is not None and principal.models:  # a key with --models patterns
+            if not principal.may_use(model):
+                raise model_refused(principal, model)
+            # decided on the model(s) that would serve, before any lease or load
+            kept = permitted(principal, manager, model, list(served))
+            if len(kept) != len(served):
+                served = kept
+                candidates, refused = fitting(manager, served, kind)
+        if not served:
             report_refusal(ctx, ModelNotFound(model), model)
             raise model_not_found(model)
         self.model = model
-        if len(candidates) > 1:  # a slot's replicas: in the order of its routing
-            candidates = route_replicas(manager, candidates, model, content_type, body)
-        candidates, refused = fitting(manager, candidates, kind)
+        if len(served) > 1:  # a slot's replicas: in the order of its routing
+            names = list(served)
+            ordered = route_replicas(manager, names, model, content_type, body)
+            if ordered is not names:
+                served = ordered
+                candidates, refused = fitting(manager, served, kind)
         if not candidates:  # before anything is leased or loaded (400)
             raise wrong_endpoint(model, kind, refused)
         if principal is not None and principal.name:  # a key (the API token has no limits)
@@ -237,8 +253,19 @@ class RoutedCall:
                 raise slot_refusal(limited)
             self.counted = self.keyed = True
             self.tail = bytearray()  # a key's call: its answer's usage counts for it
+        now: Lease | Pending | None
         try:
-            now = acquire_now(manager, candidates, self.who)
+            if len(candidates) == 1:  # acquire_now's common case, in line: a
+                # request's code runs from cold caches, where each function more it touches
+                # costs (docs/performance.md, the router)
+                try:
+                    now = manager.try_acquire(candidates[0], self.who)
+                except SlotNotReady:
+                    now = Pending(candidates, 0, 1, [])  # unloading: queue again (awaited)
+                if now is None:
+                    now = Pending(candidates, 0, 0, [])
+            else:
+                now = acquire_now(manager, candidates, self.who)
         except SlotctlError as exc:
             report_refusal(ctx, exc, model)
             raise slot_refusal(exc) from None

@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from typing import Final
 
-from controller.model.errors import SlotctlError, SlotNotReady, SlotQueueFull
+from controller.model.errors import SlotctlError, SlotNotFound, SlotNotReady, SlotQueueFull
 from controller.model.events import EventKind, Op
 from controller.model.lifecycle import SlotState, can_dispatch
 from controller.scheduling.decision import not_activated
@@ -36,6 +37,11 @@ from controller.slots.records import SlotRecord
 __all__ = ["Leases"]
 
 S = SlotState
+# As module constants on the request path (``S.READY`` is a lookup through the enum's
+# metaclass, ~70 ns).
+_READY: Final = S.READY
+_SERVING: Final = S.SERVING
+_IDLE: Final = S.IDLE
 
 
 class Leases(Part):
@@ -71,7 +77,24 @@ class Leases(Part):
         """:meth:`acquire` when it needs no wait (the router's common case: no task, no
         await); None when the slot is cold, draining or at its concurrency limit, for which
         :meth:`acquire` waits."""
-        slot = self.table.get(name)
+        slot = self.table.records.get(name)
+        if slot is None:
+            raise SlotNotFound(name)
+        state = slot.state
+        if (
+            (state is _READY or state is _SERVING)  # loaded, dispatchable, awake
+            and not slot.book.draining
+            and slot.spec.max_concurrency is None  # room: no turns
+        ):
+            # _take(slot, cls), in line: a routed request's code runs from cold caches,
+            # where each function more it touches costs (docs/performance.md, the router)
+            if state is _READY:  # a coalesced flip (SPEC §3: written off the loop)
+                self.table.flip(slot, _SERVING, "request in flight")
+            lease = Lease(slot.spec.name, slot.flight.generation)
+            now = self.clock.monotonic()
+            slot.book.add(lease, who.cls if who is not None else None, now)
+            self.table.used(slot, now)
+            return lease
         if not self.loading.loaded(slot) or slot.book.draining or not self._has_room(slot):
             return None
         return self._take_now(slot, who)
@@ -195,7 +218,7 @@ class Leases(Part):
                 f"slot {slot.name!r} is up but serves no model ({slot.message})", slot=slot.name
             )
         # its class resolved by the router (a declared one, or "")
-        return self._take(slot, cls=who.cls if who is not None else None)
+        return self._take(slot, who.cls if who is not None else None)
 
     async def _wait_cold(self, slot: SlotRecord, who: Requester | None = None) -> None:
         book = slot.book
@@ -220,15 +243,16 @@ class Leases(Part):
             book.leave(place)
         book.leave_cold(cls)
 
-    def _take(self, slot: SlotRecord, *, cls: str | None = None) -> Lease:
-        if slot.state in (S.READY, S.IDLE):
-            # ready -> serving is a coalesced flip (SPEC §3: written off the loop, a moment
-            # later); idle -> serving is written first (a refused write refuses the
-            # request, typed, and takes no lease).
-            durable = slot.state is S.IDLE
+    def _take(self, slot: SlotRecord, cls: str | None = None) -> Lease:
+        state = slot.state
+        if state is _READY:
+            # A coalesced flip (SPEC §3: written off the loop, a moment later).
+            self.table.flip(slot, _SERVING, "request in flight")
+        elif state is _IDLE:
+            # Written first (a refused write refuses the request, typed, and takes no lease).
             message = "request in flight"
-            self.table.set(slot, S.SERVING, op=Op.LEASE, message=message, durable=durable)
-        lease = Lease(slot.name, slot.flight.generation)
+            self.table.set(slot, _SERVING, op=Op.LEASE, message=message, durable=True)
+        lease = Lease(slot.spec.name, slot.flight.generation)
         now = self.clock.monotonic()
         slot.book.add(lease, cls, now)
         self.table.used(slot, now)
@@ -243,12 +267,13 @@ class Leases(Part):
         if slot is None or not slot.book.remove(lease):
             return  # revoked or from a previous generation: nothing to undo
         # a request's (a batch hold has an expiry)
-        self.table.used(slot, self.clock.monotonic(), served=lease.expires_at is None)
-        if slot.book.queued:  # the next request in turn takes this one's place
+        self.table.used(slot, self.clock.monotonic(), lease.expires_at is None)
+        book = slot.book
+        if book.turns is not None and book.queued:  # the next request in turn takes its place
             self.admit_waiters(slot)
-        if not slot.book.leases and slot.state is S.SERVING:
-            message = "no request in flight"  # ready (not idle: that is idle_timeout_s later)
-            self.table.set(slot, S.READY, op=Op.LEASE, message=message, durable=False)
+        if not book.leases and slot.state is _SERVING:
+            # ready (not idle: that is idle_timeout_s later), a coalesced flip
+            self.table.flip(slot, _READY, "no request in flight")
 
     async def hold(self, name: str, ttl_s: float) -> Lease:
         """A batch lease: keeps the slot loaded and unevictable for ``ttl_s`` seconds."""

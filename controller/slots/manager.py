@@ -20,7 +20,13 @@ from typing import TYPE_CHECKING
 from controller.kit.clock import SYSTEM_CLOCK, Clock
 from controller.kit.eventbus import EventBus
 from controller.kit.tasks import TaskSet
-from controller.model.errors import ModelNotFound, SlotctlError, SlotNotReady, StateWriteFailed
+from controller.model.errors import (
+    ModelNotFound,
+    SlotctlError,
+    SlotNotFound,
+    SlotNotReady,
+    StateWriteFailed,
+)
 from controller.model.events import EventKind, EvictionReason, Op
 from controller.model.lifecycle import Candidate, SlotState
 from controller.probes.memory import MemoryProbe, SystemMemoryProbe
@@ -131,6 +137,7 @@ class SlotManager(Part):
         self.acquire = self.leasing.acquire  # a lease for one request
         self.try_acquire = self.leasing.try_acquire  # one that needs no wait, else None
         self.release = self.leasing.release
+        self.routes = core.table.routes  # the router's candidates by model (remembered)
         self.hold = self.leasing.hold  # a batch lease for ttl_s
         self.tick = self.housekeeping.tick
         self.check_exits = self.housekeeping.exits
@@ -228,7 +235,7 @@ class SlotManager(Part):
                 on_nodes=self.runtime.kind == RuntimeKind.KUBERNETES,
             )
             table.load_persisted(slot)
-            table.records[desired.name] = slot
+            table.add(slot)
             self.core.port_declared(desired.name, desired.spec.port)
             return
         if (
@@ -362,10 +369,21 @@ class SlotManager(Part):
         table = self.core.table
         return [table.view(slot) for slot in table]
 
+    def port(self, name: str) -> int | None:
+        """The port the slot's server listens on: its running launch's, else its own,
+        else the one the controller chose for it (None: none chosen yet)."""
+        slot = self.core.table.get(name)
+        if slot.launch is not None:
+            return slot.launch.port
+        return slot.spec.port or self.core.table.store.read_port(name)
+
     def endpoint(self, name: str) -> str | None:
         """The URL the slot's server answers on (None while it has none)."""
-        launch = self.core.table.get(name).launch
-        return launch.endpoint if launch else None
+        slot = self.core.table.records.get(name)
+        if slot is None:
+            raise SlotNotFound(name)
+        server = slot.server
+        return server.launch.endpoint if server is not None else None
 
     def routable(self, model: str) -> list[Candidate]:
         """The activated slots a request for ``model`` may use, unranked (no view built)."""

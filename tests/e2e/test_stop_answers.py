@@ -59,7 +59,15 @@ def test_a_request_waiting_for_a_cold_load_is_answered_503_when_up_stops(
     stack = write_stack(ctl.tmp / "stacks" / "e2e.toml", slots)
     ctl.ok("stack", "apply", stack)
     up = ctl.start_up()
-    record = json.loads((ctl.state / "controller.json").read_text())
+
+    def listen() -> str | None:  # published once bound (":0" until then)
+        try:
+            value = json.loads((ctl.state / "controller.json").read_text()).get("listen")
+        except (OSError, ValueError):
+            return None
+        return value if value and not value.endswith(":0") else None
+
+    record = {"listen": wait_until(listen, "the API address in controller.json")}
     token = (ctl.state / "token").read_text().strip()
     url = f"http://{record['listen']}/v1/chat/completions"
     answer: dict[str, Any] = {}
