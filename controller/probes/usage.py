@@ -6,6 +6,14 @@ memory of the same processes (:meth:`~controller.probes.memory.NvmlProbe.process
 tests pass a fake ``pynvml`` module to the probe). A CPU slot's device memory *is* its
 RSS. The slot manager keeps the peak per model and launch config
 (:meth:`controller.slots.table.SlotTable.observed`).
+
+A server in a container is not measured by its pid (the docker runtime's ``ident`` is a
+container id): a runtime that measures its containers
+(:class:`controller.runtime.base.MeasuresContainers`) reports a :class:`ContainerUsage`,
+its memory cgroup's figure and its processes' host pids, and
+:meth:`ProcessUsage.of_container` turns that into a :class:`Usage` the same way: the
+cgroup's figure is the host's, and a CPU slot's device figure; a GPU slot's is NVML's
+per-process figure of those pids.
 """
 
 from __future__ import annotations
@@ -16,14 +24,23 @@ import psutil
 
 from controller.probes.memory import NvmlProbe
 
-__all__ = ["ProcessUsage", "Usage"]
+__all__ = ["ContainerUsage", "ProcessUsage", "Usage"]
 
 
 @dataclass(frozen=True, slots=True)
 class Usage:
     device_bytes: int  # on the slot's device (a GPU's per-process figure; a CPU slot's RSS)
     host_bytes: int  # the process tree's RSS
-    source: str  # nvml | rss
+    source: str  # nvml | rss | cgroup
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerUsage:
+    """What a container runtime reads of one server's container (``docker stats``'s
+    figure and ``docker top``'s pids)."""
+
+    memory_bytes: int  # its memory cgroup's use less the inactive file cache
+    pids: tuple[int, ...]  # its processes, as the host numbers them
 
 
 def _peak(pid: int) -> int:
@@ -75,6 +92,21 @@ class ProcessUsage:
         if self.nvml is None:
             return None
         device = self.nvml.process_bytes(set(rss), gpus)
+        if device is None:
+            return None
+        return Usage(device, host, "nvml")
+
+    def of_container(
+        self, figures: ContainerUsage, device_kind: str, gpus: tuple[int, ...] = ()
+    ) -> Usage | None:
+        """A container's use (see the module); None (a GPU slot) when NVML cannot tell
+        its processes' per-process figure."""
+        host = figures.memory_bytes
+        if device_kind != "gpu":
+            return Usage(host, host, "cgroup")
+        if self.nvml is None or not figures.pids:
+            return None
+        device = self.nvml.process_bytes(set(figures.pids), gpus)
         if device is None:
             return None
         return Usage(device, host, "nvml")

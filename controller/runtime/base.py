@@ -27,6 +27,7 @@ from controller.model.devices import GpuRef
 from controller.probes.memory import MemoryProbe
 from controller.probes.readiness import ProbeSpec
 from controller.probes.sleep import SleepMode
+from controller.probes.usage import ContainerUsage
 
 __all__ = [
     "HASH_LABEL",
@@ -34,7 +35,9 @@ __all__ = [
     "OWN_IMAGE_ENV",
     "SLOT_LABEL",
     "STACK_LABEL",
+    "ContainerUsage",
     "LaunchSpec",
+    "MeasuresContainers",
     "ModelPull",
     "Mount",
     "Notifying",
@@ -356,3 +359,17 @@ class OffersMemory(Protocol):
     (the kubernetes runtime: the nodes'); admission probes it instead of this host."""
 
     memory: MemoryProbe
+
+
+@runtime_checkable
+class MeasuresContainers(Protocol):
+    """A runtime whose servers run in containers it can measure (the docker runtime): the
+    slot manager learns a server's footprint from :meth:`container_usage` instead of a
+    process tree (issue 36; :meth:`controller.probes.usage.ProcessUsage.of_container`).
+    The kubernetes runtime does not: its pods run on other nodes, whose cgroups and GPUs
+    this controller cannot read (a metrics pipeline would; docs/design/0022)."""
+
+    async def container_usage(self, slot: str) -> ContainerUsage | None:
+        """The slot's running container's memory figure and host pids; None when it has
+        no running container of ours, or the engine reports no memory figure."""
+        ...

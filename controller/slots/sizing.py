@@ -9,8 +9,10 @@ A part of the manager (:mod:`controller.slots`), below :mod:`.loading` and
   the record takes it (:meth:`~.table.SlotTable.sized`), and a slot without a declared
   ``memory_gb`` is admitted by it. Before a load, again once its files are pulled, in the
   dry run and ``slotctl model footprint``.
-* :meth:`Sizing.observe` measures the running server (its process tree's RSS; NVML's
-  per-process figure on a GPU: :mod:`controller.probes.usage`) at ready and while it
+* :meth:`Sizing.observe` measures the running server (its process tree's RSS, or its
+  container's memory cgroup on a runtime that measures containers (the docker runtime:
+  :class:`~controller.runtime.base.MeasuresContainers`); NVML's per-process figure of
+  its pids on a GPU: :mod:`controller.probes.usage`) at ready and while it
   serves (the housekeeping's liveness cadence); the peak is kept per model and launch
   config in ``state.json`` (:meth:`~.table.SlotTable.observed`) and admission counts the
   larger of it and the estimate. A declared ``memory_gb`` below what was seen is warned
@@ -28,7 +30,8 @@ from controller.model.events import EventKind, Op
 from controller.model.sizes import format_gib
 from controller.model.weights import GgufModel
 from controller.modelfiles.headers import HeaderError, read_model
-from controller.runtime.base import RuntimeKind
+from controller.probes.usage import Usage
+from controller.runtime.base import MeasuresContainers, RuntimeKind
 from controller.scheduling.footprint import estimate_gguf, estimate_safetensors, launch_facts
 from controller.slots.core import Part
 from controller.slots.records import Sizing as SizingFacts
@@ -89,19 +92,9 @@ class Sizing(Part):
     async def observe(self, slot: SlotRecord) -> None:
         """Measure ``slot``'s running server once and keep its peak (see the module)."""
         server = slot.server
-        if server is None or slot.asleep or self.runtime.kind is not RuntimeKind.PROCESS:
-            return  # a container's or a pod's figures are not read here (not host pids)
-        try:
-            seen = await self.runtime.inspect(slot.name)
-        except SlotctlError:
+        if server is None or slot.asleep:
             return
-        ident = seen.ident
-        if not seen.running or not ident or not ident.isdigit():
-            return
-        gpus = tuple(g.index for g in slot.placement)
-        usage = await asyncio.to_thread(
-            self.core.usage.measure, int(ident), slot.spec.device_kind, gpus
-        )
+        usage = await self._measure(slot)
         if usage is None or slot.server is not server:
             return
         kept = self.table.observed(
@@ -126,3 +119,29 @@ class Sizing(Part):
                     message=message,
                     details={"declared_bytes": declared, "seen_bytes": kept.device_bytes},
                 )
+
+    async def _measure(self, slot: SlotRecord) -> Usage | None:
+        """What ``slot``'s server holds now: its container's figures where the runtime
+        measures containers, its process tree's on the process runtime; None elsewhere
+        (a pod on another node: not read here) or when it cannot be told."""
+        gpus = tuple(g.index for g in slot.placement)
+        kind = slot.spec.device_kind
+        runtime = self.runtime
+        if isinstance(runtime, MeasuresContainers):
+            try:
+                figures = await runtime.container_usage(slot.name)
+            except SlotctlError:
+                return None
+            if figures is None:
+                return None
+            return await asyncio.to_thread(self.core.usage.of_container, figures, kind, gpus)
+        if runtime.kind is not RuntimeKind.PROCESS:
+            return None
+        try:
+            seen = await runtime.inspect(slot.name)
+        except SlotctlError:
+            return None
+        ident = seen.ident
+        if not seen.running or not ident or not ident.isdigit():
+            return None
+        return await asyncio.to_thread(self.core.usage.measure, int(ident), kind, gpus)

@@ -18,9 +18,12 @@ from controller.model.errors import InsufficientMemory
 from controller.model.sizes import GIB, MIB
 from controller.model.weights import GGML_TYPES, tensor_bytes
 from controller.modelfiles.headers import HeaderError, read_gguf, read_model, read_safetensors
-from controller.probes.memory import AmdSysfsProbe, NvmlProbe, SystemMemoryProbe
-from controller.probes.usage import ProcessUsage
+from controller.probes.memory import AmdSysfsProbe, FakeMemoryProbe, NvmlProbe, SystemMemoryProbe
+from controller.probes.usage import ContainerUsage, ProcessUsage
 from controller.providers.launch import placement_args
+from controller.runtime.base import MeasuresContainers
+from controller.runtime.docker.spec import memory_in_use, pids_of
+from controller.runtime.fake import FakeProber, FakeRuntime
 from controller.scheduling.breaker import Breaker
 from controller.scheduling.footprint import (
     CACHE_RAM_DEFAULT_MIB,
@@ -29,10 +32,11 @@ from controller.scheduling.footprint import (
     estimate_safetensors,
     launch_facts,
 )
+from controller.slots.manager import SlotManager
 from controller.slots.records import FootprintView, SlotRecord
 from controller.spec.schema import ModelSpec, SlotSpec
 from tests.integration.panel_gguf import PANEL, Shape, write_llama
-from tests.unit.manager_fixtures import Harness, desired, slot_spec
+from tests.unit.manager_fixtures import Harness, desired, model_spec, slot_spec
 
 SMALL = PANEL[0]
 
@@ -252,6 +256,77 @@ def test_nvml_per_process_figures_of_a_process_tree() -> None:
     cpu = ProcessUsage().measure(me, "cpu")
     assert cpu is not None and cpu.device_bytes == cpu.host_bytes > 0 and cpu.source == "rss"
     assert ProcessUsage().measure(me, "gpu") is None  # no NVML: no GPU figure
+
+
+def test_a_containers_figure_is_docker_stats() -> None:
+    """``docker stats``'s memory: the cgroup's usage less its inactive file cache (v2
+    ``inactive_file``, v1 ``total_inactive_file``); the engine's ``top`` gives host pids."""
+    v2 = {"memory_stats": {"usage": 300 * MIB, "stats": {"inactive_file": 50 * MIB}}}
+    assert memory_in_use(v2) == 250 * MIB
+    v1 = {"memory_stats": {"usage": 300 * MIB, "stats": {"total_inactive_file": 20 * MIB}}}
+    assert memory_in_use(v1) == 280 * MIB
+    odd = {"memory_stats": {"usage": 10 * MIB, "stats": {"inactive_file": 20 * MIB}}}
+    assert memory_in_use(odd) == 10 * MIB  # more cache than use: the usage as it is
+    assert memory_in_use({"memory_stats": {}}) is None  # no memory cgroup
+    top = {
+        "Titles": ["UID", "PID", "PPID", "C", "STIME", "TTY", "TIME", "CMD"],
+        "Processes": [
+            ["root", "4242", "4200", "0", "01:00", "?", "00:00:00", "/sbin/docker-init"],
+            ["root", "4243", "4242", "9", "01:00", "?", "00:00:01", "python -m x"],
+        ],
+    }
+    assert pids_of(top) == (4242, 4243)
+    assert pids_of({"Titles": ["CMD"], "Processes": [["x"]]}) == ()
+
+
+def test_a_containers_use_on_cpu_and_on_a_gpu() -> None:
+    figures = ContainerUsage(memory_bytes=3 * GIB, pids=(4242, 4243))
+    cpu = ProcessUsage().of_container(figures, "cpu")
+    assert cpu is not None and cpu.device_bytes == cpu.host_bytes == 3 * GIB
+    assert cpu.source == "cgroup"
+    usage = ProcessUsage(NvmlProbe(NvmlWithProcesses({4242, 4243}, 2 * GIB)))
+    gpu = usage.of_container(figures, "gpu", (0,))
+    assert gpu is not None and gpu.source == "nvml"
+    assert gpu.device_bytes == 4 * GIB  # its two pids' figures, not pid 1's
+    assert gpu.host_bytes == 3 * GIB  # the cgroup's
+    assert ProcessUsage().of_container(figures, "gpu") is None  # no NVML: cannot tell
+    assert usage.of_container(ContainerUsage(GIB, ()), "gpu") is None  # no pids
+
+
+class ContainerRuntime(FakeRuntime):
+    """The fake runtime, measuring containers as the docker runtime does."""
+
+    def __init__(self, figures: ContainerUsage) -> None:
+        super().__init__()
+        self.figures = figures
+
+    async def container_usage(self, slot: str) -> ContainerUsage | None:
+        return self.figures if slot in self.objects else None
+
+
+async def test_the_manager_learns_a_gpu_containers_per_process_figure(tmp_path: Path) -> None:
+    runtime = ContainerRuntime(ContainerUsage(memory_bytes=GIB, pids=(4242,)))
+    assert isinstance(runtime, MeasuresContainers)
+    manager = SlotManager(
+        runtime=runtime,
+        state_dir=tmp_path / "state",
+        config_dir=tmp_path / "config",
+        prober=FakeProber(runtime),
+        memory=FakeMemoryProbe({"gpu": 24 * GIB, "cpu": 64 * GIB}),
+        usage=ProcessUsage(NvmlProbe(NvmlWithProcesses({4242}, 5 * GIB))),
+    )
+    try:
+        spec = slot_spec("chat", "m")
+        await manager.set_desired(desired([spec], [model_spec("m", gb=1.0)]))
+        await manager.load("chat", resident=False)
+        slot = manager.core.table.get("chat")
+        assert slot.seen is not None and slot.seen.source == "nvml"  # measured at ready
+        assert slot.seen.device_bytes == 5 * GIB and slot.seen.host_bytes == GIB
+        [fp] = await manager.footprints("m")
+        assert fp.observed_bytes == 5 * GIB and fp.observed_source == "nvml"
+        assert fp.warning is not None and "seen using" in fp.warning  # 1 GB declared
+    finally:
+        await manager.close()
 
 
 class NoBinding(NvmlProbe):

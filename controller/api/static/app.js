@@ -73,8 +73,8 @@ function h(tag, attrs, ...children) {
   return el;
 }
 
-// What admission counts for a slot and why (issue 36): `slotctl model footprint ID` shows
-// each part.
+// What admission counts for a slot and why (issue 36); its Memory cell opens the footprint
+// view (footprint.js), each part as `slotctl model footprint ID` shows it.
 function memoryTitle(slot) {
   const basis = {
     declared: "declared memory_gb",
@@ -425,7 +425,7 @@ function slotRow(slot, flash) {
     h("td", { class: "c-device" }, h("span", { class: "device", title: slot.device, text: placedOn(slot) })),
     h("td", { class: "c-num", text: String(slot.priority) }),
     ...trafficCells(slot),
-    h("td", { class: "c-num", title: memoryTitle(slot), text: bytes(slot.memory_bytes) }),
+    h("td", { class: "c-num c-mem" }, h("button", { type: "button", class: "ghost mem", "data-action": "footprint", title: `${memoryTitle(slot)} (click: each part)`, onclick: () => openFootprint(slot) }, bytes(slot.memory_bytes))),
     h(
       "td",
       { class: "c-actions" },
@@ -661,6 +661,7 @@ setInterval(() => {
   }
 }, 2000);
 setupLogs();
+setupFootprint();
 // ------------------------------------------------------------------ one-time login link
 
 // `slotctl up` / `slotctl dashboard` print http://HOST/#login=CODE: the fragment is never

@@ -18,7 +18,10 @@ provider's :class:`~controller.runtime.base.LaunchSpec` into a container through
   device requests when the engine has the NVIDIA runtime, else ``/dev/kfd`` +
   ``/dev/dri`` (AMD); a GPU slot on a host with neither fails instead of silently
   running on the CPU;
-* **pulls** stream the engine's progress to a callback (the slot shows ``pulling``).
+* **pulls** stream the engine's progress to a callback (the slot shows ``pulling``);
+* **measures** a server's container (:class:`~controller.runtime.base.MeasuresContainers`):
+  its memory cgroup's figure as ``docker stats`` computes it and its processes' host pids
+  (``docker top``), from which the slot manager learns its footprint (issue 36).
 
 What a container is (name, labels, create options, observation) lives in the pure
 :mod:`~controller.runtime.docker.spec`; the blocking pull and log streams in
@@ -50,6 +53,7 @@ from controller.model.errors import (
 from controller.runtime.base import (
     MANAGED_LABEL,
     SLOT_LABEL,
+    ContainerUsage,
     LaunchSpec,
     Mount,
     Observed,
@@ -65,6 +69,8 @@ from controller.runtime.docker.spec import (
     container_name,
     device_options,
     labels_of,
+    memory_in_use,
+    pids_of,
     require_image,
 )
 from controller.runtime.docker.streams import follow_logs, pull_image
@@ -190,6 +196,10 @@ class DockerRuntime:
     async def list_managed(self) -> list[Observed]:
         return await self.docker.call("list", None, self._list_sync)
 
+    async def container_usage(self, slot: str) -> ContainerUsage | None:
+        """The slot's running container's memory figure and host pids (see the module)."""
+        return await self.docker.call("measure", slot, self._usage_sync, slot)
+
     async def logs(self, slot: str, tail: int = 100) -> list[str]:
         return await self.docker.call("read logs of", slot, self._logs_sync, slot, tail)
 
@@ -216,6 +226,19 @@ class DockerRuntime:
         if container is None:
             return Observed(slot=slot, status=RunStatus.MISSING)
         return self.docker.observe(container, slot)
+
+    def _usage_sync(self, slot: str) -> ContainerUsage | None:
+        container = self.docker.find_owned(slot)
+        if container is None or container.status != "running":
+            return None
+        try:  # one sample now, not the two a CPU percentage waits for
+            stats = container.stats(stream=False, one_shot=True)
+        except docker.errors.InvalidVersion:  # an engine API older than 1.41
+            stats = container.stats(stream=False)
+        memory = memory_in_use(stats)
+        if memory is None:
+            return None
+        return ContainerUsage(memory, pids_of(container.top()))
 
     def _list_sync(self) -> list[Observed]:
         wanted = [f"{MANAGED_LABEL}=true"]

@@ -240,3 +240,33 @@ def create_options(
         options["ports"] = {f"{launch.port}/tcp": ("127.0.0.1", launch.port)}
     options.update(device_options(launch.device, runtimes, gpus=launch.visible))
     return options
+
+
+def memory_in_use(stats: Mapping[str, Any]) -> int | None:
+    """A container's memory figure from the engine's stats, as ``docker stats`` computes
+    it: the cgroup's usage less its inactive file cache (cgroup v2 ``inactive_file``, v1
+    ``total_inactive_file``); None when the engine reports none (no memory cgroup)."""
+    memory = stats.get("memory_stats") or {}
+    usage = memory.get("usage")
+    if not isinstance(usage, int):
+        return None
+    counters = memory.get("stats") or {}
+    for key in ("total_inactive_file", "inactive_file"):  # v1 first, as the CLI does
+        inactive = counters.get(key)
+        if isinstance(inactive, int) and inactive < usage:
+            return usage - inactive
+    return usage
+
+
+def pids_of(top: Mapping[str, Any]) -> tuple[int, ...]:
+    """The host pids of the processes the engine's ``top`` lists (its ``PID`` column)."""
+    titles = list(top.get("Titles") or ())
+    if "PID" not in titles:
+        return ()
+    column = titles.index("PID")
+    out: list[int] = []
+    for row in top.get("Processes") or ():
+        cell = row[column] if len(row) > column else ""
+        if str(cell).isdigit():
+            out.append(int(cell))
+    return tuple(out)
