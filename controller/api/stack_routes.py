@@ -85,6 +85,7 @@ class DiffAnswer(BaseModel):
     orphans: list[str]
     models_changed: list[str]
     aliases_changed: list[str] = Field(default_factory=list)
+    adapters_changed: list[str] = Field(default_factory=list)
     json_patch: list[dict[str, Any]]
 
 

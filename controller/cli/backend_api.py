@@ -44,6 +44,7 @@ class ApiBackend(Closing):
             orphans=list(answer.get("orphans", [])),
             models_changed=list(answer.get("models_changed", [])),
             aliases_changed=list(answer.get("aliases_changed", [])),
+            adapters_changed=list(answer.get("adapters_changed", [])),
         )
         return Diff(plan=plan, json_patch=list(answer.get("json_patch", [])))
 

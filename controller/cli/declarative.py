@@ -266,5 +266,10 @@ def _print_diff(plan: StackPlan, style: Style) -> None:
         for line in plan.aliases_changed:
             paint = style.green if line.startswith("+") else style.red if line[:1] == "-" else str
             print(paint(f"  {line}"))
+    if plan.adapters_changed:
+        print(style.bold("=== adapters") + " — differ from the live adapters:")
+        for line in plan.adapters_changed:
+            paint = style.green if line.startswith("+") else style.red if line[:1] == "-" else str
+            print(paint(f"  {line}"))
     if plan.in_sync:
         print(style.green("in sync"))

@@ -24,7 +24,13 @@ from controller.providers.templates import (
     VllmProvider,
 )
 from controller.runtime.base import LaunchSpec, RuntimeKind
-from controller.spec.schema import PROVIDERS, SELF_MANAGED_PROVIDERS, ModelSpec, SlotSpec
+from controller.spec.schema import (
+    PROVIDERS,
+    SELF_MANAGED_PROVIDERS,
+    AdapterSpec,
+    ModelSpec,
+    SlotSpec,
+)
 
 __all__ = [
     "PROVIDER_REGISTRY",
@@ -79,7 +85,10 @@ def with_port(slot: SlotSpec, port: int | None) -> SlotSpec:
 
 
 def launch_context(
-    runtime: RuntimeKind | str, stack: str, models_dir: Path | None = None
+    runtime: RuntimeKind | str,
+    stack: str,
+    models_dir: Path | None = None,
+    adapters: Mapping[str, AdapterSpec] | None = None,
 ) -> BuildContext:
     """The build context of a slot of ``stack`` on ``runtime``: the one both the manager and
     ``stack diff``/``apply`` build with, so they hash alike. The fake runtime builds as
@@ -87,7 +96,12 @@ def launch_context(
     kind = RuntimeKind(runtime)
     if kind is RuntimeKind.FAKE:
         kind = RuntimeKind.PROCESS
-    return BuildContext(runtime=kind, stack=stack, models_dir=models_dir or default_models_dir())
+    return BuildContext(
+        runtime=kind,
+        stack=stack,
+        models_dir=models_dir or default_models_dir(),
+        adapters=adapters or {},
+    )
 
 
 def launch_hash(slot: SlotSpec, model: ModelSpec | None, ctx: BuildContext) -> str | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Final
 
 import controller
 from controller.model.devices import GpuRef
@@ -20,6 +21,7 @@ from controller.providers.base import (
     LIVENESS_PATH,
     READY_LOG,
     BuildContext,
+    adapter_path,
     default_probe,
     device_env,
     model_path,
@@ -140,6 +142,17 @@ def _docker_image(slot: SlotSpec, ctx: BuildContext, default: str | None) -> str
     return image
 
 
+# vLLM attaches its runtime adapter routes only with this set (docs/adapters.md).
+RUNTIME_LORA_ENV: Final = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
+
+
+def _start_adapters(slot: SlotSpec, ctx: BuildContext) -> list[str]:
+    """The files of the adapters ``slot`` is started with, in its order (a start-time
+    engine's ``lora`` ids are these positions); one not declared is skipped (the
+    validation refused it first)."""
+    return [adapter_path(ctx.adapters[a], ctx) for a in slot.adapters if a in ctx.adapters]
+
+
 @dataclass(frozen=True, slots=True)
 class DemoProvider:
     """slotctl's own OpenAI-compatible demo server (``python -m controller.demo``)."""
@@ -151,12 +164,17 @@ class DemoProvider:
         args = ["--host", ctx.host, "--port", str(slot.port)]
         if model_id:
             args += ["--model", model_id]
+        lora_env: dict[str, str] = {}
+        if slot.max_loras and slot.lora_api in ("vllm", "sglang"):  # vLLM's and SGLang's doubles
+            args += ["--max-loras", str(slot.max_loras)]
+            if slot.lora_api == "vllm":
+                lora_env[RUNTIME_LORA_ENV] = "True"
         args += slot.server.extra_args
         python = slot.server.binary or sys.executable
         argv = [python, "-m", "controller.demo", *args]
         mounts: tuple[Mount, ...] = ()
         image = _docker_image(slot, ctx, None)
-        env: dict[str, str] = {}
+        env: dict[str, str] = dict(lora_env)
         if image and ctx.runtime is RuntimeKind.KUBERNETES:
             argv[0] = slot.server.binary or "python3"  # the image's own (slotctl's image)
         elif image:
@@ -191,6 +209,11 @@ class LlamaCppProvider:
             args += ["--chat-template", model.chat_template]
         if slot.type == "embedding":
             args += ["--embeddings"]
+        loras = _start_adapters(slot, ctx)
+        for lora in loras:  # loaded at scale 0: a request's `lora` field picks its own
+            args += ["--lora", lora]
+        if loras:
+            args += ["--lora-init-without-apply"]
         args += slot.server.extra_args
         image = _docker_image(slot, ctx, self.image)
         argv = args if image else [slot.server.binary or "llama-server", *args]
@@ -219,6 +242,8 @@ class LlamaCppPythonProvider:
         if model.chat_template and not any(c in model.chat_template for c in "{%"):
             # llama_cpp.server takes a chat *format name* (chatml, llama-2...), not Jinja.
             args += ["--chat_format", model.chat_template]
+        for lora in _start_adapters(slot, ctx)[:1]:  # its server takes one, always applied
+            args += ["--lora_path", lora]
         args += slot.server.extra_args
         image = _docker_image(slot, ctx, None)
         python = slot.server.binary or ("python3" if image else sys.executable)
@@ -260,6 +285,11 @@ class VllmProvider:
             args += ["--task", "embed"]
         if slot.gpu_count > 1:  # tensor parallel over the GPUs it is given
             args += ["--tensor-parallel-size", str(slot.gpu_count)]
+        env: dict[str, str] = {}
+        if slot.max_loras:  # adapters loaded at run time (controller/slots/adapters.py)
+            args += ["--enable-lora", "--max-loras", str(slot.max_loras)]
+            args += ["--max-lora-rank", str(slot.max_lora_rank)]
+            env[RUNTIME_LORA_ENV] = "True"
         args += slot.server.extra_args
         image = _docker_image(slot, ctx, self.image)
         argv = (
@@ -268,7 +298,7 @@ class VllmProvider:
             else [slot.server.binary or "vllm", "serve", str(path), *args]
         )
         probe = default_probe(slot, model.id)
-        return _launch(slot, model, ctx, argv, image=image, path=path, probe=probe)
+        return _launch(slot, model, ctx, argv, image=image, path=path, probe=probe, env=env)
 
 
 @dataclass(frozen=True, slots=True)

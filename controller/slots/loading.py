@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Final
 
 from controller.model.errors import (
@@ -50,6 +50,9 @@ class Loading(Part):
         self.tiers = unloading.residency
         self.pulling = admission.pulling
         self.units = UnitLoads(core, admission, unloading, self._load_flow)
+        # Called once a new server passed readiness, before the slot is ready (the manager
+        # sets it: its adapters re-applied, controller/slots/adapters.py).
+        self.before_ready: Callable[[SlotRecord], Awaitable[None]] | None = None
 
     @staticmethod
     def loaded(slot: SlotRecord) -> bool:
@@ -307,6 +310,8 @@ class Loading(Part):
             took = slot.flight.ready(now)
             if took is not None:  # a cold load's cost (recorded with the state)
                 self.table.measured(slot, load_s=took)
+            if self.before_ready is not None:  # its adapters re-applied (slots/adapters.py)
+                await self.before_ready(slot)
             self.table.set(slot, S.READY, op=Op.LOAD, message=result.message)
             return
         if result.outcome is ProbeOutcome.NO_MODEL:

@@ -44,6 +44,7 @@ __all__ = [
     "AWAKE",
     "LOADING_STATES",
     "WAKING",
+    "AdapterHold",
     "DeviceFigures",
     "Lease",  # Lease and Requester: leasing's vocabulary (.leasebook), named here too
     "ManagerConfig",
@@ -70,6 +71,18 @@ LOADING_STATES: Final = frozenset({S.PULLING, S.STARTING, S.WARMING})
 AWAKE: Final = "awake"
 ASLEEP: Final = "asleep"
 WAKING: Final = "waking"
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterHold:
+    """A request's use of ``adapter`` in ``slot`` (released once, when it ends); ``index``:
+    its position in a start-time engine's ``lora`` list (-1: a runtime engine's)."""
+
+    slot: str
+    adapter: str
+    api: str
+    index: int = -1
+    scale: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,6 +295,9 @@ class SlotRecord:
     last_used: float = 0.0
     access: int = 0  # a victim is revalidated against it (a request since spares it)
     requests: int = 0  # requests served since the start (the lease flips carry it)
+    # The device memory its LoRA adapters may take (controller/slots/adapters.py: the
+    # max_loras largest of its base model's), counted in its admission with the model's.
+    adapter_bytes: int = 0
     # (spec, model, stack, config hash) as last computed (Core.launch_hash), kept while
     # they stay the same objects (all immutable): a no-op reconcile pass rebuilds nothing.
     hashed: tuple[SlotSpec, ModelSpec | None, str, str | None] | None = None
@@ -309,8 +325,8 @@ class SlotRecord:
     @property
     def memory_bytes(self) -> int:
         if self.spec.memory_gb is not None:
-            return int(self.spec.memory_gb * GIB)
-        return self.model.memory_bytes if self.model else 0
+            return int(self.spec.memory_gb * GIB) + self.adapter_bytes
+        return (self.model.memory_bytes if self.model else 0) + self.adapter_bytes
 
     @property
     def model_id(self) -> str:

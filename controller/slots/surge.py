@@ -214,7 +214,9 @@ class Rollouts(Part):
         while not can_bind("127.0.0.1", port):  # pragma: no cover  (a race with another)
             taken.add(port)
             port = pick_free_port(taken)
-        ctx = launch_context(self.runtime.kind, slot.stack, self.core.models_dir)
+        ctx = launch_context(
+            self.runtime.kind, slot.stack, self.core.models_dir, self.core.adapters
+        )
         launch = build_launch(with_port(slot.spec, port), slot.model, ctx)
         if not gpus:
             return launch.placed_on(())

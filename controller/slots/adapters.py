@@ -1,0 +1,369 @@
+"""LoRA adapters inside slots: the residency of each slot's adapters, carried out (the
+decision is :mod:`controller.scheduling.adapters`').
+
+A slot whose server loads adapters at run time (``lora_api`` vllm or sglang) holds up to
+``max_loras`` of them. A request for an adapter takes an :class:`AdapterHold` on a slot it
+leased (:meth:`Adapters.acquire`): resident, the hold is taken at once; loading, the
+request joins that one load; else the decision says which idle adapters go first
+(lowest priority, then least recently used; pinned ones and ones with requests in flight
+never) and one load runs. When none can go the request is refused
+(:class:`~controller.model.errors.AdapterUnavailable`, 503 with Retry-After): it is never
+answered by the base model or another adapter. An unload drains the adapter's requests
+first. A start-time engine (llamacpp, llama-cpp-python) holds the adapters it was started
+with, nothing to load.
+
+The resident set belongs to one run of the slot's server: after a restart
+(:meth:`Adapters.reapply`, called before the slot is ready again) the adapters held before
+are loaded into the new server. The slot's admission counts the bytes of the ``max_loras``
+largest adapters of its base model (``SlotRecord.adapter_bytes``, set here through the
+table).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from controller.model.errors import (
+    AdapterLoadFailed,
+    AdapterNotFound,
+    AdapterUnavailable,
+    SlotNotReady,
+)
+from controller.model.events import EventKind, Op
+from controller.probes.adapters import AdapterLoader, HttpAdapterLoader
+from controller.providers.base import adapter_path
+from controller.providers.launch import launch_context
+from controller.scheduling.adapters import (
+    RETRY_AFTER_S,
+    Resident,
+    adapter_reserve,
+    decide_adapter,
+)
+from controller.slots.core import Core, Part
+from controller.slots.records import AdapterHold, RunningServer, SlotRecord
+from controller.spec.adapters import RUNTIME_APIS, serves_adapter
+from controller.spec.schema import AdapterSpec
+
+__all__ = ["Adapters"]
+
+log = logging.getLogger("slotctl.adapters")
+
+LOAD_TIMEOUT_S: Final = 120.0  # one adapter load or unload call
+
+
+@dataclass(slots=True)
+class _Held:
+    """One adapter resident in one slot's server."""
+
+    spec: AdapterSpec
+    in_flight: int = 0
+    used_at: float = 0.0
+    served: int = 0
+
+
+@dataclass(slots=True)
+class _Book:
+    """One slot's adapters: those resident in ``run`` (the server they were loaded into),
+    the loads in progress (joined), those leaving for an unload."""
+
+    run: RunningServer | None = None
+    held: dict[str, _Held] = field(default_factory=dict)
+    loads: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    leaving: set[str] = field(default_factory=set)
+    idle: asyncio.Event = field(default_factory=asyncio.Event)  # a hold was released
+
+
+class Adapters(Part):
+    """See the module docstring."""
+
+    def __init__(self, core: Core, loader: AdapterLoader | None = None) -> None:
+        super().__init__(core)
+        self.loader: AdapterLoader = loader or HttpAdapterLoader()
+        self._books: dict[str, _Book] = {}
+        self.loads = 0  # adapter loads made (metrics, the bench)
+        self.evictions = 0
+
+    # ------------------------------------------------------------------ the catalogue
+
+    @property
+    def catalogue(self) -> Mapping[str, AdapterSpec]:
+        return self.core.adapters
+
+    def set_catalogue(self, adapters: Mapping[str, AdapterSpec]) -> None:
+        """Replace the declared adapters (the config dir's ``[[adapter]]``); each slot's
+        reserve follows, and a start-time slot's launch hash is built again."""
+        self.core.adapters = dict(adapters)
+        for slot in self.table:
+            self.reserve(slot)
+            if slot.spec.adapters:
+                self.core.forget_hash(slot)
+
+    def reserve(self, slot: SlotRecord) -> None:
+        """Set the device memory ``slot``'s adapters may take (its admission counts it)."""
+        spec = slot.spec
+        sizes = [a.memory_bytes for a in self.core.adapters.values() if serves_adapter(spec, a)]
+        capacity = len(spec.adapters) if spec.lora_api not in RUNTIME_APIS else spec.max_loras
+        self.table.adapter_reserve(slot, adapter_reserve(capacity, sizes))
+
+    def slots_for(self, adapter: str) -> list[str]:
+        """The slots that can serve ``adapter``, those holding it first."""
+        spec = self.core.adapters.get(adapter)
+        if spec is None:
+            return []
+        names = [s.name for s in self.table if serves_adapter(s.spec, spec)]
+        return sorted(names, key=lambda n: not self.holds(n, adapter))
+
+    def holds(self, slot: str, adapter: str) -> bool:
+        """``adapter`` is resident (or loading) in ``slot``'s running server."""
+        book = self._books.get(slot)
+        if book is None:
+            return False
+        record = self.table.get(slot)
+        if record.spec.lora_api not in RUNTIME_APIS:
+            return adapter in record.spec.adapters
+        fresh = book.run is not None and book.run is record.server
+        return fresh and (adapter in book.held or adapter in book.loads)
+
+    def resident(self, slot: str) -> list[dict[str, Any]]:
+        """``slot``'s adapters as the API shows them."""
+        record = self.table.get(slot)
+        if record.spec.lora_api not in RUNTIME_APIS:
+            return [
+                {"id": a, "in_flight": 0, "state": "started", "pinned": True}
+                for a in record.spec.adapters
+                if record.server is not None
+            ]
+        book = self._book(record)
+        out = [
+            {
+                "id": h.spec.id,
+                "in_flight": h.in_flight,
+                "requests": h.served,
+                "state": "draining" if h.spec.id in book.leaving else "loaded",
+                "pinned": h.spec.pinned,
+                "priority": h.spec.priority,
+            }
+            for h in book.held.values()
+        ]
+        out += [{"id": a, "in_flight": 0, "state": "loading"} for a in book.loads]
+        return out
+
+    # ------------------------------------------------------------------ requests
+
+    def try_acquire(self, slot: str, adapter: str) -> AdapterHold | None:
+        """A hold needing no wait (resident, or a start-time engine's), else None."""
+        record = self.table.get(slot)
+        spec = self._spec(adapter, record)
+        if record.spec.lora_api not in RUNTIME_APIS:
+            return self._started(record, spec)
+        book = self._book(record)
+        held = book.held.get(adapter)
+        if held is None or adapter in book.leaving:
+            return None
+        return self._take(record, held)
+
+    async def acquire(self, slot: str, adapter: str) -> AdapterHold:
+        """A hold on ``adapter`` in ``slot`` (whose lease the caller holds): loaded first
+        if it must be, joining a load in progress. Raises the typed refusal."""
+        while True:
+            hold = self.try_acquire(slot, adapter)
+            if hold is not None:
+                return hold
+            record = self.table.get(slot)
+            book = self._book(record)
+            if adapter in book.leaving:
+                raise AdapterUnavailable(
+                    f"adapter {adapter!r} is being unloaded from slot {slot!r}",
+                    retry_after_s=RETRY_AFTER_S,
+                    adapter=adapter,
+                    slot=slot,
+                )
+            task = book.loads.get(adapter)
+            if task is None:
+                task = self._start_load(record, book, self._spec(adapter, record))
+            await asyncio.shield(task)
+
+    def release(self, hold: AdapterHold) -> None:
+        """The request using ``hold`` ended."""
+        book = self._books.get(hold.slot)
+        held = book.held.get(hold.adapter) if book is not None else None
+        if book is None or held is None or hold.index >= 0:
+            return
+        held.in_flight = max(0, held.in_flight - 1)
+        held.used_at = self.clock.monotonic()
+        book.idle.set()
+
+    # ------------------------------------------------------------------ commands
+
+    async def load(self, slot: str, adapter: str) -> None:
+        """Make ``adapter`` resident in ``slot`` (``slotctl adapter load``)."""
+        hold = await self.acquire(slot, adapter)
+        self.release(hold)
+
+    async def unload(self, slot: str, adapter: str, timeout_s: float | None = None) -> bool:
+        """Drain ``adapter``'s requests in ``slot`` (new ones are refused meanwhile), then
+        unload it. False: it was not resident."""
+        record = self.table.get(slot)
+        if record.spec.lora_api not in RUNTIME_APIS:
+            raise AdapterUnavailable(
+                f"slot {slot!r} is given its adapters at start ({record.spec.lora_api}): "
+                "change its `adapters` to unload one (a restart)",
+                retry_after_s=0,
+                slot=slot,
+            )
+        book = self._book(record)
+        task = book.loads.get(adapter)
+        if task is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(task)
+        held = book.held.get(adapter)
+        if held is None:
+            return False
+        book.leaving.add(adapter)
+        try:
+            limit = record.spec.drain_timeout_s if timeout_s is None else timeout_s
+            deadline = self.clock.monotonic() + limit
+            while held.in_flight and self.clock.monotonic() < deadline:
+                book.idle.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(book.idle.wait(), deadline - self.clock.monotonic())
+            await self._unload_one(record, book, adapter, "unloaded")
+        finally:
+            book.leaving.discard(adapter)
+        return True
+
+    async def reapply(self, slot: SlotRecord) -> None:
+        """``slot``'s server is new and not ready yet: the adapters held in the one before
+        are loaded into it (those that fail are dropped, said in an event)."""
+        book = self._books.get(slot.name)
+        if book is None or slot.spec.lora_api not in RUNTIME_APIS:
+            return
+        if book.run is slot.server:
+            return
+        before = list(book.held.values())
+        book.run, book.held = slot.server, {}
+        for held in before:
+            if not serves_adapter(slot.spec, held.spec):
+                continue
+            error = await self._call_load(slot, held.spec)
+            if error:
+                self._emit(slot, held.spec.id, "failed", error)
+                continue
+            book.held[held.spec.id] = _Held(held.spec, used_at=held.used_at)
+            self._emit(slot, held.spec.id, "reapplied", "loaded into the restarted server")
+
+    # ------------------------------------------------------------------ the parts
+
+    def _spec(self, adapter: str, record: SlotRecord) -> AdapterSpec:
+        spec = self.core.adapters.get(adapter)
+        if spec is None or not serves_adapter(record.spec, spec):
+            where = f" in slot {record.name!r}" if spec is not None else ""
+            raise AdapterNotFound(f"adapter {adapter!r} is not served{where}", adapter=adapter)
+        return spec
+
+    def _book(self, record: SlotRecord) -> _Book:
+        book = self._books.setdefault(record.name, _Book())
+        if book.run is not record.server and not book.loads:
+            # another run (or none): what was held is gone from the server now running
+            book.run, book.held = record.server, {}
+        return book
+
+    def _started(self, record: SlotRecord, spec: AdapterSpec) -> AdapterHold:
+        if record.server is None:
+            raise SlotNotReady(f"slot {record.name!r} has no server", slot=record.name)
+        index = record.spec.adapters.index(spec.id)
+        return AdapterHold(record.name, spec.id, record.spec.lora_api or "", index, spec.scale)
+
+    def _take(self, record: SlotRecord, held: _Held) -> AdapterHold:
+        held.in_flight += 1
+        held.served += 1
+        held.used_at = self.clock.monotonic()
+        return AdapterHold(record.name, held.spec.id, record.spec.lora_api or "")
+
+    def _start_load(self, record: SlotRecord, book: _Book, spec: AdapterSpec) -> asyncio.Task[None]:
+        residents = [
+            Resident(h.spec.id, h.spec.priority, h.spec.pinned, h.in_flight, h.used_at)
+            for h in book.held.values()
+            if h.spec.id not in book.leaving
+        ]
+        residents += [Resident(a, 100, True, 1) for a in book.loads]  # loading: kept
+        busy = len(book.leaving)  # a leaving adapter still takes its place
+        decision = decide_adapter(spec.id, residents, record.spec.max_loras - busy)
+        if not decision.ok:
+            raise AdapterUnavailable(
+                f"adapter {spec.id!r} cannot be loaded into slot {record.name!r} now: "
+                f"{decision.reason}",
+                retry_after_s=decision.retry_after_s or RETRY_AFTER_S,
+                adapter=spec.id,
+                slot=record.name,
+            )
+        victims = [book.held.pop(v) for v in decision.victims]  # no new request takes them
+        task = asyncio.get_running_loop().create_task(self._load(record, book, spec, victims))
+        book.loads[spec.id] = task
+        task.add_done_callback(lambda t: _settled(book, spec.id, t))
+        return task
+
+    async def _load(
+        self, record: SlotRecord, book: _Book, spec: AdapterSpec, victims: list[_Held]
+    ) -> None:
+        for victim in victims:
+            error = await self._call_unload(record, victim.spec.id)
+            self.evictions += 1
+            self._emit(record, victim.spec.id, "evicted", error or f"room for {spec.id!r}")
+        error = await self._call_load(record, spec)
+        if error:
+            self._emit(record, spec.id, "failed", error)
+            raise AdapterLoadFailed(
+                f"slot {record.name!r} could not load adapter {spec.id!r}: {error}",
+                adapter=spec.id,
+                slot=record.name,
+            )
+        self.loads += 1
+        book.held[spec.id] = _Held(spec, used_at=self.clock.monotonic())
+        self._emit(record, spec.id, "loaded", f"loaded into {record.name!r}")
+
+    async def _unload_one(self, record: SlotRecord, book: _Book, adapter: str, action: str) -> None:
+        book.held.pop(adapter, None)
+        error = await self._call_unload(record, adapter)
+        self._emit(record, adapter, action, error or f"unloaded from {record.name!r}")
+
+    def _endpoint(self, record: SlotRecord) -> str:
+        server = record.server
+        if server is None:
+            raise SlotNotReady(f"slot {record.name!r} has no server", slot=record.name)
+        return server.launch.endpoint
+
+    async def _call_load(self, record: SlotRecord, spec: AdapterSpec) -> str:
+        ctx = launch_context(self.runtime.kind, record.stack, self.core.models_dir)
+        path = adapter_path(spec, ctx)
+        api = record.spec.lora_api or ""
+        return await self.loader.load(self._endpoint(record), api, spec.id, path, LOAD_TIMEOUT_S)
+
+    async def _call_unload(self, record: SlotRecord, adapter: str) -> str:
+        if record.server is None:
+            return ""  # no server: nothing is loaded
+        api = record.spec.lora_api or ""
+        return await self.loader.unload(self._endpoint(record), api, adapter, LOAD_TIMEOUT_S)
+
+    def _emit(self, record: SlotRecord, adapter: str, action: str, message: str) -> None:
+        op = Op.EVICT if action == "evicted" else Op.UNLOAD if action == "unloaded" else Op.LOAD
+        self.events.emit(
+            EventKind.ADAPTER,
+            op,
+            slot=record.name,
+            model=record.spec.model_id,
+            message=f"adapter {adapter} {action}: {message}",
+            details={"adapter": adapter, "action": action},
+        )
+
+
+def _settled(book: _Book, adapter: str, task: asyncio.Task[None]) -> None:
+    if book.loads.get(adapter) is task:
+        del book.loads[adapter]
+    if not task.cancelled():
+        task.exception()  # retrieved: the joiners re-raise it

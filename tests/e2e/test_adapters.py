@@ -1,0 +1,107 @@
+"""LoRA adapters end to end (issue 37): ``stack validate`` refuses a bad ``[[adapter]]``,
+``stack apply`` writes them, ``stack diff`` shows ``=== adapters``, and ``slotctl up``
+routes a request for an adapter (by its id, or ``base:adapter``) to a slot of its base
+model whose server — the demo server's vLLM and SGLang adapter APIs, real processes —
+loads it on demand, evicts the least recently used one when full, and never answers with
+the base model or another adapter. Through the real CLI as subprocesses.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+from tests.e2e.conftest import Slotctl, wait_until
+from tests.integration.test_api import model, slot, start_api, write_settings
+
+
+def adapter(adapter_id: str, path: Path, **extra: Any) -> str:
+    lines = [f'[[adapter]]\nid = "{adapter_id}"\nbase = "base"\nsource = "{path}"']
+    lines += [f"{k} = {json.dumps(v)}" for k, v in extra.items()]
+    return "\n".join(lines) + "\n"
+
+
+def stack_text(tmp: Path, *parts: str, **slot_extra: Any) -> str:
+    files = {}
+    for name in ("a1", "a2", "a3"):
+        files[name] = tmp / f"{name}.safetensors"
+        files[name].write_bytes(b"lora " + name.encode())
+    slot_extra.setdefault("max_loras", 2)
+    return (
+        '[stack]\nname = "ad"\n'
+        + model("base", 0.05)
+        + slot("lora", "base", **slot_extra)
+        + adapter("a1", files["a1"], rank=8, memory_gb=0.01)
+        + adapter("a2", files["a2"], rank=8, memory_gb=0.01)
+        + adapter("a3", files["a3"], rank=8, memory_gb=0.01, priority=60)
+        + "".join(parts)
+    )
+
+
+def ask(api: Any, name: str) -> Any:
+    body = {"model": name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+    return api.call("POST", "/v1/chat/completions", body)
+
+
+def text_of(reply: Any) -> str:
+    return str(reply.body["choices"][0]["message"]["content"])
+
+
+def test_adapters_from_validate_to_routed_requests(ctl: Slotctl) -> None:
+    write_settings(ctl.config, cpu_budget_gb=4.0)
+    path = ctl.tmp / "ad.toml"
+    path.write_text(stack_text(ctl.tmp, max_lora_rank=4))
+    result = ctl.run("stack", "validate", path)
+    assert result.returncode != 0 and "adapter.rank_over_limit" in result.stdout + result.stderr
+
+    path.write_text(stack_text(ctl.tmp).replace('base = "base"', 'base = "bsae"', 1))
+    result = ctl.run("stack", "validate", path)
+    assert "adapter.unknown_base" in result.stdout + result.stderr, ctl.explain(result)
+
+    path.write_text(stack_text(ctl.tmp))
+    ctl.ok("stack", "validate", path)
+    api = start_api(ctl)
+    diff = ctl.run("stack", "diff", path)
+    assert "=== adapters" in diff.stdout and "+ a1 -> base (rank 8" in diff.stdout, diff.stdout
+    ctl.ok("stack", "apply", path, "--wait", "--timeout", "60")
+    assert json.loads(ctl.ok("stack", "diff", path, "-o", "json", "--exit-code"))["in_sync"]
+    assert "[[adapter]]" in (ctl.config / "models.toml").read_text()
+
+    def listed() -> dict[str, Any] | None:
+        data = api.call("GET", "/v1/models").body["data"]
+        return next((e for e in data if e["id"] == "a1"), None)
+
+    assert wait_until(listed, "the adapter in /v1/models")["parent"] == "base"
+
+    base = ask(api, "base")
+    assert base.status == 200, base.raw
+    assert "[" not in text_of(base)  # the base model: no adapter's weights
+    one = ask(api, "a1")  # the slot loads, then a1 loads into it: the request waits
+    assert one.status == 200, one.raw
+    assert text_of(one).startswith("[a1]") and one.body["model"] == "a1"
+    two = ask(api, "base:a2")  # SGLang's spelling of an adapter
+    assert two.status == 200 and text_of(two).startswith("[a2]"), two.raw
+    assert ask(api, "a1").status == 200  # a1 used last: a2 is the least recently used
+    three = ask(api, "a3")  # full (max_loras = 2): a2 is evicted for it
+    assert three.status == 200 and text_of(three).startswith("[a3]"), three.raw
+    listing = api.call("GET", "/api/adapters").body["adapters"]
+    assert {a["id"] for a in listing[0]["resident"]} == {"a1", "a3"}, listing  # a2 evicted
+
+    unknown = ask(api, "base:nope")
+    assert unknown.status == 404 and unknown.body["error"]["code"] == "adapter.not_found"
+
+    # concurrent requests for an adapter not loaded join one load; each answered by it
+    results: list[Any] = []
+    threads = [threading.Thread(target=lambda: results.append(ask(api, "a2"))) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(r.status == 200 and text_of(r).startswith("[a2]") for r in results), [
+        r.raw for r in results
+    ]
+    listing = api.call("GET", "/api/adapters").body["adapters"]
+    held = {a["id"] for s in listing for a in s["resident"]}
+    assert "a2" in held and len(held) == 2, listing
