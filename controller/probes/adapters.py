@@ -33,6 +33,21 @@ RUNTIME_PATHS: Final[dict[str, tuple[str, str]]] = {
 }
 
 
+def _said(body: object) -> str:
+    """What an error answer says: vLLM's ``{"error": {"message"}}`` (or its older flat
+    ``message``), SGLang's ``error_message``, FastAPI's ``detail``."""
+    if not isinstance(body, dict):
+        return ""
+    error = body.get("error")
+    if isinstance(error, dict):
+        body = error
+    for key in ("message", "error_message", "detail"):
+        said = body.get(key)
+        if isinstance(said, str) and said:
+            return said
+    return ""
+
+
 class AdapterLoader(Protocol):
     """Loads and unloads adapters in a running server; each call answers "" on success,
     else what failed."""
@@ -55,10 +70,9 @@ class HttpAdapterLoader:
         if 200 <= answer.status < 300:
             return ""
         detail = answer.error or f"HTTP {answer.status}"
-        if isinstance(answer.body, dict):
-            said = answer.body.get("message") or answer.body.get("detail") or ""
-            if isinstance(said, str) and said:
-                detail += f": {said[:300]}"
+        said = _said(answer.body)
+        if said:
+            detail += f": {said[:300]}"
         if answer.status == 404 and path.startswith("/v1/"):
             detail += (
                 " (vLLM serves its adapter routes only with VLLM_ALLOW_RUNTIME_LORA_UPDATING "
