@@ -402,8 +402,8 @@ class RoutedCall:
         if recorder is None:
             return
         try:
-            recorder.request_done(
-                self.slot, self.model, self.status, time.monotonic() - self.started
+            recorder.request_done(  # an adapter's requests counted as its own model's
+                self.slot, self.adapter or self.model, self.status, time.monotonic() - self.started
             )
             who = self.who
             if who is not None:

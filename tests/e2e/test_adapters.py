@@ -9,9 +9,13 @@ the base model or another adapter. Through the real CLI as subprocesses.
 from __future__ import annotations
 
 import json
+import re
 import threading
+import urllib.request
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from tests.e2e.conftest import Slotctl, wait_until
 from tests.integration.test_api import model, slot, start_api, write_settings
@@ -105,3 +109,76 @@ def test_adapters_from_validate_to_routed_requests(ctl: Slotctl) -> None:
     listing = api.call("GET", "/api/adapters").body["adapters"]
     held = {a["id"] for s in listing for a in s["resident"]}
     assert "a2" in held and len(held) == 2, listing
+
+
+def _resident(api: Any) -> dict[str, dict[str, Any]]:
+    listing = api.call("GET", "/api/adapters").body["adapters"]
+    return {a["id"]: a for s in listing for a in s["resident"]}
+
+
+def _demo_pid(port: int) -> int:
+    for proc in psutil.process_iter(["cmdline"]):
+        argv = proc.info["cmdline"] or []
+        if "controller.demo" in argv and str(port) in argv:
+            return int(proc.pid)
+    raise AssertionError(f"no demo server on port {port}")
+
+
+def test_in_flight_pinned_drained_and_reapplied_adapters(ctl: Slotctl) -> None:
+    write_settings(ctl.config, cpu_budget_gb=4.0)
+    path = ctl.tmp / "ad.toml"
+    text = stack_text(ctl.tmp, max_loras=1).replace("priority = 60", "pinned = true")
+    text = text.replace(
+        '"--load-seconds", "0.3"', '"--load-seconds", "0.3", "--tokens-per-second", "8"'
+    )
+    port = int(re.search(r"port = (\d+)", text).group(1))  # type: ignore[union-attr]
+    path.write_text(text)
+    api = start_api(ctl)
+    ctl.ok("stack", "apply", path, "--wait", "--timeout", "60")
+
+    refused = ctl.run("adapter", "load", "a1")  # no ready slot of the base model yet
+    assert refused.returncode != 0 and "slot.not_ready" in refused.stdout + refused.stderr
+    assert ask(api, "base").status == 200  # the base model's slot is up
+    assert "loaded in lora" in ctl.ok("adapter", "load", "a1")
+    listed = ctl.ok("adapter", "list")
+    assert re.search(r"a1\s+base\s+8\s+50\s+no\s+lora", listed), listed
+
+    # a request in flight keeps its adapter: another adapter cannot take the one place
+    slow: list[Any] = []
+
+    def long_ask(name: str) -> None:
+        body = {"model": name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 16}
+        slow.append(api.call("POST", "/v1/chat/completions", body))
+
+    runner = threading.Thread(target=long_ask, args=("a1",))
+    runner.start()
+    wait_until(lambda: _resident(api).get("a1", {}).get("in_flight") == 1, "a1 in flight")
+    busy = ask(api, "a2")
+    assert busy.status == 503 and busy.code == "adapter.unavailable", busy.raw
+    assert int(busy.headers["Retry-After"]) >= 1
+    # an unload drains it: the request in flight is answered by a1, then a1 goes
+    unloaded = ctl.ok("adapter", "unload", "a1", timeout=60)
+    runner.join()
+    assert slow[0].status == 200 and text_of(slow[0]).startswith("[a1]"), slow[0].raw
+    assert "resident nowhere" in unloaded and "a1" not in _resident(api)
+
+    # a pinned adapter is never evicted: the next one is refused, not answered by it
+    assert text_of(ask(api, "a3")).startswith("[a3]")
+    pinned = ask(api, "a2")
+    assert pinned.status == 503 and "1 pinned" in pinned.error["message"], pinned.raw
+
+    # the engine restarts: a3 is loaded into the new server before the slot is ready
+    psutil.Process(_demo_pid(port)).kill()
+    wait_until(lambda: ctl.states()["lora"] in ("offline", "error"), "the slot to go down")
+    # the slot loads again (once the crash-loop breaker's first backoff has passed)
+    wait_until(lambda: ask(api, "base").status == 200, "the base model served again")
+
+    def served_by_server() -> set[str]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=5) as r:
+            return {m["id"] for m in json.loads(r.read())["data"]}
+
+    assert "a3" in served_by_server()  # re-applied, with no request for a3 since
+    assert set(_resident(api)) == {"a3"}
+    metrics = api.call("GET", "/metrics").raw.decode()
+    assert 'slotctl_adapter_events_total{action="reapplied",adapter="a3",slot="lora"}' in metrics
+    assert re.search(r'slotctl_requests_total\{[^}]*model="a1"', metrics), metrics[:2000]
