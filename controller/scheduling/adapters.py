@@ -38,8 +38,9 @@ class Resident:
     id: str
     priority: int = 50
     pinned: bool = False
-    in_flight: int = 0  # requests using it now (a load in progress counts as one)
+    in_flight: int = 0  # requests using it now
     last_used: float = 0.0  # monotonic
+    loading: bool = False  # its load is in progress: it stays
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +58,7 @@ class AdapterDecision:
 def evictable(residents: Iterable[Resident]) -> list[Resident]:
     """The residents that may go, the first to go first: neither pinned nor in use,
     lowest priority, then least recently used (then by id, so the order is total)."""
-    free = [r for r in residents if not r.pinned and r.in_flight == 0]
+    free = [r for r in residents if not r.pinned and r.in_flight == 0 and not r.loading]
     return sorted(free, key=lambda r: (r.priority, r.last_used, r.id))
 
 
@@ -75,12 +76,13 @@ def decide_adapter(want: str, residents: Sequence[Resident], capacity: int) -> A
     if len(free) < over:
         held = sorted(r.id for r in residents)
         pinned = sum(1 for r in residents if r.pinned)
-        busy = sum(1 for r in residents if not r.pinned and r.in_flight)
+        loading = sum(1 for r in residents if r.loading and not r.pinned)
+        busy = sum(1 for r in residents if r.in_flight and not r.pinned and not r.loading)
         return AdapterDecision(
             ok=False,
             reason=(
                 f"all {capacity} adapter places are taken ({', '.join(held)}: {pinned} pinned, "
-                f"{busy} with requests in flight)"
+                f"{busy} with requests in flight, {loading} loading)"
             ),
             retry_after_s=RETRY_AFTER_S,
         )

@@ -54,6 +54,9 @@ __all__ = ["Adapters"]
 log = logging.getLogger("slotctl.adapters")
 
 LOAD_TIMEOUT_S: Final = 120.0  # one adapter load or unload call
+# How long a request waits for a place in a full slot while one may free (an adapter in
+# use, loading or being unloaded); with every place pinned it is refused at once.
+WAIT_S: Final = 30.0
 
 
 @dataclass(slots=True)
@@ -67,7 +70,7 @@ class _Held:
 
 
 @dataclass(slots=True)
-class _Book:
+class _Shelf:
     """One slot's adapters: those resident in ``run`` (the server they were loaded into),
     the loads in progress (joined), those leaving for an unload."""
 
@@ -75,7 +78,17 @@ class _Book:
     held: dict[str, _Held] = field(default_factory=dict)
     loads: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     leaving: set[str] = field(default_factory=set)
-    idle: asyncio.Event = field(default_factory=asyncio.Event)  # a hold was released
+    # Set (and replaced) at every change that may free a place: a hold released, a load
+    # or an unload ended.
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def notify(self) -> None:
+        self.changed.set()
+        self.changed = asyncio.Event()
+
+    async def until_changed(self, timeout_s: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.changed.wait(), max(0.0, timeout_s))
 
 
 class Adapters(Part):
@@ -84,7 +97,7 @@ class Adapters(Part):
     def __init__(self, core: Core, loader: AdapterLoader | None = None) -> None:
         super().__init__(core)
         self.loader: AdapterLoader = loader or HttpAdapterLoader()
-        self._books: dict[str, _Book] = {}
+        self._shelves: dict[str, _Shelf] = {}
         self.loads = 0  # adapter loads made (metrics, the bench)
         self.evictions = 0
 
@@ -120,14 +133,14 @@ class Adapters(Part):
 
     def holds(self, slot: str, adapter: str) -> bool:
         """``adapter`` is resident (or loading) in ``slot``'s running server."""
-        book = self._books.get(slot)
-        if book is None:
+        shelf = self._shelves.get(slot)
+        if shelf is None:
             return False
         record = self.table.get(slot)
         if record.spec.lora_api not in RUNTIME_APIS:
             return adapter in record.spec.adapters
-        fresh = book.run is not None and book.run is record.server
-        return fresh and (adapter in book.held or adapter in book.loads)
+        fresh = shelf.run is not None and shelf.run is record.server
+        return fresh and (adapter in shelf.held or adapter in shelf.loads)
 
     def resident(self, slot: str) -> list[dict[str, Any]]:
         """``slot``'s adapters as the API shows them."""
@@ -138,19 +151,19 @@ class Adapters(Part):
                 for a in record.spec.adapters
                 if record.server is not None
             ]
-        book = self._book(record)
+        shelf = self._shelf(record)
         out = [
             {
                 "id": h.spec.id,
                 "in_flight": h.in_flight,
                 "requests": h.served,
-                "state": "draining" if h.spec.id in book.leaving else "loaded",
+                "state": "draining" if h.spec.id in shelf.leaving else "loaded",
                 "pinned": h.spec.pinned,
                 "priority": h.spec.priority,
             }
-            for h in book.held.values()
+            for h in shelf.held.values()
         ]
-        out += [{"id": a, "in_flight": 0, "state": "loading"} for a in book.loads]
+        out += [{"id": a, "in_flight": 0, "state": "loading"} for a in shelf.loads]
         return out
 
     # ------------------------------------------------------------------ requests
@@ -161,42 +174,48 @@ class Adapters(Part):
         spec = self._spec(adapter, record)
         if record.spec.lora_api not in RUNTIME_APIS:
             return self._started(record, spec)
-        book = self._book(record)
-        held = book.held.get(adapter)
-        if held is None or adapter in book.leaving:
+        shelf = self._shelf(record)
+        held = shelf.held.get(adapter)
+        if held is None or adapter in shelf.leaving:
             return None
         return self._take(record, held)
 
     async def acquire(self, slot: str, adapter: str) -> AdapterHold:
         """A hold on ``adapter`` in ``slot`` (whose lease the caller holds): loaded first
-        if it must be, joining a load in progress. Raises the typed refusal."""
+        if it must be, joining a load in progress; in a full slot it waits (up to
+        :data:`WAIT_S`) while a place may free. Raises the typed refusal."""
+        deadline = self.clock.monotonic() + WAIT_S
         while True:
             hold = self.try_acquire(slot, adapter)
             if hold is not None:
                 return hold
             record = self.table.get(slot)
-            book = self._book(record)
-            if adapter in book.leaving:
-                raise AdapterUnavailable(
-                    f"adapter {adapter!r} is being unloaded from slot {slot!r}",
-                    retry_after_s=RETRY_AFTER_S,
-                    adapter=adapter,
-                    slot=slot,
-                )
-            task = book.loads.get(adapter)
-            if task is None:
-                task = self._start_load(record, book, self._spec(adapter, record))
+            shelf = self._shelf(record)
+            task = shelf.loads.get(adapter)
+            if task is not None:
+                await asyncio.shield(task)
+                continue
+            try:
+                if adapter in shelf.leaving:
+                    raise self._refusal(record, adapter, "it is being unloaded", waitable=True)
+                task = self._start_load(record, shelf, self._spec(adapter, record))
+            except AdapterUnavailable as exc:
+                left = deadline - self.clock.monotonic()
+                if not exc.details.get("waitable") or left <= 0:
+                    raise
+                await shelf.until_changed(left)
+                continue
             await asyncio.shield(task)
 
     def release(self, hold: AdapterHold) -> None:
         """The request using ``hold`` ended."""
-        book = self._books.get(hold.slot)
-        held = book.held.get(hold.adapter) if book is not None else None
-        if book is None or held is None or hold.index >= 0:
+        shelf = self._shelves.get(hold.slot)
+        held = shelf.held.get(hold.adapter) if shelf is not None else None
+        if shelf is None or held is None or hold.index >= 0:
             return
         held.in_flight = max(0, held.in_flight - 1)
         held.used_at = self.clock.monotonic()
-        book.idle.set()
+        shelf.notify()
 
     # ------------------------------------------------------------------ commands
 
@@ -216,37 +235,36 @@ class Adapters(Part):
                 retry_after_s=0,
                 slot=slot,
             )
-        book = self._book(record)
-        task = book.loads.get(adapter)
+        shelf = self._shelf(record)
+        task = shelf.loads.get(adapter)
         if task is not None:
             with contextlib.suppress(Exception):
                 await asyncio.shield(task)
-        held = book.held.get(adapter)
+        held = shelf.held.get(adapter)
         if held is None:
             return False
-        book.leaving.add(adapter)
+        shelf.leaving.add(adapter)
         try:
             limit = record.spec.drain_timeout_s if timeout_s is None else timeout_s
             deadline = self.clock.monotonic() + limit
             while held.in_flight and self.clock.monotonic() < deadline:
-                book.idle.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(book.idle.wait(), deadline - self.clock.monotonic())
-            await self._unload_one(record, book, adapter, "unloaded")
+                await shelf.until_changed(deadline - self.clock.monotonic())
+            await self._unload_one(record, shelf, adapter, "unloaded")
         finally:
-            book.leaving.discard(adapter)
+            shelf.leaving.discard(adapter)
+            shelf.notify()
         return True
 
     async def reapply(self, slot: SlotRecord) -> None:
         """``slot``'s server is new and not ready yet: the adapters held in the one before
         are loaded into it (those that fail are dropped, said in an event)."""
-        book = self._books.get(slot.name)
-        if book is None or slot.spec.lora_api not in RUNTIME_APIS:
+        shelf = self._shelves.get(slot.name)
+        if shelf is None or slot.spec.lora_api not in RUNTIME_APIS:
             return
-        if book.run is slot.server:
+        if shelf.run is slot.server:
             return
-        before = list(book.held.values())
-        book.run, book.held = slot.server, {}
+        before = list(shelf.held.values())
+        shelf.run, shelf.held = slot.server, {}
         for held in before:
             if not serves_adapter(slot.spec, held.spec):
                 continue
@@ -254,7 +272,7 @@ class Adapters(Part):
             if error:
                 self._emit(slot, held.spec.id, "failed", error)
                 continue
-            book.held[held.spec.id] = _Held(held.spec, used_at=held.used_at)
+            shelf.held[held.spec.id] = _Held(held.spec, used_at=held.used_at)
             self._emit(slot, held.spec.id, "reapplied", "loaded into the restarted server")
 
     # ------------------------------------------------------------------ the parts
@@ -266,12 +284,12 @@ class Adapters(Part):
             raise AdapterNotFound(f"adapter {adapter!r} is not served{where}", adapter=adapter)
         return spec
 
-    def _book(self, record: SlotRecord) -> _Book:
-        book = self._books.setdefault(record.name, _Book())
-        if book.run is not record.server and not book.loads:
+    def _shelf(self, record: SlotRecord) -> _Shelf:
+        shelf = self._shelves.setdefault(record.name, _Shelf())
+        if shelf.run is not record.server and not shelf.loads:
             # another run (or none): what was held is gone from the server now running
-            book.run, book.held = record.server, {}
-        return book
+            shelf.run, shelf.held = record.server, {}
+        return shelf
 
     def _started(self, record: SlotRecord, spec: AdapterSpec) -> AdapterHold:
         if record.server is None:
@@ -285,36 +303,51 @@ class Adapters(Part):
         held.used_at = self.clock.monotonic()
         return AdapterHold(record.name, held.spec.id, record.spec.lora_api or "")
 
-    def _start_load(self, record: SlotRecord, book: _Book, spec: AdapterSpec) -> asyncio.Task[None]:
+    def _start_load(
+        self, record: SlotRecord, shelf: _Shelf, spec: AdapterSpec
+    ) -> asyncio.Task[None]:
         residents = [
             Resident(h.spec.id, h.spec.priority, h.spec.pinned, h.in_flight, h.used_at)
-            for h in book.held.values()
-            if h.spec.id not in book.leaving
+            for h in shelf.held.values()
+            if h.spec.id not in shelf.leaving
         ]
-        residents += [Resident(a, 100, True, 1) for a in book.loads]  # loading: kept
-        busy = len(book.leaving)  # a leaving adapter still takes its place
-        decision = decide_adapter(spec.id, residents, record.spec.max_loras - busy)
+        residents += [Resident(a, loading=True) for a in shelf.loads]
+        leaving = len(shelf.leaving)  # an adapter being unloaded still takes its place
+        decision = decide_adapter(spec.id, residents, record.spec.max_loras - leaving)
         if not decision.ok:
-            raise AdapterUnavailable(
-                f"adapter {spec.id!r} cannot be loaded into slot {record.name!r} now: "
-                f"{decision.reason}",
-                retry_after_s=decision.retry_after_s or RETRY_AFTER_S,
-                adapter=spec.id,
-                slot=record.name,
-            )
-        victims = [book.held.pop(v) for v in decision.victims]  # no new request takes them
-        task = asyncio.get_running_loop().create_task(self._load(record, book, spec, victims))
-        book.loads[spec.id] = task
-        task.add_done_callback(lambda t: _settled(book, spec.id, t))
+            frees = leaving or any(r.in_flight or r.loading for r in residents if not r.pinned)
+            raise self._refusal(record, spec.id, decision.reason, waitable=bool(frees))
+        victims = [shelf.held.pop(v) for v in decision.victims]  # no new request takes them
+        shelf.leaving.update(decision.victims)  # a request for one waits until it is gone
+        task = asyncio.get_running_loop().create_task(self._load(record, shelf, spec, victims))
+        shelf.loads[spec.id] = task
+        task.add_done_callback(lambda t: _settled(shelf, spec.id, t))
         return task
 
+    @staticmethod
+    def _refusal(
+        record: SlotRecord, adapter: str, why: str, *, waitable: bool
+    ) -> AdapterUnavailable:
+        """``adapter`` has no place in ``record``'s server now (``waitable``: one may free)."""
+        return AdapterUnavailable(
+            f"adapter {adapter!r} cannot be loaded into slot {record.name!r} now: {why}",
+            retry_after_s=RETRY_AFTER_S,
+            adapter=adapter,
+            slot=record.name,
+            waitable=waitable,
+        )
+
     async def _load(
-        self, record: SlotRecord, book: _Book, spec: AdapterSpec, victims: list[_Held]
+        self, record: SlotRecord, shelf: _Shelf, spec: AdapterSpec, victims: list[_Held]
     ) -> None:
-        for victim in victims:
-            error = await self._call_unload(record, victim.spec.id)
-            self.evictions += 1
-            self._emit(record, victim.spec.id, "evicted", error or f"room for {spec.id!r}")
+        try:
+            for victim in victims:
+                error = await self._call_unload(record, victim.spec.id)
+                shelf.leaving.discard(victim.spec.id)
+                self.evictions += 1
+                self._emit(record, victim.spec.id, "evicted", error or f"room for {spec.id!r}")
+        finally:
+            shelf.leaving.difference_update(v.spec.id for v in victims)
         error = await self._call_load(record, spec)
         if error:
             self._emit(record, spec.id, "failed", error)
@@ -324,11 +357,13 @@ class Adapters(Part):
                 slot=record.name,
             )
         self.loads += 1
-        book.held[spec.id] = _Held(spec, used_at=self.clock.monotonic())
+        shelf.held[spec.id] = _Held(spec, used_at=self.clock.monotonic())
         self._emit(record, spec.id, "loaded", f"loaded into {record.name!r}")
 
-    async def _unload_one(self, record: SlotRecord, book: _Book, adapter: str, action: str) -> None:
-        book.held.pop(adapter, None)
+    async def _unload_one(
+        self, record: SlotRecord, shelf: _Shelf, adapter: str, action: str
+    ) -> None:
+        shelf.held.pop(adapter, None)
         error = await self._call_unload(record, adapter)
         self._emit(record, adapter, action, error or f"unloaded from {record.name!r}")
 
@@ -362,8 +397,9 @@ class Adapters(Part):
         )
 
 
-def _settled(book: _Book, adapter: str, task: asyncio.Task[None]) -> None:
-    if book.loads.get(adapter) is task:
-        del book.loads[adapter]
+def _settled(shelf: _Shelf, adapter: str, task: asyncio.Task[None]) -> None:
+    if shelf.loads.get(adapter) is task:
+        del shelf.loads[adapter]
+    shelf.notify()
     if not task.cancelled():
         task.exception()  # retrieved: the joiners re-raise it

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -143,29 +144,39 @@ def test_in_flight_pinned_drained_and_reapplied_adapters(ctl: Slotctl) -> None:
     listed = ctl.ok("adapter", "list")
     assert re.search(r"a1\s+base\s+8\s+50\s+no\s+lora", listed), listed
 
-    # a request in flight keeps its adapter: another adapter cannot take the one place
-    slow: list[Any] = []
+    # a request in flight keeps its adapter: another adapter waits for the one place
+    done: dict[str, Any] = {}
 
     def long_ask(name: str) -> None:
         body = {"model": name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 16}
-        slow.append(api.call("POST", "/v1/chat/completions", body))
+        done[name] = (api.call("POST", "/v1/chat/completions", body), time.monotonic())
 
-    runner = threading.Thread(target=long_ask, args=("a1",))
-    runner.start()
+    first = threading.Thread(target=long_ask, args=("a1",))
+    first.start()
     wait_until(lambda: _resident(api).get("a1", {}).get("in_flight") == 1, "a1 in flight")
-    busy = ask(api, "a2")
-    assert busy.status == 503 and busy.code == "adapter.unavailable", busy.raw
-    assert int(busy.headers["Retry-After"]) >= 1
-    # an unload drains it: the request in flight is answered by a1, then a1 goes
-    unloaded = ctl.ok("adapter", "unload", "a1", timeout=60)
-    runner.join()
-    assert slow[0].status == 200 and text_of(slow[0]).startswith("[a1]"), slow[0].raw
-    assert "resident nowhere" in unloaded and "a1" not in _resident(api)
+    second = threading.Thread(target=long_ask, args=("a2",))
+    second.start()
+    first.join()
+    second.join()
+    (one, one_at), (two, two_at) = done["a1"], done["a2"]
+    assert one.status == 200 and text_of(one).startswith("[a1]"), one.raw
+    assert two.status == 200 and text_of(two).startswith("[a2]"), two.raw
+    assert one_at < two_at and set(_resident(api)) == {"a2"}  # a1 evicted once it was free
+
+    # an unload drains: the request in flight is answered by a2, then a2 goes
+    third = threading.Thread(target=long_ask, args=("a2",))
+    third.start()
+    wait_until(lambda: _resident(api).get("a2", {}).get("in_flight") == 1, "a2 in flight")
+    unloaded = ctl.ok("adapter", "unload", "a2", timeout=60)
+    third.join()
+    assert done["a2"][0].status == 200 and text_of(done["a2"][0]).startswith("[a2]")
+    assert "resident nowhere" in unloaded and "a2" not in _resident(api)
 
     # a pinned adapter is never evicted: the next one is refused, not answered by it
     assert text_of(ask(api, "a3")).startswith("[a3]")
-    pinned = ask(api, "a2")
-    assert pinned.status == 503 and "1 pinned" in pinned.error["message"], pinned.raw
+    pinned = ask(api, "a2")  # refused at once: no place can free
+    assert pinned.status == 503 and pinned.code == "adapter.unavailable", pinned.raw
+    assert "1 pinned" in pinned.error["message"] and int(pinned.headers["Retry-After"]) >= 1
 
     # the engine restarts: a3 is loaded into the new server before the slot is ready
     psutil.Process(_demo_pid(port)).kill()
