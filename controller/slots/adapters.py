@@ -32,6 +32,7 @@ from controller.model.errors import (
     AdapterLoadFailed,
     AdapterNotFound,
     AdapterUnavailable,
+    SlotctlError,
     SlotNotReady,
 )
 from controller.model.events import EventKind, Op
@@ -47,9 +48,9 @@ from controller.scheduling.adapters import (
 from controller.slots.core import Core, Part
 from controller.slots.records import AdapterHold, RunningServer, SlotRecord
 from controller.spec.adapters import RUNTIME_APIS, serves_adapter
-from controller.spec.schema import AdapterSpec
+from controller.spec.schema import AdapterSpec, ModelSpec
 
-__all__ = ["Adapters"]
+__all__ = ["Adapters", "as_model"]
 
 log = logging.getLogger("slotctl.adapters")
 
@@ -374,6 +375,12 @@ class Adapters(Part):
         return server.launch.endpoint
 
     async def _call_load(self, record: SlotRecord, spec: AdapterSpec) -> str:
+        files = self.core.files
+        if files is not None:  # pulled and verified as a model's files are
+            try:
+                await files.ensure(as_model(spec))
+            except SlotctlError as exc:
+                return f"its files: {exc.message}"
         ctx = launch_context(self.runtime.kind, record.stack, self.core.models_dir)
         path = adapter_path(spec, ctx)
         api = record.spec.lora_api or ""
@@ -395,6 +402,13 @@ class Adapters(Part):
             message=f"adapter {adapter} {action}: {message}",
             details={"adapter": adapter, "action": action},
         )
+
+
+def as_model(adapter: AdapterSpec) -> ModelSpec:
+    """``adapter``'s files as the model-files engine knows files: pulled, verified, kept
+    from GC, at the destination its server reads (:func:`~controller.providers.base.
+    adapter_path`)."""
+    return ModelSpec(id=adapter.id, source=adapter.source, sha256=adapter.sha256)
 
 
 def _settled(shelf: _Shelf, adapter: str, task: asyncio.Task[None]) -> None:

@@ -44,6 +44,7 @@ from controller.runtime.base import LaunchSpec, ProgressCallback
 from controller.slots.core import Core, Part
 from controller.slots.dryrun import LoadPlan, PlanPull, Refusal
 from controller.slots.records import SlotRecord
+from controller.spec.schema import ModelSpec
 
 if TYPE_CHECKING:
     from controller.modelfiles.pull import ModelFiles
@@ -159,6 +160,11 @@ class Pulling(Part):
             want = files.wanted(model)
             if want is not None:
                 out.append(Reference(want.dest, model.id, pinned=model.id in pinned))
+        for adapter in self.core.adapters.values():  # (controller/slots/adapters.py)
+            source = ModelSpec(id=adapter.id, source=adapter.source, sha256=adapter.sha256)
+            want = files.wanted(source)
+            if want is not None:
+                out.append(Reference(want.dest, adapter.id, pinned=adapter.pinned))
         return out
 
     async def explain(self, slot: SlotRecord, plan: LoadPlan) -> LoadPlan:

@@ -518,7 +518,8 @@ class AdapterSpec(_Strict):
     id: Annotated[str, Field(pattern=MODEL_ID_PATTERN)]
     base: Annotated[str, Field(pattern=MODEL_ID_PATTERN)]
     source: str  # path, file://, hf://org/repo[/file], https:// (as a model's)
-    sha256: Sha256 | None = None
+    # As a model's: required for an http(s):// source; pulled and verified alike.
+    sha256: Sha256 | None = Field(default=None, validate_default=True)
     rank: Annotated[int, Field(ge=1, le=1024)] | None = None  # None: not declared
     scale: Annotated[float, Field(ge=0, le=100)] = 1.0  # llama.cpp's per-request scale
     priority: Annotated[int, Field(ge=0, le=100)] = 50  # eviction: lowest goes first
@@ -532,6 +533,19 @@ class AdapterSpec(_Strict):
         if checked is None or checked.startswith("demo://"):
             raise ValueError("an adapter's source is a path, file://, hf:// or https:// URL")
         return checked
+
+    @field_validator("sha256")
+    @classmethod
+    def _check_sha256(cls, value: str | None, info: ValidationInfo) -> str | None:
+        source = info.data.get("source")
+        if value is None and is_url_source(source):
+            raise ValueError(
+                'an http(s):// source needs sha256 = "<64 hex digits>": nothing else '
+                "vouches for its bytes"
+            )
+        if value is not None and is_hub_snapshot(source):
+            raise ValueError("sha256 names one file; hf://org/repo is a whole repository")
+        return value.lower() if value is not None else None
 
     @property
     def memory_bytes(self) -> int:

@@ -193,3 +193,27 @@ def test_in_flight_pinned_drained_and_reapplied_adapters(ctl: Slotctl) -> None:
     metrics = api.call("GET", "/metrics").raw.decode()
     assert 'slotctl_adapter_events_total{action="reapplied",adapter="a3",slot="lora"}' in metrics
     assert re.search(r'slotctl_requests_total\{[^}]*model="a1"', metrics), metrics[:2000]
+
+
+def test_an_adapter_from_the_hub_is_pulled_before_its_load(ctl: Slotctl) -> None:
+    from tests.e2e.test_model_pull_e2e import use_hub
+    from tests.integration.hubserver import HubServer
+
+    with HubServer() as hub:
+        models = ctl.tmp / "models"
+        use_hub(ctl, hub, models)
+        hub.add_repo("org/lora", {"a1.safetensors": b"lora a1 weights"})
+        write_settings(ctl.config, cpu_budget_gb=4.0)
+        path = ctl.tmp / "hub.toml"
+        path.write_text(
+            '[stack]\nname = "hub"\n'
+            + model("base", 0.05)
+            + slot("lora", "base", max_loras=1)
+            + '[[adapter]]\nid = "a1"\nbase = "base"\nsource = "hf://org/lora/a1.safetensors"\n'
+        )
+        api = start_api(ctl)
+        ctl.ok("stack", "apply", path, "--wait", "--timeout", "60")
+        reply = ask(api, "a1")  # the file pulled first, then loaded into the server
+        assert reply.status == 200 and text_of(reply).startswith("[a1]"), reply.raw
+        assert (models / "org" / "lora" / "a1.safetensors").read_bytes() == b"lora a1 weights"
+        hub.release()

@@ -238,3 +238,10 @@ def test_each_engine_is_sent_the_adapter_in_its_own_words() -> None:
     cpp = sent("llamacpp", 1)
     assert cpp["model"] == "base" and cpp["lora"] == [{"id": 1, "scale": 0.5}]
     assert sent("llama-cpp-python")["model"] == "base"
+
+
+def test_a_url_adapter_needs_its_digest_as_a_url_model_does() -> None:
+    url = ADAPTER.replace('"/a/sql"', '"https://host/sql.gguf"')
+    report = load(stack(SLOT + url))
+    assert any(p.code == "adapter.invalid_value" and "sha256" in p.message for p in report.errors)
+    assert load(stack(SLOT + url + 'sha256 = "' + "B" * 64 + '"\n')).ok
