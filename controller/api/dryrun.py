@@ -114,6 +114,7 @@ class PlanJson(TypedDict, total=False):
     together: TogetherJson
     unit: UnitJson
     pull: PullJson
+    adapters: dict[str, Any]  # its LoRA adapters: api, places, reserved_bytes, serves, reapply
 
 
 def plan_json(plan: LoadPlan) -> PlanJson:
@@ -164,6 +165,15 @@ def plan_json(plan: LoadPlan) -> PlanJson:
         if p.error is not None:
             pull["error"] = p.error
         out["pull"] = pull
+    if plan.adapters is not None:
+        a = plan.adapters
+        out["adapters"] = {
+            "api": a.api,
+            "places": a.places,
+            "reserved_bytes": a.reserved_bytes,
+            "serves": list(a.serves),
+            "reapply": list(a.reapply),
+        }
     return out
 
 

@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 from controller.model.errors import (
@@ -46,6 +46,7 @@ from controller.scheduling.adapters import (
     decide_adapter,
 )
 from controller.slots.core import Core, Part
+from controller.slots.dryrun import LoadPlan, PlanAdapters
 from controller.slots.records import AdapterHold, RunningServer, SlotRecord
 from controller.spec.adapters import RUNTIME_APIS, serves_adapter
 from controller.spec.schema import AdapterSpec, ModelSpec
@@ -123,6 +124,19 @@ class Adapters(Part):
         sizes = [a.memory_bytes for a in self.core.adapters.values() if serves_adapter(spec, a)]
         capacity = len(spec.adapters) if spec.lora_api not in RUNTIME_APIS else spec.max_loras
         self.table.adapter_reserve(slot, adapter_reserve(capacity, sizes))
+
+    def explain(self, slot: SlotRecord, plan: LoadPlan) -> LoadPlan:
+        """``plan`` (a load's dry run) naming the slot's adapters: its places, the memory
+        reserved for them, those it serves and those it would load again before ready."""
+        spec = slot.spec
+        if spec.lora_api is None:
+            return plan
+        serves = tuple(sorted(a.id for a in self.core.adapters.values() if serves_adapter(spec, a)))
+        shelf = self._shelves.get(slot.name)
+        held = tuple(shelf.held) if shelf is not None and shelf.run is not slot.server else ()
+        places = spec.max_loras if spec.lora_api in RUNTIME_APIS else len(spec.adapters)
+        adapters = PlanAdapters(spec.lora_api, places, slot.adapter_bytes, serves, held)
+        return replace(plan, adapters=adapters)
 
     def slots_for(self, adapter: str) -> list[str]:
         """The slots that can serve ``adapter``, those holding it first."""

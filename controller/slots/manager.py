@@ -471,8 +471,9 @@ class SlotManager(Part):
         """:meth:`explain_load` with the model files the load would pull first ("would
         pull 4.1 GB from hf://…"), or the refusal it would meet for them (a file that
         cannot be pulled, a pull that does not fit the disk). May ask the hub for sizes."""
-        plan = self.explain_load(name)
-        return await self.pulling.explain(self.core.table.get(name), plan)
+        slot = self.core.table.get(name)
+        plan = self.lora.explain(slot, self.explain_load(name))
+        return await self.pulling.explain(slot, plan)
 
     def decide(self, name: str, *, background: bool = False) -> LoadDecision:
         """The load decision for ``name`` now (what :meth:`explain_load` renders)."""

@@ -73,6 +73,10 @@ def test_adapters_from_validate_to_routed_requests(ctl: Slotctl) -> None:
     ctl.ok("stack", "apply", path, "--wait", "--timeout", "60")
     assert json.loads(ctl.ok("stack", "diff", path, "-o", "json", "--exit-code"))["in_sync"]
     assert "[[adapter]]" in (ctl.config / "models.toml").read_text()
+    dry = ctl.run("slot", "load", "lora", "--dry-run")
+    # the two largest adapters' memory counted with the model's (0.05 + 2 x 0.01 GiB)
+    assert "needs 0.07 GiB" in dry.stdout, dry.stdout
+    assert "adapters (vllm): 2 places, 0.02 GiB reserved, serves a1, a2, a3" in dry.stdout
 
     def listed() -> dict[str, Any] | None:
         data = api.call("GET", "/v1/models").body["data"]
