@@ -80,6 +80,10 @@ class _Shelf:
     held: dict[str, _Held] = field(default_factory=dict)
     loads: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     leaving: set[str] = field(default_factory=set)
+    # What the run before held (re-applied to the new one before it is ready), and what a
+    # surge's new server was given before the switch (its endpoint, its adapters).
+    previous: dict[str, _Held] = field(default_factory=dict)
+    next: tuple[str, dict[str, _Held]] | None = None
     # Set (and replaced) at every change that may free a place: a hold released, a load
     # or an unload ended.
     changed: asyncio.Event = field(default_factory=asyncio.Event)
@@ -273,15 +277,12 @@ class Adapters(Part):
     async def reapply(self, slot: SlotRecord) -> None:
         """``slot``'s server is new and not ready yet: the adapters held in the one before
         are loaded into it (those that fail are dropped, said in an event)."""
-        shelf = self._shelves.get(slot.name)
-        if shelf is None or slot.spec.lora_api not in RUNTIME_APIS:
+        if slot.name not in self._shelves or slot.spec.lora_api not in RUNTIME_APIS:
             return
-        if shelf.run is slot.server:
-            return
-        before = list(shelf.held.values())
-        shelf.run, shelf.held = slot.server, {}
+        shelf = self._shelf(slot)  # the run before's adapters moved to ``previous``
+        before, shelf.previous = list(shelf.previous.values()), {}
         for held in before:
-            if not serves_adapter(slot.spec, held.spec):
+            if not serves_adapter(slot.spec, held.spec) or held.spec.id in shelf.held:
                 continue
             error = await self._call_load(slot, held.spec)
             if error:
@@ -289,6 +290,22 @@ class Adapters(Part):
                 continue
             shelf.held[held.spec.id] = _Held(held.spec, used_at=held.used_at)
             self._emit(slot, held.spec.id, "reapplied", "loaded into the restarted server")
+
+    async def prepare_switch(self, slot: SlotRecord, endpoint: str) -> None:
+        """A surge's new server (at ``endpoint``) is ready and not switched to yet: the
+        adapters the old one holds are loaded into it first, so the switch keeps them."""
+        if slot.name not in self._shelves or slot.spec.lora_api not in RUNTIME_APIS:
+            return
+        shelf = self._shelf(slot)
+        given: dict[str, _Held] = {}
+        for held in list(shelf.held.values()):
+            error = await self._call_load(slot, held.spec, endpoint)
+            if error:
+                self._emit(slot, held.spec.id, "failed", error)
+                continue
+            given[held.spec.id] = _Held(held.spec, used_at=held.used_at)
+            self._emit(slot, held.spec.id, "reapplied", "loaded into the surge's new server")
+        shelf.next = (endpoint, given)
 
     # ------------------------------------------------------------------ the parts
 
@@ -302,8 +319,14 @@ class Adapters(Part):
     def _shelf(self, record: SlotRecord) -> _Shelf:
         shelf = self._shelves.setdefault(record.name, _Shelf())
         if shelf.run is not record.server and not shelf.loads:
-            # another run (or none): what was held is gone from the server now running
-            shelf.run, shelf.held = record.server, {}
+            # another run (or none): what was held is gone from the server now running,
+            # unless a surge gave it to that server before the switch
+            if shelf.held:
+                shelf.previous = shelf.held
+            given, server = shelf.next, record.server
+            kept = given is not None and server is not None and server.launch.endpoint == given[0]
+            shelf.held = given[1] if kept and given is not None else {}
+            shelf.run, shelf.next = server, None
         return shelf
 
     def _started(self, record: SlotRecord, spec: AdapterSpec) -> AdapterHold:
@@ -388,7 +411,9 @@ class Adapters(Part):
             raise SlotNotReady(f"slot {record.name!r} has no server", slot=record.name)
         return server.launch.endpoint
 
-    async def _call_load(self, record: SlotRecord, spec: AdapterSpec) -> str:
+    async def _call_load(
+        self, record: SlotRecord, spec: AdapterSpec, endpoint: str | None = None
+    ) -> str:
         files = self.core.files
         if files is not None:  # pulled and verified as a model's files are
             try:
@@ -398,7 +423,8 @@ class Adapters(Part):
         ctx = launch_context(self.runtime.kind, record.stack, self.core.models_dir)
         path = adapter_path(spec, ctx)
         api = record.spec.lora_api or ""
-        return await self.loader.load(self._endpoint(record), api, spec.id, path, LOAD_TIMEOUT_S)
+        where = endpoint or self._endpoint(record)
+        return await self.loader.load(where, api, spec.id, path, LOAD_TIMEOUT_S)
 
     async def _call_unload(self, record: SlotRecord, adapter: str) -> str:
         if record.server is None:

@@ -121,6 +121,7 @@ class SlotManager(Part):
         # after a restart before the slot is ready again)
         self.lora = Adapters(self.core)
         self.loading.before_ready = self.lora.reapply
+        self.rollouts.before_switch = self.lora.prepare_switch
         # What only forwards is the part's own method, bound here (one signature and one
         # docstring, the part's; the ports in .ports name what each caller may call).
         self.waiting_with_room = self.loading.units.waiting_with_room  # units: all fit

@@ -221,3 +221,45 @@ def test_an_adapter_from_the_hub_is_pulled_before_its_load(ctl: Slotctl) -> None
         assert reply.status == 200 and text_of(reply).startswith("[a1]"), reply.raw
         assert (models / "org" / "lora" / "a1.safetensors").read_bytes() == b"lora a1 weights"
         hub.release()
+
+
+def _demo_ports() -> set[int]:
+    ports = set()
+    for proc in psutil.process_iter(["cmdline"]):
+        argv = proc.info["cmdline"] or []
+        if "controller.demo" in argv and "--max-loras" in argv:
+            ports.add(int(argv[argv.index("--port") + 1]))
+    return ports
+
+
+def _served_by(port: int) -> set[str]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=5) as r:
+        return {m["id"] for m in json.loads(r.read())["data"]}
+
+
+def test_a_surge_rollout_gives_the_new_server_its_adapters_before_the_switch(
+    ctl: Slotctl,
+) -> None:
+    write_settings(ctl.config, cpu_budget_gb=4.0)
+    path = ctl.tmp / "surge.toml"
+    text = re.sub(r"port = \d+", 'port = "auto"', stack_text(ctl.tmp))  # surge needs it
+    path.write_text(text)
+    api = start_api(ctl)
+    ctl.ok("stack", "apply", path, "--wait", "--timeout", "60")
+    assert text_of(ask(api, "a1")).startswith("[a1]")
+    (old,) = _demo_ports()
+    assert "a1" in _served_by(old)
+    # a changed server: surged (the new one beside the old one, then switched to)
+    path.write_text(text.replace('"--load-seconds", "0.3"', '"--load-seconds", "0.2"'))
+    ctl.ok("stack", "apply", path, "--wait", "--timeout", "60")
+
+    def switched() -> int | None:
+        ports = _demo_ports() - {old}
+        return next(iter(ports)) if len(ports) == 1 and old not in _demo_ports() else None
+
+    new = wait_until(switched, "the surge to switch and retire the old server")
+    assert "a1" in _served_by(new)  # given before the switch: no request loaded it
+    assert set(_resident(api)) == {"a1"}
+    loaded = api.call("GET", "/metrics").raw.decode()
+    assert 'slotctl_adapter_events_total{action="reapplied",adapter="a1",slot="lora"}' in loaded
+    assert text_of(ask(api, "a1")).startswith("[a1]")
