@@ -49,9 +49,9 @@ from controller.slots.core import Core, Part
 from controller.slots.dryrun import LoadPlan, PlanAdapters
 from controller.slots.records import AdapterHold, RunningServer, SlotRecord
 from controller.spec.adapters import RUNTIME_APIS, serves_adapter
-from controller.spec.schema import AdapterSpec, ModelSpec
+from controller.spec.schema import AdapterSpec
 
-__all__ = ["Adapters", "as_model"]
+__all__ = ["Adapters"]
 
 log = logging.getLogger("slotctl.adapters")
 
@@ -417,7 +417,7 @@ class Adapters(Part):
         files = self.core.files
         if files is not None:  # pulled and verified as a model's files are
             try:
-                await files.ensure(as_model(spec))
+                await files.ensure(spec.as_model())
             except SlotctlError as exc:
                 return f"its files: {exc.message}"
         ctx = launch_context(self.runtime.kind, record.stack, self.core.models_dir)
@@ -442,13 +442,6 @@ class Adapters(Part):
             message=f"adapter {adapter} {action}: {message}",
             details={"adapter": adapter, "action": action},
         )
-
-
-def as_model(adapter: AdapterSpec) -> ModelSpec:
-    """``adapter``'s files as the model-files engine knows files: pulled, verified, kept
-    from GC, at the destination its server reads (:func:`~controller.providers.base.
-    adapter_path`)."""
-    return ModelSpec(id=adapter.id, source=adapter.source, sha256=adapter.sha256)
 
 
 def _settled(shelf: _Shelf, adapter: str, task: asyncio.Task[None]) -> None:

@@ -551,6 +551,11 @@ class AdapterSpec(_Strict):
     def memory_bytes(self) -> int:
         return int(self.memory_gb * 1024**3)
 
+    def as_model(self) -> ModelSpec:
+        """Its files as the model-files engine knows files (pulled, verified, kept from
+        GC, at the destination its server reads)."""
+        return ModelSpec(id=self.id, source=self.source, sha256=self.sha256)
+
 
 AliasPrefer = Literal["warm", "first", "spread"]
 ALIAS_PREFERS: Final[tuple[str, ...]] = get_args(AliasPrefer)

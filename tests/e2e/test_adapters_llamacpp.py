@@ -68,3 +68,34 @@ def test_the_adapter_changes_greedy_output_through_the_router(ctl: Slotctl) -> N
     assert _complete(api, "tiny-base:tiny-lora")[1] == tuned
     models = {m["id"]: m for m in api.call("GET", "/v1/models").body["data"]}
     assert models["tiny-lora"]["parent"] == "tiny-base"
+
+
+def test_a_start_time_adapter_is_pulled_before_its_server_starts(ctl: Slotctl) -> None:
+    require_llama_server()
+    from tests.e2e.test_model_pull_e2e import use_hub
+    from tests.integration.hubserver import HubServer
+    from tests.integration.tiny_gguf import write_tiny_llama
+    from tests.integration.tiny_lora import write_tiny_lora
+
+    base = write_tiny_llama(ctl.tmp / "tiny-base.gguf")
+    lora = write_tiny_lora(ctl.tmp / "built" / "tiny-lora.gguf").read_bytes()
+    with HubServer() as hub:
+        models = ctl.tmp / "models"
+        use_hub(ctl, hub, models)
+        hub.add_repo("org/lora", {"tiny-lora.gguf": lora})
+        write_settings(ctl.config, cpu_budget_gb=8.0)
+        path = ctl.tmp / "lora.toml"
+        path.write_text(
+            '[stack]\nname = "lora"\n'
+            + f'[[model]]\nid = "tiny-base"\nsource = "{base}"\ncontext_length = 128\n'
+            + _slot("plain")
+            + _slot("tuned", adapters=["tiny-lora"])
+            + '[[adapter]]\nid = "tiny-lora"\nbase = "tiny-base"\n'
+            + 'source = "hf://org/lora/tiny-lora.gguf"\n'
+        )
+        api = start_api(ctl)
+        ctl.ok("stack", "apply", path, "--wait", "--timeout", "120")
+        assert (models / "org" / "lora" / "tiny-lora.gguf").read_bytes() == lora
+        plain, tuned = _complete(api, "tiny-base"), _complete(api, "tiny-lora")
+        assert plain[0] == tuned[0] == 200 and plain[1] != tuned[1]
+        hub.release()
