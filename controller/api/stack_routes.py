@@ -72,6 +72,7 @@ class ApplyAnswer(BaseModel):
     changed: list[str]
     dry_run: bool
     aliases_changed: list[str] = Field(default_factory=list)  # "+ id ...", "~ id ...", "- id"
+    adapters_changed: list[str] = Field(default_factory=list)
 
 
 class DiffAnswer(BaseModel):
@@ -146,6 +147,7 @@ async def apply_stack(request: web.Request) -> web.Response:
         {
             "plan": [a.to_dict() for a in plan.actions],
             "aliases_changed": plan.aliases_changed,
+            "adapters_changed": plan.adapters_changed,
             "changed": changed,
             "dry_run": body.dry_run,
         }

@@ -69,6 +69,7 @@ class Applied:
     actions: list[Action]
     changed: list[str] = field(default_factory=list)
     aliases: list[str] = field(default_factory=list)  # "+ id -> a, b (prefer warm)", "- id"
+    adapters: list[str] = field(default_factory=list)  # "+ id -> base (rank 8, ...)", "- id"
 
 
 @dataclass(frozen=True, slots=True)

@@ -61,6 +61,7 @@ class ApiBackend(Closing):
             actions=[Action(**a) for a in answer.get("plan", [])],
             changed=list(answer.get("changed") or []),
             aliases=list(answer.get("aliases_changed") or []),
+            adapters=list(answer.get("adapters_changed") or []),
         )
 
     def observe(self, names: list[str]) -> dict[str, SlotStatus]:

@@ -85,12 +85,12 @@ def _action_line(action: Action, style: Style) -> str:
     return f"  {colour(f'{action.kind:<9}')} {action.slot:<20} {action.reason}"
 
 
-def _alias_line(line: str, style: Style) -> str:
+def _alias_line(line: str, style: Style, what: str = "alias") -> str:
     sign, _, text = line.partition(" ")
     kind, colour = {"+": ("create", style.green), "-": ("delete", style.red)}.get(
         sign, ("update", style.yellow)
     )
-    return f"  {colour(f'{kind:<9}')} alias {text}"
+    return f"  {colour(f'{kind:<9}')} {what} {text}"
 
 
 # ===================================================================== apply
@@ -131,7 +131,9 @@ def cmd_apply(args: argparse.Namespace) -> ExitCode:
             print(_action_line(action, style))
         for line in applied.aliases:  # what the aliases become: + new, ~ changed, - removed
             print(_alias_line(line, style))
-        if not shown and not applied.aliases:
+        for line in applied.adapters:  # and the adapters
+            print(_alias_line(line, style, "adapter"))
+        if not shown and not applied.aliases and not applied.adapters:
             print(style.dim("  (no changes)"))
         if args.dry_run:
             print(style.dim("dry run: nothing written"))

@@ -70,8 +70,13 @@ def test_adapters_from_validate_to_routed_requests(ctl: Slotctl) -> None:
     api = start_api(ctl)
     diff = ctl.run("stack", "diff", path)
     assert "=== adapters" in diff.stdout and "+ a1 -> base (rank 8" in diff.stdout, diff.stdout
+    planned = ctl.ok("stack", "apply", path, "--dry-run")
+    assert "create    adapter a1 -> base (rank 8, scale 1, priority 50)" in planned, planned
     ctl.ok("stack", "apply", path, "--wait", "--timeout", "60")
     assert json.loads(ctl.ok("stack", "diff", path, "-o", "json", "--exit-code"))["in_sync"]
+    shown = json.loads(ctl.ok("stack", "show", path, "-o", "json"))
+    assert [a["id"] for a in shown["adapters"]] == ["a1", "a2", "a3"]
+    assert "[[adapter]]" in ctl.ok("stack", "show", path)
     assert "[[adapter]]" in (ctl.config / "models.toml").read_text()
     dry = ctl.run("slot", "load", "lora", "--dry-run")
     # the two largest adapters' memory counted with the model's (0.05 + 2 x 0.01 GiB)
@@ -97,6 +102,13 @@ def test_adapters_from_validate_to_routed_requests(ctl: Slotctl) -> None:
     assert three.status == 200 and text_of(three).startswith("[a3]"), three.raw
     listing = api.call("GET", "/api/adapters").body["adapters"]
     assert {a["id"] for a in listing[0]["resident"]} == {"a1", "a3"}, listing  # a2 evicted
+
+    # a key's model patterns cover adapter ids: this one may use a1 (by either name) only
+    key = ctl.ok("key", "create", "lora-a1", "--models", "a1").strip()
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    for name, status in (("a1", 200), ("base:a1", 200), ("a2", 403), ("base", 403)):
+        reply = api.call("POST", "/v1/chat/completions", {**body, "model": name}, token=key)
+        assert reply.status == status, (name, reply.raw)
 
     unknown = ask(api, "base:nope")
     assert unknown.status == 404 and unknown.body["error"]["code"] == "adapter.not_found"
