@@ -22,10 +22,12 @@ from typing import Final
 __all__ = [
     "RETRY_AFTER_S",
     "AdapterDecision",
+    "AdapterSeat",
     "Resident",
     "adapter_reserve",
     "decide_adapter",
     "evictable",
+    "rank_adapter_slots",
 ]
 
 RETRY_AFTER_S: Final = 1  # a wanted adapter with no room: ask again this soon
@@ -87,6 +89,32 @@ def decide_adapter(want: str, residents: Sequence[Resident], capacity: int) -> A
             retry_after_s=RETRY_AFTER_S,
         )
     return AdapterDecision(ok=True, victims=tuple(r.id for r in free[:over]))
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterSeat:
+    """A slot that can serve a wanted adapter, as the routing order sees it."""
+
+    slot: str
+    holds: bool  # the adapter is resident (or loading) in its server
+    ready: bool  # its server is up (dispatchable)
+    saturated: bool  # at its max_concurrency: a request would wait for a turn
+
+
+def rank_adapter_slots(seats: Sequence[AdapterSeat]) -> list[str]:
+    """The slots in the order a request tries them (Ray Serve's rule): one holding the
+    adapter, unless it is saturated; then a ready one (it loads the adapter); then the
+    saturated holders, the saturated ready ones; then the cold ones (a slot load first).
+    Ties keep the given order."""
+
+    def rank(seat: AdapterSeat) -> int:
+        if not seat.ready:
+            return 4
+        if seat.saturated:
+            return 2 if seat.holds else 3
+        return 0 if seat.holds else 1
+
+    return [s.slot for s in sorted(seats, key=rank)]
 
 
 def adapter_reserve(capacity: int, sizes: Iterable[int]) -> int:

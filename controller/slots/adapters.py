@@ -36,14 +36,17 @@ from controller.model.errors import (
     SlotNotReady,
 )
 from controller.model.events import EventKind, Op
+from controller.model.lifecycle import DISPATCHABLE_STATES
 from controller.probes.adapters import AdapterLoader, HttpAdapterLoader
 from controller.providers.base import adapter_path
 from controller.providers.launch import launch_context
 from controller.scheduling.adapters import (
     RETRY_AFTER_S,
+    AdapterSeat,
     Resident,
     adapter_reserve,
     decide_adapter,
+    rank_adapter_slots,
 )
 from controller.slots.core import Core, Part
 from controller.slots.dryrun import LoadPlan, PlanAdapters
@@ -147,8 +150,17 @@ class Adapters(Part):
         spec = self.core.adapters.get(adapter)
         if spec is None:
             return []
-        names = [s.name for s in self.table if serves_adapter(s.spec, spec)]
-        return sorted(names, key=lambda n: not self.holds(n, adapter))
+        seats = [
+            AdapterSeat(
+                s.name,
+                self.holds(s.name, adapter),
+                s.server is not None and s.state in DISPATCHABLE_STATES,
+                s.spec.max_concurrency is not None and s.book.in_flight >= s.spec.max_concurrency,
+            )
+            for s in self.table
+            if serves_adapter(s.spec, spec)
+        ]
+        return rank_adapter_slots(seats)
 
     def holds(self, slot: str, adapter: str) -> bool:
         """``adapter`` is resident (or loading) in ``slot``'s running server."""

@@ -275,3 +275,52 @@ def test_a_surge_rollout_gives_the_new_server_its_adapters_before_the_switch(
     loaded = api.call("GET", "/metrics").raw.decode()
     assert 'slotctl_adapter_events_total{action="reapplied",adapter="a1",slot="lora"}' in loaded
     assert text_of(ask(api, "a1")).startswith("[a1]")
+
+
+def test_the_router_prefers_the_slot_holding_the_adapter_unless_it_is_saturated(
+    ctl: Slotctl,
+) -> None:
+    write_settings(ctl.config, cpu_budget_gb=4.0)
+    path = ctl.tmp / "two.toml"
+    a1 = ctl.tmp / "a1.safetensors"
+    a1.write_bytes(b"lora a1")
+    both = {"max_loras": 1, "max_concurrency": 1, "autoload": True}
+    text = (
+        '[stack]\nname = "two"\n'
+        + model("base", 0.05)
+        + slot("lora", "base", **both)
+        + slot("lora2", "base", **both)
+        + adapter("a1", a1, rank=8)
+    ).replace('"--load-seconds", "0.3"', '"--load-seconds", "0.3", "--tokens-per-second", "8"')
+    path.write_text(text)
+    api = start_api(ctl)
+    ctl.ok("stack", "apply", path, "--wait", "--timeout", "60")
+    ctl.ok("adapter", "load", "a1", "--slot", "lora2")
+    for _ in range(3):  # the holder serves it: the other slot loads nothing
+        assert text_of(ask(api, "a1")).startswith("[a1]")
+    where = {
+        s["slot"]: {a["id"] for a in s["resident"]}
+        for s in api.call("GET", "/api/adapters").body["adapters"]
+    }
+    assert where == {"lora": set(), "lora2": {"a1"}}, where
+
+    done: list[Any] = []
+
+    def long_ask() -> None:
+        body = {"model": "a1", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 16}
+        done.append(api.call("POST", "/v1/chat/completions", body))
+
+    runner = threading.Thread(target=long_ask)
+    runner.start()
+    wait_until(lambda: _resident(api).get("a1", {}).get("in_flight") == 1, "a1 busy in lora2")
+    began = time.monotonic()
+    quick = ask(api, "a1")  # lora2 is saturated (max_concurrency 1): lora1 takes it
+    assert quick.status == 200 and text_of(quick).startswith("[a1]"), quick.raw
+    runner.join()
+    assert done[0].status == 200 and done[0].body is not None
+    assert time.monotonic() - began < 10
+    where = {
+        s["slot"]: {a["id"] for a in s["resident"]}
+        for s in api.call("GET", "/api/adapters").body["adapters"]
+    }
+    assert where == {"lora": {"a1"}, "lora2": {"a1"}}, where

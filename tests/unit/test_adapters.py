@@ -245,3 +245,16 @@ def test_a_url_adapter_needs_its_digest_as_a_url_model_does() -> None:
     report = load(stack(SLOT + url))
     assert any(p.code == "adapter.invalid_value" and "sha256" in p.message for p in report.errors)
     assert load(stack(SLOT + url + 'sha256 = "' + "B" * 64 + '"\n')).ok
+
+
+def test_a_request_goes_where_its_adapter_is_unless_that_slot_is_saturated() -> None:
+    from controller.scheduling.adapters import AdapterSeat, rank_adapter_slots
+
+    def seat(name: str, holds: bool, ready: bool = True, full: bool = False) -> AdapterSeat:
+        return AdapterSeat(name, holds, ready, full)
+
+    assert rank_adapter_slots([seat("a", False), seat("b", True)]) == ["b", "a"]
+    assert rank_adapter_slots([seat("a", False), seat("b", True, full=True)]) == ["a", "b"]
+    cold = seat("c", False, ready=False)
+    assert rank_adapter_slots([cold, seat("b", True, full=True)]) == ["b", "c"]
+    assert rank_adapter_slots([cold, seat("a", False, full=True)]) == ["a", "c"]
