@@ -29,6 +29,7 @@ from controller.providers.base import (
     sleep_mode,
 )
 from controller.runtime.base import LaunchSpec, ModelPull, Mount, RuntimeKind
+from controller.spec.adapters import serves_adapter
 from controller.spec.schema import ModelSpec, SlotSpec
 
 __all__ = [
@@ -73,6 +74,8 @@ def _launch(
         )
     if path and ctx.runtime is RuntimeKind.DOCKER:
         mounts = (*mounts, Mount(path, path, read_only=True))
+    if ctx.runtime is RuntimeKind.DOCKER:  # its adapters' files, where its server reads them
+        mounts = (*mounts, *(Mount(p, p, read_only=True) for p in _adapter_files(slot, ctx)))
     pull = None
     if ctx.runtime is RuntimeKind.KUBERNETES:
         # The model file is in the pod (the slot's volume at the models dir, or the image):
@@ -144,6 +147,13 @@ def _docker_image(slot: SlotSpec, ctx: BuildContext, default: str | None) -> str
 
 # vLLM attaches its runtime adapter routes only with this set (docs/adapters.md).
 RUNTIME_LORA_ENV: Final = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
+
+
+def _adapter_files(slot: SlotSpec, ctx: BuildContext) -> list[str]:
+    """The files of every adapter ``slot`` may load (its start-time ones, or all of its
+    base's for a runtime API), in id order: what a container must see."""
+    ids = sorted(a.id for a in ctx.adapters.values() if serves_adapter(slot, a))
+    return list(dict.fromkeys(adapter_path(ctx.adapters[a], ctx) for a in ids))
 
 
 def _start_adapters(slot: SlotSpec, ctx: BuildContext) -> list[str]:

@@ -258,3 +258,22 @@ def test_a_request_goes_where_its_adapter_is_unless_that_slot_is_saturated() -> 
     cold = seat("c", False, ready=False)
     assert rank_adapter_slots([cold, seat("b", True, full=True)]) == ["b", "c"]
     assert rank_adapter_slots([cold, seat("a", False, full=True)]) == ["a", "c"]
+
+
+def test_a_docker_server_sees_the_files_of_the_adapters_it_may_load() -> None:
+    from controller.runtime.base import RuntimeKind
+
+    adapters = {
+        "sql": AdapterSpec(id="sql", base="base", source="/a/sql"),
+        "poem": AdapterSpec(id="poem", base="base", source="hf://org/poem"),
+        "elsewhere": AdapterSpec(id="elsewhere", base="other", source="/a/x"),
+    }
+    spec = SlotSpec.model_validate(
+        {"name": "v", "provider": "vllm", "model": {"default": "base"}, "port": 1, "max_loras": 2}
+    )
+    ctx = BuildContext(runtime=RuntimeKind.DOCKER, models_dir=Path("/models"), adapters=adapters)
+    launch = build_launch(spec, state(stack("")).models["base"], ctx)
+    mounted = {m.source for m in launch.mounts}
+    assert {"/a/sql", "/models/org/poem"} <= mounted and "/a/x" not in mounted
+    process = build_launch(spec, state(stack("")).models["base"], BuildContext(adapters=adapters))
+    assert not process.mounts  # the process runtime's server reads them where they are
