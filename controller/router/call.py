@@ -34,7 +34,7 @@ import time
 from typing import Final
 
 from controller.access.keys import Principal
-from controller.model.errors import ModelNotFound, SlotctlError
+from controller.model.errors import AdapterNotFound, ModelNotFound, SlotctlError
 from controller.router.access import model_refused, requester
 from controller.router.adapters import adapter_body, named_adapter
 from controller.router.aliases import alias_candidates
@@ -228,6 +228,14 @@ class RoutedCall:
                 raise model_refused(principal, adapter.id)
             self.adapter, model = adapter.id, adapter.base
             candidates = manager.adapter_slots(adapter.id)
+            if not candidates:  # declared, but no slot of its base can hold adapters
+                error = AdapterNotFound(
+                    f"adapter {adapter.id!r} is declared but no slot of {adapter.base!r} "
+                    "serves adapters (max_loras, or a slot's adapters)",
+                    adapter=adapter.id,
+                )
+                report_refusal(ctx, error, adapter.id)
+                raise slot_refusal(error)
         else:
             candidates = serving(manager, model)
             if manager.adapters:  # never a slot whose server applies an adapter to all

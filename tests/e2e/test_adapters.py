@@ -65,7 +65,10 @@ def test_adapters_from_validate_to_routed_requests(ctl: Slotctl) -> None:
     result = ctl.run("stack", "validate", path)
     assert "adapter.unknown_base" in result.stdout + result.stderr, ctl.explain(result)
 
-    path.write_text(stack_text(ctl.tmp))
+    lonely = model("other", 0.05) + (  # an adapter of a model no slot serves adapters of
+        f'[[adapter]]\nid = "lonely"\nbase = "other"\nsource = "{ctl.tmp / "a1.safetensors"}"\n'
+    )
+    path.write_text(stack_text(ctl.tmp, lonely))
     ctl.ok("stack", "validate", path)
     api = start_api(ctl)
     diff = ctl.run("stack", "diff", path)
@@ -75,7 +78,7 @@ def test_adapters_from_validate_to_routed_requests(ctl: Slotctl) -> None:
     ctl.ok("stack", "apply", path, "--wait", "--timeout", "60")
     assert json.loads(ctl.ok("stack", "diff", path, "-o", "json", "--exit-code"))["in_sync"]
     shown = json.loads(ctl.ok("stack", "show", path, "-o", "json"))
-    assert [a["id"] for a in shown["adapters"]] == ["a1", "a2", "a3"]
+    assert [a["id"] for a in shown["adapters"]] == ["a1", "a2", "a3", "lonely"]
     assert "[[adapter]]" in ctl.ok("stack", "show", path)
     assert "[[adapter]]" in (ctl.config / "models.toml").read_text()
     dry = ctl.run("slot", "load", "lora", "--dry-run")
@@ -110,6 +113,8 @@ def test_adapters_from_validate_to_routed_requests(ctl: Slotctl) -> None:
         reply = api.call("POST", "/v1/chat/completions", {**body, "model": name}, token=key)
         assert reply.status == status, (name, reply.raw)
 
+    nowhere = ask(api, "lonely")
+    assert nowhere.status == 404 and nowhere.code == "adapter.not_found", nowhere.raw
     unknown = ask(api, "base:nope")
     assert unknown.status == 404 and unknown.body["error"]["code"] == "adapter.not_found"
 
