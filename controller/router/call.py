@@ -238,8 +238,9 @@ class RoutedCall:
                 raise slot_refusal(error)
         else:
             candidates = serving(manager, model)
-            if manager.adapters:  # never a slot whose server applies an adapter to all
-                candidates = [n for n in candidates if not _adapter_only(manager, n)]
+        if not self.adapter and manager.adapters:  # (a model's, an alias' member's request)
+            # never a slot whose server applies an adapter to every request
+            candidates = [n for n in candidates if not _adapter_only(manager, n)]
         if (
             principal is not None
             and principal.models

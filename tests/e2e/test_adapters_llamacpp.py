@@ -52,6 +52,7 @@ def test_the_adapter_changes_greedy_output_through_the_router(ctl: Slotctl) -> N
         + _slot("plain")
         + _slot("tuned", adapters=["tiny-lora"])
         + f'[[adapter]]\nid = "tiny-lora"\nbase = "tiny-base"\nsource = "{lora}"\nrank = 4\n'
+        + '[[alias]]\nid = "chat"\nmodels = ["tiny-base"]\nprefer = "spread"\n'
     )
     ctl.ok("stack", "validate", path)
     api = start_api(ctl)
@@ -66,6 +67,8 @@ def test_the_adapter_changes_greedy_output_through_the_router(ctl: Slotctl) -> N
         assert _complete(api, "tiny-base")[1] == plain
         assert _complete(api, "tiny-lora")[1] == tuned
     assert _complete(api, "tiny-base:tiny-lora")[1] == tuned
+    for _ in range(3):  # an alias of the base model never lands on the adapter's slot either
+        assert _complete(api, "chat")[1] == plain
     models = {m["id"]: m for m in api.call("GET", "/v1/models").body["data"]}
     assert models["tiny-lora"]["parent"] == "tiny-base"
 
