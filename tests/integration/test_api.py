@@ -272,7 +272,7 @@ def live_routes() -> list[tuple[str, str]]:
     return asyncio.run(build())
 
 
-_DUMMY = {"name": "a", "model_id": "m-a", "path": "transcriptions"}
+_DUMMY = {"name": "a", "model_id": "m-a", "path": "transcriptions", "adapter": "a"}
 
 
 def concrete(path: str) -> str:
