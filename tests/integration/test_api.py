@@ -725,9 +725,9 @@ def test_stacks_diff_and_apply(api: Api, static: tuple[Api, Slotctl]) -> None:
     assert before["in_sync"] is False
     assert [(a["slot"], a["kind"]) for a in before["actions"]] == [("extra-one", "create")]
     planned = api.ok("POST", "/api/stacks/apply", {**body, "dry_run": True})
-    assert set(planned) == {"plan", "aliases_changed", "changed", "dry_run"}
+    assert set(planned) == {"plan", "aliases_changed", "adapters_changed", "changed", "dry_run"}
     assert planned["changed"] == [] and planned["dry_run"] is True
-    assert planned["aliases_changed"] == []
+    assert planned["aliases_changed"] == [] and planned["adapters_changed"] == []
     assert [(a["slot"], a["kind"]) for a in planned["plan"]] == [("extra-one", "create")]
     assert not (ctl.config / "slots" / "extra-one.toml").exists()
     applied = api.ok("POST", "/api/stacks/apply", body)
