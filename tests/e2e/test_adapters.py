@@ -329,3 +329,23 @@ def test_the_router_prefers_the_slot_holding_the_adapter_unless_it_is_saturated(
         for s in api.call("GET", "/api/adapters").body["adapters"]
     }
     assert where == {"lora": {"a1"}, "lora2": {"a1"}}, where
+
+
+def test_an_adapter_that_cannot_load_is_a_typed_error_never_the_base_answer(
+    ctl: Slotctl,
+) -> None:
+    write_settings(ctl.config, cpu_budget_gb=4.0)
+    path = ctl.tmp / "ghost.toml"
+    path.write_text(
+        '[stack]\nname = "ghost"\n'
+        + model("base", 0.05)
+        + slot("lora", "base", max_loras=1, autoload=True)
+        + adapter("ghost", ctl.tmp / "no-such-adapter")
+    )
+    api = start_api(ctl)
+    ctl.ok("stack", "apply", path, "--wait", "--timeout", "60")
+    reply = ask(api, "ghost")
+    assert reply.status == 502 and reply.code == "adapter.load_failed", reply.raw
+    assert "no-such-adapter" in reply.error["message"]
+    assert ask(api, "base").status == 200  # the slot itself is fine
+    assert _resident(api) == {}
