@@ -15,6 +15,18 @@ pod does not fit here). Measured, from ``kubectl apply`` of every Slot:
   own, from the audit log (its ServiceAccount), during the run and during ``--steady``
   seconds of steady state afterwards.
 
+**The floor.** In the same run, on the same control plane, before the operator starts,
+the bench applies exactly the objects the operator writes for those Slots — each one's
+Deployment and Service, made by the runtime's own ``deployment_body``/``service_body``
+from the launch the operator builds — straight with ``kubectl apply --server-side`` (the
+operator's server-side apply), no operator, in a namespace of its own, and times them to
+Ready the same way: every pod Running and its demo server answering (``/health``, loaded)
+at its pod's IP, polled once a second. What the floor leaves out: the operator's placement
+(its pods carry no node affinity: the scheduler alone places them) and its status writes.
+Its objects are then deleted and their pods waited for before the operator's run. Printed:
+the operator's converge over the floor's, its CPU and API requests per Slot, and the
+floor's own figures (``--no-floor`` skips it).
+
 ``--baseline DIR`` runs the same against another checkout (``git archive main | tar -x
 -C DIR``: today's polling runtime) first, ``--baseline-slots`` of them (the polling
 operator at the full size can keep the API server from ever converging on a small
@@ -37,6 +49,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +67,18 @@ from tests.k8s.realcluster import Cluster
 REPO = Path(__file__).resolve().parent.parent
 RBAC_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
 NAMESPACE = "scale"
+FLOOR_NAMESPACE = "floor"
+
+
+@dataclass
+class Floor:
+    """The control plane's own floor: the operator's objects applied straight."""
+
+    slots: int
+    ready_s: float | None = None
+    ready: int = 0
+    requests: Counter[str] = field(default_factory=Counter)  # every client, by verb
+    cpu: dict[str, float] = field(default_factory=dict)  # every process of the run
 
 
 @dataclass
@@ -75,6 +101,7 @@ class Run:
     watch_stats: str = ""
     # CPU seconds over the run of every process on the machine that takes part in it
     others_cpu: dict[str, float] = field(default_factory=dict)
+    floor: Floor | None = None
 
 
 def proc_cpu(pid: int) -> float:
@@ -83,11 +110,11 @@ def proc_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / ticks  # utime + stime
 
 
-def component_cpu(cluster: Cluster, operator: int) -> dict[str, float]:
+def component_cpu(cluster: Cluster, operator: int | None) -> dict[str, float]:
     """CPU seconds so far of each process of the run: the control plane's, kwok's, the
-    operator's and this process's (the pods' demo servers and their "container
-    runtime" run here)."""
-    out = {"operator": proc_cpu(operator)}
+    operator's (when one runs) and this process's (the pods' demo servers and their
+    "container runtime" run here)."""
+    out = {"operator": proc_cpu(operator)} if operator is not None else {}
     for proc in [*cluster.api.procs, *cluster.procs]:
         out[Path(str(proc.args[0])).name] = proc_cpu(proc.pid)
     times = os.times()
@@ -156,6 +183,86 @@ def delta(after: dict[str, float], before: dict[str, float]) -> Counter[str]:
     return Counter({k: int(v - before.get(k, 0)) for k, v in after.items() if v > before.get(k, 0)})
 
 
+def slot_spec(port: int) -> dict[str, Any]:
+    """Each Slot's spec (the floor builds its objects from the same)."""
+    return {
+        "provider": "demo",
+        "model": {"default": "m"},
+        "port": port,
+        "autoload": True,
+        # no ready -> idle inside the run: a converge slower than the 300 s
+        # default would mix a second status write per Slot into its figures
+        "idle_timeout_s": 0,
+        "server": {"image": "slotctl:bench", "extra_args": ["--load-seconds", "0.5"]},
+    }
+
+
+def floor_objects(slots: int, slot_gib: float, ports: list[int]) -> str:
+    """The Deployment and Service of each Slot as the operator writes them (its launch,
+    built as the operator builds it, through the runtime's own bodies), unplaced."""
+    from controller.operator.source import STACK
+    from controller.providers.launch import build_launch, launch_context
+    from controller.runtime.kubernetes.spec import deployment_body, service_body, without_nulls
+    from controller.spec.schema import ModelSpec, SlotSpec
+
+    model = ModelSpec.model_validate({"id": "m", "source": "demo://m", "memory_gb": slot_gib})
+    ctx = launch_context("kubernetes", STACK)
+    docs: list[dict[str, Any]] = []
+    for i in range(slots):
+        spec = SlotSpec.model_validate({"name": f"s{i:04d}", **slot_spec(ports[i])})
+        launch = build_launch(spec, model, ctx)
+        docs.append(without_nulls(deployment_body(launch, FLOOR_NAMESPACE)))
+        docs.append(without_nulls(service_body(launch, FLOOR_NAMESPACE)))
+    return yaml.safe_dump_all(docs)
+
+
+def floor_ready(cluster: Cluster, answered: set[str]) -> int:
+    """How many of the floor's pods run with their server answering (``/health`` 200 at
+    the pod's IP: loaded); ``answered`` keeps those seen so, each probed until it is."""
+    status, body = cluster.api.request("GET", f"/api/v1/namespaces/{FLOOR_NAMESPACE}/pods")
+    assert status == 200, body
+    for pod in body.get("items", []):
+        name, st = pod["metadata"]["name"], pod.get("status") or {}
+        if name in answered or st.get("phase") != "Running" or not st.get("podIP"):
+            continue
+        port = pod["spec"]["containers"][0]["ports"][0]["containerPort"]
+        try:
+            with urllib.request.urlopen(f"http://{st['podIP']}:{port}/health", timeout=1):
+                answered.add(name)
+        except (OSError, urllib.error.URLError):
+            pass  # loading (503), or not listening yet
+    return len(answered)
+
+
+def floor_run(args: argparse.Namespace, cluster: Cluster, workdir: Path, slots: int) -> Floor:
+    """The floor (see the module docstring), then its objects deleted and its pods gone."""
+    floor = Floor(slots)
+    realapi.create_namespace(cluster.api, FLOOR_NAMESPACE)
+    realcluster.wait_service_account(cluster.api, FLOOR_NAMESPACE)
+    files = workdir / "floor.yaml"
+    files.write_text(floor_objects(slots, args.slot_gib, free_ports(slots)))
+    cpu0, metrics0 = component_cpu(cluster, None), cluster.metrics()
+    began, answered = time.monotonic(), set[str]()
+    cluster.kubectl("apply", "--server-side", "--field-manager=slotctl", "-f", str(files))
+    while time.monotonic() - began < args.timeout:
+        floor.ready = floor_ready(cluster, answered)
+        if floor.ready >= slots:
+            floor.ready_s = time.monotonic() - began
+            break
+        time.sleep(1.0)
+    floor.requests = delta(cluster.metrics(), metrics0)
+    cpu1 = component_cpu(cluster, None)
+    floor.cpu = {k: cpu1[k] - cpu0[k] for k in cpu1}
+    cluster.kubectl("delete", "deployments,services", "--all", "-n", FLOOR_NAMESPACE)
+    deadline = time.monotonic() + args.timeout
+    while time.monotonic() < deadline:
+        status, body = cluster.api.request("GET", f"/api/v1/namespaces/{FLOOR_NAMESPACE}/pods")
+        if status == 200 and not body.get("items"):
+            break
+        time.sleep(1.0)
+    return floor
+
+
 def manifests(slots: int, slot_gib: float, ports: list[int]) -> str:
     docs: list[dict[str, Any]] = [
         {
@@ -171,16 +278,7 @@ def manifests(slots: int, slot_gib: float, ports: list[int]) -> str:
                 "apiVersion": "slotctl.io/v1alpha1",
                 "kind": "Slot",
                 "metadata": {"name": f"s{i:04d}", "namespace": NAMESPACE},
-                "spec": {
-                    "provider": "demo",
-                    "model": {"default": "m"},
-                    "port": ports[i],
-                    "autoload": True,
-                    # no ready -> idle inside the run: a converge slower than the 300 s
-                    # default would mix a second status write per Slot into its figures
-                    "idle_timeout_s": 0,
-                    "server": {"image": "slotctl:bench", "extra_args": ["--load-seconds", "0.5"]},
-                },
+                "spec": slot_spec(ports[i]),
             }
         )
     return yaml.safe_dump_all(docs)
@@ -235,6 +333,8 @@ def one_run(args: argparse.Namespace, label: str, tree: Path, slots: int) -> Run
                 cluster.add_node(
                     f"n{i:03d}", gpus=args.gpus, gib_per_gpu=args.gib, replicas=args.replicas
                 )
+            if args.floor:
+                run.floor = floor_run(args, cluster, workdir, slots)
             realapi.create_namespace(cluster.api, NAMESPACE)
             realcluster.wait_service_account(cluster.api, NAMESPACE)
             proc = start_operator(cluster, tree, workdir)
@@ -334,7 +434,10 @@ def report(runs: list[Run], args: argparse.Namespace) -> list[str]:
                 if run.quiet_after_s is None
                 else f"{run.quiet_after_s:.1f} s after all Ready"
             ),
+            f"  per Slot: operator CPU {1000 * run.cpu_s / run.slots:.1f} ms, operator API "
+            f"requests {sum(run.run_operator.values()) / run.slots:.1f}",
         ]
+        lines += floor_lines(run)
     lines += [
         "",
         "goals: steady state < 1 request/s for 1,000 slots (the operator's), converge < 60 s, "
@@ -343,7 +446,27 @@ def report(runs: list[Run], args: argparse.Namespace) -> list[str]:
     return lines
 
 
-def main() -> None:
+def floor_lines(run: Run) -> list[str]:
+    floor = run.floor
+    if floor is None:
+        return []
+    if floor.ready_s is None:
+        return [f"  floor: not all Ready ({floor.ready} of {floor.slots})"]
+    ratio = f"{run.ready_s / floor.ready_s:.2f}x" if run.ready_s is not None else "n/a"
+    total = sum(floor.cpu.values())
+    return [
+        f"  floor (the same Deployments and Services by kubectl, no operator): all Ready "
+        f"in {floor.ready_s:.1f} s; slotctl's converge over the floor's: {ratio} "
+        "(goal 1.25x)",
+        f"  floor: API requests, every client: {sum(floor.requests.values())} "
+        f"({sum(floor.requests.values()) / floor.slots:.1f} per Slot: "
+        f"{_verbs(floor.requests)}); CPU s: "
+        + ", ".join(f"{k} {v:.1f}" for k, v in sorted(floor.cpu.items()))
+        + f" ({total:.0f} together)",
+    ]
+
+
+def main(argv: list[str] | None = None) -> list[Run]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=int, default=100)
     parser.add_argument("--gpus", type=int, default=4)
@@ -360,7 +483,13 @@ def main() -> None:
         "--baseline-only", action="store_true", help="measure only --baseline (a run of its own)"
     )
     parser.add_argument("--keep", default=None, help="copy the audit and operator logs here")
-    args = parser.parse_args()
+    parser.add_argument(
+        "--no-floor",
+        dest="floor",
+        action="store_false",
+        help="skip the floor (the operator's objects applied straight, no operator)",
+    )
+    args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the cluster is stopped on the way out
     print(
         f"slotctl bench/k8s_scale.py — {platform.python_implementation()} "
@@ -374,6 +503,7 @@ def main() -> None:
         runs.append(one_run(args, f"after: {REPO}", REPO, args.slots))
     for line in report(runs, args):
         print(line)
+    return runs
 
 
 if __name__ == "__main__":

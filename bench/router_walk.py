@@ -13,11 +13,15 @@ Python work of the walk alone — no syscall, no event loop turn — so it is th
 is the kernel's and the loop's, which a lean relay pays too).
 
     python bench/router_walk.py [--clients 1 10 100] [--requests 60000] [--rounds 3]
-                                [--spy]
+                                [--spy] [--cold MIB]
 
 Prints CPU µs per request (the best of ``--rounds`` runs: the machine may be shared).
 ``--spy`` samples each K's walk with py-spy (``pip install py-spy``) and prints the
-microseconds per request by stage and by function (self time). Never fails on timing.
+microseconds per request by stage and by function (self time). ``--cold MIB`` rewrites a
+scratch buffer of MIB MiB after the clients' sends and after the answers, its own time not
+counted: what the client and the model server do to the caches between two turns of a
+live router's loop (8 MiB: the walk at 1 client runs ~5 times its warm time, as the live
+router's Python does). Never fails on timing.
 """
 
 from __future__ import annotations
@@ -173,8 +177,11 @@ async def start(tmp: Path) -> tuple[SlotManager, DataPlane]:
     return manager, DataPlane(ctx, lambda: None, hosts=HostPolicy("127.0.0.1"))  # type: ignore[arg-type,return-value]
 
 
-async def walk(plane: DataPlane, clients: int, rounds: int) -> None:
-    """``rounds`` rounds of ``clients`` requests (see the module docstring)."""
+async def walk(plane: DataPlane, clients: int, rounds: int, cold: bytearray | None = None) -> float:
+    """``rounds`` rounds of ``clients`` requests (see the module docstring): the CPU seconds
+    of the walk alone. ``cold``: a scratch buffer rewritten whole after the clients' sends
+    and after the answers (what the other processes on the cores do between two turns of
+    a live router's loop: the caches left cold), its own time not counted."""
     plane.pool.close()
     plane.pool.closed = False
     endpoint = plane.ctx.manager.endpoint("bench")
@@ -189,19 +196,34 @@ async def walk(plane: DataPlane, clients: int, rounds: int) -> None:
         plane.pool.put(key, upstream)
         fronts.append(front)
         upstreams.append(upstream)
+    clock = time.process_time
+    spent = 0.0
+    fill = bytes(len(cold)) if cold is not None else b""
     for turn in range(rounds):
+        began = clock()
         for front in fronts:
             front.data_received(REQUEST)
+        if cold is not None:
+            spent += clock() - began
+            cold[:] = fill
+            began = clock()
         for upstream in upstreams:
             upstream.data_received(ANSWER)
+        spent += clock() - began
+        if cold is not None:
+            cold[:] = fill
         if turn % 16 == 0:
             await asyncio.sleep(0)  # the loop's own work (the state lag writer) gets a turn
     if plane.in_flight:
         raise SystemExit(f"{plane.in_flight} requests still in flight: the walk broke")
+    return spent
 
 
-async def measure(clients: list[int], requests: int, rounds: int) -> dict[int, float]:
+async def measure(
+    clients: list[int], requests: int, rounds: int, cold_mib: float = 0.0
+) -> dict[int, float]:
     out: dict[int, float] = {}
+    cold = bytearray(int(cold_mib * 2**20)) if cold_mib else None
     with tempfile.TemporaryDirectory(prefix="slotctl-router-walk-") as name:
         manager, plane = await start(Path(name))
         try:
@@ -209,9 +231,7 @@ async def measure(clients: list[int], requests: int, rounds: int) -> dict[int, f
                 await walk(plane, k, max(3, 300 // k))  # warm
                 best = float("inf")
                 for _ in range(rounds):
-                    began = time.process_time()
-                    await walk(plane, k, max(1, requests // k))
-                    spent = time.process_time() - began
+                    spent = await walk(plane, k, max(1, requests // k), cold)
                     best = min(best, 1e6 * spent / (max(1, requests // k) * k))
                 out[k] = best
         finally:
@@ -255,9 +275,17 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=60000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--spy", action="store_true", help="a py-spy breakdown per K")
+    parser.add_argument(
+        "--cold",
+        type=float,
+        default=0.0,
+        metavar="MIB",
+        help="rewrite a scratch buffer of MIB MiB between the sends and the answers (caches cold)",
+    )
     args = parser.parse_args()
-    figures = asyncio.run(measure(args.clients, args.requests, args.rounds))
-    print(f"bench/router_walk.py: Python {sys.version.split()[0]}, {args.requests} requests")
+    figures = asyncio.run(measure(args.clients, args.requests, args.rounds, args.cold))
+    cold = f", caches cold ({args.cold:g} MiB rewritten between turns)" if args.cold else ""
+    print(f"bench/router_walk.py: Python {sys.version.split()[0]}, {args.requests} requests{cold}")
     for k, us in figures.items():
         print(f"  {k:>3} clients: {us:6.1f} µs CPU per request (the walk alone, best of rounds)")
     if not args.spy:

@@ -9,13 +9,18 @@ reach, its priority class and limits, when it expires. The key itself is shown o
 
 Scopes (each route declares the scope it needs: ``controller.api.app.RouteSpec``):
 
-    inference   the /v1 routes (and only the models its patterns name)
-    read        the GET routes, the event stream, metrics (and inference)
-    admin       everything
+    inference   the /v1 routes (and only the models its patterns name, checked on the
+                model that would serve)
+    read        the GET routes, the event stream, metrics (and inference), with the
+                secrets withheld (controller.access.withheld); not the servers' logs
+    admin       everything, secrets and logs included
 
 A running controller sees new and revoked keys within a second (:meth:`KeyRing.current`
-looks at the file's identity at most once a second, no watcher). Pure except for the
-file it reads and writes.
+looks at the file's identity at most once a second, no watcher). A kept-alive client
+presents the same secret again: what :meth:`KeyRing.hold` found for it (a :class:`KeyHold`)
+is recognised by :meth:`KeyRing.again` while the keys are those it was found in — the same
+answer as :meth:`KeyRing.identify`'s, without hashing the secret again. Pure except for
+the file it reads and writes.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import re
 import secrets
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
 from pathlib import Path
@@ -50,6 +55,7 @@ __all__ = [
     "KEY_PREFIX",
     "NAME_PATTERN",
     "KeyEntry",
+    "KeyHold",
     "KeyLimits",
     "KeyRing",
     "Principal",
@@ -108,7 +114,9 @@ class KeyEntry(BaseModel):
 
 @dataclass(frozen=True, slots=True)
 class Principal:
-    """Who a request is: a key's name (``admin`` for the API token), its scope, limits."""
+    """Who a request is: a key's name (``admin`` for the API token), its scope, limits;
+    ``id``: the key's identity (its hash, never shown): what its counters are kept by, so
+    a key revoked and created again under the same name starts with none of them."""
 
     name: str
     scope: Scope
@@ -116,6 +124,7 @@ class Principal:
     priority: str | None = None
     max_concurrency: int | None = None
     rpm: int | None = None
+    id: str = ""  # "": the API token
 
     def may_use(self, model: str) -> bool:
         return not self.models or any(fnmatch.fnmatchcase(model, p) for p in self.models)
@@ -126,6 +135,16 @@ class Principal:
 
 
 TOKEN_PRINCIPAL: Final = Principal("", Scope.ADMIN)
+
+
+@dataclass(frozen=True, slots=True)
+class KeyHold:
+    """A key's principal as :meth:`KeyRing.hold` found it: the keys it was found in (the
+    ring's dict: a new one when ``keys.json`` changes), its entry, its principal."""
+
+    keys: dict[str, KeyEntry]
+    entry: KeyEntry
+    principal: Principal
 
 
 def hash_key(key: str) -> str:
@@ -260,28 +279,58 @@ class KeyRing:
 
     def identify(self, presented: str, now: float, wall: float) -> Principal | None:
         """Who presents this secret: the token's admin, a key's principal, or None."""
+        found = self.hold(presented, now, wall)
+        return found.principal if isinstance(found, KeyHold) else found
+
+    def hold(self, presented: str, now: float, wall: float) -> KeyHold | Principal | None:
+        """:meth:`identify`'s answer, a key's as the :class:`KeyHold` that :meth:`again`
+        recognises (the token's admin as itself)."""
         if hmac.compare_digest(presented.encode("utf-8", "surrogateescape"), self.token.encode()):
             return TOKEN_PRINCIPAL
-        entry = self.current(now).get(hash_key(presented))
+        keys = self.current(now)
+        entry = keys.get(hash_key(presented))
         if entry is None:
             return None
         if entry.expires_at is not None and wall >= entry.expires_at:
             return None
         self.last_used[entry.name] = wall
-        return Principal(
+        principal = Principal(
             entry.name,
             Scope.parse(entry.scope),
             entry.models,
             entry.priority,
             entry.max_concurrency,
             entry.rpm,
+            entry.sha256,
         )
+        return KeyHold(keys, entry, principal)
 
-    def describe(self, wall: float) -> list[dict[str, Any]]:
-        """Every key for ``slotctl key list``: never a secret or its hash."""
+    def again(self, held: KeyHold, now: float, wall: float) -> Principal | None:
+        """What :meth:`identify` says now of the secret ``held`` was found for, while the
+        keys are still those it was found in (``keys.json`` looked at as ever, at most once
+        a second): its principal (marked used), or None when it expired; None too when
+        the keys changed (identify it again)."""
+        if self.current(now) is not held.keys:
+            return None
+        entry = held.entry
+        if entry.expires_at is not None and wall >= entry.expires_at:
+            return None
+        self.last_used[entry.name] = wall
+        return held.principal
+
+    def describe(
+        self, wall: float, in_flight: Mapping[str, int] | None = None
+    ) -> list[dict[str, Any]]:
+        """Every key for ``slotctl key list`` (with ``in_flight``: its requests in flight,
+        :attr:`KeyLimits.in_flight`): never a secret or its hash."""
+        running = in_flight or {}
         with contextlib.suppress(SlotctlError):
             entries = read_entries(self.state_dir)
-            return [_public(e, self.last_used.get(e.name), wall) for e in entries]
+            out = [_public(e, self.last_used.get(e.name), wall) for e in entries]
+            if in_flight is not None:
+                for entry, item in zip(entries, out, strict=True):
+                    item["in_flight"] = running.get(entry.sha256, 0)
+            return out
         return []
 
 
@@ -294,7 +343,9 @@ def _public(entry: KeyEntry, last_used: float | None, wall: float) -> dict[str, 
 
 class KeyLimits:
     """Per key: its requests in flight (``max_concurrency``) and those of the last minute
-    (``rpm``); the API token has none. One per controller, counted by the routed call."""
+    (``rpm``); the API token has none. One per controller, counted by the routed call.
+    Kept by the key's id (:attr:`Principal.id`), never its name: a key revoked and made
+    again under the same name starts afresh."""
 
     def __init__(self) -> None:
         self.in_flight: dict[str, int] = {}
@@ -302,9 +353,9 @@ class KeyLimits:
 
     def admit(self, principal: Principal, now: float) -> KeyLimited | None:
         """Count one more request of ``principal`` (None), or the 429 that refuses it."""
-        name = principal.name
+        name, flow = principal.name, principal.id
         if principal.max_concurrency is not None:
-            running = self.in_flight.get(name, 0)
+            running = self.in_flight.get(flow, 0)
             if running >= principal.max_concurrency:
                 return KeyConcurrencyLimited(
                     f"the key {name!r} has {running} requests in flight "
@@ -313,7 +364,7 @@ class KeyLimits:
                     key=name,
                 )
         if principal.rpm is not None:
-            recent = self._recent.setdefault(name, deque())
+            recent = self._recent.setdefault(flow, deque())
             while recent and recent[0] <= now - _WINDOW_S:
                 recent.popleft()
             if len(recent) >= principal.rpm:
@@ -325,13 +376,13 @@ class KeyLimits:
                 )
             recent.append(now)
         if name:
-            self.in_flight[name] = self.in_flight.get(name, 0) + 1
+            self.in_flight[flow] = self.in_flight.get(flow, 0) + 1
         return None
 
     def done(self, principal: Principal) -> None:
         """One request of ``principal`` that :meth:`admit` counted ended."""
-        left = self.in_flight.get(principal.name, 0) - 1
+        left = self.in_flight.get(principal.id, 0) - 1
         if left > 0:
-            self.in_flight[principal.name] = left
+            self.in_flight[principal.id] = left
         else:
-            self.in_flight.pop(principal.name, None)
+            self.in_flight.pop(principal.id, None)

@@ -47,7 +47,6 @@ from controller.slots.manager import SlotManager
 __all__ = [
     "API_CTX",
     "BAD_BEARER_MESSAGE",
-    "CLOSED",
     "NO_BEARER_MESSAGE",
     "PRINCIPAL",
     "PROBE_PATHS",
@@ -72,9 +71,6 @@ __all__ = [
 log = logging.getLogger("slotctl.api")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-CLOSED: Final = CtxKey("router_closed", bool)  # set by the app's cleanup (the router's)
 
 
 @dataclass(slots=True)
@@ -102,6 +98,9 @@ class ApiContext:
     # requests in flight and a minute.
     keys: KeyRing = field(init=False)
     limits: KeyLimits = field(default_factory=KeyLimits)
+    # The app is cleaning up (set by the router's cleanup, controller.api.openai): a routed
+    # request still running opens nothing new. A field, read by every routed request.
+    closed: bool = False
 
     def __post_init__(self) -> None:
         self.keys = KeyRing(Path(self.state_dir), self.token)
@@ -109,13 +108,9 @@ class ApiContext:
     @property
     def recorder(self) -> RequestRecorder | None:
         """Where routed requests are reported (the metrics, when they run)."""
-        return self.store.get(REQUEST_RECORDER)
-
-    @property
-    def closed(self) -> bool:
-        """The app is cleaning up (set by the router's cleanup)."""
-        closed: bool | None = self.store.get(CLOSED)
-        return closed is True
+        # store.get(REQUEST_RECORDER), in line (once a routed request: its code runs from
+        # cold caches, where each function more it touches costs; docs/performance.md)
+        return self.store._values.get(REQUEST_RECORDER)  # type: ignore[return-value]
 
 
 API_CTX: Final = web.AppKey("slotctl_api", ApiContext)

@@ -9,9 +9,11 @@ from a controller's API and prints it as text (``slotctl slot load --dry-run``:
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any, TypedDict
 
 from controller.slots.dryrun import LoadPlan, PlanTarget, PlanVictim, UnitPlan
+from controller.slots.records import FootprintView
 
 __all__ = [
     "DeviceJson",
@@ -115,6 +117,15 @@ class PlanJson(TypedDict, total=False):
     unit: UnitJson
     pull: PullJson
     adapters: dict[str, Any]  # its LoRA adapters: api, places, reserved_bytes, serves, reapply
+    footprint: dict[str, Any]  # what it would hold, part by part (footprint_json)
+
+
+def footprint_json(view: FootprintView) -> dict[str, Any]:
+    """A slot's footprint as the API answers it (``/api/models/{id}/footprint``, the dry
+    run's ``footprint``): every field of the view, tuples as lists."""
+    out = asdict(view)
+    out["notes"] = list(view.notes)
+    return out
 
 
 def plan_json(plan: LoadPlan) -> PlanJson:
@@ -174,6 +185,8 @@ def plan_json(plan: LoadPlan) -> PlanJson:
             "serves": list(a.serves),
             "reapply": list(a.reapply),
         }
+    if plan.footprint is not None:
+        out["footprint"] = footprint_json(plan.footprint)
     return out
 
 

@@ -27,7 +27,16 @@ from typing import TYPE_CHECKING, Any, Final
 from aiohttp import web
 from pydantic import BaseModel
 
-from controller.api.app import ApiContext, CtxKey, Query, RouteTable, json_response, query_flag
+from controller.access.withheld import sees_secrets, withhold_strings
+from controller.api.app import (
+    ApiContext,
+    CtxKey,
+    Query,
+    RouteTable,
+    json_response,
+    principal_of,
+    query_flag,
+)
 from controller.api.rest import ctx_of
 from controller.model.errors import InvalidRequest, ModelInUse, ModelNotFound, SlotctlError
 from controller.model.events import EventKind, Op
@@ -177,6 +186,8 @@ async def list_files(request: web.Request) -> web.Response:
     files = _files(ctx)
     models = list(ctx.manager.models.values())
     out = [await _state_json(ctx, files, m) for m in models]
+    if not sees_secrets(principal_of(request)):  # a source URL's credentials
+        out = [withhold_strings(m) for m in out]
     disk = {
         "models_dir": str(files.models_dir),
         "free_bytes": await asyncio.to_thread(files.admission.free),
@@ -200,7 +211,10 @@ async def list_files(request: web.Request) -> web.Response:
 async def model_files(request: web.Request) -> web.Response:
     ctx = ctx_of(request)
     files = _files(ctx)
-    return json_response(await _state_json(ctx, files, _model(ctx, request)))
+    out = await _state_json(ctx, files, _model(ctx, request))
+    if not sees_secrets(principal_of(request)):  # a source URL's credentials
+        out = withhold_strings(out)
+    return json_response(out)
 
 
 @route(

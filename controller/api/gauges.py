@@ -89,6 +89,12 @@ class LiveCollector(Collector):
             "released) or waking",
             labels=["slot", "residency"],
         )
+        replica = GaugeMetricFamily(
+            "slotctl_slot_replica",
+            "A replica (always 1): the slot whose replica it is and its index (issue 38; "
+            "the slot itself is replica 0 of a slot with replicas)",
+            labels=["slot", "replica_of", "index"],
+        )
         sleepers = GaugeMetricFamily(
             "slotctl_sleeper_host_bytes",
             "Host memory held by asleep servers' weights (sleep level 1), per host key",
@@ -114,13 +120,26 @@ class LiveCollector(Collector):
                 ],
                 1.0,
             )
+            if view.replica_of:
+                replica.add_metric([view.name, view.replica_of, str(view.replica_index)], 1.0)
             leases.add_metric([view.name], float(view.leases))
             queue.add_metric([view.name], float(view.waiters))
             blocked.add_metric([view.name], 1.0 if view.retry_after_s > 0 else 0.0)
             waiting.add_metric([view.name], 1.0 if view.waiting else 0.0)
         for device, host_bytes in sorted(held.items()):
             sleepers.add_metric([device], host_bytes)
-        yield from (state, slot_info, placed, leases, queue, blocked, waiting, tier, sleepers)
+        yield from (
+            state,
+            slot_info,
+            placed,
+            replica,
+            leases,
+            queue,
+            blocked,
+            waiting,
+            tier,
+            sleepers,
+        )
         memory = GaugeMetricFamily(
             "slotctl_device_memory_bytes",
             "Device memory: total and free as probed, admitted by slotctl (resident: servers "

@@ -76,10 +76,7 @@ def _lock(ctx: ApiContext) -> asyncio.Lock:
 
 
 def _listing(ctx: ApiContext) -> list[dict[str, Any]]:
-    out = ctx.keys.describe(time.time())
-    for item in out:
-        item["in_flight"] = ctx.limits.in_flight.get(item["name"], 0)
-    return out
+    return ctx.keys.describe(time.time(), ctx.limits.in_flight)
 
 
 @route(

@@ -24,9 +24,9 @@ output in the integration tests.
 
 from __future__ import annotations
 
-import bisect
 import logging
 import time
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
 from typing import Final, cast
 
@@ -106,6 +106,17 @@ def eviction_reason(event: Event) -> str | None:
 _go_float = cast(Callable[[float], str], floatToGoString)  # the bound's text, as theirs
 
 
+_STATUS_TEXTS: dict[int | str, str] = {}  # a status label's text, made once (twice a request)
+
+
+def _status_text(status: int | str) -> str:
+    """``str(status)``, kept (``_STATUS_TEXTS.get(status) or _status_text(status)``)."""
+    if len(_STATUS_TEXTS) >= 1024:
+        _STATUS_TEXTS.clear()
+    text = _STATUS_TEXTS[status] = str(status)
+    return text
+
+
 class _Counts(Collector):
     """A labelled counter counted with plain updates (a prometheus_client ``Counter``'s
     ``labels()`` checks and joins the values and takes a lock on every update: twice a
@@ -115,17 +126,18 @@ class _Counts(Collector):
     def __init__(self, name: str, documentation: str, labels: list[str]) -> None:
         self.name = name.removesuffix("_total")
         self.documentation, self.labels = documentation, labels
-        self._counts: dict[tuple[str, ...], list[float]] = {}  # [value, created]
+        # [value, created] by the labels' values (Metrics.key_done counts in it itself)
+        self.counts: dict[tuple[str, ...], list[float]] = {}
 
     def inc(self, *values: str, amount: float = 1.0) -> None:
-        found = self._counts.get(values)
+        found = self.counts.get(values)
         if found is None:
-            found = self._counts[values] = [0.0, time.time()]
+            found = self.counts[values] = [0.0, time.time()]
         found[0] += amount
 
     def collect(self) -> Iterable[Metric]:
         family = CounterMetricFamily(self.name, self.documentation, labels=self.labels)
-        for values, (value, created) in list(self._counts.items()):
+        for values, (value, created) in list(self.counts.items()):
             family.add_metric(list(values), value, created=created)
         yield family
 
@@ -141,7 +153,7 @@ class _RequestSeries(Collector):
         self._durations: dict[tuple[str, str], list[float]] = {}  # buckets, +Inf, sum, created
 
     def done(self, slot: str, model: str, status: int | str, seconds: float) -> None:
-        key = (slot, model, str(status))
+        key = (slot, model, _STATUS_TEXTS.get(status) or _status_text(status))
         count = self._counts.get(key)
         if count is None:
             count = self._counts[key] = [0, time.time()]
@@ -151,8 +163,9 @@ class _RequestSeries(Collector):
             series = self._durations[(slot, model)] = [0.0] * (len(REQUEST_BUCKETS) + 2) + [
                 time.time()
             ]
-        seconds = max(0.0, seconds)
-        series[bisect.bisect_left(REQUEST_BUCKETS, seconds)] += 1
+        if seconds < 0.0:
+            seconds = 0.0
+        series[bisect_left(REQUEST_BUCKETS, seconds)] += 1
         series[-2] += seconds
 
     def slot_totals(self) -> dict[str, tuple[int, int, list[float]]]:
@@ -241,6 +254,8 @@ class Metrics:
         )
         self.requests = _RequestSeries()  # per request: plain updates, families at scrape
         r.register(self.requests)
+        # One routed request finished (the router calls this): the series' own method.
+        self.request_done = self.requests.done
         self.reconcile_duration = Histogram(
             "slotctl_reconcile_duration_seconds",
             "Duration of one reconcile pass of one slot",
@@ -302,6 +317,14 @@ class Metrics:
             ["key", "class", "kind"],
         )
         r.register(self.key_tokens_total)
+        self.slot_tokens_total = _Counts(
+            "slotctl_slot_prompt_tokens_total",
+            "Prompt tokens of the requests routed to a slot's replicas, and of those the "
+            "ones its server's prefix cache held (kind=cached: usage.prompt_tokens_details"
+            ".cached_tokens or llama.cpp's timings.cache_n), by replica and its slot",
+            ["slot", "replica_of", "kind"],
+        )
+        r.register(self.slot_tokens_total)
         self.queue_wait = Histogram(
             "slotctl_queue_wait_seconds",
             "Time routed requests waited for their lease (a cold load, a wake, a swap, a "
@@ -378,17 +401,26 @@ class Metrics:
         elif to in _LOAD_END or to == SlotState.IDLE.value:
             self._load_started.pop(slot, None)
 
-    def request_done(self, slot: str, model: str, status: int | str, seconds: float) -> None:
-        """One routed request finished (the router calls this)."""
-        self.requests.done(slot, model, status, seconds)
-
     def key_tokens(self, key: str, cls: str, prompt: int, completion: int) -> None:
         self.key_tokens_total.inc(key or "@token", cls, "prompt", amount=prompt)
         self.key_tokens_total.inc(key or "@token", cls, "completion", amount=completion)
 
+    def slot_tokens(self, slot: str, group: str, prompt: int, cached: int) -> None:
+        """A replica's request: prompt tokens, and of those the cached ones."""
+        self.slot_tokens_total.inc(slot, group, "prompt", amount=prompt)
+        self.slot_tokens_total.inc(slot, group, "cached", amount=cached)
+
     def key_done(self, key: str, cls: str, status: int | str, waited: float | None) -> None:
         """One routed request of a key finished (the router calls this)."""
-        self.key_requests.inc(key or "@token", cls, str(status))
+        text = _STATUS_TEXTS.get(status) or _status_text(status)
+        # key_requests.inc(...), in line: a request's code runs from cold caches, where
+        # each function more it touches costs (docs/performance.md, the router)
+        counts = self.key_requests.counts
+        values = (key or "@token", cls, text)
+        found = counts.get(values)
+        if found is None:
+            found = counts[values] = [0.0, time.time()]
+        found[0] += 1.0
         if waited is not None:
             self.queue_wait.labels(cls).observe(max(0.0, waited))
 
@@ -417,7 +449,9 @@ def metrics_of(ctx: ApiContext) -> Metrics:
         metrics = Metrics(ctx)
         ctx.store.set(METRICS, metrics)
         ctx.store.set(REQUEST_RECORDER, metrics)  # the router reports its requests here
-        ctx.events.add_listener(metrics.on_event)
+        # The lease flips of every request are only counted (see Metrics._on_event): told
+        # as (slot, from, to), with no event built for them.
+        ctx.events.add_listener(metrics.on_event, on_flip=metrics.transitions.inc)
         if ctx.reconciler is not None:
             ctx.reconciler.pass_observers.append(metrics.reconcile_pass)
     return metrics

@@ -9,11 +9,14 @@ from typing import Any, Final
 from aiohttp import web
 from pydantic import BaseModel
 
+from controller.access.withheld import sees_secrets, withhold_strings
 from controller.api.app import (
     ApiContext,
     RouteTable,
     json_response,
+    principal_of,
 )
+from controller.api.dryrun import footprint_json
 from controller.api.rest import (
     LoadAnswer,
     ctx_of,
@@ -56,7 +59,7 @@ _MODEL_STATE: Final = {
 class ModelOut(BaseModel):
     id: str
     kind: str
-    memory_gb: float
+    memory_gb: float | None  # declared; None: estimated (GET /api/models/{id}/footprint)
     exclusive_group: str | None = None
     state: str
     resident: bool
@@ -127,6 +130,8 @@ def _catalogue_model(ctx: ApiContext, model_id: str) -> ModelSpec:
 async def list_models(request: web.Request) -> web.Response:
     ctx = ctx_of(request)
     models = [_model_out(ctx, m) for m in ctx.manager.models.values()]
+    if not sees_secrets(principal_of(request)):  # an error may name a source URL
+        models = [withhold_strings(m) for m in models]
     return json_response({"models": models, "aliases": _aliases_out(ctx.manager)})
 
 
@@ -154,7 +159,27 @@ def _aliases_out(manager: SlotManager) -> list[dict[str, Any]]:
 )
 async def model_state(request: web.Request) -> web.Response:
     ctx = ctx_of(request)
-    return json_response(_model_out(ctx, _catalogue_model(ctx, request.match_info["model_id"])))
+    out = _model_out(ctx, _catalogue_model(ctx, request.match_info["model_id"]))
+    return json_response(out if sees_secrets(principal_of(request)) else withhold_strings(out))
+
+
+class FootprintList(BaseModel):
+    model: str
+    slots: list[dict[str, Any]]  # one footprint per slot that binds it (footprint_json)
+
+
+@route(
+    "GET",
+    "/api/models/{model_id:.+}/footprint",
+    summary="what the model would hold on each slot that binds it, part by part",
+    tag="models",
+    responses={200: ("footprints", FootprintList), 404: ("unknown model", None)},
+)
+async def model_footprint(request: web.Request) -> web.Response:
+    ctx = ctx_of(request)
+    model = _catalogue_model(ctx, request.match_info["model_id"])
+    views = await ctx.manager.footprints(model.id)
+    return json_response({"model": model.id, "slots": [footprint_json(v) for v in views]})
 
 
 @route(

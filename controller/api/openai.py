@@ -19,7 +19,7 @@ from typing import Any, Final
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
-from controller.api.app import API_CTX, CLOSED, ApiContext, RouteTable
+from controller.api.app import API_CTX, ApiContext, RouteTable
 from controller.router.endpoints import ENDPOINTS, MODEL, MODELS
 
 __all__ = ["OpenAIModel", "OpenAIModelList", "OpenAIRequest", "routes", "setup"]
@@ -90,6 +90,6 @@ def setup(app: web.Application, ctx: ApiContext) -> None:
     opens nothing new (503)."""
 
     async def closed(app: web.Application) -> None:
-        app[API_CTX].store.set(CLOSED, True)
+        app[API_CTX].closed = True
 
     app.on_cleanup.append(closed)

@@ -15,11 +15,14 @@ from typing import Any, Final
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
+from controller.access.keys import Scope
+from controller.access.withheld import sees_secrets, withhold_slot
 from controller.api.app import (
     ApiContext,
     Query,
     RouteTable,
     json_response,
+    principal_of,
     query_flag,
     read_body,
 )
@@ -159,7 +162,10 @@ async def readyz(request: web.Request) -> web.Response:
 )
 async def list_slots(request: web.Request) -> web.Response:
     views = ctx_of(request).manager.views()
-    return json_response({"slots": [slot_out(v) for v in views]})
+    slots = [slot_out(v) for v in views]
+    if not sees_secrets(principal_of(request)):  # a message may name a URL
+        slots = [withhold_slot(s) for s in slots]
+    return json_response({"slots": slots})
 
 
 @route(
@@ -194,6 +200,8 @@ async def get_slot(request: web.Request) -> web.Response:
     desired = (await desired_state(ctx)).slots.get(name)
     if desired is not None:
         data["spec"] = slot_effective(desired.spec)
+    if not sees_secrets(principal_of(request)):  # below admin: env values, secret flags
+        data = withhold_slot(data)
     return json_response(data)
 
 
@@ -414,8 +422,9 @@ _MAX_LOG_LINES: Final = 10_000
 @route(
     "GET",
     "/api/slots/{name}/logs",
-    summary="the last lines the slot's server wrote",
+    summary="the last lines the slot's server wrote (admin: they may carry prompts, secrets)",
     tag="slots",
+    scope=Scope.ADMIN,  # a server's log may carry prompts and its own secrets
     query=[Query("tail", "integer", f"how many lines (default 100, at most {_MAX_LOG_LINES})")],
     responses={200: ("log lines", SlotLogs), 400: ("bad tail", None), 404: ("unknown", None)},
 )

@@ -28,7 +28,8 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from controller.api.app import API_CTX, ApiContext, CtxKey, Query, RouteTable
+from controller.access.withheld import sees_secrets, withhold_strings
+from controller.api.app import API_CTX, ApiContext, CtxKey, Query, RouteTable, principal_of
 from controller.kit.eventbus import EventBus, Subscription
 from controller.model.errors import InvalidRequest
 from controller.model.events import Event
@@ -77,9 +78,11 @@ def _frame(event_id: int | None, kind: str, data: Any) -> bytes:
     return ("\n".join(lines) + "\n\n").encode()
 
 
-def format_event(event: Event) -> bytes:
-    """One event as an SSE frame (``id``, ``event``, ``data``)."""
-    return _frame(event.id, event.kind, event.to_dict())
+def format_event(event: Event, *, withheld: bool = False) -> bytes:
+    """One event as an SSE frame (``id``, ``event``, ``data``); ``withheld``: for a key
+    below ``admin`` (the URLs' credentials in its messages cut)."""
+    data = event.to_dict()
+    return _frame(event.id, event.kind, withhold_strings(data) if withheld else data)
 
 
 def _last_event_id(request: web.Request) -> int | None:
@@ -161,8 +164,9 @@ async def event_stream(request: web.Request) -> web.StreamResponse:
         events, gap = _replay(bus, last) if last is not None else ([], None)
         sent = events[-1].id if events else bus.last_id
         await response.prepare(request)
+        withheld = not sees_secrets(principal_of(request))
         with contextlib.suppress(ConnectionError):
-            await _stream(request, response, sub, events, gap, sent, keepalive, closing)
+            await _stream(request, response, sub, events, gap, sent, keepalive, closing, withheld)
     return response
 
 
@@ -175,6 +179,7 @@ async def _stream(
     sent: int,
     keepalive: float,
     closing: asyncio.Event,
+    withheld: bool = False,
 ) -> None:
     loop = asyncio.get_running_loop()
     poll = min(_POLL_S, keepalive)
@@ -182,7 +187,7 @@ async def _stream(
     if gap is not None:
         await response.write(_frame(None, "gap", gap))
     if replay:
-        await response.write(b"".join(format_event(e) for e in replay))
+        await response.write(b"".join(format_event(e, withheld=withheld) for e in replay))
     dropped = sub.dropped
     last_write = loop.time()
     closed = asyncio.ensure_future(closing.wait())
@@ -213,7 +218,7 @@ async def _stream(
                             },
                         )
                     )
-                chunk = b"".join(format_event(e) for e in batch if e.id > sent)
+                chunk = b"".join(format_event(e, withheld=withheld) for e in batch if e.id > sent)
                 if chunk:
                     await response.write(chunk)
                     sent = max(sent, batch[-1].id)

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from controller.cli import declarative as cli_declarative
     from controller.cli import k8s as cli_k8s
     from controller.cli import keys as cli_keys
+    from controller.cli import migrate as cli_migrate
     from controller.cli import pull as cli_pull
     from controller.cli import remote as cli_remote
     from controller.cli import slot as cli_slot
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
 else:  # imported when a command of theirs runs
     cli_declarative = LazyModule("controller.cli.declarative")
     cli_keys = LazyModule("controller.cli.keys")
+    cli_migrate = LazyModule("controller.cli.migrate")
     cli_pull = LazyModule("controller.cli.pull")
     cli_k8s = LazyModule("controller.cli.k8s")
     cli_remote = LazyModule("controller.cli.remote")
@@ -45,6 +47,7 @@ def add_commands(tree: Tree, sub: SubParsers) -> None:
     _slot_commands(tree, sub)
     _model_commands(tree, sub)
     _key_commands(tree, sub)
+    tree.declare(sub, _IMPORT)
     controller_commands(tree, sub)
 
 
@@ -340,6 +343,11 @@ def _model_rm(p: argparse.ArgumentParser) -> None:
     output(p)
 
 
+def _model_footprint(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model_id", metavar="MODEL")
+    output(p)
+
+
 def _model_gc(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dry-run", action="store_true", help="list what would go, remove nothing")
     output(p)
@@ -392,6 +400,18 @@ _MODEL: Final[tuple[Command, ...]] = (
         "used first; never a pinned slot's model, never a pull in flight. --dry-run lists "
         "each entry with remove or keep and why.",
         examples=("slotctl model gc --dry-run", "slotctl model gc"),
+    ),
+    Command(
+        "footprint",
+        "what a model would hold, part by part, and what admission counts",
+        lambda a: cli_remote.cmd_model_footprint(a),
+        _model_footprint,
+        description="For each slot that binds the model: the estimate read from its file "
+        "(weights by tensor type, the KV cache at the slot's context, parallel sequences "
+        "and cache types, compute buffers, what stays in host memory), the declared "
+        "memory_gb, the most its server was seen to hold, and which one admission counts "
+        "(declared, else the larger of estimated and observed).",
+        examples=("slotctl model footprint qwen2.5-7b-q4", "slotctl model footprint tiny -o json"),
     ),
     Command(
         "load",
@@ -527,3 +547,58 @@ def _key_commands(tree: Tree, sub: SubParsers) -> None:
     )
     cmds = tree.group(key, "key_cmd")
     tree.declare(cmds, _KEY)
+
+
+# ====================================================================== import
+
+
+def _import(p: argparse.ArgumentParser) -> None:
+    p.add_argument("file", type=Path, metavar="FILE", help="config.yaml or FILE.ini; '-': stdin")
+    p.add_argument(
+        "--from",
+        dest="source_format",
+        choices=["llama-swap", "llama-server-presets"],
+        help="the source's format (default: .ini is presets, anything else llama-swap)",
+    )
+    p.add_argument("--stack", help="the stack's name (default: llama-swap / llama-router)")
+    p.add_argument("--output", metavar="FILE.toml", help="write the stack here (default: stdout)")
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="exit 1 and write nothing when any key is not carried over exactly "
+        "(dropped, approximated or needing input)",
+    )
+    p.add_argument(
+        "--offline",
+        action="store_true",
+        help="never ask the hub: -hf user/model:quant stays for you to name its file",
+    )
+    p.add_argument("--binary", help="presets: the llama-server binary (default: on the PATH)")
+    p.add_argument(
+        "-o", "--format", choices=["toml", "json"], default="toml", help="json: stack + report"
+    )
+
+
+_IMPORT: Final[tuple[Command, ...]] = (
+    Command(
+        "import",
+        "a llama-swap config.yaml or llama.cpp router presets -> a stack file",
+        lambda a: cli_migrate.cmd_import(a),
+        _import,
+        description="Turn a llama-swap config.yaml (models and their cmd, ttl, aliases, "
+        "groups, hooks, apiKeys, macros) or a llama.cpp router presets file "
+        "(llama-server --models-preset) into a stack file, checked as `stack validate` "
+        "checks it. Every key not carried over exactly is listed on stderr with why "
+        "(dropped, approximated, owned by slotctl, or needing your input); apiKeys become "
+        "the `slotctl key create` commands to run (printed, not run). -hf "
+        "user/model:quant is resolved against the hub's listing unless --offline. Exit 0 "
+        "imported, 1 the stack does not validate or --strict refused it, 2 the source "
+        "cannot be read.",
+        examples=(
+            "slotctl import ~/llama-swap/config.yaml --output stacks/llama-swap.toml",
+            "slotctl import models.ini --strict --offline",
+            "slotctl import config.yaml -o json | jq .findings",
+        ),
+        skip=("--server", "--token"),  # no controller: files in, a file out
+    ),
+)

@@ -205,6 +205,20 @@ def _operator(p: argparse.ArgumentParser) -> None:
         help="kopf's liveness endpoint, e.g. http://0.0.0.0:8080/healthz",
     )
     p.add_argument("--resync", type=float, default=30.0, help="resync period in seconds")
+    p.add_argument(
+        "--inference-pools",
+        action="store_true",
+        help="kubernetes runtime: keep one InferencePool (inference.networking.k8s.io/v1) per "
+        "model selecting the pods of its Ready slots, for Gateway API Inference Extension "
+        "gateways (the CRD must be installed)",
+    )
+    p.add_argument(
+        "--endpoint-picker",
+        default=None,
+        metavar="NAME:PORT[:FailOpen|FailClose]",
+        help="with --inference-pools: the pools' endpointPickerRef, a Service of the release "
+        "namespace (default: none; optional since the extension's v1.6)",
+    )
     p.add_argument("--log-format", choices=["text", "json"], default="text")
     p.add_argument("--log-level", choices=["debug", "info", "warning"], default="info")
 

@@ -90,8 +90,15 @@ def cmd_operator(args: argparse.Namespace) -> ExitCode:
         liveness=args.liveness,
         resync_s=args.resync,
         quiet=args.log_format == "json",
+        inference_pools=args.inference_pools,
+        endpoint_picker=args.endpoint_picker,
     )
-    return ExitCode(asyncio.run(Operator(opts).run()))
+    try:
+        operator = Operator(opts)
+    except ValueError as exc:  # --inference-pools without the kubernetes runtime, a picker
+        print(f"slotctl operator: {exc}", file=sys.stderr)
+        return ExitCode.ERROR
+    return ExitCode(asyncio.run(operator.run()))
 
 
 # ------------------------------------------------------------------ conversion

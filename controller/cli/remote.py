@@ -171,6 +171,9 @@ def _explain(name: str, plan: PlanJson, style: Style) -> list[str]:
         return lines
     if "needed_bytes" in plan:
         lines += _placement_lines(plan)
+    footprint = plan.get("footprint")
+    if footprint:
+        lines.append("  footprint: " + footprint_summary(footprint))
     pull = plan.get("pull")
     if pull:
         lines.append(f"  model files: {pull.get('message', '')}")
@@ -379,6 +382,68 @@ def cmd_model_unload(args: argparse.Namespace) -> ExitCode:
     verdict = answer.get("status", "?") if isinstance(answer, dict) else "?"
     message = answer.get("message") if isinstance(answer, dict) else None
     _print(args, answer, f"model {args.model_id}: {message or verdict}")
+    return ExitCode.OK
+
+
+def _gib(value: object) -> str:
+    return format_memory(value if isinstance(value, int | float) else None)
+
+
+def footprint_summary(fp: Mapping[str, Any]) -> str:
+    """One line: what admission counts, on what basis, and the figures beside it."""
+    parts = [f"{_gib(fp.get('admitted_bytes'))} ({fp.get('basis', '?')})"]
+    for key, word in (
+        ("declared_bytes", "declared"),
+        ("estimated_bytes", "estimated"),
+        ("observed_bytes", "observed"),
+    ):
+        if fp.get(key) is not None:
+            parts.append(f"{word} {_gib(fp.get(key))}")
+    return "; ".join(parts)
+
+
+def footprint_lines(fp: Mapping[str, Any]) -> list[str]:
+    """A slot's footprint, part by part (``slotctl model footprint``)."""
+    lines = [
+        f"slot {fp.get('slot')} ({fp.get('provider')}, device {fp.get('device')}): "
+        + footprint_summary(fp)
+    ]
+    if fp.get("source"):
+        by_type = ", ".join(
+            f"{name} {_gib(size)}" for name, size in (fp.get("weights_by_type") or {}).items()
+        )
+        lines += [
+            f"  weights      {_gib(fp.get('weights_bytes'))} ({by_type}); "
+            f"{fp.get('layers_on_device')}/{fp.get('layers')} layers on the device, "
+            f"{_gib(fp.get('weights_host_bytes'))} in host memory",
+            f"  KV cache     {_gib(fp.get('kv_bytes'))} at context {fp.get('context')} "
+            f"(parallel {fp.get('parallel')}, cache {fp.get('cache_type')}); "
+            f"{_gib(fp.get('kv_host_bytes'))} in host memory",
+            f"  buffers      {_gib(fp.get('buffers_bytes'))}",
+            f"  host memory  {_gib(fp.get('host_bytes'))} (prompt cache "
+            f"{_gib(fp.get('prompt_cache_bytes'))}, engine {_gib(fp.get('engine_bytes'))})",
+        ]
+    else:
+        lines.append(f"  no estimate: {fp.get('why_not') or '?'}")
+    if fp.get("observed_bytes") is not None:
+        lines.append(
+            f"  observed     {_gib(fp.get('observed_bytes'))} on the device, "
+            f"{_gib(fp.get('observed_host_bytes'))} RSS ({fp.get('observed_source')}, "
+            f"peak at {fp.get('observed_at') or '?'})"
+        )
+    lines += [f"  note: {note}" for note in fp.get("notes") or []]
+    if fp.get("warning"):
+        lines.append(f"  warning: {fp['warning']}")
+    return lines
+
+
+def cmd_model_footprint(args: argparse.Namespace) -> ExitCode:
+    answer = _client(args).get(f"/api/models/{quote_segment(args.model_id)}/footprint")
+    slots = answer.get("slots", []) if isinstance(answer, dict) else []
+    lines = [line for fp in slots for line in footprint_lines(fp)]
+    if not slots:
+        lines = [f"model {args.model_id}: no slot binds it (its launch decides the footprint)"]
+    _print(args, answer, "\n".join(lines))
     return ExitCode.OK
 
 

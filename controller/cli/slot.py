@@ -11,10 +11,11 @@ API knows what lives in the controller's memory (a batch hold's expiry).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any, Final
 
@@ -94,7 +95,35 @@ def _row_from_view(view: dict[str, Any]) -> dict[str, Any]:
         "stack": view.get("stack"),
         "declared": True,
         "pull": view.get("pull"),  # pulling: its model's pull (bytes, rate, ETA)
+        "replica_of": view.get("replica_of"),  # a replica's slot (issue 38)
+        "replica_index": int(view.get("replica_index") or 0),
     }
+
+
+def _grouped(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``rows`` with each slot's replicas right after it, in index order."""
+    replicas: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        if row.get("replica_of") and row.get("replica_index"):
+            replicas.setdefault(row["replica_of"], []).append(row)
+    if not replicas:
+        return rows
+    out: list[dict[str, Any]] = []
+    for row in rows:
+        if row.get("replica_of") and row.get("replica_index"):
+            continue
+        out.append(row)
+        out.extend(sorted(replicas.pop(row["name"], []), key=lambda r: r["replica_index"]))
+    for orphans in replicas.values():  # a replica whose slot is not listed
+        out.extend(orphans)
+    return out
+
+
+def _name_cell(row: dict[str, Any]) -> str:
+    name = str(row["name"])
+    if row.get("replica_of") and row.get("replica_index"):
+        name += f" (replica {row['replica_index']} of {row['replica_of']})"
+    return name + ("" if row["declared"] else " (undeclared)")
 
 
 def _rows_from_files(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -106,17 +135,18 @@ def _rows_from_files(args: argparse.Namespace) -> list[dict[str, Any]]:
     snapshot = read_config_dir(args.config_dir)
     store = StateStore(args.state_dir)
     resident = ResidencyStore(args.config_dir).read()
-    names = list(snapshot.slots) + [n for n in store.names() if n not in snapshot.slots]
+    declared = _declared(snapshot.slots)
+    names = list(declared) + [n for n in store.names() if n not in declared]
     rows = []
     for name in names:
         record = _record(store, name)
-        desired = snapshot.slots.get(name)
+        desired = declared.get(name)
         spec = desired.spec if desired else None
         model = snapshot.models.get(spec.model_id) if spec and spec.model_id else None
         memory = (
             spec.memory_gb
             if spec and spec.memory_gb is not None
-            else (model.memory_gb if model else 0.0)
+            else ((model.memory_gb or 0.0) if model else 0.0)
         )
         rows.append(
             {
@@ -145,9 +175,23 @@ def _rows_from_files(args: argparse.Namespace) -> list[dict[str, Any]]:
                 "message": record.message if record else "",
                 "stack": desired.stack if desired else None,
                 "declared": desired is not None,
+                "replica_of": spec.replica_group or None if spec else None,
+                "replica_index": spec.replica_index if spec else 0,
             }
         )
-    return rows
+    return _grouped(rows)
+
+
+def _declared(slots: Mapping[str, Any]) -> dict[str, Any]:
+    """The declared slots with their replicas, as the controller's desired state expands
+    them (``chat-r1`` is declared by ``chat``'s ``replicas``)."""
+    from controller.spec.replicas import replica_specs
+
+    declared = dict(slots)
+    for slot in slots.values():
+        for replica in replica_specs(slot.spec):
+            declared.setdefault(replica.name, dataclasses.replace(slot, spec=replica))
+    return declared
 
 
 def _placed_gpus(record: Any) -> list[int]:
@@ -206,7 +250,7 @@ def _print_data(data: Any, output: str) -> None:
 def cmd_list(args: argparse.Namespace) -> ExitCode:
     api = _api(args)
     if api is not None:
-        rows = [_row_from_view(v) for v in api.get("/api/slots").get("slots", [])]
+        rows = _grouped([_row_from_view(v) for v in api.get("/api/slots").get("slots", [])])
     else:
         rows = _rows_from_files(args)
     if args.output != "table":
@@ -214,7 +258,7 @@ def cmd_list(args: argparse.Namespace) -> ExitCode:
         return ExitCode.OK
     cells = [
         [
-            r["name"] + ("" if r["declared"] else " (undeclared)"),
+            _name_cell(r),
             _state_cell(r),
             r["model"] or "-",
             str(r["device"]),
@@ -269,7 +313,7 @@ def _get_from_files(args: argparse.Namespace) -> dict[str, Any]:
 
     snapshot = read_config_dir(args.config_dir)
     store = StateStore(args.state_dir)
-    desired = snapshot.slots.get(args.name)
+    desired = _declared(snapshot.slots).get(args.name)
     record = _record(store, args.name) if args.name in store.names() else None
     if desired is None and record is None:
         raise SlotNotFound(args.name)
@@ -285,7 +329,7 @@ def _get_from_files(args: argparse.Namespace) -> dict[str, Any]:
     if desired and desired.spec.model_id in snapshot.models:
         model = snapshot.models[desired.spec.model_id]
         data["model"] = model.model_dump(mode="json", exclude_none=True)
-        data["memory_bytes"] = int(model.memory_gb * GIB)
+        data["memory_bytes"] = model.memory_bytes
     return data
 
 

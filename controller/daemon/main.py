@@ -189,7 +189,7 @@ class Controller:
             apply_stack_dir=gitops.apply_off_loop if gitops is not None else None,
             debounce_ms=opts.watch_debounce_ms,
         )
-        with manager.events.subscribe(accept=self._printable) as events:
+        with manager.events.subscribe(accept=self._printable, flips=False) as events:
             printer = asyncio.create_task(self._print_events(events))
             # Nothing is adopted, restored or reaped before every source of desired state
             # is synced (the operator's custom resources listed): a stop meanwhile ends it.

@@ -18,10 +18,11 @@ from http import HTTPStatus
 from typing import Any, Final
 from urllib.parse import urlsplit
 
-from controller.access.keys import KeyRing, Principal
+from controller.access.keys import KeyHold, KeyRing, Principal
+from controller.dataplane.recall import AnswerRecall
 from controller.dataplane.request import RequestHead
 from controller.dataplane.upstream import Framing, Upstream
-from controller.router.access import bearer, identify
+from controller.router.access import bearer, hold, identify
 from controller.router.endpoints import MODELS
 from controller.router.headers import RESPONSE_DROP_BYTES, connection_names, passes
 from controller.router.hosts import HostPolicy
@@ -45,6 +46,7 @@ __all__ = [
     "models_answer",
     "not_routed",
     "principal",
+    "principal_held",
     "refusal_answer",
     "response_head",
     "sse_error_end",
@@ -52,6 +54,10 @@ __all__ = [
 ]
 
 _RESPONSE_DROP: Final = frozenset(n.decode() for n in RESPONSE_DROP_BYTES)
+# Framings as module constants (``Framing.LENGTH`` is a lookup through the enum's metaclass).
+_SIZED: Final = Framing.LENGTH
+_CHUNKED: Final = Framing.CHUNKED
+_TO_CLOSE: Final = Framing.CLOSE
 
 
 def early_answer(
@@ -103,6 +109,13 @@ def principal(head: RequestHead, keys: KeyRing) -> Principal | None:
     """Who the request is (the API's auth: a bearer token, else ``x-api-key``)."""
     authorization, api_key = _text(head.authorization), _text(head.api_key)
     return identify(keys, authorization, api_key, time.monotonic(), time.time())
+
+
+def principal_held(head: RequestHead, keys: KeyRing) -> KeyHold | Principal | None:
+    """:func:`principal`, a key's as its :class:`KeyHold` (recognised again by
+    ``KeyRing.again`` on a kept-alive connection)."""
+    authorization, api_key = _text(head.authorization), _text(head.api_key)
+    return hold(keys, authorization, api_key, time.monotonic(), time.time())
 
 
 def answer(
@@ -270,16 +283,52 @@ def _lines(status: int, reason: bytes, fields: list[tuple[bytes, bytes]]) -> tup
     return found
 
 
+def _passed_of(upstream: Upstream, recalled: AnswerRecall | None) -> tuple[bytes, bool]:
+    """The lines an answer passes and whether it is an event stream (a recalled head's
+    last answer's: known)."""
+    passed = recalled.passed if recalled is not None else None
+    if passed is None:
+        passed = _lines(upstream.status, upstream.reason, upstream.fields)
+        if recalled is not None:
+            recalled.passed = passed
+    return passed
+
+
 def response_head(upstream: Upstream, *, close: bool, old: bool) -> tuple[bytes, bool, bool]:
     """The client's head of an upstream's answer: ``(head, chunked, event stream)``.
     Hop-by-hop headers (and those ``Connection`` names) go, the others pass in the order
     they came, the upstream's Date after them; a sized body keeps its length (it passes
     verbatim), a chunked or to-the-end one is re-chunked (a chunk a read) — to an
     ``HTTP/1.0`` client it passes as it comes, to the end of the connection (``close``
-    must then be True)."""
+    must then be True). A recalled sized answer's head is the last one's but for its Date
+    and length: its lines before and after them are kept with the recall."""
+    recalled = upstream.recalled
+    if recalled is not None and upstream.length:  # sized, with a body (Content-Length)
+        made = recalled.made
+        if made is None or made[0] is not close or made[1] is not old:
+            lines, sse = _passed_of(upstream, recalled)
+            before = b"HTTP/1.%d %d %s%s" % (
+                0 if old else 1,
+                upstream.status,
+                upstream.reason,
+                lines,
+            )
+            after = connection_line(close=close, old=old) + b"\r\n\r\n"
+            made = recalled.made = (close, old, before, after, sse)
+        date = upstream.date
+        if date:
+            head = b"%s\r\nDate: %s\r\nContent-Length: %d%s" % (
+                made[2],
+                date,
+                upstream.length,
+                made[3],
+            )
+        else:
+            head = b"%s\r\nContent-Length: %d%s" % (made[2], upstream.length, made[3])
+        return head, False, made[4]
     framing = upstream.framing
-    chunked = framing is Framing.CHUNKED or framing is Framing.CLOSE
-    if framing is Framing.LENGTH:
+    chunked = framing is _CHUNKED or framing is _TO_CLOSE
+    if framing is _SIZED:
         tail = b"\r\nContent-Length: %d" % upstream.length
     elif chunked:
         tail = b"" if old else b"\r\nTransfer-Encoding: chunked"
@@ -287,13 +336,7 @@ def response_head(upstream: Upstream, *, close: bool, old: bool) -> tuple[bytes,
         tail = b"\r\nContent-Length: 0"
     else:
         tail = b""
-    recalled = upstream.recalled  # the last answer's head again: its lines are known
-    passed = recalled.passed if recalled is not None else None
-    if passed is None:
-        passed = _lines(upstream.status, upstream.reason, upstream.fields)
-        if recalled is not None:
-            recalled.passed = passed
-    lines, sse = passed
+    lines, sse = _passed_of(upstream, recalled)
     head = b"HTTP/1.%d %d %s%s%s%s%s\r\n\r\n" % (
         0 if old else 1,
         upstream.status,

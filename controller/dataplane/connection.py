@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Final, Protocol
 
-from controller.access.keys import TOKEN_PRINCIPAL, Principal
+from controller.access.keys import TOKEN_PRINCIPAL, KeyHold, Principal
 from controller.dataplane import answers as out
 from controller.dataplane.request import Got, RequestHead, RequestReader
 from controller.dataplane.states import READING, State
@@ -37,12 +37,28 @@ _PIPELINE_MAX: Final = 1024 * 1024  # read ahead while a request is served, then
 _LINGER_S: Final = 10.0  # a refused body is read (and dropped) this long at most, as aiohttp
 
 _CONTINUE: Final = b"HTTP/1.1 100 Continue\r\n\r\n"
-# States, by identity in the hot path (an enum member's hash is a Python call).
+# States, by identity in the hot path (an enum member's hash is a Python call) and as
+# module constants (``State.IDLE`` is a lookup through the enum's metaclass, ~70 ns).
 _IDLE: Final = State.IDLE
 _BODY: Final = State.BODY
 _PASSING: Final = State.PASSING
 _AIOHTTP: Final = State.AIOHTTP
+_LEASING: Final = State.LEASING
+_CONNECTING: Final = State.CONNECTING
+_SENT: Final = State.SENT
+_RELAYING: Final = State.RELAYING
+_LINGERING: Final = State.LINGERING
+_CLOSED: Final = State.CLOSED
+_MORE: Final = Got.MORE
+_HEAD: Final = Got.HEAD
+_REQUEST: Final = Got.REQUEST
+_PASSED: Final = Got.PASSED
+_FOREIGN: Final = Got.FOREIGN
+_GOT_PASSING: Final = Got.PASSING
+_CHUNKED: Final = Framing.CHUNKED
+_TO_CLOSE: Final = Framing.CLOSE
 _LAST_CHUNK: Final = b"0\r\n\r\n"
+_JOIN_MAX: Final = 256 * 1024  # a request up to this size goes upstream as one piece
 
 
 class Fallback(Protocol):
@@ -78,9 +94,47 @@ class Plane(Protocol):
 
     def ended(self) -> None: ...
 
+    def drained(self) -> None: ...
+
 
 class Connection(asyncio.Protocol):
     """One client connection, until it closes (or is handed to aiohttp for good)."""
+
+    __slots__ = (
+        "active",
+        "aiohttp",
+        "buffer",
+        "call",
+        "chunked",
+        "discard",
+        "forward",
+        "head_at",
+        "idle_s",
+        "keep",
+        "key",
+        "looping",
+        "old",
+        "paused",
+        "pending",
+        "plane",
+        "quiet_since",
+        "reader",
+        "reading",
+        "reason",
+        "request",
+        "retried",
+        "sent",
+        "sent_for",
+        "sse",
+        "state",
+        "target",
+        "task",
+        "token",
+        "told",
+        "transport",
+        "upstream",
+        "watched",
+    )
 
     def __init__(self, plane: Plane) -> None:
         self.plane = plane
@@ -98,7 +152,11 @@ class Connection(asyncio.Protocol):
         self.target = b""  # what the request asks of the upstream (path and query)
         self.forward = b""  # the header lines passed upstream
         self.key: tuple[str, int] = ("", 0)  # its upstream
-        self.request: list[bytes] = []  # what was sent there (sent again on a stale one)
+        self.request: bytes | list[bytes] = b""  # what was sent there (again on a stale one)
+        # The head of the last request sent upstream but its length, and what it was for
+        # (the request head and the endpoint, by identity: a kept-alive client's repeated
+        # head is the same object, an endpoint the same string while its server runs).
+        self.sent_for: tuple[RequestHead, str, bytes, bytes] | None = None
         self.retried = False  # sent again already
         self.paused = False  # the client's transport asked for no more writes for now
         self.reading = True  # reading from the client (paused while a request is served)
@@ -109,9 +167,11 @@ class Connection(asyncio.Protocol):
         self.pending = b""
         self.chunked = self.sse = self.sent = False
         self.active = time.monotonic()
-        # The API token's head, by its Authorization and x-api-key values: a kept-alive
-        # client presents the same again (a key is looked up each time: it may expire).
-        self.token: tuple[bytes | None, bytes | None] | None = None
+        # Who the last request was, by its Authorization and x-api-key values (the same
+        # bytes objects while its head is recalled): a kept-alive client presents the same
+        # again. The API token's admin; a key's principal with its hold, recognised again
+        # by the key ring while keys.json is unchanged and the key unexpired.
+        self.token: tuple[bytes | None, bytes | None, Principal, KeyHold | None] | None = None
         # aiohttp's protocol for this connection (made at its first request), and whether
         # it answered the request passed to it while its body was still being passed.
         self.aiohttp: Fallback | None = None
@@ -141,15 +201,15 @@ class Connection(asyncio.Protocol):
                 self._read(data)
                 if self.buffer:
                     self._next()
-        elif state is State.LINGERING:
+        elif state is _LINGERING:
             if self.discard < 0:  # a chunked body: dropped through llhttp, to its end
-                if self.reader.feed(data) in (Got.REQUEST, Got.FOREIGN):
+                if self.reader.feed(data) in (_REQUEST, _FOREIGN):
                     self.close()
                 return
             self.discard -= len(data)
             if self.discard <= 0:
                 self.close()
-        elif state is not State.CLOSED:  # a request in flight: their turn comes after it
+        elif state is not _CLOSED:  # a request in flight: their turn comes after it
             self.buffer += data
             if len(self.buffer) > _PIPELINE_MAX and self.transport is not None and self.reading:
                 self.reading = False
@@ -227,30 +287,37 @@ class Connection(asyncio.Protocol):
 
     def _read(self, data: bytes) -> None:
         """Feed a read to llhttp; act on what it gave (see :class:`RequestReader`)."""
-        self.active = time.monotonic()
+        self.active = now = time.monotonic()
         reader = self.reader
         got = reader.feed(data)
-        if got is Got.MORE:
-            return
-        if got is Got.PASSING or got is Got.PASSED:
-            self._pass(reader.passed, got, reader.rest)
-            return
-        if got is Got.FOREIGN:
-            state = self.state
-            if state is _BODY:  # a /v1 body llhttp refuses (a bad chunk), its head taken
-                self._write(out.malformed_body(reader.head))
-                self._linger(0)
-            elif state is _PASSING:  # an aiohttp request's: aiohttp waits for its body
-                self.close()  # for ever on a bad chunk (answering nothing): closed instead
-            else:  # aiohttp's 400, from every byte of the request
-                self._hand_over(reader.raw)
+        if got is not _REQUEST and got is not _HEAD:
+            if got is _MORE:
+                return
+            if got is _FOREIGN:
+                state = self.state
+                if state is _BODY:  # a /v1 body llhttp refuses (a bad chunk), its head taken
+                    self._write(out.malformed_body(reader.head))
+                    self._linger(0)
+                elif state is _PASSING:  # an aiohttp request's: aiohttp waits for its body
+                    self.close()  # for ever on a bad chunk (answering nothing): closed instead
+                else:  # aiohttp's 400, from every byte of the request
+                    self._hand_over(reader.raw)
+                return
+            self._pass(reader.passed, got, reader.rest)  # PASSING, PASSED
             return
         head = reader.head
         assert head is not None
-        if reader.fresh and not self._admit(head, got):
-            return
-        if got is Got.HEAD:
-            self.state = State.BODY
+        if reader.fresh:
+            plane = self.plane
+            if head.cleared is plane.hosts and not plane.closing and head.length <= head.limit:
+                # A repeated head this listener judged already (but its length).
+                self.head_at = now
+                if got is _HEAD and head.expect and self.transport is not None:
+                    self.transport.write(_CONTINUE)
+            elif not self._admit(head, got):
+                return
+        if got is _HEAD:
+            self.state = _BODY
             if reader.over:  # a chunked body past the limit: refused, its rest dropped
                 self._refuse_body(head, -1)
             return
@@ -260,30 +327,27 @@ class Connection(asyncio.Protocol):
             self._refuse_body(head, 0)
             return
         body = reader.body
-        reader.done()
+        reader.head, reader.body, reader.over = None, b"", False  # reader.done(), in line
         self._start(head, body)
 
     def _admit(self, head: RequestHead, got: Got) -> bool:
-        """The checks of a head before its body is read: the Host, the stop, the body's
-        limit (and the token with it). False: answered (and closed after the body)."""
+        """The checks of a head before its body is read, the first time this listener
+        sees it (:meth:`_read` passes a repeated one): the Host, the stop, the body's limit
+        (and the token with it). False: answered (and closed after the body)."""
         transport, plane = self.transport, self.plane
         assert transport is not None
         hosts = plane.hosts
-        if head.cleared is hosts and not plane.closing and head.length <= head.limit:
-            early = None  # a repeated head this listener judged already (but its length)
-        else:
-            early = out.early_answer(head, hosts, closing=plane.closing, keys=plane.ctx.keys)
-            if early is None:
-                head.cleared = hosts
+        early = out.early_answer(head, hosts, closing=plane.closing, keys=plane.ctx.keys)
         if early is not None:
             answer, status = early
             transport.write(answer)
-            self._linger(0 if got is Got.REQUEST else self._left_of(head))
+            self._linger(0 if got is _REQUEST else self._left_of(head))
             if status:  # a refusal of the router's (not the API's 401 nor the 421)
                 record_unserved(plane.ctx, self.active, status)
             return False
+        head.cleared = hosts
         self.head_at = self.active
-        if got is Got.HEAD and head.expect:
+        if got is _HEAD and head.expect:
             transport.write(_CONTINUE)
         return True
 
@@ -307,7 +371,7 @@ class Connection(asyncio.Protocol):
         the connection, and a client still sending its body (http.client, requests) never
         reads the answer."""
         self.buffer.clear()
-        self.state = State.LINGERING
+        self.state = _LINGERING
         if left == 0:
             self.close()
             return
@@ -381,27 +445,39 @@ class Connection(asyncio.Protocol):
     #
     # Callbacks from the request's head to its answer's last byte: ``_start`` (the token;
     # the call's begin: the model, the lease), ``_send`` (an idle pooled connection), then
-    # the upstream's ``on_head``, ``relay``, ``on_end`` or ``on_error``, and ``_end``. A
-    # task only while the request waits: for a cold slot's load (``_leasing``) or a new
-    # connection (``_connecting``). ``call`` is set from ``_start`` to ``_end``, which
-    # runs once.
+    # the upstream's ``on_head``, ``relay``, ``on_end`` or ``on_error``, and ``_end`` — or,
+    # for a whole sized answer in one read whose head the upstream recalled, its one
+    # ``on_answer`` (the head, the body and the end at once). A task only while the
+    # request waits: for a cold slot's load (``_leasing``) or a new connection
+    # (``_connecting``). ``call`` is set from ``_start`` to its end, which runs once.
 
     def _principal(self, head: RequestHead) -> Principal | None:
-        """Who the request is (a kept-alive client's API token: looked up once)."""
-        token = self.token
-        if token is not None and token[0] is head.authorization and token[1] is head.api_key:
-            return TOKEN_PRINCIPAL
-        principal = out.principal(head, self.plane.ctx.keys)
-        if principal is TOKEN_PRINCIPAL:
-            self.token = (head.authorization, head.api_key)
-        return principal
+        """Who the request is, looked up (and kept for the connection's next request)."""
+        found = out.principal_held(head, self.plane.ctx.keys)
+        if isinstance(found, KeyHold):
+            self.token = (head.authorization, head.api_key, found.principal, found)
+            return found.principal
+        if found is TOKEN_PRINCIPAL:
+            self.token = (head.authorization, head.api_key, found, None)
+        return found
 
     def _start(self, head: RequestHead, body: bytes) -> None:
         plane = self.plane
-        ctx = plane.ctx
         self.pending = b""
         self.sent = self.chunked = self.sse = False
-        principal = self._principal(head)
+        token = self.token  # who a kept-alive client was, recognised by its bytes
+        principal: Principal | None
+        if token is not None and token[0] is head.authorization and token[1] is head.api_key:
+            held = token[3]
+            if held is None:  # the API token
+                principal = token[2]
+            else:  # a key: as identify() says it now, unless keys.json changed
+                keys = plane.ctx.keys
+                principal = keys.again(held, time.monotonic(), time.time())
+                if principal is None:
+                    principal = self._principal(head)
+        else:
+            principal = self._principal(head)
         if principal is None:
             # As the API's auth: no event, no router metrics.
             self._write(out.unauthorized(head, close=not head.keep))
@@ -411,29 +487,27 @@ class Connection(asyncio.Protocol):
             if head.endpoint is None:  # a /v1 path the router does not hold (404, 405)
                 self._write(out.not_routed(head))
             else:
-                self._write(out.models_answer(model_entries(ctx.manager, principal), head))
+                entries = model_entries(plane.ctx.manager, principal)
+                self._write(out.models_answer(entries, head))
             self._done(keep=head.keep)
             return
         call = self.call = RoutedCall(
-            ctx, principal, head.kind, forms=head.forms, path=head.arg, started=time.monotonic()
+            plane.ctx, principal, head.kind, head.forms, head.arg, self.active
         )
         plane.in_flight += 1
         self.keep, self.old, self.reason, self.retried = head.keep, head.old, None, False
         self.target, self.forward = head.target, head.forward
-        self.state = State.LEASING
+        self.state = _LEASING
         try:
             asked = head.priority.decode("latin-1") if head.priority is not None else None
-            leased = call.begin(asked, head.content_type, body)
+            if not call.begin(asked, head.content_type, body):
+                self.task = plane.loop.create_task(self._leasing(call))
+                return
+            self._send(head)
         except Refusal as refusal:
             self._refuse(refusal)
-            return
         except Exception as exc:  # noqa: BLE001  # a bug: _failed logs it (a 500)
             self._failed(exc)
-            return
-        if not leased:
-            self.task = plane.loop.create_task(self._leasing(call))
-            return
-        self._sending()
 
     async def _leasing(self, call: RoutedCall) -> None:
         try:
@@ -450,35 +524,47 @@ class Connection(asyncio.Protocol):
             self._failed(exc)
             return
         self.task = None
-        self._sending()
-
-    def _sending(self) -> None:
         try:
-            self._send()
+            self._send(None)
         except Refusal as refusal:
             self._refuse(refusal)
         except Exception as exc:  # noqa: BLE001  # a bug: _failed logs it (a 500)
             self._failed(exc)
 
-    def _send(self) -> None:
-        """The lease is held: the request goes to the slot's server."""
+    def _send(self, head: RequestHead | None) -> None:
+        """The lease is held: the request (``head``: its head, when it is at hand) goes to
+        the slot's server. Its head there is the last one's but for the length when the
+        request's head and the endpoint are the same objects (a kept-alive client's
+        repeated head, the same server)."""
         call = self.call
         assert call is not None
         endpoint, body = call.upstream()
-        key, host, prefix = out.address(endpoint)
-        self.key = key
-        self.request = [
-            b"POST %s%s HTTP/1.1\r\nHost: %s\r\nContent-Length: %d%s\r\n\r\n"
-            % (prefix, self.target, host, len(body), self.forward),
-            body,
-        ]
+        made = self.sent_for
+        if made is not None and made[0] is head and made[1] is endpoint:
+            key, before, after = self.key, made[2], made[3]
+        else:
+            key, host, prefix = out.address(endpoint)
+            self.key = key
+            before = b"POST %s%s HTTP/1.1\r\nHost: %s\r\nContent-Length: " % (
+                prefix,
+                self.target,
+                host,
+            )
+            after = self.forward + b"\r\n\r\n"
+            self.sent_for = (head, endpoint, before, after) if head is not None else None
+        size = len(body)
+        request: bytes | list[bytes]
+        if size <= _JOIN_MAX:  # one segment, one send
+            self.request = request = b"%s%d%s%s" % (before, size, after, body)
+        else:  # a large body is not copied
+            self.request = request = [b"%s%d%s" % (before, size, after), body]
         upstream = self.plane.pool.take(key)
         if upstream is None:
-            self.state = State.CONNECTING
+            self.state = _CONNECTING
             self.task = self.plane.loop.create_task(self._connecting())
             return
-        self.upstream, self.state = upstream, State.SENT
-        upstream.send(self.request, self)
+        self.upstream, self.state = upstream, _SENT
+        upstream.send(request, self)
 
     async def _connecting(self) -> None:
         call = self.call
@@ -503,7 +589,7 @@ class Connection(asyncio.Protocol):
         self.task = None
         if self.paused:
             upstream.pause_reading()
-        self.upstream, self.state = upstream, State.SENT
+        self.upstream, self.state = upstream, _SENT
         upstream.send(self.request, self)
 
     # The upstream's listener.
@@ -511,10 +597,10 @@ class Connection(asyncio.Protocol):
     def on_head(self, upstream: Upstream) -> None:
         call = self.call
         assert call is not None
-        self.state = State.RELAYING
+        self.state = _RELAYING
         call.status = upstream.status
         old, framing = self.old, upstream.framing
-        if old and (framing is Framing.CHUNKED or framing is Framing.CLOSE):
+        if old and (framing is _CHUNKED or framing is _TO_CLOSE):
             self.keep = False  # to an HTTP/1.0 client an unsized body ends with the connection
         self.pending, self.chunked, self.sse = out.response_head(
             upstream, close=not self.keep, old=old
@@ -541,20 +627,73 @@ class Connection(asyncio.Protocol):
         self.sent = True
         transport.write(data)
 
+    def on_answer(self, upstream: Upstream, body: bytes) -> None:
+        """A whole sized answer (:meth:`Upstream.data_received` recalled its head): what
+        :meth:`on_head`, :meth:`relay` and :meth:`on_end` do for it, at once (no early head
+        and no re-chunking for a sized body), the upstream already back in its pool."""
+        self.upstream = None  # back in its pool: no pause of it from here on
+        call = self.call
+        assert call is not None
+        call.status = upstream.status
+        # response_head's common case, in line (a request's code runs from cold caches,
+        # where each function more it touches costs; docs/performance.md, the router): the
+        # recalled head's client head made already, for this connection's close and old.
+        keep, old = self.keep, self.old
+        close = not keep
+        made = upstream.recalled.made if upstream.recalled is not None else None
+        if made is not None and made[0] is close and made[1] is old and upstream.length:
+            date = upstream.date
+            if date:
+                head = b"%s\r\nDate: %s\r\nContent-Length: %d%s" % (
+                    made[2],
+                    date,
+                    upstream.length,
+                    made[3],
+                )
+            else:
+                head = b"%s\r\nContent-Length: %d%s" % (made[2], upstream.length, made[3])
+        else:
+            head = out.response_head(upstream, close=close, old=old)[0]
+        if call.tail is not None:
+            call.keep(body)
+        transport = self.transport
+        if transport is not None:  # (None: the client left; connection_lost gives it up)
+            self.sent = True
+            transport.write(head + body if body else head)
+        self.call = None  # the end (_end's, with nothing upstream to drop)
+        call.finish()
+        plane = self.plane
+        plane.in_flight -= 1  # plane.ended(), in line: a stop waits only once closing
+        if plane.closing:
+            plane.drained()
+        # _done(self.keep), in line: a request's code runs from cold caches, where each
+        # function more it touches costs (docs/performance.md, the router).
+        if self.state is not _CLOSED:
+            self.state = _IDLE
+        if not keep or plane.closing:
+            self.close()
+        elif self.transport is not None:
+            if not self.reading:
+                self.reading = True
+                self.transport.resume_reading()
+            if self.buffer:
+                self._next()
+
     def on_end(self) -> None:
         self.upstream = None  # back in its pool
-        tail = _LAST_CHUNK if self.chunked else b""
-        self._write(self.pending + tail if self.pending else tail)
-        self.pending = b""
+        if self.pending or self.chunked:
+            tail = _LAST_CHUNK if self.chunked else b""
+            self._write(self.pending + tail if self.pending else tail)
+            self.pending = b""
         self._end(True)
 
     def on_error(self, error: UpstreamError) -> None:
         self.upstream = None  # closed
         call = self.call
         assert call is not None
-        if self.state is State.SENT and error.stale and not self.retried:
+        if self.state is _SENT and error.stale and not self.retried:
             self.retried = True  # a kept-alive connection closed while idle: once more
-            self.state = State.CONNECTING
+            self.state = _CONNECTING
             self.task = self.plane.loop.create_task(self._connecting())
             return
         self._end(self._broken(call.upstream_failed(str(error), unreachable=error.unreachable)))
@@ -599,8 +738,8 @@ class Connection(asyncio.Protocol):
 
     def _done(self, keep: bool) -> None:
         """The request is answered: the next one, or close."""
-        if self.state is not State.CLOSED:
-            self.state = State.IDLE
+        if self.state is not _CLOSED:
+            self.state = _IDLE
         if not keep or self.plane.closing:
             self.close()
         elif self.transport is not None:

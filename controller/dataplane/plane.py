@@ -108,7 +108,8 @@ class DataPlane:
         try:
             for front in list(self.fronts):  # ending one may hand its connection over
                 call = front.call
-                if call is not None and call.lease is not None and call.lease.revoked:
+                lease = call.lease if call is not None else None
+                if lease is not None and lease.error is not None:  # revoked
                     front.abort_request("lease")
         finally:
             self._watcher = self.loop.call_later(_WATCH_S, self._watch)
@@ -155,6 +156,12 @@ class DataPlane:
     def ended(self) -> None:
         """A request was served (its lease released, its call recorded)."""
         self.in_flight -= 1
+        if not self.in_flight and self._drained is not None:
+            self._drained.set()
+
+    def drained(self) -> None:
+        """:meth:`ended`'s wake-up of a stop waiting for the requests (a connection that
+        counts a request out itself calls this once :attr:`closing`: only a stop waits)."""
         if not self.in_flight and self._drained is not None:
             self._drained.set()
 

@@ -30,12 +30,16 @@ class AnswerRecall:
     """An answer head llhttp read, as a pattern of its exact bytes with the length's
     digits (group ``n``) and, when it had one, its Date's value (group ``d``) left open;
     with what llhttp said of it, and (``passed``, once the data plane made it) the header
-    lines it passes to the client and whether it is an event stream."""
+    lines it passes to the client and whether it is an event stream (``made``: the head
+    the client gets, but for the Date and the length)."""
 
     pattern: re.Pattern[bytes]
     date: bytes | None  # the Date as it came, when the pattern does not leave it open
     said: Said  # status, reason, fields (but the framing and the Date), type, keep-alive
     passed: tuple[bytes, bool] | None = None
+    # The client's head of it but for the Date and the length, once the data plane made it:
+    # (close, old, before them, after them, event stream).
+    made: tuple[bool, bool, bytes, bytes, bool] | None = None
 
 
 def _value_at(raw: bytes, lower: bytes, line: bytes) -> int:

@@ -70,6 +70,16 @@ class Got(enum.Enum):
     FOREIGN = "foreign"  # refused (or an upgrade): aiohttp's for good, from ``raw``
 
 
+# As module constants in the hot path (``Got.MORE`` is a lookup through the enum's
+# metaclass, ~70 ns).
+_MORE: Final = Got.MORE
+_HEAD: Final = Got.HEAD
+_REQUEST: Final = Got.REQUEST
+_PASSING: Final = Got.PASSING
+_PASSED: Final = Got.PASSED
+_FOREIGN: Final = Got.FOREIGN
+
+
 @dataclass(slots=True)
 class RequestHead:
     """What the data plane reads of a ``/v1`` request head."""
@@ -352,10 +362,10 @@ class RequestReader:
         start = len(raw) - len(raw.lstrip(b"\r\n"))  # llhttp skips empty lines before it
         self._head_len = head_len = raw.find(b"\r\n\r\n", start) + 4
         if head_len > _LINE_MAX and _long_line(raw[start:head_len]):
-            self._stop = Got.FOREIGN  # aiohttp refuses it
+            self._stop = _FOREIGN  # aiohttp refuses it
             raise _Stop
         if self._chunked and not self._sliced:
-            self._stop = Got.MORE  # fed again, in pieces: see _parse
+            self._stop = _MORE  # fed again, in pieces: see _parse
             raise _Stop
         key = (parser.get_method(), self._url, parser.get_http_version())
         memo, fields = self._last, self._fields
@@ -364,7 +374,7 @@ class RequestReader:
         else:
             parsed = _fields_of(fields)
             if parsed.hosts > 1 or (parsed.hosts == 0 and key[2] == "1.1"):
-                self._stop = Got.FOREIGN  # aiohttp's parser refuses both (and h11)
+                self._stop = _FOREIGN  # aiohttp's parser refuses both (and h11)
                 raise _Stop
             head = head_of(*key, parsed)
             self._last = (key, fields, head)
@@ -398,22 +408,60 @@ class RequestReader:
         end = self._head_len + (self._length or 0) - self._before
         if end < len(self._data):  # a pipelined request follows: its turn comes later
             self.rest = self._data[end:]
-            self._stop = Got.REQUEST
+            self._stop = _REQUEST
             raise _Stop
-        self._stop = Got.REQUEST
+        self._stop = _REQUEST
 
     # ------------------------------------------------------------------ reading
 
     def feed(self, data: bytes) -> Got:
-        """Read ``data`` (see the class docstring)."""
+        """Read ``data`` (see the class docstring). A read that starts with the recalled
+        head's bytes before its length is read here as that head and its body, when it is
+        (the head's bytes, then the length's digits and the rest of the head exactly):
+        llhttp's state is not touched; any other goes to llhttp."""
         self.fresh, self.rest, self.passed = False, b"", b""
         if self._left:
             return self._more_body(data)
-        if self.head is None and not self.raw and not self._passing and self._recall is not None:
-            got = self._recalled(data, self._recall)
-            if got is not None:
-                return got
-        return self._parse(data)
+        recall = self._recall
+        if (
+            recall is None
+            or not data.startswith(recall.prefix)
+            or self.head is not None
+            or self.raw
+            or self._passing
+        ):
+            return self._parse(data)
+        # The recalled head (in line: a request's code runs from cold caches, where each
+        # function more it touches costs; docs/performance.md, the router).
+        suffix = recall.suffix
+        if suffix is None:
+            length, end = None, len(recall.prefix)
+            size = 0
+        else:
+            digits = _DIGITS.match(data, len(recall.prefix))
+            if digits is None:
+                return self._parse(data)
+            at = digits.end()
+            if not data.startswith(suffix, at):
+                return self._parse(data)
+            length = size = int(digits.group())
+            end = at + len(suffix)
+        head = recall.head
+        head.length = size
+        head.keep = recall.keep
+        self.head = head
+        self.fresh = True
+        need = end + size
+        if len(data) >= need:  # the whole request: llhttp's state was not touched
+            self.body = data[end:need] if head.collects else b""
+            self.rest = data[need:]
+            return _REQUEST
+        self._length, self._head_len = length, end
+        self.size = len(data) - end
+        if head.collects:
+            self._pieces.append(data[end:])
+        self._before, self._left = len(data), need - len(data)
+        return _HEAD
 
     def _parse(self, data: bytes) -> Got:
         """``data`` read by llhttp."""
@@ -421,10 +469,10 @@ class RequestReader:
         if heading:  # the head still coming: kept for a hand-over
             self.raw = self.raw + data if self.raw else data
             if len(self.raw) > HEAD_MAX and b"\r\n\r\n" not in self.raw:
-                return Got.FOREIGN
+                return _FOREIGN
         self._data = data
         got = self._run(data)
-        if got is None and self._stop is Got.MORE:  # a chunked body: again, in pieces
+        if got is None and self._stop is _MORE:  # a chunked body: again, in pieces
             self._parser = HttpRequestParser(self)
             raw, before = self.raw, self._before
             self._url, self._fields, self._length, self._chunked = b"", [], None, False
@@ -436,10 +484,10 @@ class RequestReader:
         if got is not None:
             return got
         got = self._stop
-        if got is Got.FOREIGN:
+        if got is _FOREIGN:
             return got
         passing = self._passing
-        if got is Got.REQUEST:
+        if got is _REQUEST:
             rest = self.rest
             if passing:
                 self.passed = self._passed_of(data, rest)
@@ -450,12 +498,12 @@ class RequestReader:
             self._sliced = False
             self._begin()
             self.rest = rest
-            return Got.PASSED if passing else Got.REQUEST
+            return _PASSED if passing else _REQUEST
         self._before += len(data)
         if passing:
             self.passed = self._passed_of(data, b"")
-            return Got.PASSING
-        return Got.MORE if self.head is None else Got.HEAD
+            return _PASSING
+        return _MORE if self.head is None else _HEAD
 
     def _passed_of(self, data: bytes, rest: bytes) -> bytes:
         """The bytes of aiohttp's request in this read: its head's bytes before it, once."""
@@ -473,14 +521,14 @@ class RequestReader:
             else:
                 self._parser.feed_data(data)
         except HttpParserUpgrade:
-            return Got.FOREIGN
+            return _FOREIGN
         except HttpParserCallbackError as exc:
             if self._stop is None:  # a bug in a callback, not the client's bytes
                 raise exc.__context__ or exc from None
             self._parser = HttpRequestParser(self)  # stopped: a fresh one for the next
         except HttpParserError:
             if self._stop is None:
-                return Got.FOREIGN  # malformed: aiohttp refuses it (400)
+                return _FOREIGN  # malformed: aiohttp refuses it (400)
             self._parser = HttpRequestParser(self)  # stopped: a fresh one for the next
         return None
 
@@ -494,40 +542,12 @@ class RequestReader:
             feed(data[at:end] if at or end < size else data)
             at = end
             if self._complete:
-                self._stop = Got.REQUEST
+                self._stop = _REQUEST
                 self.rest = data[at:]
                 return
 
-    def _recalled(self, data: bytes, recall: _Recall) -> Got | None:
-        """``data`` read as the recalled head and its body; None: another head (llhttp's)."""
-        prefix, suffix = recall.prefix, recall.suffix
-        if not data.startswith(prefix):
-            return None
-        if suffix is None:
-            length, end = None, len(prefix)
-        else:
-            digits = _DIGITS.match(data, len(prefix))
-            if digits is None or not data.startswith(suffix, digits.end()):
-                return None
-            length, end = int(digits.group()), digits.end() + len(suffix)
-        head = recall.head
-        head.length = size = length or 0
-        head.keep = recall.keep
-        self.head, self.fresh, self._length, self._head_len = head, True, length, end
-        need = end + size
-        if len(data) >= need:  # the whole request: llhttp's state was not touched
-            self.body = data[end:need] if head.collects else b""
-            self._length, self._head_len, self.size = None, 0, 0
-            self.rest = data[need:]
-            return Got.REQUEST
-        self.size = len(data) - end
-        if head.collects:
-            self._pieces.append(data[end:])
-        self._before, self._left = len(data), need - len(data)
-        return Got.HEAD
-
     def _more_body(self, data: bytes) -> Got:
-        """More of a recalled head's body (see :meth:`_recalled`)."""
+        """More of a recalled head's body (see :meth:`feed`)."""
         left, collects = self._left, self.head is not None and self.head.collects
         if len(data) < left:
             if collects:
@@ -535,14 +555,14 @@ class RequestReader:
             self._before += len(data)
             self.size += len(data)
             self._left = left - len(data)
-            return Got.HEAD
+            return _HEAD
         if collects:
             self._pieces.append(data[:left])
         pieces = self._pieces
         self.body = pieces[0] if len(pieces) == 1 else b"".join(pieces)
         self._begin()
         self.rest = data[left:]
-        return Got.REQUEST
+        return _REQUEST
 
     def body_seen(self) -> int:
         """How many bytes of the current request's body were read (after :data:`Got.HEAD`)."""
@@ -551,7 +571,8 @@ class RequestReader:
         return min(self._length, max(0, self._before - self._head_len))
 
     def done(self) -> None:
-        """The request was taken from :attr:`head` and :attr:`body`: the next one's turn."""
+        """The request was taken from :attr:`head` and :attr:`body`: the next one's turn
+        (the data plane's connection does what this does itself)."""
         self.head, self.body, self.over = None, b"", False
 
 
@@ -559,4 +580,4 @@ def parse_head(raw: bytes) -> RequestHead | None:
     """The head of ``raw`` (a head without its blank line) when the data plane takes it."""
     reader = RequestReader()
     got = reader.feed(raw + b"\r\n\r\n")
-    return reader.head if got in (Got.HEAD, Got.REQUEST) else None
+    return reader.head if got in (_HEAD, _REQUEST) else None

@@ -20,7 +20,9 @@ answer whose head is those bytes exactly, but for the digits of its length (1 to
 ``0-9``) and a ``Date`` value of the same IMF-fixdate shape (letters, digits, spaces,
 commas, colons: bytes llhttp reads in any field value alike), gets that head's verdict
 again without llhttp's callbacks; its body is ``Content-Length`` bytes, as llhttp reads
-it. Any other byte that differs goes through llhttp.
+it. Any other byte that differs goes through llhttp. Such an answer whole in one read
+(the common case) ends the exchange at once — the connection back in its pool — and its
+listener hears of it in one call (:meth:`Listener.on_answer`: the head, the body, the end).
 
 A connection goes back to its pool only after a whole answer (llhttp's keep-alive verdict:
 HTTP/1.1, no ``Connection: close``, nothing after the answer); idle ones are closed after
@@ -60,7 +62,6 @@ IDLE_S: Final = 30.0  # an idle kept-alive upstream connection is closed after t
 CONNECT_S: Final = 10.0
 _HEAD_MAX: Final = 64 * 1024  # a response head larger than this is a broken upstream
 _POOL_MAX: Final = 256  # idle connections kept per upstream
-_JOIN_MAX: Final = 256 * 1024  # a request up to this size is written as one piece
 
 
 class Framing(enum.Enum):
@@ -70,6 +71,19 @@ class Framing(enum.Enum):
     LENGTH = "length"  # Content-Length
     CHUNKED = "chunked"
     CLOSE = "close"  # to the end of the connection
+
+
+# Phases and framings as module constants in the hot path (``Phase.BODY`` is a lookup
+# through the enum's metaclass, ~70 ns).
+_IDLE: Final = Phase.IDLE
+_WAITING: Final = Phase.WAITING
+_HEAD: Final = Phase.HEAD
+_BODY: Final = Phase.BODY
+_DONE: Final = Phase.DONE
+_NO_BODY: Final = Framing.NONE
+_SIZED: Final = Framing.LENGTH
+_CHUNKED: Final = Framing.CHUNKED
+_TO_CLOSE: Final = Framing.CLOSE
 
 
 class UpstreamError(Exception):
@@ -106,6 +120,12 @@ class Listener(Protocol):
     def on_error(self, error: UpstreamError) -> None:
         """The exchange broke (before the head: nothing was relayed; ``error.stale``: a
         kept-alive connection closed before any byte, worth one retry)."""
+
+    def on_answer(self, upstream: Upstream, body: bytes) -> None:
+        """A whole sized answer came in one read, its head recalled: what ``on_head``,
+        ``relay(body)`` (when there is a body) and ``on_end`` say, in one call, the
+        connection already back in its pool (or closed): the common case of a kept-alive
+        model server's answers."""
 
 
 class _Stop(Exception):
@@ -153,7 +173,7 @@ class Upstream(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self._listener: Listener | None = None  # None: idle in the pool (or given up)
         self._parser = HttpResponseParser(self)
-        self._phase = Phase.IDLE
+        self._phase = _IDLE
         self._pieces: list[bytes] = []  # the body of this read, relayed after the parse
         self._complete = False  # llhttp saw the answer's end in this read
         self._extra = False  # bytes came after the answer: not reused
@@ -174,7 +194,7 @@ class Upstream(asyncio.Protocol):
         self.codings: list[bytes] = []
         self.content_type = b""
         self.date = b""
-        self.framing = Framing.NONE
+        self.framing = _NO_BODY
         self.length = 0  # the body's Content-Length (LENGTH framing)
         self._length: int | None = None
         self.idle_since = 0.0
@@ -197,16 +217,55 @@ class Upstream(asyncio.Protocol):
         self.heard = True
         if self._left:
             self._more_body(data)
-        elif self._phase is not Phase.WAITING or not self._recalled(data):
+            self._deliver()
+            return
+        recall = self._recall
+        if self._phase is not _WAITING or recall is None:
             self._parse(data)
             return
-        self._deliver()
+        # The recalled head (the module docstring says when): ``data`` read as it and its
+        # body; another head goes to llhttp. A whole answer in this read ends the exchange
+        # here (Listener.on_answer); else the rest of its body is counted in by _more_body.
+        # In line: a request's code runs from cold caches, where each function more it
+        # touches costs (docs/performance.md, the router).
+        found = recall.pattern.match(data)
+        if found is None:
+            self._parse(data)
+            return
+        self.status, self.reason, self.fields, self.content_type, self._keep = recall.said
+        self.recalled = recall
+        self.codings = []
+        self.date = found.group("d") if recall.date is None else recall.date
+        self._length = self.length = length = int(found.group("n"))
+        self.framing = _SIZED if length else _NO_BODY
+        end = found.end()
+        size = len(data) - end
+        if size < length:  # more of its body to come
+            self._phase = _BODY
+            self._left = length
+            self._more_body(data[end:] if size else b"")
+            self._deliver()
+            return
+        if size > length:
+            self._extra = True  # bytes after the answer: the connection is not reused
+        listener = self._listener
+        self._listener = None
+        self._phase = _IDLE  # (the next send() sets what this exchange left)
+        # _ended(), in line: its answer whole, back in the pool (or closed)
+        if self._paused:
+            self.resume_reading()
+        self._used = True
+        if self._keep and size == length and self.transport is not None:
+            self._pool.put(self._key, self)
+        else:
+            self._close()
+        listener.on_answer(self, data[end : end + length])
 
     def _parse(self, data: bytes) -> None:
         """``data`` read by llhttp; then the listener hears of it."""
-        first = self._phase is Phase.WAITING
+        first = self._phase is _WAITING
         if first:
-            self._phase = Phase.HEAD
+            self._phase = _HEAD
             self.recalled = None
             self._begin()
         try:
@@ -220,12 +279,12 @@ class Upstream(asyncio.Protocol):
         except HttpParserError as exc:
             self._fail(f"a malformed answer ({exc})")
             return
-        if self._phase is Phase.HEAD:
+        if self._phase is _HEAD:
             self._seen += len(data)
             if self._seen > _HEAD_MAX:
                 self._fail("the response head is too large")
                 return
-        elif first and not self._interim and self._phase is Phase.BODY:
+        elif first and not self._interim and self._phase is _BODY:
             self._recall = self._recall_of(data[: data.find(b"\r\n\r\n") + 4])
         self._deliver()
 
@@ -240,26 +299,8 @@ class Upstream(asyncio.Protocol):
             (self.status, self.reason, self.fields, self.content_type, self._keep),
         )
 
-    def _recalled(self, data: bytes) -> bool:
-        """``data`` read as the recalled head and its body; False: another head (llhttp's)."""
-        recall = self._recall
-        found = recall.pattern.match(data) if recall is not None else None
-        if recall is None or found is None:
-            return False
-        self.status, self.reason, self.fields, self.content_type, self._keep = recall.said
-        self.recalled = recall
-        self.codings = []
-        self.date = found.group("d") if recall.date is None else recall.date
-        self._length = self.length = length = int(found.group("n"))
-        self.framing = Framing.LENGTH if length else Framing.NONE
-        self._phase = Phase.BODY
-        end = found.end()
-        self._left = length
-        self._more_body(data[end:] if end < len(data) else b"")
-        return True
-
     def _more_body(self, data: bytes) -> None:
-        """More of a recalled answer's body (see :meth:`_recalled`)."""
+        """More of a recalled answer's body (see :meth:`data_received`)."""
         left = self._left
         if len(data) > left:
             self._extra = True  # bytes after the answer: the connection is not reused
@@ -279,11 +320,11 @@ class Upstream(asyncio.Protocol):
         if self._listener is None:
             return  # idle in the pool, or given up
         phase = self._phase
-        if phase is Phase.WAITING or phase is Phase.HEAD:
-            stale = self._used and phase is Phase.WAITING
+        if phase is _WAITING or phase is _HEAD:
+            stale = self._used and phase is _WAITING
             self._fail("the server closed the connection", stale=stale)
-        elif phase is Phase.BODY:
-            if self.framing is Framing.CLOSE and not self._reset:
+        elif phase is _BODY:
+            if self.framing is _TO_CLOSE and not self._reset:
                 self._finish()  # a body to the end of the connection, whole
             else:
                 self._fail("the server closed the connection mid-answer")
@@ -339,20 +380,20 @@ class Upstream(asyncio.Protocol):
         self._keep = self._parser.should_keep_alive()
         length = self._length
         if status in (204, 304):
-            self.framing = Framing.NONE
+            self.framing = _NO_BODY
         elif self.codings:
-            self.framing = Framing.CHUNKED  # llhttp took it: chunked is the last coding
+            self.framing = _CHUNKED  # llhttp took it: chunked is the last coding
         elif length is not None:
-            self.framing, self.length = (Framing.LENGTH, length) if length else (Framing.NONE, 0)
+            self.framing, self.length = (_SIZED, length) if length else (_NO_BODY, 0)
         else:
-            self.framing = Framing.CLOSE
-        self._phase = Phase.BODY
+            self.framing = _TO_CLOSE
+        self._phase = _BODY
 
     def on_body(self, body: bytes) -> None:
         self._pieces.append(body)
 
     def on_message_complete(self) -> None:
-        if self._phase is Phase.BODY:  # not an interim answer's end
+        if self._phase is _BODY:  # not an interim answer's end
             self._complete = True
 
     # ------------------------------------------------------------------ an exchange
@@ -361,26 +402,28 @@ class Upstream(asyncio.Protocol):
         """An answer's head to come: nothing of it known."""
         self.status, self.reason, self.content_type, self.date = 0, b"", b"", b""
         self.fields, self.codings = [], []
-        self.framing, self.length, self._length = Framing.NONE, 0, None
+        self.framing, self.length, self._length = _NO_BODY, 0, None
 
-    def send(self, request: list[bytes], listener: Listener) -> None:
-        """Write a request; ``listener`` hears of the answer."""
-        assert self.transport is not None
+    def send(self, request: bytes | list[bytes], listener: Listener) -> None:
+        """Write a request (its bytes, or its pieces: a large body is not copied);
+        ``listener`` hears of the answer."""
+        transport = self.transport
+        assert transport is not None
         self._listener = listener
-        self._phase = Phase.WAITING
+        self._phase = _WAITING
         self._seen, self._complete, self._extra, self._told = 0, False, False, False
         self._interim, self._left = False, 0
-        if sum(map(len, request)) <= _JOIN_MAX:
-            self.transport.write(b"".join(request))  # one segment, one send
+        if isinstance(request, bytes):
+            transport.write(request)
         else:
-            self.transport.writelines(request)  # a large body is not copied
+            transport.writelines(request)
 
     def _deliver(self) -> None:
         """After a read: the head to the listener (once), this read's body, the end."""
         listener = self._listener
-        if listener is None or self._phase is Phase.HEAD:
+        if listener is None or self._phase is _HEAD:
             return
-        if self._phase is Phase.BODY:
+        if self._phase is _BODY:
             if not self._told:  # the head came in this read
                 self._told = True
                 if self.codings and b", ".join(self.codings).lower() != b"chunked":
@@ -406,7 +449,7 @@ class Upstream(asyncio.Protocol):
 
     def _fail(self, message: str, *, stale: bool = False) -> None:
         listener, self._listener = self._listener, None
-        self._phase = Phase.DONE
+        self._phase = _DONE
         self._close()
         if listener is not None:
             listener.on_error(UpstreamError(message, stale=stale))
@@ -417,17 +460,21 @@ class Upstream(asyncio.Protocol):
 
     def _finish(self) -> None:
         listener, self._listener = self._listener, None
-        self._phase = Phase.IDLE
+        self._phase = _IDLE
+        self._ended()
+        if listener is not None:
+            listener.on_end()
+
+    def _ended(self) -> None:
+        """The exchange is over, its answer whole: back in the pool, or closed."""
         if self._paused:
             self.resume_reading()  # paused by a slow client while its last bytes went out
         self._used = True
-        reusable = self._keep and not self._extra and self.framing is not Framing.CLOSE
+        reusable = self._keep and not self._extra and self.framing is not _TO_CLOSE
         if reusable and self.transport is not None:
             self._pool.put(self._key, self)
         else:
             self._close()
-        if listener is not None:
-            listener.on_end()
 
 
 class UpstreamPool:

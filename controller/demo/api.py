@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from controller.demo.config import DemoConfig
 from controller.demo.generate import count_tokens, embedding, embedding_base64, pseudo_tokens
 from controller.demo.httpd import App, Handler, Request, Response, Stream
+from controller.demo.prefixcache import PrefixCache
 
 __all__ = [
     "ROUTES",
@@ -66,6 +67,15 @@ class DemoState:
         self.adapters: dict[str, str] = {}
         self.adapters_loading: set[str] = set()
         self.adapter_loads = 0
+        self.cache = PrefixCache(config.prefix_cache)  # what a KV cache would reuse
+        # Generations in flight, and what a sleep does to them (its ``mode``, as vLLM's):
+        # ``abort`` bumps ``aborts`` (each generation ends at its next token, finish_reason
+        # "abort"); ``wait`` waits for ``generating`` to reach 0; ``keep`` pauses them
+        # (``paused``) until the wake.
+        self.flight = threading.Condition()
+        self.generating = 0
+        self.aborts = 0
+        self.paused = False
 
     def stall_if_hung(self) -> None:
         """Once hung, the calling thread never goes on (it waits on an event nobody sets):
@@ -266,6 +276,7 @@ class Generation:
         prompt_tokens: int,
         rate: float,
         state: DemoState | None = None,
+        cached: int | None = None,
     ) -> None:
         self.kind = kind  # "text_completion" or "chat.completion"
         self.model = model
@@ -273,8 +284,14 @@ class Generation:
         self.prompt_tokens = prompt_tokens
         self.tokens_per_second = rate
         self.state = state  # a stream in flight stalls once the server hangs
+        self.cached = cached  # prompt tokens the prefix cache held (None: no cache)
         self.id = os.urandom(12).hex()
         self.created = int(time.time())
+        self.aborted = False  # a sleep (mode=abort) ended it early
+
+    @property
+    def finish_reason(self) -> str:
+        return "abort" if self.aborted else "length"
 
     def envelope(self, obj: str) -> JSON:
         prefix = "chatcmpl-" if self.kind.startswith("chat") else "cmpl-"
@@ -283,22 +300,64 @@ class Generation:
     def usage(self) -> JSON:
         completion = len(self.tokens)
         total = self.prompt_tokens + completion
-        return {
+        usage: JSON = {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": completion,
             "total_tokens": total,
         }
+        if self.cached is not None:  # as OpenAI's Chat Completions say it
+            usage["prompt_tokens_details"] = {"cached_tokens": self.cached}
+        return usage
+
+    def timings(self) -> JSON:
+        """llama.cpp's ``timings``' token counts: cached and evaluated prompt tokens."""
+        cached = self.cached or 0
+        return {
+            "cache_n": cached,
+            "prompt_n": self.prompt_tokens - cached,
+            "predicted_n": len(self.tokens),
+        }
+
+    def answer(self, obj: str, choices: list[JSON]) -> JSON:
+        """A whole (non-streamed) answer: the envelope, ``choices``, ``usage`` and, with a
+        prefix cache, llama.cpp's ``timings``."""
+        out = {**self.envelope(obj), "choices": choices, "usage": self.usage()}
+        if self.cached is not None:
+            out["timings"] = self.timings()
+        return out
 
     def paced(self) -> Iterator[str]:
-        """Yield the tokens at ``tokens_per_second`` (token i is due at (i+1)/rate)."""
+        """Yield the tokens at ``tokens_per_second`` (token i is due at (i+1)/rate); a
+        generation in flight counts in ``state.generating`` and heeds a sleep's mode."""
+        state = self.state
+        if state is None:
+            yield from self._paced(None, 0)
+            return
+        with state.flight:
+            state.generating += 1
+            epoch = state.aborts
+        try:
+            yield from self._paced(state, epoch)
+        finally:
+            with state.flight:
+                state.generating -= 1
+                state.flight.notify_all()
+
+    def _paced(self, state: DemoState | None, epoch: int) -> Iterator[str]:
         start = time.monotonic()
         for i, token in enumerate(self.tokens):
             if self.tokens_per_second:
                 delay = start + (i + 1) / self.tokens_per_second - time.monotonic()
                 if delay > 0:
                     time.sleep(delay)
-            if self.state is not None:
-                self.state.stall_if_hung()
+            if state is not None:
+                state.stall_if_hung()
+                with state.flight:
+                    while state.paused and state.aborts == epoch:  # mode=keep: until woken
+                        state.flight.wait()
+                    if state.aborts != epoch:  # mode=abort: it ends here
+                        self.aborted = True
+                        return
             yield token
 
     def text(self) -> str:
@@ -312,8 +371,20 @@ def _generation(state: DemoState, kind: str, model: str, prompt: str, count: int
         tokens[0] = f" [{adapter}]" + tokens[0]
     if kind.startswith("chat") and tokens:
         tokens[0] = tokens[0].lstrip()  # chat content starts without the joining space
+    cached: int | None = None
+    cache = state.cache
+    if cache.entries:
+        words = tuple(prompt.split())
+        cached = cache.lookup(words)
+        cache.store(words + tuple("".join(tokens).split()))
     return Generation(
-        kind, model, tokens, count_tokens(prompt), state.config.tokens_per_second, state
+        kind,
+        model,
+        tokens,
+        count_tokens(prompt),
+        state.config.tokens_per_second,
+        state,
+        cached,
     )
 
 
@@ -382,10 +453,9 @@ def handle_completions(state: DemoState, request: Request) -> Response | Stream:
     gen = _generation(state, "text_completion", model, prompt, _max_tokens(body, "max_tokens"))
     if _flag(body, "stream"):
         return _stream(_completion_events(gen, _include_usage(body)))
-    choice = {"index": 0, "text": gen.text(), "logprobs": None, "finish_reason": "length"}
-    return json_response(
-        {**gen.envelope("text_completion"), "choices": [choice], "usage": gen.usage()}
-    )
+    text = gen.text()
+    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": gen.finish_reason}
+    return json_response(gen.answer("text_completion", [choice]))
 
 
 def _completion_events(gen: Generation, include_usage: bool) -> Iterator[JSON]:
@@ -395,9 +465,9 @@ def _completion_events(gen: Generation, include_usage: bool) -> Iterator[JSON]:
 
     for token in gen.paced():
         yield chunk(token, None)
-    yield chunk("", "length")
+    yield chunk("", gen.finish_reason)
     if include_usage:
-        yield {**gen.envelope("text_completion"), "choices": [], "usage": gen.usage()}
+        yield gen.answer("text_completion", [])
 
 
 def handle_chat(state: DemoState, request: Request) -> Response | Stream:
@@ -407,10 +477,8 @@ def handle_chat(state: DemoState, request: Request) -> Response | Stream:
     if _flag(body, "stream"):
         return _stream(_chat_events(gen, _include_usage(body)))
     message = {"role": "assistant", "content": gen.text()}
-    choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": "length"}
-    return json_response(
-        {**gen.envelope("chat.completion"), "choices": [choice], "usage": gen.usage()}
-    )
+    choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": gen.finish_reason}
+    return json_response(gen.answer("chat.completion", [choice]))
 
 
 def _chat_events(gen: Generation, include_usage: bool) -> Iterator[JSON]:
@@ -421,9 +489,9 @@ def _chat_events(gen: Generation, include_usage: bool) -> Iterator[JSON]:
     yield chunk({"role": "assistant", "content": ""}, None)
     for token in gen.paced():
         yield chunk({"content": token}, None)
-    yield chunk({}, "length")
+    yield chunk({}, gen.finish_reason)
     if include_usage:
-        yield {**gen.envelope("chat.completion.chunk"), "choices": [], "usage": gen.usage()}
+        yield gen.answer("chat.completion.chunk", [])
 
 
 def handle_embeddings(state: DemoState, request: Request) -> Response:

@@ -59,6 +59,7 @@ class DemoConfig:
         "memory_mb",
         "model",
         "port",
+        "prefix_cache",
         "reload_seconds",
         "sleep_memory_mb",
         "slow_stop",
@@ -89,6 +90,7 @@ class DemoConfig:
         fail_wake: bool = False,
         max_loras: int = 0,
         lora_load_seconds: float = 0.0,
+        prefix_cache: int = 0,
     ) -> None:
         self.model = model
         self.host = host
@@ -111,6 +113,7 @@ class DemoConfig:
         self.fail_wake = fail_wake
         self.max_loras = max_loras  # 0: no adapter API (as vLLM without --enable-lora)
         self.lora_load_seconds = lora_load_seconds
+        self.prefix_cache = prefix_cache  # sequences the prefix cache holds (0: none)
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__)
@@ -184,6 +187,15 @@ def _add_serving_flags(parser: argparse.ArgumentParser) -> None:
         default=0,
         metavar="N",
         help="allocate and touch N MiB at load, so the process really holds it (default: 0)",
+    )
+    parser.add_argument(
+        "--prefix-cache",
+        type=_int_between(0, 4096),
+        default=0,
+        metavar="N",
+        help="model a prefix cache of the last N sequences served and report the cached "
+        "prompt tokens (usage.prompt_tokens_details.cached_tokens, timings.cache_n); "
+        "0 = none (default: 0)",
     )
 
 
@@ -356,4 +368,5 @@ def parse_args(argv: Sequence[str] | None = None) -> DemoConfig:
         fail_wake=ns.fail_wake,
         max_loras=ns.max_loras,
         lora_load_seconds=ns.lora_load_seconds,
+        prefix_cache=ns.prefix_cache,
     )

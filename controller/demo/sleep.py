@@ -5,10 +5,14 @@ Served only with ``--enable-sleep-mode`` (vLLM serves these only with
 ``VLLM_SERVER_DEV_MODE=1`` and sleeps only with ``--enable-sleep-mode``; see
 docs/design/0011-sleep-tier.md for the vLLM documentation this follows):
 
-``POST /sleep?level=1|2``
+``POST /sleep?level=1|2[&mode=abort|wait|keep]``
     level 1: the weights move to host RAM (``--sleep-memory-mb``, allocated and touched)
     and the device memory (``--memory-mb``) is released; level 2: both are released, the
-    weights are gone. Sleeping while asleep is a no-op. 200 once asleep.
+    weights are gone. Sleeping while asleep is a no-op. 200 once asleep. ``mode``, as
+    vLLM's (its docs/features/sleep_mode.md: "The default is ``mode="abort"``, which aborts
+    in-flight requests before memory is released"): ``abort`` (the default) ends the
+    generations in flight at their next token (``finish_reason: abort``), ``wait`` lets
+    them finish first, ``keep`` pauses them until the wake.
 ``POST /wake_up[?tags=weights&tags=kv_cache]``
     takes ``--wake-seconds``, then wakes the tags named (every one when none is): the
     device memory is held again, the host RAM released once nothing sleeps. After a level-2
@@ -38,6 +42,7 @@ __all__ = ["SLEEP_ROUTES", "TAGS", "hold_memory"]
 MIB = 1 << 20
 PAGE_SIZE = 4096
 TAGS = ("weights", "kv_cache")
+MODES = ("abort", "wait", "keep")  # what a sleep does to the requests in flight (vLLM's)
 
 
 def hold_memory(mb: int) -> bytearray:
@@ -53,11 +58,24 @@ def _say(line: str) -> None:
 
 
 def handle_sleep(state: DemoState, request: Request) -> Response:
-    values = parse_qs(request.query).get("level", ["1"])
+    query = parse_qs(request.query)
+    values = query.get("level", ["1"])
     if values[-1] not in ("1", "2"):
         raise ApiError(400, "level must be 1 or 2", param="level")
     level = int(values[-1])
+    mode = query.get("mode", ["abort"])[-1]  # vLLM's default: abort what is in flight
+    if mode not in MODES:
+        raise ApiError(400, f"mode must be {', '.join(MODES)}", param="mode")
     config = state.config
+    with state.flight:
+        if mode == "abort":
+            state.aborts += 1  # each generation in flight ends at its next token
+        elif mode == "wait":
+            while state.generating:  # the generations in flight finish first
+                state.flight.wait()
+        else:
+            state.paused = True  # keep: they pause, and go on after the wake
+        state.flight.notify_all()
     with state.sleep_lock:
         if state.asleep:
             return Response(200, b"")
@@ -88,6 +106,10 @@ def handle_wake_up(state: DemoState, request: Request) -> Response:
         state.asleep -= set(tags)
         if not state.asleep:
             state.host_ballast = None
+    if not state.asleep:
+        with state.flight:
+            state.paused = False  # mode=keep: the paused generations go on
+            state.flight.notify_all()
     if was_asleep and not state.asleep:
         _say(f"slotctl-demo awake model={config.model} t={time.time():.6f}")
     return Response(200, b"")

@@ -25,11 +25,10 @@ class Clock(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class _SystemClock:
-    def monotonic(self) -> float:
-        return time.monotonic()
-
-    def time(self) -> float:
-        return time.time()
+    # The functions themselves, not methods that call them: a clock is read on every
+    # request (a lease taken and given back).
+    monotonic = staticmethod(time.monotonic)
+    time = staticmethod(time.time)
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(seconds)

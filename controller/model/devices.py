@@ -86,6 +86,9 @@ class GpuRef:
     # itself as a fraction of the GPU is told (vLLM's --gpu-memory-utilization). Not
     # recorded: a restarted controller does not restart a running server.
     total_bytes: int | None = field(default=None, compare=False)
+    # Its free memory as the probe read it just before the server starts: what a server
+    # that fits itself to free memory is told to leave (llama-server's --fit-target).
+    free_bytes: int | None = field(default=None, compare=False)
 
     @property
     def key(self) -> str:

@@ -9,6 +9,7 @@ through :meth:`SlotctlError.to_dict`; nothing renders a bare traceback.
     ├── SlotNotFound                  slot.not_found                404
     ├── IllegalSlotTransition         slot.illegal_transition       409
     ├── SlotNotReady                  slot.not_ready                503
+    ├── SlotLoadStopped               slot.load_stopped             503  (+ retry_after_s)
     ├── SlotSpawnFailed               slot.spawn_failed             500
     ├── SlotHealthFailed              slot.health_failed            503
     ├── SlotCrashLooping              slot.crash_looping            503  (+ retry_after_s)
@@ -39,6 +40,7 @@ through :meth:`SlotctlError.to_dict`; nothing renders a bare traceback.
     ├── StateWriteFailed              state.write_failed            503  (+ path, errno...)
     ├── ListenUnavailable             controller.listen_unavailable 409  (--listen in use)
     ├── InvalidRequest                request.invalid               400  (bad JSON/params)
+    ├── ImportSourceError             import.invalid_source         400  (slotctl import)
     ├── HostNotAllowed                request.host_not_allowed      421  (DNS rebinding)
     ├── Forbidden                     auth.forbidden                403  (a key's scope, models)
     ├── KeyNotFound                   key.not_found                 404
@@ -63,6 +65,7 @@ __all__ = [
     "Forbidden",
     "HostNotAllowed",
     "IllegalSlotTransition",
+    "ImportSourceError",
     "InsufficientDisk",
     "InsufficientMemory",
     "InvalidRequest",
@@ -81,6 +84,7 @@ __all__ = [
     "SlotConfigError",
     "SlotCrashLooping",
     "SlotHealthFailed",
+    "SlotLoadStopped",
     "SlotNotFound",
     "SlotNotReady",
     "SlotOwnedByStack",
@@ -139,6 +143,15 @@ class IllegalSlotTransition(SlotctlError):
 
 class SlotNotReady(SlotctlError):
     code = "slot.not_ready"
+    http_status = 503
+
+
+class SlotLoadStopped(SlotctlError):
+    """The load a request waited for was stopped before it finished (the controller
+    stops, the slot was removed or unloaded): the router answers 503 with Retry-After,
+    never a dropped connection."""
+
+    code = "slot.load_stopped"
     http_status = 503
 
 
@@ -478,6 +491,15 @@ class InvalidRequest(SlotctlError):
     """An API request that is not well-formed (body, parameters)."""
 
     code = "request.invalid"
+    http_status = 400
+
+
+class ImportSourceError(SlotctlError):
+    """``slotctl import``: a source file that cannot be read as the format it claims (YAML
+    or INI syntax, a macro that never resolves, an unset ``${env.VAR}``); nothing is
+    written. Details: ``source``, ``key``."""
+
+    code = "import.invalid_source"
     http_status = 400
 
 

@@ -50,6 +50,9 @@ class EventKind(StrEnum):
     # A changed slot's surge rollout (controller.slots.surge): ``details.phase`` is
     # started, switched, done or failed.
     ROLLOUT = "rollout"
+    # A slot's replicas scaled by demand (controller.slots.scaling): ``details.action``
+    # is up or down, ``details.replica`` the replica, the message the reason.
+    SCALE = "scale"
     ERROR = "error"  # a failed reconcile pass or background task
     # A LoRA adapter in a slot (controller.slots.adapters): ``details.action`` is loaded,
     # evicted, unloaded, failed or reapplied, ``details.adapter`` which one.
@@ -75,6 +78,7 @@ class Op(StrEnum):
     IDLE = "idle"  # ready -> idle: no request for idle_timeout_s (still loaded)
     ROLLOUT = "rollout"  # a surge rollout (controller.slots.surge)
     PULL = "pull"  # a model's files pulled ahead of any load (``slotctl model pull``)
+    SCALE = "scale"  # a replica added or removed by demand (controller.slots.scaling)
 
 
 class EvictionReason(StrEnum):
@@ -85,6 +89,7 @@ class EvictionReason(StrEnum):
     TTL = "ttl"  # unused past ttl_s
     EXCLUSIVE = "exclusive"  # swapped out by an exclusive-group peer
     ORPHAN = "orphan"  # a managed server nobody declares
+    SCALE_DOWN = "scale-down"  # an extra replica the demand no longer needs
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +145,7 @@ PROGRESS_KINDS: Final = frozenset(
         EventKind.EVICTION,
         EventKind.RESIDENCY,
         EventKind.ROLLOUT,
+        EventKind.SCALE,
         EventKind.ERROR,
     }
 )

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import Final
 
-__all__ = ["GIB", "format_gib"]
+__all__ = ["GIB", "MIB", "format_gib"]
 
 GIB: Final = 1024**3
+MIB: Final = 1024**2
 
 
 def format_gib(value: float) -> str:

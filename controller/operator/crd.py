@@ -94,7 +94,8 @@ _DOCS: Final[dict[str, str]] = {
     "the request with slot.upstream_timeout (default 120).",
     "max_consecutive_failures": "Crash-loop breaker threshold (default 5).",
     "max_queue": "Requests waiting for the slot before the router answers 429 (default 64).",
-    "memory_gb": "Admission estimate in GiB of device memory.",
+    "memory_gb": "Device memory admission counts, in GiB (0: not counted); absent: "
+    "estimated from the model file, then learnt from what ran.",
     "sha256": "The file's sha256 (64 hex digits): required for an http(s):// source, checked "
     "besides the hub's own for an hf:// file, verified once for a path.",
     "revision": "hf:// only: the branch, tag or commit to pull (default the hub's main).",
@@ -217,7 +218,8 @@ def _spec_schema(model: type[BaseModel], drop: tuple[str, ...]) -> dict[str, Any
 
 
 def _slot_spec_schema() -> dict[str, Any]:
-    schema = _spec_schema(SlotSpec, drop=("name",))
+    # (replica_of, replica_index: set by the desired state's expansion, never by a source)
+    schema = _spec_schema(SlotSpec, drop=("name", "replica_of", "replica_index"))
     server = schema["properties"]["server"]["properties"]
     # Bounds let the API server estimate the CEL rules' cost (it refuses unbounded ones).
     server["cmd"]["maxItems"] = _MAX_ITEMS

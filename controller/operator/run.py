@@ -49,6 +49,7 @@ from controller.operator.bodies import (
     essence_of,
 )
 from controller.operator.crd import GROUP, VERSION
+from controller.operator.pools import PoolSync
 from controller.operator.source import STACK, CrSource
 from controller.operator.source_aliases import alias_status
 from controller.operator.status import (
@@ -60,6 +61,9 @@ from controller.operator.status import (
     slot_status,
 )
 from controller.reconcile.apply import apply_to_config
+from controller.runtime.kubernetes.api import KubernetesApi
+from controller.runtime.kubernetes.pools import InferencePools
+from controller.runtime.kubernetes.poolspec import Picker
 from controller.slots.manager import SlotManager
 from controller.spec.configdir import read_config_dir
 from controller.spec.loader import DesiredState
@@ -107,6 +111,9 @@ class OperatorOptions:
     status_settle_s: float = 2.0
     status_trust_s: float = 30.0  # a status write kopf's view does not show by then: again
     quiet: bool = False
+    # kubernetes runtime: one InferencePool per model, its Ready slots' pods (pools.py)
+    inference_pools: bool = False
+    endpoint_picker: str | None = None  # the pools' endpointPickerRef: NAME:PORT[:MODE]
 
 
 class Operator:
@@ -140,6 +147,11 @@ class Operator:
         self._written = Written(opts.status_trust_s)  # status patched, maybe not seen yet
         self.kopf_stop = asyncio.Event()
         self.kopf_ready = asyncio.Event()
+        self.pools: PoolSync | None = None
+        # refused before anything starts (ValueError): a picker that does not parse
+        self._picker = Picker.parse(opts.endpoint_picker)
+        if opts.inference_pools and opts.runtime != "kubernetes":
+            raise ValueError("--inference-pools needs --runtime kubernetes")
         self._register()
 
     @property
@@ -187,6 +199,8 @@ class Operator:
             )
             if ready.done() and not core.done():
                 self.manager.events.add_listener(self.board.on_event)
+                if self.opts.inference_pools:
+                    background.append(asyncio.create_task(self._keep_pools(), name="pools"))
                 await asyncio.wait({core, operator, stopping}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             ready.cancel()
@@ -201,6 +215,19 @@ class Operator:
                 logging.getLogger("kopf").removeHandler(stderr)
             self.controller.stop.set()
         return await core
+
+    async def _keep_pools(self) -> None:
+        """The InferencePools (``--inference-pools``): started once the controller is
+        ready, so after the source is primed (a half-known catalogue would drop a model's
+        pool for a moment)."""
+        root = self.controller.root
+        assert root is not None
+        runtime = root.runtime
+        if not isinstance(runtime, KubernetesApi):
+            log.error("--inference-pools needs the kubernetes runtime: no pools kept")
+            return
+        self.pools = PoolSync(self.manager, self.board, InferencePools(runtime, self._picker))
+        await self.pools.run(self.opts.resync_s)
 
     async def _prime_late(self) -> None:
         """kopf runs no handler until every index holds its listing, and then the CRD

@@ -179,6 +179,29 @@ class NvmlProbe:
         self._last = tuple(out)
         return self._last
 
+    def process_bytes(self, pids: set[int], indices: tuple[int, ...] = ()) -> int | None:
+        """The device memory the processes ``pids`` hold (NVML's per-process
+        ``usedGpuMemory`` over the GPUs, ``indices`` only when given); None when NVML
+        cannot tell (no binding, no driver, a driver that hides per-process figures)."""
+        if not self._init():
+            return None
+        nvml = self._nvml
+        assert nvml is not None
+        total, told = 0, False
+        try:
+            count = int(nvml.nvmlDeviceGetCount())
+            for index in indices or tuple(range(count)):
+                handle = nvml.nvmlDeviceGetHandleByIndex(index)
+                for proc in nvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                    used = getattr(proc, "usedGpuMemory", None)
+                    if int(proc.pid) in pids and used is not None:
+                        total += int(used)
+                        told = True
+        except Exception as exc:  # noqa: BLE001  (NVMLError_*: no per-process figure now)
+            self.error = f"NVML per-process memory failed: {exc}"
+            return None
+        return total if told else 0
+
     def _identity(self, index: int, handle: Any) -> tuple[str | None, str | None]:
         """(UUID, name) of a GPU, read once per index."""
         known = self._names.get(index)
@@ -281,6 +304,27 @@ class SystemMemoryProbe:
 
     def gpus(self) -> tuple[DeviceMemory, ...]:
         return self.nvml.gpus() or self.amd.gpus()
+
+    def why_not(self, device: str) -> str:
+        """Why no figure answers for ``device`` and what to do (the refusal says it)."""
+        if not device.startswith("gpu"):
+            return "system memory could not be read (/proc/meminfo, psutil)"
+        self.gpus()  # the probes' errors as of now
+        nvml = self.nvml.error or "NVML sees no GPU"
+        hint = (
+            "install it (pip install nvidia-ml-py; slotctl depends on it, so reinstall slotctl)"
+            if "not installed" in nvml
+            else "check the NVIDIA driver (nvidia-smi)"
+        )
+        amd = (
+            f"no amdgpu card under {self.amd.root}"
+            if not self.amd.root.is_dir() or not self.amd.gpus()
+            else "amdgpu sysfs unreadable"
+        )
+        return (
+            f'{nvml}: {hint}; {amd}. On a host without a GPU use device = "cpu", or set '
+            f"memory_budget_gb.{device.split(':', 1)[0]} to admit against a budget"
+        )
 
 
 class FakeMemoryProbe:

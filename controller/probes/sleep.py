@@ -5,8 +5,11 @@ A *capability*, not a provider name (DESIGN.md): a provider template hands the m
 the manager asks that, never ``provider == "vllm"``. The HTTP is vLLM's dev-mode API, as its
 docs give it (docs/design/0011-sleep-tier.md cites them)::
 
-    POST /sleep?level=1|2      level 1: weights to host RAM, KV cache dropped; level 2:
-                               both dropped (the buffers stay in host RAM); 200 when done
+    POST /sleep?level=1|2&mode=wait
+                               level 1: weights to host RAM, KV cache dropped; level 2:
+                               both dropped (the buffers stay in host RAM); 200 when done.
+                               mode=wait: requests in flight finish first (vLLM's default
+                               mode, abort, aborts them; see docs/design/0011-sleep-tier.md)
     POST /wake_up              wake every memory tag (level 1: that is the whole wake)
     POST /wake_up?tags=weights  level 2, step 1: reallocate the weights' memory ...
     POST /collective_rpc {"method": "reload_weights"}   ... step 2: load them in place ...
@@ -59,7 +62,10 @@ _WAKE: Final = HttpCall("POST", "/wake_up")
 
 VLLM_SLEEP: Final = SleepMode(
     levels=(1, 2),
-    sleep=HttpCall("POST", "/sleep?level={level}"),
+    # mode=wait: requests in flight finish before the memory is released (vLLM's default,
+    # abort, would cut them); a vLLM without the parameter ignores it (its handler reads
+    # only the query parameters it knows).
+    sleep=HttpCall("POST", "/sleep?level={level}&mode=wait"),
     wake={
         1: (_WAKE,),
         2: (

@@ -53,6 +53,9 @@ class BuildContext:
     # The declared adapters (controller.spec.adapters): a start-time engine's launch
     # names the files of those its slot lists (``adapters``).
     adapters: Mapping[str, AdapterSpec] = field(default_factory=dict)
+    # The image of slotctl itself on a container runtime (the kubernetes runtime's: the
+    # operator's own), which a demo slot without server.image runs.
+    image: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "runtime", RuntimeKind(self.runtime))  # a kind's name taken

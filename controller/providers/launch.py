@@ -23,7 +23,7 @@ from controller.providers.templates import (
     LlamaCppPythonProvider,
     VllmProvider,
 )
-from controller.runtime.base import LaunchSpec, RuntimeKind
+from controller.runtime.base import LaunchSpec, RuntimeKind, own_image
 from controller.spec.schema import (
     PROVIDERS,
     SELF_MANAGED_PROVIDERS,
@@ -92,15 +92,18 @@ def launch_context(
 ) -> BuildContext:
     """The build context of a slot of ``stack`` on ``runtime``: the one both the manager and
     ``stack diff``/``apply`` build with, so they hash alike. The fake runtime builds as
-    ``process``; ``models_dir`` None is the default (:func:`default_models_dir`)."""
+    ``process``; ``models_dir`` None is the default (:func:`default_models_dir`). The
+    kubernetes runtime's context carries slotctl's own image (:func:`own_image`)."""
     kind = RuntimeKind(runtime)
     if kind is RuntimeKind.FAKE:
         kind = RuntimeKind.PROCESS
+    image = own_image() if kind is RuntimeKind.KUBERNETES else None
     return BuildContext(
         runtime=kind,
         stack=stack,
         models_dir=models_dir or default_models_dir(),
         adapters=adapters or {},
+        image=image,
     )
 
 

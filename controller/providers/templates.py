@@ -55,6 +55,7 @@ def _launch(
     mounts: tuple[Mount, ...] = (),
     probe: ProbeSpec | None = None,
     env: dict[str, str] | None = None,
+    command: tuple[str, ...] = (),
 ) -> LaunchSpec:
     model_id = model.id if model else slot.model_id
     sleep = sleep_mode(slot)
@@ -104,6 +105,7 @@ def _launch(
         model_id=model_id,
         argv=tuple(argv),
         image=image,
+        command=command,
         env=merged_env,
         host=ctx.host,
         model_source=model.source if model else None,
@@ -183,25 +185,73 @@ class DemoProvider:
         python = slot.server.binary or sys.executable
         argv = [python, "-m", "controller.demo", *args]
         mounts: tuple[Mount, ...] = ()
-        image = _docker_image(slot, ctx, None)
+        command: tuple[str, ...] = ()
+        # On the kubernetes runtime a demo slot runs slotctl's own image by default (the
+        # operator's: it carries the demo server), so a stack of demo slots needs no image.
+        image = _docker_image(slot, ctx, ctx.image)
         env: dict[str, str] = dict(lora_env)
         if image and ctx.runtime is RuntimeKind.KUBERNETES:
-            argv[0] = slot.server.binary or "python3"  # the image's own (slotctl's image)
+            # the image's interpreter as the container's command: slotctl's image has the
+            # entrypoint `slotctl`, which would take the args as a subcommand
+            command, argv = (slot.server.binary or "python3",), argv[1:]
         elif image:
             # The container runs the host's interpreter and this package, read-only.
             roots = sorted({sys.prefix, sys.base_prefix, PACKAGE_ROOT})
             mounts = tuple(Mount(r, r) for r in roots)
             env["PYTHONPATH"] = PACKAGE_ROOT
         probe = default_probe(slot, model_id)
-        return _launch(slot, model, ctx, argv, image=image, mounts=mounts, probe=probe, env=env)
+        return _launch(
+            slot,
+            model,
+            ctx,
+            argv,
+            image=image,
+            mounts=mounts,
+            probe=probe,
+            env=env,
+            command=command,
+        )
+
+
+# llama-server's memory fitting (tools/server/README.md): "-fit, --fit [on|off] whether to
+# adjust unset arguments to fit in device memory (default: 'on')"; "-fitt, --fit-target
+# MiB0,MiB1,... target margin per device for --fit, comma-separated list of values, single
+# value is broadcast across all devices, default: 1024".
+FIT_FLAGS: Final = frozenset({"-fit", "--fit", "-fitt", "--fit-target", "-fitc", "--fit-ctx"})
+# Their environment forms ("(env: LLAMA_ARG_FIT)", "(env: LLAMA_ARG_FIT_TARGET)"): set in
+# the slot's server.env, they rule too — and a llama-server older than --fit ignores them,
+# where it would refuse the flag.
+FIT_ENV: Final = frozenset({"LLAMA_ARG_FIT", "LLAMA_ARG_FIT_TARGET", "LLAMA_ARG_FIT_CTX"})
 
 
 @dataclass(frozen=True, slots=True)
 class LlamaCppProvider:
-    """llama.cpp's ``llama-server`` (binary for the process runtime, image for docker)."""
+    """llama.cpp's ``llama-server`` (binary for the process runtime, image for docker).
+
+    Told its budget (``placement_args``): its ``--fit`` (on by default) fits what it
+    leaves unset (the context, when the model declares none) to the free memory of each
+    GPU less ``--fit-target``; slotctl sets that margin to the GPU's free memory at start
+    less the admitted share, so llama-server fits into what admission counted.
+    """
 
     name: str = "llamacpp"
     image: str = "ghcr.io/ggml-org/llama.cpp:server"
+
+    def placement_args(
+        self, slot: SlotSpec, gpus: tuple[GpuRef, ...], share_bytes: int
+    ) -> tuple[str, ...]:
+        """``--fit-target`` per GPU (MiB): its free memory now less the admitted share;
+        nothing when the share is not counted, a free figure is not known, or the slot
+        sets a fit flag itself (``extra_args``, or its ``LLAMA_ARG_FIT*`` variable in
+        ``server.env``: theirs rule)."""
+        if not gpus or share_bytes <= 0 or any(g.free_bytes is None for g in gpus):
+            return ()
+        if any(arg.split("=", 1)[0] in FIT_FLAGS for arg in slot.server.extra_args):
+            return ()
+        if FIT_ENV & set(slot.server.env):  # e.g. LLAMA_ARG_FIT=off: an older binary
+            return ()
+        margins = [max(0, (g.free_bytes or 0) - share_bytes) // 1024**2 for g in gpus]
+        return ("--fit-target", ",".join(str(m) for m in margins))
 
     def build(self, slot: SlotSpec, model: ModelSpec | None, ctx: BuildContext) -> LaunchSpec:
         model = require_model(slot, model)

@@ -42,6 +42,7 @@ from controller.spec.guard import (
 from controller.spec.loader import DesiredSlot, DesiredState
 from controller.spec.problems import raise_for_problems
 from controller.spec.render import slot_effective
+from controller.spec.replicas import replica_names
 from controller.spec.rules import SlotEntry, cross_slot_problems
 from controller.spec.schema import ModelSpec
 from controller.store.residency import ResidencyStore
@@ -235,7 +236,11 @@ async def plan_stack(
     plan.aliases_changed = alias_changes(state, snapshot)
     plan.adapters_changed = adapter_changes(state, snapshot)
     managed = [o.slot for o in await runtime.list_managed()]
-    plan.orphans = sorted(n for n in managed if n not in state.slots and n not in snapshot.slots)
+    declared = {*state.slots, *snapshot.slots}
+    for slots in (state.slots, snapshot.slots):  # a declared slot's replicas are no orphans
+        for slot in slots.values():
+            declared.update(replica_names(slot.spec))
+    plan.orphans = sorted(n for n in managed if n not in declared)
     plan.desired_doc = _document(state.slots)
     plan.observed_doc = _document({n: s for n, s in snapshot.slots.items() if n in names})
     return plan

@@ -70,7 +70,7 @@ async def follow_manager(
     """An autoload (or resident) slot that went offline or into error is looked at again;
     memory freed by any slot wakes the slots that wait for it. ``slots``: the desired
     state's slots, read at each event."""
-    with manager.events.subscribe(accept=_gone) as sub:
+    with manager.events.subscribe(accept=_gone, flips=False) as sub:
         async for event in sub:
             if event.slot is None:
                 continue

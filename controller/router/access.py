@@ -12,17 +12,21 @@ from __future__ import annotations
 
 from typing import Final
 
-from controller.access.keys import KeyRing, Principal
+from controller.access.keys import KeyHold, KeyRing, Principal
 from controller.router.refusals import Refusal
+from controller.slots.interfaces import RouterPort
 from controller.slots.records import Requester
 from controller.spec.schema import ControllerSettings
 
 __all__ = [
     "PRIORITY_HEADER",
     "bearer",
+    "hold",
     "identify",
     "model_refused",
+    "permitted",
     "requester",
+    "served_model",
 ]
 
 PRIORITY_HEADER: Final = "x-slotctl-priority"
@@ -46,14 +50,49 @@ def identify(
     return ring.identify(secret, now, wall) if secret else None
 
 
-def model_refused(principal: Principal, model: str) -> Refusal:
-    """The 403 of a key that may not use ``model`` (its ``--models`` patterns)."""
+def hold(
+    ring: KeyRing, authorization: str | None, api_key: str | None, now: float, wall: float
+) -> KeyHold | Principal | None:
+    """:func:`identify`'s answer, a key's as its :class:`KeyHold` (``KeyRing.again``)."""
+    secret = bearer(authorization) or (api_key.strip() if api_key else None)
+    return ring.hold(secret, now, wall) if secret else None
+
+
+def model_refused(principal: Principal, model: str, asked: str = "") -> Refusal:
+    """The 403 of a key that may not use ``model`` (its ``--models`` patterns); ``asked``:
+    the name the request gave, when it resolved to ``model``."""
+    via = f" (which {asked!r} resolves to)" if asked and asked != model else ""
     return Refusal(
         403,
-        f"the key {principal.name!r} may not use the model {model!r}",
+        f"the key {principal.name!r} may not use the model {model!r}{via}",
         code="model_not_allowed",
         param="model",
     )
+
+
+def served_model(manager: RouterPort, slot: str) -> str:
+    """The model ``slot`` serves: its catalogue model, or its own name for a model-less
+    (self-managed) slot. What a key's ``--models`` patterns are checked on."""
+    spec = manager.known(slot)
+    return spec.model_id if spec is not None and spec.model_id else slot
+
+
+def permitted(
+    principal: Principal | None, manager: RouterPort, asked: str, names: list[str]
+) -> list[str]:
+    """``names`` (the slots a request for ``asked`` resolved to, best first) whose served
+    model the key may use; the 403 when it may use none of them.
+
+    Authorization is decided on what would serve, never on the name asked for alone
+    (OWASP API1): a slot's name, a provider's or an alias' member can resolve to a model
+    the key's patterns do not allow, and nothing of it may load. The API token and keys
+    without patterns may use every model."""
+    if principal is None or not principal.models or not names:
+        return names
+    kept = [n for n in names if principal.may_use(served_model(manager, n))]
+    if not kept:
+        raise model_refused(principal, served_model(manager, names[0]), asked)
+    return kept
 
 
 def requester(settings: ControllerSettings, principal: Principal, asked: str | None) -> Requester:
@@ -63,7 +102,7 @@ def requester(settings: ControllerSettings, principal: Principal, asked: str | N
     class that is not declared is a 400."""
     own = settings.priority_class(principal.priority)
     if not asked:
-        return Requester(principal.name, own.name)
+        return Requester(principal.name, own.name, principal.id)
     name = asked.strip().lower()
     wanted = next((c for c in settings.priority_classes if c.name == name), None)
     if wanted is None:
@@ -75,4 +114,4 @@ def requester(settings: ControllerSettings, principal: Principal, asked: str | N
             param=PRIORITY_HEADER,
         )
     chosen = wanted if wanted.weight <= own.weight else own
-    return Requester(principal.name, chosen.name)
+    return Requester(principal.name, chosen.name, principal.id)

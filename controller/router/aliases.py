@@ -21,7 +21,7 @@ from typing import Any
 from controller.access.keys import Principal
 from controller.model.errors import ModelNotFound
 from controller.model.lifecycle import SlotState
-from controller.router.access import model_refused
+from controller.router.access import model_refused, served_model
 from controller.router.adapters import adapter_entries
 from controller.router.context import RouterContext
 from controller.router.refusals import (
@@ -114,6 +114,8 @@ def resolve(
         if allowed is not None and not allowed(member):
             continue
         names = serving(manager, member)
+        if allowed is not None:  # on the model each slot serves (a member may be a slot's name)
+            names = [n for n in names if allowed(served_model(manager, n))]
         if endpoint is not None:
             names, _ = fitting(manager, names, endpoint)
         for name in names:
@@ -138,6 +140,11 @@ def alias_candidates(
         if not any(allowed(m) for m in alias.models):
             raise model_refused(principal, alias.models[0])
     choice = resolve(ctx.manager, alias, allowed, endpoint)
+    if choice is None and principal is not None and allowed is not None:
+        unfiltered = resolve(ctx.manager, alias, None, endpoint)
+        if unfiltered is not None:  # served, but only by slots whose model the key may not use
+            model = served_model(ctx.manager, unfiltered.candidates[0])
+            raise model_refused(principal, model, alias.id)
     if choice is None:
         served = resolve(ctx.manager, alias, allowed) if endpoint is not None else None
         if endpoint is not None and served is not None:

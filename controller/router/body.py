@@ -29,14 +29,29 @@ def is_form(content_type: str) -> bool:
     )
 
 
-def model_of(content_type: str, body: bytes, *, forms: bool = True) -> str:
+def model_of(content_type: str, body: bytes, forms: bool = True) -> str:
     """``model`` of a body whose ``Content-Type`` header is ``content_type``: a form
     field where the endpoint takes forms (``forms``) and the body is one, else a JSON
     object's key (400 otherwise)."""
     if forms and is_form(content_type):
         model = _multipart_field(content_type, body, "model")
     else:
-        data = _json_object(body)
+        # _json_object(body), in line: a request's code runs from cold caches, where each
+        # function more it touches costs (docs/performance.md, the router)
+        data: Any = None
+        if body[:1] == b"{" and body[1:2] != b"\x00":  # else json.loads would take UTF-16/32
+            try:
+                text = body.decode("utf-8")
+                data, end = _SCAN(text, 0)
+            except (StopIteration, ValueError, RecursionError):
+                data = None
+            else:
+                if end != len(text):  # (the common case ends where the text does)
+                    space = _SPACE.match(text, end)
+                    if space is None or space.end() != len(text):
+                        data = None
+                if not isinstance(data, dict):
+                    data = None
         if data is None:
             if not body.strip():
                 raise Refusal(400, "a JSON request body is required", code="invalid_body")
@@ -75,10 +90,11 @@ def _json_object(body: bytes) -> dict[str, Any] | None:
         data, end = _SCAN(text, 0)
     except (StopIteration, ValueError, RecursionError):
         return None
-    space = _SPACE.match(text, end)
-    if space is None or space.end() != len(text) or not isinstance(data, dict):
-        return None
-    return data
+    if end != len(text):  # (the common case ends where the text does: no regex run)
+        space = _SPACE.match(text, end)
+        if space is None or space.end() != len(text):
+            return None
+    return data if isinstance(data, dict) else None
 
 
 def _delimiter(content_type: str) -> bytes:

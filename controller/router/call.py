@@ -31,11 +31,12 @@ from __future__ import annotations
 import enum
 import logging
 import time
+from collections.abc import Sequence
 from typing import Final
 
 from controller.access.keys import Principal
-from controller.model.errors import AdapterNotFound, ModelNotFound, SlotctlError
-from controller.router.access import model_refused, requester
+from controller.model.errors import AdapterNotFound, ModelNotFound, SlotctlError, SlotNotReady
+from controller.router.access import model_refused, permitted, requester
 from controller.router.adapters import adapter_body, named_adapter
 from controller.router.aliases import alias_candidates
 from controller.router.body import model_of, with_model
@@ -43,6 +44,7 @@ from controller.router.context import (
     CLIENT_CLOSED,
     USAGE_TAIL,
     RouterContext,
+    cached_of,
     upstream_idle_s,
     usage_of,
 )
@@ -59,7 +61,8 @@ from controller.router.refusals import (
     upstream_unreachable,
     wrong_endpoint,
 )
-from controller.router.selection import fitting, serving
+from controller.router.replicas import route_replicas
+from controller.router.selection import fitting, route
 from controller.slots.interfaces import RouterPort
 from controller.slots.records import AdapterHold, Lease, Requester
 from controller.spec.schema import ControllerSettings
@@ -103,14 +106,14 @@ class _Who:
 
     def __init__(self) -> None:
         self.settings: ControllerSettings | None = None
-        self.by: dict[tuple[str, str | None, str | None], Requester] = {}
+        self.by: dict[tuple[str, str, str | None, str | None], Requester] = {}
 
     def of(
         self, settings: ControllerSettings, principal: Principal, asked: str | None
     ) -> Requester:
         if settings is not self.settings:
             self.settings, self.by = settings, {}
-        key = (principal.name, principal.priority, asked)
+        key = (principal.id, principal.name, principal.priority, asked)  # by the key's id
         found = self.by.get(key)
         if found is None:
             found = requester(settings, principal, asked)  # a refusal raises, not kept
@@ -137,7 +140,9 @@ class RoutedCall:
         "counted",
         "ctx",
         "forms",
+        "group",
         "hold",
+        "keyed",
         "kind",
         "lease",
         "model",
@@ -158,7 +163,6 @@ class RoutedCall:
         ctx: RouterContext,
         principal: Principal | None,
         kind: str,
-        *,
         forms: bool = False,
         path: str = "",
         started: float | None = None,
@@ -184,6 +188,8 @@ class RoutedCall:
         # A key's call keeps the last bytes of its answer, where a server reports ``usage``
         # (None: not kept: the API token's calls, which no key's figures count).
         self.tail: bytearray | None = None
+        self.keyed = False  # a key's call (its usage counted for it)
+        self.group = ""  # the leased slot is a replica of this slot (its tokens counted)
         self.content_type = ""
         self.body = b""
 
@@ -207,9 +213,15 @@ class RoutedCall:
                 400, f"invalid audio endpoint {self.path!r}", code="invalid_request_error"
             )
         manager = ctx.manager
-        if principal is not None:
-            self.who = _WHO.of(manager.settings, principal, asked)
-        model = model_of(content_type, body, forms=self.forms)
+        if principal is not None:  # _WHO.of's common case, in line (see below)
+            settings, who = manager.settings, _WHO
+            found = (
+                who.by.get((principal.id, principal.name, principal.priority, asked))
+                if settings is who.settings
+                else None
+            )
+            self.who = found if found is not None else who.of(settings, principal, asked)
+        model = model_of(content_type, body, self.forms)
         self.content_type, self.body = content_type, body
         aliases = manager.aliases
         alias = aliases.get(model) if aliases else None
@@ -220,15 +232,18 @@ class RoutedCall:
             except SlotctlError as exc:
                 report_refusal(ctx, exc, model)
                 raise slot_refusal(exc) from None
+        served: Sequence[str]
+        candidates: Sequence[str]
         if alias is not None and model not in manager.models:  # (a model's id wins)
-            model, candidates = alias_candidates(ctx, principal, alias, kind)
+            model, served = alias_candidates(ctx, principal, alias, kind)
             self.alias = alias.id
+            candidates, refused = fitting(manager, served, kind)
         elif adapter is not None:  # a slot of its base that can serve it, holders first
             if principal is not None and principal.models and not principal.may_use(adapter.id):
                 raise model_refused(principal, adapter.id)
             self.adapter, model = adapter.id, adapter.base
-            candidates = manager.adapter_slots(adapter.id)
-            if not candidates:  # declared, but no slot of its base can hold adapters
+            served = manager.adapter_slots(adapter.id)
+            if not served:  # declared, but no slot of its base can hold adapters
                 error = AdapterNotFound(
                     f"adapter {adapter.id!r} is declared but no slot of {adapter.base!r} "
                     "serves adapters (max_loras, or a slot's adapters)",
@@ -236,33 +251,54 @@ class RoutedCall:
                 )
                 report_refusal(ctx, error, adapter.id)
                 raise slot_refusal(error)
+            candidates, refused = fitting(manager, served, kind)
         else:
-            candidates = serving(manager, model)
+            served, candidates, refused = route(manager, model, kind)
         if not self.adapter and manager.adapters:  # (a model's, an alias' member's request)
             # never a slot whose server applies an adapter to every request
-            candidates = [n for n in candidates if not _adapter_only(manager, n)]
-        if (
-            principal is not None
-            and principal.models
-            and not self.adapter
-            and not principal.may_use(model)
-        ):
-            raise model_refused(principal, model)
-        if not candidates:
+            kept = [n for n in served if not _adapter_only(manager, n)]
+            if len(kept) != len(served):
+                served = kept
+                candidates, refused = fitting(manager, served, kind)
+        if principal is not None and principal.models and not self.adapter:
+            if not principal.may_use(model):  # a key with --models patterns
+                raise model_refused(principal, model)
+            # decided on the model(s) that would serve, before any lease or load
+            kept = permitted(principal, manager, model, list(served))
+            if len(kept) != len(served):
+                served = kept
+                candidates, refused = fitting(manager, served, kind)
+        if not served:
             report_refusal(ctx, ModelNotFound(model), model)
             raise model_not_found(model)
         self.model = model
-        candidates, refused = fitting(manager, candidates, kind)
+        if len(served) > 1 and not self.adapter:  # a slot's replicas: in their routing order
+            names = list(served)
+            ordered = route_replicas(manager, names, model, content_type, body)
+            if ordered is not names:
+                served = ordered
+                candidates, refused = fitting(manager, served, kind)
         if not candidates:  # before anything is leased or loaded (400)
             raise wrong_endpoint(model, kind, refused)
         if principal is not None and principal.name:  # a key (the API token has no limits)
             limited = ctx.limits.admit(principal, time.monotonic())
             if limited is not None:
                 raise slot_refusal(limited)
-            self.counted = True
+            self.counted = self.keyed = True
             self.tail = bytearray()  # a key's call: its answer's usage counts for it
+        now: Lease | Pending | None
         try:
-            now = acquire_now(manager, candidates, self.who)
+            if len(candidates) == 1:  # acquire_now's common case, in line: a
+                # request's code runs from cold caches, where each function more it touches
+                # costs (docs/performance.md, the router)
+                try:
+                    now = manager.try_acquire(candidates[0], self.who)
+                except SlotNotReady:
+                    now = Pending(candidates, 0, 1, [])  # unloading: queue again (awaited)
+                if now is None:
+                    now = Pending(candidates, 0, 0, [])
+            else:
+                now = acquire_now(manager, candidates, self.who)
         except SlotctlError as exc:
             report_refusal(ctx, exc, model)
             raise slot_refusal(exc) from None
@@ -326,6 +362,11 @@ class RoutedCall:
             raise Refusal(
                 503, f"slot {self.slot!r} has no endpoint", code="slot.not_ready", retry_after_s=1
             )
+        spec = self.ctx.manager.known(self.slot)
+        if spec is not None and spec.replica_group:  # a replica: its cached tokens count
+            self.group = spec.replica_group
+            if self.tail is None:
+                self.tail = bytearray()
         self.phase = _UPSTREAM
         return endpoint, body
 
@@ -417,9 +458,13 @@ class RoutedCall:
             who = self.who
             if who is not None:
                 recorder.key_done(who.key, who.cls, self.status, self.waited)
-                used = usage_of(self.tail) if self.tail else None
+                used = usage_of(self.tail) if self.tail and self.keyed else None
                 if used is not None:
                     recorder.key_tokens(who.key, who.cls, *used)
+            if self.group and self.tail:
+                cached = cached_of(self.tail)
+                if cached is not None:
+                    recorder.slot_tokens(self.slot, self.group, *cached)
         except Exception:  # metrics must never fail a request: log it and answer anyway
             log.exception("metrics request_done failed")
 

@@ -23,6 +23,7 @@ __all__ = [
     "USAGE_TAIL",
     "RequestRecorder",
     "RouterContext",
+    "cached_of",
     "upstream_idle_s",
     "usage_of",
 ]
@@ -32,6 +33,9 @@ log = logging.getLogger("slotctl.router")
 CLIENT_CLOSED: Final = 499  # nginx's status for "client closed the request" (metrics only)
 USAGE_TAIL: Final = 1024  # bytes of a key's answer kept for its ``usage``
 _TOKENS: Final = re.compile(rb'"(prompt_tokens|completion_tokens)"\s*:\s*([0-9]{1,12})')
+_CACHED: Final = re.compile(
+    rb'"(prompt_tokens|cached_tokens|cache_n|prompt_n)"\s*:\s*([0-9]{1,12})'
+)
 _IDLE_DEFAULT_S: Final = 120.0  # a slot the manager no longer knows: the schema's default
 
 
@@ -46,6 +50,10 @@ class RequestRecorder(Protocol):
     def key_done(self, key: str, cls: str, status: int | str, waited: float | None) -> None:
         """One request of ``key`` (its name; "" the API token) in class ``cls`` ended;
         ``waited``: the seconds it waited for its turn (None: it did not wait)."""
+
+    def slot_tokens(self, slot: str, group: str, prompt: int, cached: int) -> None:
+        """A replica's request: its prompt tokens and those its server's prefix cache
+        held, as the server reported them (issue 38)."""
 
 
 class RouterContext(Protocol):
@@ -84,6 +92,25 @@ def usage_of(tail: bytes | bytearray) -> tuple[int, int] | None:
     if b"prompt_tokens" not in found:
         return None
     return int(found[b"prompt_tokens"]), int(found.get(b"completion_tokens", b"0"))
+
+
+def cached_of(tail: bytes | bytearray) -> tuple[int, int] | None:
+    """``(prompt tokens, cached prompt tokens)`` an answer's tail reports: OpenAI's
+    ``usage.prompt_tokens_details.cached_tokens`` (with ``usage.prompt_tokens``), else
+    llama.cpp's ``timings.cache_n`` (with ``timings.prompt_n``: the tokens evaluated past
+    the cache); None: neither is there."""
+    at = tail.rfind(b'"usage"')
+    if at >= 0:
+        found = dict(_CACHED.findall(bytes(tail[at : at + 600])))
+        if b"cached_tokens" in found and b"prompt_tokens" in found:
+            return int(found[b"prompt_tokens"]), int(found[b"cached_tokens"])
+    at = tail.rfind(b'"timings"')
+    if at >= 0:
+        found = dict(_CACHED.findall(bytes(tail[at : at + 600])))
+        if b"cache_n" in found and b"prompt_n" in found:
+            cached = int(found[b"cache_n"])
+            return cached + int(found[b"prompt_n"]), cached
+    return None
 
 
 def upstream_idle_s(ctx: RouterContext, slot: str) -> float:

@@ -9,6 +9,7 @@ concurrent cold requests join one load).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -26,14 +27,14 @@ class Pending:
     """Where :func:`acquire_now` stopped: candidate ``start`` needs a wait (cold, or not
     ready ``tried`` times already); ``errors`` holds the refusals of those before it."""
 
-    candidates: list[str]
+    candidates: Sequence[str]
     start: int
     tried: int
     errors: list[SlotctlError]
 
 
 async def acquire(
-    manager: RouterPort, candidates: list[str], who: Requester | None = None
+    manager: RouterPort, candidates: Sequence[str], who: Requester | None = None
 ) -> Lease:
     """A lease on the best candidate that grants one; else the best one's refusal."""
     now = acquire_now(manager, candidates, who)
@@ -41,10 +42,16 @@ async def acquire(
 
 
 def acquire_now(
-    manager: RouterPort, candidates: list[str], who: Requester | None = None
+    manager: RouterPort, candidates: Sequence[str], who: Requester | None = None
 ) -> Lease | Pending:
     """:func:`acquire` up to the first candidate that needs a wait (none in the router's
     common case: no task, no await); raises the best one's refusal when all refuse."""
+    if len(candidates) == 1:  # the common case: one slot serves the model
+        try:
+            lease = manager.try_acquire(candidates[0], who)
+        except SlotNotReady:
+            return Pending(candidates, 0, 1, [])  # unloading: queue again (awaited)
+        return lease if lease is not None else Pending(candidates, 0, 0, [])
     errors: list[SlotctlError] = []
     for i, name in enumerate(candidates):
         try:

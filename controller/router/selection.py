@@ -13,7 +13,7 @@ loaded, and ``/v1/models`` says it of every model (:func:`openai_model`).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, Final
 
 from controller.access.keys import Principal
@@ -26,6 +26,7 @@ __all__ = [
     "fitting",
     "openai_model",
     "ranked",
+    "route",
     "served_ids",
     "served_models",
     "serving",
@@ -35,7 +36,7 @@ _CREATED: Final = int(time.time())  # the ``created`` of every model in /v1/mode
 _NONE: Final[frozenset[str]] = frozenset()
 
 
-def fitting(manager: RouterPort, names: list[str], endpoint: str) -> tuple[list[str], str]:
+def fitting(manager: RouterPort, names: Sequence[str], endpoint: str) -> tuple[list[str], str]:
     """``names`` (best first) whose slot type serves ``endpoint``, and the type of the
     first that does not (empty when all do): the caller refuses when none is left."""
     kept: list[str] = []
@@ -67,10 +68,40 @@ def serving(manager: RouterPort, model: str) -> list[str]:
     self-managed provider (its model-less slots). Built without a view per slot: the
     router asks this once per request.
     """
-    candidates = manager.routable(model)
-    if len(candidates) == 1:  # the common case: nothing to rank
-        return [candidates[0].name]
-    return [c.name for c in rank_candidates(candidates)]
+    names = manager.routes(model)
+    if len(names) < 2:  # the common case: nothing to rank
+        return list(names)
+    return [c.name for c in rank_candidates(manager.routable(model))]
+
+
+# route()'s answers for a model served by one slot, by (model, endpoint): the table's
+# names (the same tuple until what the model names changes), those that serve the
+# endpoint, the refused type.
+_ONE: dict[tuple[str, str], tuple[tuple[str, ...], tuple[str, ...], str]] = {}
+_ONE_MAX: Final = 4096
+
+
+def route(
+    manager: RouterPort, model: str, endpoint: str
+) -> tuple[Sequence[str], Sequence[str], str]:
+    """:func:`serving` and :func:`fitting` of ``model`` for ``endpoint``: the slots serving
+    it best first, those of a type that serves ``endpoint``, and the type of the first that
+    does not ("" when all do). Asked for every request: a model served by one slot (nothing
+    to rank) is answered from what was found for the same names (the table's tuple, new
+    when a binding changes) without looking at the slot again."""
+    names = manager.routes(model)
+    if len(names) != 1:
+        ranked = serving(manager, model)
+        kept, refused = fitting(manager, ranked, endpoint)
+        return ranked, kept, refused
+    key = (model, endpoint)
+    found = _ONE.get(key)
+    if found is None or found[0] is not names:
+        kept, refused = fitting(manager, names, endpoint)
+        if len(_ONE) >= _ONE_MAX:
+            _ONE.clear()
+        found = _ONE[key] = (names, tuple(kept), refused)
+    return found
 
 
 def served_models(manager: RouterPort, principal: Principal | None = None) -> dict[str, str]:

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Final, Protocol, runtime_checkable
 
+from controller import __version__
 from controller.model.devices import GpuRef
 from controller.probes.memory import MemoryProbe
 from controller.probes.readiness import ProbeSpec
@@ -29,6 +31,7 @@ from controller.probes.sleep import SleepMode
 __all__ = [
     "HASH_LABEL",
     "MANAGED_LABEL",
+    "OWN_IMAGE_ENV",
     "SLOT_LABEL",
     "STACK_LABEL",
     "LaunchSpec",
@@ -40,6 +43,7 @@ __all__ = [
     "RunStatus",
     "Runtime",
     "RuntimeKind",
+    "own_image",
     "visibility_env",
 ]
 
@@ -47,6 +51,17 @@ MANAGED_LABEL: Final = "slotctl.managed"
 SLOT_LABEL: Final = "slotctl.slot"
 STACK_LABEL: Final = "slotctl.stack"
 HASH_LABEL: Final = "slotctl.config-hash"
+
+# The kubernetes runtime's own image: the operator's (the chart sets it from its `image`).
+# Its pods' model pulls run it, and a demo slot without server.image runs its demo server.
+OWN_IMAGE_ENV: Final = "SLOTCTL_K8S_IMAGE"
+
+
+def own_image() -> str:
+    """slotctl's own container image where the kubernetes runtime runs it (the operator's:
+    ``$SLOTCTL_K8S_IMAGE``, else ``slotctl:VERSION``, the tag the README builds)."""
+    return os.environ.get(OWN_IMAGE_ENV) or f"slotctl:{__version__}"
+
 
 ProgressCallback = Callable[[dict[str, Any]], Awaitable[None] | None]
 
@@ -105,6 +120,9 @@ class LaunchSpec:
     model_id: str
     argv: tuple[str, ...]  # full argv for the process runtime; container args for docker
     image: str | None = None
+    # A container's command (its image's entrypoint replaced), the argv its args: for a
+    # server run in an image whose entrypoint is something else (slotctl's own: `slotctl`).
+    command: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
     host: str = "127.0.0.1"
     model_source: str | None = None
@@ -131,13 +149,20 @@ class LaunchSpec:
     address: str | None = field(default=None, compare=False)
     # config_hash() is asked on hot paths (views for the router): computed once.
     _hash: str | None = field(default=None, init=False, compare=False, repr=False)
+    # The endpoint, as the router asks it for every request: made once.
+    _endpoint: str | None = field(default=None, init=False, compare=False, repr=False)
 
     @property
     def endpoint(self) -> str:
-        if self.address is not None:
-            return self.address
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host  # noqa: S104
-        return f"http://{host}:{self.port}"
+        found = self._endpoint
+        if found is None:
+            if self.address is not None:
+                found = self.address
+            else:
+                host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host  # noqa: S104
+                found = f"http://{host}:{self.port}"
+            object.__setattr__(self, "_endpoint", found)
+        return found
 
     def model_missing(self) -> bool:
         """The model file the server reads is not there (yet): the load has to pull it."""
@@ -148,6 +173,8 @@ class LaunchSpec:
             "provider": self.provider,
             "image": self.image,
             "argv": list(self.argv),
+            # only when set: the hashes of launches without one stay as they were
+            **({"command": list(self.command)} if self.command else {}),
             "env": dict(sorted(self.env.items())),
             "model_source": self.model_source,
             "model_path": self.model_path,

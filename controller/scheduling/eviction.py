@@ -38,6 +38,12 @@ member is (:func:`unified`; the manager's table hands out candidates this way). 
 never the victim of a load of its own unit (:func:`without_unit`), and a victim that is a
 member takes its mates with it (the manager evicts them right after it: the slot manager's
 ``Unloading.evict_mates``).
+
+Replicas (issue 38). The replicas of one slot serve one model; while two of them are
+resident, every one but the most valuable is an *extra* (:func:`with_replicas`), and
+inside a priority tier the extras go first: a second copy of model A goes before the only
+copy of model B of the same priority, and the victim's reason says it is an extra replica.
+A pinned slot pins its ``min_replicas`` (the desired state pins those replicas only).
 """
 
 from __future__ import annotations
@@ -66,6 +72,7 @@ __all__ = [
     "pressure_victims",
     "score",
     "unified",
+    "with_replicas",
     "without_unit",
 ]
 
@@ -97,6 +104,11 @@ class EvictionCandidate:
     placed: tuple[str, ...] = ()
     # Its co-loaded unit (controller/scheduling/eviction.py): a unit is evicted whole or not at all.
     unit: str | None = None
+    # The slot whose replica it is ("" none: spec.replica_group) and whether it is an
+    # *extra* replica (:func:`with_replicas` says so: another replica of its slot serves
+    # on without it), which goes before any slot's last server of its priority.
+    replica_group: str = ""
+    extra: bool = False
 
     @property
     def host_bytes(self) -> int:
@@ -194,16 +206,46 @@ def score(c: EvictionCandidate, now: float) -> float:
     return max(0.0, now - c.last_used) / c.cost_s
 
 
-def _key(c: EvictionCandidate, now: float) -> tuple[int, float, float, str]:
-    """Priority first (SPEC §6), then the best class weight among its recent users (a
-    slot used only by batch keys goes before one a person used: issue 23), then the
-    reload-cost score (issue 22)."""
-    return (c.priority, c.recent_weight, -score(c, now), c.name)
+def _key(c: EvictionCandidate, now: float) -> tuple[int, int, float, float, str]:
+    """Priority first (SPEC §6), then an extra replica before a slot's last server
+    (issue 38), then the best class weight among its recent users (a slot used only by
+    batch keys goes before one a person used: issue 23), then the reload-cost score
+    (issue 22)."""
+    return (c.priority, 0 if c.extra else 1, c.recent_weight, -score(c, now), c.name)
+
+
+def with_replicas(candidates: Sequence[EvictionCandidate], now: float) -> list[EvictionCandidate]:
+    """``candidates`` with each replica's ``extra`` said: of a slot's resident, awake
+    replicas, every eligible one is an extra when one that is not eligible serves on
+    (leased, busy, pinned), else every one but the most valuable (the last in eviction
+    order). Idempotent; candidates without a replica group are returned as they are."""
+    groups: dict[str, list[EvictionCandidate]] = {}
+    for c in candidates:
+        if c.replica_group and c.state in _RESIDENT and not c.asleep:
+            groups.setdefault(c.replica_group, []).append(c)
+    extras: set[str] = set()
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        eligible = [m for m in members if is_eligible(m)]
+        if len(eligible) < len(members):
+            extras.update(m.name for m in eligible)
+            continue
+        kept = max(eligible, key=lambda m: _key(replace(m, extra=False), now))
+        extras.update(m.name for m in eligible if m is not kept)
+    if not extras and not any(c.extra for c in candidates):
+        return list(candidates)
+    return [
+        c if c.extra == (c.name in extras) else replace(c, extra=c.name in extras)
+        for c in candidates
+    ]
 
 
 def _order(
     candidates: Iterable[EvictionCandidate], devices: Iterable[str], now: float
 ) -> list[EvictionCandidate]:
+    """The eligible candidates on ``devices``, in eviction order (replicas said)."""
+    candidates = with_replicas(list(candidates), now)
     wanted = set(devices)
     eligible = [c for c in candidates if not wanted.isdisjoint(c.devices) and is_eligible(c)]
     return sorted(eligible, key=lambda c: _key(c, now))
@@ -212,7 +254,10 @@ def _order(
 def _victim(c: EvictionCandidate, now: float, why: str) -> Victim:
     idle = max(0.0, now - c.last_used)
     where = f" on {'+'.join(c.devices)}" if c.devices else ""
-    reason = f"{why}: priority {c.priority}, idle {idle:.0f}s, frees {format_gib(c.bytes)}{where}"
+    extra = f", an extra replica of {c.replica_group}" if c.extra else ""
+    reason = (
+        f"{why}: priority {c.priority}{extra}, idle {idle:.0f}s, frees {format_gib(c.bytes)}{where}"
+    )
     return Victim(
         c.name,
         c.bytes,
@@ -309,6 +354,7 @@ def plan_room(
     the room per host key for sleepers, None: every victim is unloaded).
     """
     devices = [d for d, n in need.items() if n > 0]
+    candidates = with_replicas(candidates, now)
     ordered = _order(candidates, need, now)
     evictable = {d: sum(c.on(d) for c in ordered) for d in need}
     freed = dict.fromkeys(need, 0)
@@ -325,7 +371,9 @@ def plan_room(
             freed[d] += c.on(d)
         if _met(need, freed):
             break
-    for c in sorted(chosen, key=lambda c: (-c.priority, score(c, now), c.name)):
+    # the most valuable first: higher priority, a last copy before an extra replica
+    spare_order = sorted(chosen, key=lambda c: (-c.priority, c.extra, score(c, now), c.name))
+    for c in spare_order:
         spared = {d: freed[d] - c.on(d) for d in need}
         if _met(need, spared):
             chosen.remove(c)
@@ -348,7 +396,7 @@ def plan_clear(
     is *blocked* when fewer of its holders are eligible than hold it, or when it is in
     ``unfit`` (the load does not fit there even alone): then the plan is not sufficient,
     and nothing is evicted for it. Every victim is unloaded (sleeping frees no GPU)."""
-    eligible = [c for c in candidates if is_eligible(c)]
+    eligible = [c for c in with_replicas(candidates, now) if is_eligible(c)]
     chosen = sorted(
         (c for c in eligible if any(d in holders for d in c.holds)), key=lambda c: _key(c, now)
     )
@@ -403,6 +451,7 @@ def pressure_victims(
 ) -> list[Victim]:
     """Elevated: the one best victim; critical: every eligible slot; each with its action
     (a sleeper under pressure in host memory is unloaded; ``host``: as for :func:`plan_room`)."""
+    candidates = with_replicas(candidates, now)
     ordered = _order(candidates, (device,), now)
     if level is Pressure.NORMAL or not ordered:
         return []

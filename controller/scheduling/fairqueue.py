@@ -41,7 +41,7 @@ class ClassSpec:
 
 @dataclass(slots=True)
 class Waiter(Generic[T]):
-    key: str  # the API key's name ("" for the admin token)
+    key: str  # its flow: the API key's id ("" for the admin token; see queueshare)
     cls: str  # its class
     since: float  # when it began to wait (monotonic seconds)
     item: T

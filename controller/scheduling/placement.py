@@ -11,6 +11,8 @@ for every load, its dry run and every background load, so they cannot disagree.
 Scoring, best first::
 
     fits without evicting anything   before   needs evictions
+    fewest sibling replicas of the same slot on the set (spread: a replica shares a
+               sibling's GPU only when no set without one does as well on the line above)
     (evicting) lowest top victim priority, fewest unloads (a victim that sleeps costs
                a wake, not a cold start), fewest victims, fewest bytes evicted
     GPUs whose memory is known before GPUs admitted by count (a cluster's)
@@ -93,6 +95,9 @@ class DeviceFacts:
     # sample and no budget its memory is unknown and a load is admitted by count alone.
     exclusive: bool = False
     holders: int = 0
+    # Replicas of the requester's own slot admitted here (a spread replica avoids them:
+    # a sibling's GPU only when no other device set fits without evicting)
+    siblings: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,9 +126,10 @@ class Option:
     def victims(self) -> tuple[Victim, ...]:
         return self.plan.victims if self.plan is not None else ()
 
-    def score(self) -> tuple[int, int, int, int, int, int, int, str, tuple[int, ...]]:
+    def score(self) -> tuple[int, int, int, int, int, int, int, int, str, tuple[int, ...]]:
         """Lower is better (see the module docstring); a GPU whose memory is known
-        before one admitted by count."""
+        before one admitted by count; a set without the requester's sibling replicas
+        before one with them."""
         victims = self.victims
         evicted = sum(v.bytes for v in victims)
         top = max((v.priority for v in victims), default=-1)
@@ -133,7 +139,19 @@ class Option:
         blind = sum(1 for a in self.admissions if a.source == "gpu-count")
         group = self.devices[0].group or "" if self.devices else ""
         order = tuple(d.gpu.index if d.gpu else 0 for d in self.devices)
-        return (1 if victims else 0, top, unloads, len(victims), evicted, blind, left, group, order)
+        siblings = sum(d.siblings for d in self.devices)
+        return (
+            1 if victims else 0,
+            siblings,
+            top,
+            unloads,
+            len(victims),
+            evicted,
+            blind,
+            left,
+            group,
+            order,
+        )
 
 
 @dataclass(frozen=True, slots=True)

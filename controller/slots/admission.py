@@ -19,6 +19,7 @@ from typing import Any
 from controller.model.devices import GpuRef, key_kind
 from controller.model.errors import (
     DeviceUnavailable,
+    InsufficientMemory,
     SlotConfigError,
     SlotctlError,
     SlotNotReady,
@@ -45,6 +46,7 @@ from controller.slots.core import Core, Part
 from controller.slots.dryrun import LoadPlan, plan_of
 from controller.slots.pulling import Pulling
 from controller.slots.records import ADMITTED_STATES, DeviceFigures, SlotRecord
+from controller.slots.sizing import Sizing
 from controller.slots.unloading import Unloading
 from controller.spec.schema import SlotSpec
 
@@ -61,6 +63,7 @@ class Walk(StrEnum):
     LOAD = "load"  # a cold load: reserves by leaving offline/error, its GPUs recorded
     WAKE = "wake"  # an asleep slot's wake: reserves by the tier waking, where it sleeps
     LANDED = "landed"  # a pod that landed on another node: admitted again there
+    RESIZED = "resized"  # its files pulled, its estimate grew: admitted again for it
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,10 +77,17 @@ class Admitted:
 
 
 class Admission(Part):
-    def __init__(self, core: Core, unloading: Unloading, pulling: Pulling | None = None) -> None:
+    def __init__(
+        self,
+        core: Core,
+        unloading: Unloading,
+        pulling: Pulling | None = None,
+        sizing: Sizing | None = None,
+    ) -> None:
         super().__init__(core)
         self.unloading = unloading
         self.pulling = pulling or Pulling(core)  # a load's model files (the disk's half)
+        self.sizing = sizing or Sizing(core)  # its footprint: estimated, learnt
         self._by_count: set[str] = set()  # nodes said to be admitted by GPU count
 
     def _recent(self, slot: SlotRecord) -> float:
@@ -116,17 +126,34 @@ class Admission(Part):
             span=max(1, slot.spec.gpu_count) if _spans(slot, devices) else 1,
             pins=self._pins(slot, cold),
         )
-        return decide_load(
-            request,
-            devices,
-            # never a member of its own co-loaded unit (controller.scheduling.eviction)
-            (lambda: without_unit(slot.spec.unit, self.table.usage.candidates(self._recent)))
-            if evict
-            else lambda: (),
-            self.clock.monotonic(),
-            min_resident_s=self.settings.min_resident_s,
-            host=self.host_room,
+        return self._explained(
+            decide_load(
+                request,
+                devices,
+                # never a member of its own co-loaded unit (controller.scheduling.eviction)
+                (lambda: without_unit(slot.spec.unit, self.table.usage.candidates(self._recent)))
+                if evict
+                else lambda: (),
+                self.clock.monotonic(),
+                min_resident_s=self.settings.min_resident_s,
+                host=self.host_room,
+            )
         )
+
+    def _explained(self, decision: LoadDecision) -> LoadDecision:
+        """A refusal because no memory probe answers, with the probe's reason and what to
+        do ("nvidia-ml-py is not installed: install it…")."""
+        error = decision.error
+        if error is None or not error.details.get("no_probe"):
+            return decision
+        why_not = getattr(self.memory, "why_not", None)
+        if why_not is None:
+            return decision
+        reason = str(why_not(str(error.details.get("device", "gpu"))))
+        if not isinstance(error, InsufficientMemory) or reason in error.message:
+            return decision
+        said = InsufficientMemory(f"{error.message}: {reason}", **error.details, probe=reason)
+        return replace(decision, error=said)
 
     def decide_wake(self, slot: SlotRecord, *, background: bool) -> tuple[LoadDecision, bool]:
         """An asleep slot's load and whether it is a wake (True): the wake where its server
@@ -190,6 +217,7 @@ class Admission(Part):
                 peers[key] = peers.get(key, 0) + size
         budgets = self.settings.memory_budget_gb
         margin = int(self.settings.safety_margin_gb * GIB)
+        siblings = self._siblings(slot)
 
         def facts(
             key: str,
@@ -200,13 +228,27 @@ class Admission(Part):
         ) -> DeviceFacts:
             admitted, reserved = figures.get(key, (0, 0))
             return DeviceFacts(
-                key, admitted, sample, budget, margin, reserved, peers.get(key, 0), gpu, lost
+                key,
+                admitted,
+                sample,
+                budget,
+                margin,
+                reserved,
+                peers.get(key, 0),
+                gpu,
+                lost,
+                siblings=siblings.get(key, 0),
             )
 
         if slot.on_nodes and slot.spec.device_kind == "gpu":
             nodes = self._cluster()
             if nodes is not None:
-                return self._cluster_facts(slot, nodes, figures, peers, margin)
+                found = self._cluster_facts(slot, nodes, figures, peers, margin)
+                by_node = self._siblings(slot, by_node=True)
+                if not by_node:
+                    return found
+                # on a cluster, replicas spread across nodes: a node a sibling runs on
+                return [replace(d, siblings=by_node.get(d.group or "", 0)) for d in found]
         if slot.on_nodes or slot.spec.device_kind != "gpu":
             key = slot.where
             budget_gb = budget_gb_for(key, budgets)
@@ -216,6 +258,21 @@ class Admission(Part):
         if not inventory:  # no probe, no budget: refused with the reason (device "gpu")
             return [facts("gpu", None, None, None)]
         return [facts(g.key, g.sample, g.budget, g.ref, g.error) for g in inventory]
+
+    def _siblings(self, slot: SlotRecord, *, by_node: bool = False) -> dict[str, int]:
+        """Per GPU (``by_node``: per node of a cluster), the replicas of ``slot``'s own slot
+        admitted there (a spread replica avoids them: :mod:`controller.scheduling.placement`)."""
+        group = slot.spec.replica_group
+        if not group or slot.spec.replica_placement != "spread":
+            return {}
+        out: dict[str, int] = {}
+        for s in self.table:
+            if s is slot or s.spec.replica_group != group or s.state not in ADMITTED_STATES:
+                continue
+            for g in s.placement:
+                key = (g.node or "") if by_node else g.key
+                out[key] = out.get(key, 0) + 1
+        return out
 
     def _cluster(self) -> list[NodeGpus] | None:
         """The cluster's nodes when the memory probe knows them (the kubernetes runtime)."""
@@ -427,7 +484,7 @@ class Admission(Part):
         which its load fails with (the caller stops the server)."""
         if decision.ok:
             return
-        if walk is Walk.LANDED:
+        if walk in (Walk.LANDED, Walk.RESIZED):
             assert decision.error is not None
             raise decision.error
         raise self.refuse(slot, decision)
@@ -442,8 +499,9 @@ class Admission(Part):
         it landed (it holds its memory there already)."""
         size = format_gib(slot.memory_bytes)
         where = ", ".join(decision.devices) or slot.where
-        if walk is Walk.LANDED:
-            message = f"admitted {size} on {slot.where} (landed)"
+        if walk in (Walk.LANDED, Walk.RESIZED):
+            why = "landed" if walk is Walk.LANDED else "estimated from its pulled files"
+            message = f"admitted {size} on {slot.where} ({why})"
             self.events.emit(EventKind.ADMISSION, Op.ADMIT, slot=slot.name, message=message)
             return Admitted(decision)
         if walk is Walk.WAKE:

@@ -9,7 +9,7 @@ the manager runs, so parts never keep a copy).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
@@ -18,10 +18,11 @@ from pydantic import BaseModel
 from controller.kit.clock import Clock
 from controller.kit.eventbus import EventBus
 from controller.kit.tasks import TaskSet
-from controller.model.devices import share
+from controller.model.devices import GpuRef, share
 from controller.probes.memory import MemoryProbe
 from controller.probes.readiness import Prober
 from controller.probes.sleep import Sleeper
+from controller.probes.usage import ProcessUsage
 from controller.providers.base import default_models_dir
 from controller.providers.launch import (
     build_launch,
@@ -70,6 +71,9 @@ class Core:
     # The declared adapters by id (controller/slots/adapters.py keeps it): a start-time
     # engine's launch names the files of those its slot lists.
     adapters: dict[str, AdapterSpec] = field(default_factory=dict)
+    # What a server's processes hold (RSS; NVML per process): footprints learnt from
+    # what ran (controller.slots.sizing).
+    usage: ProcessUsage = field(default_factory=ProcessUsage)
     # Where hf:// and relative model sources resolve: the config's, else
     # $SLOTCTL_MODELS_DIR (default /models) as it is when the manager is built.
     models_dir: Path = field(init=False)
@@ -149,8 +153,17 @@ class Core:
         gpus = slot.placement
         if not gpus:
             return launch.placed_on(())
+        gpus = tuple(self._with_free(g) for g in gpus)
         part = share(slot.memory_bytes, len(gpus))
         return launch.placed_on(gpus, placement_args(slot.spec, gpus, part))
+
+    def _with_free(self, gpu: GpuRef) -> GpuRef:
+        """``gpu`` with its free memory now (None where the probe cannot tell)."""
+        if gpu.node is not None:
+            return gpu
+        sample = self.memory.sample(gpu.key)
+        free = sample.free_bytes if sample is not None and sample.error is None else None
+        return replace(gpu, free_bytes=free)
 
     def launch_hash(self, slot: SlotRecord) -> str | None:
         """The config hash ``slot`` would run with (None: its launch cannot be built).

@@ -19,7 +19,7 @@ from controller.model.errors import SlotctlError
 from controller.scheduling.decision import LoadDecision
 from controller.scheduling.eviction import Victim
 from controller.scheduling.fit import Admission
-from controller.slots.records import SlotRecord
+from controller.slots.records import FootprintView, SlotRecord
 from controller.store.state import ReloadCosts
 
 __all__ = [
@@ -209,6 +209,7 @@ class LoadPlan:
     unit: UnitPlan | None = None  # a unit member's: the unit's dry run
     pull: PlanPull | None = None  # its model files, when the load pulls them first
     adapters: PlanAdapters | None = None  # its LoRA adapters, when it serves any
+    footprint: FootprintView | None = None  # what it would hold, part by part (issue 36)
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,6 +256,7 @@ def plan_of(slot: SlotRecord, decision: LoadDecision, *, wake: bool) -> LoadPlan
             reload=reload,
             target=target,
             refusal=Refusal(decision.error),
+            footprint=FootprintView.of(slot),
         )
     return LoadPlan(
         slot.name,
@@ -265,6 +267,7 @@ def plan_of(slot: SlotRecord, decision: LoadDecision, *, wake: bool) -> LoadPlan
         target=target,
         victims=tuple(PlanVictim.of(v) for v in decision.victims),
         freed=_freed(decision.victims),
+        footprint=FootprintView.of(slot),
     )
 
 

@@ -7,7 +7,8 @@ A part of the manager (:mod:`controller.slots`), above :mod:`.leases` and
 :meth:`~Housekeeping.breakers` (60 s healthy ends a crash loop),
 :meth:`~Housekeeping.liveness` (a hung server — silent for ``liveness_failures`` probes in
 a row — is stopped and goes to ``error``) and
-:meth:`~Housekeeping.pressure` (evictions when other memory use grows). Each decision is
+:meth:`~Housekeeping.pressure` (evictions when other memory use grows) and the demand
+scaling of replicas (:mod:`.scaling`). Each decision is
 revalidated under the slot's lock before it acts.
 """
 
@@ -29,6 +30,7 @@ from controller.slots.core import Core, Part
 from controller.slots.leases import Leases
 from controller.slots.loading import Loading
 from controller.slots.records import ADMITTED_STATES, SlotRecord
+from controller.slots.scaling import Scaling
 
 __all__ = ["Housekeeping"]
 
@@ -45,6 +47,7 @@ class Housekeeping(Part):
         super().__init__(core)
         self.loading = loading
         self.leases = leases
+        self.scaling = Scaling(core, loading)  # replicas by demand (issue 38)
         # A runtime that tells of changes (its watches, :meth:`mark`): between ticks the
         # exit checks look only at the slots it named, woken at once.
         self.pushed = False
@@ -68,6 +71,7 @@ class Housekeeping(Part):
             self.breakers(slot, now)
         await self.liveness(now)
         await self.pressure()
+        await self.scaling.tick()
 
     async def exits(self, only: set[str] | None = None) -> None:
         """A server that exits goes to error at once; its leases get a typed error.
@@ -160,6 +164,7 @@ class Housekeeping(Part):
             return  # unloaded or reloaded since: the answer is stale
         misses = self.table.liveness(slot, missed=result.outcome is ProbeOutcome.HUNG)
         if not misses:
+            await self.loading.sizing.observe(slot)  # its peak while it serves
             return
         failures = slot.spec.liveness_failures
         log.warning(

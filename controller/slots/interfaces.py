@@ -69,6 +69,12 @@ class RouterPort(Protocol):
 
     def routable(self, model: str) -> list[Candidate]: ...
 
+    def routes(self, model: str) -> tuple[str, ...]:
+        """The names of :meth:`routable`'s slots, unranked (a lookup, for every request)."""
+
+    def load_of(self, name: str) -> tuple[int, int, bool]:
+        """``(in flight, waiting, warm)``: a replica's figures for the routing."""
+
     def known(self, name: str) -> SlotSpec | None: ...
 
     def last_used(self, name: str) -> float: ...

@@ -17,29 +17,42 @@ import contextlib
 import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any, Final
 
 from controller.model.errors import SlotctlError
 from controller.scheduling.fairqueue import FairQueue
 
-__all__ = ["Lease", "LeaseBook", "Requester", "Turns"]
+__all__ = ["Lease", "LeaseBook", "Requester", "Turns", "Waiting"]
+
+
+_LEASE_IDS: Final = itertools.count(1)  # (a module's name, not a class attribute: faster)
 
 
 @dataclass(frozen=True, slots=True)
 class Requester:
-    """Who asks for a lease: the API key's name ("" for the API token) and the priority
-    class it waits in (where requests wait, :mod:`controller.scheduling.fairqueue`)."""
+    """Who asks for a lease: the API key's name ("" for the API token), the priority
+    class it waits in (where requests wait, :mod:`controller.scheduling.fairqueue`) and
+    its flow: the key's id (never its name: a key made again under a revoked key's name
+    is another flow), by which its places in line are counted and taken in turn."""
 
     key: str = ""
     cls: str = ""  # "": the controller's default class
+    flow: str = ""  # the key's id ("": not told: the key's name stands for it)
+
+    @property
+    def line(self) -> str:
+        """What its places in line are counted and taken in turn by: its flow, else its
+        key's name (a caller that knows no id: the API's own leases, a bench)."""
+        return self.flow or self.key
 
 
 class Lease:
     """A claim on a slot for one request (or a batch job): keeps it loaded and serving."""
 
-    _ids = itertools.count(1)
+    __slots__ = ("_lost", "error", "expires_at", "generation", "id", "released", "slot")
 
     def __init__(self, slot: str, generation: int, expires_at: float | None = None) -> None:
-        self.id = next(Lease._ids)
+        self.id = next(_LEASE_IDS)
         self.slot = slot
         self.generation = generation
         self.expires_at = expires_at
@@ -80,10 +93,28 @@ class Lease:
 Turns = FairQueue[asyncio.Future[Lease | None]]
 
 
+@dataclass(eq=False, slots=True)
+class Waiting:
+    """One request's place in a slot's line (waiting for its load or for a turn)."""
+
+    flow: str  # its key's id
+    task: asyncio.Task[Any] | None  # the request's task (cancelled when it is shed)
+    turn: asyncio.Future[Lease | None] | None = None  # its turn, at max_concurrency
+    shed: bool = False  # refused: its place went to another flow's request
+
+
 class LeaseBook:
     """One slot's leases and waiting requests (see the module docstring)."""
 
-    __slots__ = ("class_used", "cold_classes", "draining", "leases", "turns", "waiters")
+    __slots__ = (
+        "class_used",
+        "cold_classes",
+        "draining",
+        "leases",
+        "places",
+        "turns",
+        "waiters",
+    )
 
     def __init__(self) -> None:
         self.leases: dict[int, Lease] = {}
@@ -96,6 +127,9 @@ class LeaseBook:
         # one first waits): each waiter's future gets its lease, or None (start over).
         self.turns: Turns | None = None
         self.draining = False  # an unload drains: no new lease
+        # Every request in line (cold or for a turn), by flow, oldest first: the line's
+        # admission counts places per flow (controller.scheduling.queueshare).
+        self.places: dict[str, list[Waiting]] = {}
 
     # ---------------------------------------------------------------- reads
 
@@ -163,6 +197,44 @@ class LeaseBook:
             self.cold_classes[cls] = left
         else:
             self.cold_classes.pop(cls, None)
+
+    def holding(self) -> dict[str, int]:
+        """The places each flow holds in the line."""
+        return {flow: len(line) for flow, line in self.places.items()}
+
+    def enter(
+        self,
+        flow: str,
+        task: asyncio.Task[Any] | None,
+        turn: asyncio.Future[Lease | None] | None = None,
+    ) -> Waiting:
+        """A request of ``flow`` takes a place in the line (the caller decided it may)."""
+        place = Waiting(flow, task, turn)
+        self.places.setdefault(flow, []).append(place)
+        return place
+
+    def leave(self, place: Waiting) -> None:
+        """A request's place is given up (served, refused, gone); idempotent."""
+        line = self.places.get(place.flow)
+        if line is not None and place in line:
+            line.remove(place)
+            if not line:
+                del self.places[place.flow]
+
+    def shed_newest(self, flow: str) -> Waiting | None:
+        """``flow``'s newest waiter loses its place (one whose turn was not granted yet):
+        marked shed, out of the line, its task cancelled (the waiter answers
+        ``slot.queue_full``). None when it has none to give."""
+        line = self.places.get(flow, [])
+        for place in reversed(line):
+            if place.turn is not None and place.turn.done():
+                continue  # granted meanwhile: it is served, not shed
+            place.shed = True
+            self.leave(place)
+            if place.task is not None:
+                place.task.cancel()
+            return place
+        return None
 
     def waiting_classes(self) -> list[str]:
         """The classes of every request waiting now (for the load or for a turn)."""

@@ -2,11 +2,13 @@
 
 A part of the manager (:mod:`controller.slots`), above :mod:`.loading`. A request takes a
 lease: a cold slot is loaded first and concurrent cold requests join that one load (at
-most ``max_queue`` wait); a waiter that gives up never cancels the load for the others,
-and when the last one gives up the slot is unloaded once the load settles, unless
-something else wants it. Leases hold the slot in ``serving`` and block unload and
-eviction; a *hold* is a lease that expires by itself. The ``ready``↔``serving`` flips of
-a request are coalesced and written off the event loop (:mod:`.table`, SPEC §3).
+most ``max_queue`` wait, each key its share of them: a full line gives a smaller key's
+request the place of the largest key's newest, :mod:`controller.scheduling.queueshare`);
+a waiter that gives up never cancels the load for the others, and when the last one gives
+up the slot is unloaded once the load settles, unless something else wants it. Leases hold
+the slot in ``serving`` and block unload and eviction; a *hold* is a lease that expires by
+itself. The ``ready``↔``serving`` flips of a request are coalesced and written off the
+event loop (:mod:`.table`, SPEC §3).
 
 A slot with ``max_concurrency`` takes that many requests at once; the others wait for
 their *turn* in the slot's fair queue (:mod:`controller.scheduling.fairqueue`: by the requester's
@@ -19,20 +21,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from typing import Final
 
-from controller.model.errors import SlotctlError, SlotNotReady, SlotQueueFull
+from controller.model.errors import SlotctlError, SlotNotFound, SlotNotReady, SlotQueueFull
 from controller.model.events import EventKind, Op
 from controller.model.lifecycle import SlotState, can_dispatch
 from controller.scheduling.decision import not_activated
 from controller.scheduling.fairqueue import ClassSpec, FairQueue, Waiter
+from controller.scheduling.queueshare import place_for
 from controller.slots.core import Core, Part
-from controller.slots.leasebook import Lease, Requester, Turns
+from controller.slots.leasebook import Lease, Requester, Turns, Waiting
 from controller.slots.loading import Loading
 from controller.slots.records import SlotRecord
 
 __all__ = ["Leases"]
 
 S = SlotState
+# As module constants on the request path (``S.READY`` is a lookup through the enum's
+# metaclass, ~70 ns).
+_READY: Final = S.READY
+_SERVING: Final = S.SERVING
+_IDLE: Final = S.IDLE
 
 
 class Leases(Part):
@@ -68,7 +77,24 @@ class Leases(Part):
         """:meth:`acquire` when it needs no wait (the router's common case: no task, no
         await); None when the slot is cold, draining or at its concurrency limit, for which
         :meth:`acquire` waits."""
-        slot = self.table.get(name)
+        slot = self.table.records.get(name)
+        if slot is None:
+            raise SlotNotFound(name)
+        state = slot.state
+        if (
+            (state is _READY or state is _SERVING)  # loaded, dispatchable, awake
+            and not slot.book.draining
+            and slot.spec.max_concurrency is None  # room: no turns
+        ):
+            # _take(slot, cls), in line: a routed request's code runs from cold caches,
+            # where each function more it touches costs (docs/performance.md, the router)
+            if state is _READY:  # a coalesced flip (SPEC §3: written off the loop)
+                self.table.flip(slot, _SERVING, "request in flight")
+            lease = Lease(slot.spec.name, slot.flight.generation)
+            now = self.clock.monotonic()
+            slot.book.add(lease, who.cls if who is not None else None, now)
+            self.table.used(slot, now)
+            return lease
         if not self.loading.loaded(slot) or slot.book.draining or not self._has_room(slot):
             return None
         return self._take_now(slot, who)
@@ -86,28 +112,33 @@ class Leases(Part):
         cls = self.settings.priority_class(who.cls).name
         if cls not in turns.classes:  # the classes changed while others wait: the first
             cls = next(iter(turns.classes))
-        if slot.book.waiters + len(turns) >= slot.spec.max_queue:
-            raise self._full(slot, f"(max_queue={slot.spec.max_queue})")
         if not slot.spec.activated:
             raise self.table.refuse(slot, Op.LOAD, not_activated(slot.name))
         future: asyncio.Future[Lease | None] = asyncio.get_running_loop().create_future()
-        waiter = Waiter(who.key, cls, self.clock.monotonic(), future)
+        place = self._enter_line(slot, who, future)
+        waiter = Waiter(who.line, cls, self.clock.monotonic(), future)
         refused = turns.push(waiter)
         if refused is not None:
+            slot.book.leave(place)
             raise self._full(slot, f"(class {cls}: queue_limit={refused.limit})")
         try:
             if not self.loading.loaded(slot) or slot.book.draining:
                 await self.loading.ensure_loaded(slot)  # joined: every waiter's turn waits
                 self.admit_waiters(slot)
             return await future
-        except BaseException:
-            if not turns.remove(waiter) and future.done() and not future.cancelled():
+        except BaseException as exc:
+            granted = future.done() and not future.cancelled() and future.exception() is None
+            if not turns.remove(waiter) and granted:
                 lease = future.result()  # granted as the waiter gave up: give it back
                 if lease is not None:
                     self.release(lease)
             if not slot.book.waiters and not slot.book.queued:
                 self._after_waiter_cancel(slot)
+            if place.shed and isinstance(exc, asyncio.CancelledError):
+                raise self._shed(slot) from None
             raise
+        finally:
+            slot.book.leave(place)
 
     def _turns(self, slot: SlotRecord) -> Turns:
         settings = self.settings
@@ -123,12 +154,42 @@ class Leases(Part):
 
     def _full(self, slot: SlotRecord, why: str) -> SlotctlError:
         error = SlotQueueFull(
-            f"{slot.book.waiters + slot.book.queued} requests already wait for slot "
+            f"{sum(slot.book.holding().values())} requests already wait for slot "
             f"{slot.name!r} {why}",
             retry_after_s=1.0,
             slot=slot.name,
         )
         return self.table.refuse(slot, Op.LEASE, error)
+
+    def _enter_line(
+        self,
+        slot: SlotRecord,
+        who: Requester | None,
+        turn: asyncio.Future[Lease | None] | None = None,
+    ) -> Waiting:
+        """A place in the slot's line for ``who``'s request, its flow's share kept
+        (:func:`controller.scheduling.queueshare.place_for`): in the line's room, or in
+        the place of the largest flow's newest waiter; else ``slot.queue_full``."""
+        book = slot.book
+        flow = who.line if who is not None else ""
+        decided = place_for(book.holding(), flow, slot.spec.max_queue)
+        if not decided.admitted:
+            raise self._full(slot, f"(max_queue={slot.spec.max_queue})")
+        if decided.evict is not None:
+            book.shed_newest(decided.evict)
+        return book.enter(flow, asyncio.current_task(), turn)
+
+    def _shed(self, slot: SlotRecord) -> SlotctlError:
+        """The answer of a waiter whose place went to another key's request: its task's
+        cancellation (the shedding) is taken back, the refusal raised instead."""
+        task = asyncio.current_task()
+        if task is not None:
+            task.uncancel()
+        return self._full(
+            slot,
+            f"(max_queue={slot.spec.max_queue}; this key holds the most places in line, "
+            "and its newest request gave its place to another key's)",
+        )
 
     def admit_waiters(self, slot: SlotRecord) -> None:
         """Grant turns while the slot has room: as a request ends, and each housekeeping
@@ -146,7 +207,7 @@ class Leases(Part):
             lease: Lease | None = None
             if dispatchable:
                 with contextlib.suppress(SlotctlError):
-                    lease = self._take_now(slot, Requester(waiter.key, waiter.cls))
+                    lease = self._take_now(slot, Requester(cls=waiter.cls, flow=waiter.key))
             waiter.item.set_result(lease)
 
     def _take_now(self, slot: SlotRecord, who: Requester | None = None) -> Lease:
@@ -157,36 +218,41 @@ class Leases(Part):
                 f"slot {slot.name!r} is up but serves no model ({slot.message})", slot=slot.name
             )
         # its class resolved by the router (a declared one, or "")
-        return self._take(slot, cls=who.cls if who is not None else None)
+        return self._take(slot, who.cls if who is not None else None)
 
     async def _wait_cold(self, slot: SlotRecord, who: Requester | None = None) -> None:
         book = slot.book
-        if book.waiters + book.queued >= slot.spec.max_queue:
-            raise self._full(slot, f"(max_queue={slot.spec.max_queue})")
         if not slot.spec.activated:
             raise self.table.refuse(slot, Op.LOAD, not_activated(slot.name))
+        place = self._enter_line(slot, who)
         cls = self.settings.priority_class(who.cls).name if who is not None else ""
         book.join_cold(cls)  # its class weighs in the load's demand
         try:
             await self.loading.ensure_loaded(slot)
         except asyncio.CancelledError:
             book.leave_cold(cls)
+            book.leave(place)
             self._after_waiter_cancel(slot)
+            if place.shed:
+                raise self._shed(slot) from None
             raise
         except BaseException:
             book.leave_cold(cls)
             raise
+        finally:
+            book.leave(place)
         book.leave_cold(cls)
 
-    def _take(self, slot: SlotRecord, *, cls: str | None = None) -> Lease:
-        if slot.state in (S.READY, S.IDLE):
-            # ready -> serving is a coalesced flip (SPEC §3: written off the loop, a moment
-            # later); idle -> serving is written first (a refused write refuses the
-            # request, typed, and takes no lease).
-            durable = slot.state is S.IDLE
+    def _take(self, slot: SlotRecord, cls: str | None = None) -> Lease:
+        state = slot.state
+        if state is _READY:
+            # A coalesced flip (SPEC §3: written off the loop, a moment later).
+            self.table.flip(slot, _SERVING, "request in flight")
+        elif state is _IDLE:
+            # Written first (a refused write refuses the request, typed, and takes no lease).
             message = "request in flight"
-            self.table.set(slot, S.SERVING, op=Op.LEASE, message=message, durable=durable)
-        lease = Lease(slot.name, slot.flight.generation)
+            self.table.set(slot, _SERVING, op=Op.LEASE, message=message, durable=True)
+        lease = Lease(slot.spec.name, slot.flight.generation)
         now = self.clock.monotonic()
         slot.book.add(lease, cls, now)
         self.table.used(slot, now)
@@ -201,12 +267,13 @@ class Leases(Part):
         if slot is None or not slot.book.remove(lease):
             return  # revoked or from a previous generation: nothing to undo
         # a request's (a batch hold has an expiry)
-        self.table.used(slot, self.clock.monotonic(), served=lease.expires_at is None)
-        if slot.book.queued:  # the next request in turn takes this one's place
+        self.table.used(slot, self.clock.monotonic(), lease.expires_at is None)
+        book = slot.book
+        if book.turns is not None and book.queued:  # the next request in turn takes its place
             self.admit_waiters(slot)
-        if not slot.book.leases and slot.state is S.SERVING:
-            message = "no request in flight"  # ready (not idle: that is idle_timeout_s later)
-            self.table.set(slot, S.READY, op=Op.LEASE, message=message, durable=False)
+        if not book.leases and slot.state is _SERVING:
+            # ready (not idle: that is idle_timeout_s later), a coalesced flip
+            self.table.flip(slot, _READY, "no request in flight")
 
     async def hold(self, name: str, ttl_s: float) -> Lease:
         """A batch lease: keeps the slot loaded and unevictable for ``ttl_s`` seconds."""

@@ -21,6 +21,7 @@ from controller.model.errors import (
     InsufficientMemory,
     SlotctlError,
     SlotHealthFailed,
+    SlotLoadStopped,
     SlotNotReady,
     SlotSpawnFailed,
 )
@@ -49,10 +50,12 @@ class Loading(Part):
         self.unloading = unloading
         self.tiers = unloading.residency
         self.pulling = admission.pulling
+        self.sizing = admission.sizing
         self.units = UnitLoads(core, admission, unloading, self._load_flow)
         # Called once a new server passed readiness, before the slot is ready (the manager
         # sets it: its adapters re-applied, controller/slots/adapters.py).
         self.before_ready: Callable[[SlotRecord], Awaitable[None]] | None = None
+        self.stopping = ""  # why every load is being stopped (the controller stops)
 
     @staticmethod
     def loaded(slot: SlotRecord) -> bool:
@@ -138,7 +141,7 @@ class Loading(Part):
         if task is None:
             return
         try:
-            await asyncio.shield(task)
+            await self._joined(slot, task)
         except InsufficientMemory:
             # A user's request joined a background load that waits for memory: user
             # demand beats background restore, so it gets a load of its own.
@@ -146,7 +149,25 @@ class Loading(Part):
                 raise
             task = self._load_task(slot, background=False)
             if task is not None:
-                await asyncio.shield(task)
+                await self._joined(slot, task)
+
+    async def _joined(self, slot: SlotRecord, task: asyncio.Task[int]) -> None:
+        """Wait for the load ``task``; one stopped under the waiter (the controller stops,
+        the slot was removed) is a typed 503 for it, never a cancellation of its own:
+        the router answers it instead of dropping its connection."""
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            waiter = asyncio.current_task()
+            if not task.cancelled() or (waiter is not None and waiter.cancelling()):
+                raise  # the waiter itself was cancelled (its client left)
+            why = self.stopping or "stopped before it finished"
+            raise SlotLoadStopped(
+                f"slot {slot.name!r}: the load this request waited for was stopped ({why}); "
+                "try again",
+                retry_after_s=5.0,
+                slot=slot.name,
+            ) from None
 
     async def _load_flow(self, slot: SlotRecord) -> int:
         """One load; returns the generation it produced (for stale-cleanup checks)."""
@@ -167,6 +188,7 @@ class Loading(Part):
         # the disk's half first (a pull that cannot fit, a file that cannot be pulled), then
         # the admit loop: exclusive peers out, victims evicted, reserved (or the refusal)
         await self.pulling.admit(slot)
+        await self.sizing.estimate(slot)  # its footprint from its file, when on disk
         admitted = await self.admission.admit(slot, Walk.LOAD)
         slot.flight.reserve(self.clock.monotonic())  # its cold load is timed from here
         slot.flight.decided()
@@ -174,7 +196,23 @@ class Loading(Part):
         launch = self.core.placed(slot, admitted.launch)  # the GPUs admission chose
         if admitted.pulling:
             await self._pull(slot, launch, gen)
+            launch = await self._resized(slot, launch)
         await self._start_and_probe(slot, launch, gen)
+
+    async def _resized(self, slot: SlotRecord, launch: LaunchSpec) -> LaunchSpec:
+        """Its files pulled: estimated from them; an estimate larger than what was
+        admitted is admitted again (a refusal fails the load: ``error``), and the launch
+        told its new share (vLLM)."""
+        before = slot.memory_bytes
+        await self.sizing.estimate(slot)
+        if slot.memory_bytes <= before:
+            return launch
+        try:
+            await self.admission.admit(slot, Walk.RESIZED)
+        except SlotctlError as exc:
+            await self.fail(slot, Op.LOAD, exc, stop=False)
+            raise
+        return self.core.placed(slot, launch)
 
     async def _wake(self, slot: SlotRecord) -> bool:
         """Wake an asleep slot (its lock held): the admit loop (pinned to the GPUs it sleeps
@@ -265,6 +303,7 @@ class Loading(Part):
         )
 
     async def _start_and_probe(self, slot: SlotRecord, launch: LaunchSpec, gen: int) -> None:
+        launch = self.core.placed(slot, launch)  # told its GPUs' free memory as of now
         try:
             observed = await self.runtime.start(launch)
         except SlotctlError as exc:
@@ -312,6 +351,7 @@ class Loading(Part):
                 self.table.measured(slot, load_s=took)
             if self.before_ready is not None:  # its adapters re-applied (slots/adapters.py)
                 await self.before_ready(slot)
+            await self.sizing.observe(slot)  # what it holds at ready (with the state)
             self.table.set(slot, S.READY, op=Op.LOAD, message=result.message)
             return
         if result.outcome is ProbeOutcome.NO_MODEL:

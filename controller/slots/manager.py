@@ -20,12 +20,19 @@ from typing import TYPE_CHECKING
 from controller.kit.clock import SYSTEM_CLOCK, Clock
 from controller.kit.eventbus import EventBus
 from controller.kit.tasks import TaskSet
-from controller.model.errors import ModelNotFound, SlotctlError, SlotNotReady, StateWriteFailed
+from controller.model.errors import (
+    ModelNotFound,
+    SlotctlError,
+    SlotNotFound,
+    SlotNotReady,
+    StateWriteFailed,
+)
 from controller.model.events import EventKind, EvictionReason, Op
 from controller.model.lifecycle import Candidate, SlotState
 from controller.probes.memory import MemoryProbe, SystemMemoryProbe
 from controller.probes.readiness import HttpProber, Prober
 from controller.probes.sleep import HttpSleeper, Sleeper
+from controller.probes.usage import ProcessUsage
 from controller.runtime.base import Notifying, RunStatus, Runtime, RuntimeKind
 from controller.scheduling.breaker import Breaker
 from controller.scheduling.decision import LoadDecision
@@ -42,6 +49,7 @@ from controller.slots.pulling import Pulling
 from controller.slots.records import (
     AdapterHold,
     DeviceFigures,
+    FootprintView,
     ManagerConfig,
     SlotRecord,
     SlotStatus,
@@ -84,14 +92,18 @@ class SlotManager(Part):
         config: ManagerConfig | None = None,
         sleeper: Sleeper | None = None,
         files: ModelFiles | None = None,
+        usage: ProcessUsage | None = None,
     ) -> None:
         events = events or EventBus()
         wishes = Wishes(config_dir)
         self.store = StateStore(state_dir)
+        memory = memory or SystemMemoryProbe()
+        if usage is None:  # per-process GPU figures through the memory probe's NVML
+            usage = ProcessUsage(memory.nvml if isinstance(memory, SystemMemoryProbe) else None)
         core = Core(
             runtime=runtime,
             prober=prober or HttpProber(logs=runtime),
-            memory=memory or SystemMemoryProbe(),
+            memory=memory,
             clock=clock,
             events=events,
             config=config or ManagerConfig(),
@@ -102,6 +114,7 @@ class SlotManager(Part):
             tasks=TaskSet(log),
             sleeper=sleeper or HttpSleeper(),
             files=files,
+            usage=usage,
         )
         super().__init__(core)
         self.tiers = Residency(self.core)  # sleep and wake (``residency``: the wishes' file)
@@ -131,6 +144,7 @@ class SlotManager(Part):
         self.acquire = self.leasing.acquire  # a lease for one request
         self.try_acquire = self.leasing.try_acquire  # one that needs no wait, else None
         self.release = self.leasing.release
+        self.routes = core.table.routes  # the router's candidates by model (remembered)
         self.hold = self.leasing.hold  # a batch lease for ttl_s
         self.tick = self.housekeeping.tick
         self.check_exits = self.housekeeping.exits
@@ -253,7 +267,7 @@ class SlotManager(Part):
                 on_nodes=self.runtime.kind == RuntimeKind.KUBERNETES,
             )
             table.load_persisted(slot)
-            table.records[desired.name] = slot
+            table.add(slot)
             self.core.port_declared(desired.name, desired.spec.port)
             self.lora.reserve(slot)
             return
@@ -389,14 +403,35 @@ class SlotManager(Part):
         table = self.core.table
         return [table.view(slot) for slot in table]
 
+    def port(self, name: str) -> int | None:
+        """The port the slot's server listens on: its running launch's, else its own,
+        else the one the controller chose for it (None: none chosen yet)."""
+        slot = self.core.table.get(name)
+        if slot.launch is not None:
+            return slot.launch.port
+        return slot.spec.port or self.core.table.store.read_port(name)
+
     def endpoint(self, name: str) -> str | None:
         """The URL the slot's server answers on (None while it has none)."""
-        launch = self.core.table.get(name).launch
-        return launch.endpoint if launch else None
+        slot = self.core.table.records.get(name)
+        if slot is None:
+            raise SlotNotFound(name)
+        server = slot.server
+        return server.launch.endpoint if server is not None else None
 
     def routable(self, model: str) -> list[Candidate]:
         """The activated slots a request for ``model`` may use, unranked (no view built)."""
         return self.core.table.routable(model)
+
+    def load_of(self, name: str) -> tuple[int, int, bool]:
+        """``(in flight, waiting, warm)`` of a slot: its leases, the requests waiting for
+        its turns or its load, and whether it serves now (the replica routing's figures;
+        (0, 0, False) for a slot it does not know)."""
+        slot = self.core.table.records.get(name)
+        if slot is None:
+            return 0, 0, False
+        book = slot.book
+        return book.in_flight, book.queued + book.waiters, Loading.loaded(slot)
 
     def names(self) -> list[str]:
         return self.core.table.names()
@@ -472,9 +507,20 @@ class SlotManager(Part):
         """:meth:`explain_load` with the model files the load would pull first ("would
         pull 4.1 GB from hf://…"), or the refusal it would meet for them (a file that
         cannot be pulled, a pull that does not fit the disk). May ask the hub for sizes."""
+        await self.admission.sizing.estimate(self.core.table.get(name))  # its file, now
         slot = self.core.table.get(name)
         plan = self.lora.explain(slot, self.explain_load(name))
         return await self.pulling.explain(slot, plan)
+
+    async def footprints(self, model_id: str) -> list[FootprintView]:
+        """The footprint of ``model_id`` on each slot that binds it (its launch decides
+        the context, cache types and device), estimated from its file now."""
+        out: list[FootprintView] = []
+        for slot in self.core.table:
+            if slot.spec.model_id == model_id and slot.model is not None:
+                await self.admission.sizing.estimate(slot)
+                out.append(FootprintView.of(slot))
+        return out
 
     def decide(self, name: str, *, background: bool = False) -> LoadDecision:
         """The load decision for ``name`` now (what :meth:`explain_load` renders)."""
@@ -539,6 +585,7 @@ class SlotManager(Part):
         released first (a hold is no request: nothing to wait for); ``on_drain(slot,
         requests, drain_timeout_s)`` is told of every slot that waits for requests.
         """
+        self.loading.stopping = reason  # a waiter of a load cancelled below is told why
         for slot in self.core.table:
             leases = slot.book.leases
             for lease in [x for x in leases.values() if x.expires_at is not None]:

@@ -18,7 +18,7 @@ tests/unit/test_record_owners.py scans the package for writes outside those owne
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, NamedTuple
 
@@ -28,12 +28,13 @@ from controller.model.sizes import GIB
 from controller.runtime.base import LaunchSpec
 from controller.scheduling.breaker import Breaker
 from controller.scheduling.eviction import EvictionCandidate
+from controller.scheduling.footprint import Choice, Estimate, choose
 from controller.scheduling.rollout import RolloutView
 from controller.slots.flight import LoadFlight
 from controller.slots.leasebook import Lease, LeaseBook, Requester
 from controller.spec.schema import ModelSpec, SlotSpec
 from controller.store.files import utcnow
-from controller.store.state import ReloadCosts
+from controller.store.state import ReloadCosts, SeenUse
 
 if TYPE_CHECKING:
     from controller.modelfiles.progress import PullProgress
@@ -46,11 +47,13 @@ __all__ = [
     "WAKING",
     "AdapterHold",
     "DeviceFigures",
+    "FootprintView",
     "Lease",  # Lease and Requester: leasing's vocabulary (.leasebook), named here too
     "ManagerConfig",
     "PullView",
     "Requester",
     "RunningServer",
+    "Sizing",
     "SlotRecord",
     "SlotStatus",
     "SlotView",
@@ -180,6 +183,12 @@ class SlotView:
     wake_s: float | None = None
     rollout: RolloutView | None = None  # a rollout in flight (docs/design/0012)
     pull: PullView | None = None  # pulling: its model files' download (bytes, rate, ETA)
+    # A replica (issue 38): the slot it is one of (itself for replica 0 of a slot with
+    # replicas; None: no replicas) and its index
+    replica_of: str | None = None
+    replica_index: int = 0
+    # which figure ``memory_bytes`` is (issue 36): declared | estimated | observed | none
+    memory_basis: str = "none"
 
 
 def tier_name(level: int, waking: bool) -> str | None:
@@ -256,6 +265,106 @@ class RunningServer:
         return self.launch.endpoint
 
 
+@dataclass(frozen=True, slots=True)
+class Sizing:
+    """What a slot's model file and launch say its server will hold (``slots.sizing``):
+    the estimate for one model and launch config, or why there is none."""
+
+    model: str
+    config_hash: str | None
+    estimate: Estimate | None
+    why_not: str | None = None  # no estimate: no file yet, a format not read, an error
+    learns: bool = True  # False: the engine sizes itself to its share (vLLM)
+
+
+@dataclass(frozen=True, slots=True)
+class FootprintView:
+    """A slot's footprint explained (``slotctl model footprint``, the dry run, the API):
+    each part of the estimate, the declared, estimated and observed figures, and which
+    one admission counts (``basis``). Bytes; None where not known."""
+
+    slot: str
+    model: str
+    provider: str
+    device: str
+    basis: str  # declared | estimated | observed | none
+    admitted_bytes: int  # what admission counts now
+    declared_bytes: int | None
+    estimated_bytes: int | None  # on the slot's device
+    observed_bytes: int | None  # the peak seen on its device (this model and config)
+    observed_host_bytes: int | None = None
+    observed_source: str | None = None
+    observed_at: str | None = None
+    source: str | None = None  # gguf | safetensors (the estimate's)
+    weights_bytes: int | None = None
+    weights_device_bytes: int | None = None
+    weights_host_bytes: int | None = None
+    weights_by_type: dict[str, int] = field(default_factory=dict)
+    kv_bytes: int | None = None
+    kv_device_bytes: int | None = None
+    kv_host_bytes: int | None = None
+    context: int | None = None
+    parallel: int | None = None
+    cache_type: str | None = None
+    buffers_bytes: int | None = None
+    prompt_cache_bytes: int | None = None  # llama-server --cache-ram (host)
+    engine_bytes: int | None = None  # the engine's own process (host)
+    host_bytes: int | None = None  # what stays in host memory besides the device's
+    layers: int | None = None
+    layers_on_device: int | None = None
+    why_not: str | None = None  # no estimate: why
+    notes: tuple[str, ...] = ()
+    warning: str | None = None  # a declared figure below what was seen
+
+    @classmethod
+    def of(cls, slot: SlotRecord) -> FootprintView:
+        choice = slot.footprint
+        sizing = (
+            slot.sizing if slot.sizing is not None and slot.sizing.model == slot.model_id else None
+        )
+        est = sizing.estimate if sizing is not None else None
+        seen = slot.seen if slot.seen is not None and slot.seen.model == slot.model_id else None
+        base = cls(
+            slot=slot.name,
+            model=slot.model_id,
+            provider=slot.spec.provider,
+            device=slot.spec.device,
+            basis=choice.basis,
+            admitted_bytes=slot.memory_bytes,
+            declared_bytes=choice.declared,
+            estimated_bytes=choice.estimated,
+            observed_bytes=choice.observed,
+            observed_host_bytes=seen.host_bytes if seen is not None else None,
+            observed_source=seen.source if seen is not None else None,
+            observed_at=seen.at if seen is not None else None,
+            why_not=sizing.why_not if sizing is not None else "not estimated yet",
+            warning=choice.warning,
+        )
+        if est is None:
+            return base
+        return replace(
+            base,
+            source=est.source,
+            weights_bytes=est.weights,
+            weights_device_bytes=est.weights_device,
+            weights_host_bytes=est.weights_host,
+            weights_by_type=dict(est.by_type),
+            kv_bytes=est.kv,
+            kv_device_bytes=est.kv_device,
+            kv_host_bytes=est.kv_host,
+            context=est.context,
+            parallel=est.parallel,
+            cache_type=est.cache_type,
+            buffers_bytes=est.buffers,
+            prompt_cache_bytes=est.prompt_cache,
+            engine_bytes=est.engine,
+            host_bytes=est.host,
+            layers=est.layers,
+            layers_on_device=est.layers_on_device,
+            notes=est.notes,
+        )
+
+
 @dataclass(slots=True, eq=False)
 class SlotRecord:
     """The live record of one slot (see the module docstring for who writes what).
@@ -285,6 +394,11 @@ class SlotRecord:
     asleep: int = 0
     waking: bool = False
     costs: ReloadCosts | None = None  # measured reload costs of its model
+    # -- its footprint (issue 36): the estimate of its file and launch (SlotTable.sized),
+    # the most its server was seen to hold (SlotTable.observed), the warnings said once
+    sizing: Sizing | None = None
+    seen: SeenUse | None = None
+    warned: frozenset[str] = frozenset()
     # -- the server (SlotTable.run) and what is known of it
     server: RunningServer | None = None
     landed: str | None = None  # the node the server last ran on (as the runtime saw it)
@@ -323,10 +437,44 @@ class SlotRecord:
         return server.config_hash if server is not None else None
 
     @property
-    def memory_bytes(self) -> int:
+    def declared_bytes(self) -> int | None:
+        """A ``memory_gb`` the stack sets (the slot's, else its model's); None: not set."""
         if self.spec.memory_gb is not None:
-            return int(self.spec.memory_gb * GIB) + self.adapter_bytes
-        return (self.model.memory_bytes if self.model else 0) + self.adapter_bytes
+            return int(self.spec.memory_gb * GIB)
+        if self.model is not None and self.model.memory_gb is not None:
+            return self.model.memory_bytes
+        return None
+
+    @property
+    def footprint(self) -> Choice:
+        """What admission counts and why: declared, else the larger of the estimate and
+        what its server was seen to hold (this model and launch config's)."""
+        sizing = self.sizing
+        model = self.model_id
+        if sizing is not None and sizing.model != model:
+            sizing = None
+        estimate = sizing.estimate if sizing is not None else None
+        seen = self.seen
+        if seen is not None and (
+            seen.model != model or (sizing is not None and seen.config_hash != sizing.config_hash)
+        ):
+            seen = None
+        return choose(
+            self.declared_bytes,
+            estimate.device if estimate is not None else None,
+            seen.device_bytes if seen is not None and seen.device_bytes else None,
+            learns=sizing.learns if sizing is not None else True,
+        )
+
+    @property
+    def memory_bytes(self) -> int:
+        """Its model's footprint and the room its LoRA adapters may take
+        (``adapter_bytes``)."""
+        declared = self.declared_bytes
+        if declared is not None:
+            return declared + self.adapter_bytes
+        known = self.sizing is not None or self.seen is not None
+        return (self.footprint.bytes if known else 0) + self.adapter_bytes
 
     @property
     def model_id(self) -> str:
@@ -448,6 +596,7 @@ class SlotRecord:
             wake_s=wake_s,
             recent_weight=recent_weight,
             unit=self.spec.unit,
+            replica_group=self.spec.replica_group,
         )
 
     def reload_s(self) -> tuple[float, float]:

@@ -3,10 +3,15 @@
 The bottom of the manager's parts (above the plain records, the wishes and the locks).
 :meth:`SlotTable.set` is **the one place slot state changes**: it checks the transition
 against the legal table, persists ``state.json`` atomically, emits the event and logs the
-line. Every other part reads the table and asks it to write — every *fact* of a record,
-not only its state (docs/design/0016): the transition and its placement and tier
-(:meth:`~SlotTable.set`, :meth:`~SlotTable.set_tier`, :meth:`~SlotTable.persist`,
-:meth:`~SlotTable.persist_placement`), the binding (:meth:`~SlotTable.bind`), the server
+line. A lease's ``ready``<->``serving`` flip, twice a request, is its lean form,
+:meth:`SlotTable.flip`: the same commit, lag write, history and event for the two edges
+that concern nothing else (no placement, tier, idle reason or wait), without the generic
+checks and with the event built only for whoever takes it (:meth:`EventBus.flip`). Every
+other part reads the table and asks it to write — every *fact* of a record, not only its
+state (docs/design/0016): the transition and its placement and tier
+(:meth:`~SlotTable.set`, :meth:`~SlotTable.flip`, :meth:`~SlotTable.set_tier`,
+:meth:`~SlotTable.persist`, :meth:`~SlotTable.persist_placement`), a new record
+(:meth:`~SlotTable.add`), the binding (:meth:`~SlotTable.bind`), the server
 that runs, replaced whole (:meth:`~SlotTable.run`, :meth:`~SlotTable.landed`), its health
 and use (:meth:`~SlotTable.ready`, :meth:`~SlotTable.seen`, :meth:`~SlotTable.probed`,
 :meth:`~SlotTable.liveness`, :meth:`~SlotTable.used`), the reload costs
@@ -55,6 +60,7 @@ from controller.slots.records import (
     WAKING,
     PullView,
     RunningServer,
+    Sizing,
     SlotRecord,
     SlotView,
     tier_name,
@@ -66,6 +72,7 @@ from controller.store.files import utcnow
 from controller.store.state import (
     PlacedGpu,
     ReloadCosts,
+    SeenUse,
     SlotStateRecord,
     StateExtra,
     StateStore,
@@ -82,6 +89,9 @@ COST_WEIGHT: Final = 0.3  # a new measured reload cost's weight in its moving av
 LAG_WRITE_S: Final = 0.25  # observations within this window reach state.json as one write
 # Transitions to these are observations (SPEC §3): they may lag the disk by LAG_WRITE_S.
 OBSERVED: Final = frozenset({S.WARMING, S.READY, S.IDLE, S.SERVING})
+_ROUTES_MAX: Final = 4096  # models remembered by SlotTable.routes
+# The lease flips SlotTable.flip takes, by the state they leave: the one they reach.
+_FLIPS: Final = {S.READY: S.SERVING, S.SERVING: S.READY}
 
 
 class SlotTable:
@@ -100,6 +110,9 @@ class SlotTable:
         # membership once per slot and pass, so a list made a resync pass O(n²).
         self.order: dict[str, None] = {}
         self.transitions: deque[tuple[str, str, str]] = deque(maxlen=_HISTORY)
+        # The router's candidates by the model a request names (routes()): remembered per
+        # model until a record is added, bound or forgotten (the writers drop it).
+        self._routes: dict[str, tuple[str, ...]] = {}
         # Slots whose state.json lags memory: lease flips not written yet (the lag writer
         # has them) or refused by the disk (housekeeping retries: flush_unpersisted).
         self.unpersisted: set[str] = set()
@@ -140,6 +153,7 @@ class SlotTable:
             autoload=bool(slot.spec.autoload),
             resident=self.wishes.is_resident(slot.name),
             memory_bytes=slot.memory_bytes,
+            memory_basis=slot.footprint.basis,
             leases=len(slot.book.leases),
             waiters=slot.book.waiters,
             generation=slot.flight.generation,
@@ -169,27 +183,48 @@ class SlotTable:
                 self.rollouts.get(slot.name), _VALUE[slot.state], slot.breaker.failures
             ),
             pull=None if progress is None else PullView.of(progress),
+            replica_of=slot.spec.replica_group or None,
+            replica_index=slot.spec.replica_index,
         )
 
-    def routable(self, model: str) -> list[Candidate]:
-        """The activated slots serving ``model``, as the ranking sees them (no view built).
+    def routes(self, model: str) -> tuple[str, ...]:
+        """The names of the activated slots serving ``model``, unranked, in table order.
 
         ``model`` names, in this order of precedence: a catalogue model (the slots bound
         to it), a slot by its name (a self-managed speech server has no catalogue model),
-        or a self-managed provider (its model-less slots).
+        or a self-managed provider (its model-less slots). What a model names changes
+        only when a record is added (:meth:`add`), bound (:meth:`bind`) or forgotten
+        (:meth:`forget`), so the answer is remembered until then: the router asks it for
+        every request (a dict lookup, not a scan of every slot).
         """
-        found = [s for s in self.records.values() if s.model_id == model and s.spec.activated]
+        found = self._routes.get(model)
+        if found is None:
+            if len(self._routes) >= _ROUTES_MAX:  # models nobody serves, asked for
+                self._routes.clear()
+            found = self._routes[model] = tuple(s.spec.name for s in self._serving(model))
+        return found
+
+    def _serving(self, model: str) -> list[SlotRecord]:
+        records = self.records.values()
+        found = [s for s in records if s.model_id == model and s.spec.activated]
         if not found:
             named = self.records.get(model)
             found = [named] if named is not None and named.spec.activated else []
         if not found:
             found = [
                 s
-                for s in self.records.values()
+                for s in records
                 if not s.model_id and s.spec.provider == model and s.spec.activated
             ]
+        return found
+
+    def routable(self, model: str) -> list[Candidate]:
+        """The activated slots serving ``model`` (:meth:`routes`), as the ranking sees
+        them (no view built)."""
+        records = self.records
         return [
-            Candidate(s.name, s.state, s.spec.priority, s.last_used, s.idle_reason) for s in found
+            Candidate(s.name, s.state, s.spec.priority, s.last_used, s.idle_reason)
+            for s in (records[name] for name in self.routes(model))
         ]
 
     # ------------------------------------------------------------------ the writer
@@ -265,6 +300,48 @@ class SlotTable:
             details=self._details(slot, op),
         )
 
+    def flip(self, slot: SlotRecord, to: SlotState, message: str) -> None:
+        """A lease's flip, ``ready -> serving`` (its first request) or ``serving -> ready``
+        (its last one done): what ``set(slot, to, op=Op.LEASE, message=message,
+        durable=False)`` does for these two edges — an observation committed in memory,
+        written by the lag writer (SPEC §3), one transition in the history, one event
+        (``details``: the slot's ``requests``) — without the checks and fields that
+        never concern them: a ``ready`` or ``serving`` slot has no idle reason, wait or
+        sleep level, and a flip moves no placement. Any other edge goes to :meth:`set`."""
+        current = slot.state
+        if _FLIPS.get(current) is not to:
+            self.set(slot, to, op=Op.LEASE, message=message, durable=False)
+            return
+        slot.state, slot.idle_reason, slot.message, slot.since = to, None, message, utcnow()
+        slot.waiting = None
+        slot.asleep, slot.waking = 0, False
+        name = slot.spec.name
+        # _lag(slot), its common case in line (the lag writer already running: this flip
+        # is written with the others): a request's code is run from cold caches, where
+        # each function more it touches costs (docs/performance.md, the router).
+        seq = self._seq
+        seq[name] = seq.get(name, 0) + 1  # _intent
+        self.unpersisted.add(name)
+        writer = self._writer
+        if (
+            writer is None
+            or writer.done()
+            or name in self._refused
+            or writer.get_loop().is_closed()
+        ):
+            self._lag(slot, intent=False)
+        before, after = _VALUE[current], _VALUE[to]
+        self.transitions.append((name, before, after))
+        model = slot.model
+        self.events.flip(
+            name,
+            model.id if model is not None else slot.spec.model_id,
+            before,
+            after,
+            message,
+            slot.requests,
+        )
+
     @staticmethod
     def _details(slot: SlotRecord, op: Op) -> dict[str, object]:
         """A transition's details: why a slot is idle; a lease flip's the slot's request
@@ -311,11 +388,13 @@ class SlotTable:
             self.store.write(record, durable=False)
             return True
 
-    def _lag(self, slot: SlotRecord) -> None:
-        """An observation committed in memory: have the lag writer persist it."""
-        name = slot.name
-        self._intent(name)
-        self.unpersisted.add(name)
+    def _lag(self, slot: SlotRecord, *, intent: bool = True) -> None:
+        """An observation committed in memory: have the lag writer persist it
+        (``intent=False``: its intent already counted, by :meth:`flip`)."""
+        name = slot.spec.name
+        if intent:
+            self._intent(name)
+            self.unpersisted.add(name)
         if name in self._refused:
             return  # the disk is refusing: housekeeping retries (flush_unpersisted)
         writer = self._writer
@@ -432,9 +511,16 @@ class SlotTable:
     # tests/unit/test_record_owners.py). In memory: state.json takes what it records of
     # them (the server's ident and drift, the costs, the breaker) with the next write.
 
+    def add(self, slot: SlotRecord) -> None:
+        """A new slot's record (the manager's upsert), under its name."""
+        self.records[slot.spec.name] = slot
+        self._routes.clear()
+
     def bind(self, slot: SlotRecord, spec: SlotSpec, stack: str, model: ModelSpec | None) -> None:
         """The slot's desired binding: its spec, stack and model (the reconciler's upsert,
         a new catalogue). What runs changes only when the reconciler acts on it."""
+        if spec is not slot.spec or model is not slot.model:
+            self._routes.clear()  # what a model names may change (routes())
         slot.spec, slot.stack, slot.model = spec, stack, model
 
     def run(self, slot: SlotRecord, server: RunningServer | None) -> None:
@@ -474,7 +560,7 @@ class SlotTable:
         slot.liveness_misses = slot.liveness_misses + 1 if missed else 0
         return slot.liveness_misses
 
-    def used(self, slot: SlotRecord, now: float, *, served: bool = False) -> None:
+    def used(self, slot: SlotRecord, now: float, served: bool = False) -> None:
         """A lease taken or given back now (``served``: a request's, done): the ranking's
         recency, and the access count a planned eviction is revalidated against."""
         slot.last_used = now
@@ -499,6 +585,38 @@ class SlotTable:
         slot.costs = costs.model_copy(
             update={"load_s": fold(costs.load_s, load_s), "wake_s": fold(costs.wake_s, wake_s)}
         )
+
+    def sized(self, slot: SlotRecord, sizing: Sizing | None) -> None:
+        """What the slot's model file and launch say it will hold (``slots.sizing``: read
+        before a load, the dry run, ``model footprint``); None: nothing to read."""
+        slot.sizing = sizing
+
+    def observed(
+        self, slot: SlotRecord, config_hash: str, device: int, host: int, source: str
+    ) -> SeenUse:
+        """One sample of what its server holds: the peak per model and launch config
+        (another config starts over); state.json takes it with the next write."""
+        seen = slot.seen
+        if seen is None or seen.model != slot.model_id or seen.config_hash != config_hash:
+            seen = SeenUse(model=slot.model_id, config_hash=config_hash)
+        grew = device > seen.device_bytes or host > seen.host_bytes
+        slot.seen = seen.model_copy(
+            update={
+                "device_bytes": max(seen.device_bytes, device),
+                "host_bytes": max(seen.host_bytes, host),
+                "source": source,
+                "samples": seen.samples + 1,
+                "at": utcnow() if grew else seen.at,
+            }
+        )
+        return slot.seen
+
+    def warned(self, slot: SlotRecord, key: str) -> bool:
+        """Whether ``key`` was said of the slot already (then True); remembers it."""
+        if key in slot.warned:
+            return True
+        slot.warned = slot.warned | {key}
+        return False
 
     def failure(self, slot: SlotRecord, message: str) -> float:
         """One failed load (or rollout) on the crash-loop breaker; its backoff (seconds).
@@ -549,6 +667,7 @@ class SlotTable:
     def forget(self, name: str) -> None:
         """Drop a removed slot and its state file (a lag write in flight is skipped)."""
         gone = self.records.pop(name, None)
+        self._routes.clear()
         if gone is not None:
             gone.book.end_turns()
         self.rollouts.pop(name, None)
@@ -592,6 +711,7 @@ class SlotTable:
             residency=tier_name(level, waking),
             sleep_level=level,
             reload=slot.costs,
+            seen=slot.seen,
             **breaker,
         )
         return SlotStateRecord(
@@ -616,6 +736,7 @@ class SlotTable:
         slot.state, slot.message, slot.since = saved.state, saved.message, saved.updated_at
         slot.idle_reason = saved.extra.idle_reason
         slot.costs = saved.extra.reload
+        slot.seen = saved.extra.seen
         if slot.state in ADMITTED_STATES:
             slot.placement = tuple(
                 GpuRef(g.index, g.uuid, g.vendor, g.node) for g in saved.extra.gpus

@@ -31,7 +31,7 @@ import asyncio
 import logging
 from collections import ChainMap
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TypeVar
 
@@ -40,6 +40,7 @@ from controller.spec.aliases import AliasEntry
 from controller.spec.configdir import ConfigSnapshot, ParseCache
 from controller.spec.files import FilesSource
 from controller.spec.loader import DesiredSlot
+from controller.spec.replicas import replica_name, replica_specs
 from controller.spec.schema import ControllerSettings, ModelSpec
 from controller.spec.sources import DesiredChange, DesiredSource, DesiredView
 
@@ -194,6 +195,9 @@ class DesiredCache:
                 merged.aliases.setdefault(alias_id, alias)
             for adapter_id, adapter in layer.adapters.items():
                 merged.adapters.setdefault(adapter_id, adapter)
+        for slot in list(merged.slots.values()):  # a slot's replicas beside it
+            for spec in replica_specs(slot.spec):
+                merged.slots.setdefault(spec.name, replace(slot, spec=spec))
         return merged
 
     @staticmethod
@@ -215,26 +219,58 @@ class DesiredCache:
         for later in self._sources[index:]:  # (index 0 is the files: every source)
             change = change | later.before_changed(change)
         if self._merged is not None:
-            self._apply(change)
+            change = change | self._apply(change)
+        else:
+            change = change | DesiredChange.of(self._replicas_of(change.slots))
         if change:
             for listener in self._listeners:
                 listener(change)
         if self._synced is not None and self.synced:
             self._synced.set()
 
-    def _apply(self, change: DesiredChange) -> None:
+    def _replicas_of(self, names: Iterable[str]) -> list[str]:
+        """The replicas' names of the slots ``names`` as the sources declare them."""
+        out: list[str] = []
+        for name in names:
+            for layer in self._layers():
+                slot = layer.slots.get(name)
+                if slot is not None:
+                    out.extend(s.name for s in replica_specs(slot.spec))
+                    break
+        return out
+
+    def _apply(self, change: DesiredChange) -> DesiredChange:
+        """``change`` into the merged snapshot; what else it touched: the replicas of the
+        slots it names (those they had, those they have now)."""
         merged = self._merged
         assert merged is not None
         self._mirror(merged, self.files.snapshot)
         layers = self._layers()
+        slot_layers = [layer.slots for layer in layers]
+        touched: set[str] = set()
         for name in change.slots:
-            _put(merged.slots, name, [layer.slots for layer in layers])
+            old = merged.slots.get(name)
+            if old is not None and old.spec.replica_of is None:
+                for index in range(1, old.spec.max_count):
+                    gone = replica_name(name, index)
+                    held = merged.slots.get(gone)
+                    if held is not None and held.spec.replica_of == name:
+                        del merged.slots[gone]
+                        touched.add(gone)
+                        _put(merged.slots, gone, slot_layers)  # a source may declare it
+            _put(merged.slots, name, slot_layers)
+            new = merged.slots.get(name)
+            if new is not None:
+                for spec in replica_specs(new.spec):
+                    merged.slots.setdefault(spec.name, replace(new, spec=spec))
+                    touched.add(spec.name)
         for model_id in change.models:
             _put(merged.models, model_id, [layer.models for layer in reversed(layers)])
         for alias_id in change.aliases:
             _put(merged.aliases, alias_id, [layer.aliases for layer in layers])
         for adapter_id in change.adapters:
             _put(merged.adapters, adapter_id, [layer.adapters for layer in layers])
+        return DesiredChange.of(touched - change.slots)
 
 
 def _put(merged: dict[str, V], key: str, layers: list[Mapping[str, V]]) -> None:

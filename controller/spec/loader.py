@@ -284,7 +284,11 @@ def _autoload_over_budget(
         if not spec.autoload or not spec.activated:
             continue
         model = models.get(spec.model_id)
-        needed = spec.memory_gb if spec.memory_gb is not None else (model.memory_gb if model else 0)
+        needed = (
+            spec.memory_gb
+            if spec.memory_gb is not None
+            else ((model.memory_gb or 0.0) if model else 0.0)
+        )
         for key, share in _budget_keys(spec, int(needed * GIB), gpus):
             groups.setdefault(key, []).append((entry, share))
         if spec.device_kind == "gpu" and spec.device_ref.pins and len(gpus) > 1:

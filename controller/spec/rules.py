@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from controller.spec.locate import LineIndex
 from controller.spec.problems import Problem, problems_from_validation
+from controller.spec.replicas import replica_name
 from controller.spec.schema import (
     HARDWARE_ENV_VARS,
     HARDWARE_FLAGS,
@@ -130,6 +131,16 @@ def check_slot_payload(payload: object) -> SlotCheck:
             severity="warning",
         )
         check.warnings.append((problem, ("lru",)))
+    for key in ("replica_of", "replica_index"):
+        if key in data:  # the desired state's expansion sets them, never a source
+            del data[key]
+            problem = Problem(
+                code="slot.replica_internal",
+                message=f"{key!r} is set by the controller on a replica, not by a stack",
+                key=key,
+                hint="declare `replicas` (or min_replicas/max_replicas) on the slot instead",
+            )
+            check.errors.append((problem, (key,)))
     model = data.get("model")
     model_id = model.get("default") if isinstance(model, Mapping) else None
     owner = f" of model {model_id!r}" if isinstance(model_id, str) and model_id else ""
@@ -266,4 +277,26 @@ def cross_slot_problems(
                     f"did you mean {close[0]!r}?" if close else "declare it in a [[model]] table",
                 )
             )
+    out.extend(_replica_problems(entries))
+    return out
+
+
+def _replica_problems(entries: Sequence[SlotEntry]) -> list[Problem]:
+    """A replica's name (``<slot>-r<i>``) taken by a declared slot."""
+    out: list[Problem] = []
+    declared = {e.spec.name: e for e in entries}
+    for entry in entries:
+        spec = entry.spec
+        for index in range(1, spec.max_count):
+            other = declared.get(replica_name(spec.name, index))
+            if other is not None:
+                out.append(
+                    other.problem(
+                        "slot.replica_name_taken",
+                        f"slot {other.spec.name!r} has the name of replica {index} of slot "
+                        f"{spec.name!r} ({entry.where()})",
+                        ("name",),
+                        "rename the slot, or lower the other slot's max_replicas",
+                    )
+                )
     return out

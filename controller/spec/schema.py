@@ -11,7 +11,14 @@ import re
 from typing import Annotated, Any, Final, Literal, get_args
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from controller.model.devices import (
     DEVICE_KINDS,
@@ -37,8 +44,11 @@ __all__ = [
     "HARDWARE_ENV_VARS",
     "HARDWARE_FLAGS",
     "KINDS",
+    "MAX_REPLICAS",
     "MODEL_OWNED_KEYS",
     "PROVIDERS",
+    "REPLICA_PLACEMENTS",
+    "ROUTINGS",
     "SELF_MANAGED_PROVIDERS",
     "SLOT_NAME_PATTERN",
     "AdapterSpec",
@@ -101,6 +111,15 @@ Kind = Literal["llm", "embedding", "tts", "stt", "image"]
 # one beside the old and switches when it is ready (when memory allows); recreate stops
 # the old one first.
 Rollout = Literal["surge", "recreate"]
+# How a request picks one of a slot's replicas (controller/router/replicas.py): prefix
+# (consistent hashing of the prompt's prefix with bounded load), least-loaded, round-robin.
+Routing = Literal["prefix", "least-loaded", "round-robin"]
+ROUTINGS: Final[tuple[str, ...]] = get_args(Routing)
+# Where a slot's replicas go: spread (each on a GPU no sibling holds, while one is left),
+# share (a sibling's GPU is as good as any other).
+ReplicaPlacement = Literal["spread", "share"]
+REPLICA_PLACEMENTS: Final[tuple[str, ...]] = get_args(ReplicaPlacement)
+MAX_REPLICAS: Final = 16
 KINDS: Final[tuple[str, ...]] = get_args(Kind)
 
 # Keys a model owns: a slot write that sets them is refused (the guard says which model
@@ -260,7 +279,10 @@ class ModelSpec(_Strict):
     include: Annotated[list[GlobPattern], Field(min_length=1, max_length=64)] | None = None
     exclude: Annotated[list[GlobPattern], Field(min_length=1, max_length=64)] | None = None
     kind: Kind = "llm"
-    memory_gb: MemoryGb = 0.0  # admission estimate (device memory); 0 = not counted
+    # The device memory admission counts (GiB); None (absent): estimated from the model
+    # file and the slot's launch, then learnt from what ran
+    # (docs/design/0022-footprints.md); 0: not counted.
+    memory_gb: MemoryGb | None = None
     exclusive_group: Annotated[str, Field(min_length=1, max_length=63)] | None = None
     context_length: Annotated[int, Field(gt=0)] | None = None
     chat_template: str | None = None
@@ -329,7 +351,7 @@ class ModelSpec(_Strict):
 
     @property
     def memory_bytes(self) -> int:
-        return int(self.memory_gb * 1024**3)
+        return int((self.memory_gb or 0.0) * 1024**3)
 
 
 class SlotModelRef(_Strict):
@@ -455,6 +477,77 @@ class SlotSpec(_Strict):
         if not self.max_loras and not self.adapters:
             return None
         return self.adapter_api or _PROVIDER_ADAPTER_API.get(self.provider)
+
+    # Replicas (docs/replicas.md): the same model served by several servers of this slot,
+    # each a slot of its own named `<name>-r<i>` (the first keeps `<name>`). `replicas = N`
+    # is min_replicas = max_replicas = N; above min_replicas they are added and removed
+    # by demand (controller/scheduling/scaling.py).
+    replicas: Annotated[int, Field(ge=1, le=MAX_REPLICAS)] | None = None
+    min_replicas: Annotated[int, Field(ge=1, le=MAX_REPLICAS)] | None = None
+    max_replicas: Annotated[int, Field(ge=1, le=MAX_REPLICAS)] | None = None
+    routing: Routing = "prefix"
+    # prefix routing: a replica above load_factor x the mean in-flight is skipped
+    load_factor: Annotated[float, Field(ge=1.0, le=10.0)] = 1.25
+    replica_placement: ReplicaPlacement = "spread"
+    # demand scaling: a replica is added once every running sibling has been saturated
+    # this long, and one is removed once the group has been idle this long
+    scale_up_after_s: PosFloat = 10.0
+    scale_down_after_s: PosFloat = 120.0
+    # Set by the desired state's expansion (controller/spec/replicas.py), never by a
+    # source: the slot a replica is one of, and its index (0: the slot itself).
+    # Excluded from every dump: no stack file, render or hash carries them.
+    replica_of: Annotated[str | None, Field(pattern=SLOT_NAME_PATTERN, exclude=True)] = None
+    replica_index: Annotated[int, Field(ge=0, lt=MAX_REPLICAS, exclude=True)] = 0
+
+    @model_validator(mode="after")
+    def _check_replicas(self) -> SlotSpec:
+        if self.replicas is not None and (
+            self.min_replicas is not None or self.max_replicas is not None
+        ):
+            raise ValueError("replicas = N sets both bounds: give it or min/max_replicas, not both")
+        low, high = self.min_count, self.max_count
+        if low > high:
+            raise ValueError(f"min_replicas = {low} is above max_replicas = {high}")
+        if low < high and self.max_concurrency is None:
+            raise ValueError(
+                f"replicas between {low} and {high} scale by demand, measured against "
+                "max_concurrency: set it (the requests one replica serves at once)"
+            )
+        if high > 1:
+            longest = len(self.name) + len(f"-r{high - 1}")
+            if longest > 63:
+                raise ValueError(
+                    f"slot name {self.name!r} is too long for {high} replicas: its last "
+                    f"replica's name would be {longest} characters (63 at most)"
+                )
+            if self.device_kind == "npu":
+                raise ValueError("an npu slot has one server: replicas need gpu or cpu")
+            pins = self.device_ref.pins if self.device_kind == "gpu" else ()
+            if pins and self.replica_placement == "spread":
+                raise ValueError(
+                    f"device {self.device!r} pins every replica to the same GPU(s): set "
+                    'replica_placement = "share" to ask for that, or device = "gpu"'
+                )
+            if self.unit is not None:
+                raise ValueError("a co-loaded unit's member has one server: no replicas")
+        return self
+
+    @property
+    def min_count(self) -> int:
+        """Replicas always wanted (1 without replicas)."""
+        return self.replicas or self.min_replicas or 1
+
+    @property
+    def max_count(self) -> int:
+        """Replicas at most (1 without replicas)."""
+        return self.replicas or self.max_replicas or self.min_replicas or 1
+
+    @property
+    def replica_group(self) -> str:
+        """The slot whose replicas this one is one of ("" when it has none)."""
+        if self.replica_of is not None:
+            return self.replica_of
+        return self.name if self.max_count > 1 else ""
 
     @field_validator("device")
     @classmethod

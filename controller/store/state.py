@@ -30,6 +30,7 @@ __all__ = [
     "PORT_FILE",
     "PlacedGpu",
     "ReloadCosts",
+    "SeenUse",
     "SlotStateRecord",
     "StateExtra",
     "StateStore",
@@ -61,6 +62,23 @@ class ReloadCosts(BaseModel):
     wake_s: float | None = None
 
 
+class SeenUse(BaseModel):
+    """The most a slot's server was seen to hold (issue 36): per model and launch config
+    (its config hash; another starts over), on its device and in host memory, in bytes.
+    Admission counts the larger of this and the estimate
+    (docs/design/0022-footprints.md)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    model: str
+    config_hash: str
+    device_bytes: int = 0
+    host_bytes: int = 0
+    source: str = ""  # nvml | rss | fake
+    samples: int = 0
+    at: str = ""  # when the peak was seen
+
+
 class StateExtra(BaseModel):
     """``state.json``'s ``extra``: the facts beyond the state itself, each one named.
 
@@ -86,6 +104,7 @@ class StateExtra(BaseModel):
     residency: str | None = None
     sleep_level: int = 0
     reload: ReloadCosts | None = None  # measured reload costs (the eviction order)
+    seen: SeenUse | None = None  # the most its server was seen to hold (admission)
 
 
 class SlotStateRecord(BaseModel):

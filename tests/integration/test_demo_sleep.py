@@ -8,6 +8,8 @@ server without sleep mode; and the host RAM a level-1 sleeper really holds.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import time
 from collections.abc import Iterator
 
@@ -97,7 +99,8 @@ async def test_a_failing_wake_says_why_and_a_server_without_sleep_mode_cannot_sl
     failed = await sleeper.wake(failing.base, VLLM_SLEEP, 1, 5)
     assert failed == "POST /wake_up: HTTP 500"
     assert await sleeper.asleep(failing.base, VLLM_SLEEP, 5) is True  # still asleep
-    assert await sleeper.sleep(plain.base, VLLM_SLEEP, 1, 5) == "POST /sleep?level=1: HTTP 404"
+    failed = await sleeper.sleep(plain.base, VLLM_SLEEP, 1, 5)
+    assert failed == "POST /sleep?level=1&mode=wait: HTTP 404"
     assert await sleeper.asleep(plain.base, VLLM_SLEEP, 5) is None  # it does not say
 
 
@@ -122,3 +125,58 @@ async def test_a_level_two_wake_has_one_timeout_for_its_three_calls(spawn: Spawn
     failed = await sleeper.wake(demo.base, VLLM_SLEEP, 2, 1.0)
     assert "TimeoutError" in failed, failed
     assert time.monotonic() - started < 2.0  # about the budget (slack for a loaded machine)
+
+
+async def _stream_tokens(base: str, started: asyncio.Event) -> tuple[int, str | None]:
+    """A streamed chat of 20 tokens at 20 tokens/s: (content chunks, last finish_reason)."""
+    body = {
+        "model": "demo-model",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 20,
+        "stream": True,
+    }
+    tokens, finish = 0, None
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(base + "/v1/chat/completions", json=body) as answer,
+    ):
+        assert answer.status == 200
+        async for line in answer.content:
+            if not line.startswith(b"data: {"):
+                continue
+            choice = json.loads(line[6:])["choices"][0]
+            if choice["delta"].get("content"):
+                tokens += 1
+                started.set()
+            finish = choice["finish_reason"] or finish
+    return tokens, finish
+
+
+async def test_slotctl_sleeps_with_mode_wait_so_requests_in_flight_finish(spawn: Spawn) -> None:
+    """Issue 40, item 6: vLLM's ``/sleep`` aborts the requests in flight unless asked
+    ``mode=wait`` (docs/features/sleep_mode.md: "The default is mode="abort""). slotctl's
+    sleeper asks for ``wait``: a stream in flight ends whole, then the server sleeps."""
+    demo = spawn("--enable-sleep-mode", "--tokens-per-second", "20")
+    await demo.ready()
+    started = asyncio.Event()
+    stream = asyncio.create_task(_stream_tokens(demo.base, started))
+    await asyncio.wait_for(started.wait(), 10)
+    assert await HttpSleeper().sleep(demo.base, VLLM_SLEEP, 1, 10) == ""
+    assert await stream == (20, "length")  # whole: not aborted by the sleep
+    assert await HttpSleeper().asleep(demo.base, VLLM_SLEEP, 5) is True
+
+
+async def test_the_demo_aborts_requests_in_flight_on_a_sleep_by_default(spawn: Spawn) -> None:
+    """The double does what vLLM does without ``mode``: the stream in flight is cut
+    (``finish_reason: abort``), so the test above would fail without ``mode=wait``."""
+    demo = spawn("--enable-sleep-mode", "--tokens-per-second", "20")
+    await demo.ready()
+    started = asyncio.Event()
+    stream = asyncio.create_task(_stream_tokens(demo.base, started))
+    await asyncio.wait_for(started.wait(), 10)
+    async with aiohttp.ClientSession() as http, http.post(demo.base + "/sleep?level=1") as r:
+        assert r.status == 200
+    tokens, finish = await stream
+    assert tokens < 20 and finish == "abort"
+    async with aiohttp.ClientSession() as http, http.post(demo.base + "/sleep?mode=nap") as r:
+        assert r.status == 400  # abort, wait or keep, as vLLM accepts

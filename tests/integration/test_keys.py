@@ -22,6 +22,8 @@ from controller.access.keys import KEYS_FILE, Scope
 from controller.api.app import route_scope
 from controller.api.assembly import ROUTES
 from controller.model.lifecycle import SlotState
+from controller.spec.guard import write_catalogue
+from controller.spec.schema import AliasSpec
 from tests.integration.test_router import (
     AUTH,
     Harness,
@@ -108,6 +110,7 @@ async def test_every_route_declares_a_scope_rule() -> None:
     assert by_route[("GET", "/api/slots")] is Scope.READ
     assert by_route[("GET", "/metrics")] is Scope.READ
     assert by_route[("GET", "/api/keys")] is Scope.ADMIN
+    assert by_route[("GET", "/api/slots/{name}/logs")] is Scope.ADMIN  # prompts, secrets
     assert by_route[("POST", "/api/slots/{name}/load")] is Scope.ADMIN
     assert all(s.public or route_scope(s) is not None for s in ROUTES)
 
@@ -211,7 +214,7 @@ async def test_a_keys_limits_answer_429_with_retry_after(harness: Harness) -> No
             error = assert_openai_error(await busy.json())
             assert error["type"] == "rate_limit_error" and error["code"] == "key.concurrency_limit"
         await resp.read()
-    await wait_for(lambda: r.ctx.limits.in_flight.get("one-at-a-time", 0) == 0)
+    await wait_for(lambda: sum(r.ctx.limits.in_flight.values()) == 0)
     async with r.post("/v1/chat/completions", chat("m-chat"), headers=bearer(one)) as resp:
         assert resp.status == 200  # the slot is free again for this key
     rpm = await create(r, "two-a-minute", rpm=2)
@@ -310,7 +313,7 @@ async def test_a_keys_tokens_are_counted_where_the_server_reports_usage(harness:
     streamed = json.loads(events[-1].removeprefix(b"data: "))["usage"]
     async with r.post("/v1/chat/completions", chat("m-chat", 2, stream=True), headers=bearer(key)):
         pass  # a stream without include_usage reports none: nothing counted for it
-    await wait_for(lambda: r.ctx.limits.in_flight.get("counted", 0) == 0)
+    await wait_for(lambda: sum(r.ctx.limits.in_flight.values()) == 0)
     async with r.get("/metrics") as resp:
         text = await resp.text()
     tokens = "slotctl_key_tokens_total"
@@ -319,3 +322,149 @@ async def test_a_keys_tokens_are_counted_where_the_server_reports_usage(harness:
     assert prompt == usage["prompt_tokens"] + streamed["prompt_tokens"]
     assert completion == usage["completion_tokens"] + streamed["completion_tokens"] > 0
     assert _metric(text, tokens, key="@token") == 0  # the API token's calls are not kept
+
+
+async def test_a_key_is_authorized_on_the_model_that_serves_not_the_name_asked(
+    harness: Harness,
+) -> None:
+    """Issue 40, item 1 (OWASP API1): a key allowed ``m-a*`` asks for ``m-a-spare`` — the
+    name of a slot whose model is ``m-big`` — and is refused before anything loads (the
+    router's fallback to a slot by its name resolves the model first); an alias whose
+    member is that slot's name is refused too. The key's own model still serves."""
+    r = await harness.start(
+        [harness.slot("m-a-spare", "m-big"), harness.slot("a", "m-a-chat")],
+        [model("m-big"), model("m-a-chat")],
+    )
+    r.manager.set_aliases(
+        {"m-a-any": AliasSpec.model_validate({"id": "m-a-any", "models": ["m-a-spare"]})}
+    )
+    key = await create(r, "team-a", models=["m-a*"])
+    for asked in ("m-a-spare", "m-a-any"):
+        async with r.post("/v1/chat/completions", chat(asked), headers=bearer(key)) as resp:
+            assert resp.status == 403, (asked, await resp.text())
+            error = assert_openai_error(await resp.json())
+            assert error["code"] == "model_not_allowed" and "m-big" in error["message"], error
+    assert r.manager.view("m-a-spare").state is S.OFFLINE  # nothing loaded for it
+    async with r.post("/v1/chat/completions", chat("m-a-chat"), headers=bearer(key)) as resp:
+        assert resp.status == 200, await resp.text()
+    async with r.post("/v1/chat/completions", chat("m-a-spare")) as resp:
+        assert resp.status != 403  # the API token may use every model
+
+
+async def test_a_read_key_sees_no_secrets_and_admin_sees_them(harness: Harness) -> None:
+    """Issue 40, item 2: a ``read`` key (the docs' Grafana example) reads a slot's spec
+    with the values of ``server.env`` withheld (their names kept), a secret flag's value
+    in its arguments withheld, and a URL's credentials (user:password@, the query) cut;
+    an ``admin`` key (and the API token) sees them as written."""
+    secrets = ("hf_SECRET_token_1", "sk-upstream-SECRET", "pw-SECRET", "sig-SECRET")
+    spec = harness.slot(
+        "chat",
+        "m-chat",
+        server={
+            "extra_args": [
+                "--api-key",
+                secrets[1],
+                f"--hf-endpoint=https://bot:{secrets[2]}@hub.example/?sig={secrets[3]}",
+                "--tokens-per-second",
+                "50",
+            ],
+            "env": {"HF_TOKEN": secrets[0], "LOG_LEVEL": "debug"},
+        },
+    )
+    r = await harness.start([spec], [model("m-chat")])
+    write_catalogue(r.ctx.config_dir, [model("m-chat")])
+    payload = spec.model_dump(mode="json", exclude_none=True)
+    async with r.post("/api/slots", payload) as resp:  # declared: its spec is shown
+        assert resp.status == 201, await resp.text()
+    reader = await create(r, "grafana", scope="read")
+    admin = await create(r, "ops", scope="admin")
+    for path in ("/api/slots/chat", "/api/slots", "/api/models"):
+        async with r.client.get(r.url(path), headers=bearer(reader)) as resp:
+            assert resp.status == 200, (path, await resp.text())
+            text = await resp.text()
+        leaked = [s for s in secrets if s in text]
+        assert not leaked, (path, leaked, text)
+    async with r.client.get(r.url("/api/slots/chat"), headers=bearer(reader)) as resp:
+        server = (await resp.json())["spec"]["server"]
+    assert server["env"] == {"HF_TOKEN": "<redacted>", "LOG_LEVEL": "<redacted>"}
+    assert server["extra_args"][:2] == ["--api-key", "<redacted>"]
+    assert server["extra_args"][2].startswith("--hf-endpoint=https://")
+    assert "hub.example" in server["extra_args"][2]
+    assert server["extra_args"][3:] == ["--tokens-per-second", "50"]  # not a secret
+    # a server's log may carry prompts and its own secrets (vLLM logs its non-default
+    # arguments): admin only
+    async with r.client.get(r.url("/api/slots/chat/logs"), headers=bearer(reader)) as resp:
+        assert resp.status == 403
+        assert (await resp.json())["error"]["code"] == "auth.forbidden"
+    for headers in (bearer(admin), AUTH):
+        async with r.client.get(r.url("/api/slots/chat"), headers=headers) as resp:
+            shown = (await resp.json())["spec"]["server"]
+        assert shown["env"]["HF_TOKEN"] == secrets[0]
+        assert shown["extra_args"][1] == secrets[1]
+        async with r.client.get(r.url("/api/slots/chat/logs"), headers=headers) as resp:
+            assert resp.status == 200
+
+
+@pytest.mark.parametrize("path", ["cold", "turns"])
+async def test_one_keys_flood_cannot_take_another_keys_place_in_line(
+    harness: Harness, path: str
+) -> None:
+    """Issue 40, item 3: a batch key's flood fills the slot's ``max_queue``; another key's
+    first request still gets in line (and is served), and the flooder's newest waiter is
+    refused ``429 slot.queue_full`` in its place. Both places requests wait: a cold
+    slot's load (no ``max_concurrency``) and the turns of a slot at its ``max_concurrency``."""
+    if path == "cold":
+        spec = harness.slot("q", "m-q", "--load-seconds", "2", max_queue=6)
+    else:
+        spec = harness.slot("q", "m-q", "--tokens-per-second", "5", max_queue=6, max_concurrency=1)
+    r = await harness.start([spec], [model("m-q")])
+    batch = await create(r, "nightly", priority="batch")
+    ui = await create(r, "chat-ui", priority="interactive")
+    if path == "turns":  # the slot is loaded and busy: a long request holds its one seat
+        async with r.post("/v1/chat/completions", chat("m-q")) as resp:
+            assert resp.status == 200
+        holder = asyncio.create_task(_ask(r, chat("m-q", max_tokens=15), None))
+        await wait_for(lambda: r.manager.view("q").leases == 1, timeout=10)
+
+    flood = [asyncio.create_task(_ask(r, chat("m-q"), batch)) for _ in range(10)]
+    await wait_for(lambda: _waiting(r) == 6, timeout=10)  # the line is full of the flood
+    mine = await _ask(r, chat("m-q"), ui)
+    assert mine[0] == 200, mine  # not 429 slot.queue_full
+    results = await asyncio.gather(*flood)
+    statuses = sorted(s for s, _ in results)
+    assert statuses.count(200) == 5 and statuses.count(429) == 5, statuses
+    refused = [code for s, code in results if s == 429]
+    assert set(refused) == {"slot.queue_full"}
+    if path == "turns":
+        assert (await holder)[0] == 200
+    await wait_for(lambda: sum(r.ctx.limits.in_flight.values()) == 0)
+
+
+def _waiting(r: Router) -> int:
+    book = r.manager.core.table.get("q").book
+    return book.waiters + book.queued
+
+
+async def _ask(r: Router, body: dict[str, Any], key: str | None) -> tuple[int, str]:
+    headers = bearer(key) if key is not None else AUTH
+    async with r.client.post(r.url("/v1/chat/completions"), json=body, headers=headers) as resp:
+        answer = await resp.json()
+        return resp.status, answer.get("error", {}).get("code", "") if resp.status != 200 else ""
+
+
+async def test_a_recreated_key_does_not_inherit_the_revoked_keys_counters(
+    harness: Harness,
+) -> None:
+    """Issue 40, item 3: a key's counters (its requests a minute, in flight, its place in
+    the fair queue) are the key's, by its id: revoked and created again under the same
+    name, the new key starts with none of the old one's."""
+    r = await harness.start([harness.slot("chat", "m-chat")], [model("m-chat")])
+    old = await create(r, "ci", rpm=2)
+    for want in (200, 200, 429):
+        async with r.post("/v1/chat/completions", chat("m-chat"), headers=bearer(old)) as resp:
+            assert resp.status == want
+    async with r.client.delete(r.url("/api/keys/ci"), headers=AUTH) as resp:
+        assert resp.status == 200
+    new = await create(r, "ci", rpm=2)
+    async with r.post("/v1/chat/completions", chat("m-chat"), headers=bearer(new)) as resp:
+        assert resp.status == 200, await resp.text()  # not the old key's 429

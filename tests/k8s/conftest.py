@@ -244,6 +244,8 @@ class Cluster:
     def _path(self, plural: str, namespace: str, name: str | None = None, sub: str = "") -> str:
         core = plural in ("events", "namespaces")
         base = "/api/v1" if core else f"/apis/{GROUP}/{VERSION}"
+        if plural == "inferencepools":  # Gateway API Inference Extension's
+            base = "/apis/inference.networking.k8s.io/v1"
         path = f"{base}/namespaces/{namespace}/{plural}"
         return path + (f"/{name}" if name else "") + (f"/{sub}" if sub else "")
 

@@ -51,6 +51,7 @@ import aiohttp
 import kmock
 
 from tests.k8s.conftest import Cluster
+from tests.k8s.images import container_argv
 
 REPO = Path(__file__).resolve().parents[2]
 HASH = "slotctl.config-hash"
@@ -60,13 +61,15 @@ GPU_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu")
 
 
 def declare_workloads(emulator: kmock.KubernetesEmulator) -> None:
-    """Deployments, Services, Pods and Nodes, as the runtime uses them."""
+    """Deployments, Services, Pods, Nodes and InferencePools, as the runtime uses them."""
     verbs = {"list", "watch", "get", "create", "patch", "update", "delete"}
     for key, kind, namespaced in (
         ("apps/v1/deployments", "Deployment", True),
         ("v1/services", "Service", True),
         ("v1/pods", "Pod", True),
         ("v1/nodes", "Node", False),
+        # Gateway API Inference Extension's (the operator's --inference-pools)
+        ("inference.networking.k8s.io/v1/inferencepools", "InferencePool", True),
     ):
         emulator.resources[key] = kmock.ResourceInfo(
             kind=kind, singular=kind.lower(), namespaced=namespaced, verbs=verbs
@@ -498,14 +501,23 @@ class Kubelet:
         return best[1] if best else None
 
     def _run(self, name: str, container: dict[str, Any], ip: str) -> subprocess.Popen[bytes]:
-        """The container's args as a process: the image's ``python3`` is this interpreter,
-        and the server binds the pod's IP (``--host 0.0.0.0`` inside a pod)."""
-        args = list(container.get("args") or [])
-        assert args and args[0] == "python3", args
-        args[0] = sys.executable
+        """The container's argv as a process (:func:`container_argv`: its command, or its
+        image's entrypoint, and its args): the image's ``python3`` is this interpreter,
+        ``slotctl`` (slotctl's image's entrypoint) this package, and the server binds the
+        pod's IP (``--host 0.0.0.0`` inside a pod)."""
+        args = container_argv(container)
+        assert args and args[0] in ("python3", "slotctl"), args
+        python = [sys.executable]
+        args[:1] = python if args[0] == "python3" else [*python, "-m", "controller"]
         args = [ip if a == "0.0.0.0" else a for a in args]
         env = {**os.environ, "PYTHONPATH": str(REPO)}
-        env.update({e["name"]: e["value"] for e in container.get("env") or []})
+        env.update(
+            {
+                e["name"]: e.get("value", "")
+                for e in container.get("env") or []
+                if "valueFrom" not in e
+            }
+        )
         log = (self.log_dir / f"{name}.log").open("ab")
         with log:
             return subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT)

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.k8s import realapi
+from tests.k8s.images import container_argv
 from tests.k8s.realapi import ApiServer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -262,7 +263,7 @@ class ContainerRuntime:
         if status.get("phase") != "Running" or not ip or name in self.ips:
             return
         (container,) = pod["spec"]["containers"]
-        args = list(container.get("args") or [])
+        args = container_argv(container)
         self.ips[name] = ip
         self.started.append(name)
         if self.inproc is not None:
@@ -272,7 +273,14 @@ class ContainerRuntime:
         args[0] = sys.executable
         args = [ip if a == "0.0.0.0" else a for a in args]
         env = {**os.environ, "PYTHONPATH": str(REPO)}
-        env.update({e["name"]: e["value"] for e in container.get("env") or []})
+        # an empty value (a cpu slot's CUDA_VISIBLE_DEVICES="") comes back without "value"
+        env.update(
+            {
+                e["name"]: e.get("value", "")
+                for e in container.get("env") or []
+                if "valueFrom" not in e
+            }
+        )
         with (self.log_dir / f"{name}.log").open("ab") as log:
             self.processes[name] = subprocess.Popen(
                 args, env=env, stdout=log, stderr=subprocess.STDOUT

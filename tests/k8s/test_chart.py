@@ -107,7 +107,7 @@ def _models_env(container: dict[str, Any]) -> dict[str, Any]:
     return {
         e["name"]: e.get("value", e.get("valueFrom"))
         for e in container["env"]
-        if "MODEL" in e["name"] or "HF" in e["name"] or "PULL" in e["name"]
+        if "MODEL" in e["name"] or "HF" in e["name"] or "IMAGE" in e["name"]
     }
 
 
@@ -143,7 +143,7 @@ def test_the_model_cache_volume_is_named_hostpath_by_default_a_pvc_on_request() 
     assert _models_env(pod["containers"][0]) == {
         "SLOTCTL_MODELS_DIR": "/models",
         "SLOTCTL_K8S_MODEL_CACHE": "pvc:models",
-        "SLOTCTL_K8S_PULL_IMAGE": "registry.local/slotctl:0.1.0",
+        "SLOTCTL_K8S_IMAGE": "registry.local/slotctl:0.1.0",
         "SLOTCTL_K8S_HF_TOKEN_SECRET": "hf",
     }
     (deploy,) = by_kind(render(values), "Deployment")

@@ -70,7 +70,7 @@ def cache(tmp_path: Path, hub: HubServer, monkeypatch: pytest.MonkeyPatch) -> Pa
     where = tmp_path / "node-cache"
     monkeypatch.setenv("SLOTCTL_MODELS_DIR", str(where))
     monkeypatch.setenv("SLOTCTL_K8S_MODEL_CACHE", f"hostPath:{where}")
-    monkeypatch.setenv("SLOTCTL_K8S_PULL_IMAGE", PULL_IMAGE)
+    monkeypatch.setenv("SLOTCTL_K8S_IMAGE", PULL_IMAGE)
     monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)  # passed on to the pods' pulls
     monkeypatch.setenv("HF_HUB_DOWNLOAD_TIMEOUT", "60")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))

@@ -89,7 +89,11 @@ async def kubelet(cluster: Cluster, tmp_path: Path) -> AsyncIterator[Kubelet]:
 
 @contextlib.asynccontextmanager
 async def operator(
-    cluster: Cluster, state: Path, monkeypatch: pytest.MonkeyPatch, settings: str = ""
+    cluster: Cluster,
+    state: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    settings: str = "",
+    **options: Any,
 ) -> AsyncIterator[Operator]:
     monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig))
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
@@ -103,6 +107,7 @@ async def operator(
             namespaces=["default"],
             resync_s=1.0,
             status_resync_s=0.5,
+            **options,
         )
     )
     task = asyncio.create_task(op.run())
@@ -163,7 +168,8 @@ async def test_a_slot_is_a_deployment_probed_at_its_pod_ip(
         (container,) = spec["template"]["spec"]["containers"]
         assert container["image"] == IMAGE
         assert container["resources"]["limits"] == {"nvidia.com/gpu": "1"}
-        assert container["args"][:3] == ["python3", "-m", "controller.demo"]
+        assert container["command"] == ["python3"]  # not the image's entrypoint
+        assert container["args"][:2] == ["-m", "controller.demo"]
         assert "nodeSelector" not in spec["template"]["spec"]  # placed by the scheduler
         assert spec["template"]["spec"]["automountServiceAccountToken"] is False
         service = await kubelet.get("services", "slotctl-chat")
@@ -389,8 +395,12 @@ async def test_placement_and_eviction_per_node(
         assert not kubelet.alive("big-b")
         dep = await kubelet.get("deployments", "slotctl-big-b")
         assert dep is not None and dep["spec"]["replicas"] == 0  # unloaded: scaled to 0
-        waiting = op.manager.view("big-b").waiting
-        assert waiting == "waiting_for_memory"  # it cannot evict mid-b (higher priority)
+
+        async def big_b_waits() -> bool:
+            return op.manager.view("big-b").waiting == "waiting_for_memory"
+
+        # its next try is refused: it cannot evict mid-b (higher priority)
+        await eventually(big_b_waits, "big-b waiting for memory", timeout=60)
 
         # deleting mid-b frees gpu-b: big-b comes back there
         await cluster.delete("slots", "mid-b")

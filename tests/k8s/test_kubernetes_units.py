@@ -250,3 +250,38 @@ def test_drift_is_measured_on_slotctl_s_fields_only() -> None:
     labels = {**body["metadata"]["labels"], "slotctl.stack": "other", "team": "ml"}
     relabelled = Deployment.from_dict({**body, "metadata": {**body["metadata"], "labels": labels}})
     assert drifted(body, relabelled) == ["label slotctl.stack='other' (want 's')"]
+
+
+def test_a_demo_slot_runs_slotctls_own_image_on_the_kubernetes_runtime(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No ``server.image``: the operator's own (``SLOTCTL_K8S_IMAGE``, else the tag the
+    README builds), its interpreter as the container's command (the image's entrypoint is
+    ``slotctl``); an image the slot names is kept. The other runtimes are unchanged."""
+    from controller import __version__
+    from controller.providers.launch import launch_context
+
+    demo = SlotSpec.model_validate(
+        {"name": "chat", "provider": "demo", "port": 8080, "model": {"default": "d"}}
+    )
+    model = ModelSpec(id="d", source="demo://d")
+    monkeypatch.delenv("SLOTCTL_K8S_IMAGE", raising=False)
+    plain = build_launch(demo, model, launch_context("kubernetes", "s"))
+    assert plain.image == f"slotctl:{__version__}"
+    monkeypatch.setenv("SLOTCTL_K8S_IMAGE", "registry.local/slotctl:1.2")
+    own = build_launch(demo, model, launch_context("kubernetes", "s"))
+    assert own.image == "registry.local/slotctl:1.2" and own.command == ("python3",)
+    assert own.argv[:2] == ("-m", "controller.demo") and "--port" in own.argv
+    assert own.config_hash() != plain.config_hash()  # the image is the server's config
+    container = deployment_body(own, "ml")["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"] == ["python3"] and container["args"] == list(own.argv)
+    named = demo.model_copy(update={"server": demo.server.model_copy(update={"image": "x/y:1"})})
+    assert build_launch(named, model, launch_context("kubernetes", "s")).image == "x/y:1"
+    process = build_launch(demo, model, launch_context("process", "s"))
+    assert process.image is None and process.command == ()
+    with pytest.raises(SlotConfigError, match=r"docker runtime needs server\.image"):
+        build_launch(demo, model, launch_context("docker", "s"))
+    # a launch without a command hashes as before (no key for it)
+    assert "command" not in launch().hash_input()
+    body = deployment_body(launch(), "ml")["spec"]["template"]["spec"]["containers"][0]
+    assert body["command"] is None  # the image's entrypoint (llama.cpp's llama-server)

@@ -72,6 +72,13 @@ class Heard:
         self.error = str(error)
         self.ended.set()
 
+    def on_answer(self, up: Upstream, body: bytes) -> None:
+        """A whole answer at once: what on_head, relay and on_end say."""
+        self.on_head(up)
+        if body:
+            self.relay(body)
+        self.on_end()
+
 
 class Counted(Upstream):
     """An upstream connection that counts llhttp's header callbacks."""

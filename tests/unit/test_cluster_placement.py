@@ -429,3 +429,22 @@ async def test_a_wake_on_a_cluster_makes_room_where_its_pod_sleeps(tmp_path: Pat
     assert m.view("low").residency == "awake" and m.view("low").devices == ("a/gpu:0",)
     assert m.view("mid").state is S.OFFLINE  # evicted there for the wake
     assert m.admitted_bytes("a/gpu:0") == 8 * GIB
+
+
+async def test_replicas_spread_across_nodes(tmp_path: Path) -> None:
+    """Issue 38: best fit and the node's name would put both replicas on node a (two
+    GPUs there); spread puts the sibling on node b."""
+    from controller.spec.replicas import replica_specs
+
+    cluster = Cluster(tmp_path, [node("a", gpus=2), node("b", gpus=2)])
+    base = cslot("chat", "m10", replicas=2)
+    await cluster.declare([base, *replica_specs(base)], [model_spec("m10", 10)])
+    await cluster.manager.load("chat")
+    await cluster.manager.load("chat-r1")
+    assert {cluster.node_of("chat"), cluster.node_of("chat-r1")} == {"a", "b"}
+    packed = Cluster(tmp_path / "packed", [node("a", gpus=2), node("b", gpus=2)])
+    shared = cslot("pack", "m10", replicas=2, replica_placement="share")
+    await packed.declare([shared, *replica_specs(shared)], [model_spec("m10", 10)])
+    await packed.manager.load("pack")
+    await packed.manager.load("pack-r1")
+    assert packed.node_of("pack") == packed.node_of("pack-r1") == "a"  # asked: best fit

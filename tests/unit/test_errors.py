@@ -17,6 +17,7 @@ from controller.model.errors import (
     SlotCrashLooping,
     SlotctlError,
     SlotHealthFailed,
+    SlotLoadStopped,
     SlotNotFound,
     SlotNotReady,
     SlotPinned,
@@ -29,6 +30,7 @@ SPEC_ERRORS: dict[str, tuple[str, int]] = {
     "SlotNotFound": ("slot.not_found", 404),
     "IllegalSlotTransition": ("slot.illegal_transition", 409),
     "SlotNotReady": ("slot.not_ready", 503),
+    "SlotLoadStopped": ("slot.load_stopped", 503),
     "SlotSpawnFailed": ("slot.spawn_failed", 500),
     "SlotHealthFailed": ("slot.health_failed", 503),
     "SlotCrashLooping": ("slot.crash_looping", 503),
@@ -47,6 +49,7 @@ EXTRA_ERRORS: dict[str, tuple[str, int]] = {
     "ControllerAlreadyRunning": ("controller.already_running", 409),
     "ListenUnavailable": ("controller.listen_unavailable", 409),
     "InvalidRequest": ("request.invalid", 400),
+    "ImportSourceError": ("import.invalid_source", 400),
     "Unauthorized": ("auth.unauthorized", 401),
     "SlotOwnedByStack": ("slot.owned_by_stack", 409),
     "StateWriteFailed": ("state.write_failed", 503),
@@ -85,6 +88,9 @@ def _make(name: str) -> SlotctlError:
             "illegal", from_state="offline", to_state="ready", legal=["pulling", "starting"]
         ),
         "SlotNotReady": lambda: SlotNotReady("slot llm-a is warming", slot="llm-a"),
+        "SlotLoadStopped": lambda: SlotLoadStopped(
+            "slot 'llm-a': its load was stopped", retry_after_s=5.0, slot="llm-a"
+        ),
         "SlotSpawnFailed": lambda: SlotSpawnFailed("exec failed", slot="llm-a"),
         "SlotHealthFailed": lambda: SlotHealthFailed("warmup timeout", slot="llm-a"),
         "SlotCrashLooping": lambda: SlotCrashLooping("backing off", retry_after_s=4.0),
@@ -104,6 +110,9 @@ def _make(name: str) -> SlotctlError:
         "ControllerAlreadyRunning": lambda: errors_module.ControllerAlreadyRunning("pid 1"),
         "ListenUnavailable": lambda: errors_module.ListenUnavailable("in use", listen="x:1"),
         "InvalidRequest": lambda: errors_module.InvalidRequest("body is not JSON"),
+        "ImportSourceError": lambda: errors_module.ImportSourceError(
+            "config.yaml: not YAML", source="config.yaml"
+        ),
         "Unauthorized": lambda: errors_module.Unauthorized("missing bearer token"),
         "Forbidden": lambda: errors_module.Forbidden("read scope", key="k", needs="admin"),
         "KeyNotFound": lambda: errors_module.KeyNotFound("no key named 'k'", name="k"),

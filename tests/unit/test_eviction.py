@@ -273,3 +273,80 @@ def test_load_decision_lists_candidates_only_when_the_load_does_not_fit() -> Non
     tight = decide(5)
     assert tight.verdict == "evict-then-load" and names(tight.victims) == ["old"]
     assert asked == [1]
+
+
+# ----------------------------------------------------------------- replicas (issue 38)
+
+replica_st = st.builds(
+    lambda name, group, gb, prio, used, leases: cand(
+        name, gb, priority=prio, last_used=used, leases=leases, replica_group=group
+    ),
+    name=st.sampled_from([f"s{i}" for i in range(10)]),
+    group=st.sampled_from(["", "a", "b"]),
+    gb=st.integers(1, 8),
+    prio=st.sampled_from([10, 50]),
+    used=st.floats(0, 9_000),
+    leases=st.sampled_from([0, 0, 0, 1]),
+)
+
+
+@given(st.lists(replica_st, max_size=10, unique_by=lambda c: c.name), st.integers(1, 40))
+def test_extra_replicas_go_before_any_last_copy_of_their_priority(
+    candidates: list[EvictionCandidate], need_gb: int
+) -> None:
+    from controller.scheduling.eviction import with_replicas
+
+    said = {c.name: c for c in with_replicas(candidates, NOW)}
+    groups: dict[str, list[EvictionCandidate]] = {}
+    for c in said.values():
+        if c.replica_group:
+            groups.setdefault(c.replica_group, []).append(c)
+    for members in groups.values():  # some replica of each group is never an extra
+        assert any(not m.extra for m in members)
+    plan = plan_eviction(candidates, "gpu", need_gb * G, NOW)
+    if not plan.sufficient:
+        return
+    victims = {v.name for v in plan.victims}
+    for v in plan.victims:
+        c = said[v.name]
+        if c.extra:
+            continue
+        # a last copy (or a slot without replicas) was evicted: every eligible extra of
+        # its priority went too, or was not needed (it was spared as the more valuable)
+        spare = [
+            e
+            for e in said.values()
+            if e.extra and e.priority == c.priority and is_eligible(e) and e.name not in victims
+        ]
+        freed_without_c = sum(x.bytes for x in plan.victims if x.name != c.name)
+        assert not spare or freed_without_c + sum(e.bytes for e in spare) < need_gb * G
+
+
+def test_an_extra_replica_goes_before_an_older_only_copy() -> None:
+    cs = [
+        cand("b", 8, last_used=100.0),
+        cand("a", 8, last_used=5_000.0, replica_group="a"),
+        cand("a-r1", 8, last_used=6_000.0, replica_group="a"),
+    ]
+    plan = plan_eviction(cs, "gpu", 8 * G, NOW)
+    assert names(plan.victims) == ["a"]
+    assert "an extra replica of a" in plan.victims[0].reason
+
+
+def test_a_busy_replica_keeps_its_model_so_its_idle_siblings_are_extras() -> None:
+    cs = [
+        cand("a", 8, last_used=9_000.0, replica_group="a"),
+        cand("a-r1", 8, leases=1, replica_group="a"),
+        cand("b", 8, last_used=0.0),
+    ]
+    plan = plan_eviction(cs, "gpu", 8 * G, NOW)
+    assert names(plan.victims) == ["a"]
+
+
+def test_a_lower_priority_last_copy_still_goes_before_a_higher_priority_extra() -> None:
+    cs = [
+        cand("a", 8, priority=80, replica_group="a"),
+        cand("a-r1", 8, priority=80, replica_group="a"),
+        cand("b", 8, priority=10),
+    ]
+    assert names(plan_eviction(cs, "gpu", 8 * G, NOW).victims) == ["b"]

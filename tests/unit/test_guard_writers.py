@@ -58,6 +58,8 @@ FILE_WRITERS: dict[str, str] = {
     "use) through the store's atomic writer",
     "controller/cli/export.py": "`stack export --output-dir` writes exported stack "
     "files / Quadlet units where the user asks (never the config dir)",
+    "controller/cli/migrate.py": "`slotctl import --output FILE` writes the imported stack "
+    "where the user asks (a file they then apply; never the config dir)",
     "controller/cli/pull.py": "`model pull --source --termination-log PATH` writes a failed "
     "pull's typed error where a pod's kubelet reads its termination message (never the "
     "config dir)",

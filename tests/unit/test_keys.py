@@ -11,6 +11,8 @@ import pytest
 
 from controller.access.keys import (
     KEY_PREFIX,
+    TOKEN_PRINCIPAL,
+    KeyHold,
     KeyRing,
     Scope,
     create_key,
@@ -69,6 +71,30 @@ def test_an_expired_key_is_refused(tmp_path: Path) -> None:
     assert ring.identify(key, now=0.0, wall=1060.0) is None
     (listed,) = ring.describe(wall=1061.0)
     assert listed["expired"] is True and "sha256" not in listed
+
+
+def test_a_held_key_is_recognised_again_as_identify_would_say(tmp_path: Path) -> None:
+    """KeyRing.again (a kept-alive client's key, issue 41 item 4): identify's answer without
+    hashing the secret again — the same principal, marked used — while keys.json holds the
+    same keys; None (look again) once it changed or the key expired."""
+    key, _ = create_key(tmp_path, "ui", scope=Scope.INFERENCE, expires_in_s=60, now=1000.0)
+    ring = KeyRing(tmp_path, token="t")
+    assert ring.hold("t", now=0.0, wall=1000.0) is TOKEN_PRINCIPAL
+    held = ring.hold(key, now=0.0, wall=1001.0)
+    assert isinstance(held, KeyHold)
+    assert held.principal == ring.identify(key, now=0.0, wall=1001.0)
+    assert ring.again(held, now=0.5, wall=1002.0) is held.principal
+    assert ring.last_used == {"ui": 1002.0}
+    assert ring.again(held, now=0.5, wall=1060.0) is None  # expired, as identify says
+    assert ring.identify(key, now=0.5, wall=1060.0) is None
+    create_key(tmp_path, "ci", scope=Scope.READ)  # keys.json changed
+    assert ring.again(held, now=0.9, wall=1003.0) is held.principal  # not looked at yet
+    assert ring.again(held, now=1.5, wall=1003.0) is None  # looked at: identify again
+    again = ring.hold(key, now=1.5, wall=1003.0)
+    assert isinstance(again, KeyHold) and again.principal == held.principal
+    revoke_key(tmp_path, "ui")
+    assert ring.again(again, now=3.0, wall=1004.0) is None
+    assert ring.identify(key, now=3.0, wall=1004.0) is None
 
 
 def test_a_broken_keys_file_fails_closed_and_says_why(tmp_path: Path) -> None:

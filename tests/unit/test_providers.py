@@ -150,7 +150,7 @@ def test_vllm_sleeps_by_default_with_the_dev_mode_the_controller_sets() -> None:
     assert launch.env["VLLM_SERVER_DEV_MODE"] == "1"  # the controller's, not the slot's
     docker = build_launch(slot, MODEL, BuildContext(runtime="docker"))
     assert "--enable-sleep-mode" in docker.argv and docker.env["VLLM_SERVER_DEV_MODE"] == "1"
-    assert VLLM_SLEEP.sleep.path == "/sleep?level={level}"
+    assert VLLM_SLEEP.sleep.path == "/sleep?level={level}&mode=wait"
     assert [c.path for c in VLLM_SLEEP.wake[1]] == ["/wake_up"]
     assert [c.path for c in VLLM_SLEEP.wake[2]] == [
         "/wake_up?tags=weights",

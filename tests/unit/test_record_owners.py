@@ -102,6 +102,10 @@ CALLERS: Mapping[tuple[str, str], frozenset[str]] = {
     ("book", "remove"): frozenset({LEASES}),
     ("book", "join_cold"): frozenset({LEASES}),
     ("book", "leave_cold"): frozenset({LEASES}),
+    # a place in the slot's line, per flow (the line's admission: scheduling/queueshare)
+    ("book", "enter"): frozenset({LEASES}),
+    ("book", "leave"): frozenset({LEASES}),
+    ("book", "shed_newest"): frozenset({LEASES}),
     ("book", "queue"): frozenset({LEASES}),
     # the server goes under its requests: a failed load, a drain's timeout, a hung server
     ("book", "revoke_all"): frozenset({LOADING, UNLOADING, HOUSEKEEPING}),
@@ -112,7 +116,7 @@ CALLERS: Mapping[tuple[str, str], frozenset[str]] = {
 READS: Mapping[str, frozenset[str]] = {
     "breaker": frozenset({"check", "retry_after", "to_record"}),
     "flight": frozenset({"running", "avoided"}),
-    "book": frozenset({"in_flight", "holds", "queued", "held_for", "waiting_classes"}),
+    "book": frozenset({"in_flight", "holds", "queued", "held_for", "waiting_classes", "holding"}),
 }
 
 _MUTATORS = frozenset(

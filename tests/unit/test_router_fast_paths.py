@@ -254,6 +254,13 @@ class Heard:
         self.error = error
         self.ended.set()
 
+    def on_answer(self, up: Upstream, body: bytes) -> None:
+        """A whole answer at once: what on_head, relay and on_end say."""
+        self.on_head(up)
+        if body:
+            self.relay(body)
+        self.on_end()
+
 
 async def exchange(up: Upstream, server: socket.socket, answer: bytes) -> Heard:
     heard = Heard()

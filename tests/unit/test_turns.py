@@ -17,8 +17,8 @@ from controller.spec.schema import ControllerSettings, PriorityClass
 from tests.unit.manager_fixtures import Harness, desired, model_spec, settle, slot_spec
 
 S = SlotState
-UI = Requester("chat-ui", "interactive")
-CI = Requester("ci", "batch")
+UI = Requester("chat-ui", "interactive", "id-chat-ui")
+CI = Requester("ci", "batch", "id-ci")
 
 
 async def _harness(tmp_path: Path, **slot: Any) -> Harness:
@@ -65,7 +65,7 @@ async def test_keys_of_one_class_take_turns_and_each_keeps_its_order(tmp_path: P
     order: list[str] = []
 
     async def one(key: str, n: int) -> None:
-        lease = await m.acquire("s", Requester(key, "batch"))
+        lease = await m.acquire("s", Requester(key, "batch", flow=key))
         order.append(f"{key}{n}")
         await asyncio.sleep(0)
         m.release(lease)

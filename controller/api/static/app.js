@@ -73,6 +73,18 @@ function h(tag, attrs, ...children) {
   return el;
 }
 
+// What admission counts for a slot and why (issue 36): `slotctl model footprint ID` shows
+// each part.
+function memoryTitle(slot) {
+  const basis = {
+    declared: "declared memory_gb",
+    estimated: "estimated from the model file",
+    observed: "the most its server was seen holding",
+    none: "not counted",
+  }[slot.memory_basis] || slot.memory_basis;
+  return `admission counts ${bytes(slot.memory_bytes)}: ${basis}`;
+}
+
 function bytes(n) {
   if (n === null || n === undefined) return "–";
   const units = ["B", "KiB", "MiB", "GiB", "TiB"];
@@ -404,7 +416,7 @@ function slotRow(slot, flash) {
     h(
       "td",
       {},
-      h("div", { class: "slot-name" }, slot.name, slot.pinned ? h("span", { class: "pin", title: "pinned: never evicted", text: "pinned" }) : null, slot.unit ? h("span", { class: "pin unit", title: `unit ${slot.unit}: loads, evicts and sleeps with its members`, text: `unit ${slot.unit}` }) : null),
+      h("div", { class: "slot-name" }, slot.name, slot.pinned ? h("span", { class: "pin", title: "pinned: never evicted", text: "pinned" }) : null, slot.unit ? h("span", { class: "pin unit", title: `unit ${slot.unit}: loads, evicts and sleeps with its members`, text: `unit ${slot.unit}` }) : null, slot.replica_of ? h("span", { class: "pin replica", title: `replica ${slot.replica_index} of ${slot.replica_of}: the same model, its own server`, text: `replica ${slot.replica_index} of ${slot.replica_of}` }) : null),
       sub,
       pullLine(slot),
       rolloutLine(state.rollouts.get(slot.name)),
@@ -413,7 +425,7 @@ function slotRow(slot, flash) {
     h("td", { class: "c-device" }, h("span", { class: "device", title: slot.device, text: placedOn(slot) })),
     h("td", { class: "c-num", text: String(slot.priority) }),
     ...trafficCells(slot),
-    h("td", { class: "c-num", text: bytes(slot.memory_bytes) }),
+    h("td", { class: "c-num", title: memoryTitle(slot), text: bytes(slot.memory_bytes) }),
     h(
       "td",
       { class: "c-actions" },
@@ -427,6 +439,10 @@ function slotRow(slot, flash) {
 
 function renderSlots(changed) {
   const slots = [...state.slots.values()];
+  // a slot's replicas right after it, in index order
+  const at = new Map(slots.map((s, i) => [s.name, i]));
+  const group = (s) => at.get(s.replica_of || s.name) ?? at.get(s.name);
+  slots.sort((a, b) => group(a) - group(b) || (a.replica_index || 0) - (b.replica_index || 0));
   ui.rows.replaceChildren(...slots.map((s) => slotRow(s, s.name === changed)));
   ui.slotsEmpty.hidden = slots.length > 0;
   ui.slotsCount.textContent = slots.length ? `${slots.length} slot${slots.length === 1 ? "" : "s"}` : "";

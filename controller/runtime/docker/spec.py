@@ -221,6 +221,7 @@ def create_options(
     options: dict[str, Any] = {
         "image": launch.image,
         "command": list(launch.run_argv),
+        **({"entrypoint": list(launch.command)} if launch.command else {}),
         "name": container_name(launch.slot),
         "labels": labels,
         "environment": {**launch.env, **visibility_env(launch.visible, in_container=True)},

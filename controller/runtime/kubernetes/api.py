@@ -23,13 +23,13 @@ from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.core_v1 import Service
 from lightkube.types import PatchType
 
-from controller import __version__
 from controller.model.errors import (
     DockerEngineError,
     DockerUnavailable,
     SlotctlError,
     SlotSpawnFailed,
 )
+from controller.runtime.base import own_image
 from controller.runtime.kubernetes.cache import ClusterCache
 from controller.runtime.kubernetes.drift import Drift
 from controller.runtime.kubernetes.nodes import GPU_RESOURCES, NodeMemory
@@ -90,7 +90,7 @@ class KubernetesApi:
         (``SLOTCTL_K8S_NODE_LOST_S``, default 30); ``sync_timeout_s``: how long a call
         waits for the caches' first listing. ``model_cache``: where pods pull model files
         (``SLOTCTL_K8S_MODEL_CACHE``: ``pvc:NAME`` or a node's directory, default
-        ``/var/lib/slotctl/models``), with the image that pulls (``SLOTCTL_K8S_PULL_IMAGE``,
+        ``/var/lib/slotctl/models``), with the image that pulls (``SLOTCTL_K8S_IMAGE``,
         the operator's own; default ``slotctl:VERSION``) and a Secret holding a hub token
         (``SLOTCTL_K8S_HF_TOKEN_SECRET``, key ``token``).
         """
@@ -113,7 +113,7 @@ class KubernetesApi:
         self.sync_timeout_s = sync_timeout_s
         self.model_cache = model_cache or ModelCache.parse(
             os.environ.get("SLOTCTL_K8S_MODEL_CACHE"),
-            os.environ.get("SLOTCTL_K8S_PULL_IMAGE") or f"slotctl:{__version__}",
+            own_image(),
             os.environ.get("SLOTCTL_K8S_HF_TOKEN_SECRET") or None,
         )
         self.memory = NodeMemory()
@@ -130,6 +130,11 @@ class KubernetesApi:
         if self._namespace is None:
             self._namespace = str(self._client().namespace or "default")
         return self._namespace
+
+    def client(self) -> AsyncClient:
+        """The API client (made on first use): for the runtime's other writers (its
+        InferencePools)."""
+        return self._client()
 
     def _client(self) -> AsyncClient:
         if self._api is None:

@@ -248,6 +248,7 @@ def deployment_body(
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": launch.image,
+        "command": list(launch.command) or None,  # None: the image's entrypoint
         "args": list(launch.argv),
         "env": [{"name": k, "value": v} for k, v in sorted(launch.env.items())],
         "ports": [{"name": "http", "containerPort": launch.port}],

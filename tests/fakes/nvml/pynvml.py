@@ -68,3 +68,12 @@ def nvmlDeviceGetUUID(handle: int) -> str:
 
 def nvmlDeviceGetName(handle: int) -> str:
     return str(_gpu(handle).get("name", "NVIDIA Fake GPU"))
+
+
+def nvmlDeviceGetComputeRunningProcesses(handle: int) -> list[SimpleNamespace]:
+    """The compute processes on a GPU: ``"processes": [{"pid": N, "used": bytes}]`` of its
+    entry (NVML's ``usedGpuMemory``; None when the driver cannot tell, as under MIG)."""
+    return [
+        SimpleNamespace(pid=int(p["pid"]), usedGpuMemory=p.get("used"))
+        for p in _gpu(handle).get("processes", [])
+    ]
