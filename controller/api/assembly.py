@@ -14,6 +14,7 @@ from typing import Any, Final
 from aiohttp import web
 
 from controller.api import (
+    adapter_routes,
     dashboard,
     file_routes,
     key_routes,
@@ -60,6 +61,7 @@ ROUTES: Final[tuple[RouteSpec, ...]] = (
     *openai.routes,
     *routes.routes,
     *model_routes.routes,
+    *adapter_routes.routes,
     *file_routes.routes,
     *stack_routes.routes,
     *key_routes.routes,

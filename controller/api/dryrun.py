@@ -116,6 +116,7 @@ class PlanJson(TypedDict, total=False):
     together: TogetherJson
     unit: UnitJson
     pull: PullJson
+    adapters: dict[str, Any]  # its LoRA adapters: api, places, reserved_bytes, serves, reapply
     footprint: dict[str, Any]  # what it would hold, part by part (footprint_json)
 
 
@@ -175,6 +176,15 @@ def plan_json(plan: LoadPlan) -> PlanJson:
         if p.error is not None:
             pull["error"] = p.error
         out["pull"] = pull
+    if plan.adapters is not None:
+        a = plan.adapters
+        out["adapters"] = {
+            "api": a.api,
+            "places": a.places,
+            "reserved_bytes": a.reserved_bytes,
+            "serves": list(a.serves),
+            "reapply": list(a.reapply),
+        }
     if plan.footprint is not None:
         out["footprint"] = footprint_json(plan.footprint)
     return out

@@ -245,6 +245,13 @@ class Metrics:
             ["slot", "reason"],
             registry=r,
         )
+        self.adapter_events = Counter(
+            "slotctl_adapter_events_total",
+            "LoRA adapters in slots: loaded, evicted (room for another), unloaded, failed "
+            "(the server refused a load), reapplied (after a restart)",
+            ["slot", "adapter", "action"],
+            registry=r,
+        )
         self.requests = _RequestSeries()  # per request: plain updates, families at scrape
         r.register(self.requests)
         # One routed request finished (the router calls this): the series' own method.
@@ -361,6 +368,10 @@ class Metrics:
             self.state_write_failures.labels(slot).inc()
         elif event.kind == "residency":
             self._residency(slot, event)
+        elif event.kind == "adapter":
+            details = event.details
+            adapter, action = str(details.get("adapter", "")), str(details.get("action", ""))
+            self.adapter_events.labels(slot, adapter, action).inc()
         reason = eviction_reason(event)
         if reason is not None:
             self.evictions.labels(slot, reason).inc()

@@ -74,6 +74,7 @@ class ApplyAnswer(BaseModel):
     aliases_changed: list[str] = Field(default_factory=list)  # "+ id ...", "~ id ...", "- id"
     # without prune: what the stack no longer declares and is kept ("slot x", "model y")
     left_behind: list[str] = Field(default_factory=list)
+    adapters_changed: list[str] = Field(default_factory=list)
 
 
 class DiffAnswer(BaseModel):
@@ -89,6 +90,7 @@ class DiffAnswer(BaseModel):
     models_unused: list[str] = Field(default_factory=list)  # in no stack, used by nothing
     left_behind: list[str] = Field(default_factory=list)  # without prune: slots kept
     aliases_changed: list[str] = Field(default_factory=list)
+    adapters_changed: list[str] = Field(default_factory=list)
     json_patch: list[dict[str, Any]]
 
 
@@ -149,6 +151,7 @@ async def apply_stack(request: web.Request) -> web.Response:
         {
             "plan": [a.to_dict() for a in plan.actions],
             "aliases_changed": plan.aliases_changed,
+            "adapters_changed": plan.adapters_changed,
             "changed": changed,
             "dry_run": body.dry_run,
             "left_behind": plan.kept(prune=prune),

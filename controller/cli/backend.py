@@ -72,6 +72,7 @@ class Applied:
     # Without --prune: what the stack no longer declares and is kept ("slot NAME", "model
     # ID": a model nothing would use any more), said so an apply is never silent on it.
     left_behind: list[str] = field(default_factory=list)
+    adapters: list[str] = field(default_factory=list)  # "+ id -> base (rank 8, ...)", "- id"
 
 
 @dataclass(frozen=True, slots=True)

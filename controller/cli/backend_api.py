@@ -46,6 +46,7 @@ class ApiBackend(Closing):
             models_unused=list(answer.get("models_unused", [])),
             left_behind=list(answer.get("left_behind", [])),
             aliases_changed=list(answer.get("aliases_changed", [])),
+            adapters_changed=list(answer.get("adapters_changed", [])),
         )
         return Diff(plan=plan, json_patch=list(answer.get("json_patch", [])))
 
@@ -63,6 +64,7 @@ class ApiBackend(Closing):
             changed=list(answer.get("changed") or []),
             aliases=list(answer.get("aliases_changed") or []),
             left_behind=list(answer.get("left_behind") or []),
+            adapters=list(answer.get("adapters_changed") or []),
         )
 
     def observe(self, names: list[str]) -> dict[str, SlotStatus]:

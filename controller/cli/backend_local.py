@@ -58,12 +58,14 @@ class LocalBackend(Closing):
 
     def apply(self, request: StackRequest, *, prune: bool, force: bool, dry_run: bool) -> Applied:
         plan = self.diff(request, prune=prune).plan
-        aliases = plan.aliases_changed
+        aliases, adapters = plan.aliases_changed, plan.adapters_changed
         left = plan.kept(prune=prune)
         if dry_run:
-            return Applied(actions=plan.actions, aliases=aliases, left_behind=left)
+            return Applied(
+                actions=plan.actions, aliases=aliases, adapters=adapters, left_behind=left
+            )
         changed = apply_to_config(request.state, self.config_dir, prune=prune, force=force)
-        return Applied(actions=plan.actions, changed=changed, aliases=aliases, left_behind=left)
+        return Applied(plan.actions, changed, aliases=aliases, adapters=adapters, left_behind=left)
 
     def observe(self, names: list[str]) -> dict[str, SlotStatus]:
         observed = self._run(lambda rt: observe_files(names, self.state_dir, rt))

@@ -14,6 +14,7 @@ from controller.cli.flags import Command, LazyModule, Tree, output, parse_since
 __all__ = ["EVENTS", "controller_commands"]
 
 if TYPE_CHECKING:
+    from controller.cli import adapters as cli_adapters
     from controller.cli import control as cli_control
     from controller.cli import feed as cli_feed
     from controller.cli import k8s as cli_k8s
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
 
     SubParsers: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
 else:  # imported when a command of theirs runs
+    cli_adapters = LazyModule("controller.cli.adapters")
     cli_control = LazyModule("controller.cli.control")
     cli_feed = LazyModule("controller.cli.feed")
     cli_k8s = LazyModule("controller.cli.k8s")
@@ -252,7 +254,61 @@ _OPERATOR: Final[tuple[Command, ...]] = (
 
 def controller_commands(tree: Tree, sub: SubParsers) -> None:
     tree.declare(sub, _CONTROLLER)
+    _adapter_commands(tree, sub)
     _kubernetes_commands(tree, sub)
+
+
+def _adapter_list(p: argparse.ArgumentParser) -> None:
+    output(p, ("table", "json", "yaml"))
+
+
+def _adapter_one(p: argparse.ArgumentParser) -> None:
+    p.add_argument("adapter", metavar="ADAPTER")
+    p.add_argument("--slot", metavar="SLOT", help="this slot (default: the best one / every one)")
+    output(p)
+
+
+_ADAPTER: Final[tuple[Command, ...]] = (
+    Command(
+        "list",
+        "every declared adapter and the slots it is resident in",
+        lambda a: cli_adapters.cmd_adapter_list(a),
+        _adapter_list,
+        description="Every [[adapter]]: ADAPTER BASE RANK PRIO PINNED RESIDENT IN (the "
+        "slots holding it; loading or draining ones say so).",
+        examples=("slotctl adapter list", "slotctl adapter list -o json"),
+    ),
+    Command(
+        "load",
+        "load an adapter into a ready slot of its base model",
+        lambda a: cli_adapters.cmd_adapter_load(a),
+        _adapter_one,
+        description="Load an adapter ahead of its first request, into the best ready slot "
+        "of its base model (or --slot): evicting idle adapters by priority, then least "
+        "recently used, when the slot is full; 503 adapter.unavailable when every place "
+        "is pinned or in use.",
+        examples=("slotctl adapter load sql-lora", "slotctl adapter load sql-lora --slot a"),
+    ),
+    Command(
+        "unload",
+        "drain and unload an adapter",
+        lambda a: cli_adapters.cmd_adapter_unload(a),
+        _adapter_one,
+        description="Unload an adapter from every slot holding it (or --slot): its "
+        "requests in flight finish first (drain_timeout_s), new ones meanwhile get 503.",
+        examples=("slotctl adapter unload sql-lora",),
+    ),
+)
+
+
+def _adapter_commands(tree: Tree, sub: SubParsers) -> None:
+    adapter = tree.add(
+        sub,
+        "adapter",
+        "LoRA adapters inside slots (through the API)",
+        examples=("slotctl adapter list", "slotctl adapter load sql-lora"),
+    )
+    tree.declare(tree.group(adapter, "adapter_cmd"), _ADAPTER)
 
 
 def _kubernetes_commands(tree: Tree, sub: SubParsers) -> None:

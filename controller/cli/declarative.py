@@ -85,12 +85,12 @@ def _action_line(action: Action, style: Style) -> str:
     return f"  {colour(f'{action.shown_kind:<9}')} {action.slot:<20} {action.reason}"
 
 
-def _alias_line(line: str, style: Style) -> str:
+def _alias_line(line: str, style: Style, what: str = "alias") -> str:
     sign, _, text = line.partition(" ")
     kind, colour = {"+": ("create", style.green), "-": ("delete", style.red)}.get(
         sign, ("update", style.yellow)
     )
-    return f"  {colour(f'{kind:<9}')} alias {text}"
+    return f"  {colour(f'{kind:<9}')} {what} {text}"
 
 
 # ===================================================================== apply
@@ -131,7 +131,9 @@ def cmd_apply(args: argparse.Namespace) -> ExitCode:
             print(_action_line(action, style))
         for line in applied.aliases:  # what the aliases become: + new, ~ changed, - removed
             print(_alias_line(line, style))
-        if not shown and not applied.aliases:
+        for line in applied.adapters:  # and the adapters
+            print(_alias_line(line, style, "adapter"))
+        if not shown and not applied.aliases and not applied.adapters:
             print(style.dim("  (no changes)"))
         for what in applied.left_behind:  # as docker compose warns of orphans
             print(
@@ -275,6 +277,11 @@ def _print_diff(plan: StackPlan, style: Style) -> None:
     if plan.aliases_changed:
         print(style.bold("=== aliases") + " — differ from the live aliases:")
         for line in plan.aliases_changed:
+            paint = style.green if line.startswith("+") else style.red if line[:1] == "-" else str
+            print(paint(f"  {line}"))
+    if plan.adapters_changed:
+        print(style.bold("=== adapters") + " — differ from the live adapters:")
+        for line in plan.adapters_changed:
             paint = style.green if line.startswith("+") else style.red if line[:1] == "-" else str
             print(paint(f"  {line}"))
     if plan.in_sync:

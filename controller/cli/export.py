@@ -26,6 +26,7 @@ def cmd_export(args: argparse.Namespace) -> ExitCode:
     stacks = sorted(
         {s.stack or "default" for s in snapshot.slots.values()}
         | {a.stack or "default" for a in snapshot.aliases.values()}
+        | {a.stack or "default" for a in snapshot.adapters.values()}
     )
     if args.stack:
         stacks = [s for s in stacks if s == args.stack]
@@ -44,12 +45,13 @@ def cmd_export(args: argparse.Namespace) -> ExitCode:
     referenced = {s.spec.model_id for s in snapshot.slots.values()}
     for index, stack in enumerate(stacks):
         slots = [s for s in snapshot.slots.values() if (s.stack or "default") == stack]
-        used = {s.spec.model_id for s in slots}
+        adapters = [a.spec for a in snapshot.adapters.values() if (a.stack or "default") == stack]
+        used = {s.spec.model_id for s in slots} | {a.base for a in adapters}
         models = [m for m in snapshot.models.values() if m.id in used]
         if index == 0 and not args.stack:
             models += [m for m in snapshot.models.values() if m.id not in referenced]
         aliases = [a.spec for a in snapshot.aliases.values() if (a.stack or "default") == stack]
-        text = render_stack(stack, models, slots, full=False, aliases=aliases)
+        text = render_stack(stack, models, slots, full=False, aliases=aliases, adapters=adapters)
         _emit(args, f"{stack}.toml", text)
     return ExitCode.OK
 

@@ -113,8 +113,13 @@ def cmd_export(args: argparse.Namespace) -> ExitCode:
     if args.stack:
         slots = {n: s for n, s in state.slots.items() if s.stack == args.stack}
         aliases = {i: a for i, a in state.aliases.items() if a.stack == args.stack}
+        adapters = {i: a for i, a in state.adapters.items() if a.stack == args.stack}
         state = DesiredState(
-            stacks=(args.stack,), models=state.models, slots=slots, aliases=aliases
+            stacks=(args.stack,),
+            models=state.models,
+            slots=slots,
+            aliases=aliases,
+            adapters=adapters,
         )
     text = dump_documents(resources_from_state(state, args.namespace, owners=_owners(state)))
     if args.output_dir:

@@ -196,6 +196,15 @@ def _explain(name: str, plan: PlanJson, style: Style) -> list[str]:
                 style.yellow("  the pull would fail now")
                 + f": [{error.get('code', '?')}] {error.get('message', '')}"
             )
+    adapters = plan.get("adapters")
+    if adapters:
+        reserved = format_memory(adapters.get("reserved_bytes", 0) / GIB, GIB)
+        lines.append(
+            f"  adapters ({adapters.get('api')}): {adapters.get('places')} places, {reserved} "
+            f"reserved, serves {', '.join(adapters.get('serves') or []) or 'none declared'}"
+        )
+        if adapters.get("reapply"):
+            lines.append(f"  adapters loaded again before ready: {', '.join(adapters['reapply'])}")
     peers = plan.get("exclusive_peers") or []
     if peers:
         lines.append(f"  exclusive group: would first unload {', '.join(peers)}")

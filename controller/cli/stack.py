@@ -129,6 +129,10 @@ def cmd_show(args: argparse.Namespace) -> ExitCode:
                 "models": [model_effective(m) for m in state.models.values()],
                 "slots": slots,
                 "aliases": [a.spec.model_dump(mode="json") for a in state.aliases.values()],
+                "adapters": [
+                    a.spec.model_dump(mode="json", exclude_none=True)
+                    for a in state.adapters.values()
+                ],
             }
         )
         return ExitCode.OK
@@ -142,6 +146,8 @@ def cmd_show(args: argparse.Namespace) -> ExitCode:
             models += [m for m in state.models.values() if m.id not in referenced]
         header = f"# stack {stack}: effective desired state (defaults and migrations applied)\n"
         aliases = [a.spec for a in state.aliases.values() if a.stack == stack]
-        documents.append(header + render_stack(stack, models, members, aliases=aliases))
+        adapters = [a.spec for a in state.adapters.values() if a.stack == stack]
+        text = render_stack(stack, models, members, aliases=aliases, adapters=adapters)
+        documents.append(header + text)
     sys.stdout.write("\n".join(documents))
     return ExitCode.OK

@@ -66,6 +66,7 @@ class GitOps:
             models=report.state.models,
             slots=report.state.slots,
             aliases=report.state.aliases,
+            adapters=report.state.adapters,
         )
         snapshot = self.desired.read_fresh()  # the disk as it is now, before writing
         for name in pruned_pinned(state, snapshot):

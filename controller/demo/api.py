@@ -62,6 +62,11 @@ class DemoState:
         self.level = 0
         self.host_ballast: bytearray | None = None
         self.weights_lost = False
+        # LoRA adapters (controller.demo.lora): name -> path, the loads in progress, and
+        # how many loads were made (a test sees that a switch loaded nothing).
+        self.adapters: dict[str, str] = {}
+        self.adapters_loading: set[str] = set()
+        self.adapter_loads = 0
         self.cache = PrefixCache(config.prefix_cache)  # what a KV cache would reuse
         # Generations in flight, and what a sleep does to them (its ``mode``, as vLLM's):
         # ``abort`` bumps ``aborts`` (each generation ends at its next token, finish_reason
@@ -180,6 +185,17 @@ def _json_body(request: Request) -> JSON:
     return body
 
 
+def adapter_of(state: DemoState, model: str) -> str | None:
+    """The loaded adapter a request's ``model`` names: its name (vLLM) or ``base:name``
+    (SGLang); None: the base model (or nothing served)."""
+    if model in state.adapters:
+        return model
+    base, sep, name = model.rpartition(":")
+    if sep and base == state.config.model and name in state.adapters:
+        return name
+    return None
+
+
 def _served_model(state: DemoState, body: JSON) -> str:
     served = state.served_models()
     requested = body.get("model")
@@ -187,6 +203,8 @@ def _served_model(state: DemoState, body: JSON) -> str:
         return served[0]
     if requested is not None and not isinstance(requested, str):
         raise ApiError(400, "'model' must be a string", param="model")
+    if served and requested is not None and adapter_of(state, requested) is not None:
+        return requested
     if requested not in served:
         message = f"The model '{requested}' does not exist" if requested else "no model is loaded"
         raise ApiError(404, message, code="model_not_found", param="model")
@@ -347,7 +365,10 @@ class Generation:
 
 
 def _generation(state: DemoState, kind: str, model: str, prompt: str, count: int) -> Generation:
+    adapter = adapter_of(state, model)
     tokens = pseudo_tokens(model, prompt, count)
+    if adapter is not None and tokens:  # the answer names the weights that made it
+        tokens[0] = f" [{adapter}]" + tokens[0]
     if kind.startswith("chat") and tokens:
         tokens[0] = tokens[0].lstrip()  # chat content starts without the joining space
     cached: int | None = None
@@ -397,6 +418,11 @@ def handle_models(state: DemoState, request: Request) -> Response:
         }
         for model in state.served_models()
     ]
+    base = state.served_models()
+    for name, path in list(state.adapters.items()) if base else []:
+        entry = {"id": name, "object": "model", "created": state.created}
+        entry.update(owned_by="slotctl-demo", root=path, parent=base[0])
+        data.append(entry)
     return json_response({"object": "list", "data": data})
 
 

@@ -55,6 +55,8 @@ class DemoConfig:
         "host",
         "load_seconds",
         "load_until",
+        "lora_load_seconds",
+        "max_loras",
         "memory_mb",
         "model",
         "port",
@@ -88,6 +90,8 @@ class DemoConfig:
         reload_seconds: float = 0.0,
         sleep_memory_mb: int | None = None,
         fail_wake: bool = False,
+        max_loras: int = 0,
+        lora_load_seconds: float = 0.0,
         prefix_cache: int = 0,
     ) -> None:
         self.model = model
@@ -110,6 +114,8 @@ class DemoConfig:
         # host RAM held asleep at level 1 (the weights moved off the device): --memory-mb
         self.sleep_memory_mb = memory_mb if sleep_memory_mb is None else sleep_memory_mb
         self.fail_wake = fail_wake
+        self.max_loras = max_loras  # 0: no adapter API (as vLLM without --enable-lora)
+        self.lora_load_seconds = lora_load_seconds
         self.prefix_cache = prefix_cache  # sequences the prefix cache holds (0: none)
 
     def __repr__(self) -> str:
@@ -291,6 +297,30 @@ def _add_sleep_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_lora_flags(parser: argparse.ArgumentParser) -> None:
+    lora = parser.add_argument_group(
+        "LoRA adapters",
+        "vLLM's POST /v1/load_lora_adapter and /v1/unload_lora_adapter (served only with\n"
+        "VLLM_ALLOW_RUNTIME_LORA_UPDATING set, as vLLM's), SGLang's POST /load_lora_adapter\n"
+        "and /unload_lora_adapter; a request names an adapter in `model` (or base:adapter)",
+    )
+    lora.add_argument(
+        "--max-loras",
+        type=_int_between(0, 256),
+        default=0,
+        metavar="N",
+        help="hold up to N adapters at once (as vLLM's --enable-lora --max-loras N); a load "
+        "beyond them is refused (400). Default 0: no adapter API",
+    )
+    lora.add_argument(
+        "--lora-load-seconds",
+        type=_float_at_least(0),
+        default=0.0,
+        metavar="S",
+        help="an adapter load takes S seconds (default: 0)",
+    )
+
+
 class _Formatter(argparse.RawDescriptionHelpFormatter):
     """argparse's formatter, sized without importing ``shutil`` (a few ms of every start)."""
 
@@ -320,6 +350,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_serving_flags(parser)
     _add_fault_flags(parser)
     _add_sleep_flags(parser)
+    _add_lora_flags(parser)
     return parser
 
 
@@ -346,5 +377,7 @@ def parse_args(argv: Sequence[str] | None = None) -> DemoConfig:
         reload_seconds=ns.reload_seconds,
         sleep_memory_mb=ns.sleep_memory_mb,
         fail_wake=ns.fail_wake,
+        max_loras=ns.max_loras,
+        lora_load_seconds=ns.lora_load_seconds,
         prefix_cache=ns.prefix_cache,
     )

@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from controller.demo.api import DemoState, build_app
 from controller.demo.config import DemoConfig, parse_args
 from controller.demo.httpd import App, Tracker, listen, serve_connection
+from controller.demo.lora import lora_routes
 from controller.demo.sleep import SLEEP_ROUTES, hold_memory
 
 __all__ = ["LoadError", "build_app", "hold_memory", "main", "serve"]
@@ -196,7 +197,8 @@ def serve(config: DemoConfig) -> int:
     state = DemoState(config)
     loader = _Loader(state, port, waker)
     loader.start()
-    app = build_app(state, SLEEP_ROUTES if config.enable_sleep_mode else ())
+    extra = (*(SLEEP_ROUTES if config.enable_sleep_mode else ()), *lora_routes(state))
+    app = build_app(state, extra)
     return _run_until_stopped(listeners, app, loader, _Stopper(config.slow_stop), wake)
 
 

@@ -31,6 +31,9 @@ through :meth:`SlotctlError.to_dict`; nothing renders a bare traceback.
     │   └── ModelAccessDenied         model.access_denied           403  (gated/private: token)
     ├── ModelVerifyFailed             model.verify_failed           502  (+ quarantined)
     ├── ModelInUse                    model.in_use                  409  (+ slots: rm refused)
+    ├── AdapterNotFound               adapter.not_found             404  (no such adapter)
+    ├── AdapterUnavailable            adapter.unavailable           503  (+ retry_after_s)
+    ├── AdapterLoadFailed             adapter.load_failed           502  (the server said no)
     ├── DockerEngineError             runtime.engine_error          502  (engine said no)
     │   └── DockerUnavailable         runtime.unavailable           503  (no engine)
     ├── ControllerAlreadyRunning      controller.already_running    409  (one per state dir)
@@ -52,6 +55,9 @@ import errno as errno_names
 from typing import Any, ClassVar
 
 __all__ = [
+    "AdapterLoadFailed",
+    "AdapterNotFound",
+    "AdapterUnavailable",
     "ControllerAlreadyRunning",
     "DeviceUnavailable",
     "DockerEngineError",
@@ -299,6 +305,34 @@ class ModelNotFound(SlotctlError):
 
     def __init__(self, model_id: str) -> None:
         super().__init__(f"model {model_id!r} is not in the catalogue", model=model_id)
+
+
+class AdapterNotFound(SlotctlError):
+    """A request or command named an adapter that is not declared (or one no slot of its
+    base model can serve)."""
+
+    code = "adapter.not_found"
+    http_status = 404
+
+
+class AdapterUnavailable(SlotctlError):
+    """The adapter cannot be made resident now (every place is pinned or in use, it is
+    being unloaded): asked again after ``retry_after_s`` it may be. Never answered by the
+    base model or another adapter instead."""
+
+    code = "adapter.unavailable"
+    http_status = 503
+
+    def __init__(self, message: str, *, retry_after_s: float, **details: Any) -> None:
+        super().__init__(message, retry_after_s=retry_after_s, **details)
+        self.retry_after_s = retry_after_s
+
+
+class AdapterLoadFailed(SlotctlError):
+    """The slot's server refused or failed to load the adapter."""
+
+    code = "adapter.load_failed"
+    http_status = 502
 
 
 class ModelFileMissing(SlotctlError):

@@ -54,6 +54,9 @@ class EventKind(StrEnum):
     # is up or down, ``details.replica`` the replica, the message the reason.
     SCALE = "scale"
     ERROR = "error"  # a failed reconcile pass or background task
+    # A LoRA adapter in a slot (controller.slots.adapters): ``details.action`` is loaded,
+    # evicted, unloaded, failed or reapplied, ``details.adapter`` which one.
+    ADAPTER = "adapter"
     REQUESTS = "requests"  # lease flips folded by a reader (LeaseFold); never on the bus
     STATE = "state"  # a slot's state as a waiting command first saw it; never on the bus
 

@@ -25,12 +25,14 @@ from controller.operator.crd import GROUP, VERSION
 from controller.spec.loader import DesiredState, load_stack_texts
 from controller.spec.problems import Problem
 from controller.spec.render import toml_table
-from controller.spec.schema import AliasSpec, ModelSpec, SlotSpec
+from controller.spec.schema import AdapterSpec, AliasSpec, ModelSpec, SlotSpec
 
 __all__ = [
     "API_VERSION",
     "STACK_ANNOTATION",
     "ImportResult",
+    "adapter_payload",
+    "adapter_resource",
     "alias_payload",
     "model_payload",
     "object_name",
@@ -111,6 +113,19 @@ def alias_resource(
     }
 
 
+def adapter_resource(
+    adapter: AdapterSpec, namespace: str | None = None, stack: str | None = None
+) -> Resource:
+    spec: JsonObject = adapter.model_dump(mode="json", exclude_unset=True)
+    spec["id"] = adapter.id
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "Adapter",
+        "metadata": _meta(object_name(adapter.id), namespace, stack),
+        "spec": spec,
+    }
+
+
 def resources_from_state(
     state: DesiredState, namespace: str | None = None, *, owners: Mapping[str, str] | None = None
 ) -> list[Resource]:
@@ -120,7 +135,10 @@ def resources_from_state(
     models = [model_resource(m, namespace, owners.get(m.id)) for m in state.models.values()]
     slots = [slot_resource(s.spec, namespace, s.stack or None) for s in state.slots.values()]
     aliases = [alias_resource(a.spec, namespace, a.stack or None) for a in state.aliases.values()]
-    return models + slots + aliases
+    adapters = [
+        adapter_resource(a.spec, namespace, a.stack or None) for a in state.adapters.values()
+    ]
+    return models + slots + aliases + adapters
 
 
 def dump_documents(resources: Iterable[Mapping[str, object]]) -> str:
@@ -172,6 +190,11 @@ def alias_payload(resource: Mapping[str, object]) -> JsonObject:
     return model_payload(resource)
 
 
+def adapter_payload(resource: Mapping[str, object]) -> JsonObject:
+    """An ``Adapter`` -> the ``[[adapter]]`` payload (id from spec.id, else metadata.name)."""
+    return model_payload(resource)
+
+
 # ------------------------------------------------------------------ import
 
 
@@ -211,6 +234,7 @@ def stacks_from_resources(
     models: dict[str, list[ModelSpec]] = {}
     slots: dict[str, list[JsonObject]] = {}
     aliases: dict[str, list[AliasSpec]] = {}
+    adapters: dict[str, list[AdapterSpec]] = {}
     for res in resources:
         stack = _stack_of(res, default_stack)
         if res.get("kind") == "Model":
@@ -235,11 +259,24 @@ def stacks_from_resources(
                 )
                 continue
             aliases.setdefault(stack, []).append(alias)
+        elif res.get("kind") == "Adapter":
+            try:
+                adapter = AdapterSpec.model_validate(adapter_payload(res))
+            except ValueError as exc:
+                result.problems.append(
+                    Problem(code="adapter.invalid_value", message=f"Adapter {_name(res)}: {exc}")
+                )
+                continue
+            adapters.setdefault(stack, []).append(adapter)
     if result.problems:
         return result
-    for stack in sorted({*models, *slots, *aliases}):
+    for stack in sorted({*models, *slots, *aliases, *adapters}):
         result.texts[stack] = _stack_text(
-            stack, models.get(stack, []), slots.get(stack, []), aliases.get(stack, [])
+            stack,
+            models.get(stack, []),
+            slots.get(stack, []),
+            aliases.get(stack, []),
+            adapters.get(stack, []),
         )
     report = load_stack_texts([(f"{s}.toml", t) for s, t in result.texts.items()])
     result.problems.extend(report.errors)
@@ -251,6 +288,7 @@ def _stack_text(
     models: list[ModelSpec],
     slots: list[JsonObject],
     aliases: Sequence[AliasSpec] = (),
+    adapters: Sequence[AdapterSpec] = (),
 ) -> str:
     """A stack file with exactly the keys the CRs set (defaults stay the loader's)."""
     doc = tomlkit.document()
@@ -264,6 +302,7 @@ def _stack_text(
         ),
         ("slot", slots),
         ("alias", [a.model_dump(mode="json", exclude_unset=True) for a in aliases]),
+        ("adapter", [a.model_dump(mode="json", exclude_unset=True) for a in adapters]),
     ):
         if tables:
             aot = tomlkit.aot()

@@ -35,6 +35,7 @@ from controller.spec.schema import (
     HARDWARE_FLAGS,
     MODEL_OWNED_FLAGS,
     SAMPLING_KEYS,
+    AdapterSpec,
     AliasSpec,
     ModelSpec,
     SlotSpec,
@@ -43,6 +44,7 @@ from controller.spec.schema import (
 __all__ = [
     "GROUP",
     "VERSION",
+    "adapter_crd",
     "alias_crd",
     "crd_documents",
     "crd_files",
@@ -524,9 +526,54 @@ def alias_crd() -> dict[str, Any]:
     )
 
 
+_ADAPTER_DOCS = {
+    "id": "Adapter id, the model name clients send (or base:id; defaults to metadata.name); "
+    "no Model, Alias or Slot may have it.",
+    "base": "The catalogue model the adapter was trained on: a slot of it serves the adapter.",
+    "source": "The adapter's file or directory: a path, file://, hf://org/repo[/file] or "
+    "https:// (as a Model's source).",
+    "rank": "The LoRA rank: refused above every serving slot's max_lora_rank.",
+    "scale": "The scale a start-time engine applies it at (llama.cpp's per-request scale).",
+    "priority": "Eviction order inside a slot: the lowest goes first, then the least "
+    "recently used.",
+    "pinned": "Never evicted from a slot that holds it.",
+    "memory_gb": "Device memory it adds to a slot holding it (counted in admission).",
+}
+
+
+def _adapter_spec_schema() -> dict[str, Any]:
+    schema = _spec_schema(AdapterSpec, drop=())
+    schema["required"] = [r for r in schema.get("required", []) if r != "id"]
+    for key, text in _ADAPTER_DOCS.items():
+        schema["properties"][key]["description"] = text
+    return schema
+
+
+def adapter_crd() -> dict[str, Any]:
+    """The ``adapters.slotctl.io`` CRD (short name ``mla``): an ``[[adapter]]`` as a
+    resource; its ``id`` defaults to ``metadata.name``. Whether its base is a catalogue
+    model is the loader's rule (``adapter.unknown_base``)."""
+    return _crd(
+        kind="Adapter",
+        plural="adapters",
+        short=["mla"],
+        spec=_adapter_spec_schema(),
+        status=_alias_status_schema(),
+        columns=[
+            {"name": "Id", "type": "string", "jsonPath": ".status.id"},
+            {"name": "Base", "type": "string", "jsonPath": ".spec.base"},
+            {"name": "Rank", "type": "integer", "jsonPath": ".spec.rank"},
+            _ready_column(),
+            _age_column(),
+        ],
+        root_rules=[],
+    )
+
+
 def crd_documents() -> dict[str, dict[str, Any]]:
     """File name -> CRD object, in the order ``kubectl apply -f crds/`` applies them."""
     return {
+        f"{GROUP}_adapters.yaml": adapter_crd(),
         f"{GROUP}_aliases.yaml": alias_crd(),
         f"{GROUP}_models.yaml": model_crd(),
         f"{GROUP}_slots.yaml": slot_crd(),

@@ -44,6 +44,7 @@ from controller.operator.bodies import CrKey, Essence, JsonObject, cr_key, essen
 from controller.operator.convert import model_payload, slot_payload
 from controller.operator.source_aliases import judge_aliases
 from controller.operator.status import Verdict
+from controller.spec.adapters import AdapterEntry
 from controller.spec.aliases import AliasEntry
 from controller.spec.loader import DesiredSlot, normalise
 from controller.spec.problems import Problem, problems_from_validation
@@ -68,6 +69,7 @@ class _Nothing:
     slots: Mapping[str, DesiredSlot] = field(default_factory=dict)
     models: Mapping[str, ModelSpec] = field(default_factory=dict)
     aliases: Mapping[str, AliasEntry] = field(default_factory=dict)
+    adapters: Mapping[str, AdapterEntry] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,6 +198,12 @@ class CrSource:
     @property
     def aliases(self) -> Mapping[str, AliasEntry]:
         return self._view_aliases
+
+    @property
+    def adapters(self) -> Mapping[str, AdapterEntry]:
+        """Adapter CRs are not yet a source of desired state (the CRD and the TOML <-> CR
+        conversion exist: ``slotctl export --format crd``): none."""
+        return {}
 
     def attach(self, before: DesiredView, publish: Publish) -> None:
         """Judge against ``before`` from now on (read at the first judging, not here: the

@@ -18,7 +18,7 @@ from controller.probes.http import HttpCall
 from controller.probes.readiness import ProbeSpec
 from controller.probes.sleep import VLLM_SLEEP, SleepMode
 from controller.runtime.base import LaunchSpec, RuntimeKind
-from controller.spec.schema import ModelSpec, SlotSpec
+from controller.spec.schema import AdapterSpec, ModelSpec, SlotSpec
 
 __all__ = [
     "LIVENESS_PATH",
@@ -26,6 +26,7 @@ __all__ = [
     "SLEEP_MODES",
     "BuildContext",
     "Provider",
+    "adapter_path",
     "default_models_dir",
     "default_probe",
     "device_env",
@@ -49,6 +50,9 @@ class BuildContext:
     stack: str = ""
     models_dir: Path = field(default_factory=default_models_dir)
     host: str = "127.0.0.1"
+    # The declared adapters (controller.spec.adapters): a start-time engine's launch
+    # names the files of those its slot lists (``adapters``).
+    adapters: Mapping[str, AdapterSpec] = field(default_factory=dict)
     # The image of slotctl itself on a container runtime (the kubernetes runtime's: the
     # operator's own), which a demo slot without server.image runs.
     image: str | None = None
@@ -92,6 +96,12 @@ def model_path(model: ModelSpec | None, ctx: BuildContext) -> str | None:
     if source.startswith("demo://"):
         return None
     return str(destination(source, ctx.models_dir))
+
+
+def adapter_path(adapter: AdapterSpec, ctx: BuildContext) -> str:
+    """Where a server reads ``adapter``'s file: its source resolved as a model's
+    (:func:`model_path`)."""
+    return str(destination(adapter.source, ctx.models_dir))
 
 
 def require_model(slot: SlotSpec, model: ModelSpec | None) -> ModelSpec:

@@ -24,7 +24,13 @@ from controller.providers.templates import (
     VllmProvider,
 )
 from controller.runtime.base import LaunchSpec, RuntimeKind, own_image
-from controller.spec.schema import PROVIDERS, SELF_MANAGED_PROVIDERS, ModelSpec, SlotSpec
+from controller.spec.schema import (
+    PROVIDERS,
+    SELF_MANAGED_PROVIDERS,
+    AdapterSpec,
+    ModelSpec,
+    SlotSpec,
+)
 
 __all__ = [
     "PROVIDER_REGISTRY",
@@ -79,7 +85,10 @@ def with_port(slot: SlotSpec, port: int | None) -> SlotSpec:
 
 
 def launch_context(
-    runtime: RuntimeKind | str, stack: str, models_dir: Path | None = None
+    runtime: RuntimeKind | str,
+    stack: str,
+    models_dir: Path | None = None,
+    adapters: Mapping[str, AdapterSpec] | None = None,
 ) -> BuildContext:
     """The build context of a slot of ``stack`` on ``runtime``: the one both the manager and
     ``stack diff``/``apply`` build with, so they hash alike. The fake runtime builds as
@@ -90,7 +99,11 @@ def launch_context(
         kind = RuntimeKind.PROCESS
     image = own_image() if kind is RuntimeKind.KUBERNETES else None
     return BuildContext(
-        runtime=kind, stack=stack, models_dir=models_dir or default_models_dir(), image=image
+        runtime=kind,
+        stack=stack,
+        models_dir=models_dir or default_models_dir(),
+        adapters=adapters or {},
+        image=image,
     )
 
 

@@ -21,6 +21,7 @@ from controller.providers.base import (
     LIVENESS_PATH,
     READY_LOG,
     BuildContext,
+    adapter_path,
     default_probe,
     device_env,
     model_path,
@@ -28,6 +29,7 @@ from controller.providers.base import (
     sleep_mode,
 )
 from controller.runtime.base import LaunchSpec, ModelPull, Mount, RuntimeKind
+from controller.spec.adapters import serves_adapter
 from controller.spec.schema import ModelSpec, SlotSpec
 
 __all__ = [
@@ -73,6 +75,8 @@ def _launch(
         )
     if path and ctx.runtime is RuntimeKind.DOCKER:
         mounts = (*mounts, Mount(path, path, read_only=True))
+    if ctx.runtime is RuntimeKind.DOCKER:  # its adapters' files, where its server reads them
+        mounts = (*mounts, *(Mount(p, p, read_only=True) for p in _adapter_files(slot, ctx)))
     pull = None
     if ctx.runtime is RuntimeKind.KUBERNETES:
         # The model file is in the pod (the slot's volume at the models dir, or the image):
@@ -143,6 +147,24 @@ def _docker_image(slot: SlotSpec, ctx: BuildContext, default: str | None) -> str
     return image
 
 
+# vLLM attaches its runtime adapter routes only with this set (docs/adapters.md).
+RUNTIME_LORA_ENV: Final = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
+
+
+def _adapter_files(slot: SlotSpec, ctx: BuildContext) -> list[str]:
+    """The files of every adapter ``slot`` may load (its start-time ones, or all of its
+    base's for a runtime API), in id order: what a container must see."""
+    ids = sorted(a.id for a in ctx.adapters.values() if serves_adapter(slot, a))
+    return list(dict.fromkeys(adapter_path(ctx.adapters[a], ctx) for a in ids))
+
+
+def _start_adapters(slot: SlotSpec, ctx: BuildContext) -> list[str]:
+    """The files of the adapters ``slot`` is started with, in its order (a start-time
+    engine's ``lora`` ids are these positions); one not declared is skipped (the
+    validation refused it first)."""
+    return [adapter_path(ctx.adapters[a], ctx) for a in slot.adapters if a in ctx.adapters]
+
+
 @dataclass(frozen=True, slots=True)
 class DemoProvider:
     """slotctl's own OpenAI-compatible demo server (``python -m controller.demo``)."""
@@ -154,6 +176,11 @@ class DemoProvider:
         args = ["--host", ctx.host, "--port", str(slot.port)]
         if model_id:
             args += ["--model", model_id]
+        lora_env: dict[str, str] = {}
+        if slot.max_loras and slot.lora_api in ("vllm", "sglang"):  # vLLM's and SGLang's doubles
+            args += ["--max-loras", str(slot.max_loras)]
+            if slot.lora_api == "vllm":
+                lora_env[RUNTIME_LORA_ENV] = "True"
         args += slot.server.extra_args
         python = slot.server.binary or sys.executable
         argv = [python, "-m", "controller.demo", *args]
@@ -162,7 +189,7 @@ class DemoProvider:
         # On the kubernetes runtime a demo slot runs slotctl's own image by default (the
         # operator's: it carries the demo server), so a stack of demo slots needs no image.
         image = _docker_image(slot, ctx, ctx.image)
-        env: dict[str, str] = {}
+        env: dict[str, str] = dict(lora_env)
         if image and ctx.runtime is RuntimeKind.KUBERNETES:
             # the image's interpreter as the container's command: slotctl's image has the
             # entrypoint `slotctl`, which would take the args as a subcommand
@@ -242,6 +269,11 @@ class LlamaCppProvider:
             args += ["--chat-template", model.chat_template]
         if slot.type == "embedding":
             args += ["--embeddings"]
+        loras = _start_adapters(slot, ctx)
+        for lora in loras:  # loaded at scale 0: a request's `lora` field picks its own
+            args += ["--lora", lora]
+        if loras:
+            args += ["--lora-init-without-apply"]
         args += slot.server.extra_args
         image = _docker_image(slot, ctx, self.image)
         argv = args if image else [slot.server.binary or "llama-server", *args]
@@ -270,6 +302,8 @@ class LlamaCppPythonProvider:
         if model.chat_template and not any(c in model.chat_template for c in "{%"):
             # llama_cpp.server takes a chat *format name* (chatml, llama-2...), not Jinja.
             args += ["--chat_format", model.chat_template]
+        for lora in _start_adapters(slot, ctx)[:1]:  # its server takes one, always applied
+            args += ["--lora_path", lora]
         args += slot.server.extra_args
         image = _docker_image(slot, ctx, None)
         python = slot.server.binary or ("python3" if image else sys.executable)
@@ -311,6 +345,11 @@ class VllmProvider:
             args += ["--task", "embed"]
         if slot.gpu_count > 1:  # tensor parallel over the GPUs it is given
             args += ["--tensor-parallel-size", str(slot.gpu_count)]
+        env: dict[str, str] = {}
+        if slot.max_loras:  # adapters loaded at run time (controller/slots/adapters.py)
+            args += ["--enable-lora", "--max-loras", str(slot.max_loras)]
+            args += ["--max-lora-rank", str(slot.max_lora_rank)]
+            env[RUNTIME_LORA_ENV] = "True"
         args += slot.server.extra_args
         image = _docker_image(slot, ctx, self.image)
         argv = (
@@ -319,7 +358,7 @@ class VllmProvider:
             else [slot.server.binary or "vllm", "serve", str(path), *args]
         )
         probe = default_probe(slot, model.id)
-        return _launch(slot, model, ctx, argv, image=image, path=path, probe=probe)
+        return _launch(slot, model, ctx, argv, image=image, path=path, probe=probe, env=env)
 
 
 @dataclass(frozen=True, slots=True)

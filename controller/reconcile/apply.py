@@ -29,10 +29,12 @@ from controller.reconcile.plan import Action, ObservedSlot, plans_for, with_roll
 from controller.runtime.base import Runtime
 from controller.runtime.surging import cannot_surge
 from controller.scheduling.rollout import RolloutDecision, decide_rollout
+from controller.spec.adapters import AdapterEntry, adapter_problems
 from controller.spec.aliases import AliasEntry, alias_problems
 from controller.spec.configdir import ConfigSnapshot, read_config_dir
 from controller.spec.guard import (
     delete_slot_config,
+    write_adapters,
     write_aliases,
     write_catalogue,
     write_slot_configs,
@@ -74,6 +76,7 @@ class StackPlan:
     # Without ``--prune``: the slots this stack owns and no longer declares, kept.
     left_behind: list[str] = field(default_factory=list)
     aliases_changed: list[str] = field(default_factory=list)  # "+ id", "- id", "~ id" lines
+    adapters_changed: list[str] = field(default_factory=list)  # likewise, for [[adapter]]
     desired_doc: dict[str, Any] = field(default_factory=dict)
     observed_doc: dict[str, Any] = field(default_factory=dict)
 
@@ -87,6 +90,7 @@ class StackPlan:
             and not self.models_changed
             and not self.models_unused
             and not self.aliases_changed
+            and not self.adapters_changed
         )
 
     def kept(self, *, prune: bool) -> list[str]:
@@ -116,6 +120,7 @@ class StackPlan:
             "models_unused": self.models_unused,
             "left_behind": self.left_behind,
             "aliases_changed": self.aliases_changed,
+            "adapters_changed": self.adapters_changed,
         }
 
 
@@ -210,9 +215,13 @@ async def plan_stack(
     names = list(state.slots) + sorted(owned - set(state.slots))
     observed = await observe_files(names, state_dir, runtime, config_dir)
     store = StateStore(state_dir)
+    adapters = {a.spec.id: a.spec for a in final_adapters(state, snapshot)}
     hashes = {
         n: _hash(
-            s, state.models, launch_context(runtime.kind, s.stack, models_dir), store.read_port(n)
+            s,
+            state.models,
+            launch_context(runtime.kind, s.stack, models_dir, adapters),
+            store.read_port(n),
         )
         for n, s in state.slots.items()
     }
@@ -245,6 +254,7 @@ async def plan_stack(
     plan.left_behind = [] if prune else sorted(pruned)
     plan.models_unused = unused_models(state, snapshot, pruned if prune else set())
     plan.aliases_changed = alias_changes(state, snapshot)
+    plan.adapters_changed = adapter_changes(state, snapshot)
     managed = [o.slot for o in await runtime.list_managed()]
     declared = {*state.slots, *snapshot.slots}
     for slots in (state.slots, snapshot.slots):  # a declared slot's replicas are no orphans
@@ -399,6 +409,9 @@ def apply_to_config(
     entries = [SlotEntry(spec=spec) for spec in final.values()]
     aliases = final_aliases(state, snapshot)
     problems = cross_slot_problems(entries, merged) + alias_problems(aliases, merged, final)
+    adapters = final_adapters(state, snapshot)
+    alias_ids = {a.spec.id for a in aliases}
+    problems += adapter_problems(adapters, merged, entries, alias_ids)
     raise_for_problems(problems, "desired state")
     if merged != snapshot.models:
         write_catalogue(config_dir, list(merged.values()))
@@ -406,6 +419,9 @@ def apply_to_config(
     if alias_changes(state, snapshot):
         write_aliases(config_dir, [(a.spec, a.stack) for a in aliases])
         changed.append("aliases")
+    if adapter_changes(state, snapshot):
+        write_adapters(config_dir, [(a.spec, a.stack) for a in adapters])
+        changed.append("adapters")
     writes: list[tuple[dict[str, Any], str | None]] = []
     for name, slot in state.slots.items():
         current = snapshot.slots.get(name)
@@ -429,6 +445,33 @@ def final_aliases(state: DesiredState, snapshot: ConfigSnapshot) -> list[AliasEn
     kept = [a for n, a in snapshot.aliases.items() if a.stack not in state.stacks]
     kept = [a for a in kept if a.spec.id not in state.aliases]
     return kept + list(state.aliases.values())
+
+
+def final_adapters(state: DesiredState, snapshot: ConfigSnapshot) -> list[AdapterEntry]:
+    """The adapters after applying ``state``: its own, and the config dir's that no stack
+    of ``state`` owns (as :func:`final_aliases`)."""
+    kept = [a for a in snapshot.adapters.values() if a.stack not in state.stacks]
+    kept = [a for a in kept if a.spec.id not in state.adapters]
+    return kept + list(state.adapters.values())
+
+
+def adapter_changes(state: DesiredState, snapshot: ConfigSnapshot) -> list[str]:
+    """What applying ``state`` changes of the adapters: ``+ id``, ``~ id``, ``- id``, each
+    with its base model, rank, scale, priority and pinning."""
+    out = []
+    after = {a.spec.id: a for a in final_adapters(state, snapshot)}
+    for adapter_id, entry in after.items():
+        spec, have = entry.spec, snapshot.adapters.get(adapter_id)
+        shown = (
+            f"{adapter_id} -> {spec.base} (rank {spec.rank or '?'}, scale {spec.scale:g}, "
+            f"priority {spec.priority}{', pinned' if spec.pinned else ''})"
+        )
+        if have is None:
+            out.append(f"+ {shown}")
+        elif have.spec != spec or have.stack != entry.stack:
+            out.append(f"~ {shown}")
+    out += [f"- {adapter_id}" for adapter_id in snapshot.adapters if adapter_id not in after]
+    return out
 
 
 def alias_changes(state: DesiredState, snapshot: ConfigSnapshot) -> list[str]:

@@ -161,12 +161,13 @@ class Reconciler:
     def _catalogue(self, snapshot: ConfigSnapshot) -> None:
         self.manager.set_models(snapshot.models, order=list(snapshot.slots))
         self.manager.set_aliases({i: a.spec for i, a in snapshot.aliases.items()})
+        self.manager.set_adapters({i: a.spec for i, a in snapshot.adapters.items()})
 
     def _desired_changed(self, change: DesiredChange) -> None:
         """A desired-state change (any source): the manager's catalogue follows at once
         when models or aliases changed; the slots it touches are queued."""
         snapshot = self.desired.snapshot
-        if change.models or change.aliases or change.settings:
+        if change.models or change.aliases or change.adapters or change.settings:
             self._catalogue(snapshot)
         names = sorted(desired_names(change, snapshot.slots, self.manager.names()))
         self._stop_unwanted_pulls(names, snapshot)

@@ -22,6 +22,7 @@ from controller.access.keys import Principal
 from controller.model.errors import ModelNotFound
 from controller.model.lifecycle import SlotState
 from controller.router.access import model_refused, served_model
+from controller.router.adapters import adapter_entries
 from controller.router.context import RouterContext
 from controller.router.refusals import (
     model_not_found,
@@ -167,4 +168,4 @@ def model_entries(manager: RouterPort, principal: Principal | None = None) -> li
             entry = openai_model(alias.id, kinds[0])
             entry.update(alias=True, members=list(alias.models), prefer=alias.prefer)
             out.append(entry)
-    return out
+    return out + adapter_entries(manager, served, principal)

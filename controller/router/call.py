@@ -35,8 +35,9 @@ from collections.abc import Sequence
 from typing import Final
 
 from controller.access.keys import Principal
-from controller.model.errors import ModelNotFound, SlotctlError, SlotNotReady
+from controller.model.errors import AdapterNotFound, ModelNotFound, SlotctlError, SlotNotReady
 from controller.router.access import model_refused, permitted, requester
+from controller.router.adapters import adapter_body, named_adapter
 from controller.router.aliases import alias_candidates
 from controller.router.body import model_of, with_model
 from controller.router.context import (
@@ -62,7 +63,8 @@ from controller.router.refusals import (
 )
 from controller.router.replicas import route_replicas
 from controller.router.selection import fitting, route
-from controller.slots.records import Lease, Requester
+from controller.slots.interfaces import RouterPort
+from controller.slots.records import AdapterHold, Lease, Requester
 from controller.spec.schema import ControllerSettings
 
 __all__ = ["Phase", "RoutedCall", "record_unserved"]
@@ -131,6 +133,7 @@ class RoutedCall:
     form's ``model``."""
 
     __slots__ = (
+        "adapter",
         "alias",
         "body",
         "content_type",
@@ -138,6 +141,7 @@ class RoutedCall:
         "ctx",
         "forms",
         "group",
+        "hold",
         "keyed",
         "kind",
         "lease",
@@ -173,6 +177,8 @@ class RoutedCall:
         self.who: Requester | None = None  # the key and the class it waits in
         self.model = ""  # the model served (an alias': its member)
         self.alias = ""  # the alias the request named
+        self.adapter = ""  # the LoRA adapter the request named (``model``: its base)
+        self.hold: AdapterHold | None = None  # the adapter held in the leased slot
         self.slot = ""
         self.status = 0
         self.lease: Lease | None = None
@@ -219,16 +225,43 @@ class RoutedCall:
         self.content_type, self.body = content_type, body
         aliases = manager.aliases
         alias = aliases.get(model) if aliases else None
+        adapter = None
+        if model not in manager.models and alias is None:
+            try:
+                adapter = named_adapter(manager, model)
+            except SlotctlError as exc:
+                report_refusal(ctx, exc, model)
+                raise slot_refusal(exc) from None
         served: Sequence[str]
         candidates: Sequence[str]
         if alias is not None and model not in manager.models:  # (a model's id wins)
             model, served = alias_candidates(ctx, principal, alias, kind)
             self.alias = alias.id
             candidates, refused = fitting(manager, served, kind)
+        elif adapter is not None:  # a slot of its base that can serve it, holders first
+            if principal is not None and principal.models and not principal.may_use(adapter.id):
+                raise model_refused(principal, adapter.id)
+            self.adapter, model = adapter.id, adapter.base
+            served = manager.adapter_slots(adapter.id)
+            if not served:  # declared, but no slot of its base can hold adapters
+                error = AdapterNotFound(
+                    f"adapter {adapter.id!r} is declared but no slot of {adapter.base!r} "
+                    "serves adapters (max_loras, or a slot's adapters)",
+                    adapter=adapter.id,
+                )
+                report_refusal(ctx, error, adapter.id)
+                raise slot_refusal(error)
+            candidates, refused = fitting(manager, served, kind)
         else:
             served, candidates, refused = route(manager, model, kind)
-        if principal is not None and principal.models:  # a key with --models patterns
-            if not principal.may_use(model):
+        if not self.adapter and manager.adapters:  # (a model's, an alias' member's request)
+            # never a slot whose server applies an adapter to every request
+            kept = [n for n in served if not _adapter_only(manager, n)]
+            if len(kept) != len(served):
+                served = kept
+                candidates, refused = fitting(manager, served, kind)
+        if principal is not None and principal.models and not self.adapter:
+            if not principal.may_use(model):  # a key with --models patterns
                 raise model_refused(principal, model)
             # decided on the model(s) that would serve, before any lease or load
             kept = permitted(principal, manager, model, list(served))
@@ -239,7 +272,7 @@ class RoutedCall:
             report_refusal(ctx, ModelNotFound(model), model)
             raise model_not_found(model)
         self.model = model
-        if len(served) > 1:  # a slot's replicas: in the order of its routing
+        if len(served) > 1 and not self.adapter:  # a slot's replicas: in their routing order
             names = list(served)
             ordered = route_replicas(manager, names, model, content_type, body)
             if ordered is not names:
@@ -270,27 +303,45 @@ class RoutedCall:
             report_refusal(ctx, exc, model)
             raise slot_refusal(exc) from None
         if isinstance(now, Lease):
-            self.lease, self.slot, self.phase = now, now.slot, _LEASED
+            self.lease, self.slot = now, now.slot
+            if self.adapter and not self._hold_now():
+                self.phase = _WAITING  # its adapter is loaded (or joined) in wait()
+                return False
+            self.phase = _LEASED
             return True
         self.pending, self.phase = now, _WAITING
         return False
+
+    def _hold_now(self) -> bool:
+        """The named adapter held in the leased slot without a wait (resident, or given
+        at start). Raises the refusal (the lease released by :meth:`finish`)."""
+        try:
+            self.hold = self.ctx.manager.try_adapter(self.slot, self.adapter)
+        except SlotctlError as exc:
+            report_refusal(self.ctx, exc, self.adapter)
+            raise slot_refusal(exc) from None
+        return self.hold is not None
 
     async def wait(self) -> None:
         """Wait for the lease :meth:`begin` could not take at once (a cold slot's load,
         joined; a turn in the slot's fair queue). Raises the :class:`Refusal`."""
         pending = self.pending
-        if self.phase is not _WAITING or pending is None:
+        if self.phase is not _WAITING or (pending is None and self.lease is None):
             raise CallStateError(f"wait in {self.phase.name}")
         began = time.monotonic()
+        manager = self.ctx.manager
         try:
-            lease = await acquire_rest(self.ctx.manager, pending, self.who)
+            if pending is not None:
+                lease = await acquire_rest(manager, pending, self.who)
+                self.pending = None
+                self.lease, self.slot = lease, lease.slot
+            if self.adapter and self.hold is None:  # its load, joined: never the base's
+                self.hold = await manager.acquire_adapter(self.slot, self.adapter)
         except SlotctlError as exc:
-            report_refusal(self.ctx, exc, self.model)
+            report_refusal(self.ctx, exc, self.adapter or self.model)
             raise slot_refusal(exc) from None
         finally:
             self.waited = time.monotonic() - began
-        self.pending = None
-        self.lease, self.slot = lease, lease.slot
         self._move(_LEASED)
 
     def upstream(self) -> tuple[str, bytes]:
@@ -301,6 +352,8 @@ class RoutedCall:
         body = self.body
         if self.alias:  # the member's server sees the model it serves
             body = with_model(self.content_type, body, self.model, forms=self.forms)
+        elif self.hold is not None:  # the adapter, as the slot's engine names it
+            body = adapter_body(body, self.hold, self.model)
         try:
             endpoint = self.ctx.manager.endpoint(self.slot)
         except SlotctlError as exc:  # e.g. the slot was removed while we looked it up
@@ -384,6 +437,10 @@ class RoutedCall:
         if status:
             self.status = status
         ctx = self.ctx
+        hold = self.hold
+        if hold is not None:
+            self.hold = None
+            ctx.manager.release_adapter(hold)
         lease = self.lease
         if lease is not None:
             ctx.manager.release(lease)
@@ -395,8 +452,8 @@ class RoutedCall:
         if recorder is None:
             return
         try:
-            recorder.request_done(
-                self.slot, self.model, self.status, time.monotonic() - self.started
+            recorder.request_done(  # an adapter's requests counted as its own model's
+                self.slot, self.adapter or self.model, self.status, time.monotonic() - self.started
             )
             who = self.who
             if who is not None:
@@ -410,6 +467,13 @@ class RoutedCall:
                     recorder.slot_tokens(self.slot, self.group, *cached)
         except Exception:  # metrics must never fail a request: log it and answer anyway
             log.exception("metrics request_done failed")
+
+
+def _adapter_only(manager: RouterPort, name: str) -> bool:
+    """``name``'s server applies one adapter to every request (llama-cpp-python's, given
+    one at start): it never answers for the base model."""
+    spec = manager.known(name)
+    return spec is not None and spec.lora_api == "llama-cpp-python" and bool(spec.adapters)
 
 
 def record_unserved(ctx: RouterContext, started: float, status: int) -> None:

@@ -37,7 +37,7 @@ from controller.slots.locks import Locks
 from controller.slots.records import ManagerConfig, SlotRecord
 from controller.slots.table import SlotTable
 from controller.slots.wishes import Wishes
-from controller.spec.schema import ControllerSettings
+from controller.spec.schema import AdapterSpec, ControllerSettings
 
 if TYPE_CHECKING:  # the engine: built by the composition root (controller.daemon.root)
     from controller.modelfiles.pull import ModelFiles
@@ -68,6 +68,9 @@ class Core:
     # does not manage model files (a test's manager; the kubernetes runtime, whose pods'
     # init containers pull on their nodes): a missing file is the runtime's to report.
     files: ModelFiles | None = None
+    # The declared adapters by id (controller/slots/adapters.py keeps it): a start-time
+    # engine's launch names the files of those its slot lists.
+    adapters: dict[str, AdapterSpec] = field(default_factory=dict)
     # What a server's processes hold (RSS; NVML per process): footprints learnt from
     # what ran (controller.slots.sizing).
     usage: ProcessUsage = field(default_factory=ProcessUsage)
@@ -109,7 +112,7 @@ class Core:
     def build_launch(self, slot: SlotRecord, *, starting: bool = False) -> LaunchSpec:
         """The effective runtime config of ``slot`` on this manager's runtime; a slot that
         leaves its port to the controller gets its chosen one (:meth:`auto_port`)."""
-        ctx = launch_context(self.runtime.kind, slot.stack, self.models_dir)
+        ctx = launch_context(self.runtime.kind, slot.stack, self.models_dir, self.adapters)
         spec = slot.spec
         if spec.port is None:
             spec = with_port(spec, self.auto_port(slot, starting=starting))
@@ -224,7 +227,9 @@ class Core:
         if spec.port is None:
             spec = with_port(spec, self.auto_port(slot))
         value = launch_hash(
-            spec, slot.model, launch_context(self.runtime.kind, slot.stack, self.models_dir)
+            spec,
+            slot.model,
+            launch_context(self.runtime.kind, slot.stack, self.models_dir, self.adapters),
         )
         slot.hashed = (slot.spec, slot.model, slot.stack, value)
         return value

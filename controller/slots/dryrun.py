@@ -179,6 +179,19 @@ class Together:
 
 
 @dataclass(frozen=True, slots=True)
+class PlanAdapters:
+    """A slot's LoRA adapters in its load (controller/slots/adapters.py): the places its
+    server has, the device memory reserved for them (in ``needed_bytes``), the adapters it
+    can hold and those it would (re)load before it is ready."""
+
+    api: str
+    places: int
+    reserved_bytes: int
+    serves: tuple[str, ...]
+    reapply: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class LoadPlan:
     """The dry run of one slot's load (or of an asleep slot's wake)."""
 
@@ -195,6 +208,7 @@ class LoadPlan:
     together: Together | None = None  # a unit member's place beside the others
     unit: UnitPlan | None = None  # a unit member's: the unit's dry run
     pull: PlanPull | None = None  # its model files, when the load pulls them first
+    adapters: PlanAdapters | None = None  # its LoRA adapters, when it serves any
     footprint: FootprintView | None = None  # what it would hold, part by part (issue 36)
 
 

@@ -7,6 +7,7 @@ uses is visible in one place and a new use is a deliberate change here.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from typing import Protocol
 
@@ -17,9 +18,16 @@ from controller.probes.memory import MemoryProbe
 from controller.runtime.base import Runtime
 from controller.scheduling.decision import LoadDecision
 from controller.scheduling.rollout import RolloutDecision
-from controller.slots.records import DeviceFigures, Lease, Requester, SlotStatus, SlotView
+from controller.slots.records import (
+    AdapterHold,
+    DeviceFigures,
+    Lease,
+    Requester,
+    SlotStatus,
+    SlotView,
+)
 from controller.spec.loader import DesiredSlot
-from controller.spec.schema import AliasSpec, ControllerSettings, ModelSpec, SlotSpec
+from controller.spec.schema import AdapterSpec, AliasSpec, ControllerSettings, ModelSpec, SlotSpec
 
 __all__ = ["MetricsPort", "ReconcilerPort", "RouterPort"]
 
@@ -37,6 +45,20 @@ class RouterPort(Protocol):
     @property
     def aliases(self) -> dict[str, AliasSpec]:
         """The ``[[alias]]`` ids a request may name (controller.router.aliases)."""
+
+    @property
+    def adapters(self) -> Mapping[str, AdapterSpec]:
+        """The ``[[adapter]]`` ids a request may name (controller.router.adapters)."""
+
+    def adapter_slots(self, adapter: str) -> list[str]:
+        """The slots that can serve ``adapter``, those holding it first."""
+        ...
+
+    def try_adapter(self, slot: str, adapter: str) -> AdapterHold | None: ...
+
+    async def acquire_adapter(self, slot: str, adapter: str) -> AdapterHold: ...
+
+    def release_adapter(self, hold: AdapterHold) -> None: ...
 
     def decide(self, name: str, *, background: bool = False) -> LoadDecision:
         """The load decision now (an alias's "fits": its victims)."""
@@ -105,6 +127,8 @@ class ReconcilerPort(Protocol):
     def set_models(self, models: dict[str, ModelSpec], order: list[str] | None = None) -> None: ...
 
     def set_aliases(self, aliases: dict[str, AliasSpec]) -> None: ...
+
+    def set_adapters(self, adapters: Mapping[str, AdapterSpec]) -> None: ...
 
     def upsert(self, desired: DesiredSlot) -> None: ...
 

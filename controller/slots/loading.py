@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Final
 
 from controller.model.errors import (
@@ -52,6 +52,9 @@ class Loading(Part):
         self.pulling = admission.pulling
         self.sizing = admission.sizing
         self.units = UnitLoads(core, admission, unloading, self._load_flow)
+        # Called once a new server passed readiness, before the slot is ready (the manager
+        # sets it: its adapters re-applied, controller/slots/adapters.py).
+        self.before_ready: Callable[[SlotRecord], Awaitable[None]] | None = None
         self.stopping = ""  # why every load is being stopped (the controller stops)
 
     @staticmethod
@@ -346,6 +349,8 @@ class Loading(Part):
             took = slot.flight.ready(now)
             if took is not None:  # a cold load's cost (recorded with the state)
                 self.table.measured(slot, load_s=took)
+            if self.before_ready is not None:  # its adapters re-applied (slots/adapters.py)
+                await self.before_ready(slot)
             await self.sizing.observe(slot)  # what it holds at ready (with the state)
             self.table.set(slot, S.READY, op=Op.LOAD, message=result.message)
             return

@@ -37,6 +37,7 @@ from controller.runtime.base import Notifying, RunStatus, Runtime, RuntimeKind
 from controller.scheduling.breaker import Breaker
 from controller.scheduling.decision import LoadDecision
 from controller.scheduling.rollout import RolloutDecision
+from controller.slots.adapters import Adapters
 from controller.slots.admission import Admission
 from controller.slots.core import Core, Part, same
 from controller.slots.dryrun import LoadPlan
@@ -46,6 +47,7 @@ from controller.slots.loading import Loading
 from controller.slots.locks import Locks
 from controller.slots.pulling import Pulling
 from controller.slots.records import (
+    AdapterHold,
     DeviceFigures,
     FootprintView,
     ManagerConfig,
@@ -60,7 +62,7 @@ from controller.slots.table import SlotTable
 from controller.slots.unloading import Unloading
 from controller.slots.wishes import Wishes
 from controller.spec.loader import DesiredSlot, DesiredState
-from controller.spec.schema import AliasSpec, ControllerSettings, ModelSpec, SlotSpec
+from controller.spec.schema import AdapterSpec, AliasSpec, ControllerSettings, ModelSpec, SlotSpec
 from controller.store.residency import ResidencyStore
 from controller.store.state import StateStore
 
@@ -128,6 +130,11 @@ class SlotManager(Part):
         self.recreating = self.rollouts.recreating  # a recreate, shown in the slot's view
         # [[alias]] by id: the router resolves them (controller.router.aliases)
         self.aliases: dict[str, AliasSpec] = {}
+        # [[adapter]]: LoRA adapters inside slots (loaded on demand, evicted, re-applied
+        # after a restart before the slot is ready again)
+        self.lora = Adapters(self.core)
+        self.loading.before_ready = self.lora.reapply
+        self.rollouts.before_switch = self.lora.prepare_switch
         # What only forwards is the part's own method, bound here (one signature and one
         # docstring, the part's; the ports in .ports name what each caller may call).
         self.waiting_with_room = self.loading.units.waiting_with_room  # units: all fit
@@ -198,6 +205,7 @@ class SlotManager(Part):
         self.set_aliases({i: a.spec for i, a in desired.aliases.items()})
         for desired_slot in desired.slots.values():
             self.upsert(desired_slot)
+        self.set_adapters({i: a.spec for i, a in desired.adapters.items()})
 
     def set_models(self, models: Mapping[str, ModelSpec], order: list[str] | None = None) -> None:
         """Replace the catalogue (and the catalogue order used by restore)."""
@@ -213,6 +221,30 @@ class SlotManager(Part):
     def set_aliases(self, aliases: Mapping[str, AliasSpec]) -> None:
         """Replace the aliases (the config dir's ``[[alias]]``, by id)."""
         self.aliases = dict(aliases)
+
+    @property
+    def adapters(self) -> Mapping[str, AdapterSpec]:
+        """The declared adapters by id (the config dir's ``[[adapter]]``)."""
+        return self.lora.catalogue
+
+    def set_adapters(self, adapters: Mapping[str, AdapterSpec]) -> None:
+        """Replace the adapters (each slot's adapter reserve follows)."""
+        self.lora.set_catalogue(adapters)
+
+    def adapter_slots(self, adapter: str) -> list[str]:
+        """The slots that can serve ``adapter``, those holding it first."""
+        return self.lora.slots_for(adapter)
+
+    def try_adapter(self, slot: str, adapter: str) -> AdapterHold | None:
+        """A hold on ``adapter`` in leased ``slot`` needing no load, else None."""
+        return self.lora.try_acquire(slot, adapter)
+
+    async def acquire_adapter(self, slot: str, adapter: str) -> AdapterHold:
+        """A hold on ``adapter`` in leased ``slot``, loaded first if it must be."""
+        return await self.lora.acquire(slot, adapter)
+
+    def release_adapter(self, hold: AdapterHold) -> None:
+        self.lora.release(hold)
 
     def upsert(self, desired: DesiredSlot) -> None:
         """Add a slot (its state restored from state.json) or update its spec in place.
@@ -237,6 +269,7 @@ class SlotManager(Part):
             table.load_persisted(slot)
             table.add(slot)
             self.core.slot_added(slot)
+            self.lora.reserve(slot)
             return
         if (
             slot.stack == desired.stack
@@ -253,6 +286,7 @@ class SlotManager(Part):
             table.bind(slot, desired.spec, desired.stack, model)
             if old_hash != self.core.launch_hash(slot):
                 table.rearm(slot)
+            self.lora.reserve(slot)
         self.unloading.unwait_if_unwanted(slot)
 
     def known(self, name: str) -> SlotSpec | None:
@@ -474,8 +508,9 @@ class SlotManager(Part):
         pull 4.1 GB from hf://…"), or the refusal it would meet for them (a file that
         cannot be pulled, a pull that does not fit the disk). May ask the hub for sizes."""
         await self.admission.sizing.estimate(self.core.table.get(name))  # its file, now
-        plan = self.explain_load(name)
-        return await self.pulling.explain(self.core.table.get(name), plan)
+        slot = self.core.table.get(name)
+        plan = self.lora.explain(slot, self.explain_load(name))
+        return await self.pulling.explain(slot, plan)
 
     async def footprints(self, model_id: str) -> list[FootprintView]:
         """The footprint of ``model_id`` on each slot that binds it (its launch decides

@@ -44,6 +44,7 @@ from controller.runtime.base import LaunchSpec, ProgressCallback
 from controller.slots.core import Core, Part
 from controller.slots.dryrun import LoadPlan, PlanPull, Refusal
 from controller.slots.records import SlotRecord
+from controller.spec.schema import ModelSpec
 
 if TYPE_CHECKING:
     from controller.modelfiles.pull import ModelFiles
@@ -59,11 +60,20 @@ class Pulling(Part):
     def files(self) -> ModelFiles | None:
         return self.core.files
 
+    def _start_files(self, slot: SlotRecord) -> list[ModelSpec]:
+        """The files of the adapters a start-time engine is started with (its launch names
+        them: they must be on disk before it starts)."""
+        adapters = self.core.adapters
+        return [adapters[a].as_model() for a in slot.spec.adapters if a in adapters]
+
     def needed(self, slot: SlotRecord) -> bool:
-        """A load of ``slot`` passes through ``pulling`` for its model files (a stat and
-        a record lookup: no network)."""
+        """A load of ``slot`` passes through ``pulling`` for its model files (and its
+        start-time adapters'): a stat and a record lookup, no network."""
         files = self.files
-        return files is not None and slot.model is not None and files.needs_pull(slot.model)
+        if files is None:
+            return False
+        wanted = [slot.model] if slot.model is not None else []
+        return any(files.needs_pull(m) for m in [*wanted, *self._start_files(slot)])
 
     async def admit(self, slot: SlotRecord) -> None:
         """The disk half of a load's admission, before its memory is (see the module):
@@ -99,7 +109,12 @@ class Pulling(Part):
             )
 
         try:
-            return await self._stoppable(slot, files.ensure(model, on_progress=progressed))
+            stopped = await self._stoppable(slot, files.ensure(model, on_progress=progressed))
+            for adapter in self._start_files(slot) if stopped is None else []:
+                stopped = await self._stoppable(slot, files.ensure(adapter))
+                if stopped is not None:
+                    break
+            return stopped
         except SlotctlError:
             raise
         except Exception as error:  # not the engine's typed error: a bug, said as a failed pull
@@ -159,6 +174,10 @@ class Pulling(Part):
             want = files.wanted(model)
             if want is not None:
                 out.append(Reference(want.dest, model.id, pinned=model.id in pinned))
+        for adapter in self.core.adapters.values():  # (controller/slots/adapters.py)
+            want = files.wanted(adapter.as_model())
+            if want is not None:
+                out.append(Reference(want.dest, adapter.id, pinned=adapter.pinned))
         return out
 
     async def explain(self, slot: SlotRecord, plan: LoadPlan) -> LoadPlan:

@@ -45,6 +45,7 @@ __all__ = [
     "AWAKE",
     "LOADING_STATES",
     "WAKING",
+    "AdapterHold",
     "DeviceFigures",
     "FootprintView",
     "Lease",  # Lease and Requester: leasing's vocabulary (.leasebook), named here too
@@ -73,6 +74,18 @@ LOADING_STATES: Final = frozenset({S.PULLING, S.STARTING, S.WARMING})
 AWAKE: Final = "awake"
 ASLEEP: Final = "asleep"
 WAKING: Final = "waking"
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterHold:
+    """A request's use of ``adapter`` in ``slot`` (released once, when it ends); ``index``:
+    its position in a start-time engine's ``lora`` list (-1: a runtime engine's)."""
+
+    slot: str
+    adapter: str
+    api: str
+    index: int = -1
+    scale: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -396,6 +409,9 @@ class SlotRecord:
     last_used: float = 0.0
     access: int = 0  # a victim is revalidated against it (a request since spares it)
     requests: int = 0  # requests served since the start (the lease flips carry it)
+    # The device memory its LoRA adapters may take (controller/slots/adapters.py: the
+    # max_loras largest of its base model's), counted in its admission with the model's.
+    adapter_bytes: int = 0
     # (spec, model, stack, config hash) as last computed (Core.launch_hash), kept while
     # they stay the same objects (all immutable): a no-op reconcile pass rebuilds nothing.
     hashed: tuple[SlotSpec, ModelSpec | None, str, str | None] | None = None
@@ -452,10 +468,13 @@ class SlotRecord:
 
     @property
     def memory_bytes(self) -> int:
+        """Its model's footprint and the room its LoRA adapters may take
+        (``adapter_bytes``)."""
         declared = self.declared_bytes
         if declared is not None:
-            return declared
-        return self.footprint.bytes if self.sizing is not None or self.seen is not None else 0
+            return declared + self.adapter_bytes
+        known = self.sizing is not None or self.seen is not None
+        return (self.footprint.bytes if known else 0) + self.adapter_bytes
 
     @property
     def model_id(self) -> str:

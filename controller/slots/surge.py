@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, Final
 
 from controller.model.devices import GpuRef, share
@@ -71,6 +71,9 @@ class Rollouts(Part):
         self.loading = loading
         # Per slot: the leases in flight on the old server when the endpoint switched.
         self._draining: dict[str, set[int]] = {}
+        # Called with the new server's endpoint once it is ready, before the switch (the
+        # manager sets it: the old server's adapters loaded into it, slots/adapters.py).
+        self.before_switch: Callable[[SlotRecord, str], Awaitable[None]] | None = None
 
     # ---------------------------------------------------------------- deciding
 
@@ -178,6 +181,8 @@ class Rollouts(Part):
         self._write(slot.name, {**record, "phase": SWITCHED})
         self._live(slot.name, decision.reason, SWITCHED, "ready", launch.port)
         old_holding = self._holding(slot, slot.placement, coming_up=False)
+        if self.before_switch is not None:  # its adapters loaded into the new server
+            await self.before_switch(slot, launch.endpoint)
         await self._switch(slot, surge, launch, gpus)
         self.table.surges[slot.name] = old_holding  # the old server's, until it stops
         try:
@@ -209,7 +214,9 @@ class Rollouts(Part):
         while not can_bind("127.0.0.1", port):  # pragma: no cover  (a race with another)
             taken.also.add(port)
             port = pick_free_port(taken)
-        ctx = launch_context(self.runtime.kind, slot.stack, self.core.models_dir)
+        ctx = launch_context(
+            self.runtime.kind, slot.stack, self.core.models_dir, self.core.adapters
+        )
         launch = build_launch(with_port(slot.spec, port), slot.model, ctx)
         if not gpus:
             return launch.placed_on(())

@@ -531,6 +531,10 @@ class SlotTable:
         if server is None:
             slot.ready_at = None
 
+    def adapter_reserve(self, slot: SlotRecord, size: int) -> None:
+        """The device memory ``slot``'s adapters may take (counted in its admission)."""
+        slot.adapter_bytes = max(0, size)
+
     def landed(self, slot: SlotRecord, node: str | None) -> None:
         """Its server runs on ``node``, as the runtime says (a cluster; None: not told)."""
         if node:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import stat
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from controller.model.names import is_valid_slot_name
+from controller.spec.adapters import AdapterEntry, adapter_problems, parse_adapters
 from controller.spec.aliases import AliasEntry, alias_problems, parse_aliases
 from controller.spec.loader import DesiredSlot, DesiredState, normalise
 from controller.spec.problems import Problem, problems_from_validation
@@ -62,6 +63,7 @@ class ConfigSnapshot:
     models: dict[str, ModelSpec] = field(default_factory=dict)
     slots: dict[str, DesiredSlot] = field(default_factory=dict)
     aliases: dict[str, AliasEntry] = field(default_factory=dict)  # models.toml's [[alias]]
+    adapters: dict[str, AdapterEntry] = field(default_factory=dict)  # and its [[adapter]]
     errors: list[Problem] = field(default_factory=list)
     warnings: list[Problem] = field(default_factory=list)
     catalogue_ok: bool = True  # False: models.toml (or an entry) is invalid
@@ -80,7 +82,11 @@ class ConfigSnapshot:
     def desired(self) -> DesiredState:
         stacks = tuple(sorted({s.stack for s in self.slots.values() if s.stack}))
         return DesiredState(
-            stacks=stacks, models=self.models, slots=self.slots, aliases=self.aliases
+            stacks=stacks,
+            models=self.models,
+            slots=self.slots,
+            aliases=self.aliases,
+            adapters=self.adapters,
         )
 
 
@@ -137,6 +143,13 @@ def _read_catalogue(config_dir: Path, snap: ConfigSnapshot) -> None:
     snap.errors.extend(p for p in alias_problems(entries, snap.models) if p.code.endswith("_id"))
     for entry in entries:
         snap.aliases.setdefault(entry.spec.id, entry)  # a second one is reported, not kept
+    adapters, problems = parse_adapters(data.get("adapter"), str(path), index, stored=True)
+    snap.errors.extend(problems)
+    snap.errors.extend(
+        p for p in adapter_problems(adapters, snap.models) if p.code == "adapter.duplicate_id"
+    )
+    for adapter in adapters:
+        snap.adapters.setdefault(adapter.spec.id, adapter)
 
 
 SlotFileRead = tuple[SlotEntry | None, str, list[Problem], list[Problem]]
@@ -299,7 +312,10 @@ def desired_slot(entry: SlotEntry, stack: str, settings: ControllerSettings) -> 
 
 
 def cross_problems(
-    entries: list[SlotEntry], models: Mapping[str, ModelSpec], aliases: list[AliasEntry]
+    entries: list[SlotEntry],
+    models: Mapping[str, ModelSpec],
+    aliases: list[AliasEntry],
+    adapters: Sequence[AdapterEntry] = (),
 ) -> list[Problem]:
     """What the rules across slots say of a config dir's slots (reported, never dropped:
     the writes are guarded, these are hand edits): names, ports, the NPU, model
@@ -310,6 +326,12 @@ def cross_problems(
         p
         for p in alias_problems(aliases, models, slots)
         if not p.code.endswith("_id")  # (a duplicate id: reported with the catalogue)
+    )
+    alias_ids = {a.spec.id for a in aliases}
+    found.extend(
+        p
+        for p in adapter_problems(adapters, models, entries, alias_ids)
+        if p.code != "adapter.duplicate_id"
     )
     return found
 
@@ -354,7 +376,12 @@ def _read(config_dir: Path, cache: ParseCache | None) -> ConfigSnapshot:
         if entry is not None:
             entries.append((entry, stack))
     # Cross-slot rules are enforced at write time; report (not drop) anything hand-edited.
-    snap.cross = cross_problems([e for e, _ in entries], snap.models, list(snap.aliases.values()))
+    snap.cross = cross_problems(
+        [e for e, _ in entries],
+        snap.models,
+        list(snap.aliases.values()),
+        list(snap.adapters.values()),
+    )
     snap.errors.extend(snap.cross)
     for entry, stack in entries:
         snap.slots[entry.spec.name] = desired_slot(entry, stack, settings)

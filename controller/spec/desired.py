@@ -35,6 +35,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TypeVar
 
+from controller.spec.adapters import AdapterEntry
 from controller.spec.aliases import AliasEntry
 from controller.spec.configdir import ConfigSnapshot, ParseCache
 from controller.spec.files import FilesSource
@@ -72,6 +73,10 @@ class _Ahead:
     @property
     def aliases(self) -> Mapping[str, AliasEntry]:
         return ChainMap(*(layer.aliases for layer in self.layers))  # type: ignore[arg-type]
+
+    @property
+    def adapters(self) -> Mapping[str, AdapterEntry]:
+        return ChainMap(*(layer.adapters for layer in self.layers))  # type: ignore[arg-type]
 
 
 class DesiredCache:
@@ -188,6 +193,8 @@ class DesiredCache:
             merged.models.update(layer.models)  # a model: the last
             for alias_id, alias in layer.aliases.items():
                 merged.aliases.setdefault(alias_id, alias)
+            for adapter_id, adapter in layer.adapters.items():
+                merged.adapters.setdefault(adapter_id, adapter)
         for slot in list(merged.slots.values()):  # a slot's replicas beside it
             for spec in replica_specs(slot.spec):
                 merged.slots.setdefault(spec.name, replace(slot, spec=spec))
@@ -261,6 +268,8 @@ class DesiredCache:
             _put(merged.models, model_id, [layer.models for layer in reversed(layers)])
         for alias_id in change.aliases:
             _put(merged.aliases, alias_id, [layer.aliases for layer in layers])
+        for adapter_id in change.adapters:
+            _put(merged.adapters, adapter_id, [layer.adapters for layer in layers])
         return DesiredChange.of(touched - change.slots)
 
 

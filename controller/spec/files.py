@@ -26,6 +26,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
+from controller.spec.adapters import AdapterEntry
 from controller.spec.aliases import AliasEntry
 from controller.spec.configdir import (
     ConfigSnapshot,
@@ -95,6 +96,10 @@ class FilesSource:
     def aliases(self) -> Mapping[str, AliasEntry]:
         return self.snapshot.aliases
 
+    @property
+    def adapters(self) -> Mapping[str, AdapterEntry]:
+        return self.snapshot.adapters
+
     # ------------------------------------------------------------------ the whole dir
 
     def read_fresh(self) -> ConfigSnapshot:
@@ -118,12 +123,15 @@ class FilesSource:
         for problem in fresh.errors:
             log.warning("config dir: %s: %s", problem.where(), problem.message)
         if last is None:
-            return DesiredChange.of(fresh.slots, fresh.models, fresh.aliases, settings=True)
+            return DesiredChange.of(
+                fresh.slots, fresh.models, fresh.aliases, settings=True, adapters=fresh.adapters
+            )
         return DesiredChange.of(
             changed_keys(last.slots, fresh.slots),
             changed_keys(last.models, fresh.models),
             changed_keys(last.aliases, fresh.aliases),
             settings=last.settings != fresh.settings,
+            adapters=changed_keys(last.adapters, fresh.adapters),
         )
 
     def _keep_last_good(self, fresh: ConfigSnapshot, last: ConfigSnapshot | None) -> None:
@@ -186,7 +194,12 @@ class FilesSource:
                 broken.add(name)  # present but invalid: its last good spec stays, if any
             if name not in held.slots:
                 slots.pop(name, None)
-        cross = cross_problems(list(entries.values()), held.models, list(held.aliases.values()))
+        cross = cross_problems(
+            list(entries.values()),
+            held.models,
+            list(held.aliases.values()),
+            list(held.adapters.values()),
+        )
         fresh = replace(
             held,
             slots=slots,

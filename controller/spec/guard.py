@@ -30,6 +30,7 @@ from tomlkit.toml_document import TOMLDocument
 
 from controller.model.errors import ServerNotAllowed, SlotConfigError, SlotPinned
 from controller.model.names import is_valid_slot_name
+from controller.spec.adapters import adapter_tables
 from controller.spec.aliases import alias_tables
 from controller.spec.configdir import (
     CATALOGUE_FILE,
@@ -46,7 +47,13 @@ from controller.spec.rules import (
     check_slot_payload,
     cross_slot_problems,
 )
-from controller.spec.schema import AliasSpec, ControllerSettings, ModelSpec, SlotSpec
+from controller.spec.schema import (
+    AdapterSpec,
+    AliasSpec,
+    ControllerSettings,
+    ModelSpec,
+    SlotSpec,
+)
 from controller.store.files import atomic_write_bytes, check_slot_name
 
 __all__ = [
@@ -54,6 +61,7 @@ __all__ = [
     "config_lock",
     "delete_slot_config",
     "guard_slot_write_payload",
+    "write_adapters",
     "write_aliases",
     "write_catalogue",
     "write_slot_config",
@@ -409,23 +417,35 @@ def write_aliases(config_dir: Path, aliases: Sequence[tuple[AliasSpec, str]]) ->
     """Write the ``[[alias]]`` tables of ``models.toml`` (each with its owning stack, see
     :mod:`controller.spec.aliases`), keeping the comments of unchanged entries; the
     caller judged the set (:func:`~controller.spec.aliases.alias_problems`)."""
+    _write_catalogue_tables(config_dir, "alias", alias_tables(aliases))
+
+
+def write_adapters(config_dir: Path, adapters: Sequence[tuple[AdapterSpec, str]]) -> None:
+    """Write the ``[[adapter]]`` tables of ``models.toml`` (each with its owning stack, see
+    :mod:`controller.spec.adapters`), keeping the comments of unchanged entries; the
+    caller judged the set (:func:`~controller.spec.adapters.adapter_problems`)."""
+    _write_catalogue_tables(config_dir, "adapter", adapter_tables(adapters))
+
+
+def _write_catalogue_tables(config_dir: Path, key: str, entries: list[dict[str, Any]]) -> None:
+    """Replace ``models.toml``'s ``[[key]]`` array (tables by ``id``) with ``entries``."""
     config_dir = Path(config_dir)
-    ids = [spec.id for spec, _ in aliases]
+    ids = [entry["id"] for entry in entries]
     if len(set(ids)) != len(ids):
-        raise ValueError("duplicate alias ids in an alias write")
+        raise ValueError(f"duplicate {key} ids in a {key} write")
     with config_lock(config_dir):
         path = config_dir / CATALOGUE_FILE
         doc = _read_document(path) or tomlkit.document()
-        current = doc.get("alias")
+        current = doc.get(key)
         by_id: dict[Any, Any] = (
             {t.get("id"): t for t in current} if isinstance(current, tomlkit.items.AoT) else {}
         )
-        doc.pop("alias", None)
-        if aliases:
+        doc.pop(key, None)
+        if entries:
             tables = tomlkit.aot()
-            for entry in alias_tables(aliases):
+            for entry in entries:
                 table = by_id.get(entry["id"]) or tomlkit.table()
                 _sync(table, entry)
                 tables.append(table)
-            doc["alias"] = tables
+            doc[key] = tables
         atomic_write_bytes(path, tomlkit.dumps(doc).encode())

@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from controller.spec.adapters import AdapterEntry, adapter_problems, parse_adapters
 from controller.spec.aliases import AliasEntry, alias_problems, parse_aliases
 from controller.spec.locate import LineIndex
 from controller.spec.problems import Problem, problems_from_validation
@@ -38,7 +39,7 @@ __all__ = [
     "parse_toml_text",
 ]
 
-_TOP_LEVEL = ("stack", "model", "slot", "unit", "alias")
+_TOP_LEVEL = ("stack", "model", "slot", "unit", "alias", "adapter")
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +70,7 @@ class DesiredState:
     models: Mapping[str, ModelSpec]
     slots: Mapping[str, DesiredSlot]
     aliases: Mapping[str, AliasEntry] = field(default_factory=dict)  # [[alias]], by id
+    adapters: Mapping[str, AdapterEntry] = field(default_factory=dict)  # [[adapter]], by id
 
 
 @dataclass(slots=True)
@@ -122,6 +124,7 @@ class _FileResult:
     models: list[tuple[ModelSpec, Origin]] = field(default_factory=list)
     slots: list[SlotEntry] = field(default_factory=list)
     aliases: list[AliasEntry] = field(default_factory=list)
+    adapters: list[AdapterEntry] = field(default_factory=list)
     errors: list[Problem] = field(default_factory=list)
     warnings: list[Problem] = field(default_factory=list)
     units: list[UnitDecl] = field(default_factory=list)  # co-loaded units (spec.coload)
@@ -165,7 +168,8 @@ def _load_document(file: str, parsed: Parsed) -> _FileResult:
                     file=file,
                     key=key,
                     line=index.line_of((key,)),
-                    hint="a stack file has [stack], [[model]], [[slot]] and [[unit]] tables",
+                    hint="a stack file has [stack], [[model]], [[slot]], [[unit]], [[alias]] and "
+                    "[[adapter]] tables",
                 )
             )
     _load_meta(data, res, file, index)
@@ -197,6 +201,8 @@ def _load_document(file: str, parsed: Parsed) -> _FileResult:
             res.slots.append(SlotEntry(spec=check.spec, origin=origin))
     res.aliases, alias_errors = parse_aliases(data.get("alias"), file, index)
     res.errors.extend(alias_errors)
+    res.adapters, adapter_errors = parse_adapters(data.get("adapter"), file, index)
+    res.errors.extend(adapter_errors)
     return res
 
 
@@ -386,6 +392,7 @@ def _merge(
     entries: list[SlotEntry] = []
     units: list[UnitDecl] = []
     aliases: list[AliasEntry] = []
+    adapters: list[AdapterEntry] = []
     owners: dict[int, str] = {}
     stacks: list[str] = []
     for file, parsed in documents:
@@ -415,11 +422,14 @@ def _merge(
             owners[id(entry)] = res.stack or ""
             entries.append(entry)
         aliases += [replace(a, stack=res.stack or "") for a in res.aliases]
+        adapters += [replace(a, stack=res.stack or "") for a in res.adapters]
     report.errors.extend(cross_slot_problems(entries, models))
     entries, unit_errors, unit_warnings = _units(entries, units, owners)
     report.errors.extend(unit_errors)
     report.warnings.extend(unit_warnings)
     report.errors.extend(alias_problems(aliases, models, {e.spec.name for e in entries}))
+    alias_ids = {a.spec.id for a in aliases}
+    report.errors.extend(adapter_problems(adapters, models, entries, alias_ids))
     report.warnings.extend(_exclusive_autoload(entries, models, settings))
     report.warnings.extend(_autoload_over_budget(entries, models, settings))
     if report.errors:
@@ -434,5 +444,11 @@ def _merge(
         for e in entries
     }
     by_id = {a.spec.id: a for a in aliases}
-    report.state = DesiredState(stacks=tuple(stacks), models=models, slots=slots, aliases=by_id)
+    report.state = DesiredState(
+        stacks=tuple(stacks),
+        models=models,
+        slots=slots,
+        aliases=by_id,
+        adapters={a.spec.id: a for a in adapters},
+    )
     return report

@@ -9,7 +9,7 @@ import tomlkit
 import tomlkit.items
 
 from controller.spec.loader import DesiredSlot
-from controller.spec.schema import AliasSpec, ModelSpec, SlotSpec
+from controller.spec.schema import AdapterSpec, AliasSpec, ModelSpec, SlotSpec
 
 __all__ = ["model_effective", "render_stack", "slot_effective", "toml_table"]
 
@@ -49,6 +49,7 @@ def render_stack(
     *,
     full: bool = True,
     aliases: Iterable[AliasSpec] = (),
+    adapters: Iterable[AdapterSpec] = (),
 ) -> str:
     """A stack file that loads back to the same desired state."""
     doc = tomlkit.document()
@@ -75,4 +76,9 @@ def render_stack(
         alias_aot.append(toml_table(alias.model_dump(mode="json")))
     if len(alias_aot):
         doc["alias"] = alias_aot
+    adapter_aot = tomlkit.aot()
+    for adapter in adapters:
+        adapter_aot.append(toml_table(adapter.model_dump(mode="json", exclude_none=True)))
+    if len(adapter_aot):
+        doc["adapter"] = adapter_aot
     return tomlkit.dumps(doc)

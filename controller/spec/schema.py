@@ -37,6 +37,7 @@ from controller.model.names import (
 )
 
 __all__ = [
+    "ADAPTER_APIS",
     "ALIAS_PREFERS",
     "AUTO_PORT",
     "DEVICES",
@@ -50,6 +51,7 @@ __all__ = [
     "ROUTINGS",
     "SELF_MANAGED_PROVIDERS",
     "SLOT_NAME_PATTERN",
+    "AdapterSpec",
     "AliasSpec",
     "ControllerSettings",
     "ModelId",
@@ -60,6 +62,7 @@ __all__ = [
     "SlotName",
     "SlotSpec",
     "StackMeta",
+    "check_source",
     "hub_parts",
     "is_hub_snapshot",
     "is_url_source",
@@ -83,6 +86,18 @@ Provider = Literal[
 PROVIDERS: Final[tuple[str, ...]] = get_args(Provider)
 # These serve a baked-in model: no model.default is needed to dispatch to them.
 AUTO_PORT: Final = "auto"  # ``port = "auto"``: as the key absent, the controller chooses
+
+# How LoRA adapters reach a server (docs/adapters.md): vllm's and sglang's load them at
+# run time through their HTTP APIs; llamacpp's llama-server is given them at start and
+# picks them per request; llama-cpp-python's server takes one at start, always applied.
+AdapterApi = Literal["vllm", "sglang", "llamacpp", "llama-cpp-python"]
+ADAPTER_APIS: Final[tuple[str, ...]] = get_args(AdapterApi)
+_PROVIDER_ADAPTER_API: Final[dict[str, str]] = {
+    "vllm": "vllm",
+    "demo": "vllm",
+    "llamacpp": "llamacpp",
+    "llama-cpp-python": "llama-cpp-python",
+}
 
 SELF_MANAGED_PROVIDERS: Final[frozenset[str]] = frozenset(
     {"kokoro", "qwen3tts", "moonshine", "vibevoice"}
@@ -200,6 +215,36 @@ PosFloat = Annotated[float, Field(gt=0)]
 MemoryGb = Annotated[float, Field(ge=0, le=1024**2)]
 
 
+def check_source(value: str | None) -> str | None:
+    """A model's or an adapter's ``source``, judged (ValueError: why not)."""
+    if value is None:
+        return None
+    if not value.strip() or "\x00" in value:
+        raise ValueError("source must be a non-empty path or URL")
+    if "://" in value:
+        parts = urlsplit(value)
+        if parts.scheme not in _SOURCE_SCHEMES:
+            raise ValueError(
+                f"unsupported source scheme {parts.scheme!r}: use a path, file://, "
+                "hf://org/repo[/file], https://host/path or demo://name"
+            )
+        if parts.scheme == "hf" and len(hub_parts(value)) < 2:
+            raise ValueError("hf:// sources name org/repo (a repository) or org/repo/file")
+        if parts.scheme == "hf" and any(p in (".", "..") for p in hub_parts(value)):
+            raise ValueError("hf:// sources must not contain '.' or '..' segments")
+        if parts.scheme in ("http", "https"):
+            if not parts.hostname or not parts.path.strip("/") or parts.path.endswith("/"):
+                raise ValueError(f"{parts.scheme}:// sources name a file: scheme://host/path")
+            if parts.username is not None or parts.password is not None:
+                raise ValueError(
+                    "a source URL must not carry credentials (user:password@): a stack "
+                    "file is no place for a secret"
+                )
+            if ".." in parts.path.split("/"):
+                raise ValueError("a source URL's path must not contain '..'")
+    return value
+
+
 def provider_requires_model(provider: str) -> bool:
     """Self-managed providers serve a baked-in model; every other provider needs one."""
     return provider not in SELF_MANAGED_PROVIDERS
@@ -257,32 +302,7 @@ class ModelSpec(_Strict):
     @field_validator("source")
     @classmethod
     def _check_source(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
-        if not value.strip() or "\x00" in value:
-            raise ValueError("source must be a non-empty path or URL")
-        if "://" in value:
-            parts = urlsplit(value)
-            if parts.scheme not in _SOURCE_SCHEMES:
-                raise ValueError(
-                    f"unsupported source scheme {parts.scheme!r}: use a path, file://, "
-                    "hf://org/repo[/file], https://host/path or demo://name"
-                )
-            if parts.scheme == "hf" and len(hub_parts(value)) < 2:
-                raise ValueError("hf:// sources name org/repo (a repository) or org/repo/file")
-            if parts.scheme == "hf" and any(p in (".", "..") for p in hub_parts(value)):
-                raise ValueError("hf:// sources must not contain '.' or '..' segments")
-            if parts.scheme in ("http", "https"):
-                if not parts.hostname or not parts.path.strip("/") or parts.path.endswith("/"):
-                    raise ValueError(f"{parts.scheme}:// sources name a file: scheme://host/path")
-                if parts.username is not None or parts.password is not None:
-                    raise ValueError(
-                        "a source URL must not carry credentials (user:password@): a stack "
-                        "file is no place for a secret"
-                    )
-                if ".." in parts.path.split("/"):
-                    raise ValueError("a source URL's path must not contain '..'")
-        return value
+        return check_source(value)
 
     @field_validator("sha256")
     @classmethod
@@ -429,6 +449,35 @@ class SlotSpec(_Strict):
     # [[unit]] or a member's `with` set it): its members load, evict, sleep and restore
     # together. A scheduling key: changing it restarts no server.
     unit: Annotated[str, Field(pattern=SLOT_NAME_PATTERN)] | None = None
+    # LoRA adapters of the slot's model ([[adapter]], docs/adapters.md): how many its
+    # server holds at once (0: the slot serves none), the largest rank it is started for,
+    # and how they reach it (None: the provider's own: vllm and demo load at run time,
+    # llamacpp and llama-cpp-python are given theirs at start; openai-compatible names it).
+    max_loras: Annotated[int, Field(ge=0, le=256)] = 0
+    max_lora_rank: Annotated[int, Field(ge=1, le=1024)] = 16
+    adapter_api: AdapterApi | None = None
+    # The adapters a start-time engine is started with (llamacpp: all of them, chosen per
+    # request; llama-cpp-python: exactly one, always applied: that slot serves only it).
+    adapters: Annotated[
+        list[Annotated[str, Field(pattern=MODEL_ID_PATTERN)]], Field(max_length=64)
+    ] = Field(default_factory=list)
+
+    @field_validator("adapters")
+    @classmethod
+    def _distinct_adapters(cls, value: list[str]) -> list[str]:
+        twice = sorted({a for a in value if value.count(a) > 1})
+        if twice:
+            raise ValueError(f"adapters named twice: {twice}")
+        return value
+
+    @property
+    def lora_api(self) -> str | None:
+        """How adapters reach this slot's server (:data:`ADAPTER_APIS`); None: it serves
+        none (``max_loras = 0`` and no start-time ``adapters``)."""
+        if not self.max_loras and not self.adapters:
+            return None
+        return self.adapter_api or _PROVIDER_ADAPTER_API.get(self.provider)
+
     # Replicas (docs/replicas.md): the same model served by several servers of this slot,
     # each a slot of its own named `<name>-r<i>` (the first keeps `<name>`). `replicas = N`
     # is min_replicas = max_replicas = N; above min_replicas they are added and removed
@@ -552,6 +601,53 @@ class SlotSpec(_Strict):
     def activated(self) -> bool:
         """A non-empty model.default (or a self-managed provider) activates a slot."""
         return bool(self.model.default) or not provider_requires_model(self.provider)
+
+
+class AdapterSpec(_Strict):
+    """One ``[[adapter]]``: a LoRA adapter of catalogue model ``base``, asked for by its id
+    (or ``base:id``) and loaded into a slot serving ``base`` (controller/slots/adapters.py;
+    checks across the state are :mod:`controller.spec.adapters`')."""
+
+    id: Annotated[str, Field(pattern=MODEL_ID_PATTERN)]
+    base: Annotated[str, Field(pattern=MODEL_ID_PATTERN)]
+    source: str  # path, file://, hf://org/repo[/file], https:// (as a model's)
+    # As a model's: required for an http(s):// source; pulled and verified alike.
+    sha256: Sha256 | None = Field(default=None, validate_default=True)
+    rank: Annotated[int, Field(ge=1, le=1024)] | None = None  # None: not declared
+    scale: Annotated[float, Field(ge=0, le=100)] = 1.0  # llama.cpp's per-request scale
+    priority: Annotated[int, Field(ge=0, le=100)] = 50  # eviction: lowest goes first
+    pinned: bool = False  # never evicted from a slot that holds it
+    memory_gb: MemoryGb = 0.0  # device memory it adds to a slot holding it
+
+    @field_validator("source")
+    @classmethod
+    def _check_source(cls, value: str) -> str:
+        checked = check_source(value)
+        if checked is None or checked.startswith("demo://"):
+            raise ValueError("an adapter's source is a path, file://, hf:// or https:// URL")
+        return checked
+
+    @field_validator("sha256")
+    @classmethod
+    def _check_sha256(cls, value: str | None, info: ValidationInfo) -> str | None:
+        source = info.data.get("source")
+        if value is None and is_url_source(source):
+            raise ValueError(
+                'an http(s):// source needs sha256 = "<64 hex digits>": nothing else '
+                "vouches for its bytes"
+            )
+        if value is not None and is_hub_snapshot(source):
+            raise ValueError("sha256 names one file; hf://org/repo is a whole repository")
+        return value.lower() if value is not None else None
+
+    @property
+    def memory_bytes(self) -> int:
+        return int(self.memory_gb * 1024**3)
+
+    def as_model(self) -> ModelSpec:
+        """Its files as the model-files engine knows files (pulled, verified, kept from
+        GC, at the destination its server reads)."""
+        return ModelSpec(id=self.id, source=self.source, sha256=self.sha256)
 
 
 AliasPrefer = Literal["warm", "first", "spread"]

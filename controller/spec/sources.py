@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+from controller.spec.adapters import AdapterEntry
 from controller.spec.aliases import AliasEntry
 from controller.spec.loader import DesiredSlot
 from controller.spec.schema import ControllerSettings, ModelSpec
@@ -31,13 +32,15 @@ __all__ = ["NO_CHANGE", "DesiredChange", "DesiredSource", "DesiredView", "Publis
 
 @dataclass(frozen=True, slots=True)
 class DesiredChange:
-    """The keys one change touched: slot names, model ids, alias ids; ``settings``: the
+    """The keys one change touched: slot names, model ids, alias ids, adapter ids;
+    ``settings``: the
     controller settings changed (every slot's migrations may read differently)."""
 
     slots: frozenset[str] = frozenset()
     models: frozenset[str] = frozenset()
     aliases: frozenset[str] = frozenset()
     settings: bool = False
+    adapters: frozenset[str] = frozenset()
 
     @classmethod
     def of(
@@ -47,11 +50,14 @@ class DesiredChange:
         aliases: Iterable[str] = (),
         *,
         settings: bool = False,
+        adapters: Iterable[str] = (),
     ) -> DesiredChange:
-        return cls(frozenset(slots), frozenset(models), frozenset(aliases), settings)
+        return cls(
+            frozenset(slots), frozenset(models), frozenset(aliases), settings, frozenset(adapters)
+        )
 
     def __bool__(self) -> bool:
-        return bool(self.slots or self.models or self.aliases or self.settings)
+        return bool(self.slots or self.models or self.aliases or self.settings or self.adapters)
 
     def __or__(self, other: DesiredChange) -> DesiredChange:
         return DesiredChange(
@@ -59,6 +65,7 @@ class DesiredChange:
             self.models | other.models,
             self.aliases | other.aliases,
             self.settings or other.settings,
+            self.adapters | other.adapters,
         )
 
 
@@ -81,6 +88,9 @@ class DesiredView(Protocol):
 
     @property
     def aliases(self) -> Mapping[str, AliasEntry]: ...
+
+    @property
+    def adapters(self) -> Mapping[str, AdapterEntry]: ...
 
 
 class DesiredSource(DesiredView, Protocol):

@@ -410,8 +410,8 @@ def test_show_json_is_the_normalised_state(home: Path) -> None:
     result = slotctl("stack", "show", "-o", "json", REPO / "stacks", home=home)
     assert result.returncode == 0
     state = json.loads(result.stdout)
-    assert set(state) == {"stacks", "models", "slots", "aliases"}
-    assert state["stacks"] == ["workstation"] and state["aliases"] == []
+    assert set(state) == {"stacks", "models", "slots", "aliases", "adapters"}
+    assert state["stacks"] == ["workstation"] and state["aliases"] == state["adapters"] == []
     slots = {s["name"]: s for s in state["slots"]}
     assert list(slots) == ["chat", "reasoning", "code", "embed", "tts", "stt"]
     chat = slots["chat"]

@@ -73,6 +73,11 @@ def dashboard_stack() -> str:
     out.append(
         '\n[[alias]]\nid = "assistant"\nmodels = ["qwen2.5-coder-7b-demo", "llama-3.1-8b-demo"]\n'
     )
+    # a LoRA adapter: the Adapters panel lists it with its base (resident nowhere yet)
+    out.append(
+        '\n[[adapter]]\nid = "tone"\nbase = "llama-3.1-8b-demo"\nsource = "/srv/tone"\n'
+        "pinned = true\n"
+    )
     return "".join(out)
 
 
@@ -153,6 +158,10 @@ def test_dashboard_follows_a_load_and_an_unload_live(
             expect(page.locator('.device-card[data-device="cpu"]')).to_be_visible()
             serves = page.locator('tr[data-alias="assistant"] td').nth(3)
             expect(serves).to_have_text("llama-3.1-8b-demo")  # coder is not loaded yet
+            tone = page.locator('tr[data-adapter="tone"] td')
+            expect(tone.nth(0)).to_have_text("tone (pinned)")
+            expect(tone.nth(1)).to_have_text("llama-3.1-8b-demo")
+            expect(tone.nth(3)).to_have_text("—")
             page.evaluate("window.__sameDocument = true")  # gone if the page reloads
             loads_before = len(navigations)
 

@@ -272,7 +272,7 @@ def live_routes() -> list[tuple[str, str]]:
     return asyncio.run(build())
 
 
-_DUMMY = {"name": "a", "model_id": "m-a", "path": "transcriptions"}
+_DUMMY = {"name": "a", "model_id": "m-a", "path": "transcriptions", "adapter": "a"}
 
 
 def concrete(path: str) -> str:
@@ -725,9 +725,16 @@ def test_stacks_diff_and_apply(api: Api, static: tuple[Api, Slotctl]) -> None:
     assert before["in_sync"] is False
     assert [(a["slot"], a["kind"]) for a in before["actions"]] == [("extra-one", "create")]
     planned = api.ok("POST", "/api/stacks/apply", {**body, "dry_run": True})
-    assert set(planned) == {"plan", "aliases_changed", "changed", "dry_run", "left_behind"}
+    assert set(planned) == {
+        "plan",
+        "aliases_changed",
+        "adapters_changed",
+        "changed",
+        "dry_run",
+        "left_behind",
+    }
     assert planned["changed"] == [] and planned["dry_run"] is True
-    assert planned["aliases_changed"] == []
+    assert planned["aliases_changed"] == [] and planned["adapters_changed"] == []
     assert [(a["slot"], a["kind"]) for a in planned["plan"]] == [("extra-one", "create")]
     assert not (ctl.config / "slots" / "extra-one.toml").exists()
     applied = api.ok("POST", "/api/stacks/apply", body)

@@ -194,7 +194,7 @@ def test_schema_forbids_additional_properties_everywhere() -> None:
 def test_chart_ships_the_generated_crds() -> None:
     chart = helm.Chart.load(str(CHART))
     shipped = {c["name"]: yaml.safe_load(c["data"]) for c in chart.crds}
-    assert len(shipped) == len(crd_documents()) == 3  # Alias, Model, Slot
+    assert len(shipped) == len(crd_documents()) == 4  # Adapter, Alias, Model, Slot
     generated = {d["metadata"]["name"]: d for d in crd_documents().values()}
     assert {d["metadata"]["name"]: d for d in shipped.values()} == generated
 

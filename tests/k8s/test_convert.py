@@ -188,18 +188,19 @@ def test_crd_generate_check(tmp_path: Path) -> None:
     current = slotctl("crd", "generate", "--check", "--output-dir", "crds")
     assert (
         current.returncode == 0
-        and current.stdout == "crds: the 3 CRDs are current (nothing written)\n"
+        and current.stdout == "crds: the 4 CRDs are current (nothing written)\n"
     )
     fresh = slotctl("crd", "generate", "--output-dir", str(tmp_path))
     assert fresh.returncode == 0
     assert fresh.stdout.splitlines() == [
+        f"wrote {tmp_path / 'slotctl.io_adapters.yaml'}",
         f"wrote {tmp_path / 'slotctl.io_aliases.yaml'}",
         f"wrote {tmp_path / 'slotctl.io_models.yaml'}",
         f"wrote {tmp_path / 'slotctl.io_slots.yaml'}",
-        f"{tmp_path}: 3 written, 0 unchanged",
+        f"{tmp_path}: 4 written, 0 unchanged",
     ]
     again = slotctl("crd", "generate", "--output-dir", str(tmp_path))  # says so, too
-    assert again.stdout == f"{tmp_path}: the 3 CRDs are current (nothing written)\n"
+    assert again.stdout == f"{tmp_path}: the 4 CRDs are current (nothing written)\n"
     (tmp_path / "slotctl.io_slots.yaml").write_text("stale")
     result = slotctl("crd", "generate", "--check", "--output-dir", str(tmp_path))
     assert result.returncode == 1 and "out of date" in result.stderr and result.stdout == ""

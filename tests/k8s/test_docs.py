@@ -28,7 +28,7 @@ def _documented(kind: str) -> set[str]:
     return set(re.findall(r"^\| `([^`]+)` \|", section, flags=re.M))
 
 
-@pytest.mark.parametrize("kind", ["Alias", "Model", "Slot"])
+@pytest.mark.parametrize("kind", ["Adapter", "Alias", "Model", "Slot"])
 def test_reference_matches_the_crd(kind: str) -> None:
     (crd,) = [d for d in crd_documents().values() if d["spec"]["names"]["kind"] == kind]
     spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]

@@ -72,6 +72,10 @@ EXTRA_ERRORS: dict[str, tuple[str, int]] = {
     "ModelAccessDenied": ("model.access_denied", 403),
     "ModelVerifyFailed": ("model.verify_failed", 502),
     "ModelInUse": ("model.in_use", 409),
+    # Issue 37: LoRA adapters inside slots.
+    "AdapterNotFound": ("adapter.not_found", 404),
+    "AdapterUnavailable": ("adapter.unavailable", 503),
+    "AdapterLoadFailed": ("adapter.load_failed", 502),
 }
 ALL_ERRORS = {**SPEC_ERRORS, **EXTRA_ERRORS}
 
@@ -149,6 +153,15 @@ def _make(name: str) -> SlotctlError:
         ),
         "ModelVerifyFailed": lambda: errors_module.ModelVerifyFailed(
             "sha256 mismatch", model="chat", quarantined="/models/.slotctl/quarantine/x"
+        ),
+        "AdapterNotFound": lambda: errors_module.AdapterNotFound(
+            "adapter 'sql' is not declared", adapter="sql"
+        ),
+        "AdapterUnavailable": lambda: errors_module.AdapterUnavailable(
+            "no place", retry_after_s=1, adapter="sql", slot="chat", waitable=False
+        ),
+        "AdapterLoadFailed": lambda: errors_module.AdapterLoadFailed(
+            "HTTP 400", adapter="sql", slot="chat"
         ),
         "StateWriteFailed": lambda: errors_module.StateWriteFailed(
             "/var/lib/slotctl/slots/llm-a/state.json", OSError(28, "No space left on device")

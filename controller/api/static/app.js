@@ -643,7 +643,14 @@ function start() {
   state.events = [];
   state.flips = [];
   setConn("connecting", "connecting");
-  Promise.all([refreshSlots(), refreshDevices(), refreshTraffic(), refreshKeys(), refreshAliases()]).catch((err) => {
+  Promise.all([
+    refreshSlots(),
+    refreshDevices(),
+    refreshTraffic(),
+    refreshKeys(),
+    refreshAliases(),
+    refreshAdapters(),
+  ]).catch((err) => {
     if (err.status !== 401) toast(`Cannot read the state: ${err.message}`, "err");
   });
   streamEvents(state.stream.signal);
@@ -657,7 +664,13 @@ setInterval(() => {
 setInterval(() => {
   // the traffic samples (every 2 s) and the slots' counters with them
   if (state.token && ui.conn.dataset.conn === "live") {
-    Promise.all([refreshSlots(), refreshTraffic(), refreshKeys(), refreshAliases()]).catch(() => {});
+    Promise.all([
+      refreshSlots(),
+      refreshTraffic(),
+      refreshKeys(),
+      refreshAliases(),
+      refreshAdapters(),
+    ]).catch(() => {});
   }
 }, 2000);
 setupLogs();

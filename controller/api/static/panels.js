@@ -293,6 +293,33 @@ async function refreshAliases() {
   );
 }
 
+async function refreshAdapters() {
+  // [[adapter]]: hidden while none is declared; where each is resident now (a slot's
+  // loading or draining adapters say so), pinned ones marked
+  const { body } = await api("/api/adapters");
+  const declared = body.declared || [];
+  const where = {};
+  for (const slot of body.adapters || []) {
+    for (const held of slot.resident || []) {
+      const state = held.state === "loaded" || held.state === "started" ? "" : ` (${held.state})`;
+      (where[held.id] = where[held.id] || []).push(slot.slot + state);
+    }
+  }
+  document.querySelector(".adapters-panel").hidden = declared.length === 0;
+  document.getElementById("adapter-rows").replaceChildren(
+    ...declared.map((a) =>
+      h(
+        "tr",
+        { "data-adapter": a.id },
+        h("td", { class: "mono" }, a.id + (a.pinned ? " (pinned)" : "")),
+        h("td", { class: "mono" }, a.base),
+        h("td", {}, String(a.priority)),
+        h("td", { class: "mono" }, (where[a.id] || []).join(", ") || "—"),
+      ),
+    ),
+  );
+}
+
 async function refreshKeys() {
   const panel = document.querySelector(".keys-panel");
   let body;
