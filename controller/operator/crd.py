@@ -246,7 +246,73 @@ def _slot_spec_schema() -> dict[str, Any]:
         }
     ]
     schema["properties"]["model"]["properties"]["default"]["maxLength"] = 200
+    schema["x-kubernetes-validations"] = _replica_rules()
     return schema
+
+
+def _set(field: str, on: str = "self") -> str:
+    """CEL: ``field`` is given. (A field set to null counts as given and then fails the
+    rule's arithmetic: the API server refuses ``replicas: null``, which the loader would
+    read as absent; leave such a field out.)"""
+    return f"has({on}.{field})"
+
+
+def _max_count(on: str = "self") -> str:
+    """CEL: the slot's replicas at most (``SlotSpec.max_count``)."""
+    return (
+        f"({_set('replicas', on)} ? {on}.replicas : ({_set('max_replicas', on)} ? "
+        f"{on}.max_replicas : ({_set('min_replicas', on)} ? {on}.min_replicas : 1)))"
+    )
+
+
+def _replica_rules() -> list[dict[str, str]]:
+    """The loader's replica cross-field checks (``SlotSpec._check_replicas``) as CEL on
+    the Slot's spec, so the API server refuses what the operator would (the name-length
+    check needs ``metadata.name``: it is a root rule, :func:`_replica_name_rule`)."""
+    low = f"({_set('min_replicas')} ? self.min_replicas : 1)"
+    many = f"{_max_count()} > 1"
+    return [
+        {
+            "rule": f"!({_set('replicas')} && ({_set('min_replicas')} || {_set('max_replicas')}))",
+            "message": "replicas = N sets both bounds: give it or min_replicas/max_replicas, "
+            "not both (slot.invalid_value)",
+        },
+        {
+            "rule": f"!({_set('min_replicas')} && {_set('max_replicas')}) || "
+            "self.min_replicas <= self.max_replicas",
+            "message": "min_replicas is above max_replicas (slot.invalid_value)",
+        },
+        {
+            "rule": f"!(!{_set('replicas')} && {_set('max_replicas')} && "
+            f"{low} < self.max_replicas) || {_set('max_concurrency')}",
+            "message": "replicas between min_replicas and max_replicas scale by demand, "
+            "measured against max_concurrency: set it (slot.invalid_value)",
+        },
+        {
+            "rule": f"!({many} && has(self.device) && self.device == 'npu')",
+            "message": "an npu slot has one server: replicas need gpu or cpu (slot.invalid_value)",
+        },
+        {
+            "rule": f"!({many} && has(self.device) && self.device.startsWith('gpu:')) || "
+            "(has(self.replica_placement) && self.replica_placement == 'share')",
+            "message": "a device that pins GPUs pins every replica to the same GPU(s): set "
+            "replica_placement = share to ask for that, or device = gpu (slot.invalid_value)",
+        },
+        {
+            "rule": f"!({many} && {_set('unit')})",
+            "message": "a co-loaded unit's member has one server: no replicas (slot.invalid_value)",
+        },
+    ]
+
+
+def _replica_name_rule() -> dict[str, str]:
+    """CEL on the Slot: its last replica's name (``<name>-r<i>``) is a slot name too."""
+    high = _max_count("self.spec")
+    return {
+        "rule": f"{high} <= 1 || size(self.metadata.name) + 2 + size(string({high} - 1)) <= 63",
+        "message": "the Slot's name is too long for its replicas: its last replica's name "
+        "<name>-r<i> would be over 63 characters (slot.invalid_value)",
+    }
 
 
 def _model_spec_schema() -> dict[str, Any]:
@@ -442,7 +508,8 @@ def slot_crd() -> dict[str, Any]:
                 "rule": f"self.metadata.name.matches({_cel_string(SLOT_NAME_PATTERN)})",
                 "message": "a Slot's name is its slot name: a DNS-1123 label of at most 63 "
                 "characters (slot.invalid_value)",
-            }
+            },
+            _replica_name_rule(),
         ],
     )
 

@@ -150,6 +150,18 @@ async def test_cel_rules_run_in_the_server(admin: Kube) -> None:
     dotted = slot("chat.v2", "m", 8080)  # a DNS subdomain (a valid object name), not a label
     err = await refused(admin.create(dotted), 422)
     assert "DNS-1123 label" in err.body["message"]
+    # the replica cross-field rules (the loader's SlotSpec._check_replicas)
+    for bad, words in [
+        ({"replicas": 2, "max_replicas": 3, "max_concurrency": 2}, "sets both bounds"),
+        ({"min_replicas": 3, "max_replicas": 2, "max_concurrency": 2}, "above max_replicas"),
+        ({"min_replicas": 1, "max_replicas": 3}, "set it"),
+        ({"replicas": 2, "device": "npu"}, "npu slot"),
+    ]:
+        err = await refused(admin.create(slot("chat", "m", 8080, **bad)), 422)
+        assert words in err.body["message"], (bad, err.body["message"])
+    err = await refused(admin.create(slot("a" * 61, "m", 8080, replicas=10)), 422)
+    assert "too long for its replicas" in err.body["message"]
+    await admin.create(slot("scaled", "m", 8081, min_replicas=1, max_replicas=3, max_concurrency=2))
     # a valid object, then an edit the rules refuse: the stored spec is unchanged
     await admin.create(slot("chat", "m", 8080))
     await refused(
