@@ -48,8 +48,15 @@ from controller.spec.adapters import AdapterEntry
 from controller.spec.aliases import AliasEntry
 from controller.spec.loader import DesiredSlot, normalise
 from controller.spec.problems import Problem, problems_from_validation
+from controller.spec.replicas import replica_name, replica_names, replica_of_name
 from controller.spec.rules import SlotCheck, SlotEntry, check_slot_payload, cross_slot_problems
-from controller.spec.schema import AliasSpec, ControllerSettings, ModelSpec, SlotSpec
+from controller.spec.schema import (
+    MAX_REPLICAS,
+    AliasSpec,
+    ControllerSettings,
+    ModelSpec,
+    SlotSpec,
+)
 from controller.spec.sources import NO_CHANGE, DesiredChange, DesiredView, Publish
 from controller.spec.units import resolve_units
 
@@ -227,6 +234,11 @@ class CrSource:
                 dirty |= self._port_holders(slot.spec.port)
             dirty |= self._slot_decl.get(name)
             dirty |= self._alias_decl.get(name)
+            for index in range(1, MAX_REPLICAS):  # the Slots named as its replicas
+                dirty |= self._slot_decl.get(replica_name(name, index))
+            owner = replica_of_name(name)  # the Slot whose replica it is named as
+            if owner is not None:
+                dirty |= self._slot_decl.get(owner[0])
             if name in self._foreign_npu or old_port is not None or slot is not None:
                 dirty |= {self._npu} if self._npu is not None else set()
         for model_id in change.models:
@@ -549,6 +561,7 @@ class CrSource:
                 if p.slot in mine and p not in theirs
             ]
             found += self._unit_problems(entries, set(keys))
+            found += self._replica_problems(entries, set(keys))
             if not found:
                 break
             by_name: dict[str, list[Problem]] = {}
@@ -602,6 +615,53 @@ class CrSource:
                 if key not in judged and key in self._slots:
                     out.setdefault(f"{key}", SlotEntry(spec=self._slots[key]))
         return list(out.values())
+
+    def _replica_problems(self, entries: list[SlotEntry], judged: set[CrKey]) -> list[Problem]:
+        """A replica's name (``<slot>-r<i>``) taken across sources: a Slot with the name of
+        a replica of a stack file's slot or of a Slot in force, or a Slot whose replicas
+        would have the name of a slot one of them declares (the loader's
+        ``slot.replica_name_taken`` judges one source's slots; this, the others')."""
+        files = self._before.slots
+        out: list[Problem] = []
+
+        def held(name: str) -> tuple[SlotSpec, str] | None:
+            slot = files.get(name)
+            if slot is not None:
+                return slot.spec, "a stack file"
+            key = self._by_name.get(name)
+            if key is not None and key not in judged and key in self._slots:
+                return self._slots[key], f"Slot {key[1]}/{key[2]}"
+            return None
+
+        for entry in entries:
+            spec = entry.spec
+            owner = replica_of_name(spec.name)
+            if owner is not None:
+                base, index = owner
+                found = held(base)
+                if found is not None and index < found[0].max_count:
+                    out.append(
+                        entry.problem(
+                            "slot.replica_name_taken",
+                            f"slot {spec.name!r} has the name of replica {index} of slot "
+                            f"{base!r} ({found[1]})",
+                            ("name",),
+                            "rename the Slot, or lower the other slot's max_replicas",
+                        )
+                    )
+            for index, name in enumerate(replica_names(spec), start=1):
+                found = held(name)
+                if found is not None:
+                    out.append(
+                        entry.problem(
+                            "slot.replica_name_taken",
+                            f"replica {index} of slot {spec.name!r} would be named {name!r}, "
+                            f"which {found[1]} declares",
+                            ("max_replicas" if spec.max_replicas else "replicas",),
+                            "rename that slot, or lower this Slot's replicas",
+                        )
+                    )
+        return out
 
     def _unit_problems(self, entries: list[SlotEntry], judged: set[CrKey]) -> list[Problem]:
         """A unit's members pinned to two nodes (:func:`resolve_units`'s rule), over the

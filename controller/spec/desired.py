@@ -40,7 +40,7 @@ from controller.spec.aliases import AliasEntry
 from controller.spec.configdir import ConfigSnapshot, ParseCache
 from controller.spec.files import FilesSource
 from controller.spec.loader import DesiredSlot
-from controller.spec.replicas import replica_name, replica_specs
+from controller.spec.replicas import replica_name, replica_of_name, replica_specs
 from controller.spec.schema import ControllerSettings, ModelSpec
 from controller.spec.sources import DesiredChange, DesiredSource, DesiredView
 
@@ -259,11 +259,17 @@ class DesiredCache:
                         touched.add(gone)
                         _put(merged.slots, gone, slot_layers)  # a source may declare it
             _put(merged.slots, name, slot_layers)
+        # Then the replicas, once every declared slot is in (in any order of the names: a
+        # declared slot put back after its name was a replica's would drop the replica).
+        owners = set(change.slots)
+        owners |= {o[0] for o in map(replica_of_name, change.slots) if o is not None}
+        for name in sorted(owners):
             new = merged.slots.get(name)
-            if new is not None:
+            if new is not None and new.spec.replica_of is None:
                 for spec in replica_specs(new.spec):
-                    merged.slots.setdefault(spec.name, replace(new, spec=spec))
-                    touched.add(spec.name)
+                    if spec.name not in merged.slots:
+                        merged.slots[spec.name] = replace(new, spec=spec)
+                        touched.add(spec.name)
         for model_id in change.models:
             _put(merged.models, model_id, [layer.models for layer in reversed(layers)])
         for alias_id in change.aliases:

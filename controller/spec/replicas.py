@@ -21,7 +21,13 @@ from typing import Final
 
 from controller.spec.schema import SlotSpec
 
-__all__ = ["REPLICA_SUFFIX", "replica_name", "replica_names", "replica_specs"]
+__all__ = [
+    "REPLICA_SUFFIX",
+    "replica_name",
+    "replica_names",
+    "replica_of_name",
+    "replica_specs",
+]
 
 REPLICA_SUFFIX: Final = "-r"
 
@@ -29,6 +35,18 @@ REPLICA_SUFFIX: Final = "-r"
 def replica_name(slot: str, index: int) -> str:
     """Replica ``index`` of ``slot``: the slot itself for 0, else ``<slot>-r<index>``."""
     return slot if index == 0 else f"{slot}{REPLICA_SUFFIX}{index}"
+
+
+def replica_of_name(name: str) -> tuple[str, int] | None:
+    """``(slot, index)`` when ``name`` is the name replica ``index`` >= 1 of ``slot``
+    would have (``chat-r2`` -> ``("chat", 2)``), else None."""
+    base, sep, digits = name.rpartition(REPLICA_SUFFIX)
+    if not sep or not base or not digits.isdigit():
+        return None
+    index = int(digits)
+    if index < 1 or replica_name(base, index) != name:
+        return None
+    return base, index
 
 
 def replica_names(spec: SlotSpec) -> list[str]:
