@@ -16,6 +16,7 @@ from collections.abc import Hashable, Iterable
 from controller.model.events import Event
 from controller.model.lifecycle import SlotState
 from controller.operator.status import reason_of
+from controller.spec.replicas import replica_of_name
 
 __all__ = ["StatusBoard"]
 
@@ -51,10 +52,13 @@ class StatusBoard:
             queue = self.pending.setdefault(event.slot, [])
             queue.append((kind, reason_of(event.to_state or "changed"), text))
             del queue[:-20]  # bounded: a slot nobody looks at does not grow it
-        self._counts[event.slot] = self._counts.get(event.slot, 0) + 1
-        woken = self._woken.pop(event.slot, None)
-        if woken is not None:
-            woken.set()
+        # a replica's change is its slot's too (the Slot's status sums its replicas up)
+        owner = replica_of_name(event.slot)
+        for slot in (event.slot,) if owner is None else (event.slot, owner[0]):
+            self._counts[slot] = self._counts.get(slot, 0) + 1
+            woken = self._woken.pop(slot, None)
+            if woken is not None:
+                woken.set()
         self._bump()
 
     def wake(self, slots: Iterable[str]) -> None:

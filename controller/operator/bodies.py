@@ -102,6 +102,26 @@ class MemoryStatus(TypedDict):
     admitted: bool
 
 
+class ReplicaStatus(TypedDict, total=False):
+    name: str
+    index: int
+    state: str
+    ready: bool
+    endpoint: str | None
+    node: str
+
+
+class ReplicasStatus(TypedDict):
+    """A Slot's replicas summed up (docs/replicas.md): how many are wanted, exist (a
+    server admitted: starting to unloading), are ready (take requests), and each one."""
+
+    min: int
+    max: int
+    running: int
+    ready: int
+    items: list[ReplicaStatus]
+
+
 class SlotStatus(TypedDict, total=False):
     observedGeneration: int
     state: str
@@ -113,6 +133,7 @@ class SlotStatus(TypedDict, total=False):
     node: str
     memory: MemoryStatus
     lastError: LastError
+    replicas: ReplicasStatus
 
 
 class ModelStatus(TypedDict, total=False):

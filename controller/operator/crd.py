@@ -396,6 +396,31 @@ def _slot_status_schema() -> dict[str, Any]:
                 },
             },
             "lastError": _error_schema(),
+            "replicas": {
+                "type": "object",
+                "description": "A slot with replicas: how many are wanted (min, max), "
+                "have a server (running), take requests (ready), and each one's state.",
+                "properties": {
+                    "min": {"type": "integer"},
+                    "max": {"type": "integer"},
+                    "running": {"type": "integer"},
+                    "ready": {"type": "integer"},
+                    "items": {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "properties": {
+                                "name": {"type": "string"},
+                                "index": {"type": "integer"},
+                                "state": {"type": "string"},
+                                "ready": {"type": "boolean"},
+                                "endpoint": {"type": "string", "nullable": True},
+                                "node": {"type": "string"},
+                            },
+                        },
+                    },
+                },
+            },
         },
     }
 

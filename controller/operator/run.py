@@ -43,6 +43,7 @@ from controller.operator.bodies import (
     CrKey,
     Essence,
     ModelStatus,
+    ReplicasStatus,
     SlotStatus,
     Status,
     cr_key,
@@ -58,6 +59,7 @@ from controller.operator.status import (
     Written,
     changed_fields,
     model_status,
+    replicas_status,
     slot_status,
 )
 from controller.reconcile.apply import apply_to_config
@@ -67,6 +69,7 @@ from controller.runtime.kubernetes.poolspec import Picker
 from controller.slots.manager import SlotManager
 from controller.spec.configdir import read_config_dir
 from controller.spec.loader import DesiredState
+from controller.spec.replicas import replica_names
 
 __all__ = ["INDEXES", "Operator", "OperatorOptions", "forget_written_files"]
 
@@ -528,7 +531,18 @@ class Operator:
         )
 
     def _slot_status(self, key: CrKey, old: Mapping[str, object]) -> SlotStatus:
-        return slot_status(self._observed(self.source.slot_of(key)), self._verdict(key), old)
+        slot = self.source.slot_of(key)
+        observed = self._observed(slot)
+        return slot_status(observed, self._verdict(key), old, replicas=self._replicas(slot))
+
+    def _replicas(self, slot: str | None) -> ReplicasStatus | None:
+        """The slot's replicas summed up (None: it has none)."""
+        spec = self.manager.known(slot) if slot is not None else None
+        if slot is None or spec is None or spec.max_count <= 1:
+            return None
+        members = [(slot, 0, self._observed(slot))]
+        members += [(n, i, self._observed(n)) for i, n in enumerate(replica_names(spec), 1)]
+        return replicas_status(spec.min_count, spec.max_count, members)
 
     def _model_status(self, key: CrKey, old: Mapping[str, object]) -> ModelStatus:
         model_id = self.source.model_ids.get(key)

@@ -22,6 +22,8 @@ from controller.operator.bodies import (
     CrKey,
     LastError,
     ModelStatus,
+    ReplicasStatus,
+    ReplicaStatus,
     SlotStatus,
 )
 from controller.spec.problems import Problem
@@ -34,6 +36,7 @@ __all__ = [
     "model_status",
     "old_conditions",
     "reason_of",
+    "replicas_status",
     "slot_reason",
     "slot_status",
 ]
@@ -169,13 +172,42 @@ def _problem_text(problems: Sequence[Problem]) -> str:
     )
 
 
+def replicas_status(
+    low: int, high: int, members: Sequence[tuple[str, int, Observed | None]]
+) -> ReplicasStatus:
+    """A Slot's replicas summed up: ``members`` (name, index, what is observed; None:
+    not known to the controller yet) in index order, between ``low`` and ``high``."""
+    items: list[ReplicaStatus] = []
+    for name, index, seen in sorted(members, key=lambda m: m[1]):
+        item: ReplicaStatus = {
+            "name": name,
+            "index": index,
+            "state": "pending" if seen is None else seen.state.value,
+            "ready": seen is not None and seen.dispatchable,
+            "endpoint": None if seen is None else seen.endpoint,
+        }
+        if seen is not None and seen.node is not None:
+            item["node"] = seen.node
+        items.append(item)
+    states = [m[2] for m in members if m[2] is not None]
+    return {
+        "min": low,
+        "max": high,
+        "running": sum(1 for o in states if o.state in _ADMITTED),
+        "ready": sum(1 for o in states if o.dispatchable),
+        "items": items,
+    }
+
+
 def slot_status(
     observed: Observed | None,
     verdict: Verdict,
     old: Mapping[str, object] | None,
     now: str | None = None,
+    replicas: ReplicasStatus | None = None,
 ) -> SlotStatus:
-    """The whole ``status`` of a Slot."""
+    """The whole ``status`` of a Slot (``replicas``: its replicas summed up, for a slot
+    that has them)."""
     conditions = old_conditions(old or {})
     gen = verdict.generation
     if observed is None:
@@ -225,6 +257,8 @@ def slot_status(
     error = _last_error(observed, verdict)
     if error is not None:
         status["lastError"] = error
+    if replicas is not None:
+        status["replicas"] = replicas
     return status
 
 

@@ -1,0 +1,71 @@
+"""A Slot with replicas against KMock (real kopf, the real controller core, the process
+runtime, real demo servers): its status sums up its replicas — how many are wanted, run
+and are ready, and each one's state — and a replica's change shows in its Slot's status."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.helpers import free_ports
+from tests.k8s.conftest import Cluster, eventually
+from tests.k8s.test_operator import model, running_operator, slot, state  # noqa: F401
+
+pytestmark = pytest.mark.timeout(180)
+
+
+async def _replicas(cluster: Cluster, name: str, ready: int) -> dict[str, Any] | None:
+    obj = await cluster.get("slots", name)
+    summed = ((obj or {}).get("status") or {}).get("replicas")
+    return summed if summed is not None and summed["ready"] == ready else None
+
+
+async def test_a_slots_status_sums_up_its_replicas(
+    cluster: Cluster,
+    state: Path,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    (port,) = free_ports(1)
+    async with running_operator(cluster, state, monkeypatch) as op:
+        await cluster.create(model("m-chat"))
+        spec = {"min_replicas": 1, "max_replicas": 2, "max_concurrency": 4}
+        await cluster.create(slot("chat", "m-chat", port, scale_down_after_s=600, **spec))
+        summed = await eventually(lambda: _replicas(cluster, "chat", 1), "the first replica")
+        assert (summed["min"], summed["max"], summed["running"]) == (1, 2, 1)
+        first, second = summed["items"]
+        assert (first["name"], first["index"], first["state"], first["ready"]) == (
+            "chat",
+            0,
+            "ready",
+            True,
+        )
+        assert (second["name"], second["index"], second["ready"]) == ("chat-r1", 1, False)
+        assert second["state"] == "offline"
+
+        # the second replica loaded: its events wake the Slot's status, both show
+        manager = op.controller.manager
+        assert manager is not None
+        await manager.load("chat-r1")
+        summed = await eventually(lambda: _replicas(cluster, "chat", 2), "both replicas ready")
+        assert summed["running"] == 2
+        endpoints = [i["endpoint"] for i in summed["items"]]
+        assert all(endpoints) and endpoints[0] != endpoints[1]
+
+        # unloaded by hand: the Slot's status says so
+        await manager.unload("chat-r1")
+        summed = await eventually(lambda: _replicas(cluster, "chat", 1), "one replica again")
+        assert summed["running"] == 1 and summed["items"][1]["state"] == "offline"
+
+        # a Slot without replicas has no summary
+        (other,) = free_ports(1)
+        await cluster.create(slot("solo", "m-chat", other))
+        solo = await eventually(lambda: _ready_status(cluster, "solo"), "solo ready")
+        assert "replicas" not in solo
+
+
+async def _ready_status(cluster: Cluster, name: str) -> dict[str, Any] | None:
+    obj = await cluster.get("slots", name)
+    status = (obj or {}).get("status") or {}
+    return status if status.get("state") == "ready" else None
