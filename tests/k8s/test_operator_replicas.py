@@ -16,10 +16,16 @@ from tests.k8s.test_operator import model, running_operator, slot, state  # noqa
 pytestmark = pytest.mark.timeout(180)
 
 
-async def _replicas(cluster: Cluster, name: str, ready: int) -> dict[str, Any] | None:
+async def _replicas(
+    cluster: Cluster, name: str, ready: int, second: str | None = None
+) -> dict[str, Any] | None:
+    """The Slot's replica summary once ``ready`` replicas are (and its second replica's
+    state is ``second``, when given)."""
     obj = await cluster.get("slots", name)
     summed = ((obj or {}).get("status") or {}).get("replicas")
-    return summed if summed is not None and summed["ready"] == ready else None
+    if summed is None or summed["ready"] != ready:
+        return None
+    return summed if second is None or summed["items"][1]["state"] == second else None
 
 
 async def test_a_slots_status_sums_up_its_replicas(
@@ -32,7 +38,9 @@ async def test_a_slots_status_sums_up_its_replicas(
         await cluster.create(model("m-chat"))
         spec = {"min_replicas": 1, "max_replicas": 2, "max_concurrency": 4}
         await cluster.create(slot("chat", "m-chat", port, scale_down_after_s=600, **spec))
-        summed = await eventually(lambda: _replicas(cluster, "chat", 1), "the first replica")
+        summed = await eventually(
+            lambda: _replicas(cluster, "chat", 1, "offline"), "the first replica"
+        )
         assert (summed["min"], summed["max"], summed["running"]) == (1, 2, 1)
         first, second = summed["items"]
         assert (first["name"], first["index"], first["state"], first["ready"]) == (
@@ -55,7 +63,9 @@ async def test_a_slots_status_sums_up_its_replicas(
 
         # unloaded by hand: the Slot's status says so
         await manager.unload("chat-r1")
-        summed = await eventually(lambda: _replicas(cluster, "chat", 1), "one replica again")
+        summed = await eventually(
+            lambda: _replicas(cluster, "chat", 1, "offline"), "one replica again"
+        )
         assert summed["running"] == 1 and summed["items"][1]["state"] == "offline"
 
         # a Slot without replicas has no summary
