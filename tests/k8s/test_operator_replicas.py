@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 
+from controller.model.lifecycle import SlotState
+from controller.operator.status import Observed, Verdict, replicas_status, slot_status
 from tests.integration.helpers import free_ports
 from tests.k8s.conftest import Cluster, eventually
 from tests.k8s.test_operator import model, running_operator, slot, state  # noqa: F401
@@ -79,3 +81,22 @@ async def _ready_status(cluster: Cluster, name: str) -> dict[str, Any] | None:
     obj = await cluster.get("slots", name)
     status = (obj or {}).get("status") or {}
     return status if status.get("state") == "ready" else None
+
+
+def test_replicas_status_counts_running_and_ready() -> None:
+    members = [
+        ("chat-r2", 2, None),  # not known to the controller yet
+        ("chat", 0, Observed(SlotState.READY, endpoint="http://a", dispatchable=True)),
+        ("chat-r1", 1, Observed(SlotState.STARTING, node="n1")),
+    ]
+    summed = replicas_status(1, 3, members)
+    assert (summed["min"], summed["max"], summed["running"], summed["ready"]) == (1, 3, 2, 1)
+    assert [(i["name"], i["state"], i["ready"]) for i in summed["items"]] == [
+        ("chat", "ready", True),
+        ("chat-r1", "starting", False),
+        ("chat-r2", "pending", False),
+    ]
+    assert summed["items"][1]["node"] == "n1" and "node" not in summed["items"][0]
+    status = slot_status(None, Verdict(accepted=True), None, replicas=summed)
+    assert status["replicas"] == summed
+    assert "replicas" not in slot_status(None, Verdict(accepted=True), None)
