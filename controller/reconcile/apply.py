@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import difflib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,6 +51,7 @@ from controller.store.state import StateExtra, StateStore
 __all__ = [
     "StackPlan",
     "apply_to_config",
+    "changed_models",
     "model_owners",
     "observe_files",
     "plan_stack",
@@ -251,16 +252,7 @@ async def plan_stack(
     pruned = _pruned(state, snapshot)
     plan.left_behind = [] if prune else sorted(pruned)
     plan.models_unused = unused_models(state, snapshot, pruned if prune else set())
-    owners = model_owners(state, snapshot)
-    plan.models_changed = sorted(
-        m
-        for m in {*state.models, *snapshot.models}
-        if m not in plan.models_unused
-        and (
-            snapshot.models.get(m) != state.models.get(m, snapshot.models.get(m))
-            or snapshot.model_owners.get(m, ()) != owners.get(m, ())
-        )
-    )
+    plan.models_changed = changed_models(state, snapshot, plan.models_unused)
     plan.aliases_changed = alias_changes(state, snapshot)
     plan.adapters_changed = adapter_changes(state, snapshot)
     managed = [o.slot for o in await runtime.list_managed()]
@@ -343,6 +335,25 @@ def _pruned(state: DesiredState, snapshot: ConfigSnapshot) -> set[str]:
         for name, current in snapshot.slots.items()
         if current.stack in state.stacks and name not in state.slots
     }
+
+
+def changed_models(
+    state: DesiredState, snapshot: ConfigSnapshot, unused: Sequence[str] = ()
+) -> list[str]:
+    """The catalogue models an apply of ``state`` changes (``unused``: those it leaves or
+    prunes, said apart): a definition that differs, or an owner change — but an unowned
+    model's first owner (a catalogue written before owners) is not drift: CI's `stack
+    diff --exit-code` stays clean after an upgrade, and the next apply writes it."""
+    owners = model_owners(state, snapshot)
+    return sorted(
+        m
+        for m in {*state.models, *snapshot.models}
+        if m not in unused
+        and (
+            snapshot.models.get(m) != state.models.get(m, snapshot.models.get(m))
+            or (m in snapshot.model_owners and snapshot.model_owners[m] != owners.get(m, ()))
+        )
+    )
 
 
 def model_owners(state: DesiredState, snapshot: ConfigSnapshot) -> dict[str, tuple[str, ...]]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from controller.reconcile.apply import apply_to_config, unused_models
+from controller.reconcile.apply import apply_to_config, changed_models, unused_models
 from controller.spec.configdir import read_config_dir
 from controller.spec.guard import write_catalogue
 from controller.spec.loader import DesiredState, load_stack_texts
@@ -89,3 +89,18 @@ def test_a_catalogue_write_without_owners_keeps_the_stored_ones(tmp_path: Path) 
     spec = ModelSpec.model_validate({"id": "m2", "source": "demo://m2", "memory_gb": 0.05})
     write_catalogue(tmp_path, [*read_config_dir(tmp_path).models.values(), spec])
     assert read_config_dir(tmp_path).model_owners == {"m1": ("a",)}
+
+
+def test_an_unowned_models_first_owner_is_not_drift(tmp_path: Path) -> None:
+    """A catalogue written before owners: the stack declaring its models unchanged is in
+    sync (``stack diff --exit-code`` stays clean after an upgrade); the next apply writes
+    the owner; an owner change after that is a change."""
+    write_catalogue(tmp_path, [ModelSpec(id="m1", source="demo://m1", memory_gb=0.05)])
+    snap = read_config_dir(tmp_path)
+    assert snap.model_owners == {}
+    assert changed_models(stack("a", "m1"), snap) == []
+    assert apply_to_config(stack("a", "m1"), tmp_path, prune=False) == ["models"]
+    snap = read_config_dir(tmp_path)
+    assert snap.model_owners == {"m1": ("a",)}
+    assert changed_models(stack("a", "m1"), snap) == []
+    assert changed_models(stack("b", "m1"), snap) == ["m1"]  # b claims it too
