@@ -24,7 +24,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from pydantic import ValidationError
 
@@ -35,6 +35,7 @@ from controller.spec.loader import DesiredSlot, DesiredState, normalise
 from controller.spec.problems import Problem, problems_from_validation
 from controller.spec.rules import Origin, SlotEntry, check_slot_payload, cross_slot_problems
 from controller.spec.schema import ControllerSettings, ModelSpec
+from controller.spec.tables import OWNER_KEY
 from controller.spec.tomlfile import parse_toml_file
 
 SLOTS_SUBDIR = "slots"
@@ -63,7 +64,7 @@ SETTINGS_FILE = "controller.toml"
 # [[model]] may not name it (its stack is the file's). A model without one (a catalogue
 # written before owners, or by hand) is owned by no stack: a prune never removes it for
 # being declared by none (see controller.reconcile.apply.unused_models).
-MODEL_OWNER_KEY = "stack"
+MODEL_OWNER_KEY: Final = OWNER_KEY  # the key aliases and adapters carry their owner in
 
 
 def stored_owners(value: object) -> tuple[str, ...] | None:
