@@ -1,5 +1,5 @@
-"""Custom resources as a source of desired state: ``Model``, ``Slot`` and ``Alias`` held in
-memory and judged key by key.
+"""Custom resources as a source of desired state: ``Model``, ``Slot``, ``Alias`` and
+``Adapter`` held in memory and judged key by key.
 
 kopf's watch is the informer: the operator hands :class:`CrSource` each resource as its
 event comes (:meth:`CrSource.apply`, :meth:`CrSource.remove`), the whole listing when it
