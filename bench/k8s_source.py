@@ -53,12 +53,16 @@ class StubManager:
     def __init__(self) -> None:
         self.models: dict[str, Any] = {}
         self.aliases: dict[str, Any] = {}
+        self.adapters: dict[str, Any] = {}
 
     def set_models(self, models: Any, order: Any = None) -> None:
         self.models = dict(models)
 
     def set_aliases(self, aliases: Any) -> None:
         self.aliases = dict(aliases)
+
+    def set_adapters(self, adapters: Any) -> None:
+        self.adapters = dict(adapters)
 
     def names(self) -> list[str]:
         return []

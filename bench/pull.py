@@ -25,6 +25,7 @@ import argparse
 import asyncio
 import hashlib
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -54,25 +55,34 @@ def blob(size: int) -> bytes:
     return (block * (size // len(block) + 1))[:size]
 
 
-def best(runs: int, once: Callable[[Path], float | None]) -> float:
-    """The best wall time of ``runs`` runs of ``once`` (each in a fresh directory).
+Measured = tuple[float, float]  # (wall seconds, CPU seconds of the client's process)
 
-    ``once`` returns the seconds it measured itself (a child process timing its pull without
-    its interpreter's start and imports), or None to be timed from here (``curl``).
+
+def best(runs: int, once: Callable[[Path], Measured | None]) -> Measured:
+    """The best wall time of ``runs`` runs of ``once`` (each in a fresh directory), with
+    that run's CPU.
+
+    ``once`` returns what a child process measured itself (its pull without its
+    interpreter's start and imports: wall and its own CPU), or None to be timed from here
+    (``curl``: wall, and the CPU of the children it ran).
     """
-    times = []
+    results = []
     for _ in range(runs):
         where = Path(tempfile.mkdtemp(prefix="bench-pull-"))
         try:
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
             start = time.perf_counter()
             measured = once(where)
-            times.append(time.perf_counter() - start if measured is None else measured)
+            wall = time.perf_counter() - start
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+            results.append((wall, cpu) if measured is None else measured)
         finally:
             shutil.rmtree(where, ignore_errors=True)
-    return min(times)
+    return min(results)
 
 
-def one(where: Path, kind: str, endpoint: str, source: str, sha: str) -> float:
+def one(where: Path, kind: str, endpoint: str, source: str, sha: str) -> Measured:
     """One pull in a child process, as ``curl`` is: the hub server runs in this process's
     thread, and a pull in the same process would share its interpreter lock."""
     out = subprocess.run(
@@ -82,17 +92,19 @@ def one(where: Path, kind: str, endpoint: str, source: str, sha: str) -> float:
         text=True,
         cwd=REPO,
     )
-    return float(out.stdout.strip().splitlines()[-1])
+    wall, cpu = out.stdout.strip().splitlines()[-1].split()
+    return float(wall), float(cpu)
 
 
-def pull_once(kind: str, endpoint: str, source: str, sha: str, where: Path) -> float:
-    """The child's side of :func:`one`: the seconds of one pull (after the imports)."""
-    start = time.perf_counter()
+def pull_once(kind: str, endpoint: str, source: str, sha: str, where: Path) -> Measured:
+    """The child's side of :func:`one`: the wall and CPU seconds (every thread's) of one
+    pull, after the imports."""
+    start, cpu = time.perf_counter(), time.process_time()
     if kind == "library":
         hf_hub_download(
             "bench/model", "model.gguf", local_dir=where, endpoint=endpoint, token=False
         )
-        return time.perf_counter() - start
+        return time.perf_counter() - start, time.process_time() - cpu
     files = ModelFiles(
         where / "models",
         where / "state",
@@ -101,9 +113,9 @@ def pull_once(kind: str, endpoint: str, source: str, sha: str, where: Path) -> f
     )
     (where / "none").write_text("")
     outcome = asyncio.run(files.ensure(ModelSpec(id="b", source=source, sha256=sha or None)))
-    seconds = time.perf_counter() - start
+    measured = time.perf_counter() - start, time.process_time() - cpu
     assert outcome.bytes_pulled > 0, outcome
-    return seconds
+    return measured
 
 
 def main() -> None:
@@ -120,25 +132,25 @@ def main() -> None:
         url = hub.add_url("model.gguf", data)
         resolve = f"{hub.endpoint}/bench/model/resolve/main/model.gguf"
 
-        def curl(where: Path) -> float | None:
+        def curl(where: Path) -> Measured | None:
             subprocess.run(["curl", "-sSfL", "-o", str(where / "f"), resolve], check=True)
             return None
 
-        def curl_sha(where: Path) -> float | None:
+        def curl_sha(where: Path) -> Measured | None:
             curl(where)
             subprocess.run(["sha256sum", str(where / "f")], check=True, capture_output=True)
             return None
 
-        def library(where: Path) -> float:
+        def library(where: Path) -> Measured:
             return one(where, "library", hub.endpoint, "", "")
 
-        def ours(source: str, sha: str | None) -> Callable[[Path], float | None]:
-            def once(where: Path) -> float:
+        def ours(source: str, sha: str | None) -> Callable[[Path], Measured | None]:
+            def once(where: Path) -> Measured:
                 return one(where, "ours", hub.endpoint, source, sha or "")
 
             return once
 
-        contenders: list[tuple[str, Callable[[Path], float | None]]] = [
+        contenders: list[tuple[str, Callable[[Path], Measured | None]]] = [
             ("curl (no verification)", curl),
             ("curl + sha256sum", curl_sha),
             ("hf_hub_download (size check only)", library),
@@ -147,20 +159,22 @@ def main() -> None:
         ]
         # interleaved, run by run, so that a machine's load drifting during the bench
         # weighs on every contender alike
-        times: dict[str, list[float]] = {name: [] for name, _ in contenders}
+        times: dict[str, list[Measured]] = {name: [] for name, _ in contenders}
         for _ in range(args.runs):
             for name, once in contenders:
                 times[name].append(best(1, once))
         rows = [(name, min(times[name])) for name, _ in contenders]
-        baseline = rows[0][1]
+        baseline = rows[0][1][0]
+        gb = size / 1e9
         print(f"pull of a {args.mib} MiB file from a local hub server (best of {args.runs}):")
-        print(f"  {'':38} {'seconds':>8} {'MiB/s':>8} {'vs curl':>8}")
-        for name, seconds in rows:
+        print(f"  {'':38} {'seconds':>8} {'MiB/s':>8} {'vs curl':>8} {'CPU s/GB':>9}")
+        for name, (seconds, cpu) in rows:
             print(
-                f"  {name:38} {seconds:8.2f} {args.mib / seconds:8.0f} {baseline / seconds:7.2f}x"
+                f"  {name:38} {seconds:8.2f} {args.mib / seconds:8.0f} "
+                f"{baseline / seconds:7.2f}x {cpu / gb:9.2f}"
             )
-        library_s = rows[2][1]
-        print(f"  slotctl hub pull vs hf_hub_download: {library_s / rows[3][1]:.2f}x")
+        library_s = rows[2][1][0]
+        print(f"  slotctl hub pull vs hf_hub_download: {library_s / rows[3][1][0]:.2f}x")
 
         with tempfile.TemporaryDirectory() as where:
             path = Path(where) / "f"
@@ -227,6 +241,7 @@ def kill_at_half(hub: HubServer, size: int) -> str:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--one"]:
         kind, endpoint, source, sha, where = sys.argv[2:7]
-        print(pull_once(kind, endpoint, source, sha, Path(where)))
+        wall, cpu = pull_once(kind, endpoint, source, sha, Path(where))
+        print(wall, cpu)
     else:
         main()

@@ -67,6 +67,7 @@ class GitOps:
             slots=report.state.slots,
             aliases=report.state.aliases,
             adapters=report.state.adapters,
+            model_stacks=report.state.model_stacks,
         )
         snapshot = self.desired.read_fresh()  # the disk as it is now, before writing
         for name in pruned_pinned(state, snapshot):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import difflib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,6 +51,8 @@ from controller.store.state import StateExtra, StateStore
 __all__ = [
     "StackPlan",
     "apply_to_config",
+    "changed_models",
+    "model_owners",
     "observe_files",
     "plan_stack",
     "pruned_pinned",
@@ -247,12 +249,10 @@ async def plan_stack(
         plan.drift[name] = _drift(want, observed.get(name), name in residents)
         if name in residents and want is not None and not plan.drift[name]:
             plan.notes[name] = ["resident: kept loaded by `slotctl slot load` (residency.json)"]
-    plan.models_changed = sorted(
-        m.id for m in state.models.values() if snapshot.models.get(m.id) != m
-    )
     pruned = _pruned(state, snapshot)
     plan.left_behind = [] if prune else sorted(pruned)
     plan.models_unused = unused_models(state, snapshot, pruned if prune else set())
+    plan.models_changed = changed_models(state, snapshot, plan.models_unused)
     plan.aliases_changed = alias_changes(state, snapshot)
     plan.adapters_changed = adapter_changes(state, snapshot)
     managed = [o.slot for o in await runtime.list_managed()]
@@ -337,14 +337,63 @@ def _pruned(state: DesiredState, snapshot: ConfigSnapshot) -> set[str]:
     }
 
 
+def changed_models(
+    state: DesiredState, snapshot: ConfigSnapshot, unused: Sequence[str] = ()
+) -> list[str]:
+    """The catalogue models an apply of ``state`` changes (``unused``: those it leaves or
+    prunes, said apart): a definition that differs, or an owner change — but an unowned
+    model's first owner (a catalogue written before owners) is not drift: CI's `stack
+    diff --exit-code` stays clean after an upgrade, and the next apply writes it."""
+    owners = model_owners(state, snapshot)
+    return sorted(
+        m
+        for m in {*state.models, *snapshot.models}
+        if m not in unused
+        and (
+            snapshot.models.get(m) != state.models.get(m, snapshot.models.get(m))
+            or (m in snapshot.model_owners and snapshot.model_owners[m] != owners.get(m, ()))
+        )
+    )
+
+
+def model_owners(state: DesiredState, snapshot: ConfigSnapshot) -> dict[str, tuple[str, ...]]:
+    """Each catalogue model's owner stacks after applying ``state`` (models.toml's
+    ``stack``, :data:`~controller.spec.configdir.MODEL_OWNER_KEY`): a model ``state``
+    declares is owned by the stack that declared it and by the other stacks that already
+    did (one id declared by two stacks is kept until neither declares it; the last apply's
+    definition is the one stored); a model ``state``'s stacks no longer declare loses them
+    as owners, unless no other stack owns it: then it keeps them (left behind, and said so
+    until ``--prune`` removes it). An unowned model (a catalogue written before owners)
+    stays unowned until a stack declares it."""
+    out: dict[str, tuple[str, ...]] = {}
+    for model_id in {*snapshot.models, *state.models}:
+        old = snapshot.model_owners.get(model_id, ())
+        others = tuple(o for o in old if o not in state.stacks)
+        if model_id in state.models:
+            mine = state.model_stacks.get(model_id, "")
+            new = tuple(sorted({*others, mine} - {""}))
+        else:
+            new = others or old
+        if new:
+            out[model_id] = new
+    return out
+
+
 def unused_models(state: DesiredState, snapshot: ConfigSnapshot, pruned: set[str]) -> list[str]:
-    """The models ``state``'s stacks used (their slots bound them, their aliases named
-    them, in the config dir) that ``state`` no longer declares and nothing left after
-    applying it uses: no slot binds them (the config dir's, less ``pruned``, and the
-    state's), no alias names them. A catalogue entry has no owner stack, so a model is
-    known as a stack's through what of the stack used it: one that no slot or alias
-    ever used (a model declared alone) is not told from another stack's, and is kept."""
+    """The models of ``state``'s stacks that ``state`` no longer declares and nothing left
+    after applying it uses: no slot binds them (the config dir's, less ``pruned``, and the
+    state's), no alias names them. A model is the stacks' when the catalogue stores one of
+    them as its owner and no other stack (a model declared by two stacks stays until
+    neither declares it), or, owned by no stack (a catalogue written before owners), when
+    their slots bound it or their aliases named it in the config dir: an unowned model
+    that no slot or alias of theirs used (declared alone) is never pruned."""
     ours: set[str] = set()
+    foreign: set[str] = set()
+    for model_id, owners in snapshot.model_owners.items():
+        if set(owners) & set(state.stacks):
+            ours.add(model_id)
+        if set(owners) - set(state.stacks):
+            foreign.add(model_id)
     for current in snapshot.slots.values():
         if current.stack in state.stacks and current.spec.model_id:
             ours.add(current.spec.model_id)
@@ -357,7 +406,9 @@ def unused_models(state: DesiredState, snapshot: ConfigSnapshot, pruned: set[str
     for alias in final_aliases(state, snapshot):
         used.update(alias.spec.models)
     return sorted(
-        m for m in ours if m in snapshot.models and m not in state.models and m not in used
+        m
+        for m in ours - foreign
+        if m in snapshot.models and m not in state.models and m not in used
     )
 
 
@@ -413,8 +464,10 @@ def apply_to_config(
     alias_ids = {a.spec.id for a in aliases}
     problems += adapter_problems(adapters, merged, entries, alias_ids)
     raise_for_problems(problems, "desired state")
-    if merged != snapshot.models:
-        write_catalogue(config_dir, list(merged.values()))
+    owners = {m: o for m, o in model_owners(state, snapshot).items() if m in merged}
+    stored = {m: o for m, o in snapshot.model_owners.items() if m in snapshot.models}
+    if merged != snapshot.models or owners != stored:
+        write_catalogue(config_dir, list(merged.values()), owners)
         changed.append("models")
     if alias_changes(state, snapshot):
         write_aliases(config_dir, [(a.spec, a.stack) for a in aliases])

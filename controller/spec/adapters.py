@@ -25,15 +25,14 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Final
 
-from pydantic import ValidationError
-
 from controller.spec.locate import LineIndex
-from controller.spec.problems import Problem, problems_from_validation
+from controller.spec.problems import Problem
 from controller.spec.rules import Origin, SlotEntry
 from controller.spec.schema import AdapterSpec, ModelSpec, SlotSpec
+from controller.spec.tables import OWNER_KEY, parse_tables
 
 __all__ = [
     "OWNER_KEY",
@@ -45,7 +44,6 @@ __all__ = [
     "serves_adapter",
 ]
 
-OWNER_KEY: Final = "stack"  # in models.toml: the stack that declared the adapter
 RUNTIME_APIS: Final = frozenset({"vllm", "sglang"})  # load and unload while serving
 
 
@@ -84,36 +82,8 @@ def parse_adapters(
     """The ``adapter`` value of a parsed document -> entries and located problems.
 
     ``stored``: a config dir's ``models.toml``, whose tables carry their owner."""
-    entries: list[AdapterEntry] = []
-    problems: list[Problem] = []
-    if raw is None:
-        return entries, problems
-    if not isinstance(raw, list):
-        problem = Problem(
-            code="adapter.invalid_value",
-            message="`adapter` must be an array of tables",
-            file=file,
-            key="adapter",
-            line=index.line_of(("adapter",)) if index else None,
-            hint="write [[adapter]] (double brackets), one per adapter",
-        )
-        return entries, [problem]
-    for i, table in enumerate(raw):
-        origin = Origin(file=file, base=("adapter", i), index=index)
-        data = dict(table) if isinstance(table, Mapping) else table
-        owner = ""
-        if stored and isinstance(data, dict) and isinstance(data.get(OWNER_KEY), str):
-            owner = data.pop(OWNER_KEY)
-        try:
-            spec = AdapterSpec.model_validate(data)
-        except ValidationError as exc:
-            for problem, loc in problems_from_validation(
-                exc, scope="adapter", fields=AdapterSpec.model_fields
-            ):
-                problems.append(replace(problem, file=file, line=origin.line(loc)))
-            continue
-        entries.append(AdapterEntry(spec=spec, origin=origin, stack=owner))
-    return entries, problems
+    found, problems = parse_tables(raw, "adapter", AdapterSpec, file, index, stored=stored)
+    return [AdapterEntry(spec=d.spec, origin=d.origin, stack=d.stack) for d in found], problems
 
 
 def adapter_problems(

@@ -20,15 +20,14 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any, Final
-
-from pydantic import ValidationError
+from dataclasses import dataclass, field
+from typing import Any
 
 from controller.spec.locate import LineIndex
-from controller.spec.problems import Problem, problems_from_validation
+from controller.spec.problems import Problem
 from controller.spec.rules import Origin
 from controller.spec.schema import AliasSpec, ModelSpec
+from controller.spec.tables import OWNER_KEY, parse_tables
 
 __all__ = [
     "OWNER_KEY",
@@ -37,8 +36,6 @@ __all__ = [
     "alias_tables",
     "parse_aliases",
 ]
-
-OWNER_KEY: Final = "stack"  # in models.toml: the stack that declared the alias
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,37 +64,8 @@ def parse_aliases(
 
     ``stored``: a config dir's ``models.toml``, whose tables carry their owner
     (:data:`OWNER_KEY`); a stack file's may not name one (its stack is the file's)."""
-    entries: list[AliasEntry] = []
-    problems: list[Problem] = []
-    if raw is None:
-        return entries, problems
-    if not isinstance(raw, list):
-        line = index.line_of(("alias",)) if index else None
-        problem = Problem(
-            code="alias.invalid_value",
-            message="`alias` must be an array of tables",
-            file=file,
-            key="alias",
-            line=line,
-            hint="write [[alias]] (double brackets), one per alias",
-        )
-        return entries, [problem]
-    for i, table in enumerate(raw):
-        origin = Origin(file=file, base=("alias", i), index=index)
-        data = dict(table) if isinstance(table, Mapping) else table
-        owner = ""
-        if stored and isinstance(data, dict) and isinstance(data.get(OWNER_KEY), str):
-            owner = data.pop(OWNER_KEY)
-        try:
-            spec = AliasSpec.model_validate(data)
-        except ValidationError as exc:
-            for problem, loc in problems_from_validation(
-                exc, scope="alias", fields=AliasSpec.model_fields
-            ):
-                problems.append(replace(problem, file=file, line=origin.line(loc)))
-            continue
-        entries.append(AliasEntry(spec=spec, origin=origin, stack=owner))
-    return entries, problems
+    found, problems = parse_tables(raw, "alias", AliasSpec, file, index, stored=stored)
+    return [AliasEntry(spec=d.spec, origin=d.origin, stack=d.stack) for d in found], problems
 
 
 def alias_problems(

@@ -3,7 +3,8 @@
 Layout::
 
     <config_dir>/controller.toml     controller settings (optional)
-    <config_dir>/models.toml         the model catalogue ([[model]] tables)
+    <config_dir>/models.toml         the model catalogue ([[model]] tables, each with
+                                     ``stack``: the stack(s) that declared it)
     <config_dir>/slots/<name>.toml   one slot: [origin] stack = "...", then [slot]
     <config_dir>/residency.json      runtime residency wishes (controller.store)
 
@@ -23,7 +24,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from pydantic import ValidationError
 
@@ -34,6 +35,7 @@ from controller.spec.loader import DesiredSlot, DesiredState, normalise
 from controller.spec.problems import Problem, problems_from_validation
 from controller.spec.rules import Origin, SlotEntry, check_slot_payload, cross_slot_problems
 from controller.spec.schema import ControllerSettings, ModelSpec
+from controller.spec.tables import OWNER_KEY
 from controller.spec.tomlfile import parse_toml_file
 
 SLOTS_SUBDIR = "slots"
@@ -41,6 +43,7 @@ CATALOGUE_FILE = "models.toml"
 
 __all__ = [
     "CATALOGUE_FILE",
+    "MODEL_OWNER_KEY",
     "SETTINGS_FILE",
     "SLOTS_SUBDIR",
     "ConfigSnapshot",
@@ -56,6 +59,32 @@ __all__ = [
 
 SETTINGS_FILE = "controller.toml"
 
+# In models.toml: the stack that declared a [[model]] (a string), or the stacks (an array)
+# when several declare one id. Written by the guard, never by hand: a stack file's
+# [[model]] may not name it (its stack is the file's). A model without one (a catalogue
+# written before owners, or by hand) is owned by no stack: a prune never removes it for
+# being declared by none (see controller.reconcile.apply.unused_models).
+MODEL_OWNER_KEY: Final = OWNER_KEY  # the key aliases and adapters carry their owner in
+
+
+def stored_owners(value: object) -> tuple[str, ...] | None:
+    """The owners a stored ``[[model]]``'s :data:`MODEL_OWNER_KEY` names; None: not an
+    owner value (left in the table, so the schema reports it)."""
+    if isinstance(value, str) and value:
+        return (value,)
+    if isinstance(value, list) and value and all(isinstance(v, str) and v for v in value):
+        return tuple(sorted(set(value)))
+    return None
+
+
+def owner_value(owners: Sequence[str]) -> str | list[str] | None:
+    """What the guard stores for ``owners``: one stack as a string, several as a sorted
+    array, none as nothing (None)."""
+    unique = sorted(set(owners))
+    if not unique:
+        return None
+    return unique[0] if len(unique) == 1 else unique
+
 
 @dataclass(slots=True)
 class ConfigSnapshot:
@@ -64,6 +93,8 @@ class ConfigSnapshot:
     slots: dict[str, DesiredSlot] = field(default_factory=dict)
     aliases: dict[str, AliasEntry] = field(default_factory=dict)  # models.toml's [[alias]]
     adapters: dict[str, AdapterEntry] = field(default_factory=dict)  # and its [[adapter]]
+    # models.toml's [[model]] owners (MODEL_OWNER_KEY), by id; an unowned model is absent
+    model_owners: dict[str, tuple[str, ...]] = field(default_factory=dict)
     errors: list[Problem] = field(default_factory=list)
     warnings: list[Problem] = field(default_factory=list)
     catalogue_ok: bool = True  # False: models.toml (or an entry) is invalid
@@ -128,6 +159,9 @@ def _read_catalogue(config_dir: Path, snap: ConfigSnapshot) -> None:
         return
     raw_models = data.get("model", [])
     for i, raw in enumerate(raw_models if isinstance(raw_models, list) else []):
+        owners = stored_owners(raw.get(MODEL_OWNER_KEY)) if isinstance(raw, Mapping) else None
+        if owners is not None:
+            raw = {k: v for k, v in raw.items() if k != MODEL_OWNER_KEY}
         try:
             model = ModelSpec.model_validate(raw)
         except ValidationError as exc:
@@ -138,6 +172,8 @@ def _read_catalogue(config_dir: Path, snap: ConfigSnapshot) -> None:
             snap.catalogue_ok = False
             continue
         snap.models[model.id] = model
+        if owners:
+            snap.model_owners[model.id] = owners
     entries, problems = parse_aliases(data.get("alias"), str(path), index, stored=True)
     snap.errors.extend(problems)
     snap.errors.extend(p for p in alias_problems(entries, snap.models) if p.code.endswith("_id"))

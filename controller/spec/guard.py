@@ -34,11 +34,14 @@ from controller.spec.adapters import adapter_tables
 from controller.spec.aliases import alias_tables
 from controller.spec.configdir import (
     CATALOGUE_FILE,
+    MODEL_OWNER_KEY,
     SETTINGS_FILE,
     SLOTS_SUBDIR,
     ParseCache,
+    owner_value,
     read_config_dir,
     read_settings,
+    stored_owners,
 )
 from controller.spec.problems import raise_for_problems
 from controller.spec.render import toml_table
@@ -378,13 +381,33 @@ def delete_slot_config(
         return True
 
 
-def write_catalogue(config_dir: Path, models: Sequence[ModelSpec]) -> None:
-    """Write the model catalogue (``models.toml``), keeping comments of unchanged entries."""
+def write_catalogue(
+    config_dir: Path,
+    models: Sequence[ModelSpec],
+    owners: Mapping[str, Sequence[str]] | None = None,
+) -> None:
+    """Write the model catalogue (``models.toml``), keeping comments of unchanged entries.
+
+    ``owners``: model id -> the stacks that declare it, stored as its
+    :data:`~controller.spec.configdir.MODEL_OWNER_KEY` (a model absent or with none is
+    stored unowned); None keeps each stored model's owners as they are."""
     config_dir = Path(config_dir)
     with config_lock(config_dir):
         path = config_dir / CATALOGUE_FILE
         doc = _read_document(path) or tomlkit.document()
         wanted = [m.model_dump(mode="json", exclude_unset=True, exclude_none=True) for m in models]
+        if owners is None:
+            stored = doc.get("model")
+            kept = {
+                t.get("id"): _plain(t.get(MODEL_OWNER_KEY))
+                for t in (stored if isinstance(stored, tomlkit.items.AoT) else [])
+                if MODEL_OWNER_KEY in t
+            }
+            owners = {k: o for k, v in kept.items() if (o := stored_owners(v))}
+        for entry in wanted:
+            value = owner_value(owners.get(entry["id"], ()))
+            if value is not None:
+                entry[MODEL_OWNER_KEY] = value
         wanted_ids = [w["id"] for w in wanted]
         if len(set(wanted_ids)) != len(wanted_ids):
             raise ValueError("duplicate model ids in catalogue write")

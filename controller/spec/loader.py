@@ -71,6 +71,9 @@ class DesiredState:
     slots: Mapping[str, DesiredSlot]
     aliases: Mapping[str, AliasEntry] = field(default_factory=dict)  # [[alias]], by id
     adapters: Mapping[str, AdapterEntry] = field(default_factory=dict)  # [[adapter]], by id
+    # [[model]] id -> the stack whose file declared it ("": a file without [stack]); what
+    # the guard stores as the model's owner, so a model dropped from its stack is known
+    model_stacks: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -389,6 +392,7 @@ def _merge(
     report = LoadReport(state=None, errors=list(problems), files=[n for n, _ in documents])
     models: dict[str, ModelSpec] = {}
     model_where: dict[str, str] = {}
+    model_stacks: dict[str, str] = {}
     entries: list[SlotEntry] = []
     units: list[UnitDecl] = []
     aliases: list[AliasEntry] = []
@@ -417,6 +421,7 @@ def _merge(
                 continue
             models[model.id] = model
             model_where[model.id] = where.where(("id",))
+            model_stacks[model.id] = res.stack or ""
         units.extend(res.units)
         for entry in res.slots:
             owners[id(entry)] = res.stack or ""
@@ -450,5 +455,6 @@ def _merge(
         slots=slots,
         aliases=by_id,
         adapters={a.spec.id: a for a in adapters},
+        model_stacks=model_stacks,
     )
     return report

@@ -240,11 +240,15 @@ def test_an_adapter_from_the_hub_is_pulled_before_its_load(ctl: Slotctl) -> None
         hub.release()
 
 
-def _demo_ports() -> set[int]:
+def _demo_ports(ctl: Slotctl) -> set[int]:
+    """The ports of the demo servers this test's controller runs (labelled with its state
+    dir as their owner: other tests' servers run on the same machine)."""
+    owner = str(ctl.state.resolve())
     ports = set()
-    for proc in psutil.process_iter(["cmdline"]):
+    for proc in psutil.process_iter(["cmdline", "environ"]):
         argv = proc.info["cmdline"] or []
-        if "controller.demo" in argv and "--max-loras" in argv:
+        ours = (proc.info["environ"] or {}).get("SLOTCTL_OWNER") == owner
+        if ours and "controller.demo" in argv and "--max-loras" in argv:
             ports.add(int(argv[argv.index("--port") + 1]))
     return ports
 
@@ -264,15 +268,15 @@ def test_a_surge_rollout_gives_the_new_server_its_adapters_before_the_switch(
     api = start_api(ctl)
     ctl.ok("stack", "apply", path, "--wait", "--timeout", "60")
     assert text_of(ask(api, "a1")).startswith("[a1]")
-    (old,) = _demo_ports()
+    (old,) = _demo_ports(ctl)
     assert "a1" in _served_by(old)
     # a changed server: surged (the new one beside the old one, then switched to)
     path.write_text(text.replace('"--load-seconds", "0.3"', '"--load-seconds", "0.2"'))
     ctl.ok("stack", "apply", path, "--wait", "--timeout", "60")
 
     def switched() -> int | None:
-        ports = _demo_ports() - {old}
-        return next(iter(ports)) if len(ports) == 1 and old not in _demo_ports() else None
+        ports = _demo_ports(ctl) - {old}
+        return next(iter(ports)) if len(ports) == 1 and old not in _demo_ports(ctl) else None
 
     new = wait_until(switched, "the surge to switch and retire the old server")
     assert "a1" in _served_by(new)  # given before the switch: no request loaded it

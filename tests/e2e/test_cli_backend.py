@@ -167,6 +167,48 @@ def test_what_an_apply_without_prune_leaves_behind_is_said(kind: str, ctl: Slotc
         assert backend.diff(moved, prune=True).plan.in_sync
 
 
+SOLO = '\n[[model]]\nid = "m-solo"\nsource = "demo://solo"\nmemory_gb = 0.05\n'
+
+
+@pytest.mark.parametrize("kind", ["local", "api"])
+def test_a_model_declared_alone_is_left_behind_then_pruned(kind: str, ctl: Slotctl) -> None:
+    """Issue 40, item 9, the last gap: a model a stack declares alone (no slot or alias of
+    it uses it) and then drops was kept silently, with ``stack diff`` "in sync" (the
+    catalogue had no owner). The catalogue now stores the declaring stack: the apply says
+    the model is left behind, the diff reports it, ``--prune`` removes it."""
+    ctl.start_up()
+    path = ctl.tmp / "stacks" / "flow.toml"
+    k1 = [SlotDef("k1", autoload=False)]
+    request_for(ctl, k1)
+    path.write_text(path.read_text() + SOLO)
+    catalogue = ctl.config / "models.toml"
+    with backend_of(kind, ctl) as backend:
+        first = StackRequest.from_report(load_stacks([path]))
+        assert backend.apply(first, prune=False, force=False, dry_run=False).changed == [
+            "models",
+            "k1",
+        ]
+        assert "m-solo" in catalogue.read_text()
+        assert backend.diff(first, prune=True).plan.in_sync
+
+        alone = request_for(ctl, k1)  # m-solo gone from the file
+        dry = backend.apply(alone, prune=False, force=False, dry_run=True)
+        assert dry.left_behind == ["model m-solo"]
+        kept = backend.apply(alone, prune=False, force=False, dry_run=False)
+        assert kept.changed == [] and kept.left_behind == ["model m-solo"]
+        assert "m-solo" in catalogue.read_text()
+
+        for prune in (False, True):
+            diff = backend.diff(alone, prune=prune).plan
+            assert not diff.in_sync and diff.models_unused == ["m-solo"]
+
+        pruned = backend.apply(alone, prune=True, force=False, dry_run=False)
+        assert pruned.changed == ["models"] and pruned.left_behind == []
+        text = catalogue.read_text()
+        assert "m-solo" not in text and "m-k1" in text
+        assert backend.diff(alone, prune=True).plan.in_sync
+
+
 def test_apply_and_diff_say_what_is_left_behind(ctl: Slotctl) -> None:
     """The same, as printed (no controller: the files)."""
     path = ctl.tmp / "stacks" / "flow.toml"
@@ -181,4 +223,21 @@ def test_apply_and_diff_say_what_is_left_behind(ctl: Slotctl) -> None:
     assert "=== slot k2: delete" in diff.stdout and "m-k2" in diff.stdout, diff.stdout
     assert "used by no slot or alias: m-k2" in diff.stdout, diff.stdout
     ctl.ok("stack", "apply", path, "--prune")
+    assert ctl.run("stack", "diff", path, "--exit-code").returncode == 0
+
+
+def test_apply_and_diff_say_a_model_declared_alone_is_left_behind(ctl: Slotctl) -> None:
+    """The declared-alone model, as printed (no controller: the files)."""
+    path = ctl.tmp / "stacks" / "flow.toml"
+    request_for(ctl, [SlotDef("k1", autoload=False)])
+    path.write_text(path.read_text() + SOLO)
+    ctl.ok("stack", "apply", path)
+    request_for(ctl, [SlotDef("k1", autoload=False)])
+    out = ctl.ok("stack", "apply", path)
+    assert "left behind: model m-solo" in out, out
+    diff = ctl.run("stack", "diff", path, "--exit-code")
+    assert diff.returncode == 1, diff
+    assert "used by no slot or alias: m-solo" in diff.stdout, diff.stdout
+    ctl.ok("stack", "apply", path, "--prune")
+    assert "m-solo" not in (ctl.config / "models.toml").read_text()
     assert ctl.run("stack", "diff", path, "--exit-code").returncode == 0

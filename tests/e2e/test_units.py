@@ -47,6 +47,6 @@ def test_a_unit_from_a_stack_file(ctl: Slotctl, tmp_path: Path) -> None:
     # out of the unit (GitOps picks the file up): applied in place, no server restarts
     write_stack(stacks / "units.toml", unit=False)
     wait_until(lambda: api.slot("chat")["unit"] is None, "the unit to be gone", timeout=30)
-    ctl.wait_log("update    in place, no restart: unit rag -> None")
+    ctl.wait_log("update    in place, no restart: unit rag -> unset")
     assert api.slot("chat")["state"] in ("ready", "idle")
     assert ctl.pids() == pids

@@ -34,10 +34,6 @@ SMALLEST: dict[str, tuple[str, ...]] = {
     "footprint_estimate": ("--shapes", "1", "--contexts", "512", "--loads", "5"),
     "k8s_operator": ("--edits", "1"),
     "k8s_runtime": ("--edits", "1"),
-    "k8s_scale": (
-        *("--nodes", "1", "--gpus", "1", "--replicas", "1", "--slots", "1"),
-        *("--steady", "0", "--settle", "0", "--timeout", "120"),
-    ),
     "k8s_source": ("--slots", "2", "--edits", "1"),
     "manager": (
         *("--pairs", "50", "--writing-pairs", "50", "--acquirers", "3"),
@@ -59,8 +55,10 @@ SMALLEST: dict[str, tuple[str, ...]] = {
     "time_to_ready": ("--servers", "1", "--load-seconds", "0.1"),
 }
 
-# Run with the real Kubernetes tiers (tests/k8s/test_real_k8s_scale_bench.py).
-ELSEWHERE = frozenset({"k8s_scale"})
+# Run by a test of their own: with the real Kubernetes tiers, its floor beside it
+# (tests/k8s/test_real_scale_bench.py); the adapters' soak checking its answers
+# (tests/integration/test_bench_adapters.py).
+ELSEWHERE = frozenset({"adapters", "k8s_scale"})
 
 WALL_S = 180  # one bench at its smallest, on a loaded 2-core machine
 
@@ -70,7 +68,9 @@ def benches() -> list[str]:
 
 
 def test_every_bench_has_its_smallest_size() -> None:
-    assert benches() == sorted(SMALLEST), "a bench without its smallest size here, or gone"
+    assert benches() == sorted(set(SMALLEST) | ELSEWHERE), (
+        "a bench without its smallest size here (or its test elsewhere), or gone"
+    )
 
 
 def run_bench(name: str, cwd: Path) -> None:
