@@ -189,7 +189,15 @@ class ApiServer:
         """Every (verb, apiGroup, resource[/subresource]) ``user`` sent, as RBAC names
         them, from the server's audit log (discovery and other non-resource URLs left out)."""
         out = set()
-        for line in (self.workdir / "audit.log").read_text().splitlines():
+        path = self.workdir / "audit.log"
+        text = path.read_text()
+        deadline = time.monotonic() + 30
+        while text and not text.endswith("\n") and time.monotonic() < deadline:
+            time.sleep(0.05)  # the server is writing its last event: wait for its end
+            text = path.read_text()
+        for line in text.splitlines(keepends=True):
+            if not line.endswith("\n"):
+                continue  # (still torn after the wait: the test's own assertions tell)
             event = json.loads(line)
             ref = event.get("objectRef") or {}
             if event["user"].get("username") != user or not ref.get("resource"):

@@ -336,10 +336,13 @@ async def test_operator_with_the_chart_service_account(
         assert await answers(obj["status"]["endpoint"])
         pid = server_pid(port)
         assert pid is not None
-        model_obj = await eventually(
-            lambda: _model_ready(admin, "m-chat"), "Model Ready", timeout=30
-        )
-        assert model_obj["status"]["slots"] == ["chat"]
+
+        async def model_ready_with_chat() -> dict[str, Any] | None:
+            obj = await _model_ready(admin, "m-chat")
+            return obj if obj is not None and obj["status"].get("slots") == ["chat"] else None
+
+        # (the Model's status names its slots at its next write after the Slot's)
+        await eventually(model_ready_with_chat, "the Model Ready, serving chat", timeout=60)
 
         # an Alias: the CRD's CEL rule refuses a member named twice; a good one is Ready
         # and its status passes the real server's schema
