@@ -56,14 +56,7 @@ class AdapterEntry:
     stack: str = ""
 
     def problem(self, code: str, message: str, loc: tuple[str | int, ...], hint: str) -> Problem:
-        return Problem(
-            code=code,
-            message=message,
-            file=self.origin.file,
-            key=".".join(str(p) for p in loc) or None,
-            line=self.origin.line(loc),
-            hint=hint,
-        )
+        return self.origin.problem(code, message, loc, hint)
 
 
 def serves_adapter(slot: SlotSpec, adapter: AdapterSpec) -> bool:

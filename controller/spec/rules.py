@@ -194,6 +194,20 @@ class Origin:
         line = self.line(loc)
         return f"{self.file}:{line}" if self.file and line else (self.file or "the config dir")
 
+    def problem(
+        self, code: str, message: str, loc: Loc, hint: str | None = None, slot: str | None = None
+    ) -> Problem:
+        """A problem at ``loc`` of this table: its file, dotted key and line."""
+        return Problem(
+            code=code,
+            message=message,
+            file=self.file,
+            slot=slot,
+            key=".".join(str(p) for p in loc) or None,
+            line=self.line(loc),
+            hint=hint,
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class SlotEntry:
@@ -206,15 +220,7 @@ class SlotEntry:
         return self.origin.where()
 
     def problem(self, code: str, message: str, loc: Loc, hint: str | None = None) -> Problem:
-        return Problem(
-            code=code,
-            message=message,
-            file=self.origin.file,
-            slot=self.spec.name,
-            key=".".join(str(p) for p in loc) or None,
-            line=self.origin.line(loc),
-            hint=hint,
-        )
+        return self.origin.problem(code, message, loc, hint, slot=self.spec.name)
 
 
 def cross_slot_problems(
