@@ -7,7 +7,7 @@ Composition only, like ``slotctl up`` (it runs the same :class:`~controller.daem
   its one resource to :class:`~controller.operator.source.CrSource`, which judges it (and
   what it touches) with the loader's rules in memory and tells the desired-state cache
   which slots, models and aliases changed; the reconciler queues those slots. Nothing is
-  written as TOML. kopf also indexes every ``Model``/``Slot``/``Alias``: the first
+  written as TOML. kopf also indexes every ``Model``/``Slot``/``Alias``/``Adapter``: the first
   handler to run (kopf runs none before every index holds its initial listing; one on the
   slotctl.io CRDs runs even when there is no resource) primes the source with the whole
   listing, and the controller adopts what runs only once the source is primed, so a
@@ -52,6 +52,7 @@ from controller.operator.bodies import (
 from controller.operator.crd import GROUP, VERSION
 from controller.operator.pools import PoolSync
 from controller.operator.source import STACK, CrSource
+from controller.operator.source_adapters import adapter_status
 from controller.operator.source_aliases import alias_status
 from controller.operator.status import (
     Observed,
@@ -78,7 +79,12 @@ log = logging.getLogger("slotctl.operator")
 ANNOTATION_PREFIX: Final = GROUP
 DELETE_WAIT_S: Final = 30.0
 # kopf's index of each kind (what the source is primed and resynced from), by kind.
-INDEXES: Final = {"Model": "models_index", "Slot": "slots_index", "Alias": "aliases_index"}
+INDEXES: Final = {
+    "Model": "models_index",
+    "Slot": "slots_index",
+    "Alias": "aliases_index",
+    "Adapter": "adapters_index",
+}
 # No handler ran this long after kopf started (it runs them once every index holds its
 # listing; the CRD handler then runs at once): the source is primed from what is indexed.
 PRIME_LATE_S: Final = 60.0
@@ -272,7 +278,12 @@ class Operator:
         kopf.on.startup(registry=reg)(self._configure)
         kopf.on.login(registry=reg)(_login)
         kopf.on.cleanup(registry=reg)(self._cleanup)
-        for plural, kind in (("models", "Model"), ("slots", "Slot"), ("aliases", "Alias")):
+        for plural, kind in (
+            ("models", "Model"),
+            ("slots", "Slot"),
+            ("aliases", "Alias"),
+            ("adapters", "Adapter"),
+        ):
             kopf.index(GROUP, VERSION, plural, registry=reg, id=f"{plural}_index")(self._index)
             changed = self._changed_handler(kind)
             for decorator in (kopf.on.create, kopf.on.update, kopf.on.resume):
@@ -301,6 +312,9 @@ class Operator:
         kopf.on.delete(GROUP, VERSION, "aliases", registry=reg, id="aliases-delete", optional=True)(
             self._delete_handler("Alias")
         )
+        kopf.on.delete(
+            GROUP, VERSION, "adapters", registry=reg, id="adapters-delete", optional=True
+        )(self._delete_handler("Adapter"))
 
     async def _configure(self, settings: kopf.OperatorSettings, **_: Any) -> None:
         # Status is pruned to its schema: kopf's state lives in annotations instead.
@@ -381,7 +395,7 @@ class Operator:
         if kind == "Slot":
             slot = self.source.slot_of(key)
             return f"slot {slot}" if slot is not None else None
-        return {"Model": "models", "Alias": "aliases"}.get(kind)
+        return {"Model": "models", "Alias": "aliases", "Adapter": "adapters"}.get(kind)
 
     def _delete_handler(self, kind: str) -> Handler:
         async def deleted(body: kopf.Body, **kwargs: Any) -> None:
@@ -449,6 +463,8 @@ class Operator:
                     kopf.event(body, type=event_type, reason=reason, message=message)
             elif kind == "Alias":
                 new = alias_status(self.source.alias_ids.get(key), self._verdict(key), old)
+            elif kind == "Adapter":
+                new = adapter_status(self.source.adapter_ids.get(key), self._verdict(key), old)
             else:
                 new = self._model_status(key, old)
             changes = changed_fields(new, old)
