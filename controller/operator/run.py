@@ -13,9 +13,11 @@ Composition only, like ``slotctl up`` (it runs the same :class:`~controller.daem
   listing, and the controller adopts what runs only once the source is primed, so a
   restarted operator never prunes nor restarts a slot it has not seen yet; a resync
   compares the source with the indexes every ``resync_s`` (a deletion missed);
-* a *sink*: one kopf timer per CR waits for the manager's next event (or a resync period)
-  and patches ``status`` from what is observed, so a server that dies shows up without any
-  CR change; every transition also becomes a Kubernetes Event on its Slot.
+* a *sink*: one kopf timer per CR waits for the manager's next event, or a judging of the
+  source that moved a verdict (whatever caused it: the CR's own event, a resync, the config
+  dir's files), or a resync period, and patches ``status`` from what is observed, so a
+  server that dies shows up without any CR change; every transition also becomes a
+  Kubernetes Event on its Slot.
 
 Deleting a Slot: kopf's finalizer holds the object until the slot's server is stopped.
 kopf keeps its progress and diff-base in annotations (``slotctl.io/...``), never in
@@ -148,6 +150,8 @@ class Operator:
         self.source = CrSource()
         self.controller.desired.add_source(self.source)  # after the config dir's files
         self.board = StatusBoard()
+        # every judging that moves a verdict wakes the status timers (whatever judged it)
+        self.source.on_moved = self.board.wake
         self.registry = kopf.OperatorRegistry()
         self._handled: set[CrKey] = set()  # CRs whose own handler ran (status may follow)
         self._indexes: Mapping[str, object] | None = None  # kopf's (live), from a handler
@@ -263,8 +267,7 @@ class Operator:
             if indexes is None or not self.source.synced:
                 continue
             for kind, index in INDEXES.items():
-                self.source.replace(kind, _values(indexes.get(index)))
-                self.board.wake(self.source.woken)
+                self.source.replace(kind, _values(indexes.get(index)))  # wakes what moved
 
     def _index(self, body: kopf.Body, **_: Any) -> dict[tuple[str, str], Essence]:
         essence = essence_of(body)
@@ -360,13 +363,11 @@ class Operator:
             key = cr_key(kind, body)
             if body.get("metadata", {}).get("deletionTimestamp"):
                 return  # its delete handler takes it out
-            self.source.apply(kind, body)
-            woken = set(self.source.woken)
+            self.source.apply(kind, body)  # wakes the timers of what its judging moved
             if key not in self._handled:
                 self._handled.add(key)
                 slot = self.source.slot_of(key)  # its timer may have looked before this
-                woken |= {slot} if slot else set()
-            self.board.wake(woken)
+                self.board.wake({slot} if slot else ())
             verdict = self.source.verdicts.get(key)
             if verdict is not None and verdict.problems:
                 first = verdict.problems[0]
@@ -402,8 +403,7 @@ class Operator:
             self._prime(kwargs)
             key = cr_key(kind, body)
             slot = self.source.slot_of(key)
-            self.source.remove(key)
-            self.board.wake(self.source.woken)
+            self.source.remove(key)  # wakes the timers of what its judging moved
             self._handled.discard(key)
             self._seen.pop(key, None)
             self._looked.pop(key, None)

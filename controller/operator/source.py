@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import ChainMap
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -79,6 +79,10 @@ class _Nothing:
     models: Mapping[str, ModelSpec] = field(default_factory=dict)
     aliases: Mapping[str, AliasEntry] = field(default_factory=dict)
     adapters: Mapping[str, AdapterEntry] = field(default_factory=dict)
+
+
+# A resource's verdict, and the slot name, model id, alias id and adapter id it holds.
+_Held = tuple[Verdict | None, str | None, str | None, str | None, str | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,6 +195,11 @@ class CrSource:
         # The slots (old and new names) of the Slots whose verdict or slot the last
         # judging moved: the status timers to wake.
         self.woken: set[str] = set()
+        # Told after every judging that moved a verdict or what a resource puts in force
+        # (any kind), with :attr:`woken`: the operator wakes its status timers there, so a
+        # status follows every judging at once — a resource's own event, a resync, the
+        # config dir's files (:meth:`before_changed`), whichever judged it.
+        self.on_moved: Callable[[set[str]], None] | None = None
 
     # ------------------------------------------------------------------ the seam
 
@@ -407,7 +416,7 @@ class CrSource:
             self._foreign_index()
         work = self._closure(dirty)
         self.judged += len(work)
-        was = {k: (self.verdicts.get(k), self.slot_names.get(k)) for k in work}
+        was = {k: self._held(k) for k in work}
         held_slots = {k: self._slots[k] for k in work if k in self._slots}
         held_models = {k: self._models[k] for k in work if k in self._models}
         held_aliases = {k: self._aliases[k] for k in work if k in self._aliases}
@@ -429,14 +438,16 @@ class CrSource:
         self._judge_adapters(of["Adapter"], held_adapters, problems)
         for key in work:
             self._record(key, problems.get(key, []))
+        moved = [k for k, held in was.items() if self._held(k) != held]
         self.woken = {
             name
-            for k, (verdict, name_was) in was.items()
+            for k in moved
             if k[0] == "Slot"
-            and (self.verdicts.get(k), self.slot_names.get(k)) != (verdict, name_was)
-            for name in (name_was, self.slot_names.get(k))
+            for name in (was[k][1], self.slot_names.get(k))
             if name
         }
+        if moved and self.on_moved is not None:
+            self.on_moved(self.woken)
         alias_ids |= {self.alias_ids[k] for k in of["Alias"] if k in self.alias_ids}
         adapter_ids |= {self.adapter_ids[k] for k in of["Adapter"] if k in self.adapter_ids}
         return DesiredChange.of(
@@ -444,6 +455,16 @@ class CrSource:
             models,
             self._view_put_aliases(alias_ids),
             adapters=self._view_put_adapters(adapter_ids),
+        )
+
+    def _held(self, key: CrKey) -> _Held:
+        """What a status shows of ``key``'s judging: its verdict and what it holds."""
+        return (
+            self.verdicts.get(key),
+            self.slot_names.get(key),
+            self.model_ids.get(key),
+            self.alias_ids.get(key),
+            self.adapter_ids.get(key),
         )
 
     def _release(self, key: CrKey) -> None:

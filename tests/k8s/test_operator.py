@@ -134,8 +134,13 @@ async def answers(endpoint: str) -> bool:
 
 @contextlib.asynccontextmanager
 async def running_operator(
-    cluster: Cluster, state: Path, monkeypatch: pytest.MonkeyPatch, listen: str | None = None
+    cluster: Cluster,
+    state: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    listen: str | None = None,
+    **options: Any,
 ) -> AsyncIterator[Operator]:
+    """The operator on KMock; ``options``: more :class:`OperatorOptions`."""
     monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig))
     op = Operator(
         OperatorOptions(
@@ -144,6 +149,7 @@ async def running_operator(
             namespaces=["default"],
             listen=listen,
             token="operator-test-token",
+            **options,
         )
     )
     task = asyncio.create_task(op.run())

@@ -13,6 +13,8 @@ import aiohttp
 import pytest
 
 from controller.operator.run import Operator
+from controller.reconcile.apply import apply_to_config
+from controller.spec.loader import DesiredState, load_stack_texts
 from tests.integration.helpers import free_ports
 from tests.k8s.chart import assert_rbac_allows
 from tests.k8s.conftest import Cluster, eventually
@@ -108,3 +110,40 @@ async def test_an_adapter_cr_is_declared_served_and_removed(
         ("patch", "slotctl.io", "adapters/status"),
     }, sorted(used)
     assert_rbac_allows(used, namespaces=["default"])
+
+
+async def test_a_stack_file_taking_an_adapters_id_shows_in_its_status_at_once(
+    cluster: Cluster, state: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Adapter's verdict moved by the config dir's files, not by any event of its own
+    or of a slot: its status follows at once (the timers' resync is out of reach here), as
+    it does when the file goes again. Its status used to wait for the resync period."""
+    (port,) = free_ports(1)
+    files = tmp_path / "adapters"
+    files.mkdir()
+    (files / "sql.safetensors").write_bytes(b"lora sql")
+    source = str(files / "sql.safetensors")
+    config = state / "config"
+    async with running_operator(cluster, state, monkeypatch, status_resync_s=3600.0) as op:
+        await cluster.create(model("base"))
+        await cluster.create(slot("lora", "base", port, max_loras=2, max_lora_rank=16))
+        await cluster.create(adapter("sql", "base", source))
+        await eventually(lambda: _with(cluster, "sql", "Ready"), "the Adapter Ready")
+
+        # (the file's own catalogue entry of the base: the Model resource takes it over)
+        text = '[stack]\nname = "files"\n[[model]]\nid = "base"\nsource = "demo://base"\n'
+        text += f'[[adapter]]\nid = "sql"\nbase = "base"\nsource = "{source}"\n'
+        report = load_stack_texts([("files.toml", text)])
+        assert report.state is not None, report.errors
+        apply_to_config(report.state, config, prune=True)
+        bad = await eventually(lambda: _with(cluster, "sql", "Degraded"), "Degraded", 20)
+        assert bad["status"]["lastError"]["code"] == "adapter.duplicate_id"
+        assert "stack file" in bad["status"]["lastError"]["message"]
+        assert condition(bad, "Ready")["status"] == "False"
+        assert op.controller.desired.snapshot.adapters["sql"].stack == "files"
+
+        empty = DesiredState(stacks=("files",), models={}, slots={}, aliases={})
+        apply_to_config(empty, config, prune=True)
+        again = await eventually(lambda: _with(cluster, "sql", "Ready"), "Ready again", 20)
+        assert condition(again, "Degraded")["status"] == "False"
+        assert op.controller.desired.snapshot.adapters["sql"].stack == "kubernetes"

@@ -112,3 +112,30 @@ def test_adapter_status() -> None:
     conditions = {c["type"]: c for c in bad["conditions"]}
     assert conditions["Ready"]["status"] == "False" and conditions["Degraded"]["status"] == "True"
     assert bad["lastError"]["code"] == "adapter.unknown_base"
+
+
+def test_every_judging_that_moves_a_verdict_is_told(tmp_path: Path) -> None:
+    """``on_moved`` hears every judging that moves a verdict, whatever judged it — a
+    resource's own change, a listing, the config dir's files — and no judging that moves
+    none (the operator wakes its status timers there)."""
+    crs = source_with(tmp_path, [cr("chat", slot_spec(18081))])
+    told: list[set[str]] = []
+    crs.source.on_moved = told.append
+    crs.load("Adapter", [cr("sql", {"base": "m", "source": "/a/sql"})])
+    assert told == [set()] and codes(crs) == {"sql": []}
+    crs.load("Adapter", [cr("sql", {"base": "m", "source": "/a/sql"})])  # the same again
+    crs.load("Slot", [cr("chat", slot_spec(18081))])
+    assert told == [set()]
+    # a stack file takes its id: the files' refresh judges it again, and says so
+    text = '[stack]\nname = "files"\n[[model]]\nid = "m"\nsource = "demo://m"\n'
+    text += '[[adapter]]\nid = "sql"\nbase = "m"\nsource = "/a/files"\n'
+    report = load_stack_texts([("files.toml", text)])
+    assert report.state is not None
+    apply_to_config(report.state, crs.config, prune=True)
+    crs.cache.refresh()
+    assert told == [set(), set()] and codes(crs) == {"sql": ["adapter.duplicate_id"]}
+    # a Slot's verdict moved (an edit: a new generation): its slot named
+    edited = cr("chat", slot_spec(18081, priority=70))
+    edited["metadata"]["generation"] = 2
+    crs.load("Slot", [edited])
+    assert told[-1] == {"chat"}
