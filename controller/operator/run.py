@@ -7,15 +7,17 @@ Composition only, like ``slotctl up`` (it runs the same :class:`~controller.daem
   its one resource to :class:`~controller.operator.source.CrSource`, which judges it (and
   what it touches) with the loader's rules in memory and tells the desired-state cache
   which slots, models and aliases changed; the reconciler queues those slots. Nothing is
-  written as TOML. kopf also indexes every ``Model``/``Slot``/``Alias``: the first
+  written as TOML. kopf also indexes every ``Model``/``Slot``/``Alias``/``Adapter``: the first
   handler to run (kopf runs none before every index holds its initial listing; one on the
   slotctl.io CRDs runs even when there is no resource) primes the source with the whole
   listing, and the controller adopts what runs only once the source is primed, so a
   restarted operator never prunes nor restarts a slot it has not seen yet; a resync
   compares the source with the indexes every ``resync_s`` (a deletion missed);
-* a *sink*: one kopf timer per CR waits for the manager's next event (or a resync period)
-  and patches ``status`` from what is observed, so a server that dies shows up without any
-  CR change; every transition also becomes a Kubernetes Event on its Slot.
+* a *sink*: one kopf timer per CR waits for the manager's next event, or a judging of the
+  source that moved a verdict (whatever caused it: the CR's own event, a resync, the config
+  dir's files), or a resync period, and patches ``status`` from what is observed, so a
+  server that dies shows up without any CR change; every transition also becomes a
+  Kubernetes Event on its Slot.
 
 Deleting a Slot: kopf's finalizer holds the object until the slot's server is stopped.
 kopf keeps its progress and diff-base in annotations (``slotctl.io/...``), never in
@@ -52,6 +54,7 @@ from controller.operator.bodies import (
 from controller.operator.crd import GROUP, VERSION
 from controller.operator.pools import PoolSync
 from controller.operator.source import STACK, CrSource
+from controller.operator.source_adapters import adapter_status
 from controller.operator.source_aliases import alias_status
 from controller.operator.status import (
     Observed,
@@ -78,7 +81,12 @@ log = logging.getLogger("slotctl.operator")
 ANNOTATION_PREFIX: Final = GROUP
 DELETE_WAIT_S: Final = 30.0
 # kopf's index of each kind (what the source is primed and resynced from), by kind.
-INDEXES: Final = {"Model": "models_index", "Slot": "slots_index", "Alias": "aliases_index"}
+INDEXES: Final = {
+    "Model": "models_index",
+    "Slot": "slots_index",
+    "Alias": "aliases_index",
+    "Adapter": "adapters_index",
+}
 # No handler ran this long after kopf started (it runs them once every index holds its
 # listing; the CRD handler then runs at once): the source is primed from what is indexed.
 PRIME_LATE_S: Final = 60.0
@@ -142,6 +150,8 @@ class Operator:
         self.source = CrSource()
         self.controller.desired.add_source(self.source)  # after the config dir's files
         self.board = StatusBoard()
+        # every judging that moves a verdict wakes the status timers (whatever judged it)
+        self.source.on_moved = self.board.wake
         self.registry = kopf.OperatorRegistry()
         self._handled: set[CrKey] = set()  # CRs whose own handler ran (status may follow)
         self._indexes: Mapping[str, object] | None = None  # kopf's (live), from a handler
@@ -257,8 +267,7 @@ class Operator:
             if indexes is None or not self.source.synced:
                 continue
             for kind, index in INDEXES.items():
-                self.source.replace(kind, _values(indexes.get(index)))
-                self.board.wake(self.source.woken)
+                self.source.replace(kind, _values(indexes.get(index)))  # wakes what moved
 
     def _index(self, body: kopf.Body, **_: Any) -> dict[tuple[str, str], Essence]:
         essence = essence_of(body)
@@ -272,7 +281,12 @@ class Operator:
         kopf.on.startup(registry=reg)(self._configure)
         kopf.on.login(registry=reg)(_login)
         kopf.on.cleanup(registry=reg)(self._cleanup)
-        for plural, kind in (("models", "Model"), ("slots", "Slot"), ("aliases", "Alias")):
+        for plural, kind in (
+            ("models", "Model"),
+            ("slots", "Slot"),
+            ("aliases", "Alias"),
+            ("adapters", "Adapter"),
+        ):
             kopf.index(GROUP, VERSION, plural, registry=reg, id=f"{plural}_index")(self._index)
             changed = self._changed_handler(kind)
             for decorator in (kopf.on.create, kopf.on.update, kopf.on.resume):
@@ -301,6 +315,9 @@ class Operator:
         kopf.on.delete(GROUP, VERSION, "aliases", registry=reg, id="aliases-delete", optional=True)(
             self._delete_handler("Alias")
         )
+        kopf.on.delete(
+            GROUP, VERSION, "adapters", registry=reg, id="adapters-delete", optional=True
+        )(self._delete_handler("Adapter"))
 
     async def _configure(self, settings: kopf.OperatorSettings, **_: Any) -> None:
         # Status is pruned to its schema: kopf's state lives in annotations instead.
@@ -346,13 +363,11 @@ class Operator:
             key = cr_key(kind, body)
             if body.get("metadata", {}).get("deletionTimestamp"):
                 return  # its delete handler takes it out
-            self.source.apply(kind, body)
-            woken = set(self.source.woken)
+            self.source.apply(kind, body)  # wakes the timers of what its judging moved
             if key not in self._handled:
                 self._handled.add(key)
                 slot = self.source.slot_of(key)  # its timer may have looked before this
-                woken |= {slot} if slot else set()
-            self.board.wake(woken)
+                self.board.wake({slot} if slot else ())
             verdict = self.source.verdicts.get(key)
             if verdict is not None and verdict.problems:
                 first = verdict.problems[0]
@@ -381,15 +396,14 @@ class Operator:
         if kind == "Slot":
             slot = self.source.slot_of(key)
             return f"slot {slot}" if slot is not None else None
-        return {"Model": "models", "Alias": "aliases"}.get(kind)
+        return {"Model": "models", "Alias": "aliases", "Adapter": "adapters"}.get(kind)
 
     def _delete_handler(self, kind: str) -> Handler:
         async def deleted(body: kopf.Body, **kwargs: Any) -> None:
             self._prime(kwargs)
             key = cr_key(kind, body)
             slot = self.source.slot_of(key)
-            self.source.remove(key)
-            self.board.wake(self.source.woken)
+            self.source.remove(key)  # wakes the timers of what its judging moved
             self._handled.discard(key)
             self._seen.pop(key, None)
             self._looked.pop(key, None)
@@ -449,6 +463,8 @@ class Operator:
                     kopf.event(body, type=event_type, reason=reason, message=message)
             elif kind == "Alias":
                 new = alias_status(self.source.alias_ids.get(key), self._verdict(key), old)
+            elif kind == "Adapter":
+                new = adapter_status(self.source.adapter_ids.get(key), self._verdict(key), old)
             else:
                 new = self._model_status(key, old)
             changes = changed_fields(new, old)

@@ -1,5 +1,5 @@
-"""Custom resources as a source of desired state: ``Model``, ``Slot`` and ``Alias`` held in
-memory and judged key by key.
+"""Custom resources as a source of desired state: ``Model``, ``Slot``, ``Alias`` and
+``Adapter`` held in memory and judged key by key.
 
 kopf's watch is the informer: the operator hands :class:`CrSource` each resource as its
 event comes (:meth:`CrSource.apply`, :meth:`CrSource.remove`), the whole listing when it
@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import ChainMap
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -42,6 +42,7 @@ from pydantic import ValidationError
 
 from controller.operator.bodies import CrKey, Essence, JsonObject, cr_key, essence_of
 from controller.operator.convert import model_payload, slot_payload
+from controller.operator.source_adapters import judge_adapters
 from controller.operator.source_aliases import judge_aliases
 from controller.operator.status import Verdict
 from controller.spec.adapters import AdapterEntry
@@ -52,6 +53,7 @@ from controller.spec.replicas import replica_name, replica_names, replica_of_nam
 from controller.spec.rules import SlotCheck, SlotEntry, check_slot_payload, cross_slot_problems
 from controller.spec.schema import (
     MAX_REPLICAS,
+    AdapterSpec,
     AliasSpec,
     ControllerSettings,
     ModelSpec,
@@ -65,7 +67,7 @@ __all__ = ["KINDS", "STACK", "CrKey", "CrSource", "cr_key"]
 log = logging.getLogger("slotctl.operator")
 
 STACK: Final = "kubernetes"  # the stack (ownership) every CR-declared slot belongs to
-KINDS: Final = ("Model", "Slot", "Alias")  # judged in this order: slots name models
+KINDS: Final = ("Model", "Slot", "Alias", "Adapter")  # judged in this order: slots name models
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +79,10 @@ class _Nothing:
     models: Mapping[str, ModelSpec] = field(default_factory=dict)
     aliases: Mapping[str, AliasEntry] = field(default_factory=dict)
     adapters: Mapping[str, AdapterEntry] = field(default_factory=dict)
+
+
+# A resource's verdict, and the slot name, model id, alias id and adapter id it holds.
+_Held = tuple[Verdict | None, str | None, str | None, str | None, str | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,17 +158,22 @@ class CrSource:
         self._good_slots: dict[CrKey, SlotSpec] = {}
         self._good_models: dict[CrKey, ModelSpec] = {}
         self._good_aliases: dict[CrKey, AliasSpec] = {}
+        self._adapters: dict[CrKey, AdapterSpec] = {}
+        self._good_adapters: dict[CrKey, AdapterSpec] = {}
         self.slot_names: dict[CrKey, str] = {}  # Slot CR -> the slot it declares (in force)
         self.model_ids: dict[CrKey, str] = {}
         self.alias_ids: dict[CrKey, str] = {}  # Alias CR -> the alias id it declares
+        self.adapter_ids: dict[CrKey, str] = {}  # Adapter CR -> the adapter id it declares
         # The view (what the cache merges), by slot name, model id, alias id.
         self._view_slots: dict[str, DesiredSlot] = {}
         self._view_models: dict[str, ModelSpec] = {}
         self._view_aliases: dict[str, AliasEntry] = {}
+        self._view_adapters: dict[str, AdapterEntry] = {}
         # Who holds what, in force: the lookups of the rules across resources.
         self._by_name: dict[str, CrKey] = {}
         self._model_by_id: dict[str, CrKey] = {}
         self._alias_by_id: dict[str, CrKey] = {}
+        self._adapter_by_id: dict[str, CrKey] = {}
         self._by_port: dict[int, CrKey] = {}
         self._npu: CrKey | None = None
         self._units: dict[str, set[CrKey]] = {}
@@ -172,6 +183,8 @@ class CrSource:
         self._alias_refs = _Index()  # model id -> Aliases naming it
         self._model_decl = _Index()  # model id -> Models declaring it
         self._alias_decl = _Index()  # alias id -> Aliases declaring it
+        self._adapter_refs = _Index()  # model id -> Adapters of that base
+        self._adapter_decl = _Index()  # adapter id -> Adapters declaring it
         self._refused_keys: set[CrKey] = set()  # resources whose verdict has problems
         # The files' slots by port and on the NPU (the holders a resource never displaces).
         self._foreign_ports: dict[int, set[str]] = {}
@@ -182,6 +195,11 @@ class CrSource:
         # The slots (old and new names) of the Slots whose verdict or slot the last
         # judging moved: the status timers to wake.
         self.woken: set[str] = set()
+        # Told after every judging that moved a verdict or what a resource puts in force
+        # (any kind), with :attr:`woken`: the operator wakes its status timers there, so a
+        # status follows every judging at once — a resource's own event, a resync, the
+        # config dir's files (:meth:`before_changed`), whichever judged it.
+        self.on_moved: Callable[[set[str]], None] | None = None
 
     # ------------------------------------------------------------------ the seam
 
@@ -208,9 +226,7 @@ class CrSource:
 
     @property
     def adapters(self) -> Mapping[str, AdapterEntry]:
-        """Adapter CRs are not yet a source of desired state (the CRD and the TOML <-> CR
-        conversion exist: ``slotctl export --format crd``): none."""
-        return {}
+        return self._view_adapters
 
     def attach(self, before: DesiredView, publish: Publish) -> None:
         """Judge against ``before`` from now on (read at the first judging, not here: the
@@ -244,9 +260,12 @@ class CrSource:
         for model_id in change.models:
             dirty |= self._slot_refs.get(model_id) | self._alias_refs.get(model_id)
             dirty |= self._alias_decl.get(model_id)
+            dirty |= self._adapter_refs.get(model_id)
         for alias_id in change.aliases:
             dirty |= self._alias_decl.get(alias_id)
-        if change.slots or change.aliases:
+        for adapter_id in change.adapters:
+            dirty |= self._adapter_decl.get(adapter_id)
+        if change.slots or change.aliases or change.adapters:
             dirty |= self._refused()
         return self._judge(dirty) if dirty else NO_CHANGE
 
@@ -365,6 +384,7 @@ class CrSource:
             work |= self._alias_refs.get(model_id)
             work |= self._model_decl.get(model_id)
             work |= self._alias_decl.get(model_id)
+            work |= self._adapter_refs.get(model_id)
         if any(k[0] == "Model" for k in work):
             work |= self._refused("Model")
         if any(k[0] == "Slot" for k in work):
@@ -377,6 +397,17 @@ class CrSource:
             for key in [k for k in work if k[0] == "Alias"]:
                 for alias_id in (self.alias_ids.get(key), _declared_id(self._crs.get(key))):
                     work |= self._alias_decl.get(alias_id)
+        if any(k[0] in ("Slot", "Alias") for k in work):
+            work |= self._refused("Adapter")  # a name or a rank limit may settle them
+            for key in [k for k in work if k[0] == "Slot"]:
+                spec = self._slots.get(key)
+                if spec is not None:  # its rank limit judges its base's adapters
+                    work |= self._adapter_refs.get(spec.model_id)
+        if any(k[0] == "Adapter" for k in work):
+            work |= self._refused("Adapter")
+            for key in [k for k in work if k[0] == "Adapter"]:
+                for adapter_id in (self.adapter_ids.get(key), _declared_id(self._crs.get(key))):
+                    work |= self._adapter_decl.get(adapter_id)
         return work
 
     def _judge(self, dirty: set[CrKey]) -> DesiredChange:
@@ -385,13 +416,15 @@ class CrSource:
             self._foreign_index()
         work = self._closure(dirty)
         self.judged += len(work)
-        was = {k: (self.verdicts.get(k), self.slot_names.get(k)) for k in work}
+        was = {k: self._held(k) for k in work}
         held_slots = {k: self._slots[k] for k in work if k in self._slots}
         held_models = {k: self._models[k] for k in work if k in self._models}
         held_aliases = {k: self._aliases[k] for k in work if k in self._aliases}
+        held_adapters = {k: self._adapters[k] for k in work if k in self._adapters}
         names = {k[2] for k in work if k[0] == "Slot"} | {self.slot_names[k] for k in held_slots}
         ids = {self.model_ids[k] for k in held_models}
         alias_ids = {self.alias_ids[k] for k in held_aliases}
+        adapter_ids = {self.adapter_ids[k] for k in held_adapters}
         for key in work:
             self._release(key)
         problems: dict[CrKey, list[Problem]] = {}
@@ -402,19 +435,36 @@ class CrSource:
         )
         self._judge_slots(of["Slot"], held_slots, problems)
         self._judge_aliases(of["Alias"], held_aliases, problems)
+        self._judge_adapters(of["Adapter"], held_adapters, problems)
         for key in work:
             self._record(key, problems.get(key, []))
+        moved = [k for k, held in was.items() if self._held(k) != held]
         self.woken = {
             name
-            for k, (verdict, name_was) in was.items()
+            for k in moved
             if k[0] == "Slot"
-            and (self.verdicts.get(k), self.slot_names.get(k)) != (verdict, name_was)
-            for name in (name_was, self.slot_names.get(k))
+            for name in (was[k][1], self.slot_names.get(k))
             if name
         }
+        if moved and self.on_moved is not None:
+            self.on_moved(self.woken)
         alias_ids |= {self.alias_ids[k] for k in of["Alias"] if k in self.alias_ids}
+        adapter_ids |= {self.adapter_ids[k] for k in of["Adapter"] if k in self.adapter_ids}
         return DesiredChange.of(
-            self._view_put_slots(names), models, self._view_put_aliases(alias_ids)
+            self._view_put_slots(names),
+            models,
+            self._view_put_aliases(alias_ids),
+            adapters=self._view_put_adapters(adapter_ids),
+        )
+
+    def _held(self, key: CrKey) -> _Held:
+        """What a status shows of ``key``'s judging: its verdict and what it holds."""
+        return (
+            self.verdicts.get(key),
+            self.slot_names.get(key),
+            self.model_ids.get(key),
+            self.alias_ids.get(key),
+            self.adapter_ids.get(key),
         )
 
     def _release(self, key: CrKey) -> None:
@@ -438,21 +488,38 @@ class CrSource:
         alias_id = self.alias_ids.pop(key, None)
         if alias_id is not None and self._alias_by_id.get(alias_id) == key:
             del self._alias_by_id[alias_id]
+        self._adapters.pop(key, None)
+        adapter_id = self.adapter_ids.pop(key, None)
+        if adapter_id is not None and self._adapter_by_id.get(adapter_id) == key:
+            del self._adapter_by_id[adapter_id]
         if key not in self._crs:  # gone: forget it whole
-            for index in (self._slot_refs, self._alias_refs, self._model_decl, self._alias_decl):
+            for index in (
+                self._slot_refs,
+                self._alias_refs,
+                self._model_decl,
+                self._alias_decl,
+                self._adapter_refs,
+                self._adapter_decl,
+            ):
                 index.drop(key)
             self._refused_keys.discard(key)
             self._checks.pop(key, None)
             self._good_slots.pop(key, None)
             self._good_models.pop(key, None)
             self._good_aliases.pop(key, None)
+            self._good_adapters.pop(key, None)
             self.verdicts.pop(key, None)
 
     def _record(self, key: CrKey, found: list[Problem]) -> None:
         cr = self._crs.get(key)
         if cr is None:
             return
-        in_force = key in self.slot_names or key in self.model_ids or key in self.alias_ids
+        in_force = (
+            key in self.slot_names
+            or key in self.model_ids
+            or key in self.alias_ids
+            or key in self.adapter_ids
+        )
         if found:
             self._refused_keys.add(key)
         else:
@@ -731,6 +798,54 @@ class CrSource:
             self._alias_by_id[alias.id] = key
             self._good_aliases[key] = alias
 
+    # ------------------------------------------------------------------ adapters
+
+    def _judge_adapters(
+        self,
+        keys: list[CrKey],
+        held: Mapping[CrKey, AdapterSpec],
+        problems: dict[CrKey, list[Problem]],
+    ) -> None:
+        keys.sort(key=lambda k: (k not in held, self._crs[k].order))
+        for key in keys:
+            cr = self._crs[key]
+            self._adapter_refs.drop(key)
+            self._adapter_decl.drop(key)
+            base = cr.spec.get("base")
+            self._adapter_refs.add(base if isinstance(base, str) else None, key)
+            self._adapter_decl.add(_declared_id(cr), key)
+            good = self._good_adapters.get(key)
+            if good is not None:
+                self._adapter_refs.add(good.base, key)
+                self._adapter_decl.add(good.id, key)
+        chosen = judge_adapters(
+            ((k, self._crs[k].spec) for k in keys),
+            self._good_adapters,
+            self._catalogue(),
+            self._slots_of,
+            _Names(self._before.slots, self._view_slots, self._before.aliases, self._view_aliases),
+            _Names(self._before.adapters),
+            problems,
+            owners=dict(self._adapter_by_id),
+        )
+        for key, adapter in chosen.items():
+            self._adapters[key] = adapter
+            self.adapter_ids[key] = adapter.id
+            self._adapter_by_id[adapter.id] = key
+            self._good_adapters[key] = adapter
+
+    def _slots_of(self, base: str) -> list[SlotEntry]:
+        """The slots in force serving ``base`` (the files' first): their rank limits."""
+        out = [
+            SlotEntry(spec=s.spec) for s in self._before.slots.values() if s.spec.model_id == base
+        ]
+        files = self._before.slots
+        return out + [
+            SlotEntry(spec=spec)
+            for spec in self._slots.values()
+            if spec.model_id == base and spec.name not in files
+        ]
+
     # ------------------------------------------------------------------ the view
 
     def _view_put_slots(self, names: set[str]) -> set[str]:
@@ -782,6 +897,22 @@ class CrSource:
                 changed.add(alias_id)
         return changed
 
+    def _view_put_adapters(self, ids: set[str]) -> set[str]:
+        changed = set()
+        for adapter_id in ids:
+            key = self._adapter_by_id.get(adapter_id)
+            new = self._adapters[key] if key is not None else None
+            old = self._view_adapters.get(adapter_id)
+            if new is None:
+                if old is not None:
+                    del self._view_adapters[adapter_id]
+                    changed.add(adapter_id)
+                continue
+            if old is None or old.spec != new:
+                self._view_adapters[adapter_id] = AdapterEntry(spec=new, stack=self.stack)
+                changed.add(adapter_id)
+        return changed
+
 
 @dataclass(frozen=True, slots=True)
 class _Names:
@@ -789,20 +920,26 @@ class _Names:
 
     first: Mapping[str, object]
     second: Mapping[str, object] = field(default_factory=dict)
+    third: Mapping[str, object] = field(default_factory=dict)
+    fourth: Mapping[str, object] = field(default_factory=dict)
 
     def __contains__(self, name: object) -> bool:
-        return name in self.first or name in self.second
+        return any(name in m for m in (self.first, self.second, self.third, self.fourth))
 
     def __iter__(self) -> Iterator[str]:
-        yield from self.first
-        yield from (n for n in self.second if n not in self.first)
+        seen: set[str] = set()
+        for mapping in (self.first, self.second, self.third, self.fourth):
+            for name in mapping:
+                if name not in seen:
+                    seen.add(name)
+                    yield name
 
     def __len__(self) -> int:
-        return len(set(self.first) | set(self.second))
+        return len(set(self))
 
 
 def _declared_id(cr: _Cr | None) -> str | None:
-    """The id a Model or Alias resource declares (``spec.id``, else its name)."""
+    """The id a Model, Alias or Adapter resource declares (``spec.id``, else its name)."""
     if cr is None:
         return None
     value = cr.spec.get("id")

@@ -79,6 +79,7 @@ def _launch(
     if ctx.runtime is RuntimeKind.DOCKER:  # its adapters' files, where its server reads them
         mounts = (*mounts, *(Mount(p, p, read_only=True) for p in _adapter_files(slot, ctx)))
     pull = None
+    adapter_pulls: tuple[ModelPull, ...] = ()
     if ctx.runtime is RuntimeKind.KUBERNETES:
         # The model file is in the pod (the slot's volume at the models dir, or the image):
         # the controller cannot look for it, and host paths mean nothing on another node.
@@ -89,6 +90,7 @@ def _launch(
             mounts = (Mount(slot.server.volume, str(ctx.models_dir), read_only=True),)
         else:
             pull = model_pull(model, ctx)
+            adapter_pulls = _adapter_pulls(slot, ctx)
     probe = probe or default_probe(slot, model_id)
     if probe.ready_log is None and slot.provider in READY_LOG:
         probe = replace(probe, ready_log=READY_LOG[slot.provider])
@@ -116,7 +118,32 @@ def _launch(
         node=slot.node if ctx.runtime is RuntimeKind.KUBERNETES else None,
         sleep=sleep,
         pull=pull,
+        adapter_pulls=adapter_pulls,
     )
+
+
+def _adapter_pulls(slot: SlotSpec, ctx: BuildContext) -> tuple[ModelPull, ...]:
+    """The kubernetes runtime: the files of every adapter ``slot`` may load, pulled into
+    the pod's model cache (its init containers, after the model's). An adapter whose
+    source is a local path cannot reach a pod on another node: refused (a typed error),
+    never served without its file."""
+    out: list[ModelPull] = []
+    for adapter_id in sorted(a.id for a in ctx.adapters.values() if serves_adapter(slot, a)):
+        adapter = ctx.adapters[adapter_id]
+        pull = model_pull(adapter.as_model(), ctx)
+        if pull is None:
+            raise SlotConfigError(
+                f"slot {slot.name!r}: adapter {adapter.id!r} has a local source "
+                f"({adapter.source!r}), which the kubernetes runtime cannot bring into the "
+                "slot's pod: give the adapter an hf:// or https:// source (pulled into the "
+                "pod's model cache with the model), or give the slot server.volume holding "
+                "the models dir",
+                keys=["adapters"],
+                slot=slot.name,
+                adapter=adapter.id,
+            )
+        out.append(pull)
+    return tuple(out)
 
 
 def model_pull(model: ModelSpec | None, ctx: BuildContext) -> ModelPull | None:

@@ -137,6 +137,9 @@ class LaunchSpec:
     # its source can be pulled (hf://, http(s)://); the process and docker runtimes leave
     # pulls to the controller's models dir.
     pull: ModelPull | None = None
+    # The kubernetes runtime: the files of the adapters the server may load, pulled into
+    # the same cache by init containers after the model's (docs/adapters.md).
+    adapter_pulls: tuple[ModelPull, ...] = ()
     gpus: int = 0  # GPUs the server spans (the slot's `gpus`; 0 off GPU)
     # The GPUs admission placed it on: made visible by the runtime (not hashed: a placement
     # is where a server runs, not what it is, and it is recorded in state.json).
@@ -188,6 +191,12 @@ class LaunchSpec:
             # only when set: the hashes of launches without a node stay as they were
             **({"node": self.node} if self.node is not None else {}),
             **({"pull": asdict(self.pull)} if self.pull is not None else {}),
+            # only when set: the hashes of launches without adapters stay as they were
+            **(
+                {"adapter_pulls": [asdict(p) for p in self.adapter_pulls]}
+                if self.adapter_pulls
+                else {}
+            ),
             **({"gpus": self.gpus} if self.gpus > 1 else {}),
         }
 

@@ -56,6 +56,16 @@ def permissions(docs: list[dict[str, Any]]) -> tuple[set[Permission], dict[str, 
     return cluster, roles
 
 
+def assert_rbac_allows(used: set[Permission], *, namespaces: list[str]) -> None:
+    """The chart rendered for this namespace scope allows every request the operator
+    made (a scenario that uses part of what it grants)."""
+    docs = render({"watchNamespaces": namespaces})
+    cluster, roles = permissions(docs)
+    allowed = cluster | {p for perms in roles.values() for p in perms}
+    assert used, "no requests were recorded"
+    assert used <= allowed, f"the chart's RBAC misses {sorted(used - allowed)}"
+
+
 def assert_rbac_allows_exactly(used: set[Permission], *, namespaces: list[str]) -> None:
     """The chart rendered for this namespace scope allows every request the operator
     made, and nothing it did not make."""

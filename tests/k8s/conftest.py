@@ -203,6 +203,7 @@ def declare(emulator: kmock.KubernetesEmulator) -> None:
         ("Model", "models", "mdl"),
         ("Slot", "slots", "sl"),
         ("Alias", "aliases", "mal"),
+        ("Adapter", "adapters", "mla"),
     ):
         emulator.resources[f"{GROUP}/{VERSION}/{plural}"] = kmock.ResourceInfo(
             kind=kind,

@@ -601,9 +601,12 @@ def service_account_token(server: ApiServer, namespace: str, name: str) -> str:
 
 
 def delete_all_crs(server: ApiServer, namespace: str) -> None:
-    """Every Alias, Model and Slot in ``namespace``, finalizers released first (a test's
-    operator may be gone)."""
-    for plural in ("aliases", "slots", "models"):
+    """Every resource of every slotctl.io kind in ``namespace`` (the kinds read from the
+    server's CRDs, so that a new kind is not forgotten), finalizers released first (a
+    test's operator may be gone). A leftover is seen by a later cluster-wide operator on
+    the same server: an Adapter left behind kept its id, unique across namespaces, and
+    the next test's Adapter of that id was refused (``adapter.duplicate_id``)."""
+    for plural in slotctl_plurals(server):
         status, body = server.request("GET", path_of(plural, namespace))
         if status != 200:
             raise ApiError(status, body)
@@ -617,3 +620,15 @@ def delete_all_crs(server: ApiServer, namespace: str) -> None:
                     content_type="application/merge-patch+json",
                 )
             server.request("DELETE", path_of(plural, namespace, name))
+
+
+def slotctl_plurals(server: ApiServer) -> list[str]:
+    """The plural of every slotctl.io kind the server has a CRD of."""
+    status, body = server.request("GET", path_of("customresourcedefinitions", None))
+    if status != 200:
+        raise ApiError(status, body)
+    return sorted(
+        item["spec"]["names"]["plural"]
+        for item in body.get("items", [])
+        if item["spec"]["group"] == "slotctl.io"
+    )

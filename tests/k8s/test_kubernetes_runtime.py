@@ -24,7 +24,7 @@ from tests.integration.helpers import free_ports
 from tests.k8s.chart import permissions, render
 from tests.k8s.conftest import TEST_AGENT, Cluster, eventually
 from tests.k8s.kubelet import Kubelet, answers, declare_workloads, gpu_node
-from tests.k8s.test_operator import alias, alias_ready
+from tests.k8s.test_operator import adapter, adapter_ready, alias, alias_ready
 from tests.unit.manager_fixtures import events_of
 
 pytestmark = pytest.mark.timeout(180)
@@ -147,9 +147,11 @@ async def test_a_slot_is_a_deployment_probed_at_its_pod_ip(
         assert status["node"] == "gpu-a"
         assert await answers(status["endpoint"])
         assert not await answers(f"http://127.0.0.1:{port}")  # only the pod IP serves it
-        # an Alias rides along (the chart's RBAC is judged against what was used)
+        # an Alias and an Adapter ride along (the chart's RBAC is judged against what was used)
         await cluster.create(alias("assistant", "m-chat"))
         await eventually(lambda: alias_ready(cluster, "assistant"), "the Alias Ready")
+        await cluster.create(adapter("sql", "m-chat", "hf://org/lora/sql.safetensors"))
+        await eventually(lambda: adapter_ready(cluster, "sql"), "the Adapter Ready")
 
         dep = await kubelet.get("deployments", "slotctl-chat")
         assert dep is not None

@@ -53,6 +53,24 @@ def alias(name: str, *models: str, namespace: str = "default") -> dict[str, Any]
     }
 
 
+def adapter(
+    name: str, base: str, source: str, namespace: str = "default", **spec: Any
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "slotctl.io/v1alpha1",
+        "kind": "Adapter",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"base": base, "source": source, **spec},
+    }
+
+
+async def adapter_ready(
+    cluster: Cluster, name: str, namespace: str = "default"
+) -> dict[str, Any] | None:
+    obj = await cluster.get("adapters", name, namespace)
+    return obj if condition(obj, "Ready").get("status") == "True" else None
+
+
 async def alias_ready(
     cluster: Cluster, name: str, namespace: str = "default"
 ) -> dict[str, Any] | None:
@@ -116,8 +134,13 @@ async def answers(endpoint: str) -> bool:
 
 @contextlib.asynccontextmanager
 async def running_operator(
-    cluster: Cluster, state: Path, monkeypatch: pytest.MonkeyPatch, listen: str | None = None
+    cluster: Cluster,
+    state: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    listen: str | None = None,
+    **options: Any,
 ) -> AsyncIterator[Operator]:
+    """The operator on KMock; ``options``: more :class:`OperatorOptions`."""
     monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig))
     op = Operator(
         OperatorOptions(
@@ -126,6 +149,7 @@ async def running_operator(
             namespaces=["default"],
             listen=listen,
             token="operator-test-token",
+            **options,
         )
     )
     task = asyncio.create_task(op.run())
@@ -210,6 +234,9 @@ async def test_slot_lifecycle_through_custom_resources(
         await eventually(
             lambda: _true("assistant" not in op.manager.aliases), "the alias gone from the router"
         )
+        # an Adapter of m-chat: declared (tests/k8s/test_operator_adapters.py serves one)
+        await cluster.create(adapter("sql", "m-chat", "/adapters/sql.safetensors"))
+        await eventually(lambda: adapter_ready(cluster, "sql"), "the Adapter Ready")
 
         # priority: applied in place, nothing restarts
         await cluster.edit("slots", "chat", {"priority": 90})
@@ -364,6 +391,8 @@ async def test_operator_subprocess_restart_adopts_and_delete_stops(
         assert await answers(obj["status"]["endpoint"])
         await cluster.create(alias("assistant", "m-chat", namespace="team-a"))
         await eventually(lambda: alias_ready(cluster, "assistant", "team-a"), "Alias Ready")
+        await cluster.create(adapter("sql", "m-chat", "/adapters/sql.gguf", namespace="team-a"))
+        await eventually(lambda: adapter_ready(cluster, "sql", "team-a"), "Adapter Ready")
         pid = server_pid(port)
         assert pid is not None
 

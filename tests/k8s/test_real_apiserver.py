@@ -32,7 +32,15 @@ from tests.integration.helpers import free_ports
 from tests.k8s import chart, realapi
 from tests.k8s.conftest import eventually
 from tests.k8s.realapi import ApiError, ApiServer, Kube
-from tests.k8s.test_operator import alias, answers, condition, model, server_pid, slot
+from tests.k8s.test_operator import (
+    adapter,
+    alias,
+    answers,
+    condition,
+    model,
+    server_pid,
+    slot,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 RBAC_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
@@ -54,7 +62,7 @@ def api_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
 
 @pytest.fixture
 def namespace(api_server: ApiServer) -> Iterator[str]:
-    """A fresh namespace; its Models and Slots go at the end (no controller-manager here
+    """A fresh namespace; its custom resources go at the end (no controller-manager here
     deletes a namespace's contents, and a cluster-wide operator would see leftovers)."""
     name = f"t-{uuid.uuid4().hex[:8]}"
     realapi.create_namespace(api_server, name)
@@ -348,6 +356,15 @@ async def test_operator_with_the_chart_service_account(
         found = await eventually(alias_ready, "the Alias Ready", timeout=60)
         assert found["status"]["id"] == "assistant"
         assert found["status"]["observedGeneration"] == 1
+        # an Adapter: its status passes the real server's schema too
+        await admin.create(adapter("sql", "m-chat", "/adapters/sql.gguf", namespace=namespace))
+
+        async def adapter_ready() -> dict[str, Any] | None:
+            obj = await admin.get("adapters", "sql")
+            return obj if condition(obj, "Ready").get("status") == "True" else None
+
+        declared = await eventually(adapter_ready, "the Adapter Ready", timeout=60)
+        assert declared["status"]["id"] == "sql"
 
         # the status the operator writes survives the schema whole: once it is
         # written, the steady state makes no more writes (no patch loop on pruned keys)
@@ -388,7 +405,9 @@ async def test_operator_with_the_chart_service_account(
         # delete: the finalizer holds the object until the server is stopped
         await admin.delete("slots", "chat")
         await eventually(lambda: _gone(admin, "chat"), "Slot removed", timeout=60)
-        assert server_pid(port) is None
+        # (its server no longer listens; the freed port may be anyone's now: a process of
+        # another test on this machine took it once)
+        assert server_pid(port) != pid
         events = await admin.events()
         reasons = {e["reason"] for e in events if e["involvedObject"]["name"] == "chat"}
         assert "Stopped" in reasons, reasons

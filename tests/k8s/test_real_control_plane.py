@@ -34,7 +34,7 @@ from tests.k8s import chart, realapi, realcluster
 from tests.k8s.conftest import eventually
 from tests.k8s.realapi import Kube
 from tests.k8s.realcluster import Cluster
-from tests.k8s.test_operator import alias, answers, condition
+from tests.k8s.test_operator import adapter, alias, answers, condition
 from tests.k8s.test_real_apiserver import stop_operator
 
 REPO = Path(__file__).resolve().parents[2]
@@ -287,6 +287,14 @@ async def test_a_node_going_not_ready_moves_its_slot(env: Env) -> None:
         return found if condition(found, "Ready").get("status") == "True" else None
 
     await eventually(alias_ready, "the Alias Ready", 60)
+    # and an Adapter: the chart's grants on adapters too
+    await env.admin.create(adapter("sql", "m2", "hf://org/lora/sql", namespace=env.namespace))
+
+    async def adapter_ready() -> dict[str, Any] | None:
+        found = await env.admin.get("adapters", "sql")
+        return found if condition(found, "Ready").get("status") == "True" else None
+
+    await eventually(adapter_ready, "the Adapter Ready", 60)
     began = time.monotonic()
     env.cluster.lose_node(lost)
 

@@ -24,10 +24,10 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
      requests it sends (tests/k8s/test_operator.py records them). */}}
 {{- define "slotctl.resourceRules" -}}
 - apiGroups: ["slotctl.io"]
-  resources: ["models", "slots", "aliases"]
+  resources: ["models", "slots", "aliases", "adapters"]
   verbs: ["list", "watch", "patch"]
 - apiGroups: ["slotctl.io"]
-  resources: ["models/status", "slots/status", "aliases/status"]
+  resources: ["models/status", "slots/status", "aliases/status", "adapters/status"]
   verbs: ["patch"]
 - apiGroups: [""]
   resources: ["events"]

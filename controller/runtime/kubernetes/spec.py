@@ -64,6 +64,7 @@ PORT_ANNOTATION: Final = "slotctl.port"
 HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
 CONTAINER: Final = "server"
 PULL_CONTAINER: Final = "model-pull"  # the init container that pulls the model first
+ADAPTER_PULL: Final = "adapter-pull"  # adapter-pull-N: the adapters' files, after it
 CACHE_VOLUME: Final = "model-cache"
 DEFAULT_MODEL_CACHE: Final = "/var/lib/slotctl/models"  # a node's cache (hostPath)
 # The hub's settings of the operator that its pods' pulls take too (a mirror, offline);
@@ -194,24 +195,34 @@ class ModelCache:
         }
 
 
-def _pull_container(
-    pull: ModelPull,
+def _pull_containers(
+    pulls: Sequence[tuple[str, ModelPull]],
     cache: ModelCache,
     volumes: list[dict[str, Any]],
     volume_mounts: list[dict[str, Any]],
     env: Mapping[str, str],
-) -> dict[str, Any]:
-    """The ``model-pull`` init container, and the cache volume it shares with the server
-    (read-write for the pull, read-only for the server, at the models dir)."""
+) -> list[dict[str, Any]]:
+    """The init containers (``model-pull``, then ``adapter-pull-N``), and the cache volume
+    they share with the server (read-write for a pull, read-only for the server, at the
+    models dir)."""
+    if not pulls:
+        return []
     volumes.append(cache.volume())
-    volume_mounts.append({"name": CACHE_VOLUME, "mountPath": pull.models_dir, "readOnly": True})
+    models_dir = pulls[0][1].models_dir
+    volume_mounts.append({"name": CACHE_VOLUME, "mountPath": models_dir, "readOnly": True})
+    return [_pull_container(name, pull, cache, env) for name, pull in pulls]
+
+
+def _pull_container(
+    name: str, pull: ModelPull, cache: ModelCache, env: Mapping[str, str]
+) -> dict[str, Any]:
     mount = {"name": CACHE_VOLUME, "mountPath": pull.models_dir, "readOnly": False}
     variables: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in sorted(env.items())]
     if cache.token_secret:
         secret = {"name": cache.token_secret, "key": "token", "optional": True}
         variables.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": secret}})
     return {
-        "name": PULL_CONTAINER,
+        "name": name,
         "image": cache.image,
         "command": ["slotctl"],
         "args": pull.argv(),
@@ -257,13 +268,11 @@ def deployment_body(
             {"limits": {gpu_resource: count}, "requests": {gpu_resource: count}} if gpu else {}
         ),
     }
-    init = None
-    if launch.pull is not None:
-        init = _pull_container(
-            launch.pull, cache or ModelCache(), volumes, volume_mounts, pull_env or {}
-        )
+    pulls = [(PULL_CONTAINER, launch.pull)] if launch.pull is not None else []
+    pulls += [(f"{ADAPTER_PULL}-{i}", p) for i, p in enumerate(launch.adapter_pulls)]
+    init = _pull_containers(pulls, cache or ModelCache(), volumes, volume_mounts, pull_env or {})
     pod_spec: dict[str, Any] = {
-        "initContainers": [init] if init is not None else None,
+        "initContainers": init or None,
         "containers": [container],
         "volumes": volumes,
         "enableServiceLinks": False,
@@ -436,17 +445,20 @@ _ERROR_LINE: Final = re.compile(r"slotctl: error \[([a-z_.]+)\]: (.*)")
 def pull_seen(pod: Pod) -> PullSeen:
     """What the pod's model pull is doing (see :class:`PullSeen`)."""
     status = pod.status
+    pulled = False
     for cs in (status.initContainerStatuses if status else None) or []:
-        if cs.name != PULL_CONTAINER:
+        if cs.name != PULL_CONTAINER and not cs.name.startswith(f"{ADAPTER_PULL}-"):
             continue
         state = cs.state
         last = cs.lastState.terminated if cs.lastState else None
         if state and state.terminated:
             if state.terminated.exitCode == 0:
-                return PullSeen("done", "pulled")
+                pulled = True  # the next pull (an adapter's) may still run
+                continue
             return _pull_failed(state.terminated.message, state.terminated.exitCode)
         if state and state.running:
-            return PullSeen("pulling", "pulling the model in the pod's init container")
+            what = "the model" if cs.name == PULL_CONTAINER else "an adapter's files"
+            return PullSeen("pulling", f"pulling {what} in the pod's init container")
         if state and state.waiting:
             reason = state.waiting.reason or ""
             if last is not None and last.exitCode:  # restarted after a failed pull
@@ -456,6 +468,8 @@ def pull_seen(pod: Pod) -> PullSeen:
                     "failed", f"the pull's container: {reason}: {state.waiting.message or ''}"
                 )
             return PullSeen("waiting", f"waiting: {reason}".rstrip(": "))
+    if pulled:
+        return PullSeen("done", "pulled")
     for cs in (status.containerStatuses if status else None) or []:
         if cs.name == CONTAINER and cs.state and (cs.state.running or cs.state.terminated):
             return PullSeen("done", "pulled")  # the server started: its init is over
