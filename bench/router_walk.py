@@ -13,7 +13,7 @@ Python work of the walk alone — no syscall, no event loop turn — so it is th
 is the kernel's and the loop's, which a lean relay pays too).
 
     python bench/router_walk.py [--clients 1 10 100] [--requests 60000] [--rounds 3]
-                                [--spy] [--cold MIB]
+                                [--spy] [--cold MIB] [--count]
 
 Prints CPU µs per request (the best of ``--rounds`` runs: the machine may be shared).
 ``--spy`` samples each K's walk with py-spy (``pip install py-spy``) and prints the
@@ -21,7 +21,10 @@ microseconds per request by stage and by function (self time). ``--cold MIB`` re
 scratch buffer of MIB MiB after the clients' sends and after the answers, its own time not
 counted: what the client and the model server do to the caches between two turns of a
 live router's loop (8 MiB: the walk at 1 client runs ~5 times its warm time, as the live
-router's Python does). Never fails on timing.
+router's Python does). ``--count`` traces a few rounds per K instead of timing them: the
+distinct Python functions a request touches, its Python calls and its bytecodes
+(``sys.setprofile``, then ``f_trace_opcodes``), the bytecodes by function. Never fails on
+timing.
 """
 
 from __future__ import annotations
@@ -240,6 +243,65 @@ async def measure(
     return out
 
 
+async def count(clients: list[int], rounds: int = 20) -> dict[int, tuple[int, float, float]]:
+    """Per K, after a warm round on the same connections: ``(functions, calls, bytecodes)``
+    a request (a function counted when at least half the requests touch it), printed
+    with the bytecodes by function."""
+    out: dict[int, tuple[int, float, float]] = {}
+    with tempfile.TemporaryDirectory(prefix="slotctl-router-walk-") as name:
+        manager, plane = await start(Path(name))
+        try:
+            for k in clients:
+                await walk(plane, k, 3)  # warm
+                calls: collections.Counter[str] = collections.Counter()
+                ops: collections.Counter[str] = collections.Counter()
+
+                def profile(frame: Any, event: str, arg: Any, calls: Any = calls) -> None:
+                    if event == "call":
+                        code = frame.f_code
+                        where = "/".join(code.co_filename.split("/")[-2:])
+                        calls[f"{code.co_qualname} ({where})"] += 1
+
+                def trace(frame: Any, event: str, arg: Any, ops: Any = ops) -> Any:
+                    frame.f_trace_opcodes = True
+                    code = frame.f_code
+                    name = f"{code.co_qualname} ({'/'.join(code.co_filename.split('/')[-2:])})"
+
+                    def local(frame: Any, event: str, arg: Any) -> Any:
+                        if event == "opcode":
+                            ops[name] += 1
+                        return local
+
+                    return local
+
+                # requests traced: each walk's new connections read their first head
+                # through llhttp, 1 in ``turns`` of the requests (2 % at 100 clients)
+                turns = max(50, rounds * 10 // k)
+                walked = turns * k
+                sys.setprofile(profile)
+                try:
+                    await walk(plane, k, turns)
+                finally:
+                    sys.setprofile(None)
+                sys.settrace(trace)
+                try:
+                    await walk(plane, k, turns)
+                finally:
+                    sys.settrace(None)
+                touched = sum(1 for n in calls.values() if n >= walked / 2)
+                out[k] = (touched, sum(calls.values()) / walked, sum(ops.values()) / walked)
+                print(
+                    f"\n{k} clients: {touched} functions, {out[k][1]:.1f} Python calls, "
+                    f"{out[k][2]:.0f} bytecodes a request (the walk's own included)"
+                )
+                for function, n in ops.most_common(25):
+                    print(f"  {n / walked:7.1f}  {function}")
+        finally:
+            await plane.shutdown(0.1)
+            await manager.close()
+    return out
+
+
 def breakdown(raw: Path, us: float) -> None:
     """py-spy's samples of the walk (self time), as µs per request by stage and function."""
     by_stage: collections.Counter[str] = collections.Counter()
@@ -282,7 +344,16 @@ def main() -> None:
         metavar="MIB",
         help="rewrite a scratch buffer of MIB MiB between the sends and the answers (caches cold)",
     )
+    parser.add_argument(
+        "--count",
+        action="store_true",
+        help="count functions, calls and bytecodes a request (traced: no timing)",
+    )
     args = parser.parse_args()
+    if args.count:
+        print(f"bench/router_walk.py --count: Python {sys.version.split()[0]}")
+        asyncio.run(count(args.clients))
+        return
     figures = asyncio.run(measure(args.clients, args.requests, args.rounds, args.cold))
     cold = f", caches cold ({args.cold:g} MiB rewritten between turns)" if args.cold else ""
     print(f"bench/router_walk.py: Python {sys.version.split()[0]}, {args.requests} requests{cold}")

@@ -9,7 +9,7 @@ Two kinds of series:
   timeout (``slot.upstream_timeout``), sleeps and wakes (by reason), and measures load
   durations (the transition into ``pulling``/``starting`` of a load to ``ready``) and
   wake durations (``slotctl_wake_seconds``); the router reports each request with
-  :meth:`Metrics.request_done`, the reconciler each pass through its pass observers;
+  :meth:`Metrics.call_done`, the reconciler each pass through its pass observers;
 * **gauges computed at scrape time** from the SlotManager
   (:class:`controller.api.gauges.LiveCollector`): the one-hot slot state and residency
   tier, active leases, cold waiters, crash-loop blocked slots, the host memory sleepers
@@ -126,7 +126,7 @@ class _Counts(Collector):
     def __init__(self, name: str, documentation: str, labels: list[str]) -> None:
         self.name = name.removesuffix("_total")
         self.documentation, self.labels = documentation, labels
-        # [value, created] by the labels' values (Metrics.key_done counts in it itself)
+        # [value, created] by the labels' values (Metrics.call_done counts in it itself)
         self.counts: dict[tuple[str, ...], list[float]] = {}
 
     def inc(self, *values: str, amount: float = 1.0) -> None:
@@ -149,35 +149,39 @@ class _RequestSeries(Collector):
     into the same families, ``_created`` samples included, at scrape time."""
 
     def __init__(self) -> None:
-        self._counts: dict[tuple[str, str, str], list[float]] = {}  # [count, created]
-        self._durations: dict[tuple[str, str], list[float]] = {}  # buckets, +Inf, sum, created
+        self.counts: dict[tuple[str, str, str], list[float]] = {}  # [count, created]
+        self.durations: dict[tuple[str, str], list[float]] = {}  # buckets, +Inf, sum, created
 
     def done(self, slot: str, model: str, status: int | str, seconds: float) -> None:
         key = (slot, model, _STATUS_TEXTS.get(status) or _status_text(status))
-        count = self._counts.get(key)
+        count = self.counts.get(key)
         if count is None:
-            count = self._counts[key] = [0, time.time()]
+            count = self.counts[key] = [0, time.time()]
         count[0] += 1
-        series = self._durations.get((slot, model))
+        series = self.durations.get((slot, model))
         if series is None:
-            series = self._durations[(slot, model)] = [0.0] * (len(REQUEST_BUCKETS) + 2) + [
-                time.time()
-            ]
+            series = self.new(slot, model)
         if seconds < 0.0:
             seconds = 0.0
         series[bisect_left(REQUEST_BUCKETS, seconds)] += 1
         series[-2] += seconds
+
+    def new(self, slot: str, model: str) -> list[float]:
+        """The latency series of ``(slot, model)``, made empty: per bucket of
+        REQUEST_BUCKETS, then +Inf, the sum of seconds, when it was made."""
+        series = self.durations[(slot, model)] = [0.0] * (len(REQUEST_BUCKETS) + 2) + [time.time()]
+        return series
 
     def slot_totals(self) -> dict[str, tuple[int, int, list[float]]]:
         """Per slot, summed over models and statuses: requests, errors (5xx) and the
         latency histogram's counts (per bucket of REQUEST_BUCKETS, then +Inf, then the sum
         of seconds) — cumulative, for :mod:`controller.api.traffic`'s sampler."""
         out: dict[str, tuple[int, int, list[float]]] = {}
-        for (slot, _, status), (count, _) in list(self._counts.items()):
+        for (slot, _, status), (count, _) in list(self.counts.items()):
             n, errors, series = out.get(slot, (0, 0, [0.0] * (len(REQUEST_BUCKETS) + 2)))
             failed = count if status.isdigit() and int(status) >= 500 else 0
             out[slot] = (n + int(count), errors + int(failed), series)
-        for (slot, _), durations in list(self._durations.items()):
+        for (slot, _), durations in list(self.durations.items()):
             if slot in out:
                 series = out[slot][2]
                 for i, value in enumerate(durations[:-1]):
@@ -190,7 +194,7 @@ class _RequestSeries(Collector):
             "Requests through the router by slot, model and HTTP status",
             labels=["slot", "model", "status"],
         )
-        for key, (count, created) in list(self._counts.items()):
+        for key, (count, created) in list(self.counts.items()):
             requests.add_metric(list(key), count, created=created)
         yield requests
         duration = HistogramMetricFamily(
@@ -199,7 +203,7 @@ class _RequestSeries(Collector):
             labels=["slot", "model"],
         )
         bounds = [*(_go_float(b) for b in REQUEST_BUCKETS), "+Inf"]
-        for (slot, model), series in list(self._durations.items()):
+        for (slot, model), series in list(self.durations.items()):
             cumulative, buckets = 0.0, []
             for bound, n in zip(bounds, series[:-2], strict=True):
                 cumulative += n
@@ -254,7 +258,7 @@ class Metrics:
         )
         self.requests = _RequestSeries()  # per request: plain updates, families at scrape
         r.register(self.requests)
-        # One routed request finished (the router calls this): the series' own method.
+        # One request counted in the series (call_done does it in line for the router).
         self.request_done = self.requests.done
         self.reconcile_duration = Histogram(
             "slotctl_reconcile_duration_seconds",
@@ -410,11 +414,36 @@ class Metrics:
         self.slot_tokens_total.inc(slot, group, "prompt", amount=prompt)
         self.slot_tokens_total.inc(slot, group, "cached", amount=cached)
 
-    def key_done(self, key: str, cls: str, status: int | str, waited: float | None) -> None:
-        """One routed request of a key finished (the router calls this)."""
+    def call_done(
+        self,
+        slot: str,
+        model: str,
+        status: int | str,
+        seconds: float,
+        key: str | None,
+        cls: str,
+        waited: float | None,
+    ) -> None:
+        """One routed request ended (the router calls this, once a request):
+        :meth:`request_done` in line, and a request with a requester (``key`` not None)
+        counted for its key and class: one call, where a request's code runs from cold
+        caches and each function more it touches costs (docs/performance.md, the router)."""
         text = _STATUS_TEXTS.get(status) or _status_text(status)
-        # key_requests.inc(...), in line: a request's code runs from cold caches, where
-        # each function more it touches costs (docs/performance.md, the router)
+        series = self.requests
+        values = (slot, model, text)
+        count = series.counts.get(values)
+        if count is None:
+            count = series.counts[values] = [0, time.time()]
+        count[0] += 1
+        durations = series.durations.get((slot, model))
+        if durations is None:
+            durations = series.new(slot, model)
+        if seconds < 0.0:
+            seconds = 0.0
+        durations[bisect_left(REQUEST_BUCKETS, seconds)] += 1
+        durations[-2] += seconds
+        if key is None:
+            return
         counts = self.key_requests.counts
         values = (key or "@token", cls, text)
         found = counts.get(values)

@@ -558,7 +558,14 @@ class Connection(asyncio.Protocol):
             self.request = request = b"%s%d%s%s" % (before, size, after, body)
         else:  # a large body is not copied
             self.request = request = [b"%s%d%s" % (before, size, after), body]
-        upstream = self.plane.pool.take(key)
+        # pool.take's common case, in line: the newest idle connection, still open
+        pool = self.plane.pool
+        idle = pool.idle.get(key)
+        upstream = idle.pop() if idle else None
+        if upstream is not None:
+            transport = upstream.transport
+            if transport is None or transport.is_closing():
+                upstream = pool.take(key)  # closed while idle: the next one
         if upstream is None:
             self.state = _CONNECTING
             self.task = self.plane.loop.create_task(self._connecting())

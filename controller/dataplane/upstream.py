@@ -256,7 +256,14 @@ class Upstream(asyncio.Protocol):
             self.resume_reading()
         self._used = True
         if self._keep and size == length and self.transport is not None:
-            self._pool.put(self._key, self)
+            # pool.put's common case, in line: back among the idle connections
+            pool = self._pool
+            idle = pool.idle.get(self._key)
+            if idle is not None and not pool.closed and len(idle) < _POOL_MAX:
+                self.idle_since = pool.clock()
+                idle.append(self)
+            else:
+                pool.put(self._key, self)
         else:
             self._close()
         listener.on_answer(self, data[end : end + length])
@@ -481,13 +488,15 @@ class UpstreamPool:
     """Idle kept-alive connections per upstream ``(host, port)``."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self._idle: dict[tuple[str, int], list[Upstream]] = {}
-        self._clock = clock
+        # Idle connections per upstream, the newest last (the data plane takes the last
+        # in line; take() checks that it is still open).
+        self.idle: dict[tuple[str, int], list[Upstream]] = {}
+        self.clock = clock
         self.closed = False
 
     def take(self, key: tuple[str, int]) -> Upstream | None:
         """An idle kept-alive connection to ``key``, or None."""
-        idle = self._idle.get(key)
+        idle = self.idle.get(key)
         while idle:
             conn = idle.pop()
             if conn.transport is not None and not conn.transport.is_closing():
@@ -513,31 +522,31 @@ class UpstreamPool:
         return conn
 
     def put(self, key: tuple[str, int], conn: Upstream) -> None:
-        idle = self._idle.get(key)
+        idle = self.idle.get(key)
         if idle is None:
-            idle = self._idle[key] = []
+            idle = self.idle[key] = []
         if self.closed or len(idle) >= _POOL_MAX:
             conn.abort()
             return
-        conn.idle_since = self._clock()
+        conn.idle_since = self.clock()
         idle.append(conn)
 
     def forget(self, conn: Upstream) -> None:
-        for idle in self._idle.values():
+        for idle in self.idle.values():
             if conn in idle:
                 idle.remove(conn)
                 return
 
     def sweep(self) -> None:
         """Close connections idle for longer than :data:`IDLE_S`."""
-        horizon = self._clock() - IDLE_S
-        for idle in self._idle.values():
+        horizon = self.clock() - IDLE_S
+        for idle in self.idle.values():
             for conn in [c for c in idle if c.idle_since < horizon]:
                 conn.abort()  # connection_lost forgets it
 
     def close(self) -> None:
         self.closed = True
-        for idle in self._idle.values():
+        for idle in self.idle.values():
             for conn in list(idle):
                 conn.abort()
-        self._idle.clear()
+        self.idle.clear()

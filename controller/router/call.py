@@ -213,8 +213,9 @@ class RoutedCall:
                 400, f"invalid audio endpoint {self.path!r}", code="invalid_request_error"
             )
         manager = ctx.manager
+        settings, models, aliases, adapters = manager.routing()
         if principal is not None:  # _WHO.of's common case, in line (see below)
-            settings, who = manager.settings, _WHO
+            who = _WHO
             found = (
                 who.by.get((principal.id, principal.name, principal.priority, asked))
                 if settings is who.settings
@@ -223,10 +224,9 @@ class RoutedCall:
             self.who = found if found is not None else who.of(settings, principal, asked)
         model = model_of(content_type, body, self.forms)
         self.content_type, self.body = content_type, body
-        aliases = manager.aliases
         alias = aliases.get(model) if aliases else None
         adapter = None
-        if model not in manager.models and alias is None:
+        if model not in models and alias is None:
             try:
                 adapter = named_adapter(manager, model)
             except SlotctlError as exc:
@@ -234,7 +234,7 @@ class RoutedCall:
                 raise slot_refusal(exc) from None
         served: Sequence[str]
         candidates: Sequence[str]
-        if alias is not None and model not in manager.models:  # (a model's id wins)
+        if alias is not None and model not in models:  # (a model's id wins)
             model, served = alias_candidates(ctx, principal, alias, kind)
             self.alias = alias.id
             candidates, refused = fitting(manager, served, kind)
@@ -254,7 +254,7 @@ class RoutedCall:
             candidates, refused = fitting(manager, served, kind)
         else:
             served, candidates, refused = route(manager, model, kind)
-        if not self.adapter and manager.adapters:  # (a model's, an alias' member's request)
+        if not self.adapter and adapters:  # (a model's, an alias' member's request)
             # never a slot whose server applies an adapter to every request
             kept = [n for n in served if not _adapter_only(manager, n)]
             if len(kept) != len(served):
@@ -355,16 +355,15 @@ class RoutedCall:
         elif self.hold is not None:  # the adapter, as the slot's engine names it
             body = adapter_body(body, self.hold, self.model)
         try:
-            endpoint = self.ctx.manager.endpoint(self.slot)
+            endpoint, group = self.ctx.manager.upstream_of(self.slot)
         except SlotctlError as exc:  # e.g. the slot was removed while we looked it up
             raise slot_refusal(exc) from None
         if endpoint is None:
             raise Refusal(
                 503, f"slot {self.slot!r} has no endpoint", code="slot.not_ready", retry_after_s=1
             )
-        spec = self.ctx.manager.known(self.slot)
-        if spec is not None and spec.replica_group:  # a replica: its cached tokens count
-            self.group = spec.replica_group
+        if group:  # a replica: its cached tokens count
+            self.group = group
             if self.tail is None:
                 self.tail = bytearray()
         self.phase = _UPSTREAM
@@ -452,12 +451,17 @@ class RoutedCall:
         if recorder is None:
             return
         try:
-            recorder.request_done(  # an adapter's requests counted as its own model's
-                self.slot, self.adapter or self.model, self.status, time.monotonic() - self.started
-            )
             who = self.who
+            recorder.call_done(  # an adapter's requests counted as its own model's
+                self.slot,
+                self.adapter or self.model,
+                self.status,
+                time.monotonic() - self.started,
+                who.key if who is not None else None,
+                who.cls if who is not None else "",
+                self.waited,
+            )
             if who is not None:
-                recorder.key_done(who.key, who.cls, self.status, self.waited)
                 used = usage_of(self.tail) if self.tail and self.keyed else None
                 if used is not None:
                     recorder.key_tokens(who.key, who.cls, *used)
@@ -466,7 +470,7 @@ class RoutedCall:
                 if cached is not None:
                     recorder.slot_tokens(self.slot, self.group, *cached)
         except Exception:  # metrics must never fail a request: log it and answer anyway
-            log.exception("metrics request_done failed")
+            log.exception("metrics call_done failed")
 
 
 def _adapter_only(manager: RouterPort, name: str) -> bool:

@@ -42,14 +42,24 @@ _IDLE_DEFAULT_S: Final = 120.0  # a slot the manager no longer knows: the schema
 class RequestRecorder(Protocol):
     """What the router reports each routed request to (the metrics implement it)."""
 
-    def request_done(self, slot: str, model: str, status: int | str, seconds: float) -> None: ...
+    def call_done(
+        self,
+        slot: str,
+        model: str,
+        status: int | str,
+        seconds: float,
+        key: str | None,
+        cls: str,
+        waited: float | None,
+    ) -> None:
+        """One routed request ended with ``status`` after ``seconds``, served by ``slot``
+        for ``model`` ("": none chosen); its requester ``key`` (its name; "" the API
+        token; None: no requester was resolved, e.g. refused from its head) in class
+        ``cls``, ``waited``: the seconds it waited for its turn (None: it did not wait).
+        One call a request: its code runs from cold caches (docs/performance.md)."""
 
     def key_tokens(self, key: str, cls: str, prompt: int, completion: int) -> None:
         """The tokens a key's request used, as its server reported them (``usage``)."""
-
-    def key_done(self, key: str, cls: str, status: int | str, waited: float | None) -> None:
-        """One request of ``key`` (its name; "" the API token) in class ``cls`` ended;
-        ``waited``: the seconds it waited for its turn (None: it did not wait)."""
 
     def slot_tokens(self, slot: str, group: str, prompt: int, cached: int) -> None:
         """A replica's request: its prompt tokens and those its server's prefix cache

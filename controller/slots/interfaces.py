@@ -50,6 +50,14 @@ class RouterPort(Protocol):
     def adapters(self) -> Mapping[str, AdapterSpec]:
         """The ``[[adapter]]`` ids a request may name (controller.router.adapters)."""
 
+    def routing(
+        self,
+    ) -> tuple[
+        ControllerSettings, dict[str, ModelSpec], dict[str, AliasSpec], Mapping[str, AdapterSpec]
+    ]:
+        """``(settings, models, aliases, adapters)`` in one call: what a routed request
+        reads of them all."""
+
     def adapter_slots(self, adapter: str) -> list[str]:
         """The slots that can serve ``adapter``, those holding it first."""
         ...
@@ -80,6 +88,9 @@ class RouterPort(Protocol):
     def last_used(self, name: str) -> float: ...
 
     def endpoint(self, name: str) -> str | None: ...
+
+    def upstream_of(self, name: str) -> tuple[str | None, str]:
+        """The endpoint and the replica group ("" none) of ``name``, in one look."""
 
     async def acquire(self, name: str, who: Requester | None = None) -> Lease: ...
 

@@ -145,6 +145,8 @@ class SlotManager(Part):
         self.try_acquire = self.leasing.try_acquire  # one that needs no wait, else None
         self.release = self.leasing.release
         self.routes = core.table.routes  # the router's candidates by model (remembered)
+        # upstream_of's replica group per slot, by the spec it was read from
+        self._groups: dict[str, tuple[SlotSpec, str]] = {}
         self.hold = self.leasing.hold  # a batch lease for ttl_s
         self.tick = self.housekeeping.tick
         self.check_exits = self.housekeeping.exits
@@ -226,6 +228,17 @@ class SlotManager(Part):
     def adapters(self) -> Mapping[str, AdapterSpec]:
         """The declared adapters by id (the config dir's ``[[adapter]]``)."""
         return self.lora.catalogue
+
+    def routing(
+        self,
+    ) -> tuple[
+        ControllerSettings, dict[str, ModelSpec], dict[str, AliasSpec], Mapping[str, AdapterSpec]
+    ]:
+        """``(settings, models, aliases, adapters)``: the four seams above in one call (the
+        router reads them all for every request, whose code runs from cold caches, where
+        each function more it touches costs; docs/performance.md, the router)."""
+        core = self.core
+        return core.settings, core.table.models, self.aliases, core.adapters
 
     def set_adapters(self, adapters: Mapping[str, AdapterSpec]) -> None:
         """Replace the adapters (each slot's adapter reserve follows)."""
@@ -418,6 +431,26 @@ class SlotManager(Part):
             raise SlotNotFound(name)
         server = slot.server
         return server.launch.endpoint if server is not None else None
+
+    def upstream_of(self, name: str) -> tuple[str | None, str]:
+        """:meth:`endpoint` and the slot's replica group ("" when it is no replica), in one
+        look: the router asks both for every request (a routed request's code runs from
+        cold caches, where each function more it touches costs; docs/performance.md)."""
+        slot = self.core.table.records.get(name)
+        if slot is None:
+            raise SlotNotFound(name)
+        spec = slot.spec
+        groups = self._groups
+        found = groups.get(name)
+        if found is None or found[0] is not spec:  # a new spec: its group read again
+            if len(groups) >= 4096:
+                groups.clear()
+            found = groups[name] = (spec, spec.replica_group)
+        server = slot.server
+        if server is None:
+            return None, found[1]
+        launch = server.launch
+        return launch._endpoint or launch.endpoint, found[1]  # (made once: the property's)
 
     def routable(self, model: str) -> list[Candidate]:
         """The activated slots a request for ``model`` may use, unranked (no view built)."""

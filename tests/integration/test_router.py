@@ -743,7 +743,16 @@ async def test_requests_are_recorded_in_metrics(harness: Harness) -> None:
     calls: list[tuple[str, str, int, float]] = []
 
     class Recorder:
-        def request_done(self, slot: str, model: str, status: int | str, seconds: float) -> None:
+        def call_done(
+            self,
+            slot: str,
+            model: str,
+            status: int | str,
+            seconds: float,
+            key: str | None,
+            cls: str,
+            waited: float | None,
+        ) -> None:
             calls.append((slot, model, int(status), seconds))
 
     r.ctx.store.set(REQUEST_RECORDER, Recorder())

@@ -5,7 +5,11 @@
   cold one is left to the wait in candidate order, a refusing candidate is skipped;
 - ``_json_object`` (json's C scanner called directly) against ``json.loads``;
 - the request series counted with plain updates against prometheus_client's own
-  Counter and Histogram: the same exposition, text and OpenMetrics.
+  Counter and Histogram: the same exposition, text and OpenMetrics; ``call_done`` (the
+  router's one call a request) against ``request_done`` and the keys' counter;
+- the manager's one-look answers (``upstream_of``, ``routing``) against the seams they
+  fold (``endpoint``, ``known(..).replica_group``; ``settings``, ``models``, ``aliases``,
+  ``adapters``), before and after a change of each.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
-from controller.api.metrics import REQUEST_BUCKETS, _Counts, _RequestSeries
+from controller.api.metrics import REQUEST_BUCKETS, Metrics, _Counts, _RequestSeries
 from controller.dataplane.upstream import Upstream, UpstreamError, UpstreamPool
 from controller.model.errors import SlotNotFound
 from controller.model.lifecycle import SlotState
@@ -199,6 +203,69 @@ def test_the_request_series_expose_what_prometheus_client_would() -> None:
         series.done(slot, model, status, seconds)
     for exposition in (generate_latest, generate_openmetrics):
         assert created_as_t(exposition(ours)) == created_as_t(exposition(reference))
+
+
+def test_call_done_counts_what_request_done_and_the_key_counter_count() -> None:
+    """The router's one call a request: the request series as ``request_done`` counts
+    them, and a request with a requester in the keys' series (the API token's as
+    ``@token``; none for a request no requester was resolved for)."""
+    ours, reference = Metrics.__new__(Metrics), Metrics.__new__(Metrics)
+    for metrics in (ours, reference):
+        metrics.requests = _RequestSeries()
+        metrics.key_requests = _Counts("slotctl_key_requests", "doc", ["key", "class", "status"])
+    calls = [
+        ("a", "m", 200, 0.003, "alice", "interactive"),
+        ("a", "m", 200, 0.005, "", "batch"),  # the API token
+        ("a", "m", 503, 0.2, None, ""),  # no requester: the request series only
+        ("", "", 413, -1.0, "alice", "interactive"),  # a clock step back: as 0
+        ("b", "n", "client_closed", 700.0, "bob", "batch"),
+    ]
+    for slot, model, status, seconds, key, cls in calls:
+        ours.call_done(slot, model, status, seconds, key, cls, None)
+        reference.requests.done(slot, model, status, seconds)
+        if key is not None:
+            reference.key_requests.inc(key or "@token", cls, str(status))
+    assert {k: v[0] for k, v in ours.requests.counts.items()} == {
+        k: v[0] for k, v in reference.requests.counts.items()
+    }
+    assert {k: v[:-1] for k, v in ours.requests.durations.items()} == {
+        k: v[:-1] for k, v in reference.requests.durations.items()
+    }
+    assert {k: v[0] for k, v in ours.key_requests.counts.items()} == {
+        k: v[0] for k, v in reference.key_requests.counts.items()
+    }
+
+
+async def test_upstream_of_and_routing_answer_as_the_seams_they_fold(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    m = h.manager
+    specs = [slot_spec("a", "m"), slot_spec("r", "n", replicas=2)]
+    await m.set_desired(desired(specs, [model_spec("m", 1), model_spec("n", 1)]))
+
+    def folded(name: str) -> tuple[str | None, str]:
+        spec = m.known(name)
+        assert spec is not None
+        return m.endpoint(name), spec.replica_group
+
+    for name in m.names():  # no server yet: no endpoint
+        assert m.upstream_of(name) == folded(name)
+    assert m.upstream_of("a") == (None, "")
+    assert m.upstream_of("r")[1] == "r"  # (replicas = 2: the group its own name)
+    await m.load("a")
+    assert m.upstream_of("a") == folded("a") and m.upstream_of("a")[0] is not None
+    # a changed spec: its group read again (one slot's replicas)
+    await m.set_desired(desired([slot_spec("a", "m", replicas=2)], [model_spec("m", 1)]))
+    assert m.upstream_of("a") == folded("a") and m.upstream_of("a")[1] == "a"
+    with pytest.raises(SlotNotFound):
+        m.upstream_of("nope")
+    assert m.routing() == (m.settings, m.models, m.aliases, m.adapters)
+    m.set_models({"x": model_spec("x", 1)})
+    m.set_aliases({})
+    m.set_adapters({})
+    m.settings = m.settings.model_copy(update={"memory_budget_gb": {"gpu": 0.5}})
+    settings, models, aliases, adapters = m.routing()
+    assert settings is m.settings and models is m.models and set(models) == {"x"}
+    assert aliases is m.aliases and adapters == m.adapters
 
 
 def test_the_plain_counts_expose_what_prometheus_client_would() -> None:

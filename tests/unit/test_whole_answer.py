@@ -79,14 +79,22 @@ class Recorder:
     done: list[tuple[str, str, int | str]] = field(default_factory=list)
     keys: list[tuple[str, str, int | str]] = field(default_factory=list)
 
-    def request_done(self, slot: str, model: str, status: int | str, seconds: float) -> None:
+    def call_done(
+        self,
+        slot: str,
+        model: str,
+        status: int | str,
+        seconds: float,
+        key: str | None,
+        cls: str,
+        waited: float | None,
+    ) -> None:
         self.done.append((slot, model, status))
+        if key is not None:
+            self.keys.append((key, cls, status))
 
     def key_tokens(self, key: str, cls: str, prompt: int, completion: int) -> None:
         pass
-
-    def key_done(self, key: str, cls: str, status: int | str, waited: float | None) -> None:
-        self.keys.append((key, cls, status))
 
 
 @dataclass
