@@ -41,7 +41,7 @@ from controller.probes.readiness import ProbeOutcome
 from controller.providers.launch import build_launch, launch_context, placement_args, with_port
 from controller.runtime.base import LaunchSpec
 from controller.runtime.ports import can_bind, pick_free_port
-from controller.runtime.surging import SurgeInstances, cannot_surge, surge_of
+from controller.runtime.surging import SurgeInstances, cannot_surge, settles_alone, surge_of
 from controller.scheduling.breaker import Breaker
 from controller.scheduling.rollout import (
     RECREATE,
@@ -171,7 +171,7 @@ class Rollouts(Part):
         # The new server's memory counts while it starts (reserved: no probe sees it yet).
         self.table.surges[slot.name] = self._holding(slot, gpus, coming_up=True)
         try:
-            await self._start_ready(slot, surge, launch)
+            launch = await self._start_ready(slot, surge, launch)
         except SlotctlError as exc:
             await self._failed(slot, surge, exc)
             raise
@@ -225,8 +225,11 @@ class Rollouts(Part):
 
     async def _start_ready(
         self, slot: SlotRecord, surge: SurgeInstances, launch: LaunchSpec
-    ) -> None:
+    ) -> LaunchSpec:
+        """The new server started and probed ready; its launch, reached where it answers
+        (a pod's IP, on a cluster)."""
         observed = await surge.start_instance(launch)
+        launch = launch.reached_at(observed.endpoint)
         live = self.table.rollouts.get(slot.name)
         if live is not None:
             self._live(slot.name, live.reason, live.phase, "warming", launch.port)
@@ -243,7 +246,7 @@ class Rollouts(Part):
             clock=self.clock,
         )
         if result.outcome is ProbeOutcome.READY:
-            return
+            return launch
         if result.outcome is ProbeOutcome.EXITED:
             seen = await surge.inspect_instance(slot.name)
             raise SlotSpawnFailed(
@@ -314,12 +317,28 @@ class Rollouts(Part):
     async def recover(self, slot: SlotRecord) -> None:
         """Finish or undo a rollout a restart interrupted (before adoption)."""
         record = self.table.store.read_aux(slot.name, ROLLOUT_RECORD)
-        if record is None:
-            return
         surge = surge_of(self.runtime)
-        phase = record.get("phase")
+        if record is None and (surge is None or settles_alone(surge) is None):
+            return
+        phase = record.get("phase") if record is not None else None
         if surge is None:
             self._delete(slot.name)
+            return
+        alone = settles_alone(surge)
+        if alone is not None:  # the runtime's objects say where it stopped
+            try:
+                done = await alone.settle(slot.name)
+            except SlotctlError as exc:  # (the API away: the next restart tries again)
+                log.warning("slot %s: settling an interrupted rollout: %s", slot.name, exc.message)
+                return
+            port = record.get("port") if record is not None else None
+            if phase == SWITCHED and isinstance(port, int):
+                self.core.record_port(slot, port)
+            self._delete(slot.name)
+            if done is not None:
+                self._event(slot, "done", f"rollout interrupted by a restart: {done}")
+            return
+        if record is None:
             return
         if phase == SWITCHED:
             await surge.promote(slot.name)
