@@ -183,7 +183,11 @@ class Rollouts(Part):
         old_holding = self._holding(slot, slot.placement, coming_up=False)
         if self.before_switch is not None:  # its adapters loaded into the new server
             await self.before_switch(slot, launch.endpoint)
-        await self._switch(slot, surge, launch, gpus)
+        try:
+            await self._switch(slot, surge, launch, gpus)
+        except SlotctlError as exc:  # the promotion failed: the old server serves on
+            await self._failed(slot, surge, exc)
+            raise
         self.table.surges[slot.name] = old_holding  # the old server's, until it stops
         try:
             await self._drain(slot)

@@ -268,3 +268,33 @@ async def test_a_second_instance_name_held_by_another_is_never_touched(
         assert await kubelet.get("deployments", "slotctl1-mine") is not None
         assert (await rt.inspect("mine")).config_hash == old.config_hash()
         assert len(kubelet.alive("mine")) == 1
+
+
+async def test_a_switch_the_manager_did_not_finish_is_undone_by_its_stop(
+    cluster: Cluster, kubelet: Kubelet
+) -> None:
+    """The promotion failed after the Service's switch (the mark still on): the manager
+    abandons the surge (``stop_instance``), so the Service goes back to the old instance,
+    which it still serves from, and the new one is deleted."""
+    await kubelet.create(gpu_node("gpu-a", gpus=1, gib_per_gpu=16, replicas=4))
+    old = demo_launch("undo", runtime="kubernetes", image=IMAGE)
+    new = demo_launch("undo", ["--load-seconds", "0.2"], runtime="kubernetes", image=IMAGE)
+    async with runtime(cluster) as rt:
+        await rt.start(old)
+        await rt.surge.start_instance(new)
+        second = rt.cache.instance("undo", "1")
+        assert second is not None
+        await rt.apply(switched_service(second, "default"))
+        await eventually(lambda: _true(rt.cache.serving("undo") == "1"), "switched")
+        await rt.surge.stop_instance("undo", 1.0)
+        assert rt.cache.serving("undo") == "0"
+        observed = await rt.inspect("undo")
+        assert observed.config_hash == old.config_hash() and observed.running
+        assert await kubelet.get("deployments", "slotctl1-undo") is None
+        service = await kubelet.get("services", "slotctl-undo")
+        assert service is not None and service["spec"]["selector"]["slotctl.instance"] == "0"
+        await eventually(lambda: _one_pod(kubelet, "undo", "slotctl-undo-"), "the old pod only")
+
+
+async def _true(value: bool) -> bool:
+    return value

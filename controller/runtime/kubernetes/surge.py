@@ -38,7 +38,7 @@ import httpx2
 from lightkube.resources.apps_v1 import Deployment
 from lightkube.types import PatchType
 
-from controller.model.errors import DockerEngineError, SlotSpawnFailed, SlotTerminateTimeout
+from controller.model.errors import SlotSpawnFailed, SlotTerminateTimeout
 from controller.runtime.base import LaunchSpec, Observed, RunStatus
 from controller.runtime.kubernetes.api import KubernetesApi
 from controller.runtime.kubernetes.spec import (
@@ -77,6 +77,8 @@ class KubernetesSurge:
         self.api = api
         self.instances = instances
         self._bodies: dict[str, dict[str, Any]] = {}  # slot -> the surge's applied body
+        # slot -> the instance a promotion made the serving one (the caches may lag)
+        self._promoted: dict[str, str] = {}
 
     # ------------------------------------------------------------------ the protocol
 
@@ -104,6 +106,7 @@ class KubernetesSurge:
 
     async def stop_instance(self, slot: str, timeout: float) -> None:
         async def stop() -> None:
+            await self._revert(slot)
             instance = other(self.api.cache.serving(slot))
             found = await self.api.confirmed(Deployment, slot, instance)  # a start's stray too
             if found is not None and ours(found, slot, self.api.owner) and surging(found):
@@ -119,7 +122,8 @@ class KubernetesSurge:
 
     async def stop_retiring(self, slot: str, timeout: float) -> bool:
         async def stop() -> bool:
-            instance = other(self.api.cache.serving(slot))
+            serving = self._promoted.pop(slot, None) or self.api.cache.serving(slot)
+            instance = other(serving)
             found = self.api.cache.instance(slot, instance)
             if found is None or not ours(found, slot, self.api.owner) or surging(found):
                 return False  # none, not ours, or a surge not promoted (not retiring)
@@ -164,8 +168,25 @@ class KubernetesSurge:
             return None
         return instance, found
 
+    async def _revert(self, slot: str) -> None:
+        """A promotion the manager did not finish (it failed after the Service's switch,
+        before the mark was cleared): the Service back on the other instance, which the
+        manager still serves from (a restart settles the other way: :meth:`settle`)."""
+        cache, owner = self.api.cache, self.api.owner
+        serving = cache.serving(slot)
+        current, back = cache.instance(slot, serving), cache.instance(slot, other(serving))
+        if current is None or not surging(current) or not ours(current, slot, owner):
+            return
+        if back is None or not ours(back, slot, owner) or surging(back):
+            return
+        await self.api.apply(switched_service(back, self.api.namespace))
+        await self._until(slot, lambda: cache.serving(slot) == other(serving), "the switch back")
+        log.warning("slot %s: an unfinished switch to instance %s undone", slot, serving)
+
     async def _start(self, launch: LaunchSpec) -> Observed:
         slot = launch.slot
+        await self._revert(slot)
+        self._promoted.pop(slot, None)
         instance = other(self.api.cache.serving(slot))
         name = instance_name(slot, instance)
         existing = await self.api.confirmed(Deployment, slot, instance)
@@ -208,24 +229,29 @@ class KubernetesSurge:
                 namespace=self.api.namespace,
                 patch_type=PatchType.MERGE,
             )
-        await self._until(slot, lambda: self._promoted(slot, new), "the switch")
+        self._promoted[slot] = new
+        await self._until(slot, lambda: self._shown(slot, new), "the switch")
 
-    def _promoted(self, slot: str, new: str) -> bool:
+    def _shown(self, slot: str, new: str) -> bool:
         cache = self.api.cache
         return cache.serving(slot) == new and not surging(cache.instance(slot, new))
 
     async def _until(self, slot: str, seen: Callable[[], bool], what: str) -> None:
-        """Until the caches show ``seen()`` (the runtime's own write), woken by their events."""
+        """Until the caches show ``seen()`` (the runtime's own write), woken by their
+        events; a watch that lags longer than ``sync_timeout_s`` is logged (the write
+        was made: what follows reads :attr:`_promoted`, not the cache)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.api.sync_timeout_s
         while not seen():
             left = deadline - loop.time()
             if left <= 0:
-                raise DockerEngineError(
-                    f"slot {slot!r}: {what} was written but the watch did not show it within "
-                    f"{self.api.sync_timeout_s:g}s",
-                    slot=slot,
+                log.warning(
+                    "slot %s: %s was written but the watch did not show it within %gs",
+                    slot,
+                    what,
+                    self.api.sync_timeout_s,
                 )
+                return
             await self.api.cache.changed(slot, min(left, 1.0))
 
     async def _remove(self, slot: str, instance: str, timeout: float) -> None:
