@@ -36,7 +36,9 @@ class StatusBoard:
         self._counts: dict[str, int] = {}  # each slot's own changes
         self._woken: dict[str, asyncio.Event] = {}  # a slot's waiting timer's event
         self.last_error: dict[str, tuple[str, str]] = {}
-        # each slot's last rollout decided (the reconciler's plan): (strategy, reason)
+        # each slot's last rollout (the reconciler's plan, a rollout's steps, or one the
+        # status saw in flight: an operator's first plans come before the board
+        # listens): (strategy, reason)
         self.rollouts: dict[str, tuple[str, str]] = {}
         self.pending: dict[str, list[tuple[str, str, str]]] = {}
 
@@ -46,11 +48,12 @@ class StatusBoard:
             return
         if event.error:
             self.last_error[event.slot] = (event.error, event.message)
-        way = event.details.get("rollout") if event.kind == "plan" else None
-        if isinstance(way, str):  # a changed slot's rollout decided: surge or recreate
+        way = event.details.get("rollout")
+        if isinstance(way, str):  # a rollout decided (a plan), or one's step
             reason = str(event.details.get("rollout_reason", ""))
             self.rollouts[event.slot] = (way, reason)
-            self._post(event.slot, "Normal", reason_of(f"rollout {way}"), f"{way}: {reason}")
+            if event.kind == "plan":
+                self._post(event.slot, "Normal", reason_of(f"rollout {way}"), f"{way}: {reason}")
         if event.kind == "rollout" and event.details.get("phase") in ("failed", "done"):
             failed = event.details.get("phase") == "failed"
             kind = "Warning" if failed else "Normal"

@@ -537,6 +537,7 @@ class Operator:
     def _rollout(self, slot: str, live: RolloutView | None) -> RolloutStatus | None:
         """The rollout in flight (the slot's view), else the last one decided (the board)."""
         if live is not None:
+            self.board.rollouts[slot] = (live.way, live.reason)  # (its end may say less)
             return rollout_status(live.way, live.phase, live.reason, live.message, live.since)
         last = self.board.rollouts.get(slot)
         return None if last is None else rollout_status(last[0], "done", last[1])

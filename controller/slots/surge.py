@@ -295,6 +295,7 @@ class Rollouts(Part):
     async def _retire(self, slot: SlotRecord, surge: SurgeInstances) -> None:
         """Stop the old server (drained), then forget the rollout."""
         self._draining.pop(slot.name, None)
+        live = self.table.rollouts.get(slot.name)
         try:
             await surge.stop_retiring(slot.name, self.config.stop_timeout_s)
         finally:
@@ -302,7 +303,8 @@ class Rollouts(Part):
         self._delete(slot.name)
         self.table.rollouts.pop(slot.name, None)
         self.table.rearm(slot)
-        self._event(slot, "done", "rollout done: the old server drained and stopped")
+        message = "rollout done: the old server drained and stopped"
+        self._event(slot, "done", message, reason=live.reason if live is not None else None)
 
     async def _drain(self, slot: SlotRecord) -> None:
         """Until the requests in flight on the old server at the switch are done (bounded
@@ -396,13 +398,22 @@ class Rollouts(Part):
     def _delete(self, name: str) -> None:
         self.table.store.delete_aux(name, ROLLOUT_RECORD)
 
-    def _event(self, slot: SlotRecord, phase: str, message: str, **fields: Any) -> None:
+    def _event(
+        self, slot: SlotRecord, phase: str, message: str, reason: str | None = None, **fields: Any
+    ) -> None:
+        """A ``rollout`` event; its details name the way and why (the live rollout's,
+        or ``reason``) where known."""
+        live = self.table.rollouts.get(slot.name)
+        why = reason if reason is not None else (live.reason if live is not None else None)
+        details: dict[str, Any] = {"phase": phase}
+        if why is not None:
+            details.update({"rollout": SURGE, "rollout_reason": why})
         self.events.emit(
             EventKind.ROLLOUT,
             Op.ROLLOUT,
             slot=slot.name,
             model=slot.model_id,
             message=message,
-            details={"phase": phase},
+            details=details,
             **fields,
         )

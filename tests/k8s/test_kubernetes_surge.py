@@ -2,7 +2,8 @@
 (:mod:`tests.k8s.kubelet`): a changed Slot whose new server fits beside the old one on a
 GPU gets a second instance (``slotctl1-<slot>``) while the old pod serves on, the Service
 switches to it once it is ready, then the old instance goes; with no room it is
-recreated and the Slot's ``status.rollout`` and an Event say why; and the runtime alone,
+recreated and the Slot's ``status.rollout`` and an Event say why; an operator SIGKILLed
+mid-surge converges on restart (its state dir kept or lost); and the runtime alone,
 killed at each step of a surge, converges from the cluster's objects (one Deployment and
 one pod of the slot left, objects of others never touched).
 """
@@ -11,6 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +31,7 @@ from tests.k8s.kubelet import Kubelet, answers, declare_workloads, gpu_node
 from tests.k8s.test_kubernetes_runtime import IMAGE, model, operator, ready
 
 pytestmark = pytest.mark.timeout(180)
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -298,3 +303,92 @@ async def test_a_switch_the_manager_did_not_finish_is_undone_by_its_stop(
 
 async def _true(value: bool) -> bool:
     return value
+
+
+def _operator(cluster: Cluster, state: Path, log: Path) -> subprocess.Popen[bytes]:
+    """``slotctl operator --runtime kubernetes`` as a process (so it can be SIGKILLed)."""
+    env = {
+        **os.environ,
+        "KUBECONFIG": str(cluster.kubeconfig),
+        "PYTHONPATH": str(REPO),
+        "SLOTCTL_K8S_NAMESPACE": "default",
+        "SLOTCTL_K8S_PENDING_S": "5",
+    }
+    for name in ("SLOTCTL_CONFIG_DIR", "SLOTCTL_STATE_DIR", "KUBERNETES_SERVICE_HOST"):
+        env.pop(name, None)
+    (state / "config").mkdir(parents=True, exist_ok=True)
+    command = [
+        sys.executable,
+        "-m",
+        "controller",
+        "operator",
+        "--namespace",
+        "default",
+        "--runtime",
+        "kubernetes",
+        "--state-dir",
+        str(state),
+        "--config-dir",
+        str(state / "config"),
+    ]
+    with log.open("ab") as out:
+        return subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+
+
+async def _deployments(kubelet: Kubelet, slot: str) -> list[str]:
+    found = []
+    for name in (f"slotctl-{slot}", f"slotctl1-{slot}"):
+        if await kubelet.get("deployments", name) is not None:
+            found.append(name)
+    return found
+
+
+@pytest.mark.parametrize("state_kept", [True, False])
+async def test_an_operator_killed_mid_surge_converges_on_restart(
+    cluster: Cluster, kubelet: Kubelet, tmp_path: Path, state_kept: bool
+) -> None:
+    """SIGKILL while the new pod warms beside the old one; a new operator (with the same
+    state dir, or a fresh one: a state dir left on another node) finds both: the old one
+    is adopted, the interrupted new instance deleted or taken up, the change rolled out
+    again; in the end one Deployment and one pod of the slot, serving the new spec."""
+    await kubelet.create(gpu_node("gpu-a", gpus=1, gib_per_gpu=16, replicas=4))
+    log = tmp_path / "operator.log"
+    proc = _operator(cluster, tmp_path / "state", log)
+    try:
+        await cluster.create(model("m-chat", 2))
+        await cluster.create(auto_slot("chat", "m-chat"))
+        await eventually(lambda: ready(cluster, "chat"), "chat Ready", timeout=60)
+        (old,) = kubelet.alive("chat")
+        await cluster.edit("slots", "chat", {"server": {"extra_args": ["--load-seconds", "4"]}})
+
+        async def warming_beside() -> bool:  # the new pod up, its server still loading
+            second = await kubelet.get("deployments", "slotctl1-chat")
+            return second is not None and len(kubelet.alive("chat")) == 2
+
+        await eventually(warming_beside, "the new pod beside the old one", timeout=60)
+        proc.kill()  # SIGKILL: no cleanup of any kind
+        proc.wait()
+        assert len(kubelet.alive("chat")) == 2  # both left behind
+        state = tmp_path / ("state" if state_kept else "state-elsewhere")
+        proc = _operator(cluster, state, log)
+        done = await eventually(
+            lambda: _rollout_done(cluster, "chat", 2), "rolled out after the restart", 120
+        )
+        assert done["status"]["rollout"]["strategy"] == "surge"
+
+        async def converged() -> bool:
+            alive = kubelet.alive("chat")
+            return len(alive) == 1 and len(await _deployments(kubelet, "chat")) == 1
+
+        await eventually(converged, "one Deployment and one pod of the slot", timeout=60)
+        (pod,) = kubelet.alive("chat")
+        assert pod.name != old.name and old.process.poll() is not None
+        assert done["status"]["endpoint"].startswith(f"http://{pod.ip}:")
+        assert await answers(done["status"]["endpoint"])
+        (left,) = await _deployments(kubelet, "chat")
+        dep = await kubelet.get("deployments", left)
+        assert dep is not None and dep["metadata"]["annotations"].get("slotctl.surge") != "true"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
