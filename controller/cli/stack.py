@@ -21,21 +21,60 @@ from controller.cli.output import Style, print_json, render_problems
 from controller.model.exitcode import ExitCode
 from controller.spec.configdir import read_settings
 from controller.spec.loader import LoadReport, load_stacks
+from controller.spec.problems import Problem
 from controller.spec.render import model_effective, render_stack, slot_effective
 
 if TYPE_CHECKING:
     from controller.modelfiles.pull import PullPlan
     from controller.spec.loader import DesiredState
 
-__all__ = ["cmd_show", "cmd_validate", "load_report", "model_files"]
+__all__ = ["cmd_show", "cmd_validate", "load_report", "model_files", "sampling_warnings"]
 
 
 def load_report(args: argparse.Namespace) -> LoadReport:
-    """The stack files of ``args.paths`` checked, ``controller.toml``'s problems first."""
+    """The stack files of ``args.paths`` checked, ``controller.toml``'s problems first;
+    a model's sampling default a slot's server is not told is a warning."""
     settings, problems = read_settings(args.config_dir)
     report = load_stacks(args.paths, settings)
     report.errors[:0] = problems
+    if report.state is not None:
+        report.warnings.extend(sampling_warnings(report.state))
     return report
+
+
+def sampling_warnings(state: DesiredState) -> list[Problem]:
+    """A warning for each slot whose server would not be told a sampling default of its
+    model (:mod:`controller.providers.sampling`: what each engine takes at start)."""
+    from controller.providers.sampling import SAMPLING_FORMS, unpassed
+
+    out = []
+    for slot in state.slots.values():
+        model = state.models.get(slot.spec.model_id)
+        keys = unpassed(slot.spec.provider, model)
+        if model is None or not keys:
+            continue
+        takes = sorted(SAMPLING_FORMS.get(slot.spec.provider, ()))
+        hint = (
+            f"{slot.spec.provider}'s server takes {', '.join(takes)} at start; a request may "
+            "still set the others itself"
+            if takes
+            else f"slotctl passes {slot.spec.provider}'s server no sampling defaults: set "
+            "them in its own flags (server.cmd / extra_args) or in each request"
+        )
+        out.append(
+            Problem(
+                code="slot.sampling_not_passed",
+                message=f"model {model.id!r} sets {', '.join(keys)}, which slot "
+                f"{slot.name!r}'s server ({slot.spec.provider}) is not told",
+                file=slot.file,
+                slot=slot.name,
+                key="model",
+                line=slot.line,
+                hint=hint,
+                severity="warning",
+            )
+        )
+    return out
 
 
 def model_files(state: DesiredState, state_dir: Path) -> list[PullPlan]:

@@ -211,9 +211,11 @@ def _served_model(state: DemoState, body: JSON) -> str:
     return requested
 
 
-def _max_tokens(body: JSON, *names: str) -> int:
+def _max_tokens(state: DemoState, body: JSON, *names: str) -> int:
+    """A request's token budget: its own, else the server's default (``--sampling``'s
+    ``max_tokens``, as llama-server's ``--n-predict``), else :data:`DEFAULT_MAX_TOKENS`."""
     name = next((n for n in names if body.get(n) is not None), names[0])
-    value = body.get(name, DEFAULT_MAX_TOKENS)
+    value = body.get(name, state.config.sampling.get("max_tokens", DEFAULT_MAX_TOKENS))
     if isinstance(value, bool) or not isinstance(value, int):
         raise ApiError(400, f"'{name}' must be an integer", param=name)
     if not 0 <= value <= MAX_TOKENS_LIMIT:
@@ -447,10 +449,21 @@ def handle_health(state: DemoState, request: Request) -> Response:
     return json_response({"status": "loading"}, status=503)
 
 
+def handle_props(state: DemoState, request: Request) -> Response:
+    """llama-server's ``GET /props``, the part a test reads: the sampling defaults the
+    server was started with (``default_generation_settings.params``)."""
+    settings = {"params": dict(state.config.sampling)}
+    return json_response(
+        {"default_generation_settings": settings, "model_alias": state.config.model}
+    )
+
+
 def handle_completions(state: DemoState, request: Request) -> Response | Stream:
     body, model = admit(state, request)
     prompt = "\n".join(_strings(body.get("prompt"), "prompt"))
-    gen = _generation(state, "text_completion", model, prompt, _max_tokens(body, "max_tokens"))
+    gen = _generation(
+        state, "text_completion", model, prompt, _max_tokens(state, body, "max_tokens")
+    )
     if _flag(body, "stream"):
         return _stream(_completion_events(gen, _include_usage(body)))
     text = gen.text()
@@ -472,7 +485,7 @@ def _completion_events(gen: Generation, include_usage: bool) -> Iterator[JSON]:
 
 def handle_chat(state: DemoState, request: Request) -> Response | Stream:
     body, model = admit(state, request)
-    count = _max_tokens(body, "max_completion_tokens", "max_tokens")
+    count = _max_tokens(state, body, "max_completion_tokens", "max_tokens")
     gen = _generation(state, "chat.completion", model, _messages_text(body), count)
     if _flag(body, "stream"):
         return _stream(_chat_events(gen, _include_usage(body)))
@@ -517,6 +530,7 @@ StateHandler = Callable[[DemoState, Request], "Response | Stream"]
 ROUTES: tuple[tuple[str, str, StateHandler], ...] = (
     ("GET", "/v1/models", handle_models),
     ("GET", "/health", handle_health),
+    ("GET", "/props", handle_props),
     ("POST", "/v1/completions", handle_completions),
     ("POST", "/v1/chat/completions", handle_chat),
     ("POST", "/v1/embeddings", handle_embeddings),

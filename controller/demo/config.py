@@ -9,6 +9,7 @@ are refused by argparse with exit status 2.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 from collections.abc import Callable, Sequence
@@ -62,6 +63,7 @@ class DemoConfig:
         "port",
         "prefix_cache",
         "reload_seconds",
+        "sampling",
         "sleep_memory_mb",
         "slow_stop",
         "tokens_per_second",
@@ -93,6 +95,7 @@ class DemoConfig:
         max_loras: int = 0,
         lora_load_seconds: float = 0.0,
         prefix_cache: int = 0,
+        sampling: dict[str, object] | None = None,
     ) -> None:
         self.model = model
         self.host = host
@@ -117,6 +120,8 @@ class DemoConfig:
         self.max_loras = max_loras  # 0: no adapter API (as vLLM without --enable-lora)
         self.lora_load_seconds = lora_load_seconds
         self.prefix_cache = prefix_cache  # sequences the prefix cache holds (0: none)
+        # a request's sampling defaults (--sampling): max_tokens applied, all reported
+        self.sampling = dict(sampling or {})
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__)
@@ -134,6 +139,21 @@ def _float_at_least(low: float) -> Callable[[str], float]:
         return value
 
     return parse
+
+
+def _sampling(text: str) -> dict[str, object]:
+    try:
+        value = json.loads(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"not JSON: {err}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"not a JSON object: {text!r}")
+    tokens = value.get("max_tokens")
+    if tokens is not None and (
+        isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0
+    ):
+        raise argparse.ArgumentTypeError(f"max_tokens must be an integer >= 0: {tokens!r}")
+    return value
 
 
 def _int_between(low: int, high: int) -> Callable[[str], int]:
@@ -190,6 +210,16 @@ def _add_serving_flags(parser: argparse.ArgumentParser) -> None:
         default=0,
         metavar="N",
         help="allocate and touch N MiB at load, so the process really holds it (default: 0)",
+    )
+    parser.add_argument(
+        "--sampling",
+        type=_sampling,
+        default={},
+        metavar="JSON",
+        help="a request's sampling defaults, a JSON object (slotctl passes a model's "
+        "temperature, top_p, ... max_tokens): max_tokens is applied where a request "
+        "sets none, and all are reported at GET /props as llama-server's "
+        "default_generation_settings",
     )
     parser.add_argument(
         "--prefix-cache",
@@ -380,4 +410,5 @@ def parse_args(argv: Sequence[str] | None = None) -> DemoConfig:
         max_loras=ns.max_loras,
         lora_load_seconds=ns.lora_load_seconds,
         prefix_cache=ns.prefix_cache,
+        sampling=ns.sampling,
     )

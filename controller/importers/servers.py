@@ -436,17 +436,10 @@ def _model_keys(args: ArgList, out: ServerImport, key: str, report: ImportReport
         value = args.last([flag])
         if value is None:
             continue
-        try:
-            out.model[name] = kind(value)
+        try:  # the model's sampling default: the llamacpp provider passes it back
+            out.model[name] = kind(value)  # to llama-server as this flag (providers.sampling)
         except ValueError:
             report.add(f"{key}: {flag}", "needs-input", f"{value!r} is not a {kind.__name__}")
-            continue
-        report.add(
-            f"{key}: {flag}",
-            "approximated",
-            f"a sampling default: slotctl keeps it on the model ({name}), a key its "
-            "providers do not pass to the server",
-        )
 
 
 def _vllm(args: ArgList, out: ServerImport, key: str, report: ImportReport) -> None:

@@ -28,6 +28,7 @@ from controller.providers.base import (
     require_model,
     sleep_mode,
 )
+from controller.providers.sampling import sampling_args
 from controller.runtime.base import LaunchSpec, ModelPull, Mount, RuntimeKind
 from controller.spec.adapters import serves_adapter
 from controller.spec.schema import ModelSpec, SlotSpec
@@ -181,6 +182,7 @@ class DemoProvider:
             args += ["--max-loras", str(slot.max_loras)]
             if slot.lora_api == "vllm":
                 lora_env[RUNTIME_LORA_ENV] = "True"
+        args += sampling_args(self.name, model)
         args += slot.server.extra_args
         python = slot.server.binary or sys.executable
         argv = [python, "-m", "controller.demo", *args]
@@ -274,6 +276,7 @@ class LlamaCppProvider:
             args += ["--lora", lora]
         if loras:
             args += ["--lora-init-without-apply"]
+        args += sampling_args(self.name, model)  # the model's defaults; a request's win
         args += slot.server.extra_args
         image = _docker_image(slot, ctx, self.image)
         argv = args if image else [slot.server.binary or "llama-server", *args]
@@ -350,6 +353,7 @@ class VllmProvider:
             args += ["--enable-lora", "--max-loras", str(slot.max_loras)]
             args += ["--max-lora-rank", str(slot.max_lora_rank)]
             env[RUNTIME_LORA_ENV] = "True"
+        args += sampling_args(self.name, model)  # over generation_config.json's
         args += slot.server.extra_args
         image = _docker_image(slot, ctx, self.image)
         argv = (
