@@ -23,7 +23,13 @@ It talks to the API server through lightkube's typed async client (design record
   (:attr:`Observed.running` is False, so the slot fails and is placed again elsewhere); a
   stop deletes, with grace 0, pods on a node that is not ready (their kubelet cannot);
 * **memory**: :attr:`KubernetesRuntime.memory`, the admission's probe of the nodes
-  (:mod:`~controller.runtime.kubernetes.nodes`).
+  (:mod:`~controller.runtime.kubernetes.nodes`);
+* **surge rollouts**: :attr:`KubernetesRuntime.surge`
+  (:mod:`~controller.runtime.kubernetes.surge`) runs a changed slot's new server as the
+  slot's second instance (``slotctl1-<slot>`` or ``slotctl-<slot>``) and switches the
+  Service to it; everything here acts on the *serving* instance
+  (:meth:`~controller.runtime.kubernetes.cache.ClusterCache.serving`: the one the
+  Service names) and counts only its pods.
 
 ``stop`` scales a running slot to 0 and waits for its pod to go — a terminating pod
 (``deletionTimestamp`` set) counts as still there; after the stop's timeout + the pod's
@@ -101,9 +107,8 @@ class KubernetesRuntime(KubernetesApi):
 
     def __init__(self, client: AsyncClient | None = None, **options: Any) -> None:
         super().__init__(client, **options)
-        self.surge = KubernetesSurge(
-            self, self
-        )  # the surge capability (controller.runtime.surging)
+        # the surge capability (controller.runtime.surging): a second instance of a slot
+        self.surge = KubernetesSurge(self, self)
 
     # ------------------------------------------------------------------ observing
 
