@@ -36,6 +36,10 @@ class StatusBoard:
         self._counts: dict[str, int] = {}  # each slot's own changes
         self._woken: dict[str, asyncio.Event] = {}  # a slot's waiting timer's event
         self.last_error: dict[str, tuple[str, str]] = {}
+        # each slot's last rollout (the reconciler's plan, a rollout's steps, or one the
+        # status saw in flight: an operator's first plans come before the board
+        # listens): (strategy, reason)
+        self.rollouts: dict[str, tuple[str, str]] = {}
         self.pending: dict[str, list[tuple[str, str, str]]] = {}
 
     def on_event(self, event: Event) -> None:
@@ -44,14 +48,24 @@ class StatusBoard:
             return
         if event.error:
             self.last_error[event.slot] = (event.error, event.message)
+        way = event.details.get("rollout")
+        if isinstance(way, str):  # a rollout decided (a plan), or one's step
+            reason = str(event.details.get("rollout_reason", ""))
+            self.rollouts[event.slot] = (way, reason)
+            if event.kind == "plan":
+                self._post(event.slot, "Normal", reason_of(f"rollout {way}"), f"{way}: {reason}")
+        if event.kind == "rollout" and event.details.get("phase") in ("failed", "done"):
+            failed = event.details.get("phase") == "failed"
+            kind = "Warning" if failed else "Normal"
+            self._post(
+                event.slot, kind, "RolloutFailed" if failed else "RolloutDone", event.message
+            )
         if event.kind == "transition":
             kind = "Warning" if event.to_state == SlotState.ERROR.value else "Normal"
             text = f"{event.from_state} -> {event.to_state}"
             if event.message:
                 text += f": {event.message}"
-            queue = self.pending.setdefault(event.slot, [])
-            queue.append((kind, reason_of(event.to_state or "changed"), text))
-            del queue[:-20]  # bounded: a slot nobody looks at does not grow it
+            self._post(event.slot, kind, reason_of(event.to_state or "changed"), text)
         # a replica's change is its slot's too (the Slot's status sums its replicas up)
         owner = replica_of_name(event.slot)
         for slot in (event.slot,) if owner is None else (event.slot, owner[0]):
@@ -60,6 +74,11 @@ class StatusBoard:
             if woken is not None:
                 woken.set()
         self._bump()
+
+    def _post(self, slot: str, kind: str, reason: str, text: str) -> None:
+        queue = self.pending.setdefault(slot, [])
+        queue.append((kind, reason, text))
+        del queue[:-20]  # bounded: a slot nobody looks at does not grow it
 
     def wake(self, slots: Iterable[str]) -> None:
         """Wake the timers of ``slots`` and the ones that read every slot (a sync that

@@ -29,6 +29,7 @@ __all__ = [
     "ModelStatus",
     "ObjectMeta",
     "Resource",
+    "RolloutStatus",
     "SlotStatus",
     "Status",
     "cr_key",
@@ -122,6 +123,14 @@ class ReplicasStatus(TypedDict):
     items: list[ReplicaStatus]
 
 
+class RolloutStatus(TypedDict, total=False):
+    strategy: str  # surge | recreate
+    phase: str  # starting | switched | failed | stopping | done
+    reason: str  # why this way
+    message: str
+    since: str
+
+
 class SlotStatus(TypedDict, total=False):
     observedGeneration: int
     state: str
@@ -133,6 +142,7 @@ class SlotStatus(TypedDict, total=False):
     node: str
     memory: MemoryStatus
     lastError: LastError
+    rollout: RolloutStatus
     replicas: ReplicasStatus
 
 

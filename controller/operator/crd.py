@@ -396,6 +396,21 @@ def _slot_status_schema() -> dict[str, Any]:
                 },
             },
             "lastError": _error_schema(),
+            "rollout": {
+                "type": "object",
+                "description": "The slot's rollout: the one in flight, else the last one "
+                "decided. strategy: surge (the new server beside the old, switched to once "
+                "ready) or recreate (stopped, then started); reason: why that way (a "
+                "recreate says why it could not surge: no room on a GPU, a declared port, "
+                "rollout = recreate); phase: starting, switched, failed, stopping, or done.",
+                "properties": {
+                    "strategy": {"type": "string"},
+                    "phase": {"type": "string"},
+                    "reason": {"type": "string"},
+                    "message": {"type": "string"},
+                    "since": {"type": "string"},
+                },
+            },
             "replicas": {
                 "type": "object",
                 "description": "A slot with replicas: how many are wanted (min, max), "

@@ -46,6 +46,7 @@ from controller.operator.bodies import (
     Essence,
     ModelStatus,
     ReplicasStatus,
+    RolloutStatus,
     SlotStatus,
     Status,
     cr_key,
@@ -63,12 +64,14 @@ from controller.operator.status import (
     changed_fields,
     model_status,
     replicas_status,
+    rollout_status,
     slot_status,
 )
 from controller.reconcile.apply import apply_to_config
 from controller.runtime.kubernetes.api import KubernetesApi
 from controller.runtime.kubernetes.pools import InferencePools
 from controller.runtime.kubernetes.poolspec import Picker
+from controller.scheduling.rollout import RolloutView
 from controller.slots.manager import SlotManager
 from controller.spec.configdir import read_config_dir
 from controller.spec.loader import DesiredState
@@ -544,7 +547,16 @@ class Operator:
             last_error=self.board.last_error.get(slot),
             node=view.node,
             waiting=view.waiting,
+            rollout=self._rollout(slot, view.rollout),
         )
+
+    def _rollout(self, slot: str, live: RolloutView | None) -> RolloutStatus | None:
+        """The rollout in flight (the slot's view), else the last one decided (the board)."""
+        if live is not None:
+            self.board.rollouts[slot] = (live.way, live.reason)  # (its end may say less)
+            return rollout_status(live.way, live.phase, live.reason, live.message, live.since)
+        last = self.board.rollouts.get(slot)
+        return None if last is None else rollout_status(last[0], "done", last[1])
 
     def _slot_status(self, key: CrKey, old: Mapping[str, object]) -> SlotStatus:
         slot = self.source.slot_of(key)

@@ -24,6 +24,7 @@ from controller.operator.bodies import (
     ModelStatus,
     ReplicasStatus,
     ReplicaStatus,
+    RolloutStatus,
     SlotStatus,
 )
 from controller.spec.problems import Problem
@@ -37,6 +38,7 @@ __all__ = [
     "old_conditions",
     "reason_of",
     "replicas_status",
+    "rollout_status",
     "slot_reason",
     "slot_status",
 ]
@@ -84,6 +86,21 @@ class Observed:
     extra: dict[str, object] = field(default_factory=dict)
     node: str | None = None  # kubernetes runtime
     waiting: str | None = None  # waiting_for_memory | waiting_for_device
+    rollout: RolloutStatus | None = None  # in flight, else the last one decided
+
+
+def rollout_status(
+    strategy: str, phase: str, reason: str, message: str = "", since: str = ""
+) -> RolloutStatus:
+    """A Slot's ``status.rollout``: the way (``surge``/``recreate``), its phase (a
+    surge's ``starting``, ``switched``, ``failed``; a recreate's ``stopping``,
+    ``starting``; ``done`` once over) and why that way."""
+    out: RolloutStatus = {"strategy": strategy, "phase": phase, "reason": reason}
+    if message:
+        out["message"] = message
+    if since:
+        out["since"] = since
+    return out
 
 
 # A failed server's words that say more than its error code (the kubernetes runtime's
@@ -226,6 +243,11 @@ def slot_status(
         )
         busy = observed.state in _PROGRESSING
         progressing = (busy, reason_of(state) if busy else "Stable", observed.message or shown)
+        rollout = observed.rollout
+        if rollout is not None and rollout.get("phase") not in ("done", "failed"):
+            way = rollout.get("strategy", "")
+            words = f"{way} rollout ({rollout.get('phase', '')}): {rollout.get('reason', '')}"
+            progressing = (True, reason_of(f"rollout {way}"), words)
     if verdict.problems:
         kept = " (the last good spec stays in force)" if verdict.accepted else ""
         degraded = (True, "InvalidSpec", _problem_text(verdict.problems) + kept)
@@ -254,6 +276,8 @@ def slot_status(
             "gb": round(observed.memory_bytes / _GIB, 3),
             "admitted": observed.state in _ADMITTED,
         }
+        if observed.rollout is not None:
+            status["rollout"] = observed.rollout
     error = _last_error(observed, verdict)
     if error is not None:
         status["lastError"] = error

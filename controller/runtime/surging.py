@@ -4,20 +4,24 @@ A surge rollout (:mod:`controller.slots.surge`) starts the changed slot's new se
 fresh port beside the old one, switches to it once it is ready, then stops the old one. A
 runtime that can do that has a ``surge`` attribute satisfying :class:`SurgeInstances`
 (the process runtime: :mod:`controller.runtime.process.surge`; docker:
-:mod:`controller.runtime.docker.surge`); the others (kubernetes) say why they cannot
+:mod:`controller.runtime.docker.surge`; kubernetes: :mod:`controller.runtime.kubernetes.surge`,
+a second Deployment switched to by the slot's Service); the others say why they cannot
 (:func:`cannot_surge`), and their changed slots are recreated.
 
 Every step is recorded by the runtime before it returns, and each is idempotent, so a
-controller killed at any point finishes (or undoes) the rollout after its restart.
+controller killed at any point finishes (or undoes) the rollout after its restart. A
+runtime whose objects alone say where a rollout stopped (kubernetes: the Service and a
+mark on the new Deployment) also :class:`SettlesAlone`: a restart converges from them,
+with or without the manager's ``rollout.json``.
 """
 
 from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from controller.runtime.base import LaunchSpec, Observed, Runtime, RuntimeKind
+from controller.runtime.base import LaunchSpec, Observed, Runtime
 
-__all__ = ["SurgeInstances", "cannot_surge", "surge_of"]
+__all__ = ["SettlesAlone", "SurgeInstances", "cannot_surge", "settles_alone", "surge_of"]
 
 
 @runtime_checkable
@@ -47,6 +51,18 @@ class SurgeInstances(Protocol):
 
 
 @runtime_checkable
+class SettlesAlone(Protocol):
+    async def settle(self, slot: str) -> str | None:
+        """Finish or undo an interrupted rollout of ``slot`` from the runtime's own
+        records: one server of the slot remains. Returns what was done (None: nothing)."""
+        ...
+
+
+def settles_alone(surge: SurgeInstances) -> SettlesAlone | None:
+    return surge if isinstance(surge, SettlesAlone) else None
+
+
+@runtime_checkable
 class _CanSurge(Protocol):
     surge: SurgeInstances
 
@@ -60,6 +76,4 @@ def cannot_surge(runtime: Runtime) -> str | None:
     """Why ``runtime`` cannot surge (None: it can)."""
     if surge_of(runtime) is not None:
         return None
-    if runtime.kind == RuntimeKind.KUBERNETES:
-        return "the kubernetes runtime replaces a slot's pod with the Recreate strategy"
     return f"this runtime ({type(runtime).__name__}) runs one server per slot: no surge"

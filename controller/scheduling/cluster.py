@@ -51,7 +51,9 @@ class Held:
     units: Mapping[str, Mapping[str, int]]  # node -> slot -> GPUs it is admitted to there
     # the requester: its own pods are its Deployment's (strategy Recreate), which its start
     # replaces or adopts, so they never count against it (a user's `kubectl scale` put
-    # back brings one up while the slot is in error, say)
+    # back brings one up while the slot is in error, say); a surge's decision counts its
+    # old pod through the table's holders and units instead, and a surge's second pod
+    # counts there for the other slots (controller.slots.admission)
     own: str | None = None
 
 

@@ -300,6 +300,17 @@ class Admission(Part):
                     holders[g.key] = holders.get(g.key, 0) + 1
                     on = units.setdefault(g.node, {})
                     on[s.name] = on.get(s.name, 0) + 1
+        # A surge's second pod holds a GPU (a replica) of its own while both run.
+        for name, held_by in self.table.surges.items():
+            if name == slot.name or name in group:
+                continue
+            for key, _size, _coming in held_by:
+                node, sep, _gpu = key.partition("/")
+                if not sep:
+                    continue
+                holders[key] = holders.get(key, 0) + 1
+                on = units.setdefault(node, {})
+                on[name] = on.get(name, 0) + 1
         budget_gb = self.settings.memory_budget_gb.get("gpu")
         per_gpu = int(budget_gb * GIB) if budget_gb is not None else None
         self._say_by_count(nodes, per_gpu)

@@ -41,7 +41,7 @@ from controller.probes.readiness import ProbeOutcome
 from controller.providers.launch import build_launch, launch_context, placement_args, with_port
 from controller.runtime.base import LaunchSpec
 from controller.runtime.ports import can_bind, pick_free_port
-from controller.runtime.surging import SurgeInstances, cannot_surge, surge_of
+from controller.runtime.surging import SurgeInstances, cannot_surge, settles_alone, surge_of
 from controller.scheduling.breaker import Breaker
 from controller.scheduling.rollout import (
     RECREATE,
@@ -171,7 +171,7 @@ class Rollouts(Part):
         # The new server's memory counts while it starts (reserved: no probe sees it yet).
         self.table.surges[slot.name] = self._holding(slot, gpus, coming_up=True)
         try:
-            await self._start_ready(slot, surge, launch)
+            launch = await self._start_ready(slot, surge, launch)
         except SlotctlError as exc:
             await self._failed(slot, surge, exc)
             raise
@@ -183,7 +183,11 @@ class Rollouts(Part):
         old_holding = self._holding(slot, slot.placement, coming_up=False)
         if self.before_switch is not None:  # its adapters loaded into the new server
             await self.before_switch(slot, launch.endpoint)
-        await self._switch(slot, surge, launch, gpus)
+        try:
+            await self._switch(slot, surge, launch, gpus)
+        except SlotctlError as exc:  # the promotion failed: the old server serves on
+            await self._failed(slot, surge, exc)
+            raise
         self.table.surges[slot.name] = old_holding  # the old server's, until it stops
         try:
             await self._drain(slot)
@@ -225,8 +229,11 @@ class Rollouts(Part):
 
     async def _start_ready(
         self, slot: SlotRecord, surge: SurgeInstances, launch: LaunchSpec
-    ) -> None:
+    ) -> LaunchSpec:
+        """The new server started and probed ready; its launch, reached where it answers
+        (a pod's IP, on a cluster)."""
         observed = await surge.start_instance(launch)
+        launch = launch.reached_at(observed.endpoint)
         live = self.table.rollouts.get(slot.name)
         if live is not None:
             self._live(slot.name, live.reason, live.phase, "warming", launch.port)
@@ -243,7 +250,7 @@ class Rollouts(Part):
             clock=self.clock,
         )
         if result.outcome is ProbeOutcome.READY:
-            return
+            return launch
         if result.outcome is ProbeOutcome.EXITED:
             seen = await surge.inspect_instance(slot.name)
             raise SlotSpawnFailed(
@@ -288,6 +295,7 @@ class Rollouts(Part):
     async def _retire(self, slot: SlotRecord, surge: SurgeInstances) -> None:
         """Stop the old server (drained), then forget the rollout."""
         self._draining.pop(slot.name, None)
+        live = self.table.rollouts.get(slot.name)
         try:
             await surge.stop_retiring(slot.name, self.config.stop_timeout_s)
         finally:
@@ -295,7 +303,8 @@ class Rollouts(Part):
         self._delete(slot.name)
         self.table.rollouts.pop(slot.name, None)
         self.table.rearm(slot)
-        self._event(slot, "done", "rollout done: the old server drained and stopped")
+        message = "rollout done: the old server drained and stopped"
+        self._event(slot, "done", message, reason=live.reason if live is not None else None)
 
     async def _drain(self, slot: SlotRecord) -> None:
         """Until the requests in flight on the old server at the switch are done (bounded
@@ -314,12 +323,28 @@ class Rollouts(Part):
     async def recover(self, slot: SlotRecord) -> None:
         """Finish or undo a rollout a restart interrupted (before adoption)."""
         record = self.table.store.read_aux(slot.name, ROLLOUT_RECORD)
-        if record is None:
-            return
         surge = surge_of(self.runtime)
-        phase = record.get("phase")
+        if record is None and (surge is None or settles_alone(surge) is None):
+            return
+        phase = record.get("phase") if record is not None else None
         if surge is None:
             self._delete(slot.name)
+            return
+        alone = settles_alone(surge)
+        if alone is not None:  # the runtime's objects say where it stopped
+            try:
+                done = await alone.settle(slot.name)
+            except SlotctlError as exc:  # (the API away: the next restart tries again)
+                log.warning("slot %s: settling an interrupted rollout: %s", slot.name, exc.message)
+                return
+            port = record.get("port") if record is not None else None
+            if phase == SWITCHED and isinstance(port, int):
+                self.core.record_port(slot, port)
+            self._delete(slot.name)
+            if done is not None:
+                self._event(slot, "done", f"rollout interrupted by a restart: {done}")
+            return
+        if record is None:
             return
         if phase == SWITCHED:
             await surge.promote(slot.name)
@@ -373,13 +398,22 @@ class Rollouts(Part):
     def _delete(self, name: str) -> None:
         self.table.store.delete_aux(name, ROLLOUT_RECORD)
 
-    def _event(self, slot: SlotRecord, phase: str, message: str, **fields: Any) -> None:
+    def _event(
+        self, slot: SlotRecord, phase: str, message: str, reason: str | None = None, **fields: Any
+    ) -> None:
+        """A ``rollout`` event; its details name the way and why (the live rollout's,
+        or ``reason``) where known."""
+        live = self.table.rollouts.get(slot.name)
+        why = reason if reason is not None else (live.reason if live is not None else None)
+        details: dict[str, Any] = {"phase": phase}
+        if why is not None:
+            details.update({"rollout": SURGE, "rollout_reason": why})
         self.events.emit(
             EventKind.ROLLOUT,
             Op.ROLLOUT,
             slot=slot.name,
             model=slot.model_id,
             message=message,
-            details={"phase": phase},
+            details=details,
             **fields,
         )

@@ -5,7 +5,8 @@ runtime relies on, through the API as they would:
 
 * the Deployment controller: a Deployment with ``replicas: 1`` gets one Pod from its
   template (a changed template: the old pod goes first, ``Recreate``), ``replicas: 0``
-  none;
+  none; its pods are the ones its selector matches that it owns (a controllerRef), so
+  two Deployments of one slot (a surge's instances) each keep their own;
 * the scheduler: ``nodeSelector`` (``kubernetes.io/hostname``) or a required node
   affinity on ``metadata.name`` picks the node; without one, the node with the most free
   GPUs (extended resources requested by the pods already there) wins, ties by name; no
@@ -278,10 +279,12 @@ class Kubelet:
         self, dep: dict[str, Any], pods: list[dict[str, Any]], nodes: list[dict[str, Any]]
     ) -> None:
         selector = dep["spec"]["selector"]["matchLabels"]
-        mine = [
+        owner = dep["metadata"]["name"]
+        mine = [  # its own pods: matched by its selector and owned by it (a controllerRef)
             p
             for p in pods
             if all((p["metadata"].get("labels") or {}).get(k) == v for k, v in selector.items())
+            and _owner(p) in (owner, None)
         ]
         template = dep["spec"]["template"]
         wanted = (template["metadata"].get("annotations") or {}).get(HASH)
@@ -321,6 +324,15 @@ class Kubelet:
                 "namespace": self.namespace,
                 "labels": dict(template["metadata"].get("labels") or {}),
                 "annotations": dict(template["metadata"].get("annotations") or {}),
+                "ownerReferences": [
+                    {
+                        "apiVersion": "apps/v1",
+                        "kind": "Deployment",
+                        "name": dep["metadata"]["name"],
+                        "uid": dep["metadata"].get("uid") or dep["metadata"]["name"],
+                        "controller": True,
+                    }
+                ],
             },
             "spec": {**spec, **({"nodeName": node} if node else {})},
             "status": {"phase": "Pending"},
@@ -534,6 +546,12 @@ class Kubelet:
 
     def alive(self, slot: str) -> list[RunningPod]:
         return [p for p in self.pods.values() if p.slot == slot and p.process.poll() is None]
+
+
+def _owner(pod: dict[str, Any]) -> str | None:
+    """The Deployment a pod's controllerRef names (None: none, a pod made by hand)."""
+    refs = pod["metadata"].get("ownerReferences") or []
+    return next((str(r["name"]) for r in refs if r.get("controller")), None)
 
 
 def _affinity(spec: dict[str, Any]) -> str | None:

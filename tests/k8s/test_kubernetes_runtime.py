@@ -176,7 +176,11 @@ async def test_a_slot_is_a_deployment_probed_at_its_pod_ip(
         assert spec["template"]["spec"]["automountServiceAccountToken"] is False
         service = await kubelet.get("services", "slotctl-chat")
         assert service is not None
-        assert service["spec"]["selector"] == {"slotctl.managed": "true", "slotctl.slot": "chat"}
+        assert service["spec"]["selector"] == {  # the serving instance's pod (0: slotctl-chat)
+            "slotctl.managed": "true",
+            "slotctl.slot": "chat",
+            "slotctl.instance": "0",
+        }
         assert service["spec"]["ports"][0]["port"] == port
 
         # a runtime change (the port): the Deployment is updated, a new pod replaces the

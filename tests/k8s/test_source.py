@@ -11,7 +11,14 @@ from typing import Any
 
 from controller.model.lifecycle import SlotState
 from controller.operator.source import STACK, CrSource
-from controller.operator.status import Observed, Verdict, Written, model_status, slot_status
+from controller.operator.status import (
+    Observed,
+    Verdict,
+    Written,
+    model_status,
+    rollout_status,
+    slot_status,
+)
 from controller.reconcile.apply import apply_to_config
 from controller.spec.configdir import read_config_dir
 from controller.spec.desired import DesiredCache
@@ -361,3 +368,27 @@ def test_what_an_older_operator_wrote_is_removed_at_the_start(tmp_path: Path) ->
     snap = read_config_dir(config)
     assert list(snap.slots) == ["filed"] and snap.aliases == {} and list(snap.models) == ["m"]
     assert forget_written_files(config) == []  # once
+
+
+def test_status_rollout_in_flight_and_done() -> None:
+    """``status.rollout``: a surge in flight keeps ``Progressing`` True (reason
+    ``RolloutSurge``) while the slot stays ready; once done it stays as the last one."""
+    verdict = Verdict(generation=2, accepted=True, current=True)
+    live = rollout_status("surge", "starting", "2.00 GiB fits on gpu-a/gpu:0", "warming")
+    surging = Observed(state=SlotState.READY, dispatchable=True, rollout=live)
+    status = slot_status(surging, verdict, None, now="T1")
+    assert status["rollout"] == {
+        "strategy": "surge",
+        "phase": "starting",
+        "reason": "2.00 GiB fits on gpu-a/gpu:0",
+        "message": "warming",
+    }
+    progressing = next(c for c in status["conditions"] if c["type"] == "Progressing")
+    assert progressing["status"] == "True" and progressing["reason"] == "RolloutSurge"
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert ready["status"] == "True"  # the old server serves meanwhile
+    last = rollout_status("recreate", "done", "no room to surge, needs 8.00 GiB, 2.00 GiB free")
+    done = slot_status(Observed(SlotState.READY, dispatchable=True, rollout=last), verdict, status)
+    assert done["rollout"]["phase"] == "done" and done["rollout"]["strategy"] == "recreate"
+    progressing = next(c for c in done["conditions"] if c["type"] == "Progressing")
+    assert progressing["status"] == "False"

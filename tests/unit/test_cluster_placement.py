@@ -448,3 +448,40 @@ async def test_replicas_spread_across_nodes(tmp_path: Path) -> None:
     await packed.manager.load("pack")
     await packed.manager.load("pack-r1")
     assert packed.node_of("pack") == packed.node_of("pack-r1") == "a"  # asked: best fit
+
+
+class _SurgeCapable:
+    """What ``cannot_surge`` asks of a runtime (the decision alone is tested here; the
+    kubernetes runtime's steps: tests/k8s/test_kubernetes_surge.py)."""
+
+    async def start_instance(self, launch: Any) -> Any: ...
+    async def inspect_instance(self, slot: str) -> Any: ...
+    async def stop_instance(self, slot: str, timeout: float) -> None: ...
+    async def promote(self, slot: str) -> None: ...
+    async def stop_retiring(self, slot: str, timeout: float) -> None: ...
+
+
+async def test_a_surge_on_a_cluster_needs_another_whole_gpu_and_holds_it(tmp_path: Path) -> None:
+    """Whole GPUs (not time-sliced): the slot's own GPU holds its old server, so a surge
+    needs another free one (recreate when there is none, and says so); while a surge's
+    second pod runs it holds its GPU against every other slot's load."""
+    cluster = Cluster(tmp_path, [node("a", gpus=1)])
+    cluster.runtime.surge = _SurgeCapable()  # type: ignore[attr-defined]
+    auto = {"port": None}  # left to the controller (a declared port always recreates)
+    slots = [cslot("chat", "m4", **auto), cslot("other", "m4")]
+    await cluster.declare(slots, [model_spec("m4", 4)])
+    m = cluster.manager
+    await m.load("chat")
+    v2 = slot_spec("chat", "m4", server={"image": "slotctl:v2"}, **auto)
+    changed = desired([v2, slots[1]], [model_spec("m4", 4)])
+    decision = m.rollout_for(changed.slots["chat"])
+    assert decision.way == "recreate" and decision.reason.startswith("no room to surge"), decision
+    cluster.probe.nodes = [node("a", gpus=2)]
+    decision = m.rollout_for(changed.slots["chat"])
+    assert decision.way == "surge" and "a/gpu:1" in decision.reason, decision
+    m.core.table.surges["chat"] = (("a/gpu:1", 4 * GIB, True),)  # the surge's pod, starting
+    with pytest.raises((DeviceUnavailable, InsufficientMemory)):
+        await m.load("other", background=True)  # (a background load evicts no peer)
+    del m.core.table.surges["chat"]  # its rollout over: the GPU is free again
+    await m.load("other")
+    assert m.view("other").devices == ("a/gpu:1",)

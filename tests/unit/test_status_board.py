@@ -70,3 +70,21 @@ async def test_a_sync_wakes_only_the_slots_it_changed_and_the_timers_of_every_sl
     board.wake(["b"])  # before b's timer waits again: not missed
     assert await asyncio.wait_for(board.wait(seen, 5.0, "b"), 0.5) != seen
     waits["b"].cancel()
+
+
+def test_a_rollout_decided_is_kept_and_posted_as_an_event() -> None:
+    """A plan's rollout (surge or recreate, and why) is the Slot's last rollout and an
+    Event; a rollout's own steps keep it too (an operator's first plans come before the
+    board listens); its end is an Event of its own."""
+    board = StatusBoard()
+    details = {"action": "recreate", "rollout": "recreate", "rollout_reason": "no room to surge"}
+    board.on_event(Event(0, EventKind.PLAN, Op.RECONCILE, slot="a", details=details))
+    assert board.rollouts["a"] == ("recreate", "no room to surge")
+    assert board.take_events("a") == [("Normal", "RolloutRecreate", "recreate: no room to surge")]
+    step = {"phase": "done", "rollout": "surge", "rollout_reason": "fits"}
+    board.on_event(Event(0, EventKind.ROLLOUT, Op.ROLLOUT, slot="b", message="done", details=step))
+    assert board.rollouts["b"] == ("surge", "fits")
+    assert board.take_events("b") == [("Normal", "RolloutDone", "done")]
+    failed = {"phase": "failed"}
+    board.on_event(Event(0, EventKind.ROLLOUT, Op.ROLLOUT, slot="b", message="x", details=failed))
+    assert board.take_events("b") == [("Warning", "RolloutFailed", "x")]

@@ -40,6 +40,7 @@ from controller.runtime.kubernetes.spec import (
     api_reason,
     check_gpu_resource,
     check_owner,
+    instance_name,
     object_name,
     without_nulls,
 )
@@ -121,7 +122,7 @@ class KubernetesApi:
         self._locks: dict[str, asyncio.Lock] = {}
         self._note: Callable[[str, str], None] | None = None
         self._changed: Callable[[str], None] | None = None
-        self.drift = Drift(self._apply, self._lock, lambda slot: self.cache.deployment(slot))
+        self.drift = Drift(self.apply, self.lock, lambda slot: self.cache.deployment(slot))
 
     # ------------------------------------------------------------------ API access
 
@@ -176,7 +177,7 @@ class KubernetesApi:
             )
         return cache
 
-    async def _call(self, op: str, slot: str | None, fn: Callable[[], Awaitable[T]]) -> T:
+    async def call(self, op: str, slot: str | None, fn: Callable[[], Awaitable[T]]) -> T:
         """One operation; failures become typed errors (SlotSpawnFailed when starting)."""
         where = f" slot {slot!r}" if slot else ""
         try:
@@ -209,10 +210,10 @@ class KubernetesApi:
             api, self._api = self._api, None
             await api.close()
 
-    def _lock(self, slot: str) -> asyncio.Lock:
+    def lock(self, slot: str) -> asyncio.Lock:
         return self._locks.setdefault(slot, asyncio.Lock())
 
-    async def _apply(self, body: dict[str, Any]) -> None:
+    async def apply(self, body: dict[str, Any]) -> None:
         """Server-side apply of one of our objects (created if missing)."""
         res = Deployment if body["kind"] == "Deployment" else Service
         await self._client().patch(
@@ -225,15 +226,21 @@ class KubernetesApi:
             force=True,
         )
 
-    async def _confirmed(self, res: type[Deployment] | type[Service], slot: str) -> Any:
+    async def confirmed(
+        self, res: type[Deployment] | type[Service], slot: str, instance: str | None = None
+    ) -> Any:
         """The cached object, or (the cache says there is none) the API's answer: a
         server-side apply must never take over an object created a moment ago by someone
         else, which the cache may not have seen yet."""
-        cached = (self.cache.deployment if res is Deployment else self.cache.service)(slot)
+        cache = self.cache
+        if instance is None:
+            instance = cache.serving(slot) if res is Deployment else "0"
+        cached = cache.instance(slot, instance) if res is Deployment else cache.service(slot)
         if cached is not None:
             return cached
+        name = instance_name(slot, instance) if res is Deployment else object_name(slot)
         try:
-            return await self._client().get(res, object_name(slot), namespace=self.namespace)
+            return await self._client().get(res, name, namespace=self.namespace)
         except httpx2.HTTPStatusError as exc:  # lightkube's ApiError among them
             if exc.response.status_code == 404:
                 return None

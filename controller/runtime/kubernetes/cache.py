@@ -25,7 +25,15 @@ from lightkube.resources.core_v1 import Node, Pod, Service
 
 from controller.runtime.base import MANAGED_LABEL, SLOT_LABEL
 from controller.runtime.kubernetes.nodes import NodeMemory, unusable
-from controller.runtime.kubernetes.spec import OBJECT_PREFIX
+from controller.runtime.kubernetes.spec import (
+    INSTANCE_LABEL,
+    OBJECT_PREFIX,
+    SECOND_PREFIX,
+    instance_name,
+    instance_of,
+    other,
+    surging,
+)
 from controller.runtime.kubernetes.watch import Informer, InformerStats
 
 __all__ = ["ClusterCache"]
@@ -106,13 +114,40 @@ class ClusterCache:
         return slot if slot and labels.get(MANAGED_LABEL) == "true" else None
 
     def deployment(self, slot: str) -> Deployment | None:
-        return self.deployments.items.get(f"{self.namespace}/{OBJECT_PREFIX}{slot}")
+        """The slot's own Deployment: the instance that serves (:meth:`serving`)."""
+        return self.instance(slot, self.serving(slot))
+
+    def instance(self, slot: str, instance: str) -> Deployment | None:
+        """The Deployment of one of the slot's two instances (``0``, ``1``)."""
+        return self.deployments.items.get(f"{self.namespace}/{instance_name(slot, instance)}")
+
+    def serving(self, slot: str) -> str:
+        """The slot's serving instance: the one its Service names, while that one's
+        Deployment is there; else instance ``0`` unless only ``1`` is there, and not as a
+        surge not promoted yet (a user deleted the Service, say)."""
+        service = self.service(slot)
+        annotations = (service.metadata.annotations if service and service.metadata else None) or {}
+        named = str(annotations.get(INSTANCE_LABEL, ""))
+        if named == "0" or named == "1":
+            if self.instance(slot, named) is not None:
+                return named
+            alone = self.instance(slot, other(named))
+            return other(named) if _slots(alone, slot) and not surging(alone) else named
+        second = self.instance(slot, "1")
+        if self.instance(slot, "0") is None and _slots(second, slot) and not surging(second):
+            return "1"
+        return "0"
 
     def service(self, slot: str) -> Service | None:
         return self.services.items.get(f"{self.namespace}/{OBJECT_PREFIX}{slot}")
 
-    def slot_pods(self, slot: str) -> list[Pod]:
-        return list(self.by_slot.get(slot, {}).values())
+    def slot_pods(self, slot: str, instance: str | None = None) -> list[Pod]:
+        """The slot's pods (of one ``instance``: its Deployment's; None: both)."""
+        pods = self.by_slot.get(slot, {}).values()
+        return [p for p in pods if instance is None or instance_of(p) == instance]
+
+    def serving_pods(self, slot: str) -> list[Pod]:
+        return self.slot_pods(slot, self.serving(slot))
 
     def lost(self, after_s: float) -> dict[str, str]:
         """Nodes not ready for ``after_s`` or longer (or gone): node -> why."""
@@ -169,10 +204,12 @@ class ClusterCache:
                 self._wake_slot(slot)
 
     def _deployment_event(self, kind: str, old: Deployment | None, new: Deployment | None) -> None:
-        slot = _slot_of_object(new or old)
+        obj = new or old
+        slot = _slot_of_object(obj)
         if slot is not None:
             self._wake_slot(slot)
-            if self.on_deployment is not None:
+            serving = obj is not None and instance_of(obj) == self.serving(slot)
+            if self.on_deployment is not None and serving:  # (drift: the serving one's)
                 self.on_deployment(slot, new)
 
     def _service_event(self, kind: str, old: Service | None, new: Service | None) -> None:
@@ -183,13 +220,22 @@ class ClusterCache:
                 event.set()
 
 
+def _slots(deployment: Deployment | None, slot: str) -> bool:
+    """A Deployment with slotctl's labels for ``slot`` (a stranger's never serves it)."""
+    meta = deployment.metadata if deployment is not None else None
+    labels = (meta.labels if meta else None) or {}
+    return labels.get(MANAGED_LABEL) == "true" and labels.get(SLOT_LABEL) == slot
+
+
 def _bound(pod: Pod | None) -> bool:
     return bool(pod is not None and pod.spec and pod.spec.nodeName)
 
 
 def _slot_of_object(obj: Deployment | Service | None) -> str | None:
-    """The slot a ``slotctl-<slot>`` object is named for (labelled or not)."""
+    """The slot a ``slotctl-<slot>`` (or a second instance's ``slotctl1-<slot>``) object
+    is named for (labelled or not)."""
     name = obj.metadata.name if obj is not None and obj.metadata else None
-    if not name or not name.startswith(OBJECT_PREFIX):
-        return None
-    return name[len(OBJECT_PREFIX) :]
+    for prefix in (OBJECT_PREFIX, SECOND_PREFIX):
+        if name and name.startswith(prefix):
+            return name[len(prefix) :]
+    return None

@@ -121,7 +121,7 @@ class InferencePools:
             deployment = cache.deployment(slot)
             if deployment is None or not ours(deployment, slot, self.api.owner):
                 continue  # another owner's slot (two releases in one namespace)
-            for pod in cache.slot_pods(slot):
+            for pod in cache.serving_pods(slot):
                 meta = pod.metadata
                 if meta is None or not meta.name or terminating(pod):
                     continue

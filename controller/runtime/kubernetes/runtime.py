@@ -23,7 +23,13 @@ It talks to the API server through lightkube's typed async client (design record
   (:attr:`Observed.running` is False, so the slot fails and is placed again elsewhere); a
   stop deletes, with grace 0, pods on a node that is not ready (their kubelet cannot);
 * **memory**: :attr:`KubernetesRuntime.memory`, the admission's probe of the nodes
-  (:mod:`~controller.runtime.kubernetes.nodes`).
+  (:mod:`~controller.runtime.kubernetes.nodes`);
+* **surge rollouts**: :attr:`KubernetesRuntime.surge`
+  (:mod:`~controller.runtime.kubernetes.surge`) runs a changed slot's new server as the
+  slot's second instance (``slotctl1-<slot>`` or ``slotctl-<slot>``) and switches the
+  Service to it; everything here acts on the *serving* instance
+  (:meth:`~controller.runtime.kubernetes.cache.ClusterCache.serving`: the one the
+  Service names) and counts only its pods.
 
 ``stop`` scales a running slot to 0 and waits for its pod to go — a terminating pod
 (``deletionTimestamp`` set) counts as still there; after the stop's timeout + the pod's
@@ -47,6 +53,7 @@ import os
 from typing import Any
 
 import httpx2
+from lightkube import AsyncClient
 from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.core_v1 import Pod, Service
 from lightkube.types import PatchType
@@ -72,6 +79,9 @@ from controller.runtime.kubernetes.spec import (
     PULL_ENV,
     check_launch,
     deployment_body,
+    instance_name,
+    instance_of,
+    labelled,
     object_name,
     observe,
     ours,
@@ -83,6 +93,7 @@ from controller.runtime.kubernetes.spec import (
     terminating,
     unschedulable,
 )
+from controller.runtime.kubernetes.surge import KubernetesSurge
 
 __all__ = ["KubernetesRuntime"]
 
@@ -93,6 +104,11 @@ class KubernetesRuntime(KubernetesApi):
     """Runtime for servers run as pods of per-slot Deployments (see module docstring)."""
 
     kind = RuntimeKind.KUBERNETES
+
+    def __init__(self, client: AsyncClient | None = None, **options: Any) -> None:
+        super().__init__(client, **options)
+        # the surge capability (controller.runtime.surging): a second instance of a slot
+        self.surge = KubernetesSurge(self, self)
 
     # ------------------------------------------------------------------ observing
 
@@ -113,7 +129,7 @@ class KubernetesRuntime(KubernetesApi):
                 return Observed(slot=slot, status=RunStatus.MISSING)
             return self._observe(slot, deployment)
 
-        return await self._call("inspect", slot, look)
+        return await self.call("inspect", slot, look)
 
     async def list_managed(self) -> list[Observed]:
         async def look() -> list[Observed]:
@@ -122,15 +138,16 @@ class KubernetesRuntime(KubernetesApi):
                 labels = (dep.metadata.labels if dep.metadata else None) or {}
                 slot = labels.get(SLOT_LABEL, "")
                 name = dep.metadata.name if dep.metadata else None
-                if slot and name == object_name(slot) and owned(labels, slot, self.owner):
+                serving = slot and name == instance_name(slot, self.cache.serving(slot))
+                if serving and owned(labels, slot, self.owner):
                     found.append(self._observe(slot, dep))
             return sorted(found, key=lambda o: o.slot)
 
-        return await self._call("list", None, look)
+        return await self.call("list", None, look)
 
     async def logs(self, slot: str, tail: int = 100) -> list[str]:
         async def read() -> list[str]:
-            pods = sorted(self.cache.slot_pods(slot), key=terminating)  # the live one first
+            pods = sorted(self.cache.serving_pods(slot), key=terminating)  # the live one first
             if not pods or pods[0].metadata is None or not pods[0].metadata.name:
                 return []
             lines = []
@@ -146,7 +163,7 @@ class KubernetesRuntime(KubernetesApi):
             return lines
 
         try:
-            return await self._call("read logs of", slot, read)
+            return await self.call("read logs of", slot, read)
         except SlotctlError as exc:  # a pod not started yet has no log: nothing to show
             log.debug("logs of slot %s: %s", slot, exc.message)
             return []
@@ -165,13 +182,13 @@ class KubernetesRuntime(KubernetesApi):
         if launch.pull is None:
             return
         check_launch(launch)
-        async with self._lock(launch.slot):
-            await self._call("pull the model of", launch.slot, lambda: self._pull(launch, progress))
+        async with self.lock(launch.slot):
+            await self.call("pull the model of", launch.slot, lambda: self._pull(launch, progress))
 
     async def _pull(self, launch: LaunchSpec, progress: ProgressCallback | None) -> None:
         slot = launch.slot
-        deployment: Deployment | None = await self._confirmed(Deployment, slot)
-        service: Service | None = await self._confirmed(Service, slot)
+        deployment: Deployment | None = await self.confirmed(Deployment, slot)
+        service: Service | None = await self.confirmed(Service, slot)
         foreign = next((o for o in (deployment, service) if not ours(o, slot, self.owner)), None)
         if foreign is not None:
             raise SlotSpawnFailed(
@@ -179,16 +196,19 @@ class KubernetesRuntime(KubernetesApi):
                 f"name {object_name(slot)} in {self.namespace}: remove or rename it",
                 slot=slot,
             )
-        body = self._deployment(launch)
+        instance = self.cache.serving(slot)
+        body = self.deployment_for(launch, instance)
         try:
             self.drift.intend(slot, body)
-            await self._apply(body)
-            await self._wait_pulled(launch, progress)
+            await self.apply(body)
+            await self._wait_pulled(launch, progress, instance)
         except BaseException:  # a failed pull, a cancelled load: no pod left behind
             await self._scale_down_after_failure(slot)
             raise
 
-    async def _wait_pulled(self, launch: LaunchSpec, progress: ProgressCallback | None) -> None:
+    async def _wait_pulled(
+        self, launch: LaunchSpec, progress: ProgressCallback | None, instance: str
+    ) -> None:
         """Until the pod of this config has pulled its model (woken by the caches' events)."""
         loop = asyncio.get_running_loop()
         began = loop.time()
@@ -198,7 +218,7 @@ class KubernetesRuntime(KubernetesApi):
         while True:
             pods = [
                 p
-                for p in self.cache.slot_pods(slot)
+                for p in self.cache.slot_pods(slot, instance)
                 if not terminating(p)
                 and ((p.metadata.annotations if p.metadata else None) or {}).get(HASH_LABEL)
                 == wanted
@@ -243,13 +263,13 @@ class KubernetesRuntime(KubernetesApi):
 
     async def start(self, launch: LaunchSpec) -> Observed:
         check_launch(launch)
-        async with self._lock(launch.slot):
-            return await self._call("start", launch.slot, lambda: self._start(launch))
+        async with self.lock(launch.slot):
+            return await self.call("start", launch.slot, lambda: self._start(launch))
 
     async def _start(self, launch: LaunchSpec) -> Observed:
         slot, name = launch.slot, object_name(launch.slot)
-        deployment: Deployment | None = await self._confirmed(Deployment, slot)
-        service: Service | None = await self._confirmed(Service, slot)
+        deployment: Deployment | None = await self.confirmed(Deployment, slot)
+        service: Service | None = await self.confirmed(Service, slot)
         foreign = next((o for o in (deployment, service) if not ours(o, slot, self.owner)), None)
         if foreign is not None:
             raise SlotSpawnFailed(
@@ -258,7 +278,8 @@ class KubernetesRuntime(KubernetesApi):
                 "its labels: remove or rename it",
                 slot=slot,
             )
-        body = self._deployment(launch)
+        instance = self.cache.serving(slot)
+        body = self.deployment_for(launch, instance)
         exists = deployment is not None
         try:
             if deployment is not None:
@@ -269,20 +290,22 @@ class KubernetesRuntime(KubernetesApi):
                     and current.config_hash == launch.config_hash()
                     and node in (None, current.node)
                 ):
-                    await self._ensure_service(launch, service)
+                    await self._ensure_service(launch, service, instance, labelled(deployment))
                     self.drift.intend(slot, body)
                     return current  # adopted: the same config already runs
             self.drift.intend(slot, body)
-            await self._apply(body)
+            await self.apply(body)
             exists = True
-            await self._ensure_service(launch, service)
-            return await self._wait_running(launch)
+            await self._ensure_service(launch, service, instance, True)
+            return await self.wait_running(launch, instance)
         except BaseException:  # an API error, a refused start, a cancellation: re-raised
             if exists:
                 await self._scale_down_after_failure(slot)
             raise
 
-    def _deployment(self, launch: LaunchSpec) -> dict[str, Any]:
+    def deployment_for(
+        self, launch: LaunchSpec, instance: str = "0", surge: bool = False
+    ) -> dict[str, Any]:
         return deployment_body(
             launch,
             self.namespace,
@@ -291,6 +314,8 @@ class KubernetesRuntime(KubernetesApi):
             owner=self.owner,
             cache=self.model_cache,
             pull_env={k: os.environ[k] for k in PULL_ENV if os.environ.get(k)},
+            instance=instance,
+            surge=surge,
         )
 
     async def _scale_down_after_failure(self, slot: str) -> None:
@@ -309,26 +334,39 @@ class KubernetesRuntime(KubernetesApi):
             return resources[node]
         return self.gpu_resource
 
-    async def _ensure_service(self, launch: LaunchSpec, service: Service | None) -> None:
+    async def _ensure_service(
+        self, launch: LaunchSpec, service: Service | None, instance: str, by_instance: bool
+    ) -> None:
+        """The Service in front of ``instance`` (applied when it is missing, has another
+        port or names another instance)."""
+        body = service_body(
+            launch, self.namespace, self.owner, instance=instance, by_instance=by_instance
+        )
         ports = [
             (p.port, p.targetPort)
             for p in ((service.spec.ports if service.spec else None) or [] if service else [])
         ]
-        if service is None or ports != [(launch.port, launch.port)]:
-            await self._apply(service_body(launch, self.namespace, self.owner))
+        selector = (service.spec.selector if service and service.spec else None) or {}
+        if (
+            service is None
+            or ports != [(launch.port, launch.port)]
+            or selector != body["spec"]["selector"]
+        ):
+            await self.apply(body)
 
-    async def _wait_running(self, launch: LaunchSpec) -> Observed:
-        """Until the pod of this config runs with an IP; the scheduler's or the kubelet's
-        verdict when it cannot (unschedulable for too long, failed, a container in
-        CrashLoopBackOff or unable to pull its image, timed out). Woken by the caches'
-        events. The caller scales the Deployment back to 0 when this raises."""
+    async def wait_running(self, launch: LaunchSpec, instance: str) -> Observed:
+        """Until the pod of this config (of the slot's ``instance``) runs with an IP; the
+        scheduler's or the kubelet's verdict when it cannot (unschedulable for too long,
+        failed, a container in CrashLoopBackOff or unable to pull its image, timed out).
+        Woken by the caches' events. The caller scales the Deployment back to 0 when
+        this raises."""
         loop = asyncio.get_running_loop()
         began = loop.time()
         slot, wanted = launch.slot, launch.config_hash()
         pending: tuple[float, str] | None = None  # since, the scheduler's reason
         seen = False  # the cache may not have the Deployment just applied yet
         while True:
-            deployment = self.cache.deployment(slot)
+            deployment = self.cache.instance(slot, instance)
             if deployment is None and seen:
                 raise SlotSpawnFailed(
                     f"cannot start slot {slot!r}: its Deployment was deleted meanwhile",
@@ -346,7 +384,7 @@ class KubernetesRuntime(KubernetesApi):
                 continue
             pods = [
                 p
-                for p in self.cache.slot_pods(slot)
+                for p in self.cache.slot_pods(slot, instance)
                 if not terminating(p)
                 and ((p.metadata.annotations if p.metadata else None) or {}).get(HASH_LABEL)
                 == wanted
@@ -400,11 +438,15 @@ class KubernetesRuntime(KubernetesApi):
         the field), else a merge patch of ``spec.replicas``."""
         body = self.drift.rescale(slot, replicas)
         if body is not None:
-            await self._apply(body)
+            await self.apply(body)
             return
+        await self.scale_instance(slot, self.cache.serving(slot), replicas)
+
+    async def scale_instance(self, slot: str, instance: str, replicas: int) -> None:
+        """A merge patch of one instance's ``spec.replicas``."""
         await self._client().patch(
             Deployment,
-            object_name(slot),
+            instance_name(slot, instance),
             {"spec": {"replicas": replicas}},
             namespace=self.namespace,
             patch_type=PatchType.MERGE,
@@ -413,8 +455,8 @@ class KubernetesRuntime(KubernetesApi):
     # ------------------------------------------------------------------ stopping
 
     async def stop(self, slot: str, timeout: float) -> Observed:
-        async with self._lock(slot):
-            return await self._call("stop", slot, lambda: self._stop(slot, timeout))
+        async with self.lock(slot):
+            return await self.call("stop", slot, lambda: self._stop(slot, timeout))
 
     async def _stop(self, slot: str, timeout: float) -> Observed:
         deployment = self.cache.deployment(slot)
@@ -422,7 +464,8 @@ class KubernetesRuntime(KubernetesApi):
             await self._delete_service(slot)
             self.drift.forget(slot)
             return Observed(slot=slot, status=RunStatus.MISSING)
-        pods = self.cache.slot_pods(slot)
+        instance = instance_of(deployment)
+        pods = self.cache.slot_pods(slot, instance)
         observed = self._observe(slot, deployment, pods)
         if not observed.managed:
             return observed  # reported, never touched
@@ -431,17 +474,19 @@ class KubernetesRuntime(KubernetesApi):
             # Already unloaded: a stop now is the cleanup of a slot nobody declares.
             self.drift.forget(slot)
             with contextlib.suppress(httpx2.HTTPStatusError):
-                await self._client().delete(Deployment, object_name(slot), namespace=self.namespace)
+                await self._client().delete(
+                    Deployment, instance_name(slot, instance), namespace=self.namespace
+                )
             await self._delete_service(slot)
             return Observed(slot=slot, status=RunStatus.EXITED, message="Deployment removed")
         if replicas:
             await self._scale(slot, 0)
         # The kubelet sends SIGTERM, then SIGKILL after the pod's grace period.
         wait = max(timeout, self.termination_grace_s) + self.stop_grace_s
-        if not await self._pods_gone(slot, wait):
+        if not await self.pods_gone(slot, instance, wait):
             raise SlotTerminateTimeout(
-                f"slot {slot!r}: the pod of {object_name(slot)} is still there {wait:g}s "
-                "after the Deployment was scaled to 0",
+                f"slot {slot!r}: the pod of {instance_name(slot, instance)} is still there "
+                f"{wait:g}s after the Deployment was scaled to 0",
                 slot=slot,
             )
         return Observed(
@@ -454,13 +499,14 @@ class KubernetesRuntime(KubernetesApi):
             message="scaled to 0",
         )
 
-    async def _pods_gone(self, slot: str, timeout: float) -> bool:
-        """Until the slot's pods are gone (woken by the pods' events); a pod on a node
-        that is not ready is deleted with grace 0 (no kubelet there to stop it)."""
+    async def pods_gone(self, slot: str, instance: str, timeout: float) -> bool:
+        """Until the pods of the slot's ``instance`` are gone (woken by the pods'
+        events); a pod on a node that is not ready is deleted with grace 0 (no kubelet
+        there to stop it)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         deleted: set[str] = set()
-        while pods := self.cache.slot_pods(slot):
+        while pods := self.cache.slot_pods(slot, instance):
             await self._release_lost(pods, deleted)
             left = deadline - loop.time()
             if left <= 0:

@@ -4,12 +4,17 @@ names and labels, the Deployment and Service bodies, and the
 (the nodes' memory budgets are :mod:`controller.runtime.kubernetes.nodes`).
 
 * **objects**: one Deployment per slot (``replicas`` 1 while loaded, 0 once unloaded,
-  strategy ``Recreate``: never two servers of one slot) and one Service selecting its
-  pod, in the runtime's namespace. Labels ``slotctl.managed=true``, ``slotctl.slot``,
-  ``slotctl.stack``, ``slotctl.config-hash``; the config hash (again) and the port as
-  annotations. An object with a slot's
-  name but without those labels is reported (``Observed(managed=False)``) and never
-  patched, scaled or deleted; a labelled Deployment that runs the same config is
+  strategy ``Recreate``: its own pod is replaced, never doubled) and one Service selecting
+  its pod, in the runtime's namespace. A surge rollout runs a second *instance* of the
+  slot beside the first (:mod:`controller.runtime.kubernetes.surge`): instance ``0`` is
+  the Deployment ``slotctl-<slot>``, instance ``1`` the Deployment ``slotctl1-<slot>``
+  (a name no slot's own objects can take); each pod carries its instance in the label
+  ``slotctl.instance``, and the Service names the instance that serves (its selector and
+  its ``slotctl.instance`` annotation: the switch is one write). Labels
+  ``slotctl.managed=true``, ``slotctl.slot``, ``slotctl.stack``, ``slotctl.config-hash``;
+  the config hash (again) and the port as annotations. An object with a slot's name but
+  without those labels is reported (``Observed(managed=False)``) and never patched,
+  scaled or deleted; a labelled Deployment that runs the same config is
   adopted (no second pod after an operator restart);
 * **placement**: GPUs as extended resources (``nvidia.com/gpu`` or ``amd.com/gpu``, the
   slot's ``gpus`` of them), the slot's ``node`` as a ``nodeSelector``
@@ -60,6 +65,13 @@ from controller.runtime.base import (
 from controller.runtime.kubernetes.nodes import GPU_RESOURCES
 
 OBJECT_PREFIX: Final = "slotctl-"
+# The second instance of a slot (a surge's new server, or the old one a surge replaced):
+# "slotctl1-" + the slot, never "slotctl-" + another slot's name.
+SECOND_PREFIX: Final = "slotctl1-"
+INSTANCE_LABEL: Final = "slotctl.instance"  # a pod's instance: "0" or "1"
+INSTANCES: Final = ("0", "1")
+# On a Deployment: the instance a surge started and the Service does not serve yet.
+SURGE_ANNOTATION: Final = "slotctl.surge"
 PORT_ANNOTATION: Final = "slotctl.port"
 HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
 CONTAINER: Final = "server"
@@ -95,6 +107,40 @@ LOST_TOLERATION_S: Final = 30
 
 def object_name(slot: str) -> str:
     return f"{OBJECT_PREFIX}{slot}"
+
+
+def instance_name(slot: str, instance: str = "0") -> str:
+    """The Deployment of ``slot``'s instance ``0`` (``slotctl-<slot>``) or ``1``."""
+    return object_name(slot) if instance == "0" else f"{SECOND_PREFIX}{slot}"
+
+
+def other(instance: str) -> str:
+    return "1" if instance == "0" else "0"
+
+
+def instance_of(obj: Deployment | Pod) -> str:
+    """A Deployment's instance (by its name), a pod's (its label; none: ``0``, a pod of
+    a Deployment made before instances were labelled)."""
+    meta = obj.metadata
+    if isinstance(obj, Deployment):
+        name = (meta.name if meta else None) or ""
+        return "1" if name.startswith(SECOND_PREFIX) else "0"
+    labels = (meta.labels if meta else None) or {}
+    return "1" if labels.get(INSTANCE_LABEL) == "1" else "0"
+
+
+def surging(deployment: Deployment | None) -> bool:
+    """A Deployment a surge started and no promotion took up yet."""
+    meta = deployment.metadata if deployment is not None else None
+    return bool(meta and (meta.annotations or {}).get(SURGE_ANNOTATION) == "true")
+
+
+def labelled(deployment: Deployment | None) -> bool:
+    """Its pods carry their instance label (a Deployment made before instances, adopted
+    and never re-applied since, has pods without it: its Service selects by slot)."""
+    spec = deployment.spec if deployment is not None else None
+    template = spec.template.metadata if spec and spec.template else None
+    return bool(template and INSTANCE_LABEL in (template.labels or {}))
 
 
 def check_launch(launch: LaunchSpec) -> None:
@@ -144,8 +190,11 @@ def _labels(launch: LaunchSpec) -> dict[str, str]:
     return launch.labels()
 
 
-def _selector(slot: str) -> dict[str, str]:
-    return {MANAGED_LABEL: "true", SLOT_LABEL: slot}
+def _selector(slot: str, instance: str | None = None) -> dict[str, str]:
+    """A Deployment's selector (immutable: instance ``0``'s is the slot's alone, as it
+    was before instances) or a Service's (the serving instance's pods only)."""
+    base = {MANAGED_LABEL: "true", SLOT_LABEL: slot}
+    return base if instance is None else {**base, INSTANCE_LABEL: instance}
 
 
 def _volumes(mounts: Sequence[Mount]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -243,8 +292,11 @@ def deployment_body(
     owner: str = DEFAULT_OWNER,
     cache: ModelCache | None = None,
     pull_env: Mapping[str, str] | None = None,
+    instance: str = "0",
+    surge: bool = False,
 ) -> dict[str, Any]:
-    """The Deployment that runs ``launch`` (pure; a merge patch of it updates one)."""
+    """The Deployment that runs ``launch`` as the slot's ``instance`` (pure; a merge patch
+    of it updates one); ``surge``: a surge's new instance, not serving yet."""
     if launch.device == "npu":
         raise SlotSpawnFailed(
             f"slot {launch.slot!r}: the kubernetes runtime has no extended resource for an "
@@ -283,21 +335,26 @@ def deployment_body(
         "affinity": _affinity(placed_node(launch)),
         "tolerations": _tolerations(gpu_resource if gpu else None),
     }
+    meta_annotations = {**annotations, **({SURGE_ANNOTATION: "true"} if surge else {})}
+    selector = _selector(launch.slot, None if instance == "0" else instance)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": {
-            "name": object_name(launch.slot),
+            "name": instance_name(launch.slot, instance),
             "namespace": namespace,
             "labels": {**_labels(launch), OWNER_LABEL: owner},
-            "annotations": annotations,
+            "annotations": meta_annotations,
         },
         "spec": {
             "replicas": replicas,
             "strategy": {"type": "Recreate", "rollingUpdate": None},
-            "selector": {"matchLabels": _selector(launch.slot)},
+            "selector": {"matchLabels": selector},
             "template": {
-                "metadata": {"labels": _labels(launch), "annotations": annotations},
+                "metadata": {
+                    "labels": {**_labels(launch), INSTANCE_LABEL: instance},
+                    "annotations": annotations,
+                },
                 "spec": pod_spec,
             },
         },
@@ -340,8 +397,17 @@ def _tolerations(gpu_resource: str | None) -> list[dict[str, Any]]:
     return gpu + lost
 
 
-def service_body(launch: LaunchSpec, namespace: str, owner: str = DEFAULT_OWNER) -> dict[str, Any]:
-    """The Service in front of the slot's pod: a stable in-cluster name for its port."""
+def service_body(
+    launch: LaunchSpec,
+    namespace: str,
+    owner: str = DEFAULT_OWNER,
+    *,
+    instance: str = "0",
+    by_instance: bool = True,
+) -> dict[str, Any]:
+    """The Service in front of the slot's serving pod: a stable in-cluster name for its
+    port. It names the serving ``instance`` (an annotation, and its selector unless
+    ``by_instance`` is False: pods made before instances were labelled)."""
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -349,11 +415,37 @@ def service_body(launch: LaunchSpec, namespace: str, owner: str = DEFAULT_OWNER)
             "name": object_name(launch.slot),
             "namespace": namespace,
             "labels": {**_labels(launch), OWNER_LABEL: owner},
-            "annotations": {PORT_ANNOTATION: str(launch.port)},
+            "annotations": {PORT_ANNOTATION: str(launch.port), INSTANCE_LABEL: instance},
         },
         "spec": {
-            "selector": _selector(launch.slot),
+            "selector": _selector(launch.slot, instance if by_instance else None),
             "ports": [{"name": "http", "port": launch.port, "targetPort": launch.port}],
+        },
+    }
+
+
+def switched_service(deployment: Deployment, namespace: str) -> dict[str, Any]:
+    """The Service of ``deployment``'s slot serving that Deployment's instance (pure): its
+    labels and port read from the Deployment (as :func:`service_body` wrote them from the
+    launch)."""
+    meta = deployment.metadata
+    labels = dict((meta.labels if meta else None) or {})
+    annotations = (meta.annotations if meta else None) or {}
+    port = int(annotations.get(PORT_ANNOTATION, "0") or 0)
+    slot = labels.get(SLOT_LABEL, "")
+    instance = instance_of(deployment)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": object_name(slot),
+            "namespace": namespace,
+            "labels": labels,
+            "annotations": {PORT_ANNOTATION: str(port), INSTANCE_LABEL: instance},
+        },
+        "spec": {
+            "selector": _selector(slot, instance),
+            "ports": [{"name": "http", "port": port, "targetPort": port}],
         },
     }
 
@@ -504,14 +596,18 @@ def observe(
     lost: Mapping[str, str] | None = None,
 ) -> Observed:
     """A slot's Deployment and pods as an :class:`Observed` (pure): one without this
-    owner's labels is reported ``managed=False``; else the pod to talk to (running, of
+    owner's labels is reported ``managed=False``; else the pod to talk to (of the
+    Deployment's own instance; running, of
     the wanted config first; terminating ones only counted). A pod on a node in ``lost``
     (node -> why: not ready for too long) does not run, whatever its status says."""
     meta = deployment.metadata
     labels = (meta.labels if meta else None) or {}
     annotations = (meta.annotations if meta else None) or {}
     replicas = (deployment.spec.replicas if deployment.spec else None) or 0
-    ident = f"deployment/{object_name(slot)}"
+    name = (meta.name if meta else None) or object_name(slot)
+    ident = f"deployment/{name}"
+    mine = instance_of(deployment)
+    pods = [p for p in pods if instance_of(p) == mine]  # the other instance's are not its
     if not owned(labels, slot, owner):
         return Observed(
             slot=slot,
@@ -519,7 +615,7 @@ def observe(
             ident=ident,
             managed=False,
             message=(
-                f"Deployment {object_name(slot)} in {namespace} is not managed by "
+                f"Deployment {name} in {namespace} is not managed by "
                 f"this controller (no {MANAGED_LABEL}=true / {SLOT_LABEL}={slot} / "
                 f"{OWNER_LABEL}={owner} labels): "
                 "it is left untouched; remove or rename it to free the slot's name"
