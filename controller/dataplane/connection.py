@@ -29,6 +29,7 @@ from controller.router.aliases import model_entries
 from controller.router.call import RoutedCall, record_unserved
 from controller.router.context import CLIENT_CLOSED, RouterContext
 from controller.router.hosts import HostPolicy
+from controller.router.memo import RouteMemo
 from controller.router.refusals import Refusal
 
 __all__ = ["Connection", "Fallback", "Plane"]
@@ -113,6 +114,7 @@ class Connection(asyncio.Protocol):
         "keep",
         "key",
         "looping",
+        "memo",
         "old",
         "paused",
         "pending",
@@ -172,6 +174,9 @@ class Connection(asyncio.Protocol):
         # again. The API token's admin; a key's principal with its hold, recognised again
         # by the key ring while keys.json is unchanged and the key unexpired.
         self.token: tuple[bytes | None, bytes | None, Principal, KeyHold | None] | None = None
+        # What the last routed request decided (its requester and its slot), with what it
+        # was decided from: the next one's, when those are the same (router/memo.py).
+        self.memo = RouteMemo()
         # aiohttp's protocol for this connection (made at its first request), and whether
         # it answered the request passed to it while its body was still being passed.
         self.aiohttp: Fallback | None = None
@@ -492,7 +497,7 @@ class Connection(asyncio.Protocol):
             self._done(keep=head.keep)
             return
         call = self.call = RoutedCall(
-            plane.ctx, principal, head.kind, head.forms, head.arg, self.active
+            plane.ctx, principal, head.kind, head.forms, head.arg, self.active, self.memo
         )
         plane.in_flight += 1
         self.keep, self.old, self.reason, self.retried = head.keep, head.old, None, False

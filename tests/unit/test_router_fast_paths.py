@@ -258,12 +258,12 @@ async def test_upstream_of_and_routing_answer_as_the_seams_they_fold(tmp_path: P
     assert m.upstream_of("a") == folded("a") and m.upstream_of("a")[1] == "a"
     with pytest.raises(SlotNotFound):
         m.upstream_of("nope")
-    assert m.routing() == (m.settings, m.models, m.aliases, m.adapters)
+    assert m.routing()[:4] == (m.settings, m.models, m.aliases, m.adapters)
     m.set_models({"x": model_spec("x", 1)})
     m.set_aliases({})
     m.set_adapters({})
     m.settings = m.settings.model_copy(update={"memory_budget_gb": {"gpu": 0.5}})
-    settings, models, aliases, adapters = m.routing()
+    settings, models, aliases, adapters, _ = m.routing()
     assert settings is m.settings and models is m.models and set(models) == {"x"}
     assert aliases is m.aliases and adapters == m.adapters
 
