@@ -133,32 +133,28 @@ class RoutedCall:
     invalid audio path, refused with ``path``), ``forms`` whether it reads a multipart
     form's ``model``."""
 
-    __slots__ = (
-        "adapter",
-        "alias",
-        "body",
-        "content_type",
-        "counted",
-        "ctx",
-        "forms",
-        "group",
-        "hold",
-        "keyed",
-        "kind",
-        "lease",
-        "memo",
-        "model",
-        "path",
-        "pending",
-        "phase",
-        "principal",
-        "slot",
-        "started",
-        "status",
-        "tail",
-        "waited",
-        "who",
-    )
+    # What every call starts with, as class attributes: __init__ writes only what differs
+    # from call to call (each store a few bytecodes of every request; docs/performance.md,
+    # the router), a call's own value shadowing its class' once written.
+    phase: Phase = _BEGUN
+    who: Requester | None = None  # the key and the class it waits in
+    model = ""  # the model served (an alias': its member)
+    alias = ""  # the alias the request named
+    adapter = ""  # the LoRA adapter the request named (``model``: its base)
+    hold: AdapterHold | None = None  # the adapter held in the leased slot
+    slot = ""
+    status = 0
+    lease: Lease | None = None
+    pending: Pending | None = None
+    counted = False  # in the key's limits until finish
+    waited: float | None = None  # seconds it waited for its lease (None: no wait)
+    # A key's call keeps the last bytes of its answer, where a server reports ``usage``
+    # (None: not kept: the API token's calls, which no key's figures count).
+    tail: bytearray | None = None
+    keyed = False  # a key's call (its usage counted for it)
+    group = ""  # the leased slot is a replica of this slot (its tokens counted)
+    content_type = ""
+    body = b""
 
     def __init__(
         self,
@@ -171,31 +167,12 @@ class RoutedCall:
         memo: RouteMemo | None = None,
     ) -> None:
         self.ctx = ctx
-        self.memo = memo  # the connection's last route (router/memo.py; None: none kept)
         self.principal = principal  # who asks (the key; the token's admin)
         self.kind = kind
         self.forms = forms
         self.path = path
         self.started = time.monotonic() if started is None else started
-        self.phase = _BEGUN
-        self.who: Requester | None = None  # the key and the class it waits in
-        self.model = ""  # the model served (an alias': its member)
-        self.alias = ""  # the alias the request named
-        self.adapter = ""  # the LoRA adapter the request named (``model``: its base)
-        self.hold: AdapterHold | None = None  # the adapter held in the leased slot
-        self.slot = ""
-        self.status = 0
-        self.lease: Lease | None = None
-        self.pending: Pending | None = None
-        self.counted = False  # in the key's limits until finish
-        self.waited: float | None = None  # seconds it waited for its lease (None: no wait)
-        # A key's call keeps the last bytes of its answer, where a server reports ``usage``
-        # (None: not kept: the API token's calls, which no key's figures count).
-        self.tail: bytearray | None = None
-        self.keyed = False  # a key's call (its usage counted for it)
-        self.group = ""  # the leased slot is a replica of this slot (its tokens counted)
-        self.content_type = ""
-        self.body = b""
+        self.memo = memo  # the connection's last route (router/memo.py; None: none kept)
 
     def _move(self, to: Phase) -> None:
         if to not in _NEXT[self.phase]:
@@ -502,19 +479,30 @@ class RoutedCall:
             return
         try:
             who = self.who
-            recorder.call_done(  # an adapter's requests counted as its own model's
-                self.slot,
-                self.adapter or self.model,
-                self.status,
-                time.monotonic() - self.started,
-                who.key if who is not None else None,
-                who.cls if who is not None else "",
-                self.waited,
-            )
-            if who is not None:
-                used = usage_of(self.tail) if self.tail and self.keyed else None
-                if used is not None:
-                    recorder.key_tokens(who.key, who.cls, *used)
+            if who is None:  # no requester: the request series only
+                recorder.call_done(
+                    self.slot,
+                    self.adapter or self.model,
+                    self.status,
+                    time.monotonic() - self.started,
+                    None,
+                    "",
+                    self.waited,
+                )
+            else:
+                recorder.call_done(  # an adapter's requests counted as its own model's
+                    self.slot,
+                    self.adapter or self.model,
+                    self.status,
+                    time.monotonic() - self.started,
+                    who.key,
+                    who.cls,
+                    self.waited,
+                )
+                if self.keyed and self.tail:
+                    used = usage_of(self.tail)
+                    if used is not None:
+                        recorder.key_tokens(who.key, who.cls, *used)
             if self.group and self.tail:
                 cached = cached_of(self.tail)
                 if cached is not None:
