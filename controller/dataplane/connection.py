@@ -504,8 +504,7 @@ class Connection(asyncio.Protocol):
         self.target, self.forward = head.target, head.forward
         self.state = _LEASING
         try:
-            asked = head.priority.decode("latin-1") if head.priority is not None else None
-            if not call.begin(asked, head.content_type, body):
+            if not call.begin(head.asked, head.content_type, body):
                 self.task = plane.loop.create_task(self._leasing(call))
                 return
             self._send(head)
