@@ -108,7 +108,7 @@ class Connection(asyncio.Protocol):
         "call",
         "chunked",
         "discard",
-        "forward",
+        "head",
         "head_at",
         "idle_s",
         "keep",
@@ -129,7 +129,6 @@ class Connection(asyncio.Protocol):
         "sent_for",
         "sse",
         "state",
-        "target",
         "task",
         "token",
         "told",
@@ -151,8 +150,9 @@ class Connection(asyncio.Protocol):
         self.upstream: Upstream | None = None  # its exchange, once sent
         self.keep = True  # the client keeps the connection after this request (llhttp's)
         self.old = False  # an HTTP/1.0 request: answered as 1.0
-        self.target = b""  # what the request asks of the upstream (path and query)
-        self.forward = b""  # the header lines passed upstream
+        # The routed request's head: its target (path and query) and the header lines
+        # passed upstream (None: none yet)
+        self.head: RequestHead | None = None
         self.key: tuple[str, int] = ("", 0)  # its upstream
         self.request: bytes | list[bytes] = b""  # what was sent there (again on a stale one)
         # The head of the last request sent upstream but its length, and what it was for
@@ -332,7 +332,7 @@ class Connection(asyncio.Protocol):
             self._refuse_body(head, 0)
             return
         body = reader.body
-        reader.head, reader.body, reader.over = None, b"", False  # reader.done(), in line
+        reader.head, reader.body = None, b""  # reader.done(), in line (``over``: False)
         self._start(head, body)
 
     def _admit(self, head: RequestHead, got: Got) -> bool:
@@ -501,7 +501,7 @@ class Connection(asyncio.Protocol):
         )
         plane.in_flight += 1
         self.keep, self.old, self.reason, self.retried = head.keep, head.old, None, False
-        self.target, self.forward = head.target, head.forward
+        self.head = head
         self.state = _LEASING
         try:
             if not call.begin(head.asked, head.content_type, body):
@@ -549,12 +549,14 @@ class Connection(asyncio.Protocol):
         else:
             key, host, prefix = out.address(endpoint)
             self.key = key
+            asked = self.head
+            assert asked is not None
             before = b"POST %s%s HTTP/1.1\r\nHost: %s\r\nContent-Length: " % (
                 prefix,
-                self.target,
+                asked.target,
                 host,
             )
-            after = self.forward + b"\r\n\r\n"
+            after = asked.forward + b"\r\n\r\n"
             self.sent_for = (head, endpoint, before, after) if head is not None else None
         size = len(body)
         request: bytes | list[bytes]
