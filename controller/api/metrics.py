@@ -107,6 +107,7 @@ _go_float = cast(Callable[[float], str], floatToGoString)  # the bound's text, a
 
 
 _STATUS_TEXTS: dict[int | str, str] = {}  # a status label's text, made once (twice a request)
+_CELLS_MAX: Final = 4096  # call_done's label sets kept (Metrics._cells_of)
 
 
 def _status_text(status: int | str) -> str:
@@ -257,6 +258,11 @@ class Metrics:
             registry=r,
         )
         self.requests = _RequestSeries()  # per request: plain updates, families at scrape
+        # call_done's series by its labels (_cells_of)
+        self._cells: dict[
+            tuple[str, str, int | str, str | None, str],
+            tuple[list[float], list[float], list[float] | None],
+        ] = {}
         r.register(self.requests)
         # One request counted in the series (call_done does it in line for the router).
         self.request_done = self.requests.done
@@ -428,30 +434,49 @@ class Metrics:
         :meth:`request_done` in line, and a request with a requester (``key`` not None)
         counted for its key and class: one call, where a request's code runs from cold
         caches and each function more it touches costs (docs/performance.md, the router)."""
+        cells = self._cells.get((slot, model, status, key, cls))
+        if cells is None:
+            cells = self._cells_of(slot, model, status, key, cls)
+        count, durations, found = cells
+        count[0] += 1
+        if seconds < 0.0:
+            seconds = 0.0
+        durations[bisect_left(REQUEST_BUCKETS, seconds)] += 1
+        durations[-2] += seconds
+        if found is None:
+            return
+        found[0] += 1.0
+        if waited is not None:
+            self.queue_wait.labels(cls).observe(max(0.0, waited))
+
+    def _cells_of(
+        self, slot: str, model: str, status: int | str, key: str | None, cls: str
+    ) -> tuple[list[float], list[float], list[float] | None]:
+        """The series :meth:`call_done` counts a request of these labels in: its request
+        count, its latency histogram, its key's request count (None: no requester). Made
+        at the first such request and kept (a series is never dropped), so each next one
+        is one dict lookup, not three."""
         text = _STATUS_TEXTS.get(status) or _status_text(status)
         series = self.requests
         values = (slot, model, text)
         count = series.counts.get(values)
         if count is None:
             count = series.counts[values] = [0, time.time()]
-        count[0] += 1
         durations = series.durations.get((slot, model))
         if durations is None:
             durations = series.new(slot, model)
-        if seconds < 0.0:
-            seconds = 0.0
-        durations[bisect_left(REQUEST_BUCKETS, seconds)] += 1
-        durations[-2] += seconds
-        if key is None:
-            return
-        counts = self.key_requests.counts
-        values = (key or "@token", cls, text)
-        found = counts.get(values)
-        if found is None:
-            found = counts[values] = [0.0, time.time()]
-        found[0] += 1.0
-        if waited is not None:
-            self.queue_wait.labels(cls).observe(max(0.0, waited))
+        found = None
+        if key is not None:
+            counts = self.key_requests.counts
+            labels = (key or "@token", cls, text)
+            found = counts.get(labels)
+            if found is None:
+                found = counts[labels] = [0.0, time.time()]
+        cells = self._cells
+        if len(cells) >= _CELLS_MAX:
+            cells.clear()
+        cells[(slot, model, status, key, cls)] = found_cells = (count, durations, found)
+        return found_cells
 
     def reconcile_pass(self, slot: str, seconds: float, ok: bool) -> None:
         """One reconcile pass finished (a reconciler pass observer)."""

@@ -29,6 +29,7 @@ from controller.router.aliases import model_entries
 from controller.router.call import RoutedCall, record_unserved
 from controller.router.context import CLIENT_CLOSED, RouterContext
 from controller.router.hosts import HostPolicy
+from controller.router.memo import RouteMemo
 from controller.router.refusals import Refusal
 
 __all__ = ["Connection", "Fallback", "Plane"]
@@ -107,12 +108,13 @@ class Connection(asyncio.Protocol):
         "call",
         "chunked",
         "discard",
-        "forward",
+        "head",
         "head_at",
         "idle_s",
         "keep",
         "key",
         "looping",
+        "memo",
         "old",
         "paused",
         "pending",
@@ -127,7 +129,6 @@ class Connection(asyncio.Protocol):
         "sent_for",
         "sse",
         "state",
-        "target",
         "task",
         "token",
         "told",
@@ -149,8 +150,9 @@ class Connection(asyncio.Protocol):
         self.upstream: Upstream | None = None  # its exchange, once sent
         self.keep = True  # the client keeps the connection after this request (llhttp's)
         self.old = False  # an HTTP/1.0 request: answered as 1.0
-        self.target = b""  # what the request asks of the upstream (path and query)
-        self.forward = b""  # the header lines passed upstream
+        # The routed request's head: its target (path and query) and the header lines
+        # passed upstream (None: none yet)
+        self.head: RequestHead | None = None
         self.key: tuple[str, int] = ("", 0)  # its upstream
         self.request: bytes | list[bytes] = b""  # what was sent there (again on a stale one)
         # The head of the last request sent upstream but its length, and what it was for
@@ -172,6 +174,9 @@ class Connection(asyncio.Protocol):
         # again. The API token's admin; a key's principal with its hold, recognised again
         # by the key ring while keys.json is unchanged and the key unexpired.
         self.token: tuple[bytes | None, bytes | None, Principal, KeyHold | None] | None = None
+        # What the last routed request decided (its requester and its slot), with what it
+        # was decided from: the next one's, when those are the same (router/memo.py).
+        self.memo = RouteMemo()
         # aiohttp's protocol for this connection (made at its first request), and whether
         # it answered the request passed to it while its body was still being passed.
         self.aiohttp: Fallback | None = None
@@ -327,7 +332,7 @@ class Connection(asyncio.Protocol):
             self._refuse_body(head, 0)
             return
         body = reader.body
-        reader.head, reader.body, reader.over = None, b"", False  # reader.done(), in line
+        reader.head, reader.body = None, b""  # reader.done(), in line (``over``: False)
         self._start(head, body)
 
     def _admit(self, head: RequestHead, got: Got) -> bool:
@@ -492,15 +497,14 @@ class Connection(asyncio.Protocol):
             self._done(keep=head.keep)
             return
         call = self.call = RoutedCall(
-            plane.ctx, principal, head.kind, head.forms, head.arg, self.active
+            plane.ctx, principal, head.kind, head.forms, head.arg, self.active, self.memo
         )
         plane.in_flight += 1
         self.keep, self.old, self.reason, self.retried = head.keep, head.old, None, False
-        self.target, self.forward = head.target, head.forward
+        self.head = head
         self.state = _LEASING
         try:
-            asked = head.priority.decode("latin-1") if head.priority is not None else None
-            if not call.begin(asked, head.content_type, body):
+            if not call.begin(head.asked, head.content_type, body):
                 self.task = plane.loop.create_task(self._leasing(call))
                 return
             self._send(head)
@@ -545,12 +549,14 @@ class Connection(asyncio.Protocol):
         else:
             key, host, prefix = out.address(endpoint)
             self.key = key
+            asked = self.head
+            assert asked is not None
             before = b"POST %s%s HTTP/1.1\r\nHost: %s\r\nContent-Length: " % (
                 prefix,
-                self.target,
+                asked.target,
                 host,
             )
-            after = self.forward + b"\r\n\r\n"
+            after = asked.forward + b"\r\n\r\n"
             self.sent_for = (head, endpoint, before, after) if head is not None else None
         size = len(body)
         request: bytes | list[bytes]

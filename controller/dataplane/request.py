@@ -110,6 +110,13 @@ class RequestHead:
     # The Host policy that let this head's fields through (its length is checked anew
     # each time): a kept-alive client's repeated head is not judged again.
     cleared: object = None
+    # X-Slotctl-Priority's value as the routed call takes it (made once a head: a
+    # kept-alive client's repeated head is recalled, not decoded again)
+    asked: str | None = None
+
+    def __post_init__(self) -> None:
+        priority = self.priority
+        self.asked = priority.decode("latin-1") if priority is not None else None
 
 
 @dataclass(slots=True, frozen=True)

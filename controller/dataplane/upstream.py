@@ -136,6 +136,7 @@ class Upstream(asyncio.Protocol):
     """One connection to a model server, one exchange at a time."""
 
     __slots__ = (
+        "_clean",
         "_complete",
         "_extra",
         "_interim",
@@ -182,6 +183,7 @@ class Upstream(asyncio.Protocol):
         self._keep = False  # llhttp's keep-alive verdict on the answer
         self._reset = False  # the connection ended with an error
         self._used = False  # an earlier exchange went over this connection
+        self._clean = False  # the last exchange ended as a whole recalled answer (send())
         self._paused = False
         self._recall: AnswerRecall | None = None  # the last answer head llhttp read, by its bytes
         self.recalled: AnswerRecall | None = None  # this answer's head, when it was that one
@@ -232,9 +234,11 @@ class Upstream(asyncio.Protocol):
         if found is None:
             self._parse(data)
             return
-        self.status, self.reason, self.fields, self.content_type, self._keep = recall.said
-        self.recalled = recall
-        self.codings = []
+        if self.recalled is not recall:  # (the same: what it said is set already; a
+            # parse in between drops ``recalled`` first)
+            self.status, self.reason, self.fields, self.content_type, self._keep = recall.said
+            self.recalled = recall
+            self.codings = []
         self.date = found.group("d") if recall.date is None else recall.date
         self._length = self.length = length = int(found.group("n"))
         self.framing = _SIZED if length else _NO_BODY
@@ -254,7 +258,7 @@ class Upstream(asyncio.Protocol):
         # _ended(), in line: its answer whole, back in the pool (or closed)
         if self._paused:
             self.resume_reading()
-        self._used = True
+        self._used = self._clean = True  # (send() has nothing of this exchange to reset)
         if self._keep and size == length and self.transport is not None:
             # pool.put's common case, in line: back among the idle connections
             pool = self._pool
@@ -418,8 +422,11 @@ class Upstream(asyncio.Protocol):
         assert transport is not None
         self._listener = listener
         self._phase = _WAITING
-        self._seen, self._complete, self._extra, self._told = 0, False, False, False
-        self._interim, self._left = False, 0
+        if self._clean:  # the last exchange a whole recalled answer: nothing to reset
+            self._clean = False
+        else:
+            self._seen, self._complete, self._extra, self._told = 0, False, False, False
+            self._interim, self._left = False, 0
         if isinstance(request, bytes):
             transport.write(request)
         else:

@@ -31,7 +31,7 @@ from __future__ import annotations
 import enum
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Final
 
 from controller.access.keys import Principal
@@ -49,6 +49,7 @@ from controller.router.context import (
     usage_of,
 )
 from controller.router.leasing import Pending, acquire_now, acquire_rest
+from controller.router.memo import RouteMemo
 from controller.router.refusals import (
     Refusal,
     model_not_found,
@@ -65,7 +66,7 @@ from controller.router.replicas import route_replicas
 from controller.router.selection import fitting, route
 from controller.slots.interfaces import RouterPort
 from controller.slots.records import AdapterHold, Lease, Requester
-from controller.spec.schema import ControllerSettings
+from controller.spec.schema import AdapterSpec, AliasSpec, ControllerSettings, ModelSpec
 
 __all__ = ["Phase", "RoutedCall", "record_unserved"]
 
@@ -132,31 +133,28 @@ class RoutedCall:
     invalid audio path, refused with ``path``), ``forms`` whether it reads a multipart
     form's ``model``."""
 
-    __slots__ = (
-        "adapter",
-        "alias",
-        "body",
-        "content_type",
-        "counted",
-        "ctx",
-        "forms",
-        "group",
-        "hold",
-        "keyed",
-        "kind",
-        "lease",
-        "model",
-        "path",
-        "pending",
-        "phase",
-        "principal",
-        "slot",
-        "started",
-        "status",
-        "tail",
-        "waited",
-        "who",
-    )
+    # What every call starts with, as class attributes: __init__ writes only what differs
+    # from call to call (each store a few bytecodes of every request; docs/performance.md,
+    # the router), a call's own value shadowing its class' once written.
+    phase: Phase = _BEGUN
+    who: Requester | None = None  # the key and the class it waits in
+    model = ""  # the model served (an alias': its member)
+    alias = ""  # the alias the request named
+    adapter = ""  # the LoRA adapter the request named (``model``: its base)
+    hold: AdapterHold | None = None  # the adapter held in the leased slot
+    slot = ""
+    status = 0
+    lease: Lease | None = None
+    pending: Pending | None = None
+    counted = False  # in the key's limits until finish
+    waited: float | None = None  # seconds it waited for its lease (None: no wait)
+    # A key's call keeps the last bytes of its answer, where a server reports ``usage``
+    # (None: not kept: the API token's calls, which no key's figures count).
+    tail: bytearray | None = None
+    keyed = False  # a key's call (its usage counted for it)
+    group = ""  # the leased slot is a replica of this slot (its tokens counted)
+    content_type = ""
+    body = b""
 
     def __init__(
         self,
@@ -166,6 +164,7 @@ class RoutedCall:
         forms: bool = False,
         path: str = "",
         started: float | None = None,
+        memo: RouteMemo | None = None,
     ) -> None:
         self.ctx = ctx
         self.principal = principal  # who asks (the key; the token's admin)
@@ -173,25 +172,7 @@ class RoutedCall:
         self.forms = forms
         self.path = path
         self.started = time.monotonic() if started is None else started
-        self.phase = _BEGUN
-        self.who: Requester | None = None  # the key and the class it waits in
-        self.model = ""  # the model served (an alias': its member)
-        self.alias = ""  # the alias the request named
-        self.adapter = ""  # the LoRA adapter the request named (``model``: its base)
-        self.hold: AdapterHold | None = None  # the adapter held in the leased slot
-        self.slot = ""
-        self.status = 0
-        self.lease: Lease | None = None
-        self.pending: Pending | None = None
-        self.counted = False  # in the key's limits until finish
-        self.waited: float | None = None  # seconds it waited for its lease (None: no wait)
-        # A key's call keeps the last bytes of its answer, where a server reports ``usage``
-        # (None: not kept: the API token's calls, which no key's figures count).
-        self.tail: bytearray | None = None
-        self.keyed = False  # a key's call (its usage counted for it)
-        self.group = ""  # the leased slot is a replica of this slot (its tokens counted)
-        self.content_type = ""
-        self.body = b""
+        self.memo = memo  # the connection's last route (router/memo.py; None: none kept)
 
     def _move(self, to: Phase) -> None:
         if to not in _NEXT[self.phase]:
@@ -213,73 +194,36 @@ class RoutedCall:
                 400, f"invalid audio endpoint {self.path!r}", code="invalid_request_error"
             )
         manager = ctx.manager
-        settings, models, aliases, adapters = manager.routing()
-        if principal is not None:  # _WHO.of's common case, in line (see below)
-            who = _WHO
-            found = (
-                who.by.get((principal.id, principal.name, principal.priority, asked))
-                if settings is who.settings
-                else None
-            )
-            self.who = found if found is not None else who.of(settings, principal, asked)
-        model = model_of(content_type, body, self.forms)
-        self.content_type, self.body = content_type, body
-        alias = aliases.get(model) if aliases else None
-        adapter = None
-        if model not in models and alias is None:
-            try:
-                adapter = named_adapter(manager, model)
-            except SlotctlError as exc:
-                report_refusal(ctx, exc, model)
-                raise slot_refusal(exc) from None
-        served: Sequence[str]
+        routing = manager.routing()
+        memo = self.memo
         candidates: Sequence[str]
-        if alias is not None and model not in models:  # (a model's id wins)
-            model, served = alias_candidates(ctx, principal, alias, kind)
-            self.alias = alias.id
-            candidates, refused = fitting(manager, served, kind)
-        elif adapter is not None:  # a slot of its base that can serve it, holders first
-            if principal is not None and principal.models and not principal.may_use(adapter.id):
-                raise model_refused(principal, adapter.id)
-            self.adapter, model = adapter.id, adapter.base
-            served = manager.adapter_slots(adapter.id)
-            if not served:  # declared, but no slot of its base can hold adapters
-                error = AdapterNotFound(
-                    f"adapter {adapter.id!r} is declared but no slot of {adapter.base!r} "
-                    "serves adapters (max_loras, or a slot's adapters)",
-                    adapter=adapter.id,
-                )
-                report_refusal(ctx, error, adapter.id)
-                raise slot_refusal(error)
-            candidates, refused = fitting(manager, served, kind)
+        if (
+            memo is not None
+            and memo.routing == routing
+            and memo.principal is principal
+            and memo.asked == asked
+        ):  # the connection's last request's requester (router/memo.py)
+            self.who = memo.who
+            model = model_of(content_type, body, self.forms)
+            self.content_type, self.body = content_type, body
+            if model == memo.model and kind == memo.kind:  # and its route
+                candidates = memo.candidates
+                self.model = model
+            else:
+                candidates = self._decide(asked, model, routing)
         else:
-            served, candidates, refused = route(manager, model, kind)
-        if not self.adapter and adapters:  # (a model's, an alias' member's request)
-            # never a slot whose server applies an adapter to every request
-            kept = [n for n in served if not _adapter_only(manager, n)]
-            if len(kept) != len(served):
-                served = kept
-                candidates, refused = fitting(manager, served, kind)
-        if principal is not None and principal.models and not self.adapter:
-            if not principal.may_use(model):  # a key with --models patterns
-                raise model_refused(principal, model)
-            # decided on the model(s) that would serve, before any lease or load
-            kept = permitted(principal, manager, model, list(served))
-            if len(kept) != len(served):
-                served = kept
-                candidates, refused = fitting(manager, served, kind)
-        if not served:
-            report_refusal(ctx, ModelNotFound(model), model)
-            raise model_not_found(model)
-        self.model = model
-        if len(served) > 1 and not self.adapter:  # a slot's replicas: in their routing order
-            names = list(served)
-            ordered = route_replicas(manager, names, model, content_type, body)
-            if ordered is not names:
-                served = ordered
-                candidates, refused = fitting(manager, served, kind)
-        if not candidates:  # before anything is leased or loaded (400)
-            raise wrong_endpoint(model, kind, refused)
+            if principal is not None:  # _WHO.of's common case, in line (see below)
+                who = _WHO
+                settings = routing[0]
+                found = (
+                    who.by.get((principal.id, principal.name, principal.priority, asked))
+                    if settings is who.settings
+                    else None
+                )
+                self.who = found if found is not None else who.of(settings, principal, asked)
+            model = model_of(content_type, body, self.forms)
+            self.content_type, self.body = content_type, body
+            candidates = self._decide(asked, model, routing)
         if principal is not None and principal.name:  # a key (the API token has no limits)
             limited = ctx.limits.admit(principal, time.monotonic())
             if limited is not None:
@@ -311,6 +255,89 @@ class RoutedCall:
             return True
         self.pending, self.phase = now, _WAITING
         return False
+
+    def _decide(
+        self,
+        asked: str | None,
+        model: str,
+        routing: tuple[
+            ControllerSettings,
+            dict[str, ModelSpec],
+            dict[str, AliasSpec],
+            Mapping[str, AdapterSpec],
+            int,
+        ],
+    ) -> Sequence[str]:
+        """:meth:`begin`'s decision: the slots that may serve ``model`` (the body's) for
+        the endpoint, best first (``self.model``: the one served), or the refusal. A
+        plain route is kept in the connection's memo (router/memo.py)."""
+        ctx, principal, kind, manager = self.ctx, self.principal, self.kind, self.ctx.manager
+        _, models, aliases, adapters, _ = routing
+        alias = aliases.get(model) if aliases else None
+        adapter = None
+        if model not in models and alias is None:
+            try:
+                adapter = named_adapter(manager, model)
+            except SlotctlError as exc:
+                report_refusal(ctx, exc, model)
+                raise slot_refusal(exc) from None
+        served: Sequence[str]
+        candidates: Sequence[str]
+        plain = False  # neither an alias nor an adapter (router/memo.py)
+        if alias is not None and model not in models:  # (a model's id wins)
+            model, served = alias_candidates(ctx, principal, alias, kind)
+            self.alias = alias.id
+            candidates, refused = fitting(manager, served, kind)
+        elif adapter is not None:  # a slot of its base that can serve it, holders first
+            if principal is not None and principal.models and not principal.may_use(adapter.id):
+                raise model_refused(principal, adapter.id)
+            self.adapter, model = adapter.id, adapter.base
+            served = manager.adapter_slots(adapter.id)
+            if not served:  # declared, but no slot of its base can hold adapters
+                error = AdapterNotFound(
+                    f"adapter {adapter.id!r} is declared but no slot of {adapter.base!r} "
+                    "serves adapters (max_loras, or a slot's adapters)",
+                    adapter=adapter.id,
+                )
+                report_refusal(ctx, error, adapter.id)
+                raise slot_refusal(error)
+            candidates, refused = fitting(manager, served, kind)
+        else:
+            served, candidates, refused = route(manager, model, kind)
+            plain = True
+        if not self.adapter and adapters:  # (a model's, an alias' member's request)
+            # never a slot whose server applies an adapter to every request
+            kept = [n for n in served if not _adapter_only(manager, n)]
+            if len(kept) != len(served):
+                served = kept
+                candidates, refused = fitting(manager, served, kind)
+        if principal is not None and principal.models and not self.adapter:
+            if not principal.may_use(model):  # a key with --models patterns
+                raise model_refused(principal, model)
+            # decided on the model(s) that would serve, before any lease or load
+            kept = permitted(principal, manager, model, list(served))
+            if len(kept) != len(served):
+                served = kept
+                candidates, refused = fitting(manager, served, kind)
+        if not served:
+            report_refusal(ctx, ModelNotFound(model), model)
+            raise model_not_found(model)
+        self.model = model
+        if len(served) > 1 and not self.adapter:  # a slot's replicas: in their routing order
+            names = list(served)
+            ordered = route_replicas(manager, names, model, self.content_type, self.body)
+            if ordered is not names:
+                served = ordered
+                candidates, refused = fitting(manager, served, kind)
+        if not candidates:  # before anything is leased or loaded (400)
+            raise wrong_endpoint(model, kind, refused)
+        memo = self.memo
+        if memo is not None:
+            if plain and len(served) == 1:  # a plain route, kept for the next request
+                memo.keep(routing, principal, asked, self.who, model, kind, tuple(candidates))
+            else:
+                memo.forget()
+        return candidates
 
     def _hold_now(self) -> bool:
         """The named adapter held in the leased slot without a wait (resident, or given
@@ -452,19 +479,30 @@ class RoutedCall:
             return
         try:
             who = self.who
-            recorder.call_done(  # an adapter's requests counted as its own model's
-                self.slot,
-                self.adapter or self.model,
-                self.status,
-                time.monotonic() - self.started,
-                who.key if who is not None else None,
-                who.cls if who is not None else "",
-                self.waited,
-            )
-            if who is not None:
-                used = usage_of(self.tail) if self.tail and self.keyed else None
-                if used is not None:
-                    recorder.key_tokens(who.key, who.cls, *used)
+            if who is None:  # no requester: the request series only
+                recorder.call_done(
+                    self.slot,
+                    self.adapter or self.model,
+                    self.status,
+                    time.monotonic() - self.started,
+                    None,
+                    "",
+                    self.waited,
+                )
+            else:
+                recorder.call_done(  # an adapter's requests counted as its own model's
+                    self.slot,
+                    self.adapter or self.model,
+                    self.status,
+                    time.monotonic() - self.started,
+                    who.key,
+                    who.cls,
+                    self.waited,
+                )
+                if self.keyed and self.tail:
+                    used = usage_of(self.tail)
+                    if used is not None:
+                        recorder.key_tokens(who.key, who.cls, *used)
             if self.group and self.tail:
                 cached = cached_of(self.tail)
                 if cached is not None:

@@ -53,10 +53,15 @@ class RouterPort(Protocol):
     def routing(
         self,
     ) -> tuple[
-        ControllerSettings, dict[str, ModelSpec], dict[str, AliasSpec], Mapping[str, AdapterSpec]
+        ControllerSettings,
+        dict[str, ModelSpec],
+        dict[str, AliasSpec],
+        Mapping[str, AdapterSpec],
+        int,
     ]:
-        """``(settings, models, aliases, adapters)`` in one call: what a routed request
-        reads of them all."""
+        """``(settings, models, aliases, adapters, generation)`` in one call: what a routed
+        request reads of them all, and the slot table's routing generation (bumped when
+        what a model names, a slot's spec or its model changes)."""
 
     def adapter_slots(self, adapter: str) -> list[str]:
         """The slots that can serve ``adapter``, those holding it first."""

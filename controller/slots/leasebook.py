@@ -49,16 +49,19 @@ class Requester:
 class Lease:
     """A claim on a slot for one request (or a batch job): keeps it loaded and serving."""
 
-    __slots__ = ("_lost", "error", "expires_at", "generation", "id", "released", "slot")
+    # What every lease starts with, as class attributes: __init__ writes only what differs
+    # (a lease is made for every routed request; docs/performance.md, the router).
+    expires_at: float | None = None  # a batch hold's expiry (None: a request's)
+    released = False
+    error: SlotctlError | None = None
+    _lost: asyncio.Event | None = None  # made when asked for: most never are
 
     def __init__(self, slot: str, generation: int, expires_at: float | None = None) -> None:
         self.id = next(_LEASE_IDS)
         self.slot = slot
         self.generation = generation
-        self.expires_at = expires_at
-        self.released = False
-        self.error: SlotctlError | None = None
-        self._lost: asyncio.Event | None = None  # made when asked for: most never are
+        if expires_at is not None:
+            self.expires_at = expires_at
 
     @property
     def revoked(self) -> bool:

@@ -232,13 +232,20 @@ class SlotManager(Part):
     def routing(
         self,
     ) -> tuple[
-        ControllerSettings, dict[str, ModelSpec], dict[str, AliasSpec], Mapping[str, AdapterSpec]
+        ControllerSettings,
+        dict[str, ModelSpec],
+        dict[str, AliasSpec],
+        Mapping[str, AdapterSpec],
+        int,
     ]:
-        """``(settings, models, aliases, adapters)``: the four seams above in one call (the
-        router reads them all for every request, whose code runs from cold caches, where
-        each function more it touches costs; docs/performance.md, the router)."""
+        """``(settings, models, aliases, adapters, generation)``: the four seams above in one
+        call (the router reads them all for every request, whose code runs from cold caches,
+        where each function more it touches costs; docs/performance.md, the router), and the
+        table's routing generation (bumped when what a model names, a slot's spec or its
+        model changes: what a routed call's memo is checked against, router/memo.py)."""
         core = self.core
-        return core.settings, core.table.models, self.aliases, core.adapters
+        table = core.table
+        return core.settings, table.models, self.aliases, core.adapters, table.generation
 
     def set_adapters(self, adapters: Mapping[str, AdapterSpec]) -> None:
         """Replace the adapters (each slot's adapter reserve follows)."""

@@ -113,6 +113,9 @@ class SlotTable:
         # The router's candidates by the model a request names (routes()): remembered per
         # model until a record is added, bound or forgotten (the writers drop it).
         self._routes: dict[str, tuple[str, ...]] = {}
+        # Bumped with every such change (what a model names, a slot's spec or model): the
+        # routing generation a routed call's memo is checked against (router/memo.py).
+        self.generation = 0
         # Slots whose state.json lags memory: lease flips not written yet (the lag writer
         # has them) or refused by the disk (housekeeping retries: flush_unpersisted).
         self.unpersisted: set[str] = set()
@@ -515,12 +518,14 @@ class SlotTable:
         """A new slot's record (the manager's upsert), under its name."""
         self.records[slot.spec.name] = slot
         self._routes.clear()
+        self.generation += 1
 
     def bind(self, slot: SlotRecord, spec: SlotSpec, stack: str, model: ModelSpec | None) -> None:
         """The slot's desired binding: its spec, stack and model (the reconciler's upsert,
         a new catalogue). What runs changes only when the reconciler acts on it."""
         if spec is not slot.spec or model is not slot.model:
             self._routes.clear()  # what a model names may change (routes())
+            self.generation += 1
         slot.spec, slot.stack, slot.model = spec, stack, model
 
     def run(self, slot: SlotRecord, server: RunningServer | None) -> None:
@@ -668,6 +673,7 @@ class SlotTable:
         """Drop a removed slot and its state file (a lag write in flight is skipped)."""
         gone = self.records.pop(name, None)
         self._routes.clear()
+        self.generation += 1
         if gone is not None:
             gone.book.end_turns()
         self.rollouts.pop(name, None)

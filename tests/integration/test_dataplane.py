@@ -32,6 +32,7 @@ from controller.model.errors import SlotNotReady
 from controller.model.lifecycle import SlotState
 from controller.router.endpoints import CHAT, MODELS
 from controller.slots.records import Lease
+from controller.spec.schema import AliasSpec
 from tests.integration.test_router import AUTH, TOKEN, Harness, Router, chat, model, wait_for
 
 S = SlotState
@@ -255,6 +256,29 @@ async def test_one_connection_serves_routed_then_rest_then_routed_requests(
         assert third.status == 200 and json.loads(third.body)["n"] == 2
         assert "server" in listed.headers  # aiohttp's own header: passed to aiohttp
         assert "server" not in first.headers and "server" not in third.headers
+
+
+async def test_a_change_between_two_requests_on_one_connection_is_seen(
+    harness: Harness,
+) -> None:
+    """A kept-alive connection's last route is taken again (controller/router/memo.py)
+    only while what decided it is the same: an alias declared between two requests on
+    one connection sends the second elsewhere, and its removal back."""
+    r = await start_wire(harness)
+    async with wire(r) as c:
+        c.send(post("/v1/chat/completions", ask("length", n=1)))
+        first = await c.answer()
+        assert first.status == 200 and json.loads(first.body)["n"] == 1  # the wire slot
+        c.send(post("/v1/chat/completions", ask("length", n=2)))
+        assert json.loads((await c.answer()).body)["n"] == 2  # (its route kept)
+        r.manager.set_aliases({"wire": AliasSpec(id="wire", models=["m-chat"])})
+        c.send(post("/v1/chat/completions", chat("wire")))
+        aliased = await c.answer()
+        assert aliased.status == 200 and json.loads(aliased.body)["model"] == "m-chat"
+        r.manager.set_aliases({})
+        c.send(post("/v1/chat/completions", ask("length", n=3)))
+        again = await c.answer()
+        assert again.status == 200 and json.loads(again.body)["n"] == 3
 
 
 async def test_the_models_list_keeps_a_connection_on_the_data_plane(harness: Harness) -> None:

@@ -208,12 +208,14 @@ def test_the_request_series_expose_what_prometheus_client_would() -> None:
 def test_call_done_counts_what_request_done_and_the_key_counter_count() -> None:
     """The router's one call a request: the request series as ``request_done`` counts
     them, and a request with a requester in the keys' series (the API token's as
-    ``@token``; none for a request no requester was resolved for)."""
+    ``@token``; none for a request no requester was resolved for), each set of labels
+    twice (the second time in the series kept from the first)."""
     ours, reference = Metrics.__new__(Metrics), Metrics.__new__(Metrics)
     for metrics in (ours, reference):
         metrics.requests = _RequestSeries()
         metrics.key_requests = _Counts("slotctl_key_requests", "doc", ["key", "class", "status"])
-    calls = [
+    ours._cells = {}  # call_done's series by their labels, kept from the first call on
+    calls = 2 * [
         ("a", "m", 200, 0.003, "alice", "interactive"),
         ("a", "m", 200, 0.005, "", "batch"),  # the API token
         ("a", "m", 503, 0.2, None, ""),  # no requester: the request series only
@@ -258,12 +260,12 @@ async def test_upstream_of_and_routing_answer_as_the_seams_they_fold(tmp_path: P
     assert m.upstream_of("a") == folded("a") and m.upstream_of("a")[1] == "a"
     with pytest.raises(SlotNotFound):
         m.upstream_of("nope")
-    assert m.routing() == (m.settings, m.models, m.aliases, m.adapters)
+    assert m.routing()[:4] == (m.settings, m.models, m.aliases, m.adapters)
     m.set_models({"x": model_spec("x", 1)})
     m.set_aliases({})
     m.set_adapters({})
     m.settings = m.settings.model_copy(update={"memory_budget_gb": {"gpu": 0.5}})
-    settings, models, aliases, adapters = m.routing()
+    settings, models, aliases, adapters, _ = m.routing()
     assert settings is m.settings and models is m.models and set(models) == {"x"}
     assert aliases is m.aliases and adapters == m.adapters
 
