@@ -92,13 +92,10 @@ class Leases(Part):
                 self.table.flip(slot, _SERVING, "request in flight")
             lease = Lease(slot.spec.name, slot.flight.generation)
             now = self.clock.monotonic()
-            # book.add and table.used, in line (the same reason): the lease in the book,
-            # its class' last use, the ranking's recency and the access count
-            slot.book.leases[lease.id] = lease
-            if who is not None:
-                slot.book.class_used[who.cls] = now
-            slot.last_used = now
-            slot.access += 1
+            # through the owners (the book its leases, the table the recency: design/0016);
+            # folding them in line saved no measurable CPU (docs/performance.md, the router)
+            slot.book.add(lease, None if who is None else who.cls, now)
+            self.table.used(slot, now)
             return lease
         if not self.loading.loaded(slot) or slot.book.draining or not self._has_room(slot):
             return None
@@ -269,14 +266,10 @@ class Leases(Part):
             return
         lease.released = True
         slot = self.table.records.get(lease.slot)
-        # book.remove and table.used, in line: a routed request's code runs from cold
-        # caches, where each function more it touches costs (docs/performance.md)
-        if slot is None or slot.book.leases.pop(lease.id, None) is None:
+        if slot is None or not slot.book.remove(lease):
             return  # revoked or from a previous generation: nothing to undo
-        slot.last_used = self.clock.monotonic()
-        slot.access += 1
-        if lease.expires_at is None:  # a request's (a batch hold has an expiry)
-            slot.requests += 1
+        # a request's lease is served (a batch hold has an expiry)
+        self.table.used(slot, self.clock.monotonic(), served=lease.expires_at is None)
         book = slot.book
         if book.turns is not None and book.queued:  # the next request in turn takes its place
             self.admit_waiters(slot)
