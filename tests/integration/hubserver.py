@@ -124,6 +124,8 @@ class HubServer:
         self.page_size = page_size
         self.repos: dict[str, Repo] = {}
         self.urls: dict[str, bytes] = {}
+        self._url_etags: dict[str, str] = {}  # computed once (a hash per request would be
+        # the server's cost in bench/pull.py, not the client's)
         self.faults: dict[str, Faults] = {}
         self.bytes_sent: dict[str, int] = defaultdict(int)
         self.requests: list[Request] = []
@@ -167,6 +169,7 @@ class HubServer:
     def add_url(self, path: str, data: bytes) -> str:
         """Serve ``data`` at ``/files/{path}``; returns its URL."""
         self.urls[path] = data
+        self._url_etags[path] = f'"{sha256(data)[:32]}"'
         return f"{self.endpoint}/files/{path}"
 
     def fault(self, path: str, **knobs: Any) -> Faults:
@@ -443,7 +446,7 @@ class HubServer:
             return web.Response(status=404)
         entry.status = 200
         headers = {
-            "ETag": f'"{sha256(data)[:32]}"',
+            "ETag": self._url_etags[path],
             "Last-Modified": formatdate(1_700_000_000, usegmt=True),
         }
         return await self._bytes(request, data, path, headers, if_range=True)
