@@ -217,6 +217,13 @@ class _Reader:
                         source=self.remote.url,
                         reason="write",
                     ) from None
+                except ssl.SSLCertVerificationError as exc:
+                    raise ModelPullFailed(
+                        f"{self.shown}: the server's certificate was refused "
+                        f"({exc.verify_message or exc.reason})",
+                        source=self.remote.url,
+                        reason="tls",
+                    ) from None
                 except _TRANSIENT as exc:
                     self._check()
                     failure = f"{type(exc).__name__}"

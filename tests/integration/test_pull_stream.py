@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import ssl
+import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from aiohttp import web
 
-from controller.model.errors import ModelVerifyFailed
+from controller.model.errors import ModelPullFailed, ModelVerifyFailed
+from controller.modelfiles import stream
 from controller.modelfiles.digests import Digest
 from controller.modelfiles.hub import HubClient, HubSettings
 from controller.modelfiles.partial import PartialFile, PullCancelled
@@ -228,3 +232,78 @@ async def test_a_stalled_response_times_out_and_is_resumed(hub: HubServer, tmp_p
         hub.release()
         partial.close()
     assert gets(hub, "files") == [None, f"bytes={2 * MIB}-"]
+
+
+@pytest.fixture
+def tls_server(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
+    """A certificate for 127.0.0.1 (self-signed: trusted only where the test says so)."""
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    made = subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        capture_output=True,
+        check=False,
+    )
+    if made.returncode != 0:
+        pytest.skip(f"no openssl to make a certificate: {made.stderr.decode()[:200]}")
+    yield cert, key
+
+
+async def test_https_is_verified_and_a_refused_certificate_is_not_retried(
+    tls_server: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cert, key = tls_server
+    data = blob(2 * MIB, 8)
+
+    async def serve(request: web.Request) -> web.Response:
+        return web.Response(body=data)
+
+    app = web.Application()
+    app.router.add_get("/f.bin", serve)
+    served = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    served.load_cert_chain(cert, key)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=served)
+    await site.start()
+    url = f"https://127.0.0.1:{runner.addresses[0][1]}/f.bin"
+    remote = RemoteFile(
+        name="f.bin", url=url, size=len(data), digests=(Digest("sha256", sha(data)),)
+    )
+    try:
+        # the certificate is no CA's the machine trusts: refused at once, never retried
+        monkeypatch.setattr(stream, "_TLS", None)
+        partial = partial_for(remote, tmp_path)
+        try:
+            with pytest.raises(ModelPullFailed) as refused:
+                await asyncio.to_thread(fetch, remote, partial, StreamSettings(attempts=5))
+        finally:
+            partial.close()
+        assert refused.value.details["reason"] == "tls" and partial.size == 0
+
+        monkeypatch.setattr(stream, "_TLS", ssl.create_default_context(cafile=str(cert)))
+        partial = partial_for(remote, tmp_path)
+        try:
+            await asyncio.to_thread(fetch, remote, partial, StreamSettings())
+            assert partial.finish().ok
+        finally:
+            partial.close()
+        assert (tmp_path / "f.part").read_bytes() == data
+    finally:
+        await runner.cleanup()
