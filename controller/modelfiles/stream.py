@@ -29,6 +29,7 @@ ever put in an error. Proxies are not used. Called by :mod:`controller.modelfile
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import http.client
 import queue
@@ -40,7 +41,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
-from urllib.parse import urljoin, urlsplit
+from urllib.parse import quote, unquote, urljoin, urlsplit
 
 from controller.model.errors import ModelAccessDenied, ModelPullFailed
 from controller.modelfiles.partial import PartialFile, PullCancelled
@@ -57,6 +58,8 @@ MAX_REDIRECTS: Final = 10
 _REDIRECTS: Final = frozenset({301, 302, 303, 307, 308})
 _CONTENT_RANGE: Final = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
 _DEFAULT_PORTS: Final = {"http": 80, "https": 443}
+_PATH_SAFE: Final = "/%:@!$&'()*+,;=-._~"  # a path as it is, but for what must be escaped
+_QUERY_SAFE: Final = _PATH_SAFE + "?"
 _TRANSIENT: Final = (OSError, http.client.HTTPException)
 
 
@@ -279,6 +282,11 @@ class _Reader:
             return True
         url = self.remote.url
         headers = {**self.remote.headers, "Accept-Encoding": "identity"}
+        parts = urlsplit(url)
+        if parts.username is not None and not any(k.lower() == "authorization" for k in headers):
+            # credentials in the URL (user:password@host), as curl and aiohttp send them
+            pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
+            headers["Authorization"] = "Basic " + base64.b64encode(pair.encode()).decode("ascii")
         if offset:
             headers["Range"] = f"bytes={offset}-"
             if self.remote.validator:
@@ -287,7 +295,9 @@ class _Reader:
             conn = self._connect(url)
             try:
                 parts = urlsplit(url)
-                target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+                target = quote(parts.path or "/", safe=_PATH_SAFE)
+                if parts.query:
+                    target += "?" + quote(parts.query, safe=_QUERY_SAFE)
                 conn.request("GET", target, headers=headers)
                 resp = conn.getresponse()
                 location = resp.getheader("Location")

@@ -307,3 +307,20 @@ async def test_https_is_verified_and_a_refused_certificate_is_not_retried(
         assert (tmp_path / "f.part").read_bytes() == data
     finally:
         await runner.cleanup()
+
+
+async def test_a_url_with_credentials_and_a_space_in_its_path(
+    hub: HubServer, tmp_path: Path
+) -> None:
+    data = blob(MIB, 9)
+    url = hub.add_url("with space.bin", data).replace("http://", "http://user:p%40ss@", 1)
+    urls = UrlClient()
+    remote = await urls.probe(url, sha(data))
+    partial = partial_for(remote, tmp_path)
+    try:
+        await urls.fetch(remote, partial)
+        assert partial.finish().ok
+    finally:
+        partial.close()
+    (got,) = [r for r in hub.requests if r.route == "files" and r.method == "GET"]
+    assert got.path == "with space.bin" and got.authorized  # Basic, from the URL
