@@ -4,12 +4,11 @@ Resolution stays where it is (the hub's own client library for hub files, a ``HE
 URLs); this module only moves bytes, as ``curl -L`` does and no slower by much:
 
 * a blocking :mod:`http.client` connection in a worker thread reads the body straight into
-  reusable 1 MiB blocks (``readinto`` into a ``bytearray`` — no per-chunk Python object,
-  no re-chunking) and only reads, so the socket is drained all the time;
-* two threads behind it take each block: one appends it to the partial file
-  (``os.write``), one hashes it (``hashlib`` releases the GIL for big buffers); the block
-  goes back to the pool of four once both are done, so the hash and the write overlap the
-  reads and each other: the sha256 costs no wall time on a machine with a core to spare;
+  reusable blocks (``readinto`` into a ``bytearray`` — no per-chunk Python object, no
+  re-chunking), and ``os.write`` appends each block to the partial file from that thread;
+* a second thread hashes the blocks as they are filled (``hashlib`` releases the GIL for
+  big buffers), so hashing overlaps reading and writing: the sha256 costs no wall time on
+  a machine with a core to spare;
 * ``Range: bytes=N-`` from the bytes on disk (with ``If-Range`` when the source gave a
   validator): a dropped connection is resumed from what was written, ``attempts`` times in
   a row without progress at most; a server that answers ``200`` to a range (it ignores
@@ -18,9 +17,9 @@ URLs); this module only moves bytes, as ``curl -L`` does and no slower by much:
   dropped on a redirect to another origin (``httpx``'s rule, which ``huggingface_hub``
   relies on: a CDN's signed URL is its own credential; an ``http`` → ``https`` upgrade of
   the same host keeps it);
-* a block is handed over once full, or once :data:`FLUSH_S` passed since the last hand-over
-  (a slow link shows progress and loses little): what a kill costs is the bytes read and
-  not yet written, the four blocks at most (:data:`CHUNK_BYTES`, 4 MiB).
+* a block is written once full, or once :data:`FLUSH_S` passed since the last write (a
+  slow link shows progress and loses little): what a kill costs is the bytes read and not
+  yet written, less than one block (:data:`CHUNK_BYTES`).
 
 A cancelled pull (:meth:`PartialFile.cancel`) shuts the socket down, so a reader waiting on a
 slow server wakes at once. No header value (a token) and no URL query (a signature) is
@@ -39,7 +38,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 from urllib.parse import quote, unquote, urljoin, urlsplit
@@ -51,10 +50,9 @@ from controller.modelfiles.remote import RemoteFile
 
 __all__ = ["CHUNK_BYTES", "FLUSH_S", "StreamSettings", "fetch"]
 
-CHUNK_BYTES: Final = 4 * 1024 * 1024  # read and not yet written at most (a kill's loss)
-BLOCKS: Final = 4  # blocks in flight (one filling, the others being written and hashed)
+CHUNK_BYTES: Final = 4 * 1024 * 1024  # one block: written and hashed as a unit
+BLOCKS: Final = 4  # blocks in flight (one filling, the others waiting for the hasher)
 READ_BYTES: Final = 1024 * 1024  # one readinto (what a connection reset can lose)
-BLOCK_BYTES: Final = CHUNK_BYTES // BLOCKS
 FLUSH_S: Final = 0.2  # a partly filled block is written after this long
 MAX_REDIRECTS: Final = 10
 _REDIRECTS: Final = frozenset({301, 302, 303, 307, 308})
@@ -70,7 +68,7 @@ class StreamSettings:
     connect_timeout_s: float = 30.0
     read_timeout_s: float = 60.0  # one read with no byte at all for this long fails it
     attempts: int = 5  # failures in a row without progress before giving up
-    block_bytes: int = BLOCK_BYTES
+    block_bytes: int = CHUNK_BYTES
 
 
 class _Restart(Exception):
@@ -127,90 +125,49 @@ def _tls() -> ssl.SSLContext:
     return _TLS
 
 
-class _Sinks:
-    """Two threads behind the reader: one writes the blocks handed to it (``os.write``),
-    one hashes them, each in order; a block goes back to the pool once both are done
-    with it. The reader only reads, so the socket is drained while the disk and the hash
-    work; a failure of a write (a cancel, a full disk) is :attr:`failure`, which the
-    reader raises at its next read."""
+class _Hasher:
+    """Hashes the blocks handed to it, in order, on a thread of its own; gives each block
+    back to the reader once hashed (the last slice of it)."""
 
     def __init__(self, partial: PartialFile, blocks: int, block_bytes: int) -> None:
         self.partial = partial
         self.free: queue.Queue[bytearray] = queue.Queue()
         for _ in range(blocks):
             self.free.put(bytearray(block_bytes))
-        self.failure: BaseException | None = None
-        self._users: dict[int, int] = {}  # id(block) -> sinks still holding it
-        self._lock = threading.Lock()
-        self._writes: queue.Queue[tuple[bytearray, int, int, bool] | None] = queue.Queue()
-        self._hashes: queue.Queue[tuple[bytearray, int, int, bool] | None] = queue.Queue()
-        self._threads = [
-            threading.Thread(target=self._run, args=(q, f), name=name, daemon=True)
-            for q, f, name in (
-                (self._writes, self._write, "slotctl-pull-write"),
-                (self._hashes, partial.absorb, "slotctl-pull-hash"),
-            )
-        ]
-        for thread in self._threads:
-            thread.start()
+        self._work: queue.Queue[tuple[bytearray, int, int, bool] | None] = queue.Queue()
+        self._failure: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="slotctl-pull-hash", daemon=True)
+        self._thread.start()
 
-    def _write(self, view: memoryview) -> None:
-        try:
-            self.partial.append(view)
-        except OSError as exc:
-            raise _WriteFailed(exc) from exc
-
-    def _run(
-        self,
-        work: queue.Queue[tuple[bytearray, int, int, bool] | None],
-        sink: Callable[[memoryview], object],
-    ) -> None:
-        while (item := work.get()) is not None:
+    def _run(self) -> None:
+        while (item := self._work.get()) is not None:
             block, start, end, last = item
-            try:
-                if self.failure is None and end > start:
-                    sink(memoryview(block)[start:end])
-            except BaseException as exc:  # noqa: BLE001  (raised by the reader)
-                self.failure = exc
-            finally:
-                if last:
-                    self._release(block)
-                work.task_done()
-        work.task_done()
+            if self._failure is None and end > start:
+                try:
+                    self.partial.absorb(memoryview(block)[start:end])
+                except BaseException as exc:  # noqa: BLE001  (handed to the reader)
+                    self._failure = exc
+            if last:
+                self.free.put(block)
 
-    def _release(self, block: bytearray) -> None:
-        with self._lock:
-            left = self._users[id(block)] - 1
-            if left:
-                self._users[id(block)] = left
-                return
-            del self._users[id(block)]
-        self.free.put(block)
+    def submit(self, block: bytearray, start: int, end: int, *, last: bool) -> None:
+        self._work.put((block, start, end, last))
 
     def take(self) -> bytearray:
         return self.free.get()
 
-    def submit(self, block: bytearray, start: int, end: int, *, last: bool) -> None:
-        """``block[start:end]``: the next bytes; ``last``: the block goes back afterwards."""
-        if last:
-            with self._lock:
-                self._users[id(block)] = 2
-        item = (block, start, end, last)
-        self._writes.put(item)
-        self._hashes.put(item)
+    def drain(self) -> None:
+        """Wait until every block handed over is hashed (the partial file's hash is whole)."""
+        self._work.put(None)
+        self._thread.join()
+        if self._failure is not None:
+            raise self._failure
 
-    def sync(self) -> None:
-        """Wait until every block handed over is written and hashed; raise a failure."""
-        self._writes.join()
-        self._hashes.join()
-        if self.failure is not None:
-            raise self.failure
-
-    def close(self) -> None:
-        for work in (self._writes, self._hashes):
-            work.put(None)
-        for thread in self._threads:
-            thread.join()
+    def restart(self) -> None:
+        """Drain and go on with a fresh thread (after the partial file was cut)."""
+        self.drain()
+        self._thread = threading.Thread(target=self._run, name="slotctl-pull-hash", daemon=True)
+        self._thread.start()
 
 
 class _Reader:
@@ -223,7 +180,7 @@ class _Reader:
         self.shown = redact_url(remote.url)
         self._sock_lock = threading.Lock()
         self._sock: socket.socket | None = None
-        self._sinks = _Sinks(partial, BLOCKS, settings.block_bytes)
+        self._hasher = _Hasher(partial, BLOCKS, settings.block_bytes)
         partial.on_cancel(self._wake)
 
     # -- cancellation --------------------------------------------------------------------
@@ -248,13 +205,11 @@ class _Reader:
                 self._check()
                 before = self.partial.size
                 try:
-                    whole = self._once()
-                    self._sinks.sync()
-                    if whole:
+                    if self._once():
                         return
                     failure = f"the body ended at {self.partial.size} of {self.remote.size} bytes"
                 except _Restart:
-                    self._sinks.sync()
+                    self._hasher.restart()
                     self.partial.restart()
                     failures += 1
                     failure = "its answers do not continue the bytes on disk"
@@ -273,7 +228,6 @@ class _Reader:
                         reason="tls",
                     ) from None
                 except _TRANSIENT as exc:
-                    self._sinks.sync()  # the bytes read before the failure, written
                     self._check()
                     failure = f"{type(exc).__name__}"
                 if self.partial.size > before:
@@ -290,7 +244,7 @@ class _Reader:
                 if self.partial.wait_cancelled(min(0.2 * 2**failures, 5.0)):
                     self._check()
         finally:
-            self._sinks.close()
+            self._hasher.drain()
 
     # -- one request ---------------------------------------------------------------------
 
@@ -377,7 +331,7 @@ class _Reader:
             if offset:
                 # The range was ignored, or the file changed (If-Range): from zero, with
                 # this very answer.
-                self._sinks.sync()
+                self._hasher.restart()
                 self.partial.restart()
         else:
             raise ModelPullFailed(
@@ -390,42 +344,55 @@ class _Reader:
         return complete and (size is None or self.partial.size >= size)
 
     def _body(self, resp: http.client.HTTPResponse) -> bool:
-        """Read the body into blocks, each handed to the sinks (written and hashed on
-        their threads) when full or :data:`FLUSH_S` after the last hand-over. True when
-        the body came whole (its ``Content-Length``, or the end of a chunked or
+        """Read the body into blocks; write each (here) and hash it (the hasher's thread).
+        True when the body came whole (its ``Content-Length``, or the end of a chunked or
         close-delimited body)."""
-        sinks = self._sinks
+        hasher = self._hasher
         block_bytes = self.settings.block_bytes
-        block = sinks.take()
-        owned = True  # the block is ours until handed back with ``last``
+        block = hasher.take()
+        owned = True  # the block is ours until handed back to the pool
         view = memoryview(block)
         start = filled = 0
-        handed_at = time.monotonic()
+        flushed_at = time.monotonic()
+
+        def flush() -> None:
+            """Write ``view[start:filled]``, then hand it to the hasher."""
+            nonlocal start, flushed_at
+            if filled > start:
+                try:
+                    self.partial.append(view[start:filled])
+                except OSError as exc:
+                    raise _WriteFailed(exc) from exc
+                hasher.submit(block, start, filled, last=False)
+                start = filled
+            flushed_at = time.monotonic()
+
         try:
             while True:
-                if sinks.failure is not None:
-                    raise sinks.failure
-                n = resp.readinto(view[filled : min(filled + READ_BYTES, block_bytes)])
+                try:
+                    n = resp.readinto(view[filled : min(filled + READ_BYTES, block_bytes)])
+                except _TRANSIENT:
+                    # Bytes read before a drop are good bytes (TCP kept their order):
+                    # written, so a resume asks for the rest only.
+                    flush()
+                    raise
                 if not n:
+                    flush()
                     return not resp.length
                 filled += n
                 if filled == block_bytes:
+                    flush()
                     owned = False
-                    sinks.submit(block, start, filled, last=True)
-                    block = sinks.take()
+                    hasher.submit(block, 0, 0, last=True)
+                    block = hasher.take()
                     owned = True
                     view = memoryview(block)
                     start = filled = 0
-                    handed_at = time.monotonic()
-                elif time.monotonic() - handed_at >= FLUSH_S:
-                    sinks.submit(block, start, filled, last=False)
-                    start = filled
-                    handed_at = time.monotonic()
+                elif time.monotonic() - flushed_at >= FLUSH_S:
+                    flush()
         finally:
-            # What was read (before a drop too: TCP kept the bytes' order, so a resume
-            # asks for the rest only), then the block back to the pool.
-            if owned:
-                sinks.submit(block, start, filled, last=True)
+            if owned:  # back to the pool once the hasher is done with it
+                hasher.submit(block, 0, 0, last=True)
 
 
 def _raise_for(status: int, url: str, shown: str) -> None:

@@ -644,7 +644,9 @@ async def test_a_file_another_process_is_pulling_is_waited_for_not_fetched_twice
             "the pull to wait for the lock",
         )
         dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.write_bytes(data)  # what the other process renames into place
+        placed = dest.with_name(dest.name + ".other")
+        placed.write_bytes(data)
+        placed.replace(dest)  # what the other process renames into place (whole, at once)
     finally:
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
