@@ -20,7 +20,7 @@ What the library does here, and why not its ``hf_hub_download``/``snapshot_downl
   #4196): a controller restarted mid-pull would start from zero, and nothing it downloads
   is verified beyond its size. The library's ``file_download.http_get`` (used here before)
   reads through httpx and re-chunks into 10 MiB blocks (0.70x curl's throughput with the
-  hash); the lean reader is at 0.84-0.93x curl with the hash and the ``fsync``
+  hash); the lean reader is at 0.78-0.93x curl with the hash and the ``fsync``
   (docs/performance.md, "Model pulls"). Its read timeout is the library's
   ``HF_HUB_DOWNLOAD_TIMEOUT``.
 
