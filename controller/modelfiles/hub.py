@@ -11,15 +11,20 @@ What the library does here, and why not its ``hf_hub_download``/``snapshot_downl
   ``snapshot_download``'s own semantics). So ``HF_ENDPOINT``, ``HF_TOKEN`` (and the token
   file), ``HF_HUB_OFFLINE``, ``HF_HUB_ETAG_TIMEOUT``, revisions and the hub's error codes
   (gated, not found, revision not found) behave as everywhere else.
-* **the bytes go through the library's** ``file_download.http_get`` — its Range resume,
-  its retries of a dropped connection, its fallback when a server ignores a Range — into
-  our own :class:`~controller.modelfiles.partial.PartialFile`. ``hf_hub_download`` (2.x) writes
-  each attempt to a fresh ``<etag>.<uuid>.incomplete`` file and deletes it on failure
-  (huggingface_hub#4306, #4196): a controller restarted mid-pull would start from zero,
-  and nothing it downloads is verified beyond its size. Passing our partial file and its
-  size as ``resume_size`` keeps the library's transfer and gains the resume and the hash.
+* **the bytes go through** :mod:`controller.modelfiles.stream` (the reader URL sources use
+  too): the resolved location (the CDN's signed URL the library's ``HEAD`` found, or the
+  ``resolve`` URL, whose redirect it follows), ``Range`` from the bytes on disk, into our
+  own :class:`~controller.modelfiles.partial.PartialFile`, hashed on a thread of its own
+  as the bytes arrive. ``hf_hub_download`` (2.x) writes each attempt to a fresh
+  ``<etag>.<uuid>.incomplete`` file and deletes it on failure (huggingface_hub#4306,
+  #4196): a controller restarted mid-pull would start from zero, and nothing it downloads
+  is verified beyond its size. The library's ``file_download.http_get`` (used here before)
+  reads through httpx and re-chunks into 10 MiB blocks (0.70x curl's throughput with the
+  hash); the lean reader is at 0.78-0.93x curl with the hash and the ``fsync``
+  (docs/performance.md, "Model pulls"). Its read timeout is the library's
+  ``HF_HUB_DOWNLOAD_TIMEOUT``.
 
-Every call is synchronous (httpx), so each runs in a worker thread. The token is read
+Resolution is synchronous (httpx), so each call runs in a worker thread. The token is read
 from ``token_file`` when configured, else as the library reads it (``HF_TOKEN``, then
 ``$HF_HOME/token``); it is sent to the hub only (the library's own rule: dropped on a
 redirect off the hub), never logged, never in an error. Called by
@@ -33,11 +38,12 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Final, TypeVar, cast
+from typing import Final, TypeVar
 from urllib.parse import urlsplit
 
 import httpx2
 from huggingface_hub import HfApi, RepoFile, get_hf_file_metadata, get_token, hf_hub_url
+from huggingface_hub import constants as hf_constants
 from huggingface_hub.errors import (
     GatedRepoError,
     HfHubHTTPError,
@@ -46,7 +52,6 @@ from huggingface_hub.errors import (
     RepositoryNotFoundError,
     RevisionNotFoundError,
 )
-from huggingface_hub.file_download import http_get
 
 # Both are documented as huggingface_hub.utils.*; its __init__ re-exports them lazily,
 # which mypy does not count as an explicit export: imported from their home modules.
@@ -59,6 +64,7 @@ from controller.modelfiles.partial import PartialFile, PullCancelled
 from controller.modelfiles.redact import redact_url
 from controller.modelfiles.remote import RemoteFile
 from controller.modelfiles.sources import HubFile, HubSnapshot
+from controller.modelfiles.stream import StreamSettings, fetch
 
 __all__ = ["LIBRARY_NAME", "HubClient", "HubSettings", "redact_url"]
 
@@ -119,22 +125,6 @@ class HubSettings:
     endpoint: str | None = None  # None: HF_ENDPOINT as huggingface_hub read it
     token_file: Path | None = None  # None: HF_TOKEN, then the hub's token file
     etag_timeout_s: float = 10.0
-
-
-class _QuietBar:
-    """A progress bar that shows nothing (progress is ours: controller.modelfiles.progress)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def __enter__(self) -> _QuietBar:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        pass
-
-    def update(self, n: float | None = 1) -> None:
-        pass
 
 
 class HubClient:
@@ -255,8 +245,8 @@ class HubClient:
                 digest = Digest("git-sha1", str(entry.blob_id).lower())
                 size = int(entry.size)
             url = hf_hub_url(snap.repo, entry.path, revision=commit, endpoint=endpoint)
-            # GET .../resolve/<commit>/<path>: httpx follows the hub's redirect and drops
-            # the Authorization header when it leaves the hub's origin.
+            # GET .../resolve/<commit>/<path>: the reader follows the hub's redirect and
+            # drops the Authorization header when it leaves the hub's origin.
             files.append(
                 RemoteFile(
                     name=entry.path,
@@ -272,23 +262,9 @@ class HubClient:
     # -- the bytes ----------------------------------------------------------------------
 
     async def fetch(self, remote: RemoteFile, partial: PartialFile) -> None:
-        """The bytes after ``partial.size`` (``Range``), through the library's ``http_get``."""
-        await self._call(lambda: self._fetch(remote, partial), remote.name, remote.name)
-
-    @staticmethod
-    def _fetch(remote: RemoteFile, partial: PartialFile) -> None:
-        resume = partial.size
-        if remote.size is not None and resume >= remote.size:
-            return
-        http_get(
-            remote.url,
-            cast(BinaryIO, partial),
-            resume_size=resume,
-            headers=dict(remote.headers),
-            expected_size=remote.size,
-            displayed_filename=remote.name,
-            tqdm_class=cast(Any, _QuietBar),
-        )
+        """The bytes after ``partial.size`` (``Range``), through the lean reader."""
+        settings = StreamSettings(read_timeout_s=float(hf_constants.HF_HUB_DOWNLOAD_TIMEOUT))
+        await self._call(lambda: fetch(remote, partial, settings), remote.name, remote.name)
 
     # -- errors -------------------------------------------------------------------------
 

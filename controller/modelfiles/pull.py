@@ -243,7 +243,7 @@ class ModelFiles:
         if self._urls is None:
             from controller.modelfiles.urls import UrlClient
 
-            self._urls = UrlClient(clock=self.clock)
+            self._urls = UrlClient()
         return self._urls
 
     @urls.setter

@@ -3,7 +3,7 @@ whose model is ``hf://org/tiny/tiny.gguf`` served by the hub server of
 ``tests/integration/hubserver.py`` (the real ``huggingface_hub`` client reaches it through
 ``HF_ENDPOINT``), the real process runtime and a real ``llama-cpp-python`` server on the
 pulled GGUF (the tiny random-weight llama of ``tests/integration/tiny_gguf.py``, padded to
-24 MiB so a pull has a middle: the library reads 10 MiB at a time).
+24 MiB so a pull has a middle: the reader writes 4 MiB blocks).
 
 A load goes ``offline -> pulling -> starting -> ready`` with progress events; a controller
 killed with SIGKILL at about half of a pull resumes it after a restart (a ranged request,
@@ -35,7 +35,7 @@ from tests.integration.test_events_metrics import promtool_check, samples, value
 
 MIB = 1024 * 1024
 PAD = 24 * MIB
-HOLD = 12 * MIB  # past the library's first 10 MiB read: bytes on disk, the rest held
+HOLD = 12 * MIB  # three of the reader's 4 MiB blocks on disk, the rest held
 
 
 @pytest.fixture(scope="module")
@@ -206,14 +206,16 @@ def test_a_load_pulls_the_model_then_a_real_llama_server_serves_it(
         def pulling() -> dict[str, Any] | None:
             row = slot_json(ctl, "tiny")
             pull = row.get("pull") or {}
-            return row if row["state"] == "pulling" and (pull.get("percent") or 0) > 0 else None
+            held = row["state"] == "pulling" and (pull.get("bytes_done") or 0) >= HOLD
+            return row if held else None
 
-        row = wait_until(pulling, "slot list showing the pull's percent", 60)
+        row = wait_until(pulling, "slot list showing the pull's percent at the hold", 60)
         assert row["pull"]["bytes_total"] == len(tiny_gguf)
-        assert "pulling 4" in ctl.ok("slot", "list")  # 10 of 25.3 MB: pulling 41%
+        shown = f"pulling {100 * HOLD / len(tiny_gguf):.0f}%"  # 12 MiB of 25.3 MB: 50%
+        assert shown in ctl.ok("slot", "list")
         listed = {m["id"]: m for m in ctl.json("model", "list")["models"]}
         assert listed["tiny"]["files"]["state"] == "pulling"
-        assert "pulling 4" in ctl.ok("model", "list")
+        assert shown in ctl.ok("model", "list")
         hub.release()
         out, err = loader.communicate(timeout=240)
     finally:

@@ -22,10 +22,11 @@ It answers the routes the client library calls (read from huggingface_hub 2.4's 
     plain URL sources: strong ``ETag``, ``Last-Modified``, ranges and ``If-Range``
 
 Every byte route honours ``Range: bytes=N-`` / ``N-M`` (``206`` + ``Content-Range``).
-Fault knobs per file (:class:`Faults`): drop the connection after N bytes, serve wrong
-bytes, hold the response after N bytes until released (tests wait on :attr:`held`, never
-on time), a byte rate. A gated repository answers ``401`` without the right bearer token.
-It counts the bytes it sent per file and records each request (never a token's value).
+Fault knobs per file (:class:`Faults`): drop the connection after N bytes (a clean close,
+or a reset), serve wrong bytes, ignore ranges, hold the response after N bytes until
+released (tests wait on :attr:`held`, never on time), a byte rate. A gated repository
+answers ``401`` without the right bearer token. It counts the bytes it sent per file and
+records each request (never a token's value).
 
 The server runs its own event loop in a thread, so synchronous clients (the library,
 ``curl``, a subprocess) and asynchronous ones can use it alike.
@@ -34,6 +35,7 @@ The server runs its own event loop in a thread, so synchronous clients (the libr
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import hmac
 import json
@@ -71,6 +73,8 @@ class Faults:
     wrong_bytes: bool = False  # flip one byte in the middle of the file
     hold_at: int | None = None  # stop after this many bytes until release() (once)
     rate_bps: int | None = None  # at most this many bytes a second
+    reset_after: int | None = None  # abort (RST, unflushed bytes lost) after this many bytes (once)
+    ignore_range: bool = False  # answer 200 and the whole file to a Range, as some servers do
 
 
 @dataclass
@@ -79,11 +83,11 @@ class RepoFile:
     data: bytes
     lfs: bool
 
-    @property
+    @functools.cached_property
     def sha256(self) -> str:
         return sha256(self.data)
 
-    @property
+    @functools.cached_property
     def blob_id(self) -> str:
         if self.lfs:  # the git blob of an LFS file is its pointer file
             pointer = (
@@ -120,6 +124,8 @@ class HubServer:
         self.page_size = page_size
         self.repos: dict[str, Repo] = {}
         self.urls: dict[str, bytes] = {}
+        self._url_etags: dict[str, str] = {}  # computed once (a hash per request would be
+        # the server's cost in bench/pull.py, not the client's)
         self.faults: dict[str, Faults] = {}
         self.bytes_sent: dict[str, int] = defaultdict(int)
         self.requests: list[Request] = []
@@ -163,6 +169,7 @@ class HubServer:
     def add_url(self, path: str, data: bytes) -> str:
         """Serve ``data`` at ``/files/{path}``; returns its URL."""
         self.urls[path] = data
+        self._url_etags[path] = f'"{sha256(data)[:32]}"'
         return f"{self.endpoint}/files/{path}"
 
     def fault(self, path: str, **knobs: Any) -> Faults:
@@ -424,11 +431,11 @@ class HubServer:
             path.write_bytes(f.data)
         wanted = request.headers.get("Range", "")
         start = int(wanted.removeprefix("bytes=").split("-")[0] or 0) if wanted else 0
-        response = web.FileResponse(path, chunk_size=WRITE_BYTES)
-        await response.prepare(request)
         with self._lock:
             self.bytes_sent[f.path] += max(0, len(f.data) - start)
-        return response
+        # returned unprepared: aiohttp prepares it once (a prepared FileResponse would be
+        # sent a second time, and fail, after the handler returns)
+        return web.FileResponse(path, chunk_size=WRITE_BYTES)
 
     async def _files(self, request: web.Request) -> web.StreamResponse:
         path = request.match_info["path"]
@@ -439,7 +446,7 @@ class HubServer:
             return web.Response(status=404)
         entry.status = 200
         headers = {
-            "ETag": f'"{sha256(data)[:32]}"',
+            "ETag": self._url_etags[path],
             "Last-Modified": formatdate(1_700_000_000, usegmt=True),
         }
         return await self._bytes(request, data, path, headers, if_range=True)
@@ -461,6 +468,8 @@ class HubServer:
         validator = request.headers.get("If-Range")
         if wanted and if_range and validator and validator != headers.get("ETag"):
             wanted = None  # the file changed (or the validator is another's): all of it
+        if faults.ignore_range:
+            wanted = None
         if wanted:
             spec = wanted.removeprefix("bytes=")
             first, _, last = spec.partition("-")
@@ -498,6 +507,9 @@ class HubServer:
             hold = faults.hold_at
             if hold is not None and pos < hold:
                 step = min(step, hold - pos)
+            reset = faults.reset_after
+            if reset is not None and pos < start + reset:
+                step = min(step, start + reset - pos)
             await response.write(view[pos : pos + step])
             pos += step
             with self._lock:
@@ -508,6 +520,11 @@ class HubServer:
                 # "sent" is what the client could read before the connection ended.
                 assert request.transport is not None
                 request.transport.close()
+                return response
+            if reset is not None and pos >= start + reset:
+                faults.reset_after = None
+                assert request.transport is not None
+                request.transport.abort()  # a reset: what was not flushed is lost
                 return response
             if hold is not None and pos >= hold:
                 faults.hold_at = None
