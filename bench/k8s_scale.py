@@ -240,7 +240,8 @@ def floor_objects(slots: int, slot_gib: float, ports: list[int]) -> str:
         launch = build_launch(spec, model, ctx)
         docs.append(without_nulls(deployment_body(launch, FLOOR_NAMESPACE)))
         docs.append(without_nulls(service_body(launch, FLOOR_NAMESPACE)))
-    return yaml.safe_dump_all(docs)
+    # JSON, not YAML: a config hash such as 12e45678 is a string to PyYAML, a number to kubectl
+    return json.dumps({"apiVersion": "v1", "kind": "List", "items": docs})
 
 
 def floor_ready(cluster: Cluster, answered: set[str]) -> int:
@@ -266,7 +267,7 @@ def floor_run(args: argparse.Namespace, cluster: Cluster, workdir: Path, slots: 
     floor = Floor(slots)
     realapi.create_namespace(cluster.api, FLOOR_NAMESPACE)
     realcluster.wait_service_account(cluster.api, FLOOR_NAMESPACE)
-    files = workdir / "floor.yaml"
+    files = workdir / "floor.json"
     files.write_text(floor_objects(slots, args.slot_gib, free_ports(slots)))
     cpu0, metrics0 = component_cpu(cluster, None), cluster.metrics()
     began, answered = time.monotonic(), set[str]()
