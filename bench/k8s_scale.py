@@ -27,6 +27,16 @@ Its objects are then deleted and their pods waited for before the operator's run
 the operator's converge over the floor's, its CPU and API requests per Slot, and the
 floor's own figures (``--no-floor`` skips it).
 
+**Restart at scale** (``--restarts K``, issue 39 item 4). With every Slot Ready (after the
+steady state), ``K`` times: the operator is killed (SIGKILL), a new Slot is created while
+it is down, and the operator is started again on the same state directory. Measured for
+each try: the time from its start until its first API request (*back*), from then until
+its first decision (its server-side apply of the new Slot's Deployment, from the audit
+log) and until the new Slot is Ready (polled every 0.1 s); the p50/p99/max over the tries
+and how many were Ready within 5 s of the operator being back. Over all the tries: the
+pods of the Slots that were Ready before, by UID and restart count (recreated or
+restarted: must be 0), and Slots with more than one pod (duplicates: must be 0).
+
 ``--baseline DIR`` runs the same against another checkout (``git archive main | tar -x
 -C DIR``: today's polling runtime) first, ``--baseline-slots`` of them (the polling
 operator at the full size can keep the API server from ever converging on a small
@@ -42,6 +52,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import platform
 import signal
@@ -82,6 +93,21 @@ class Floor:
 
 
 @dataclass
+class Restart:
+    """The restart phase (``--restarts``): per try, seconds from the operator's start to its
+    first request (back), from then to its first decision and to the new Slot Ready."""
+
+    tries: int
+    back_s: list[float] = field(default_factory=list)
+    decision_s: list[float | None] = field(default_factory=list)
+    ready_s: list[float | None] = field(default_factory=list)
+    pods: int = 0  # the Ready Slots' pods before the first kill
+    recreated: int = 0  # of them, gone or replaced (another UID) after the last try
+    restarted: int = 0  # of them, a container restart counted after the last try
+    duplicates: int = 0  # Slots with more than one pod after the last try
+
+
+@dataclass
 class Run:
     label: str
     slots: int
@@ -102,6 +128,7 @@ class Run:
     # CPU seconds over the run of every process on the machine that takes part in it
     others_cpu: dict[str, float] = field(default_factory=dict)
     floor: Floor | None = None
+    restart: Restart | None = None
 
 
 def proc_cpu(pid: int) -> float:
@@ -213,7 +240,8 @@ def floor_objects(slots: int, slot_gib: float, ports: list[int]) -> str:
         launch = build_launch(spec, model, ctx)
         docs.append(without_nulls(deployment_body(launch, FLOOR_NAMESPACE)))
         docs.append(without_nulls(service_body(launch, FLOOR_NAMESPACE)))
-    return yaml.safe_dump_all(docs)
+    # JSON, not YAML: a config hash such as 12e45678 is a string to PyYAML, a number to kubectl
+    return json.dumps({"apiVersion": "v1", "kind": "List", "items": docs})
 
 
 def floor_ready(cluster: Cluster, answered: set[str]) -> int:
@@ -239,11 +267,18 @@ def floor_run(args: argparse.Namespace, cluster: Cluster, workdir: Path, slots: 
     floor = Floor(slots)
     realapi.create_namespace(cluster.api, FLOOR_NAMESPACE)
     realcluster.wait_service_account(cluster.api, FLOOR_NAMESPACE)
-    files = workdir / "floor.yaml"
+    files = workdir / "floor.json"
     files.write_text(floor_objects(slots, args.slot_gib, free_ports(slots)))
     cpu0, metrics0 = component_cpu(cluster, None), cluster.metrics()
     began, answered = time.monotonic(), set[str]()
-    cluster.kubectl("apply", "--server-side", "--field-manager=slotctl", "-f", str(files))
+    cluster.kubectl(
+        "apply",
+        "--server-side",
+        "--field-manager=slotctl",
+        "-f",
+        str(files),
+        timeout=max(60.0, args.timeout),  # 2,000 objects: as the Slots' own apply below
+    )
     while time.monotonic() - began < args.timeout:
         floor.ready = floor_ready(cluster, answered)
         if floor.ready >= slots:
@@ -253,7 +288,16 @@ def floor_run(args: argparse.Namespace, cluster: Cluster, workdir: Path, slots: 
     floor.requests = delta(cluster.metrics(), metrics0)
     cpu1 = component_cpu(cluster, None)
     floor.cpu = {k: cpu1[k] - cpu0[k] for k in cpu1}
-    cluster.kubectl("delete", "deployments,services", "--all", "-n", FLOOR_NAMESPACE)
+    # 2,000 objects at 1,000 Slots: kubectl's own 60 s was not enough (its pods waited below)
+    cluster.kubectl(
+        "delete",
+        "deployments,services",
+        "--all",
+        "--wait=false",
+        "-n",
+        FLOOR_NAMESPACE,
+        timeout=max(60.0, args.timeout),
+    )
     deadline = time.monotonic() + args.timeout
     while time.monotonic() < deadline:
         status, body = cluster.api.request("GET", f"/api/v1/namespaces/{FLOOR_NAMESPACE}/pods")
@@ -305,7 +349,7 @@ def start_operator(cluster: Cluster, tree: Path, workdir: Path) -> subprocess.Po
     token = realapi.service_account_token(cluster.api, NAMESPACE, "slotctl")
     kubeconfig = cluster.api.kubeconfig(workdir / "operator.kubeconfig", token=token)
     state = workdir / "state"
-    (state / "config").mkdir(parents=True)
+    (state / "config").mkdir(parents=True, exist_ok=True)  # a restart: the same state
     env = {
         **os.environ,
         "KUBECONFIG": str(kubeconfig),
@@ -319,6 +363,110 @@ def start_operator(cluster: Cluster, tree: Path, workdir: Path) -> subprocess.Po
     command += ["--config-dir", str(state / "config")]
     log = (workdir / "operator.log").open("ab")
     return subprocess.Popen(command, env=env, cwd=tree, stdout=log, stderr=subprocess.STDOUT)
+
+
+def pods_of(cluster: Cluster) -> dict[str, tuple[str, str, int]]:
+    """Every pod of the operator's namespace: name -> (its slot, UID, container restarts)."""
+    status, body = cluster.api.request("GET", f"/api/v1/namespaces/{NAMESPACE}/pods")
+    assert status == 200, body
+    out = {}
+    for pod in body.get("items", []):
+        meta, st = pod["metadata"], pod.get("status") or {}
+        restarts = sum(c.get("restartCount", 0) for c in st.get("containerStatuses") or [])
+        out[meta["name"]] = (
+            (meta.get("labels") or {}).get("slotctl.slot", ""),
+            meta["uid"],
+            restarts,
+        )
+    return out
+
+
+def slot_ready(cluster: Cluster, name: str) -> bool:
+    status, body = cluster.api.request(
+        "GET", f"/apis/slotctl.io/v1alpha1/namespaces/{NAMESPACE}/slots/{name}"
+    )
+    conditions = ((body or {}).get("status") or {}).get("conditions") or [] if status == 200 else []
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
+def first_request(
+    cluster: Cluster, user: str, since: float
+) -> tuple[float | None, dict[str, float]]:
+    """From the audit log: the wall-clock time of ``user``'s first request from ``since``
+    on, and of its first apply of each Deployment from then on (name -> time)."""
+    first: float | None = None
+    applied: dict[str, float] = {}
+    for line in (cluster.api.workdir / "audit.log").read_text().splitlines():
+        event = json.loads(line)
+        if event["user"].get("username") != user:
+            continue
+        when = datetime.datetime.fromisoformat(event["requestReceivedTimestamp"]).timestamp()
+        if when < since:
+            continue
+        first = when if first is None else min(first, when)
+        ref = event.get("objectRef") or {}
+        if event["verb"] == "patch" and ref.get("resource") == "deployments":
+            name = str(ref.get("name"))
+            applied[name] = min(applied.get(name, when), when)
+    return first, applied
+
+
+def restart_phase(
+    args: argparse.Namespace,
+    cluster: Cluster,
+    workdir: Path,
+    tree: Path,
+    held: list[subprocess.Popen[bytes]],
+) -> Restart:
+    """The restart phase (see the module docstring); ``held[0]``: the running operator,
+    replaced by each restart's."""
+    user = f"system:serviceaccount:{NAMESPACE}:slotctl"
+    restart = Restart(args.restarts)
+    before = pods_of(cluster)
+    restart.pods = len(before)
+    ports = free_ports(args.restarts)
+    starts: list[tuple[float, float | None]] = []  # (start wall, Ready wall)
+    for i in range(args.restarts):
+        held[0].kill()  # SIGKILL: no goodbye
+        held[0].wait()
+        name = f"r{i:03d}"
+        slot = {
+            "apiVersion": "slotctl.io/v1alpha1",
+            "kind": "Slot",
+            "metadata": {"name": name, "namespace": NAMESPACE},
+            "spec": slot_spec(ports[i]),
+        }
+        status, body = cluster.api.request(
+            "POST", f"/apis/slotctl.io/v1alpha1/namespaces/{NAMESPACE}/slots", slot
+        )
+        assert status == 201, body
+        started = time.time()
+        held[0] = start_operator(cluster, tree, workdir)
+        ready_at: float | None = None
+        deadline = time.monotonic() + args.timeout
+        while time.monotonic() < deadline:
+            if slot_ready(cluster, name):
+                ready_at = time.time()
+                break
+            time.sleep(0.1)
+        starts.append((started, ready_at))
+    for i, (started, ready_at) in enumerate(starts):
+        back, applied = first_request(cluster, user, started)
+        back = back if back is not None else started
+        restart.back_s.append(back - started)
+        decided = applied.get(f"slotctl-r{i:03d}")
+        restart.decision_s.append(None if decided is None else decided - back)
+        restart.ready_s.append(None if ready_at is None else ready_at - back)
+    after = pods_of(cluster)
+    for pod, (_slot, uid, restarts) in before.items():
+        now = after.get(pod)
+        if now is None or now[1] != uid:
+            restart.recreated += 1
+        elif now[2] > restarts:
+            restart.restarted += 1
+    per_slot = Counter(slot for slot, _uid, _r in after.values())
+    restart.duplicates = sum(1 for n in per_slot.values() if n > 1)
+    return restart
 
 
 def one_run(args: argparse.Namespace, label: str, tree: Path, slots: int) -> Run:
@@ -337,7 +485,8 @@ def one_run(args: argparse.Namespace, label: str, tree: Path, slots: int) -> Run
                 run.floor = floor_run(args, cluster, workdir, slots)
             realapi.create_namespace(cluster.api, NAMESPACE)
             realcluster.wait_service_account(cluster.api, NAMESPACE)
-            proc = start_operator(cluster, tree, workdir)
+            held = [start_operator(cluster, tree, workdir)]  # a restart replaces it
+            proc = held[0]
             try:
                 time.sleep(args.settle)  # its start: kopf's discovery, the caches' first lists
                 user = f"system:serviceaccount:{NAMESPACE}:slotctl"
@@ -375,12 +524,15 @@ def one_run(args: argparse.Namespace, label: str, tree: Path, slots: int) -> Run
                 run.steady_fields = patched_fields(cluster, user, wall2, wall3)
                 last = last_write(cluster, user, wall1)
                 run.quiet_after_s = None if last is None else max(0.0, last - wall1)
+                if args.restarts:
+                    run.restart = restart_phase(args, cluster, workdir, tree, held)
                 if args.keep:
                     keep = Path(args.keep) / label.split(":")[0]
                     keep.mkdir(parents=True, exist_ok=True)
                     for path in (cluster.api.workdir / "audit.log", workdir / "operator.log"):
                         keep.joinpath(path.name).write_bytes(path.read_bytes())
             finally:
+                proc = held[0]
                 proc.terminate()
                 try:
                     proc.wait(30)
@@ -438,6 +590,7 @@ def report(runs: list[Run], args: argparse.Namespace) -> list[str]:
             f"requests {sum(run.run_operator.values()) / run.slots:.1f}",
         ]
         lines += floor_lines(run)
+        lines += restart_lines(run)
     lines += [
         "",
         "goals: steady state < 1 request/s for 1,000 slots (the operator's), converge < 60 s, "
@@ -466,6 +619,38 @@ def floor_lines(run: Run) -> list[str]:
     ]
 
 
+def _quantiles(values: list[float | None]) -> str:
+    known = sorted(v for v in values if v is not None)
+    if not known:
+        return "none"
+
+    def at(q: float) -> float:
+        return known[min(len(known) - 1, max(0, math.ceil(q * len(known)) - 1))]  # nearest rank
+
+    missing = len(values) - len(known)
+    return f"p50 {at(0.5):.2f} s, p99 {at(0.99):.2f} s, max {known[-1]:.2f} s" + (
+        f" ({missing} never)" if missing else ""
+    )
+
+
+def restart_lines(run: Run) -> list[str]:
+    r = run.restart
+    if r is None:
+        return []
+    within = sum(1 for v in r.ready_s if v is not None and v <= 5.0)
+    return [
+        f"  restart (SIGKILL, a new Slot created while down, started again), {r.tries} tries "
+        f"with {run.slots} Slots Ready:",
+        f"    start -> first request (back): {_quantiles([*r.back_s])}",
+        f"    back -> first decision (the new Slot's Deployment applied): "
+        f"{_quantiles(r.decision_s)}",
+        f"    back -> the new Slot Ready: {_quantiles(r.ready_s)}; within 5 s: {within} of "
+        f"{r.tries} (goal: p99 within 5 s)",
+        f"    the {r.pods} pods Ready before: {r.recreated} recreated, {r.restarted} "
+        f"restarted; Slots with more than one pod: {r.duplicates} (goal: 0, 0, 0)",
+    ]
+
+
 def main(argv: list[str] | None = None) -> list[Run]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=int, default=100)
@@ -481,6 +666,12 @@ def main(argv: list[str] | None = None) -> list[Run]:
     parser.add_argument("--baseline-slots", type=int, default=None)
     parser.add_argument(
         "--baseline-only", action="store_true", help="measure only --baseline (a run of its own)"
+    )
+    parser.add_argument(
+        "--restarts",
+        type=int,
+        default=0,
+        help="then kill -9 and restart the operator this many times, a Slot created each time",
     )
     parser.add_argument("--keep", default=None, help="copy the audit and operator logs here")
     parser.add_argument(

@@ -574,11 +574,7 @@ class Operator:
 
     def _model_status(self, key: CrKey, old: Mapping[str, object]) -> ModelStatus:
         model_id = self.source.model_ids.get(key)
-        slots = {
-            view.name: view.state
-            for view in self.manager.views()
-            if model_id is not None and view.model_id == model_id
-        }
+        slots = self.manager.model_states(model_id) if model_id is not None else {}
         return model_status(model_id, self._verdict(key), slots, old)
 
 

@@ -208,11 +208,20 @@ class Admission(Part):
         the host for a GPU slot (the probe's, else those the budgets name), else the one
         device (``cpu``, ``npu``, ``NODE/DEVICE`` on a cluster). The slot's own bytes and
         its exclusive-group peers' are told apart (the load unloads the peers first)."""
-        figures = self.table.usage.all_device_bytes(slot)
+        group = self.table.usage.group_peers(slot)
+        nodes = self._cluster() if slot.on_nodes and slot.spec.device_kind == "gpu" else None
+        placed: tuple[dict[str, int], dict[str, dict[str, int]]] | None = None
+        if nodes is not None:  # the cluster's view too, in the same pass over the slots
+            figures, holders, units = self.table.usage.cluster_holdings(
+                slot, {p.name for p in group}
+            )
+            placed = holders, units
+        else:
+            figures = self.table.usage.all_device_bytes(slot)
         for key, size, _loading in slot.holdings():
             figures[key][0] -= size
         peers: dict[str, int] = {}
-        for p in self.table.usage.group_peers(slot):
+        for p in group:
             for key, size, _loading in p.holdings():
                 peers[key] = peers.get(key, 0) + size
         budgets = self.settings.memory_budget_gb
@@ -240,15 +249,13 @@ class Admission(Part):
                 siblings=siblings.get(key, 0),
             )
 
-        if slot.on_nodes and slot.spec.device_kind == "gpu":
-            nodes = self._cluster()
-            if nodes is not None:
-                found = self._cluster_facts(slot, nodes, figures, peers, margin)
-                by_node = self._siblings(slot, by_node=True)
-                if not by_node:
-                    return found
-                # on a cluster, replicas spread across nodes: a node a sibling runs on
-                return [replace(d, siblings=by_node.get(d.group or "", 0)) for d in found]
+        if nodes is not None and placed is not None:
+            found = self._cluster_facts(slot, nodes, figures, peers, margin, *placed)
+            by_node = self._siblings(slot, by_node=True)
+            if not by_node:
+                return found
+            # on a cluster, replicas spread across nodes: a node a sibling runs on
+            return [replace(d, siblings=by_node.get(d.group or "", 0)) for d in found]
         if slot.on_nodes or slot.spec.device_kind != "gpu":
             key = slot.where
             budget_gb = budget_gb_for(key, budgets)
@@ -286,31 +293,12 @@ class Admission(Part):
         figures: dict[str, list[int]],
         peers: dict[str, int],
         margin: int,
+        holders: dict[str, int],
+        units: dict[str, dict[str, int]],
     ) -> list[DeviceFacts]:
         """The cluster's GPUs for ``slot`` (see :mod:`controller.scheduling.cluster`): what the
-        other slots hold on each, and the nodes it avoids for now."""
-        group = {p.name for p in self.table.usage.group_peers(slot)}
-        holders: dict[str, int] = {}
-        units: dict[str, dict[str, int]] = {}
-        for s in self.table:
-            if s is slot or s.name in group or s.state not in ADMITTED_STATES:
-                continue
-            for g in s.placement:
-                if g.node is not None:
-                    holders[g.key] = holders.get(g.key, 0) + 1
-                    on = units.setdefault(g.node, {})
-                    on[s.name] = on.get(s.name, 0) + 1
-        # A surge's second pod holds a GPU (a replica) of its own while both run.
-        for name, held_by in self.table.surges.items():
-            if name == slot.name or name in group:
-                continue
-            for key, _size, _coming in held_by:
-                node, sep, _gpu = key.partition("/")
-                if not sep:
-                    continue
-                holders[key] = holders.get(key, 0) + 1
-                on = units.setdefault(node, {})
-                on[name] = on.get(name, 0) + 1
+        other slots hold on each (``holders``, ``units``: :meth:`Usage.cluster_holdings`),
+        and the nodes it avoids for now."""
         budget_gb = self.settings.memory_budget_gb.get("gpu")
         per_gpu = int(budget_gb * GIB) if budget_gb is not None else None
         self._say_by_count(nodes, per_gpu)

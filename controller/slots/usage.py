@@ -82,6 +82,47 @@ class Usage:
                 figures[1] += size if loading else 0
         return out
 
+    def cluster_holdings(
+        self, requester: SlotRecord, leave_out: set[str]
+    ) -> tuple[dict[str, list[int]], dict[str, int], dict[str, dict[str, int]]]:
+        """:meth:`all_device_bytes` for ``requester`` and, in the same pass over the
+        slots (one, not two, per cluster load decision: issue 39), what the admission's
+        cluster view counts of every other slot (``leave_out``: the requester's exclusive-
+        group peers, unloaded first): GPU key -> slots placed there, node -> slot -> GPUs."""
+        out: dict[str, list[int]] = {}
+        holders: dict[str, int] = {}
+        units: dict[str, dict[str, int]] = {}
+        for s in self.records.values():
+            if s.state not in ADMITTED_STATES:
+                continue
+            mine = s is requester
+            for key, size, loading in s.holdings():
+                figures = out.setdefault(key, [0, 0])
+                figures[0] += size
+                if loading and not mine:
+                    figures[1] += size
+            if mine or s.name in leave_out:
+                continue
+            for g in s.placement:
+                if g.node is not None:
+                    key = g.key
+                    holders[key] = holders.get(key, 0) + 1
+                    on = units.setdefault(g.node, {})
+                    on[s.name] = on.get(s.name, 0) + 1
+        for name, held in self.surges.items():
+            counted = name != requester.name and name not in leave_out
+            for key, size, loading in held:
+                figures = out.setdefault(key, [0, 0])
+                figures[0] += size
+                figures[1] += size if loading else 0
+                # a surge's second pod holds a GPU (a replica) of its own while both run
+                node, sep, _gpu = key.partition("/")
+                if counted and sep:
+                    holders[key] = holders.get(key, 0) + 1
+                    on = units.setdefault(node, {})
+                    on[name] = on.get(name, 0) + 1
+        return out, holders, units
+
     def all_resident_bytes(self) -> dict[str, int]:
         """:meth:`resident_bytes` of every key and device kind (``gpu``, ``NODE/gpu``) at
         once: one pass over the slots, not one per device (housekeeping's pressure check

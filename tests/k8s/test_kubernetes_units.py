@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from lightkube.resources.core_v1 import Node
+from lightkube.resources.core_v1 import Node, Pod
 
 from controller.cli.k8s import operator_runtime
 from controller.model.devices import GpuRef
@@ -93,6 +93,69 @@ def test_node_memory_answers_per_node_from_the_caches() -> None:
     assert len(memory.cluster()) == 2  # a snapshot until told the caches changed
     memory.stale()
     assert [n.name for n in memory.cluster()] == ["b"]
+
+
+def _gpu_pod(name: str, node: str | None, gpus: int, slot: str | None = None) -> Pod:
+    labels = {"slotctl.managed": "true", "slotctl.slot": slot} if slot else {}
+    return Pod.from_dict(
+        {
+            "metadata": {"name": name, "namespace": "ml", "labels": labels},
+            "spec": {
+                "nodeName": node,
+                "containers": [
+                    {"name": "c", "resources": {"requests": {"nvidia.com/gpu": str(gpus)}}}
+                ],
+            },
+        }
+    )
+
+
+def test_node_memory_is_kept_per_node_from_the_watch_events() -> None:
+    """The probe kept from the watches' events (issue 39): a pod's event reads again only
+    the nodes it left and joined, a node's event that node; what it answers is what a
+    full reading of the caches answers, at each step."""
+    nodes = {n: Node.from_dict(gpu_node(n, gpus=1, gib_per_gpu=16, replicas=4)) for n in "abc"}
+    pods: dict[str, Pod] = {}
+
+    def ours(pod: Pod) -> str | None:
+        return (pod.metadata.labels or {}).get("slotctl.slot") if pod.metadata else None
+
+    memory = NodeMemory()
+    memory.bind(nodes, pods, ours)
+    first = memory.cluster()
+
+    def event(key: str, new: Pod | None) -> None:
+        old = pods.pop(key, None)
+        if new is not None:
+            pods[key] = new
+        memory.pod_changed(old, new)
+
+    def agrees() -> tuple[Any, ...]:
+        full = NodeMemory()
+        full.bind(nodes, pods, ours)
+        kept = memory.cluster()
+        assert kept == full.cluster()
+        return kept
+
+    event("ml/p1", _gpu_pod("p1", "a", 1, slot="s1"))
+    event("ml/p2", _gpu_pod("p2", "b", 2))  # another's
+    a, b, c = agrees()
+    assert c is first[2]  # untouched: not read again
+    assert (a.pods, a.others, b.others) == ({"s1": 1}, 0, 2)
+    event("ml/p1", _gpu_pod("p1", "c", 1, slot="s1"))  # moved (a new pod of the name)
+    a, b, c = agrees()
+    assert (a.pods, c.pods) == ({}, {"s1": 1}) and b is not first[1]
+    event("ml/p3", _gpu_pod("p3", None, 1, slot="s3"))  # not bound: no node changes
+    assert agrees()[1] is b
+    event("ml/p2", None)  # deleted
+    assert agrees()[1].others == 0
+    assert [p.metadata.name for p in memory.pods_on("c") if p.metadata] == ["p1"]
+    nodes["b"] = Node.from_dict(gpu_node("b", gpus=2, gib_per_gpu=16))
+    memory.node_changed("b")
+    assert agrees()[1].allocatable == 2
+    del nodes["c"]
+    memory.node_changed("c")
+    assert [n.name for n in agrees()] == ["a", "b"]
 
 
 def test_deployment_body() -> None:

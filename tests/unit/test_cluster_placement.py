@@ -485,3 +485,39 @@ async def test_a_surge_on_a_cluster_needs_another_whole_gpu_and_holds_it(tmp_pat
     del m.core.table.surges["chat"]  # its rollout over: the GPU is free again
     await m.load("other")
     assert m.view("other").devices == ("a/gpu:1",)
+
+
+async def test_one_pass_cluster_holdings_agree_with_the_sums_they_replace(tmp_path: Path) -> None:
+    """Issue 39: a cluster load decision reads the slots once
+    (:meth:`Usage.cluster_holdings`): its bytes are :meth:`Usage.all_device_bytes`', and
+    its per-GPU holders and per-node units count every other admitted slot's placement
+    (the requester and the peers left out); a Model's states come from the table as
+    from the views."""
+    cluster = Cluster(tmp_path, [node("a", gpus=2, gib=24, allocatable=6), node("b", gpus=2)])
+    slots = [cslot(f"s{i}", "m6") for i in range(5)] + [cslot("big", "m20", gpus=2)]
+    await cluster.declare(slots, [model_spec("m6", 6), model_spec("m20", 20)])
+    m = cluster.manager
+    await asyncio.gather(*(m.start_load(s.name) for s in slots))
+    await settle(m)
+    table = m.core.table
+    placed = [r for r in table if r.placement]
+    assert len(placed) >= 4 and any(len(r.placement) == 2 for r in placed)  # "big" spans two
+    for requester in table:
+        leave_out = {placed[0].name} if requester is not placed[0] else set()
+        figures, holders, units = table.usage.cluster_holdings(requester, leave_out)
+        assert figures == table.usage.all_device_bytes(requester)
+        want_holders: dict[str, int] = {}
+        want_units: dict[str, dict[str, int]] = {}
+        for s in table:
+            if s is requester or s.name in leave_out or not s.placement:
+                continue
+            for g in s.placement:
+                assert g.node is not None
+                want_holders[g.key] = want_holders.get(g.key, 0) + 1
+                want_units.setdefault(g.node, {})[s.name] = (
+                    want_units.get(g.node, {}).get(s.name, 0) + 1
+                )
+        assert (holders, units) == (want_holders, want_units)
+    for model in ("m6", "m20", "none"):
+        views = {v.name: v.state for v in m.views() if v.model_id == model}
+        assert m.model_states(model) == views

@@ -178,7 +178,7 @@ class ClusterCache:
         pod = new or old
         assert pod is not None
         if _bound(new) or _bound(old):
-            self.memory.stale()
+            self.memory.pod_changed(old, new)
         slot = self.slot_of(pod)
         if slot is None:
             return
@@ -190,18 +190,18 @@ class ClusterCache:
         self._wake_slot(slot)
 
     def _node_event(self, kind: str, old: Node | None, new: Node | None) -> None:
-        self.memory.stale()
         node = new or old
         assert node is not None
         name = str(node.metadata.name) if node.metadata else ""
+        self.memory.node_changed(name)
         why = "deleted" if new is None else unusable(new)
         if why is not None and (why.startswith("NotReady") or why == "deleted"):
             self.not_ready.setdefault(name, (time.monotonic(), why))
         else:
             self.not_ready.pop(name, None)
-        for slot, pods in list(self.by_slot.items()):
-            if any(p.spec and p.spec.nodeName == name for p in pods.values()):
-                self._wake_slot(slot)
+        # the slots whose pods are bound there (the node's pods, not every slot's)
+        for slot in sorted({s for p in self.memory.pods_on(name) if (s := self.slot_of(p))}):
+            self._wake_slot(slot)
 
     def _deployment_event(self, kind: str, old: Deployment | None, new: Deployment | None) -> None:
         obj = new or old

@@ -100,6 +100,15 @@ def pod_gpus(pod: Pod, resource: str) -> int:
     return max(sum(asked(spec.containers or [])), max(asked(spec.initContainers or []), default=0))
 
 
+def _node_of(pod: Pod | None) -> str | None:
+    return (pod.spec.nodeName or None) if pod is not None and pod.spec else None
+
+
+def _pod_key(pod: Pod) -> str:
+    meta = pod.metadata
+    return f"{meta.namespace}/{meta.name}" if meta is not None else ""
+
+
 def _finished(pod: Pod) -> bool:
     return bool(pod.status and pod.status.phase in ("Succeeded", "Failed"))
 
@@ -169,8 +178,14 @@ class NodeMemory:
     :meth:`cluster` answers every GPU node (:func:`node_gpus`); ``NODE/cpu`` keys answer
     with the node's allocatable memory, ``NODE/gpu:N`` with its per-GPU memory (when a
     label states it). Nothing measures a remote GPU: free = total, and the admitted bytes
-    per key do the accounting. :meth:`stale` marks the caches changed (read again when
-    asked next).
+    per key do the accounting.
+
+    Kept per node from the watches' events (issue 39): :meth:`pod_changed` files a pod
+    under the node it is bound to and marks that node (and the one it left) changed,
+    :meth:`node_changed` marks its node; :meth:`cluster` reads again only the nodes
+    marked since, from the pods bound to each (not every pod of the cluster per load, as
+    it did while a burst of 1,000 pods kept every node changed). :meth:`stale` marks
+    everything changed (read again in full when asked next).
     """
 
     def __init__(
@@ -183,6 +198,9 @@ class NodeMemory:
         self._pods = pods if pods is not None else {}
         self._ours = ours
         self._cluster: tuple[NodeGpus, ...] | None = None
+        self._bound: dict[str, dict[str, Pod]] | None = None  # node -> pod key -> pod
+        self._per_node: dict[str, NodeGpus] = {}  # the GPU nodes, as last read
+        self._changed: set[str] = set()  # nodes to read again
         self.gpu_resources: dict[str, str] = {}  # node -> the GPU resource it offers
 
     def bind(
@@ -193,28 +211,69 @@ class NodeMemory:
         self.stale()
 
     def stale(self) -> None:
+        """Everything changed: read every node and pod again when asked next."""
         self._cluster = None
+        self._bound = None
+
+    def pod_changed(self, old: Pod | None, new: Pod | None) -> None:
+        """A pod's watch event: only the nodes it was and is bound to are read again."""
+        bound = self._bound
+        if bound is None:
+            return  # read in full when asked next
+        for pod, add in ((old, False), (new, True)):
+            node = _node_of(pod)
+            if pod is None or node is None:
+                continue
+            on = bound.setdefault(node, {})
+            if add:
+                on[_pod_key(pod)] = pod
+            else:
+                on.pop(_pod_key(pod), None)
+            self._changed.add(node)
+
+    def node_changed(self, name: str) -> None:
+        """A node's watch event: that node is read again."""
+        self._changed.add(name)
+
+    def pods_on(self, name: str) -> list[Pod]:
+        """The pods bound to node ``name`` (unfinished or not)."""
+        self.cluster()
+        return list((self._bound or {}).get(name, {}).values())
 
     def cluster(self) -> tuple[NodeGpus, ...]:
-        if self._cluster is None:
-            bound: dict[str, list[Pod]] = {}
-            for pod in self._pods.values():
-                node = pod.spec.nodeName if pod.spec else None
+        if self._bound is None:
+            bound: dict[str, dict[str, Pod]] = {}
+            for key, pod in self._pods.items():
+                node = _node_of(pod)
                 if node:
-                    bound.setdefault(node, []).append(pod)
-            found = []
-            for key, item in sorted(self._nodes.items()):
-                gpus = node_gpus(item, bound.get(key, ()), self._ours)
-                if gpus is not None:
-                    found.append(gpus)
-            self._cluster = tuple(found)
+                    bound.setdefault(node, {})[key] = pod
+            self._bound = bound
+            self._per_node = {}
+            self._changed = set(self._nodes)
+            self._cluster = None
+        if self._changed or self._cluster is None:
+            for name in self._changed:
+                item = self._nodes.get(name)
+                gpus = (
+                    node_gpus(item, self._bound.get(name, {}).values(), self._ours)
+                    if item is not None
+                    else None
+                )
+                if gpus is None:
+                    self._per_node.pop(name, None)
+                else:
+                    self._per_node[name] = gpus
+            self._changed = set()
+            found = tuple(self._per_node[k] for k in sorted(self._per_node))
+            self._cluster = found
             self.gpu_resources = {n.name: n.resource for n in found}
         return self._cluster
 
     def sample(self, device: str) -> DeviceMemory | None:
         node_name, sep, kind = device.rpartition("/")
         if kind.startswith("gpu:"):
-            found = next((n for n in self.cluster() if n.name == node_name), None)
+            self.cluster()
+            found = self._per_node.get(node_name)
             total = found.per_gpu if found is not None else None
         elif sep:
             node = self._nodes.get(node_name)
