@@ -321,8 +321,9 @@ class _Reader:
             return None
         proxy = urlsplit(value if "://" in value else "http://" + value)
         if proxy.scheme != "http" or not proxy.hostname:
+            where = proxy.netloc.rpartition("@")[2]  # never the proxy's password
             raise ModelPullFailed(
-                f"{self.shown}: the proxy {redact_url(value)} is not an http:// proxy "
+                f"{self.shown}: the proxy {proxy.scheme}://{where} is not an http:// proxy "
                 "(the only kind supported)",
                 source=self.source,
                 reason="proxy",

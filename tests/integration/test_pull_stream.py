@@ -618,3 +618,18 @@ async def test_an_ipv6_literal_host_on_the_default_port(
     finally:
         partial.close()
         await runner.cleanup()
+
+
+async def test_a_proxy_that_is_not_http_is_refused_without_its_password(
+    tmp_path: Path, no_proxy_env: pytest.MonkeyPatch
+) -> None:
+    no_proxy_env.setenv("ALL_PROXY", "socks5://px:s3cret@127.0.0.1:1080")
+    remote = RemoteFile(name="x.bin", url="https://127.0.0.1:9/x.bin", size=1, digests=())
+    partial = partial_for(remote, tmp_path)
+    try:
+        with pytest.raises(ModelPullFailed) as refused:
+            await asyncio.to_thread(fetch, remote, partial, StreamSettings())
+    finally:
+        partial.close()
+    assert refused.value.details["reason"] == "proxy"
+    assert "s3cret" not in f"{refused.value.message} {refused.value.details}"
