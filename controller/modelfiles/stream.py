@@ -299,7 +299,20 @@ class _Reader:
                 if port != _DEFAULT_PORTS["http"]:
                     shown_host += f":{port}"
                 target = f"http://{shown_host}{target}"
-        conn.connect()
+        try:
+            conn.connect()
+        except OSError as exc:
+            tunnel = re.match(r"Tunnel connection failed: (\d+)", str(exc))
+            if proxy is None or tunnel is None:
+                raise
+            conn.close()
+            code = int(tunnel.group(1))  # the proxy refused the CONNECT: no retry mends it
+            raise ModelPullFailed(
+                f"{self.shown}: the proxy refused the tunnel ({code})",
+                source=self.source,
+                reason="proxy",
+                status=code,
+            ) from None
         assert conn.sock is not None
         conn.sock.settimeout(self.settings.read_timeout_s)
         conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -467,6 +480,14 @@ def _raise_for(status: int, url: str, shown: str) -> None:
             reason="unauthorized",
             token_sent=False,
             status=status,
+        )
+    if status == 407:
+        raise ModelPullFailed(
+            f"{shown}: the proxy answered 407 (its credentials: user:password@ in the "
+            "proxy variable)",
+            source=url,
+            reason="proxy",
+            status=407,
         )
     if status == 404:
         raise ModelPullFailed(

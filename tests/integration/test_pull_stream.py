@@ -633,3 +633,26 @@ async def test_a_proxy_that_is_not_http_is_refused_without_its_password(
         partial.close()
     assert refused.value.details["reason"] == "proxy"
     assert "s3cret" not in f"{refused.value.message} {refused.value.details}"
+
+
+async def test_a_proxy_that_wants_credentials_fails_the_pull_at_once(
+    hub: HubServer, tmp_path: Path, no_proxy_env: pytest.MonkeyPatch
+) -> None:
+    data = blob(MIB, 16)
+    url = hub.add_url("a.bin", data)
+    remote = RemoteFile(name="a.bin", url=url, size=len(data), digests=())
+    secure = RemoteFile(name="a.bin", url="https://127.0.0.1:9/a.bin", size=1, digests=())
+    with ForwardProxy(credentials="px:pw") as proxy:
+        no_proxy_env.setenv("HTTP_PROXY", proxy.url.replace("px:pw@", ""))
+        no_proxy_env.setenv("HTTPS_PROXY", proxy.url.replace("px:pw@", ""))
+        for each in (remote, secure):  # a 407 to a request, and to a CONNECT
+            partial = partial_for(each, tmp_path)
+            try:
+                with pytest.raises(ModelPullFailed) as refused:
+                    await asyncio.to_thread(fetch, each, partial, StreamSettings(attempts=5))
+            finally:
+                partial.close()
+            assert refused.value.details["reason"] == "proxy"
+            assert refused.value.details["status"] == 407
+        assert [s.method for s in proxy.seen] == ["GET", "CONNECT"]  # none retried
+    assert hub.sent("a.bin") == 0
