@@ -25,6 +25,7 @@ from lightkube import AsyncClient, KubeConfig
 from controller.model.errors import SlotSpawnFailed
 from controller.runtime.kubernetes.runtime import KubernetesRuntime
 from controller.runtime.kubernetes.spec import switched_service
+from controller.store.state import StateStore
 from tests.integration.helpers import demo_launch, free_port
 from tests.k8s.conftest import Cluster, eventually
 from tests.k8s.kubelet import Kubelet, answers, declare_workloads, gpu_node
@@ -388,6 +389,58 @@ async def test_an_operator_killed_mid_surge_converges_on_restart(
         (left,) = await _deployments(kubelet, "chat")
         dep = await kubelet.get("deployments", left)
         assert dep is not None and dep["metadata"]["annotations"].get("slotctl.surge") != "true"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+async def test_a_restart_between_switched_and_the_promotion_keeps_the_old_port(
+    cluster: Cluster, kubelet: Kubelet, tmp_path: Path
+) -> None:
+    """The manager writes ``switched`` before it promotes; an operator killed in that gap
+    finds the new instance still marked and the Service on the old one: the settle keeps
+    the old pod, and recovery keeps the slot's old port with it (the new one recorded,
+    the slot would look drifted and roll again). Review of the pod surge, item 3."""
+    await kubelet.create(gpu_node("gpu-a", gpus=1, gib_per_gpu=16, replicas=4))
+    log, state = tmp_path / "operator.log", tmp_path / "state"
+    proc = _operator(cluster, state, log)
+    try:
+        await cluster.create(model("m-chat", 2))
+        await cluster.create(auto_slot("chat", "m-chat"))
+        await eventually(lambda: ready(cluster, "chat"), "chat Ready", timeout=60)
+        service = await kubelet.get("services", "slotctl-chat")
+        assert service is not None
+        old_port = int(service["metadata"]["annotations"]["slotctl.port"])
+        proc.kill()
+        proc.wait()
+        new = demo_launch("chat", port=free_port(), runtime="kubernetes", image=IMAGE)
+        async with runtime(cluster) as rt:  # the surge's new instance, started and marked
+            assert (await rt.surge.start_instance(new)).running
+        record = {
+            "phase": "switched",
+            "port": new.port,
+            "old_port": old_port,
+            "from": "old",
+            "to": new.config_hash(),
+            "gpus": [0],
+        }
+        StateStore(state).write_aux("chat", "rollout.json", record)
+        proc = _operator(cluster, state, log)
+
+        async def settled() -> bool:
+            return await _deployments(kubelet, "chat") == ["slotctl-chat"] and bool(
+                await ready(cluster, "chat")
+            )
+
+        await eventually(settled, "the interrupted instance deleted, chat Ready", timeout=60)
+        assert StateStore(state).read_port("chat") == old_port
+        assert StateStore(state).read_aux("chat", "rollout.json") is None
+        service = await kubelet.get("services", "slotctl-chat")
+        assert service is not None
+        assert service["metadata"]["annotations"]["slotctl.port"] == str(old_port)
+        obj = await ready(cluster, "chat")
+        assert obj is not None and not (obj.get("status") or {}).get("rollout")
     finally:
         if proc.poll() is None:
             proc.kill()
