@@ -341,8 +341,9 @@ class Rollouts(Part):
                 log.warning("slot %s: settling an interrupted rollout: %s", slot.name, exc.message)
                 return
             port = record.get("port") if record is not None else None
-            if phase == SWITCHED and isinstance(port, int) and await self._serves(slot, record):
-                self.core.record_port(slot, port)
+            switched = record is not None and phase == SWITCHED
+            if switched and isinstance(port, int) and await self._serves(slot, record or {}):
+                self.core.record_port(slot, port)  # the settle kept the new server
             self._delete(slot.name)
             if done is not None:
                 self._event(slot, "done", f"rollout interrupted by a restart: {done}")
