@@ -21,6 +21,8 @@ from typing import Any
 
 import pytest
 from lightkube import AsyncClient, KubeConfig
+from lightkube.resources.core_v1 import Pod
+from lightkube.types import PatchType
 
 from controller.model.errors import SlotSpawnFailed
 from controller.runtime.kubernetes.runtime import KubernetesRuntime
@@ -445,3 +447,39 @@ async def test_a_restart_between_switched_and_the_promotion_keeps_the_old_port(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+async def test_the_switch_moves_the_pool_label_off_the_retiring_pod(
+    cluster: Cluster, kubelet: Kubelet
+) -> None:
+    """The old pod carries ``slotctl.pool`` (the pools' pass put it there): at the switch
+    the new pod gets it and the old one loses it, so a gateway sends the draining pod no
+    new request before it is scaled to 0. Review of the pod surge, item 2."""
+    await kubelet.create(gpu_node("gpu-a", gpus=1, gib_per_gpu=16, replicas=4))
+    old = demo_launch("pool", runtime="kubernetes", image=IMAGE)
+    new = demo_launch("pool", ["--load-seconds", "0.2"], runtime="kubernetes", image=IMAGE)
+    async with runtime(cluster) as rt:
+        await rt.start(old)
+        (first,) = kubelet.alive("pool")
+        patch = {"metadata": {"labels": {"slotctl.pool": "slotctl-demo"}}}
+        await rt.client().patch(
+            Pod, first.name, patch, namespace="default", patch_type=PatchType.MERGE
+        )
+
+        async def pool_of(name: str) -> str | None:
+            pod = await kubelet.get("pods", name)
+            return None if pod is None else pod["metadata"].get("labels", {}).get("slotctl.pool")
+
+        async def in_cache() -> bool:
+            pods = rt.cache.slot_pods("pool", "0")
+            return any((p.metadata.labels or {}).get("slotctl.pool") for p in pods if p.metadata)
+
+        await eventually(in_cache, "the old pod's pool label in the cache")
+        await rt.surge.start_instance(new)
+        (second,) = [p for p in kubelet.alive("pool") if p.name != first.name]
+        assert await pool_of(second.name) is None  # not in the pool while it warms
+        await rt.surge.promote("pool")
+        assert first.process.poll() is None  # the old pod still runs (it drains) ...
+        assert await pool_of(first.name) is None  # ... outside the pool
+        assert await pool_of(second.name) == "slotctl-demo"
+        assert await rt.surge.stop_retiring("pool", 5.0)

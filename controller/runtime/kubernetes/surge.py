@@ -12,7 +12,8 @@ Service names the one that serves. A surge:
                      probes it at its pod IP while the old pod serves on)
     promote          the Service switched to it (selector + annotation: one write), then
                      the mark cleared (``"false"``: its body applied again, the drift
-                     intent now); until the caches show both
+                     intent now); until the caches show both; then the InferencePool's
+                     label (``slotctl.pool``) moved from the old pod to the new one
     stop_retiring    the old instance scaled to 0, its pod gone, its Deployment deleted
     stop_instance    (a failed or abandoned surge) the marked instance removed the same way
 
@@ -36,11 +37,13 @@ from typing import Any, Protocol
 
 import httpx2
 from lightkube.resources.apps_v1 import Deployment
+from lightkube.resources.core_v1 import Pod
 from lightkube.types import PatchType
 
 from controller.model.errors import SlotSpawnFailed, SlotTerminateTimeout
 from controller.runtime.base import LaunchSpec, Observed, RunStatus
 from controller.runtime.kubernetes.api import KubernetesApi
+from controller.runtime.kubernetes.poolspec import POOL_LABEL
 from controller.runtime.kubernetes.spec import (
     SURGE_ANNOTATION,
     instance_name,
@@ -49,6 +52,7 @@ from controller.runtime.kubernetes.spec import (
     ours,
     surging,
     switched_service,
+    terminating,
 )
 
 __all__ = ["Instances", "KubernetesSurge"]
@@ -231,6 +235,38 @@ class KubernetesSurge:
             )
         self._promoted[slot] = new
         await self._until(slot, lambda: self._shown(slot, new), "the switch")
+        await self._move_pool(slot, new)
+
+    async def _move_pool(self, slot: str, new: str) -> None:
+        """The slot's InferencePool follows the Service: the new instance's pods get the
+        ``slotctl.pool`` label the old one's carry, then the old ones lose it, so a gateway
+        sends the retiring pod no new request while it drains (the pools' pass,
+        :mod:`~controller.runtime.kubernetes.pools`, labels serving pods only and would
+        leave it there until it is scaled to 0). Nothing when no pool selects the slot."""
+        cache = self.api.cache
+        old = [p for p in cache.slot_pods(slot, other(new)) if _pool_of(p)]
+        if not old:
+            return
+        pool = _pool_of(old[0])
+        for pod in cache.slot_pods(slot, new):
+            if not terminating(pod) and _pool_of(pod) != pool:
+                await self._label_pool(pod, pool)
+        for pod in old:
+            await self._label_pool(pod, None)
+        log.info("slot %s: pool %s moved to instance %s", slot, pool, new)
+
+    async def _label_pool(self, pod: Pod, pool: str | None) -> None:
+        name = pod.metadata.name if pod.metadata else None
+        if not name:
+            return
+        with _gone_already():
+            await self.api.client().patch(
+                Pod,
+                name,
+                {"metadata": {"labels": {POOL_LABEL: pool}}},
+                namespace=self.api.namespace,
+                patch_type=PatchType.MERGE,
+            )
 
     def _shown(self, slot: str, new: str) -> bool:
         cache = self.api.cache
@@ -270,6 +306,11 @@ class KubernetesSurge:
                 slot=slot,
             )
         log.info("slot %s: instance %s (%s) removed", slot, instance, name)
+
+
+def _pool_of(pod: Pod) -> str | None:
+    labels = (pod.metadata.labels if pod.metadata else None) or {}
+    return labels.get(POOL_LABEL) or None
 
 
 @contextlib.contextmanager
