@@ -92,7 +92,7 @@ class Rollouts(Part):
             on_nodes=on_nodes,
         )
         running = slot is not None and self.loading.loaded(slot) and not slot.book.draining
-        why_not = cannot_surge(self.runtime)
+        why_not = cannot_surge(self.runtime, desired.name)
         if why_not is None and slot is not None and slot.asleep:
             why_not = "its server sleeps: nobody is served by it until a wake"
         if why_not is None and slot is not None and self.table.usage.group_peers(probe):

@@ -26,7 +26,8 @@ from lightkube.types import PatchType
 
 from controller.model.errors import SlotSpawnFailed
 from controller.runtime.kubernetes.runtime import KubernetesRuntime
-from controller.runtime.kubernetes.spec import switched_service
+from controller.runtime.kubernetes.spec import service_body, switched_service
+from controller.runtime.surging import cannot_surge
 from controller.store.state import StateStore
 from tests.integration.helpers import demo_launch, free_port
 from tests.k8s.conftest import Cluster, eventually
@@ -304,6 +305,10 @@ async def test_a_switch_the_manager_did_not_finish_is_undone_by_its_stop(
         await eventually(lambda: _one_pod(kubelet, "undo", "slotctl-undo-"), "the old pod only")
 
 
+async def _alive(kubelet: Kubelet, slot: str) -> list[Any] | None:
+    return kubelet.alive(slot) or None
+
+
 async def _true(value: bool) -> bool:
     return value
 
@@ -483,3 +488,68 @@ async def test_the_switch_moves_the_pool_label_off_the_retiring_pod(
         assert await pool_of(first.name) is None  # ... outside the pool
         assert await pool_of(second.name) == "slotctl-demo"
         assert await rt.surge.stop_retiring("pool", 5.0)
+
+
+async def test_a_service_selecting_by_slot_is_made_to_select_the_serving_instance_first(
+    cluster: Cluster, kubelet: Kubelet
+) -> None:
+    """A Service that selects by slot alone (written before instance labels) in front of
+    labelled pods: before the second pod starts it selects the serving instance by label,
+    so the warming pod is never one of its endpoints. Review of the pod surge, item 1."""
+    await kubelet.create(gpu_node("gpu-a", gpus=1, gib_per_gpu=16, replicas=4))
+    old = demo_launch("sel", runtime="kubernetes", image=IMAGE)
+    new = demo_launch("sel", ["--load-seconds", "0.2"], runtime="kubernetes", image=IMAGE)
+    async with runtime(cluster) as rt:
+        await rt.start(old)
+        await rt.apply(service_body(old, "default", by_instance=False))
+
+        async def by_slot() -> bool:
+            service = rt.cache.service("sel")
+            spec = service.spec if service is not None else None
+            return "slotctl.instance" not in ((spec.selector if spec else None) or {})
+
+        await eventually(by_slot, "the Service selecting by slot alone in the cache")
+        assert cannot_surge(rt, "sel") is None  # its pods are labelled: it can surge
+        assert (await rt.surge.start_instance(new)).running
+        assert len(kubelet.alive("sel")) == 2  # both pods run; the Service names the old
+        service = await kubelet.get("services", "slotctl-sel")
+        assert service is not None
+        assert service["spec"]["selector"]["slotctl.instance"] == "0"
+        assert service["spec"]["ports"][0]["targetPort"] == old.port
+        await rt.surge.promote("sel")
+        service = await kubelet.get("services", "slotctl-sel")
+        assert service is not None and service["spec"]["selector"]["slotctl.instance"] == "1"
+
+
+async def test_a_slot_from_before_instance_labels_is_recreated_not_surged(
+    cluster: Cluster, kubelet: Kubelet
+) -> None:
+    """A Deployment and Service written before instance labels (its pod has no
+    ``slotctl.instance``; the Service selects by slot alone), adopted: no selector names
+    the old pod alone, so the slot cannot surge (the manager recreates it once, with the
+    reason) and a start of a second instance is refused before it is made. Review of the
+    pod surge, item 1."""
+    await kubelet.create(gpu_node("gpu-a", gpus=1, gib_per_gpu=16, replicas=4))
+    old = demo_launch("legacy", runtime="kubernetes", image=IMAGE)
+    new = demo_launch("legacy", ["--load-seconds", "0.2"], runtime="kubernetes", image=IMAGE)
+    async with runtime(cluster) as rt:
+        body = rt.deployment_for(old)
+        del body["spec"]["template"]["metadata"]["labels"]["slotctl.instance"]
+        await kubelet.create(body)
+        await kubelet.create(service_body(old, "default", by_instance=False))
+        (pod,) = await eventually(lambda: _alive(kubelet, "legacy"), "the old pod running")
+
+        async def seen() -> bool:
+            return (await rt.inspect("legacy")).running and rt.cache.service("legacy") is not None
+
+        await eventually(seen, "the old slot in the caches")
+        assert (await rt.start(old)).running  # adopted as it is
+        assert kubelet.alive("legacy") == [pod]  # (not restarted)
+        service = await kubelet.get("services", "slotctl-legacy")
+        assert service is not None and "slotctl.instance" not in service["spec"]["selector"]
+        why = cannot_surge(rt, "legacy") or ""
+        assert "predate instance labels" in why
+        with pytest.raises(SlotSpawnFailed, match="predate instance labels"):
+            await rt.surge.start_instance(new)
+        assert await kubelet.get("deployments", "slotctl1-legacy") is None
+        assert len(kubelet.alive("legacy")) == 1
