@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
-from controller.demo.config import DemoConfig
+from controller.demo.config import MAX_TOKENS_LIMIT, DemoConfig
 from controller.demo.generate import count_tokens, embedding, embedding_base64, pseudo_tokens
 from controller.demo.httpd import App, Handler, Request, Response, Stream
 from controller.demo.prefixcache import PrefixCache
@@ -40,7 +40,6 @@ if TYPE_CHECKING:
 
     JSON = dict[str, Any]
 DEFAULT_MAX_TOKENS = 16
-MAX_TOKENS_LIMIT = 8192
 CRASH_EXIT_STATUS = 3
 
 

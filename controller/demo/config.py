@@ -37,6 +37,9 @@ exit status: 0 after SIGTERM/SIGINT, 1 when loading fails or the port cannot be 
 2 for bad arguments, 3 for the crash injected by --crash-after."""
 
 
+MAX_TOKENS_LIMIT = 8192  # the most tokens one request may ask for (400 beyond)
+
+
 class DemoConfig:
     """Everything the demo server is told at start; the server never changes it.
 
@@ -150,9 +153,13 @@ def _sampling(text: str) -> dict[str, object]:
         raise argparse.ArgumentTypeError(f"not a JSON object: {text!r}")
     tokens = value.get("max_tokens")
     if tokens is not None and (
-        isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0
+        isinstance(tokens, bool)
+        or not isinstance(tokens, int)
+        or not 0 <= tokens <= MAX_TOKENS_LIMIT
     ):
-        raise argparse.ArgumentTypeError(f"max_tokens must be an integer >= 0: {tokens!r}")
+        raise argparse.ArgumentTypeError(
+            f"max_tokens must be an integer from 0 to {MAX_TOKENS_LIMIT}: {tokens!r}"
+        )
     return value
 
 

@@ -9,12 +9,17 @@ an engine has no start-time form for is named, never dropped silently:
 
 * **llama-server** (``tools/server/README.md``, "Sampling params"): ``--temp``,
   ``--top-k``, ``--top-p``, ``--min-p``, ``--repeat-penalty``, ``--presence-penalty``,
-  ``--frequency-penalty``, ``-s, --seed``, and ``-n, --n-predict`` for ``max_tokens``;
-  the server's start parameters are each request's defaults.
+  ``--frequency-penalty``, ``-s, --seed``; the server's start parameters are each
+  request's defaults.
 * **vLLM** (``--override-generation-config``, a JSON object over the model's
   ``generation_config.json``): the keys ``ModelConfig.get_diff_sampling_param`` reads —
   ``temperature``, ``top_p``, ``top_k``, ``min_p``, ``repetition_penalty`` (slotctl's
-  ``repeat_penalty``) and ``max_new_tokens`` (``max_tokens``).
+  ``repeat_penalty``).
+
+``max_tokens`` is told to neither: llama-server's ``--n-predict`` also caps a request's own
+``n_predict`` ("exceeds server configuration, setting to …"), and vLLM's
+``max_new_tokens`` override becomes ``override_max_tokens``, the ``min`` of
+``get_max_tokens``: a default a request could not raise is not a default.
 * **the demo server** (``--sampling``, a JSON object): every key; it applies
   ``max_tokens`` and reports them all at ``GET /props`` as llama-server does.
 * **llama-cpp-python** (``python -m llama_cpp.server``): its settings have no sampling
@@ -42,7 +47,6 @@ _LLAMA_SERVER_FLAGS: Final[dict[str, str]] = {
     "presence_penalty": "--presence-penalty",
     "frequency_penalty": "--frequency-penalty",
     "seed": "--seed",
-    "max_tokens": "--n-predict",
 }
 # vLLM's generation-config name for each key its override reads
 _VLLM_KEYS: Final[dict[str, str]] = {
@@ -51,7 +55,6 @@ _VLLM_KEYS: Final[dict[str, str]] = {
     "top_k": "top_k",
     "min_p": "min_p",
     "repeat_penalty": "repetition_penalty",
-    "max_tokens": "max_new_tokens",
 }
 # The keys each provider passes to its server (a provider not named passes none: its
 # command is the user's own, ``server.cmd``).

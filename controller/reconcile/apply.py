@@ -282,7 +282,7 @@ def _rolled(
     decision = decide_rollout(
         want.spec,
         running=obs is not None and obs.running,
-        cannot_surge=cannot_surge(runtime),
+        cannot_surge=cannot_surge(runtime, want.name),
         load=None,
         needed=0,
     )

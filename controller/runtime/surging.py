@@ -21,7 +21,14 @@ from typing import Protocol, runtime_checkable
 
 from controller.runtime.base import LaunchSpec, Observed, Runtime
 
-__all__ = ["SettlesAlone", "SurgeInstances", "cannot_surge", "settles_alone", "surge_of"]
+__all__ = [
+    "RefusesSome",
+    "SettlesAlone",
+    "SurgeInstances",
+    "cannot_surge",
+    "settles_alone",
+    "surge_of",
+]
 
 
 @runtime_checkable
@@ -58,6 +65,14 @@ class SettlesAlone(Protocol):
         ...
 
 
+@runtime_checkable
+class RefusesSome(Protocol):
+    def cannot_surge_slot(self, slot: str) -> str | None:
+        """Why this one slot cannot surge now (None: it can): its objects say so (on
+        kubernetes, a Service and pods from before instance labels)."""
+        ...
+
+
 def settles_alone(surge: SurgeInstances) -> SettlesAlone | None:
     return surge if isinstance(surge, SettlesAlone) else None
 
@@ -72,8 +87,12 @@ def surge_of(runtime: object) -> SurgeInstances | None:
     return runtime.surge if isinstance(runtime, _CanSurge) else None
 
 
-def cannot_surge(runtime: Runtime) -> str | None:
-    """Why ``runtime`` cannot surge (None: it can)."""
-    if surge_of(runtime) is not None:
+def cannot_surge(runtime: Runtime, slot: str | None = None) -> str | None:
+    """Why ``runtime`` cannot surge (None: it can); ``slot``: that slot too
+    (:class:`RefusesSome`)."""
+    surge = surge_of(runtime)
+    if surge is not None:
+        if slot is not None and isinstance(surge, RefusesSome):
+            return surge.cannot_surge_slot(slot)
         return None
     return f"this runtime ({type(runtime).__name__}) runs one server per slot: no surge"

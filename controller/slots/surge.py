@@ -21,7 +21,10 @@ keeps serving::
 After a restart (:meth:`Rollouts.recover`, before adoption): ``starting`` — the new
 server is stopped (and any stray of its spawn), the old one adopted; the reconciler rolls
 out again. ``switched`` — the promotion, the port and the old server's stop are finished
-(no request of the old controller is in flight any more). Either way one server of the
+(no request of the old controller is in flight any more); on a runtime that settles alone
+(kubernetes) the runtime's objects decide instead: ``switched`` is written before the
+promotion, so a settle may keep the old server, and the new port is recorded only when
+the new server is the one that serves. Either way one server of the
 slot remains. Only :class:`~.table.SlotTable` changes state; the rollout record is
 written through the store.
 """
@@ -89,7 +92,7 @@ class Rollouts(Part):
             on_nodes=on_nodes,
         )
         running = slot is not None and self.loading.loaded(slot) and not slot.book.draining
-        why_not = cannot_surge(self.runtime)
+        why_not = cannot_surge(self.runtime, desired.name)
         if why_not is None and slot is not None and slot.asleep:
             why_not = "its server sleeps: nobody is served by it until a wake"
         if why_not is None and slot is not None and self.table.usage.group_peers(probe):
@@ -338,8 +341,9 @@ class Rollouts(Part):
                 log.warning("slot %s: settling an interrupted rollout: %s", slot.name, exc.message)
                 return
             port = record.get("port") if record is not None else None
-            if phase == SWITCHED and isinstance(port, int):
-                self.core.record_port(slot, port)
+            switched = record is not None and phase == SWITCHED
+            if switched and isinstance(port, int) and await self._serves(slot, record or {}):
+                self.core.record_port(slot, port)  # the settle kept the new server
             self._delete(slot.name)
             if done is not None:
                 self._event(slot, "done", f"rollout interrupted by a restart: {done}")
@@ -359,6 +363,16 @@ class Rollouts(Part):
         self._event(
             slot, "failed", "rollout interrupted by a restart: the new server stopped, the old kept"
         )
+
+    async def _serves(self, slot: SlotRecord, record: dict[str, Any]) -> bool:
+        """The rollout's new server is the slot's after a settle (``switched`` is written
+        before the promotion: a settle that found the runtime not switched yet kept the
+        old server, whose port stays the slot's). Unknown (the runtime away): False."""
+        try:
+            observed = await self.runtime.inspect(slot.name)
+        except SlotctlError:
+            return False
+        return observed.config_hash == record.get("to")
 
     async def stop_orphaned(self, name: str) -> bool:
         """A slot nobody declares any more: its surge's servers (a rollout a restart

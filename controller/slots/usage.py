@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from controller.model.devices import key_index
 from controller.model.lifecycle import SlotState
 from controller.scheduling.eviction import EvictionCandidate, unified
 from controller.slots.records import ADMITTED_STATES, SlotRecord
@@ -115,9 +116,10 @@ class Usage:
                 figures = out.setdefault(key, [0, 0])
                 figures[0] += size
                 figures[1] += size if loading else 0
-                # a surge's second pod holds a GPU (a replica) of its own while both run
-                node, sep, _gpu = key.partition("/")
-                if counted and sep:
+                # a surge's second pod holds a GPU (a replica) of its own while both run;
+                # a CPU slot's surge holds its node's ``NODE/cpu`` key: no GPU
+                node, sep, unit = key.partition("/")
+                if counted and sep and key_index(unit) is not None:
                     holders[key] = holders.get(key, 0) + 1
                     on = units.setdefault(node, {})
                     on[name] = on.get(name, 0) + 1

@@ -64,22 +64,17 @@ def test_llama_server_is_told_its_flags_before_the_slots_own() -> None:
     assert _after(argv, "--top-k") == "40"
     assert _after(argv, "--repeat-penalty") == "1.1"
     assert _after(argv, "--presence-penalty") == "0.5"
-    assert _after(argv, "--n-predict") == "64"
     assert _after(argv, "--seed") == "7"
+    assert "--n-predict" not in argv  # a cap there, not a default: never told
     assert argv[-2:] == ["--parallel", "2"]
-    assert unpassed("llamacpp", MODEL) == ["stop"]
+    assert unpassed("llamacpp", MODEL) == ["max_tokens", "stop"]
 
 
 def test_vllm_gets_one_generation_config_override_in_its_names() -> None:
     argv = list(build_launch(_slot("vllm"), MODEL, BuildContext()).argv)
     override = json.loads(_after(argv, "--override-generation-config"))
-    assert override == {
-        "max_new_tokens": 64,
-        "repetition_penalty": 1.1,
-        "temperature": 0.25,
-        "top_k": 40,
-    }
-    assert unpassed("vllm", MODEL) == ["presence_penalty", "seed", "stop"]
+    assert override == {"repetition_penalty": 1.1, "temperature": 0.25, "top_k": 40}
+    assert unpassed("vllm", MODEL) == ["max_tokens", "presence_penalty", "seed", "stop"]
 
 
 def test_llama_cpp_python_and_a_generic_command_are_told_nothing() -> None:
@@ -183,3 +178,18 @@ def test_a_demo_slot_answers_by_its_models_defaults(ctl: Slotctl, tmp_path: Path
     with urllib.request.urlopen(slot["endpoint"] + "/props", timeout=10) as answer:
         params = json.load(answer)["default_generation_settings"]["params"]
     assert params == {"max_tokens": 3, "temperature": 0.5}
+
+
+def test_the_demo_refuses_a_default_budget_it_would_refuse_in_a_request() -> None:
+    """A --sampling max_tokens over the per-request limit would fail every request that
+    sets none: refused at start (argparse: exit 2), as a request's own is (400)."""
+    from controller.demo.config import MAX_TOKENS_LIMIT, parse_args
+
+    ok = parse_args(["--port", "0", "--model", "m", "--sampling", '{"max_tokens": 8}'])
+    assert ok.sampling == {"max_tokens": 8}
+    for bad in (str(MAX_TOKENS_LIMIT + 1), "-1", "true", '"8"'):
+        with pytest.raises(SystemExit) as exit_:
+            parse_args(["--port", "0", "--model", "m", "--sampling", f'{{"max_tokens": {bad}}}'])
+        assert exit_.value.code == 2
+    with pytest.raises(SystemExit):
+        parse_args(["--port", "0", "--model", "m", "--sampling", "[1]"])

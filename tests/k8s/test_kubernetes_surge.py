@@ -21,10 +21,14 @@ from typing import Any
 
 import pytest
 from lightkube import AsyncClient, KubeConfig
+from lightkube.resources.core_v1 import Pod
+from lightkube.types import PatchType
 
 from controller.model.errors import SlotSpawnFailed
 from controller.runtime.kubernetes.runtime import KubernetesRuntime
-from controller.runtime.kubernetes.spec import switched_service
+from controller.runtime.kubernetes.spec import service_body, switched_service
+from controller.runtime.surging import cannot_surge
+from controller.store.state import StateStore
 from tests.integration.helpers import demo_launch, free_port
 from tests.k8s.conftest import Cluster, eventually
 from tests.k8s.kubelet import Kubelet, answers, declare_workloads, gpu_node
@@ -301,6 +305,10 @@ async def test_a_switch_the_manager_did_not_finish_is_undone_by_its_stop(
         await eventually(lambda: _one_pod(kubelet, "undo", "slotctl-undo-"), "the old pod only")
 
 
+async def _alive(kubelet: Kubelet, slot: str) -> list[Any] | None:
+    return kubelet.alive(slot) or None
+
+
 async def _true(value: bool) -> bool:
     return value
 
@@ -392,3 +400,156 @@ async def test_an_operator_killed_mid_surge_converges_on_restart(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+async def test_a_restart_between_switched_and_the_promotion_keeps_the_old_port(
+    cluster: Cluster, kubelet: Kubelet, tmp_path: Path
+) -> None:
+    """The manager writes ``switched`` before it promotes; an operator killed in that gap
+    finds the new instance still marked and the Service on the old one: the settle keeps
+    the old pod, and recovery keeps the slot's old port with it (the new one recorded,
+    the slot would look drifted and roll again). Review of the pod surge, item 3."""
+    await kubelet.create(gpu_node("gpu-a", gpus=1, gib_per_gpu=16, replicas=4))
+    log, state = tmp_path / "operator.log", tmp_path / "state"
+    proc = _operator(cluster, state, log)
+    try:
+        await cluster.create(model("m-chat", 2))
+        await cluster.create(auto_slot("chat", "m-chat"))
+        await eventually(lambda: ready(cluster, "chat"), "chat Ready", timeout=60)
+        service = await kubelet.get("services", "slotctl-chat")
+        assert service is not None
+        old_port = int(service["metadata"]["annotations"]["slotctl.port"])
+        proc.kill()
+        proc.wait()
+        new = demo_launch("chat", port=free_port(), runtime="kubernetes", image=IMAGE)
+        async with runtime(cluster) as rt:  # the surge's new instance, started and marked
+            assert (await rt.surge.start_instance(new)).running
+        record = {
+            "phase": "switched",
+            "port": new.port,
+            "old_port": old_port,
+            "from": "old",
+            "to": new.config_hash(),
+            "gpus": [0],
+        }
+        StateStore(state).write_aux("chat", "rollout.json", record)
+        proc = _operator(cluster, state, log)
+
+        async def settled() -> bool:
+            return await _deployments(kubelet, "chat") == ["slotctl-chat"] and bool(
+                await ready(cluster, "chat")
+            )
+
+        await eventually(settled, "the interrupted instance deleted, chat Ready", timeout=60)
+        assert StateStore(state).read_port("chat") == old_port
+        assert StateStore(state).read_aux("chat", "rollout.json") is None
+        service = await kubelet.get("services", "slotctl-chat")
+        assert service is not None
+        assert service["metadata"]["annotations"]["slotctl.port"] == str(old_port)
+        obj = await ready(cluster, "chat")
+        assert obj is not None and not (obj.get("status") or {}).get("rollout")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+async def test_the_switch_moves_the_pool_label_off_the_retiring_pod(
+    cluster: Cluster, kubelet: Kubelet
+) -> None:
+    """The old pod carries ``slotctl.pool`` (the pools' pass put it there): at the switch
+    the new pod gets it and the old one loses it, so a gateway sends the draining pod no
+    new request before it is scaled to 0. Review of the pod surge, item 2."""
+    await kubelet.create(gpu_node("gpu-a", gpus=1, gib_per_gpu=16, replicas=4))
+    old = demo_launch("pool", runtime="kubernetes", image=IMAGE)
+    new = demo_launch("pool", ["--load-seconds", "0.2"], runtime="kubernetes", image=IMAGE)
+    async with runtime(cluster) as rt:
+        await rt.start(old)
+        (first,) = kubelet.alive("pool")
+        patch = {"metadata": {"labels": {"slotctl.pool": "slotctl-demo"}}}
+        await rt.client().patch(
+            Pod, first.name, patch, namespace="default", patch_type=PatchType.MERGE
+        )
+
+        async def pool_of(name: str) -> str | None:
+            pod = await kubelet.get("pods", name)
+            return None if pod is None else pod["metadata"].get("labels", {}).get("slotctl.pool")
+
+        async def in_cache() -> bool:
+            pods = rt.cache.slot_pods("pool", "0")
+            return any((p.metadata.labels or {}).get("slotctl.pool") for p in pods if p.metadata)
+
+        await eventually(in_cache, "the old pod's pool label in the cache")
+        await rt.surge.start_instance(new)
+        (second,) = [p for p in kubelet.alive("pool") if p.name != first.name]
+        assert await pool_of(second.name) is None  # not in the pool while it warms
+        await rt.surge.promote("pool")
+        assert first.process.poll() is None  # the old pod still runs (it drains) ...
+        assert await pool_of(first.name) is None  # ... outside the pool
+        assert await pool_of(second.name) == "slotctl-demo"
+        assert await rt.surge.stop_retiring("pool", 5.0)
+
+
+async def test_a_service_selecting_by_slot_is_made_to_select_the_serving_instance_first(
+    cluster: Cluster, kubelet: Kubelet
+) -> None:
+    """A Service that selects by slot alone (written before instance labels) in front of
+    labelled pods: before the second pod starts it selects the serving instance by label,
+    so the warming pod is never one of its endpoints. Review of the pod surge, item 1."""
+    await kubelet.create(gpu_node("gpu-a", gpus=1, gib_per_gpu=16, replicas=4))
+    old = demo_launch("sel", runtime="kubernetes", image=IMAGE)
+    new = demo_launch("sel", ["--load-seconds", "0.2"], runtime="kubernetes", image=IMAGE)
+    async with runtime(cluster) as rt:
+        await rt.start(old)
+        await rt.apply(service_body(old, "default", by_instance=False))
+
+        async def by_slot() -> bool:
+            service = rt.cache.service("sel")
+            spec = service.spec if service is not None else None
+            return "slotctl.instance" not in ((spec.selector if spec else None) or {})
+
+        await eventually(by_slot, "the Service selecting by slot alone in the cache")
+        assert cannot_surge(rt, "sel") is None  # its pods are labelled: it can surge
+        assert (await rt.surge.start_instance(new)).running
+        assert len(kubelet.alive("sel")) == 2  # both pods run; the Service names the old
+        service = await kubelet.get("services", "slotctl-sel")
+        assert service is not None
+        assert service["spec"]["selector"]["slotctl.instance"] == "0"
+        assert service["spec"]["ports"][0]["targetPort"] == old.port
+        await rt.surge.promote("sel")
+        service = await kubelet.get("services", "slotctl-sel")
+        assert service is not None and service["spec"]["selector"]["slotctl.instance"] == "1"
+
+
+async def test_a_slot_from_before_instance_labels_is_recreated_not_surged(
+    cluster: Cluster, kubelet: Kubelet
+) -> None:
+    """A Deployment and Service written before instance labels (its pod has no
+    ``slotctl.instance``; the Service selects by slot alone), adopted: no selector names
+    the old pod alone, so the slot cannot surge (the manager recreates it once, with the
+    reason) and a start of a second instance is refused before it is made. Review of the
+    pod surge, item 1."""
+    await kubelet.create(gpu_node("gpu-a", gpus=1, gib_per_gpu=16, replicas=4))
+    old = demo_launch("legacy", runtime="kubernetes", image=IMAGE)
+    new = demo_launch("legacy", ["--load-seconds", "0.2"], runtime="kubernetes", image=IMAGE)
+    async with runtime(cluster) as rt:
+        body = rt.deployment_for(old)
+        del body["spec"]["template"]["metadata"]["labels"]["slotctl.instance"]
+        await kubelet.create(body)
+        await kubelet.create(service_body(old, "default", by_instance=False))
+        (pod,) = await eventually(lambda: _alive(kubelet, "legacy"), "the old pod running")
+
+        async def seen() -> bool:
+            return (await rt.inspect("legacy")).running and rt.cache.service("legacy") is not None
+
+        await eventually(seen, "the old slot in the caches")
+        assert (await rt.start(old)).running  # adopted as it is
+        assert kubelet.alive("legacy") == [pod]  # (not restarted)
+        service = await kubelet.get("services", "slotctl-legacy")
+        assert service is not None and "slotctl.instance" not in service["spec"]["selector"]
+        why = cannot_surge(rt, "legacy") or ""
+        assert "predate instance labels" in why
+        with pytest.raises(SlotSpawnFailed, match="predate instance labels"):
+            await rt.surge.start_instance(new)
+        assert await kubelet.get("deployments", "slotctl1-legacy") is None
+        assert len(kubelet.alive("legacy")) == 1

@@ -521,3 +521,20 @@ async def test_one_pass_cluster_holdings_agree_with_the_sums_they_replace(tmp_pa
     for model in ("m6", "m20", "none"):
         views = {v.name: v.state for v in m.views() if v.model_id == model}
         assert m.model_states(model) == views
+
+
+async def test_a_cpu_slots_surge_counts_no_gpu_on_its_node(tmp_path: Path) -> None:
+    """A surge of a non-GPU slot holds its node's ``NODE/cpu`` key while both pods run:
+    its bytes count there, but no GPU holder or unit on the node (review of the pod
+    surge, item 4); a GPU slot's surge counts its GPU."""
+    cluster = Cluster(tmp_path, [node("a", gpus=2, gib=24, allocatable=6)])
+    await cluster.declare([cslot("s0", "m6")], [model_spec("m6", 6)])
+    table = cluster.manager.core.table
+    requester = table.get("s0")
+    table.surges["cpu-chat"] = (("a/cpu", 2 * GIB, True),)
+    figures, holders, units = table.usage.cluster_holdings(requester, set())
+    assert figures["a/cpu"] == [2 * GIB, 2 * GIB]
+    assert "a/cpu" not in holders and "a" not in units
+    table.surges["gpu-chat"] = (("a/gpu:1", 4 * GIB, True),)
+    _figures, holders, units = table.usage.cluster_holdings(requester, set())
+    assert holders == {"a/gpu:1": 1} and units == {"a": {"gpu-chat": 1}}

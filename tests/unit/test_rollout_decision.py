@@ -110,6 +110,22 @@ def test_runtimes_that_cannot_surge_say_why() -> None:
     assert cannot_surge(KubernetesRuntime(namespace="default")) is None  # issue 39: it surges
     assert "runs one server per slot" in (cannot_surge(OneServer()) or "")
 
+    class SurgeSome(SurgeAll):
+        def cannot_surge_slot(self, slot: str) -> str | None:
+            return "its objects predate instance labels" if slot == "old" else None
+
+    class Some:
+        kind = "kubernetes"
+        surge = SurgeSome()
+
+    # a runtime that refuses some slots (kubernetes: pods from before instance labels)
+    assert cannot_surge(Some()) is None and cannot_surge(Some(), "new") is None
+    assert cannot_surge(Some(), "old") == "its objects predate instance labels"
+    decision = decide_rollout(
+        _spec(), running=True, cannot_surge=cannot_surge(Some(), "old"), load=None, needed=0
+    )
+    assert decision.way == "recreate" and "predate instance labels" in decision.reason
+
 
 def test_the_plan_carries_the_way() -> None:
     decision = decide_rollout(

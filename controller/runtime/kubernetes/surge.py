@@ -7,12 +7,16 @@ A slot has two instance names (:mod:`controller.runtime.kubernetes.spec`): insta
 is the Deployment ``slotctl-<slot>``, instance ``1`` ``slotctl1-<slot>``; the slot's
 Service names the one that serves. A surge:
 
-    start_instance   the other instance's Deployment applied with the new launch, marked
+    start_instance   the Service made to select the serving instance by its label (one
+                     written before instances selected by slot alone; a slot whose pods
+                     predate the label cannot surge: :meth:`KubernetesSurge.cannot_surge_slot`),
+                     then the other instance's Deployment applied with the new launch, marked
                      ``slotctl.surge: "true"``; until its pod runs (the manager then
                      probes it at its pod IP while the old pod serves on)
     promote          the Service switched to it (selector + annotation: one write), then
                      the mark cleared (``"false"``: its body applied again, the drift
-                     intent now); until the caches show both
+                     intent now); until the caches show both; then the InferencePool's
+                     label (``slotctl.pool``) moved from the old pod to the new one
     stop_retiring    the old instance scaled to 0, its pod gone, its Deployment deleted
     stop_instance    (a failed or abandoned surge) the marked instance removed the same way
 
@@ -36,19 +40,24 @@ from typing import Any, Protocol
 
 import httpx2
 from lightkube.resources.apps_v1 import Deployment
+from lightkube.resources.core_v1 import Pod
 from lightkube.types import PatchType
 
 from controller.model.errors import SlotSpawnFailed, SlotTerminateTimeout
 from controller.runtime.base import LaunchSpec, Observed, RunStatus
 from controller.runtime.kubernetes.api import KubernetesApi
+from controller.runtime.kubernetes.poolspec import POOL_LABEL
 from controller.runtime.kubernetes.spec import (
+    INSTANCE_LABEL,
     SURGE_ANNOTATION,
     instance_name,
+    labelled,
     observe,
     other,
     ours,
     surging,
     switched_service,
+    terminating,
 )
 
 __all__ = ["Instances", "KubernetesSurge"]
@@ -85,6 +94,27 @@ class KubernetesSurge:
     async def start_instance(self, launch: LaunchSpec) -> Observed:
         async with self.api.lock(launch.slot):
             return await self.api.call("start", launch.slot, lambda: self._start(launch))
+
+    def cannot_surge_slot(self, slot: str) -> str | None:
+        """Why ``slot`` cannot surge now (None: it can), from the caches: a slot adopted
+        from before instances were labelled has a Service selecting by slot alone and
+        pods without ``slotctl.instance``. A second pod would match that Service while it
+        warms, and no selector can name the old pod alone (labelling its Deployment's
+        template restarts it; labelling the pod leaves any replacement unselected), so
+        such a slot is recreated once; its new objects are labelled and it surges after."""
+        cache = self.api.cache
+        service = cache.service(slot)
+        selector = (service.spec.selector if service and service.spec else None) or {}
+        if service is None or INSTANCE_LABEL in selector:
+            return None
+        serving = cache.serving(slot)
+        pods = cache.slot_pods(slot, serving)
+        if labelled(cache.instance(slot, serving)) and all(_instance_labelled(p) for p in pods):
+            return None  # the Service is made to select the serving instance first
+        return (
+            "its Service and pod predate instance labels (slotctl.instance): a second pod "
+            "would be selected by the Service while it warms; recreated once, it surges after"
+        )
 
     async def inspect_instance(self, slot: str) -> Observed:
         async def look() -> Observed:
@@ -199,10 +229,36 @@ class KubernetesSurge:
         if existing is not None and not surging(existing):
             # an older rollout's retiring instance, never removed: it goes first
             await self._remove(slot, instance, self.api.termination_grace_s)
+        await self._select_serving(slot)
         body = self.instances.deployment_for(launch, instance, surge=True)
         self._bodies[slot] = copy.deepcopy(body)
         await self.api.apply(body)
         return await self.instances.wait_running(launch, instance)
+
+    async def _select_serving(self, slot: str) -> None:
+        """Before a second pod starts, the Service selects the serving instance by its
+        label (one written before instances selects by slot alone: it would pick up the
+        new pod while it warms, on a port the Service does not target). Refused when the
+        old pods lack the label (:meth:`cannot_surge_slot`: the manager recreates)."""
+        why = self.cannot_surge_slot(slot)
+        if why is not None:
+            raise SlotSpawnFailed(f"cannot surge slot {slot!r}: {why}", slot=slot)
+        cache = self.api.cache
+        service = cache.service(slot)
+        selector = (service.spec.selector if service and service.spec else None) or {}
+        serving = cache.serving(slot)
+        current = cache.instance(slot, serving)
+        if service is None or current is None or selector.get(INSTANCE_LABEL) == serving:
+            return
+        await self.api.apply(switched_service(current, self.api.namespace))
+
+        def shown() -> bool:
+            found = cache.service(slot)
+            spec = found.spec if found is not None else None
+            return ((spec.selector if spec else None) or {}).get(INSTANCE_LABEL) == serving
+
+        await self._until(slot, shown, "the Service's selection of the serving instance")
+        log.info("slot %s: its Service selects instance %s by label now", slot, serving)
 
     async def _promote(self, slot: str) -> None:
         cache = self.api.cache
@@ -231,6 +287,38 @@ class KubernetesSurge:
             )
         self._promoted[slot] = new
         await self._until(slot, lambda: self._shown(slot, new), "the switch")
+        await self._move_pool(slot, new)
+
+    async def _move_pool(self, slot: str, new: str) -> None:
+        """The slot's InferencePool follows the Service: the new instance's pods get the
+        ``slotctl.pool`` label the old one's carry, then the old ones lose it, so a gateway
+        sends the retiring pod no new request while it drains (the pools' pass,
+        :mod:`~controller.runtime.kubernetes.pools`, labels serving pods only and would
+        leave it there until it is scaled to 0). Nothing when no pool selects the slot."""
+        cache = self.api.cache
+        old = [p for p in cache.slot_pods(slot, other(new)) if _pool_of(p)]
+        if not old:
+            return
+        pool = _pool_of(old[0])
+        for pod in cache.slot_pods(slot, new):
+            if not terminating(pod) and _pool_of(pod) != pool:
+                await self._label_pool(pod, pool)
+        for pod in old:
+            await self._label_pool(pod, None)
+        log.info("slot %s: pool %s moved to instance %s", slot, pool, new)
+
+    async def _label_pool(self, pod: Pod, pool: str | None) -> None:
+        name = pod.metadata.name if pod.metadata else None
+        if not name:
+            return
+        with _gone_already():
+            await self.api.client().patch(
+                Pod,
+                name,
+                {"metadata": {"labels": {POOL_LABEL: pool}}},
+                namespace=self.api.namespace,
+                patch_type=PatchType.MERGE,
+            )
 
     def _shown(self, slot: str, new: str) -> bool:
         cache = self.api.cache
@@ -270,6 +358,15 @@ class KubernetesSurge:
                 slot=slot,
             )
         log.info("slot %s: instance %s (%s) removed", slot, instance, name)
+
+
+def _instance_labelled(pod: Pod) -> bool:
+    return INSTANCE_LABEL in ((pod.metadata.labels if pod.metadata else None) or {})
+
+
+def _pool_of(pod: Pod) -> str | None:
+    labels = (pod.metadata.labels if pod.metadata else None) or {}
+    return labels.get(POOL_LABEL) or None
 
 
 @contextlib.contextmanager
