@@ -194,6 +194,7 @@ class HubClient:
             size=meta.size,
             digests=(digest,) if digest else (),
             commit=meta.commit_hash,
+            source=f"hf://{file.repo}/{file.filename}",
             headers=self._download_headers(token, url, location),
         )
 
@@ -254,6 +255,7 @@ class HubClient:
                     size=size,
                     digests=(digest,),
                     commit=commit,
+                    source=f"hf://{snap.repo}/{entry.path}",
                     headers=headers,
                 )
             )
@@ -264,7 +266,8 @@ class HubClient:
     async def fetch(self, remote: RemoteFile, partial: PartialFile) -> None:
         """The bytes after ``partial.size`` (``Range``), through the lean reader."""
         settings = StreamSettings(read_timeout_s=float(hf_constants.HF_HUB_DOWNLOAD_TIMEOUT))
-        await self._call(lambda: fetch(remote, partial, settings), remote.name, remote.name)
+        source = remote.source or remote.name
+        await self._call(lambda: fetch(remote, partial, settings), source, remote.name)
 
     # -- errors -------------------------------------------------------------------------
 

@@ -376,7 +376,7 @@ class ModelFiles:
             meter.update(phase="failed")
             failure = ModelPullFailed(
                 f"model {want.model}: {exc.strerror or exc} ({exc.filename or self.models_dir})",
-                source=want.text,
+                source=redact_url(want.text),
                 reason="models_dir",
                 errno=exc.errno,
                 path=str(exc.filename or self.models_dir),
@@ -483,7 +483,7 @@ class ModelFiles:
             raise ModelPullFailed(
                 f"model {want.model}: nothing vouches for {redact_url(want.text)} (no sha256 "
                 "from the hub, none declared): refusing unverifiable bytes",
-                source=want.text,
+                source=redact_url(want.text),
                 reason="unverifiable",
             )
         return RemoteFile(
@@ -493,6 +493,7 @@ class ModelFiles:
             digests=tuple(digests),
             commit=remote.commit,
             validator=remote.validator,
+            source=remote.source,
             headers=remote.headers,
         )
 
@@ -774,7 +775,7 @@ class ModelFiles:
             raise ModelPullFailed(
                 f"model {want.model}: no file of {want.text}@{commit[:12]} matches its "
                 f"include/exclude patterns",
-                source=want.text,
+                source=redact_url(want.text),
                 reason="empty_snapshot",
             )
         total = sum(r.size or 0 for r in remotes)

@@ -3,7 +3,8 @@
 Plain data shared by the two transfers (:mod:`controller.modelfiles.hub` resolves hub files
 through ``huggingface_hub``, :mod:`controller.modelfiles.urls` probes URLs over aiohttp) and
 the :class:`Transfer` seam :mod:`controller.modelfiles.pull` drives. ``headers`` may hold a
-hub token: it is excluded from ``repr`` and never logged.
+hub token: it is excluded from ``repr`` and never logged; ``url`` may be a CDN's signed
+location: errors name ``source`` instead.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ class RemoteFile:
     digests: tuple[Digest, ...]  # every digest the bytes must match (none: unverifiable)
     commit: str | None = None  # the hub commit the file was resolved at
     validator: str | None = None  # a URL's ETag or Last-Modified (If-Range on resume)
+    # what errors name: the declared source (hf://org/repo/file, a redacted URL), never
+    # ``url`` (a CDN's signed location); empty: ``url`` redacted
+    source: str = field(default="", compare=False)
     headers: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
 
     @property

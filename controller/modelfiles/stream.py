@@ -22,9 +22,14 @@ URLs); this module only moves bytes, as ``curl -L`` does and no slower by much:
   yet written, less than one block (:data:`CHUNK_BYTES`).
 
 A cancelled pull (:meth:`PartialFile.cancel`) shuts the socket down, so a reader waiting on a
-slow server wakes at once. No header value (a token) and no URL query (a signature) is
-ever put in an error. Proxies are not used. Called by :mod:`controller.modelfiles.hub` and
-:mod:`controller.modelfiles.urls`, from a worker thread.
+slow server wakes at once. No header value (a token), no URL query (a signature), no
+``user:password@`` and no signed location is ever put in an error: errors name the declared
+source (:attr:`RemoteFile.source`, ``hf://org/repo/file`` or the URL redacted). The standard
+proxy variables are honoured as ``httpx`` and :mod:`urllib` read them (``HTTPS_PROXY``,
+``HTTP_PROXY``, ``ALL_PROXY``, ``NO_PROXY``; an ``http://`` proxy, with ``user:password@``
+sent as ``Proxy-Authorization``): ``https`` through ``CONNECT`` (the proxy sees the host and
+port, no header of the request), ``http`` as an absolute URL to the proxy. Called by
+:mod:`controller.modelfiles.hub` and :mod:`controller.modelfiles.urls`, from a worker thread.
 """
 
 from __future__ import annotations
@@ -38,10 +43,11 @@ import socket
 import ssl
 import threading
 import time
+import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
-from urllib.parse import quote, unquote, urljoin, urlsplit
+from urllib.parse import SplitResult, quote, unquote, urljoin, urlsplit
 
 from controller.model.errors import ModelAccessDenied, ModelPullFailed
 from controller.modelfiles.partial import PartialFile, PullCancelled
@@ -177,9 +183,12 @@ class _Reader:
         self.remote = remote
         self.partial = partial
         self.settings = settings
-        self.shown = redact_url(remote.url)
+        # what errors name: the declared source, never the signed location fetched
+        self.source = remote.source or redact_url(remote.url)
+        self.shown = self.source
         self._sock_lock = threading.Lock()
         self._sock: socket.socket | None = None
+        self._written = 0  # bytes written by this reader (what progress is)
         self._hasher = _Hasher(partial, BLOCKS, settings.block_bytes)
         partial.on_cancel(self._wake)
 
@@ -203,7 +212,7 @@ class _Reader:
         try:
             while True:
                 self._check()
-                before = self.partial.size
+                before = self._written
                 try:
                     if self._once():
                         return
@@ -211,26 +220,25 @@ class _Reader:
                 except _Restart:
                     self._hasher.restart()
                     self.partial.restart()
-                    failures += 1
                     failure = "its answers do not continue the bytes on disk"
                 except _WriteFailed as exc:
                     raise ModelPullFailed(
                         f"cannot write {self.partial.path}: "
                         f"{exc.error.strerror or type(exc.error).__name__}",
-                        source=self.remote.url,
+                        source=self.source,
                         reason="write",
                     ) from None
                 except ssl.SSLCertVerificationError as exc:
                     raise ModelPullFailed(
                         f"{self.shown}: the server's certificate was refused "
                         f"({exc.verify_message or exc.reason})",
-                        source=self.remote.url,
+                        source=self.source,
                         reason="tls",
                     ) from None
                 except _TRANSIENT as exc:
                     self._check()
                     failure = f"{type(exc).__name__}"
-                if self.partial.size > before:
+                if self._written > before:  # bytes came (a restart from zero brought none)
                     failures = 0
                 else:
                     failures += 1
@@ -238,7 +246,7 @@ class _Reader:
                     raise ModelPullFailed(
                         f"{self.shown}: {failure}, {self.settings.attempts} times in a row "
                         f"without progress ({self.partial.size} bytes kept to resume)",
-                        source=self.remote.url,
+                        source=self.source,
                         reason="network",
                     )
                 if self.partial.wait_cancelled(min(0.2 * 2**failures, 5.0)):
@@ -248,22 +256,63 @@ class _Reader:
 
     # -- one request ---------------------------------------------------------------------
 
-    def _connect(self, url: str) -> http.client.HTTPConnection:
+    def _connect(self, url: str) -> tuple[http.client.HTTPConnection, str, dict[str, str]]:
+        """A connection for ``url`` (through its proxy, if the environment names one), the
+        request target to send on it, and the headers for the proxy (its credentials)."""
         parts = urlsplit(url)
-        host = parts.hostname or ""
-        timeout = self.settings.connect_timeout_s
-        conn: http.client.HTTPConnection
-        if parts.scheme == "https":
-            conn = http.client.HTTPSConnection(host, parts.port, timeout=timeout, context=_tls())
-        elif parts.scheme == "http":
-            conn = http.client.HTTPConnection(host, parts.port, timeout=timeout)
-        else:
+        if parts.scheme not in _DEFAULT_PORTS:
             raise ModelPullFailed(
                 f"{self.shown}: redirected to a {parts.scheme or 'relative'} URL",
-                source=self.remote.url,
+                source=self.source,
                 reason="http",
             )
-        conn.connect()
+        # host and port apart: http.client would read an IPv6 literal's last group as a port
+        host = parts.hostname or ""
+        port = parts.port or _DEFAULT_PORTS[parts.scheme]
+        target = quote(parts.path or "/", safe=_PATH_SAFE)
+        if parts.query:
+            target += "?" + quote(parts.query, safe=_QUERY_SAFE)
+        timeout = self.settings.connect_timeout_s
+        proxy = self._proxy(parts)
+        to_proxy: dict[str, str] = {}
+        conn: http.client.HTTPConnection
+        if proxy is None:
+            if parts.scheme == "https":
+                conn = http.client.HTTPSConnection(host, port, timeout=timeout, context=_tls())
+            else:
+                conn = http.client.HTTPConnection(host, port, timeout=timeout)
+        else:
+            if proxy.username is not None:
+                to_proxy["Proxy-Authorization"] = _basic(proxy.username, proxy.password)
+            proxy_host, proxy_port = proxy.hostname or "", proxy.port or 80
+            if parts.scheme == "https":
+                # CONNECT: the proxy sees the host and port, never a header of the request
+                conn = http.client.HTTPSConnection(
+                    proxy_host, proxy_port, timeout=timeout, context=_tls()
+                )
+                conn.set_tunnel(host, port, headers=to_proxy)
+                to_proxy = {}
+            else:
+                # plain http: the absolute URL to the proxy (no user:password in it)
+                conn = http.client.HTTPConnection(proxy_host, proxy_port, timeout=timeout)
+                shown_host = f"[{host}]" if ":" in host else host
+                if port != _DEFAULT_PORTS["http"]:
+                    shown_host += f":{port}"
+                target = f"http://{shown_host}{target}"
+        try:
+            conn.connect()
+        except OSError as exc:
+            tunnel = re.match(r"Tunnel connection failed: (\d+)", str(exc))
+            if proxy is None or tunnel is None:
+                raise
+            conn.close()
+            code = int(tunnel.group(1))  # the proxy refused the CONNECT: no retry mends it
+            raise ModelPullFailed(
+                f"{self.shown}: the proxy refused the tunnel ({code})",
+                source=self.source,
+                reason="proxy",
+                status=code,
+            ) from None
         assert conn.sock is not None
         conn.sock.settimeout(self.settings.read_timeout_s)
         conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -271,7 +320,28 @@ class _Reader:
             self._sock = conn.sock
         if self.partial.cancelled:
             self._wake()
-        return conn
+        return conn, target, to_proxy
+
+    def _proxy(self, parts: SplitResult) -> SplitResult | None:
+        """The proxy for a URL, as ``httpx`` and ``urllib`` find it: ``HTTPS_PROXY`` /
+        ``HTTP_PROXY`` (then ``ALL_PROXY``) unless ``NO_PROXY`` names the host."""
+        proxies = urllib.request.getproxies()
+        value = proxies.get(parts.scheme) or proxies.get("all")
+        if not value:
+            return None
+        hostport = parts.netloc.rpartition("@")[2]
+        if urllib.request.proxy_bypass(hostport):
+            return None
+        proxy = urlsplit(value if "://" in value else "http://" + value)
+        if proxy.scheme != "http" or not proxy.hostname:
+            where = proxy.netloc.rpartition("@")[2]  # never the proxy's password
+            raise ModelPullFailed(
+                f"{self.shown}: the proxy {proxy.scheme}://{where} is not an http:// proxy "
+                "(the only kind supported)",
+                source=self.source,
+                reason="proxy",
+            )
+        return proxy
 
     def _once(self) -> bool:
         """One request (following redirects) from the bytes on disk; True once the file
@@ -285,20 +355,15 @@ class _Reader:
         parts = urlsplit(url)
         if parts.username is not None and not any(k.lower() == "authorization" for k in headers):
             # credentials in the URL (user:password@host), as curl and aiohttp send them
-            pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
-            headers["Authorization"] = "Basic " + base64.b64encode(pair.encode()).decode("ascii")
+            headers["Authorization"] = _basic(parts.username, parts.password)
         if offset:
             headers["Range"] = f"bytes={offset}-"
             if self.remote.validator:
                 headers["If-Range"] = self.remote.validator
         for _ in range(MAX_REDIRECTS + 1):
-            conn = self._connect(url)
+            conn, target, to_proxy = self._connect(url)
             try:
-                parts = urlsplit(url)
-                target = quote(parts.path or "/", safe=_PATH_SAFE)
-                if parts.query:
-                    target += "?" + quote(parts.query, safe=_QUERY_SAFE)
-                conn.request("GET", target, headers=headers)
+                conn.request("GET", target, headers={**headers, **to_proxy})
                 resp = conn.getresponse()
                 location = resp.getheader("Location")
                 if resp.status in _REDIRECTS and location:
@@ -313,7 +378,7 @@ class _Reader:
                 conn.close()
         raise ModelPullFailed(
             f"{self.shown}: more than {MAX_REDIRECTS} redirects",
-            source=self.remote.url,
+            source=self.source,
             reason="http",
         )
 
@@ -322,7 +387,7 @@ class _Reader:
         size = self.remote.size
         if status == 416 and size is not None and offset >= size:
             return True
-        _raise_for(status, self.remote.url, self.shown)
+        _raise_for(status, self.source, self.shown)
         if status == 206:
             match = _CONTENT_RANGE.match(resp.getheader("Content-Range") or "")
             if not match or int(match.group(1)) != offset:
@@ -336,7 +401,7 @@ class _Reader:
         else:
             raise ModelPullFailed(
                 f"{self.shown} answered {status}",
-                source=self.remote.url,
+                source=self.source,
                 reason="http",
                 status=status,
             )
@@ -363,6 +428,7 @@ class _Reader:
                     self.partial.append(view[start:filled])
                 except OSError as exc:
                     raise _WriteFailed(exc) from exc
+                self._written += filled - start
                 hasher.submit(block, start, filled, last=False)
                 start = filled
             flushed_at = time.monotonic()
@@ -377,6 +443,9 @@ class _Reader:
                     flush()
                     raise
                 if not n:
+                    # a cancel shuts the socket down: an end of a body without a length
+                    # that is no end (what was read and not written stays unwritten)
+                    self._check()
                     flush()
                     return not resp.length
                 filled += n
@@ -395,6 +464,12 @@ class _Reader:
                 hasher.submit(block, 0, 0, last=True)
 
 
+def _basic(user: str, password: str | None) -> str:
+    """``Authorization``'s (or ``Proxy-Authorization``'s) value for a URL's credentials."""
+    pair = f"{unquote(user)}:{unquote(password or '')}"
+    return "Basic " + base64.b64encode(pair.encode()).decode("ascii")
+
+
 def _raise_for(status: int, url: str, shown: str) -> None:
     if status < 400 or status == 416:
         return
@@ -405,6 +480,14 @@ def _raise_for(status: int, url: str, shown: str) -> None:
             reason="unauthorized",
             token_sent=False,
             status=status,
+        )
+    if status == 407:
+        raise ModelPullFailed(
+            f"{shown}: the proxy answered 407 (its credentials: user:password@ in the "
+            "proxy variable)",
+            source=url,
+            reason="proxy",
+            status=407,
         )
     if status == 404:
         raise ModelPullFailed(

@@ -8,7 +8,9 @@ bytes after those on disk (``Range: bytes=N-`` with ``If-Range``: a file that ch
 upstream comes back whole, ``200``, and the partial file starts again), a dropped
 connection resumed from what is on disk, ``attempts`` times in a row without progress at
 most. What vouches for the bytes is the model's declared ``sha256`` (required for URL
-sources by the schema). Called by :mod:`controller.modelfiles.pull`.
+sources by the schema). Both honour the standard proxy variables (``HTTPS_PROXY``,
+``HTTP_PROXY``, ``NO_PROXY``: aiohttp's ``trust_env`` for the probe, the reader's own
+reading of them for the bytes). Called by :mod:`controller.modelfiles.pull`.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ class UrlClient:
     def _session(self) -> aiohttp.ClientSession:
         return aiohttp.ClientSession(
             timeout=self._timeout,
+            trust_env=True,  # HTTPS_PROXY, HTTP_PROXY, NO_PROXY: as the reader honours them
             auto_decompress=False,
             headers={"Accept-Encoding": "identity"},
         )
@@ -80,6 +83,7 @@ class UrlClient:
                             size=_length(resp.headers),
                             digests=digests,
                             validator=_validator(resp.headers),
+                            source=redact_url(url),
                         )
                 async with session.get(
                     url, headers={"Range": "bytes=0-0"}, allow_redirects=True
@@ -95,10 +99,13 @@ class UrlClient:
                         size=size,
                         digests=digests,
                         validator=_validator(resp.headers),
+                        source=redact_url(url),
                     )
         except _TRANSIENT as exc:
             raise ModelPullFailed(
-                f"{redact_url(url)}: {type(exc).__name__}: {exc}", source=url, reason="network"
+                redact_url(f"{url}: {type(exc).__name__}: {exc}"),
+                source=redact_url(url),
+                reason="network",
             ) from None
 
     @staticmethod
@@ -109,17 +116,17 @@ class UrlClient:
         if status in (401, 403):
             raise ModelAccessDenied(
                 f"{shown} answered {status}",
-                source=url,
+                source=shown,
                 reason="unauthorized",
                 token_sent=False,
                 status=status,
             )
         if status == 404:
             raise ModelPullFailed(
-                f"{shown} answered 404", source=url, reason="file_not_found", status=status
+                f"{shown} answered 404", source=shown, reason="file_not_found", status=status
             )
         raise ModelPullFailed(
-            f"{shown} answered {status}", source=url, reason="http", status=status
+            f"{shown} answered {status}", source=shown, reason="http", status=status
         )
 
     # -- fetch --------------------------------------------------------------------------
