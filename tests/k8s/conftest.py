@@ -348,6 +348,24 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
             yield Cluster(emulator=emulator, url=url, kubeconfig=kubeconfig, session=session)
 
 
+@pytest_asyncio.fixture
+async def kubelet(cluster: Cluster, tmp_path: Path) -> AsyncIterator[Any]:
+    """The fake kubelet over ``cluster`` (tests/k8s/kubelet.py: a pod's container runs as a
+    real process), its pods' logs under ``tmp_path/pods``; a module needing another node
+    set defines its own."""
+    from tests.k8s.kubelet import Kubelet, declare_workloads  # (kubelet imports this module)
+
+    declare_workloads(cluster.emulator)
+    logs = tmp_path / "pods"
+    logs.mkdir()
+    kube = Kubelet(cluster, logs)
+    kube.start()
+    try:
+        yield kube
+    finally:
+        await kube.stop()
+
+
 async def eventually(
     check: Callable[[], Awaitable[T]], what: str, timeout: float = 30.0, every: float = 0.05
 ) -> T:

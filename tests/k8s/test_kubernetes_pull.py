@@ -12,7 +12,7 @@ typed code.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ import pytest
 from tests.integration.helpers import free_ports
 from tests.integration.hubserver import HubServer
 from tests.k8s.conftest import Cluster, eventually
-from tests.k8s.kubelet import Kubelet, declare_workloads, gpu_node
+from tests.k8s.kubelet import Kubelet, gpu_node
 from tests.k8s.test_kubernetes_runtime import IMAGE, _state, operator, ready, slot
 
 pytestmark = pytest.mark.timeout(180)
@@ -41,19 +41,6 @@ def hub_model(name: str, source: str) -> dict[str, Any]:
         "metadata": {"name": name},
         "spec": {"source": source, "memory_gb": 1},
     }
-
-
-@pytest.fixture
-async def kubelet(cluster: Cluster, tmp_path: Path) -> AsyncIterator[Kubelet]:
-    declare_workloads(cluster.emulator)
-    logs = tmp_path / "pods"
-    logs.mkdir()
-    kube = Kubelet(cluster, logs)
-    kube.start()
-    try:
-        yield kube
-    finally:
-        await kube.stop()
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ from controller.operator.run import Operator, OperatorOptions
 from tests.integration.helpers import free_ports
 from tests.k8s.chart import permissions, render
 from tests.k8s.conftest import TEST_AGENT, Cluster, eventually
-from tests.k8s.kubelet import Kubelet, answers, declare_workloads, gpu_node
+from tests.k8s.kubelet import Kubelet, answers, gpu_node
 from tests.k8s.test_operator import adapter, adapter_ready, alias, alias_ready
 from tests.unit.manager_fixtures import events_of
 
@@ -72,19 +72,6 @@ async def ready(cluster: Cluster, name: str, generation: int = 1) -> dict[str, A
     if cond.get("status") == "True" and cond.get("observedGeneration") == generation:
         return obj
     return None
-
-
-@pytest.fixture
-async def kubelet(cluster: Cluster, tmp_path: Path) -> AsyncIterator[Kubelet]:
-    declare_workloads(cluster.emulator)
-    logs = tmp_path / "pods"
-    logs.mkdir()
-    kube = Kubelet(cluster, logs)
-    kube.start()
-    try:
-        yield kube
-    finally:
-        await kube.stop()
 
 
 @contextlib.asynccontextmanager

@@ -31,24 +31,11 @@ from controller.runtime.surging import cannot_surge
 from controller.store.state import StateStore
 from tests.integration.helpers import demo_launch, free_port
 from tests.k8s.conftest import Cluster, eventually
-from tests.k8s.kubelet import Kubelet, answers, declare_workloads, gpu_node
+from tests.k8s.kubelet import Kubelet, answers, gpu_node
 from tests.k8s.test_kubernetes_runtime import IMAGE, model, operator, ready
 
 pytestmark = pytest.mark.timeout(180)
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-async def kubelet(cluster: Cluster, tmp_path: Path) -> AsyncIterator[Kubelet]:
-    declare_workloads(cluster.emulator)
-    logs = tmp_path / "pods"
-    logs.mkdir()
-    kube = Kubelet(cluster, logs)
-    kube.start()
-    try:
-        yield kube
-    finally:
-        await kube.stop()
 
 
 def auto_slot(name: str, model_id: str, *extra: str) -> dict[str, Any]:
