@@ -71,6 +71,24 @@ def partial_for(remote: RemoteFile, tmp_path: Path, moved: list[int] | None = No
     return partial
 
 
+def fetch_in_thread(
+    remote: RemoteFile, partial: PartialFile
+) -> tuple[threading.Thread, list[BaseException]]:
+    """A fetch on a thread of its own (as a pull runs it), started; what it raised lands
+    in the list (a test cancels it and asserts what it raised)."""
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            fetch(remote, partial, StreamSettings(read_timeout_s=600.0))
+        except BaseException as exc:  # what the test asserts
+            failed.append(exc)
+
+    reader = threading.Thread(target=run)
+    reader.start()
+    return reader, failed
+
+
 def gets(hub: HubServer, route: str) -> list[str | None]:
     return [r.range for r in hub.requests if r.route == route and r.method == "GET"]
 
@@ -200,16 +218,7 @@ async def test_a_cancel_wakes_a_reader_that_waits_on_a_silent_server(
     hub.fault("h.bin", hold_at=MIB + 1)
     remote = await UrlClient().probe(url, sha(data))
     partial = partial_for(remote, tmp_path)
-    failed: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            fetch(remote, partial, StreamSettings(read_timeout_s=600.0))
-        except BaseException as exc:  # what the test asserts
-            failed.append(exc)
-
-    reader = threading.Thread(target=run)
-    reader.start()
+    reader, failed = fetch_in_thread(remote, partial)
     try:
         await asyncio.to_thread(hub.held.wait, 60)
         assert hub.held.is_set()
@@ -557,16 +566,7 @@ async def test_a_cancel_during_a_body_without_a_length_is_a_cancel_not_an_end(
         digests=(),
     )
     partial = partial_for(remote, tmp_path)
-    failed: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            fetch(remote, partial, StreamSettings(read_timeout_s=600.0))
-        except BaseException as exc:  # what the test asserts
-            failed.append(exc)
-
-    reader = threading.Thread(target=run)
-    reader.start()
+    reader, failed = fetch_in_thread(remote, partial)
     try:
         await asyncio.to_thread(sent.wait, 60)
         deadline = time.monotonic() + 60
