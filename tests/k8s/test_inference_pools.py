@@ -32,9 +32,9 @@ from tests.k8s.chart import permissions, render
 from tests.k8s.conftest import Cluster, eventually
 from tests.k8s.crdcheck import admission_errors
 from tests.k8s.kubelet import Kubelet, gpu_node
-from tests.k8s.test_kubernetes_runtime import kubelet, model, operator, ready, slot
+from tests.k8s.test_kubernetes_runtime import model, operator, ready, slot
 
-__all__ = ["POOL_CRD", "kubelet"]  # the fixture, used by name
+__all__ = ["POOL_CRD"]
 
 pytestmark = pytest.mark.timeout(180)
 POOL_CRD_FILE = (

@@ -23,11 +23,11 @@ from tests.integration.helpers import free_ports
 from tests.integration.hubserver import HubServer
 from tests.k8s.conftest import Cluster, eventually
 from tests.k8s.kubelet import Kubelet, gpu_node
-from tests.k8s.test_kubernetes_pull import MIB, blob, cache, hub, hub_model, kubelet
+from tests.k8s.test_kubernetes_pull import MIB, blob, cache, hub, hub_model
 from tests.k8s.test_kubernetes_runtime import operator, ready, slot
 from tests.k8s.test_operator import adapter, adapter_ready
 
-__all__ = ["cache", "hub", "kubelet"]  # the fixtures
+__all__ = ["cache", "hub"]  # the fixtures
 
 pytestmark = pytest.mark.timeout(180)
 TOKEN = "adapters-test-token"

@@ -20,9 +20,7 @@ import yaml
 from controller.runtime.base import OWN_IMAGE_ENV
 from tests.k8s.conftest import Cluster, eventually
 from tests.k8s.kubelet import Kubelet, answers, gpu_node
-from tests.k8s.test_kubernetes_runtime import kubelet, operator, ready
-
-__all__ = ["kubelet"]  # the fixture, used by name
+from tests.k8s.test_kubernetes_runtime import operator, ready
 
 pytestmark = pytest.mark.timeout(180)
 REPO = Path(__file__).resolve().parents[2]
